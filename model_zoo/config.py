@@ -1,0 +1,249 @@
+"""Typed configuration of the Llama family, read from and written to HF ``config.json``.
+
+One dataclass covers Llama 1/2/3/3.1, CodeLlama, TinyLlama, Mistral and Qwen2: they differ only in
+fields (GQA, tied embeddings, RoPE scaling, q/k/v bias, head_dim). Validation collects every
+problem and raises one :class:`ConfigError` that names each bad field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+from typing import Any, Mapping
+
+from model_zoo.errors import ConfigError
+
+# HF model_type -> how its attention biases are laid out. Anything else is refused with this list.
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+SUPPORTED_ACTIVATIONS = ("silu",)
+
+
+@dataclasses.dataclass(frozen=True)
+class LlamaConfig:
+    """Every number the zoo's Llama builder needs. Field names follow HF ``config.json``."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int | None = None
+    head_dim: int | None = None
+    max_position_embeddings: int = 2048
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: dict[str, Any] | None = None
+    tie_word_embeddings: bool = False
+    qkv_bias: bool = False  # bias on q/k/v projections (Qwen2, or Llama's attention_bias)
+    o_bias: bool = False  # bias on the output projection (Llama's attention_bias only)
+    mlp_bias: bool = False
+    hidden_act: str = "silu"
+    sliding_window: int | None = None
+    model_type: str = "llama"
+    bos_token_id: int | None = 1
+    eos_token_id: int | list[int] | None = 2
+    torch_dtype: str | None = None
+
+    def __post_init__(self) -> None:
+        # Derived fields are filled in here so a preset can leave them out, as HF configs do.
+        if self.num_key_value_heads is None:
+            object.__setattr__(self, "num_key_value_heads", self.num_attention_heads)
+        if self.head_dim is None and isinstance(self.num_attention_heads, int) and self.num_attention_heads > 0:
+            if isinstance(self.hidden_size, int) and self.hidden_size % self.num_attention_heads:
+                raise ConfigError(
+                    f"hidden_size: found {self.hidden_size}, expected a multiple of num_attention_heads="
+                    f"{self.num_attention_heads} (or give head_dim explicitly)")
+            object.__setattr__(self, "head_dim", self.hidden_size // self.num_attention_heads)
+        self.validate()
+
+    # ------------------------------------------------------------------ validation
+    def problems(self) -> list[str]:
+        """Every inconsistency, as 'field: found X, expected Y' strings."""
+        out: list[str] = []
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                     "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                out.append(f"{name}: found {v!r}, expected a positive integer")
+        if out:
+            return out
+        if self.model_type not in SUPPORTED_MODEL_TYPES:
+            out.append(f"model_type: found {self.model_type!r}, expected one of {', '.join(SUPPORTED_MODEL_TYPES)}")
+        if self.hidden_act not in SUPPORTED_ACTIVATIONS:
+            out.append(f"hidden_act: found {self.hidden_act!r}, expected one of {', '.join(SUPPORTED_ACTIVATIONS)}")
+        if self.num_attention_heads % self.num_key_value_heads:
+            out.append(f"num_key_value_heads: found {self.num_key_value_heads}, expected a divisor of "
+                       f"num_attention_heads={self.num_attention_heads}")
+        if self.head_dim % 2:
+            out.append(f"head_dim: found {self.head_dim}, expected an even number (RoPE rotates pairs)")
+        if not (isinstance(self.rms_norm_eps, (int, float)) and 0 < self.rms_norm_eps < 1):
+            out.append(f"rms_norm_eps: found {self.rms_norm_eps!r}, expected a small positive number")
+        if not (isinstance(self.rope_theta, (int, float)) and self.rope_theta > 0):
+            out.append(f"rope_theta: found {self.rope_theta!r}, expected a positive number")
+        out.extend(_rope_scaling_problems(self.rope_scaling))
+        return out
+
+    def validate(self) -> None:
+        probs = self.problems()
+        if probs:
+            raise ConfigError("invalid model config: " + "; ".join(probs))
+
+    # ------------------------------------------------------------------ derived numbers
+    @property
+    def q_size(self) -> int:
+        return self.num_attention_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_key_value_heads * self.head_dim
+
+    def num_parameters(self) -> int:
+        h, i, v = self.hidden_size, self.intermediate_size, self.vocab_size
+        attn = h * self.q_size + 2 * h * self.kv_size + self.q_size * h
+        if self.qkv_bias:
+            attn += self.q_size + 2 * self.kv_size
+        if self.o_bias:
+            attn += h
+        mlp = 3 * h * i + (2 * i + h if self.mlp_bias else 0)
+        per_layer = attn + mlp + 2 * h
+        emb = v * h
+        head = 0 if self.tie_word_embeddings else v * h
+        return self.num_hidden_layers * per_layer + emb + head + h
+
+    # ------------------------------------------------------------------ HF config.json
+    @classmethod
+    def from_hf(cls, source: str | Path | Mapping[str, Any]) -> "LlamaConfig":
+        """Read an HF ``config.json`` (a path to it, its directory, or the parsed dict)."""
+        where = "config"
+        if isinstance(source, Mapping):
+            raw = dict(source)
+        else:
+            path = Path(source)
+            if path.is_dir():
+                path = path / "config.json"
+            where = str(path)
+            if not path.is_file():
+                raise ConfigError(f"{path}: no config.json found; expected an HF model directory with "
+                                  "config.json (as written by transformers' save_pretrained)")
+            try:
+                raw = json.loads(path.read_text())
+            except (OSError, json.JSONDecodeError) as e:
+                raise ConfigError(f"{path}: not valid JSON ({e}); expected an HF config.json") from None
+            if not isinstance(raw, dict):
+                raise ConfigError(f"{path}: expected a JSON object, found {type(raw).__name__}")
+        return cls._from_raw(raw, where)
+
+    @classmethod
+    def _from_raw(cls, raw: dict[str, Any], where: str) -> "LlamaConfig":
+        model_type = raw.get("model_type")
+        archs = raw.get("architectures") or []
+        if model_type not in SUPPORTED_MODEL_TYPES:
+            raise ConfigError(
+                f"{where}: unsupported architecture model_type={model_type!r} "
+                f"(architectures={archs}); supported: model_type in {list(SUPPORTED_MODEL_TYPES)} "
+                f"({', '.join(SUPPORTED_ARCHITECTURES)})")
+        missing = [k for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                               "num_attention_heads") if k not in raw]
+        if missing:
+            raise ConfigError(f"{where}: missing required field(s) {', '.join(missing)}")
+        # transformers >= 5 writes rope_parameters {rope_type, rope_theta, ...}; 4.x writes
+        # rope_theta plus rope_scaling {type|rope_type, factor, ...}.
+        rope_params = raw.get("rope_parameters")
+        rope_theta = raw.get("rope_theta")
+        rope_scaling = raw.get("rope_scaling")
+        if isinstance(rope_params, dict):
+            rope_theta = rope_params.get("rope_theta", rope_theta)
+            extra = {k: v for k, v in rope_params.items() if k != "rope_theta"}
+            rope_scaling = extra or rope_scaling
+        rope_scaling = _normalise_rope_scaling(rope_scaling)
+        if model_type == "qwen2":
+            qkv_bias, o_bias = True, False
+        else:
+            qkv_bias = o_bias = bool(raw.get("attention_bias", False))
+        sliding = raw.get("sliding_window")
+        if model_type == "qwen2" and not raw.get("use_sliding_window", False):
+            sliding = None
+        kwargs = dict(
+            vocab_size=raw["vocab_size"], hidden_size=raw["hidden_size"],
+            intermediate_size=raw["intermediate_size"], num_hidden_layers=raw["num_hidden_layers"],
+            num_attention_heads=raw["num_attention_heads"],
+            num_key_value_heads=raw.get("num_key_value_heads"),
+            head_dim=raw.get("head_dim"),
+            max_position_embeddings=raw.get("max_position_embeddings", 2048),
+            rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
+            rope_theta=rope_theta if rope_theta is not None else 10000.0,
+            rope_scaling=rope_scaling,
+            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+            qkv_bias=qkv_bias, o_bias=o_bias, mlp_bias=bool(raw.get("mlp_bias", False)),
+            hidden_act=raw.get("hidden_act", "silu"), sliding_window=sliding, model_type=model_type,
+            bos_token_id=raw.get("bos_token_id"), eos_token_id=raw.get("eos_token_id"),
+            torch_dtype=raw.get("torch_dtype") or raw.get("dtype"),
+        )
+        try:
+            return cls(**kwargs)
+        except ConfigError as e:
+            raise ConfigError(f"{where}: {e}") from None
+
+    def to_hf(self) -> dict[str, Any]:
+        """The ``config.json`` dict that transformers reads back into the same model."""
+        arch = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+        d: dict[str, Any] = {
+            "architectures": [arch[self.model_type]], "model_type": self.model_type,
+            "vocab_size": self.vocab_size, "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size, "num_hidden_layers": self.num_hidden_layers,
+            "num_attention_heads": self.num_attention_heads, "num_key_value_heads": self.num_key_value_heads,
+            "head_dim": self.head_dim, "max_position_embeddings": self.max_position_embeddings,
+            "rms_norm_eps": self.rms_norm_eps, "rope_theta": self.rope_theta,
+            "rope_scaling": dict(self.rope_scaling) if self.rope_scaling else None,
+            "tie_word_embeddings": self.tie_word_embeddings, "hidden_act": self.hidden_act,
+            "bos_token_id": self.bos_token_id, "eos_token_id": self.eos_token_id,
+        }
+        if self.model_type == "qwen2":
+            d["use_sliding_window"] = self.sliding_window is not None
+            d["sliding_window"] = self.sliding_window
+        else:
+            d["attention_bias"] = self.qkv_bias
+            d["mlp_bias"] = self.mlp_bias
+            if self.model_type == "mistral":
+                d["sliding_window"] = self.sliding_window
+        if self.torch_dtype:
+            d["torch_dtype"] = self.torch_dtype
+        return d
+
+
+def _normalise_rope_scaling(rs: Any) -> dict[str, Any] | None:
+    if rs is None:
+        return None
+    if not isinstance(rs, dict):
+        return {"rope_type": rs}  # refused by validation with the value shown
+    rs = dict(rs)
+    kind = rs.pop("rope_type", None) or rs.pop("type", None) or "default"
+    rs.pop("type", None)
+    if kind == "default" and not rs:
+        return None
+    return {"rope_type": kind, **rs}
+
+
+def _rope_scaling_problems(rs: dict[str, Any] | None) -> list[str]:
+    if rs is None:
+        return []
+    if not isinstance(rs, dict):
+        return [f"rope_scaling: found {rs!r}, expected a mapping with rope_type"]
+    kind = rs.get("rope_type")
+    if kind == "dynamic":
+        return ["rope_scaling: rope_type 'dynamic' (NTK scaling recomputed per sequence length) is not "
+                "supported; supported: " + ", ".join(SUPPORTED_ROPE_TYPES) +
+                ". Remove rope_scaling to train within max_position_embeddings"]
+    if kind not in SUPPORTED_ROPE_TYPES:
+        return [f"rope_scaling: rope_type {kind!r} is not supported; supported: {', '.join(SUPPORTED_ROPE_TYPES)}"]
+    need = {"linear": ("factor",),
+            "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}
+    out = [f"rope_scaling.{k}: missing, required for rope_type {kind!r}" for k in need.get(kind, ()) if k not in rs]
+    factor = rs.get("factor")
+    if "factor" in rs and not (isinstance(factor, (int, float)) and factor >= 1 and math.isfinite(factor)):
+        out.append(f"rope_scaling.factor: found {factor!r}, expected a number >= 1")
+    return out

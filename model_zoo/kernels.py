@@ -1,0 +1,220 @@
+"""Kernel dispatch: a fused Ascend path and a plain-op reference path for each hot kernel.
+
+For each kernel (attention, RoPE, RMSNorm) :func:`select_kernels` picks ``fused`` or ``reference``
+from the device and the documented constraints of the fused op, and says why. The choice can be
+overridden per kernel. The fused paths call MindSpore's Ascend kernels:
+
+* attention: ``ops.flash_attention_score`` in BNSD layout with the compressed 2048x2048 causal mask
+  (sparse_mode 2 = left-up causal when query and key lengths match, 3 = right-down causal when a
+  KV cache makes keys longer than queries). Documented: fp16/bf16 only, head_dim a multiple of 16
+  and <= 512, N1 <= 256 and N2 a divisor of N1 (so GQA needs no repeat).
+* RoPE: ``ops.rotary_position_embedding(x, cos, sin, mode=0)``; mode 0 is rotate-half, the layout
+  HF Llama q/k weights are stored in. Documented: head_dim even and < 896, B and N < 1000, and not
+  to be called for BNSD when B*N > 8*S with a 32-byte-aligned head_dim (poor performance).
+* RMSNorm: ``ops.rms_norm(x, gamma, eps)``.
+
+These kernels are registered only on Ascend. On CPU/GPU the reference path runs; the fused paths
+are tested on CPU against NumPy models of the documented kernel semantics (tests/npu_models.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+from typing import Mapping
+
+import numpy as np
+
+from model_zoo.config import LlamaConfig
+from model_zoo.errors import KernelError
+
+KERNELS = ("attention", "rope", "rmsnorm")
+CHOICES = ("auto", "fused", "reference")
+FUSED_DTYPES_ATTENTION = ("float16", "bfloat16")
+
+# Each entry: what the fused path calls. Shown in reports.
+FUSED_OPS = {
+    "attention": "ops.flash_attention_score(layout=BNSD, sparse_mode=2|3, 2048x2048 causal mask)",
+    "rope": "ops.rotary_position_embedding(mode=0, rotate-half)",
+    "rmsnorm": "ops.rms_norm",
+}
+REFERENCE_OPS = {
+    "attention": "BatchMatMul + causal mask + fp32 softmax + BatchMatMul",
+    "rope": "x*cos + rotate_half(x)*sin",
+    "rmsnorm": "fp32 x*rsqrt(mean(x^2)+eps)*weight",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelChoice:
+    kernel: str
+    impl: str  # "fused" or "reference"
+    op: str
+    reason: str
+
+    @property
+    def fused(self) -> bool:
+        return self.impl == "fused"
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelPlan:
+    """Which implementation every layer's kernels run, and why. Same for all layers of a model."""
+
+    attention: KernelChoice
+    rope: KernelChoice
+    rmsnorm: KernelChoice
+    device: str
+    compute_dtype: str
+    mindspeed_available: bool
+
+    def choices(self) -> list[KernelChoice]:
+        return [self.attention, self.rope, self.rmsnorm]
+
+    def as_dict(self) -> dict:
+        return {
+            "device": self.device, "compute_dtype": self.compute_dtype,
+            "mindspeed_available": self.mindspeed_available,
+            "kernels": {c.kernel: dataclasses.asdict(c) for c in self.choices()},
+        }
+
+
+def current_device() -> str:
+    import mindspore as ms
+
+    return str(ms.get_context("device_target"))
+
+
+def mindspeed_available() -> bool:
+    # MindSpeed is installed from source on Ascend machines only; never required.
+    return importlib.util.find_spec("mindspeed") is not None
+
+
+def _fused_constraints(kernel: str, cfg: LlamaConfig, compute_dtype: str) -> list[str]:
+    """Documented constraints of the fused op that this model violates (empty = allowed)."""
+    d, n, nkv = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
+    bad: list[str] = []
+    if kernel == "attention":
+        if compute_dtype not in FUSED_DTYPES_ATTENTION:
+            bad.append(f"compute dtype {compute_dtype} (FlashAttentionScore takes float16/bfloat16)")
+        if d % 16 or d > 512:
+            bad.append(f"head_dim {d} (must be a multiple of 16 and <= 512)")
+        if n > 256:
+            bad.append(f"num_attention_heads {n} (must be <= 256)")
+        if n % nkv:
+            bad.append(f"num_key_value_heads {nkv} must divide num_attention_heads {n}")
+    elif kernel == "rope":
+        if d % 2 or d >= 896:
+            bad.append(f"head_dim {d} (must be even and < 896)")
+        if n >= 1000:
+            bad.append(f"num_attention_heads {n} (must be < 1000)")
+    return bad
+
+
+def select_kernels(cfg: LlamaConfig, *, device: str | None = None, compute_dtype: str = "float32",
+                   override: Mapping[str, str] | None = None) -> KernelPlan:
+    """Pick fused or reference for each kernel; ``override`` maps kernel -> auto|fused|reference."""
+    device = device or current_device()
+    override = dict(override or {})
+    unknown = sorted(set(override) - set(KERNELS))
+    if unknown:
+        raise KernelError(f"kernel override: unknown kernel(s) {unknown}; expected some of {list(KERNELS)}")
+    picks = {}
+    for kernel in KERNELS:
+        want = override.get(kernel, "auto")
+        if want not in CHOICES:
+            raise KernelError(f"kernel override {kernel}={want!r}: expected one of {list(CHOICES)}")
+        bad = _fused_constraints(kernel, cfg, compute_dtype)
+        if want == "reference":
+            picks[kernel] = KernelChoice(kernel, "reference", REFERENCE_OPS[kernel], "forced by override")
+        elif want == "fused":
+            if device != "Ascend":
+                raise KernelError(
+                    f"kernel override {kernel}=fused: {FUSED_OPS[kernel]} is registered only on Ascend, "
+                    f"this device is {device}; use {kernel}=reference or auto")
+            if bad:
+                raise KernelError(f"kernel override {kernel}=fused: not allowed for this model: "
+                                  + "; ".join(bad) + f"; use {kernel}=reference or auto")
+            picks[kernel] = KernelChoice(kernel, "fused", FUSED_OPS[kernel], "forced by override")
+        elif device != "Ascend":
+            picks[kernel] = KernelChoice(kernel, "reference", REFERENCE_OPS[kernel],
+                                         f"device is {device}; the fused kernel is registered only on Ascend")
+        elif bad:
+            picks[kernel] = KernelChoice(kernel, "reference", REFERENCE_OPS[kernel],
+                                         "fused kernel constraints not met: " + "; ".join(bad))
+        else:
+            why = "Ascend, documented constraints met"
+            if kernel == "rope":
+                why += " (falls back per call when batch >= 1000 or BNSD with B*N > 8*S and 32-byte-aligned head_dim)"
+            picks[kernel] = KernelChoice(kernel, "fused", FUSED_OPS[kernel], why)
+    return KernelPlan(attention=picks["attention"], rope=picks["rope"], rmsnorm=picks["rmsnorm"],
+                      device=device, compute_dtype=compute_dtype, mindspeed_available=mindspeed_available())
+
+
+# ---------------------------------------------------------------------------------------------
+# Argument construction for the fused ops: pure functions, so tests can check them against NumPy
+# models of the documented kernel semantics without an NPU.
+
+_CAUSAL_2048: np.ndarray | None = None
+
+
+def compressed_causal_mask() -> np.ndarray:
+    """The optimized 2048x2048 mask that sparse_mode 2/3/4 require: 1 (discard) above the diagonal."""
+    global _CAUSAL_2048
+    if _CAUSAL_2048 is None:
+        _CAUSAL_2048 = np.triu(np.ones((2048, 2048), dtype=np.uint8), k=1)
+    return _CAUSAL_2048
+
+
+def flash_attention_kwargs(*, num_heads: int, head_dim: int, q_len: int, kv_len: int) -> dict:
+    """Keyword arguments for ``ops.flash_attention_score`` on BNSD causal self-attention.
+
+    Query and key of equal length use left-up causal (sparse_mode 2). With a KV cache the queries are
+    the last ``q_len`` positions of ``kv_len`` keys, which is right-down causal (sparse_mode 3).
+    """
+    if q_len > kv_len:
+        raise KernelError(f"flash attention: query length {q_len} exceeds key length {kv_len}")
+    return {
+        "head_num": num_heads,
+        "attn_mask": compressed_causal_mask(),
+        "scalar_value": float(head_dim) ** -0.5,
+        "input_layout": "BNSD",
+        "sparse_mode": 2 if q_len == kv_len else 3,
+        "keep_prob": 1.0,
+    }
+
+
+def rope_fused_allowed(batch: int, heads: int, seq: int, head_dim: int, itemsize: int) -> bool:
+    """Per-call check of ops.rotary_position_embedding's documented limits for BNSD mode 0."""
+    if batch >= 1000 or heads >= 1000:
+        return False
+    aligned = (head_dim * itemsize) % 32 == 0
+    return not (batch * heads > 8 * seq and aligned)
+
+
+def rope_tables(cfg: LlamaConfig, length: int) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin of shape (length, head_dim) in float32, rotate-half layout (halves repeated).
+
+    Follows HF's rope init functions for 'default', 'linear' and 'llama3'.
+    """
+    d = cfg.head_dim
+    inv_freq = 1.0 / (cfg.rope_theta ** (np.arange(0, d, 2, dtype=np.int64).astype(np.float32) / d))
+    rs = cfg.rope_scaling or {}
+    kind = rs.get("rope_type", "default")
+    if kind == "linear":
+        inv_freq = inv_freq / float(rs["factor"])
+    elif kind == "llama3":
+        factor = float(rs["factor"])
+        low, high = float(rs["low_freq_factor"]), float(rs["high_freq_factor"])
+        old_len = float(rs["original_max_position_embeddings"])
+        low_wavelen, high_wavelen = old_len / low, old_len / high
+        wavelen = 2 * np.pi / inv_freq
+        scaled = np.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+        smooth = (old_len / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        is_medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+        inv_freq = np.where(is_medium, smoothed, scaled).astype(np.float32)
+    pos = np.arange(length, dtype=np.float32)
+    freqs = np.outer(pos, inv_freq.astype(np.float32))
+    emb = np.concatenate([freqs, freqs], axis=-1)
+    return np.cos(emb).astype(np.float32), np.sin(emb).astype(np.float32)

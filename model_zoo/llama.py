@@ -1,0 +1,303 @@
+"""The Llama family as MindSpore cells.
+
+Parameter names follow MindFormers' Llama (``model.tok_embeddings.embedding_weight``,
+``model.layers.{i}.attention.wq.weight``, ``feed_forward.w1/w2/w3``, ``attention_norm``,
+``ffn_norm``, ``model.norm_out.weight``, ``lm_head.weight``) so a converted checkpoint also loads in
+MindFormers. Linear weights keep HF's (out_features, in_features) layout, and q/k rows stay in HF's
+rotate-half order, which is what the fused RoPE's mode 0 expects: conversion is a rename.
+
+The same cell runs in PyNative and graph mode. ``construct(input_ids)`` returns logits;
+:meth:`LlamaForCausalLM.forward_cached` is the PyNative path with a KV cache used by generation.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import mindspore as ms
+import numpy as np
+from mindspore import Parameter, Tensor, nn, ops
+from mindspore.common.initializer import Normal, Zero, One, initializer
+
+from model_zoo import kernels
+from model_zoo.config import LlamaConfig
+from model_zoo.kernels import KernelPlan
+
+_DTYPES = {"float32": ms.float32, "float16": ms.float16, "bfloat16": ms.bfloat16}
+
+
+def ms_dtype(name: str) -> ms.Type:
+    return _DTYPES[name]
+
+
+class Linear(nn.Cell):
+    """y = x @ W^T (+ b) with W stored (out, in) as in HF."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, param_dtype: ms.Type,
+                 compute_dtype: ms.Type, init_std: float = 0.02):
+        super().__init__()
+        self.weight = Parameter(initializer(Normal(init_std), (out_features, in_features), param_dtype), name="weight")
+        self.has_bias = bias
+        self.bias = Parameter(initializer(Zero(), (out_features,), param_dtype), name="bias") if bias else None
+        self.out_features = out_features
+        self.compute_dtype = compute_dtype
+        self.matmul = ops.MatMul(transpose_b=True)
+
+    def construct(self, x: Tensor) -> Tensor:
+        shape = x.shape
+        x2 = ops.reshape(ops.cast(x, self.compute_dtype), (-1, shape[-1]))
+        y = self.matmul(x2, ops.cast(self.weight, self.compute_dtype))
+        if self.has_bias:
+            y = y + ops.cast(self.bias, self.compute_dtype)
+        return ops.reshape(y, shape[:-1] + (self.out_features,))
+
+
+class RMSNorm(nn.Cell):
+    def __init__(self, dim: int, eps: float, param_dtype: ms.Type, fused: bool):
+        super().__init__()
+        self.weight = Parameter(initializer(One(), (dim,), param_dtype), name="weight")
+        self.eps = eps
+        self.fused = fused
+
+    def construct(self, x: Tensor) -> Tensor:
+        if self.fused:
+            return kernels_fused_rms_norm(x, self.weight, self.eps)
+        dtype = x.dtype
+        xf = ops.cast(x, ms.float32)
+        var = ops.mean(ops.square(xf), -1, keep_dims=True)
+        y = ops.cast(xf * ops.rsqrt(var + self.eps), dtype)
+        return ops.cast(self.weight, dtype) * y
+
+
+def kernels_fused_rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    return FUSED_OPS["rms_norm"](x, ops.cast(weight, x.dtype), eps)[0]
+
+
+# The fused Ascend entry points, looked up at call time so tests can put a NumPy model of the
+# documented kernel in their place (no NPU is needed to check what we pass to them).
+FUSED_OPS = {
+    "flash_attention_score": ops.flash_attention_score,
+    "rotary_position_embedding": ops.rotary_position_embedding,
+    "rms_norm": ops.rms_norm,
+}
+
+
+def rotate_half(x: Tensor) -> Tensor:
+    half = x.shape[-1] // 2
+    return ops.cat((-x[..., half:], x[..., :half]), -1)
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor, fused: bool) -> Tensor:
+    """x: (B, N, S, D); cos/sin: (S, D) float32 tables."""
+    b, n, s, d = x.shape
+    cos = ops.cast(cos, x.dtype)
+    sin = ops.cast(sin, x.dtype)
+    if fused and kernels.rope_fused_allowed(b, n, s, d, _itemsize(x.dtype)):
+        return FUSED_OPS["rotary_position_embedding"](x, cos.reshape(1, 1, s, d), sin.reshape(1, 1, s, d), 0)
+    return x * cos + rotate_half(x) * sin
+
+
+def _itemsize(dtype: ms.Type) -> int:
+    return 4 if dtype == ms.float32 else 2
+
+
+def repeat_kv(x: Tensor, n_rep: int) -> Tensor:
+    if n_rep == 1:
+        return x
+    b, nkv, t, d = x.shape
+    x = ops.broadcast_to(ops.expand_dims(x, 2), (b, nkv, n_rep, t, d))
+    return ops.reshape(x, (b, nkv * n_rep, t, d))
+
+
+def reference_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, n_rep: int, q_offset: int) -> Tensor:
+    """Causal attention in plain ops. q: (B, N, S, D); k, v: (B, Nkv, T, D); query i sits at position
+    q_offset + i. Scores and softmax in float32, as HF's eager attention does."""
+    k = repeat_kv(k, n_rep)
+    v = repeat_kv(v, n_rep)
+    s, t = q.shape[2], k.shape[2]
+    scores = ops.BatchMatMul(transpose_b=True)(ops.cast(q, ms.float32), ops.cast(k, ms.float32)) * scale
+    mask = ops.triu(ops.ones((s, t), ms.float32), diagonal=1 + q_offset)
+    scores = scores - mask * 1e30
+    probs = ops.cast(ops.softmax(scores, -1), v.dtype)
+    return ops.BatchMatMul()(probs, v)
+
+
+def fused_attention(q: Tensor, k: Tensor, v: Tensor, num_heads: int) -> Tensor:
+    """FlashAttentionScore in BNSD; GQA is native (N2 divides N1), so k/v are not repeated."""
+    kw = kernels.flash_attention_kwargs(num_heads=num_heads, head_dim=q.shape[-1],
+                                        q_len=q.shape[2], kv_len=k.shape[2])
+    kw["attn_mask"] = Tensor(kw["attn_mask"])
+    return FUSED_OPS["flash_attention_score"](q, k, v, **kw)
+
+
+class Attention(nn.Cell):
+    def __init__(self, cfg: LlamaConfig, plan: KernelPlan, param_dtype: ms.Type, compute_dtype: ms.Type):
+        super().__init__()
+        h = cfg.hidden_size
+        self.n_heads = cfg.num_attention_heads
+        self.n_kv = cfg.num_key_value_heads
+        self.head_dim = cfg.head_dim
+        self.n_rep = self.n_heads // self.n_kv
+        self.scale = float(self.head_dim) ** -0.5
+        self.fused_attention = plan.attention.fused
+        self.fused_rope = plan.rope.fused
+        self.wq = Linear(h, cfg.q_size, cfg.qkv_bias, param_dtype, compute_dtype)
+        self.wk = Linear(h, cfg.kv_size, cfg.qkv_bias, param_dtype, compute_dtype)
+        self.wv = Linear(h, cfg.kv_size, cfg.qkv_bias, param_dtype, compute_dtype)
+        self.wo = Linear(cfg.q_size, h, cfg.o_bias, param_dtype, compute_dtype)
+
+    def _heads(self, x: Tensor, n: int) -> Tensor:
+        b, s, _ = x.shape
+        return ops.transpose(ops.reshape(x, (b, s, n, self.head_dim)), (0, 2, 1, 3))
+
+    def project(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        q = apply_rope(self._heads(self.wq(x), self.n_heads), cos, sin, self.fused_rope)
+        k = apply_rope(self._heads(self.wk(x), self.n_kv), cos, sin, self.fused_rope)
+        v = self._heads(self.wv(x), self.n_kv)
+        return q, k, v
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, q_offset: int) -> Tensor:
+        if self.fused_attention:
+            out = fused_attention(q, k, v, self.n_heads)
+        else:
+            out = reference_attention(q, k, v, self.scale, self.n_rep, q_offset)
+        b, n, s, d = out.shape
+        return self.wo(ops.reshape(ops.transpose(out, (0, 2, 1, 3)), (b, s, n * d)))
+
+    def construct(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        q, k, v = self.project(x, cos, sin)
+        return self.attend(q, k, v, 0)
+
+
+class FeedForward(nn.Cell):
+    """SwiGLU: w2(silu(w1 x) * w3 x); w1 = gate_proj, w2 = down_proj, w3 = up_proj."""
+
+    def __init__(self, cfg: LlamaConfig, param_dtype: ms.Type, compute_dtype: ms.Type):
+        super().__init__()
+        h, i = cfg.hidden_size, cfg.intermediate_size
+        self.w1 = Linear(h, i, cfg.mlp_bias, param_dtype, compute_dtype)
+        self.w2 = Linear(i, h, cfg.mlp_bias, param_dtype, compute_dtype)
+        self.w3 = Linear(h, i, cfg.mlp_bias, param_dtype, compute_dtype)
+
+    def construct(self, x: Tensor) -> Tensor:
+        return self.w2(ops.silu(self.w1(x)) * self.w3(x))
+
+
+class DecoderLayer(nn.Cell):
+    def __init__(self, cfg: LlamaConfig, plan: KernelPlan, param_dtype: ms.Type, compute_dtype: ms.Type):
+        super().__init__()
+        fused_norm = plan.rmsnorm.fused
+        self.attention_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, param_dtype, fused_norm)
+        self.attention = Attention(cfg, plan, param_dtype, compute_dtype)
+        self.ffn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, param_dtype, fused_norm)
+        self.feed_forward = FeedForward(cfg, param_dtype, compute_dtype)
+
+    def construct(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        h = x + self.attention(self.attention_norm(x), cos, sin)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+class Embedding(nn.Cell):
+    def __init__(self, vocab: int, dim: int, param_dtype: ms.Type, compute_dtype: ms.Type):
+        super().__init__()
+        self.embedding_weight = Parameter(initializer(Normal(0.02), (vocab, dim), param_dtype), name="embedding_weight")
+        self.compute_dtype = compute_dtype
+
+    def construct(self, ids: Tensor) -> Tensor:
+        return ops.cast(ops.gather(self.embedding_weight, ids, 0), self.compute_dtype)
+
+
+class LlamaModel(nn.Cell):
+    def __init__(self, cfg: LlamaConfig, plan: KernelPlan, param_dtype: ms.Type, compute_dtype: ms.Type):
+        super().__init__()
+        self.tok_embeddings = Embedding(cfg.vocab_size, cfg.hidden_size, param_dtype, compute_dtype)
+        self.layers = nn.CellList([DecoderLayer(cfg, plan, param_dtype, compute_dtype)
+                                   for _ in range(cfg.num_hidden_layers)])
+        self.norm_out = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, param_dtype, plan.rmsnorm.fused)
+
+    def construct(self, ids: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        x = self.tok_embeddings(ids)
+        for layer in self.layers:
+            x = layer(x, cos, sin)
+        return self.norm_out(x)
+
+
+class LlamaForCausalLM(nn.Cell):
+    """Logits from token ids. Build it with :func:`model_zoo.build`."""
+
+    def __init__(self, cfg: LlamaConfig, plan: KernelPlan, param_dtype: str = "float32",
+                 compute_dtype: str | None = None):
+        super().__init__()
+        self.config = cfg
+        self.plan = plan
+        pdt, cdt = ms_dtype(param_dtype), ms_dtype(compute_dtype or param_dtype)
+        self.param_dtype, self.compute_dtype = pdt, cdt
+        self.model = LlamaModel(cfg, plan, pdt, cdt)
+        self.tied = cfg.tie_word_embeddings
+        if not self.tied:
+            self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, False, pdt, cdt)
+        self.logits_matmul = ops.MatMul(transpose_b=True)
+        self._rope_len = 0
+        self._ensure_rope(cfg.max_position_embeddings)
+
+    def _ensure_rope(self, length: int) -> None:
+        if length > self._rope_len:
+            cos, sin = kernels.rope_tables(self.config, length)
+            # Plain tensors, not Parameters: they are derived data and never saved in checkpoints.
+            self.rope_cos, self.rope_sin = Tensor(cos), Tensor(sin)
+            self._rope_len = length
+
+    def logits(self, hidden: Tensor) -> Tensor:
+        b, s, h = hidden.shape
+        w = self.model.tok_embeddings.embedding_weight if self.tied else self.lm_head.weight
+        out = self.logits_matmul(ops.reshape(hidden, (-1, h)), ops.cast(w, hidden.dtype))
+        return ops.cast(ops.reshape(out, (b, s, -1)), ms.float32)
+
+    def construct(self, input_ids: Tensor) -> Tensor:
+        s = input_ids.shape[1]
+        cos, sin = self.rope_cos[:s], self.rope_sin[:s]
+        return self.logits(self.model(input_ids, cos, sin))
+
+    # ----------------------------------------------------------------- KV-cache path (PyNative)
+    def forward_cached(self, input_ids: Tensor, cache: list | None) -> tuple[Tensor, list]:
+        """Logits for ``input_ids`` following the positions already in ``cache``.
+
+        ``cache`` is a list of (k, v) per layer, each (B, Nkv, T, D), or None to start.
+        """
+        start = 0 if not cache else cache[0][0].shape[2]
+        s = input_ids.shape[1]
+        self._ensure_rope(start + s)
+        cos, sin = self.rope_cos[start:start + s], self.rope_sin[start:start + s]
+        x = self.model.tok_embeddings(input_ids)
+        new_cache = []
+        for i, layer in enumerate(self.model.layers):
+            attn = layer.attention
+            q, k, v = attn.project(layer.attention_norm(x), cos, sin)
+            if cache:
+                k = ops.cat((cache[i][0], k), 2)
+                v = ops.cat((cache[i][1], v), 2)
+            new_cache.append((k, v))
+            x = x + attn.attend(q, k, v, start)
+            x = x + layer.feed_forward(layer.ffn_norm(x))
+        return self.logits(self.model.norm_out(x)), new_cache
+
+    def kernel_report(self) -> list[dict]:
+        """One row per layer and kernel: which implementation runs and why."""
+        rows = []
+        for i in range(self.config.num_hidden_layers):
+            for c in self.plan.choices():
+                rows.append({"layer": i, "kernel": c.kernel, "impl": c.impl, "op": c.op, "reason": c.reason})
+        c = self.plan.rmsnorm
+        rows.append({"layer": "final", "kernel": "rmsnorm", "impl": c.impl, "op": c.op, "reason": c.reason})
+        return rows
+
+
+def build(cfg: LlamaConfig, *, param_dtype: str = "float32", compute_dtype: str | None = None,
+          kernels_override: Mapping[str, str] | None = None, device: str | None = None,
+          seed: int | None = 0) -> LlamaForCausalLM:
+    """Build a randomly initialised model; load weights with converters or ``load_param_into_net``."""
+    if seed is not None:
+        ms.set_seed(seed)
+    plan = kernels.select_kernels(cfg, device=device, compute_dtype=compute_dtype or param_dtype,
+                                  override=kernels_override)
+    return LlamaForCausalLM(cfg, plan, param_dtype=param_dtype, compute_dtype=compute_dtype)
