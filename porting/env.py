@@ -1,0 +1,63 @@
+"""Versions of everything a run depends on, for manifests (`port doctor` builds on this)."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+PACKAGES = ("mindspore", "mindspeed", "torch", "torch_npu", "transformers", "safetensors", "numpy",
+            "tokenizers", "port")
+
+
+def package_version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def cann_version() -> str | None:
+    """CANN toolkit version from the install's version.cfg / *install.info, when present."""
+    home = os.environ.get("ASCEND_TOOLKIT_HOME") or os.environ.get("ASCEND_HOME_PATH") or "/usr/local/Ascend/ascend-toolkit/latest"
+    for cand in ("version.cfg", "compiler/version.info", "runtime/version.info"):
+        p = Path(home) / cand
+        if p.is_file():
+            m = re.search(r"[Vv]ersion\s*[=:]\s*([\w.\-]+)", p.read_text(errors="replace"))
+            if m:
+                return m.group(1)
+    return None
+
+
+def driver_version() -> str | None:
+    p = Path("/usr/local/Ascend/driver/version.info")
+    if p.is_file():
+        m = re.search(r"Version\s*=\s*([\w.\-]+)", p.read_text(errors="replace"))
+        if m:
+            return m.group(1)
+    return None
+
+
+def npu_smi() -> str | None:
+    try:
+        out = subprocess.run(["npu-smi", "info"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout if out.returncode == 0 else None
+
+
+def versions() -> dict:
+    """Framework, toolkit and host versions; None where a component is absent."""
+    return {
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "packages": {name: package_version(name) for name in PACKAGES},
+        "cann": cann_version(),
+        "ascend_driver": driver_version(),
+        "npu_present": npu_smi() is not None,
+    }
