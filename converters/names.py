@@ -110,3 +110,34 @@ def coverage_error(where: str, missing: list[str], unexpected: list[str]) -> Che
     return CheckpointError(f"{where}: " + "; ".join(parts) +
                            "; the checkpoint does not match its config.json (check num_hidden_layers, "
                            "tie_word_embeddings, attention_bias/mlp_bias)")
+
+
+# Keys a MindSpore *training* checkpoint holds beside the weights (optimizer states, step counters,
+# loss scale). They are not model weights: MS -> HF skips them and lists them in the manifest.
+IGNORED_MS_PREFIXES = ("adam_m.", "adam_v.", "moment1.", "moment2.", "accu_grads.", "global_step",
+                       "learning_rate", "beta1_power", "beta2_power", "scale_sense", "loss_scale",
+                       "current_iterator_step", "last_overflow_iterator_step", "epoch_num", "step_num")
+
+
+def is_ignored_ms(name: str) -> bool:
+    return name.startswith(IGNORED_MS_PREFIXES)
+
+
+def expected_hf_shapes(cfg: LlamaConfig) -> dict[str, tuple[int, ...]]:
+    """The shape of every HF tensor this config implies (weights are (out_features, in_features))."""
+    h, i, v = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
+    per_layer = {
+        "input_layernorm.weight": (h,), "post_attention_layernorm.weight": (h,),
+        "self_attn.q_proj.weight": (cfg.q_size, h), "self_attn.k_proj.weight": (cfg.kv_size, h),
+        "self_attn.v_proj.weight": (cfg.kv_size, h), "self_attn.o_proj.weight": (h, cfg.q_size),
+        "self_attn.q_proj.bias": (cfg.q_size,), "self_attn.k_proj.bias": (cfg.kv_size,),
+        "self_attn.v_proj.bias": (cfg.kv_size,), "self_attn.o_proj.bias": (h,),
+        "mlp.gate_proj.weight": (i, h), "mlp.up_proj.weight": (i, h), "mlp.down_proj.weight": (h, i),
+        "mlp.gate_proj.bias": (i,), "mlp.up_proj.bias": (i,), "mlp.down_proj.bias": (h,),
+    }
+    top = {"model.embed_tokens.weight": (v, h), "model.norm.weight": (h,), "lm_head.weight": (v, h)}
+    out = {}
+    for name in expected_hf_names(cfg):
+        m = re.match(r"model\.layers\.\d+\.(.*)$", name)
+        out[name] = per_layer[m.group(1)] if m else top[name]
+    return out

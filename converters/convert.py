@@ -1,0 +1,323 @@
+"""Streaming checkpoint conversion HF <-> MindSpore.
+
+One pass per source file: its bytes are read through a memory map in 64 MiB chunks; each chunk is
+hashed (the file's sha256 and the tensor's, on worker threads: hashlib releases the GIL), cast only
+when a dtype change was asked for, and written straight after the output header. The output shard
+layout mirrors the source (one output file per source file, tensors in the same order), which is what
+makes HF -> MS -> HF reproduce the original files. Before a byte is written, the whole plan is checked:
+every source tensor used, every expected tensor present, every shape equal to what config.json implies,
+every dtype convertible.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import dataclasses
+import datetime as _dt
+import hashlib
+import json
+import shutil
+import sys
+from pathlib import Path
+from typing import Callable
+
+from converters import atomic, dtypes, names
+from converters.safetensors_io import OutTensor, TensorInfo, encode_header, write_all
+from converters.sources import MANIFEST, MS_INDEX, Source, SourceFile, file_sha256, open_hf, open_ms, stream
+from model_zoo.config import LlamaConfig
+from model_zoo.errors import CheckpointError
+
+HF_INDEX = "model.safetensors.index.json"
+# Files copied beside the weights so the output directory describes itself (config, tokenizer).
+COMPANION_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer.model",
+                   "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "vocab.json",
+                   "merges.txt", "chat_template.jinja", "LICENSE")
+OUT_FORMATS = ("safetensors", "ckpt")
+
+
+@dataclasses.dataclass(frozen=True)
+class Direction:
+    """What differs between HF -> MS and MS -> HF, as data."""
+
+    name: str
+    table: Callable[[LlamaConfig], dict[str, str]]
+    ignored: Callable[[str], bool]
+    expected_shapes: Callable[[LlamaConfig], dict[str, tuple[int, ...]]]  # source-side names
+    out_metadata: dict[str, str]
+    opener: Callable[[Path], Source]
+
+
+def _ms_shapes(cfg: LlamaConfig) -> dict[str, tuple[int, ...]]:
+    table = names.NAME_MAPS[cfg.model_type]
+    return {names.map_name(k, table): v for k, v in names.expected_hf_shapes(cfg).items()}
+
+
+HF_TO_MS = Direction("hf->ms", lambda c: names.NAME_MAPS[c.model_type], names.is_ignored_hf,
+                     names.expected_hf_shapes, {"format": "ms"}, open_hf)
+MS_TO_HF = Direction("ms->hf", lambda c: {v: k for k, v in names.NAME_MAPS[c.model_type].items()},
+                     names.is_ignored_ms, _ms_shapes, {"format": "pt"}, open_ms)
+
+
+@dataclasses.dataclass(frozen=True)
+class PlannedFile:
+    src: SourceFile
+    out_name: str
+    tensors: tuple[tuple[TensorInfo, OutTensor], ...]  # (source, output) in source data order
+    skipped: tuple[str, ...]  # source tensors deliberately not converted (listed in the manifest)
+    metadata: dict[str, str]
+
+    @property
+    def out_bytes(self) -> int:
+        return len(encode_header([o for _, o in self.tensors], self.metadata)) + sum(o.nbytes for _, o in self.tensors)
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    direction: Direction
+    source: Source
+    cfg: LlamaConfig
+    out_format: str
+    target_dtype: str | None
+    files: tuple[PlannedFile, ...]
+    index_metadata: dict | None  # for an HF index (restored on MS -> HF when known)
+
+
+def _out_file_name(src_name: str, direction: Direction, out_format: str, restored: dict[str, str]) -> str:
+    if src_name in restored:
+        return restored[src_name]
+    stem = src_name.rsplit(".", 1)[0]
+    if stem.startswith("pytorch_model"):
+        stem = "model" + stem[len("pytorch_model"):]
+    return f"{stem}.{out_format}"
+
+
+def _hf_layout_from_manifest(ms_dir: Path) -> dict:
+    """The HF file names / metadata recorded when an MS directory was made from HF (empty if unknown)."""
+    p = ms_dir / MANIFEST
+    if not p.is_file():
+        return {}
+    try:
+        return json.loads(p.read_text()).get("hf_layout") or {}
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+def build_plan(src_dir: Path, direction: Direction, out_format: str = "safetensors", dtype: str = "keep") -> Plan:
+    """Read headers, check coverage / shapes / dtypes, and decide every output file and tensor."""
+    if out_format not in OUT_FORMATS:
+        raise CheckpointError(f"--format {out_format!r}: expected one of {', '.join(OUT_FORMATS)}")
+    if dtype not in dtypes.TARGETS:
+        raise CheckpointError(f"--dtype {dtype!r}: expected one of {', '.join(dtypes.TARGETS)}")
+    cfg = LlamaConfig.from_hf(src_dir / "config.json")
+    source = direction.opener(src_dir)
+    table = direction.table(cfg)
+    shapes = direction.expected_shapes(cfg)
+    target = dtypes.TARGETS[dtype]
+    layout = _hf_layout_from_manifest(src_dir) if direction is MS_TO_HF else {}
+    restored = {k: v["name"] for k, v in layout.get("files", {}).items()
+                if str(v.get("name", "")).endswith(".safetensors")}
+    seen: set[str] = set()
+    unexpected: list[str] = []
+    problems: list[CheckpointError] = []
+    files = []
+    for f in source.files:
+        planned, skipped = [], []
+        for t in f.tensors:
+            if direction.ignored(t.name):
+                skipped.append(t.name)
+                continue
+            out_name = names.map_name(t.name, table)
+            if out_name is None or t.name not in shapes:
+                unexpected.append(t.name)
+                continue
+            seen.add(t.name)
+            if t.dtype not in dtypes.CONVERTIBLE:
+                problems.append(CheckpointError(f"{f.path}: tensor {t.name}: unsupported dtype {t.dtype}; expected "
+                                                f"one of {', '.join(dtypes.CONVERTIBLE)}"))
+            elif t.shape != shapes[t.name]:
+                problems.append(CheckpointError(
+                    f"{f.path}: tensor {t.name}: shape {list(t.shape)} does not match config.json, which implies "
+                    f"{list(shapes[t.name])}; the checkpoint and its config.json belong to different models"))
+            planned.append((t, OutTensor(out_name, target or t.dtype, t.shape)))
+        meta = dict(layout.get("files", {}).get(f.name, {}).get("metadata") or direction.out_metadata)
+        out_name = _out_file_name(f.name, direction, out_format, restored)
+        files.append(PlannedFile(f, out_name, tuple(planned), tuple(skipped), meta))
+    missing = sorted(set(shapes) - seen)
+    if missing or unexpected:
+        raise names.coverage_error(str(src_dir), missing, unexpected)
+    if problems:
+        raise problems[0]
+    index_meta = layout.get("index_metadata") if direction is MS_TO_HF else source.index_metadata
+    return Plan(direction, source, cfg, out_format, target, tuple(files), index_meta)
+
+
+# ------------------------------------------------------------------------------------------ writing
+class _Hashes:
+    """sha256 digests fed on worker threads so hashing uses both cores while the main thread writes."""
+
+    def __init__(self, pool: cf.ThreadPoolExecutor):
+        self.pool = pool
+        self.pending: list[cf.Future] = []
+
+    def update(self, h, data: memoryview) -> None:
+        self.pending.append(self.pool.submit(h.update, data))
+
+    def wait(self) -> None:
+        for fut in self.pending:
+            fut.result()
+        self.pending.clear()
+
+
+def _tensor_record(o: OutTensor, digest: str, file: str, src: TensorInfo, src_file: str) -> dict:
+    return {"name": o.name, "shape": list(o.shape), "dtype": o.dtype, "sha256": digest, "file": file,
+            "source_name": src.name, "source_dtype": src.dtype, "source_file": src_file}
+
+
+def _write_safetensors(plan: Plan, pf: PlannedFile, out_path: Path, pool, progress) -> tuple[str | None, list[dict]]:
+    outs = {t.name: (t, o) for t, o in pf.tensors}
+    header = encode_header([o for _, o in pf.tensors], pf.metadata)
+    hashes = _Hashes(pool)
+    file_hash = hashlib.sha256() if plan.source.kind == "safetensors" else None
+    tensor_hash: dict[str, object] = {}
+    with open(out_path, "wb") as fo:
+        write_all(fo, header)
+        for t, chunk in stream(plan.source, pf.src):
+            if file_hash is not None:
+                hashes.update(file_hash, chunk)
+            if t is not None and t.name in outs:
+                out = dtypes.cast_bytes(t.dtype, outs[t.name][1].dtype, chunk)
+                h = tensor_hash.setdefault(t.name, hashlib.sha256())
+                hashes.update(h, out)
+                write_all(fo, out)
+            hashes.wait()
+            progress(chunk.nbytes)
+        size = fo.tell()
+    if size != pf.out_bytes:
+        raise CheckpointError(f"{pf.src.path}: wrote {size} bytes to {out_path.name}, expected {pf.out_bytes}; "
+                              "the source changed while it was read")
+    records = [_tensor_record(o, tensor_hash.get(t.name, hashlib.sha256()).hexdigest(), pf.out_name, t, pf.src.name)
+               for t, o in pf.tensors]
+    return (file_hash.hexdigest() if file_hash else None), records
+
+
+def _ms_numpy_dtype(code: str):
+    import numpy as np
+
+    if code == "BF16":
+        from mindspore.common import np_dtype
+        return np_dtype.bfloat16
+    return {"F32": np.float32, "F16": np.float16}[code]
+
+
+def _write_ckpt(plan: Plan, pf: PlannedFile, out_path: Path, pool, progress) -> tuple[str | None, list[dict]]:
+    """MindSpore's own .ckpt writer, one shard in memory at a time (it needs whole tensors)."""
+    import mindspore as ms
+    import numpy as np
+
+    outs = {t.name: (t, o) for t, o in pf.tensors}
+    file_hash = hashlib.sha256() if plan.source.kind == "safetensors" else None
+    parts: dict[str, list[bytes]] = {}
+    for t, chunk in stream(plan.source, pf.src):
+        if file_hash is not None:
+            file_hash.update(chunk)
+        if t is not None and t.name in outs:
+            parts.setdefault(t.name, []).append(bytes(dtypes.cast_bytes(t.dtype, outs[t.name][1].dtype, chunk)))
+        progress(chunk.nbytes)
+    records, to_save = [], []
+    for t, o in pf.tensors:
+        raw = b"".join(parts.pop(t.name, []))
+        arr = np.frombuffer(raw, dtype=_ms_numpy_dtype(o.dtype)).reshape(o.shape)
+        to_save.append({"name": o.name, "data": ms.Tensor(arr)})
+        records.append(_tensor_record(o, hashlib.sha256(raw).hexdigest(), pf.out_name, t, pf.src.name))
+    try:
+        ms.save_checkpoint(to_save, str(out_path), format="ckpt")
+    except (RuntimeError, ValueError) as e:  # MindSpore wraps OSError; keep "disk full" recognisable
+        if shutil.disk_usage(out_path.parent).free < sum(o.nbytes for _, o in pf.tensors):
+            raise OSError(28, "No space left on device", str(out_path)) from None
+        raise CheckpointError(f"{out_path}: MindSpore could not write the checkpoint ({str(e).splitlines()[0]})") from None
+    return (file_hash.hexdigest() if file_hash else None), records
+
+
+WRITERS = {"safetensors": _write_safetensors, "ckpt": _write_ckpt}
+
+
+def _index_files(plan: Plan, records: list[dict]) -> dict[str, dict]:
+    """The index file(s) to write: MindSpore's {param: file} map, or HF's model.safetensors.index.json."""
+    weight_map = {r["name"]: r["file"] for r in records}
+    if plan.direction is HF_TO_MS:
+        return {MS_INDEX: dict(sorted(weight_map.items()))} if len(plan.files) > 1 else {}
+    if len(plan.files) == 1:
+        return {}
+    meta = plan.index_metadata or {"total_size": sum(o.nbytes for pf in plan.files for _, o in pf.tensors)}
+    return {HF_INDEX: {"metadata": meta, "weight_map": dict(sorted(weight_map.items()))}}
+
+
+def _hf_layout(plan: Plan) -> dict | None:
+    """Recorded in an MS manifest so MS -> HF can restore HF file names, metadata and index metadata."""
+    if plan.direction is not HF_TO_MS:
+        return None
+    return {"index_name": plan.source.index_name, "index_metadata": plan.source.index_metadata,
+            "files": {pf.out_name: {"name": pf.src.name, "metadata": pf.src.metadata} for pf in plan.files}}
+
+
+def _companions(src_dir: Path) -> list[Path]:
+    return [src_dir / n for n in COMPANION_FILES if (src_dir / n).is_file()]
+
+
+def execute(plan: Plan, out_dir: Path, *, force: bool = False, progress: Callable[[int], None] | None = None,
+            versions: dict | None = None, command: list[str] | None = None) -> dict:
+    """Write ``plan`` to ``out_dir`` atomically; return the manifest (also written beside the weights)."""
+    out_dir = Path(out_dir).absolute()
+    atomic.check_destination(out_dir, force, [plan.source.dir])
+    companions = _companions(plan.source.dir)
+    need = sum(pf.out_bytes for pf in plan.files) + sum(p.stat().st_size for p in companions)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    atomic.check_free_space(out_dir, need)
+    progress = progress or (lambda n: None)
+    writer = WRITERS[plan.out_format]
+    with atomic.staged_dir(out_dir, force) as tmp, cf.ThreadPoolExecutor(2) as pool:
+        src_files, records = [], []
+        for pf in plan.files:
+            out_path = tmp / pf.out_name
+            try:
+                digest, recs = writer(plan, pf, out_path, pool, progress)
+            except OSError as e:
+                raise OSError(e.errno, e.strerror, str(out_dir / pf.out_name)) from None
+            if digest is None:
+                digest = file_sha256(pf.src.path)
+            src_files.append({"name": pf.src.name, "bytes": pf.src.path.stat().st_size, "sha256": digest,
+                              "metadata": pf.src.metadata, "skipped_tensors": list(pf.skipped)})
+            records.extend(recs)
+        for name, content in _index_files(plan, records).items():
+            (tmp / name).write_text(json.dumps(content, indent=2) + "\n")
+        for p in companions:
+            shutil.copyfile(p, tmp / p.name)
+        manifest = {
+            "tool": "port convert", "direction": plan.direction.name,
+            "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "command": command or sys.argv,
+            "source": {"dir": str(plan.source.dir.absolute()), "format": plan.source.kind,
+                       "index": plan.source.index_name, "files": src_files},
+            "output": {"format": plan.out_format, "dtype": plan.target_dtype or "keep",
+                       "files": [pf.out_name for pf in plan.files],
+                       "companion_files": [p.name for p in companions]},
+            "model_type": plan.cfg.model_type,
+            "name_map": plan.direction.table(plan.cfg),
+            "tensors": records,
+            "hf_layout": _hf_layout(plan),
+            "versions": versions or {},
+        }
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+    return manifest
+
+
+def hf_to_ms(hf_dir: Path, out_dir: Path, *, out_format: str = "safetensors", dtype: str = "keep",
+             force: bool = False, progress=None, versions: dict | None = None, command=None) -> dict:
+    plan = build_plan(Path(hf_dir), HF_TO_MS, out_format, dtype)
+    return execute(plan, out_dir, force=force, progress=progress, versions=versions, command=command)
+
+
+def ms_to_hf(ms_dir: Path, out_dir: Path, *, dtype: str = "keep", force: bool = False, progress=None,
+             versions: dict | None = None, command=None) -> dict:
+    plan = build_plan(Path(ms_dir), MS_TO_HF, "safetensors", dtype)
+    return execute(plan, out_dir, force=force, progress=progress, versions=versions, command=command)

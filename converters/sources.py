@@ -1,0 +1,266 @@
+"""What a checkpoint directory holds: its files in order, every tensor's name/dtype/shape, and how
+to stream each file's bytes. Three kinds, found by the files present (a table, not a chain of ifs):
+safetensors (single or sharded with an index), PyTorch ``.bin`` (read with ``weights_only=True``, so
+a pickle that would run code is refused, never run) and MindSpore ``.ckpt``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import pickle
+from pathlib import Path
+from typing import Callable, Iterator
+
+from converters import dtypes
+from converters.safetensors_io import CHUNK_BYTES, Header, MappedFile, TensorInfo, read_header
+from model_zoo.errors import CheckpointError
+
+# Index file written beside sharded MindSpore checkpoints: {param name: file} (MindFormers' convention
+# for a unified safetensors directory).
+MS_INDEX = "param_name_map.json"
+MANIFEST = "port_manifest.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class SourceFile:
+    name: str  # relative to the directory
+    path: Path
+    tensors: tuple[TensorInfo, ...]  # in data order (offsets are meaningful for safetensors only)
+    metadata: dict[str, str] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+    kind: str  # "safetensors" | "bin" | "ckpt"
+    dir: Path
+    files: tuple[SourceFile, ...]
+    index_name: str | None  # the index file, when sharded
+    index_metadata: dict | None
+
+    def tensor_names(self) -> list[str]:
+        return [t.name for f in self.files for t in f.tensors]
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(f.path.stat().st_size for f in self.files)
+
+
+# ------------------------------------------------------------------------------------------ discovery
+def _read_index(path: Path) -> tuple[dict[str, str], dict | None]:
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path}: not a readable JSON index ({e}); expected "
+                              '{"metadata": {...}, "weight_map": {tensor: file}}') from None
+    wm = raw.get("weight_map") if isinstance(raw, dict) else None
+    if not isinstance(wm, dict) or not all(isinstance(v, str) for v in wm.values()):
+        raise CheckpointError(f"{path}: has no weight_map {{tensor: file}}; the index is corrupt, re-export it")
+    return wm, raw.get("metadata")
+
+
+def _shard_names(index: Path, weight_map: dict[str, str]) -> list[str]:
+    names = list(dict.fromkeys(sorted(weight_map.values())))
+    for n in names:
+        if Path(n).name != n:
+            raise CheckpointError(f"{index}: shard {n!r} is not a plain file name in this directory")
+        if not (index.parent / n).is_file():
+            raise CheckpointError(f"{index.parent / n}: shard named by {index.name} is missing (tensor "
+                                  f"{min(k for k, v in weight_map.items() if v == n)}); re-download the "
+                                  "checkpoint or fix the index")
+    return names
+
+
+def _check_index_matches(index: Path, weight_map: dict[str, str], files: list[SourceFile]) -> None:
+    actual = {t.name: f.name for f in files for t in f.tensors}
+    for name, fname in sorted(weight_map.items()):
+        if actual.get(name) != fname:
+            where = f"found in {actual[name]}" if name in actual else "found in no shard"
+            raise CheckpointError(f"{index}: tensor {name} is listed in {fname} but {where}; the index and the "
+                                  "shards disagree, re-download the checkpoint")
+    extra = sorted(set(actual) - set(weight_map))
+    if extra:
+        raise CheckpointError(f"{index.parent / actual[extra[0]]}: tensor {extra[0]} is not in {index.name} "
+                              f"({len(extra)} such tensor(s)); the index and the shards disagree")
+
+
+def _safetensors_file(d: Path, name: str) -> SourceFile:
+    h: Header = read_header(d / name)
+    return SourceFile(name, d / name, h.tensors, h.metadata)
+
+
+def _torch_load(path: Path):
+    import torch
+
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except pickle.UnpicklingError as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CheckpointError(f"{path}: refused: its pickle holds more than tensors and would run code on load "
+                              f"({first[:160]}); port reads .bin files with torch.load(weights_only=True) only. "
+                              "Use the model's safetensors files, or convert this file with code you trust") from None
+    except (RuntimeError, OSError, EOFError, ValueError) as e:
+        raise CheckpointError(f"{path}: cannot read as a PyTorch checkpoint ({str(e).splitlines()[0][:160]}); "
+                              "the file is truncated or corrupt") from None
+
+
+_TORCH_CODES = {"torch.float32": "F32", "torch.float16": "F16", "torch.bfloat16": "BF16",
+                "torch.float64": "F64", "torch.int64": "I64", "torch.int32": "I32", "torch.int8": "I8",
+                "torch.uint8": "U8", "torch.bool": "BOOL", "torch.int16": "I16"}
+
+
+def _bin_file(d: Path, name: str) -> SourceFile:
+    import torch
+
+    state = _torch_load(d / name)
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{d / name}: holds a {type(state).__name__}, expected a state dict {{name: tensor}}")
+    infos = []
+    for k, t in state.items():
+        if not isinstance(t, torch.Tensor):
+            raise CheckpointError(f"{d / name}: tensor {k}: holds a {type(t).__name__}, expected a tensor")
+        code = _TORCH_CODES.get(str(t.dtype))
+        if code is None:
+            raise CheckpointError(f"{d / name}: tensor {k}: unsupported dtype {t.dtype}; expected one of "
+                                  f"{', '.join(dtypes.CONVERTIBLE)}")
+        infos.append(TensorInfo(k, code, tuple(t.shape), 0, t.numel() * t.element_size()))
+    return SourceFile(name, d / name, tuple(infos))
+
+
+def _ms_dtype_code(dtype) -> str | None:
+    return {"Float32": "F32", "Float16": "F16", "BFloat16": "BF16", "Float64": "F64", "Int64": "I64",
+            "Int32": "I32", "Int8": "I8", "UInt8": "U8", "Bool": "BOOL", "Int16": "I16"}.get(str(dtype))
+
+
+def _load_ckpt(path: Path) -> dict:
+    import mindspore as ms
+
+    try:
+        return ms.load_checkpoint(str(path))
+    except (ValueError, RuntimeError, OSError) as e:
+        raise CheckpointError(f"{path}: cannot read as a MindSpore checkpoint ({str(e).splitlines()[0][:160]}); "
+                              "the file is truncated or corrupt") from None
+
+
+def _ckpt_file(d: Path, name: str) -> SourceFile:
+    params = _load_ckpt(d / name)
+    infos = []
+    for k, p in params.items():
+        code = _ms_dtype_code(p.dtype)
+        if code is None:
+            raise CheckpointError(f"{d / name}: tensor {k}: unsupported dtype {p.dtype}; expected one of "
+                                  f"{', '.join(dtypes.CONVERTIBLE)}")
+        infos.append(TensorInfo(k, code, tuple(p.shape), 0, math.prod(p.shape) * dtypes.BY_CODE[code].itemsize))
+    return SourceFile(name, d / name, tuple(infos))
+
+
+_READERS: dict[str, Callable[[Path, str], SourceFile]] = {
+    "safetensors": _safetensors_file, "bin": _bin_file, "ckpt": _ckpt_file}
+
+# (index file, single file, kind) in order of preference; HF prefers safetensors when both exist.
+HF_LAYOUTS = [("model.safetensors.index.json", "model.safetensors", "safetensors"),
+              ("pytorch_model.bin.index.json", "pytorch_model.bin", "bin")]
+MS_LAYOUTS = [(MS_INDEX, None, "safetensors"), (MS_INDEX, None, "ckpt")]
+
+
+def open_hf(d: Path) -> Source:
+    """The HF checkpoint in ``d`` (safetensors preferred over .bin when both are present)."""
+    d = Path(d)
+    for index_name, single, kind in HF_LAYOUTS:
+        index = d / index_name
+        if index.is_file():
+            wm, meta = _read_index(index)
+            files = [_READERS[kind](d, n) for n in _shard_names(index, wm)]
+            _check_index_matches(index, wm, files)
+            return Source(kind, d, tuple(files), index_name, meta)
+        if (d / single).is_file():
+            return Source(kind, d, (_READERS[kind](d, single),), None, None)
+    raise CheckpointError(f"{d}: no model.safetensors, model.safetensors.index.json, pytorch_model.bin or "
+                          "pytorch_model.bin.index.json; expected an HF model directory (save_pretrained writes one)")
+
+
+def open_ms(d: Path) -> Source:
+    """The MindSpore checkpoint in ``d``: *.safetensors or *.ckpt files, with param_name_map.json when sharded."""
+    d = Path(d)
+    found = {kind: sorted(p.name for p in d.glob(f"*.{kind}")) for kind in ("safetensors", "ckpt")}
+    kinds = [k for k, v in found.items() if v]
+    if not kinds:
+        raise CheckpointError(f"{d}: no *.safetensors or *.ckpt files; expected a MindSpore checkpoint directory "
+                              "(port convert --hf writes one)")
+    if len(kinds) > 1:
+        raise CheckpointError(f"{d}: holds both .safetensors and .ckpt files; expected one format, move one away")
+    kind = kinds[0]
+    index = d / MS_INDEX
+    if index.is_file():
+        try:
+            wm = json.loads(index.read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise CheckpointError(f"{index}: not valid JSON ({e}); expected {{param name: file}}") from None
+        if not isinstance(wm, dict):
+            raise CheckpointError(f"{index}: expected a JSON object {{param name: file}}")
+        names = _shard_names(index, wm)
+        files = [_READERS[kind](d, n) for n in names]
+        _check_index_matches(index, wm, files)
+        return Source(kind, d, tuple(files), MS_INDEX, None)
+    if len(found[kind]) > 1:
+        raise CheckpointError(f"{d}: {len(found[kind])} .{kind} files but no {MS_INDEX}; expected one file, or an "
+                              "index naming the file of every parameter")
+    return Source(kind, d, (_READERS[kind](d, found[kind][0]),), None, None)
+
+
+# ------------------------------------------------------------------------------------------ streaming
+Segment = tuple[TensorInfo | None, memoryview]
+
+
+def stream_safetensors(f: SourceFile, chunk: int = CHUNK_BYTES) -> Iterator[Segment]:
+    """Every byte of the file in order: (None, bytes) for the header and any gaps, (tensor, chunk) for
+    tensor data. Hashing every yielded chunk gives the file's sha256 in the same single pass."""
+    with MappedFile(f.path) as mf:
+        pos = 0
+        for t in f.tensors:
+            if t.begin > pos:
+                for c in mf.chunks(pos, t.begin, chunk):
+                    yield None, c
+            for c in mf.chunks(t.begin, t.end, chunk):
+                yield t, c
+            pos = t.end
+        if mf.size > pos:
+            for c in mf.chunks(pos, mf.size, chunk):
+                yield None, c
+
+
+def _raw_torch(t) -> memoryview:
+    import torch
+
+    flat = t.contiguous().reshape(-1)
+    return memoryview(flat.view(torch.uint8).numpy()) if flat.numel() else memoryview(b"")
+
+
+def _raw_ms(p) -> memoryview:
+    return memoryview(p.asnumpy().tobytes())
+
+
+def stream_loaded(f: SourceFile, kind: str, chunk: int = CHUNK_BYTES) -> Iterator[Segment]:
+    """Tensor chunks of a .bin (memory-mapped by torch) or .ckpt (loaded by MindSpore) file."""
+    state = _torch_load(f.path) if kind == "bin" else _load_ckpt(f.path)
+    to_raw = _raw_torch if kind == "bin" else _raw_ms
+    for t in f.tensors:
+        raw = to_raw(state.pop(t.name))
+        for i in range(0, max(raw.nbytes, 1), chunk):
+            yield t, raw[i:i + chunk]
+
+
+def stream(src: Source, f: SourceFile, chunk: int = CHUNK_BYTES) -> Iterator[Segment]:
+    if src.kind == "safetensors":
+        return stream_safetensors(f, chunk)
+    return stream_loaded(f, src.kind, chunk)
+
+
+def file_sha256(path: Path, chunk: int = CHUNK_BYTES) -> str:
+    h = hashlib.sha256()
+    with MappedFile(path) as mf:
+        for c in mf.chunks(0, mf.size, chunk):
+            h.update(c)
+    return h.hexdigest()
