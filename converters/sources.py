@@ -264,3 +264,65 @@ def file_sha256(path: Path, chunk: int = CHUNK_BYTES) -> str:
         for c in mf.chunks(0, mf.size, chunk):
             h.update(c)
     return h.hexdigest()
+
+
+class TensorReader:
+    """Random access to the tensors of a Source by name, in element-count chunks (for comparisons).
+    safetensors files stay memory-mapped; a .bin/.ckpt file is loaded when first needed, one at a time."""
+
+    def __init__(self, src: Source):
+        self.src = src
+        self.where = {t.name: (f, t) for f in src.files for t in f.tensors}
+        self._maps: dict[Path, MappedFile] = {}
+        self._loaded: tuple[Path, dict] | None = None
+
+    def info(self, name: str) -> TensorInfo:
+        return self.where[name][1]
+
+    def file_of(self, name: str) -> SourceFile:
+        return self.where[name][0]
+
+    def chunks(self, name: str, elems: int = CHUNK_BYTES // 8) -> Iterator[memoryview]:
+        f, t = self.where[name]
+        step = elems * dtypes.BY_CODE[t.dtype].itemsize
+        if self.src.kind == "safetensors":
+            mf = self._maps.get(f.path) or self._maps.setdefault(f.path, MappedFile(f.path))
+            yield from mf.chunks(t.begin, t.end, step)
+            return
+        if self._loaded is None or self._loaded[0] != f.path:
+            self._loaded = None
+            self._loaded = (f.path, _torch_load(f.path) if self.src.kind == "bin" else _load_ckpt(f.path))
+        raw = (_raw_torch if self.src.kind == "bin" else _raw_ms)(self._loaded[1][name])
+        for i in range(0, raw.nbytes, step):
+            yield raw[i:i + step]
+
+    def close(self) -> None:
+        for mf in self._maps.values():
+            mf.close()
+        self._maps.clear()
+        self._loaded = None
+
+    def __enter__(self) -> "TensorReader":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def equal_bytes(a: memoryview | bytes, b: memoryview | bytes) -> bool:
+    """Byte equality at memory speed (8 bytes per compare; plain == on views is 10x slower)."""
+    import numpy as np
+
+    if len(a) != len(b):
+        return False
+    n = len(a) - len(a) % 8
+    x, y = np.frombuffer(a, np.uint8), np.frombuffer(b, np.uint8)
+    return bool(np.array_equal(x[:n].view(np.uint64), y[:n].view(np.uint64)) and np.array_equal(x[n:], y[n:]))
+
+
+def files_equal(p: Path, q: Path) -> bool:
+    """Whole-file byte equality, streamed."""
+    if p.stat().st_size != q.stat().st_size:
+        return False
+    with MappedFile(p) as a, MappedFile(q) as b:
+        return all(equal_bytes(x, y) for x, y in zip(a.chunks(0, a.size), b.chunks(0, b.size)))

@@ -1,0 +1,180 @@
+"""Checks that a MindSpore checkpoint is a faithful conversion of its HF source.
+
+``verify_checkpoint(hf_dir, ms_dir)`` returns one row per check and raises for none of them (the caller
+turns a failed row into a non-zero exit):
+
+1. ``ms-config``: the MindSpore directory's config.json describes the same model as the source's;
+2. ``ms-coverage``: the MindSpore checkpoint holds exactly the tensors the config implies, shapes and
+   dtypes readable (the checks ``port convert`` runs before writing);
+3. ``ms-manifest``: the manifest beside it names the source files with their current sizes;
+4. ``ms-tensors``: every tensor equals its source through the name map: bitwise where no cast was asked,
+   bitwise equal to the source cast to the stored dtype otherwise;
+5. ``roundtrip``: converting back MindSpore -> HF (into a temporary directory) gives the source's file
+   names, tensor names and order per file, dtypes, shapes and bytes, and the same index.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+from converters import convert, dtypes, names
+from converters.sources import MANIFEST, Source, TensorReader, equal_bytes, files_equal, open_hf, open_ms
+from model_zoo.config import LlamaConfig
+from model_zoo.errors import PortingError
+
+Row = dict  # {"name": str, "passed": bool, "detail": str, "numbers": dict}
+_SHOW = 5
+
+
+def _row(name: str, passed: bool, detail: str, **numbers) -> Row:
+    return {"name": name, "passed": passed, "detail": detail, "numbers": numbers}
+
+
+def _guard(name: str, fn: Callable[[], Row]) -> Row:
+    """A check that hits bad input fails as a row with the error's one line, never as an exception."""
+    try:
+        return fn()
+    except PortingError as e:
+        return _row(name, False, str(e))
+
+
+def _check_config(hf_dir: Path, ms_dir: Path) -> Row:
+    a, b = LlamaConfig.from_hf(hf_dir), LlamaConfig.from_hf(ms_dir)
+    diff = sorted(k for k in a.__dataclass_fields__ if getattr(a, k) != getattr(b, k))
+    if diff:
+        return _row("ms-config", False, "config.json differs in " + ", ".join(
+            f"{k} ({getattr(a, k)!r} vs {getattr(b, k)!r})" for k in diff[:_SHOW]), differing=len(diff))
+    return _row("ms-config", True, f"same {a.model_type} config ({a.num_parameters():,} parameters)")
+
+
+def _check_coverage(ms_dir: Path) -> Row:
+    plan = convert.build_plan(ms_dir, convert.MS_TO_HF)
+    n = sum(len(pf.tensors) for pf in plan.files)
+    skipped = sum(len(pf.skipped) for pf in plan.files)
+    return _row("ms-coverage", True, f"{n} tensors, all expected, none unexpected, shapes match config.json"
+                + (f" ({skipped} training-state entries ignored)" if skipped else ""), tensors=n, skipped=skipped)
+
+
+def _check_manifest(hf: Source, ms_dir: Path) -> Row:
+    path = ms_dir / MANIFEST
+    if not path.is_file():
+        return _row("ms-manifest", False, f"{path}: missing; port convert writes it beside every output")
+    try:
+        recorded = {f["name"]: f["bytes"] for f in json.loads(path.read_text())["source"]["files"]}
+    except (OSError, json.JSONDecodeError, KeyError, TypeError) as e:
+        return _row("ms-manifest", False, f"{path}: unreadable ({e})")
+    actual = {f.name: f.path.stat().st_size for f in hf.files}
+    if recorded != actual:
+        diff = sorted(set(recorded.items()) ^ set(actual.items()))
+        return _row("ms-manifest", False, f"{path}: source files recorded differ from {hf.dir}: "
+                    f"{diff[:_SHOW]}", differing=len(diff))
+    return _row("ms-manifest", True, f"{len(actual)} source file(s) recorded with matching sizes", files=len(actual))
+
+
+def _compare_tensor(a: TensorReader, a_name: str, b: TensorReader, b_name: str) -> str | None:
+    """None when b's tensor equals a's (cast to b's dtype if they differ), else why not."""
+    ta, tb = a.info(a_name), b.info(b_name)
+    if ta.shape != tb.shape:
+        return f"shape {list(ta.shape)} vs {list(tb.shape)}"
+    if tb.dtype not in dtypes.CONVERTIBLE or ta.dtype not in dtypes.CONVERTIBLE:
+        return f"dtype {ta.dtype} vs {tb.dtype}"
+    for ca, cb in zip(a.chunks(a_name), b.chunks(b_name)):
+        if not equal_bytes(dtypes.cast_bytes(ta.dtype, tb.dtype, ca), cb):
+            return "bytes differ" if ta.dtype == tb.dtype else f"bytes differ from the {ta.dtype}->{tb.dtype} cast"
+    return None
+
+
+def _check_tensors(hf: Source, ms: Source, cfg: LlamaConfig) -> Row:
+    table = names.NAME_MAPS[cfg.model_type]
+    bad, casts, n, nbytes = [], set(), 0, 0
+    with TensorReader(hf) as a, TensorReader(ms) as b:
+        for name in hf.tensor_names():
+            if names.is_ignored_hf(name):
+                continue
+            ms_name = names.map_name(name, table)
+            if ms_name not in b.where:
+                bad.append(f"{name} (no {ms_name})")
+                continue
+            why = _compare_tensor(a, name, b, ms_name)
+            if why:
+                bad.append(f"{name}: {why}")
+            if a.info(name).dtype != b.info(ms_name).dtype:
+                casts.add(f"{a.info(name).dtype}->{b.info(ms_name).dtype}")
+            n += 1
+            nbytes += a.info(name).nbytes
+    how = "bitwise" if not casts else f"bitwise after the cast {', '.join(sorted(casts))}"
+    if bad:
+        return _row("ms-tensors", False, f"{len(bad)} of {n} tensors differ from the source: "
+                    + "; ".join(sorted(bad)[:_SHOW]), compared=n, mismatched=len(bad), bytes=nbytes)
+    return _row("ms-tensors", True, f"{n} tensors equal the source ({how})", compared=n, bytes=nbytes,
+                casts=sorted(casts))
+
+
+def _layout(src: Source) -> dict[str, list[tuple[str, str, tuple[int, ...]]]]:
+    return {f.name: [(t.name, t.dtype, t.shape) for t in f.tensors] for f in src.files}
+
+
+def _index(src: Source) -> dict | None:
+    if src.index_name is None:
+        return None
+    return json.loads((src.dir / src.index_name).read_text())
+
+
+def _check_roundtrip(hf: Source, ms_dir: Path, work: Path) -> Row:
+    source_dtypes = {t.dtype for f in hf.files for t in f.tensors}
+    ms = open_ms(ms_dir)
+    stored = {t.dtype for f in ms.files for t in f.tensors}
+    lossy = [f"{s}->{d}" for s in source_dtypes for d in stored
+             if dtypes.BY_CODE[d].itemsize < dtypes.BY_CODE[s].itemsize or {s, d} == {"F16", "BF16"}]
+    if hf.kind != "safetensors":
+        return _row("roundtrip", True, f"skipped: the source is {hf.kind}; the round trip writes safetensors, "
+                    "so file layout cannot match", skipped=True)
+    if lossy or len(source_dtypes) > 1:
+        return _row("roundtrip", True, f"skipped: HF -> MS cast {', '.join(lossy) or 'mixed dtypes'} is not "
+                    "reversible bit for bit", skipped=True)
+    back = work / "hf"
+    convert.ms_to_hf(ms_dir, back, dtype={v: k for k, v in dtypes.TARGETS.items() if v}[next(iter(source_dtypes))])
+    rt = open_hf(back)
+    problems = []
+    if _layout(rt) != _layout(hf):
+        files = sorted(set(_layout(rt)) ^ set(_layout(hf))) or sorted(
+            k for k in _layout(hf) if _layout(hf)[k] != _layout(rt).get(k))
+        problems.append(f"names/dtypes/shapes/shard layout differ in {files[:_SHOW]}")
+    elif (_index(rt) or {}).get("weight_map") != (_index(hf) or {}).get("weight_map"):
+        problems.append("index weight_map differs")
+    else:
+        with TensorReader(hf) as a, TensorReader(rt) as b:
+            bad = [n for n in hf.tensor_names() if not names.is_ignored_hf(n) and _compare_tensor(a, n, b, n)]
+        if bad:
+            problems.append(f"{len(bad)} tensors differ: {', '.join(sorted(bad)[:_SHOW])}")
+    if problems:
+        return _row("roundtrip", False, "HF -> MS -> HF: " + "; ".join(problems))
+    identical = sum(files_equal(f.path, back / f.name) for f in hf.files)
+    return _row("roundtrip", True, f"HF -> MS -> HF: {len(hf.tensor_names())} tensors bitwise identical, same "
+                f"names, dtypes and shard layout; {identical} of {len(hf.files)} file(s) byte-identical",
+                files=len(hf.files), identical_files=identical)
+
+
+def verify_checkpoint(hf_dir: Path, ms_dir: Path, *, roundtrip: bool = True) -> list[Row]:
+    """Rows {name, passed, detail, numbers} for a MindSpore checkpoint directory against its HF source."""
+    hf_dir, ms_dir = Path(hf_dir), Path(ms_dir)
+    rows = [_guard("ms-config", lambda: _check_config(hf_dir, ms_dir)),
+            _guard("ms-coverage", lambda: _check_coverage(ms_dir))]
+    try:
+        hf = open_hf(hf_dir)
+        cfg = LlamaConfig.from_hf(hf_dir)
+    except PortingError as e:
+        return rows + [_row("hf-source", False, str(e))]
+    rows.append(_guard("ms-manifest", lambda: _check_manifest(hf, ms_dir)))
+    rows.append(_guard("ms-tensors", lambda: _check_tensors(hf, open_ms(ms_dir), cfg)))
+    if roundtrip:
+        work = Path(tempfile.mkdtemp(prefix=".port-verify-", dir=ms_dir.absolute().parent))
+        try:
+            rows.append(_guard("roundtrip", lambda: _check_roundtrip(hf, ms_dir, work)))
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    return rows
