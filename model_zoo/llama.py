@@ -258,6 +258,18 @@ class LlamaForCausalLM(nn.Cell):
         cos, sin = self.rope_cos[:s], self.rope_sin[:s]
         return self.logits(self.model(input_ids, cos, sin))
 
+    def hidden_states(self, input_ids: Tensor) -> list[Tensor]:
+        """Embeddings, then each layer's output, the last one after the final norm (HF's layout)."""
+        s = input_ids.shape[1]
+        cos, sin = self.rope_cos[:s], self.rope_sin[:s]
+        x = self.model.tok_embeddings(input_ids)
+        out = [x]
+        for layer in self.model.layers:
+            x = layer(x, cos, sin)
+            out.append(x)
+        out[-1] = self.model.norm_out(x)
+        return out
+
     # ----------------------------------------------------------------- KV-cache path (PyNative)
     def forward_cached(self, input_ids: Tensor, cache: list | None) -> tuple[Tensor, list]:
         """Logits for ``input_ids`` following the positions already in ``cache``.
