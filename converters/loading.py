@@ -1,76 +1,87 @@
-"""Load HF weights straight into a zoo cell (used by verify, generate and train)."""
+"""Load HF weights straight into a zoo cell (used by verify, generate and train).
+
+Reads go through the same validating, memory-mapped reader as ``port convert`` (safetensors single or
+sharded, or ``.bin`` via ``torch.load(weights_only=True)``), one tensor at a time; bf16 sources are
+widened exactly to the parameter's dtype.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Mapping
 
-import mindspore as ms
 import numpy as np
 
-from converters import names
+from converters import dtypes, names
+from converters.sources import TensorReader, open_hf
 from model_zoo.errors import CheckpointError
+
+_NP = {"F32": np.float32, "F16": np.float16}
+
+
+def _check_coverage(where: str, hf_names: list[str], cfg) -> None:
+    expected = set(names.expected_hf_names(cfg))
+    present = {n for n in hf_names if not names.is_ignored_hf(n)}
+    if present != expected:
+        raise names.coverage_error(where, sorted(expected - present), sorted(present - expected))
+
+
+def _array(code: str, raw: bytes, shape: tuple[int, ...]) -> np.ndarray:
+    """bf16 widened exactly to float32 (NumPy has no bfloat16); other floats keep their dtype."""
+    if code == "BF16":
+        return dtypes.to_numpy_f32(code, raw, shape)
+    if code not in _NP:
+        raise CheckpointError(f"unsupported dtype {code}; expected one of {', '.join(dtypes.CONVERTIBLE)}")
+    return np.frombuffer(raw, dtype=_NP[code]).reshape(shape).copy()
+
+
+def _read(reader: TensorReader, name: str) -> np.ndarray:
+    t = reader.info(name)
+    try:
+        return _array(t.dtype, b"".join(bytes(c) for c in reader.chunks(name)), t.shape)
+    except CheckpointError as e:
+        raise CheckpointError(f"{reader.file_of(name).path}: tensor {name}: {e}") from None
+
+
+def read_hf_state(hf_dir: str | Path) -> dict[str, np.ndarray]:
+    """All tensors of an HF directory as NumPy arrays (bf16 as float32). Headers are validated first."""
+    src = open_hf(Path(hf_dir))
+    with TensorReader(src) as reader:
+        return {n: _read(reader, n) for n in src.tensor_names()}
 
 
 def assign_hf_state(model, state: Mapping[str, np.ndarray], where: str) -> None:
     """Copy an HF-named state dict into ``model``: every tensor used, every parameter filled, shapes equal."""
+    import mindspore as ms
+
     cfg = model.config
+    _check_coverage(where, list(state), cfg)
     table = names.NAME_MAPS[cfg.model_type]
     params = {p.name: p for p in model.get_parameters()}
-    mapped: dict[str, np.ndarray] = {}
-    unexpected = []
-    for hf_name, arr in state.items():
-        if names.is_ignored_hf(hf_name):
-            continue
-        ms_name = names.map_name(hf_name, table)
-        if ms_name is None or ms_name not in params:
-            unexpected.append(hf_name)
-            continue
-        mapped[ms_name] = arr
-    missing = [names.LLAMA_MS_TO_HF.get(_template(n), n) for n in params if n not in mapped]
-    missing = [_untemplate(m, n) for m, n in zip(missing, [n for n in params if n not in mapped])]
-    if missing or unexpected:
-        raise names.coverage_error(where, missing, unexpected)
-    for ms_name, arr in mapped.items():
-        p = params[ms_name]
-        if tuple(arr.shape) != tuple(p.shape):
-            raise CheckpointError(f"{where}: tensor {names.map_name(ms_name, names.LLAMA_MS_TO_HF)} has shape "
-                                  f"{tuple(arr.shape)}, config.json implies {tuple(p.shape)}")
+    shapes = names.expected_hf_shapes(cfg)
+    for hf_name in names.expected_hf_names(cfg):
+        arr, p = state[hf_name], params[names.map_name(hf_name, table)]
+        if tuple(arr.shape) != shapes[hf_name] or tuple(arr.shape) != tuple(p.shape):
+            raise CheckpointError(f"{where}: tensor {hf_name} has shape {tuple(arr.shape)}, config.json implies "
+                                  f"{tuple(p.shape)}")
         p.set_data(ms.Tensor(np.ascontiguousarray(arr)).astype(p.dtype))
 
 
-def _template(name: str) -> str:
-    parts = name.split(".")
-    return ".".join("{}" if x.isdigit() else x for x in parts)
-
-
-def _untemplate(template_hf: str, ms_name: str) -> str:
-    idx = [x for x in ms_name.split(".") if x.isdigit()]
-    return template_hf.replace("{}", idx[0]) if idx else template_hf
-
-
-def read_hf_state(hf_dir: str | Path) -> dict[str, np.ndarray]:
-    """All tensors of an HF directory (single or sharded safetensors) as NumPy arrays."""
-    from safetensors.numpy import load_file
-    import json
-
-    d = Path(hf_dir)
-    index = d / "model.safetensors.index.json"
-    if index.is_file():
-        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-    elif (d / "model.safetensors").is_file():
-        files = ["model.safetensors"]
-    else:
-        raise CheckpointError(f"{d}: no model.safetensors or model.safetensors.index.json; expected an HF "
-                              "model directory (save_pretrained writes one)")
-    state: dict[str, np.ndarray] = {}
-    for f in files:
-        path = d / f
-        if not path.is_file():
-            raise CheckpointError(f"{path}: shard named by {index.name} is missing")
-        state.update(load_file(str(path)))
-    return state
-
-
 def load_hf_dir(model, hf_dir: str | Path) -> None:
-    assign_hf_state(model, read_hf_state(hf_dir), str(hf_dir))
+    """Fill ``model`` from an HF directory, one tensor in memory at a time."""
+    import mindspore as ms
+
+    hf_dir = Path(hf_dir)
+    src = open_hf(hf_dir)
+    cfg = model.config
+    _check_coverage(str(hf_dir), src.tensor_names(), cfg)
+    table = names.NAME_MAPS[cfg.model_type]
+    params = {p.name: p for p in model.get_parameters()}
+    with TensorReader(src) as reader:
+        for hf_name in names.expected_hf_names(cfg):
+            p = params[names.map_name(hf_name, table)]
+            t = reader.info(hf_name)
+            if t.shape != tuple(p.shape):
+                raise CheckpointError(f"{reader.file_of(hf_name).path}: tensor {hf_name} has shape {list(t.shape)}, "
+                                      f"config.json implies {list(p.shape)}")
+            p.set_data(ms.Tensor(_read(reader, hf_name)).astype(p.dtype))
