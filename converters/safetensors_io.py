@@ -161,7 +161,10 @@ class MappedFile:
 
     def close(self) -> None:
         if self._mm is not None:
-            self._mm.close()
+            try:
+                self._mm.close()
+            except BufferError:  # a view is still referenced (e.g. by an in-flight traceback):
+                pass  # the mapping goes when the last view does
         self._f.close()
 
     def __enter__(self) -> "MappedFile":
@@ -198,10 +201,8 @@ def encode_header(tensors: list[OutTensor], metadata: dict[str, str] | None) -> 
 
 
 def write_all(f: BinaryIO, data: memoryview | bytes) -> None:
-    """``f.write`` that never leaves a short write unnoticed."""
-    view = memoryview(data).cast("B")
-    while view.nbytes:
-        n = f.write(view)
-        if n is None or n <= 0:
-            raise OSError("short write")
-        view = view[n:]
+    """``f.write`` on a buffered file (which writes everything or raises), checked anyway."""
+    expected = data.nbytes if isinstance(data, memoryview) else len(data)
+    n = f.write(data)
+    if n != expected:
+        raise OSError(f"short write: {n} of {expected} bytes")
