@@ -298,7 +298,7 @@ def execute(plan: Plan, out_dir: Path, *, force: bool = False, progress: Callabl
             "command": command or sys.argv,
             "source": {"dir": str(plan.source.dir.absolute()), "format": plan.source.kind,
                        "index": plan.source.index_name, "files": src_files},
-            "output": {"format": plan.out_format, "dtype": plan.target_dtype or "keep",
+            "output": {"format": plan.out_format, "dtype": {v: k for k, v in dtypes.TARGETS.items()}[plan.target_dtype],
                        "files": [pf.out_name for pf in plan.files],
                        "companion_files": [p.name for p in companions]},
             "model_type": plan.cfg.model_type,
