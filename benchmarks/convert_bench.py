@@ -84,7 +84,19 @@ def warm(path: Path) -> None:
                 pass
 
 
-def bench_size(size: str, work: Path, reference: bool) -> dict:
+def best_of(n: int, cmd: list[str], cleanup: Path | None) -> dict:
+    """The fastest of ``n`` runs (other jobs share this machine's 2 cores), with every wall time kept."""
+    runs = []
+    for i in range(n):
+        if cleanup is not None:
+            shutil.rmtree(cleanup, ignore_errors=True)
+        runs.append(run(cmd))
+    best = min(runs, key=lambda r: r["wall_s"])
+    return {**best, "all_wall_s": [r["wall_s"] for r in runs],
+            "peak_rss_gib": max(r["peak_rss_gib"] for r in runs)}
+
+
+def bench_size(size: str, work: Path, reference: bool, repeats: int) -> dict:
     preset, shards = SIZES[size]
     src, dst = work / f"{size}-hf", work / f"{size}-out"
     for p in (src, dst):
@@ -92,16 +104,24 @@ def bench_size(size: str, work: Path, reference: bool) -> dict:
     t0 = time.perf_counter()
     total = make_checkpoint(preset, shards, src)
     res: dict = {"size": size, "preset": preset, "bytes": sum(p.stat().st_size for p in src.iterdir()),
-                 "tensor_bytes": total, "generate_s": round(time.perf_counter() - t0, 1)}
+                 "tensor_bytes": total, "generate_s": round(time.perf_counter() - t0, 1),
+                 "loadavg_before": os.getloadavg()}
     py = sys.executable
     warm(src)
-    res["cp"] = run(["cp", "-r", str(src), str(dst)])
-    shutil.rmtree(dst)
-    res["convert_hf_to_ms"] = run([py, "-m", "porting", "convert", "--hf", str(src), "--out", str(dst), "--quiet"])
-    res["verify_tensors"] = run([py, "-c", VERIFY, str(src), str(dst), "0"])
-    res["verify_with_roundtrip"] = run([py, "-c", VERIFY, str(src), str(dst), "1"])
+    convert_cmd = [py, "-m", "porting", "convert", "--hf", str(src), "--out", str(dst), "--quiet"]
+    # cp and convert alternate, so both see the same background load
+    cps, convs = [], []
+    for _ in range(repeats):
+        cps.append(best_of(1, ["cp", "-r", str(src), str(dst)], dst))
+        convs.append(best_of(1, convert_cmd, dst))
+    pick = lambda rs: {**min(rs, key=lambda r: r["wall_s"]), "all_wall_s": [r["wall_s"] for r in rs],
+                       "peak_rss_gib": max(r["peak_rss_gib"] for r in rs)}
+    res["cp"], res["convert_hf_to_ms"] = pick(cps), pick(convs)
+    res["verify_tensors"] = best_of(repeats, [py, "-c", VERIFY, str(src), str(dst), "0"], None)
+    res["verify_with_roundtrip"] = best_of(1, [py, "-c", VERIFY, str(src), str(dst), "1"], None)
     back = work / f"{size}-back"
-    res["convert_ms_to_hf"] = run([py, "-m", "porting", "convert", "--ms", str(dst), "--out", str(back), "--quiet"])
+    res["convert_ms_to_hf"] = best_of(1, [py, "-m", "porting", "convert", "--ms", str(dst), "--out", str(back),
+                                          "--quiet"], back)
     shutil.rmtree(back)
     shutil.rmtree(dst)
     if reference:
@@ -109,6 +129,7 @@ def bench_size(size: str, work: Path, reference: bool) -> dict:
         res["reference"] = run([py, "-c", REFERENCE, str(src), str(dst)])
         shutil.rmtree(dst)
     shutil.rmtree(src)
+    res["loadavg_after"] = os.getloadavg()
     cp = res["cp"]["wall_s"]
     for k in ("convert_hf_to_ms", "convert_ms_to_hf", "verify_tensors", "verify_with_roundtrip", "reference"):
         if k in res:
@@ -122,7 +143,7 @@ def table(results: list[dict]) -> str:
         for k in ("cp", "convert_hf_to_ms", "convert_ms_to_hf", "verify_tensors", "verify_with_roundtrip", "reference"):
             if k in r:
                 v = r[k]
-                lines.append(f"| {r['preset']} | {r['bytes'] / 2**30:.2f} | {k} | {v['wall_s']} | "
+                lines.append(f"| {r['preset']} | {r['bytes'] / 2**30:.2f} | {k} | {v['wall_s']} {v.get('all_wall_s', '')} | "
                              f"{v.get('x_cp', 1.0)} | {v['peak_rss_gib']} |")
     return "\n".join(lines)
 
@@ -132,13 +153,14 @@ def main() -> None:
     ap.add_argument("--sizes", default="1.1b,7b")
     ap.add_argument("--workdir", default="/tmp/port-bench", type=Path)
     ap.add_argument("--reference", default="1.1b", help="sizes to run the whole-model reference path on")
+    ap.add_argument("--repeats", type=int, default=3, help="runs of cp / convert / verify; the fastest counts")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     args.workdir.mkdir(parents=True, exist_ok=True)
     print(f"free disk at {args.workdir}: {shutil.disk_usage(args.workdir).free / 2**30:.1f} GiB", file=sys.stderr)
     results = []
     for size in args.sizes.split(","):
-        results.append(bench_size(size, args.workdir, size in args.reference.split(",")))
+        results.append(bench_size(size, args.workdir, size in args.reference.split(","), args.repeats))
         print(json.dumps(results[-1], indent=1), file=sys.stderr)
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))

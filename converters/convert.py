@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Callable
 
 from converters import atomic, dtypes, names
-from converters.safetensors_io import OutTensor, TensorInfo, encode_header, write_all
+from converters.safetensors_io import OutTensor, TensorInfo, copy_range, encode_header, write_all
 from converters.sources import MANIFEST, MS_INDEX, Source, SourceFile, file_sha256, open_hf, open_ms, stream
 from model_zoo.config import LlamaConfig
 from model_zoo.errors import CheckpointError
@@ -80,6 +80,7 @@ class Plan:
     target_dtype: str | None
     files: tuple[PlannedFile, ...]
     index_metadata: dict | None  # for an HF index (restored on MS -> HF when known)
+    config_path: Path | None = None  # the config.json read (copied into the output)
 
 
 def _out_file_name(src_name: str, direction: Direction, out_format: str, restored: dict[str, str]) -> str:
@@ -102,13 +103,18 @@ def _hf_layout_from_manifest(ms_dir: Path) -> dict:
         return {}
 
 
-def build_plan(src_dir: Path, direction: Direction, out_format: str = "safetensors", dtype: str = "keep") -> Plan:
-    """Read headers, check coverage / shapes / dtypes, and decide every output file and tensor."""
+def build_plan(src_dir: Path, direction: Direction, out_format: str = "safetensors", dtype: str = "keep",
+               config: Path | None = None) -> Plan:
+    """Read headers, check coverage / shapes / dtypes, and decide every output file and tensor.
+    ``config`` is the config.json to use when ``src_dir`` has none (a MindSpore training checkpoint)."""
     if out_format not in OUT_FORMATS:
         raise CheckpointError(f"--format {out_format!r}: expected one of {', '.join(OUT_FORMATS)}")
     if dtype not in dtypes.TARGETS:
         raise CheckpointError(f"--dtype {dtype!r}: expected one of {', '.join(dtypes.TARGETS)}")
-    cfg = LlamaConfig.from_hf(src_dir / "config.json")
+    config = Path(config) if config is not None else src_dir / "config.json"
+    if config.is_dir():
+        config = config / "config.json"
+    cfg = LlamaConfig.from_hf(config)
     source = direction.opener(src_dir)
     table = direction.table(cfg)
     shapes = direction.expected_shapes(cfg)
@@ -148,7 +154,8 @@ def build_plan(src_dir: Path, direction: Direction, out_format: str = "safetenso
     if problems:
         raise problems[0]
     index_meta = layout.get("index_metadata") if direction is MS_TO_HF else source.index_metadata
-    return Plan(direction, source, cfg, out_format, target, tuple(files), index_meta)
+    return Plan(direction, source, cfg, out_format, target, tuple(files), index_meta,
+                config)
 
 
 # ------------------------------------------------------------------------------------------ writing
@@ -179,16 +186,22 @@ def _write_safetensors(plan: Plan, pf: PlannedFile, out_path: Path, pool, progre
     hashes = _Hashes(pool)
     file_hash = hashlib.sha256() if plan.source.kind == "safetensors" else None
     tensor_hash: dict[str, object] = {}
-    with open(out_path, "wb") as fo:
+    with open(out_path, "wb", buffering=0) as fo:
         write_all(fo, header)
-        for t, chunk in stream(plan.source, pf.src):
+        for seg in stream(plan.source, pf.src):
+            t, chunk = seg.tensor, seg.view
             if file_hash is not None:
                 hashes.update(file_hash, chunk)
             if t is not None and t.name in outs:
-                out = dtypes.cast_bytes(t.dtype, outs[t.name][1].dtype, chunk)
+                out_dtype = outs[t.name][1].dtype
                 h = tensor_hash.setdefault(t.name, hashlib.sha256())
-                hashes.update(h, out)
-                write_all(fo, out)
+                if out_dtype == t.dtype and seg.fd is not None:  # bytes unchanged: copy kernel-side
+                    hashes.update(h, chunk)
+                    copy_range(seg.fd, seg.offset, chunk.nbytes, fo, chunk)
+                else:
+                    out = dtypes.cast_bytes(t.dtype, out_dtype, chunk)
+                    hashes.update(h, out)
+                    write_all(fo, out)
             hashes.wait()
             progress(chunk.nbytes)
         size = fo.tell()
@@ -217,7 +230,8 @@ def _write_ckpt(plan: Plan, pf: PlannedFile, out_path: Path, pool, progress) -> 
     outs = {t.name: (t, o) for t, o in pf.tensors}
     file_hash = hashlib.sha256() if plan.source.kind == "safetensors" else None
     parts: dict[str, list[bytes]] = {}
-    for t, chunk in stream(plan.source, pf.src):
+    for seg in stream(plan.source, pf.src):
+        t, chunk = seg.tensor, seg.view
         if file_hash is not None:
             file_hash.update(chunk)
         if t is not None and t.name in outs:
@@ -260,8 +274,11 @@ def _hf_layout(plan: Plan) -> dict | None:
             "files": {pf.out_name: {"name": pf.src.name, "metadata": pf.src.metadata} for pf in plan.files}}
 
 
-def _companions(src_dir: Path) -> list[Path]:
-    return [src_dir / n for n in COMPANION_FILES if (src_dir / n).is_file()]
+def _companions(plan: Plan) -> list[Path]:
+    """Files copied beside the weights; config.json is the one the plan was checked against."""
+    d = plan.source.dir
+    found = [d / n for n in COMPANION_FILES if n != "config.json" and (d / n).is_file()]
+    return ([plan.config_path] if plan.config_path else []) + found
 
 
 def execute(plan: Plan, out_dir: Path, *, force: bool = False, progress: Callable[[int], None] | None = None,
@@ -269,7 +286,7 @@ def execute(plan: Plan, out_dir: Path, *, force: bool = False, progress: Callabl
     """Write ``plan`` to ``out_dir`` atomically; return the manifest (also written beside the weights)."""
     out_dir = Path(out_dir).absolute()
     atomic.check_destination(out_dir, force, [plan.source.dir])
-    companions = _companions(plan.source.dir)
+    companions = _companions(plan)
     need = sum(pf.out_bytes for pf in plan.files) + sum(p.stat().st_size for p in companions)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     atomic.check_free_space(out_dir, need)
@@ -291,7 +308,7 @@ def execute(plan: Plan, out_dir: Path, *, force: bool = False, progress: Callabl
         for name, content in _index_files(plan, records).items():
             (tmp / name).write_text(json.dumps(content, indent=2) + "\n")
         for p in companions:
-            shutil.copyfile(p, tmp / p.name)
+            shutil.copyfile(p, tmp / ("config.json" if p == plan.config_path else p.name))
         manifest = {
             "tool": "port convert", "direction": plan.direction.name,
             "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
@@ -300,7 +317,8 @@ def execute(plan: Plan, out_dir: Path, *, force: bool = False, progress: Callabl
                        "index": plan.source.index_name, "files": src_files},
             "output": {"format": plan.out_format, "dtype": {v: k for k, v in dtypes.TARGETS.items()}[plan.target_dtype],
                        "files": [pf.out_name for pf in plan.files],
-                       "companion_files": [p.name for p in companions]},
+                       "companion_files": sorted({"config.json" if p == plan.config_path else p.name
+                                                  for p in companions})},
             "model_type": plan.cfg.model_type,
             "name_map": plan.direction.table(plan.cfg),
             "tensors": records,
@@ -318,6 +336,7 @@ def hf_to_ms(hf_dir: Path, out_dir: Path, *, out_format: str = "safetensors", dt
 
 
 def ms_to_hf(ms_dir: Path, out_dir: Path, *, dtype: str = "keep", force: bool = False, progress=None,
-             versions: dict | None = None, command=None) -> dict:
-    plan = build_plan(Path(ms_dir), MS_TO_HF, "safetensors", dtype)
+             versions: dict | None = None, command=None, config: Path | None = None) -> dict:
+    """MindSpore -> HF. ``config``: the HF config.json when ``ms_dir`` has none (training checkpoints)."""
+    plan = build_plan(Path(ms_dir), MS_TO_HF, "safetensors", dtype, config)
     return execute(plan, out_dir, force=force, progress=progress, versions=versions, command=command)

@@ -13,6 +13,7 @@ header padded with spaces to a multiple of 8), so a file it wrote round-trips to
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import math
 import mmap
@@ -150,6 +151,9 @@ class MappedFile:
             self._drop(pos, stop)
             pos = stop
 
+    def fileno(self) -> int:
+        return self._f.fileno()
+
     def read(self, begin: int, end: int) -> bytes:
         return bytes(self._mm[begin:end]) if self._mm is not None else b""
 
@@ -201,8 +205,34 @@ def encode_header(tensors: list[OutTensor], metadata: dict[str, str] | None) -> 
 
 
 def write_all(f: BinaryIO, data: memoryview | bytes) -> None:
-    """``f.write`` on a buffered file (which writes everything or raises), checked anyway."""
-    expected = data.nbytes if isinstance(data, memoryview) else len(data)
-    n = f.write(data)
-    if n != expected:
-        raise OSError(f"short write: {n} of {expected} bytes")
+    """Write all of ``data`` (raw, unbuffered files may write less than asked)."""
+    total = data.nbytes if isinstance(data, memoryview) else len(data)
+    done = f.write(data)
+    while done < total:
+        with memoryview(data) as view, view.cast("B") as flat, flat[done:] as rest:
+            n = f.write(rest)
+        if not n:
+            raise OSError(f"short write: {done} of {total} bytes")
+        done += n
+
+
+# errnos with which copy_file_range says "not between these two files": fall back to write().
+_NO_COPY_RANGE = {errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EBADF, errno.ETXTBSY}
+
+
+def copy_range(src_fd: int, offset: int, count: int, dst: BinaryIO, view: memoryview) -> None:
+    """Append ``count`` bytes of ``src_fd`` at ``offset`` to ``dst`` inside the kernel (copy_file_range:
+    no trip through user memory, as ``cp`` does); fall back to writing ``view`` (the same bytes)."""
+    done = 0
+    try:
+        while done < count:
+            n = os.copy_file_range(src_fd, dst.fileno(), count - done, offset + done)
+            if n == 0:
+                break
+            done += n
+    except OSError as e:
+        if e.errno not in _NO_COPY_RANGE:
+            raise
+    if done < count:
+        with view[done:] as rest:
+            write_all(dst, rest)

@@ -211,24 +211,35 @@ def open_ms(d: Path) -> Source:
 
 
 # ------------------------------------------------------------------------------------------ streaming
-Segment = tuple[TensorInfo | None, memoryview]
+@dataclasses.dataclass
+class Segment:
+    """A piece of a source file: ``tensor`` is None for the header and gaps. ``fd``/``offset`` say where
+    the bytes lie in the file when they can be copied kernel-side (safetensors sources)."""
+
+    tensor: TensorInfo | None
+    view: memoryview
+    fd: int | None = None
+    offset: int = 0
 
 
 def stream_safetensors(f: SourceFile, chunk: int = CHUNK_BYTES) -> Iterator[Segment]:
-    """Every byte of the file in order: (None, bytes) for the header and any gaps, (tensor, chunk) for
-    tensor data. Hashing every yielded chunk gives the file's sha256 in the same single pass."""
+    """Every byte of the file in order, as Segments. Hashing every view gives the file's sha256 in the
+    same single pass."""
     with MappedFile(f.path) as mf:
         pos = 0
+        spans = []
         for t in f.tensors:
             if t.begin > pos:
-                for c in mf.chunks(pos, t.begin, chunk):
-                    yield None, c
-            for c in mf.chunks(t.begin, t.end, chunk):
-                yield t, c
+                spans.append((None, pos, t.begin))
+            spans.append((t, t.begin, t.end))
             pos = t.end
         if mf.size > pos:
-            for c in mf.chunks(pos, mf.size, chunk):
-                yield None, c
+            spans.append((None, pos, mf.size))
+        for t, begin, end in spans:
+            off = begin
+            for c in mf.chunks(begin, end, chunk):
+                yield Segment(t, c, mf.fileno(), off)
+                off += c.nbytes
 
 
 def _raw_torch(t) -> memoryview:
@@ -249,7 +260,7 @@ def stream_loaded(f: SourceFile, kind: str, chunk: int = CHUNK_BYTES) -> Iterato
     for t in f.tensors:
         raw = to_raw(state.pop(t.name))
         for i in range(0, max(raw.nbytes, 1), chunk):
-            yield t, raw[i:i + chunk]
+            yield Segment(t, raw[i:i + chunk])
 
 
 def stream(src: Source, f: SourceFile, chunk: int = CHUNK_BYTES) -> Iterator[Segment]:

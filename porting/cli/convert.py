@@ -24,6 +24,7 @@ Examples:
   port convert --hf /models/Llama-2-7b-hf --out ./llama2-7b-ms --dtype bf16
   port convert --hf llama-7b --out ./llama-7b-ms --format ckpt
   port convert --ms ./llama2-7b-ms --out ./llama2-7b-hf
+  port convert --ms runs/r1/checkpoints/step_100 --config ./base/config.json --out ./ft-hf
   port convert --hf ./my-model --out ./my-model-ms --force --quiet""")
 @click.option("--hf", "hf_src", metavar="SRC", help="HF model directory or zoo name -> MindSpore.")
 @click.option("--ms", "ms_src", metavar="DIR", type=click.Path(path_type=Path),
@@ -33,10 +34,12 @@ Examples:
               show_default=True, help="MindSpore output format (HF output is always safetensors).")
 @click.option("--dtype", type=click.Choice(["keep", "bf16", "fp16", "fp32"]), default="keep", show_default=True,
               help="Cast every tensor; keep copies the bytes unchanged.")
+@click.option("--config", "config", type=click.Path(path_type=Path, dir_okay=False),
+              help="With --ms: the config.json to use when DIR has none (e.g. a training checkpoint).")
 @click.option("--force", is_flag=True, help="Replace --out if it exists and is not empty.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar, no summary.")
-def command(hf_src: str | None, ms_src: Path | None, out: Path, out_format: str, dtype: str, force: bool,
-            quiet: bool) -> None:
+def command(hf_src: str | None, ms_src: Path | None, out: Path, out_format: str, dtype: str,
+            config: Path | None, force: bool, quiet: bool) -> None:
     """Convert a checkpoint between HF and MindSpore, one tensor at a time.
 
     The output holds the weights (sharded like the source, with an index), config.json, the tokenizer
@@ -50,6 +53,8 @@ def command(hf_src: str | None, ms_src: Path | None, out: Path, out_format: str,
 
     if (hf_src is None) == (ms_src is None):
         raise CheckpointError("give exactly one of --hf SRC (HF -> MindSpore) or --ms DIR (MindSpore -> HF)")
+    if hf_src is not None and config is not None:
+        raise CheckpointError("--config applies to --ms only; an HF directory carries its own config.json")
     if ms_src is not None and out_format != "safetensors":
         raise CheckpointError("--format applies to HF -> MindSpore only; MindSpore -> HF always writes safetensors")
     if hf_src is not None:
@@ -58,7 +63,7 @@ def command(hf_src: str | None, ms_src: Path | None, out: Path, out_format: str,
     else:
         if not ms_src.is_dir():
             raise CheckpointError(f"{ms_src}: no such directory; expected a MindSpore checkpoint directory")
-        plan = convert.build_plan(ms_src, convert.MS_TO_HF, "safetensors", dtype)
+        plan = convert.build_plan(ms_src, convert.MS_TO_HF, "safetensors", dtype, config)
     bar = _progress_bar(plan.source.total_bytes, quiet)
     try:
         manifest = convert.execute(plan, out, force=force, progress=bar.update, versions=versions(),

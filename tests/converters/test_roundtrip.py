@@ -254,3 +254,36 @@ def test_read_hf_state_and_load_hf_dir_bf16(hf_factory):
     load_hf_dir(net, src)
     w = net.model.layers[1].attention.wk.bias.asnumpy()
     assert np.array_equal(w, ref["model.layers.1.self_attn.k_proj.bias"].float().numpy())
+
+
+def test_training_checkpoint_to_hf(hf_factory, tmp_path):
+    """A MindSpore checkpoint of a training cell (weights + AdamW states + step counter, no config.json)
+    exports to HF with --config; transformers loads it and the weights are the cell's."""
+    import mindspore as ms
+    import torch
+    import transformers
+    from mindspore import nn
+
+    from converters.loading import load_hf_dir
+    from model_zoo import LlamaConfig, build
+
+    src = hf_factory("llama-gqa", "float32")
+    net = build(LlamaConfig.from_hf(src))
+    load_hf_dir(net, src)
+    opt = nn.AdamWeightDecay(net.trainable_params(), learning_rate=1e-3)
+    step = tmp_path / "run" / "step_1"
+    step.mkdir(parents=True)
+    ms.save_checkpoint(list(net.get_parameters()) + list(opt.get_parameters()), str(step / "model.ckpt"))
+    names_saved = list(ms.load_checkpoint(str(step / "model.ckpt")))
+    assert any(n.startswith("adam_m.") for n in names_saved)
+    out = tmp_path / "hf"
+    res = port("convert", "--ms", str(step), "--config", str(src / "config.json"), "--out", str(out), "-q")
+    assert res.returncode == 0, res.stderr
+    m = json.loads((out / MANIFEST).read_text())
+    assert any(n.startswith("adam_v.") for n in m["source"]["files"][0]["skipped_tensors"])
+    hf = transformers.AutoModelForCausalLM.from_pretrained(out)
+    want = net.model.layers[0].feed_forward.w2.weight.asnumpy()
+    assert np.array_equal(hf.model.layers[0].mlp.down_proj.weight.detach().numpy(), want)
+    assert hf_state(out) == hf_state(src)
+    res = port("convert", "--ms", str(step), "--out", str(tmp_path / "hf2"))
+    assert res.returncode != 0 and "config.json" in res.stderr and not (tmp_path / "hf2").exists()
