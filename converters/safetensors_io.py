@@ -146,9 +146,9 @@ class MappedFile:
             view = memoryview(self._mm)[pos:stop]
             try:
                 yield view
-            finally:
+            finally:  # also when the consumer stops early (zip() leaves the longer generator suspended)
                 view.release()
-            self._drop(pos, stop)
+                self._drop(pos, stop)
             pos = stop
 
     def fileno(self) -> int:

@@ -297,3 +297,29 @@ def test_ms_side_errors(tmp_path, stories_copy):
     assert_refused(res, out, "no such directory")
     res = convert("--hf", str(stories_copy), "--ms", str(stories_copy), "--out", str(out))
     assert_refused(res, out, "exactly one of")
+
+
+def test_zoo_name_not_in_local_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "out"
+    assert_refused(convert("--hf", "llama2-7b", "--out", str(out)), out, "meta-llama/Llama-2-7b-hf",
+                   str(tmp_path / "cache"), "--hf /path/to/llama2-7b")
+
+
+def test_zoo_name_found_in_local_cache(tmp_path, monkeypatch):
+    """A zoo name resolves to its snapshot in the local HF cache (offline): a random checkpoint of the
+    TinyLlama shape cut to one layer, placed where the hub would put that repo."""
+    snap = tmp_path / "cache" / "models--TinyLlama--TinyLlama-1.1B-intermediate-step-1431k-3T" / "snapshots" / "abc"
+    import dataclasses
+
+    from converters.synthetic import write_random_hf
+    from model_zoo import presets
+
+    write_random_hf(dataclasses.replace(presets.config("tinyllama-1.1b"), num_hidden_layers=1, vocab_size=256),
+                    snap)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "out"
+    res = convert("--hf", "tinyllama-1.1b", "--out", str(out), "-q")
+    assert res.exit_code == 0, res.stderr
+    m = json.loads((out / "port_manifest.json").read_text())
+    assert m["source"]["dir"] == str(snap) and len(m["tensors"]) == 12
