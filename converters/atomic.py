@@ -57,7 +57,9 @@ def check_destination(dest: Path, force: bool, protected: list[Path]) -> None:
 
 
 def check_free_space(dest: Path, need_bytes: int) -> None:
-    free = shutil.disk_usage(dest.parent).free
+    """Refuse early when the disk that will hold ``dest`` (its nearest existing ancestor) is too small."""
+    probe = next(p for p in [dest.parent, *dest.parent.parents] if p.exists())
+    free = shutil.disk_usage(probe).free
     if need_bytes > free:
         raise CheckpointError(f"{dest.parent}: not enough free disk space: the output needs {need_bytes / 2**30:.2f} "
                               f"GiB, {free / 2**30:.2f} GiB free; free space or choose --out on another disk")
@@ -66,11 +68,15 @@ def check_free_space(dest: Path, need_bytes: int) -> None:
 @contextlib.contextmanager
 def staged_dir(dest: Path, force: bool) -> Iterator[Path]:
     """Yield a fresh temporary directory; on normal exit it replaces ``dest``, on any error it is removed."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale(dest)
     tmp = dest.parent / f".{dest.name}{_TMP_TAG}{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale(dest)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+    except OSError as e:
+        raise CheckpointError(f"{e.filename or dest.parent}: cannot create the output directory ({e.strerror}); "
+                              "choose another --out") from None
     try:
         yield tmp
         _commit(tmp, dest, force)
@@ -79,7 +85,7 @@ def staged_dir(dest: Path, force: bool) -> Iterator[Path]:
         if e.errno in DISK_FULL_ERRNOS:
             raise CheckpointError(f"{e.filename or dest}: disk full while writing ({e.strerror}); nothing was "
                                   f"written to {dest}. Free space or choose --out on another disk") from None
-        raise
+        raise CheckpointError(f"{e.filename or dest}: {e.strerror or e}; nothing was written to {dest}") from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -288,7 +288,6 @@ def execute(plan: Plan, out_dir: Path, *, force: bool = False, progress: Callabl
     atomic.check_destination(out_dir, force, [plan.source.dir])
     companions = _companions(plan)
     need = sum(pf.out_bytes for pf in plan.files) + sum(p.stat().st_size for p in companions)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
     atomic.check_free_space(out_dir, need)
     progress = progress or (lambda n: None)
     writer = WRITERS[plan.out_format]

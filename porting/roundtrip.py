@@ -40,6 +40,8 @@ def _guard(name: str, fn: Callable[[], Row]) -> Row:
         return fn()
     except PortingError as e:
         return _row(name, False, str(e))
+    except OSError as e:
+        return _row(name, False, f"{e.filename or ''}: {e.strerror or e}")
 
 
 def _check_config(hf_dir: Path, ms_dir: Path) -> Row:
@@ -172,9 +174,14 @@ def verify_checkpoint(hf_dir: Path, ms_dir: Path, *, roundtrip: bool = True) -> 
     rows.append(_guard("ms-manifest", lambda: _check_manifest(hf, ms_dir)))
     rows.append(_guard("ms-tensors", lambda: _check_tensors(hf, open_ms(ms_dir), cfg)))
     if roundtrip:
-        work = Path(tempfile.mkdtemp(prefix=".port-verify-", dir=ms_dir.absolute().parent))
-        try:
-            rows.append(_guard("roundtrip", lambda: _check_roundtrip(hf, ms_dir, work)))
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
+        rows.append(_guard("roundtrip", lambda: _roundtrip_in_tempdir(hf, ms_dir)))
     return rows
+
+
+def _roundtrip_in_tempdir(hf: Source, ms_dir: Path) -> Row:
+    """The round trip is written beside ms_dir (same disk, which has room for a copy) and removed after."""
+    work = Path(tempfile.mkdtemp(prefix=".port-verify-", dir=ms_dir.absolute().parent))
+    try:
+        return _check_roundtrip(hf, ms_dir, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)

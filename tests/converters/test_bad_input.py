@@ -323,3 +323,21 @@ def test_zoo_name_found_in_local_cache(tmp_path, monkeypatch):
     assert res.exit_code == 0, res.stderr
     m = json.loads((out / "port_manifest.json").read_text())
     assert m["source"]["dir"] == str(snap) and len(m["tensors"]) == 12
+
+
+def test_out_under_a_file_is_a_one_line_error(tmp_path):
+    (tmp_path / "afile").write_text("x")
+    out = tmp_path / "afile" / "sub" / "out"
+    res = convert("--hf", "stories260k", "--out", str(out))
+    assert res.exit_code != 0
+    line = one_line_error(res.stderr)
+    assert str(tmp_path / "afile") in line and (tmp_path / "afile").read_text() == "x"
+
+
+def test_verify_checkpoint_on_a_missing_directory_reports_rows(tmp_path):
+    from porting.roundtrip import verify_checkpoint
+
+    rows = verify_checkpoint(ROOT / "model_zoo" / "assets" / "stories260k", tmp_path / "nope")
+    assert rows and not any(r["passed"] for r in rows)
+    assert all(isinstance(r["detail"], str) and "\n" not in r["detail"] for r in rows)
+    assert not list(tmp_path.iterdir())
