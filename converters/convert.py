@@ -11,6 +11,7 @@ every dtype convertible.
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures as cf
 import dataclasses
 import datetime as _dt
@@ -159,20 +160,67 @@ def build_plan(src_dir: Path, direction: Direction, out_format: str = "safetenso
 
 
 # ------------------------------------------------------------------------------------------ writing
-class _Hashes:
-    """sha256 digests fed on worker threads so hashing uses both cores while the main thread writes."""
+# Chunks whose hashing may trail the kernel-side copy. Copies stall on disk writeback while hashing
+# is CPU-bound; letting one run ahead of the other overlaps them. Each trailing chunk may keep up to
+# CHUNK_BYTES (64 MiB) mapped, so this bounds the extra resident memory (256 MiB).
+MAX_LAG = 4
 
-    def __init__(self, pool: cf.ThreadPoolExecutor):
-        self.pool = pool
-        self.pending: list[cf.Future] = []
 
-    def update(self, h, data: memoryview) -> None:
-        self.pending.append(self.pool.submit(h.update, data))
+class _Lanes:
+    """Two hashing threads (hashlib releases the GIL): one for the source file's sha256, one for the
+    tensors'. Each lane runs its updates in submission order, so digests are correct while the main
+    thread copies ahead; ``wait`` bounds how far it may run ahead."""
 
-    def wait(self) -> None:
-        for fut in self.pending:
-            fut.result()
-        self.pending.clear()
+    def __init__(self, file_lane: cf.ThreadPoolExecutor, tensor_lane: cf.ThreadPoolExecutor):
+        self.file_lane, self.tensor_lane = file_lane, tensor_lane
+        self.pending: collections.deque = collections.deque()
+
+    def submit(self, file_hash, tensor_hash, data_for_file, data_for_tensor, release, lag: int) -> None:
+        futs = []
+        if file_hash is not None:
+            futs.append(self.file_lane.submit(file_hash.update, data_for_file))
+        if tensor_hash is not None:
+            futs.append(self.tensor_lane.submit(tensor_hash.update, data_for_tensor))
+        self.pending.append((futs, release))
+        while len(self.pending) > lag:
+            self._pop()
+
+    def _pop(self) -> None:
+        futs, release = self.pending.popleft()
+        try:
+            for f in futs:
+                f.result()
+        finally:
+            release()
+
+    def drain(self) -> None:
+        while self.pending:
+            self._pop()
+
+
+def _write_segment(seg, outs: dict, file_hash, tensor_hash: dict, fo, lanes: _Lanes) -> None:
+    """Hash one source chunk (file and tensor digests) and append its output bytes to ``fo``."""
+    t, chunk, mf = seg.tensor, seg.view, seg.mapped
+    begin, end = seg.offset, seg.offset + chunk.nbytes
+    # hash jobs get a view of their own: the stream's view is released when the stream moves on
+    own = mf.view(begin, end) if mf is not None else chunk
+
+    def release() -> None:
+        if mf is not None:
+            own.release()
+            mf.drop(begin, end)
+    if t is None or t.name not in outs:  # header, gap, or a skipped tensor: only the file digest
+        lanes.submit(file_hash, None, own, None, release, MAX_LAG)
+        return
+    out_dtype = outs[t.name][1].dtype
+    h = tensor_hash.setdefault(t.name, hashlib.sha256())
+    if out_dtype == t.dtype and mf is not None:  # bytes unchanged: copy kernel-side, hash from the map
+        lanes.submit(file_hash, h, own, own, release, MAX_LAG)
+        copy_range(mf.fileno(), begin, chunk.nbytes, fo, chunk)
+        return
+    out = dtypes.cast_bytes(t.dtype, out_dtype, chunk)
+    lanes.submit(file_hash, h, own, out, release, 0)  # a loaded or cast chunk is hashed before moving on
+    write_all(fo, out)
 
 
 def _tensor_record(o: OutTensor, digest: str, file: str, src: TensorInfo, src_file: str) -> dict:
@@ -183,27 +231,17 @@ def _tensor_record(o: OutTensor, digest: str, file: str, src: TensorInfo, src_fi
 def _write_safetensors(plan: Plan, pf: PlannedFile, out_path: Path, pool, progress) -> tuple[str | None, list[dict]]:
     outs = {t.name: (t, o) for t, o in pf.tensors}
     header = encode_header([o for _, o in pf.tensors], pf.metadata)
-    hashes = _Hashes(pool)
+    lanes = _Lanes(*pool)
     file_hash = hashlib.sha256() if plan.source.kind == "safetensors" else None
     tensor_hash: dict[str, object] = {}
     with open(out_path, "wb", buffering=0) as fo:
         write_all(fo, header)
-        for seg in stream(plan.source, pf.src):
-            t, chunk = seg.tensor, seg.view
-            if file_hash is not None:
-                hashes.update(file_hash, chunk)
-            if t is not None and t.name in outs:
-                out_dtype = outs[t.name][1].dtype
-                h = tensor_hash.setdefault(t.name, hashlib.sha256())
-                if out_dtype == t.dtype and seg.fd is not None:  # bytes unchanged: copy kernel-side
-                    hashes.update(h, chunk)
-                    copy_range(seg.fd, seg.offset, chunk.nbytes, fo, chunk)
-                else:
-                    out = dtypes.cast_bytes(t.dtype, out_dtype, chunk)
-                    hashes.update(h, out)
-                    write_all(fo, out)
-            hashes.wait()
-            progress(chunk.nbytes)
+        try:
+            for seg in stream(plan.source, pf.src):
+                _write_segment(seg, outs, file_hash, tensor_hash, fo, lanes)
+                progress(seg.view.nbytes)
+        finally:
+            lanes.drain()
         size = fo.tell()
     if size != pf.out_bytes:
         raise CheckpointError(f"{pf.src.path}: wrote {size} bytes to {out_path.name}, expected {pf.out_bytes}; "
@@ -291,7 +329,9 @@ def execute(plan: Plan, out_dir: Path, *, force: bool = False, progress: Callabl
     atomic.check_free_space(out_dir, need)
     progress = progress or (lambda n: None)
     writer = WRITERS[plan.out_format]
-    with atomic.staged_dir(out_dir, force) as tmp, cf.ThreadPoolExecutor(2) as pool:
+    with atomic.staged_dir(out_dir, force) as tmp, cf.ThreadPoolExecutor(1) as lane1, \
+            cf.ThreadPoolExecutor(1) as lane2:
+        pool = (lane1, lane2)
         src_files, records = [], []
         for pf in plan.files:
             out_path = tmp / pf.out_name

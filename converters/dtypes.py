@@ -65,7 +65,8 @@ def _from_f32(code: str, f32: np.ndarray) -> np.ndarray:
     if code == "BF16":
         return _f32_to_bf16(f32)
     if code == "F16":
-        return f32.astype(np.float16)
+        with np.errstate(over="ignore"):  # beyond +-65504 becomes +-inf, as torch's cast does
+            return f32.astype(np.float16)
     return f32
 
 

@@ -154,6 +154,14 @@ class MappedFile:
     def fileno(self) -> int:
         return self._f.fileno()
 
+    def view(self, begin: int, end: int) -> memoryview:
+        """A view of [begin, end) that the caller owns (and releases)."""
+        return memoryview(self._mm)[begin:end]
+
+    def drop(self, begin: int, end: int) -> None:
+        """Let the kernel unmap [begin, end) from this process (the page cache keeps the data)."""
+        self._drop(begin, end)
+
     def read(self, begin: int, end: int) -> bytes:
         return bytes(self._mm[begin:end]) if self._mm is not None else b""
 

@@ -213,12 +213,13 @@ def open_ms(d: Path) -> Source:
 # ------------------------------------------------------------------------------------------ streaming
 @dataclasses.dataclass
 class Segment:
-    """A piece of a source file: ``tensor`` is None for the header and gaps. ``fd``/``offset`` say where
-    the bytes lie in the file when they can be copied kernel-side (safetensors sources)."""
+    """A piece of a source file: ``tensor`` is None for the header and gaps. ``mapped``/``offset`` say
+    where the bytes lie when the file is memory-mapped (safetensors sources), so they can be copied
+    kernel-side and hashed from the mapping after the generator has moved on."""
 
     tensor: TensorInfo | None
     view: memoryview
-    fd: int | None = None
+    mapped: MappedFile | None = None
     offset: int = 0
 
 
@@ -238,7 +239,7 @@ def stream_safetensors(f: SourceFile, chunk: int = CHUNK_BYTES) -> Iterator[Segm
         for t, begin, end in spans:
             off = begin
             for c in mf.chunks(begin, end, chunk):
-                yield Segment(t, c, mf.fileno(), off)
+                yield Segment(t, c, mf, off)
                 off += c.nbytes
 
 
