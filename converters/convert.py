@@ -137,6 +137,9 @@ def build_plan(src_dir: Path, direction: Direction, out_format: str = "safetenso
             if out_name is None or t.name not in shapes:
                 unexpected.append(t.name)
                 continue
+            if t.name in seen:
+                problems.append(CheckpointError(f"{f.path}: tensor {t.name}: also stored in another file; "
+                                                "each tensor must appear once, fix the checkpoint's shards"))
             seen.add(t.name)
             if t.dtype not in dtypes.CONVERTIBLE:
                 problems.append(CheckpointError(f"{f.path}: tensor {t.name}: unsupported dtype {t.dtype}; expected "
@@ -152,8 +155,10 @@ def build_plan(src_dir: Path, direction: Direction, out_format: str = "safetenso
     missing = sorted(set(shapes) - seen)
     if missing or unexpected:
         raise names.coverage_error(str(src_dir), missing, unexpected)
-    if problems:
-        raise problems[0]
+    if problems:  # all of them in one line, the first ones in full
+        more = f" (+{len(problems) - 3} more)" if len(problems) > 3 else ""
+        raise CheckpointError(f"{len(problems)} problem(s): " + " | ".join(str(p) for p in problems[:3]) + more
+                              if len(problems) > 1 else str(problems[0]))
     index_meta = layout.get("index_metadata") if direction is MS_TO_HF else source.index_metadata
     return Plan(direction, source, cfg, out_format, target, tuple(files), index_meta,
                 config)

@@ -12,6 +12,7 @@ header padded with spaces to a multiple of 8), so a file it wrote round-trips to
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import errno
 import json
@@ -109,10 +110,18 @@ def read_header(path: str | os.PathLike) -> Header:
             blob = f.read(n)
     except OSError as e:
         raise _bad(path, f"cannot read ({e.strerror})") from None
+    dups: list[str] = []
+
+    def no_duplicates(pairs: list[tuple[str, object]]) -> dict:
+        counts = collections.Counter(k for k, _ in pairs)
+        dups.extend(sorted(k for k, n in counts.items() if n > 1))
+        return dict(pairs)
     try:
-        raw = json.loads(blob.decode("utf-8"))
+        raw = json.loads(blob.decode("utf-8"), object_pairs_hook=no_duplicates)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise _bad(path, f"header is not valid JSON ({e}); the file is corrupt or not safetensors") from None
+    if dups:
+        raise _bad(path, "listed twice in the header; the file is corrupt, re-export it", dups[0])
     if not isinstance(raw, dict):
         raise _bad(path, "header is not a JSON object; the file is corrupt or not safetensors")
     meta = raw.pop("__metadata__", None)

@@ -341,3 +341,39 @@ def test_verify_checkpoint_on_a_missing_directory_reports_rows(tmp_path):
     assert rows and not any(r["passed"] for r in rows)
     assert all(isinstance(r["detail"], str) and "\n" not in r["detail"] for r in rows)
     assert not list(tmp_path.iterdir())
+
+
+def test_every_shape_problem_is_reported_together(stories_copy, tmp_path):
+    def reshape(h, b):
+        h["model.layers.1.self_attn.q_proj.weight"]["shape"] = [32, 128]
+        h["model.layers.2.self_attn.o_proj.weight"]["shape"] = [128, 32]
+        return h, b
+    damage(stories_copy, reshape)
+    out = tmp_path / "out"
+    assert_refused(convert("--hf", str(stories_copy), "--out", str(out)), out, "2 problem(s)",
+                   "model.layers.1.self_attn.q_proj.weight", "model.layers.2.self_attn.o_proj.weight")
+
+
+def test_tensor_stored_in_two_shards(hf_factory, tmp_path):
+    from safetensors.numpy import load_file, save_file
+
+    src = hf_factory("llama-gqa", shard="20KB")
+    shards = sorted(src.glob("model-*.safetensors"))
+    first, last = load_file(shards[0]), load_file(shards[-1])
+    dup = sorted(first)[0]
+    last[dup] = first[dup]
+    save_file(last, shards[-1], metadata={"format": "pt"})
+    out = tmp_path / "out"
+    # the index names one file, the shards say two: refused before anything is written
+    assert_refused(convert("--hf", str(src), "--out", str(out)), out, dup, "model.safetensors.index.json")
+
+
+def test_tensor_listed_twice_in_a_header(stories_copy, tmp_path):
+    f = stories_copy / "model.safetensors"
+    header, body = read_raw_header(f)
+    entry = json.dumps(header["model.norm.weight"])
+    blob = json.dumps(header).encode()[:-1] + f', "model.norm.weight": {entry}}}'.encode()
+    write_raw(f, blob, body)
+    out = tmp_path / "out"
+    assert_refused(convert("--hf", str(stories_copy), "--out", str(out)), out, str(f), "model.norm.weight",
+                   "twice")
