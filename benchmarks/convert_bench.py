@@ -47,14 +47,16 @@ def run(cmd: list[str]) -> dict:
     os.sync()
     rss_file = Path(os.environ.get("TMPDIR", "/tmp")) / f"port-bench-rss-{os.getpid()}"
     t0 = time.perf_counter()
-    proc = subprocess.run(["/usr/bin/time", "-o", str(rss_file), "-f", "%M", *cmd], cwd=ROOT,
+    proc = subprocess.run(["/usr/bin/time", "-o", str(rss_file), "-f", "%M %U %S", *cmd], cwd=ROOT,
                           capture_output=True, text=True)
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
-    kib = int(rss_file.read_text().strip().splitlines()[-1])
+    kib, user, sys_s = rss_file.read_text().strip().splitlines()[-1].split()
     rss_file.unlink()
-    return {"wall_s": round(wall, 2), "peak_rss_gib": round(kib / 2**20, 3), "stdout": proc.stdout[-400:]}
+    return {"wall_s": round(wall, 2), "peak_rss_gib": round(int(kib) / 2**20, 3),
+            "cpu_s": round(float(user) + float(sys_s), 2), "loadavg_1m": round(os.getloadavg()[0], 2),
+            "stdout": proc.stdout[-400:]}
 
 
 REFERENCE = """
@@ -138,13 +140,14 @@ def bench_size(size: str, work: Path, reference: bool, repeats: int) -> dict:
 
 
 def table(results: list[dict]) -> str:
-    lines = ["| shape | GiB | path | wall s | x cp | peak RSS GiB |", "|---|---|---|---|---|---|"]
+    lines = ["| shape | GiB | path | wall s (best [all]) | x cp | CPU s | peak RSS GiB |",
+             "|---|---|---|---|---|---|---|"]
     for r in results:
         for k in ("cp", "convert_hf_to_ms", "convert_ms_to_hf", "verify_tensors", "verify_with_roundtrip", "reference"):
             if k in r:
                 v = r[k]
                 lines.append(f"| {r['preset']} | {r['bytes'] / 2**30:.2f} | {k} | {v['wall_s']} {v.get('all_wall_s', '')} | "
-                             f"{v.get('x_cp', 1.0)} | {v['peak_rss_gib']} |")
+                             f"{v.get('x_cp', 1.0)} | {v['cpu_s']} | {v['peak_rss_gib']} |")
     return "\n".join(lines)
 
 

@@ -12,10 +12,14 @@ from model_zoo.errors import CheckpointError
 
 def _progress_bar(total: int, quiet: bool):
     """A byte progress bar on stderr (off when stderr is not a terminal or with --quiet)."""
+    import shutil
+
     from tqdm import tqdm
 
+    # a terminal that reports 0 columns (some ptys) would get an empty bar
+    width = shutil.get_terminal_size(fallback=(100, 24)).columns or 100
     return tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, file=sys.stderr, desc="convert",
-                disable=quiet or not sys.stderr.isatty(), dynamic_ncols=True)
+                disable=quiet or not sys.stderr.isatty(), ncols=min(width, 120))
 
 
 @click.command("convert", epilog="""\b

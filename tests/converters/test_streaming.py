@@ -115,3 +115,14 @@ def test_peak_rss_does_not_grow_with_model_size(tmp_path):
     grown = max(keep_b - keep_s, cast_b - cast_s) * 1024
     assert grown < 64 << 20, f"peak RSS grew by {grown / 2**20:.0f} MiB for {(big - small) / 2**20:.0f} MiB more data"
     assert max(keep_b, cast_b) * 1024 < 1 << 30
+
+
+def test_progress_counts_every_source_byte(hf_factory, tmp_path):
+    from converters import convert
+
+    src = hf_factory("llama-gqa", "bfloat16", "24KB")
+    seen: list[int] = []
+    plan = convert.build_plan(src, convert.HF_TO_MS)
+    convert.execute(plan, tmp_path / "ms", progress=seen.append)
+    assert sum(seen) == plan.source.total_bytes == sum(p.stat().st_size for p in src.glob("*.safetensors"))
+    assert len(seen) > 1
