@@ -233,11 +233,12 @@ def _tensor_record(o: OutTensor, digest: str, file: str, src: TensorInfo, src_fi
             "source_name": src.name, "source_dtype": src.dtype, "source_file": src_file}
 
 
-def _write_safetensors(plan: Plan, pf: PlannedFile, out_path: Path, pool, progress) -> tuple[str | None, list[dict]]:
+def _write_safetensors(plan: Plan, pf: PlannedFile, out_path: Path, pool, progress,
+                       hash_source: bool) -> tuple[str | None, list[dict]]:
     outs = {t.name: (t, o) for t, o in pf.tensors}
     header = encode_header([o for _, o in pf.tensors], pf.metadata)
     lanes = _Lanes(*pool)
-    file_hash = hashlib.sha256() if plan.source.kind == "safetensors" else None
+    file_hash = hashlib.sha256() if plan.source.kind == "safetensors" and hash_source else None
     tensor_hash: dict[str, object] = {}
     with open(out_path, "wb", buffering=0) as fo:
         write_all(fo, header)
@@ -265,13 +266,14 @@ def _ms_numpy_dtype(code: str):
     return {"F32": np.float32, "F16": np.float16}[code]
 
 
-def _write_ckpt(plan: Plan, pf: PlannedFile, out_path: Path, pool, progress) -> tuple[str | None, list[dict]]:
+def _write_ckpt(plan: Plan, pf: PlannedFile, out_path: Path, pool, progress,
+                hash_source: bool) -> tuple[str | None, list[dict]]:
     """MindSpore's own .ckpt writer, one shard in memory at a time (it needs whole tensors)."""
     import mindspore as ms
     import numpy as np
 
     outs = {t.name: (t, o) for t, o in pf.tensors}
-    file_hash = hashlib.sha256() if plan.source.kind == "safetensors" else None
+    file_hash = hashlib.sha256() if plan.source.kind == "safetensors" and hash_source else None
     parts: dict[str, list[bytes]] = {}
     for seg in stream(plan.source, pf.src):
         t, chunk = seg.tensor, seg.view
@@ -325,8 +327,10 @@ def _companions(plan: Plan) -> list[Path]:
 
 
 def execute(plan: Plan, out_dir: Path, *, force: bool = False, progress: Callable[[int], None] | None = None,
-            versions: dict | None = None, command: list[str] | None = None) -> dict:
-    """Write ``plan`` to ``out_dir`` atomically; return the manifest (also written beside the weights)."""
+            versions: dict | None = None, command: list[str] | None = None, hash_source: bool = True) -> dict:
+    """Write ``plan`` to ``out_dir`` atomically; return the manifest (also written beside the weights).
+    ``hash_source=False`` leaves the source files' sha256 out of the manifest (one SHA-256 pass over the
+    checkpoint less); every output tensor's sha256 is always recorded."""
     out_dir = Path(out_dir).absolute()
     atomic.check_destination(out_dir, force, [plan.source.dir])
     companions = _companions(plan)
@@ -341,10 +345,10 @@ def execute(plan: Plan, out_dir: Path, *, force: bool = False, progress: Callabl
         for pf in plan.files:
             out_path = tmp / pf.out_name
             try:
-                digest, recs = writer(plan, pf, out_path, pool, progress)
+                digest, recs = writer(plan, pf, out_path, pool, progress, hash_source)
             except OSError as e:
                 raise OSError(e.errno, e.strerror, str(out_dir / pf.out_name)) from None
-            if digest is None:
+            if digest is None and hash_source:
                 digest = file_sha256(pf.src.path)
             src_files.append({"name": pf.src.name, "bytes": pf.src.path.stat().st_size, "sha256": digest,
                               "metadata": pf.src.metadata, "skipped_tensors": list(pf.skipped)})
@@ -358,6 +362,7 @@ def execute(plan: Plan, out_dir: Path, *, force: bool = False, progress: Callabl
             "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "command": command or sys.argv,
             "source": {"dir": str(plan.source.dir.absolute()), "format": plan.source.kind,
+                       "sha256_recorded": hash_source,
                        "index": plan.source.index_name, "files": src_files},
             "output": {"format": plan.out_format, "dtype": {v: k for k, v in dtypes.TARGETS.items()}[plan.target_dtype],
                        "files": [pf.out_name for pf in plan.files],
@@ -374,9 +379,11 @@ def execute(plan: Plan, out_dir: Path, *, force: bool = False, progress: Callabl
 
 
 def hf_to_ms(hf_dir: Path, out_dir: Path, *, out_format: str = "safetensors", dtype: str = "keep",
-             force: bool = False, progress=None, versions: dict | None = None, command=None) -> dict:
+             force: bool = False, progress=None, versions: dict | None = None, command=None,
+             hash_source: bool = True) -> dict:
     plan = build_plan(Path(hf_dir), HF_TO_MS, out_format, dtype)
-    return execute(plan, out_dir, force=force, progress=progress, versions=versions, command=command)
+    return execute(plan, out_dir, force=force, progress=progress, versions=versions, command=command,
+                   hash_source=hash_source)
 
 
 def ms_to_hf(ms_dir: Path, out_dir: Path, *, dtype: str = "keep", force: bool = False, progress=None,

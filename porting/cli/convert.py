@@ -29,7 +29,8 @@ Examples:
   port convert --hf llama-7b --out ./llama-7b-ms --format ckpt
   port convert --ms ./llama2-7b-ms --out ./llama2-7b-hf
   port convert --ms runs/r1/checkpoints/step_100 --config ./base/config.json --out ./ft-hf
-  port convert --hf ./my-model --out ./my-model-ms --force --quiet""")
+  port convert --hf ./my-model --out ./my-model-ms --force --quiet
+  port convert --hf /models/Llama-2-13b-hf --out ./13b-ms --no-source-hash""")
 @click.option("--hf", "hf_src", metavar="SRC", help="HF model directory or zoo name -> MindSpore.")
 @click.option("--ms", "ms_src", metavar="DIR", type=click.Path(path_type=Path),
               help="MindSpore checkpoint directory (from `port convert --hf`) -> HF.")
@@ -40,10 +41,13 @@ Examples:
               help="Cast every tensor; keep copies the bytes unchanged.")
 @click.option("--config", "config", type=click.Path(path_type=Path, dir_okay=False),
               help="With --ms: the config.json to use when DIR has none (e.g. a training checkpoint).")
+@click.option("--no-source-hash", is_flag=True,
+              help="Leave the source files' sha256 out of the manifest: one SHA-256 pass less (about a third "
+                   "of the CPU time). Every output tensor's sha256 is still recorded.")
 @click.option("--force", is_flag=True, help="Replace --out if it exists and is not empty.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar, no summary.")
 def command(hf_src: str | None, ms_src: Path | None, out: Path, out_format: str, dtype: str,
-            config: Path | None, force: bool, quiet: bool) -> None:
+            config: Path | None, no_source_hash: bool, force: bool, quiet: bool) -> None:
     """Convert a checkpoint between HF and MindSpore, one tensor at a time.
 
     The output holds the weights (sharded like the source, with an index), config.json, the tokenizer
@@ -71,7 +75,7 @@ def command(hf_src: str | None, ms_src: Path | None, out: Path, out_format: str,
     bar = _progress_bar(plan.source.total_bytes, quiet)
     try:
         manifest = convert.execute(plan, out, force=force, progress=bar.update, versions=versions(),
-                                   command=["port", *sys.argv[1:]])
+                                   command=["port", *sys.argv[1:]], hash_source=not no_source_hash)
     finally:
         bar.close()
     if not quiet:

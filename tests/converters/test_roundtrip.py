@@ -287,3 +287,14 @@ def test_training_checkpoint_to_hf(hf_factory, tmp_path):
     assert hf_state(out) == hf_state(src)
     res = port("convert", "--ms", str(step), "--out", str(tmp_path / "hf2"))
     assert res.returncode != 0 and "config.json" in res.stderr and not (tmp_path / "hf2").exists()
+
+
+def test_no_source_hash_still_records_tensor_hashes(hf_factory, tmp_path):
+    src = hf_factory("llama-gqa", "bfloat16", "24KB")
+    ms_dir = tmp_path / "ms"
+    assert port("convert", "--hf", str(src), "--out", str(ms_dir), "--no-source-hash", "-q").returncode == 0
+    m = json.loads((ms_dir / MANIFEST).read_text())
+    assert m["source"]["sha256_recorded"] is False
+    assert all(f["sha256"] is None and f["bytes"] > 0 for f in m["source"]["files"])
+    assert all(len(t["sha256"]) == 64 for t in m["tensors"])
+    assert all(r["passed"] for r in verify_checkpoint(src, ms_dir, roundtrip=False))
