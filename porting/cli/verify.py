@@ -93,7 +93,7 @@ def command(hf_src, dtype, batch, seq, seed, hidden_states, grads, gen_tokens, n
         click.echo(f"model {hf_dir} ({report['model_type']}), {dtype}, ids {batch}x{report['seq']} seed {seed}; "
                    f"kernels on {report['kernels']['device']}: "
                    + ", ".join(f"{n}={c['impl']}" for n, c in k.items()))
-        click.echo(f"loss: zoo {report['loss']['zoo']:.6f}  hf {report['loss']['hf']:.6f}")
+        click.echo(f"loss on the seeded random probe ids: zoo {report['loss']['zoo']:.6f}  hf {report['loss']['hf']:.6f}")
         click.echo(_table(report["checks"]))
         g = report.get("generation")
         if g:
