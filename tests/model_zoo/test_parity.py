@@ -59,20 +59,19 @@ def test_hidden_states_and_grads_match_hf(tmp_path):
 
 
 def test_parity_detects_a_wrong_weight(tmp_path, monkeypatch):
-    """A check that cannot fail is no check: corrupt one loaded tensor and parity must fail."""
+    """A check that cannot fail is no check: nudge one loaded zoo tensor and parity must fail."""
     import numpy as np
 
     import converters.loading as loading
 
     d = make_hf_model(tmp_path, "LlamaConfig", dict(num_key_value_heads=2))
-    real = loading.read_hf_state
+    real = loading.load_hf_dir
 
-    def corrupted(path):
-        state = dict(real(path))
-        w = state["model.layers.1.mlp.up_proj.weight"]
-        state["model.layers.1.mlp.up_proj.weight"] = w + np.float32(1e-2)
-        return state
+    def load_then_corrupt(model, path):
+        real(model, path)
+        p = model.model.layers[1].feed_forward.w3.weight
+        p.set_data(p + np.float32(1e-2))
 
-    monkeypatch.setattr(loading, "read_hf_state", corrupted)
+    monkeypatch.setattr(loading, "load_hf_dir", load_then_corrupt)
     report = check_parity(d, batch=1, seq=8)
     assert not report["passed"]
