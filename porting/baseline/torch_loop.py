@@ -1,0 +1,199 @@
+"""The reference: HF ``transformers`` LlamaForCausalLM trained with PyTorch on given micro-batches.
+
+It does what the port's training step does, in PyTorch: for each optimizer step, every micro-batch's
+summed token loss is divided by the step's TOTAL real-token count (all micro-batches, all data-parallel
+ranks) before backward, so micro-batches of different lengths weigh by their tokens; then the global
+gradient norm (before clipping), clipping, the scheduled learning rate and one AdamW step.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Sequence
+
+import numpy as np
+
+from porting.baseline.memory import PhaseMeter
+
+IGNORE_INDEX = -100
+PHASES = ("forward", "backward", "optimizer")
+
+
+@dataclass(frozen=True)
+class MicroBatch:
+    """One micro-batch as the port's data pipeline yields it (right-padded, labels -100 where masked)."""
+
+    input_ids: np.ndarray  # (B, S) int
+    labels: np.ndarray     # (B, S) int, IGNORE_INDEX where no loss is taken
+
+    @property
+    def tokens(self) -> int:
+        """Real target tokens: labels shift by one (position t predicts label t+1)."""
+        return int((self.labels[:, 1:] != IGNORE_INDEX).sum())
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """AdamW as torch names it; ``lr_at(step)`` is the port's schedule, step counted from 0."""
+
+    lr_at: Callable[[int], float]
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    grad_clip: float | None = 1.0
+    no_decay: Callable[[str], bool] = field(default=lambda name: False)  # HF param name -> exempt
+
+
+@dataclass(frozen=True)
+class LoopConfig:
+    device: str = "cpu"            # "cpu" | "cuda"
+    dtype: str = "float32"         # "float32" | "bfloat16" (params and states) | "bf16-mixed" (fp32 master, autocast)
+    timing_warmup_steps: int = 1   # first steps timed apart (allocator warm-up, CUDA kernels selection)
+    recompute: bool = False        # HF gradient checkpointing
+    threads: int | None = None     # torch CPU threads (None: torch's default)
+
+
+@dataclass
+class LoopResult:
+    loss: list[float] = field(default_factory=list)
+    grad_norm: list[float] = field(default_factory=list)
+    lr: list[float] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+    padded_tokens: list[int] = field(default_factory=list)
+    step_time_s: list[float] = field(default_factory=list)
+    peak_gib: dict[str, list[float]] = field(default_factory=lambda: {p: [] for p in PHASES})
+    weights_gib: float = 0.0
+    probe_logits_initial: np.ndarray | None = None
+    probe_logits_final: np.ndarray | None = None
+    num_parameters: int = 0
+
+    def timing(self, warmup: int) -> dict:
+        warm, steady = self.step_time_s[:warmup], self.step_time_s[warmup:]
+        med = statistics.median(steady) if steady else None
+        toks = self.tokens[warmup:]
+        return {"warmup_steps": len(warm), "warmup_step_time_s": warm,
+                "steady_step_time_s_median": med,
+                "steady_tokens_per_s": (sum(toks) / sum(steady)) if steady and sum(steady) > 0 else None,
+                "steady_padded_tokens_per_s": (sum(self.padded_tokens[warmup:]) / sum(steady))
+                if steady and sum(steady) > 0 else None}
+
+
+TORCH_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "bf16-mixed": "float32"}
+
+
+def load_model(hf_dir: str, loop: LoopConfig):
+    """HF LlamaForCausalLM with the checkpoint's own weights (the port starts from the same file)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=getattr(torch, TORCH_DTYPES[loop.dtype]),
+                                                 attn_implementation="sdpa", local_files_only=True)
+    if loop.recompute:
+        model.gradient_checkpointing_enable()
+    return model.to(loop.device)
+
+
+def token_loss_sum(logits, labels):
+    """Summed next-token cross-entropy over real tokens (same as model_zoo.loss.shifted_token_loss)."""
+    import torch
+
+    lg = logits[:, :-1, :].float()
+    tg = labels[:, 1:]
+    return torch.nn.functional.cross_entropy(lg.reshape(-1, lg.shape[-1]), tg.reshape(-1),
+                                             ignore_index=IGNORE_INDEX, reduction="sum")
+
+
+def make_optimizer(model, opt: OptimConfig, loop: LoopConfig):
+    import torch
+
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            (no_decay if opt.no_decay(name) else decay).append(p)
+    groups = [{"params": decay, "weight_decay": opt.weight_decay}]
+    if no_decay:
+        groups.append({"params": no_decay, "weight_decay": 0.0})
+    return torch.optim.AdamW(groups, lr=opt.lr_at(0), betas=opt.betas, eps=opt.eps,
+                             fused=(loop.device == "cuda") or None)
+
+
+def probe_logits(model, ids: np.ndarray, loop: LoopConfig) -> np.ndarray:
+    import torch
+
+    was_training = model.training
+    model.eval()
+    with torch.no_grad(), _autocast(loop):
+        out = model(input_ids=torch.as_tensor(ids, dtype=torch.long, device=loop.device)).logits
+    model.train(was_training)
+    return out.float().cpu().numpy()
+
+
+def _autocast(loop: LoopConfig):
+    import torch
+
+    return torch.autocast(loop.device, dtype=torch.bfloat16, enabled=loop.dtype == "bf16-mixed")
+
+
+def train(model, steps: Iterable[Sequence[MicroBatch]], opt: OptimConfig, loop: LoopConfig,
+          meter: PhaseMeter, probe_ids: np.ndarray | None = None,
+          on_step: Callable[[int, LoopResult], None] | None = None) -> LoopResult:
+    """Run every optimizer step of ``steps``; per-step loss (token mean), grad norm, lr, time, phase peaks."""
+    import torch
+
+    if loop.threads:
+        torch.set_num_threads(loop.threads)
+    res = LoopResult(num_parameters=sum(p.numel() for p in model.parameters()))
+    if probe_ids is not None:
+        res.probe_logits_initial = probe_logits(model, probe_ids, loop)
+    model.train()
+    optimizer = make_optimizer(model, opt, loop)
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    res.weights_gib = meter.current_gib()
+    sync = torch.cuda.synchronize if loop.device == "cuda" else (lambda: None)
+    for step, micro in enumerate(steps):
+        total = sum(mb.tokens for mb in micro)
+        if total == 0:
+            raise ValueError(f"step {step}: no real target tokens in its {len(micro)} micro-batches")
+        peaks = dict.fromkeys(PHASES, 0.0)
+        sync()
+        t0 = time.perf_counter()
+        loss_sum = torch.zeros((), dtype=torch.float64, device=loop.device)
+        for mb in micro:
+            ids = torch.as_tensor(mb.input_ids, dtype=torch.long, device=loop.device)
+            labels = torch.as_tensor(mb.labels, dtype=torch.long, device=loop.device)
+            meter.reset()
+            with _autocast(loop):
+                logits = model(input_ids=ids).logits
+            part = token_loss_sum(logits, labels)
+            peaks["forward"] = max(peaks["forward"], meter.peak_gib())
+            meter.reset()
+            (part / total).backward()
+            del logits
+            peaks["backward"] = max(peaks["backward"], meter.peak_gib())
+            loss_sum += part.detach().double()
+        meter.reset()
+        lr = opt.lr_at(step)
+        for g in optimizer.param_groups:
+            g["lr"] = lr
+        max_norm = opt.grad_clip if opt.grad_clip else float("inf")
+        gnorm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        peaks["optimizer"] = meter.peak_gib()
+        loss = float(loss_sum.item()) / total
+        sync()
+        res.step_time_s.append(time.perf_counter() - t0)
+        res.loss.append(loss)
+        res.grad_norm.append(float(gnorm))
+        res.lr.append(lr)
+        res.tokens.append(total)
+        res.padded_tokens.append(int(sum(mb.input_ids.size for mb in micro)))
+        for p in PHASES:
+            res.peak_gib[p].append(peaks[p])
+        if on_step:
+            on_step(step, res)
+    if probe_ids is not None:
+        res.probe_logits_final = probe_logits(model, probe_ids, loop)
+    return res
