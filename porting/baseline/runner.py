@@ -165,10 +165,10 @@ def document(req: BaselineRequest, recipe, hf_dir: Path, plan, res: LoopResult, 
 
 def run(req: BaselineRequest, log: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
     """Run the baseline and write ``req.out`` atomically; returns the document written."""
-    from porting.generate import load_tokenizer
     from porting.sources import resolve_hf
     from porting.train.data import build_plan
     from porting.train.recipe import load_recipe
+    from porting.train.tokenizer import load_model_tokenizer
 
     out = Path(req.out)
     if not out.parent.is_dir():
@@ -181,7 +181,7 @@ def run(req: BaselineRequest, log: Callable[[str], None] = lambda s: None) -> di
                           f"{', '.join(LOOP_DTYPES)}); set precision.param_dtype/compute_dtype to one of them")
     hf_dir = resolve_hf(req.hf or recipe.model.source)
     started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-    tokenizer = load_tokenizer(hf_dir)
+    tokenizer = load_model_tokenizer(hf_dir)
     plan = build_plan(recipe, tokenizer)
     n = req.steps or plan.total_steps
     if n > plan.total_steps:

@@ -87,7 +87,9 @@ def load_model(hf_dir: str, loop: LoopConfig):
     """HF LlamaForCausalLM with the checkpoint's own weights (the port starts from the same file)."""
     import torch
     from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()  # one stderr line per step is the baseline's own progress
     model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=getattr(torch, TORCH_DTYPES[loop.dtype]),
                                                  attn_implementation="sdpa", local_files_only=True)
     if loop.recompute:
