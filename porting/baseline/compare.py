@@ -192,17 +192,18 @@ def compare(base_doc: dict, base_settings: dict, run: RunData, run_settings: dic
 
 def run_settings(run: RunData) -> dict[str, Any]:
     """The run's comparable settings, from its manifest (resolved recipe, data hash) and its model."""
-    from pathlib import Path
-
     from porting.baseline import settings as settings_mod
 
     rec = run.manifest["recipe"]
     data = run.manifest.get("data") or {}
-    model: dict[str, Any] = {}
-    for cand in (run.path / "hf", Path(str(rec.get("model", {}).get("source", "")))):
-        if (cand / "config.json").is_file():
-            model = settings_mod.model_info(cand)
-            break
+    cfg = (run.manifest.get("model") or {}).get("config")
+    if isinstance(cfg, dict):
+        model = settings_mod.model_info(cfg)
+    elif (run.path / "hf" / "config.json").is_file():
+        model = settings_mod.model_info(run.path / "hf")
+    else:
+        raise ConfigError(f"{run.path / 'manifest.json'}: no model.config and no hf/config.json; cannot tell "
+                          "which model the run trained")
     try:
         return settings_mod.from_recipe(rec, data.get("sha256"), model, len(run.steps))
     except (KeyError, TypeError) as e:

@@ -2,7 +2,7 @@
 zoo's MindSpore cell, run on the baseline's probe ids (float32).
 
 Where the weights come from, in order: ``checkpoints/step_<N>/`` when the run kept step N (N = the
-baseline's last step), else ``hf/`` (the HF export written at the end) when the run's last step is N.
+baseline's last step; the architecture from the manifest's model.config), else ``hf/`` (the HF export written at the end) when the run's last step is N.
 Anything else is reported as "not available" with the reason, never silently substituted.
 """
 
@@ -28,7 +28,8 @@ def _logits_from_hf(hf_dir: Path, ids: np.ndarray) -> np.ndarray:
     return model(ms.Tensor(ids.astype(np.int32))).asnumpy().astype(np.float32)
 
 
-def _logits_from_ckpt(ckpt_dir: Path, cfg_dir: Path, ids: np.ndarray) -> np.ndarray:
+def _logits_from_ckpt(ckpt_dir: Path, cfg_source, ids: np.ndarray) -> np.ndarray:
+    """Model parameters from a `port train` checkpoint (train_state.ckpt also holds AdamW moments)."""
     import mindspore as ms
 
     from model_zoo.config import LlamaConfig
@@ -37,15 +38,22 @@ def _logits_from_ckpt(ckpt_dir: Path, cfg_dir: Path, ids: np.ndarray) -> np.ndar
 
     files = sorted(ckpt_dir.glob("*.ckpt")) + sorted(ckpt_dir.glob("*.safetensors"))
     if not files:
-        raise CheckpointError(f"{ckpt_dir}: no .ckpt or .safetensors file")
-    model = build(LlamaConfig.from_hf(cfg_dir), param_dtype="float32")
+        raise CheckpointError(f"{ckpt_dir}: no .ckpt or .safetensors file; expected a `port train` checkpoint")
+    model = build(LlamaConfig.from_hf(cfg_source), param_dtype="float32")
     fmt = "safetensors" if files[0].suffix == ".safetensors" else "ckpt"
-    state = ms.load_checkpoint(str(files[0]), format=fmt)
-    names = {p.name for p in model.get_parameters()}
-    missing = sorted(names - set(state))
+    try:
+        state = ms.load_checkpoint(str(files[0]), format=fmt)
+    except (RuntimeError, ValueError, OSError) as e:
+        raise CheckpointError(f"{files[0]}: cannot be read ({str(e).splitlines()[0]})") from None
+    params = {p.name: p for p in model.get_parameters()}
+    missing = sorted(set(params) - set(state))
     if missing:
-        raise CheckpointError(f"{files[0]}: lacks {len(missing)} model parameters (first: {missing[:3]})")
-    ms.load_param_into_net(model, {k: v for k, v in state.items() if k in names}, strict_load=True)
+        raise CheckpointError(f"{files[0]}: lacks {len(missing)} of the model's parameters (first: "
+                              f"{', '.join(missing[:3])}); expected a checkpoint of this model")
+    for name, p in params.items():
+        if tuple(state[name].shape) != tuple(p.shape):
+            raise CheckpointError(f"{files[0]}: {name} has shape {tuple(state[name].shape)}, the model {tuple(p.shape)}")
+        p.set_data(state[name].astype(p.dtype))
     model.set_train(False)
     return model(ms.Tensor(ids.astype(np.int32))).asnumpy().astype(np.float32)
 
@@ -54,8 +62,9 @@ def port_probe_logits(run: RunData, ids: np.ndarray, after_step: int) -> tuple[n
     """(logits, where they came from) or (None, why there are none)."""
     ckpt = run.path / "checkpoints" / f"step_{after_step}"
     hf = run.path / "hf"
-    if ckpt.is_dir() and hf.is_dir():
-        return _logits_from_ckpt(ckpt, hf, ids), f"{ckpt}"
+    cfg = (run.manifest.get("model") or {}).get("config")
+    if ckpt.is_dir() and (isinstance(cfg, dict) or (hf / "config.json").is_file()):
+        return _logits_from_ckpt(ckpt, cfg if isinstance(cfg, dict) else hf, ids), f"{ckpt}"
     if hf.is_dir() and (hf / "config.json").is_file():
         if run.last_step != after_step:
             return None, (f"run's HF export is after step {run.last_step}, baseline probe is after step {after_step}, "

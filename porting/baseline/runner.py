@@ -145,10 +145,11 @@ def document(req: BaselineRequest, recipe, hf_dir: Path, plan, res: LoopResult, 
         "data": {**plan.data.report.as_dict(), "batching": plan.describe()},
         "steps": {
             "step": list(range(1, n + 1)), "loss": _finite(res.loss), "grad_norm": _finite(res.grad_norm),
-            "lr": res.lr, "tokens": res.tokens, "padded_tokens": res.padded_tokens, "step_time_s": res.step_time_s,
+            "lr": res.lr, "tokens": res.tokens, "real_tokens": res.real_tokens, "padded_tokens": res.padded_tokens,
+            "step_time_s": res.step_time_s, "warmup": res.warmup,
             "peak_memory_gib": {p: res.peak_gib[p] for p in PHASES},
         },
-        "timing": res.timing(loop.timing_warmup_steps),
+        "timing": res.timing(),
         "memory": {"kind": meter_kind, "per_phase": per_phase, "unit": "GiB", "weights_gib": res.weights_gib,
                    "peak_gib": {p: max(res.peak_gib[p]) for p in PHASES},
                    "note": ("torch.cuda.max_memory_allocated, reset before each phase" if meter_kind.startswith("cuda")

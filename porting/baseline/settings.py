@@ -30,11 +30,11 @@ def precision(recipe: dict[str, Any]) -> str:
     return PRECISIONS[key]
 
 
-def model_info(hf_dir: str | Path) -> dict[str, Any]:
-    """Architecture facts of a model directory: type, parameter count, a hash of its config.json fields."""
+def model_info(source: str | Path | dict[str, Any]) -> dict[str, Any]:
+    """Architecture facts of a model directory or config dict: type, parameter count, a hash of its fields."""
     from model_zoo.config import LlamaConfig
 
-    cfg = LlamaConfig.from_hf(Path(hf_dir))
+    cfg = LlamaConfig.from_hf(source if isinstance(source, dict) else Path(source))
     arch = {k: v for k, v in cfg.to_hf().items() if k not in ("torch_dtype", "dtype", "transformers_version")}
     return {"model_type": cfg.model_type, "num_parameters": int(cfg.num_parameters()),
             "model_config_sha256": hashlib.sha256(json.dumps(arch, sort_keys=True).encode()).hexdigest()}

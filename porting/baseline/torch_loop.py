@@ -60,7 +60,9 @@ class LoopResult:
     loss: list[float] = field(default_factory=list)
     grad_norm: list[float] = field(default_factory=list)
     lr: list[float] = field(default_factory=list)
-    tokens: list[int] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)        # loss (target) tokens of the step
+    real_tokens: list[int] = field(default_factory=list)   # non-padding positions, as `port train` counts tokens/s
+    warmup: list[bool] = field(default_factory=list)       # timed apart: first steps and steps with a new shape
     padded_tokens: list[int] = field(default_factory=list)
     step_time_s: list[float] = field(default_factory=list)
     peak_gib: dict[str, list[float]] = field(default_factory=lambda: {p: [] for p in PHASES})
@@ -69,15 +71,22 @@ class LoopResult:
     probe_logits_final: np.ndarray | None = None
     num_parameters: int = 0
 
-    def timing(self, warmup: int) -> dict:
-        warm, steady = self.step_time_s[:warmup], self.step_time_s[warmup:]
-        med = statistics.median(steady) if steady else None
-        toks = self.tokens[warmup:]
-        return {"warmup_steps": len(warm), "warmup_step_time_s": warm,
-                "steady_step_time_s_median": med,
-                "steady_tokens_per_s": (sum(toks) / sum(steady)) if steady and sum(steady) > 0 else None,
-                "steady_padded_tokens_per_s": (sum(self.padded_tokens[warmup:]) / sum(steady))
-                if steady and sum(steady) > 0 else None}
+    def timing(self) -> dict:
+        """Warm-up steps (first ones, first sight of a shape) kept apart from the steady state."""
+        idx = [i for i, w in enumerate(self.warmup) if not w]
+        steady = [self.step_time_s[i] for i in idx]
+        t = sum(steady)
+
+        def rate(xs: list[int]) -> float | None:
+            return sum(xs[i] for i in idx) / t if t > 0 else None
+
+        return {"warmup_steps": [i + 1 for i, w in enumerate(self.warmup) if w],
+                "warmup_step_time_s": [self.step_time_s[i] for i, w in enumerate(self.warmup) if w],
+                "steady_steps": len(idx),
+                "steady_step_time_s_median": statistics.median(steady) if steady else None,
+                "steady_tokens_per_s": rate(self.real_tokens),
+                "steady_loss_tokens_per_s": rate(self.tokens),
+                "steady_padded_tokens_per_s": rate(self.padded_tokens)}
 
 
 TORCH_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "bf16-mixed": "float32"}
@@ -95,6 +104,14 @@ def load_model(hf_dir: str, loop: LoopConfig):
     if loop.recompute:
         model.gradient_checkpointing_enable()
     return model.to(loop.device)
+
+
+def _real_tokens(mb) -> int:
+    """Non-padding positions: the pipeline's count when it gives one, else positions up to the last label."""
+    if hasattr(mb, "real_tokens"):
+        return int(mb.real_tokens)
+    return int(sum(int(np.nonzero(row != IGNORE_INDEX)[0].max()) + 1 if (row != IGNORE_INDEX).any() else 0
+                   for row in mb.labels))
 
 
 def token_loss_sum(logits, labels):
@@ -154,6 +171,7 @@ def train(model, steps: Iterable[Sequence[MicroBatch]], opt: OptimConfig, loop: 
     params = [p for g in optimizer.param_groups for p in g["params"]]
     res.weights_gib = meter.current_gib()
     sync = torch.cuda.synchronize if loop.device == "cuda" else (lambda: None)
+    shapes_seen: set[tuple[int, ...]] = set()
     for step, micro in enumerate(steps):
         total = sum(mb.tokens for mb in micro)
         if total == 0:
@@ -191,6 +209,10 @@ def train(model, steps: Iterable[Sequence[MicroBatch]], opt: OptimConfig, loop: 
         res.grad_norm.append(float(gnorm))
         res.lr.append(lr)
         res.tokens.append(total)
+        res.real_tokens.append(int(sum(_real_tokens(mb) for mb in micro)))
+        shapes = {tuple(mb.input_ids.shape) for mb in micro}
+        res.warmup.append(step < loop.timing_warmup_steps or not shapes <= shapes_seen)
+        shapes_seen |= shapes
         res.padded_tokens.append(int(sum(mb.input_ids.size for mb in micro)))
         for p in PHASES:
             res.peak_gib[p].append(peaks[p])
