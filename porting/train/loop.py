@@ -75,6 +75,11 @@ def configure_mindspore(recipe, distributed: bool) -> None:
     target = {"cpu": "CPU", "ascend": "Ascend"}[recipe.cluster.device]
     ms.set_context(mode=ms.GRAPH_MODE)
     ms.set_device(target)
+    if distributed and recipe.cluster.device == "cpu":
+        # Workers share the host's cores: without a cap each spawns a thread per core and they thrash.
+        from mindspore.device_context.cpu.op_tuning import threads_num
+
+        threads_num(max(1, (os.cpu_count() or 1) // recipe.cluster.devices_per_node))
     if distributed:
         from mindspore.communication import init
 
@@ -229,12 +234,19 @@ def train(recipe, run_dir: str | Path, *, rank: int = 0, world_size: int = 1, re
 
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    log = rank_logger(run_dir, rank, echo and rank == 0)
     if recipe.parallel.optimizer_sharding and recipe.cluster.device == "cpu" and world_size > 1:
         raise RecipeError("parallel.optimizer_sharding=true: MindSpore's ReduceScatter is a stub on the CPU, so "
                           "sharded optimizer states cannot be trusted there; it is checked in the plan only. Set "
                           "parallel.optimizer_sharding=false for CPU runs")
     configure_mindspore(recipe, distributed)
+    if distributed:
+        from mindspore.communication import get_group_size, get_rank
+
+        rank, world_size = get_rank(), get_group_size()
+        if world_size != recipe.world_size:
+            raise RecipeError(f"msrun started {world_size} workers but the recipe's world size is {recipe.world_size} "
+                              "(cluster.nodes x cluster.devices_per_node); use the command `port train --dry-run` prints")
+    log = rank_logger(run_dir, rank, echo and rank == 0)
     model_dir = resolve_hf(recipe.model.source)
     tokenizer = load_model_tokenizer(model_dir)
     plan = data_mod.build_plan(recipe, tokenizer, world_size)

@@ -206,6 +206,26 @@ def plan_warnings(recipe, cfg: LlamaConfig) -> list[str]:
     return w
 
 
+def plan_config(recipe) -> tuple[LlamaConfig, list[str]]:
+    """The architecture for a dry run: the checkpoint's config.json when it is here, else the zoo
+    preset's copy of that config.json (a plan for a cluster whose checkpoint is not on this machine)."""
+    from model_zoo import presets
+    from model_zoo.errors import UnknownModelError
+    from porting.sources import resolve_hf
+
+    notes = []
+    if not Path(recipe.data.path).is_file():
+        notes.append(f"data.path {recipe.data.path} is not on this machine (needed to run, not to plan)")
+    try:
+        return LlamaConfig.from_hf(resolve_hf(recipe.model.source)), notes
+    except UnknownModelError:
+        if recipe.model.source not in presets.names():
+            raise
+        notes.append(f"model.source {recipe.model.source}: checkpoint not in the local HF cache; planned with the "
+                     "zoo's copy of its config.json")
+        return presets.config(recipe.model.source), notes
+
+
 def check_fits(plan: dict, where: str) -> None:
     if plan["fits"]:
         return
