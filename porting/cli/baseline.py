@@ -34,7 +34,9 @@ def command(recipe: str, out: str, device: str, hf: str | None, overrides: tuple
                           command=tuple(["port"] + sys.argv[1:]))
     doc = run(req, log=lambda s: click.echo(s, err=True))
     t, m = doc["timing"], doc["memory"]
+    tps = t["steady_tokens_per_s"]
+    speed = f"steady {tps:.1f} tokens/s" if tps else "no steady step (all were warm-up: first step or new shape)"
     click.echo(f"wrote {out}: {len(doc['steps']['loss'])} steps, final loss {doc['steps']['loss'][-1]:.6f}, "
-               f"steady {t['steady_tokens_per_s'] or 0:.1f} tokens/s, peak " +
+               f"{speed}, peak " +
                "/".join(f"{m['peak_gib'][p]:.3f}" for p in ("forward", "backward", "optimizer")) +
                f" GiB fwd/bwd/opt ({m['kind']})")

@@ -77,3 +77,11 @@ def test_probe_logits_at_init_match_the_port_model(micro4):
     ms_logits = _logits_from_hf(micro4["model"]["hf_dir"], ids)
     ref = arrays.decode(micro4["probe"]["logits_initial"], "logits_initial")
     assert np.abs(ms_logits - ref).max() < 1e-4
+
+
+def test_bf16_mixed_path_runs_and_stays_near_fp32(micro4, tmp_path):
+    """The autocast path a CUDA baseline uses (fp32 master, bf16 compute), exercised on the CPU."""
+    doc = _run(tmp_path, "bf16", "cluster.device=ascend", "precision.compute_dtype=bfloat16", steps=1)
+    assert doc["settings"]["dtype"] == "bf16-mixed" and doc["loop"]["dtype"] == "bf16-mixed"
+    assert doc["steps"]["loss"][0] == pytest.approx(micro4["steps"]["loss"][0], rel=2e-2)
+    assert doc["steps"]["loss"][0] != micro4["steps"]["loss"][0]  # it really computed in bf16
