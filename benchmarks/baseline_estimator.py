@@ -60,9 +60,9 @@ def recipe_for(run: dict, variant: str):
 
 
 def phases(est: dict, recompute: bool, states: float) -> dict[str, float]:
-    act = est["activations_recompute"] if recompute else est["activations"]
-    w, g = est["weights"], est["gradients"]
-    return {"forward": w + states + act, "backward": w + states + g + act, "optimizer": w + states + g}
+    from porting.baseline.estimate import phase_estimate
+
+    return phase_estimate(est, recompute, states)
 
 
 def check() -> list[dict]:

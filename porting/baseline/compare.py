@@ -184,10 +184,29 @@ def compare(base_doc: dict, base_settings: dict, run: RunData, run_settings: dic
     for part in ("throughput", "memory"):
         if tm[part]["ok"] is False:
             failures.append(f"{part} ratio {tm[part]['ratio_run_over_baseline']} outside the bound asked for")
-    return {"format": "port-compare", "format_version": 1, "baseline": base_doc.get("_path"), "run": str(run.path),
+    est = estimator_vs_baseline(base_doc, run)
+    return {"format": "port-compare", "format_version": 1, "estimator": est, "baseline": base_doc.get("_path"), "run": str(run.path),
             "dtype": base_settings.get("dtype"), "tolerances": asdict(tol),
             "settings": {"differ": diff, "like_for_like": not key_diff},
             "loss": loss, "probe": pr, **tm, "failures": failures, "ok": not failures}
+
+
+def estimator_vs_baseline(base_doc: dict, run: RunData) -> dict[str, Any] | None:
+    """The run's dry-run memory estimate (plan.json) against the baseline's measured phase peaks."""
+    import json
+
+    from porting.baseline import estimate
+
+    p = run.path / "plan.json"
+    if not p.is_file():
+        return None
+    try:
+        plan = json.loads(p.read_text())
+        est = plan["memory_gib_by_phase"]
+        recompute = bool(plan.get("recompute", False))
+        return estimate.check(est, base_doc["memory"]["peak_gib"], recompute, base_doc["memory"].get("kind", "?"))
+    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        raise ConfigError(f"{p}: unreadable plan ({e!r}); expected the memory_gib_by_phase that `port train` writes") from None
 
 
 def run_settings(run: RunData) -> dict[str, Any]:
@@ -281,5 +300,14 @@ def render(rep: dict[str, Any], max_rows: int = 20) -> str:
               f"  baseline {_fmt(m['baseline_peak_gib'], '.3f')} GiB ({m['baseline_kind']})  run {_fmt(m['run_peak_gib'], '.3f')} GiB "
               f"({m['run_kind'] or 'not logged'})  ratio {_fmt(m['ratio_run_over_baseline'], '.3f')}"
               + ("" if m["same_kind"] else "  [different kinds of memory: not like for like]")]
+    est = rep.get("estimator")
+    if est:
+        note = "" if est["comparable"] else "  [baseline measured host RSS incl. runtime: indicative only]"
+        lines += ["", f"MEMORY ESTIMATE (run's plan.json) vs baseline measured peaks ({est['measured_kind']}){note}"]
+        for ph in ("forward", "backward", "optimizer"):
+            lines.append(f"  {ph:<10} estimate {est['estimate_gib'][ph]:>9.3f} GiB  measured {est['measured_gib'][ph]:>9.3f} GiB  "
+                         f"ratio {_fmt(est['ratio_estimate_over_measured'][ph], '.2f')}")
+        lines.append(f"  {'total':<10} estimate {est['estimate_total_gib']:>9.3f} GiB  measured max {est['measured_max_gib']:>5.3f} GiB  "
+                     f"ratio {_fmt(est['ratio_total_over_measured_max'], '.2f')}")
     lines += ["", "RESULT: " + ("PASS" if rep["ok"] else "FAIL: " + "; ".join(rep["failures"]))]
     return "\n".join(lines)

@@ -131,8 +131,15 @@ def document(req: BaselineRequest, recipe, hf_dir: Path, plan, res: LoopResult, 
 
     import torch
 
+    from model_zoo.config import LlamaConfig
+    from porting.baseline import estimate
+    from porting.train.plan import estimate_memory
+
     rd = recipe_dict(recipe)
     model = settings_mod.model_info(hf_dir)
+    peaks = {p: max(res.peak_gib[p]) for p in PHASES}
+    est_check = estimate.check(estimate_memory(LlamaConfig.from_hf(hf_dir), recipe), peaks, recipe.memory.recompute,
+                               meter_kind)
     n = len(res.loss)
     ver = versions()
     ver["packages"]["torch"] = torch.__version__
@@ -151,7 +158,7 @@ def document(req: BaselineRequest, recipe, hf_dir: Path, plan, res: LoopResult, 
         },
         "timing": res.timing(),
         "memory": {"kind": meter_kind, "per_phase": per_phase, "unit": "GiB", "weights_gib": res.weights_gib,
-                   "peak_gib": {p: max(res.peak_gib[p]) for p in PHASES},
+                   "peak_gib": peaks, "estimator_check": est_check,
                    "note": ("torch.cuda.max_memory_allocated, reset before each phase" if meter_kind.startswith("cuda")
                             else "host resident set (whole process) high-water mark, reset before each phase")},
         "probe": {"input_ids": probe.tolist(), "after_step": n, "source": "first row of step 1's first micro-batch",

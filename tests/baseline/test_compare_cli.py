@@ -66,6 +66,9 @@ def test_baseline_and_port_agree_in_fp32(work):
     assert pr["available"] and pr["source"].endswith("step_6") and pr["max_abs_diff"] < 1e-3
     assert pr["argmax_agreement"] == 1.0
     assert rep["throughput"]["ratio_run_over_baseline"] > 0 and rep["memory"]["same_kind"]
+    est = rep["estimator"]  # the run's plan.json against the baseline's measured peaks (host RSS: indicative)
+    assert est["comparable"] is False and est["measured_kind"] == "host_rss_hwm"
+    assert est["estimate_total_gib"] > 0 and est["ratio_total_over_measured_max"] > 0
 
 
 def test_human_table_and_a_real_divergence_fails(work, tmp_path):
