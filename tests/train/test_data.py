@@ -37,7 +37,7 @@ def test_alpaca_prompt_masked_and_truncation_counted(tok, alpaca):
     assert rep.format == "alpaca" and rep.rows == 999 and rep.bad_rows == 0
     # prompts longer than the limit leave nothing to learn from: counted and skipped
     assert rep.no_target > 0 and rep.examples == 999 - rep.no_target
-    assert rep.truncated == sum(1 for e in td.examples if e.length == 256) > 0
+    assert rep.truncated >= sum(1 for e in td.examples if e.length == 256) > 0
     row = json.loads(alpaca.read_text())[0]
     e = td.examples[0]
     prompt = r.data.prompt_template.format(instruction=row["instruction"])
