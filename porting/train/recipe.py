@@ -142,17 +142,9 @@ class Recipe(_Section):
 
     @model_validator(mode="after")
     def _consistent(self) -> "Recipe":
-        world = self.cluster.nodes * self.cluster.devices_per_node
-        if self.parallel.data_parallel is not None and self.parallel.data_parallel != world:
-            raise ValueError(f"parallel.data_parallel={self.parallel.data_parallel} but cluster.nodes x "
-                             f"cluster.devices_per_node = {world}; only data parallel is supported, so they "
-                             "must be equal (or leave data_parallel out)")
-        if self.cluster.device == "cpu" and (self.precision.param_dtype != "float32"
-                                             or self.precision.compute_dtype != "float32"):
-            raise ValueError("precision: the CPU trains in float32 only; set precision.param_dtype and "
-                             "precision.compute_dtype to float32 or cluster.device to ascend")
-        if self.data.long_text == "split" and self.data.format in ("alpaca", "chat"):
-            raise ValueError("data.long_text=split applies to plain text only; use truncate for instruction data")
+        problems = [msg for check, msg in _cross_checks(self) if check]
+        if problems:
+            raise ValueError("; ".join(problems))
         return self
 
     # ----------------------------------------------------------------- derived values
@@ -165,6 +157,25 @@ class Recipe(_Section):
         return self.batching.micro_batch_size * self.batching.grad_accum_steps * self.world_size
 
 
+def _cross_checks(r: Recipe) -> list[tuple[bool, str]]:
+    """(is it a problem, message) for rules that span sections; all are reported together."""
+    world = r.cluster.nodes * r.cluster.devices_per_node
+    return [
+        (r.parallel.data_parallel is not None and r.parallel.data_parallel != world,
+         f"parallel.data_parallel: {r.parallel.data_parallel} but cluster.nodes x cluster.devices_per_node = "
+         f"{world}; only data parallel is supported, so they must be equal (or leave data_parallel out)"),
+        (r.cluster.device == "cpu" and (r.precision.param_dtype != "float32" or r.precision.compute_dtype != "float32"),
+         "precision: the CPU trains in float32 only; set precision.param_dtype and precision.compute_dtype to "
+         "float32, or cluster.device to ascend"),
+        (r.data.long_text == "split" and r.data.format in ("alpaca", "chat"),
+         "data.long_text: split applies to plain text only; use truncate for instruction data"),
+        (r.parallel.comm_fusion.allreduce_mode == "size" and not isinstance(r.parallel.comm_fusion.allreduce_config, (int, float)),
+         "parallel.comm_fusion.allreduce_config: allreduce_mode=size needs a size in MB, e.g. 64"),
+        (r.parallel.comm_fusion.allreduce_mode == "index" and not isinstance(r.parallel.comm_fusion.allreduce_config, list),
+         "parallel.comm_fusion.allreduce_config: allreduce_mode=index needs a list of parameter indices"),
+    ]
+
+
 # --------------------------------------------------------------------- loading and overrides
 def _loc(err: dict) -> str:
     return ".".join(str(p) for p in err["loc"]) or "<recipe>"
@@ -174,6 +185,9 @@ def _format_errors(where: str, exc: ValidationError) -> str:
     parts = []
     for e in exc.errors():
         msg = e["msg"]
+        if e["type"] == "value_error" and not e["loc"]:
+            parts.append(msg.removeprefix("Value error, "))
+            continue
         if e["type"] == "extra_forbidden":
             msg = "unknown key (check the spelling; see docs/training.md for the schema)"
         elif e["type"] == "missing":
