@@ -88,6 +88,15 @@ def device_info(device: str, threads: int | None) -> dict[str, Any]:
             "torch_threads": threads or torch.get_num_threads()}
 
 
+def require_torch() -> None:
+    try:
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+    except ImportError as e:
+        raise ConfigError(f"port baseline needs PyTorch and transformers ({e}); install the torch extra: "
+                          "pip install 'port[torch]' (or a CUDA build of torch on a GPU machine)") from None
+
+
 def check_device(device: str) -> None:
     import torch
 
@@ -182,6 +191,7 @@ def run(req: BaselineRequest, log: Callable[[str], None] = lambda s: None) -> di
     if not out.parent.is_dir():
         raise ConfigError(f"--out {out}: folder {out.parent} does not exist; create it first")
     recipe = load_recipe(req.recipe, list(req.overrides))
+    require_torch()
     check_device(req.device)
     prec = settings_mod.precision(recipe.model_dump(mode="json"))
     if prec not in LOOP_DTYPES:
