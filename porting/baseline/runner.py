@@ -13,7 +13,6 @@ import hashlib
 import math
 import os
 import platform
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator

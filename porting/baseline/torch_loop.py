@@ -4,6 +4,8 @@ It does what the port's training step does, in PyTorch: for each optimizer step,
 summed token loss is divided by the step's TOTAL real-token count (all micro-batches, all data-parallel
 ranks) before backward, so micro-batches of different lengths weigh by their tokens; then the global
 gradient norm (before clipping), clipping, the scheduled learning rate and one AdamW step.
+Micro-batches are ``porting.train.data.MicroBatch`` (used through ``input_ids``, ``labels``, ``tokens``
+and ``real_tokens``), so this module itself does not depend on the recipe.
 """
 
 from __future__ import annotations
@@ -19,19 +21,6 @@ from porting.baseline.memory import PhaseMeter
 
 IGNORE_INDEX = -100
 PHASES = ("forward", "backward", "optimizer")
-
-
-@dataclass(frozen=True)
-class MicroBatch:
-    """One micro-batch as the port's data pipeline yields it (right-padded, labels -100 where masked)."""
-
-    input_ids: np.ndarray  # (B, S) int
-    labels: np.ndarray     # (B, S) int, IGNORE_INDEX where no loss is taken
-
-    @property
-    def tokens(self) -> int:
-        """Real target tokens: labels shift by one (position t predicts label t+1)."""
-        return int((self.labels[:, 1:] != IGNORE_INDEX).sum())
 
 
 @dataclass(frozen=True)
