@@ -118,7 +118,8 @@ def _ratio(num: float | None, den: float | None) -> float | None:
     return (num / den) if num is not None and den not in (None, 0) else None
 
 
-RUN_MEMORY_KEYS = (("device_peak_gib", "device"), ("host_rss_gib", "host_rss"))
+# metrics.jsonl memory fields, best first: a device peak, a host peak (VmHWM), host RSS at step end.
+RUN_MEMORY_KEYS = (("device_peak_gib", "device"), ("host_rss_peak_gib", "host_rss_hwm"), ("host_rss_gib", "host_rss"))
 
 
 def run_memory(run: RunData) -> tuple[float | None, str | None]:
@@ -155,7 +156,7 @@ def throughput_and_memory(base_doc: dict, run: RunData, tol: Tolerances) -> dict
 
 
 def _same_memory_kind(base_kind: str | None, run_kind: str | None) -> bool:
-    host = {"host_rss_hwm", "host_rss_process_peak", "host_rss"}
+    host = {"host_rss_hwm", "host_rss_process_peak", "host_rss"}  # "host_rss": sampled at step end, not a peak
     return (base_kind in host) == (run_kind in host) if base_kind and run_kind else False
 
 

@@ -71,6 +71,16 @@ def test_baseline_and_port_agree_in_fp32(work):
     assert est["estimate_total_gib"] > 0 and est["ratio_total_over_measured_max"] > 0
 
 
+def test_probe_from_the_hf_export_when_no_checkpoint(work, tmp_path):
+    """Without checkpoints/step_6 the probe comes from hf/ (the run ended at the baseline's last step)."""
+    run = tmp_path / "run"
+    shutil.copytree(work["run"], run, ignore=shutil.ignore_patterns("checkpoints"))
+    p = port("compare", str(work["base"]), str(run), "--json")
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    pr = json.loads(p.stdout)["probe"]
+    assert pr["available"] and pr["source"].endswith("hf") and pr["max_abs_diff"] < 1e-3
+
+
 def test_human_table_and_a_real_divergence_fails(work, tmp_path):
     ok = port("compare", str(work["base"]), str(work["run"]))
     assert ok.returncode == 0 and "settings: identical" in ok.stdout and "RESULT: PASS" in ok.stdout
