@@ -78,11 +78,13 @@ def loss_curve(base_doc: dict, run: RunData, tol: Tolerances) -> dict[str, Any]:
         s = int(rec["step"])
         if s not in base:
             continue
-        b, r = float(base[s]), float(rec["loss"])
+        # a non-finite loss is stored as null in the baseline: it compares as NaN, i.e. fails
+        b = float(base[s]) if base[s] is not None else math.nan
+        r = float(rec["loss"]) if rec["loss"] is not None else math.nan
         d = abs(r - b)
         ok = math.isfinite(r) and d <= tol.loss_atol + tol.loss_rtol * abs(b)
         gn_b, gn_r = base_gn.get(s), rec.get("grad_norm")
-        rows.append({"step": s, "baseline": b, "run": r, "abs_diff": d, "rel_diff": d / abs(b) if b else None,
+        rows.append({"step": s, "baseline": b, "run": r, "abs_diff": d, "rel_diff": d / abs(b) if b and math.isfinite(b) else None,
                      "grad_norm_baseline": gn_b, "grad_norm_run": gn_r,
                      "grad_norm_rel_diff": (abs(gn_r - gn_b) / abs(gn_b)) if gn_b and gn_r is not None else None,
                      "ok": ok})
