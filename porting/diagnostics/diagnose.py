@@ -48,8 +48,7 @@ COLLECTIVE_RE = re.compile(
     rb"all_reduce|all_gather|reduce_scatter|broadcast|barrier)\b[^\n]*?(?:tag\[([^\]]+)\])?", re.I)
 COLLECTIVE_LITERALS = (b"AllReduce", b"AllGather", b"ReduceScatter", b"Broadcast", b"AllToAll", b"Barrier",
                        b"all_reduce", b"all_gather", b"reduce_scatter", b"allreduce", b"allgather")
-ERROR_LITERALS = (b"ERROR", b"CRITICAL", b"EXCEPTION", b"Traceback", b"Error", b"error:", b"Exception",
-                  b"ERR0", b"ERR9", b"timed out", b"out of memory", b"Out of memory", b"OOM", b"\nE",
+ERROR_LITERALS = (b"ERR", b"CRITICAL", b"EXCEPTION", b"Traceback", b"rror", b"xception", b"timed out", b"out of memory", b"Out of memory", b"OOM", b"\nE",
                   b"Killed", b"Segmentation fault", b"core dumped", b"Heartbeat Lost", b"Stuck Occurred")
 ASCEND_CODE_RE = re.compile(rb"(?<![A-Za-z0-9])(E[0-9A-Z]\d{4})(?![0-9A-Za-z])")
 TORCH_NPU_RE = re.compile(rb"\bERR(\d\d)(\d{3})\b")
@@ -409,8 +408,11 @@ class _Scanner:
         samples: list[tuple[int, float]] = []
         found_last = False
         p = len(buf)
+        cap = buf.rfind(b"Step")  # capitalised form, searched once (rare in practice)
         while len(samples) < STEP_SAMPLES:
-            p = max(buf.rfind(b"step", 0, p), buf.rfind(b"Step", 0, p))
+            if cap >= p:
+                cap = buf.rfind(b"Step", 0, p)
+            p = max(buf.rfind(b"step", 0, p), cap)
             if p < 0:
                 break
             st, end = _line_bounds(buf, p)
