@@ -26,40 +26,48 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 STALL_STEP = 9000
 
 
-def generate(root: Path, ranks: int, lines: int, stalled: int, skew_host: int, per_host: int = 16) -> tuple[int, int]:
+def _write_rank(args: tuple[Path, int, int, int, int, int]) -> int:
+    logs, r, lines, stalled, skew_host, per_host = args
+    t0 = 1_795_000_000.0
+    steps = min(STALL_STEP, lines - lines // 10 - 2)
+    skew = 300.0 if r // per_host == skew_host else 0.0
+    out = []
+    step = 0
+    i = 0
+    while len(out) < lines - 2:
+        if i % 10 == 9:
+            t = t0 + step * 0.8 + 0.05 + skew
+            out.append(f"{_fmt(t)} rank={r} INFO dataloader queue=8 pinned=True\n")
+        elif step < steps:
+            step += 1
+            t = t0 + step * 0.8 + (r % 7) * 0.001 + skew
+            out.append(f"{_fmt(t)} rank={r} step={step} loss={2.0 + 1.0 / step:.4f} lr=1.00e-04 "
+                       f"grad_norm=0.8123 tokens_per_s=20345.1 step_time_s=0.800\n")
+        else:
+            t = t0 + step * 0.8 + 1 + skew
+            out.append(f"{_fmt(t)} rank={r} INFO waiting for step {step + 1} batch\n")
+        i += 1
+    if r != stalled:
+        t = t0 + step * 0.8 + 1800 + skew
+        out.append(f"{_fmt(t)} rank={r} ERROR collective AllReduce timed out after 1800 s waiting for peers "
+                   f"(HCCL_EXEC_TIMEOUT) ERR02200\n")
+    (logs / f"rank_{r}.log").write_text("".join(out))
+    return len(out)
+
+
+def generate(root: Path, ranks: int, lines: int, stalled: int, skew_host: int,
+             per_host: int = 16) -> tuple[int, int]:
+    """Rank logs in parallel (not timed). The ranks of host ``skew_host`` run 300 s ahead."""
+    from concurrent.futures import ProcessPoolExecutor
+
     logs = root / "logs"
     if logs.exists():
         shutil.rmtree(logs)
     logs.mkdir(parents=True)
-    t0 = 1_795_000_000.0
-    steps = min(STALL_STEP, lines - lines // 10 - 2)
-    total = 0
-    for r in range(ranks):
-        skew = 300.0 if r // per_host == skew_host else 0.0
-        out = []
-        step = 0
-        i = 0
-        last_step = steps if r != stalled else steps
-        while len(out) < lines - 2:
-            if i % 10 == 9:
-                t = t0 + step * 0.8 + 0.05 + skew
-                out.append(f"{_fmt(t)} rank={r} INFO dataloader queue=8 pinned=True\n")
-            elif step < last_step:
-                step += 1
-                t = t0 + step * 0.8 + (r % 7) * 0.001 + skew
-                out.append(f"{_fmt(t)} rank={r} step={step} loss={2.0 + 1.0 / step:.4f} lr=1.00e-04 "
-                           f"grad_norm=0.8123 tokens_per_s=20345.1 step_time_s=0.800\n")
-            else:
-                t = t0 + step * 0.8 + 1 + skew
-                out.append(f"{_fmt(t)} rank={r} INFO waiting for step {step + 1} batch\n")
-            i += 1
-        if r != stalled:
-            t = t0 + step * 0.8 + 1800 + skew
-            out.append(f"{_fmt(t)} rank={r} ERROR collective AllReduce timed out after 1800 s waiting for peers "
-                       f"(HCCL_EXEC_TIMEOUT) ERR02200\n")
-        (logs / f"rank_{r}.log").write_text("".join(out))
-        total += len(out)
-    return total, steps
+    with ProcessPoolExecutor() as pool:
+        total = sum(pool.map(_write_rank, [(logs, r, lines, stalled, skew_host, per_host) for r in range(ranks)],
+                             chunksize=64))
+    return total, min(STALL_STEP, lines - lines // 10 - 2)
 
 
 def _fmt(t: float) -> str:
@@ -86,25 +94,32 @@ def main() -> int:
     ap.add_argument("--ranks", type=int, default=4096)
     ap.add_argument("--lines", type=int, default=10000)
     ap.add_argument("--dir", default="/tmp/port_diag_bench")
-    ap.add_argument("--keep", action="store_true")
+    ap.add_argument("--keep", action="store_true", help="keep the generated logs")
+    ap.add_argument("--reuse", action="store_true", help="reuse logs kept by an earlier --keep run")
     args = ap.parse_args()
     root = Path(args.dir)
     stalled = args.ranks * 2 // 3
     t = time.perf_counter()
-    total, last_step = generate(root, args.ranks, args.lines, stalled, skew_host=1)
+    logs = root / "logs"
+    if args.reuse and logs.is_dir() and len(os.listdir(logs)) == args.ranks:
+        total, last_step = -1, min(STALL_STEP, args.lines - args.lines // 10 - 2)
+    else:
+        total, last_step = generate(root, args.ranks, args.lines, stalled, skew_host=1)
     print(f"generated {args.ranks} ranks x ~{args.lines} lines ({total:,} lines) in {time.perf_counter() - t:.1f} s")
     ref_s, nlines, size = read_all(root / "logs")
-    print(f"reference (read + count lines): {ref_s:.2f} s, {nlines:,} lines, {size / 2**30:.2f} GiB")
+    print(f"reference (read + count lines): {ref_s:.2f} s, {nlines:,} lines, {size / 2**30:.2f} GiB", flush=True)
 
     from porting.diagnostics.diagnose import diagnose
 
+    base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # imports (model_zoo pulls MindSpore)
     t = time.perf_counter()
     d = diagnose(root / "logs")
     wall = time.perf_counter() - t
     self_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     child_rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     print(f"diagnose: {wall:.2f} s wall ({wall / ref_s:.2f}x the read-only reference), "
-          f"peak RSS parent {self_rss:.0f} MiB, largest worker {child_rss:.0f} MiB")
+          f"peak RSS parent {self_rss:.0f} MiB ({self_rss - base_rss:+.0f} MiB over the {base_rss:.0f} MiB after "
+          f"imports), largest worker {child_rss:.0f} MiB", flush=True)
     print(f"verdict: rank {d['first_failing_rank']} last step {d['last_step']} ({d['reason_kind']}); "
           f"skew warnings: {sum('clock differs' in w for w in d['warnings'])}")
     ok = d["first_failing_rank"] == stalled and d["last_step"] == last_step and wall <= 60
