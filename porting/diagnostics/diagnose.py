@@ -34,7 +34,8 @@ MAX_LINE = 4096          # characters kept of one line
 MAX_EVENTS_PER_FILE = 24  # error events kept per file (the first ones; the rest are counted)
 STEP_SAMPLES = 32        # last step timestamps kept per file for clock-skew estimation
 SKEW_MIN_S = 2.0         # offsets below this are clock noise, not skew
-BINARY_NUL_FRACTION = 0.01
+BINARY_FRACTION = 0.05   # control bytes (not tab/newline/CR/ESC) above this share of the head = binary
+_TEXT_BYTES = bytes([9, 10, 13, 27]) + bytes(range(32, 127)) + bytes(range(128, 256))
 
 # ---------------------------------------------------------------------------------------------
 # Line grammar, as data.
@@ -95,6 +96,8 @@ CLASS_RULES: tuple[tuple[re.Pattern, str, str, str], ...] = (
     (re.compile(rb"Segmentation fault|core dumped|\bKilled\b|SIGKILL|SIGSEGV|SIGABRT"), "crash", "cause",
      "process crashed or was killed"),
     (re.compile(rb"Traceback \(most recent call last\)"), "exception", "cause", "Python exception"),
+    (re.compile(rb"(?:^|[\s:\]])(?:[a-z_][\w]*\.)*[A-Z]\w*(?:Error|Exception):"), "exception", "cause",
+     "Python exception"),
 )
 GENERIC_ERROR = ("error", "cause", "error line")
 
@@ -475,8 +478,8 @@ def scan_file(root: str, rel: str) -> FileScan:
             if not head:
                 scan.problem = "empty file"
                 return scan
-            if head.count(b"\0") > BINARY_NUL_FRACTION * len(head):
-                scan.problem = "binary content (NUL bytes), skipped"
+            if len(head.translate(None, _TEXT_BYTES)) > BINARY_FRACTION * len(head):
+                scan.problem = "binary content (control bytes), skipped"
                 return scan
             if scan.rank is None and kind != "msrun_scheduler":
                 scan.rank = _rank_from_content(head)

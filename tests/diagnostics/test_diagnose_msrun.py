@@ -1,0 +1,101 @@
+"""`port diagnose` on logs of REAL msrun data-parallel jobs on the CPU, one rank made to stall or raise.
+
+The fixture program (dp_fault_job.py) does a real AllReduce per step. Measured on 2 cores: with the
+defaults a stalled rank makes the job fail after ~75 s (the CPU collective times out after ~30 s,
+the scheduler declares the node lost ~30 s later); MS_CPU_COMM_OP_TIMEOUT=8 and MS_NODE_TIMEOUT=10
+bring it to ~30 s. Both jobs run concurrently to keep the module near 40 s.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+JOB = Path(__file__).with_name("dp_fault_job.py")
+pytestmark = [pytest.mark.slow, pytest.mark.msrun]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(logdir: Path, fault: str) -> subprocess.Popen:
+    env = dict(os.environ, MS_CPU_COMM_OP_TIMEOUT="8", MS_NODE_TIMEOUT="10", GLOG_v="2")
+    # msrun runs the `python` found on PATH: put this interpreter's directory first
+    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+    msrun = shutil.which("msrun", path=env["PATH"])
+    cmd = [msrun, "--worker_num=2", "--local_worker_num=2", f"--master_port={free_port()}",
+           f"--log_dir={logdir}", "--join=True", "--cluster_time_out=20",
+           str(JOB), "--steps", "5", "--fault-rank", "1", "--fault-step", "3", "--fault", fault]
+    return subprocess.Popen(cmd, cwd=logdir.parent, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory):
+    if shutil.which("msrun", path=str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")) is None:
+        pytest.skip("msrun not installed (comes with mindspore)")
+    base = tmp_path_factory.mktemp("msrun")
+    dirs = {f: base / f / "logs" for f in ("stall", "raise")}
+    for d in dirs.values():
+        d.parent.mkdir()
+    t0 = time.monotonic()
+    procs = {f: launch(d, f) for f, d in dirs.items()}
+    results = {}
+    for f, p in procs.items():
+        try:
+            out, _ = p.communicate(timeout=85)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, 9)
+            out, _ = p.communicate()
+            pytest.fail(f"msrun {f} job did not finish in 85 s:\n{out.decode(errors='replace')[-2000:]}")
+        results[f] = (p.returncode, out.decode(errors="replace"), time.monotonic() - t0)
+    return dirs, results
+
+
+def diagnose_cli(logdir: Path) -> dict:
+    r = subprocess.run([sys.executable, "-m", "porting", "diagnose", str(logdir), "--json"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def test_stalled_rank_is_named_not_the_rank_the_scheduler_blames(jobs):
+    dirs, results = jobs
+    rc, out, secs = results["stall"]
+    assert rc != 0, "the stalled job must fail"
+    print(f"stalled job failed after {secs:.0f} s")
+    d = diagnose_cli(dirs["stall"])
+    assert d["formats"] == {"msrun_scheduler": 1, "msrun_worker": 2}
+    assert d["first_failing_rank"] == 1
+    assert d["last_step"] == 2
+    assert d["reason_kind"] == "stall"
+    rows = {r["rank"]: r for r in d["ranks"]}
+    assert rows[0]["status"] == "timed out (consequence)" and rows[0]["last_step"] == 2
+    assert rows[0]["first_error"]["kind"] == "comm_timeout"
+    assert rows[1]["first_error"] is None
+    # msrun's scheduler reports rank 0 (the one that waited) as timed out: a consequence
+    assert d["scheduler"]["timed_out_ranks"] == [0]
+    assert "consequences" in d["reason"]
+
+
+def test_raising_rank_is_the_cause_and_the_exception_is_quoted(jobs):
+    dirs, results = jobs
+    rc, out, secs = results["raise"]
+    assert rc != 0
+    d = diagnose_cli(dirs["raise"])
+    assert d["first_failing_rank"] == 1 and d["last_step"] == 2
+    assert d["reason_kind"] == "exception"
+    assert "RuntimeError: injected failure on rank 1 at step 3" in d["reason"]
+    assert "worker_1.log" in d["reason"]
