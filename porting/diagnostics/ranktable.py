@@ -413,10 +413,16 @@ def recipe_cluster(path: str | os.PathLike) -> tuple[int | None, int | None]:
     cluster = (data or {}).get("cluster") if isinstance(data, dict) else None
     if not isinstance(cluster, dict):
         raise DiagnosticsError(f"{p}: no 'cluster' section; expected cluster.nodes and cluster.cards_per_node "
+                               f"(or devices_per_node) "
                                f"(or pass --nodes/--cards-per-node)")
     vals = []
-    for key in ("nodes", "cards_per_node"):
-        v = cluster.get(key)
+    # `port train` recipes call it devices_per_node; the spelling is cards_per_node
+    for key, alias in (("nodes", "nodes"), ("cards_per_node", "devices_per_node")):
+        if key in cluster and alias != key and alias in cluster and cluster[key] != cluster[alias]:
+            raise DiagnosticsError(f"{p}: cluster.{key}={cluster[key]!r} and cluster.{alias}={cluster[alias]!r} "
+                                   f"disagree; keep one")
+        v = cluster.get(key, cluster.get(alias))
+        key = key if key in cluster or alias not in cluster else alias
         if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
             raise DiagnosticsError(f"{p}: cluster.{key} is {v!r}; expected a positive integer")
         vals.append(v)
