@@ -285,8 +285,15 @@ def _classify_line(line: bytes) -> tuple[str, str, str, str | None, tuple[int, .
 MS_PREFIX_RE = re.compile(rb"^\[(\w+)\]\s*(\w+)\([^)]*\):\S+\s+\[([^\]:]+?)(?::(\d+))?\]\s*(?:\[?\d+\]?\s*)?")
 
 
+PORT_PREFIX_RE = re.compile(rb"^\d{4}-\d\d-\d\d[T ][\d:.,]+\s+rank=\d+\s+(?:level=)?(?:ERROR|CRITICAL|WARNING|INFO)?\s*")
+
+
 def _clean(line: bytes) -> bytes:
-    """A MindSpore/CANN line without its level/pid/timestamp prefix: 'MODULE file.cc:N message'."""
+    """A log line without its level/pid/timestamp prefix ('MODULE file.cc:N message' for
+    MindSpore/CANN lines, the message for `port train` lines)."""
+    pm = PORT_PREFIX_RE.match(line)
+    if pm:
+        return line[pm.end():].strip()
     m = MS_PREFIX_RE.match(line)
     if not m:
         return line.strip()
