@@ -74,6 +74,11 @@ def _fmt(t: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int((t % 1) * 1000):03d}"
 
 
+def _cpu_s() -> float:
+    a, b = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return a.ru_utime + a.ru_stime + b.ru_utime + b.ru_stime
+
+
 def read_all(logs: Path) -> tuple[float, int, int]:
     t = time.perf_counter()
     n = 0
@@ -112,9 +117,14 @@ def main() -> int:
     from porting.diagnostics.diagnose import diagnose
 
     base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # imports (model_zoo pulls MindSpore)
+    load0 = os.getloadavg()[0]
+    cpu0 = _cpu_s()
     t = time.perf_counter()
     d = diagnose(root / "logs")
     wall = time.perf_counter() - t
+    cpu = _cpu_s() - cpu0
+    print(f"load average (1 min) before/after: {load0:.1f}/{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; "
+          f"diagnose used {cpu:.1f} CPU-s (parent + workers) = {cpu / min(os.cpu_count() or 1, 8):.1f} s on idle cores")
     self_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     child_rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     print(f"diagnose: {wall:.2f} s wall ({wall / ref_s:.2f}x the read-only reference), "
