@@ -176,9 +176,41 @@ def rows_operators(run: RunData) -> list[Row]:
         desc = ", ".join(f"{k}={v.get('impl') if isinstance(v, dict) else v}" for k, v in ks.items())
         out.append(Row("operators", "MindSpore kernel plan", INFO, desc, "plan.json/manifest.json"))
     else:
-        out.append(Row("operators", "MindSpore kernel plan", MISSING, "no kernel plan recorded",
-                       "port ops zoo --hf MODEL --device Ascend"))
+        derived = _derived_kernel_plan(run)
+        out.append(derived or Row("operators", "MindSpore kernel plan", MISSING, "no kernel plan recorded",
+                                  "port ops zoo --hf MODEL --device Ascend"))
     return out
+
+
+DEVICES = {"cpu": "CPU", "ascend": "Ascend", "npu": "Ascend", "gpu": "GPU"}
+
+
+def _derived_kernel_plan(run: RunData) -> Row | None:
+    """The plan `model_zoo.kernels.select_kernels` gives the manifest's model config on the run's
+    device and on Ascend (same rule the model used when it was built)."""
+    m = run.manifest or {}
+    cfg_dict = (m.get("model") or {}).get("config")
+    recipe = m.get("recipe") or {}
+    if not isinstance(cfg_dict, dict):
+        return None
+    from model_zoo.config import LlamaConfig
+    from model_zoo.errors import PortingError
+    from model_zoo.kernels import select_kernels
+
+    device = DEVICES.get(str((recipe.get("cluster") or {}).get("device", "")).lower())
+    dtype = str((recipe.get("precision") or {}).get("compute_dtype") or "bfloat16")
+    try:
+        cfg = LlamaConfig.from_hf(cfg_dict)
+        parts = []
+        for dev, dt in ((device, dtype), ("Ascend", "bfloat16")):
+            if dev is None or (parts and dev == device and dt == dtype):
+                continue
+            plan = select_kernels(cfg, device=dev, compute_dtype=dt)
+            parts.append(f"on {dev} ({dt}): " + ", ".join(f"{c.kernel}={c.impl}" for c in plan.choices()))
+    except (PortingError, TypeError, ValueError, KeyError) as e:
+        return Row("operators", "MindSpore kernel plan", MISSING, f"model config not usable: {e}", "manifest.json")
+    return Row("operators", "MindSpore kernel plan", INFO, "; ".join(parts),
+               "manifest.json model.config + recipe (model_zoo.kernels.select_kernels)")
 
 
 def _cluster(run: RunData) -> tuple[int | None, int | None, int | None]:

@@ -172,3 +172,39 @@ def test_html_renders_in_headless_chromium(tmp_path):
     r = subprocess.run(args + [f"--screenshot={shot}", "--window-size=1200,1600", page.as_uri()],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and shot.stat().st_size > 20_000  # a rendered page, not a blank one
+
+
+@pytest.mark.slow
+def test_end_to_end_real_port_train_run(tmp_path):
+    """A real `port train` run (stories260K on TinyStories, 20 steps on this CPU), the real ops scan
+    written next to it, then the report: every row that run can fill is filled."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    if not (root / "porting" / "cli" / "train.py").is_file():
+        pytest.skip("port train is not on this branch")
+    run = tmp_path / "run"
+    r = subprocess.run([sys.executable, "-m", "porting", "train", "recipes/tiny-cpu.yaml", "--set",
+                        f"output_dir={run}"], cwd=root, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    from click.testing import CliRunner
+
+    from porting.cli import main
+
+    res = CliRunner().invoke(main, ["ops", "scan", "--hf", "stories260k", "--out", str(run / "ops_scan.json")])
+    assert res.exit_code == 0, res.output
+    rep = make_report(run)
+    rows = rows_by_item(rep)
+    assert rows["training loss"]["status"] == "pass"
+    assert rows["run at 1 device"]["status"] == "pass" and "finished" in rows["run at 1 device"]["value"]
+    assert rows["checkpoints"]["status"] == "pass" and rows["HF export"]["status"] == "pass"
+    assert rows["torch_npu coverage (port ops scan)"]["status"] == "pass"
+    assert "on CPU (float32): attention=reference" in rows["MindSpore kernel plan"]["value"]
+    assert rows["log diagnosis (port diagnose)"]["status"] == "pass"
+    assert rows["peak memory by phase (plan estimate)"]["status"] == "pass"
+    assert "tokens/s" in rows["throughput (steady)"]["value"]
+    assert rows["compile vs steady"]["value"].startswith("compile ")
+    assert rows["versions"]["status"] == "info"
+    html = (run / "report" / "report.html").read_text()
+    assert html.count("<svg") == 3 and "polyline" in html
