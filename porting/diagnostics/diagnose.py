@@ -700,6 +700,11 @@ def decide(views: dict[int | str, RankView], sched_timed_out: list[int], sched_f
         others = [v for v in timed_out if v is not first]
         ev = [first.first_consequence.as_dict(first.offset)] if first.first_consequence else []
         ev += [v.first_consequence.as_dict(v.offset) for v in others[:3]]
+        if why == "stalled" and not first.files:
+            reason = (f"no output: no log for this rank (never started, or its node or logs were lost); "
+                      f"{len(others)} other rank(s) timed out in a collective waiting for it")
+            return {"first_failing_rank": first.rank, "last_step": None, "reason": reason,
+                    "reason_kind": "no_output", "evidence": ev}
         if why == "stalled":
             at = fmt_ts(_t(first.last_ts, first.offset))
             step_txt = f"after step {first.last_step}" if first.last_step is not None else "before its first step"
@@ -738,8 +743,26 @@ def _status(v: RankView, verdict_rank: int | str | None) -> str:
     return "no error"
 
 
-def diagnose(logdir: str | os.PathLike, jobs: int | None = None) -> dict:
-    """Diagnose a job's logs; the returned dict is what ``--json`` prints."""
+def _add_missing_ranks(views: dict[int | str, RankView], world_size: int | None, warnings: list[str]) -> None:
+    seen = sorted(k for k in views if isinstance(k, int))
+    if world_size is not None:
+        extra = [r for r in seen if r >= world_size]
+        if extra:
+            warnings.append(f"logs name rank(s) {extra[:8]} outside --world-size {world_size}")
+        missing = [r for r in range(world_size) if r not in views]
+        for r in missing:
+            views[r] = RankView(r, [], 0, None, None, None, None, None, None, None, None, None, 0)
+        if missing:
+            warnings.append(f"no log for rank(s) {missing[:16]} of world size {world_size}")
+    elif len(seen) >= 2:
+        gaps = sorted(set(range(seen[-1] + 1)) - set(seen))
+        if gaps:
+            warnings.append(f"no log for rank(s) {gaps[:16]} (ranks 0..{seen[-1]} expected; pass --world-size)")
+
+
+def diagnose(logdir: str | os.PathLike, jobs: int | None = None, world_size: int | None = None) -> dict:
+    """Diagnose a job's logs; the returned dict is what ``--json`` prints. With ``world_size``,
+    ranks without any log count as silent (no output)."""
     logdir = Path(logdir)
     scans, walk_problems = scan_dir(logdir, jobs)
     readable = [sc for sc in scans if not sc.problem]
@@ -754,6 +777,7 @@ def diagnose(logdir: str | os.PathLike, jobs: int | None = None) -> dict:
                                f"these are text logs")
     _ranks_from_pids(readable)
     views = merge_ranks(readable)
+    _add_missing_ranks(views, world_size, warnings)
     offsets = clock_offsets(readable)
     for key, off in offsets.items():
         if key in views:

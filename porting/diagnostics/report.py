@@ -389,8 +389,9 @@ def build_rows(run: RunData) -> tuple[list[Row], dict | None]:
     if (run.root / "logs").is_dir():
         from porting.diagnostics.diagnose import diagnose
 
+        _, _, world = _cluster(run)
         try:
-            diag = diagnose(run.root / "logs", jobs=1)
+            diag = diagnose(run.root / "logs", jobs=1, world_size=world if isinstance(world, int) else None)
         except DiagnosticsError as e:
             run.problems.append(f"logs/: {e}")
     rows = (rows_correctness(run) + rows_operators(run) + rows_stability(run, diag) + rows_communication(run, diag)

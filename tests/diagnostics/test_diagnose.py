@@ -194,3 +194,16 @@ def test_cli_json_has_the_contract_fields(tmp_path):
     assert not list(tmp_path.glob("*.tmp"))
     r = run_cli("diagnose", "--help")
     assert "Examples:" in r.stdout
+
+
+def test_rank_without_any_log_is_no_output(tmp_path):
+    logs = tmp_path / "logs"
+    write_port_rank_logs(logs, skew={}, events={r: (6, 1800.0, "ERROR collective AllReduce timed out")
+                                                for r in (0, 1, 3)})
+    (logs / "rank_2.log").unlink()
+    d = diagnose(logs)
+    assert any("no log for rank(s) [2]" in w for w in d["warnings"])
+    d = diagnose(logs, world_size=4)
+    assert d["first_failing_rank"] == 2 and d["reason_kind"] == "no_output" and d["last_step"] is None
+    r = run_cli("diagnose", str(logs), "--world-size", "4", "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["first_failing_rank"] == 2
