@@ -99,3 +99,73 @@ def test_raising_rank_is_the_cause_and_the_exception_is_quoted(jobs):
     assert d["reason_kind"] == "exception"
     assert "RuntimeError: injected failure on rank 1 at step 3" in d["reason"]
     assert "worker_1.log" in d["reason"]
+
+
+def _worker_pid(run: Path, rank: int) -> int | None:
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            cmd = (d / "cmdline").read_bytes().split(b"\0")
+            if not any(c.endswith(b"worker.py") for c in cmd) or str(run).encode() not in b" ".join(cmd):
+                continue
+            env = (d / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"RANK_ID={rank}".encode() in env:
+            return int(d.name)
+    return None
+
+
+def test_real_port_train_job_with_a_frozen_rank(tmp_path):
+    """A real 2-worker `port train` job (msrun) where rank 1 is frozen with SIGSTOP after its first
+    step: rank 0 times out in AllReduce, msrun stops the job, and diagnose names rank 1."""
+    import signal
+
+    if not (ROOT / "porting" / "cli" / "train.py").is_file():
+        pytest.skip("port train is not on this branch")
+    run = tmp_path / "run"
+    env = dict(os.environ, MS_CPU_COMM_OP_TIMEOUT="8", MS_NODE_TIMEOUT="10")
+    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+    proc = subprocess.Popen([sys.executable, "-m", "porting", "train", "recipes/tiny-cpu.yaml", "--set",
+                             f"output_dir={run}", "--set", "cluster.devices_per_node=2",
+                             "--set", f"cluster.master_port={free_port()}"],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    frozen = None
+    try:
+        deadline = time.monotonic() + 120
+        log1 = run / "logs" / "rank_1.log"
+        while time.monotonic() < deadline and proc.poll() is None:
+            if log1.is_file() and " step 1/" in log1.read_text(errors="replace"):
+                frozen = _worker_pid(run, 1)
+                if frozen:
+                    os.kill(frozen, signal.SIGSTOP)
+                    break
+            time.sleep(0.05)
+        assert frozen, "rank 1 never logged its first step"
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+        if frozen:
+            try:
+                os.kill(frozen, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    assert proc.returncode != 0, out.decode(errors="replace")[-2000:]
+    last1 = max(int(line.split(" step ")[1].split("/")[0]) for line in log1.read_text().splitlines()
+                if " INFO step " in line)
+    d = diagnose_cli_args(run / "logs", "--world-size", "2")
+    assert d["first_failing_rank"] == 1 and d["last_step"] == last1 and d["reason_kind"] == "stall"
+    rows = {r["rank"]: r for r in d["ranks"]}
+    assert rows[0]["status"] == "timed out (consequence)" and rows[0]["last_step"] >= last1
+    assert d["formats"]["port_rank"] == 2 and d["formats"]["msrun_worker"] == 2
+
+
+def diagnose_cli_args(logdir: Path, *extra: str) -> dict:
+    r = subprocess.run([sys.executable, "-m", "porting", "diagnose", str(logdir), "--json", *extra], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
