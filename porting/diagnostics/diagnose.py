@@ -54,7 +54,7 @@ COLLECTIVE_RE = re.compile(
 # "HcomAllReduce", "Entry-HcomAllGather" contain the collective names.
 COLLECTIVE_LITERALS = (b"AllReduce", b"AllGather", b"ReduceScatter", b"Broadcast", b"AllToAll")
 ERROR_LITERALS = (b"ERR", b"CRITICAL", b"EXCEPTION", b"Traceback", b"Error", b"Exception", b"OOM", b"\nE",
-                  b"Killed", b"Segmentation fault", b"Aborted", b"Out of memory")
+                  b"Killed", b"Segmentation fault", b"Aborted", b"Out of memory", b"Kill this process")
 # Error and collective literals in one pass. A plain alternation keeps the engine's first-character
 # filter (named groups disable it: 10x slower, measured); the matched text says which kind it is.
 SCAN_RE = re.compile(b"|".join(re.escape(x) for x in ERROR_LITERALS + COLLECTIVE_LITERALS))
@@ -89,6 +89,8 @@ CLASS_RULES: tuple[tuple[re.Pattern, str, str, str], ...] = (
     (re.compile(rb"out of memory|\bOOM\b|rtMalloc|207001|Malloc device memory failed|MemoryError|"
                 rb"Failed to allocate memory|alloc(?:ate)? .*memory failed", re.I), "oom", "cause", "out of memory"),
     (re.compile(rb"Cluster Exception Location"), "comm_fault_report", "consequence", "HCCL located a faulty rank"),
+    (re.compile(rb"Callback on exception is called|Kill this process with SIGTERM"), "cluster_abort", "consequence",
+     "terminated by the cluster after another node failed"),
     (re.compile(rb"Ring \w+ wait receiving|AllReduceCPUKernelMod launch failed|"
                 rb"Launch kernel failed, name:\S*(?:AllReduce|AllGather|Broadcast|ReduceScatter)|"
                 rb"notify wait|Notify register times out|connected p2p timeout|socket times out|"
@@ -305,7 +307,7 @@ def _clean(line: bytes) -> bytes:
 def _is_error_line(line: bytes) -> bool:
     lv = LEVEL_RE.match(line)
     if lv:
-        return lv.group(1) in (b"ERROR", b"CRITICAL", b"EXCEPTION")
+        return lv.group(1) in (b"ERROR", b"CRITICAL", b"EXCEPTION") or b"Kill this process with SIGTERM" in line
     pl = PORT_LEVEL_RE.search(line)
     if pl:
         return pl.group(1) in (b"ERROR", b"CRITICAL")
@@ -316,7 +318,7 @@ def _is_error_line(line: bytes) -> bool:
     if ASCEND_CODE_RE.match(line.lstrip()) or TORCH_NPU_RE.search(line):
         return True
     return bool(re.search(rb"out of memory|Segmentation fault|core dumped|^Killed|Heartbeat Lost|Stuck Occurred|"
-                          rb"\bERROR\b|timed out", line, re.I))
+                          rb"\bERROR\b|timed out|Kill this process with SIGTERM", line, re.I))
 
 
 def _exception_summary(buf: bytes, start: int) -> tuple[bytes, int] | None:
@@ -351,6 +353,11 @@ class _Scanner:
             if m:
                 s.first_ts = parse_ts(m)
         # error events (forward, literal searches)
+        if s.kind == "msrun_scheduler":  # small file: read its verdict lines directly
+            s.sched_timed_out += [int(x) for x in SCHED_TIMEOUT_RE.findall(buf)]
+            sf = SCHED_FIRST_RE.search(buf)
+            if sf and s.sched_first is None:
+                s.sched_first = int(sf.group(1))
         hits: set[int] = set()
         last_coll = -1
         for m in SCAN_RE.finditer(buf):
@@ -373,12 +380,6 @@ class _Scanner:
                     s.codes[c.decode()] += 1
             for c in TORCH_NPU_RE.finditer(line):
                 s.codes["ERR" + c.group(1).decode() + c.group(2).decode()] += 1
-            sm = SCHED_TIMEOUT_RE.search(line)
-            if sm:
-                s.sched_timed_out.append(int(sm.group(1)))
-            sf = SCHED_FIRST_RE.search(line)
-            if sf:
-                s.sched_first = int(sf.group(1))
             if len(s.events) >= MAX_EVENTS_PER_FILE:
                 continue
             text = line
@@ -709,15 +710,29 @@ def decide(views: dict[int | str, RankView], sched_timed_out: list[int], sched_f
             at = fmt_ts(_t(first.last_ts, first.offset))
             step_txt = f"after step {first.last_step}" if first.last_step is not None else "before its first step"
             reason = (f"stalled: no progress {step_txt} and no error of its own (last output {at}); "
-                      f"{len(others)} other rank(s) then timed out in a collective waiting for it")
+                      f"{len(others)} other rank(s) then timed out or were stopped waiting for it")
         else:
             reason = f"{why}: first timeout {first.first_consequence.text[:200]}"
-        if sched_timed_out and first.rank not in sched_timed_out:
+        if sched_timed_out and first.rank in sched_timed_out:
+            reason += "; msrun's scheduler also lost its heartbeat"
+        elif sched_timed_out and first.rank not in sched_timed_out:
             reason += (f"; msrun's scheduler named rank(s) {sorted(set(sched_timed_out))} as timed out"
                        + (f" (worker {sched_first} 'first')" if sched_first is not None else "")
                        + ": those are consequences")
         return {"first_failing_rank": first.rank, "last_step": first.last_step, "reason": reason,
                 "reason_kind": "stall" if why == "stalled" else "comm_timeout", "evidence": ev}
+    if sched_timed_out:
+        # nobody logged an error, but the scheduler lost some nodes' heartbeats: a frozen or killed
+        # process (its heartbeat thread stops too), or a lost host
+        pool = [views[r] for r in sorted(set(sched_timed_out)) if r in views] or []
+        pick = sched_first if sched_first in views else (pool[0].rank if pool else sorted(set(sched_timed_out))[0])
+        v = views.get(pick)
+        step = v.last_step if v else None
+        return {"first_failing_rank": pick, "last_step": step,
+                "reason": (f"lost: msrun's scheduler declared rank {pick} timed out (no heartbeat: the process froze, "
+                           f"was killed, or its host was lost) and no rank logged an error of its own"
+                           + (f"; last progress step {step}" if step is not None else "")),
+                "reason_kind": "lost", "evidence": []}
     # no errors anywhere: the rank with the lowest progress stopped first (if progress differs)
     with_steps = [v for v in ranks if v.last_step is not None]
     if with_steps and len({v.last_step for v in with_steps}) > 1:

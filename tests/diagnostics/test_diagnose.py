@@ -207,3 +207,37 @@ def test_rank_without_any_log_is_no_output(tmp_path):
     assert d["first_failing_rank"] == 2 and d["reason_kind"] == "no_output" and d["last_step"] is None
     r = run_cli("diagnose", str(logs), "--world-size", "4", "--json")
     assert r.returncode == 0 and json.loads(r.stdout)["first_failing_rank"] == 2
+
+
+def _ms(level: str, module: str, pid: int, t: float, where: str, msg: str) -> str:
+    import time as _time
+
+    stamp = _time.strftime("%Y-%m-%d-%H:%M:%S", _time.gmtime(t)) + f".{int((t % 1) * 1000):03d}.000"
+    return f"[{level}] {module}({pid},7f00,python):{stamp} [{where}] {msg}"
+
+
+def test_scheduler_names_the_lost_rank_when_nobody_logged_an_error(tmp_path):
+    # msrun-format logs of a job whose rank 1 froze (its heartbeat stopped with it): no worker logs an
+    # error; the scheduler names rank 1. Rank 0 was killed by the cluster callback.
+    t0 = 1_795_000_000.0
+    (tmp_path / "worker_0.log").write_text("\n".join([
+        _ms("WARNING", "DISTRIBUTED", 10, t0, "cluster_context.cc:428", "PostProcess] This node 0 rank id: 0"),
+        "step 1 loss 1.0", "step 2 loss 0.9"]) + "\n")
+    (tmp_path / "worker_1.log").write_text("\n".join([
+        _ms("WARNING", "DISTRIBUTED", 11, t0, "cluster_context.cc:428", "PostProcess] This node 1 rank id: 1"),
+        "step 1 loss 1.0"]) + "\n")
+    (tmp_path / "scheduler.log").write_text("\n".join([
+        _ms("ERROR", "DISTRIBUTED", 9, t0 + 40, "meta_server_node.cc:548",
+            "UpdateTopoState] The node: 1 is timed out. It may exit with exception, please check this node's log."),
+        "RuntimeError: The total number of timed out node is 1. Timed out node list is: [const vector]{1}, "
+        "worker 1 is the first one timed out, please check its log."]) + "\n")
+    d = diagnose(tmp_path)
+    assert d["first_failing_rank"] == 1 and d["last_step"] == 1 and d["reason_kind"] == "lost"
+    assert d["scheduler"] == {"timed_out_ranks": [1], "first_timed_out": 1}
+    # with the cluster's kill message on rank 0, rank 0 is a consequence and rank 1 the stalled one
+    with open(tmp_path / "worker_0.log", "a") as f:
+        f.write(_ms("WARNING", "DISTRIBUTED", 10, t0 + 41, "init.cc:135", "operator()] Kill this process with SIGTERM.")
+                + "\n")
+    d = diagnose(tmp_path)
+    assert d["first_failing_rank"] == 1 and d["reason_kind"] == "stall"
+    assert {r["rank"]: r["status"] for r in d["ranks"]}[0] == "timed out (consequence)"
