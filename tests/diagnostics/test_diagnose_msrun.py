@@ -158,9 +158,12 @@ def test_real_port_train_job_with_a_frozen_rank(tmp_path):
     last1 = max(int(line.split(" step ")[1].split("/")[0]) for line in log1.read_text().splitlines()
                 if " INFO step " in line)
     d = diagnose_cli_args(run / "logs", "--world-size", "2")
-    assert d["first_failing_rank"] == 1 and d["last_step"] == last1 and d["reason_kind"] == "stall"
+    # "stall" when rank 0 logged its AllReduce timeout or the cluster's kill, "lost" when msrun's
+    # scheduler (which lost rank 1's heartbeat) stopped the job first: both name rank 1
+    assert d["first_failing_rank"] == 1 and d["last_step"] == last1 and d["reason_kind"] in ("stall", "lost")
     rows = {r["rank"]: r for r in d["ranks"]}
-    assert rows[0]["status"] == "timed out (consequence)" and rows[0]["last_step"] >= last1
+    assert rows[0]["status"] != "first failure" and rows[0]["last_step"] >= last1
+    assert 1 in d["scheduler"]["timed_out_ranks"]
     assert d["formats"]["port_rank"] == 2 and d["formats"]["msrun_worker"] == 2
 
 
