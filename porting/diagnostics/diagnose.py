@@ -70,8 +70,8 @@ LOCATION_RE = re.compile(rb"Cluster Exception Location\[IP/ID\]:\[[^/\]]*/(\d+)\
 SCHED_TIMEOUT_RE = re.compile(rb"The node: (\d+) is timed out")
 SCHED_FIRST_RE = re.compile(rb"worker (\d+) is the first one timed out")
 RANK_IN_CONTENT = (
-    re.compile(rb"rankNum\[\d+\],\s*rank\[(\d+)\]"),           # HCCL SetupAgent
-    re.compile(rb"rankNum\[\d+\],\s*rank\[(\d+)\]|hcom init[^\n]*?rank\[(\d+)\]"),
+    re.compile(rb"rankNum\[\d+\],\s*rank\[(\d+)\]"),           # HCCL SetupAgent / hcom init
+    re.compile(rb"hcom init[^\n]*?rank\[(\d+)\]"),
     re.compile(rb"This node \d+ rank id: (\d+)"),              # MindSpore cluster PostProcess
     re.compile(rb"(?:^|\s)rank=(\d+)\s"),                      # `port train`
 )
@@ -679,8 +679,6 @@ def decide(views: dict[int | str, RankView], sched_timed_out: list[int], sched_f
                 "reason_kind": kind, "evidence": [e.as_dict(first.offset)]}
     timed_out = [v for v in ranks if v.first_consequence is not None]
     silent = [v for v in ranks if v.first_error is None]
-    if not timed_out and not silent:
-        pass
     if timed_out:
         if silent:
             # ranks without a timeout of their own stalled; the lowest progress among them first
