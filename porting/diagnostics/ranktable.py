@@ -41,6 +41,8 @@ class Problem:
 
 def load(path: str | os.PathLike) -> dict:
     p = Path(path)
+    if p.is_dir():
+        raise DiagnosticsError(f"{p}: is a directory; pass the rank table JSON file")
     if not p.is_file():
         raise DiagnosticsError(f"{p}: no such rank table file; pass the JSON file RANK_TABLE_FILE points at")
     try:

@@ -287,8 +287,11 @@ def rows_communication(run: RunData, diag: dict | None) -> list[Row]:
     elif isinstance(world, int) and world > 1:
         out.append(Row("communication", "rank map (rank table)", MISSING,
                        f"{world} ranks, no rank_table.json (msrun dynamic networking?)", "rank_table.json"))
-    else:
+    elif world == 1:
         out.append(Row("communication", "rank map (rank table)", INFO, "single device: no rank table needed", "-"))
+    else:
+        out.append(Row("communication", "rank map (rank table)", MISSING, "world size unknown (no manifest.json)",
+                       "manifest.json"))
     if diag is None:
         out.append(Row("communication", "log diagnosis (port diagnose)", MISSING, "no logs to diagnose", "logs/"))
     else:
@@ -394,6 +397,8 @@ def build_rows(run: RunData) -> tuple[list[Row], dict | None]:
             diag = diagnose(run.root / "logs", jobs=1, world_size=world if isinstance(world, int) else None)
         except DiagnosticsError as e:
             run.problems.append(f"logs/: {e}")
+        else:
+            run.problems += [f"logs/{w}" for w in diag["warnings"][:8]]
     rows = (rows_correctness(run) + rows_operators(run) + rows_stability(run, diag) + rows_communication(run, diag)
             + rows_resources(run) + rows_performance(run) + rows_environment(run))
     return rows, diag

@@ -208,3 +208,18 @@ def test_end_to_end_real_port_train_run(tmp_path):
     assert rows["versions"]["status"] == "info"
     html = (run / "report" / "report.html").read_text()
     assert html.count("<svg") == 3 and "polyline" in html
+
+
+def test_garbage_run_dir_gives_notes_not_tracebacks(tmp_path):
+    run = tmp_path / "run"
+    (run / "logs").mkdir(parents=True)
+    (run / "manifest.json").write_text("{garbage")
+    (run / "metrics.jsonl").write_bytes(bytes(range(256)) * 20)
+    (run / "logs" / "rank_0.log").write_bytes(b"\x00\x01\x02" * 1000)
+    (run / "logs" / "rank_1.log").write_text("x" * 200_000)  # one huge line, no newline
+    res = make_report(run)
+    notes = " | ".join(res["notes"])
+    assert "manifest.json: invalid JSON at line 1" in notes and "metrics.jsonl:" in notes
+    assert "rank_0.log: binary content" in notes
+    rows = rows_by_item(res)
+    assert rows["rank map (rank table)"]["status"] == "missing" and rows["training loss"]["status"] == "missing"
