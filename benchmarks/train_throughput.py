@@ -95,12 +95,12 @@ def ms_step(cfg_d: dict, b: int, s: int, fused: bool, warmup: int, steps: int) -
     return {"first_steps_s": round(first, 3), "step_s": round(med, 4), "tokens_per_s": round(b * s / med, 1)}
 
 
-def torch_step(cfg_d: dict, b: int, s: int, warmup: int, steps: int) -> dict:
+def torch_step(cfg_d: dict, b: int, s: int, warmup: int, steps: int, args_attn: str = "sdpa") -> dict:
     import torch
     from transformers import LlamaConfig as HFConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    cfg = HFConfig(**cfg_d, rms_norm_eps=1e-5, rope_theta=10000.0, attn_implementation="eager")
+    cfg = HFConfig(**cfg_d, rms_norm_eps=1e-5, rope_theta=10000.0, attn_implementation=args_attn)
     model = LlamaForCausalLM(cfg).float().train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0)
     ids, labels = batch(cfg_d, b, s)
@@ -115,12 +115,12 @@ def torch_step(cfg_d: dict, b: int, s: int, warmup: int, steps: int) -> dict:
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        return float(loss)
+        return float(loss.detach())
 
     first, times = time_steps(step, warmup, steps)
     med = statistics.median(times)
     return {"first_steps_s": round(first, 3), "step_s": round(med, 4), "tokens_per_s": round(b * s / med, 1),
-            "torch_threads": torch.get_num_threads()}
+            "torch_threads": torch.get_num_threads(), "attn_implementation": args_attn}
 
 
 def part_step(args) -> list[dict]:
@@ -129,7 +129,7 @@ def part_step(args) -> list[dict]:
     torch.set_num_threads(os.cpu_count() or 1)
     rows = []
     for name, cfg in SHAPES.items():
-        t = torch_step(cfg, args.batch, args.seq, args.warmup, args.steps)
+        t = torch_step(cfg, args.batch, args.seq, args.warmup, args.steps, args.torch_attn)
         one = ms_step(cfg, args.batch, args.seq, True, args.warmup, args.steps)
         two = ms_step(cfg, args.batch, args.seq, False, args.warmup, args.steps)
         row = {"shape": name, "batch": args.batch, "seq": args.seq, "torch_eager_adamw": t,
@@ -180,6 +180,8 @@ def main() -> None:
     ap.add_argument("--seq", type=int, default=256)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--torch-attn", default="sdpa", choices=["sdpa", "eager"],
+                    help="HF attention implementation of the torch reference (sdpa is its fastest on CPU)")
     ap.add_argument("--alpaca", default=str(ROOT.parent / "shared" / "data" / "instruct" / "alpaca_en_demo.json"))
     ap.add_argument("--alpaca-seq", type=int, default=512)
     ap.add_argument("--alpaca-steps", type=int, default=60)

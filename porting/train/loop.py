@@ -258,6 +258,12 @@ def train(recipe, run_dir: str | Path, *, rank: int = 0, world_size: int = 1, re
             raise RecipeError(f"msrun started {world_size} workers but the recipe's world size is {recipe.world_size} "
                               "(cluster.nodes x cluster.devices_per_node); use the command `port train --dry-run` prints")
     log = rank_logger(run_dir, rank, echo and rank == 0)
+    if distributed:
+        import mindspore as ms
+
+        log.info(f"rank {rank} of {world_size}: parallel_mode {ms.get_auto_parallel_context('parallel_mode')}, "
+                 f"comm_fusion {ms.get_auto_parallel_context('comm_fusion')}, optimizer sharding "
+                 f"{recipe.parallel.optimizer_sharding}")
     model_dir = resolve_hf(recipe.model.source)
     tokenizer = load_model_tokenizer(model_dir)
     plan = data_mod.build_plan(recipe, tokenizer, world_size)

@@ -55,13 +55,16 @@ def test_two_msrun_workers_equal_one_worker_with_two_accumulation_steps(tmp_path
 
 
 def test_sharded_optimizer_states_under_msrun_resume_and_match_one_worker(tmp_path, one_worker_accum2):
-    """ZeRO-1 over 2 msrun workers (AllReduce only), checkpointed per rank and resumed, equals 1 worker."""
+    """ZeRO-1 over 2 msrun workers (AllReduce only) with gradient accumulation on each, checkpointed per
+    rank and resumed, equals 1 worker."""
     import mindspore as ms
     from safetensors.numpy import load_file
 
     common = [c for c in COMMON if not c.startswith("schedule.")] + ["checkpointing.every_steps=2"]
     run = tmp_path / "zero1"
-    sharded = common + ["cluster.devices_per_node=2", "batching.grad_accum_steps=1", "parallel.optimizer_sharding=true"]
+    # micro 1 x accum 2 x 2 workers: accumulation inside data parallel, same global batch (4) as the reference
+    sharded = common + ["cluster.devices_per_node=2", "batching.micro_batch_size=1", "batching.grad_accum_steps=2",
+                        "parallel.optimizer_sharding=true"]
 
     def launch(steps: int, *extra: str):
         args = [a for s in sharded + [f"schedule.max_steps={steps}", f"cluster.master_port={free_port()}"]
