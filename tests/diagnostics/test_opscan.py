@@ -69,8 +69,7 @@ def test_tiny_llama_eager_attention(tiny_llama_dir):
     assert r.exit_code == 0, r.output
     d = json.loads(r.output[r.output.index("{"):])
     ops = by_op(d)
-    assert ops["aten::bmm"]["status"] == "registered" or ops["aten::matmul"]["status"] == "registered" or \
-        ops["aten::mm"]["status"] == "registered"
+    assert ops["aten::bmm"]["status"] == "registered" and ops["aten::bmm"]["phases"] == ["forward", "backward"]
     assert ops["aten::_softmax"]["status"] == "registered"
     assert "backward" in ops["aten::_softmax_backward_data"]["phases"]
     assert not any(r["status"] == "device_specific" for r in d["ops"])
