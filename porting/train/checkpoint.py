@@ -21,6 +21,19 @@ STATE_FILE = "state.json"
 WEIGHTS_FILE = "train_state.ckpt"
 
 
+def shard_file(rank: int, shards: int) -> str:
+    """One file when optimizer states are replicated; one per rank when they are sharded."""
+    return WEIGHTS_FILE if shards == 1 else f"train_state.rank{rank}.ckpt"
+
+
+def _complete(p: Path) -> bool:
+    try:
+        shards = int(json.loads((p / STATE_FILE).read_text()).get("shards", 1))
+    except (OSError, ValueError):
+        return False
+    return all((p / shard_file(r, shards)).is_file() for r in range(shards))
+
+
 def checkpoint_dirs(root: Path) -> list[tuple[int, Path]]:
     """Complete checkpoints under ``root``, oldest first."""
     if not root.is_dir():
@@ -28,7 +41,7 @@ def checkpoint_dirs(root: Path) -> list[tuple[int, Path]]:
     out = []
     for p in root.iterdir():
         m = STEP_DIR.match(p.name)
-        if m and (p / STATE_FILE).is_file() and (p / WEIGHTS_FILE).is_file():
+        if m and _complete(p):
             out.append((int(m.group(1)), p))
     return sorted(out)
 
@@ -38,18 +51,30 @@ def latest(root: Path) -> tuple[int, Path] | None:
     return dirs[-1] if dirs else None
 
 
-def save(root: Path, step: int, params: list, state: dict, keep_last: int) -> Path:
-    """Write ``step_<step>`` atomically, then drop all but the newest ``keep_last``."""
+def save(root: Path, step: int, params: list, state: dict, keep_last: int, *, rank: int = 0, shards: int = 1,
+         barrier=None) -> Path:
+    """Write ``step_<step>`` atomically, then drop all but the newest ``keep_last``.
+
+    Sharded (``shards`` > 1): every rank writes its file into the same temporary directory, all meet at
+    ``barrier``, then rank 0 writes state.json and renames the directory into place.
+    """
     import mindspore as ms
 
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step_{step}"
-    tmp = root / f".tmp_step_{step}_{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
+    tmp = root / (f".tmp_step_{step}_{os.getpid()}" if shards == 1 else f".tmp_step_{step}")
     try:
-        tmp.mkdir()
-        ms.save_checkpoint([{"name": p.name, "data": p} for p in params], str(tmp / WEIGHTS_FILE))
-        body = json.dumps(dict(state, step=step), indent=2)
+        if rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+        if barrier is not None:
+            barrier()
+        tmp.mkdir(exist_ok=True)
+        ms.save_checkpoint([{"name": p.name, "data": p} for p in params], str(tmp / shard_file(rank, shards)))
+        if barrier is not None:
+            barrier()
+        if rank != 0:
+            return final
+        body = json.dumps(dict(state, step=step, shards=shards), indent=2)
         with open(tmp / STATE_FILE, "w") as f:
             f.write(body)
             f.flush()
@@ -58,7 +83,8 @@ def save(root: Path, step: int, params: list, state: dict, keep_last: int) -> Pa
             shutil.rmtree(final)
         os.replace(tmp, final)
     except (OSError, RuntimeError, ValueError) as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
         prev = latest(root)
         kept = f"; the previous checkpoint {prev[1]} is intact" if prev else ""
         raise CheckpointError(f"{final}: could not write the checkpoint ({exc}){kept}; free disk space and "
@@ -68,13 +94,13 @@ def save(root: Path, step: int, params: list, state: dict, keep_last: int) -> Pa
     return final
 
 
-def load(path: Path, params: list) -> dict:
+def load(path: Path, params: list, rank: int = 0) -> dict:
     """Load a checkpoint into ``params`` strictly (every name present, same shapes); returns state.json."""
     import mindspore as ms
 
     try:
-        saved = ms.load_checkpoint(str(path / WEIGHTS_FILE))
         state = json.loads((path / STATE_FILE).read_text())
+        saved = ms.load_checkpoint(str(path / shard_file(rank, int(state.get("shards", 1)))))
     except (OSError, RuntimeError, ValueError) as exc:
         raise CheckpointError(f"{path}: cannot read the checkpoint ({exc}); delete it to resume from an "
                               "earlier one") from None

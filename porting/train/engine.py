@@ -56,15 +56,29 @@ def _adamw_update(b1, b2, eps, wd, lr, bc1, bc2, finite, param, m, v, grad):
 
 
 class AdamW(nn.Cell):
-    """AdamW with float32 moments named ``adam_m.<param>`` / ``adam_v.<param>`` (saved in checkpoints)."""
+    """AdamW with float32 moments named ``adam_m.<param>`` / ``adam_v.<param>`` (saved in checkpoints).
 
-    def __init__(self, params: list[Parameter], betas: tuple[float, float], eps: float, weight_decay: float):
+    With ``owned`` (optimizer sharding, ZeRO-1) a rank keeps moments only for the parameters it owns
+    and updates only those; then every parameter is taken from its owner with one all-reduce of
+    ``param x (1 if owned else 0)``, which is exact (a sum of one value and zeros). This needs
+    AllReduce only, so it also runs on the CPU, where MindSpore's ReduceScatter is a stub.
+    """
+
+    def __init__(self, params: list[Parameter], betas: tuple[float, float], eps: float, weight_decay: float,
+                 owned: list[bool] | None = None):
         super().__init__(auto_prefix=False)
+        owned = list(owned) if owned is not None else [True] * len(params)
         self.params = ParameterTuple(params)
-        self.m = ParameterTuple([Parameter(Tensor(np.zeros(p.shape, np.float32)), name=f"adam_m.{p.name}",
-                                           requires_grad=False) for p in params])
-        self.v = ParameterTuple([Parameter(Tensor(np.zeros(p.shape, np.float32)), name=f"adam_v.{p.name}",
-                                           requires_grad=False) for p in params])
+        self.owned_idx = tuple(i for i, o in enumerate(owned) if o)
+        self.own_params = ParameterTuple([params[i] for i in self.owned_idx])
+        self.m = ParameterTuple([Parameter(Tensor(np.zeros(params[i].shape, np.float32)), name=f"adam_m.{params[i].name}",
+                                           requires_grad=False) for i in self.owned_idx])
+        self.v = ParameterTuple([Parameter(Tensor(np.zeros(params[i].shape, np.float32)), name=f"adam_v.{params[i].name}",
+                                           requires_grad=False) for i in self.owned_idx])
+        self.sharded = not all(owned)
+        if self.sharded:
+            self.allreduce = ops.AllReduce()
+            self.masks = tuple(Tensor(1.0 if o else 0.0, ms.float32) for o in owned)
         self.b1 = Tensor(betas[0], ms.float32)
         self.b2 = Tensor(betas[1], ms.float32)
         self.eps = Tensor(eps, ms.float32)
@@ -72,8 +86,46 @@ class AdamW(nn.Cell):
         self.hyper_map = ops.HyperMap()
 
     def construct(self, grads, lr: Tensor, bc1: Tensor, bc2: Tensor, finite: Tensor):
-        return self.hyper_map(ops.partial(_adamw, self.b1, self.b2, self.eps, self.wd, lr, bc1, bc2, finite),
-                              self.params, self.m, self.v, grads)
+        own_grads = ()
+        for i in self.owned_idx:
+            own_grads += (grads[i],)
+        done = self.hyper_map(ops.partial(_adamw, self.b1, self.b2, self.eps, self.wd, lr, bc1, bc2, finite),
+                              self.own_params, self.m, self.v, own_grads)
+        if self.sharded:
+            done = self.hyper_map(ops.partial(_from_owner, self.allreduce, done), self.masks, self.params)
+        return done
+
+
+_from_owner = ops.MultitypeFuncGraph("from_owner")
+
+
+@_from_owner.register("Function", "Tuple", "Tensor", "Tensor")
+def _from_owner_t(allreduce, after, mask, param):
+    value = ops.depend(param, after)
+    synced = allreduce(ops.cast(value, ms.float32) * mask)
+    return ops.assign(param, ops.cast(synced, param.dtype))
+
+
+def owners(params: list[Parameter], world_size: int) -> list[int]:
+    """Owner rank of each parameter: largest first to the least loaded rank (deterministic)."""
+    load = [0] * world_size
+    owner = [0] * len(params)
+    for i in sorted(range(len(params)), key=lambda i: (-int(np.prod(params[i].shape)), i)):
+        r = min(range(world_size), key=lambda k: (load[k], k))
+        owner[i] = r
+        load[r] += int(np.prod(params[i].shape))
+    return owner
+
+
+class Barrier(nn.Cell):
+    """All ranks meet here (an all-reduce of one number): used around sharded checkpoint writes."""
+
+    def __init__(self):
+        super().__init__(auto_prefix=False)
+        self.allreduce = ops.AllReduce()
+
+    def construct(self, x):
+        return self.allreduce(x)
 
 
 _square_sum = ops.MultitypeFuncGraph("square_sum")

@@ -153,7 +153,12 @@ class Trainer:
         self.model, self.tokenizer_dir, self.plan, self.log = model, tokenizer_dir, plan, log
         params = list(model.trainable_params())
         opt = recipe.optimizer
-        self.optimizer = engine.AdamW(params, tuple(opt.betas), opt.eps, opt.weight_decay)
+        self.shards = world_size if recipe.parallel.optimizer_sharding and world_size > 1 else 1
+        owned = None
+        if self.shards > 1:
+            owned = [o == rank for o in engine.owners(params, world_size)]
+            self.barrier_cell = engine.Barrier()
+        self.optimizer = engine.AdamW(params, tuple(opt.betas), opt.eps, opt.weight_decay, owned)
         self.accum = recipe.batching.grad_accum_steps
         if self.accum == 1:
             self.fused = engine.FusedTrainStep(model, self.optimizer, world_size, opt.grad_clip)
@@ -204,8 +209,18 @@ class Trainer:
         return {"adam_t": self.adam_t, "loss_scale": self.scaler.state(), "next_step": step_done,
                 "world_size": self.world, "seed": self.recipe.seed}
 
+    def barrier(self) -> None:
+        self.barrier_cell(self.ms.Tensor(np.ones((1,), np.float32)))
+
+    def save(self, root: Path, done: int) -> Path:
+        """Rank 0 writes replicated states; with sharding every rank writes its own states."""
+        if self.shards == 1:
+            return ckpt.save(root, done, self.state_params, self.state(done), self.recipe.checkpointing.keep_last)
+        return ckpt.save(root, done, self.state_params, self.state(done), self.recipe.checkpointing.keep_last,
+                         rank=self.rank, shards=self.shards, barrier=self.barrier)
+
     def restore(self, path: Path) -> int:
-        st = ckpt.load(path, self.state_params)
+        st = ckpt.load(path, self.state_params, self.rank if self.shards > 1 else 0)
         self.adam_t = st["adam_t"]
         self.scaler = LossScaler(self.recipe.precision.loss_scale, st["loss_scale"])
         return int(st["next_step"])
@@ -234,10 +249,6 @@ def train(recipe, run_dir: str | Path, *, rank: int = 0, world_size: int = 1, re
 
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    if recipe.parallel.optimizer_sharding and recipe.cluster.device == "cpu" and world_size > 1:
-        raise RecipeError("parallel.optimizer_sharding=true: MindSpore's ReduceScatter is a stub on the CPU, so "
-                          "sharded optimizer states cannot be trusted there; it is checked in the plan only. Set "
-                          "parallel.optimizer_sharding=false for CPU runs")
     configure_mindspore(recipe, distributed)
     if distributed:
         from mindspore.communication import get_group_size, get_rank
@@ -247,6 +258,12 @@ def train(recipe, run_dir: str | Path, *, rank: int = 0, world_size: int = 1, re
             raise RecipeError(f"msrun started {world_size} workers but the recipe's world size is {recipe.world_size} "
                               "(cluster.nodes x cluster.devices_per_node); use the command `port train --dry-run` prints")
     log = rank_logger(run_dir, rank, echo and rank == 0)
+    if distributed:
+        import mindspore as ms
+
+        log.info(f"rank {rank} of {world_size}: parallel_mode {ms.get_auto_parallel_context('parallel_mode')}, "
+                 f"comm_fusion {ms.get_auto_parallel_context('comm_fusion')}, optimizer sharding "
+                 f"{recipe.parallel.optimizer_sharding}")
     model_dir = resolve_hf(recipe.model.source)
     tokenizer = load_model_tokenizer(model_dir)
     plan = data_mod.build_plan(recipe, tokenizer, world_size)
@@ -315,14 +332,14 @@ def train(recipe, run_dir: str | Path, *, rank: int = 0, world_size: int = 1, re
                          f"{rec['grad_norm']:.4f} tokens/s {rec['tokens_per_s']:.0f} step {rec['step_time_s']:.3f}s "
                          f"pad {rec['padding_fraction']:.3f}" + (" (compile)" if rec["compile"] else ""))
             done = step.index + 1
-            if rank == 0 and every and done % every == 0 and done < plan.total_steps:
-                path = ckpt.save(ck_root, done, trainer.state_params, trainer.state(done), recipe.checkpointing.keep_last)
+            if (rank == 0 or trainer.shards > 1) and every and done % every == 0 and done < plan.total_steps:
+                path = trainer.save(ck_root, done)
                 last_good = (done, path)
                 log.info(f"checkpoint {path}")
-        if rank == 0 and plan.total_steps > start:
-            path = ckpt.save(ck_root, plan.total_steps, trainer.state_params, trainer.state(plan.total_steps),
-                             recipe.checkpointing.keep_last)
+        if (rank == 0 or trainer.shards > 1) and plan.total_steps > start:
+            path = trainer.save(ck_root, plan.total_steps)
             log.info(f"checkpoint {path}")
+        if rank == 0 and plan.total_steps > start:
             summary = summarize(records, trainer, plan)
             metrics.write(json.dumps(summary) + "\n")
             log.info(f"summary: {json.dumps(summary)}")

@@ -75,3 +75,8 @@ def test_shipped_recipes_validate_and_header_shows_command(path: Path):
         "the header comment must show the command that runs this recipe"
     r = load_recipe(path, check_files=False)
     assert r.world_size >= 1
+
+
+def test_help_ends_with_examples():
+    r = port("train", "--help")
+    assert r.returncode == 0 and "Examples:" in r.stdout and "port train recipes/7b-8card.yaml --dry-run" in r.stdout
