@@ -18,7 +18,7 @@ def _table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def run_generation_check(hf_dir, n_tokens: int, use_cache: bool) -> dict:
+def run_generation_check(hf_dir, n_tokens: int, cache: str = "static") -> dict:
     """Greedy tokens from BOS on the zoo cell vs HF's own greedy ``generate``; golden text if known."""
     import torch
 
@@ -33,13 +33,13 @@ def run_generation_check(hf_dir, n_tokens: int, use_cache: bool) -> dict:
     prompt = golden["prompt_ids"] if golden else [cfg.bos_token_id if cfg.bos_token_id is not None else 0]
     model = build(cfg)
     load_hf_dir(model, hf_dir)
-    ours = greedy(model, prompt, n_tokens, use_cache=use_cache)
+    ours = greedy(model, prompt, n_tokens, cache=cache)
     ref_model = load_hf_reference(hf_dir, "float32")
     with torch.no_grad():
         ref = ref_model.generate(torch.tensor([prompt]), max_new_tokens=n_tokens, do_sample=False,
                                  min_new_tokens=n_tokens, pad_token_id=0)[0, len(prompt):].tolist()
     first_diff = next((i for i, (a, b) in enumerate(zip(ours, ref)) if a != b), None)
-    res = {"prompt_ids": prompt, "new_tokens": n_tokens, "kv_cache": use_cache, "zoo_ids": ours, "hf_ids": ref,
+    res = {"prompt_ids": prompt, "new_tokens": n_tokens, "kv_cache": cache, "zoo_ids": ours, "hf_ids": ref,
            "tokens_equal": ours == ref, "first_difference": first_diff}
     try:
         tok = load_tokenizer(hf_dir)
@@ -73,9 +73,11 @@ Tolerances (max abs on logits / abs on loss / rel on gradient norms):
 @click.option("--grads", is_flag=True, help="Also compare every parameter's gradient norm.")
 @click.option("--generate", "gen_tokens", is_flag=False, flag_value=60, default=None, type=int,
               help="Also greedy-generate N tokens (default 60) and compare with HF generate.")
-@click.option("--no-cache", is_flag=True, help="Generate without the KV cache (full recompute per token).")
+@click.option("--cache", "cache_mode", default="static", show_default=True,
+              type=click.Choice(["static", "dynamic", "none"]),
+              help="KV cache for --generate: static (one compiled graph), dynamic (PyNative, grows), none.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
-def command(hf_src, dtype, batch, seq, seed, hidden_states, grads, gen_tokens, no_cache, as_json):
+def command(hf_src, dtype, batch, seq, seed, hidden_states, grads, gen_tokens, cache_mode, as_json):
     """Check a zoo model against HF transformers on the same weights and inputs."""
     from porting.parity import check_parity
     from porting.sources import resolve_hf
@@ -84,7 +86,7 @@ def command(hf_src, dtype, batch, seq, seed, hidden_states, grads, gen_tokens, n
     report = check_parity(hf_dir, dtype=dtype, batch=batch, seq=seq, seed=seed,
                           hidden_states=hidden_states, grads=grads)
     if gen_tokens:
-        report["generation"] = run_generation_check(hf_dir, gen_tokens, use_cache=not no_cache)
+        report["generation"] = run_generation_check(hf_dir, gen_tokens, cache=cache_mode)
         report["passed"] = report["passed"] and report["generation"]["passed"]
     if as_json:
         click.echo(json.dumps(report, indent=1))
@@ -93,11 +95,11 @@ def command(hf_src, dtype, batch, seq, seed, hidden_states, grads, gen_tokens, n
         click.echo(f"model {hf_dir} ({report['model_type']}), {dtype}, ids {batch}x{report['seq']} seed {seed}; "
                    f"kernels on {report['kernels']['device']}: "
                    + ", ".join(f"{n}={c['impl']}" for n, c in k.items()))
-        click.echo(f"loss: zoo {report['loss']['zoo']:.6f}  hf {report['loss']['hf']:.6f}")
+        click.echo(f"loss on the seeded random probe ids: zoo {report['loss']['zoo']:.6f}  hf {report['loss']['hf']:.6f}")
         click.echo(_table(report["checks"]))
         g = report.get("generation")
         if g:
-            click.echo(f"greedy {g['new_tokens']} tokens ({'KV cache' if g['kv_cache'] else 'no cache'}): "
+            click.echo(f"greedy {g['new_tokens']} tokens (KV cache: {g['kv_cache']}): "
                        + ("identical to HF generate" if g["tokens_equal"]
                           else f"DIFFERS from HF generate at token {g['first_difference']}"))
             if g.get("text") is not None:

@@ -1,0 +1,196 @@
+"""Training throughput on this CPU, side by side in one run.
+
+1. `port train`'s step (MindSpore graph mode, forward + backward + clip + AdamW in one graph) against
+   HF transformers' LlamaForCausalLM with torch eager AdamW, same shapes, same threads, random weights:
+   - hidden 256, 4 layers, 8 heads / 4 KV heads, vocab 1024, seq 256, batch 8;
+   - the stories260K shape (hidden 64, 5 layers, 8/4 heads, vocab 512), seq 256, batch 8.
+   Also the same MindSpore step built as two graphs (value_and_grad, then the optimizer), the way the
+   accumulation path runs, to show why one graph is used when there is nothing to accumulate.
+2. Effective tokens/s (real, non-padding tokens) of the real stories260K fine-tune on Alpaca with length
+   bucketing against padding every row to max length (`port train`'s own loop, compile time apart).
+
+    python benchmarks/train_throughput.py                 # everything (~6 min on 2 cores)
+    python benchmarks/train_throughput.py --part step     # only 1
+    python benchmarks/train_throughput.py --part bucketing --alpaca ../shared/data/instruct/alpaca_en_demo.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+SHAPES = {
+    "h256-l4": dict(vocab_size=1024, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
+                    num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=512),
+    "stories260k": dict(vocab_size=512, hidden_size=64, intermediate_size=172, num_hidden_layers=5,
+                        num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=512,
+                        tie_word_embeddings=True),
+}
+
+
+def batch(cfg: dict, b: int, s: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(3, cfg["vocab_size"], size=(b, s), dtype=np.int64).astype(np.int32)
+    return ids, ids.copy()
+
+
+def time_steps(fn, warmup: int, steps: int) -> tuple[float, list[float]]:
+    t0 = time.perf_counter()
+    for _ in range(warmup):
+        fn()
+    first = time.perf_counter() - t0
+    times = []
+    for _ in range(steps):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return first, times
+
+
+def ms_step(cfg_d: dict, b: int, s: int, fused: bool, warmup: int, steps: int) -> dict:
+    import mindspore as ms
+    from mindspore import ParameterTuple
+
+    from model_zoo.config import LlamaConfig
+    from model_zoo.llama import build
+    from porting.train import engine
+
+    ms.set_context(mode=ms.GRAPH_MODE)
+    ms.set_device("CPU")
+    cfg = LlamaConfig(model_type="llama", rms_norm_eps=1e-5, rope_theta=10000.0, **cfg_d)
+    model = build(cfg, seed=0)
+    params = list(model.trainable_params())
+    opt = engine.AdamW(params, (0.9, 0.95), 1e-8, 0.0)
+    ids, labels = batch(cfg_d, b, s)
+    x, y = ms.Tensor(ids), ms.Tensor(labels)
+    f = lambda v: ms.Tensor(np.float32(v))  # noqa: E731
+    count = float((labels[:, 1:] != -100).sum())
+    if fused:
+        cell = engine.FusedTrainStep(model, opt, 1, 1.0)
+
+        def step():
+            out = cell(x, y, f(1 / count), f(1.0), f(1e-4), f(0.1), f(0.05))
+            return float(out[0].asnumpy())
+    else:
+        bufs = engine.accumulation_buffers(ParameterTuple(params))
+        grad = engine.AccumGradStep(model, opt.params, bufs)
+        apply = engine.ApplyStep(opt, bufs, 1, 1.0)
+
+        def step():
+            tot, cnt = grad(x, y, f(1 / count))
+            out = apply(tot, cnt, f(1.0), f(1e-4), f(0.1), f(0.05))
+            return float(out[0].asnumpy())
+    first, times = time_steps(step, warmup, steps)
+    med = statistics.median(times)
+    return {"first_steps_s": round(first, 3), "step_s": round(med, 4), "tokens_per_s": round(b * s / med, 1)}
+
+
+def torch_step(cfg_d: dict, b: int, s: int, warmup: int, steps: int, args_attn: str = "sdpa") -> dict:
+    import torch
+    from transformers import LlamaConfig as HFConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = HFConfig(**cfg_d, rms_norm_eps=1e-5, rope_theta=10000.0, attn_implementation=args_attn)
+    model = LlamaForCausalLM(cfg).float().train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0)
+    ids, labels = batch(cfg_d, b, s)
+    x, y = torch.from_numpy(ids.astype(np.int64)), torch.from_numpy(labels.astype(np.int64))
+    count = float((labels[:, 1:] != -100).sum())
+
+    def step():
+        logits = model(x).logits
+        loss = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), y[:, 1:].flatten(),
+                                                 ignore_index=-100, reduction="sum") / count
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return float(loss.detach())
+
+    first, times = time_steps(step, warmup, steps)
+    med = statistics.median(times)
+    return {"first_steps_s": round(first, 3), "step_s": round(med, 4), "tokens_per_s": round(b * s / med, 1),
+            "torch_threads": torch.get_num_threads(), "attn_implementation": args_attn}
+
+
+def part_step(args) -> list[dict]:
+    import torch
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    rows = []
+    for name, cfg in SHAPES.items():
+        t = torch_step(cfg, args.batch, args.seq, args.warmup, args.steps, args.torch_attn)
+        one = ms_step(cfg, args.batch, args.seq, True, args.warmup, args.steps)
+        two = ms_step(cfg, args.batch, args.seq, False, args.warmup, args.steps)
+        row = {"shape": name, "batch": args.batch, "seq": args.seq, "torch_eager_adamw": t,
+               "port_train_one_graph": one, "port_train_two_graphs": two,
+               "ratio_one_graph_vs_torch": round(one["tokens_per_s"] / t["tokens_per_s"], 3),
+               "ratio_two_graphs_vs_torch": round(two["tokens_per_s"] / t["tokens_per_s"], 3)}
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    return rows
+
+
+def part_bucketing(args) -> list[dict]:
+    import tempfile
+
+    from porting.train.loop import train
+    from porting.train.recipe import load_recipe
+
+    rows = []
+    common = [f"data.path={args.alpaca}", "data.format=alpaca", "data.long_text=truncate",
+              f"data.max_seq_length={args.alpaca_seq}", "batching.micro_batch_size=4",
+              f"schedule.max_steps={args.alpaca_steps}", "checkpointing.every_steps=0",
+              "checkpointing.export_hf=false", "batching.bucketing.max_shapes=8"]
+    for mode in ("true", "false"):
+        with tempfile.TemporaryDirectory() as d:
+            train(load_recipe(ROOT / "recipes" / "tiny-cpu.yaml", common + [f"batching.bucketing.enabled={mode}"]),
+                  d, echo=False)
+            recs = [json.loads(l) for l in (Path(d) / "metrics.jsonl").read_text().splitlines()]
+        summ = recs[-1]
+        steady = [r for r in recs[:-1] if not r["compile"]]
+        real = sum(r["tokens"] for r in steady)
+        padded = sum(r["padded_tokens"] for r in steady)
+        secs = sum(r["step_time_s"] for r in steady)
+        row = {"bucketing": mode == "true", "steps": summ["steps"], "shapes": summ["shapes_seen"],
+               "compiled_graphs": summ["compiled_graphs"], "compile_time_s": summ["compile_time_s"],
+               "effective_tokens_per_s": round(real / secs, 1), "padded_tokens_per_s": round(padded / secs, 1),
+               "padding_fraction": summ["padding_fraction"]}
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    rows.append({"effective_speedup_bucketing": round(rows[0]["effective_tokens_per_s"] / rows[1]["effective_tokens_per_s"], 3)})
+    print(json.dumps(rows[-1]))
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--part", choices=["all", "step", "bucketing"], default="all")
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--seq", type=int, default=256)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--torch-attn", default="sdpa", choices=["sdpa", "eager"],
+                    help="HF attention implementation of the torch reference (sdpa is its fastest on CPU)")
+    ap.add_argument("--alpaca", default=str(ROOT.parent / "shared" / "data" / "instruct" / "alpaca_en_demo.json"))
+    ap.add_argument("--alpaca-seq", type=int, default=512)
+    ap.add_argument("--alpaca-steps", type=int, default=60)
+    args = ap.parse_args()
+    if args.part in ("all", "step"):
+        part_step(args)
+    if args.part in ("all", "bucketing"):
+        part_bucketing(args)
+
+
+if __name__ == "__main__":
+    main()

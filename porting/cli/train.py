@@ -1,0 +1,111 @@
+"""`port train`: full fine-tuning on MindSpore from a recipe (one device in-process, more under msrun)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import click
+
+from model_zoo.errors import PortingError, RecipeError
+
+
+@click.command("train", epilog="""\b
+Examples:
+  port train recipes/tiny-cpu.yaml
+  port train recipes/tiny-cpu.yaml --set batching.grad_accum_steps=2 --set schedule.max_steps=10
+  port train recipes/tiny-cpu.yaml --set cluster.devices_per_node=2 --run-dir runs/dp2   # 2 msrun workers
+  port train recipes/tiny-cpu.yaml --resume                  # continue from the last checkpoint
+  port train recipes/7b-8card.yaml --dry-run                 # plan, memory by phase, msrun command
+  port train recipes/13b-32card.yaml --dry-run --json        # the plan as JSON
+  port train recipes/13b-32card.yaml --launch-node 2         # run node 2's msrun command here""")
+@click.argument("recipe", type=click.Path(dir_okay=False))
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="Override a recipe key, e.g. --set optimizer.lr=1e-4 (repeatable).")
+@click.option("--dry-run", is_flag=True, help="Print the plan (memory by phase, msrun commands) and stop.")
+@click.option("--json", "as_json", is_flag=True, help="With --dry-run: print the plan as JSON.")
+@click.option("--resume", is_flag=True, help="Continue from the last checkpoint in the run directory.")
+@click.option("--run-dir", type=click.Path(file_okay=False), default=None,
+              help="Where the run writes (default: the recipe's output_dir).")
+@click.option("--launch-node", type=int, default=None,
+              help="Multi-node recipes: run this node's msrun command on this machine.")
+def command(recipe: str, overrides: tuple[str, ...], dry_run: bool, as_json: bool, resume: bool,
+            run_dir: str | None, launch_node: int | None) -> None:
+    """Fine-tune the model of RECIPE (all weights) with the recipe's data, batching and parallelism."""
+    from model_zoo.config import LlamaConfig
+    from porting.sources import resolve_hf
+    from porting.train.plan import check_fits, format_plan, make_plan
+    from porting.train.recipe import load_recipe
+
+    from porting.train.plan import plan_config
+
+    # A dry run plans for a cluster, so the data and checkpoint may live only there: missing files
+    # become warnings. A real run needs both and refuses with every missing path at once.
+    rec = load_recipe(recipe, list(overrides), check_files=not dry_run)
+    out = Path(run_dir or rec.output_dir)
+    cfg, notes = plan_config(rec) if dry_run else (LlamaConfig.from_hf(resolve_hf(rec.model.source)), [])
+    plan = make_plan(rec, cfg, recipe, str(out), list(overrides), resume)
+    plan["warnings"] = notes + plan["warnings"]
+    if dry_run:
+        click.echo(json.dumps(plan, indent=2) if as_json else format_plan(plan))
+        check_fits(plan, recipe)
+        return
+    check_fits(plan, recipe)
+    _guard_run_dir(out, resume)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "plan.json").write_text(json.dumps(plan, indent=2))
+    if rec.world_size == 1:
+        from porting.train.loop import train
+
+        res = train(rec, out, resume=resume, command=sys.argv)
+        click.echo(f"done: {res.steps_done} steps, final loss {res.last_loss:.4f}; run directory {out}")
+        return
+    _launch_msrun(rec, recipe, list(overrides), out, resume, launch_node)
+
+
+def _guard_run_dir(out: Path, resume: bool) -> None:
+    has_ckpt = (out / "checkpoints").is_dir() and any((out / "checkpoints").iterdir())
+    if has_ckpt and not resume:
+        raise RecipeError(f"{out}: holds checkpoints of an earlier run; pass --resume to continue it, or "
+                          "--run-dir NEW_DIR to start another run")
+
+
+def _launch_msrun(rec, recipe_path: str, overrides: list[str], out: Path, resume: bool,
+                  launch_node: int | None) -> None:
+    from porting.train.plan import msrun_commands
+    from porting.train.recipe import recipe_dict
+
+    if shutil.which("msrun") is None:
+        raise PortingError("msrun not found on PATH; it comes with MindSpore (pip install mindspore) - "
+                           "activate the environment that has it")
+    # The launched command is exactly the one --dry-run prints; the resolved recipe is kept for the record.
+    import yaml
+
+    (out / "recipe.yaml").write_text(yaml.safe_dump(recipe_dict(rec), sort_keys=False))
+    cmds = msrun_commands(rec, recipe_path, str(out), overrides, resume)
+    if rec.cluster.nodes > 1 and launch_node is None:
+        click.echo(f"{rec.cluster.nodes} nodes: run on each node (same paths on every node):")
+        for i, c in enumerate(cmds):
+            click.echo(f"node {i}: {c}")
+        return
+    node = launch_node or 0
+    if not 0 <= node < len(cmds):
+        raise RecipeError(f"--launch-node {node}: the recipe has nodes 0..{len(cmds) - 1}")
+    import shlex
+
+    argv = shlex.split(cmds[node])
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    # msrun starts the `python` found on PATH: put this interpreter's directory first.
+    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+    click.echo(f"launching: {cmds[node]}", err=True)
+    rc = subprocess.call(argv, env=env)
+    if rc != 0:
+        raise PortingError(f"msrun exited with {rc}; see {out}/logs/rank_*.log and {out}/logs/msrun/worker_*.log "
+                           "(scheduler.log names ranks that timed out)")
+    click.echo(f"done: {rec.world_size} workers; run directory {out}")

@@ -1,0 +1,1 @@
+"""`port train`: recipes, framework-neutral data pipeline, memory plan, MindSpore training loop."""

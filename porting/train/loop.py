@@ -1,0 +1,398 @@
+"""The training run: one rank's loop, from a validated recipe to checkpoints, metrics and an HF export.
+
+World size 1 runs in the calling process; more ranks run this same function inside `msrun` workers
+(:mod:`porting.train.worker`). Every rank logs to ``logs/rank_<r>.log``; rank 0 writes
+``metrics.jsonl``, ``manifest.json``, checkpoints and the HF export.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import logging
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from model_zoo.errors import PortingError, RecipeError
+from porting.train import checkpoint as ckpt
+from porting.train import data as data_mod
+from porting.train.schedule import lr_at
+
+
+class DivergenceError(PortingError):
+    """The loss or the gradients became NaN/inf."""
+
+    exit_code = 3
+
+
+@dataclass
+class RunResult:
+    run_dir: Path
+    steps_done: int
+    last_loss: float
+    compiled_graphs: int
+    shapes_seen: int
+
+
+# --------------------------------------------------------------------------- logging
+class _Formatter(logging.Formatter):
+    def __init__(self, rank: int):
+        super().__init__()
+        self.rank = rank
+
+    def format(self, record: logging.LogRecord) -> str:
+        t = _dt.datetime.fromtimestamp(record.created)
+        return f"{t.strftime('%Y-%m-%dT%H:%M:%S')}.{int(record.msecs):03d} rank={self.rank} {record.levelname} {record.getMessage()}"
+
+
+def rank_logger(run_dir: Path, rank: int, echo: bool) -> logging.Logger:
+    log = logging.getLogger(f"port.train.rank{rank}.{id(run_dir)}")
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    for h in list(log.handlers):
+        log.removeHandler(h)
+    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    fh = logging.FileHandler(run_dir / "logs" / f"rank_{rank}.log")
+    fh.setFormatter(_Formatter(rank))
+    log.addHandler(fh)
+    if echo:
+        sh = logging.StreamHandler(sys.stderr)
+        sh.setFormatter(_Formatter(rank))
+        log.addHandler(sh)
+    return log
+
+
+# --------------------------------------------------------------------------- MindSpore setup
+def configure_mindspore(recipe, distributed: bool) -> None:
+    import mindspore as ms
+
+    target = {"cpu": "CPU", "ascend": "Ascend"}[recipe.cluster.device]
+    ms.set_context(mode=ms.GRAPH_MODE)
+    ms.set_device(target)
+    if distributed and recipe.cluster.device == "cpu":
+        # Workers share the host's cores: without a cap each spawns a thread per core and they thrash.
+        from mindspore.device_context.cpu.op_tuning import threads_num
+
+        threads_num(max(1, (os.cpu_count() or 1) // recipe.cluster.devices_per_node))
+    if distributed:
+        from mindspore.communication import init
+
+        init()
+        cf = recipe.parallel.comm_fusion
+        fusion = {"openstate": cf.enabled,
+                  "allreduce": {"mode": cf.allreduce_mode, "config": cf.allreduce_config}}
+        ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL, gradients_mean=False,
+                                     device_num=recipe.world_size, comm_fusion=fusion)
+
+
+def build_model(recipe, model_dir: Path):
+    from converters.loading import load_hf_dir
+    from model_zoo.config import LlamaConfig
+    from model_zoo.llama import build
+
+    cfg = LlamaConfig.from_hf(model_dir)
+    if recipe.data.max_seq_length > cfg.max_position_embeddings:
+        raise RecipeError(f"data.max_seq_length={recipe.data.max_seq_length} exceeds the model's "
+                          f"max_position_embeddings={cfg.max_position_embeddings} ({model_dir}/config.json); "
+                          f"set data.max_seq_length <= {cfg.max_position_embeddings}")
+    model = build(cfg, param_dtype=recipe.precision.param_dtype, compute_dtype=recipe.precision.compute_dtype,
+                  seed=recipe.seed)
+    load_hf_dir(model, model_dir)
+    if recipe.memory.recompute:
+        for layer in model.model.layers:
+            layer.recompute()
+    return cfg, model
+
+
+class LossScaler:
+    """Static or dynamic loss scaling (fp16/bf16 on Ascend); ``none`` is a scale of 1."""
+
+    def __init__(self, cfg, state: dict | None = None):
+        self.kind = cfg.kind
+        self.scale = 1.0 if cfg.kind == "none" else float(cfg.init)
+        self.factor, self.window = cfg.factor, cfg.window
+        self.good = 0
+        if state:
+            self.scale, self.good = state["scale"], state["good"]
+
+    def update(self, finite: bool) -> bool:
+        """True when the step counts; False when it was skipped for overflow (dynamic scaling)."""
+        if self.kind != "dynamic":
+            return finite
+        if not finite:
+            self.scale = max(1.0, self.scale / self.factor)
+            self.good = 0
+            return False
+        self.good += 1
+        if self.good >= self.window:
+            self.scale *= self.factor
+            self.good = 0
+        return True
+
+    def state(self) -> dict:
+        return {"scale": self.scale, "good": self.good}
+
+
+# --------------------------------------------------------------------------- the loop
+class Trainer:
+    def __init__(self, recipe, run_dir: Path, rank: int, world_size: int, model, tokenizer_dir: Path,
+                 plan: data_mod.BatchPlan, log: logging.Logger):
+        import mindspore as ms
+        from mindspore import ParameterTuple
+
+        from porting.train import engine
+
+        self.ms = ms
+        self.recipe, self.run_dir, self.rank, self.world = recipe, run_dir, rank, world_size
+        self.model, self.tokenizer_dir, self.plan, self.log = model, tokenizer_dir, plan, log
+        params = list(model.trainable_params())
+        opt = recipe.optimizer
+        self.shards = world_size if recipe.parallel.optimizer_sharding and world_size > 1 else 1
+        owned = None
+        if self.shards > 1:
+            owned = [o == rank for o in engine.owners(params, world_size)]
+            self.barrier_cell = engine.Barrier()
+        self.optimizer = engine.AdamW(params, tuple(opt.betas), opt.eps, opt.weight_decay, owned)
+        self.accum = recipe.batching.grad_accum_steps
+        if self.accum == 1:
+            self.fused = engine.FusedTrainStep(model, self.optimizer, world_size, opt.grad_clip)
+            self.cells = [self.fused]
+        else:
+            self.buffers = engine.accumulation_buffers(ParameterTuple(params))
+            self.grad_step = engine.AccumGradStep(model, self.optimizer.params, self.buffers)
+            self.apply = engine.ApplyStep(self.optimizer, self.buffers, world_size, opt.grad_clip)
+            self.cells = [self.grad_step, self.apply]
+        self.state_params = params + list(self.optimizer.m) + list(self.optimizer.v)
+        self.scaler = LossScaler(recipe.precision.loss_scale)
+        self.adam_t = 0           # optimizer updates applied (bias correction)
+        self.shapes_seen: set[tuple] = set()
+
+    # -- one optimizer step
+    def run_step(self, step: data_mod.Step, lr: float) -> dict:
+        ms = self.ms
+        t = self.adam_t + 1
+        b1, b2 = self.recipe.optimizer.betas
+        f32 = lambda x: ms.Tensor(np.float32(x))  # noqa: E731
+        scale = f32(self.scaler.scale / step.global_tokens)
+        unscale = f32(1.0 / self.scaler.scale)
+        hyper = (f32(lr), f32(1 - b1 ** t), f32(1 - b2 ** t))
+        new_shapes = {mb.shape for mb in step.micro_batches} - self.shapes_seen
+        self.shapes_seen |= new_shapes
+        t0 = time.perf_counter()
+        if self.accum == 1:
+            mb = step.micro_batches[0]
+            total, count, norm, finite = self.fused(ms.Tensor(mb.input_ids), ms.Tensor(mb.labels), scale, unscale, *hyper)
+        else:
+            local_total = 0.0
+            local_count = 0.0
+            for mb in step.micro_batches:
+                tot, cnt = self.grad_step(ms.Tensor(mb.input_ids), ms.Tensor(mb.labels), scale)
+                local_total += float(tot.asnumpy())
+                local_count += float(cnt.asnumpy())
+            total, count, norm, finite = self.apply(f32(local_total), f32(local_count), unscale, *hyper)
+        loss_sum, n_tok = float(total.asnumpy()), float(count.asnumpy())
+        norm_v, finite_v = float(norm.asnumpy()), bool(finite.asnumpy())
+        dt = time.perf_counter() - t0
+        applied = self.scaler.update(finite_v and math.isfinite(loss_sum))
+        if applied:
+            self.adam_t = t
+        return {"loss": loss_sum / max(n_tok, 1.0), "grad_norm": norm_v, "finite": finite_v and math.isfinite(loss_sum),
+                "applied": applied, "step_time_s": dt, "compile": bool(new_shapes), "tokens": int(n_tok)}
+
+    def state(self, step_done: int) -> dict:
+        return {"adam_t": self.adam_t, "loss_scale": self.scaler.state(), "next_step": step_done,
+                "world_size": self.world, "seed": self.recipe.seed}
+
+    def barrier(self) -> None:
+        self.barrier_cell(self.ms.Tensor(np.ones((1,), np.float32)))
+
+    def save(self, root: Path, done: int) -> Path:
+        """Rank 0 writes replicated states; with sharding every rank writes its own states."""
+        if self.shards == 1:
+            return ckpt.save(root, done, self.state_params, self.state(done), self.recipe.checkpointing.keep_last)
+        return ckpt.save(root, done, self.state_params, self.state(done), self.recipe.checkpointing.keep_last,
+                         rank=self.rank, shards=self.shards, barrier=self.barrier)
+
+    def restore(self, path: Path) -> int:
+        st = ckpt.load(path, self.state_params, self.rank if self.shards > 1 else 0)
+        self.adam_t = st["adam_t"]
+        self.scaler = LossScaler(self.recipe.precision.loss_scale, st["loss_scale"])
+        return int(st["next_step"])
+
+
+def _host_rss_gib() -> float | None:
+    try:
+        import psutil
+
+        return round(psutil.Process().memory_info().rss / (1 << 30), 3)
+    except Exception:  # psutil missing or unsupported platform: the field is simply left out
+        return None
+
+
+def write_json_atomic(path: Path, obj) -> None:
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(json.dumps(obj, indent=2, default=str))
+    os.replace(tmp, path)
+
+
+def train(recipe, run_dir: str | Path, *, rank: int = 0, world_size: int = 1, resume: bool = False,
+          distributed: bool = False, command: list[str] | None = None, echo: bool = True) -> RunResult:
+    """Run (or resume) the fine-tune of ``recipe`` on this rank; returns when the last step is done."""
+    from porting.sources import resolve_hf
+    from porting.train.tokenizer import load_model_tokenizer
+
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    configure_mindspore(recipe, distributed)
+    if distributed:
+        from mindspore.communication import get_group_size, get_rank
+
+        rank, world_size = get_rank(), get_group_size()
+        if world_size != recipe.world_size:
+            raise RecipeError(f"msrun started {world_size} workers but the recipe's world size is {recipe.world_size} "
+                              "(cluster.nodes x cluster.devices_per_node); use the command `port train --dry-run` prints")
+    log = rank_logger(run_dir, rank, echo and rank == 0)
+    if distributed:
+        import mindspore as ms
+
+        log.info(f"rank {rank} of {world_size}: parallel_mode {ms.get_auto_parallel_context('parallel_mode')}, "
+                 f"comm_fusion {ms.get_auto_parallel_context('comm_fusion')}, optimizer sharding "
+                 f"{recipe.parallel.optimizer_sharding}")
+    model_dir = resolve_hf(recipe.model.source)
+    tokenizer = load_model_tokenizer(model_dir)
+    plan = data_mod.build_plan(recipe, tokenizer, world_size)
+    rep = plan.data.report
+    log.info(f"data {rep.path}: {rep.examples} examples from {rep.rows} rows, {rep.bad_rows} malformed rows "
+             f"skipped, {rep.truncated} truncated, {rep.split_windows} extra windows; sha256 {rep.sha256[:12]}")
+    for s in rep.bad_row_samples:
+        log.warning(f"malformed row skipped: {s}")
+    log.info(f"bucketing: shapes {plan.boundaries}; {plan.steps_per_epoch} steps per epoch; {plan.total_steps} steps")
+    cfg, model = build_model(recipe, model_dir)
+    trainer = Trainer(recipe, run_dir, rank, world_size, model, model_dir, plan, log)
+    ck_root = run_dir / "checkpoints"
+    start = 0
+    if resume:
+        last = ckpt.latest(ck_root)
+        if last is None:
+            raise ckpt.CheckpointError(f"{ck_root}: --resume but no complete checkpoint there; run without --resume")
+        start = trainer.restore(last[1])
+        log.info(f"resumed from {last[1]} at step {start}")
+    if rank == 0:
+        from porting.env import versions
+        from porting.train.recipe import recipe_dict
+
+        manifest = {"versions": versions(), "recipe": recipe_dict(recipe),
+                    "model": {"source": recipe.model.source, "dir": str(model_dir), "config": cfg.to_hf(),
+                              "parameters": cfg.num_parameters()},
+                    "data": rep.as_dict(), "bucketing": plan.describe(), "seed": recipe.seed,
+                    "world_size": world_size, "command": command or sys.argv,
+                    "started": _dt.datetime.now(_dt.timezone.utc).isoformat(), "resumed_from_step": start or None}
+        write_json_atomic(run_dir / ("manifest.json" if not resume else f"manifest_resume_{start}.json"), manifest)
+    metrics_path = run_dir / "metrics.jsonl"
+    if rank == 0:
+        keep_metrics(metrics_path, start)
+    metrics = open(metrics_path, "a") if rank == 0 else None
+    records: list[dict] = []
+    last_loss = float("nan")
+    last_good = ckpt.latest(ck_root)
+    every = recipe.checkpointing.every_steps
+    try:
+        for step in plan.steps(rank, start):
+            lr = lr_at(recipe, step.index, plan.total_steps)
+            r = trainer.run_step(step, lr)
+            if not r["finite"] and recipe.precision.loss_scale.kind != "dynamic":
+                where = f"last good checkpoint: {last_good[1]}" if last_good else "no checkpoint was written yet"
+                raise DivergenceError(f"step {step.index + 1}: loss is {r['loss']} (grad norm {r['grad_norm']}); the "
+                                      f"update was not applied; {where}. Lower optimizer.lr, enable "
+                                      f"optimizer.grad_clip, or check the data")
+            last_loss = r["loss"]
+            global_tokens_per_s = step.global_real_tokens / r["step_time_s"] if r["step_time_s"] > 0 else 0.0
+            rec = {"step": step.index + 1, "epoch": step.epoch, "loss": r["loss"], "lr": lr,
+                   "grad_norm": r["grad_norm"], "tokens": step.global_real_tokens, "loss_tokens": step.global_tokens,
+                   "padded_tokens": step.global_padded_tokens,
+                   "tokens_per_s": round(global_tokens_per_s, 2), "step_time_s": round(r["step_time_s"], 5),
+                   "padding_fraction": round(step.padding_fraction, 5), "compile": r["compile"],
+                   "shapes": sorted({list(mb.shape)[1] for mb in step.micro_batches}),
+                   "loss_scale": trainer.scaler.scale, "skipped": not r["applied"]}
+            rss = _host_rss_gib()
+            if rss is not None:
+                rec["host_rss_gib"] = rss
+            records.append(rec)
+            if metrics is not None:
+                metrics.write(json.dumps(rec) + "\n")
+                metrics.flush()
+            if (step.index + 1) % recipe.logging.every_steps == 0 or step.index + 1 == plan.total_steps:
+                log.info(f"step {rec['step']}/{plan.total_steps} loss {rec['loss']:.5f} lr {lr:.3e} grad_norm "
+                         f"{rec['grad_norm']:.4f} tokens/s {rec['tokens_per_s']:.0f} step {rec['step_time_s']:.3f}s "
+                         f"pad {rec['padding_fraction']:.3f}" + (" (compile)" if rec["compile"] else ""))
+            done = step.index + 1
+            if (rank == 0 or trainer.shards > 1) and every and done % every == 0 and done < plan.total_steps:
+                path = trainer.save(ck_root, done)
+                last_good = (done, path)
+                log.info(f"checkpoint {path}")
+        if (rank == 0 or trainer.shards > 1) and plan.total_steps > start:
+            path = trainer.save(ck_root, plan.total_steps)
+            log.info(f"checkpoint {path}")
+        if rank == 0 and plan.total_steps > start:
+            summary = summarize(records, trainer, plan)
+            metrics.write(json.dumps(summary) + "\n")
+            log.info(f"summary: {json.dumps(summary)}")
+            if recipe.checkpointing.export_hf:
+                from porting.train.export import export_hf
+
+                out = export_hf(model, model_dir, run_dir / "hf")
+                log.info(f"HF export {out}")
+    except PortingError as exc:
+        log.error(str(exc))
+        raise
+    finally:
+        if metrics is not None:
+            metrics.close()
+    return RunResult(run_dir, len(records), last_loss, trainer_graphs(trainer), len(trainer.shapes_seen))
+
+
+def keep_metrics(path: Path, start: int) -> None:
+    """A fresh run starts an empty metrics.jsonl; a resumed one keeps the steps up to its checkpoint
+    (a killed run may have logged steps after it, which are run again)."""
+    if not path.exists():
+        return
+    kept = []
+    if start:
+        for line in path.read_text().splitlines():
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue   # a line cut by the kill
+            if "step" in rec and rec["step"] <= start:
+                kept.append(line)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(k + "\n" for k in kept))
+    os.replace(tmp, path)
+
+
+def trainer_graphs(trainer: Trainer) -> int:
+    from porting.train.engine import compiled_graphs
+
+    return compiled_graphs(*trainer.cells)
+
+
+def summarize(records: list[dict], trainer: Trainer, plan: data_mod.BatchPlan) -> dict:
+    steady = [r for r in records if not r["compile"]]
+    comp = [r for r in records if r["compile"]]
+    med = float(np.median([r["step_time_s"] for r in steady])) if steady else 0.0
+    compile_time = sum(max(0.0, r["step_time_s"] - med) for r in comp)
+    st_time = sum(r["step_time_s"] for r in steady)
+    return {"event": "summary", "steps": len(records), "compile_steps": len(comp),
+            "compile_time_s": round(compile_time, 3),
+            "steady_tokens_per_s": round(sum(r["tokens"] for r in steady) / st_time, 2) if st_time else None,
+            "steady_step_time_s": round(med, 5) if steady else None,
+            "compiled_graphs": trainer_graphs(trainer), "shapes_seen": len(trainer.shapes_seen),
+            "bucket_shapes": len(plan.boundaries),
+            "padding_fraction": round(1 - sum(r["tokens"] for r in records) / max(1, sum(r["padded_tokens"] for r in records)), 5),
+            "final_loss": records[-1]["loss"] if records else None}

@@ -1,0 +1,40 @@
+"""Entry point of one `msrun` worker: ``msrun ... worker.py --recipe R --run-dir D [--set k=v] [--resume]``.
+
+msrun starts this file with the ``python`` on PATH; each worker finds its rank through MindSpore's
+``init()`` and runs :func:`porting.train.loop.train`. Errors print one line and exit non-zero, which
+makes ``msrun --join=True`` stop the other workers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def main(argv: list[str] | None = None) -> int:
+    root = Path(__file__).resolve().parents[2]
+    if str(root) not in sys.path:   # a source checkout run without installing the package
+        sys.path.insert(0, str(root))
+    from model_zoo.errors import PortingError
+    from porting.train.loop import train
+    from porting.train.recipe import load_recipe
+
+    ap = argparse.ArgumentParser(prog="port-train-worker")
+    ap.add_argument("--recipe", required=True)
+    ap.add_argument("--run-dir", required=True)
+    ap.add_argument("--set", action="append", default=[])
+    ap.add_argument("--resume", action="store_true")
+    args = ap.parse_args(argv)
+    try:
+        recipe = load_recipe(args.recipe, args.set)
+        train(recipe, args.run_dir, resume=args.resume, distributed=True,
+              command=[sys.executable, *sys.argv], echo=True)
+    except PortingError as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return exc.exit_code
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

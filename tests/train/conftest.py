@@ -1,0 +1,55 @@
+"""Helpers for the `port train` tests: the CLI in a subprocess, free ports, small run settings."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = ROOT / "recipes" / "tiny-cpu.yaml"
+# Small and fast: one padded shape (one compiled graph), few steps, no HF export unless asked.
+FAST = ["--set", "data.max_seq_length=64", "--set", "batching.bucketing.enabled=false",
+        "--set", "checkpointing.export_hf=false"]
+
+
+def port(*args: str, check: bool = False, timeout: float = 300, **kw) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), GLOG_v="3")
+    p = subprocess.run([sys.executable, "-m", "porting", *args], cwd=ROOT, capture_output=True, text=True,
+                       timeout=timeout, env=env, **kw)
+    if check and p.returncode != 0:
+        raise AssertionError(f"port {' '.join(args)} failed ({p.returncode}):\n{p.stderr[-3000:]}")
+    return p
+
+
+def error_line(p: subprocess.CompletedProcess) -> str:
+    lines = [ln for ln in p.stderr.splitlines() if ln.startswith("error:")]
+    assert lines, f"no error line in stderr:\n{p.stderr[-2000:]}"
+    return lines[-1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def metrics(run_dir: Path) -> tuple[list[dict], dict | None]:
+    steps, summary = [], None
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        if rec.get("event") == "summary":
+            summary = rec
+        else:
+            steps.append(rec)
+    return steps, summary
+
+
+@pytest.fixture
+def alpaca(shared) -> Path:
+    return shared / "data" / "instruct" / "alpaca_en_demo.json"

@@ -1,0 +1,132 @@
+"""The framework-neutral data pipeline: tokenisation, masking, truncation, bad rows, bucketing, and
+the step structure that makes accumulation and data parallel equal."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from model_zoo.errors import RecipeError
+from porting.train import data as D
+from porting.train.recipe import validate_recipe
+from porting.train.tokenizer import load_model_tokenizer
+from tests.train.conftest import ROOT, error_line, port
+
+EMBEDDED = ROOT / "model_zoo" / "assets" / "stories260k"
+TEXT = ROOT / "porting" / "train" / "assets" / "tinystories_sample.txt"
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return load_model_tokenizer(EMBEDDED)
+
+
+def _recipe(path, **over):
+    raw = {"model": {"source": "stories260k"}, "data": {"path": str(path)}}
+    for k, v in over.items():
+        raw.setdefault(k, {}).update(v)
+    return validate_recipe(raw)
+
+
+def test_alpaca_prompt_masked_and_truncation_counted(tok, alpaca):
+    r = _recipe(alpaca, data={"max_seq_length": 256})
+    td = D.tokenize_dataset(r.data, tok)
+    rep = td.report
+    assert rep.format == "alpaca" and rep.rows == 999 and rep.bad_rows == 0
+    # prompts longer than the limit leave nothing to learn from: counted and skipped
+    assert rep.no_target > 0 and rep.examples == 999 - rep.no_target
+    assert rep.truncated >= sum(1 for e in td.examples if e.length == 256) > 0
+    row = json.loads(alpaca.read_text())[0]
+    e = td.examples[0]
+    prompt = r.data.prompt_template.format(instruction=row["instruction"])
+    n_prompt = 1 + len(tok.encode(prompt, add_special_tokens=False))
+    assert e.input_ids[0] == tok.bos_token_id
+    assert (e.labels[:n_prompt] == D.IGNORE_INDEX).all()
+    assert (e.labels[n_prompt:] == e.input_ids[n_prompt:]).all()
+    target = tok.decode(e.input_ids[n_prompt:], skip_special_tokens=True)
+    assert row["output"].startswith(target[:40])
+
+
+def test_chat_masks_everything_but_assistant(tok, tmp_path):
+    p = tmp_path / "chat.jsonl"
+    rows = [{"messages": [{"role": "user", "content": "Tell a story."},
+                          {"role": "assistant", "content": "Once upon a time there was a cat."}]}]
+    p.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    td = D.tokenize_dataset(_recipe(p).data, tok)
+    e = td.examples[0]
+    kept = [int(t) for t, l in zip(e.input_ids, e.labels) if l != D.IGNORE_INDEX]
+    assert tok.decode(kept, skip_special_tokens=True).strip() == "Once upon a time there was a cat."
+
+
+def test_malformed_rows_counted_then_fatal_with_option(tok, tmp_path):
+    p = tmp_path / "mixed.jsonl"
+    good = {"instruction": "Say hi.", "input": "", "output": "Hi!"}
+    p.write_text("\n".join([json.dumps(good), "{not json", json.dumps({"instruction": "x"}),
+                            json.dumps({"instruction": "y", "output": 3}), json.dumps(good)]) + "\n")
+    td = D.tokenize_dataset(_recipe(p, data={"format": "alpaca"}).data, tok)
+    assert td.report.rows == 5 and td.report.bad_rows == 3 and td.report.examples == 2
+    assert any("row 2: not valid JSON" in s for s in td.report.bad_row_samples)
+    assert any("row 3: missing key 'output'" in s for s in td.report.bad_row_samples)
+    with pytest.raises(RecipeError, match="row 2: not valid JSON.*data.on_bad_row=fail"):
+        D.tokenize_dataset(_recipe(p, data={"format": "alpaca", "on_bad_row": "fail"}).data, tok)
+    r = port("train", "recipes/tiny-cpu.yaml", "--set", f"data.path={p}", "--set", "data.format=alpaca",
+             "--set", "data.long_text=truncate", "--set", "data.on_bad_row=fail", "--run-dir", str(tmp_path / "run"))
+    assert r.returncode == 2 and "row 2: not valid JSON" in error_line(r)
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_steps_are_deterministic_and_resume_anywhere(tok):
+    r = _recipe(TEXT, data={"max_seq_length": 64, "long_text": "split"}, batching={"micro_batch_size": 2},
+                schedule={"epochs": 3})
+    p1, p2 = D.build_plan(r, tok), D.build_plan(r, tok)
+    s1, s2 = list(p1.steps()), list(p2.steps(start=5))
+    assert len(s1) == p1.total_steps == 3 * p1.steps_per_epoch
+    for a, b in zip(s1[5:], s2):
+        assert a.index == b.index and a.micro_batches[0].example_ids == b.micro_batches[0].example_ids
+        assert np.array_equal(a.micro_batches[0].input_ids, b.micro_batches[0].input_ids)
+    orders = [tuple(s.micro_batches[0].example_ids for s in s1[e * p1.steps_per_epoch:(e + 1) * p1.steps_per_epoch])
+              for e in range(3)]
+    assert len(set(orders)) == 3, "each epoch draws a new order"
+    mb = s1[0].micro_batches[0]
+    assert mb.input_ids.dtype == np.int32 and mb.labels.dtype == np.int32
+    assert mb.tokens == int((mb.labels[:, 1:] != D.IGNORE_INDEX).sum())
+
+
+def test_accumulation_and_data_parallel_see_the_same_examples(tok, alpaca):
+    base = {"data": {"max_seq_length": 256}}
+    plans = {
+        "4x1x1": D.build_plan(_recipe(alpaca, **base, batching={"micro_batch_size": 4, "grad_accum_steps": 1}), tok),
+        "1x4x1": D.build_plan(_recipe(alpaca, **base, batching={"micro_batch_size": 1, "grad_accum_steps": 4}), tok),
+        "1x2x2": D.build_plan(_recipe(alpaca, **base, batching={"micro_batch_size": 1, "grad_accum_steps": 2}), tok,
+                              world_size=2),
+    }
+    for i in range(5):
+        ref = plans["4x1x1"].step(i, 0)
+        ids = sorted(ref.micro_batches[0].example_ids)
+        one = plans["1x4x1"].step(i, 0)
+        assert sorted(x for mb in one.micro_batches for x in mb.example_ids) == ids
+        dp = [plans["1x2x2"].step(i, r) for r in (0, 1)]
+        assert sorted(x for s in dp for mb in s.micro_batches for x in mb.example_ids) == ids
+        assert ref.global_tokens == one.global_tokens == dp[0].global_tokens == dp[1].global_tokens
+        assert sum(mb.tokens for mb in one.micro_batches) == one.global_tokens
+
+
+def test_bucketing_on_alpaca_wastes_under_5_percent_with_16_shapes(tok, alpaca):
+    r = _recipe(alpaca, data={"max_seq_length": 512}, batching={"micro_batch_size": 4})
+    plan = D.build_plan(r, tok)
+    stats = D.padding_stats(plan)
+    assert stats["shapes"] <= 16
+    assert stats["padding_fraction"] <= 0.05, stats
+    shapes = {mb.shape for s in plan.steps() for mb in s.micro_batches}
+    assert shapes <= set(plan.shapes())
+    flat = D.padding_stats(D.build_plan(_recipe(alpaca, data={"max_seq_length": 512}, batching={
+        "micro_batch_size": 4, "bucketing": {"enabled": False}}), tok))
+    assert flat["shapes"] == 1 and flat["padding_fraction"] > 0.25
+
+
+def test_choose_boundaries_is_optimal_on_small_case():
+    lengths = np.array([10, 11, 12, 30, 31, 90])
+    assert D.choose_boundaries(lengths, 3, 1, 128) == [12, 31, 90]
+    assert D.choose_boundaries(lengths, 1, 8, 128) == [96]

@@ -1,0 +1,82 @@
+"""The dry-run plan: memory estimator against real measurements, refusal with remedies, msrun commands."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from model_zoo import presets
+from porting.train.plan import estimate_memory, make_plan, msrun_commands
+from porting.train.recipe import validate_recipe
+from tests.train.conftest import error_line, port
+
+
+def _recipe(**sections):
+    raw = {"model": {"source": "llama-7b"}, "data": {"path": "x.jsonl", "max_seq_length": 4096},
+           "cluster": {"device": "ascend"}}
+    for k, v in sections.items():
+        raw.setdefault(k, {}).update(v)
+    return validate_recipe(raw, check_files=False)
+
+
+def test_estimator_matches_h200_measurements(shared):
+    """HF Llama-7B, bf16 params and bf16 AdamW states, seq 4096, micro 1, measured on a real H200."""
+    runs = json.loads((shared / "data" / "baselines" / "h200_hf_llama_baseline.json").read_text())["runs"]
+    cfg = presets.config("llama-7b")
+    bf16 = {"param_dtype": "bfloat16", "compute_dtype": "bfloat16"}
+    for r in runs:
+        if r["shape"] != "llama-7b":
+            continue
+        m = estimate_memory(cfg, _recipe(precision=bf16, memory={"recompute": r["grad_checkpointing"]}))
+        bf16_states = m["optimizer_states"] / 2          # the measurement keeps AdamW states in bf16
+        if r["grad_checkpointing"]:
+            # backward peak: weights, gradients, states, layer inputs and one recomputed layer
+            est = m["weights"] + m["gradients"] + bf16_states + m["activations_recompute"]
+            assert est == pytest.approx(r["peak_backward_gib"], rel=0.10)
+        else:
+            # forward peak: weights, states and every activation kept for backward (grads freed)
+            est = m["weights"] + bf16_states + m["activations"]
+            assert est == pytest.approx(r["peak_forward_gib"], rel=0.10)
+
+
+def test_plan_global_batch_and_sharding():
+    r = _recipe(batching={"micro_batch_size": 1, "grad_accum_steps": 4}, cluster={"devices_per_node": 8},
+                parallel={"optimizer_sharding": True}, precision={"param_dtype": "bfloat16", "compute_dtype": "bfloat16"},
+                memory={"recompute": True})
+    plan = make_plan(r, presets.config("llama2-7b"), "recipes/x.yaml", "runs/x")
+    assert plan["global_batch"] == 32 and plan["world_size"] == 8
+    mem = plan["memory_gib_by_phase"]
+    assert set(mem) == {"weights", "gradients", "optimizer_states", "activations", "activations_recompute",
+                        "comm_buffers", "workspace", "total"}
+    assert mem["optimizer_states"] == pytest.approx(2 * 4 * 6.738e9 / 8 / 2**30, rel=0.01)
+    assert plan["fits"] and plan["device_hbm_gib"] == 64
+
+
+def test_msrun_command_per_node():
+    r = _recipe(cluster={"nodes": 4, "devices_per_node": 8, "master_addr": "10.0.0.1", "master_port": 9000})
+    cmds = msrun_commands(r, "recipes/13b.yaml", "runs/13b", ["optimizer.lr=1e-5"])
+    assert len(cmds) == 4
+    for i, c in enumerate(cmds):
+        assert "--worker_num=32" in c and "--local_worker_num=8" in c and f"--node_rank={i}" in c
+        assert "--master_addr=10.0.0.1" in c and "--master_port=9000" in c and "--set optimizer.lr=1e-5" in c
+
+
+def test_dry_run_refuses_plan_that_does_not_fit_with_remedies():
+    r = port("train", "recipes/7b-8card.yaml", "--dry-run", "--set", "precision.param_dtype=float32",
+             "--set", "precision.compute_dtype=float32", "--set", "memory.recompute=false",
+             "--set", "parallel.optimizer_sharding=false")
+    assert r.returncode == 2
+    line = error_line(r)
+    assert "GiB per device, more than the 64 GiB" in line
+    assert "memory.recompute=true" in line and "parallel.optimizer_sharding=true" in line and "(fits)" in line
+    assert "DOES NOT FIT" in r.stdout
+
+
+@pytest.mark.parametrize("name,nodes", [("7b-8card", 1), ("13b-32card", 4), ("7b-a3-16die", 1)])
+def test_shipped_910c_recipes_fit(name, nodes):
+    r = port("train", f"recipes/{name}.yaml", "--dry-run", "--json")
+    assert r.returncode == 0, r.stderr[-2000:]
+    plan = json.loads(r.stdout)
+    assert plan["fits"] and plan["memory_gib_by_phase"]["total"] <= 64
+    assert len(plan["msrun_commands"]) == nodes

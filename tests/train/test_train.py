@@ -1,0 +1,201 @@
+"""Real fine-tunes of the real stories260K on MindSpore (CPU, graph mode): loss, run directory,
+accumulation exactness, kill -9 + resume, NaN stop, full disk at a checkpoint, graphs per shape."""
+
+from __future__ import annotations
+
+import json
+import re
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.train.conftest import FAST, ROOT, TINY, error_line, metrics, port
+
+LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3} rank=0 ")
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory) -> Path:
+    """The shipped tiny recipe, as a user runs it."""
+    run = tmp_path_factory.mktemp("tiny") / "run"
+    port("train", str(TINY), "--run-dir", str(run), check=True)
+    return run
+
+
+def test_loss_falls_and_run_directory_contract(tiny_run, shared):
+    steps, summary = metrics(tiny_run)
+    assert [s["step"] for s in steps] == list(range(1, len(steps) + 1)) and len(steps) == 20
+    for key in ("loss", "lr", "grad_norm", "tokens", "tokens_per_s", "step_time_s", "padding_fraction", "compile"):
+        assert key in steps[0], key
+    first, last = np.mean([s["loss"] for s in steps[:4]]), np.mean([s["loss"] for s in steps[-4:]])
+    assert last < 0.6 * first, (first, last)
+    assert steps[0]["compile"] and not steps[-1]["compile"]
+    assert summary["compile_time_s"] > 0 and summary["steady_tokens_per_s"] > 0
+    assert summary["compiled_graphs"] == summary["shapes_seen"] <= summary["bucket_shapes"]
+    manifest = json.loads((tiny_run / "manifest.json").read_text())
+    assert manifest["versions"]["packages"]["mindspore"] if "packages" in manifest["versions"] else manifest["versions"]
+    assert manifest["data"]["sha256"] and manifest["data"]["examples"] == 16 and manifest["world_size"] == 1
+    assert manifest["bucketing"]["boundaries"] and manifest["seed"] == 0
+    plan = json.loads((tiny_run / "plan.json").read_text())
+    assert plan["memory_gib_by_phase"]["total"] > 0 and plan["global_batch"] == 4
+    lines = (tiny_run / "logs" / "rank_0.log").read_text().splitlines()
+    assert lines and all(LOG_LINE.match(l) for l in lines)
+    assert sorted(p.name for p in (tiny_run / "checkpoints").iterdir()) == ["step_10", "step_20"]
+    # The HF export is a real HF checkpoint: transformers loads it, and it fits the data better than the
+    # model it started from.
+    import torch
+    from transformers import AutoTokenizer, LlamaForCausalLM
+
+    text = (ROOT / "porting" / "train" / "assets" / "tinystories_sample.txt").read_text().split("<|endoftext|>")[0]
+    tok = AutoTokenizer.from_pretrained(str(tiny_run / "hf"), local_files_only=True)
+    ids = torch.tensor([tok(text.strip())["input_ids"][:128]])
+
+    def loss(d):
+        m = LlamaForCausalLM.from_pretrained(str(d), local_files_only=True, torch_dtype=torch.float32)
+        with torch.no_grad():
+            return float(m(ids, labels=ids).loss)
+
+    before, after = loss(ROOT / "model_zoo" / "assets" / "stories260k"), loss(tiny_run / "hf")
+    assert after < before - 0.1, (before, after)
+
+
+def _weights(run: Path) -> dict:
+    from safetensors.numpy import load_file
+
+    return load_file(str(run / "hf" / "model.safetensors"))
+
+
+def test_micro_1_x_accum_4_equals_micro_4_x_accum_1(tmp_path):
+    from porting.train.loop import train
+    from porting.train.recipe import load_recipe
+
+    common = ["data.max_seq_length=64", "batching.bucketing.enabled=false", "schedule.max_steps=3",
+              "checkpointing.every_steps=0"]
+    a = train(load_recipe(TINY, common + ["batching.micro_batch_size=1", "batching.grad_accum_steps=4"]),
+              tmp_path / "a", echo=False)
+    b = train(load_recipe(TINY, common + ["batching.micro_batch_size=4", "batching.grad_accum_steps=1"]),
+              tmp_path / "b", echo=False)
+    wa, wb = _weights(tmp_path / "a"), _weights(tmp_path / "b")
+    w0 = _weights_from(ROOT / "model_zoo" / "assets" / "stories260k")
+    moved = max(float(np.abs(wa[k] - w0[k]).max()) for k in wa)
+    diff = max(float(np.abs(wa[k] - wb[k]).max()) for k in wa)
+    assert moved > 1e-3 and diff < 2e-5, (moved, diff)
+    assert abs(a.last_loss - b.last_loss) < 1e-5
+    la, lb = metrics(tmp_path / "a")[0], metrics(tmp_path / "b")[0]
+    assert np.allclose([s["loss"] for s in la], [s["loss"] for s in lb], atol=1e-5)
+
+
+def _weights_from(d: Path) -> dict:
+    from safetensors.numpy import load_file
+
+    return load_file(str(d / "model.safetensors"))
+
+
+def _curve(run: Path) -> dict[int, float]:
+    return {s["step"]: s["loss"] for s in metrics(run)[0]}
+
+
+@pytest.mark.slow
+def test_kill_9_then_resume_continues_the_same_curve(tmp_path):
+    sets = FAST + ["--set", "schedule.max_steps=30", "--set", "checkpointing.every_steps=10"]
+    ref = tmp_path / "ref"
+    port("train", str(TINY), "--run-dir", str(ref), *sets, check=True)
+    run = tmp_path / "killed"
+    proc = subprocess.Popen([sys.executable, "-m", "porting", "train", str(TINY), "--run-dir", str(run), *sets],
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 240
+    while time.time() < deadline:
+        m = run / "metrics.jsonl"
+        if m.exists() and sum(1 for _ in m.open()) >= 15:
+            break
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    done = max(_curve(run))
+    assert done < 30, "the run finished before it was killed; nothing to resume"
+    refused = port("train", str(TINY), "--run-dir", str(run), *sets)
+    assert refused.returncode == 2 and "--resume" in error_line(refused)
+    port("train", str(TINY), "--run-dir", str(run), *sets, "--resume", check=True)
+    a, b = _curve(ref), _curve(run)
+    assert sorted(b) == sorted(a) == list(range(1, 31))
+    assert max(abs(a[k] - b[k]) for k in a) == 0.0, "resume must be bit-exact"
+    import mindspore as ms
+
+    ca = ms.load_checkpoint(str(ref / "checkpoints" / "step_30" / "train_state.ckpt"))
+    cb = ms.load_checkpoint(str(run / "checkpoints" / "step_30" / "train_state.ckpt"))
+    assert set(ca) == set(cb) and any(k.startswith("adam_m.") for k in ca)   # weights and AdamW states
+    assert all(np.array_equal(ca[k].asnumpy(), cb[k].asnumpy()) for k in ca)
+    assert (run / f"manifest_resume_{(done // 10) * 10}.json").is_file()
+
+
+def test_nan_loss_stops_with_step_and_last_checkpoint(tmp_path):
+    run = tmp_path / "nan"
+    r = port("train", str(TINY), "--run-dir", str(run), *FAST, "--set", "optimizer.lr=1e30",
+             "--set", "optimizer.grad_clip=null", "--set", "schedule.warmup_steps=0",
+             "--set", "checkpointing.every_steps=1")
+    assert r.returncode == 3
+    line = error_line(r)
+    assert re.search(r"step 2: loss is .*grad norm nan", line), line
+    assert f"last good checkpoint: {run / 'checkpoints' / 'step_1'}" in line
+    assert not (run / "hf").exists()
+
+
+def _mount_tmpfs(where: Path, size: str) -> bool:
+    where.mkdir(parents=True, exist_ok=True)
+    if shutil.which("mount") is None:
+        return False
+    return subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
+                          capture_output=True).returncode == 0
+
+
+def test_full_disk_at_checkpoint_keeps_previous_checkpoint(tmp_path):
+    """A real ENOSPC on a small tmpfs when we may mount one; otherwise a real EFBIG from RLIMIT_FSIZE."""
+    disk = tmp_path / "disk"
+    mounted = _mount_tmpfs(disk, "8m")
+    run = disk / "run"
+    sets = FAST + ["--set", "checkpointing.every_steps=2", "--set", "schedule.max_steps=4"]
+    try:
+        port("train", str(TINY), "--run-dir", str(run), *sets, check=True)
+        before = (run / "checkpoints" / "step_4" / "train_state.ckpt").read_bytes()
+
+        def limit():
+            if not mounted:
+                signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+                resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
+
+        more = FAST + ["--set", "checkpointing.every_steps=2", "--set", "schedule.max_steps=6"]
+        r = port("train", str(TINY), "--run-dir", str(run), *more, "--resume", preexec_fn=limit)
+        assert r.returncode == 2
+        line = error_line(r)
+        assert "step_6: could not write the checkpoint" in line and "step_4 is intact" in line, line
+        names = sorted(p.name for p in (run / "checkpoints").iterdir())
+        assert names == ["step_2", "step_4"], names          # no partial step_6, no temporary left
+        assert (run / "checkpoints" / "step_4" / "train_state.ckpt").read_bytes() == before
+        state = json.loads((run / "checkpoints" / "step_4" / "state.json").read_text())
+        assert state["next_step"] == 4
+    finally:
+        if mounted:
+            subprocess.run(["umount", str(disk)], capture_output=True)
+
+
+def test_bucketed_alpaca_compiles_one_graph_per_shape(tmp_path, alpaca):
+    from porting.train.loop import train
+    from porting.train.recipe import load_recipe
+
+    sets = [f"data.path={alpaca}", "data.format=alpaca", "data.long_text=truncate", "data.max_seq_length=128",
+            "batching.micro_batch_size=4", "batching.bucketing.max_shapes=3", "schedule.max_steps=24",
+            "schedule.epochs=1", "checkpointing.every_steps=0", "checkpointing.export_hf=false"]
+    res = train(load_recipe(TINY, sets), tmp_path / "run", echo=False)
+    steps, summary = metrics(tmp_path / "run")
+    shapes = {w for s in steps for w in s["shapes"]}
+    assert len(shapes) >= 2 and summary["bucket_shapes"] <= 3
+    assert res.compiled_graphs == len(shapes) <= summary["bucket_shapes"]
+    assert sum(s["compile"] for s in steps) == len(shapes)
