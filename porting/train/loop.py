@@ -274,6 +274,9 @@ def train(recipe, run_dir: str | Path, *, rank: int = 0, world_size: int = 1, re
         log.warning(f"malformed row skipped: {s}")
     log.info(f"bucketing: shapes {plan.boundaries}; {plan.steps_per_epoch} steps per epoch; {plan.total_steps} steps")
     cfg, model = build_model(recipe, model_dir)
+    if recipe.memory.recompute:
+        flagged = sum(1 for layer in model.model.layers if getattr(layer, "_has_config_recompute", False))
+        log.info(f"recompute: {flagged} of {cfg.num_hidden_layers} decoder layers recompute their activations in backward")
     trainer = Trainer(recipe, run_dir, rank, world_size, model, model_dir, plan, log)
     ck_root = run_dir / "checkpoints"
     start = 0

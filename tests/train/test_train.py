@@ -199,3 +199,18 @@ def test_bucketed_alpaca_compiles_one_graph_per_shape(tmp_path, alpaca):
     assert len(shapes) >= 2 and summary["bucket_shapes"] <= 3
     assert res.compiled_graphs == len(shapes) <= summary["bucket_shapes"]
     assert sum(s["compile"] for s in steps) == len(shapes)
+
+
+def test_recompute_gives_the_same_training(tmp_path):
+    """Cell.recompute() on every decoder layer (graph mode, CPU) changes memory, not the numbers."""
+    from porting.train.loop import train
+    from porting.train.recipe import load_recipe
+
+    common = ["data.max_seq_length=64", "batching.bucketing.enabled=false", "schedule.max_steps=2",
+              "checkpointing.every_steps=0"]
+    train(load_recipe(TINY, common + ["memory.recompute=true"]), tmp_path / "rc", echo=False)
+    train(load_recipe(TINY, common), tmp_path / "plain", echo=False)
+    wa, wb = _weights(tmp_path / "rc"), _weights(tmp_path / "plain")
+    assert max(float(np.abs(wa[k] - wb[k]).max()) for k in wa) < 1e-6
+    assert json.loads((tmp_path / "rc" / "manifest.json").read_text())["recipe"]["memory"]["recompute"] is True
+    assert "recompute: 5 of 5 decoder layers" in (tmp_path / "rc" / "logs" / "rank_0.log").read_text()
