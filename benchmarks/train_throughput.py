@@ -11,6 +11,7 @@
 
     python benchmarks/train_throughput.py                 # everything (~6 min on 2 cores)
     python benchmarks/train_throughput.py --part step     # only 1
+    python benchmarks/train_throughput.py --part profile  # attention's share of the stories260K-shape step
     python benchmarks/train_throughput.py --part bucketing --alpaca ../shared/data/instruct/alpaca_en_demo.json
 """
 
@@ -156,6 +157,31 @@ def part_step(args) -> list[dict]:
     return rows
 
 
+def part_profile(args) -> list[dict]:
+    """Where the MindSpore step's time goes on the stories260K shape: the same step with the reference
+    attention (S^2 float32 scores, causal mask, softmax, repeated K/V) swapped for an identity, run
+    interleaved with the real step. A diagnosis only; the numbers of that model are meaningless."""
+    import model_zoo.llama as zoo_llama
+
+    real = zoo_llama.reference_attention
+    cfg = SHAPES["stories260k"]
+    runs: dict[str, list[dict]] = {"full": [], "no_attention": []}
+    for _ in range(args.rounds):
+        zoo_llama.reference_attention = real
+        runs["full"].append(ms_step(cfg, args.batch, args.seq, True, args.warmup, args.steps))
+        zoo_llama.reference_attention = lambda q, k, v, scale, n_rep, q_offset: q
+        runs["no_attention"].append(ms_step(cfg, args.batch, args.seq, True, args.warmup, args.steps))
+    zoo_llama.reference_attention = real
+    tok = args.batch * args.seq
+    full, none = _merge(runs["full"], tok), _merge(runs["no_attention"], tok)
+    row = {"profile": "stories260k", "full_step_s": full["step_s"], "full_best_s": full["best_step_s"],
+           "without_attention_step_s": none["step_s"], "without_attention_best_s": none["best_step_s"],
+           "attention_share_median": round(1 - none["step_s"] / full["step_s"], 3),
+           "attention_share_best": round(1 - none["best_step_s"] / full["best_step_s"], 3)}
+    print(json.dumps(row), flush=True)
+    return [row]
+
+
 def part_bucketing(args) -> list[dict]:
     import tempfile
 
@@ -190,7 +216,7 @@ def part_bucketing(args) -> list[dict]:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--part", choices=["all", "step", "bucketing"], default="all")
+    ap.add_argument("--part", choices=["all", "step", "profile", "bucketing"], default="all")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=256)
     ap.add_argument("--warmup", type=int, default=3)
@@ -204,6 +230,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.part in ("all", "step"):
         part_step(args)
+    if args.part in ("all", "profile"):
+        part_profile(args)
     if args.part in ("all", "bucketing"):
         part_bucketing(args)
 
