@@ -46,7 +46,7 @@ class LlamaConfig:
     model_type: str = "llama"
     bos_token_id: int | None = 1
     eos_token_id: int | list[int] | None = 2
-    torch_dtype: str | None = None
+    torch_dtype: str | None = dataclasses.field(default=None, compare=False)  # storage metadata only
 
     def __post_init__(self) -> None:
         # Derived fields are filled in here so a preset can leave them out, as HF configs do.

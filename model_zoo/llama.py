@@ -21,6 +21,7 @@ from mindspore.common.initializer import Normal, Zero, One, initializer
 
 from model_zoo import kernels
 from model_zoo.config import LlamaConfig
+from model_zoo.errors import ConfigError
 from model_zoo.kernels import KernelPlan
 
 _DTYPES = {"float32": ms.float32, "float16": ms.float16, "bfloat16": ms.bfloat16}
@@ -126,8 +127,18 @@ def fused_attention(q: Tensor, k: Tensor, v: Tensor, num_heads: int) -> Tensor:
     """FlashAttentionScore in BNSD; GQA is native (N2 divides N1), so k/v are not repeated."""
     kw = kernels.flash_attention_kwargs(num_heads=num_heads, head_dim=q.shape[-1],
                                         q_len=q.shape[2], kv_len=k.shape[2])
-    kw["attn_mask"] = Tensor(kw["attn_mask"])
+    kw["attn_mask"] = _causal_mask_tensor()
     return FUSED_OPS["flash_attention_score"](q, k, v, **kw)
+
+
+_MASK: list = []
+
+
+def _causal_mask_tensor() -> Tensor:
+    # One 4 MiB constant shared by every layer (and every graph) instead of one per call.
+    if not _MASK:
+        _MASK.append(Tensor(kernels.compressed_causal_mask()))
+    return _MASK[0]
 
 
 class Attention(nn.Cell):
@@ -234,6 +245,7 @@ class LlamaForCausalLM(nn.Cell):
         self.param_dtype, self.compute_dtype = pdt, cdt
         self.model = LlamaModel(cfg, plan, pdt, cdt)
         self.tied = cfg.tie_word_embeddings
+        self.window = cfg.sliding_window or 0
         if not self.tied:
             self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, False, pdt, cdt)
         self.logits_matmul = ops.MatMul(transpose_b=True)
@@ -253,10 +265,30 @@ class LlamaForCausalLM(nn.Cell):
         out = self.logits_matmul(ops.reshape(hidden, (-1, h)), ops.cast(w, hidden.dtype))
         return ops.cast(ops.reshape(out, (b, s, -1)), ms.float32)
 
+    def _check_length(self, length: int) -> None:
+        # Sliding-window attention (Mistral v0.1) equals full causal attention up to the window.
+        if self.window and length > self.window:
+            raise ConfigError(f"sequence length {length} exceeds sliding_window={self.window}; the zoo's attention "
+                              f"is full causal, exact only up to the window: use sequences <= {self.window}")
+
     def construct(self, input_ids: Tensor) -> Tensor:
         s = input_ids.shape[1]
+        if self.window and s > self.window:  # compile-time check (static shapes); message as _check_length
+            raise ValueError("sequence length exceeds the model's sliding_window; use shorter sequences")
         cos, sin = self.rope_cos[:s], self.rope_sin[:s]
         return self.logits(self.model(input_ids, cos, sin))
+
+    def hidden_states(self, input_ids: Tensor) -> list[Tensor]:
+        """Embeddings, then each layer's output, the last one after the final norm (HF's layout)."""
+        s = input_ids.shape[1]
+        cos, sin = self.rope_cos[:s], self.rope_sin[:s]
+        x = self.model.tok_embeddings(input_ids)
+        out = [x]
+        for layer in self.model.layers:
+            x = layer(x, cos, sin)
+            out.append(x)
+        out[-1] = self.model.norm_out(x)
+        return out
 
     # ----------------------------------------------------------------- KV-cache path (PyNative)
     def forward_cached(self, input_ids: Tensor, cache: list | None) -> tuple[Tensor, list]:
@@ -266,6 +298,7 @@ class LlamaForCausalLM(nn.Cell):
         """
         start = 0 if not cache else cache[0][0].shape[2]
         s = input_ids.shape[1]
+        self._check_length(start + s)
         self._ensure_rope(start + s)
         cos, sin = self.rope_cos[start:start + s], self.rope_sin[start:start + s]
         x = self.model.tok_embeddings(input_ids)

@@ -27,7 +27,12 @@ PRESETS: list[dict] = [
          config=dict(model_type="llama", vocab_size=512, hidden_size=64, intermediate_size=172,
                      num_hidden_layers=5, num_attention_heads=8, num_key_value_heads=4,
                      max_position_embeddings=512, rms_norm_eps=1e-5, rope_theta=10000.0,
-                     tie_word_embeddings=True, bos_token_id=1, eos_token_id=2)),
+                     tie_word_embeddings=True, bos_token_id=1, eos_token_id=2),
+         # Greedy continuation of BOS measured with HF transformers on CPU in fp32 (shared/README.md).
+         golden=dict(prompt_ids=[1], new_tokens=60,
+                     text="Once upon a time, there was a little girl named Lily. She loved to play outside "
+                          "in the park. One day, she saw a big, red ball. She wanted to play with it, but it "
+                          "was too high")),
     # huggyllama/llama-7b config.json
     dict(name="llama-7b", hf_repo="huggyllama/llama-7b", config=dict(_LLAMA1)),
     # huggyllama/llama-13b config.json

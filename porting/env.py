@@ -42,6 +42,16 @@ def driver_version() -> str | None:
     return None
 
 
+def firmware_version() -> str | None:
+    """Ascend firmware version from the install's version.info, when present."""
+    p = Path("/usr/local/Ascend/firmware/version.info")
+    if p.is_file():
+        m = re.search(r"Version\s*=\s*([\w.\-]+)", p.read_text(errors="replace"))
+        if m:
+            return m.group(1)
+    return None
+
+
 def npu_smi() -> str | None:
     try:
         out = subprocess.run(["npu-smi", "info"], capture_output=True, text=True, timeout=10)

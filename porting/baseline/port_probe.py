@@ -1,0 +1,73 @@
+"""The port's side of the probe batch: the run's weights after the baseline's last step, loaded into the
+zoo's MindSpore cell, run on the baseline's probe ids (float32).
+
+Where the weights come from, in order: ``checkpoints/step_<N>/`` when the run kept step N (N = the
+baseline's last step; the architecture from the manifest's model.config), else ``hf/`` (the HF export written at the end) when the run's last step is N.
+Anything else is reported as "not available" with the reason, never silently substituted.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from porting.baseline.rundir import RunData
+
+
+def _logits_from_hf(hf_dir: Path, ids: np.ndarray) -> np.ndarray:
+    import mindspore as ms
+
+    from converters.loading import load_hf_dir
+    from model_zoo.config import LlamaConfig
+    from model_zoo.llama import build
+
+    model = build(LlamaConfig.from_hf(hf_dir), param_dtype="float32")
+    load_hf_dir(model, hf_dir)
+    model.set_train(False)
+    return model(ms.Tensor(ids.astype(np.int32))).asnumpy().astype(np.float32)
+
+
+def _logits_from_ckpt(ckpt_dir: Path, cfg_source, ids: np.ndarray) -> np.ndarray:
+    """Model parameters from a `port train` checkpoint (train_state.ckpt also holds AdamW moments)."""
+    import mindspore as ms
+
+    from model_zoo.config import LlamaConfig
+    from model_zoo.errors import CheckpointError
+    from model_zoo.llama import build
+
+    files = sorted(ckpt_dir.glob("*.ckpt")) + sorted(ckpt_dir.glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(f"{ckpt_dir}: no .ckpt or .safetensors file; expected a `port train` checkpoint")
+    model = build(LlamaConfig.from_hf(cfg_source), param_dtype="float32")
+    fmt = "safetensors" if files[0].suffix == ".safetensors" else "ckpt"
+    try:
+        state = ms.load_checkpoint(str(files[0]), format=fmt)
+    except (RuntimeError, ValueError, OSError) as e:
+        raise CheckpointError(f"{files[0]}: cannot be read ({str(e).splitlines()[0]})") from None
+    params = {p.name: p for p in model.get_parameters()}
+    missing = sorted(set(params) - set(state))
+    if missing:
+        raise CheckpointError(f"{files[0]}: lacks {len(missing)} of the model's parameters (first: "
+                              f"{', '.join(missing[:3])}); expected a checkpoint of this model")
+    for name, p in params.items():
+        if tuple(state[name].shape) != tuple(p.shape):
+            raise CheckpointError(f"{files[0]}: {name} has shape {tuple(state[name].shape)}, the model {tuple(p.shape)}")
+        p.set_data(state[name].astype(p.dtype))
+    model.set_train(False)
+    return model(ms.Tensor(ids.astype(np.int32))).asnumpy().astype(np.float32)
+
+
+def port_probe_logits(run: RunData, ids: np.ndarray, after_step: int) -> tuple[np.ndarray | None, str]:
+    """(logits, where they came from) or (None, why there are none)."""
+    ckpt = run.path / "checkpoints" / f"step_{after_step}"
+    hf = run.path / "hf"
+    cfg = (run.manifest.get("model") or {}).get("config")
+    if ckpt.is_dir() and (isinstance(cfg, dict) or (hf / "config.json").is_file()):
+        return _logits_from_ckpt(ckpt, cfg if isinstance(cfg, dict) else hf, ids), f"{ckpt}"
+    if hf.is_dir() and (hf / "config.json").is_file():
+        if run.last_step != after_step:
+            return None, (f"run's HF export is after step {run.last_step}, baseline probe is after step {after_step}, "
+                          f"and {ckpt} is absent")
+        return _logits_from_hf(hf, ids), f"{hf}"
+    return None, f"no {hf} export and no {ckpt} in the run"

@@ -1,0 +1,18 @@
+"""Learning-rate schedule and weight-decay rule, taken from `port train` itself so the two sides
+cannot drift: ``porting.train.schedule.lr_at`` and AdamW's decay on every parameter
+(docs/training.md, "API for baseline")."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+
+def lr_schedule(recipe, total_steps: int) -> Callable[[int], float]:
+    from porting.train.schedule import lr_at
+
+    return lambda step: lr_at(recipe, step, total_steps)
+
+
+def no_decay_rule(recipe) -> Callable[[str], bool]:
+    """`port train` decays every parameter (torch.optim.AdamW semantics with one group)."""
+    return lambda name: False

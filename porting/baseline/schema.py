@@ -1,0 +1,111 @@
+"""The baseline file: one self-describing JSON document (format ``port-baseline``, version 1).
+
+Written by ``port baseline``, read by ``port compare`` and ``port report``. See docs/baseline.md for
+every field. Writing is atomic (temporary file, then rename); reading validates everything at once
+and raises one ConfigError naming the file and each bad key.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from model_zoo.errors import ConfigError
+from porting.baseline import arrays
+
+FORMAT = "port-baseline"
+FORMAT_VERSION = 1
+
+# Settings compared first by `port compare`, in this order: a comparison across any of them is not
+# like for like. Keys of the "settings" object.
+KEY_SETTINGS = ("global_batch", "seq_length", "micro_batch_size", "grad_accum_steps", "world_size", "dtype",
+                "data_sha256", "data_order", "seed")
+OTHER_SETTINGS = ("steps", "model_type", "num_parameters", "model_config_sha256", "lr", "betas", "eps",
+                  "weight_decay", "grad_clip", "schedule", "recompute")
+
+# top-level key -> JSON type expected
+TOP_LEVEL: dict[str, type | tuple[type, ...]] = {
+    "format": str, "format_version": int, "created": str, "command": list, "device": dict, "versions": dict,
+    "model": dict, "settings": dict, "steps": dict, "timing": dict, "memory": dict, "probe": dict,
+}
+STEP_ARRAYS = ("step", "loss", "grad_norm", "lr", "tokens", "step_time_s")
+PHASES = ("forward", "backward", "optimizer")
+
+
+def write_json_atomic(path: str | Path, doc: dict[str, Any]) -> Path:
+    """Write ``doc`` to ``path`` through a temporary file in the same folder, then rename."""
+    path = Path(path)
+    if not path.parent.is_dir():
+        raise ConfigError(f"{path}: folder {path.parent} does not exist; create it or pick another --out")
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(doc, f, indent=1, allow_nan=True)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def problems(doc: Any) -> list[str]:
+    """Every way ``doc`` is not a version-1 baseline (empty when it is one)."""
+    if not isinstance(doc, dict):
+        return [f"top level is {type(doc).__name__}, expected an object"]
+    out: list[str] = []
+    if doc.get("format") != FORMAT:
+        out.append(f"format is {doc.get('format')!r}, expected {FORMAT!r}")
+    if doc.get("format_version") != FORMAT_VERSION:
+        out.append(f"format_version is {doc.get('format_version')!r}, this port reads {FORMAT_VERSION}")
+    for key, typ in TOP_LEVEL.items():
+        if key not in doc:
+            out.append(f"missing key {key!r}")
+        elif not isinstance(doc[key], typ):
+            out.append(f"{key} is {type(doc[key]).__name__}, expected {typ.__name__}")
+    if out:
+        return out
+    n = len(doc["steps"].get("step", []))
+    for key in STEP_ARRAYS:
+        v = doc["steps"].get(key)
+        if not isinstance(v, list) or len(v) != n:
+            out.append(f"steps.{key} must be a list of {n} values")
+    peaks = doc["steps"].get("peak_memory_gib")
+    if not isinstance(peaks, dict) or any(not isinstance(peaks.get(p), list) or len(peaks[p]) != n for p in PHASES):
+        out.append(f"steps.peak_memory_gib must hold lists of {n} values for {', '.join(PHASES)}")
+    if n == 0:
+        out.append("steps.step is empty: the baseline recorded no optimizer step")
+    for key in KEY_SETTINGS + ("steps",):
+        if key not in doc["settings"]:
+            out.append(f"missing settings.{key}")
+    for key in ("input_ids", "logits_initial", "logits_final"):
+        if key not in doc["probe"]:
+            out.append(f"missing probe.{key}")
+    for key in ("logits_initial", "logits_final"):
+        if key in doc["probe"]:
+            try:
+                arrays.decode(doc["probe"][key], f"probe.{key}")
+            except ValueError as e:
+                out.append(str(e))
+    return out
+
+
+def load(path: str | Path) -> dict[str, Any]:
+    """A validated baseline document; one ConfigError line for a missing, corrupt or foreign file."""
+    path = Path(path)
+    hint = "re-create it with `port baseline`"
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such baseline file; {hint} (--out {path})")
+    try:
+        doc = json.loads(path.read_text())
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not a text file; expected a JSON baseline written by `port baseline`") from None
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{path}: corrupt JSON at line {e.lineno} column {e.colno} ({e.msg}); {hint}") from None
+    bad = problems(doc)
+    if bad:
+        raise ConfigError(f"{path}: not a {FORMAT} v{FORMAT_VERSION} file: {'; '.join(bad)}; {hint}")
+    return doc

@@ -1,0 +1,42 @@
+"""`port baseline`: record the PyTorch/HF reference run of a recipe (loss, grad norm, probe logits,
+step time, peak memory by phase, versions) in one JSON file, for `port compare`."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+
+@click.command("baseline", epilog="""\b
+Examples:
+  port baseline --recipe recipes/tiny-cpu.yaml --device cpu --out base.json --set schedule.max_steps=8
+  port baseline --hf ./llama-7b --recipe recipes/7b-8card.yaml --device cuda --steps 20 --out llama7b_h200.json
+  port compare base.json runs/tiny-cpu""")
+@click.option("--recipe", required=True, help="The `port train` recipe (YAML) whose data order, batching and optimizer to reproduce.")
+@click.option("--out", required=True, help="Baseline file to write (JSON; written atomically).")
+@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
+              help="Where PyTorch runs; cuda measures device memory, cpu measures host RSS.")
+@click.option("--hf", default=None, help="HF model directory or zoo name (default: the recipe's model.source).")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Recipe override, as for `port train`.")
+@click.option("--steps", type=int, default=None, help="Stop after N optimizer steps (default: the whole schedule).")
+@click.option("--probe-tokens", type=int, default=32, show_default=True, help="Length of the probe sequence.")
+@click.option("--timing-warmup", "timing_warmup", type=int, default=1, show_default=True,
+              help="First steps timed apart from the steady state.")
+@click.option("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice).")
+def command(recipe: str, out: str, device: str, hf: str | None, overrides: tuple[str, ...], steps: int | None,
+            probe_tokens: int, timing_warmup: int, threads: int | None) -> None:
+    """Record a PyTorch + HF transformers baseline of RECIPE's first steps."""
+    from porting.baseline.runner import BaselineRequest, run
+
+    req = BaselineRequest(recipe=recipe, out=out, device=device, hf=hf, overrides=overrides, steps=steps,
+                          probe_tokens=probe_tokens, timing_warmup_steps=timing_warmup, threads=threads,
+                          command=tuple(["port"] + sys.argv[1:]))
+    doc = run(req, log=lambda s: click.echo(s, err=True))
+    t, m = doc["timing"], doc["memory"]
+    tps = t["steady_tokens_per_s"]
+    speed = f"steady {tps:.1f} tokens/s" if tps else "no steady step (all were warm-up: first step or new shape)"
+    click.echo(f"wrote {out}: {len(doc['steps']['loss'])} steps, final loss {doc['steps']['loss'][-1]:.6f}, "
+               f"{speed}, peak " +
+               "/".join(f"{m['peak_gib'][p]:.3f}" for p in ("forward", "backward", "optimizer")) +
+               f" GiB fwd/bwd/opt ({m['kind']})")

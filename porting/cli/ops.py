@@ -1,0 +1,75 @@
+"""`port ops scan|zoo`: operator coverage of a model on Ascend (torch_npu side and MindSpore side)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+
+@click.group("ops", epilog="""\b
+Examples:
+  port ops scan --hf stories260k
+  port ops scan --hf ./my-llama --attn eager --json > ops.json
+  port ops scan --hf llama-7b --meta          # config only, meta tensors, no weights
+  port ops scan --module mypkg.models:build   # factory returning (model, inputs)
+  port ops zoo --hf stories260k --device Ascend
+  port ops zoo --hf llama-7b --device CPU --json""")
+def command() -> None:
+    """Which operators a model needs and how each maps onto Ascend."""
+
+
+@command.command("scan", epilog="""\b
+Examples:
+  port ops scan --hf stories260k
+  port ops scan --hf llama-7b --meta --json
+  port ops scan --module tests.diagnostics.unsupported_model:build""")
+@click.option("--hf", "hf", help="HF model directory or zoo name (real weights if present, else meta).")
+@click.option("--module", "module", help="Python entry point package.module:factory -> (model, inputs dict).")
+@click.option("--meta", is_flag=True, help="Build the model on meta tensors (no weights, any size).")
+@click.option("--attn", type=click.Choice(["sdpa", "eager"]), default="sdpa", show_default=True,
+              help="HF attention implementation to trace.")
+@click.option("--batch", type=click.IntRange(min=1), default=2, show_default=True)
+@click.option("--seq", type=click.IntRange(min=2), default=16, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the scan as JSON.")
+@click.option("--out", type=click.Path(path_type=Path), help="Also write the JSON to this file.")
+def scan_cmd(hf, module, meta, attn, batch, seq, as_json, out) -> None:
+    """Run forward, backward and one AdamW step on CPU (or meta) tensors, record every aten overload
+    with shapes, dtypes and phase, and classify it against the torch_npu registry."""
+    from porting.diagnostics import DiagnosticsError
+    from porting.diagnostics import opscan
+
+    if bool(hf) == bool(module):
+        raise DiagnosticsError("ops scan: give exactly one of --hf DIR|NAME or --module package.module:factory")
+    if hf:
+        model, inputs, device = opscan.load_hf(hf, meta=meta, attn=attn, batch=batch, seq=seq)
+        source = str(hf)
+    else:
+        model, inputs, device = opscan.load_entry_point(module)
+        source = module
+    result = opscan.scan(model, inputs, source=source, device=device)
+    if out:
+        tmp = out.with_name(out.name + ".tmp")
+        tmp.write_text(json.dumps(result, indent=2))
+        tmp.replace(out)
+    click.echo(json.dumps(result, indent=2) if as_json else opscan.render_scan(result))
+
+
+@command.command("zoo", epilog="""\b
+Examples:
+  port ops zoo --hf stories260k --device Ascend
+  port ops zoo --hf llama-7b --device Ascend --dtype bfloat16 --per-layer
+  port ops zoo --hf ./my-llama --device CPU --json""")
+@click.option("--hf", "hf", required=True, help="HF model directory or zoo name.")
+@click.option("--device", type=click.Choice(["Ascend", "CPU", "GPU"]), default="Ascend", show_default=True)
+@click.option("--dtype", "dtype", type=click.Choice(["bfloat16", "float16", "float32"]), default="bfloat16",
+              show_default=True, help="Compute dtype (the fused attention takes fp16/bf16 only).")
+@click.option("--per-layer", is_flag=True, help="One row per layer and kernel instead of a compact plan.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def zoo_cmd(hf, device, dtype, per_layer, as_json) -> None:
+    """The MindSpore side: which kernel (fused Ascend op or reference composition) each layer gets."""
+    from porting.diagnostics import opscan
+
+    d = opscan.zoo_report(hf, device=device, compute_dtype=dtype)
+    click.echo(json.dumps(d, indent=2) if as_json else opscan.render_zoo(d, compact=not per_layer))

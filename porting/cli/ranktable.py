@@ -1,0 +1,169 @@
+"""`port ranktable gen|check|merge`: HCCL rank tables v1.0 (910/A2) and v1.2 (910C super pod)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from model_zoo.errors import VerificationError
+
+
+@click.group("ranktable", epilog="""\b
+Examples:
+  port ranktable check rank_table.json
+  port ranktable check rank_table.json --nodes 2 --cards-per-node 16
+  port ranktable check rank_table.json --recipe recipes/llama7b-910c.yaml --json
+  port ranktable gen --server node_0:172.16.0.110 --server node_1:172.16.0.111 --devices 0-7 \\
+      --hccn-conf node_0=/etc/hccn.conf --hccn-conf node_1=hccn_node1.conf --out rank_table.json
+  port ranktable gen --version 1.2 --super-pod-size 2 --server a --server b --devices 0-15 --out rt.json
+  port ranktable merge node0.json node1.json --out rank_table.json""")
+def command() -> None:
+    """Generate, check and merge HCCL rank tables."""
+
+
+def _parse_devices(spec: str) -> list[int]:
+    out: list[int] = []
+    for part in spec.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        if "-" in part:
+            a, b = part.split("-", 1)
+            if not (a.isdigit() and b.isdigit()) or int(a) > int(b):
+                raise click.BadParameter(f"{part!r}: expected a range like 0-7", param_hint="--devices")
+            out += list(range(int(a), int(b) + 1))
+        elif part.isdigit():
+            out.append(int(part))
+        else:
+            raise click.BadParameter(f"{part!r}: expected device ids like 0-7 or 0,1,2,3", param_hint="--devices")
+    if not out:
+        raise click.BadParameter("no device ids", param_hint="--devices")
+    return out
+
+
+def _report(problems, as_json: bool, summary: dict, path: str) -> None:
+    from porting.diagnostics.ranktable import errors_of
+
+    errs = errors_of(problems)
+    if as_json:
+        click.echo(json.dumps({"file": path, "summary": summary, "ok": not errs,
+                               "problems": [p.__dict__ for p in problems]}, indent=2))
+    else:
+        click.echo(f"{path}: version {summary['version']}, {summary['servers']} server(s), "
+                   f"{summary['devices']} device(s), {summary['super_pods']} super pod(s)")
+        for p in problems:
+            click.echo(f"  {p}")
+        if not problems:
+            click.echo("  ok: every documented rule holds")
+    if errs:
+        raise VerificationError(f"{path}: {len(errs)} rank table error(s); first: {errs[0].where}: {errs[0].message}")
+
+
+@command.command("check", epilog="""\b
+Examples:
+  port ranktable check rank_table.json
+  port ranktable check rank_table.json --nodes 4 --cards-per-node 16 --json""")
+@click.argument("file", type=click.Path(path_type=Path))
+@click.option("--nodes", type=click.IntRange(min=1), help="Expected number of servers.")
+@click.option("--cards-per-node", type=click.IntRange(min=1), help="Expected devices per server.")
+@click.option("--recipe", type=click.Path(path_type=Path), help="Read cluster.nodes / cluster.cards_per_node from a recipe YAML.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def check_cmd(file: Path, nodes: int | None, cards_per_node: int | None, recipe: Path | None, as_json: bool) -> None:
+    """Check every documented rule; each problem names its entry. Exit 1 on errors."""
+    from porting.diagnostics import ranktable as rt
+
+    if recipe is not None:
+        rn, rc = rt.recipe_cluster(recipe)
+        nodes = nodes if nodes is not None else rn
+        cards_per_node = cards_per_node if cards_per_node is not None else rc
+    table = rt.load(file)
+    try:
+        problems = rt.check(table, nodes=nodes, cards_per_node=cards_per_node)
+    except rt.DiagnosticsError as e:
+        raise rt.DiagnosticsError(f"{file}: {e}") from None
+    _report(problems, as_json, rt.summary(table), str(file))
+
+
+@command.command("gen", epilog="""\b
+Examples:
+  port ranktable gen --server node_0 --devices 0-7 --out rank_table.json
+  port ranktable gen --server node_0:10.0.0.1 --server node_1:10.0.0.2 --devices 0-7 \\
+      --device-ip node_0:0=192.168.1.8 ... --out rank_table.json
+  port ranktable gen --version 1.2 --super-pod-size 2 --server a --server b --devices 0-15 --out rt.json""")
+@click.option("--server", "servers", multiple=True, required=True, help="SERVER_ID[:HOST_IP], in rank order; repeat.")
+@click.option("--devices", default="0-7", show_default=True, help="Device ids on every server (0-7, or 0,1,2,3).")
+@click.option("--device-ip", "device_ips", multiple=True, help="SERVER_ID:DEVICE_ID=IP; repeat.")
+@click.option("--hccn-conf", "hccn", multiple=True, help="[SERVER_ID=]PATH of an /etc/hccn.conf (address_N=IP).")
+@click.option("--version", "version", type=click.Choice(["1.0", "1.2"]), default="1.0", show_default=True)
+@click.option("--super-pod-size", type=click.IntRange(min=1), help="Servers per super pod (v1.2).")
+@click.option("--out", type=click.Path(path_type=Path), required=True, help="Where to write the table.")
+def gen_cmd(servers, devices, device_ips, hccn, version, super_pod_size, out: Path) -> None:
+    """Generate a rank table from servers and devices (device IPs given or read from hccn.conf)."""
+    from porting.diagnostics import ranktable as rt
+
+    dev_ids = _parse_devices(devices)
+    entries = []
+    for s in servers:
+        sid, _, host = s.partition(":")
+        if not sid:
+            raise click.BadParameter(f"{s!r}: expected SERVER_ID[:HOST_IP]", param_hint="--server")
+        entries.append({"server_id": sid, "host_ip": host or None, "devices": [{"device_id": d} for d in dev_ids]})
+    by_id = {e["server_id"]: e for e in entries}
+    ips: dict[tuple[str, int], str] = {}
+    for h in hccn:
+        sid, sep, path = h.partition("=")
+        if not sep:
+            if len(entries) != 1:
+                raise click.BadParameter(f"{h!r}: with several servers write SERVER_ID=PATH", param_hint="--hccn-conf")
+            sid, path = entries[0]["server_id"], h
+        if sid not in by_id:
+            raise click.BadParameter(f"{sid!r} is not one of the --server ids {sorted(by_id)}", param_hint="--hccn-conf")
+        for d, ip in rt.parse_hccn_conf(path).items():
+            ips[(sid, d)] = ip
+    for spec in device_ips:
+        left, sep, ip = spec.partition("=")
+        sid, sep2, d = left.rpartition(":")
+        if not sep or not sep2 or not d.isdigit() or sid not in by_id:
+            raise click.BadParameter(f"{spec!r}: expected SERVER_ID:DEVICE_ID=IP with a known server id",
+                                     param_hint="--device-ip")
+        ips[(sid, int(d))] = ip
+    for e in entries:
+        for d in e["devices"]:
+            d["device_ip"] = ips.get((e["server_id"], d["device_id"]))
+    table = rt.generate(entries, version=version, super_pod_size=super_pod_size)
+    problems = rt.check(table)
+    errs = rt.errors_of(problems)
+    if errs:
+        raise rt.DiagnosticsError(f"generated table would be invalid: {errs[0]}; nothing written to {out}")
+    rt.write_table(table, out)
+    click.echo(f"wrote {out}: version {version}, {len(entries)} server(s) x {len(dev_ids)} device(s)")
+    for p in problems:
+        click.echo(f"  {p}")
+
+
+@command.command("merge", epilog="""\b
+Examples:
+  port ranktable merge node0.json node1.json --out rank_table.json""")
+@click.argument("files", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--out", type=click.Path(path_type=Path), required=True, help="Where to write the merged table.")
+def merge_cmd(files, out: Path) -> None:
+    """Merge per-server tables (in the given order), renumbering rank ids 0..N-1, then check."""
+    from porting.diagnostics import ranktable as rt
+
+    tables = []
+    for f in files:
+        try:
+            tables.append((str(f), rt.load(f)))
+        except rt.DiagnosticsError:
+            raise
+    merged = rt.merge(tables)
+    problems = rt.check(merged)
+    errs = rt.errors_of(problems)
+    if errs:
+        raise rt.DiagnosticsError(f"merged table would be invalid: {errs[0]}; nothing written to {out}")
+    rt.write_table(merged, out)
+    click.echo(f"wrote {out}: {rt.summary(merged)}")
+    for p in problems:
+        click.echo(f"  {p}")

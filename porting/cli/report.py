@@ -1,0 +1,28 @@
+"""`port report RUNDIR`: the acceptance table of a run (HTML with plots, Markdown, JSON)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+
+@click.command("report", epilog="""\b
+Examples:
+  port report runs/tiny-cpu
+  port report runs/llama7b --out /tmp/llama7b-report
+  port ops scan --hf stories260k --out runs/tiny-cpu/ops_scan.json && port report runs/tiny-cpu
+  port report runs/tiny-cpu --json""")
+@click.argument("rundir", type=click.Path(path_type=Path))
+@click.option("--out", type=click.Path(path_type=Path), help="Report directory (default RUNDIR/report).")
+@click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
+def command(rundir: Path, out: Path | None, as_json: bool) -> None:
+    """Fill every acceptance row (correctness, operators, stability, communication, resources,
+    performance, environment) from evidence in the run directory, or mark it missing with the
+    command that produces it. Writes report.html (inline SVG plots of loss, step time and memory
+    by phase; no network), report.md and report.json."""
+    from porting.diagnostics.report import make_report, render_text
+
+    res = make_report(rundir, out)
+    click.echo(json.dumps(res, indent=2) if as_json else render_text(res))

@@ -1,0 +1,26 @@
+"""Migration diagnostics: environment (doctor), operator coverage (opscan), failed-job logs
+(diagnose), rank tables (ranktable) and run acceptance reports (report).
+
+Each module is a typed library; ``porting/cli/<name>.py`` is the thin click layer over it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from model_zoo.errors import PortingError
+
+DATA_DIR = Path(__file__).resolve().parent.parent / "data"
+
+
+class DiagnosticsError(PortingError):
+    """Input to a diagnostics command (log dir, rank table, run dir, model) is missing or unusable."""
+
+
+def load_yaml(name: str) -> dict:
+    """A data table shipped in porting/data (parsed on each call; callers cache)."""
+    import yaml
+
+    path = DATA_DIR / name
+    with open(path, encoding="utf-8") as f:
+        return yaml.safe_load(f)

@@ -1,0 +1,79 @@
+"""Fast checks of the baseline building blocks: exact arrays, the phase memory meter, the file schema."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from model_zoo.errors import ConfigError
+from porting.baseline import arrays, compare, schema
+from porting.baseline.memory import HostRssMeter
+
+
+def test_arrays_round_trip_bit_exact():
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((2, 5, 7)).astype(np.float32)
+    enc = json.loads(json.dumps(arrays.encode(a)))
+    b = arrays.decode(enc, "x")
+    assert b.dtype == np.float32 and b.shape == a.shape
+    assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
+def test_arrays_decode_names_the_bad_field():
+    with pytest.raises(ValueError, match="probe.logits_final"):
+        arrays.decode({"dtype": "float32", "shape": [3], "b64": "AAAA"}, "probe.logits_final")
+    with pytest.raises(ValueError, match="dtype 'object'"):
+        arrays.decode({"dtype": "object", "shape": [1], "b64": ""}, "p")
+
+
+def test_host_meter_sees_a_phase_peak_and_resets():
+    m = HostRssMeter()
+    if not m.per_phase:
+        pytest.skip("this kernel does not allow resetting VmHWM")
+    m.reset()
+    base = m.peak_gib()
+    big = np.ones(48 * 2**20, dtype=np.float32)  # 192 MiB, touched
+    big[::1024] = 2.0
+    during = m.peak_gib()
+    del big
+    m.reset()
+    after = m.peak_gib()
+    assert during - base > 0.17, (base, during)
+    assert after < during - 0.15, (during, after)
+
+
+def test_schema_lists_every_problem_at_once():
+    bad = {"format": "other", "format_version": 9, "steps": {}}
+    probs = schema.problems(bad)
+    text = "; ".join(probs)
+    assert "format is 'other'" in text and "format_version is 9" in text and "missing key 'probe'" in text
+
+
+def test_settings_diff_puts_key_settings_first():
+    base = {"lr": 1e-3, "seq_length": 128, "seed": 0, "global_batch": 4}
+    run = {"lr": 2e-3, "seq_length": 256, "seed": 1, "global_batch": 4}
+    diff = compare.settings_diff(base, run)
+    assert [d["key"] for d in diff] == ["seq_length", "seed", "lr"]
+    assert [d["key_setting"] for d in diff] == [True, True, False]
+
+
+def test_tolerances_are_known_per_precision():
+    assert compare.tolerances_for("float32").loss_rtol == 1e-3
+    assert compare.tolerances_for("float32", loss_rtol=0.5).loss_rtol == 0.5
+    with pytest.raises(ConfigError, match="no tolerances"):
+        compare.tolerances_for("int8")
+
+
+def test_loss_curve_fails_non_finite_steps_and_applies_the_bound(tmp_path):
+    from porting.baseline.rundir import RunData
+
+    doc = {"steps": {"step": [1, 2, 3, 4], "loss": [2.0, None, 1.5, 1.0], "grad_norm": [1.0, 1.0, 1.0, 1.0]}}
+    run = RunData(tmp_path, {}, [{"step": 1, "loss": 2.0 + 2.0e-3}, {"step": 2, "loss": 1.8},
+                                 {"step": 3, "loss": float("nan")}, {"step": 4, "loss": 1.0 + 1.2e-3}])
+    tol = compare.Tolerances(loss_rtol=1e-3, loss_atol=1e-4, logits_atol=1.0)
+    rep = compare.loss_curve(doc, run, tol)
+    # step 1: 2e-3 <= 1e-4 + 2e-3 passes; step 4: 1.2e-3 > 1.1e-3 fails; null / NaN fail
+    assert rep["failing_steps"] == [2, 3, 4] and rep["per_step"][0]["ok"]
+    assert not rep["ok"] and rep["max_abs_diff"] == pytest.approx(2.0e-3)

@@ -1,0 +1,153 @@
+"""End to end on the real stories260K, CPU, fp32: `port baseline`, then `port train` for the same steps,
+then `port compare` (loss curves within the documented fp32 tolerance, probe logits from the run's
+checkpoint), and every bad input as one line with a non-zero exit and no partial output."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+RECIPE = "recipes/tiny-cpu.yaml"
+STEPS = ("--set", "schedule.max_steps=6")
+
+
+def port(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "porting", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def port_inproc(*args: str) -> subprocess.CompletedProcess:
+    """The same CLI in this process (click's runner): for the quick bad-input cases."""
+    from click.testing import CliRunner
+
+    from porting.cli import main
+
+    r = CliRunner().invoke(main, list(args))
+    return subprocess.CompletedProcess(args, r.exit_code, r.stdout, r.stderr)
+
+
+def one_line_error(p: subprocess.CompletedProcess, *needles: str) -> str:
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    assert p.returncode == 2, (p.returncode, p.stdout[-2000:], p.stderr[-2000:])
+    assert len(lines) == 1 and lines[0].startswith("error: "), p.stderr
+    for n in needles:
+        assert n in lines[0], (n, lines[0])
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("cmp")
+    base, run = d / "base.json", d / "run"
+    p = port("baseline", "--recipe", RECIPE, *STEPS, "--out", str(base), "--threads", "2")
+    assert p.returncode == 0, p.stderr[-3000:]
+    p = port("train", RECIPE, *STEPS, "--run-dir", str(run))
+    assert p.returncode == 0, p.stderr[-3000:]
+    return {"dir": d, "base": base, "run": run}
+
+
+def test_baseline_and_port_agree_in_fp32(work):
+    p = port("compare", str(work["base"]), str(work["run"]), "--json", "--out", str(work["dir"] / "cmp.json"))
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    rep = json.loads(p.stdout)
+    assert rep == json.loads((work["dir"] / "cmp.json").read_text())
+    assert rep["ok"] and rep["settings"]["differ"] == []
+    loss = rep["loss"]
+    assert loss["steps_compared"] == 6 and loss["failing_steps"] == []
+    assert loss["max_abs_diff"] < 1e-4          # measured ~1e-6; the tolerance is 1e-4 + 1e-3 x loss
+    assert loss["max_grad_norm_rel_diff"] < 1e-3
+    pr = rep["probe"]
+    assert pr["available"] and pr["source"].endswith("step_6") and pr["max_abs_diff"] < 1e-3
+    assert pr["argmax_agreement"] == 1.0
+    assert rep["throughput"]["ratio_run_over_baseline"] > 0 and rep["memory"]["same_kind"]
+    est = rep["estimator"]  # the run's plan.json against the baseline's measured peaks (host RSS: indicative)
+    assert est["comparable"] is False and est["measured_kind"] == "host_rss_hwm"
+    assert est["estimate_total_gib"] > 0 and est["ratio_total_over_measured_max"] > 0
+
+
+def test_probe_from_the_hf_export_when_no_checkpoint(work, tmp_path):
+    """Without checkpoints/step_6 the probe comes from hf/ (the run ended at the baseline's last step)."""
+    run = tmp_path / "run"
+    shutil.copytree(work["run"], run, ignore=shutil.ignore_patterns("checkpoints"))
+    p = port("compare", str(work["base"]), str(run), "--json")
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    pr = json.loads(p.stdout)["probe"]
+    assert pr["available"] and pr["source"].endswith("hf") and pr["max_abs_diff"] < 1e-3
+
+
+def test_human_table_and_a_real_divergence_fails(work, tmp_path):
+    ok = port("compare", str(work["base"]), str(work["run"]))
+    assert ok.returncode == 0 and "settings: identical" in ok.stdout and "RESULT: PASS" in ok.stdout
+    # A baseline trained with twice the learning rate: step 1 (before any update) agrees, then it must fail.
+    other = tmp_path / "lr2.json"
+    p = port("baseline", "--recipe", RECIPE, *STEPS, "--set", "optimizer.lr=2e-3", "--steps", "3",
+             "--out", str(other), "--threads", "2")
+    assert p.returncode == 0, p.stderr[-2000:]
+    bad = port("compare", str(other), str(work["run"]), "--json")
+    assert bad.returncode == 1, bad.stdout[-2000:] + bad.stderr[-2000:]
+    rep = json.loads(bad.stdout)
+    assert rep["loss"]["failing_steps"] == [2, 3] and rep["loss"]["per_step"][0]["ok"]
+    assert [d["key"] for d in rep["settings"]["differ"]][:2] == ["steps", "lr"]
+    assert rep["probe"]["available"] is False  # baseline probe is after step 3, the run kept step 6 only
+    table = port("compare", str(other), str(work["run"]))
+    assert table.returncode == 1
+    assert table.stdout.index("SETTINGS THAT DIFFER") < table.stdout.index("LOSS per step")
+    assert "RESULT: FAIL: loss outside tolerance at steps [2, 3]" in table.stdout
+
+
+def test_different_batch_settings_are_said_first(work, tmp_path):
+    other = tmp_path / "acc.json"
+    p = port("baseline", "--recipe", RECIPE, *STEPS, "--set", "batching.micro_batch_size=2",
+             "--set", "batching.grad_accum_steps=2", "--steps", "2", "--out", str(other), "--threads", "2")
+    assert p.returncode == 0, p.stderr[-2000:]
+    one_line_error(port("compare", str(other), str(work["run"])),
+                   "settings differ from the baseline: micro_batch_size 2 (baseline) vs 4 (run)",
+                   "grad_accum_steps 2 (baseline) vs 1 (run)", "--allow-settings-mismatch")
+    forced = port("compare", str(other), str(work["run"]), "--allow-settings-mismatch", "--no-probe")
+    assert forced.returncode == 1
+    out = forced.stdout
+    assert "SETTINGS THAT DIFFER (not like for like)" in out and out.index("micro_batch_size") < out.index("LOSS")
+    # same examples per step (micro 2 x accum 2 == micro 4): the losses still agree; only the settings fail
+    assert "FAIL: settings differ: micro_batch_size, grad_accum_steps" in out and "  FAIL" not in out
+
+
+def test_bad_inputs_are_one_line_errors(work, tmp_path):
+    base, run = str(work["base"]), str(work["run"])
+    one_line_error(port_inproc("compare", str(tmp_path / "nope.json"), run), "nope.json: no such baseline file")
+    corrupt = tmp_path / "corrupt.json"
+    corrupt.write_text(work["base"].read_text()[:5000])
+    one_line_error(port_inproc("compare", str(corrupt), run), "corrupt.json: corrupt JSON at line")
+    foreign = tmp_path / "foreign.json"
+    foreign.write_text(json.dumps({"format": "something-else", "runs": []}))
+    one_line_error(port_inproc("compare", str(foreign), run), "not a port-baseline v1 file", "missing key 'steps'")
+    one_line_error(port_inproc("compare", base, str(tmp_path / "norun")), "norun: no such run directory")
+    no_metrics = tmp_path / "no_metrics"
+    shutil.copytree(run, no_metrics, ignore=shutil.ignore_patterns("checkpoints", "hf", "logs"))
+    (no_metrics / "metrics.jsonl").unlink()
+    one_line_error(port_inproc("compare", base, str(no_metrics)), "metrics.jsonl: missing")
+    other_model = tmp_path / "other_model"
+    shutil.copytree(run, other_model, ignore=shutil.ignore_patterns("checkpoints", "hf", "logs"))
+    man = json.loads((other_model / "manifest.json").read_text())
+    man["model"]["config"]["num_hidden_layers"] = 4
+    (other_model / "manifest.json").write_text(json.dumps(man))
+    one_line_error(port_inproc("compare", base, str(other_model)), "trains another model than baseline",
+                   "num_parameters 260032 vs")
+
+
+def test_baseline_bad_inputs_leave_no_file(tmp_path):
+    out = tmp_path / "b.json"
+    one_line_error(port_inproc("baseline", "--recipe", RECIPE, "--device", "cuda", "--out", str(out)),
+                   "--device cuda", "no CUDA device")
+    one_line_error(port_inproc("baseline", "--recipe", RECIPE, *STEPS, "--steps", "9", "--out", str(out)),
+                   "--steps 9", "only 6 optimizer steps")
+    one_line_error(port_inproc("baseline", "--recipe", str(tmp_path / "none.yaml"), "--out", str(out)),
+                   "none.yaml: recipe file not found")
+    one_line_error(port_inproc("baseline", "--recipe", RECIPE, "--out", str(tmp_path / "missing" / "b.json")),
+                   "does not exist")
+    assert list(tmp_path.iterdir()) == []

@@ -1,0 +1,174 @@
+"""`port diagnose` on logs of REAL msrun data-parallel jobs on the CPU, one rank made to stall or raise.
+
+The fixture program (dp_fault_job.py) does a real AllReduce per step. Measured on 2 cores: with the
+defaults a stalled rank makes the job fail after ~75 s (the CPU collective times out after ~30 s,
+the scheduler declares the node lost ~30 s later); MS_CPU_COMM_OP_TIMEOUT=8 and MS_NODE_TIMEOUT=10
+bring it to ~30 s. Both jobs run concurrently to keep the module near 40 s.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+JOB = Path(__file__).with_name("dp_fault_job.py")
+pytestmark = [pytest.mark.slow, pytest.mark.msrun]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(logdir: Path, fault: str) -> subprocess.Popen:
+    env = dict(os.environ, MS_CPU_COMM_OP_TIMEOUT="8", MS_NODE_TIMEOUT="10", GLOG_v="2")
+    # msrun runs the `python` found on PATH: put this interpreter's directory first
+    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+    msrun = shutil.which("msrun", path=env["PATH"])
+    cmd = [msrun, "--worker_num=2", "--local_worker_num=2", f"--master_port={free_port()}",
+           f"--log_dir={logdir}", "--join=True", "--cluster_time_out=20",
+           str(JOB), "--steps", "5", "--fault-rank", "1", "--fault-step", "3", "--fault", fault]
+    return subprocess.Popen(cmd, cwd=logdir.parent, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory):
+    if shutil.which("msrun", path=str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")) is None:
+        pytest.skip("msrun not installed (comes with mindspore)")
+    base = tmp_path_factory.mktemp("msrun")
+    dirs = {f: base / f / "logs" for f in ("stall", "raise")}
+    for d in dirs.values():
+        d.parent.mkdir()
+    t0 = time.monotonic()
+    procs = {f: launch(d, f) for f, d in dirs.items()}
+    results = {}
+    for f, p in procs.items():
+        try:
+            out, _ = p.communicate(timeout=85)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, 9)
+            out, _ = p.communicate()
+            pytest.fail(f"msrun {f} job did not finish in 85 s:\n{out.decode(errors='replace')[-2000:]}")
+        results[f] = (p.returncode, out.decode(errors="replace"), time.monotonic() - t0)
+    return dirs, results
+
+
+def diagnose_cli(logdir: Path) -> dict:
+    r = subprocess.run([sys.executable, "-m", "porting", "diagnose", str(logdir), "--json"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def test_stalled_rank_is_named_not_the_rank_the_scheduler_blames(jobs):
+    dirs, results = jobs
+    rc, out, secs = results["stall"]
+    assert rc != 0, "the stalled job must fail"
+    print(f"stalled job failed after {secs:.0f} s")
+    d = diagnose_cli(dirs["stall"])
+    assert d["formats"] == {"msrun_scheduler": 1, "msrun_worker": 2}
+    assert d["first_failing_rank"] == 1
+    assert d["last_step"] == 2
+    assert d["reason_kind"] == "stall"
+    rows = {r["rank"]: r for r in d["ranks"]}
+    assert rows[0]["status"] == "timed out (consequence)" and rows[0]["last_step"] == 2
+    assert rows[0]["first_error"]["kind"] == "comm_timeout"
+    assert rows[1]["first_error"] is None
+    # msrun's scheduler reports rank 0 (the one that waited) as timed out: a consequence
+    assert d["scheduler"]["timed_out_ranks"] == [0]
+    assert "consequences" in d["reason"]
+
+
+def test_raising_rank_is_the_cause_and_the_exception_is_quoted(jobs):
+    dirs, results = jobs
+    rc, out, secs = results["raise"]
+    assert rc != 0
+    d = diagnose_cli(dirs["raise"])
+    assert d["first_failing_rank"] == 1 and d["last_step"] == 2
+    assert d["reason_kind"] == "exception"
+    assert "RuntimeError: injected failure on rank 1 at step 3" in d["reason"]
+    assert "worker_1.log" in d["reason"]
+
+
+def _worker_pid(run: Path, rank: int) -> int | None:
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            cmd = (d / "cmdline").read_bytes().split(b"\0")
+            if not any(c.endswith(b"worker.py") for c in cmd) or str(run).encode() not in b" ".join(cmd):
+                continue
+            env = (d / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"RANK_ID={rank}".encode() in env:
+            return int(d.name)
+    return None
+
+
+def test_real_port_train_job_with_a_frozen_rank(tmp_path):
+    """A real 2-worker `port train` job (msrun) where rank 1 is frozen with SIGSTOP after its first
+    step: rank 0 times out in AllReduce, msrun stops the job, and diagnose names rank 1."""
+    import signal
+
+    if not (ROOT / "porting" / "cli" / "train.py").is_file():
+        pytest.skip("port train is not on this branch")
+    run = tmp_path / "run"
+    env = dict(os.environ, MS_CPU_COMM_OP_TIMEOUT="8", MS_NODE_TIMEOUT="10")
+    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+    proc = subprocess.Popen([sys.executable, "-m", "porting", "train", "recipes/tiny-cpu.yaml", "--set",
+                             f"output_dir={run}", "--set", "cluster.devices_per_node=2",
+                             "--set", f"cluster.master_port={free_port()}"],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    frozen = None
+    try:
+        deadline = time.monotonic() + 120
+        log1 = run / "logs" / "rank_1.log"
+        while time.monotonic() < deadline and proc.poll() is None:
+            if log1.is_file() and " step 1/" in log1.read_text(errors="replace"):
+                frozen = _worker_pid(run, 1)
+                if frozen:
+                    os.kill(frozen, signal.SIGSTOP)
+                    break
+            time.sleep(0.05)
+        assert frozen, "rank 1 never logged its first step"
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+        if frozen:
+            try:
+                os.kill(frozen, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    assert proc.returncode != 0, out.decode(errors="replace")[-2000:]
+    last1 = max(int(line.split(" step ")[1].split("/")[0]) for line in log1.read_text().splitlines()
+                if " INFO step " in line)
+    d = diagnose_cli_args(run / "logs", "--world-size", "2")
+    # "stall" when rank 0 logged its AllReduce timeout or the cluster's kill, "lost" when msrun's
+    # scheduler (which lost rank 1's heartbeat) stopped the job first: both name rank 1
+    assert d["first_failing_rank"] == 1 and d["last_step"] == last1 and d["reason_kind"] in ("stall", "lost")
+    rows = {r["rank"]: r for r in d["ranks"]}
+    assert rows[0]["status"] != "first failure" and rows[0]["last_step"] >= last1
+    assert d["scheduler"] is not None  # scheduler.log was read (which ranks it names depends on timing)
+    assert d["formats"]["port_rank"] == 2 and d["formats"]["msrun_worker"] == 2
+
+
+def diagnose_cli_args(logdir: Path, *extra: str) -> dict:
+    r = subprocess.run([sys.executable, "-m", "porting", "diagnose", str(logdir), "--json", *extra], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)

@@ -1,0 +1,225 @@
+"""`port report RUNDIR` on run directories hand-written in the run-dir contract (COMMON.md):
+manifest.json, plan.json, metrics.jsonl, logs/rank_<r>.log, checkpoints/, hf/, plus evidence files."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from porting.diagnostics import DiagnosticsError
+from porting.diagnostics.doctor import doctor_report
+from porting.diagnostics.report import make_report
+
+
+def _ts(t: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int((t % 1) * 1000):03d}"
+
+
+def write_run(root: Path, *, world: int = 2, nodes: int = 1, steps: int = 12, fail_rank: int | None = None,
+              nan_at: int | None = None, with_evidence: bool = True) -> Path:
+    root.mkdir(parents=True)
+    manifest = {"versions": doctor_report(environ={})["versions"], "doctor": doctor_report(environ={}),
+                "recipe": {"model": {"source": "stories260k"},
+                           "cluster": {"device": "cpu", "nodes": nodes, "devices_per_node": world // nodes}},
+                "model": {"name": "stories260k"}, "data": {"sha256": "0" * 64, "examples": 16, "truncated": 0},
+                "bucketing": {"shapes": [64, 128]}, "seed": 0, "world_size": world,
+                "command": ["port", "train", "recipes/tiny-cpu.yaml"], "started": "2026-11-30T01:00:00"}
+    (root / "manifest.json").write_text(json.dumps(manifest))
+    plan = {"memory_gib_by_phase": {"weights": 0.5, "gradients": 0.5, "optimizer_states": 1.0, "activations": 2.0,
+                                    "activations_recompute": 0.0, "comm_buffers": 0.25, "workspace": 0.5,
+                                    "total": 4.75},
+            "device_hbm_gib": 64, "global_batch": 8, "total_steps": steps, "world_size": world}
+    (root / "plan.json").write_text(json.dumps(plan))
+    t0 = 1_795_000_000.0
+    lines = []
+    for s in range(1, steps + 1):
+        loss = float("nan") if nan_at == s else 3.0 / (1 + 0.2 * s)
+        lines.append(json.dumps({"step": s, "loss": loss, "lr": 1e-3, "grad_norm": 0.5, "tokens": 512,
+                                 "tokens_per_s": 300.0 if s > 2 else 40.0, "step_time_s": 1.7 if s <= 2 else 0.2,
+                                 "padding_fraction": 0.1, "compile": s <= 2, "host_rss_gib": 1.2 + 0.01 * s}))
+    if fail_rank is None:
+        lines.append(json.dumps({"event": "summary", "compile_time_s": 3.0, "steady_tokens_per_s": 2560.0,
+                                 "steady_step_time_s": 0.2}))
+    (root / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    logs = root / "logs"
+    logs.mkdir()
+    for r in range(world):
+        out = [f"{_ts(t0)} rank={r} INFO start world_size={world}"]
+        last = steps if fail_rank is None else 7
+        for s in range(1, last + 1):
+            out.append(f"{_ts(t0 + s)} rank={r} INFO step {s}/{steps} loss 1.00000 lr 1.000e-03 grad_norm 0.5 "
+                       f"tokens/s 300 step 0.200s pad 0.100")
+        if fail_rank is not None:
+            msg = ("ERROR RuntimeError: out of memory allocating 2.0 GiB" if r == fail_rank
+                   else "ERROR collective AllReduce timed out waiting for peers")
+            out.append(f"{_ts(t0 + last + (1 if r == fail_rank else 30))} rank={r} {msg}")
+        (logs / f"rank_{r}.log").write_text("\n".join(out) + "\n")
+    for s in (steps // 2, steps):
+        (root / "checkpoints" / f"step_{s}").mkdir(parents=True)
+    (root / "hf").mkdir()
+    (root / "hf" / "config.json").write_text("{}")
+    if with_evidence:
+        (root / "parity.json").write_text(json.dumps({"passed": True, "checks": [{"name": "logits", "max_abs": 2e-6}]}))
+        (root / "ops_scan.json").write_text(json.dumps({"ops": [{"op": "aten::mm"}], "blocking": [],
+                                                       "counts": {"registered": 1}}))
+    return root
+
+
+def rows_by_item(res: dict) -> dict[str, dict]:
+    return {r["item"]: r for r in res["rows"]}
+
+
+def test_complete_run_fills_every_area(tmp_path):
+    res = make_report(write_run(tmp_path / "run"))
+    rows = rows_by_item(res)
+    assert {r["area"] for r in res["rows"]} == {"correctness", "operators", "stability", "communication",
+                                                "resources", "performance", "environment"}
+    assert rows["parity with HF (port verify)"]["status"] == "pass"
+    assert rows["training loss"]["status"] == "pass" and "->" in rows["training loss"]["value"]
+    assert rows["torch_npu coverage (port ops scan)"]["status"] == "pass"
+    assert rows["run at single-node multi-device"]["status"] == "pass"
+    assert rows["run at 1 device"]["status"] == "missing" and rows["run at multi-node"]["status"] == "missing"
+    assert rows["per-rank logs"]["status"] == "pass" and "2 rank log(s)" in rows["per-rank logs"]["value"]
+    assert rows["log diagnosis (port diagnose)"]["status"] == "pass"
+    assert rows["peak memory by phase (plan estimate)"]["status"] == "pass"
+    assert "4.75 GiB of 64 GiB" in rows["peak memory by phase (plan estimate)"]["value"]
+    assert "host_rss_gib 1.32" in rows["measured peak memory"]["value"]
+    assert "2560.0 tokens/s" in rows["throughput (steady)"]["value"]
+    assert "compile 3.00 s over 2 step(s); steady 0.200 s/step" == rows["compile vs steady"]["value"]
+    assert rows["doctor checks"]["status"] == "pass"
+    assert rows["rank map (rank table)"]["status"] == "missing"
+    assert rows["communication wait"]["status"] == "missing"
+    out = Path(res["out"])
+    for name in ("report.html", "report.md", "report.json", "loss.svg", "step_time.svg", "memory.svg"):
+        assert (out / name).is_file()
+    html = (out / "report.html").read_text()
+    assert "http://" not in html.replace("http://www.w3.org/2000/svg", "") and "https://" not in html
+    assert html.count("<svg") == 3 and html.count('class="mark"') == 2  # the two compile steps
+    md = (out / "report.md").read_text()
+    assert "| correctness | training loss | **pass** |" in md
+
+
+def test_failed_run_and_missing_evidence(tmp_path, shared):
+    run = write_run(tmp_path / "run", world=4, nodes=2, fail_rank=3, nan_at=5, with_evidence=False)
+    shutil.copy(shared / "data/ascend/rank_tables/mindspore_docs_EI0004_invalid_ranktable_duplicate_device_id.json",
+                run / "rank_table.json")
+    res = make_report(run)
+    rows = rows_by_item(res)
+    assert rows["parity with HF (port verify)"]["status"] == "missing"
+    assert "port verify" in rows["parity with HF (port verify)"]["evidence"]
+    assert rows["torch_npu coverage (port ops scan)"]["status"] == "missing"
+    assert rows["training loss"]["status"] == "fail" and "step(s) [5]" in rows["training loss"]["value"]
+    assert rows["run at multi-node"]["status"] == "fail" and "did not finish" in rows["run at multi-node"]["value"]
+    diag = rows["log diagnosis (port diagnose)"]
+    assert diag["status"] == "fail" and "rank 3 failed first at step 7" in diag["value"]
+    assert rows["rank map (rank table)"]["status"] == "fail"
+    rank_map = rows["rank map (rank table)"]["value"]
+    assert "device_id 1 repeats" in rank_map and "cards_per_node=2" in rank_map and "nodes=2" in rank_map
+
+
+def test_truncated_metrics_line_is_a_note(tmp_path):
+    run = write_run(tmp_path / "run")
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write('{"step": 13, "loss": 0.')  # cut by a kill
+    res = make_report(run, tmp_path / "out")
+    assert any("1 malformed line(s)" in n for n in res["notes"])
+    assert (tmp_path / "out" / "report.html").is_file() and not (run / "report").exists()
+
+
+@pytest.mark.parametrize("make,needle", [
+    (lambda p: p / "nope", "no such run directory"),
+    (lambda p: (p / "f").write_text("x") and p / "f", "is a file"),
+    (lambda p: p, "not a run directory"),
+])
+def test_bad_run_dirs(tmp_path, make, needle):
+    with pytest.raises(DiagnosticsError, match=needle):
+        make_report(make(tmp_path))
+
+
+def test_cli_one_line_error_and_no_partial_output(tmp_path):
+    from click.testing import CliRunner
+
+    from porting.cli import main
+
+    r = CliRunner().invoke(main, ["report", str(tmp_path / "missing")])
+    assert r.exit_code == 2 and r.output.startswith("error: ") and "no such run directory" in r.output
+    run = write_run(tmp_path / "run")
+    r = CliRunner().invoke(main, ["report", str(run), "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["out"] == str(run / "report")
+    assert not [p for p in run.iterdir() if p.name.startswith(".report.")]
+    assert "Examples:" in CliRunner().invoke(main, ["report", "--help"]).output
+
+
+def test_html_renders_in_headless_chromium(tmp_path):
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+    if chromium is None:
+        pytest.skip("chromium not installed (apt-get install -y chromium); the HTML is still checked above")
+    res = make_report(write_run(tmp_path / "run"))
+    page = Path(res["out"]) / "report.html"
+    args = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+            f"--user-data-dir={tmp_path / 'profile'}"]
+    dom = subprocess.run(args + ["--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    assert dom.stdout.count('<tr class="row') == len(res["rows"])
+    assert dom.stdout.count("<svg") == 3 and "polyline" in dom.stdout
+    shot = tmp_path / "shot.png"
+    r = subprocess.run(args + [f"--screenshot={shot}", "--window-size=1200,1600", page.as_uri()],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and shot.stat().st_size > 20_000  # a rendered page, not a blank one
+
+
+@pytest.mark.slow
+def test_end_to_end_real_port_train_run(tmp_path):
+    """A real `port train` run (stories260K on TinyStories, 20 steps on this CPU), the real ops scan
+    written next to it, then the report: every row that run can fill is filled."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    if not (root / "porting" / "cli" / "train.py").is_file():
+        pytest.skip("port train is not on this branch")
+    run = tmp_path / "run"
+    r = subprocess.run([sys.executable, "-m", "porting", "train", "recipes/tiny-cpu.yaml", "--set",
+                        f"output_dir={run}"], cwd=root, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    from click.testing import CliRunner
+
+    from porting.cli import main
+
+    res = CliRunner().invoke(main, ["ops", "scan", "--hf", "stories260k", "--out", str(run / "ops_scan.json")])
+    assert res.exit_code == 0, res.output
+    rep = make_report(run)
+    rows = rows_by_item(rep)
+    assert rows["training loss"]["status"] == "pass"
+    assert rows["run at 1 device"]["status"] == "pass" and "finished" in rows["run at 1 device"]["value"]
+    assert rows["checkpoints"]["status"] == "pass" and rows["HF export"]["status"] == "pass"
+    assert rows["torch_npu coverage (port ops scan)"]["status"] == "pass"
+    assert "on CPU (float32): attention=reference" in rows["MindSpore kernel plan"]["value"]
+    assert rows["log diagnosis (port diagnose)"]["status"] == "pass"
+    assert rows["peak memory by phase (plan estimate)"]["status"] == "pass"
+    assert "tokens/s" in rows["throughput (steady)"]["value"]
+    assert rows["compile vs steady"]["value"].startswith("compile ")
+    assert rows["versions"]["status"] == "info"
+    html = (run / "report" / "report.html").read_text()
+    assert html.count("<svg") == 3 and "polyline" in html
+
+
+def test_garbage_run_dir_gives_notes_not_tracebacks(tmp_path):
+    run = tmp_path / "run"
+    (run / "logs").mkdir(parents=True)
+    (run / "manifest.json").write_text("{garbage")
+    (run / "metrics.jsonl").write_bytes(bytes(range(256)) * 20)
+    (run / "logs" / "rank_0.log").write_bytes(b"\x00\x01\x02" * 1000)
+    (run / "logs" / "rank_1.log").write_text("x" * 200_000)  # one huge line, no newline
+    res = make_report(run)
+    notes = " | ".join(res["notes"])
+    assert "manifest.json: invalid JSON at line 1" in notes and "metrics.jsonl:" in notes
+    assert "rank_0.log: binary content" in notes
+    rows = rows_by_item(res)
+    assert rows["rank map (rank table)"]["status"] == "missing" and rows["training loss"]["status"] == "missing"
