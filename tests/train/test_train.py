@@ -40,7 +40,12 @@ def test_loss_falls_and_run_directory_contract(tiny_run, shared):
     assert summary["compile_time_s"] > 0 and summary["steady_tokens_per_s"] > 0
     assert summary["compiled_graphs"] == summary["shapes_seen"] <= summary["bucket_shapes"]
     manifest = json.loads((tiny_run / "manifest.json").read_text())
-    assert manifest["versions"]["packages"]["mindspore"] if "packages" in manifest["versions"] else manifest["versions"]
+    import mindspore
+
+    v = manifest["versions"]
+    assert v["packages"]["mindspore"] == mindspore.__version__ and v["python"] and "cann" in v
+    assert manifest["command"] and manifest["recipe"]["model"]["source"] == "stories260k"
+    assert manifest["model"]["config"]["hidden_size"] == 64   # architecture from the checkpoint's config.json
     assert manifest["data"]["sha256"] and manifest["data"]["examples"] == 16 and manifest["world_size"] == 1
     assert manifest["bucketing"]["boundaries"] and manifest["seed"] == 0
     plan = json.loads((tiny_run / "plan.json").read_text())
