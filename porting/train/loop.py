@@ -199,11 +199,12 @@ class Trainer:
         loss_sum, n_tok = float(total.asnumpy()), float(count.asnumpy())
         norm_v, finite_v = float(norm.asnumpy()), bool(finite.asnumpy())
         dt = time.perf_counter() - t0
+        scale_used = self.scaler.scale
         applied = self.scaler.update(finite_v and math.isfinite(loss_sum))
         if applied:
             self.adam_t = t
         return {"loss": loss_sum / max(n_tok, 1.0), "grad_norm": norm_v, "finite": finite_v and math.isfinite(loss_sum),
-                "applied": applied, "step_time_s": dt, "compile": bool(new_shapes), "tokens": int(n_tok)}
+                "applied": applied, "scale_used": scale_used, "step_time_s": dt, "compile": bool(new_shapes), "tokens": int(n_tok)}
 
     def state(self, step_done: int) -> dict:
         return {"adam_t": self.adam_t, "loss_scale": self.scaler.state(), "next_step": step_done,
@@ -309,10 +310,14 @@ def train(recipe, run_dir: str | Path, *, rank: int = 0, world_size: int = 1, re
         for step in plan.steps(rank, start):
             lr = lr_at(recipe, step.index, plan.total_steps)
             r = trainer.run_step(step, lr)
-            if not r["finite"] and recipe.precision.loss_scale.kind != "dynamic":
+            # Dynamic loss scaling skips an overflowing step and lowers the scale; once the scale is
+            # down to 1 an overflow is not a scaling problem any more, and the run stops like fp32.
+            dynamic = recipe.precision.loss_scale.kind == "dynamic"
+            if not r["finite"] and (not dynamic or r["scale_used"] <= 1.0):
                 where = f"last good checkpoint: {last_good[1]}" if last_good else "no checkpoint was written yet"
-                raise DivergenceError(f"step {step.index + 1}: loss is {r['loss']} (grad norm {r['grad_norm']}); the "
-                                      f"update was not applied; {where}. Lower optimizer.lr, enable "
+                scale = f" at loss scale {r['scale_used']:g}" if dynamic else ""
+                raise DivergenceError(f"step {step.index + 1}: loss is {r['loss']} (grad norm {r['grad_norm']}){scale}; "
+                                      f"the update was not applied; {where}. Lower optimizer.lr, enable "
                                       f"optimizer.grad_clip, or check the data")
             last_loss = r["loss"]
             global_tokens_per_s = step.global_real_tokens / r["step_time_s"] if r["step_time_s"] > 0 else 0.0
