@@ -288,10 +288,11 @@ def train(recipe, run_dir: str | Path, *, rank: int = 0, world_size: int = 1, re
         start = trainer.restore(last[1])
         log.info(f"resumed from {last[1]} at step {start}")
     if rank == 0:
+        from porting.diagnostics.doctor import doctor_report
         from porting.env import versions
         from porting.train.recipe import recipe_dict
 
-        manifest = {"versions": versions(), "recipe": recipe_dict(recipe),
+        manifest = {"versions": versions(), "environment": doctor_report(), "recipe": recipe_dict(recipe),
                     "model": {"source": recipe.model.source, "dir": str(model_dir), "config": cfg.to_hf(),
                               "parameters": cfg.num_parameters()},
                     "data": rep.as_dict(), "bucketing": plan.describe(), "seed": recipe.seed,
