@@ -74,7 +74,10 @@ def configure_mindspore(recipe, distributed: bool) -> None:
 
     target = {"cpu": "CPU", "ascend": "Ascend"}[recipe.cluster.device]
     ms.set_context(mode=ms.GRAPH_MODE)
-    ms.set_device(target)
+    # set_device may run once, before any kernel; a process that already runs on the target (a
+    # second in-process run, a test session) keeps it.
+    if ms.get_context("device_target") != target:
+        ms.set_device(target)
     if distributed and recipe.cluster.device == "cpu":
         # Workers share the host's cores: without a cap each spawns a thread per core and they thrash.
         from mindspore.device_context.cpu.op_tuning import threads_num
