@@ -40,3 +40,14 @@ def shared() -> Path:
 def stories_dir(shared) -> Path:
     """The real stories260K model from ../shared (the embedded copy is tested to be identical)."""
     return shared / "data" / "models" / "stories260k"
+
+
+@pytest.fixture(autouse=True)
+def _pynative_by_default():
+    """Tests share one process: a test that switches MindSpore to graph mode (an in-process
+    `port train`) must not leave it on for the next one."""
+    import mindspore as ms
+
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    yield
+    ms.set_context(mode=ms.PYNATIVE_MODE)

@@ -74,7 +74,10 @@ def configure_mindspore(recipe, distributed: bool) -> None:
 
     target = {"cpu": "CPU", "ascend": "Ascend"}[recipe.cluster.device]
     ms.set_context(mode=ms.GRAPH_MODE)
-    ms.set_device(target)
+    # set_device may run once, before any kernel; a process that already runs on the target (a
+    # second in-process run, a test session) keeps it.
+    if ms.get_context("device_target") != target:
+        ms.set_device(target)
     if distributed and recipe.cluster.device == "cpu":
         # Workers share the host's cores: without a cap each spawns a thread per core and they thrash.
         from mindspore.device_context.cpu.op_tuning import threads_num
@@ -199,11 +202,12 @@ class Trainer:
         loss_sum, n_tok = float(total.asnumpy()), float(count.asnumpy())
         norm_v, finite_v = float(norm.asnumpy()), bool(finite.asnumpy())
         dt = time.perf_counter() - t0
+        scale_used = self.scaler.scale
         applied = self.scaler.update(finite_v and math.isfinite(loss_sum))
         if applied:
             self.adam_t = t
         return {"loss": loss_sum / max(n_tok, 1.0), "grad_norm": norm_v, "finite": finite_v and math.isfinite(loss_sum),
-                "applied": applied, "step_time_s": dt, "compile": bool(new_shapes), "tokens": int(n_tok)}
+                "applied": applied, "scale_used": scale_used, "step_time_s": dt, "compile": bool(new_shapes), "tokens": int(n_tok)}
 
     def state(self, step_done: int) -> dict:
         return {"adam_t": self.adam_t, "loss_scale": self.scaler.state(), "next_step": step_done,
@@ -274,6 +278,9 @@ def train(recipe, run_dir: str | Path, *, rank: int = 0, world_size: int = 1, re
         log.warning(f"malformed row skipped: {s}")
     log.info(f"bucketing: shapes {plan.boundaries}; {plan.steps_per_epoch} steps per epoch; {plan.total_steps} steps")
     cfg, model = build_model(recipe, model_dir)
+    if recipe.memory.recompute:
+        flagged = sum(1 for layer in model.model.layers if getattr(layer, "_has_config_recompute", False))
+        log.info(f"recompute: {flagged} of {cfg.num_hidden_layers} decoder layers recompute their activations in backward")
     trainer = Trainer(recipe, run_dir, rank, world_size, model, model_dir, plan, log)
     ck_root = run_dir / "checkpoints"
     start = 0
@@ -284,10 +291,11 @@ def train(recipe, run_dir: str | Path, *, rank: int = 0, world_size: int = 1, re
         start = trainer.restore(last[1])
         log.info(f"resumed from {last[1]} at step {start}")
     if rank == 0:
+        from porting.diagnostics.doctor import doctor_report
         from porting.env import versions
         from porting.train.recipe import recipe_dict
 
-        manifest = {"versions": versions(), "recipe": recipe_dict(recipe),
+        manifest = {"versions": versions(), "environment": doctor_report(), "recipe": recipe_dict(recipe),
                     "model": {"source": recipe.model.source, "dir": str(model_dir), "config": cfg.to_hf(),
                               "parameters": cfg.num_parameters()},
                     "data": rep.as_dict(), "bucketing": plan.describe(), "seed": recipe.seed,
@@ -306,10 +314,14 @@ def train(recipe, run_dir: str | Path, *, rank: int = 0, world_size: int = 1, re
         for step in plan.steps(rank, start):
             lr = lr_at(recipe, step.index, plan.total_steps)
             r = trainer.run_step(step, lr)
-            if not r["finite"] and recipe.precision.loss_scale.kind != "dynamic":
+            # Dynamic loss scaling skips an overflowing step and lowers the scale; once the scale is
+            # down to 1 an overflow is not a scaling problem any more, and the run stops like fp32.
+            dynamic = recipe.precision.loss_scale.kind == "dynamic"
+            if not r["finite"] and (not dynamic or r["scale_used"] <= 1.0):
                 where = f"last good checkpoint: {last_good[1]}" if last_good else "no checkpoint was written yet"
-                raise DivergenceError(f"step {step.index + 1}: loss is {r['loss']} (grad norm {r['grad_norm']}); the "
-                                      f"update was not applied; {where}. Lower optimizer.lr, enable "
+                scale = f" at loss scale {r['scale_used']:g}" if dynamic else ""
+                raise DivergenceError(f"step {step.index + 1}: loss is {r['loss']} (grad norm {r['grad_norm']}){scale}; "
+                                      f"the update was not applied; {where}. Lower optimizer.lr, enable "
                                       f"optimizer.grad_clip, or check the data")
             last_loss = r["loss"]
             global_tokens_per_s = step.global_real_tokens / r["step_time_s"] if r["step_time_s"] > 0 else 0.0

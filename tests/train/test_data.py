@@ -130,3 +130,12 @@ def test_choose_boundaries_is_optimal_on_small_case():
     lengths = np.array([10, 11, 12, 30, 31, 90])
     assert D.choose_boundaries(lengths, 3, 1, 128) == [12, 31, 90]
     assert D.choose_boundaries(lengths, 1, 8, 128) == [96]
+
+
+def test_text_jsonl_rows_use_text_field(tok, tmp_path):
+    p = tmp_path / "t.jsonl"
+    p.write_text(json.dumps({"body": "Once upon a time."}) + "\n" + json.dumps({"body": ""}) + "\n")
+    td = D.tokenize_dataset(_recipe(p, data={"text_field": "body"}).data, tok)
+    assert td.report.format == "text" and td.report.examples == 1 and td.report.bad_rows == 1
+    e = td.examples[0]
+    assert (e.labels[1:] == e.input_ids[1:]).all() and e.input_ids[-1] == tok.eos_token_id

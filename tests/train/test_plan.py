@@ -80,3 +80,13 @@ def test_shipped_910c_recipes_fit(name, nodes):
     plan = json.loads(r.stdout)
     assert plan["fits"] and plan["memory_gib_by_phase"]["total"] <= 64
     assert len(plan["msrun_commands"]) == nodes
+
+
+def test_multi_node_run_prints_the_command_of_each_node(tmp_path):
+    run = tmp_path / "mn"
+    r = port("train", "recipes/tiny-cpu.yaml", "--run-dir", str(run), "--set", "cluster.nodes=2",
+             "--set", "cluster.master_addr=10.1.2.3")
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = [l for l in r.stdout.splitlines() if l.startswith("node ")]
+    assert len(lines) == 2 and "--node_rank=1" in lines[1] and "--master_addr=10.1.2.3" in lines[0]
+    assert (run / "plan.json").is_file() and not (run / "checkpoints").exists()

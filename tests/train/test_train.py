@@ -40,7 +40,13 @@ def test_loss_falls_and_run_directory_contract(tiny_run, shared):
     assert summary["compile_time_s"] > 0 and summary["steady_tokens_per_s"] > 0
     assert summary["compiled_graphs"] == summary["shapes_seen"] <= summary["bucket_shapes"]
     manifest = json.loads((tiny_run / "manifest.json").read_text())
-    assert manifest["versions"]["packages"]["mindspore"] if "packages" in manifest["versions"] else manifest["versions"]
+    import mindspore
+
+    v = manifest["versions"]
+    assert v["packages"]["mindspore"] == mindspore.__version__ and v["python"] and "cann" in v
+    assert manifest["command"] and manifest["recipe"]["model"]["source"] == "stories260k"
+    assert manifest["environment"]["checks"] and "env" in manifest["environment"]     # port doctor's report
+    assert manifest["model"]["config"]["hidden_size"] == 64   # architecture from the checkpoint's config.json
     assert manifest["data"]["sha256"] and manifest["data"]["examples"] == 16 and manifest["world_size"] == 1
     assert manifest["bucketing"]["boundaries"] and manifest["seed"] == 0
     plan = json.loads((tiny_run / "plan.json").read_text())
@@ -199,3 +205,42 @@ def test_bucketed_alpaca_compiles_one_graph_per_shape(tmp_path, alpaca):
     assert len(shapes) >= 2 and summary["bucket_shapes"] <= 3
     assert res.compiled_graphs == len(shapes) <= summary["bucket_shapes"]
     assert sum(s["compile"] for s in steps) == len(shapes)
+
+
+def test_recompute_gives_the_same_training(tmp_path):
+    """Cell.recompute() on every decoder layer (graph mode, CPU) changes memory, not the numbers."""
+    from porting.train.loop import train
+    from porting.train.recipe import load_recipe
+
+    common = ["data.max_seq_length=64", "batching.bucketing.enabled=false", "schedule.max_steps=2",
+              "checkpointing.every_steps=0"]
+    train(load_recipe(TINY, common + ["memory.recompute=true"]), tmp_path / "rc", echo=False)
+    train(load_recipe(TINY, common), tmp_path / "plain", echo=False)
+    wa, wb = _weights(tmp_path / "rc"), _weights(tmp_path / "plain")
+    assert max(float(np.abs(wa[k] - wb[k]).max()) for k in wa) < 1e-6
+    assert json.loads((tmp_path / "rc" / "manifest.json").read_text())["recipe"]["memory"]["recompute"] is True
+    assert "recompute: 5 of 5 decoder layers" in (tmp_path / "rc" / "logs" / "rank_0.log").read_text()
+
+
+def test_dynamic_loss_scaling_is_exact_then_skips_overflow_and_stops_at_scale_one(tmp_path):
+    """The Ascend loss-scaling logic, run on the CPU in fp32: a power-of-two scale changes nothing;
+    overflowing steps are skipped with the scale halved, and at scale 1 the run stops."""
+    from porting.train.loop import train
+    from porting.train.recipe import load_recipe
+
+    common = ["data.max_seq_length=64", "batching.bucketing.enabled=false", "schedule.max_steps=2",
+              "checkpointing.every_steps=0"]
+    train(load_recipe(TINY, common + ["precision.loss_scale.kind=dynamic", "precision.loss_scale.init=1024"]),
+          tmp_path / "scaled", echo=False)
+    train(load_recipe(TINY, common), tmp_path / "plain", echo=False)
+    wa, wb = _weights(tmp_path / "scaled"), _weights(tmp_path / "plain")
+    assert max(float(np.abs(wa[k] - wb[k]).max()) for k in wa) < 1e-6
+
+    run = tmp_path / "overflow"
+    r = port("train", str(TINY), "--run-dir", str(run), *FAST, "--set", "optimizer.lr=1e30",
+             "--set", "optimizer.grad_clip=null", "--set", "schedule.warmup_steps=0",
+             "--set", "precision.loss_scale.kind=dynamic", "--set", "precision.loss_scale.init=4")
+    assert r.returncode == 3
+    assert re.search(r"step 4: loss is .* at loss scale 1;", error_line(r)), error_line(r)
+    steps = metrics(run)[0]
+    assert [s["skipped"] for s in steps] == [False, True, True] and [s["loss_scale"] for s in steps] == [4, 2, 1]
