@@ -13,7 +13,7 @@ from typing import Mapping
 import numpy as np
 
 from converters import dtypes, names
-from converters.sources import TensorReader, open_hf
+from converters.sources import TensorReader, open_hf, open_ms
 from model_zoo.errors import CheckpointError
 
 _NP = {"F32": np.float32, "F16": np.float16}
@@ -85,3 +85,25 @@ def load_hf_dir(model, hf_dir: str | Path) -> None:
                 raise CheckpointError(f"{reader.file_of(hf_name).path}: tensor {hf_name} has shape {list(t.shape)}, "
                                       f"config.json implies {list(p.shape)}")
             p.set_data(ms.Tensor(_read(reader, hf_name)).astype(p.dtype))
+
+
+def load_ms_dir(model, ms_dir: str | Path) -> None:
+    """Fill ``model`` from a MindSpore checkpoint directory (``port convert`` output) the way a user's
+    MindSpore code does: ``mindspore.load_checkpoint`` per file, then ``load_param_into_net`` with
+    strict loading. Missing or unexpected parameters are an error, never a silent partial load."""
+    import mindspore as ms
+
+    src = open_ms(Path(ms_dir))
+    state = {}
+    for f in src.files:
+        try:
+            state.update(ms.load_checkpoint(str(f.path), format=src.kind))
+        except (RuntimeError, ValueError, OSError) as e:
+            raise CheckpointError(f"{f.path}: mindspore.load_checkpoint failed ({str(e).splitlines()[0]})") from None
+    params = {p.name for p in model.get_parameters()}
+    extra = sorted(set(state) - params)
+    if extra or params - set(state):
+        raise names.coverage_error(str(ms_dir), sorted(params - set(state)), extra)
+    not_loaded, _ = ms.load_param_into_net(model, state, strict_load=True)
+    if not_loaded:
+        raise names.coverage_error(str(ms_dir), sorted(not_loaded), [])

@@ -117,9 +117,13 @@ def zoo_outputs(model, ids: np.ndarray, want_hidden: bool, want_grads: bool) -> 
 
 
 def check_parity(hf_dir: str | Path, *, dtype: str = "float32", batch: int = 2, seq: int = 32, seed: int = 0,
-                 hidden_states: bool = False, grads: bool = False, kernels_override: dict | None = None) -> dict:
-    """Run HF and the zoo on the same ids; return a report dict with per-check rows and ``passed``."""
-    from converters.loading import load_hf_dir
+                 hidden_states: bool = False, grads: bool = False, kernels_override: dict | None = None,
+                 ms_dir: str | Path | None = None) -> dict:
+    """Run HF and the zoo on the same ids; return a report dict with per-check rows and ``passed``.
+
+    The zoo cell loads the same HF directory, or with ``ms_dir`` a converted MindSpore checkpoint.
+    """
+    from converters.loading import load_hf_dir, load_ms_dir
     from model_zoo import LlamaConfig, build
 
     if dtype not in TOLERANCES:
@@ -135,7 +139,10 @@ def check_parity(hf_dir: str | Path, *, dtype: str = "float32", batch: int = 2, 
     t_hf = time.perf_counter() - t0
     t0 = time.perf_counter()
     model = build(cfg, param_dtype=dtype, kernels_override=kernels_override)
-    load_hf_dir(model, hf_dir)
+    if ms_dir is not None:
+        load_ms_dir(model, ms_dir)
+    else:
+        load_hf_dir(model, hf_dir)
     got = zoo_outputs(model, ids, hidden_states, grads)
     t_zoo = time.perf_counter() - t0
 
@@ -158,7 +165,7 @@ def check_parity(hf_dir: str | Path, *, dtype: str = "float32", batch: int = 2, 
         checks.append(Check(f"grad norms ({len(zoo_names)} tensors)", *_diff(a, b), tol["grad_rel"], "max_rel"))
         checks.append(Check("global grad norm", *_diff(np.linalg.norm(a), np.linalg.norm(b)), tol["grad_rel"], "max_rel"))
     return {
-        "hf_dir": str(hf_dir), "dtype": dtype, "batch": batch, "seq": seq, "seed": seed,
+        "hf_dir": str(hf_dir), "zoo_weights_from": str(ms_dir or hf_dir), "dtype": dtype, "batch": batch, "seq": seq, "seed": seed,
         "model_type": cfg.model_type, "kernels": model.plan.as_dict(),
         "loss": {"zoo": got["loss"], "hf": ref["loss"]},
         "seconds": {"hf": round(t_hf, 3), "zoo": round(t_zoo, 3)},

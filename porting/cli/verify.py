@@ -7,7 +7,9 @@ import sys
 
 import click
 
-from model_zoo.errors import VerificationError
+from pathlib import Path
+
+from model_zoo.errors import CheckpointError, VerificationError
 
 
 def _table(rows: list[dict]) -> str:
@@ -60,10 +62,15 @@ Examples:
   port verify --hf stories260k --generate      # plus greedy text vs HF generate and the golden text
   port verify --hf ./my-llama --hidden-states --grads --json
   port verify --hf llama-7b --seq 16 --batch 1 # zoo name, found in the local HF cache
+  port convert --hf stories260k --out st-ms && port verify --hf stories260k --ms st-ms
 \b
 Tolerances (max abs on logits / abs on loss / rel on gradient norms):
   float32 1e-4 / 1e-5 / 1e-4;  float16 5e-2 / 5e-3 / 2e-2;  bfloat16 2.5e-1 / 3e-2 / 1e-1""")
 @click.option("--hf", "hf_src", required=True, help="HF model directory, or a zoo name (see `port zoo list`).")
+@click.option("--ms", "ms_dir", type=click.Path(path_type=Path), default=None,
+              help="A `port convert` output: check it tensor by tensor against --hf, round-trip it back to HF, "
+                   "and run the parity check with the zoo cell loaded from it.")
+@click.option("--no-roundtrip", is_flag=True, help="With --ms: skip the HF -> MS -> HF round trip.")
 @click.option("--dtype", default="float32", show_default=True,
               type=click.Choice(["float32", "float16", "bfloat16"]), help="Compute dtype on both sides.")
 @click.option("--batch", default=2, show_default=True, type=click.IntRange(1, 64))
@@ -77,14 +84,26 @@ Tolerances (max abs on logits / abs on loss / rel on gradient norms):
               type=click.Choice(["static", "dynamic", "none"]),
               help="KV cache for --generate: static (one compiled graph), dynamic (PyNative, grows), none.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
-def command(hf_src, dtype, batch, seq, seed, hidden_states, grads, gen_tokens, cache_mode, as_json):
+def command(hf_src, ms_dir, no_roundtrip, dtype, batch, seq, seed, hidden_states, grads, gen_tokens, cache_mode, as_json):
     """Check a zoo model against HF transformers on the same weights and inputs."""
     from porting.parity import check_parity
     from porting.sources import resolve_hf
 
     hf_dir = resolve_hf(hf_src)
-    report = check_parity(hf_dir, dtype=dtype, batch=batch, seq=seq, seed=seed,
-                          hidden_states=hidden_states, grads=grads)
+    rows = None
+    if ms_dir is not None:
+        from porting.roundtrip import verify_checkpoint
+
+        if not ms_dir.is_dir():
+            raise CheckpointError(f"--ms {ms_dir}: no such directory; expected a `port convert` output directory")
+        rows = verify_checkpoint(hf_dir, ms_dir, roundtrip=not no_roundtrip)
+    ms_ok = rows is None or all(r["passed"] for r in rows)
+    # A checkpoint that fails its tensor checks is not loaded for parity: the rows say what is wrong.
+    report = check_parity(hf_dir, dtype=dtype, batch=batch, seq=seq, seed=seed, hidden_states=hidden_states,
+                          grads=grads, ms_dir=ms_dir if ms_ok else None)
+    if rows is not None:
+        report["checkpoint"] = rows
+        report["passed"] = report["passed"] and ms_ok
     if gen_tokens:
         report["generation"] = run_generation_check(hf_dir, gen_tokens, cache=cache_mode)
         report["passed"] = report["passed"] and report["generation"]["passed"]
@@ -96,6 +115,12 @@ def command(hf_src, dtype, batch, seq, seed, hidden_states, grads, gen_tokens, c
                    f"kernels on {report['kernels']['device']}: "
                    + ", ".join(f"{n}={c['impl']}" for n, c in k.items()))
         click.echo(f"loss on the seeded random probe ids: zoo {report['loss']['zoo']:.6f}  hf {report['loss']['hf']:.6f}")
+        if rows is not None:
+            click.echo(f"checkpoint {ms_dir} against {hf_dir}:")
+            for r in rows:
+                click.echo(f"  {r['name']:12} {'ok  ' if r['passed'] else 'FAIL'} {r['detail']}")
+            if not ms_ok:
+                click.echo("parity below ran on the HF weights: the checkpoint failed its checks")
         click.echo(_table(report["checks"]))
         g = report.get("generation")
         if g:
