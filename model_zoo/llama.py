@@ -15,7 +15,6 @@ from __future__ import annotations
 from typing import Mapping
 
 import mindspore as ms
-import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 from mindspore.common.initializer import Normal, Zero, One, initializer
 

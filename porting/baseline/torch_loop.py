@@ -13,11 +13,14 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
 import numpy as np
 
 from porting.baseline.memory import PhaseMeter
+
+if TYPE_CHECKING:
+    from porting.train.data import MicroBatch
 
 IGNORE_INDEX = -100
 PHASES = ("forward", "backward", "optimizer")

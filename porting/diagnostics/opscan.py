@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import os
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable

@@ -236,7 +236,6 @@ def test_stories260k_real_model(stories_dir, tmp_path):
 
 
 def test_read_hf_state_and_load_hf_dir_bf16(hf_factory):
-    import torch
     from safetensors.torch import load_file
 
     from converters.loading import load_hf_dir, read_hf_state
@@ -260,7 +259,6 @@ def test_training_checkpoint_to_hf(hf_factory, tmp_path):
     """A MindSpore checkpoint of a training cell (weights + AdamW states + step counter, no config.json)
     exports to HF with --config; transformers loads it and the weights are the cell's."""
     import mindspore as ms
-    import torch
     import transformers
     from mindspore import nn
 

@@ -11,7 +11,6 @@ scheduler reports timeouts. Usage (under msrun):
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 

@@ -4,7 +4,6 @@ clock skew between hosts), and bad input. The real-msrun fault jobs are in test_
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys

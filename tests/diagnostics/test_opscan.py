@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from porting.diagnostics import DiagnosticsError
 from porting.diagnostics import opscan
 
 

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from tests.train.conftest import ROOT, TINY, free_port, metrics, port
+from tests.train.conftest import TINY, free_port, metrics, port
 
 pytestmark = [pytest.mark.msrun, pytest.mark.slow]
 
