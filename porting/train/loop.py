@@ -295,7 +295,7 @@ def train(recipe, run_dir: str | Path, *, rank: int = 0, world_size: int = 1, re
         from porting.env import versions
         from porting.train.recipe import recipe_dict
 
-        manifest = {"versions": versions(), "environment": doctor_report(), "recipe": recipe_dict(recipe),
+        manifest = {"versions": versions(), "doctor": doctor_report(), "recipe": recipe_dict(recipe),
                     "model": {"source": recipe.model.source, "dir": str(model_dir), "config": cfg.to_hf(),
                               "parameters": cfg.num_parameters()},
                     "data": rep.as_dict(), "bucketing": plan.describe(), "seed": recipe.seed,

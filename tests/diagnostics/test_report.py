@@ -206,6 +206,7 @@ def test_end_to_end_real_port_train_run(tmp_path):
     assert "tokens/s" in rows["throughput (steady)"]["value"]
     assert rows["compile vs steady"]["value"].startswith("compile ")
     assert rows["versions"]["status"] == "info"
+    assert rows["doctor checks"]["status"] != "missing"  # port train writes doctor_report() as "doctor"
     html = (run / "report" / "report.html").read_text()
     assert html.count("<svg") == 3 and "polyline" in html
 

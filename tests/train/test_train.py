@@ -45,7 +45,7 @@ def test_loss_falls_and_run_directory_contract(tiny_run, shared):
     v = manifest["versions"]
     assert v["packages"]["mindspore"] == mindspore.__version__ and v["python"] and "cann" in v
     assert manifest["command"] and manifest["recipe"]["model"]["source"] == "stories260k"
-    assert manifest["environment"]["checks"] and "env" in manifest["environment"]     # port doctor's report
+    assert manifest["doctor"]["checks"] and "env" in manifest["doctor"]     # port doctor's report
     assert manifest["model"]["config"]["hidden_size"] == 64   # architecture from the checkpoint's config.json
     assert manifest["data"]["sha256"] and manifest["data"]["examples"] == 16 and manifest["world_size"] == 1
     assert manifest["bucketing"]["boundaries"] and manifest["seed"] == 0
