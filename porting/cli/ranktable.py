@@ -133,12 +133,20 @@ def gen_cmd(servers, devices, device_ips, hccn, version, super_pod_size, out: Pa
         for d in e["devices"]:
             d["device_ip"] = ips.get((e["server_id"], d["device_id"]))
     table = rt.generate(entries, version=version, super_pod_size=super_pod_size)
+    _check_then_write(table, out, "generated",
+                      f"version {version}, {len(entries)} server(s) x {len(dev_ids)} device(s)")
+
+
+def _check_then_write(table: dict, out: Path, what: str, summary: str) -> None:
+    """Refuse a table that fails the rules (nothing written); else write it atomically and list warnings."""
+    from porting.diagnostics import ranktable as rt
+
     problems = rt.check(table)
     errs = rt.errors_of(problems)
     if errs:
-        raise rt.DiagnosticsError(f"generated table would be invalid: {errs[0]}; nothing written to {out}")
+        raise rt.DiagnosticsError(f"{what} table would be invalid: {errs[0]}; nothing written to {out}")
     rt.write_table(table, out)
-    click.echo(f"wrote {out}: version {version}, {len(entries)} server(s) x {len(dev_ids)} device(s)")
+    click.echo(f"wrote {out}: {summary}")
     for p in problems:
         click.echo(f"  {p}")
 
@@ -152,18 +160,5 @@ def merge_cmd(files, out: Path) -> None:
     """Merge per-server tables (in the given order), renumbering rank ids 0..N-1, then check."""
     from porting.diagnostics import ranktable as rt
 
-    tables = []
-    for f in files:
-        try:
-            tables.append((str(f), rt.load(f)))
-        except rt.DiagnosticsError:
-            raise
-    merged = rt.merge(tables)
-    problems = rt.check(merged)
-    errs = rt.errors_of(problems)
-    if errs:
-        raise rt.DiagnosticsError(f"merged table would be invalid: {errs[0]}; nothing written to {out}")
-    rt.write_table(merged, out)
-    click.echo(f"wrote {out}: {rt.summary(merged)}")
-    for p in problems:
-        click.echo(f"  {p}")
+    merged = rt.merge([(str(f), rt.load(f)) for f in files])
+    _check_then_write(merged, out, "merged", rt.summary(merged))
