@@ -21,35 +21,29 @@ def package_version(name: str) -> str | None:
         return None
 
 
-def cann_version() -> str | None:
-    """CANN toolkit version from the install's version.cfg / *install.info, when present."""
-    home = os.environ.get("ASCEND_TOOLKIT_HOME") or os.environ.get("ASCEND_HOME_PATH") or "/usr/local/Ascend/ascend-toolkit/latest"
-    for cand in ("version.cfg", "compiler/version.info", "runtime/version.info"):
-        p = Path(home) / cand
+def _version_in(files: list[Path], pattern: str = r"[Vv]ersion\s*[=:]\s*([\w.\-]+)") -> str | None:
+    """The first version string found in the first of ``files`` that exists and holds one."""
+    for p in files:
         if p.is_file():
-            m = re.search(r"[Vv]ersion\s*[=:]\s*([\w.\-]+)", p.read_text(errors="replace"))
+            m = re.search(pattern, p.read_text(errors="replace"))
             if m:
                 return m.group(1)
     return None
 
 
+def cann_version() -> str | None:
+    """CANN toolkit version from the install's version.cfg / *install.info, when present."""
+    home = os.environ.get("ASCEND_TOOLKIT_HOME") or os.environ.get("ASCEND_HOME_PATH") or "/usr/local/Ascend/ascend-toolkit/latest"
+    return _version_in([Path(home) / c for c in ("version.cfg", "compiler/version.info", "runtime/version.info")])
+
+
 def driver_version() -> str | None:
-    p = Path("/usr/local/Ascend/driver/version.info")
-    if p.is_file():
-        m = re.search(r"Version\s*=\s*([\w.\-]+)", p.read_text(errors="replace"))
-        if m:
-            return m.group(1)
-    return None
+    return _version_in([Path("/usr/local/Ascend/driver/version.info")], r"Version\s*=\s*([\w.\-]+)")
 
 
 def firmware_version() -> str | None:
     """Ascend firmware version from the install's version.info, when present."""
-    p = Path("/usr/local/Ascend/firmware/version.info")
-    if p.is_file():
-        m = re.search(r"Version\s*=\s*([\w.\-]+)", p.read_text(errors="replace"))
-        if m:
-            return m.group(1)
-    return None
+    return _version_in([Path("/usr/local/Ascend/firmware/version.info")], r"Version\s*=\s*([\w.\-]+)")
 
 
 def npu_smi() -> str | None:
