@@ -1,18 +1,18 @@
 """Streaming checkpoint conversion HF <-> MindSpore.
 
-One pass per source file: its bytes are read through a memory map in 64 MiB chunks; each chunk is
-hashed (the file's sha256 and the tensor's, on worker threads: hashlib releases the GIL), cast only
-when a dtype change was asked for, and written straight after the output header. The output shard
-layout mirrors the source (one output file per source file, tensors in the same order), which is what
-makes HF -> MS -> HF reproduce the original files. Before a byte is written, the whole plan is checked:
-every source tensor used, every expected tensor present, every shape equal to what config.json implies,
-every dtype convertible.
+safetensors -> safetensors (HF -> MS and back, the usual case) goes through ``converters.copyhash``:
+the data of an output file is the source's bytes in the source's data order (cast only when a dtype
+change is asked for), copied inside the kernel with ``copy_file_range`` while worker threads compute
+the source files' sha256 and every output tensor's sha256 (read back from the output), all files and
+all cores at once. ``.bin`` / ``.ckpt`` sources and ``.ckpt`` output go one tensor at a time through
+torch / MindSpore. The output shard layout mirrors the source (one output file per source file,
+tensors in the same order), which is what makes HF -> MS -> HF reproduce the original files. Before a
+byte is written, the whole plan is checked: every source tensor used, every expected tensor present,
+every shape equal to what config.json implies, every dtype convertible.
 """
 
 from __future__ import annotations
 
-import collections
-import concurrent.futures as cf
 import dataclasses
 import datetime as _dt
 import hashlib
@@ -22,9 +22,19 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-from converters import atomic, dtypes, names
-from converters.safetensors_io import OutTensor, TensorInfo, copy_range, encode_header, write_all
-from converters.sources import MANIFEST, MS_INDEX, Source, SourceFile, file_sha256, open_hf, open_ms, stream
+from converters import atomic, copyhash, dtypes, names
+from converters.safetensors_io import OutTensor, TensorInfo, encode_header, write_all
+from converters.sources import (
+    MANIFEST,
+    MS_INDEX,
+    Source,
+    SourceFile,
+    file_sha256,
+    known_sha256,
+    open_hf,
+    open_ms,
+    stream,
+)
 from model_zoo.config import LlamaConfig
 from model_zoo.errors import CheckpointError
 
@@ -165,96 +175,54 @@ def build_plan(src_dir: Path, direction: Direction, out_format: str = "safetenso
 
 
 # ------------------------------------------------------------------------------------------ writing
-# Chunks whose hashing may trail the kernel-side copy. Copies stall on disk writeback while hashing
-# is CPU-bound; letting one run ahead of the other overlaps them. Each trailing chunk may keep up to
-# CHUNK_BYTES (64 MiB) mapped, so this bounds the extra resident memory (256 MiB).
-MAX_LAG = 4
-
-
-class _Lanes:
-    """Two hashing threads (hashlib releases the GIL): one for the source file's sha256, one for the
-    tensors'. Each lane runs its updates in submission order, so digests are correct while the main
-    thread copies ahead; ``wait`` bounds how far it may run ahead."""
-
-    def __init__(self, file_lane: cf.ThreadPoolExecutor, tensor_lane: cf.ThreadPoolExecutor):
-        self.file_lane, self.tensor_lane = file_lane, tensor_lane
-        self.pending: collections.deque = collections.deque()
-
-    def submit(self, file_hash, tensor_hash, data_for_file, data_for_tensor, release, lag: int) -> None:
-        futs = []
-        if file_hash is not None:
-            futs.append(self.file_lane.submit(file_hash.update, data_for_file))
-        if tensor_hash is not None:
-            futs.append(self.tensor_lane.submit(tensor_hash.update, data_for_tensor))
-        self.pending.append((futs, release))
-        while len(self.pending) > lag:
-            self._pop()
-
-    def _pop(self) -> None:
-        futs, release = self.pending.popleft()
-        try:
-            for f in futs:
-                f.result()
-        finally:
-            release()
-
-    def drain(self) -> None:
-        while self.pending:
-            self._pop()
-
-
-def _write_segment(seg, outs: dict, file_hash, tensor_hash: dict, fo, lanes: _Lanes) -> None:
-    """Hash one source chunk (file and tensor digests) and append its output bytes to ``fo``."""
-    t, chunk, mf = seg.tensor, seg.view, seg.mapped
-    begin, end = seg.offset, seg.offset + chunk.nbytes
-    # hash jobs get a view of their own: the stream's view is released when the stream moves on
-    own = mf.view(begin, end) if mf is not None else chunk
-
-    def release() -> None:
-        if mf is not None:
-            own.release()
-            mf.drop(begin, end)
-    if t is None or t.name not in outs:  # header, gap, or a skipped tensor: only the file digest
-        lanes.submit(file_hash, None, own, None, release, MAX_LAG)
-        return
-    out_dtype = outs[t.name][1].dtype
-    h = tensor_hash.setdefault(t.name, hashlib.sha256())
-    if out_dtype == t.dtype and mf is not None:  # bytes unchanged: copy kernel-side, hash from the map
-        lanes.submit(file_hash, h, own, own, release, MAX_LAG)
-        copy_range(mf.fileno(), begin, chunk.nbytes, fo, chunk)
-        return
-    out = dtypes.cast_bytes(t.dtype, out_dtype, chunk)
-    lanes.submit(file_hash, h, own, out, release, 0)  # a loaded or cast chunk is hashed before moving on
-    write_all(fo, out)
-
-
 def _tensor_record(o: OutTensor, digest: str, file: str, src: TensorInfo, src_file: str) -> dict:
     return {"name": o.name, "shape": list(o.shape), "dtype": o.dtype, "sha256": digest, "file": file,
             "source_name": src.name, "source_dtype": src.dtype, "source_file": src_file}
 
 
-def _write_safetensors(plan: Plan, pf: PlannedFile, out_path: Path, pool, progress,
-                       hash_source: bool) -> tuple[str | None, list[dict]]:
-    outs = {t.name: (t, o) for t, o in pf.tensors}
-    header = encode_header([o for _, o in pf.tensors], pf.metadata)
-    lanes = _Lanes(*pool)
-    file_hash = hashlib.sha256() if plan.source.kind == "safetensors" and hash_source else None
+def _file_jobs(plan: Plan, tmp: Path, out_dir: Path, hash_source: dict[str, bool]) -> list[copyhash.FileJob]:
+    jobs = []
+    for pf in plan.files:
+        header = encode_header([o for _, o in pf.tensors], pf.metadata)
+        spans, pos = [], len(header)
+        for t, o in pf.tensors:
+            spans.append(copyhash.TensorSpan(o.name, t.begin, t.end, pos, t.dtype, o.dtype))
+            pos += o.nbytes
+        jobs.append(copyhash.FileJob(pf.src.path, tmp / pf.out_name, out_dir / pf.out_name, header,
+                                     pf.src.path.stat().st_size, tuple(spans), hash_source[pf.src.name]))
+    return jobs
+
+
+def _write_parallel(plan: Plan, tmp: Path, out_dir: Path, progress, hash_source: dict[str, bool]):
+    """safetensors -> safetensors, every file at once on every core (converters.copyhash)."""
+    jobs = _file_jobs(plan, tmp, out_dir, hash_source)
+    file_digests, tensor_digests, ways = copyhash.copy_and_hash(jobs, progress)
+    digests, records = {}, []
+    for pf, fd, tds in zip(plan.files, file_digests, tensor_digests):
+        digests[pf.src.name] = fd
+        records.extend(_tensor_record(o, d, pf.out_name, t, pf.src.name) for (t, o), d in zip(pf.tensors, tds))
+    return digests, records, ways
+
+
+def _write_loaded(plan: Plan, pf: PlannedFile, out_path: Path, progress) -> list[dict]:
+    """A .bin / .ckpt source (tensors loaded by torch / MindSpore) -> safetensors, chunk by chunk."""
+    outs = {t.name: o for t, o in pf.tensors}
     tensor_hash: dict[str, object] = {}
     with open(out_path, "wb", buffering=0) as fo:
-        write_all(fo, header)
-        try:
-            for seg in stream(plan.source, pf.src):
-                _write_segment(seg, outs, file_hash, tensor_hash, fo, lanes)
-                progress(seg.view.nbytes)
-        finally:
-            lanes.drain()
+        write_all(fo, encode_header([o for _, o in pf.tensors], pf.metadata))
+        for seg in stream(plan.source, pf.src):
+            t = seg.tensor
+            if t is not None and t.name in outs:
+                out = dtypes.cast_bytes(t.dtype, outs[t.name].dtype, seg.view)
+                tensor_hash.setdefault(t.name, hashlib.sha256()).update(out)
+                write_all(fo, out)
+            progress(seg.view.nbytes)
         size = fo.tell()
     if size != pf.out_bytes:
         raise CheckpointError(f"{pf.src.path}: wrote {size} bytes to {out_path.name}, expected {pf.out_bytes}; "
                               "the source changed while it was read")
-    records = [_tensor_record(o, tensor_hash.get(t.name, hashlib.sha256()).hexdigest(), pf.out_name, t, pf.src.name)
-               for t, o in pf.tensors]
-    return (file_hash.hexdigest() if file_hash else None), records
+    return [_tensor_record(o, tensor_hash.get(t.name, hashlib.sha256()).hexdigest(), pf.out_name, t, pf.src.name)
+            for t, o in pf.tensors]
 
 
 def _ms_numpy_dtype(code: str):
@@ -266,7 +234,7 @@ def _ms_numpy_dtype(code: str):
     return {"F32": np.float32, "F16": np.float16}[code]
 
 
-def _write_ckpt(plan: Plan, pf: PlannedFile, out_path: Path, pool, progress,
+def _write_ckpt(plan: Plan, pf: PlannedFile, out_path: Path, progress,
                 hash_source: bool) -> tuple[str | None, list[dict]]:
     """MindSpore's own .ckpt writer, one shard in memory at a time (it needs whole tensors)."""
     import mindspore as ms
@@ -295,9 +263,6 @@ def _write_ckpt(plan: Plan, pf: PlannedFile, out_path: Path, pool, progress,
             raise OSError(28, "No space left on device", str(out_path)) from None
         raise CheckpointError(f"{out_path}: MindSpore could not write the checkpoint ({str(e).splitlines()[0]})") from None
     return (file_hash.hexdigest() if file_hash else None), records
-
-
-WRITERS = {"safetensors": _write_safetensors, "ckpt": _write_ckpt}
 
 
 def _index_files(plan: Plan, records: list[dict]) -> dict[str, dict]:
@@ -329,30 +294,44 @@ def _companions(plan: Plan) -> list[Path]:
 def execute(plan: Plan, out_dir: Path, *, force: bool = False, progress: Callable[[int], None] | None = None,
             versions: dict | None = None, command: list[str] | None = None, hash_source: bool = True) -> dict:
     """Write ``plan`` to ``out_dir`` atomically; return the manifest (also written beside the weights).
-    ``hash_source=False`` leaves the source files' sha256 out of the manifest (one SHA-256 pass over the
-    checkpoint less); every output tensor's sha256 is always recorded."""
+    Every source file's sha256 is recorded: computed in the same pass as the copy, or taken from the HF
+    cache / download metadata where huggingface_hub recorded it (``sha256_source`` says which).
+    ``hash_source=False`` computes none (one SHA-256 pass less); every output tensor's sha256 is always
+    recorded."""
     out_dir = Path(out_dir).absolute()
     atomic.check_destination(out_dir, force, [plan.source.dir])
     companions = _companions(plan)
     need = sum(pf.out_bytes for pf in plan.files) + sum(p.stat().st_size for p in companions)
     atomic.check_free_space(out_dir, need)
     progress = progress or (lambda n: None)
-    writer = WRITERS[plan.out_format]
-    with atomic.staged_dir(out_dir, force) as tmp, cf.ThreadPoolExecutor(1) as lane1, \
-            cf.ThreadPoolExecutor(1) as lane2:
-        pool = (lane1, lane2)
-        src_files, records = [], []
+    # digests the HF download tooling already recorded cost nothing: used with or without hash_source
+    known = {pf.src.name: known_sha256(pf.src.path) for pf in plan.files}
+    compute = {name: hash_source and k is None for name, k in known.items()}
+    ways = None
+    with atomic.staged_dir(out_dir, force) as tmp:
+        digests: dict[str, str | None] = {}
+        records: list[dict] = []
+        if plan.source.kind == "safetensors" and plan.out_format == "safetensors":
+            digests, records, ways = _write_parallel(plan, tmp, out_dir, progress, compute)
+        else:
+            for pf in plan.files:
+                try:
+                    if plan.out_format == "ckpt":
+                        digest, recs = _write_ckpt(plan, pf, tmp / pf.out_name, progress, compute[pf.src.name])
+                    else:
+                        digest, recs = None, _write_loaded(plan, pf, tmp / pf.out_name, progress)
+                except OSError as e:
+                    raise OSError(e.errno, e.strerror, str(out_dir / pf.out_name)) from None
+                if digest is None and compute[pf.src.name]:
+                    digest = file_sha256(pf.src.path)
+                digests[pf.src.name] = digest
+                records.extend(recs)
+        src_files = []
         for pf in plan.files:
-            out_path = tmp / pf.out_name
-            try:
-                digest, recs = writer(plan, pf, out_path, pool, progress, hash_source)
-            except OSError as e:
-                raise OSError(e.errno, e.strerror, str(out_dir / pf.out_name)) from None
-            if digest is None and hash_source:
-                digest = file_sha256(pf.src.path)
+            digest, how = (digests.get(pf.src.name), "computed") if known[pf.src.name] is None else known[pf.src.name]
             src_files.append({"name": pf.src.name, "bytes": pf.src.path.stat().st_size, "sha256": digest,
-                              "metadata": pf.src.metadata, "skipped_tensors": list(pf.skipped)})
-            records.extend(recs)
+                              "sha256_source": how if digest else None, "metadata": pf.src.metadata,
+                              "skipped_tensors": list(pf.skipped)})
         for name, content in _index_files(plan, records).items():
             (tmp / name).write_text(json.dumps(content, indent=2) + "\n")
         for p in companions:
@@ -362,12 +341,14 @@ def execute(plan: Plan, out_dir: Path, *, force: bool = False, progress: Callabl
             "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "command": command or sys.argv,
             "source": {"dir": str(plan.source.dir.absolute()), "format": plan.source.kind,
-                       "sha256_recorded": hash_source,
+                       "sha256_recorded": all(f["sha256"] for f in src_files),
                        "index": plan.source.index_name, "files": src_files},
             "output": {"format": plan.out_format, "dtype": {v: k for k, v in dtypes.TARGETS.items()}[plan.target_dtype],
                        "files": [pf.out_name for pf in plan.files],
                        "companion_files": sorted({"config.json" if p == plan.config_path else p.name
-                                                  for p in companions})},
+                                                  for p in companions}),
+                       # bytes copied inside the kernel vs written from user space (casts, other filesystems)
+                       "bytes_written_by": ways},
             "model_type": plan.cfg.model_type,
             "name_map": plan.direction.table(plan.cfg),
             "tensors": records,

@@ -8,9 +8,10 @@ through fp32 is needed only when a cast is asked for.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
-import numpy as np
+if TYPE_CHECKING:  # numpy is imported where a cast happens: a plain copy never loads it (start-up time)
+    import numpy as np
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,11 +41,15 @@ TARGETS: dict[str, str | None] = {"keep": None, "bf16": "BF16", "fp16": "F16", "
 
 
 def _bf16_to_f32(raw: np.ndarray) -> np.ndarray:
+    import numpy as np
+
     return (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
 
 
 def _f32_to_bf16(raw: np.ndarray) -> np.ndarray:
     """Round to nearest even, as torch and MindSpore do; NaN stays a (quiet) NaN."""
+    import numpy as np
+
     u = raw.view(np.uint32)
     rounded = ((u + (np.uint32(0x7FFF) + ((u >> 16) & np.uint32(1)))) >> 16).astype(np.uint16)
     nan = np.isnan(raw.view(np.float32))
@@ -54,6 +59,8 @@ def _f32_to_bf16(raw: np.ndarray) -> np.ndarray:
 
 
 def _to_f32(code: str, raw: np.ndarray) -> np.ndarray:
+    import numpy as np
+
     if code == "BF16":
         return _bf16_to_f32(raw)
     if code == "F16":
@@ -62,6 +69,8 @@ def _to_f32(code: str, raw: np.ndarray) -> np.ndarray:
 
 
 def _from_f32(code: str, f32: np.ndarray) -> np.ndarray:
+    import numpy as np
+
     if code == "BF16":
         return _f32_to_bf16(f32)
     if code == "F16":
@@ -74,12 +83,16 @@ def cast_bytes(src_code: str, dst_code: str, chunk: memoryview | bytes) -> memor
     """``chunk`` (whole elements of ``src_code``) as bytes of ``dst_code``; the same bytes when equal."""
     if src_code == dst_code:
         return chunk  # the very same view: no copy, and nothing extra pins the source's memory map
+    import numpy as np
+
     raw = np.frombuffer(chunk, dtype=np.uint8)
     return memoryview(np.ascontiguousarray(_from_f32(dst_code, _to_f32(src_code, raw))).view(np.uint8))
 
 
 def to_numpy_f32(code: str, raw: memoryview | bytes, shape: tuple[int, ...]) -> np.ndarray:
     """A float32 copy of a raw tensor (bf16 widened exactly)."""
+    import numpy as np
+
     arr = _to_f32(code, np.frombuffer(raw, dtype=np.uint8))
     return np.array(arr, dtype=np.float32, copy=True).reshape(shape)
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import errno
 import json
 import math
 import mmap
@@ -231,25 +230,3 @@ def write_all(f: BinaryIO, data: memoryview | bytes) -> None:
         if not n:
             raise OSError(f"short write: {done} of {total} bytes")
         done += n
-
-
-# errnos with which copy_file_range says "not between these two files": fall back to write().
-_NO_COPY_RANGE = {errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EBADF, errno.ETXTBSY}
-
-
-def copy_range(src_fd: int, offset: int, count: int, dst: BinaryIO, view: memoryview) -> None:
-    """Append ``count`` bytes of ``src_fd`` at ``offset`` to ``dst`` inside the kernel (copy_file_range:
-    no trip through user memory, as ``cp`` does); fall back to writing ``view`` (the same bytes)."""
-    done = 0
-    try:
-        while done < count:
-            n = os.copy_file_range(src_fd, dst.fileno(), count - done, offset + done)
-            if n == 0:
-                break
-            done += n
-    except OSError as e:
-        if e.errno not in _NO_COPY_RANGE:
-            raise
-    if done < count:
-        with view[done:] as rest:
-            write_all(dst, rest)

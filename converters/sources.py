@@ -11,11 +11,18 @@ import hashlib
 import json
 import math
 import pickle
+import re
 from pathlib import Path
 from typing import Callable, Iterator
 
 from converters import dtypes
-from converters.safetensors_io import CHUNK_BYTES, Header, MappedFile, TensorInfo, read_header
+from converters.safetensors_io import (
+    CHUNK_BYTES,
+    Header,
+    MappedFile,
+    TensorInfo,
+    read_header,
+)
 from model_zoo.errors import CheckpointError
 
 # Index file written beside sharded MindSpore checkpoints: {param name: file} (MindFormers' convention
@@ -268,6 +275,51 @@ def stream(src: Source, f: SourceFile, chunk: int = CHUNK_BYTES) -> Iterator[Seg
     if src.kind == "safetensors":
         return stream_safetensors(f, chunk)
     return stream_loaded(f, src.kind, chunk)
+
+
+# ------------------------------------------------------------------------------ digests known already
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def _hf_cache_blob(path: Path) -> str | None:
+    """The HF hub cache stores an LFS file as ``blobs/<sha256>`` and the snapshot file is a symlink to it
+    (non-LFS files are named by their 40-hex git sha1 and do not qualify)."""
+    if not path.is_symlink():
+        return None
+    target = path.resolve()
+    if target.parent.name == "blobs" and _SHA256.fullmatch(target.name) and target.is_file():
+        return target.name
+    return None
+
+
+def _hf_local_dir_metadata(path: Path) -> str | None:
+    """``huggingface-cli download --local-dir D`` leaves ``D/.cache/huggingface/download/<file>.metadata``:
+    commit, etag (the sha256 for LFS files), download time. Like huggingface_hub itself, the record counts
+    only while the file has not been modified since (mtime at most 1 s after the recorded time)."""
+    meta = path.parent / ".cache" / "huggingface" / "download" / f"{path.name}.metadata"
+    try:
+        lines = meta.read_text().splitlines()
+        etag, stamp = lines[1].strip().strip('"'), float(lines[2])
+    except (OSError, IndexError, ValueError, UnicodeDecodeError):
+        return None
+    if not _SHA256.fullmatch(etag) or path.stat().st_mtime - 1 > stamp:
+        return None
+    return etag
+
+
+# How a source file's sha256 can be known without reading it, in order of preference. Either record is
+# written by huggingface_hub from the server's LFS pointer; `port verify --rehash-source` recomputes it.
+KNOWN_SHA256: tuple[tuple[str, Callable[[Path], str | None]], ...] = (
+    ("hf-cache-blob", _hf_cache_blob), ("hf-local-dir-metadata", _hf_local_dir_metadata))
+
+
+def known_sha256(path: Path) -> tuple[str, str] | None:
+    """(sha256, how it is known) when the HF download tooling recorded the file's digest, else None."""
+    for how, find in KNOWN_SHA256:
+        digest = find(Path(path))
+        if digest is not None:
+            return digest, how
+    return None
 
 
 def file_sha256(path: Path, chunk: int = CHUNK_BYTES) -> str:

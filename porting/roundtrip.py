@@ -6,7 +6,8 @@ turns a failed row into a non-zero exit):
 1. ``ms-config``: the MindSpore directory's config.json describes the same model as the source's;
 2. ``ms-coverage``: the MindSpore checkpoint holds exactly the tensors the config implies, shapes and
    dtypes readable (the checks ``port convert`` runs before writing);
-3. ``ms-manifest``: the manifest beside it names the source files with their current sizes;
+3. ``ms-manifest``: the manifest beside it names the source files with their current sizes, and their
+   sha256 where it was taken from the HF cache rather than computed (every one with ``rehash_source``);
 4. ``ms-tensors``: every tensor equals its source through the name map: bitwise where no cast was asked,
    bitwise equal to the source cast to the stored dtype otherwise;
 5. ``roundtrip``: converting back MindSpore -> HF (into a temporary directory) gives the source's file
@@ -22,7 +23,15 @@ from pathlib import Path
 from typing import Callable
 
 from converters import convert, dtypes, names
-from converters.sources import MANIFEST, Source, TensorReader, equal_bytes, files_equal, open_hf, open_ms
+from converters.sources import (
+    MANIFEST,
+    Source,
+    TensorReader,
+    equal_bytes,
+    files_equal,
+    open_hf,
+    open_ms,
+)
 from model_zoo.config import LlamaConfig
 from model_zoo.errors import PortingError
 
@@ -61,12 +70,33 @@ def _check_coverage(ms_dir: Path) -> Row:
                 + (f" ({skipped} training-state entries ignored)" if skipped else ""), tensors=n, skipped=skipped)
 
 
-def _check_manifest(hf: Source, ms_dir: Path) -> Row:
+# Source digests port convert did not compute itself: taken from what the HF download tooling recorded.
+TAKEN_DIGESTS = ("hf-cache-blob", "hf-local-dir-metadata")
+
+
+def _digest_mismatches(hf: Source, files: list[dict], rehash: bool) -> tuple[int, list[str]]:
+    """Recompute the recorded sha256 of the source files that need it (those taken from the HF cache, or
+    all with ``rehash``), files side by side on worker threads; (how many recomputed, mismatches)."""
+    import concurrent.futures as cf
+
+    from converters.sources import file_sha256
+
+    paths = {f.name: f.path for f in hf.files}
+    todo = [f for f in files if f.get("sha256") and (rehash or f.get("sha256_source") in TAKEN_DIGESTS)]
+    with cf.ThreadPoolExecutor(2) as pool:
+        actual = list(pool.map(lambda f: file_sha256(paths[f["name"]]), todo))
+    bad = [f"{paths[f['name']]}: sha256 {got[:12]}..., recorded {f['sha256'][:12]}... "
+           f"({f.get('sha256_source') or 'computed'})" for f, got in zip(todo, actual) if got != f["sha256"]]
+    return len(todo), bad
+
+
+def _check_manifest(hf: Source, ms_dir: Path, rehash: bool = False) -> Row:
     path = ms_dir / MANIFEST
     if not path.is_file():
         return _row("ms-manifest", False, f"{path}: missing; port convert writes it beside every output")
     try:
-        recorded = {f["name"]: f["bytes"] for f in json.loads(path.read_text())["source"]["files"]}
+        files = json.loads(path.read_text())["source"]["files"]
+        recorded = {f["name"]: f["bytes"] for f in files}
     except (OSError, json.JSONDecodeError, KeyError, TypeError) as e:
         return _row("ms-manifest", False, f"{path}: unreadable ({e})")
     actual = {f.name: f.path.stat().st_size for f in hf.files}
@@ -74,7 +104,13 @@ def _check_manifest(hf: Source, ms_dir: Path) -> Row:
         diff = sorted(set(recorded.items()) ^ set(actual.items()))
         return _row("ms-manifest", False, f"{path}: source files recorded differ from {hf.dir}: "
                     f"{diff[:_SHOW]}", differing=len(diff))
-    return _row("ms-manifest", True, f"{len(actual)} source file(s) recorded with matching sizes", files=len(actual))
+    checked, bad = _digest_mismatches(hf, files, rehash)
+    if bad:
+        return _row("ms-manifest", False, f"{len(bad)} source file(s) do not match the sha256 recorded in {path}: "
+                    + "; ".join(bad[:_SHOW]), files=len(actual), sha256_checked=checked, sha256_mismatched=len(bad))
+    return _row("ms-manifest", True, f"{len(actual)} source file(s) recorded with matching sizes"
+                + (f", {checked} sha256 recomputed and equal" if checked else ""),
+                files=len(actual), sha256_checked=checked)
 
 
 def _compare_tensor(a: TensorReader, a_name: str, b: TensorReader, b_name: str) -> str | None:
@@ -161,8 +197,10 @@ def _check_roundtrip(hf: Source, ms_dir: Path, work: Path) -> Row:
                 files=len(hf.files), identical_files=identical)
 
 
-def verify_checkpoint(hf_dir: Path, ms_dir: Path, *, roundtrip: bool = True) -> list[Row]:
-    """Rows {name, passed, detail, numbers} for a MindSpore checkpoint directory against its HF source."""
+def verify_checkpoint(hf_dir: Path, ms_dir: Path, *, roundtrip: bool = True, rehash_source: bool = False) -> list[Row]:
+    """Rows {name, passed, detail, numbers} for a MindSpore checkpoint directory against its HF source.
+    Source sha256 digests the converter took from the HF cache are recomputed; ``rehash_source``
+    recomputes every recorded one."""
     hf_dir, ms_dir = Path(hf_dir), Path(ms_dir)
     rows = [_guard("ms-config", lambda: _check_config(hf_dir, ms_dir)),
             _guard("ms-coverage", lambda: _check_coverage(ms_dir))]
@@ -171,7 +209,7 @@ def verify_checkpoint(hf_dir: Path, ms_dir: Path, *, roundtrip: bool = True) -> 
         cfg = LlamaConfig.from_hf(hf_dir)
     except PortingError as e:
         return rows + [_row("hf-source", False, str(e))]
-    rows.append(_guard("ms-manifest", lambda: _check_manifest(hf, ms_dir)))
+    rows.append(_guard("ms-manifest", lambda: _check_manifest(hf, ms_dir, rehash_source)))
     rows.append(_guard("ms-tensors", lambda: _check_tensors(hf, open_ms(ms_dir), cfg)))
     if roundtrip:
         rows.append(_guard("roundtrip", lambda: _roundtrip_in_tempdir(hf, ms_dir)))

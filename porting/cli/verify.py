@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import click
-
-from pathlib import Path
 
 from model_zoo.errors import CheckpointError, VerificationError
 
@@ -63,6 +62,7 @@ Examples:
   port verify --hf ./my-llama --hidden-states --grads --json
   port verify --hf llama-7b --seq 16 --batch 1 # zoo name, found in the local HF cache
   port convert --hf stories260k --out st-ms && port verify --hf stories260k --ms st-ms
+  port verify --hf ./my-llama --ms ./my-llama-ms --no-roundtrip --rehash-source
 \b
 Tolerances (max abs on logits / abs on loss / rel on gradient norms):
   float32 1e-4 / 1e-5 / 1e-4;  float16 5e-2 / 5e-3 / 2e-2;  bfloat16 2.5e-1 / 3e-2 / 1e-1""")
@@ -71,6 +71,9 @@ Tolerances (max abs on logits / abs on loss / rel on gradient norms):
               help="A `port convert` output: check it tensor by tensor against --hf, round-trip it back to HF, "
                    "and run the parity check with the zoo cell loaded from it.")
 @click.option("--no-roundtrip", is_flag=True, help="With --ms: skip the HF -> MS -> HF round trip.")
+@click.option("--rehash-source", is_flag=True,
+              help="With --ms: recompute every source sha256 in the manifest (those taken from the HF cache "
+                   "are always recomputed).")
 @click.option("--dtype", default="float32", show_default=True,
               type=click.Choice(["float32", "float16", "bfloat16"]), help="Compute dtype on both sides.")
 @click.option("--batch", default=2, show_default=True, type=click.IntRange(1, 64))
@@ -84,7 +87,7 @@ Tolerances (max abs on logits / abs on loss / rel on gradient norms):
               type=click.Choice(["static", "dynamic", "none"]),
               help="KV cache for --generate: static (one compiled graph), dynamic (PyNative, grows), none.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
-def command(hf_src, ms_dir, no_roundtrip, dtype, batch, seq, seed, hidden_states, grads, gen_tokens, cache_mode, as_json):
+def command(hf_src, ms_dir, no_roundtrip, rehash_source, dtype, batch, seq, seed, hidden_states, grads, gen_tokens, cache_mode, as_json):
     """Check a zoo model against HF transformers on the same weights and inputs."""
     from porting.parity import check_parity
     from porting.sources import resolve_hf
@@ -96,7 +99,7 @@ def command(hf_src, ms_dir, no_roundtrip, dtype, batch, seq, seed, hidden_states
 
         if not ms_dir.is_dir():
             raise CheckpointError(f"--ms {ms_dir}: no such directory; expected a `port convert` output directory")
-        rows = verify_checkpoint(hf_dir, ms_dir, roundtrip=not no_roundtrip)
+        rows = verify_checkpoint(hf_dir, ms_dir, roundtrip=not no_roundtrip, rehash_source=rehash_source)
     ms_ok = rows is None or all(r["passed"] for r in rows)
     # A checkpoint that fails its tensor checks is not loaded for parity: the rows say what is wrong.
     report = check_parity(hf_dir, dtype=dtype, batch=batch, seq=seq, seed=seed, hidden_states=hidden_states,

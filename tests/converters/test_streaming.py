@@ -1,5 +1,6 @@
-"""The streaming pieces: the writer's format, the casts, kernel-side copies and their fallback, and peak
-memory that does not grow with the checkpoint."""
+"""The streaming pieces: the writer's format, the casts, the parallel copy-and-hash engine (blocks,
+digests, kernel-side copies and their fallback, a full disk under copy_file_range), and peak memory
+that does not grow with the checkpoint."""
 
 from __future__ import annotations
 
@@ -14,8 +15,9 @@ import numpy as np
 import pytest
 
 from converters import dtypes
-from converters.safetensors_io import OutTensor, copy_range, encode_header, read_header
-from tests.converters.conftest import ROOT
+from converters import copyhash
+from converters.safetensors_io import OutTensor, encode_header, read_header
+from tests.converters.conftest import EMBEDDED, ROOT
 
 
 def test_header_identical_to_the_safetensors_library(tmp_path):
@@ -53,37 +55,117 @@ def test_casts_bit_identical_to_torch():
     assert ours == bf.to(torch.float16).view(torch.int16).numpy().tobytes()
 
 
-def test_copy_range_falls_back_to_write_for_a_pipe(tmp_path):
-    src = tmp_path / "src.bin"
-    data = os.urandom(1 << 20)
-    src.write_bytes(data)
-    r, w = os.pipe()
-    with open(src, "rb") as f, os.fdopen(w, "wb", buffering=0) as out:
-        view = memoryview(data)[1000:1000 + 50_000]
-        import threading
-        got = bytearray()
-        reader = threading.Thread(target=lambda: got.extend(os.fdopen(r, "rb").read()))
-        reader.start()
-        copy_range(f.fileno(), 1000, 50_000, out, view)
-    reader.join()
-    assert bytes(got) == data[1000:51_000]
+def _stories_jobs(tmp_path: Path, dtype: str | None = None, hash_source: bool = True) -> list[copyhash.FileJob]:
+    """The embedded stories260K (real weights) as one copy-and-hash job into tmp_path/out.safetensors."""
+    src = EMBEDDED / "model.safetensors"
+    h = read_header(src)
+    outs = [OutTensor(t.name, dtype or t.dtype, t.shape) for t in h.tensors]
+    header = encode_header(outs, {"format": "ms"})
+    spans, pos = [], len(header)
+    for t, o in zip(h.tensors, outs):
+        spans.append(copyhash.TensorSpan(o.name, t.begin, t.end, pos, t.dtype, o.dtype))
+        pos += o.nbytes
+    dst = tmp_path / "out.safetensors"
+    return [copyhash.FileJob(src, dst, dst, header, src.stat().st_size, tuple(spans), hash_source)]
+
+
+def test_blocks_cover_every_byte_once_and_chain_split_tensors():
+    job = _stories_jobs(Path("/nonexistent"))[0]
+    blocks = copyhash.plan_blocks([job], block=40_000)  # small blocks: tensors split across several
+    assert blocks[0].begin == 0 and blocks[-1].end == job.size
+    assert all(a.end == b.begin for a, b in zip(blocks, blocks[1:]))
+    assert all(0 < b.end - b.begin <= 40_000 for b in blocks)
+    for i, t in enumerate(job.tensors):  # each tensor's pieces, in block order, tile its bytes exactly
+        pieces = [p for b in blocks for p in b.pieces if p.tensor == i]
+        assert [p.src for p in pieces] == list(range(t.src_begin, t.src_end, 40_000 - 40_000 % 4))[:len(pieces)]
+        assert sum(p.src_len for p in pieces) == t.src_end - t.src_begin
+        assert all(a.src + a.src_len == b.src for a, b in zip(pieces, pieces[1:]))
+    split = [b for b in blocks if b.continues]
+    assert split, "the embedding (131 KB) must span several 40 KB blocks"
+    for b in split:
+        prev = blocks[blocks.index(b) - 1]
+        assert prev.pieces[-1].tensor == b.pieces[0].tensor
+
+
+@pytest.mark.parametrize("workers", [1, 2, 5])
+@pytest.mark.parametrize("dtype", [None, "BF16"])
+def test_copy_and_hash_digests_and_bytes(tmp_path, monkeypatch, workers, dtype):
+    """Every output byte equals the source's (or its cast); every digest equals hashlib's over the
+    written file; any number of workers and small blocks/hash steps give the same result."""
+    import hashlib
+
+    monkeypatch.setattr(copyhash, "BLOCK_BYTES", 48 << 10)
+    monkeypatch.setattr(copyhash, "HASH_STEP", 16 << 10)
+    monkeypatch.setattr(copyhash, "WINDOW", 2)
+    job = _stories_jobs(tmp_path, dtype)[0]
+    seen: list[int] = []
+    fds, tds, ways = copyhash.copy_and_hash([job], seen.append, workers=workers)
+    src, out = job.src.read_bytes(), job.dst.read_bytes()
+    assert fds == [hashlib.sha256(src).hexdigest()]
+    assert sum(seen) == len(src) and len(seen) > 5
+    assert out[:len(job.header)] == job.header
+    for t, digest in zip(job.tensors, tds[0]):
+        want = bytes(dtypes.cast_bytes(t.src_dtype, t.dst_dtype, memoryview(src[t.src_begin:t.src_end])))
+        n = len(want)
+        assert out[t.dst_begin:t.dst_begin + n] == want, t.name
+        assert digest == hashlib.sha256(out[t.dst_begin:t.dst_begin + n]).hexdigest(), t.name
+    assert len(out) == job.tensors[-1].dst_begin + len(want)
+    assert ways["copy_file_range"] + ways["write"] == len(out) - len(job.header)
+    if dtype is None:  # same filesystem: everything is copied inside the kernel
+        assert ways == {"copy_file_range": len(out) - len(job.header), "write": 0}
+
+
+def test_copy_and_hash_without_source_hash(tmp_path):
+    fds, tds, _ = copyhash.copy_and_hash(_stories_jobs(tmp_path, hash_source=False))
+    assert fds == [None] and all(len(d) == 64 for d in tds[0])
 
 
 def test_convert_onto_another_filesystem(tmp_path):
-    """/dev/shm is tmpfs: copy_file_range from ext4 fails (EXDEV) or copies; either way the bytes match."""
+    """/dev/shm is tmpfs: copy_file_range from ext4 fails with EXDEV and the engine writes the same bytes
+    from user space (the manifest says which way every byte went)."""
     if not Path("/dev/shm").is_dir() or shutil.disk_usage("/dev/shm").free < 64 << 20:
         pytest.skip("no usable /dev/shm")
+    if os.stat("/dev/shm").st_dev == os.stat(EMBEDDED).st_dev:
+        pytest.skip("/dev/shm is on the same filesystem as the repository")
     from converters import convert
-    from tests.converters.conftest import EMBEDDED
 
     out = Path("/dev/shm") / f"port-test-{os.getpid()}"
     try:
-        convert.hf_to_ms(EMBEDDED, out)
+        m = convert.hf_to_ms(EMBEDDED, out)
         a, b = read_header(EMBEDDED / "model.safetensors"), read_header(out / "model.safetensors")
         raw_a, raw_b = (EMBEDDED / "model.safetensors").read_bytes(), (out / "model.safetensors").read_bytes()
         assert raw_a[a.header_bytes:] == raw_b[b.header_bytes:]
+        assert m["output"]["bytes_written_by"] == {"copy_file_range": 0, "write": len(raw_a) - a.header_bytes}
     finally:
         shutil.rmtree(out, ignore_errors=True)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("mount"), reason="needs root to mount a tmpfs")
+def test_disk_full_under_copy_file_range_is_a_clean_error(tmp_path, monkeypatch):
+    """Source and output on one small tmpfs, so the weights go through copy_file_range and it hits ENOSPC
+    (the free-space pre-check is bypassed: it would refuse before a byte is copied)."""
+    from converters import atomic, convert
+    from model_zoo.errors import CheckpointError
+
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1600k", "tmpfs", str(mnt)]).returncode != 0:
+        pytest.skip("cannot mount tmpfs here")
+    try:
+        src = mnt / "hf"
+        shutil.copytree(EMBEDDED, src)  # ~1 MB of weights: room for the source and half a copy
+        with open(src / "config.json", "rb") as a, open(mnt / "probe", "wb") as b:  # the copy's first choice works here
+            assert os.copy_file_range(a.fileno(), b.fileno(), 64) == 64
+        (mnt / "probe").unlink()
+        monkeypatch.setattr(atomic, "check_free_space", lambda dest, need: None)
+        out = mnt / "out"
+        with pytest.raises(CheckpointError) as e:
+            convert.hf_to_ms(src, out)
+        msg = str(e.value)
+        assert "\n" not in msg and "disk full while writing" in msg and str(out / "model.safetensors") in msg, msg
+        assert sorted(p.name for p in mnt.iterdir()) == ["hf"], "no output, no temporary directory left"
+    finally:
+        subprocess.run(["umount", str(mnt)])
 
 
 def _peak_rss_kib(args: list[str]) -> int:
