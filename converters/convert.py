@@ -56,6 +56,9 @@ class Direction:
     expected_shapes: Callable[[LlamaConfig], dict[str, tuple[int, ...]]]  # source-side names
     out_metadata: dict[str, str]
     opener: Callable[[Path], Source]
+    # pad output headers so the data sits at the source's offset within a page (cheaper kernel copies);
+    # off for MS -> HF, whose headers must come out byte-identical to the original HF files
+    align_headers: bool
 
 
 def _ms_shapes(cfg: LlamaConfig) -> dict[str, tuple[int, ...]]:
@@ -64,9 +67,9 @@ def _ms_shapes(cfg: LlamaConfig) -> dict[str, tuple[int, ...]]:
 
 
 HF_TO_MS = Direction("hf->ms", lambda c: names.NAME_MAPS[c.model_type], names.is_ignored_hf,
-                     names.expected_hf_shapes, {"format": "ms"}, open_hf)
+                     names.expected_hf_shapes, {"format": "ms"}, open_hf, True)
 MS_TO_HF = Direction("ms->hf", lambda c: {v: k for k, v in names.NAME_MAPS[c.model_type].items()},
-                     names.is_ignored_ms, _ms_shapes, {"format": "pt"}, open_ms)
+                     names.is_ignored_ms, _ms_shapes, {"format": "pt"}, open_ms, False)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,10 +79,15 @@ class PlannedFile:
     tensors: tuple[tuple[TensorInfo, OutTensor], ...]  # (source, output) in source data order
     skipped: tuple[str, ...]  # source tensors deliberately not converted (listed in the manifest)
     metadata: dict[str, str]
+    align_with: int | None = None  # the source header length to align the output's data with
+
+    @property
+    def header(self) -> bytes:
+        return encode_header([o for _, o in self.tensors], self.metadata, self.align_with)
 
     @property
     def out_bytes(self) -> int:
-        return len(encode_header([o for _, o in self.tensors], self.metadata)) + sum(o.nbytes for _, o in self.tensors)
+        return len(self.header) + sum(o.nbytes for _, o in self.tensors)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,7 +169,8 @@ def build_plan(src_dir: Path, direction: Direction, out_format: str = "safetenso
             planned.append((t, OutTensor(out_name, target or t.dtype, t.shape)))
         meta = dict(layout.get("files", {}).get(f.name, {}).get("metadata") or direction.out_metadata)
         out_name = _out_file_name(f.name, direction, out_format, restored)
-        files.append(PlannedFile(f, out_name, tuple(planned), tuple(skipped), meta))
+        files.append(PlannedFile(f, out_name, tuple(planned), tuple(skipped), meta,
+                                 f.header_bytes if direction.align_headers else None))
     missing = sorted(set(shapes) - seen)
     if missing or unexpected:
         raise names.coverage_error(str(src_dir), missing, unexpected)
@@ -183,7 +192,7 @@ def _tensor_record(o: OutTensor, digest: str, file: str, src: TensorInfo, src_fi
 def _file_jobs(plan: Plan, tmp: Path, out_dir: Path, hash_source: dict[str, bool]) -> list[copyhash.FileJob]:
     jobs = []
     for pf in plan.files:
-        header = encode_header([o for _, o in pf.tensors], pf.metadata)
+        header = pf.header
         spans, pos = [], len(header)
         for t, o in pf.tensors:
             spans.append(copyhash.TensorSpan(o.name, t.begin, t.end, pos, t.dtype, o.dtype))
@@ -209,7 +218,7 @@ def _write_loaded(plan: Plan, pf: PlannedFile, out_path: Path, progress) -> list
     outs = {t.name: o for t, o in pf.tensors}
     tensor_hash: dict[str, object] = {}
     with open(out_path, "wb", buffering=0) as fo:
-        write_all(fo, encode_header([o for _, o in pf.tensors], pf.metadata))
+        write_all(fo, pf.header)
         for seg in stream(plan.source, pf.src):
             t = seg.tensor
             if t is not None and t.name in outs:

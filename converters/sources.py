@@ -37,6 +37,7 @@ class SourceFile:
     path: Path
     tensors: tuple[TensorInfo, ...]  # in data order (offsets are meaningful for safetensors only)
     metadata: dict[str, str] | None = None
+    header_bytes: int | None = None  # where the data starts (safetensors only)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,7 +96,7 @@ def _check_index_matches(index: Path, weight_map: dict[str, str], files: list[So
 
 def _safetensors_file(d: Path, name: str) -> SourceFile:
     h: Header = read_header(d / name)
-    return SourceFile(name, d / name, h.tensors, h.metadata)
+    return SourceFile(name, d / name, h.tensors, h.metadata, h.header_bytes)
 
 
 def _torch_load(path: Path):

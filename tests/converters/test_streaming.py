@@ -208,3 +208,21 @@ def test_progress_counts_every_source_byte(hf_factory, tmp_path):
     convert.execute(plan, tmp_path / "ms", progress=seen.append)
     assert sum(seen) == plan.source.total_bytes == sum(p.stat().st_size for p in src.glob("*.safetensors"))
     assert len(seen) > 1
+
+
+def test_ms_output_data_sits_at_the_source_page_offset(tmp_path):
+    """HF -> MS pads the MindSpore header with spaces so the data starts at the same offset within a page
+    as in the source (whole-page kernel copies); MS -> HF writes the HF header exactly as before."""
+    from converters import convert
+
+    ms, back = tmp_path / "ms", tmp_path / "hf"
+    convert.hf_to_ms(EMBEDDED, ms)
+    convert.ms_to_hf(ms, back)
+    src, out = read_header(EMBEDDED / "model.safetensors"), read_header(ms / "model.safetensors")
+    assert src.header_bytes % 4096 == out.header_bytes % 4096 and out.header_bytes % 8 == 0
+    assert [(t.name, t.shape, t.dtype) for t in out.tensors] == [
+        (n, t.shape, t.dtype) for n, t in zip([t.name for t in out.tensors], src.tensors)]
+    assert (back / "model.safetensors").read_bytes() == (EMBEDDED / "model.safetensors").read_bytes()
+    plain = encode_header([OutTensor("a", "F32", (3,))], None)
+    assert len(plain) % 8 == 0 and len(encode_header([OutTensor("a", "F32", (3,))], None, 8 + 4096 * 3 + 80)) % 4096 == 88
+    assert encode_header([OutTensor("a", "F32", (3,))], None, 8 * 5 + 3) == plain  # not a multiple of 8: no padding
