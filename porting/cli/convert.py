@@ -10,8 +10,20 @@ import click
 from model_zoo.errors import CheckpointError
 
 
+class _NoBar:
+    """What the conversion sees when no bar is shown (tqdm is not even imported: start-up time counts)."""
+
+    def update(self, n: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 def _progress_bar(total: int, quiet: bool):
     """A byte progress bar on stderr (off when stderr is not a terminal or with --quiet)."""
+    if quiet or not sys.stderr.isatty():
+        return _NoBar()
     import shutil
 
     from tqdm import tqdm
@@ -19,7 +31,7 @@ def _progress_bar(total: int, quiet: bool):
     # a terminal that reports 0 columns (some ptys) would get an empty bar
     width = shutil.get_terminal_size(fallback=(100, 24)).columns or 100
     return tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, file=sys.stderr, desc="convert",
-                disable=quiet or not sys.stderr.isatty(), ncols=min(width, 120))
+                ncols=min(width, 120))
 
 
 @click.command("convert", epilog="""\b
