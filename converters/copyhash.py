@@ -312,14 +312,22 @@ class _Run:
             run = []
             if p.cast is None:
                 run = [p]
-            elif p.src_len:
-                with memoryview(mm)[p.src:p.src + p.src_len] as v:
-                    out = dtypes.cast_bytes(p.cast[0], p.cast[1], v)
-                    _pwrite_all(dst_fd, memoryview(out).cast("B"), p.dst, f)
-                    del out
-                _drop(mm, 0, p.src, p.src + p.src_len)
-                self.io.written += p.dst_len
+            else:
+                self._cast(p, f, dst_fd, mm)
         self._flush(run, f, src_fd, dst_fd, mm)
+
+    def _cast(self, p: _Piece, f: FileJob, dst_fd: int, mm) -> None:
+        """A piece whose dtype changes, HASH_STEP source bytes at a time (bounded memory per worker)."""
+        src_size, dst_size = dtypes.BY_CODE[p.cast[0]].itemsize, dtypes.BY_CODE[p.cast[1]].itemsize
+        step = HASH_STEP - HASH_STEP % src_size
+        for off in range(0, p.src_len, step):
+            n = min(step, p.src_len - off)
+            with memoryview(mm)[p.src + off:p.src + off + n] as v:
+                out = dtypes.cast_bytes(p.cast[0], p.cast[1], v)
+                _pwrite_all(dst_fd, memoryview(out).cast("B"), p.dst + off // src_size * dst_size, f)
+                del out
+            _drop(mm, 0, p.src + off, p.src + off + n)
+        self.io.written += p.dst_len
 
     def _flush(self, run: list[_Piece], f: FileJob, src_fd: int, dst_fd: int, mm) -> None:
         """One contiguous run of uncast bytes: kernel-side copy, or pwrite from the source map."""
