@@ -4,8 +4,8 @@ Generates random-weight bf16 HF checkpoints of the TinyLlama-1.1B shape (3 shard
 shape (written by our own streaming writer: header, then random bytes), then times, each in a child
 process whose peak RSS comes from wait4(2):
   cp -r SRC            the floor: copying the bytes;
-  port convert --hf    HF -> MindSpore safetensors (streamed, every byte sha256-hashed twice: source
-                       file and tensor digests), and with --no-source-hash (tensor digests only);
+  port convert --hf    HF -> MindSpore safetensors (kernel-side copy, every byte sha256-hashed twice:
+                       source file and tensor digests), and with --no-source-hash (tensor digests only);
   port convert --ms    MindSpore -> HF;
   verify_checkpoint    tensor-by-tensor comparison (+ the HF -> MS -> HF round trip);
   reference            transformers from_pretrained + NumPy fp32 + mindspore.save_checkpoint
@@ -43,22 +43,34 @@ def make_checkpoint(preset: str, shards: int, out: Path) -> int:
     return write_random_hf(presets.config(preset), out, shards, "BF16")
 
 
+def busy_cpu_s() -> float:
+    """CPU seconds all processes have used since boot (/proc/stat), to tell how much of a timed run the
+    machine spent on other people's jobs."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    user, nice, system, idle, iowait, irq, softirq, steal = (fields + [0] * 8)[:8]
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
 def run(cmd: list[str]) -> dict:
     """Wall time and peak RSS of one command. Dirty pages of the previous step are flushed first (not
     timed), so no step pays for another's writeback. RSS comes from GNU time (%M): wait4 on a child
     forked from this process would count this process's own pages copied at fork."""
     os.sync()
     rss_file = Path(os.environ.get("TMPDIR", "/tmp")) / f"port-bench-rss-{os.getpid()}"
-    t0 = time.perf_counter()
+    load_before = os.getloadavg()[0]
+    busy0, t0 = busy_cpu_s(), time.perf_counter()
     proc = subprocess.run(["/usr/bin/time", "-o", str(rss_file), "-f", "%M %U %S", *cmd], cwd=ROOT,
                           capture_output=True, text=True)
-    wall = time.perf_counter() - t0
+    wall, busy = time.perf_counter() - t0, busy_cpu_s() - busy0
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
     kib, user, sys_s = rss_file.read_text().strip().splitlines()[-1].split()
     rss_file.unlink()
-    return {"wall_s": round(wall, 2), "peak_rss_gib": round(int(kib) / 2**20, 3),
-            "cpu_s": round(float(user) + float(sys_s), 2), "loadavg_1m": round(os.getloadavg()[0], 2),
+    cpu = float(user) + float(sys_s)
+    return {"wall_s": round(wall, 2), "peak_rss_gib": round(int(kib) / 2**20, 3), "cpu_s": round(cpu, 2),
+            "loadavg_1m_before": round(load_before, 2),
+            # CPU time the rest of the machine (other jobs, kernel writeback threads) used meanwhile
+            "others_cpu_s": round(max(0.0, busy - cpu), 2),
             "stdout": proc.stdout[-400:]}
 
 
@@ -145,14 +157,14 @@ def bench_size(size: str, work: Path, reference: bool, repeats: int) -> dict:
 
 
 def table(results: list[dict]) -> str:
-    lines = ["| shape | GiB | path | wall s (best [all]) | x cp | CPU s | peak RSS GiB |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| shape | GiB | path | wall s (best [all]) | x cp | CPU s | peak RSS GiB | others' CPU s |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in results:
         for k in PATHS:
             if k in r:
                 v = r[k]
                 lines.append(f"| {r['preset']} | {r['bytes'] / 2**30:.2f} | {k} | {v['wall_s']} {v.get('all_wall_s', '')} | "
-                             f"{v.get('x_cp', 1.0)} | {v['cpu_s']} | {v['peak_rss_gib']} |")
+                             f"{v.get('x_cp', 1.0)} | {v['cpu_s']} | {v['peak_rss_gib']} | {v['others_cpu_s']} |")
     return "\n".join(lines)
 
 
