@@ -231,6 +231,7 @@ class _Run:
         self.left = {k: sum(1 for j in self.jobs if j[0] == k) for k in range(len(blocks))}
         self.first = 0  # index of the first job not yet started
         self.oldest = 0  # the oldest block with unfinished jobs
+        self.writing: set[int] = set()  # files with a WR job running
         self.cond = threading.Condition()
         self.error: BaseException | None = None
 
@@ -241,8 +242,8 @@ class _Run:
         same_file_before = k > 0 and self.blocks[k - 1].file == b.file
         if kind == 0:
             return not same_file_before or self.state[(k - 1, 0)] == 2
-        if kind == 1:
-            return True
+        if kind == 1:  # one writer per output file: two copies into one file contend for its inode lock
+            return b.file not in self.writing
         if self.state[(k, 1)] != 2:
             return False
         return not (b.continues and same_file_before) or self.state[(k - 1, 2)] == 2
@@ -263,11 +264,15 @@ class _Run:
                     break
                 if self.state[job] == 0 and self._ready(job):
                     self.state[job] = 1
+                    if job[1] == 1:
+                        self.writing.add(self.blocks[job[0]].file)
                     return job
             self.cond.wait()
 
     def _finish(self, job: tuple[int, int]) -> None:
         self.state[job] = 2
+        if job[1] == 1:
+            self.writing.discard(self.blocks[job[0]].file)
         k = job[0]
         self.left[k] -= 1
         if self.left[k] == 0:
