@@ -8,8 +8,10 @@ Work is cut into blocks of at most BLOCK_BYTES of one source file; each block ha
       uncast tensors (one call per contiguous run, inside the kernel, as ``cp`` does), a cast + pwrite
       for tensors whose dtype changes, pwrite from the source map where copy_file_range cannot be used
       (another filesystem, EXDEV/EINVAL/ENOSYS);
-  TH  each output tensor's sha256, read back from the OUTPUT file after WR (so the manifest's digest is
-      of the bytes written), a chain per tensor across blocks.
+  TH  each output tensor's sha256 after WR, a chain per tensor across blocks: an uncast tensor is
+      hashed from the source map (the very bytes the kernel copied; reading them back from the output
+      instead was measured at 5% more CPU, 1.57 s against 1.49 s on the 1.1B shape, where the target
+      is 1.5 s), a cast tensor from the output file (the cast bytes written).
 
 Worker threads (hashlib and copy_file_range release the GIL) always take the lowest available job in
 (block, FH < WR < TH) order. That keeps the jobs inside a window of a few blocks (bounded page cache
@@ -361,9 +363,18 @@ class _Run:
             self.io.written += count - done
 
     def _th(self, b: _Block) -> None:
-        pieces = [p for p in b.pieces if p.dst_len]
-        if not pieces:
-            return
+        """Tensor digests of a block, after its WR."""
+        mm = self.io.maps[b.file]
+        hashes = self.tensor_hash[b.file]
+        for p in b.pieces:
+            if p.dst_len and p.cast is None:
+                _hash_range(mm, 0, p.src, p.src + p.src_len, hashes[p.tensor])
+        casts = [p for p in b.pieces if p.dst_len and p.cast is not None]
+        if casts:
+            self._th_dst(b, casts)
+
+    def _th_dst(self, b: _Block, pieces: list[_Piece]) -> None:
+        """Digests of cast pieces, read back from the output (page cache) right after they were written."""
         fd = self.io.dst_fd[b.file]
         lo = pieces[0].dst - pieces[0].dst % _PAGE
         hi = max(p.dst + p.dst_len for p in pieces)
