@@ -13,8 +13,11 @@ overridden per kernel. The fused paths call MindSpore's Ascend kernels:
   to be called for BNSD when B*N > 8*S with a 32-byte-aligned head_dim (poor performance).
 * RMSNorm: ``ops.rms_norm(x, gamma, eps)``.
 
-These kernels are registered only on Ascend. On CPU/GPU the reference path runs; the fused paths
-are tested on CPU against NumPy models of the documented kernel semantics (tests/npu_models.py).
+These kernels are registered only on Ascend; the fused paths are tested on CPU against NumPy models of
+the documented kernel semantics (tests/npu_models.py). On the CPU, attention has a third path,
+``cpu``: port's own C++ causal attention with a flash-style backward (:mod:`model_zoo.cpu_attention`),
+compiled on first use; float32 only, and only where queries and keys have the same length (a KV-cache
+step runs the reference). Everything else on CPU/GPU runs the reference path.
 """
 
 from __future__ import annotations
@@ -25,11 +28,13 @@ from typing import Mapping
 
 import numpy as np
 
+from model_zoo import cpu_attention
 from model_zoo.config import LlamaConfig
 from model_zoo.errors import KernelError
 
 KERNELS = ("attention", "rope", "rmsnorm")
-CHOICES = ("auto", "fused", "reference")
+CPU_IMPL = "cpu"
+CHOICES = ("auto", "fused", "reference", CPU_IMPL)
 FUSED_DTYPES_ATTENTION = ("float16", "bfloat16")
 
 # Each entry: what the fused path calls. Shown in reports.
@@ -48,7 +53,7 @@ REFERENCE_OPS = {
 @dataclasses.dataclass(frozen=True)
 class KernelChoice:
     kernel: str
-    impl: str  # "fused" or "reference"
+    impl: str  # "fused" (Ascend), "cpu" (attention on the CPU) or "reference"
     op: str
     reason: str
 
@@ -127,6 +132,10 @@ def select_kernels(cfg: LlamaConfig, *, device: str | None = None, compute_dtype
         bad = _fused_constraints(kernel, cfg, compute_dtype)
         if want == "reference":
             picks[kernel] = KernelChoice(kernel, "reference", REFERENCE_OPS[kernel], "forced by override")
+        elif want == CPU_IMPL:
+            picks[kernel] = _cpu_choice(kernel, device, compute_dtype, forced=True)
+        elif kernel == "attention" and device == "CPU" and compute_dtype == "float32" and cpu_attention.available():
+            picks[kernel] = _cpu_choice(kernel, device, compute_dtype, forced=False)
         elif want == "fused":
             if device != "Ascend":
                 raise KernelError(
@@ -149,6 +158,26 @@ def select_kernels(cfg: LlamaConfig, *, device: str | None = None, compute_dtype
             picks[kernel] = KernelChoice(kernel, "fused", FUSED_OPS[kernel], why)
     return KernelPlan(attention=picks["attention"], rope=picks["rope"], rmsnorm=picks["rmsnorm"],
                       device=device, compute_dtype=compute_dtype, mindspeed_available=mindspeed_available())
+
+
+def _cpu_choice(kernel: str, device: str, compute_dtype: str, forced: bool) -> KernelChoice:
+    """The C++ CPU attention, or a KernelError saying why it cannot run here."""
+    bad = []
+    if kernel != "attention":
+        bad.append(f"only attention has a {CPU_IMPL} kernel")
+    if device != "CPU":
+        bad.append(f"it runs on the CPU, this device is {device}")
+    if compute_dtype != "float32":
+        bad.append(f"it takes float32, the compute dtype is {compute_dtype}")
+    if not bad:
+        lib, why = cpu_attention.status()
+        if lib is None:
+            bad.append(why)
+    if bad:
+        raise KernelError(f"kernel override {kernel}={CPU_IMPL}: " + "; ".join(bad) + f"; use {kernel}=reference or auto")
+    why = "forced by override" if forced else \
+        "CPU, float32: fused causal attention kernel (the Ascend kernel is registered only on Ascend)"
+    return KernelChoice(kernel, CPU_IMPL, cpu_attention.OP, why)
 
 
 # ---------------------------------------------------------------------------------------------

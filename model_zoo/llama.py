@@ -18,9 +18,9 @@ import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 from mindspore.common.initializer import Normal, Zero, One, initializer
 
-from model_zoo import kernels
+from model_zoo import cpu_attention, kernels
 from model_zoo.config import LlamaConfig
-from model_zoo.errors import ConfigError
+from model_zoo.errors import ConfigError, KernelError
 from model_zoo.kernels import KernelPlan
 
 _DTYPES = {"float32": ms.float32, "float16": ms.float16, "bfloat16": ms.bfloat16}
@@ -140,6 +140,32 @@ def _causal_mask_tensor() -> Tensor:
     return _MASK[0]
 
 
+class CpuCausalAttention(nn.Cell):
+    """``(q, k, v) -> out`` through the C++ CPU kernels of :mod:`model_zoo.cpu_attention`: q (B, N, S, D),
+    k/v (B, G, S, D) float32 with N % G == 0, queries and keys of equal length, scale 1/sqrt(D).
+    Differentiable in PyNative and graph mode (the backward kernel is the Custom op's bprop)."""
+
+    def __init__(self):
+        super().__init__()
+        lib, why = cpu_attention.status()
+        if lib is None:
+            raise KernelError(f"CPU attention kernel unavailable: {why}")
+        backward = ops.Custom(f"{lib}:CausalAttentionBackward", func_type="aot",
+                              out_shape=lambda q, k, v, o, lse, do: (q, k, v),
+                              out_dtype=lambda q, k, v, o, lse, do: (q, k, v))
+
+        def bprop(q, k, v, out, dout):
+            return backward(q, k, v, out[0], out[1], dout[0])
+
+        # Outputs: attention (B, N, S, D) and the per-row log-sum-exp (B, N, S) kept for the backward.
+        self.forward = ops.Custom(f"{lib}:CausalAttentionForward", func_type="aot",
+                                  out_shape=lambda q, k, v: (q, q[:3]), out_dtype=lambda q, k, v: (q, q),
+                                  bprop=bprop)
+
+    def construct(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        return self.forward(q, k, v)[0]
+
+
 class Attention(nn.Cell):
     def __init__(self, cfg: LlamaConfig, plan: KernelPlan, param_dtype: ms.Type, compute_dtype: ms.Type):
         super().__init__()
@@ -150,6 +176,7 @@ class Attention(nn.Cell):
         self.n_rep = self.n_heads // self.n_kv
         self.scale = float(self.head_dim) ** -0.5
         self.fused_attention = plan.attention.fused
+        self.cpu_attention = CpuCausalAttention() if plan.attention.impl == kernels.CPU_IMPL else None
         self.fused_rope = plan.rope.fused
         self.wq = Linear(h, cfg.q_size, cfg.qkv_bias, param_dtype, compute_dtype)
         self.wk = Linear(h, cfg.kv_size, cfg.qkv_bias, param_dtype, compute_dtype)
@@ -169,7 +196,9 @@ class Attention(nn.Cell):
     def attend(self, q: Tensor, k: Tensor, v: Tensor, q_offset: int) -> Tensor:
         if self.fused_attention:
             out = fused_attention(q, k, v, self.n_heads)
-        else:
+        elif self.cpu_attention is not None and q_offset == 0 and q.shape[2] == k.shape[2]:
+            out = self.cpu_attention(q, k, v)
+        else:  # also the KV-cache path of the CPU kernel's models: queries shorter than keys
             out = reference_attention(q, k, v, self.scale, self.n_rep, q_offset)
         b, n, s, d = out.shape
         return self.wo(ops.reshape(ops.transpose(out, (0, 2, 1, 3)), (b, s, n * d)))
