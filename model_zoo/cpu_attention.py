@@ -4,7 +4,8 @@ The reference attention (BatchMatMul + mask + softmax + BatchMatMul) materialise
 B x N x S x S scores several times per step; on the CPU it took ~70% of a training step. The C++
 kernels in ``csrc/causal_attention.cc`` keep one block of score rows per thread and recompute the
 probabilities in the backward pass from the saved log-sum-exp (the flash-attention recipe), with
-grouped-query attention native (k/v are never repeated) and OpenMP threads over (batch, head).
+grouped-query attention native (k/v are never repeated) and threads over (batch, head)
+(``$PORT_CPU_ATTENTION_THREADS``, default: the CPUs this process may use).
 
 The library is compiled on first use with the system C++ compiler (``$CXX`` or ``g++``) for this
 machine (``-march=native``) into a per-user cache, keyed by the source, the flags and the compiler,
@@ -24,8 +25,8 @@ import tempfile
 from pathlib import Path
 
 SOURCE = Path(__file__).with_name("csrc") / "causal_attention.cc"
-FLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp", "-shared", "-fPIC", "-std=c++17")
-OP = "port C++ causal attention (ops.Custom aot: fp32, OpenMP, flash-style backward)"
+FLAGS = ("-O3", "-march=native", "-ffast-math", "-pthread", "-shared", "-fPIC", "-std=c++17")
+OP = "port C++ causal attention (ops.Custom aot: fp32, threads over heads, flash-style backward)"
 CACHE_ENV = "PORT_KERNEL_CACHE"
 
 

@@ -2,8 +2,8 @@
 //
 // Why: on the CPU the reference attention (BatchMatMul + mask + softmax + BatchMatMul) materialises
 // the full float32 B x N x S x S score tensor several times forward and backward and was ~70% of a
-// training step. These kernels never hold more than one row of scores per thread; the backward pass
-// recomputes the probabilities from the saved log-sum-exp, as flash attention does.
+// training step. These kernels hold one block of score rows per thread; the backward pass recomputes
+// the probabilities from the saved log-sum-exp, as flash attention does.
 //
 // Layout BNSD, float32 only. q: (B, N, S, D); k, v: (B, G, S, D) with N % G == 0 (grouped-query
 // attention without repeating k/v); query i attends to keys 0..i; scale = 1/sqrt(D).
@@ -11,13 +11,26 @@
 // Backward inputs: q, k, v, o, lse, do; outputs: dq, dk, dv.
 // ABI: int f(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
 //            void *stream, void *extra) -- inputs first, then outputs; 0 means success.
+//
+// Work is done on blocks of R query rows with register-blocked loops (fixed R and vector width W, so
+// the compiler keeps the accumulators in registers):
+//   scores   C[r][j]  = sum_c A[r][c] * BT[c][j]      (A = q or do; BT = k or v transposed, padded)
+//   outputs  O[r][c]  = sum_j P[r][j] * M[j][c]       (M = v or k, row-major)
+//   grads    G[j][c] += sum_r P[r][j] * X[r][c]       (G = dk or dv, X = q or do)
+#include <sched.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 namespace {
+
+constexpr int64_t R = 8;   // query rows per block
+constexpr int64_t JW = 16; // key columns per register tile (one 512-bit vector of floats)
 
 struct Dims {
   int64_t b, n, g, s, d;
@@ -37,31 +50,118 @@ bool read_dims(int nparam, int *ndims, int64_t **shapes, Dims *out) {
   Dims d{q[0], q[1], k[1], q[2], q[3]};
   if (k[0] != d.b || v[0] != d.b || v[1] != d.g || k[2] != d.s || v[2] != d.s || k[3] != d.d || v[3] != d.d)
     return false;
-  if (d.g <= 0 || d.n % d.g != 0) return false;
+  if (d.g <= 0 || d.n % d.g != 0 || d.s <= 0 || d.d <= 0) return false;
   *out = d;
   return true;
 }
 
-// dst (D, S) = transpose of src (S, D).
-void transpose_sd(const float *src, float *dst, int64_t s, int64_t d) {
-  for (int64_t i = 0; i < s; ++i)
-    for (int64_t j = 0; j < d; ++j) dst[j * s + i] = src[i * d + j];
+// Threads: $PORT_CPU_ATTENTION_THREADS, else the CPUs this process may run on.
+int64_t thread_count() {
+  if (const char *env = std::getenv("PORT_CPU_ATTENTION_THREADS")) {
+    const long n = std::strtol(env, nullptr, 10);
+    if (n > 0) return n;
+  }
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return std::max(1u, std::thread::hardware_concurrency());
 }
 
-// scores[j] = q . k_j for j < n, with kt the (D, S) transpose of k.
-inline void row_scores(const float *q, const float *kt, int64_t n, int64_t s, int64_t d, float *scores) {
-  std::fill(scores, scores + n, 0.0f);
+// Runs body(worker, first, last) over [0, tasks) in contiguous chunks, the calling thread taking the
+// first. Plain threads started per call and joined, not OpenMP: an OpenMP pool spins after each
+// region and starved MindSpore's own CPU thread pool (a training step ran 1.6x slower).
+template <typename F>
+void parallel_for(int64_t tasks, F body) {
+  const int64_t workers = std::min(tasks, thread_count());
+  std::vector<std::thread> pool;
+  pool.reserve(workers > 0 ? workers - 1 : 0);
+  for (int64_t w = 1; w < workers; ++w)
+    pool.emplace_back(body, w, tasks * w / workers, tasks * (w + 1) / workers);
+  if (workers > 0) body(0, 0, tasks / workers);
+  for (auto &t : pool) t.join();
+}
+
+inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+// dst (D, ld) = transpose of src (S, D); columns S..ld stay zero.
+void transpose_pad(const float *src, float *dst, int64_t s, int64_t d, int64_t ld) {
+  for (int64_t i = 0; i < s; ++i)
+    for (int64_t c = 0; c < d; ++c) dst[c * ld + i] = src[i * d + c];
+}
+
+// Explicit vectors (GCC/Clang vector extensions): left to itself the compiler vectorises these tiles
+// across rows and shuffles, several times slower. Loads and stores go through memcpy: unaligned-safe.
+typedef float vec16 __attribute__((vector_size(64)));
+typedef float vec8 __attribute__((vector_size(32)));
+typedef float vec1 __attribute__((vector_size(4)));
+
+template <typename V>
+inline V load(const float *p) {
+  V v;
+  std::memcpy(&v, p, sizeof(V));
+  return v;
+}
+template <typename V>
+inline void store(float *p, V v) { std::memcpy(p, &v, sizeof(V)); }
+
+// C[r][j0 .. j0+16) = sum_c A[r][c] * BT[c][j0 .. j0+16), r < R.
+inline void tile_scores(const float *A, int64_t d, const float *BT, int64_t ldb, int64_t j0, float *C,
+                        int64_t ldc) {
+  vec16 acc[R] = {};
   for (int64_t c = 0; c < d; ++c) {
-    const float qc = q[c];
-    const float *kc = kt + c * s;
-    for (int64_t j = 0; j < n; ++j) scores[j] += qc * kc[j];
+    const vec16 b = load<vec16>(BT + c * ldb + j0);
+    for (int64_t r = 0; r < R; ++r) acc[r] += A[r * d + c] * b;
+  }
+  for (int64_t r = 0; r < R; ++r) store(C + r * ldc + j0, acc[r]);
+}
+
+// O[r][c0 .. c0+W) = sum_{j < n} P[r][j] * M[j][c0 .. c0+W), r < R; V is a vector of W floats.
+template <typename V>
+inline void tile_outputs(const float *P, int64_t ldp, const float *M, int64_t d, int64_t n, int64_t c0,
+                         float *O) {
+  V acc[R] = {};
+  for (int64_t j = 0; j < n; ++j) {
+    const V m = load<V>(M + j * d + c0);
+    for (int64_t r = 0; r < R; ++r) acc[r] += P[r * ldp + j] * m;
+  }
+  for (int64_t r = 0; r < R; ++r) store(O + r * d + c0, acc[r]);
+}
+
+// G[j][c0 .. c0+W) += sum_r P[r][j] * X[r][c0 .. c0+W), j < n.
+template <typename V>
+inline void tile_grads(const float *P, int64_t ldp, const float *X, int64_t d, int64_t n, int64_t c0,
+                       float *G) {
+  V x[R];
+  for (int64_t r = 0; r < R; ++r) x[r] = load<V>(X + r * d + c0);
+  for (int64_t j = 0; j < n; ++j) {
+    V g = load<V>(G + j * d + c0);
+    for (int64_t r = 0; r < R; ++r) g += P[r * ldp + j] * x[r];
+    store(G + j * d + c0, g);
   }
 }
 
-inline float dot(const float *a, const float *b, int64_t n) {
-  float acc = 0.0f;
-  for (int64_t j = 0; j < n; ++j) acc += a[j] * b[j];
-  return acc;
+// The two D-wide products over all of D, in the widest tile D allows.
+void outputs(const float *P, int64_t ldp, const float *M, int64_t d, int64_t n, float *O) {
+  int64_t c = 0;
+  for (; c + 16 <= d; c += 16) tile_outputs<vec16>(P, ldp, M, d, n, c, O);
+  for (; c + 8 <= d; c += 8) tile_outputs<vec8>(P, ldp, M, d, n, c, O);
+  for (; c < d; ++c) tile_outputs<vec1>(P, ldp, M, d, n, c, O);
+}
+
+void grads(const float *P, int64_t ldp, const float *X, int64_t d, int64_t n, float *G) {
+  int64_t c = 0;
+  for (; c + 16 <= d; c += 16) tile_grads<vec16>(P, ldp, X, d, n, c, G);
+  for (; c + 8 <= d; c += 8) tile_grads<vec8>(P, ldp, X, d, n, c, G);
+  for (; c < d; ++c) tile_grads<vec1>(P, ldp, X, d, n, c, G);
+}
+
+void scores(const float *A, int64_t d, const float *BT, int64_t ldb, int64_t npad, float *C) {
+  for (int64_t j0 = 0; j0 < npad; j0 += JW) tile_scores(A, d, BT, ldb, j0, C, ldb);
+}
+
+// Copy `rows` rows of src (row i0 on) into the R x d block dst, zero rows past the end.
+void load_rows(const float *src, int64_t i0, int64_t rows, int64_t d, float *dst) {
+  std::memcpy(dst, src + i0 * d, sizeof(float) * rows * d);
+  std::fill(dst + rows * d, dst + R * d, 0.0f);
 }
 
 }  // namespace
@@ -75,39 +175,43 @@ extern "C" int CausalAttentionForward(int nparam, void **params, int *ndims, int
   const float *v = static_cast<const float *>(params[2]);
   float *o = static_cast<float *>(params[3]);
   float *lse = static_cast<float *>(params[4]);
-  const int64_t S = dm.s, D = dm.d, rep = dm.n / dm.g, tasks = dm.b * dm.n;
+  const int64_t S = dm.s, D = dm.d, rep = dm.n / dm.g, tasks = dm.b * dm.n, L = round_up(S, JW);
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
 
-#pragma omp parallel
-  {
-    std::vector<float> kt(S * D), vt(S * D), p(S);
-    int64_t cached = -1;  // which (b, g) kt/vt hold
-#pragma omp for schedule(static)
-    for (int64_t t = 0; t < tasks; ++t) {
+  parallel_for(tasks, [&](int64_t, int64_t first, int64_t last) {
+    std::vector<float> kt(D * L, 0.0f), p(R * L), qb(R * D), ob(R * D);
+    int64_t cached = -1;  // which (b, g) kt holds
+    for (int64_t t = first; t < last; ++t) {
       const int64_t b = t / dm.n, h = t % dm.n, kv = b * dm.g + h / rep;
       if (kv != cached) {
-        transpose_sd(k + kv * S * D, kt.data(), S, D);
-        transpose_sd(v + kv * S * D, vt.data(), S, D);
+        transpose_pad(k + kv * S * D, kt.data(), S, D, L);
         cached = kv;
       }
-      const float *qh = q + t * S * D;
-      float *oh = o + t * S * D;
-      for (int64_t i = 0; i < S; ++i) {
-        const int64_t n = i + 1;
-        row_scores(qh + i * D, kt.data(), n, S, D, p.data());
-        float m = p[0];
-        for (int64_t j = 1; j < n; ++j) m = std::max(m, p[j]);
-        float sum = 0.0f;
-        for (int64_t j = 0; j < n; ++j) {
-          p[j] = std::exp((p[j] - m) * scale);
-          sum += p[j];
+      const float *vh = v + kv * S * D;
+      for (int64_t i0 = 0; i0 < S; i0 += R) {
+        const int64_t rows = std::min(R, S - i0), n = i0 + rows;
+        load_rows(q + t * S * D, i0, rows, D, qb.data());
+        scores(qb.data(), D, kt.data(), L, round_up(n, JW), p.data());
+        for (int64_t r = 0; r < R; ++r) {
+          float *pr = p.data() + r * L;
+          const int64_t valid = std::min(i0 + r + 1, n);
+          float m = pr[0];
+          for (int64_t j = 1; j < valid; ++j) m = std::max(m, pr[j]);
+          float sum = 0.0f;
+          for (int64_t j = 0; j < valid; ++j) {
+            pr[j] = std::exp((pr[j] - m) * scale);
+            sum += pr[j];
+          }
+          const float inv = 1.0f / sum;
+          for (int64_t j = 0; j < valid; ++j) pr[j] *= inv;
+          std::fill(pr + valid, pr + n, 0.0f);
+          if (r < rows) lse[t * S + i0 + r] = m * scale + std::log(sum);
         }
-        const float inv = 1.0f / sum;
-        for (int64_t c = 0; c < D; ++c) oh[i * D + c] = dot(p.data(), vt.data() + c * S, n) * inv;
-        lse[t * S + i] = m * scale + std::log(sum);
+        outputs(p.data(), L, vh, D, n, ob.data());
+        std::memcpy(o + (t * S + i0) * D, ob.data(), sizeof(float) * rows * D);
       }
     }
-  }
+  });
   return 0;
 }
 
@@ -124,49 +228,52 @@ extern "C" int CausalAttentionBackward(int nparam, void **params, int *ndims, in
   float *dq = static_cast<float *>(params[6]);
   float *dk = static_cast<float *>(params[7]);
   float *dv = static_cast<float *>(params[8]);
-  const int64_t S = dm.s, D = dm.d, rep = dm.n / dm.g, tasks = dm.b * dm.g;
+  const int64_t S = dm.s, D = dm.d, rep = dm.n / dm.g, tasks = dm.b * dm.g, L = round_up(S, JW);
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
 
   // One task per (batch, kv head): it owns dk/dv of that head, so no two threads write the same row.
-#pragma omp parallel
-  {
-    std::vector<float> kt(S * D), vt(S * D), dkt(S * D), dvt(S * D), p(S), dp(S);
-#pragma omp for schedule(static)
-    for (int64_t t = 0; t < tasks; ++t) {
+  parallel_for(tasks, [&](int64_t, int64_t first, int64_t last) {
+    std::vector<float> kt(D * L, 0.0f), vt(D * L, 0.0f), p(R * L), dp(R * L), qb(R * D), dob(R * D), dqb(R * D);
+    for (int64_t t = first; t < last; ++t) {
       const int64_t b = t / dm.g, gi = t % dm.g;
-      transpose_sd(k + t * S * D, kt.data(), S, D);
-      transpose_sd(v + t * S * D, vt.data(), S, D);
-      std::fill(dkt.begin(), dkt.end(), 0.0f);
-      std::fill(dvt.begin(), dvt.end(), 0.0f);
-      for (int64_t r = 0; r < rep; ++r) {
-        const int64_t h = (b * dm.n + gi * rep + r);
+      const float *kh = k + t * S * D, *vh = v + t * S * D;
+      float *dkh = dk + t * S * D, *dvh = dv + t * S * D;
+      transpose_pad(kh, kt.data(), S, D, L);
+      transpose_pad(vh, vt.data(), S, D, L);
+      std::fill(dkh, dkh + S * D, 0.0f);
+      std::fill(dvh, dvh + S * D, 0.0f);
+      for (int64_t hr = 0; hr < rep; ++hr) {
+        const int64_t h = b * dm.n + gi * rep + hr;
         const float *qh = q + h * S * D, *oh = o + h * S * D, *doh = dout + h * S * D, *lh = lse + h * S;
-        float *dqh = dq + h * S * D;
-        for (int64_t i = 0; i < S; ++i) {
-          const int64_t n = i + 1;
-          const float *qi = qh + i * D, *doi = doh + i * D;
-          row_scores(qi, kt.data(), n, S, D, p.data());
-          row_scores(doi, vt.data(), n, S, D, dp.data());
-          const float delta = dot(doi, oh + i * D, D);
-          const float l = lh[i];
-          for (int64_t j = 0; j < n; ++j) {
-            p[j] = std::exp(p[j] * scale - l);
-            dp[j] = p[j] * (dp[j] - delta) * scale;  // dS, the gradient of the raw score q.k
-          }
-          for (int64_t c = 0; c < D; ++c) {
-            dqh[i * D + c] = dot(dp.data(), kt.data() + c * S, n);
-            const float qc = qi[c], dc = doi[c];
-            float *dkc = dkt.data() + c * S, *dvc = dvt.data() + c * S;
-            for (int64_t j = 0; j < n; ++j) {
-              dkc[j] += dp[j] * qc;
-              dvc[j] += p[j] * dc;
+        for (int64_t i0 = 0; i0 < S; i0 += R) {
+          const int64_t rows = std::min(R, S - i0), n = i0 + rows, npad = round_up(n, JW);
+          load_rows(qh, i0, rows, D, qb.data());
+          load_rows(doh, i0, rows, D, dob.data());
+          scores(qb.data(), D, kt.data(), L, npad, p.data());
+          scores(dob.data(), D, vt.data(), L, npad, dp.data());
+          for (int64_t r = 0; r < R; ++r) {
+            float *pr = p.data() + r * L, *dpr = dp.data() + r * L;
+            const int64_t valid = r < rows ? i0 + r + 1 : 0;
+            float delta = 0.0f, l = 0.0f;
+            if (r < rows) {
+              const float *orow = oh + (i0 + r) * D, *dorow = dob.data() + r * D;
+              for (int64_t c = 0; c < D; ++c) delta += dorow[c] * orow[c];
+              l = lh[i0 + r];
             }
+            for (int64_t j = 0; j < valid; ++j) {
+              pr[j] = std::exp(pr[j] * scale - l);
+              dpr[j] = pr[j] * (dpr[j] - delta) * scale;  // dS, the gradient of the raw score q.k
+            }
+            std::fill(pr + valid, pr + n, 0.0f);
+            std::fill(dpr + valid, dpr + n, 0.0f);
           }
+          outputs(dp.data(), L, kh, D, n, dqb.data());
+          std::memcpy(dq + (h * S + i0) * D, dqb.data(), sizeof(float) * rows * D);
+          grads(dp.data(), L, qb.data(), D, n, dkh);
+          grads(p.data(), L, dob.data(), D, n, dvh);
         }
       }
-      transpose_sd(dkt.data(), dk + t * S * D, D, S);
-      transpose_sd(dvt.data(), dv + t * S * D, D, S);
     }
-  }
+  });
   return 0;
 }

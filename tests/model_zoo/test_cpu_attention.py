@@ -1,0 +1,144 @@
+"""port's C++ CPU causal attention (model_zoo/cpu_attention.py), checked against torch's
+scaled_dot_product_attention forward and backward, inside the whole model against HF, and its
+fallbacks when no compiler is there."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import mindspore as ms
+from mindspore import Tensor, nn
+
+from model_zoo import LlamaConfig, build, cpu_attention, kernels
+from model_zoo.errors import KernelError
+from model_zoo.llama import CpuCausalAttention, reference_attention
+
+pytestmark = pytest.mark.skipif(not cpu_attention.available(), reason=f"{cpu_attention.status()[1]}")
+
+# (batch, heads, kv heads, seq, head_dim): GQA, MHA, MQA; head_dim 8 (stories260K), 24 (not a multiple
+# of 16: the 8-wide tile), 20 (scalar tail), 128; seq not a multiple of the 8-row block or 16-key tile; seq 1.
+SHAPES = [(2, 8, 4, 64, 32), (1, 4, 4, 37, 24), (2, 6, 1, 19, 20), (1, 2, 2, 33, 128), (3, 8, 4, 50, 8),
+          (1, 2, 1, 1, 16)]
+
+
+class _Loss(nn.Cell):
+    """sum(attention(q, k, v) * w): any upstream gradient w, so the backward pass is fully exercised."""
+
+    def __init__(self):
+        super().__init__()
+        self.attn = CpuCausalAttention()
+
+    def construct(self, q, k, v, w):
+        return (self.attn(q, k, v) * w).sum()
+
+
+def _inputs(b, n, g, s, d, seed=0):
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal(shape).astype(np.float32)
+            for shape in ((b, n, s, d), (b, g, s, d), (b, g, s, d), (b, n, s, d))]
+
+
+def _torch_reference(q, k, v, w):
+    t = [torch.tensor(a, requires_grad=True) for a in (q, k, v)]
+    out = torch.nn.functional.scaled_dot_product_attention(*t, is_causal=True, enable_gqa=True)
+    (out * torch.tensor(w)).sum().backward()
+    return out.detach().numpy(), [x.grad.numpy() for x in t]
+
+
+@pytest.mark.parametrize("mode", ["pynative", "graph"])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_forward_and_backward_match_torch_sdpa(shape, mode):
+    ms.set_context(mode=ms.GRAPH_MODE if mode == "graph" else ms.PYNATIVE_MODE)
+    q, k, v, w = _inputs(*shape)
+    want_out, want_grads = _torch_reference(q, k, v, w)
+    net = _Loss()
+    got_out = net.attn(Tensor(q), Tensor(k), Tensor(v)).asnumpy()
+    np.testing.assert_allclose(got_out, want_out, rtol=1e-5, atol=2e-5)
+    _, grads = ms.value_and_grad(net, grad_position=(0, 1, 2))(*map(Tensor, (q, k, v, w)))
+    for name, got, want in zip("qkv", grads, want_grads):
+        np.testing.assert_allclose(got.asnumpy(), want, rtol=1e-4, atol=5e-5, err_msg=f"d{name}")
+
+
+def test_matches_the_reference_attention_cell():
+    b, n, g, s, d = 2, 8, 4, 40, 16
+    q, k, v, _ = _inputs(b, n, g, s, d, seed=3)
+    want = reference_attention(Tensor(q), Tensor(k), Tensor(v), d ** -0.5, n // g, 0).asnumpy()
+    got = CpuCausalAttention()(Tensor(q), Tensor(k), Tensor(v)).asnumpy()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-6)
+
+
+def test_gradients_of_a_whole_model_match_the_reference_path():
+    """One loss, two models with the same weights: C++ attention against the plain-op reference."""
+    cfg = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    ids = Tensor(np.random.default_rng(0).integers(0, 128, (2, 24)).astype(np.int32))
+    results = {}
+    for impl in ("cpu", "reference"):
+        model = build(cfg, kernels_override={"attention": impl}, seed=7)
+        assert model.plan.attention.impl == impl
+
+        def loss(x, m=model):
+            return (m(x) ** 2).mean()
+        value, grads = ms.value_and_grad(loss, None, model.trainable_params())(ids)
+        results[impl] = (float(value.asnumpy()), [g.asnumpy() for g in grads])
+    assert results["cpu"][0] == pytest.approx(results["reference"][0], rel=1e-5)
+    for got, want in zip(results["cpu"][1], results["reference"][1]):
+        np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-6)
+
+
+def test_kernel_refuses_what_it_was_not_built_for():
+    """The library checks dtype and shapes itself (a bad call must fail, not read out of bounds)."""
+    q, k, v, _ = _inputs(1, 4, 3, 8, 16)  # 4 heads over 3 kv heads: not grouped-query attention
+    with pytest.raises(RuntimeError):
+        CpuCausalAttention()(Tensor(q), Tensor(k), Tensor(v)).asnumpy()
+    q, k, v, _ = _inputs(1, 4, 2, 8, 16)
+    with pytest.raises((RuntimeError, TypeError)):
+        CpuCausalAttention()(*(Tensor(a).astype(ms.float16) for a in (q, k, v))).asnumpy()
+
+
+@pytest.fixture
+def fresh_status(monkeypatch, tmp_path):
+    """cpu_attention.status() with an empty kernel cache, restored afterwards."""
+    monkeypatch.setenv(cpu_attention.CACHE_ENV, str(tmp_path / "kernels"))
+    cpu_attention.status.cache_clear()
+    yield tmp_path / "kernels"
+    monkeypatch.undo()
+    cpu_attention.status.cache_clear()
+
+
+def test_compiles_once_into_the_cache(fresh_status):
+    lib, why = cpu_attention.status()
+    assert lib is not None and lib.startswith(str(fresh_status)) and lib in why
+    assert [p.name for p in fresh_status.iterdir()] == [lib.rsplit("/", 1)[1]]  # no temporary left behind
+    cpu_attention.status.cache_clear()
+    assert cpu_attention.status()[0] == lib  # found again, not rebuilt under another name
+
+
+def test_without_a_compiler_the_reference_runs_and_the_reason_is_given(fresh_status, monkeypatch):
+    monkeypatch.setenv("CXX", "no-such-compiler-port-test")
+    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+                      num_attention_heads=4, num_key_value_heads=2)
+    plan = kernels.select_kernels(cfg, device="CPU")
+    assert plan.attention.impl == "reference"
+    with pytest.raises(KernelError, match="no C.. compiler found .no-such-compiler-port-test.*attention=reference"):
+        kernels.select_kernels(cfg, device="CPU", override={"attention": "cpu"})
+
+
+def test_a_failing_compiler_is_reported(fresh_status, monkeypatch):
+    monkeypatch.setenv("CXX", "false")
+    lib, why = cpu_attention.status()
+    assert lib is None and "failed" in why and "causal_attention.cc" in why
+    assert not list(fresh_status.iterdir())  # nothing half-written left in the cache
+
+
+def test_override_refuses_other_devices_dtypes_and_kernels():
+    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+                      num_attention_heads=4, num_key_value_heads=2)
+    with pytest.raises(KernelError, match="this device is Ascend"):
+        kernels.select_kernels(cfg, device="Ascend", compute_dtype="bfloat16", override={"attention": "cpu"})
+    with pytest.raises(KernelError, match="takes float32, the compute dtype is bfloat16"):
+        kernels.select_kernels(cfg, device="CPU", compute_dtype="bfloat16", override={"attention": "cpu"})
+    with pytest.raises(KernelError, match="only attention has a cpu kernel"):
+        kernels.select_kernels(cfg, device="CPU", override={"rope": "cpu"})
