@@ -14,10 +14,10 @@ overridden per kernel. The fused paths call MindSpore's Ascend kernels:
 * RMSNorm: ``ops.rms_norm(x, gamma, eps)``.
 
 These kernels are registered only on Ascend; the fused paths are tested on CPU against NumPy models of
-the documented kernel semantics (tests/npu_models.py). On the CPU, attention has a third path,
-``cpu``: port's own C++ causal attention with a flash-style backward (:mod:`model_zoo.cpu_attention`),
-compiled on first use; float32 only, and only where queries and keys have the same length (a KV-cache
-step runs the reference). Everything else on CPU/GPU runs the reference path.
+the documented kernel semantics (tests/npu_models.py). On the CPU, attention and RMSNorm have a
+third path, ``cpu``: port's own C++ kernels (:mod:`model_zoo.cpu_kernels`), compiled on first use;
+float32 only, attention only where queries and keys have the same length (a KV-cache step runs the
+reference). Everything else on CPU/GPU runs the reference path.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from typing import Mapping
 
 import numpy as np
 
-from model_zoo import cpu_attention
+from model_zoo import cpu_kernels
 from model_zoo.config import LlamaConfig
 from model_zoo.errors import KernelError
 
@@ -134,7 +134,7 @@ def select_kernels(cfg: LlamaConfig, *, device: str | None = None, compute_dtype
             picks[kernel] = KernelChoice(kernel, "reference", REFERENCE_OPS[kernel], "forced by override")
         elif want == CPU_IMPL:
             picks[kernel] = _cpu_choice(kernel, device, compute_dtype, forced=True)
-        elif kernel == "attention" and device == "CPU" and compute_dtype == "float32" and cpu_attention.available():
+        elif kernel in cpu_kernels.OPS and device == "CPU" and compute_dtype == "float32" and cpu_kernels.available():
             picks[kernel] = _cpu_choice(kernel, device, compute_dtype, forced=False)
         elif want == "fused":
             if device != "Ascend":
@@ -146,8 +146,11 @@ def select_kernels(cfg: LlamaConfig, *, device: str | None = None, compute_dtype
                                   + "; ".join(bad) + f"; use {kernel}=reference or auto")
             picks[kernel] = KernelChoice(kernel, "fused", FUSED_OPS[kernel], "forced by override")
         elif device != "Ascend":
-            picks[kernel] = KernelChoice(kernel, "reference", REFERENCE_OPS[kernel],
-                                         f"device is {device}; the fused kernel is registered only on Ascend")
+            why = f"device is {device}; the fused kernel is registered only on Ascend"
+            if kernel in cpu_kernels.OPS and device == "CPU":
+                why += (f"; port's CPU kernel takes float32, the compute dtype is {compute_dtype}"
+                        if compute_dtype != "float32" else f"; port's CPU kernel: {cpu_kernels.status()[1]}")
+            picks[kernel] = KernelChoice(kernel, "reference", REFERENCE_OPS[kernel], why)
         elif bad:
             picks[kernel] = KernelChoice(kernel, "reference", REFERENCE_OPS[kernel],
                                          "fused kernel constraints not met: " + "; ".join(bad))
@@ -161,23 +164,23 @@ def select_kernels(cfg: LlamaConfig, *, device: str | None = None, compute_dtype
 
 
 def _cpu_choice(kernel: str, device: str, compute_dtype: str, forced: bool) -> KernelChoice:
-    """The C++ CPU attention, or a KernelError saying why it cannot run here."""
+    """port's C++ CPU kernel, or a KernelError saying why it cannot run here."""
     bad = []
-    if kernel != "attention":
-        bad.append(f"only attention has a {CPU_IMPL} kernel")
+    if kernel not in cpu_kernels.OPS:
+        bad.append(f"{kernel} has no {CPU_IMPL} kernel (those are: {', '.join(cpu_kernels.OPS)})")
     if device != "CPU":
         bad.append(f"it runs on the CPU, this device is {device}")
     if compute_dtype != "float32":
         bad.append(f"it takes float32, the compute dtype is {compute_dtype}")
     if not bad:
-        lib, why = cpu_attention.status()
+        lib, why = cpu_kernels.status()
         if lib is None:
             bad.append(why)
     if bad:
         raise KernelError(f"kernel override {kernel}={CPU_IMPL}: " + "; ".join(bad) + f"; use {kernel}=reference or auto")
     why = "forced by override" if forced else \
-        "CPU, float32: fused causal attention kernel (the Ascend kernel is registered only on Ascend)"
-    return KernelChoice(kernel, CPU_IMPL, cpu_attention.OP, why)
+        "CPU, float32: port's C++ kernel (the fused kernel is registered only on Ascend)"
+    return KernelChoice(kernel, CPU_IMPL, cpu_kernels.OPS[kernel], why)
 
 
 # ---------------------------------------------------------------------------------------------

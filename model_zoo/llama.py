@@ -18,7 +18,7 @@ import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 from mindspore.common.initializer import Normal, Zero, One, initializer
 
-from model_zoo import cpu_attention, kernels
+from model_zoo import cpu_kernels, kernels
 from model_zoo.config import LlamaConfig
 from model_zoo.errors import ConfigError, KernelError
 from model_zoo.kernels import KernelPlan
@@ -52,16 +52,50 @@ class Linear(nn.Cell):
         return ops.reshape(y, shape[:-1] + (self.out_features,))
 
 
+def _cpu_library() -> str:
+    lib, why = cpu_kernels.status()
+    if lib is None:
+        raise KernelError(f"port's CPU kernels are unavailable: {why}")
+    return lib
+
+
+class CpuRmsNorm(nn.Cell):
+    """``(x, weight) -> weight * (x * rsqrt(mean(x^2) + eps))`` in float32 through port's C++ kernel
+    (:mod:`model_zoo.cpu_kernels`); the backward kernel is the Custom op's bprop."""
+
+    def __init__(self, eps: float):
+        super().__init__()
+        lib = _cpu_library()
+        self.eps = Tensor([eps], ms.float32)
+        backward = ops.Custom(f"{lib}:RmsNormBackward", func_type="aot",
+                              out_shape=lambda x, w, rstd, dy: (x, w), out_dtype=lambda x, w, rstd, dy: (x, w))
+
+        def bprop(x, w, eps, out, dout):
+            dx, dw = backward(x, w, out[1], dout[0])
+            return dx, dw, ops.zeros_like(eps)
+
+        # Outputs: the normalised x and 1/rms per row, kept for the backward.
+        self.forward = ops.Custom(f"{lib}:RmsNormForward", func_type="aot",
+                                  out_shape=lambda x, w, eps: (x, x[:-1]), out_dtype=lambda x, w, eps: (x, x),
+                                  bprop=bprop)
+
+    def construct(self, x: Tensor, weight: Tensor) -> Tensor:
+        return self.forward(x, weight, self.eps)[0]
+
+
 class RMSNorm(nn.Cell):
-    def __init__(self, dim: int, eps: float, param_dtype: ms.Type, fused: bool):
+    def __init__(self, dim: int, eps: float, param_dtype: ms.Type, impl: str):
         super().__init__()
         self.weight = Parameter(initializer(One(), (dim,), param_dtype), name="weight")
         self.eps = eps
-        self.fused = fused
+        self.fused = impl == "fused"
+        self.cpu = CpuRmsNorm(eps) if impl == kernels.CPU_IMPL else None
 
     def construct(self, x: Tensor) -> Tensor:
         if self.fused:
             return kernels_fused_rms_norm(x, self.weight, self.eps)
+        if self.cpu is not None and x.dtype == ms.float32 and self.weight.dtype == ms.float32:
+            return self.cpu(x, self.weight)
         dtype = x.dtype
         xf = ops.cast(x, ms.float32)
         var = ops.mean(ops.square(xf), -1, keep_dims=True)
@@ -141,15 +175,13 @@ def _causal_mask_tensor() -> Tensor:
 
 
 class CpuCausalAttention(nn.Cell):
-    """``(q, k, v) -> out`` through the C++ CPU kernels of :mod:`model_zoo.cpu_attention`: q (B, N, S, D),
+    """``(q, k, v) -> out`` through port's C++ kernel (:mod:`model_zoo.cpu_kernels`): q (B, N, S, D),
     k/v (B, G, S, D) float32 with N % G == 0, queries and keys of equal length, scale 1/sqrt(D).
     Differentiable in PyNative and graph mode (the backward kernel is the Custom op's bprop)."""
 
     def __init__(self):
         super().__init__()
-        lib, why = cpu_attention.status()
-        if lib is None:
-            raise KernelError(f"CPU attention kernel unavailable: {why}")
+        lib = _cpu_library()
         backward = ops.Custom(f"{lib}:CausalAttentionBackward", func_type="aot",
                               out_shape=lambda q, k, v, o, lse, do: (q, k, v),
                               out_dtype=lambda q, k, v, o, lse, do: (q, k, v))
@@ -225,10 +257,10 @@ class FeedForward(nn.Cell):
 class DecoderLayer(nn.Cell):
     def __init__(self, cfg: LlamaConfig, plan: KernelPlan, param_dtype: ms.Type, compute_dtype: ms.Type):
         super().__init__()
-        fused_norm = plan.rmsnorm.fused
-        self.attention_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, param_dtype, fused_norm)
+        norm = plan.rmsnorm.impl
+        self.attention_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, param_dtype, norm)
         self.attention = Attention(cfg, plan, param_dtype, compute_dtype)
-        self.ffn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, param_dtype, fused_norm)
+        self.ffn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, param_dtype, norm)
         self.feed_forward = FeedForward(cfg, param_dtype, compute_dtype)
 
     def construct(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
@@ -252,7 +284,7 @@ class LlamaModel(nn.Cell):
         self.tok_embeddings = Embedding(cfg.vocab_size, cfg.hidden_size, param_dtype, compute_dtype)
         self.layers = nn.CellList([DecoderLayer(cfg, plan, param_dtype, compute_dtype)
                                    for _ in range(cfg.num_hidden_layers)])
-        self.norm_out = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, param_dtype, plan.rmsnorm.fused)
+        self.norm_out = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, param_dtype, plan.rmsnorm.impl)
 
     def construct(self, ids: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
         x = self.tok_embeddings(ids)

@@ -17,17 +17,18 @@
 //   scores   C[r][j]  = sum_c A[r][c] * BT[c][j]      (A = q or do; BT = k or v transposed, padded)
 //   outputs  O[r][c]  = sum_j P[r][j] * M[j][c]       (M = v or k, row-major)
 //   grads    G[j][c] += sum_r P[r][j] * X[r][c]       (G = dk or dv, X = q or do)
-#include <sched.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
-#include <thread>
 #include <vector>
 
+#include "cpu_common.h"
+
 namespace {
+
+using port_cpu::all_float32;
+using port_cpu::parallel_for;
 
 constexpr int64_t R = 8;   // query rows per block
 constexpr int64_t JW = 16; // key columns per register tile (one 512-bit vector of floats)
@@ -35,13 +36,6 @@ constexpr int64_t JW = 16; // key columns per register tile (one 512-bit vector 
 struct Dims {
   int64_t b, n, g, s, d;
 };
-
-bool all_float32(int nparam, const char **dtypes) {
-  for (int i = 0; i < nparam; ++i) {
-    if (std::strcmp(dtypes[i], "float32") != 0 && std::strcmp(dtypes[i], "float") != 0) return false;
-  }
-  return true;
-}
 
 // Shapes are checked here as well as in Python: a wrong call must fail, not read out of bounds.
 bool read_dims(int nparam, int *ndims, int64_t **shapes, Dims *out) {
@@ -53,31 +47,6 @@ bool read_dims(int nparam, int *ndims, int64_t **shapes, Dims *out) {
   if (d.g <= 0 || d.n % d.g != 0 || d.s <= 0 || d.d <= 0) return false;
   *out = d;
   return true;
-}
-
-// Threads: $PORT_CPU_ATTENTION_THREADS, else the CPUs this process may run on.
-int64_t thread_count() {
-  if (const char *env = std::getenv("PORT_CPU_ATTENTION_THREADS")) {
-    const long n = std::strtol(env, nullptr, 10);
-    if (n > 0) return n;
-  }
-  cpu_set_t set;
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
-  return std::max(1u, std::thread::hardware_concurrency());
-}
-
-// Runs body(worker, first, last) over [0, tasks) in contiguous chunks, the calling thread taking the
-// first. Plain threads started per call and joined, not OpenMP: an OpenMP pool spins after each
-// region and starved MindSpore's own CPU thread pool (a training step ran 1.6x slower).
-template <typename F>
-void parallel_for(int64_t tasks, F body) {
-  const int64_t workers = std::min(tasks, thread_count());
-  std::vector<std::thread> pool;
-  pool.reserve(workers > 0 ? workers - 1 : 0);
-  for (int64_t w = 1; w < workers; ++w)
-    pool.emplace_back(body, w, tasks * w / workers, tasks * (w + 1) / workers);
-  if (workers > 0) body(0, 0, tasks / workers);
-  for (auto &t : pool) t.join();
 }
 
 inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }

@@ -1,11 +1,15 @@
-"""Causal attention for the CPU as a MindSpore ``ops.Custom`` AOT kernel, forward and backward.
+"""port's CPU kernels: causal attention and RMSNorm as MindSpore ``ops.Custom`` AOT kernels, forward
+and backward (the cells that call them are in :mod:`model_zoo.llama`).
 
-The reference attention (BatchMatMul + mask + softmax + BatchMatMul) materialises the float32
-B x N x S x S scores several times per step; on the CPU it took ~70% of a training step. The C++
-kernels in ``csrc/causal_attention.cc`` keep one block of score rows per thread and recompute the
-probabilities in the backward pass from the saved log-sum-exp (the flash-attention recipe), with
-grouped-query attention native (k/v are never repeated) and threads over (batch, head)
-(``$PORT_CPU_ATTENTION_THREADS``, default: the CPUs this process may use).
+* Attention (``csrc/causal_attention.cc``). The reference attention (BatchMatMul + mask + softmax +
+  BatchMatMul) materialises the float32 B x N x S x S scores several times per step; on the CPU it
+  took ~70% of a training step. The kernel keeps one block of score rows per thread and recomputes
+  the probabilities in the backward pass from the saved log-sum-exp (the flash-attention recipe), with
+  grouped-query attention native (k/v are never repeated).
+* RMSNorm (``csrc/rms_norm.cc``): one pass forward and one backward instead of seven-plus ops each.
+
+Both split their work over plain threads started per call (``$PORT_CPU_KERNEL_THREADS``, default: the
+CPUs this process may use); float32 only.
 
 The library is compiled on first use with the system C++ compiler (``$CXX`` or ``g++``) for this
 machine (``-march=native``) into a per-user cache, keyed by the source, the flags and the compiler,
@@ -24,9 +28,16 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-SOURCE = Path(__file__).with_name("csrc") / "causal_attention.cc"
+CSRC = Path(__file__).with_name("csrc")
+SOURCES = (CSRC / "causal_attention.cc", CSRC / "rms_norm.cc")
+HEADERS = (CSRC / "cpu_common.h",)
 FLAGS = ("-O3", "-march=native", "-ffast-math", "-pthread", "-shared", "-fPIC", "-std=c++17")
-OP = "port C++ causal attention (ops.Custom aot: fp32, threads over heads, flash-style backward)"
+# Kernels with a CPU implementation, and what reports show for them.
+OPS = {
+    "attention": "port C++ causal attention (ops.Custom aot: fp32, flash-style backward)",
+    "rmsnorm": "port C++ RMSNorm (ops.Custom aot: fp32, one pass each way)",
+}
+LIBRARY = "port_cpu_kernels"
 CACHE_ENV = "PORT_KERNEL_CACHE"
 
 
@@ -66,9 +77,10 @@ def status() -> tuple[str | None, str]:
     if cxx is None:
         return None, f"no C++ compiler found ({os.environ.get('CXX') or 'g++'}); install g++ to use it"
     key = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), " ".join(FLAGS).encode(), _compiler_id(cxx).encode(), _cpu_flags().encode()):
+    for part in (*(f.read_bytes() for f in SOURCES + HEADERS), " ".join(FLAGS).encode(),
+                 _compiler_id(cxx).encode(), _cpu_flags().encode()):
         key.update(part)
-    out = cache_dir() / f"causal_attention-{key.hexdigest()[:16]}.so"
+    out = cache_dir() / f"{LIBRARY}-{key.hexdigest()[:16]}.so"
     if out.is_file():
         return str(out), f"compiled library {out}"
     try:
@@ -76,14 +88,15 @@ def status() -> tuple[str | None, str]:
         # Compile to a private name, then rename: concurrent msrun workers never load a half-written file.
         fd, tmp = tempfile.mkstemp(prefix=out.stem + ".", suffix=".tmp.so", dir=out.parent)
         os.close(fd)
-        proc = subprocess.run([cxx, *FLAGS, "-o", tmp, str(SOURCE)], capture_output=True, text=True, timeout=300)
+        proc = subprocess.run([cxx, *FLAGS, "-o", tmp, *map(str, SOURCES)], capture_output=True, text=True,
+                              timeout=300)
         if proc.returncode != 0:
             os.unlink(tmp)
             first = (proc.stderr.strip().splitlines() or ["(no output)"])[0]
-            return None, f"compiling {SOURCE.name} with {cxx} failed: {first}"
+            return None, f"compiling {' '.join(f.name for f in SOURCES)} with {cxx} failed: {first}"
         os.replace(tmp, out)
     except (OSError, subprocess.SubprocessError) as exc:
-        return None, f"could not build {SOURCE.name} in {out.parent}: {exc}"
+        return None, f"could not build {LIBRARY} in {out.parent}: {exc}"
     return str(out), f"compiled library {out}"
 
 

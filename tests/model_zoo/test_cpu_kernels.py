@@ -1,6 +1,6 @@
-"""port's C++ CPU causal attention (model_zoo/cpu_attention.py), checked against torch's
-scaled_dot_product_attention forward and backward, inside the whole model against HF, and its
-fallbacks when no compiler is there."""
+"""port's C++ CPU kernels (model_zoo/cpu_kernels.py): causal attention checked against torch's
+scaled_dot_product_attention and RMSNorm against transformers' LlamaRMSNorm, forward and backward;
+both inside a whole model against the reference path; the fallbacks when no compiler is there."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ import torch
 import mindspore as ms
 from mindspore import Tensor, nn
 
-from model_zoo import LlamaConfig, build, cpu_attention, kernels
+from model_zoo import LlamaConfig, build, cpu_kernels, kernels
 from model_zoo.errors import KernelError
-from model_zoo.llama import CpuCausalAttention, reference_attention
+from model_zoo.llama import CpuCausalAttention, CpuRmsNorm, reference_attention
 
-pytestmark = pytest.mark.skipif(not cpu_attention.available(), reason=f"{cpu_attention.status()[1]}")
+pytestmark = pytest.mark.skipif(not cpu_kernels.available(), reason=f"{cpu_kernels.status()[1]}")
 
 # (batch, heads, kv heads, seq, head_dim): GQA, MHA, MQA; head_dim 8 (stories260K), 24 (not a multiple
 # of 16: the 8-wide tile), 20 (scalar tail), 128; seq not a multiple of the 8-row block or 16-key tile; seq 1.
@@ -69,15 +69,48 @@ def test_matches_the_reference_attention_cell():
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-6)
 
 
+@pytest.mark.parametrize("mode", ["pynative", "graph"])
+@pytest.mark.parametrize("shape", [(2, 7, 64), (3, 5, 24), (1, 1, 8), (4, 300)], ids=lambda s: "x".join(map(str, s)))
+def test_rms_norm_matches_transformers(shape, mode):
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    ms.set_context(mode=ms.GRAPH_MODE if mode == "graph" else ms.PYNATIVE_MODE)
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal(shape).astype(np.float32) * 3
+    w = rng.standard_normal(shape[-1]).astype(np.float32)
+    dy = rng.standard_normal(shape).astype(np.float32)
+    ref = LlamaRMSNorm(shape[-1], eps=1e-5)
+    with torch.no_grad():
+        ref.weight.copy_(torch.tensor(w))
+    tx = torch.tensor(x, requires_grad=True)
+    ty = ref(tx)
+    (ty * torch.tensor(dy)).sum().backward()
+
+    class Loss(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.norm = CpuRmsNorm(1e-5)
+
+        def construct(self, x, w, dy):
+            return (self.norm(x, w) * dy).sum()
+
+    net = Loss()
+    np.testing.assert_allclose(net.norm(Tensor(x), Tensor(w)).asnumpy(), ty.detach().numpy(), rtol=1e-5, atol=1e-5)
+    _, (dx, dw) = ms.value_and_grad(net, grad_position=(0, 1))(Tensor(x), Tensor(w), Tensor(dy))
+    np.testing.assert_allclose(dx.asnumpy(), tx.grad.numpy(), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(dw.asnumpy(), ref.weight.grad.numpy(), rtol=1e-4, atol=1e-4)
+
+
 def test_gradients_of_a_whole_model_match_the_reference_path():
-    """One loss, two models with the same weights: C++ attention against the plain-op reference."""
+    """One loss, two models with the same weights: C++ attention and RMSNorm against the plain-op
+    reference."""
     cfg = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
     ids = Tensor(np.random.default_rng(0).integers(0, 128, (2, 24)).astype(np.int32))
     results = {}
     for impl in ("cpu", "reference"):
-        model = build(cfg, kernels_override={"attention": impl}, seed=7)
-        assert model.plan.attention.impl == impl
+        model = build(cfg, kernels_override={"attention": impl, "rmsnorm": impl}, seed=7)
+        assert model.plan.attention.impl == impl and model.plan.rmsnorm.impl == impl
 
         def loss(x, m=model):
             return (m(x) ** 2).mean()
@@ -100,20 +133,20 @@ def test_kernel_refuses_what_it_was_not_built_for():
 
 @pytest.fixture
 def fresh_status(monkeypatch, tmp_path):
-    """cpu_attention.status() with an empty kernel cache, restored afterwards."""
-    monkeypatch.setenv(cpu_attention.CACHE_ENV, str(tmp_path / "kernels"))
-    cpu_attention.status.cache_clear()
+    """cpu_kernels.status() with an empty kernel cache, restored afterwards."""
+    monkeypatch.setenv(cpu_kernels.CACHE_ENV, str(tmp_path / "kernels"))
+    cpu_kernels.status.cache_clear()
     yield tmp_path / "kernels"
     monkeypatch.undo()
-    cpu_attention.status.cache_clear()
+    cpu_kernels.status.cache_clear()
 
 
 def test_compiles_once_into_the_cache(fresh_status):
-    lib, why = cpu_attention.status()
+    lib, why = cpu_kernels.status()
     assert lib is not None and lib.startswith(str(fresh_status)) and lib in why
     assert [p.name for p in fresh_status.iterdir()] == [lib.rsplit("/", 1)[1]]  # no temporary left behind
-    cpu_attention.status.cache_clear()
-    assert cpu_attention.status()[0] == lib  # found again, not rebuilt under another name
+    cpu_kernels.status.cache_clear()
+    assert cpu_kernels.status()[0] == lib  # found again, not rebuilt under another name
 
 
 def test_without_a_compiler_the_reference_runs_and_the_reason_is_given(fresh_status, monkeypatch):
@@ -121,15 +154,16 @@ def test_without_a_compiler_the_reference_runs_and_the_reason_is_given(fresh_sta
     cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
                       num_attention_heads=4, num_key_value_heads=2)
     plan = kernels.select_kernels(cfg, device="CPU")
-    assert plan.attention.impl == "reference"
+    assert plan.attention.impl == "reference" and plan.rmsnorm.impl == "reference"
+    assert "no C++ compiler found (no-such-compiler-port-test)" in plan.attention.reason
     with pytest.raises(KernelError, match="no C.. compiler found .no-such-compiler-port-test.*attention=reference"):
         kernels.select_kernels(cfg, device="CPU", override={"attention": "cpu"})
 
 
 def test_a_failing_compiler_is_reported(fresh_status, monkeypatch):
     monkeypatch.setenv("CXX", "false")
-    lib, why = cpu_attention.status()
-    assert lib is None and "failed" in why and "causal_attention.cc" in why
+    lib, why = cpu_kernels.status()
+    assert lib is None and "failed" in why and "causal_attention.cc rms_norm.cc" in why
     assert not list(fresh_status.iterdir())  # nothing half-written left in the cache
 
 
@@ -140,5 +174,5 @@ def test_override_refuses_other_devices_dtypes_and_kernels():
         kernels.select_kernels(cfg, device="Ascend", compute_dtype="bfloat16", override={"attention": "cpu"})
     with pytest.raises(KernelError, match="takes float32, the compute dtype is bfloat16"):
         kernels.select_kernels(cfg, device="CPU", compute_dtype="bfloat16", override={"attention": "cpu"})
-    with pytest.raises(KernelError, match="only attention has a cpu kernel"):
+    with pytest.raises(KernelError, match=r"rope has no cpu kernel \(those are: attention, rmsnorm\)"):
         kernels.select_kernels(cfg, device="CPU", override={"rope": "cpu"})
