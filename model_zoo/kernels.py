@@ -177,7 +177,8 @@ def _cpu_choice(kernel: str, device: str, compute_dtype: str, forced: bool) -> K
         if lib is None:
             bad.append(why)
     if bad:
-        raise KernelError(f"kernel override {kernel}={CPU_IMPL}: " + "; ".join(bad) + f"; use {kernel}=reference or auto")
+        raise KernelError(f"kernel override {kernel}={CPU_IMPL}: " + "; ".join(bad)
+                          + f"; use {kernel}=reference or auto")
     why = "forced by override" if forced else \
         "CPU, float32: port's C++ kernel (the fused kernel is registered only on Ascend)"
     return KernelChoice(kernel, CPU_IMPL, cpu_kernels.OPS[kernel], why)
