@@ -1,12 +1,13 @@
-"""port's CPU kernels: causal attention and RMSNorm as MindSpore ``ops.Custom`` AOT kernels, forward
-and backward (the cells that call them are in :mod:`model_zoo.llama`).
+"""port's CPU kernels: causal attention, RMSNorm and RoPE as MindSpore ``ops.Custom`` AOT kernels,
+forward and backward (the cells that call them are in :mod:`model_zoo.llama`).
 
 * Attention (``csrc/causal_attention.cc``). The reference attention (BatchMatMul + mask + softmax +
   BatchMatMul) materialises the float32 B x N x S x S scores several times per step; on the CPU it
   took ~70% of a training step. The kernel keeps one block of score rows per thread and recomputes
   the probabilities in the backward pass from the saved log-sum-exp (the flash-attention recipe), with
   grouped-query attention native (k/v are never repeated).
-* RMSNorm (``csrc/rms_norm.cc``): one pass forward and one backward instead of seven-plus ops each.
+* RMSNorm (``csrc/rms_norm.cc``) and rotate-half RoPE (``csrc/rope.cc``): one pass forward and one
+  backward instead of about seven ops each.
 
 Both split their work over plain threads started per call (``$PORT_CPU_KERNEL_THREADS``, default: the
 CPUs this process may use); float32 only.
@@ -29,13 +30,14 @@ import tempfile
 from pathlib import Path
 
 CSRC = Path(__file__).with_name("csrc")
-SOURCES = (CSRC / "causal_attention.cc", CSRC / "rms_norm.cc")
+SOURCES = (CSRC / "causal_attention.cc", CSRC / "rms_norm.cc", CSRC / "rope.cc")
 HEADERS = (CSRC / "cpu_common.h",)
 FLAGS = ("-O3", "-march=native", "-ffast-math", "-pthread", "-shared", "-fPIC", "-std=c++17")
 # Kernels with a CPU implementation, and what reports show for them.
 OPS = {
     "attention": "port C++ causal attention (ops.Custom aot: fp32, flash-style backward)",
     "rmsnorm": "port C++ RMSNorm (ops.Custom aot: fp32, one pass each way)",
+    "rope": "port C++ rotate-half RoPE (ops.Custom aot: fp32, one pass each way)",
 }
 LIBRARY = "port_cpu_kernels"
 CACHE_ENV = "PORT_KERNEL_CACHE"

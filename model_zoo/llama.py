@@ -83,6 +83,26 @@ class CpuRmsNorm(nn.Cell):
         return self.forward(x, weight, self.eps)[0]
 
 
+class CpuRope(nn.Cell):
+    """``(x, cos, sin) -> x*cos + rotate_half(x)*sin`` for x (B, N, S, D), cos/sin (S, D) in float32 through
+    port's C++ kernel (:mod:`model_zoo.cpu_kernels`); the backward applies the transposed rotation."""
+
+    def __init__(self):
+        super().__init__()
+        lib = _cpu_library()
+        backward = ops.Custom(f"{lib}:RopeBackward", func_type="aot",
+                              out_shape=lambda dy, cos, sin: dy, out_dtype=lambda dy, cos, sin: dy)
+
+        def bprop(x, cos, sin, out, dout):
+            return backward(dout, cos, sin), ops.zeros_like(cos), ops.zeros_like(sin)
+
+        self.forward = ops.Custom(f"{lib}:RopeForward", func_type="aot", out_shape=lambda x, cos, sin: x,
+                                  out_dtype=lambda x, cos, sin: x, bprop=bprop)
+
+    def construct(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        return self.forward(x, cos, sin)
+
+
 class RMSNorm(nn.Cell):
     def __init__(self, dim: int, eps: float, param_dtype: ms.Type, impl: str):
         super().__init__()
@@ -210,6 +230,7 @@ class Attention(nn.Cell):
         self.fused_attention = plan.attention.fused
         self.cpu_attention = CpuCausalAttention() if plan.attention.impl == kernels.CPU_IMPL else None
         self.fused_rope = plan.rope.fused
+        self.cpu_rope = CpuRope() if plan.rope.impl == kernels.CPU_IMPL else None
         self.wq = Linear(h, cfg.q_size, cfg.qkv_bias, param_dtype, compute_dtype)
         self.wk = Linear(h, cfg.kv_size, cfg.qkv_bias, param_dtype, compute_dtype)
         self.wv = Linear(h, cfg.kv_size, cfg.qkv_bias, param_dtype, compute_dtype)
@@ -219,9 +240,14 @@ class Attention(nn.Cell):
         b, s, _ = x.shape
         return ops.transpose(ops.reshape(x, (b, s, n, self.head_dim)), (0, 2, 1, 3))
 
+    def _rope(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        if self.cpu_rope is not None and x.dtype == ms.float32:
+            return self.cpu_rope(x, cos, sin)
+        return apply_rope(x, cos, sin, self.fused_rope)
+
     def project(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        q = apply_rope(self._heads(self.wq(x), self.n_heads), cos, sin, self.fused_rope)
-        k = apply_rope(self._heads(self.wk(x), self.n_kv), cos, sin, self.fused_rope)
+        q = self._rope(self._heads(self.wq(x), self.n_heads), cos, sin)
+        k = self._rope(self._heads(self.wk(x), self.n_kv), cos, sin)
         v = self._heads(self.wv(x), self.n_kv)
         return q, k, v
 

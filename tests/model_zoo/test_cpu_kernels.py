@@ -1,6 +1,7 @@
 """port's C++ CPU kernels (model_zoo/cpu_kernels.py): causal attention checked against torch's
-scaled_dot_product_attention and RMSNorm against transformers' LlamaRMSNorm, forward and backward;
-both inside a whole model against the reference path; the fallbacks when no compiler is there."""
+scaled_dot_product_attention, RMSNorm against transformers' LlamaRMSNorm and RoPE against its
+apply_rotary_pos_emb, forward and backward; all three inside a whole model against the reference
+path; the fallbacks when no compiler is there."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from mindspore import Tensor, nn
 
 from model_zoo import LlamaConfig, build, cpu_kernels, kernels
 from model_zoo.errors import KernelError
-from model_zoo.llama import CpuCausalAttention, CpuRmsNorm, reference_attention
+from model_zoo.llama import CpuCausalAttention, CpuRmsNorm, CpuRope, apply_rope, reference_attention
 
 pytestmark = pytest.mark.skipif(not cpu_kernels.available(), reason=f"{cpu_kernels.status()[1]}")
 
@@ -101,16 +102,47 @@ def test_rms_norm_matches_transformers(shape, mode):
     np.testing.assert_allclose(dw.asnumpy(), ref.weight.grad.numpy(), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("mode", ["pynative", "graph"])
+def test_rope_matches_transformers(mode):
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    ms.set_context(mode=ms.GRAPH_MODE if mode == "graph" else ms.PYNATIVE_MODE)
+    cfg = LlamaConfig(vocab_size=64, hidden_size=96, intermediate_size=48, num_hidden_layers=1,
+                      num_attention_heads=4, num_key_value_heads=2, rope_theta=500000.0)
+    cos, sin = kernels.rope_tables(cfg, 13)
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((2, 4, 13, cfg.head_dim)).astype(np.float32)
+    dy = rng.standard_normal(x.shape).astype(np.float32)
+    tx = torch.tensor(x, requires_grad=True)
+    ty, _ = apply_rotary_pos_emb(tx, tx.detach(), torch.tensor(cos)[None], torch.tensor(sin)[None])
+    (ty * torch.tensor(dy)).sum().backward()
+
+    class Loss(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.rope = CpuRope()
+
+        def construct(self, x, cos, sin, dy):
+            return (self.rope(x, cos, sin) * dy).sum()
+
+    net = Loss()
+    args = [Tensor(a) for a in (x, cos, sin)]
+    np.testing.assert_allclose(net.rope(*args).asnumpy(), ty.detach().numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(net.rope(*args).asnumpy(), apply_rope(*args, False).asnumpy(), rtol=1e-5, atol=1e-5)
+    _, dx = ms.value_and_grad(net, grad_position=0)(*args, Tensor(dy))
+    np.testing.assert_allclose(dx.asnumpy(), tx.grad.numpy(), rtol=1e-5, atol=1e-5)
+
+
 def test_gradients_of_a_whole_model_match_the_reference_path():
-    """One loss, two models with the same weights: C++ attention and RMSNorm against the plain-op
+    """One loss, two models with the same weights: port's three C++ kernels against the plain-op
     reference."""
     cfg = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
     ids = Tensor(np.random.default_rng(0).integers(0, 128, (2, 24)).astype(np.int32))
     results = {}
     for impl in ("cpu", "reference"):
-        model = build(cfg, kernels_override={"attention": impl, "rmsnorm": impl}, seed=7)
-        assert model.plan.attention.impl == impl and model.plan.rmsnorm.impl == impl
+        model = build(cfg, kernels_override={k: impl for k in kernels.KERNELS}, seed=7)
+        assert {c.impl for c in model.plan.choices()} == {impl}
 
         def loss(x, m=model):
             return (m(x) ** 2).mean()
@@ -154,7 +186,7 @@ def test_without_a_compiler_the_reference_runs_and_the_reason_is_given(fresh_sta
     cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
                       num_attention_heads=4, num_key_value_heads=2)
     plan = kernels.select_kernels(cfg, device="CPU")
-    assert plan.attention.impl == "reference" and plan.rmsnorm.impl == "reference"
+    assert {c.impl for c in plan.choices()} == {"reference"}
     assert "no C++ compiler found (no-such-compiler-port-test)" in plan.attention.reason
     with pytest.raises(KernelError, match="no C.. compiler found .no-such-compiler-port-test.*attention=reference"):
         kernels.select_kernels(cfg, device="CPU", override={"attention": "cpu"})
@@ -163,7 +195,7 @@ def test_without_a_compiler_the_reference_runs_and_the_reason_is_given(fresh_sta
 def test_a_failing_compiler_is_reported(fresh_status, monkeypatch):
     monkeypatch.setenv("CXX", "false")
     lib, why = cpu_kernels.status()
-    assert lib is None and "failed" in why and "causal_attention.cc rms_norm.cc" in why
+    assert lib is None and "failed" in why and "causal_attention.cc rms_norm.cc rope.cc" in why
     assert not list(fresh_status.iterdir())  # nothing half-written left in the cache
 
 
@@ -174,5 +206,5 @@ def test_override_refuses_other_devices_dtypes_and_kernels():
         kernels.select_kernels(cfg, device="Ascend", compute_dtype="bfloat16", override={"attention": "cpu"})
     with pytest.raises(KernelError, match="takes float32, the compute dtype is bfloat16"):
         kernels.select_kernels(cfg, device="CPU", compute_dtype="bfloat16", override={"attention": "cpu"})
-    with pytest.raises(KernelError, match=r"rope has no cpu kernel \(those are: attention, rmsnorm\)"):
-        kernels.select_kernels(cfg, device="CPU", override={"rope": "cpu"})
+    with pytest.raises(KernelError, match="this device is GPU"):
+        kernels.select_kernels(cfg, device="GPU", override={"rope": "cpu"})

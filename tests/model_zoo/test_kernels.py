@@ -17,10 +17,10 @@ CFG = LlamaConfig(vocab_size=96, hidden_size=128, intermediate_size=160, num_hid
 
 
 def test_cpu_picks_reference_and_says_why():
-    # Attention and RMSNorm get port's C++ CPU kernels in float32 (tests/model_zoo/test_cpu_kernels.py);
-    # RoPE, and everything in half precision, the reference path.
+    # In float32 every kernel gets port's C++ CPU kernel (tests/model_zoo/test_cpu_kernels.py); in half
+    # precision, and on GPU, the reference path.
     plan = kernels.select_kernels(CFG, device="CPU")
-    assert [c.impl for c in plan.choices()] == ["cpu", "reference", "cpu"]
+    assert [c.impl for c in plan.choices()] == ["cpu", "cpu", "cpu"]
     assert all("registered only on Ascend" in c.reason for c in plan.choices())
     half = kernels.select_kernels(CFG, device="CPU", compute_dtype="bfloat16")
     assert [c.impl for c in half.choices()] == ["reference"] * 3
@@ -126,7 +126,7 @@ def test_kernel_report_names_every_layer():
     rows = m.kernel_report()
     assert len(rows) == CFG.num_hidden_layers * 3 + 1
     assert {r["kernel"] for r in rows} == {"attention", "rope", "rmsnorm"}
-    assert all(r["impl"] == ("reference" if r["kernel"] == "rope" else "cpu") and r["reason"] for r in rows)
+    assert all(r["impl"] == "cpu" and r["reason"] for r in rows)
 
 
 @pytest.mark.npu
