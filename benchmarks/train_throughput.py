@@ -6,7 +6,7 @@
    - the stories260K shape (hidden 64, 5 layers, 8/4 heads, vocab 512), seq 256, batch 8.
    Also the same MindSpore step built as two graphs (value_and_grad, then the optimizer), the way the
    accumulation path runs, to show why one graph is used when there is nothing to accumulate, and the
-   one-graph step with the plain-op reference attention and RMSNorm instead of port's C++ CPU kernels
+   one-graph step with the plain-op reference attention, RoPE and RMSNorm instead of port's C++ CPU kernels
    (before/after).
 2. Effective tokens/s (real, non-padding tokens) of the real stories260K fine-tune on Alpaca with length
    bucketing against padding every row to max length (`port train`'s own loop, compile time apart).
@@ -60,7 +60,7 @@ def time_steps(fn, warmup: int, steps: int) -> tuple[float, list[float]]:
     return first, times
 
 
-REFERENCE = {"attention": "reference", "rmsnorm": "reference"}  # plain MindSpore ops, no C++ CPU kernels
+REFERENCE = {"attention": "reference", "rope": "reference", "rmsnorm": "reference"}  # plain ops, no C++ kernels
 
 
 def ms_step(cfg_d: dict, b: int, s: int, fused: bool, warmup: int, steps: int, override: dict | None = None) -> dict:
