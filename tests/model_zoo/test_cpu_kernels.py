@@ -153,6 +153,24 @@ def test_gradients_of_a_whole_model_match_the_reference_path():
         np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-6)
 
 
+def test_nan_and_inf_propagate():
+    """The kernels are built with -ffast-math (vectorised exp); a NaN must still reach the loss, or the
+    training loop's NaN stop would not fire."""
+    rng = np.random.default_rng(4)
+    q, k, v, _ = _inputs(1, 2, 1, 8, 16)
+    q[0, 0, 3, 5] = np.nan
+    out = CpuCausalAttention()(Tensor(q), Tensor(k), Tensor(v)).asnumpy()
+    assert np.isnan(out[0, 0, 3]).all() and np.isfinite(np.delete(out[0, 0], 3, axis=0)).all()
+    k[0, 0, 2, 1] = np.inf  # key 2 is seen by queries 2..7 only
+    q[0, 0, 3, 5] = 0.0
+    out = CpuCausalAttention()(Tensor(q), Tensor(k), Tensor(v)).asnumpy()
+    assert np.isfinite(out[0, :, :2]).all() and not np.isfinite(out[0, :, 2:]).all()
+    x = rng.standard_normal((2, 3, 16)).astype(np.float32)
+    x[0, 1, 4] = np.nan
+    y = CpuRmsNorm(1e-5)(Tensor(x), Tensor(np.ones(16, np.float32))).asnumpy()
+    assert np.isnan(y[0, 1]).all() and np.isfinite(np.delete(y.reshape(6, 16), 1, axis=0)).all()
+
+
 def test_kernel_refuses_what_it_was_not_built_for():
     """The library checks dtype and shapes itself (a bad call must fail, not read out of bounds)."""
     q, k, v, _ = _inputs(1, 4, 3, 8, 16)  # 4 heads over 3 kv heads: not grouped-query attention
