@@ -52,7 +52,7 @@ class Linear(nn.Cell):
         return ops.reshape(y, shape[:-1] + (self.out_features,))
 
 
-def _cpu_library() -> str:
+def cpu_library() -> str:
     lib, why = cpu_kernels.status()
     if lib is None:
         raise KernelError(f"port's CPU kernels are unavailable: {why}")
@@ -65,7 +65,7 @@ class CpuRmsNorm(nn.Cell):
 
     def __init__(self, eps: float):
         super().__init__()
-        lib = _cpu_library()
+        lib = cpu_library()
         self.eps = Tensor([eps], ms.float32)
         backward = ops.Custom(f"{lib}:RmsNormBackward", func_type="aot",
                               out_shape=lambda x, w, rstd, dy: (x, w), out_dtype=lambda x, w, rstd, dy: (x, w))
@@ -89,7 +89,7 @@ class CpuRope(nn.Cell):
 
     def __init__(self):
         super().__init__()
-        lib = _cpu_library()
+        lib = cpu_library()
         backward = ops.Custom(f"{lib}:RopeBackward", func_type="aot",
                               out_shape=lambda dy, cos, sin: dy, out_dtype=lambda dy, cos, sin: dy)
 
@@ -201,7 +201,7 @@ class CpuCausalAttention(nn.Cell):
 
     def __init__(self):
         super().__init__()
-        lib = _cpu_library()
+        lib = cpu_library()
         backward = ops.Custom(f"{lib}:CausalAttentionBackward", func_type="aot",
                               out_shape=lambda q, k, v, o, lse, do: (q, k, v),
                               out_dtype=lambda q, k, v, o, lse, do: (q, k, v))
