@@ -5,6 +5,7 @@ Prints the loss agreement, probe difference, steady tokens/s of both and their r
 and the machine's load average (CPU timings on a shared machine are only comparable within one run).
 
 Usage: python benchmarks/baseline_tiny_cpu.py [--steps 12] [--recipe recipes/tiny-cpu.yaml] [--threads 2]
+                                             [--set KEY=VALUE ...]   # recipe overrides for both sides
 """
 
 from __future__ import annotations
@@ -32,8 +33,12 @@ def main() -> None:
     ap.add_argument("--recipe", default="recipes/tiny-cpu.yaml")
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                    help="recipe override for both runs (repeatable)")
     args = ap.parse_args()
     sets = ["--set", f"schedule.max_steps={args.steps}"]
+    for kv in args.sets:
+        sets += ["--set", kv]
     with tempfile.TemporaryDirectory() as d:
         base, run = Path(d) / "base.json", Path(d) / "run"
         load0 = os.getloadavg()
@@ -42,7 +47,7 @@ def main() -> None:
         rep = json.loads(port("compare", str(base), str(run), "--json").stdout)
         load1 = os.getloadavg()
     t, m, loss, pr = rep["throughput"], rep["memory"], rep["loss"], rep["probe"]
-    print(f"recipe {args.recipe}, {args.steps} steps, torch threads {args.threads}; load average before/after "
+    print(f"recipe {args.recipe} {' '.join(args.sets)}, {args.steps} steps, torch threads {args.threads}; load average before/after "
           f"{load0[0]:.1f}/{load1[0]:.1f} on {os.cpu_count()} cores")
     print(f"loss: {loss['steps_compared']} steps, max abs diff {loss['max_abs_diff']:.2e}, max rel {loss['max_rel_diff']:.2e}, "
           f"grad-norm max rel {loss['max_grad_norm_rel_diff']:.2e}")

@@ -5,13 +5,15 @@
    - hidden 256, 4 layers, 8 heads / 4 KV heads, vocab 1024, seq 256, batch 8;
    - the stories260K shape (hidden 64, 5 layers, 8/4 heads, vocab 512), seq 256, batch 8.
    Also the same MindSpore step built as two graphs (value_and_grad, then the optimizer), the way the
-   accumulation path runs, to show why one graph is used when there is nothing to accumulate.
+   accumulation path runs, to show why one graph is used when there is nothing to accumulate, and the
+   one-graph step with the plain-op reference attention, RoPE and RMSNorm instead of port's C++ CPU kernels
+   (before/after).
 2. Effective tokens/s (real, non-padding tokens) of the real stories260K fine-tune on Alpaca with length
    bucketing against padding every row to max length (`port train`'s own loop, compile time apart).
 
     python benchmarks/train_throughput.py                 # everything (~6 min on 2 cores)
     python benchmarks/train_throughput.py --part step     # only 1
-    python benchmarks/train_throughput.py --part profile  # attention's share of the stories260K-shape step
+    python benchmarks/train_throughput.py --part profile  # attention's share of the step, per shape
     python benchmarks/train_throughput.py --part bucketing --alpaca ../shared/data/instruct/alpaca_en_demo.json
 """
 
@@ -58,7 +60,11 @@ def time_steps(fn, warmup: int, steps: int) -> tuple[float, list[float]]:
     return first, times
 
 
-def ms_step(cfg_d: dict, b: int, s: int, fused: bool, warmup: int, steps: int) -> dict:
+REFERENCE = {"attention": "reference", "rope": "reference", "rmsnorm": "reference"}  # plain ops, no C++ kernels
+
+
+def ms_step(cfg_d: dict, b: int, s: int, fused: bool, warmup: int, steps: int, override: dict | None = None) -> dict:
+    """``override``: kernel choices for model_zoo.build; None = auto (port's C++ CPU attention and RMSNorm)."""
     import mindspore as ms
     from mindspore import ParameterTuple
 
@@ -69,7 +75,7 @@ def ms_step(cfg_d: dict, b: int, s: int, fused: bool, warmup: int, steps: int) -
     ms.set_context(mode=ms.GRAPH_MODE)
     ms.set_device("CPU")
     cfg = LlamaConfig(model_type="llama", rms_norm_eps=1e-5, rope_theta=10000.0, **cfg_d)
-    model = build(cfg, seed=0)
+    model = build(cfg, seed=0, kernels_override=override)
     params = list(model.trainable_params())
     opt = engine.AdamW(params, (0.9, 0.95), 1e-8, 0.0)
     ids, labels = batch(cfg_d, b, s)
@@ -92,7 +98,8 @@ def ms_step(cfg_d: dict, b: int, s: int, fused: bool, warmup: int, steps: int) -
             out = apply(tot, cnt, f(1.0), f(1e-4), f(0.1), f(0.05))
             return float(out[0].asnumpy())
     first, times = time_steps(step, warmup, steps)
-    return {"first_steps_s": round(first, 3), "times": times}
+    return {"first_steps_s": round(first, 3), "times": times,
+            "kernels": {c.kernel: c.impl for c in model.plan.choices()}}
 
 
 def torch_step(cfg_d: dict, b: int, s: int, warmup: int, steps: int, args_attn: str = "sdpa") -> dict:
@@ -139,47 +146,55 @@ def part_step(args) -> list[dict]:
     torch.set_num_threads(os.cpu_count() or 1)
     rows = []
     for name, cfg in SHAPES.items():
-        runs: dict[str, list[dict]] = {"torch": [], "one": [], "two": []}
+        runs: dict[str, list[dict]] = {"torch": [], "one": [], "two": [], "one_ref": []}
         for _ in range(args.rounds):     # interleaved, so a burst of load hits every variant alike
             runs["torch"].append(torch_step(cfg, args.batch, args.seq, args.warmup, args.steps, args.torch_attn))
             runs["one"].append(ms_step(cfg, args.batch, args.seq, True, args.warmup, args.steps))
             runs["two"].append(ms_step(cfg, args.batch, args.seq, False, args.warmup, args.steps))
+            runs["one_ref"].append(ms_step(cfg, args.batch, args.seq, True, args.warmup, args.steps, REFERENCE))
         tok = args.batch * args.seq
-        t, one, two = (_merge(runs[k], tok) for k in ("torch", "one", "two"))
+        t, one, two, ref = (_merge(runs[k], tok) for k in ("torch", "one", "two", "one_ref"))
         row = {"shape": name, "batch": args.batch, "seq": args.seq, "torch_eager_adamw": t,
                "port_train_one_graph": one, "port_train_two_graphs": two,
+               "port_train_one_graph_reference_kernels": ref,
                "ratio_one_graph_vs_torch": round(one["tokens_per_s"] / t["tokens_per_s"], 3),
                "ratio_one_graph_vs_torch_best": round(one["best_tokens_per_s"] / t["best_tokens_per_s"], 3),
                "ratio_two_graphs_vs_torch": round(two["tokens_per_s"] / t["tokens_per_s"], 3),
-               "ratio_one_vs_two_graphs": round(one["tokens_per_s"] / two["tokens_per_s"], 3)}
+               "ratio_one_vs_two_graphs": round(one["tokens_per_s"] / two["tokens_per_s"], 3),
+               "ratio_reference_kernels_vs_torch": round(ref["tokens_per_s"] / t["tokens_per_s"], 3)}
         print(json.dumps(row), flush=True)
         rows.append(row)
     return rows
 
 
 def part_profile(args) -> list[dict]:
-    """Where the MindSpore step's time goes on the stories260K shape: the same step with the reference
-    attention (S^2 float32 scores, causal mask, softmax, repeated K/V) swapped for an identity, run
-    interleaved with the real step. A diagnosis only; the numbers of that model are meaningless."""
+    """Attention's share of the MindSpore step, per shape: the step with port's C++ CPU attention, with
+    the reference attention (S^2 float32 scores, causal mask, softmax, repeated K/V), and with attention
+    swapped for an identity, interleaved; RMSNorm on the CPU kernel throughout. A diagnosis only; the
+    numbers of that last model are meaningless."""
     import model_zoo.llama as zoo_llama
 
     real = zoo_llama.reference_attention
-    cfg = SHAPES["stories260k"]
-    runs: dict[str, list[dict]] = {"full": [], "no_attention": []}
-    for _ in range(args.rounds):
+    rows = []
+    for name, cfg in SHAPES.items():
+        runs: dict[str, list[dict]] = {"cpu": [], "reference": [], "none": []}
+        for _ in range(args.rounds):
+            zoo_llama.reference_attention = real
+            for key in ("cpu", "reference"):
+                runs[key].append(ms_step(cfg, args.batch, args.seq, True, args.warmup, args.steps, {"attention": key}))
+            zoo_llama.reference_attention = lambda q, k, v, scale, n_rep, q_offset: q
+            runs["none"].append(ms_step(cfg, args.batch, args.seq, True, args.warmup, args.steps,
+                                        {"attention": "reference"}))
         zoo_llama.reference_attention = real
-        runs["full"].append(ms_step(cfg, args.batch, args.seq, True, args.warmup, args.steps))
-        zoo_llama.reference_attention = lambda q, k, v, scale, n_rep, q_offset: q
-        runs["no_attention"].append(ms_step(cfg, args.batch, args.seq, True, args.warmup, args.steps))
-    zoo_llama.reference_attention = real
-    tok = args.batch * args.seq
-    full, none = _merge(runs["full"], tok), _merge(runs["no_attention"], tok)
-    row = {"profile": "stories260k", "full_step_s": full["step_s"], "full_best_s": full["best_step_s"],
-           "without_attention_step_s": none["step_s"], "without_attention_best_s": none["best_step_s"],
-           "attention_share_median": round(1 - none["step_s"] / full["step_s"], 3),
-           "attention_share_best": round(1 - none["best_step_s"] / full["best_step_s"], 3)}
-    print(json.dumps(row), flush=True)
-    return [row]
+        tok = args.batch * args.seq
+        m = {k: _merge(v, tok) for k, v in runs.items()}
+        row = {"profile": name, **{f"{k}_step_s": v["step_s"] for k, v in m.items()},
+               **{f"{k}_best_s": v["best_step_s"] for k, v in m.items()}}
+        for k in ("cpu", "reference"):
+            row[f"attention_share_{k}_median"] = round(1 - m["none"]["step_s"] / m[k]["step_s"], 3)
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    return rows
 
 
 def part_bucketing(args) -> list[dict]:

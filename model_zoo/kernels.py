@@ -13,8 +13,11 @@ overridden per kernel. The fused paths call MindSpore's Ascend kernels:
   to be called for BNSD when B*N > 8*S with a 32-byte-aligned head_dim (poor performance).
 * RMSNorm: ``ops.rms_norm(x, gamma, eps)``.
 
-These kernels are registered only on Ascend. On CPU/GPU the reference path runs; the fused paths
-are tested on CPU against NumPy models of the documented kernel semantics (tests/npu_models.py).
+These kernels are registered only on Ascend; the fused paths are tested on CPU against NumPy models of
+the documented kernel semantics (tests/npu_models.py). On the CPU, attention and RMSNorm have a
+third path, ``cpu``: port's own C++ kernels (:mod:`model_zoo.cpu_kernels`), compiled on first use;
+float32 only, attention only where queries and keys have the same length (a KV-cache step runs the
+reference). Everything else on CPU/GPU runs the reference path.
 """
 
 from __future__ import annotations
@@ -25,11 +28,13 @@ from typing import Mapping
 
 import numpy as np
 
+from model_zoo import cpu_kernels
 from model_zoo.config import LlamaConfig
 from model_zoo.errors import KernelError
 
 KERNELS = ("attention", "rope", "rmsnorm")
-CHOICES = ("auto", "fused", "reference")
+CPU_IMPL = "cpu"
+CHOICES = ("auto", "fused", "reference", CPU_IMPL)
 FUSED_DTYPES_ATTENTION = ("float16", "bfloat16")
 
 # Each entry: what the fused path calls. Shown in reports.
@@ -48,7 +53,7 @@ REFERENCE_OPS = {
 @dataclasses.dataclass(frozen=True)
 class KernelChoice:
     kernel: str
-    impl: str  # "fused" or "reference"
+    impl: str  # "fused" (Ascend), "cpu" (attention on the CPU) or "reference"
     op: str
     reason: str
 
@@ -113,7 +118,8 @@ def _fused_constraints(kernel: str, cfg: LlamaConfig, compute_dtype: str) -> lis
 
 def select_kernels(cfg: LlamaConfig, *, device: str | None = None, compute_dtype: str = "float32",
                    override: Mapping[str, str] | None = None) -> KernelPlan:
-    """Pick fused or reference for each kernel; ``override`` maps kernel -> auto|fused|reference."""
+    """Pick fused (Ascend), cpu (port's C++ CPU kernels, float32) or reference for each kernel;
+    ``override`` maps kernel -> auto|fused|reference|cpu."""
     device = device or current_device()
     override = dict(override or {})
     unknown = sorted(set(override) - set(KERNELS))
@@ -127,6 +133,10 @@ def select_kernels(cfg: LlamaConfig, *, device: str | None = None, compute_dtype
         bad = _fused_constraints(kernel, cfg, compute_dtype)
         if want == "reference":
             picks[kernel] = KernelChoice(kernel, "reference", REFERENCE_OPS[kernel], "forced by override")
+        elif want == CPU_IMPL:
+            picks[kernel] = _cpu_choice(kernel, device, compute_dtype, forced=True)
+        elif want == "auto" and device == "CPU" and compute_dtype == "float32" and cpu_kernels.available():
+            picks[kernel] = _cpu_choice(kernel, device, compute_dtype, forced=False)
         elif want == "fused":
             if device != "Ascend":
                 raise KernelError(
@@ -137,8 +147,11 @@ def select_kernels(cfg: LlamaConfig, *, device: str | None = None, compute_dtype
                                   + "; ".join(bad) + f"; use {kernel}=reference or auto")
             picks[kernel] = KernelChoice(kernel, "fused", FUSED_OPS[kernel], "forced by override")
         elif device != "Ascend":
-            picks[kernel] = KernelChoice(kernel, "reference", REFERENCE_OPS[kernel],
-                                         f"device is {device}; the fused kernel is registered only on Ascend")
+            why = f"device is {device}; the fused kernel is registered only on Ascend"
+            if device == "CPU":
+                why += (f"; port's CPU kernel takes float32, the compute dtype is {compute_dtype}"
+                        if compute_dtype != "float32" else f"; port's CPU kernel: {cpu_kernels.status()[1]}")
+            picks[kernel] = KernelChoice(kernel, "reference", REFERENCE_OPS[kernel], why)
         elif bad:
             picks[kernel] = KernelChoice(kernel, "reference", REFERENCE_OPS[kernel],
                                          "fused kernel constraints not met: " + "; ".join(bad))
@@ -149,6 +162,25 @@ def select_kernels(cfg: LlamaConfig, *, device: str | None = None, compute_dtype
             picks[kernel] = KernelChoice(kernel, "fused", FUSED_OPS[kernel], why)
     return KernelPlan(attention=picks["attention"], rope=picks["rope"], rmsnorm=picks["rmsnorm"],
                       device=device, compute_dtype=compute_dtype, mindspeed_available=mindspeed_available())
+
+
+def _cpu_choice(kernel: str, device: str, compute_dtype: str, forced: bool) -> KernelChoice:
+    """port's C++ CPU kernel, or a KernelError saying why it cannot run here."""
+    bad = []
+    if device != "CPU":
+        bad.append(f"it runs on the CPU, this device is {device}")
+    if compute_dtype != "float32":
+        bad.append(f"it takes float32, the compute dtype is {compute_dtype}")
+    if not bad:
+        lib, why = cpu_kernels.status()
+        if lib is None:
+            bad.append(why)
+    if bad:
+        raise KernelError(f"kernel override {kernel}={CPU_IMPL}: " + "; ".join(bad)
+                          + f"; use {kernel}=reference or auto")
+    why = "forced by override" if forced else \
+        "CPU, float32: port's C++ kernel (the fused kernel is registered only on Ascend)"
+    return KernelChoice(kernel, CPU_IMPL, cpu_kernels.OPS[kernel], why)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -18,9 +18,9 @@ import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 from mindspore.common.initializer import Normal, Zero, One, initializer
 
-from model_zoo import kernels
+from model_zoo import cpu_kernels, kernels
 from model_zoo.config import LlamaConfig
-from model_zoo.errors import ConfigError
+from model_zoo.errors import ConfigError, KernelError
 from model_zoo.kernels import KernelPlan
 
 _DTYPES = {"float32": ms.float32, "float16": ms.float16, "bfloat16": ms.bfloat16}
@@ -52,16 +52,70 @@ class Linear(nn.Cell):
         return ops.reshape(y, shape[:-1] + (self.out_features,))
 
 
+def cpu_library() -> str:
+    lib, why = cpu_kernels.status()
+    if lib is None:
+        raise KernelError(f"port's CPU kernels are unavailable: {why}")
+    return lib
+
+
+class CpuRmsNorm(nn.Cell):
+    """``(x, weight) -> weight * (x * rsqrt(mean(x^2) + eps))`` in float32 through port's C++ kernel
+    (:mod:`model_zoo.cpu_kernels`); the backward kernel is the Custom op's bprop."""
+
+    def __init__(self, eps: float):
+        super().__init__()
+        lib = cpu_library()
+        self.eps = Tensor([eps], ms.float32)
+        backward = ops.Custom(f"{lib}:RmsNormBackward", func_type="aot",
+                              out_shape=lambda x, w, rstd, dy: (x, w), out_dtype=lambda x, w, rstd, dy: (x, w))
+
+        def bprop(x, w, eps, out, dout):
+            dx, dw = backward(x, w, out[1], dout[0])
+            return dx, dw, ops.zeros_like(eps)
+
+        # Outputs: the normalised x and 1/rms per row, kept for the backward.
+        self.forward = ops.Custom(f"{lib}:RmsNormForward", func_type="aot",
+                                  out_shape=lambda x, w, eps: (x, x[:-1]), out_dtype=lambda x, w, eps: (x, x),
+                                  bprop=bprop)
+
+    def construct(self, x: Tensor, weight: Tensor) -> Tensor:
+        return self.forward(x, weight, self.eps)[0]
+
+
+class CpuRope(nn.Cell):
+    """``(x, cos, sin) -> x*cos + rotate_half(x)*sin`` for x (B, N, S, D), cos/sin (S, D) in float32 through
+    port's C++ kernel (:mod:`model_zoo.cpu_kernels`); the backward applies the transposed rotation."""
+
+    def __init__(self):
+        super().__init__()
+        lib = cpu_library()
+        backward = ops.Custom(f"{lib}:RopeBackward", func_type="aot",
+                              out_shape=lambda dy, cos, sin: dy, out_dtype=lambda dy, cos, sin: dy)
+
+        def bprop(x, cos, sin, out, dout):
+            return backward(dout, cos, sin), ops.zeros_like(cos), ops.zeros_like(sin)
+
+        self.forward = ops.Custom(f"{lib}:RopeForward", func_type="aot", out_shape=lambda x, cos, sin: x,
+                                  out_dtype=lambda x, cos, sin: x, bprop=bprop)
+
+    def construct(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        return self.forward(x, cos, sin)
+
+
 class RMSNorm(nn.Cell):
-    def __init__(self, dim: int, eps: float, param_dtype: ms.Type, fused: bool):
+    def __init__(self, dim: int, eps: float, param_dtype: ms.Type, impl: str):
         super().__init__()
         self.weight = Parameter(initializer(One(), (dim,), param_dtype), name="weight")
         self.eps = eps
-        self.fused = fused
+        self.fused = impl == "fused"
+        self.cpu = CpuRmsNorm(eps) if impl == kernels.CPU_IMPL else None
 
     def construct(self, x: Tensor) -> Tensor:
         if self.fused:
             return kernels_fused_rms_norm(x, self.weight, self.eps)
+        if self.cpu is not None and x.dtype == ms.float32 and self.weight.dtype == ms.float32:
+            return self.cpu(x, self.weight)
         dtype = x.dtype
         xf = ops.cast(x, ms.float32)
         var = ops.mean(ops.square(xf), -1, keep_dims=True)
@@ -140,6 +194,30 @@ def _causal_mask_tensor() -> Tensor:
     return _MASK[0]
 
 
+class CpuCausalAttention(nn.Cell):
+    """``(q, k, v) -> out`` through port's C++ kernel (:mod:`model_zoo.cpu_kernels`): q (B, N, S, D),
+    k/v (B, G, S, D) float32 with N % G == 0, queries and keys of equal length, scale 1/sqrt(D).
+    Differentiable in PyNative and graph mode (the backward kernel is the Custom op's bprop)."""
+
+    def __init__(self):
+        super().__init__()
+        lib = cpu_library()
+        backward = ops.Custom(f"{lib}:CausalAttentionBackward", func_type="aot",
+                              out_shape=lambda q, k, v, o, lse, do: (q, k, v),
+                              out_dtype=lambda q, k, v, o, lse, do: (q, k, v))
+
+        def bprop(q, k, v, out, dout):
+            return backward(q, k, v, out[0], out[1], dout[0])
+
+        # Outputs: attention (B, N, S, D) and the per-row log-sum-exp (B, N, S) kept for the backward.
+        self.forward = ops.Custom(f"{lib}:CausalAttentionForward", func_type="aot",
+                                  out_shape=lambda q, k, v: (q, q[:3]), out_dtype=lambda q, k, v: (q, q),
+                                  bprop=bprop)
+
+    def construct(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        return self.forward(q, k, v)[0]
+
+
 class Attention(nn.Cell):
     def __init__(self, cfg: LlamaConfig, plan: KernelPlan, param_dtype: ms.Type, compute_dtype: ms.Type):
         super().__init__()
@@ -150,7 +228,9 @@ class Attention(nn.Cell):
         self.n_rep = self.n_heads // self.n_kv
         self.scale = float(self.head_dim) ** -0.5
         self.fused_attention = plan.attention.fused
+        self.cpu_attention = CpuCausalAttention() if plan.attention.impl == kernels.CPU_IMPL else None
         self.fused_rope = plan.rope.fused
+        self.cpu_rope = CpuRope() if plan.rope.impl == kernels.CPU_IMPL else None
         self.wq = Linear(h, cfg.q_size, cfg.qkv_bias, param_dtype, compute_dtype)
         self.wk = Linear(h, cfg.kv_size, cfg.qkv_bias, param_dtype, compute_dtype)
         self.wv = Linear(h, cfg.kv_size, cfg.qkv_bias, param_dtype, compute_dtype)
@@ -160,16 +240,23 @@ class Attention(nn.Cell):
         b, s, _ = x.shape
         return ops.transpose(ops.reshape(x, (b, s, n, self.head_dim)), (0, 2, 1, 3))
 
+    def _rope(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        if self.cpu_rope is not None and x.dtype == ms.float32:
+            return self.cpu_rope(x, cos, sin)
+        return apply_rope(x, cos, sin, self.fused_rope)
+
     def project(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        q = apply_rope(self._heads(self.wq(x), self.n_heads), cos, sin, self.fused_rope)
-        k = apply_rope(self._heads(self.wk(x), self.n_kv), cos, sin, self.fused_rope)
+        q = self._rope(self._heads(self.wq(x), self.n_heads), cos, sin)
+        k = self._rope(self._heads(self.wk(x), self.n_kv), cos, sin)
         v = self._heads(self.wv(x), self.n_kv)
         return q, k, v
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, q_offset: int) -> Tensor:
         if self.fused_attention:
             out = fused_attention(q, k, v, self.n_heads)
-        else:
+        elif self.cpu_attention is not None and q_offset == 0 and q.shape[2] == k.shape[2]:
+            out = self.cpu_attention(q, k, v)
+        else:  # also the KV-cache path of the CPU kernel's models: queries shorter than keys
             out = reference_attention(q, k, v, self.scale, self.n_rep, q_offset)
         b, n, s, d = out.shape
         return self.wo(ops.reshape(ops.transpose(out, (0, 2, 1, 3)), (b, s, n * d)))
@@ -196,10 +283,10 @@ class FeedForward(nn.Cell):
 class DecoderLayer(nn.Cell):
     def __init__(self, cfg: LlamaConfig, plan: KernelPlan, param_dtype: ms.Type, compute_dtype: ms.Type):
         super().__init__()
-        fused_norm = plan.rmsnorm.fused
-        self.attention_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, param_dtype, fused_norm)
+        norm = plan.rmsnorm.impl
+        self.attention_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, param_dtype, norm)
         self.attention = Attention(cfg, plan, param_dtype, compute_dtype)
-        self.ffn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, param_dtype, fused_norm)
+        self.ffn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, param_dtype, norm)
         self.feed_forward = FeedForward(cfg, param_dtype, compute_dtype)
 
     def construct(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
@@ -223,7 +310,7 @@ class LlamaModel(nn.Cell):
         self.tok_embeddings = Embedding(cfg.vocab_size, cfg.hidden_size, param_dtype, compute_dtype)
         self.layers = nn.CellList([DecoderLayer(cfg, plan, param_dtype, compute_dtype)
                                    for _ in range(cfg.num_hidden_layers)])
-        self.norm_out = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, param_dtype, plan.rmsnorm.fused)
+        self.norm_out = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, param_dtype, plan.rmsnorm.impl)
 
     def construct(self, ids: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
         x = self.tok_embeddings(ids)

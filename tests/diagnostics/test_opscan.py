@@ -136,7 +136,9 @@ def test_zoo_report_per_device():
     assert all(r["impl"] == "fused" for r in d7["rows"]) and len(d7["rows"]) == 32 * 3 + 1
     assert "flash_attention_score" in d7["rows"][0]["op"]
     cpu = opscan.zoo_report("llama-7b", device="CPU")
+    # llama-7b computes in bfloat16: port's float32 CPU kernels are not used, and the reason says so.
     assert all(r["impl"] == "reference" and "only on Ascend" in r["reason"] for r in cpu["rows"])
+    assert "CPU kernel takes float32, the compute dtype is bfloat16" in cpu["rows"][0]["reason"]
     r = invoke("zoo", "--hf", "llama-7b", "--device", "Ascend", "--json")
     assert r.exit_code == 0 and json.loads(r.output)["layers"] == 32
     r = invoke("zoo", "--hf", "stories260k", "--device", "Ascend")

@@ -200,7 +200,10 @@ def test_end_to_end_real_port_train_run(tmp_path):
     assert rows["run at 1 device"]["status"] == "pass" and "finished" in rows["run at 1 device"]["value"]
     assert rows["checkpoints"]["status"] == "pass" and rows["HF export"]["status"] == "pass"
     assert rows["torch_npu coverage (port ops scan)"]["status"] == "pass"
-    assert "on CPU (float32): attention=reference" in rows["MindSpore kernel plan"]["value"]
+    from model_zoo import cpu_kernels
+
+    impl = "cpu" if cpu_kernels.available() else "reference"
+    assert f"on CPU (float32): attention={impl}, rope={impl}, rmsnorm={impl}" in rows["MindSpore kernel plan"]["value"]
     assert rows["log diagnosis (port diagnose)"]["status"] == "pass"
     assert rows["peak memory by phase (plan estimate)"]["status"] == "pass"
     assert "tokens/s" in rows["throughput (steady)"]["value"]

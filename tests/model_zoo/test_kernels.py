@@ -7,19 +7,28 @@ import pytest
 
 import mindspore as ms
 
-from model_zoo import LlamaConfig, build, kernels
+from model_zoo import LlamaConfig, build, cpu_kernels, kernels
 from model_zoo import llama as llama_mod
 from model_zoo.errors import KernelError
 from tests.npu_models import NUMPY_KERNELS, KernelContractError, np_flash_attention_score
+
+# What float32 CPU models run: port's C++ kernels where a compiler built them (as on CI), else reference.
+CPU = "cpu" if cpu_kernels.available() else "reference"
 
 CFG = LlamaConfig(vocab_size=96, hidden_size=128, intermediate_size=160, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
 
 
 def test_cpu_picks_reference_and_says_why():
+    # In float32 every kernel gets port's C++ CPU kernel (tests/model_zoo/test_cpu_kernels.py); in half
+    # precision, and on GPU, the reference path.
     plan = kernels.select_kernels(CFG, device="CPU")
-    assert [c.impl for c in plan.choices()] == ["reference"] * 3
+    assert [c.impl for c in plan.choices()] == [CPU] * 3
     assert all("registered only on Ascend" in c.reason for c in plan.choices())
+    half = kernels.select_kernels(CFG, device="CPU", compute_dtype="bfloat16")
+    assert [c.impl for c in half.choices()] == ["reference"] * 3
+    gpu = kernels.select_kernels(CFG, device="GPU")
+    assert [c.impl for c in gpu.choices()] == ["reference"] * 3
 
 
 def test_ascend_picks_fused_within_documented_constraints():
@@ -120,7 +129,7 @@ def test_kernel_report_names_every_layer():
     rows = m.kernel_report()
     assert len(rows) == CFG.num_hidden_layers * 3 + 1
     assert {r["kernel"] for r in rows} == {"attention", "rope", "rmsnorm"}
-    assert all(r["impl"] == "reference" and r["reason"] for r in rows)
+    assert all(r["impl"] == CPU and r["reason"] for r in rows)
 
 
 @pytest.mark.npu

@@ -1,0 +1,248 @@
+// Causal self-attention for the CPU, forward and backward, as MindSpore AOT custom kernels.
+//
+// Why: on the CPU the reference attention (BatchMatMul + mask + softmax + BatchMatMul) materialises
+// the full float32 B x N x S x S score tensor several times forward and backward and was ~70% of a
+// training step. These kernels hold one block of score rows per thread; the backward pass recomputes
+// the probabilities from the saved log-sum-exp, as flash attention does.
+//
+// Layout BNSD, float32 only. q: (B, N, S, D); k, v: (B, G, S, D) with N % G == 0 (grouped-query
+// attention without repeating k/v); query i attends to keys 0..i; scale = 1/sqrt(D).
+// Forward outputs: o (B, N, S, D), lse (B, N, S) = log(sum_j exp(scale * q_i . k_j)).
+// Backward inputs: q, k, v, o, lse, do; outputs: dq, dk, dv.
+// ABI: int f(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
+//            void *stream, void *extra) -- inputs first, then outputs; 0 means success.
+//
+// Work is done on blocks of R query rows with register-blocked loops (fixed R and vector width W, so
+// the compiler keeps the accumulators in registers):
+//   scores   C[r][j]  = sum_c A[r][c] * BT[c][j]      (A = q or do; BT = k or v transposed, padded)
+//   outputs  O[r][c]  = sum_j P[r][j] * M[j][c]       (M = v or k, row-major)
+//   grads    G[j][c] += sum_r P[r][j] * X[r][c]       (G = dk or dv, X = q or do)
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "cpu_common.h"
+
+namespace {
+
+using port_cpu::all_float32;
+using port_cpu::parallel_for;
+
+constexpr int64_t R = 8;   // query rows per block
+constexpr int64_t JW = 16; // key columns per register tile (one 512-bit vector of floats)
+
+struct Dims {
+  int64_t b, n, g, s, d;
+};
+
+// Shapes are checked here as well as in Python: a wrong call must fail, not read out of bounds.
+bool read_dims(int nparam, int *ndims, int64_t **shapes, Dims *out) {
+  if (nparam < 3 || ndims[0] != 4 || ndims[1] != 4 || ndims[2] != 4) return false;
+  const int64_t *q = shapes[0], *k = shapes[1], *v = shapes[2];
+  Dims d{q[0], q[1], k[1], q[2], q[3]};
+  if (k[0] != d.b || v[0] != d.b || v[1] != d.g || k[2] != d.s || v[2] != d.s || k[3] != d.d || v[3] != d.d)
+    return false;
+  if (d.g <= 0 || d.n % d.g != 0 || d.s <= 0 || d.d <= 0) return false;
+  *out = d;
+  return true;
+}
+
+inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+// dst (D, ld) = transpose of src (S, D); columns S..ld stay zero.
+void transpose_pad(const float *src, float *dst, int64_t s, int64_t d, int64_t ld) {
+  for (int64_t i = 0; i < s; ++i)
+    for (int64_t c = 0; c < d; ++c) dst[c * ld + i] = src[i * d + c];
+}
+
+// Explicit vectors (GCC/Clang vector extensions): left to itself the compiler vectorises these tiles
+// across rows and shuffles, several times slower. Loads and stores go through memcpy: unaligned-safe.
+typedef float vec16 __attribute__((vector_size(64)));
+typedef float vec8 __attribute__((vector_size(32)));
+typedef float vec1 __attribute__((vector_size(4)));
+
+template <typename V>
+inline V load(const float *p) {
+  V v;
+  std::memcpy(&v, p, sizeof(V));
+  return v;
+}
+template <typename V>
+inline void store(float *p, V v) { std::memcpy(p, &v, sizeof(V)); }
+
+// C[r][j0 .. j0+16) = sum_c A[r][c] * BT[c][j0 .. j0+16), r < R.
+inline void tile_scores(const float *A, int64_t d, const float *BT, int64_t ldb, int64_t j0, float *C,
+                        int64_t ldc) {
+  vec16 acc[R] = {};
+  for (int64_t c = 0; c < d; ++c) {
+    const vec16 b = load<vec16>(BT + c * ldb + j0);
+    for (int64_t r = 0; r < R; ++r) acc[r] += A[r * d + c] * b;
+  }
+  for (int64_t r = 0; r < R; ++r) store(C + r * ldc + j0, acc[r]);
+}
+
+// O[r][c0 .. c0+W) = sum_{j < n} P[r][j] * M[j][c0 .. c0+W), r < R; V is a vector of W floats.
+template <typename V>
+inline void tile_outputs(const float *P, int64_t ldp, const float *M, int64_t d, int64_t n, int64_t c0,
+                         float *O) {
+  V acc[R] = {};
+  for (int64_t j = 0; j < n; ++j) {
+    const V m = load<V>(M + j * d + c0);
+    for (int64_t r = 0; r < R; ++r) acc[r] += P[r * ldp + j] * m;
+  }
+  for (int64_t r = 0; r < R; ++r) store(O + r * d + c0, acc[r]);
+}
+
+// G[j][c0 .. c0+W) += sum_r P[r][j] * X[r][c0 .. c0+W), j < n.
+template <typename V>
+inline void tile_grads(const float *P, int64_t ldp, const float *X, int64_t d, int64_t n, int64_t c0,
+                       float *G) {
+  V x[R];
+  for (int64_t r = 0; r < R; ++r) x[r] = load<V>(X + r * d + c0);
+  for (int64_t j = 0; j < n; ++j) {
+    V g = load<V>(G + j * d + c0);
+    for (int64_t r = 0; r < R; ++r) g += P[r * ldp + j] * x[r];
+    store(G + j * d + c0, g);
+  }
+}
+
+// The two D-wide products over all of D, in the widest tile D allows.
+void outputs(const float *P, int64_t ldp, const float *M, int64_t d, int64_t n, float *O) {
+  int64_t c = 0;
+  for (; c + 16 <= d; c += 16) tile_outputs<vec16>(P, ldp, M, d, n, c, O);
+  for (; c + 8 <= d; c += 8) tile_outputs<vec8>(P, ldp, M, d, n, c, O);
+  for (; c < d; ++c) tile_outputs<vec1>(P, ldp, M, d, n, c, O);
+}
+
+void grads(const float *P, int64_t ldp, const float *X, int64_t d, int64_t n, float *G) {
+  int64_t c = 0;
+  for (; c + 16 <= d; c += 16) tile_grads<vec16>(P, ldp, X, d, n, c, G);
+  for (; c + 8 <= d; c += 8) tile_grads<vec8>(P, ldp, X, d, n, c, G);
+  for (; c < d; ++c) tile_grads<vec1>(P, ldp, X, d, n, c, G);
+}
+
+void scores(const float *A, int64_t d, const float *BT, int64_t ldb, int64_t npad, float *C) {
+  for (int64_t j0 = 0; j0 < npad; j0 += JW) tile_scores(A, d, BT, ldb, j0, C, ldb);
+}
+
+// Copy `rows` rows of src (row i0 on) into the R x d block dst, zero rows past the end.
+void load_rows(const float *src, int64_t i0, int64_t rows, int64_t d, float *dst) {
+  std::memcpy(dst, src + i0 * d, sizeof(float) * rows * d);
+  std::fill(dst + rows * d, dst + R * d, 0.0f);
+}
+
+}  // namespace
+
+extern "C" int CausalAttentionForward(int nparam, void **params, int *ndims, int64_t **shapes,
+                                      const char **dtypes, void *, void *) {
+  Dims dm;
+  if (nparam != 5 || !all_float32(nparam, dtypes) || !read_dims(nparam, ndims, shapes, &dm)) return 1;
+  const float *q = static_cast<const float *>(params[0]);
+  const float *k = static_cast<const float *>(params[1]);
+  const float *v = static_cast<const float *>(params[2]);
+  float *o = static_cast<float *>(params[3]);
+  float *lse = static_cast<float *>(params[4]);
+  const int64_t S = dm.s, D = dm.d, rep = dm.n / dm.g, tasks = dm.b * dm.n, L = round_up(S, JW);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+
+  parallel_for(tasks, [&](int64_t, int64_t first, int64_t last) {
+    std::vector<float> kt(D * L, 0.0f), p(R * L), qb(R * D), ob(R * D);
+    int64_t cached = -1;  // which (b, g) kt holds
+    for (int64_t t = first; t < last; ++t) {
+      const int64_t b = t / dm.n, h = t % dm.n, kv = b * dm.g + h / rep;
+      if (kv != cached) {
+        transpose_pad(k + kv * S * D, kt.data(), S, D, L);
+        cached = kv;
+      }
+      const float *vh = v + kv * S * D;
+      for (int64_t i0 = 0; i0 < S; i0 += R) {
+        const int64_t rows = std::min(R, S - i0), n = i0 + rows;
+        load_rows(q + t * S * D, i0, rows, D, qb.data());
+        scores(qb.data(), D, kt.data(), L, round_up(n, JW), p.data());
+        for (int64_t r = 0; r < R; ++r) {
+          float *pr = p.data() + r * L;
+          const int64_t valid = std::min(i0 + r + 1, n);
+          float m = pr[0];
+          for (int64_t j = 1; j < valid; ++j) m = std::max(m, pr[j]);
+          float sum = 0.0f;
+          for (int64_t j = 0; j < valid; ++j) {
+            pr[j] = std::exp((pr[j] - m) * scale);
+            sum += pr[j];
+          }
+          const float inv = 1.0f / sum;
+          for (int64_t j = 0; j < valid; ++j) pr[j] *= inv;
+          std::fill(pr + valid, pr + n, 0.0f);
+          if (r < rows) lse[t * S + i0 + r] = m * scale + std::log(sum);
+        }
+        outputs(p.data(), L, vh, D, n, ob.data());
+        std::memcpy(o + (t * S + i0) * D, ob.data(), sizeof(float) * rows * D);
+      }
+    }
+  });
+  return 0;
+}
+
+extern "C" int CausalAttentionBackward(int nparam, void **params, int *ndims, int64_t **shapes,
+                                       const char **dtypes, void *, void *) {
+  Dims dm;
+  if (nparam != 9 || !all_float32(nparam, dtypes) || !read_dims(nparam, ndims, shapes, &dm)) return 1;
+  const float *q = static_cast<const float *>(params[0]);
+  const float *k = static_cast<const float *>(params[1]);
+  const float *v = static_cast<const float *>(params[2]);
+  const float *o = static_cast<const float *>(params[3]);
+  const float *lse = static_cast<const float *>(params[4]);
+  const float *dout = static_cast<const float *>(params[5]);
+  float *dq = static_cast<float *>(params[6]);
+  float *dk = static_cast<float *>(params[7]);
+  float *dv = static_cast<float *>(params[8]);
+  const int64_t S = dm.s, D = dm.d, rep = dm.n / dm.g, tasks = dm.b * dm.g, L = round_up(S, JW);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+
+  // One task per (batch, kv head): it owns dk/dv of that head, so no two threads write the same row.
+  parallel_for(tasks, [&](int64_t, int64_t first, int64_t last) {
+    std::vector<float> kt(D * L, 0.0f), vt(D * L, 0.0f), p(R * L), dp(R * L), qb(R * D), dob(R * D), dqb(R * D);
+    for (int64_t t = first; t < last; ++t) {
+      const int64_t b = t / dm.g, gi = t % dm.g;
+      const float *kh = k + t * S * D, *vh = v + t * S * D;
+      float *dkh = dk + t * S * D, *dvh = dv + t * S * D;
+      transpose_pad(kh, kt.data(), S, D, L);
+      transpose_pad(vh, vt.data(), S, D, L);
+      std::fill(dkh, dkh + S * D, 0.0f);
+      std::fill(dvh, dvh + S * D, 0.0f);
+      for (int64_t hr = 0; hr < rep; ++hr) {
+        const int64_t h = b * dm.n + gi * rep + hr;
+        const float *qh = q + h * S * D, *oh = o + h * S * D, *doh = dout + h * S * D, *lh = lse + h * S;
+        for (int64_t i0 = 0; i0 < S; i0 += R) {
+          const int64_t rows = std::min(R, S - i0), n = i0 + rows, npad = round_up(n, JW);
+          load_rows(qh, i0, rows, D, qb.data());
+          load_rows(doh, i0, rows, D, dob.data());
+          scores(qb.data(), D, kt.data(), L, npad, p.data());
+          scores(dob.data(), D, vt.data(), L, npad, dp.data());
+          for (int64_t r = 0; r < R; ++r) {
+            float *pr = p.data() + r * L, *dpr = dp.data() + r * L;
+            const int64_t valid = r < rows ? i0 + r + 1 : 0;
+            float delta = 0.0f, l = 0.0f;
+            if (r < rows) {
+              const float *orow = oh + (i0 + r) * D, *dorow = dob.data() + r * D;
+              for (int64_t c = 0; c < D; ++c) delta += dorow[c] * orow[c];
+              l = lh[i0 + r];
+            }
+            for (int64_t j = 0; j < valid; ++j) {
+              pr[j] = std::exp(pr[j] * scale - l);
+              dpr[j] = pr[j] * (dpr[j] - delta) * scale;  // dS, the gradient of the raw score q.k
+            }
+            std::fill(pr + valid, pr + n, 0.0f);
+            std::fill(dpr + valid, dpr + n, 0.0f);
+          }
+          outputs(dp.data(), L, kh, D, n, dqb.data());
+          std::memcpy(dq + (h * S + i0) * D, dqb.data(), sizeof(float) * rows * D);
+          grads(dp.data(), L, qb.data(), D, n, dkh);
+          grads(p.data(), L, dob.data(), D, n, dvh);
+        }
+      }
+    }
+  });
+  return 0;
+}
