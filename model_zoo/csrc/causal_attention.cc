@@ -72,27 +72,18 @@ inline V load(const float *p) {
 template <typename V>
 inline void store(float *p, V v) { std::memcpy(p, &v, sizeof(V)); }
 
-// C[r][j0 .. j0+16) = sum_c A[r][c] * BT[c][j0 .. j0+16), r < R.
-inline void tile_scores(const float *A, int64_t d, const float *BT, int64_t ldb, int64_t j0, float *C,
-                        int64_t ldc) {
-  vec16 acc[R] = {};
-  for (int64_t c = 0; c < d; ++c) {
-    const vec16 b = load<vec16>(BT + c * ldb + j0);
-    for (int64_t r = 0; r < R; ++r) acc[r] += A[r * d + c] * b;
-  }
-  for (int64_t r = 0; r < R; ++r) store(C + r * ldc + j0, acc[r]);
-}
-
-// O[r][c0 .. c0+W) = sum_{j < n} P[r][j] * M[j][c0 .. c0+W), r < R; V is a vector of W floats.
+// C[r][0 .. W) = sum_{i < k} A[r][i] * B[i][0 .. W), r < R; V is a vector of W floats, A, B and C have
+// leading dimensions lda, ldb, ldc. Both products with row outputs use it: scores (A = q block,
+// B = k transposed, k = D) and outputs (A = probabilities, B = v or k rows, k = keys seen).
 template <typename V>
-inline void tile_outputs(const float *P, int64_t ldp, const float *M, int64_t d, int64_t n, int64_t c0,
-                         float *O) {
+inline void tile_gemm(const float *A, int64_t lda, const float *B, int64_t ldb, int64_t k, float *C,
+                      int64_t ldc) {
   V acc[R] = {};
-  for (int64_t j = 0; j < n; ++j) {
-    const V m = load<V>(M + j * d + c0);
-    for (int64_t r = 0; r < R; ++r) acc[r] += P[r * ldp + j] * m;
+  for (int64_t i = 0; i < k; ++i) {
+    const V b = load<V>(B + i * ldb);
+    for (int64_t r = 0; r < R; ++r) acc[r] += A[r * lda + i] * b;
   }
-  for (int64_t r = 0; r < R; ++r) store(O + r * d + c0, acc[r]);
+  for (int64_t r = 0; r < R; ++r) store(C + r * ldc, acc[r]);
 }
 
 // G[j][c0 .. c0+W) += sum_r P[r][j] * X[r][c0 .. c0+W), j < n.
@@ -111,9 +102,9 @@ inline void tile_grads(const float *P, int64_t ldp, const float *X, int64_t d, i
 // The two D-wide products over all of D, in the widest tile D allows.
 void outputs(const float *P, int64_t ldp, const float *M, int64_t d, int64_t n, float *O) {
   int64_t c = 0;
-  for (; c + 16 <= d; c += 16) tile_outputs<vec16>(P, ldp, M, d, n, c, O);
-  for (; c + 8 <= d; c += 8) tile_outputs<vec8>(P, ldp, M, d, n, c, O);
-  for (; c < d; ++c) tile_outputs<vec1>(P, ldp, M, d, n, c, O);
+  for (; c + 16 <= d; c += 16) tile_gemm<vec16>(P, ldp, M + c, d, n, O + c, d);
+  for (; c + 8 <= d; c += 8) tile_gemm<vec8>(P, ldp, M + c, d, n, O + c, d);
+  for (; c < d; ++c) tile_gemm<vec1>(P, ldp, M + c, d, n, O + c, d);
 }
 
 void grads(const float *P, int64_t ldp, const float *X, int64_t d, int64_t n, float *G) {
@@ -124,7 +115,7 @@ void grads(const float *P, int64_t ldp, const float *X, int64_t d, int64_t n, fl
 }
 
 void scores(const float *A, int64_t d, const float *BT, int64_t ldb, int64_t npad, float *C) {
-  for (int64_t j0 = 0; j0 < npad; j0 += JW) tile_scores(A, d, BT, ldb, j0, C, ldb);
+  for (int64_t j0 = 0; j0 < npad; j0 += JW) tile_gemm<vec16>(A, d, BT + j0, ldb, d, C + j0, ldb);
 }
 
 // Copy `rows` rows of src (row i0 on) into the R x d block dst, zero rows past the end.

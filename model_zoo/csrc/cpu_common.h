@@ -30,12 +30,15 @@ inline int64_t thread_count() {
   return std::max(1u, std::thread::hardware_concurrency());
 }
 
+// How many workers parallel_for uses for `tasks` tasks (callers size per-worker buffers with it).
+inline int64_t worker_count(int64_t tasks) { return std::min(tasks, thread_count()); }
+
 // Runs body(worker, first, last) over [0, tasks) in contiguous chunks, the calling thread taking the
 // first. Plain threads started per call and joined, not OpenMP: an OpenMP pool spins after each
 // region and starved MindSpore's own CPU thread pool (a training step ran 1.6x slower).
 template <typename F>
 inline void parallel_for(int64_t tasks, F body) {
-  const int64_t workers = std::min(tasks, thread_count());
+  const int64_t workers = worker_count(tasks);
   std::vector<std::thread> pool;
   pool.reserve(workers > 0 ? workers - 1 : 0);
   for (int64_t w = 1; w < workers; ++w)

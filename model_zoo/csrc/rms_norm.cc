@@ -61,7 +61,7 @@ extern "C" int RmsNormBackward(int nparam, void **params, int *ndims, int64_t **
   float *dw = static_cast<float *>(params[5]);
   // Each worker sums its rows' weight gradient apart; the partial sums are added in worker order, so
   // the result depends only on the thread count.
-  const int64_t workers = std::min<int64_t>(rows, port_cpu::thread_count());
+  const int64_t workers = port_cpu::worker_count(rows);
   std::vector<float> partial(static_cast<size_t>(std::max<int64_t>(workers, 1) * h), 0.0f);
   port_cpu::parallel_for(rows, [&](int64_t worker, int64_t first, int64_t last) {
     float *dwp = partial.data() + worker * h;
