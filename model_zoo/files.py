@@ -1,0 +1,139 @@
+"""Reading and writing small files the one way the whole project does it.
+
+* ``read_text`` / ``read_json`` / ``read_json_object``: bounded in size and nesting depth, decoded as
+  UTF-8, and every failure is one ``PortingError`` line that names the file and says how to fix it
+  (never a ``UnicodeDecodeError``, ``RecursionError`` or ``MemoryError`` traceback).
+* ``write_atomic``: a file appears whole or not at all (temporary file in the same directory, fsync,
+  ``os.replace``). The old file stays in place until the new one is complete.
+* ``sha256_file``: the digest of a whole file, streamed.
+
+It lives in the lowest package so that ``model_zoo``, ``converters`` and ``porting`` share it while
+imports keep going one way. Whole output *directories* are staged by ``converters.atomic``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from model_zoo.errors import PortingError
+
+MAX_JSON_BYTES = 64 << 20     # config.json, manifests, rank tables, run records: far below this
+MAX_JSON_DEPTH = 64           # the deepest real document here (a rank table) nests 6 levels
+
+
+def read_text(path: str | Path, *, what: str = "file", max_bytes: int = MAX_JSON_BYTES,
+              error: type[PortingError] = PortingError) -> str:
+    """The text of a regular file, refused (one line) when missing, too large, not a regular file, or
+    not UTF-8."""
+    p = Path(path)
+    try:
+        st = p.stat()
+    except FileNotFoundError:
+        raise error(f"{p}: {what} not found; check the path") from None
+    except OSError as e:
+        raise error(f"{p}: cannot read the {what} ({e.strerror}); check the path and its permissions") from None
+    if not p.is_file():
+        raise error(f"{p}: expected a regular file for the {what}, found something else (a directory, FIFO or "
+                    "device); pass the file itself")
+    if st.st_size > max_bytes:
+        raise error(f"{p}: the {what} is {st.st_size:,} bytes, more than the {max_bytes:,} allowed; "
+                    f"this is not a {what} port can read")
+    try:
+        with open(p, "rb") as f:
+            raw = f.read(max_bytes + 1)
+    except OSError as e:
+        raise error(f"{p}: cannot read the {what} ({e.strerror}); check its permissions") from None
+    if len(raw) > max_bytes:
+        raise error(f"{p}: the {what} grew past {max_bytes:,} bytes while being read")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise error(f"{p}: the {what} is not valid UTF-8 (byte 0x{raw[e.start]:02x} at offset {e.start}); "
+                    "save it as UTF-8") from None
+
+
+def json_depth(value: Any, limit: int) -> int:
+    """Nesting depth of a parsed JSON value, counted iteratively and stopping once past ``limit``."""
+    deepest = 0
+    stack = [(value, 1)]
+    while stack:
+        v, d = stack.pop()
+        if isinstance(v, (dict, list)):
+            deepest = max(deepest, d)
+            if deepest > limit:
+                return deepest
+            stack.extend((c, d + 1) for c in (v.values() if isinstance(v, dict) else v))
+    return deepest
+
+
+def parse_json(text: str, *, where: str, what: str = "JSON", max_depth: int = MAX_JSON_DEPTH,
+               error: type[PortingError] = PortingError) -> Any:
+    """``json.loads`` with a depth bound and one-line errors; ``where`` names the file (and row)."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise error(f"{where}: invalid {what} at line {e.lineno} column {e.colno} ({e.msg}); fix the syntax") from None
+    except RecursionError:
+        raise error(f"{where}: the {what} nests deeper than {max_depth} levels; this is not a {what} port "
+                    "can read") from None
+    if json_depth(value, max_depth) > max_depth:
+        raise error(f"{where}: the {what} nests deeper than {max_depth} levels; this is not a {what} port can read")
+    return value
+
+
+def read_json(path: str | Path, *, what: str = "JSON file", max_bytes: int = MAX_JSON_BYTES,
+              max_depth: int = MAX_JSON_DEPTH, error: type[PortingError] = PortingError) -> Any:
+    """A JSON document from a file, bounded in size and depth, with one-line errors."""
+    text = read_text(path, what=what, max_bytes=max_bytes, error=error)
+    return parse_json(text, where=str(path), what=what, max_depth=max_depth, error=error)
+
+
+def read_json_object(path: str | Path, *, what: str = "JSON file", max_bytes: int = MAX_JSON_BYTES,
+                     max_depth: int = MAX_JSON_DEPTH, error: type[PortingError] = PortingError) -> dict:
+    """Like ``read_json``, and the top level must be an object."""
+    value = read_json(path, what=what, max_bytes=max_bytes, max_depth=max_depth, error=error)
+    if not isinstance(value, dict):
+        raise error(f"{path}: expected a JSON object at the top level of the {what}, found "
+                    f"{type(value).__name__}")
+    return value
+
+
+def write_atomic(path: str | Path, data: bytes | str, *, error: type[PortingError] = PortingError) -> None:
+    """Write ``data`` to ``path`` so that readers see the old file or the whole new one, never a part.
+
+    The temporary file sits in the destination directory (same filesystem, so the rename is atomic) and is
+    removed on any failure; the destination is never deleted first."""
+    p = Path(path)
+    raw = data.encode("utf-8") if isinstance(data, str) else data
+    tmp = None
+    try:
+        fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".port-tmp")
+        with os.fdopen(fd, "wb") as f:
+            f.write(raw)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, p)
+        tmp = None
+    except OSError as e:
+        raise error(f"{e.filename or p}: cannot write {p.name} ({e.strerror}); check that the directory exists, "
+                    "is writable and has free space") from None
+    finally:
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+
+
+def sha256_file(path: str | Path, chunk: int = 1 << 22) -> str:
+    """sha256 of a whole file, streamed."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
