@@ -18,7 +18,7 @@ def test_reads_an_object(tmp_path):
 
 @pytest.mark.parametrize("content, words", [
     (b"\xff\xfe{\x00}\x00", "not valid UTF-8"),
-    (b"{\"a\": ", "invalid JSON at line 1"),
+    (b"{\"a\": ", "invalid config.json at line 1"),
     (b"[" * 100_000 + b"]" * 100_000, "nests deeper than"),
     (b"[" * 70 + b"]" * 70, "nests deeper than 64"),
 ])
