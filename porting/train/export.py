@@ -1,6 +1,12 @@
-"""HF export of a trained model: model.safetensors + config.json + tokenizer files, written atomically.
+"""HF export of a trained model: the final training checkpoint, converted by the converters.
 
-One swappable function (:func:`export_hf`); the converters' streaming writer can replace its body.
+The export is the same conversion `port convert --ms` does (``converters.convert.ms_to_hf``: the
+name-map registry, the coverage and shape checks, the staged output directory and
+``port_manifest.json`` with every tensor's sha256 and the source checkpoint's digest), so `port
+verify` checks it like any other conversion. Its source is the run's last checkpoint
+(``checkpoints/step_<N>/train_state.ckpt``; rank 0's file of a sharded run, which holds every model
+parameter): AdamW moments in it are skipped by name (``converters.names.IGNORED_MS_PREFIXES``) and
+listed in the manifest.
 """
 
 from __future__ import annotations
@@ -10,41 +16,55 @@ import os
 import shutil
 from pathlib import Path
 
-import numpy as np
-
-from converters import names
 from model_zoo.errors import CheckpointError
 
+STAGED_WEIGHTS = "model.ckpt"   # the converter names its output after it: model.safetensors
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "special_tokens_map.json",
                    "generation_config.json")
 
 
-def export_hf(model, tokenizer_dir: str | Path, out_dir: str | Path) -> Path:
-    """Write ``model`` (a zoo LlamaForCausalLM) as an HF directory at ``out_dir``."""
-    from safetensors.numpy import save_file
-
-    out = Path(out_dir)
-    tmp = out.with_name(f".tmp_{out.name}_{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    cfg = model.config
-    state: dict[str, np.ndarray] = {}
-    for p in model.get_parameters():
-        hf = names.map_name(p.name, names.LLAMA_MS_TO_HF)
-        if hf is None:
-            raise CheckpointError(f"export: parameter {p.name} has no HF name in converters.names")
-        state[hf] = np.ascontiguousarray(p.asnumpy())
+def _link_or_copy(src: Path, dst: Path) -> None:
+    """A hard link costs nothing (same filesystem); a copy where links are not possible."""
     try:
-        tmp.mkdir(parents=True)
-        save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        (tmp / "config.json").write_text(json.dumps(cfg.to_hf(), indent=2))
-        for f in TOKENIZER_FILES:
-            src = Path(tokenizer_dir) / f
-            if src.is_file():
-                shutil.copyfile(src, tmp / f)
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    except OSError as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise CheckpointError(f"{out}: HF export failed ({exc}); the training checkpoints are intact") from None
+        os.link(src, dst)
+    except OSError:
+        shutil.copyfile(src, dst)
+
+
+def export_hf(checkpoint: str | Path, model_dir: str | Path, out_dir: str | Path, *,
+              command: list[str] | None = None) -> Path:
+    """Convert the training checkpoint directory ``checkpoint`` to an HF directory at ``out_dir``.
+
+    ``model_dir`` is the HF directory the run started from: its config.json describes the architecture
+    and its tokenizer files are carried over. ``out_dir`` is replaced (it is the run's own ``hf/``)."""
+    from converters.convert import ms_to_hf
+    from model_zoo.config import LlamaConfig
+    from porting.env import versions
+    from porting.train.checkpoint import WEIGHTS_FILE, shard_file
+
+    ckpt, model_dir, out = Path(checkpoint), Path(model_dir), Path(out_dir)
+    weights = next((ckpt / n for n in (WEIGHTS_FILE, shard_file(0, 2)) if (ckpt / n).is_file()), None)
+    if weights is None:
+        raise CheckpointError(f"{ckpt}: no {WEIGHTS_FILE} or {shard_file(0, 2)}; expected a complete "
+                              "`port train` checkpoint to export")
+    # The converter reads one MindSpore directory: the weights file, config.json and the tokenizer
+    # files, gathered (hard links) in a staging directory beside the output and removed afterwards.
+    stage = out.parent / f".{out.name}-source.port-tmp-{os.getpid()}"
+    shutil.rmtree(stage, ignore_errors=True)
+    try:
+        stage.mkdir(parents=True)
+        _link_or_copy(weights, stage / STAGED_WEIGHTS)
+        cfg = LlamaConfig.from_hf(model_dir)
+        (stage / "config.json").write_text(json.dumps(cfg.to_hf(), indent=2) + "\n")
+        for name in TOKENIZER_FILES:
+            if (model_dir / name).is_file():
+                _link_or_copy(model_dir / name, stage / name)
+    except OSError as e:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise CheckpointError(f"{e.filename or stage}: cannot prepare the HF export ({e.strerror}); the training "
+                              "checkpoints are intact") from None
+    try:
+        ms_to_hf(stage, out, force=True, versions=versions(), command=command)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
     return out

@@ -20,8 +20,10 @@ from pathlib import Path
 import numpy as np
 
 from model_zoo.errors import PortingError, RecipeError
+from porting import rundir
 from porting.train import checkpoint as ckpt
 from porting.train import data as data_mod
+from porting.train.recipe import Recipe
 from porting.train.schedule import lr_at
 
 
@@ -69,7 +71,7 @@ def rank_logger(run_dir: Path, rank: int, echo: bool) -> logging.Logger:
 
 
 # --------------------------------------------------------------------------- MindSpore setup
-def configure_mindspore(recipe, distributed: bool) -> None:
+def configure_mindspore(recipe: Recipe, distributed: bool) -> None:
     import mindspore as ms
 
     target = {"cpu": "CPU", "ascend": "Ascend"}[recipe.cluster.device]
@@ -94,7 +96,7 @@ def configure_mindspore(recipe, distributed: bool) -> None:
                                      device_num=recipe.world_size, comm_fusion=fusion)
 
 
-def build_model(recipe, model_dir: Path):
+def build_model(recipe: Recipe, model_dir: Path):
     from converters.loading import load_hf_dir
     from model_zoo.config import LlamaConfig
     from model_zoo.llama import build
@@ -144,7 +146,7 @@ class LossScaler:
 
 # --------------------------------------------------------------------------- the loop
 class Trainer:
-    def __init__(self, recipe, run_dir: Path, rank: int, world_size: int, model, tokenizer_dir: Path,
+    def __init__(self, recipe: Recipe, run_dir: Path, rank: int, world_size: int, model, tokenizer_dir: Path,
                  plan: data_mod.BatchPlan, log: logging.Logger):
         import mindspore as ms
         from mindspore import ParameterTuple
@@ -239,13 +241,7 @@ def _host_rss_gib() -> float | None:
         return None
 
 
-def write_json_atomic(path: Path, obj) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(json.dumps(obj, indent=2, default=str))
-    os.replace(tmp, path)
-
-
-def train(recipe, run_dir: str | Path, *, rank: int = 0, world_size: int = 1, resume: bool = False,
+def train(recipe: Recipe, run_dir: str | Path, *, rank: int = 0, world_size: int = 1, resume: bool = False,
           distributed: bool = False, command: list[str] | None = None, echo: bool = True) -> RunResult:
     """Run (or resume) the fine-tune of ``recipe`` on this rank; returns when the last step is done."""
     from porting.sources import resolve_hf
@@ -295,18 +291,16 @@ def train(recipe, run_dir: str | Path, *, rank: int = 0, world_size: int = 1, re
         from porting.env import versions
         from porting.train.recipe import recipe_dict
 
-        manifest = {"versions": versions(), "doctor": doctor_report(), "recipe": recipe_dict(recipe),
-                    "model": {"source": recipe.model.source, "dir": str(model_dir), "config": cfg.to_hf(),
-                              "parameters": cfg.num_parameters()},
-                    "data": rep.as_dict(), "bucketing": plan.describe(), "seed": recipe.seed,
-                    "world_size": world_size, "command": command or sys.argv,
-                    "started": _dt.datetime.now(_dt.timezone.utc).isoformat(), "resumed_from_step": start or None}
-        write_json_atomic(run_dir / ("manifest.json" if not resume else f"manifest_resume_{start}.json"), manifest)
-    metrics_path = run_dir / "metrics.jsonl"
-    if rank == 0:
-        keep_metrics(metrics_path, start)
-    metrics = open(metrics_path, "a") if rank == 0 else None
-    records: list[dict] = []
+        manifest = rundir.RunManifest(
+            recipe=recipe_dict(recipe), versions=versions(), doctor=doctor_report(),
+            model=rundir.ModelInfo(source=recipe.model.source, dir=str(model_dir), config=cfg.to_hf(),
+                                   parameters=cfg.num_parameters()),
+            data=rep.as_dict(), bucketing=plan.describe(), seed=recipe.seed, world_size=world_size,
+            command=tuple(command or sys.argv), started=_dt.datetime.now(_dt.timezone.utc).isoformat(),
+            resumed_from_step=start or None)
+        rundir.write_manifest(run_dir, manifest, resume_step=start if resume else 0)
+    metrics = rundir.MetricsWriter(run_dir, keep_through_step=start) if rank == 0 else None
+    records: list[rundir.StepRecord] = []
     last_loss = float("nan")
     last_good = ckpt.latest(ck_root)
     every = recipe.checkpointing.every_steps
@@ -325,41 +319,37 @@ def train(recipe, run_dir: str | Path, *, rank: int = 0, world_size: int = 1, re
                                       f"optimizer.grad_clip, or check the data")
             last_loss = r["loss"]
             global_tokens_per_s = step.global_real_tokens / r["step_time_s"] if r["step_time_s"] > 0 else 0.0
-            rec = {"step": step.index + 1, "epoch": step.epoch, "loss": r["loss"], "lr": lr,
-                   "grad_norm": r["grad_norm"], "tokens": step.global_real_tokens, "loss_tokens": step.global_tokens,
-                   "padded_tokens": step.global_padded_tokens,
-                   "tokens_per_s": round(global_tokens_per_s, 2), "step_time_s": round(r["step_time_s"], 5),
-                   "padding_fraction": round(step.padding_fraction, 5), "compile": r["compile"],
-                   "shapes": sorted({list(mb.shape)[1] for mb in step.micro_batches}),
-                   "loss_scale": trainer.scaler.scale, "skipped": not r["applied"]}
-            rss = _host_rss_gib()
-            if rss is not None:
-                rec["host_rss_gib"] = rss
+            rec = rundir.StepRecord(
+                step=step.index + 1, epoch=step.epoch, loss=r["loss"], lr=lr, grad_norm=r["grad_norm"],
+                tokens=step.global_real_tokens, loss_tokens=step.global_tokens,
+                padded_tokens=step.global_padded_tokens, tokens_per_s=round(global_tokens_per_s, 2),
+                step_time_s=round(r["step_time_s"], 5), padding_fraction=round(step.padding_fraction, 5),
+                compile=r["compile"], shapes=tuple(sorted({list(mb.shape)[1] for mb in step.micro_batches})),
+                loss_scale=trainer.scaler.scale, skipped=not r["applied"], host_rss_gib=_host_rss_gib())
             records.append(rec)
             if metrics is not None:
-                metrics.write(json.dumps(rec) + "\n")
-                metrics.flush()
+                metrics.step(rec)
             if (step.index + 1) % recipe.logging.every_steps == 0 or step.index + 1 == plan.total_steps:
-                log.info(f"step {rec['step']}/{plan.total_steps} loss {rec['loss']:.5f} lr {lr:.3e} grad_norm "
-                         f"{rec['grad_norm']:.4f} tokens/s {rec['tokens_per_s']:.0f} step {rec['step_time_s']:.3f}s "
-                         f"pad {rec['padding_fraction']:.3f}" + (" (compile)" if rec["compile"] else ""))
+                log.info(f"step {rec.step}/{plan.total_steps} loss {rec.loss:.5f} lr {lr:.3e} grad_norm "
+                         f"{rec.grad_norm:.4f} tokens/s {rec.tokens_per_s:.0f} step {rec.step_time_s:.3f}s "
+                         f"pad {rec.padding_fraction:.3f}" + (" (compile)" if rec.compile else ""))
             done = step.index + 1
             if (rank == 0 or trainer.shards > 1) and every and done % every == 0 and done < plan.total_steps:
                 path = trainer.save(ck_root, done)
                 last_good = (done, path)
                 log.info(f"checkpoint {path}")
         if (rank == 0 or trainer.shards > 1) and plan.total_steps > start:
-            path = trainer.save(ck_root, plan.total_steps)
-            log.info(f"checkpoint {path}")
+            final = trainer.save(ck_root, plan.total_steps)
+            log.info(f"checkpoint {final}")
         if rank == 0 and plan.total_steps > start:
             summary = summarize(records, trainer, plan)
-            metrics.write(json.dumps(summary) + "\n")
-            log.info(f"summary: {json.dumps(summary)}")
+            metrics.summary(summary)
+            log.info(f"summary: {json.dumps(summary.to_dict())}")
             if recipe.checkpointing.export_hf:
                 from porting.train.export import export_hf
 
-                out = export_hf(model, model_dir, run_dir / "hf")
-                log.info(f"HF export {out}")
+                out = export_hf(final, model_dir, run_dir / "hf", command=list(command or sys.argv))
+                log.info(f"HF export {out} (from {final}, with port_manifest.json)")
     except PortingError as exc:
         log.error(str(exc))
         raise
@@ -369,42 +359,23 @@ def train(recipe, run_dir: str | Path, *, rank: int = 0, world_size: int = 1, re
     return RunResult(run_dir, len(records), last_loss, trainer_graphs(trainer), len(trainer.shapes_seen))
 
 
-def keep_metrics(path: Path, start: int) -> None:
-    """A fresh run starts an empty metrics.jsonl; a resumed one keeps the steps up to its checkpoint
-    (a killed run may have logged steps after it, which are run again)."""
-    if not path.exists():
-        return
-    kept = []
-    if start:
-        for line in path.read_text().splitlines():
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                continue   # a line cut by the kill
-            if "step" in rec and rec["step"] <= start:
-                kept.append(line)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(k + "\n" for k in kept))
-    os.replace(tmp, path)
-
-
 def trainer_graphs(trainer: Trainer) -> int:
     from porting.train.engine import compiled_graphs
 
     return compiled_graphs(*trainer.cells)
 
 
-def summarize(records: list[dict], trainer: Trainer, plan: data_mod.BatchPlan) -> dict:
-    steady = [r for r in records if not r["compile"]]
-    comp = [r for r in records if r["compile"]]
-    med = float(np.median([r["step_time_s"] for r in steady])) if steady else 0.0
-    compile_time = sum(max(0.0, r["step_time_s"] - med) for r in comp)
-    st_time = sum(r["step_time_s"] for r in steady)
-    return {"event": "summary", "steps": len(records), "compile_steps": len(comp),
-            "compile_time_s": round(compile_time, 3),
-            "steady_tokens_per_s": round(sum(r["tokens"] for r in steady) / st_time, 2) if st_time else None,
-            "steady_step_time_s": round(med, 5) if steady else None,
-            "compiled_graphs": trainer_graphs(trainer), "shapes_seen": len(trainer.shapes_seen),
-            "bucket_shapes": len(plan.boundaries),
-            "padding_fraction": round(1 - sum(r["tokens"] for r in records) / max(1, sum(r["padded_tokens"] for r in records)), 5),
-            "final_loss": records[-1]["loss"] if records else None}
+def summarize(records: list[rundir.StepRecord], trainer: Trainer, plan: data_mod.BatchPlan) -> rundir.SummaryRecord:
+    steady = [r for r in records if not r.compile]
+    comp = [r for r in records if r.compile]
+    med = float(np.median([r.step_time_s for r in steady])) if steady else 0.0
+    compile_time = sum(max(0.0, r.step_time_s - med) for r in comp)
+    st_time = sum(r.step_time_s for r in steady)
+    padded = max(1, sum(r.padded_tokens for r in records))
+    return rundir.SummaryRecord(
+        steps=len(records), compile_steps=len(comp), compile_time_s=round(compile_time, 3),
+        steady_tokens_per_s=round(sum(r.tokens for r in steady) / st_time, 2) if st_time else None,
+        steady_step_time_s=round(med, 5) if steady else None, compiled_graphs=trainer_graphs(trainer),
+        shapes_seen=len(trainer.shapes_seen), bucket_shapes=len(plan.boundaries),
+        padding_fraction=round(1 - sum(r.tokens for r in records) / padded, 5),
+        final_loss=records[-1].loss if records else None)

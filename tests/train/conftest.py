@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import subprocess
@@ -40,14 +39,13 @@ def free_port() -> int:
 
 
 def metrics(run_dir: Path) -> tuple[list[dict], dict | None]:
-    steps, summary = [], None
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        rec = json.loads(line)
-        if rec.get("event") == "summary":
-            summary = rec
-        else:
-            steps.append(rec)
-    return steps, summary
+    """The run's step records and summary, read by the product's one reader (porting.rundir), as the
+    dicts they are written as. A test run must not leave a malformed line."""
+    from porting.rundir import read_metrics
+
+    m = read_metrics(run_dir / "metrics.jsonl")
+    assert m.warning is None, m.warning
+    return [r.to_dict() for r in m.steps], (m.summary.to_dict() if m.summary else None)
 
 
 @pytest.fixture
