@@ -16,7 +16,7 @@ import numpy as np
 
 from model_zoo.errors import ConfigError
 from porting.baseline import arrays, schema
-from porting.baseline.rundir import RunData
+from porting.rundir import RunRecords
 
 
 @dataclass(frozen=True)
@@ -70,20 +70,20 @@ def model_mismatch(base: dict[str, Any], run: dict[str, Any]) -> list[str]:
             if k in base and k in run and _differs(base[k], run[k])]
 
 
-def loss_curve(base_doc: dict, run: RunData, tol: Tolerances) -> dict[str, Any]:
+def loss_curve(base_doc: dict, run: RunRecords, tol: Tolerances) -> dict[str, Any]:
     base = dict(zip(base_doc["steps"]["step"], base_doc["steps"]["loss"]))
     base_gn = dict(zip(base_doc["steps"]["step"], base_doc["steps"]["grad_norm"]))
     rows, fails = [], []
     for rec in run.steps:
-        s = int(rec["step"])
+        s = rec.step
         if s not in base:
             continue
         # a non-finite loss is stored as null in the baseline: it compares as NaN, i.e. fails
         b = float(base[s]) if base[s] is not None else math.nan
-        r = float(rec["loss"]) if rec["loss"] is not None else math.nan
+        r = float(rec.loss) if rec.loss is not None else math.nan
         d = abs(r - b)
         ok = math.isfinite(r) and d <= tol.loss_atol + tol.loss_rtol * abs(b)
-        gn_b, gn_r = base_gn.get(s), rec.get("grad_norm")
+        gn_b, gn_r = base_gn.get(s), rec.grad_norm
         rows.append({"step": s, "baseline": b, "run": r, "abs_diff": d, "rel_diff": d / abs(b) if b and math.isfinite(b) else None,
                      "grad_norm_baseline": gn_b, "grad_norm_run": gn_r,
                      "grad_norm_rel_diff": (abs(gn_r - gn_b) / abs(gn_b)) if gn_b and gn_r is not None else None,
@@ -124,22 +124,22 @@ def _ratio(num: float | None, den: float | None) -> float | None:
 RUN_MEMORY_KEYS = (("device_peak_gib", "device"), ("host_rss_peak_gib", "host_rss_hwm"), ("host_rss_gib", "host_rss"))
 
 
-def run_memory(run: RunData) -> tuple[float | None, str | None]:
+def run_memory(run: RunRecords) -> tuple[float | None, str | None]:
     """The run's peak memory from its metrics (device peak preferred), and its kind."""
     for key, kind in RUN_MEMORY_KEYS:
-        vals = [float(r[key]) for r in run.steps if isinstance(r.get(key), (int, float))]
+        vals = [float(getattr(r, key)) for r in run.steps if getattr(r, key) is not None]
         if vals:
             return max(vals), kind
     return None, None
 
 
-def throughput_and_memory(base_doc: dict, run: RunData, tol: Tolerances) -> dict[str, Any]:
+def throughput_and_memory(base_doc: dict, run: RunRecords, tol: Tolerances) -> dict[str, Any]:
     b_tps = base_doc["timing"].get("steady_tokens_per_s")
-    r_tps = run.summary.get("steady_tokens_per_s")
+    r_tps = run.summary.steady_tokens_per_s if run.summary else None
     if r_tps is None:
-        steady = [r for r in run.steps if not r.get("compile") and r.get("tokens") and r.get("step_time_s")]
+        steady = [r for r in run.steps if not r.compile and r.tokens and r.step_time_s]
         if steady:
-            r_tps = sum(r["tokens"] for r in steady) / sum(r["step_time_s"] for r in steady)
+            r_tps = sum(r.tokens for r in steady) / sum(r.step_time_s for r in steady)
     tps_ratio = _ratio(r_tps, b_tps)
     b_mem = max((max(v) for v in base_doc["steps"]["peak_memory_gib"].values() if v), default=None)
     r_mem, r_kind = run_memory(run)
@@ -162,7 +162,7 @@ def _same_memory_kind(base_kind: str | None, run_kind: str | None) -> bool:
     return (base_kind in host) == (run_kind in host) if base_kind and run_kind else False
 
 
-def compare(base_doc: dict, base_settings: dict, run: RunData, run_settings: dict, tol: Tolerances,
+def compare(base_doc: dict, base_settings: dict, run: RunRecords, run_settings: dict, tol: Tolerances,
             port_probe: Callable[[], tuple[np.ndarray | None, str]], allow_settings_mismatch: bool = False
             ) -> dict[str, Any]:
     """The full comparison; ``port_probe()`` gives the port's probe logits (or None) and where they came from."""
@@ -189,36 +189,39 @@ def compare(base_doc: dict, base_settings: dict, run: RunData, run_settings: dic
             failures.append(f"{part} ratio {tm[part]['ratio_run_over_baseline']} outside the bound asked for")
     est = estimator_vs_baseline(base_doc, run)
     return {"format": "port-compare", "format_version": 1, "estimator": est, "baseline": base_doc.get("_path"), "run": str(run.path),
+            "run_notes": list(run.notes),
             "dtype": base_settings.get("dtype"), "tolerances": asdict(tol),
             "settings": {"differ": diff, "like_for_like": not key_diff},
             "loss": loss, "probe": pr, **tm, "failures": failures, "ok": not failures}
 
 
-def estimator_vs_baseline(base_doc: dict, run: RunData) -> dict[str, Any] | None:
+def estimator_vs_baseline(base_doc: dict, run: RunRecords) -> dict[str, Any] | None:
     """The run's dry-run memory estimate (plan.json) against the baseline's measured phase peaks."""
-    import json
-
     from porting.baseline import estimate
 
     p = run.path / "plan.json"
-    if not p.is_file():
+    if run.plan is None:
+        if p.exists():   # present but unreadable: the reader's note says why
+            raise ConfigError(f"{p}: unreadable plan ({'; '.join(n for n in run.notes if n.startswith(p.name))}); "
+                              "expected the memory_gib_by_phase that `port train` writes")
         return None
+    plan = run.plan
     try:
-        plan = json.loads(p.read_text())
         est = plan["memory_gib_by_phase"]
         recompute = bool(plan.get("recompute", False))
         return estimate.check(est, base_doc["memory"]["peak_gib"], recompute, base_doc["memory"].get("kind", "?"))
-    except (json.JSONDecodeError, KeyError, TypeError) as e:
+    except (KeyError, TypeError) as e:
         raise ConfigError(f"{p}: unreadable plan ({e!r}); expected the memory_gib_by_phase that `port train` writes") from None
 
 
-def run_settings(run: RunData) -> dict[str, Any]:
+def run_settings(run: RunRecords) -> dict[str, Any]:
     """The run's comparable settings, from its manifest (resolved recipe, data hash) and its model."""
     from porting.baseline import settings as settings_mod
 
-    rec = run.manifest["recipe"]
-    data = run.manifest.get("data") or {}
-    cfg = (run.manifest.get("model") or {}).get("config")
+    assert run.manifest is not None, "read_run(strict=True) reads the manifest"
+    rec = run.manifest.recipe
+    data = run.manifest.data
+    cfg = run.manifest.model.config
     if isinstance(cfg, dict):
         model = settings_mod.model_info(cfg)
     elif (run.path / "hf" / "config.json").is_file():
@@ -235,8 +238,8 @@ def run_settings(run: RunData) -> dict[str, Any]:
 
 def run_compare(baseline_path: str, run_dir: str, *, allow_settings_mismatch: bool = False,
                 probe: bool = True, **tol_override: float | None) -> dict[str, Any]:
-    from porting.baseline import port_probe
-    from porting.baseline.rundir import read_run
+    from porting.baseline import probe_logits
+    from porting.rundir import read_run
 
     doc = schema.load(baseline_path)
     doc["_path"] = str(baseline_path)
@@ -253,7 +256,7 @@ def run_compare(baseline_path: str, run_dir: str, *, allow_settings_mismatch: bo
     def probe_fn():
         if not probe:
             return None, "skipped (--no-probe)"
-        return port_probe.port_probe_logits(run, ids, after)
+        return probe_logits.run_probe_logits(run, ids, after)
 
     return compare(doc, doc["settings"], run, rs, tol, probe_fn, allow_settings_mismatch)
 
@@ -312,5 +315,7 @@ def render(rep: dict[str, Any], max_rows: int = 20) -> str:
                          f"ratio {_fmt(est['ratio_estimate_over_measured'][ph], '.2f')}")
         lines.append(f"  {'total':<10} estimate {est['estimate_total_gib']:>9.3f} GiB  measured max {est['measured_max_gib']:>5.3f} GiB  "
                      f"ratio {_fmt(est['ratio_total_over_measured_max'], '.2f')}")
+    for note in rep.get("run_notes") or []:
+        lines += ["", f"NOTE (run directory): {note}"]
     lines += ["", "RESULT: " + ("PASS" if rep["ok"] else "FAIL: " + "; ".join(rep["failures"]))]
     return "\n".join(lines)

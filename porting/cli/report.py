@@ -12,17 +12,21 @@ import click
 Examples:
   port report runs/tiny-cpu
   port report runs/llama7b --out /tmp/llama7b-report
+  port report runs/tiny-cpu --force                 # replace the earlier report in runs/tiny-cpu/report
   port ops scan --hf stories260k --out runs/tiny-cpu/ops_scan.json && port report runs/tiny-cpu
   port report runs/tiny-cpu --json""")
 @click.argument("rundir", type=click.Path(path_type=Path))
-@click.option("--out", type=click.Path(path_type=Path), help="Report directory (default RUNDIR/report).")
+@click.option("--out", type=click.Path(path_type=Path),
+              help="Report directory (default RUNDIR/report): a new or empty directory outside the run "
+                   "directory, or an earlier report with --force.")
+@click.option("--force", is_flag=True, help="Replace an earlier report (a directory port report wrote) at --out.")
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
-def command(rundir: Path, out: Path | None, as_json: bool) -> None:
+def command(rundir: Path, out: Path | None, force: bool, as_json: bool) -> None:
     """Fill every acceptance row (correctness, operators, stability, communication, resources,
     performance, environment) from evidence in the run directory, or mark it missing with the
     command that produces it. Writes report.html (inline SVG plots of loss, step time and memory
-    by phase; no network), report.md and report.json."""
-    from porting.diagnostics.report import make_report, render_text
+    by phase; no network), report.md and report.json. Never replaces a directory port did not write."""
+    from porting.report import make_report
 
-    res = make_report(rundir, out)
-    click.echo(json.dumps(res, indent=2) if as_json else render_text(res))
+    res = make_report(rundir, out, force=force)
+    click.echo(json.dumps(res.to_dict(), indent=2) if as_json else res.text())

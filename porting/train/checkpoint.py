@@ -8,12 +8,16 @@ while saving leaves the previous checkpoints as they were.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import os
 import re
 import shutil
 from pathlib import Path
+from typing import Any
 
+from model_zoo import files
 from model_zoo.errors import CheckpointError
 
 STEP_DIR = re.compile(r"^step_(\d+)$")
@@ -26,12 +30,68 @@ def shard_file(rank: int, shards: int) -> str:
     return WEIGHTS_FILE if shards == 1 else f"train_state.rank{rank}.ckpt"
 
 
+MAX_STATE_BYTES = 1 << 20
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainState:
+    """``state.json``: where the run stands after ``step`` (the loop's counters beside the tensors)."""
+
+    adam_t: int            # optimizer updates applied (AdamW bias correction)
+    loss_scale: float      # the loss scale to continue with
+    good_steps: int        # finite steps since the scale last changed (dynamic scaling)
+    next_step: int         # the first step the resumed run performs (0-based)
+    world_size: int
+    seed: int
+    step: int = 0
+    shards: int = 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"adam_t": self.adam_t, "loss_scale": {"scale": self.loss_scale, "good": self.good_steps},
+                "next_step": self.next_step, "world_size": self.world_size, "seed": self.seed,
+                "step": self.step, "shards": self.shards}
+
+    @classmethod
+    def read(cls, path: Path) -> TrainState:
+        """Parse and check ``path``; every defect is one line naming the file and the key."""
+        doc = files.read_json_object(path, what="checkpoint state", max_bytes=MAX_STATE_BYTES,
+                                     error=CheckpointError)
+        fix = f"the checkpoint is damaged: delete {path.parent} to resume from an earlier checkpoint"
+
+        def integer(d: dict, key: str, where: str, low: int | None) -> int:
+            v = d.get(key)
+            if isinstance(v, bool) or not isinstance(v, int) or (low is not None and v < low):
+                found = "missing" if key not in d else f"{type(v).__name__} {json.dumps(v)[:40]}"
+                bound = f" >= {low}" if low is not None else ""
+                raise CheckpointError(f"{path}: key '{where}' is {found}, expected an integer{bound}; {fix}")
+            return v
+
+        ls = doc.get("loss_scale")
+        if not isinstance(ls, dict):
+            raise CheckpointError(f"{path}: key 'loss_scale' is {type(ls).__name__ if 'loss_scale' in doc else 'missing'}"
+                                  f", expected an object {{\"scale\": number, \"good\": integer}}; {fix}")
+        scale = ls.get("scale")
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not (math.isfinite(scale) and scale > 0):
+            raise CheckpointError(f"{path}: key 'loss_scale.scale' is {json.dumps(scale)[:40]}, expected a finite "
+                                  f"number > 0; {fix}")
+        return cls(adam_t=integer(doc, "adam_t", "adam_t", 0), loss_scale=float(scale),
+                   good_steps=integer(ls, "good", "loss_scale.good", 0),
+                   next_step=integer(doc, "next_step", "next_step", 0),
+                   world_size=integer(doc, "world_size", "world_size", 1), seed=integer(doc, "seed", "seed", None),
+                   step=integer(doc, "step", "step", 0) if "step" in doc else 0,
+                   shards=integer(doc, "shards", "shards", 1) if "shards" in doc else 1)
+
+
 def _complete(p: Path) -> bool:
-    try:
-        shards = int(json.loads((p / STATE_FILE).read_text()).get("shards", 1))
-    except (OSError, ValueError):
+    """state.json and every weights file are there. A state.json that does not parse still counts (it
+    was renamed into place whole, so it is damaged, not partial): loading it names the bad key."""
+    if not (p / STATE_FILE).is_file():
         return False
-    return all((p / shard_file(r, shards)).is_file() for r in range(shards))
+    try:
+        shards = int(json.loads((p / STATE_FILE).read_text(encoding="utf-8")).get("shards", 1))
+    except (OSError, ValueError, TypeError, AttributeError, RecursionError):
+        return (p / WEIGHTS_FILE).is_file() or (p / shard_file(0, 2)).is_file()
+    return shards >= 1 and all((p / shard_file(r, shards)).is_file() for r in range(min(shards, 4096)))
 
 
 def checkpoint_dirs(root: Path) -> list[tuple[int, Path]]:
@@ -51,7 +111,7 @@ def latest(root: Path) -> tuple[int, Path] | None:
     return dirs[-1] if dirs else None
 
 
-def save(root: Path, step: int, params: list, state: dict, keep_last: int, *, rank: int = 0, shards: int = 1,
+def save(root: Path, step: int, params: list, state: TrainState, keep_last: int, *, rank: int = 0, shards: int = 1,
          barrier=None) -> Path:
     """Write ``step_<step>`` atomically, then drop all but the newest ``keep_last``.
 
@@ -74,14 +134,16 @@ def save(root: Path, step: int, params: list, state: dict, keep_last: int, *, ra
             barrier()
         if rank != 0:
             return final
-        body = json.dumps(dict(state, step=step, shards=shards), indent=2)
+        body = json.dumps(dataclasses.replace(state, step=step, shards=shards).to_dict(), indent=2)
         with open(tmp / STATE_FILE, "w") as f:
             f.write(body)
             f.flush()
             os.fsync(f.fileno())
-        if final.exists():
-            shutil.rmtree(final)
+        old = root / f".old_step_{step}_{os.getpid()}"
+        if final.exists():   # moved aside, not deleted first: a crash now leaves it recoverable
+            os.replace(final, old)
         os.replace(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
     except (OSError, RuntimeError, ValueError) as exc:
         if rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -94,13 +156,13 @@ def save(root: Path, step: int, params: list, state: dict, keep_last: int, *, ra
     return final
 
 
-def load(path: Path, params: list, rank: int = 0) -> dict:
+def load(path: Path, params: list, rank: int = 0) -> TrainState:
     """Load a checkpoint into ``params`` strictly (every name present, same shapes); returns state.json."""
     import mindspore as ms
 
+    state = TrainState.read(path / STATE_FILE)
     try:
-        state = json.loads((path / STATE_FILE).read_text())
-        saved = ms.load_checkpoint(str(path / shard_file(rank, int(state.get("shards", 1)))))
+        saved = ms.load_checkpoint(str(path / shard_file(rank, state.shards)))
     except (OSError, RuntimeError, ValueError) as exc:
         raise CheckpointError(f"{path}: cannot read the checkpoint ({exc}); delete it to resume from an "
                               "earlier one") from None

@@ -118,13 +118,13 @@ def build_model(recipe: Recipe, model_dir: Path):
 class LossScaler:
     """Static or dynamic loss scaling (fp16/bf16 on Ascend); ``none`` is a scale of 1."""
 
-    def __init__(self, cfg, state: dict | None = None):
+    def __init__(self, cfg, state: ckpt.TrainState | None = None):
         self.kind = cfg.kind
         self.scale = 1.0 if cfg.kind == "none" else float(cfg.init)
         self.factor, self.window = cfg.factor, cfg.window
         self.good = 0
         if state:
-            self.scale, self.good = state["scale"], state["good"]
+            self.scale, self.good = state.loss_scale, state.good_steps
 
     def update(self, finite: bool) -> bool:
         """True when the step counts; False when it was skipped for overflow (dynamic scaling)."""
@@ -140,8 +140,6 @@ class LossScaler:
             self.good = 0
         return True
 
-    def state(self) -> dict:
-        return {"scale": self.scale, "good": self.good}
 
 
 # --------------------------------------------------------------------------- the loop
@@ -211,9 +209,9 @@ class Trainer:
         return {"loss": loss_sum / max(n_tok, 1.0), "grad_norm": norm_v, "finite": finite_v and math.isfinite(loss_sum),
                 "applied": applied, "scale_used": scale_used, "step_time_s": dt, "compile": bool(new_shapes), "tokens": int(n_tok)}
 
-    def state(self, step_done: int) -> dict:
-        return {"adam_t": self.adam_t, "loss_scale": self.scaler.state(), "next_step": step_done,
-                "world_size": self.world, "seed": self.recipe.seed}
+    def state(self, step_done: int) -> ckpt.TrainState:
+        return ckpt.TrainState(adam_t=self.adam_t, loss_scale=self.scaler.scale, good_steps=self.scaler.good,
+                               next_step=step_done, world_size=self.world, seed=self.recipe.seed)
 
     def barrier(self) -> None:
         self.barrier_cell(self.ms.Tensor(np.ones((1,), np.float32)))
@@ -227,9 +225,9 @@ class Trainer:
 
     def restore(self, path: Path) -> int:
         st = ckpt.load(path, self.state_params, self.rank if self.shards > 1 else 0)
-        self.adam_t = st["adam_t"]
-        self.scaler = LossScaler(self.recipe.precision.loss_scale, st["loss_scale"])
-        return int(st["next_step"])
+        self.adam_t = st.adam_t
+        self.scaler = LossScaler(self.recipe.precision.loss_scale, st)
+        return st.next_step
 
 
 def _host_rss_gib() -> float | None:

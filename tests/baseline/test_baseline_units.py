@@ -67,11 +67,11 @@ def test_tolerances_are_known_per_precision():
 
 
 def test_loss_curve_fails_non_finite_steps_and_applies_the_bound(tmp_path):
-    from porting.baseline.rundir import RunData
+    from porting.rundir import RunRecords, StepRecord
 
     doc = {"steps": {"step": [1, 2, 3, 4], "loss": [2.0, None, 1.5, 1.0], "grad_norm": [1.0, 1.0, 1.0, 1.0]}}
-    run = RunData(tmp_path, {}, [{"step": 1, "loss": 2.0 + 2.0e-3}, {"step": 2, "loss": 1.8},
-                                 {"step": 3, "loss": float("nan")}, {"step": 4, "loss": 1.0 + 1.2e-3}])
+    run = RunRecords(tmp_path, None, [StepRecord(1, 2.0 + 2.0e-3), StepRecord(2, 1.8),
+                                      StepRecord(3, float("nan")), StepRecord(4, 1.0 + 1.2e-3)])
     tol = compare.Tolerances(loss_rtol=1e-3, loss_atol=1e-4, logits_atol=1.0)
     rep = compare.loss_curve(doc, run, tol)
     # step 1: 2e-3 <= 1e-4 + 2e-3 passes; step 4: 1.2e-3 > 1.1e-3 fails; null / NaN fail

@@ -71,10 +71,10 @@ def test_baseline_file_is_self_describing(micro4):
 
 def test_probe_logits_at_init_match_the_port_model(micro4):
     """The probe's initial logits from torch equal the zoo's MindSpore cell on the same weights."""
-    from porting.baseline.port_probe import _logits_from_hf
+    from porting.baseline.probe_logits import logits_from_hf
 
     ids = np.asarray(micro4["probe"]["input_ids"])
-    ms_logits = _logits_from_hf(micro4["model"]["hf_dir"], ids)
+    ms_logits = logits_from_hf(micro4["model"]["hf_dir"], ids)
     ref = arrays.decode(micro4["probe"]["logits_initial"], "logits_initial")
     assert np.abs(ms_logits - ref).max() < 1e-4
 

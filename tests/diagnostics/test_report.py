@@ -1,5 +1,7 @@
-"""`port report RUNDIR` on run directories hand-written in the run-dir contract (COMMON.md):
-manifest.json, plan.json, metrics.jsonl, logs/rank_<r>.log, checkpoints/, hf/, plus evidence files."""
+"""`port report RUNDIR` on run directories hand-written in the run-directory format (docs/rundir.md):
+manifest.json, plan.json, metrics.jsonl, logs/rank_<r>.log, checkpoints/, hf/, plus evidence files;
+and the report's promises: it never replaces a directory port did not write, and bad evidence is
+shown as invalid, never as a pass."""
 
 from __future__ import annotations
 
@@ -11,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from porting.diagnostics import DiagnosticsError
 from porting.diagnostics.doctor import doctor_report
-from porting.diagnostics.report import make_report
+from porting.report import ReportResult, make_report
+from porting.rundir import RunDirError
 
 
 def _ts(t: float) -> str:
@@ -70,14 +72,14 @@ def write_run(root: Path, *, world: int = 2, nodes: int = 1, steps: int = 12, fa
     return root
 
 
-def rows_by_item(res: dict) -> dict[str, dict]:
-    return {r["item"]: r for r in res["rows"]}
+def rows_by_item(res: ReportResult) -> dict[str, dict]:
+    return {r["item"]: r for r in res.to_dict()["rows"]}
 
 
 def test_complete_run_fills_every_area(tmp_path):
     res = make_report(write_run(tmp_path / "run"))
     rows = rows_by_item(res)
-    assert {r["area"] for r in res["rows"]} == {"correctness", "operators", "stability", "communication",
+    assert {r.area for r in res.rows} == {"correctness", "operators", "stability", "communication",
                                                 "resources", "performance", "environment"}
     assert rows["parity with HF (port verify)"]["status"] == "pass"
     assert rows["training loss"]["status"] == "pass" and "->" in rows["training loss"]["value"]
@@ -94,7 +96,7 @@ def test_complete_run_fills_every_area(tmp_path):
     assert rows["doctor checks"]["status"] == "pass"
     assert rows["rank map (rank table)"]["status"] == "missing"
     assert rows["communication wait"]["status"] == "missing"
-    out = Path(res["out"])
+    out = res.out
     for name in ("report.html", "report.md", "report.json", "loss.svg", "step_time.svg", "memory.svg"):
         assert (out / name).is_file()
     html = (out / "report.html").read_text()
@@ -127,7 +129,7 @@ def test_truncated_metrics_line_is_a_note(tmp_path):
     with open(run / "metrics.jsonl", "a") as f:
         f.write('{"step": 13, "loss": 0.')  # cut by a kill
     res = make_report(run, tmp_path / "out")
-    assert any("1 malformed line(s)" in n for n in res["notes"])
+    assert any("1 malformed line(s)" in n for n in res.notes)
     assert (tmp_path / "out" / "report.html").is_file() and not (run / "report").exists()
 
 
@@ -137,7 +139,7 @@ def test_truncated_metrics_line_is_a_note(tmp_path):
     (lambda p: p, "not a run directory"),
 ])
 def test_bad_run_dirs(tmp_path, make, needle):
-    with pytest.raises(DiagnosticsError, match=needle):
+    with pytest.raises(RunDirError, match=needle):
         make_report(make(tmp_path))
 
 
@@ -161,12 +163,12 @@ def test_html_renders_in_headless_chromium(tmp_path):
     if chromium is None:
         pytest.skip("chromium not installed (apt-get install -y chromium); the HTML is still checked above")
     res = make_report(write_run(tmp_path / "run"))
-    page = Path(res["out"]) / "report.html"
+    page = res.out / "report.html"
     args = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
             f"--user-data-dir={tmp_path / 'profile'}"]
     dom = subprocess.run(args + ["--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120)
     assert dom.returncode == 0, dom.stderr[-2000:]
-    assert dom.stdout.count('<tr class="row') == len(res["rows"])
+    assert dom.stdout.count('<tr class="row') == len(res.rows)
     assert dom.stdout.count("<svg") == 3 and "polyline" in dom.stdout
     shot = tmp_path / "shot.png"
     r = subprocess.run(args + [f"--screenshot={shot}", "--window-size=1200,1600", page.as_uri()],
@@ -222,7 +224,7 @@ def test_garbage_run_dir_gives_notes_not_tracebacks(tmp_path):
     (run / "logs" / "rank_0.log").write_bytes(b"\x00\x01\x02" * 1000)
     (run / "logs" / "rank_1.log").write_text("x" * 200_000)  # one huge line, no newline
     res = make_report(run)
-    notes = " | ".join(res["notes"])
+    notes = " | ".join(res.notes)
     assert "manifest.json: invalid JSON at line 1" in notes and "metrics.jsonl:" in notes
     assert "rank_0.log: binary content" in notes
     rows = rows_by_item(res)

@@ -1,5 +1,5 @@
-"""The port's side of the probe batch: the run's weights after the baseline's last step, loaded into the
-zoo's MindSpore cell, run on the baseline's probe ids (float32).
+"""The logits of a `port train` run on the baseline's probe batch (`port compare`): the run's weights
+after the baseline's last step, loaded into the zoo's MindSpore cell, run on the probe ids (float32).
 
 Where the weights come from, in order: ``checkpoints/step_<N>/`` when the run kept step N (N = the
 baseline's last step; the architecture from the manifest's model.config), else ``hf/`` (the HF export written at the end) when the run's last step is N.
@@ -12,10 +12,10 @@ from pathlib import Path
 
 import numpy as np
 
-from porting.baseline.rundir import RunData
+from porting.rundir import RunRecords
 
 
-def _logits_from_hf(hf_dir: Path, ids: np.ndarray) -> np.ndarray:
+def logits_from_hf(hf_dir: Path, ids: np.ndarray) -> np.ndarray:
     import mindspore as ms
 
     from converters.loading import load_hf_dir
@@ -58,16 +58,16 @@ def _logits_from_ckpt(ckpt_dir: Path, cfg_source, ids: np.ndarray) -> np.ndarray
     return model(ms.Tensor(ids.astype(np.int32))).asnumpy().astype(np.float32)
 
 
-def port_probe_logits(run: RunData, ids: np.ndarray, after_step: int) -> tuple[np.ndarray | None, str]:
+def run_probe_logits(run: RunRecords, ids: np.ndarray, after_step: int) -> tuple[np.ndarray | None, str]:
     """(logits, where they came from) or (None, why there are none)."""
     ckpt = run.path / "checkpoints" / f"step_{after_step}"
     hf = run.path / "hf"
-    cfg = (run.manifest.get("model") or {}).get("config")
+    cfg = run.manifest.model.config if run.manifest else None
     if ckpt.is_dir() and (isinstance(cfg, dict) or (hf / "config.json").is_file()):
         return _logits_from_ckpt(ckpt, cfg if isinstance(cfg, dict) else hf, ids), f"{ckpt}"
     if hf.is_dir() and (hf / "config.json").is_file():
         if run.last_step != after_step:
             return None, (f"run's HF export is after step {run.last_step}, baseline probe is after step {after_step}, "
                           f"and {ckpt} is absent")
-        return _logits_from_hf(hf, ids), f"{hf}"
+        return logits_from_hf(hf, ids), f"{hf}"
     return None, f"no {hf} export and no {ckpt} in the run"

@@ -1,0 +1,363 @@
+"""The acceptance rows of `port report`, one small function per area, from a run directory as
+:mod:`porting.rundir` reads it plus the optional evidence files beside it.
+
+A row without evidence is ``missing`` and names the command that produces it. Evidence that is
+there but malformed (``"passed": "false"``, a string where a number belongs) is shown as invalid,
+never as a pass.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from model_zoo import files
+from model_zoo.errors import PortingError
+from porting.rundir import RunRecords, finite
+
+PASS, FAIL, INFO, MISSING, WARN = "pass", "fail", "info", "missing", "warn"
+STATUSES = (PASS, FAIL, WARN, INFO, MISSING)
+PHASE_ORDER = ("weights", "gradients", "optimizer_states", "activations", "activations_recompute", "comm_buffers",
+               "workspace")
+DEVICES = {"cpu": "CPU", "ascend": "Ascend", "npu": "Ascend", "gpu": "GPU"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+    area: str
+    item: str
+    status: str       # one of STATUSES
+    value: str
+    evidence: str     # the file the value comes from, or the command that would produce it
+
+
+@dataclasses.dataclass(frozen=True)
+class Diagnosis:
+    """What the report uses of `port diagnose` on the run's logs."""
+
+    first_failing_rank: int | None
+    last_step: int | None
+    reason: str
+    ranks_seen: int
+    rank_last_steps: tuple[int, ...]
+    warnings: tuple[str, ...]
+
+
+def _evidence(run: RunRecords, name: str) -> Any:
+    """An optional evidence file beside the run (bounded read); unreadable: a note and None."""
+    p = run.path / name
+    if not p.exists():
+        return None
+    try:
+        return files.read_json(p, what="JSON")
+    except PortingError as e:
+        run.notes.append(name + str(e)[len(str(p)):] if str(e).startswith(str(p)) else f"{name}: {e}")
+        return None
+
+
+def _rec(run: RunRecords) -> dict:
+    return run.manifest.recipe if run.manifest else {}
+
+
+def rows_correctness(run: RunRecords) -> list[Row]:
+    out = [_parity_row(_evidence(run, "parity.json"))]
+    losses = [(r.step, r.loss) for r in run.steps]
+    if not losses:
+        out.append(Row("correctness", "training loss", MISSING, "no steps in metrics.jsonl", "metrics.jsonl"))
+        return out
+    nonfinite = [s for s, l in losses if not finite(l)]
+    fin = [(s, l) for s, l in losses if finite(l)]
+    if nonfinite:
+        out.append(Row("correctness", "training loss", FAIL, f"non-finite loss at step(s) {nonfinite[:5]}",
+                       "metrics.jsonl"))
+    elif len(fin) >= 2:
+        k = max(1, len(fin) // 10)
+        first = sum(l for _, l in fin[:k]) / k
+        last = sum(l for _, l in fin[-k:]) / k
+        out.append(Row("correctness", "training loss", PASS if last < first else WARN,
+                       f"{first:.4f} -> {last:.4f} over {len(fin)} steps (mean of first/last {k})",
+                       "metrics.jsonl"))
+    else:
+        out.append(Row("correctness", "training loss", INFO, f"{fin[0][1]:.4f} (one step)", "metrics.jsonl"))
+    return out
+
+
+def _parity_row(parity: Any) -> Row:
+    item = "parity with HF (port verify)"
+    if parity is None:
+        return Row("correctness", item, MISSING, "no parity.json", "port verify --hf MODEL --json > RUNDIR/parity.json")
+    passed = parity.get("passed") if isinstance(parity, dict) else None
+    if not isinstance(passed, bool):   # "false", 1, null: not a verdict port verify writes
+        return Row("correctness", item, FAIL, f"invalid parity.json: 'passed' is {str(passed)[:40]!r} "
+                   f"({type(passed).__name__}), expected true or false as `port verify --json` writes",
+                   "parity.json")
+    checks = parity.get("checks") or parity.get("rows") or []
+    worst = max((c["max_abs"] for c in checks if isinstance(c, dict) and finite(c.get("max_abs"))), default=None)
+    return Row("correctness", item, PASS if passed else FAIL,
+               f"passed={passed}" + (f", worst max abs {worst:.2e}" if worst is not None else ""), "parity.json")
+
+
+def rows_operators(run: RunRecords) -> list[Row]:
+    out = []
+    scan = _evidence(run, "ops_scan.json")
+    if isinstance(scan, dict) and isinstance(scan.get("ops"), list):
+        blocking = [str(b) for b in scan.get("blocking") or []] if isinstance(scan.get("blocking"), list) else []
+        counts = scan.get("counts") if isinstance(scan.get("counts"), dict) else {}
+        out.append(Row("operators", "torch_npu coverage (port ops scan)", FAIL if blocking else PASS,
+                       (f"{len(blocking)} blocking: {', '.join(blocking[:4])}" if blocking else "no blocking op")
+                       + f"; {len(scan['ops'])} overloads ("
+                       + ", ".join(f"{k} {v}" for k, v in counts.items() if v) + ")", "ops_scan.json"))
+    else:
+        out.append(Row("operators", "torch_npu coverage (port ops scan)", MISSING, "no ops_scan.json",
+                       "port ops scan --hf MODEL --out RUNDIR/ops_scan.json"))
+    kernels = (run.plan or {}).get("kernels")
+    if isinstance(kernels, dict) and kernels:
+        ks = kernels.get("kernels", kernels)
+        desc = ", ".join(f"{k}={v.get('impl') if isinstance(v, dict) else v}" for k, v in ks.items())
+        out.append(Row("operators", "MindSpore kernel plan", INFO, desc, "plan.json"))
+    else:
+        derived = _derived_kernel_plan(run)
+        out.append(derived or Row("operators", "MindSpore kernel plan", MISSING, "no kernel plan recorded",
+                                  "port ops zoo --hf MODEL --device Ascend"))
+    return out
+
+
+def _derived_kernel_plan(run: RunRecords) -> Row | None:
+    """The plan `model_zoo.kernels.select_kernels` gives the manifest's model config on the run's
+    device and on Ascend (same rule the model used when it was built)."""
+    cfg_dict = run.manifest.model.config if run.manifest else None
+    if not isinstance(cfg_dict, dict):
+        return None
+    from model_zoo.config import LlamaConfig
+    from model_zoo.kernels import select_kernels
+
+    recipe = _rec(run)
+    device = DEVICES.get(str((recipe.get("cluster") or {}).get("device", "")).lower())
+    dtype = str((recipe.get("precision") or {}).get("compute_dtype") or "bfloat16")
+    try:
+        cfg = LlamaConfig.from_hf(cfg_dict)
+        parts = []
+        for dev, dt in ((device, dtype), ("Ascend", "bfloat16")):
+            if dev is None or (parts and dev == device and dt == dtype):
+                continue
+            plan = select_kernels(cfg, device=dev, compute_dtype=dt)
+            parts.append(f"on {dev} ({dt}): " + ", ".join(f"{c.kernel}={c.impl}" for c in plan.choices()))
+    except (PortingError, TypeError, ValueError, KeyError) as e:
+        return Row("operators", "MindSpore kernel plan", MISSING, f"model config not usable: {e}", "manifest.json")
+    return Row("operators", "MindSpore kernel plan", INFO, "; ".join(parts),
+               "manifest.json model.config + recipe (model_zoo.kernels.select_kernels)")
+
+
+def _int(x: Any) -> int | None:
+    return x if isinstance(x, int) and not isinstance(x, bool) else None
+
+
+def cluster(run: RunRecords) -> tuple[int | None, int | None, int | None]:
+    """(nodes, devices per node, world size) from the manifest (or the plan)."""
+    cl = _rec(run).get("cluster") or {}
+    nodes = _int(cl.get("nodes"))
+    per = _int(cl.get("devices_per_node", cl.get("cards_per_node")))
+    world = (run.manifest.world_size if run.manifest else None) or _int((run.plan or {}).get("world_size"))
+    if world is None and nodes is not None and per is not None:
+        world = nodes * per
+    return nodes, per, world
+
+
+def rows_stability(run: RunRecords, diag: Diagnosis | None) -> list[Row]:
+    nodes, per, world = cluster(run)
+    scale = None
+    if world == 1:
+        scale = "1 device"
+    elif nodes is not None and nodes > 1:
+        scale = "multi-node"
+    elif world is not None and world > 1:
+        scale = "single-node multi-device"
+    total = _int((run.plan or {}).get("total_steps"))
+    done = len(run.steps)
+    completed = run.summary is not None
+    skipped = sum(1 for r in run.steps if r.skipped)
+    out = []
+    for label in ("1 device", "single-node multi-device", "multi-node"):
+        if scale == label:
+            ok = completed and not (diag and diag.first_failing_rank is not None)
+            out.append(Row("stability", f"run at {label}", PASS if ok else FAIL,
+                           f"{done} step(s)" + (f" of {total}" if total else "")
+                           + (", finished" if completed else ", no summary (did not finish)")
+                           + (f", {skipped} skipped (loss scale)" if skipped else ""),
+                           "metrics.jsonl, manifest.json"))
+        else:
+            out.append(Row("stability", f"run at {label}", MISSING,
+                           f"this run is {scale or 'of unknown scale'}", "a separate run dir at that scale"))
+    ckdir = run.path / "checkpoints"
+    ck = sorted(p.name for p in ckdir.glob("step_*")) if ckdir.is_dir() else []
+    out.append(Row("stability", "checkpoints", PASS if ck else MISSING,
+                   f"{len(ck)}: {', '.join(ck[-3:])}" if ck else "none", "checkpoints/"))
+    hf = run.path / "hf" / "config.json"
+    out.append(Row("stability", "HF export", PASS if hf.is_file() else MISSING,
+                   "hf/config.json present" if hf.is_file() else "no hf/ export", "hf/"))
+    return out
+
+
+def _rank_table_row(path: Path, nodes: int | None, per: int | None) -> Row:
+    from porting.diagnostics import DiagnosticsError, ranktable
+
+    try:
+        errs = ranktable.errors_of(ranktable.check(ranktable.load(path), nodes=nodes, cards_per_node=per))
+    except DiagnosticsError as e:
+        return Row("communication", "rank map (rank table)", FAIL, str(e), "rank_table.json")
+    return Row("communication", "rank map (rank table)", FAIL if errs else PASS,
+               f"{len(errs)} error(s): " + "; ".join(f"{e.where}: {e.message}" for e in errs[:3])
+               if errs else "every documented rule holds", "rank_table.json")
+
+
+def rows_communication(run: RunRecords, diag: Diagnosis | None) -> list[Row]:
+    out = []
+    nodes, per, world = cluster(run)
+    logs = run.path / "logs"
+    rank_logs = sorted(logs.glob("rank_*.log")) if logs.is_dir() else []
+    if not rank_logs:
+        out.append(Row("communication", "per-rank logs", MISSING, "no logs/rank_<r>.log", "logs/"))
+    else:
+        ranks = sorted(int(p.stem.split("_")[1]) for p in rank_logs if p.stem.split("_")[1].isdigit())
+        want = list(range(world)) if world is not None else ranks
+        miss = sorted(set(want) - set(ranks))
+        out.append(Row("communication", "per-rank logs", FAIL if miss else PASS,
+                       f"{len(ranks)} rank log(s)" + (f"; missing ranks {miss[:8]}" if miss else ""), "logs/"))
+    rt_file = run.path / "rank_table.json"
+    if rt_file.is_file():
+        out.append(_rank_table_row(rt_file, nodes, per))
+    elif world is not None and world > 1:
+        out.append(Row("communication", "rank map (rank table)", MISSING,
+                       f"{world} ranks, no rank_table.json (msrun dynamic networking?)", "rank_table.json"))
+    elif world == 1:
+        out.append(Row("communication", "rank map (rank table)", INFO, "single device: no rank table needed", "-"))
+    else:
+        out.append(Row("communication", "rank map (rank table)", MISSING, "world size unknown (no manifest.json)",
+                       "manifest.json"))
+    item = "log diagnosis (port diagnose)"
+    if diag is None:
+        out.append(Row("communication", item, MISSING, "no logs to diagnose", "logs/"))
+    elif diag.first_failing_rank is not None:
+        out.append(Row("communication", item, FAIL, f"rank {diag.first_failing_rank} failed first at step "
+                       f"{diag.last_step}: {diag.reason[:160]}", "logs/ (port diagnose)"))
+    else:
+        out.append(Row("communication", item, PASS, f"no failure in {diag.ranks_seen} rank(s); last steps "
+                       f"{sorted(set(diag.rank_last_steps))[:4]}", "logs/ (port diagnose)"))
+    waits = sorted(r.comm_wait_s for r in run.steps if finite(r.comm_wait_s))
+    out.append(Row("communication", "communication wait", INFO if waits else MISSING,
+                   f"median {waits[len(waits) // 2]:.3f} s/step" if waits else "no comm_wait_s in metrics",
+                   "metrics.jsonl"))
+    return out
+
+
+def rows_resources(run: RunRecords) -> list[Row]:
+    out = []
+    mem = (run.plan or {}).get("memory_gib_by_phase")
+    hbm = (run.plan or {}).get("device_hbm_gib")
+    if isinstance(mem, dict) and finite(mem.get("total")):
+        fits = finite(hbm) and mem["total"] <= hbm
+        parts = ", ".join(f"{k} {mem[k]:.2f}" for k in PHASE_ORDER if finite(mem.get(k)))
+        out.append(Row("resources", "peak memory by phase (plan estimate)",
+                       (PASS if fits else FAIL) if finite(hbm) else INFO,
+                       f"total {mem['total']:.2f} GiB" + (f" of {hbm:.0f} GiB HBM" if finite(hbm) else "")
+                       + f" ({parts})", "plan.json"))
+    else:
+        out.append(Row("resources", "peak memory by phase (plan estimate)", MISSING, "no memory_gib_by_phase",
+                       "plan.json (port train --dry-run)"))
+    measured = {}
+    for key in ("device_peak_gib", "host_rss_gib"):
+        vals = [getattr(r, key) for r in run.steps if finite(getattr(r, key))]
+        if vals:
+            measured[key] = max(vals)
+    out.append(Row("resources", "measured peak memory", INFO if measured else MISSING,
+                   ", ".join(f"{k} {v:.2f}" for k, v in measured.items()) or "no memory fields in metrics",
+                   "metrics.jsonl"))
+    return out
+
+
+def rows_performance(run: RunRecords) -> list[Row]:
+    s = run.summary
+    out = []
+    if s is not None and finite(s.steady_tokens_per_s):
+        out.append(Row("performance", "throughput (steady)", INFO, f"{s.steady_tokens_per_s:.1f} tokens/s",
+                       "metrics.jsonl summary"))
+    else:
+        tps = sorted(r.tokens_per_s for r in run.steps if finite(r.tokens_per_s) and not r.compile)
+        out.append(Row("performance", "throughput (steady)", INFO if tps else MISSING,
+                       f"median {tps[len(tps) // 2]:.1f} tokens/s (no summary line)" if tps else "no data",
+                       "metrics.jsonl"))
+    comp = [r.step_time_s for r in run.steps if r.compile and finite(r.step_time_s)]
+    steady = sorted(r.step_time_s for r in run.steps if not r.compile and finite(r.step_time_s))
+    summary_ct = s.compile_time_s if s is not None and finite(s.compile_time_s) else None
+    if comp or steady or summary_ct is not None:
+        med = steady[len(steady) // 2] if steady else None
+        ct = summary_ct if summary_ct is not None else (
+            sum(max(0.0, c - (med or 0.0)) for c in comp) if comp else None)
+        out.append(Row("performance", "compile vs steady", INFO,
+                       (f"compile {ct:.2f} s over {len(comp)} step(s)" if ct is not None else "no compile steps")
+                       + (f"; steady {med:.3f} s/step" if med is not None else ""), "metrics.jsonl"))
+    else:
+        out.append(Row("performance", "compile vs steady", MISSING, "no step times", "metrics.jsonl"))
+    pads = [r.padding_fraction for r in run.steps if finite(r.padding_fraction)]
+    if pads:
+        out.append(Row("performance", "padding", INFO, f"mean padding fraction {sum(pads) / len(pads):.3f}",
+                       "metrics.jsonl"))
+    return out
+
+
+def rows_environment(run: RunRecords) -> list[Row]:
+    m = run.manifest
+    doc = m.doctor if m else None
+    v = (doc or {}).get("versions") or (m.versions if m else None)
+    if not isinstance(v, dict) or not v:
+        return [Row("environment", "versions (port doctor)", MISSING, "no versions in manifest.json",
+                    "manifest.json")]
+    pk = v.get("packages") if isinstance(v.get("packages"), dict) else {}
+    desc = ", ".join(f"{k} {pk[k]}" for k in ("mindspore", "torch", "torch_npu", "transformers", "mindspeed")
+                     if pk.get(k)) + f"; CANN {v.get('cann') or '-'}; NPU {'yes' if v.get('npu_present') else 'no'}"
+    out = [Row("environment", "versions", INFO, f"Python {v.get('python')}; {desc}", "manifest.json")]
+    if isinstance(doc, dict):
+        checks = doc.get("checks") if isinstance(doc.get("checks"), list) else []
+        fails = [c for c in checks if isinstance(c, dict) and c.get("status") == "fail"]
+        out.append(Row("environment", "doctor checks", FAIL if fails else PASS,
+                       f"{len(fails)} failing: {fails[0].get('check')}" if fails else "no failing check",
+                       "manifest.json doctor"))
+    else:
+        out.append(Row("environment", "doctor checks", MISSING, "manifest has versions only",
+                       "porting.diagnostics.doctor.doctor_report() in the manifest"))
+    return out
+
+
+def _field(d: Any, key: str) -> Any:
+    """A field of `port diagnose`'s verdict, whether it is a dict or a dataclass."""
+    return d.get(key) if isinstance(d, dict) else getattr(d, key, None)
+
+
+def diagnose_logs(run: RunRecords) -> Diagnosis | None:
+    """`port diagnose` on the run's logs/ (None without logs); a refusal becomes a note."""
+    if not (run.path / "logs").is_dir():
+        return None
+    from porting.diagnostics import DiagnosticsError
+    from porting.diagnostics.diagnose import diagnose
+
+    world = cluster(run)[2]
+    try:
+        d = diagnose(run.path / "logs", jobs=1, world_size=world)
+    except DiagnosticsError as e:
+        run.notes.append(f"logs/: {e}")
+        return None
+    ranks = _field(d, "ranks") or []
+    warnings = tuple(str(w) for w in (_field(d, "warnings") or []))
+    run.notes.extend(f"logs/{w}" for w in warnings[:8])
+    return Diagnosis(first_failing_rank=_field(d, "first_failing_rank"), last_step=_field(d, "last_step"),
+                     reason=str(_field(d, "reason") or ""), ranks_seen=int(_field(d, "ranks_seen") or 0),
+                     rank_last_steps=tuple(s for s in (_field(r, "last_step") for r in ranks) if isinstance(s, int)),
+                     warnings=warnings)
+
+
+def build_rows(run: RunRecords) -> tuple[list[Row], Diagnosis | None]:
+    diag = diagnose_logs(run)
+    rows = (rows_correctness(run) + rows_operators(run) + rows_stability(run, diag) + rows_communication(run, diag)
+            + rows_resources(run) + rows_performance(run) + rows_environment(run))
+    return rows, diag
