@@ -54,9 +54,12 @@ class TrainState:
     @classmethod
     def read(cls, path: Path) -> TrainState:
         """Parse and check ``path``; every defect is one line naming the file and the key."""
-        doc = files.read_json_object(path, what="checkpoint state", max_bytes=MAX_STATE_BYTES,
-                                     error=CheckpointError)
         fix = f"the checkpoint is damaged: delete {path.parent} to resume from an earlier checkpoint"
+        try:
+            doc = files.read_json_object(path, what="checkpoint state", max_bytes=MAX_STATE_BYTES,
+                                         error=CheckpointError)
+        except CheckpointError as e:
+            raise CheckpointError(f"{e}; {fix}") from None
 
         def integer(d: dict, key: str, where: str, low: int | None) -> int:
             v = d.get(key)
