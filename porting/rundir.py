@@ -254,9 +254,12 @@ class MetricsWriter:
     def _keep(self, through: int) -> None:
         """A fresh run starts empty; a resumed one keeps the steps up to its checkpoint (a killed run may
         have logged later steps, which it runs again), rewritten atomically."""
+        self.note: str | None = None   # what the kept file had that was not kept (malformed lines)
         if not self.path.exists():
             return
-        kept = read_metrics(self.path).steps if through else []
+        old = read_metrics(self.path) if through else None
+        self.note = old.warning if old else None
+        kept = old.steps if old else []
         files.write_atomic(self.path, "".join(_dumps(r.to_dict()) + "\n" for r in kept if r.step <= through),
                            error=RunDirError)
 

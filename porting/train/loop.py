@@ -285,19 +285,11 @@ def train(recipe: Recipe, run_dir: str | Path, *, rank: int = 0, world_size: int
         start = trainer.restore(last[1])
         log.info(f"resumed from {last[1]} at step {start}")
     if rank == 0:
-        from porting.diagnostics.doctor import doctor_report
-        from porting.env import versions
-        from porting.train.recipe import recipe_dict
-
-        manifest = rundir.RunManifest(
-            recipe=recipe_dict(recipe), versions=versions(), doctor=doctor_report(),
-            model=rundir.ModelInfo(source=recipe.model.source, dir=str(model_dir), config=cfg.to_hf(),
-                                   parameters=cfg.num_parameters()),
-            data=rep.as_dict(), bucketing=plan.describe(), seed=recipe.seed, world_size=world_size,
-            command=tuple(command or sys.argv), started=_dt.datetime.now(_dt.timezone.utc).isoformat(),
-            resumed_from_step=start or None)
-        rundir.write_manifest(run_dir, manifest, resume_step=start if resume else 0)
+        rundir.write_manifest(run_dir, run_manifest(recipe, model_dir, cfg, plan, world_size, command, start),
+                              resume_step=start if resume else 0)
     metrics = rundir.MetricsWriter(run_dir, keep_through_step=start) if rank == 0 else None
+    if metrics is not None and metrics.note:
+        log.warning(f"resume: {metrics.note}; they are not kept")
     records: list[rundir.StepRecord] = []
     last_loss = float("nan")
     last_good = ckpt.latest(ck_root)
@@ -316,14 +308,7 @@ def train(recipe: Recipe, run_dir: str | Path, *, rank: int = 0, world_size: int
                                       f"the update was not applied; {where}. Lower optimizer.lr, enable "
                                       f"optimizer.grad_clip, or check the data")
             last_loss = r["loss"]
-            global_tokens_per_s = step.global_real_tokens / r["step_time_s"] if r["step_time_s"] > 0 else 0.0
-            rec = rundir.StepRecord(
-                step=step.index + 1, epoch=step.epoch, loss=r["loss"], lr=lr, grad_norm=r["grad_norm"],
-                tokens=step.global_real_tokens, loss_tokens=step.global_tokens,
-                padded_tokens=step.global_padded_tokens, tokens_per_s=round(global_tokens_per_s, 2),
-                step_time_s=round(r["step_time_s"], 5), padding_fraction=round(step.padding_fraction, 5),
-                compile=r["compile"], shapes=tuple(sorted({list(mb.shape)[1] for mb in step.micro_batches})),
-                loss_scale=trainer.scaler.scale, skipped=not r["applied"], host_rss_gib=_host_rss_gib())
+            rec = step_record(step, r, lr, trainer.scaler.scale)
             records.append(rec)
             if metrics is not None:
                 metrics.step(rec)
@@ -355,6 +340,34 @@ def train(recipe: Recipe, run_dir: str | Path, *, rank: int = 0, world_size: int
         if metrics is not None:
             metrics.close()
     return RunResult(run_dir, len(records), last_loss, trainer_graphs(trainer), len(trainer.shapes_seen))
+
+
+def run_manifest(recipe: Recipe, model_dir: Path, cfg, plan: data_mod.BatchPlan, world_size: int,
+                 command: list[str] | None, start: int) -> rundir.RunManifest:
+    """What this run is (manifest.json), as the run-directory format defines it."""
+    from porting.diagnostics.doctor import doctor_report
+    from porting.env import versions
+    from porting.train.recipe import recipe_dict
+
+    return rundir.RunManifest(
+        recipe=recipe_dict(recipe), versions=versions(), doctor=doctor_report(),
+        model=rundir.ModelInfo(source=recipe.model.source, dir=str(model_dir), config=cfg.to_hf(),
+                               parameters=cfg.num_parameters()),
+        data=plan.data.report.as_dict(), bucketing=plan.describe(), seed=recipe.seed, world_size=world_size,
+        command=tuple(command or sys.argv), started=_dt.datetime.now(_dt.timezone.utc).isoformat(),
+        resumed_from_step=start or None)
+
+
+def step_record(step: data_mod.Step, r: dict, lr: float, loss_scale: float) -> rundir.StepRecord:
+    """One metrics.jsonl line from the step's plan and what ``Trainer.run_step`` measured."""
+    tokens_per_s = step.global_real_tokens / r["step_time_s"] if r["step_time_s"] > 0 else 0.0
+    return rundir.StepRecord(
+        step=step.index + 1, epoch=step.epoch, loss=r["loss"], lr=lr, grad_norm=r["grad_norm"],
+        tokens=step.global_real_tokens, loss_tokens=step.global_tokens, padded_tokens=step.global_padded_tokens,
+        tokens_per_s=round(tokens_per_s, 2), step_time_s=round(r["step_time_s"], 5),
+        padding_fraction=round(step.padding_fraction, 5), compile=r["compile"],
+        shapes=tuple(sorted({list(mb.shape)[1] for mb in step.micro_batches})), loss_scale=loss_scale,
+        skipped=not r["applied"], host_rss_gib=_host_rss_gib())
 
 
 def trainer_graphs(trainer: Trainer) -> int:

@@ -138,6 +138,25 @@ def test_bad_inputs_are_one_line_errors(work, tmp_path):
     (other_model / "manifest.json").write_text(json.dumps(man))
     one_line_error(port_inproc("compare", base, str(other_model)), "trains another model than baseline",
                    "num_parameters 260032 vs")
+    # issue 15: a run manifest nested 100,000 levels deep is one line, and nothing in the run is touched
+    deep = tmp_path / "deep"
+    shutil.copytree(run, deep, ignore=shutil.ignore_patterns("checkpoints", "hf", "logs"))
+    (deep / "manifest.json").write_text("[" * 100_000 + "]" * 100_000)
+    before = {p: p.read_bytes() for p in deep.rglob("*") if p.is_file()}
+    one_line_error(port_inproc("compare", base, str(deep)), f"{deep / 'manifest.json'}: the JSON nests deeper "
+                   "than 64 levels")
+    assert {p: p.read_bytes() for p in deep.rglob("*") if p.is_file()} == before
+
+
+def test_a_cut_metrics_line_is_counted_in_the_comparison(work, tmp_path):
+    """The one reading rule (porting.rundir): a line cut by a kill is skipped, counted and shown."""
+    run = tmp_path / "cut"
+    shutil.copytree(work["run"], run, ignore=shutil.ignore_patterns("hf", "logs"))
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write('{"step": 7, "loss": 0.')
+    p = port_inproc("compare", str(work["base"]), str(run), "--no-probe")
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    assert "NOTE (run directory): metrics.jsonl: 1 malformed line(s) skipped (first: line 8:" in p.stdout
 
 
 def test_baseline_bad_inputs_leave_no_file(tmp_path):

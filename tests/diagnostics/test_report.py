@@ -184,8 +184,6 @@ def test_end_to_end_real_port_train_run(tmp_path):
     import sys
 
     root = Path(__file__).resolve().parents[2]
-    if not (root / "porting" / "cli" / "train.py").is_file():
-        pytest.skip("port train is not on this branch")
     run = tmp_path / "run"
     r = subprocess.run([sys.executable, "-m", "porting", "train", "recipes/tiny-cpu.yaml", "--set",
                         f"output_dir={run}"], cwd=root, capture_output=True, text=True, timeout=600)
@@ -229,3 +227,104 @@ def test_garbage_run_dir_gives_notes_not_tracebacks(tmp_path):
     assert "rank_0.log: binary content" in notes
     rows = rows_by_item(res)
     assert rows["rank map (rank table)"]["status"] == "missing" and rows["training loss"]["status"] == "missing"
+
+
+def _snapshot(root: Path) -> dict[Path, bytes]:
+    return {p: p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def _report_cli(*args: str):
+    from click.testing import CliRunner
+
+    from porting.cli import main
+
+    return CliRunner().invoke(main, ["report", *map(str, args)])
+
+
+def test_out_never_replaces_what_port_did_not_write(tmp_path):
+    """Issue 15 (1): --out equal to, containing or inside the run dir, a model directory, a file or a
+    link is refused with one line, exit 2, and nothing is deleted or changed."""
+    run = write_run(tmp_path / "runs" / "x")
+    model = tmp_path / "model"
+    shutil.copytree(Path(__file__).resolve().parents[2] / "model_zoo" / "assets" / "stories260k", model)
+    (tmp_path / "afile").write_text("keep me")
+    (tmp_path / "link").symlink_to(model)
+    before = _snapshot(tmp_path)
+    cases = [
+        ((run, "--out", run), "is the run directory itself"),
+        ((run, "--out", run, "--force"), "is the run directory itself"),
+        ((run, "--out", tmp_path / "runs"), "contains the run directory"),
+        ((run, "--out", run / "checkpoints", "--force"), "is inside the run directory"),
+        ((run, "--out", model), "is not a report port wrote (no .port-report marker)"),
+        ((run, "--out", model, "--force"), "is not a report port wrote"),
+        ((run, "--out", tmp_path / "afile", "--force"), "exists and is not a directory"),
+        ((run, "--out", tmp_path / "link", "--force"), "is a symbolic link"),
+    ]
+    for args, needle in cases:
+        r = _report_cli(*args)
+        assert r.exit_code == 2, (args, r.output)
+        lines = r.output.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], (args, r.output)
+        assert _snapshot(tmp_path) == before, args
+        assert sorted(p.name for p in tmp_path.rglob(".*port-tmp*")) == []
+
+
+def test_an_earlier_report_is_replaced_only_with_force(tmp_path):
+    run = write_run(tmp_path / "run")
+    out = tmp_path / "rep"
+    assert _report_cli(run, "--out", out).exit_code == 0
+    assert (out / ".port-report").is_file() and (out / "report.html").is_file()
+    (out / "report.md").write_text("stale")
+    r = _report_cli(run, "--out", out)
+    assert r.exit_code == 2 and "holds an earlier `port report`; pass --force" in r.output
+    assert (out / "report.md").read_text() == "stale"
+    assert _report_cli(run, "--out", out, "--force").exit_code == 0
+    assert (out / "report.md").read_text().startswith("# port report: run")
+    # the default RUNDIR/report follows the same rule; an empty directory is free to use
+    assert _report_cli(run).exit_code == 0 and _report_cli(run).exit_code == 2
+    assert _report_cli(run, "--force").exit_code == 0
+    (tmp_path / "empty").mkdir()
+    assert _report_cli(run, "--out", tmp_path / "empty").exit_code == 0
+    # a forged marker (not port's body) does not make a directory replaceable
+    forged = tmp_path / "forged"
+    forged.mkdir()
+    (forged / ".port-report").write_text("{}")
+    (forged / "data.bin").write_bytes(b"precious")
+    r = _report_cli(run, "--out", forged, "--force")
+    assert r.exit_code == 2 and "no .port-report marker" in r.output and (forged / "data.bin").read_bytes() == b"precious"
+
+
+@pytest.mark.parametrize("passed", ["false", "true", 1, None, [True]])
+def test_passed_must_be_a_real_bool(tmp_path, passed):
+    """Issue 15 (6): a truthy non-bool `passed` is shown as invalid (a fail), never as a pass."""
+    run = write_run(tmp_path / "run")
+    (run / "parity.json").write_text(json.dumps({"passed": passed, "checks": [{"max_abs": "big"}]}))
+    row = rows_by_item(make_report(run))["parity with HF (port verify)"]
+    assert row["status"] == "fail" and row["value"].startswith("invalid parity.json: 'passed' is"), row
+
+
+def test_markdown_escapes_html_like_the_html(tmp_path):
+    run = write_run(tmp_path / "<script>alert(1)<")
+    (run / "ops_scan.json").write_text(json.dumps({"ops": [{"op": "x"}], "blocking": ["<script>alert(2)</script>|x"],
+                                                   "counts": {"<img src=x onerror=alert(3)>": 1}}))
+    (run / "parity.json").write_text('{"passed": tru')   # its note quotes the file's text
+    res = make_report(run, tmp_path / "out")
+    md = (res.out / "report.md").read_text()
+    page = (res.out / "report.html").read_text()
+    for text in (md, page):
+        assert "<script" not in text and "<img" not in text, text
+    assert "&lt;script&gt;alert(2)&lt;/script&gt;\\|x" in md and "&lt;img src=x onerror=alert(3)&gt;" in md
+    assert md.startswith("# port report: &lt;script&gt;alert(1)&lt;\n")
+    assert all(line.count(" | ") == 4 for line in md.splitlines() if line.startswith("| ") and "---" not in line)
+
+
+def test_deep_manifest_is_a_note_in_the_report(tmp_path):
+    """Issue 15: a run manifest nested 100,000 levels: one line (a note here; `port compare` refuses it
+    with one error line, tests/baseline/test_compare_cli.py), no traceback, the run untouched."""
+    run = write_run(tmp_path / "run")
+    (run / "manifest.json").write_text("[" * 100_000 + "]" * 100_000)
+    before = _snapshot(run)
+    r = _report_cli(run, "--out", tmp_path / "out")
+    assert r.exit_code == 0, r.output
+    assert "note: manifest.json: the JSON nests deeper than 64 levels" in r.output
+    assert _snapshot(run) == before
