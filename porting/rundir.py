@@ -265,8 +265,12 @@ class MetricsWriter:
 
     def _write(self, rec: dict) -> None:
         assert self._f is not None, "MetricsWriter used after close()"
-        self._f.write(_dumps(rec) + "\n")
-        self._f.flush()
+        try:
+            self._f.write(_dumps(rec) + "\n")
+            self._f.flush()
+        except OSError as e:
+            raise RunDirError(f"{self.path}: cannot write a metrics record ({e.strerror}); free disk space "
+                              "and rerun with --resume") from None
 
     def step(self, rec: StepRecord) -> None:
         self._write(rec.to_dict())
@@ -396,6 +400,9 @@ def _note(exc: RunDirError, path: Path) -> str:
 
 
 def _tolerant(fn, notes: list[str], path: Path):
+    """``fn(path)``, or None with a note when the file is absent or unreadable (tolerant reads)."""
+    if not path.exists():
+        return None
     try:
         return fn(path)
     except RunDirError as e:
@@ -420,8 +427,8 @@ def read_run(path: str | os.PathLike, *, strict: bool = True) -> RunRecords:
                               + (f" ({metrics.warning})" if metrics.warning else ""))
         plan = _read_plan(run, notes)
     else:
-        manifest = _tolerant(read_manifest, notes, run / MANIFEST_FILE) if (run / MANIFEST_FILE).exists() else None
-        metrics = _tolerant(read_metrics, notes, run / METRICS_FILE) if (run / METRICS_FILE).exists() else None
+        manifest = _tolerant(read_manifest, notes, run / MANIFEST_FILE)
+        metrics = _tolerant(read_metrics, notes, run / METRICS_FILE)
         plan = _read_plan(run, notes)
         if manifest is None and plan is None and metrics is None and not (run / "logs").is_dir():
             raise RunDirError(f"{run}: not a run directory (no {MANIFEST_FILE}, {PLAN_FILE}, {METRICS_FILE} or "
@@ -434,14 +441,7 @@ def read_run(path: str | os.PathLike, *, strict: bool = True) -> RunRecords:
 
 def _read_plan(run: Path, notes: list[str]) -> dict | None:
     """``plan.json`` (written by `port train` from the dry-run plan); unreadable: a note, not an error."""
-    p = run / PLAN_FILE
-    if not p.exists():
-        return None
-    try:
-        return files.read_json_object(p, what="run plan", error=RunDirError)
-    except RunDirError as e:
-        notes.append(_note(e, p))
-        return None
+    return _tolerant(lambda p: files.read_json_object(p, what="run plan", error=RunDirError), notes, run / PLAN_FILE)
 
 
 def finite(x: Any) -> bool:
