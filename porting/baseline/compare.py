@@ -163,9 +163,9 @@ def _same_memory_kind(base_kind: str | None, run_kind: str | None) -> bool:
 
 
 def compare(base_doc: dict, base_settings: dict, run: RunRecords, run_settings: dict, tol: Tolerances,
-            port_probe: Callable[[], tuple[np.ndarray | None, str]], allow_settings_mismatch: bool = False
+            run_logits: Callable[[], tuple[np.ndarray | None, str]], allow_settings_mismatch: bool = False
             ) -> dict[str, Any]:
-    """The full comparison; ``port_probe()`` gives the port's probe logits (or None) and where they came from."""
+    """The full comparison; ``run_logits()`` gives the run's probe logits (or None) and where they came from."""
     diff = settings_diff(base_settings, run_settings)
     key_diff = [d for d in diff if d["key_setting"]]
     if key_diff and not allow_settings_mismatch:
@@ -173,7 +173,7 @@ def compare(base_doc: dict, base_settings: dict, run: RunRecords, run_settings: 
         raise ConfigError(f"{run.path}: settings differ from the baseline: {listed}; re-run one side with the "
                           "other's settings, or pass --allow-settings-mismatch to compare anyway")
     loss = loss_curve(base_doc, run, tol)
-    logits, reason = port_probe()
+    logits, reason = run_logits()
     pr = probe(base_doc, logits, reason, tol)
     tm = throughput_and_memory(base_doc, run, tol)
     failures = []
