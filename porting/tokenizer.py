@@ -35,8 +35,9 @@ def _tokenizer_source(d: Path) -> Path:
         return d / TOKENIZER_FILE
     if (d / SENTENCEPIECE_FILE).is_file():
         if importlib.util.find_spec("sentencepiece") is None:
-            raise ConfigError(f"{d}: missing {TOKENIZER_FILE}, and reading {SENTENCEPIECE_FILE} needs the sentencepiece "
-                              f"package; pip install sentencepiece, or save the model's {TOKENIZER_FILE} beside it")
+            raise ConfigError(f"{d}: missing {TOKENIZER_FILE}, and reading {SENTENCEPIECE_FILE} needs the "
+                              f"sentencepiece package; pip install sentencepiece, or save the model's "
+                              f"{TOKENIZER_FILE} beside it")
         return d / SENTENCEPIECE_FILE
     raise ConfigError(f"{d}: missing {TOKENIZER_FILE} (or {SENTENCEPIECE_FILE}); copy the model's tokenizer files "
                       "into the model directory")

@@ -41,7 +41,8 @@ def test_longer_prompt_continues_the_golden_text(stories):
 
 
 @pytest.mark.parametrize("args, message", [
-    (dict(prompt_ids=[1], max_new_tokens=3, cache="paged"), "KV cache mode 'paged': expected one of static, dynamic, none"),
+    (dict(prompt_ids=[1], max_new_tokens=3, cache="paged"),
+     "KV cache mode 'paged': expected one of static, dynamic, none"),
     (dict(prompt_ids=[], max_new_tokens=3), "the prompt has no tokens"),
     (dict(prompt_ids=[1], max_new_tokens=0), "max_new_tokens=0: expected at least 1"),
 ])

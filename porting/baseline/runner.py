@@ -21,8 +21,8 @@ import numpy as np
 from model_zoo.errors import ConfigError
 from model_zoo.files import sha256_file
 from porting.baseline import arrays, schema, settings as settings_mod
-from porting.baseline.memory import meter_for
-from porting.baseline.torch_loop import PHASES, LoopConfig, LoopResult, OptimConfig
+from porting.baseline.memory import PHASES, PhaseMeter, meter_for
+from porting.baseline.torch_loop import LoopConfig, LoopResult, OptimConfig
 from porting.env import cpu_model, require_torch, versions
 
 if TYPE_CHECKING:
@@ -38,7 +38,9 @@ PROBE_BYTES_PER_LOGIT = 2 * 4 * 4 / 3
 
 @dataclass(frozen=True)
 class BaselineRequest:
-    recipe: str
+    """One `port baseline` invocation, as its options give it."""
+
+    recipe_path: str
     out: str
     device: str = "cpu"
     hf: str | None = None              # model directory; default: the recipe's model.source
@@ -142,16 +144,32 @@ def _finite(xs: list[float]) -> list[float | None]:
     return [x if math.isfinite(x) else None for x in xs]
 
 
-def document(req: BaselineRequest, recipe: Recipe, hf_dir: Path, plan: BatchPlan, res: LoopResult, loop: LoopConfig,
-             meter_kind: str, per_phase: bool, probe: np.ndarray, dev: dict, started: str) -> dict[str, Any]:
-    from porting.train.recipe import recipe_dict
+@dataclass(frozen=True)
+class BaselineRun:
+    """What one baseline run used and measured; its document is written from this."""
 
+    req: BaselineRequest
+    recipe: Recipe
+    hf_dir: Path
+    plan: BatchPlan
+    loop: LoopConfig
+    meter: PhaseMeter
+    probe: np.ndarray
+    result: LoopResult
+    started: str
+
+
+def baseline_document(run: BaselineRun) -> dict[str, Any]:
+    """The baseline file's content (docs/baseline.md, format ``port-baseline`` v1)."""
     import torch
 
     from model_zoo.config import LlamaConfig
     from porting.baseline import estimate
     from porting.train.plan import estimate_memory
+    from porting.train.recipe import recipe_dict
 
+    req, recipe, hf_dir, plan, loop, res = run.req, run.recipe, run.hf_dir, run.plan, run.loop, run.result
+    meter_kind = run.meter.kind
     rd = recipe_dict(recipe)
     model = settings_mod.model_info(hf_dir)
     peaks = {p: max(res.peak_gib[p]) for p in PHASES}
@@ -161,8 +179,8 @@ def document(req: BaselineRequest, recipe: Recipe, hf_dir: Path, plan: BatchPlan
     ver = versions()
     ver["packages"]["torch"] = torch.__version__
     return {
-        "format": schema.FORMAT, "format_version": schema.FORMAT_VERSION, "created": started,
-        "command": list(req.command), "device": dev, "versions": ver,
+        "format": schema.FORMAT, "format_version": schema.FORMAT_VERSION, "created": run.started,
+        "command": list(req.command), "device": device_info(req.device, req.threads), "versions": ver,
         "model": {"hf_dir": str(hf_dir), **model, "weights": weights_fingerprint(hf_dir)},
         "settings": settings_mod.from_recipe(rd, plan.data.report.sha256, model, n),
         "recipe": rd,
@@ -174,11 +192,11 @@ def document(req: BaselineRequest, recipe: Recipe, hf_dir: Path, plan: BatchPlan
             "peak_memory_gib": {p: res.peak_gib[p] for p in PHASES},
         },
         "timing": res.timing(),
-        "memory": {"kind": meter_kind, "per_phase": per_phase, "unit": "GiB", "weights_gib": res.weights_gib,
+        "memory": {"kind": meter_kind, "per_phase": run.meter.per_phase, "unit": "GiB", "weights_gib": res.weights_gib,
                    "peak_gib": peaks, "estimator_check": est_check,
                    "note": ("torch.cuda.max_memory_allocated, reset before each phase" if meter_kind.startswith("cuda")
                             else "host resident set (whole process) high-water mark, reset before each phase")},
-        "probe": {"input_ids": probe.tolist(), "after_step": n, "source": "first row of step 1's first micro-batch",
+        "probe": {"input_ids": run.probe.tolist(), "after_step": n, "source": "first row of step 1's first micro-batch",
                   "logits_initial": arrays.encode(res.probe_logits_initial),
                   "logits_final": arrays.encode(res.probe_logits_final)},
         "loop": {"dtype": loop.dtype, "timing_warmup_steps": loop.timing_warmup_steps, "recompute": loop.recompute,
@@ -194,9 +212,9 @@ def check_probe_size(probe_tokens: int, vocab_size: int) -> None:
         raise ConfigError(f"--probe-tokens {probe_tokens}: expected at least 2")
     most = int(schema.MAX_BYTES * 0.9 / (vocab_size * PROBE_BYTES_PER_LOGIT))
     if probe_tokens > most:
-        raise ConfigError(f"--probe-tokens {probe_tokens}: the probe logits of a {vocab_size:,}-token vocabulary would "
-                          f"make the baseline file larger than the {schema.MAX_BYTES >> 20} MiB it may have; use at most "
-                          f"{most}")
+        raise ConfigError(f"--probe-tokens {probe_tokens}: the probe logits of a {vocab_size:,}-token vocabulary "
+                          f"would make the baseline file larger than the {schema.MAX_BYTES >> 20} MiB it may have; "
+                          f"use at most {most}")
 
 
 def run(req: BaselineRequest, log: Callable[[str], None] = lambda s: None) -> BaselineResult:
@@ -210,12 +228,12 @@ def run(req: BaselineRequest, log: Callable[[str], None] = lambda s: None) -> Ba
     out = Path(req.out)
     if not out.parent.is_dir():
         raise ConfigError(f"--out {out}: folder {out.parent} does not exist; create it first")
-    recipe = load_recipe(req.recipe, list(req.overrides))
+    recipe = load_recipe(req.recipe_path, list(req.overrides))
     require_torch("port baseline")
     check_device(req.device)
     prec = settings_mod.precision(recipe.model_dump(mode="json"))
     if prec not in LOOP_DTYPES:
-        raise ConfigError(f"{req.recipe}: precision {prec} is not supported by `port baseline` (supported: "
+        raise ConfigError(f"{req.recipe_path}: precision {prec} is not supported by `port baseline` (supported: "
                           f"{', '.join(LOOP_DTYPES)}); set precision.param_dtype/compute_dtype to one of them")
     hf_dir = resolve_hf(req.hf or recipe.model.source)
     check_probe_size(req.probe_tokens, LlamaConfig.from_hf(hf_dir).vocab_size)
@@ -239,13 +257,13 @@ def run(req: BaselineRequest, log: Callable[[str], None] = lambda s: None) -> Ba
     meter = meter_for(req.device)
 
     def on_step(i: int, r: LoopResult) -> None:
+        peak = "/".join(f"{r.peak_gib[p][-1]:.3f}" for p in PHASES)
         log(f"step {i + 1}/{n} loss {r.loss[-1]:.6f} grad_norm {r.grad_norm[-1]:.4f} lr {r.lr[-1]:.3g} "
-            f"{r.step_time_s[-1]:.3f}s peak(fwd/bwd/opt) " + "/".join(f"{r.peak_gib[p][-1]:.3f}" for p in PHASES) + " GiB")
+            f"{r.step_time_s[-1]:.3f}s peak(fwd/bwd/opt) {peak} GiB")
 
     res = torch_loop.train(model, gathered_steps(plan, n), optim_config(recipe, plan.total_steps), loop, meter,
                            probe_ids=probe, on_step=on_step)
-    doc = document(req, recipe, hf_dir, plan, res, loop, meter.kind, meter.per_phase, probe,
-                   device_info(req.device, req.threads), started)
+    doc = baseline_document(BaselineRun(req, recipe, hf_dir, plan, loop, meter, probe, res, started))
     bad = schema.problems(doc)
     if bad:  # our own output must satisfy the reader; a failure here is a bug, not bad input
         raise RuntimeError(f"baseline document does not validate: {bad}")

@@ -14,6 +14,7 @@ from typing import Any
 from model_zoo.errors import ConfigError
 from model_zoo.files import read_json, write_atomic
 from porting.baseline import arrays
+from porting.baseline.memory import PHASES
 
 FORMAT = "port-baseline"
 FORMAT_VERSION = 1
@@ -33,7 +34,6 @@ TOP_LEVEL: dict[str, type | tuple[type, ...]] = {
     "model": dict, "settings": dict, "steps": dict, "timing": dict, "memory": dict, "probe": dict,
 }
 STEP_ARRAYS = ("step", "loss", "grad_norm", "lr", "tokens", "step_time_s")
-PHASES = ("forward", "backward", "optimizer")
 
 
 def save(path: str | Path, doc: dict[str, Any]) -> Path:

@@ -88,7 +88,8 @@ def test_weights_fingerprint_hashes_every_file_or_takes_the_recorded_digest(tmp_
     real = (EMBEDDED / "model.safetensors").read_bytes()
     digest = hashlib.sha256(real).hexdigest()
     fp = weights_fingerprint(EMBEDDED)
-    assert fp["files"] == [{"name": "model.safetensors", "bytes": len(real), "sha256": digest, "sha256_from": "computed"}]
+    assert fp["files"] == [{"name": "model.safetensors", "bytes": len(real), "sha256": digest,
+                            "sha256_from": "computed"}]
     # The HF hub cache layout: the snapshot file links to blobs/<sha256>; that name is the digest.
     (tmp_path / "blobs").mkdir()
     (tmp_path / "blobs" / digest).write_bytes(real)

@@ -13,7 +13,7 @@ ROOT_RECIPE = "recipes/tiny-cpu.yaml"
 
 
 def _run(tmp_path, name: str, *overrides: str, steps: int = 3) -> dict:
-    req = runner.BaselineRequest(recipe=ROOT_RECIPE, out=str(tmp_path / f"{name}.json"), steps=steps, threads=2,
+    req = runner.BaselineRequest(recipe_path=ROOT_RECIPE, out=str(tmp_path / f"{name}.json"), steps=steps, threads=2,
                                  overrides=("schedule.max_steps=4",) + overrides, probe_tokens=16)
     res = runner.run(req)
     assert res.path == tmp_path / f"{name}.json"
