@@ -40,7 +40,7 @@ def bench_model(hf_dir: Path, batch: int, seq: int, repeat: int) -> dict:
 
     from converters.loading import load_hf_dir
     from model_zoo import LlamaConfig, build
-    from porting.generate import greedy
+    from model_zoo.decode import greedy
 
     cfg = LlamaConfig.from_hf(hf_dir)
     ids = np.random.default_rng(0).integers(0, cfg.vocab_size, (batch, seq)).astype(np.int32)

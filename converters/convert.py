@@ -29,7 +29,6 @@ from converters.sources import (
     MS_INDEX,
     Source,
     SourceFile,
-    file_sha256,
     known_sha256,
     open_hf,
     open_ms,
@@ -37,6 +36,7 @@ from converters.sources import (
 )
 from model_zoo.config import LlamaConfig
 from model_zoo.errors import CheckpointError
+from model_zoo.files import sha256_file
 
 HF_INDEX = "model.safetensors.index.json"
 # Files copied beside the weights so the output directory describes itself (config, tokenizer).
@@ -332,7 +332,7 @@ def execute(plan: Plan, out_dir: Path, *, force: bool = False, progress: Callabl
                 except OSError as e:
                     raise OSError(e.errno, e.strerror, str(out_dir / pf.out_name)) from None
                 if digest is None and compute[pf.src.name]:
-                    digest = file_sha256(pf.src.path)
+                    digest = sha256_file(pf.src.path)
                 digests[pf.src.name] = digest
                 records.extend(recs)
         src_files = []

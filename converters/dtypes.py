@@ -8,7 +8,7 @@ through fp32 is needed only when a cast is asked for.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # numpy is imported where a cast happens: a plain copy never loads it (start-up time)
     import numpy as np
@@ -95,6 +95,3 @@ def to_numpy_f32(code: str, raw: memoryview | bytes, shape: tuple[int, ...]) -> 
 
     arr = _to_f32(code, np.frombuffer(raw, dtype=np.uint8))
     return np.array(arr, dtype=np.float32, copy=True).reshape(shape)
-
-
-CastFn = Callable[[str, str, memoryview], memoryview]

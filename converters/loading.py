@@ -8,7 +8,6 @@ widened exactly to the parameter's dtype.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Mapping
 
 import numpy as np
 
@@ -48,23 +47,6 @@ def read_hf_state(hf_dir: str | Path) -> dict[str, np.ndarray]:
     src = open_hf(Path(hf_dir))
     with TensorReader(src) as reader:
         return {n: _read(reader, n) for n in src.tensor_names()}
-
-
-def assign_hf_state(model, state: Mapping[str, np.ndarray], where: str) -> None:
-    """Copy an HF-named state dict into ``model``: every tensor used, every parameter filled, shapes equal."""
-    import mindspore as ms
-
-    cfg = model.config
-    _check_coverage(where, list(state), cfg)
-    table = names.NAME_MAPS[cfg.model_type]
-    params = {p.name: p for p in model.get_parameters()}
-    shapes = names.expected_hf_shapes(cfg)
-    for hf_name in names.expected_hf_names(cfg):
-        arr, p = state[hf_name], params[names.map_name(hf_name, table)]
-        if tuple(arr.shape) != shapes[hf_name] or tuple(arr.shape) != tuple(p.shape):
-            raise CheckpointError(f"{where}: tensor {hf_name} has shape {tuple(arr.shape)}, config.json implies "
-                                  f"{tuple(p.shape)}")
-        p.set_data(ms.Tensor(np.ascontiguousarray(arr)).astype(p.dtype))
 
 
 def load_hf_dir(model, hf_dir: str | Path) -> None:

@@ -93,11 +93,6 @@ def expected_hf_names(cfg: LlamaConfig) -> list[str]:
     return out
 
 
-def expected_ms_names(cfg: LlamaConfig) -> list[str]:
-    table = NAME_MAPS[cfg.model_type]
-    return [map_name(n, table) for n in expected_hf_names(cfg)]
-
-
 def coverage_error(where: str, missing: list[str], unexpected: list[str]) -> CheckpointError:
     def show(xs: list[str]) -> str:
         xs = sorted(xs)

@@ -7,7 +7,6 @@ a pickle that would run code is refused, never run) and MindSpore ``.ckpt``.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import math
 import pickle
@@ -170,7 +169,6 @@ _READERS: dict[str, Callable[[Path, str], SourceFile]] = {
 # (index file, single file, kind) in order of preference; HF prefers safetensors when both exist.
 HF_LAYOUTS = [("model.safetensors.index.json", "model.safetensors", "safetensors"),
               ("pytorch_model.bin.index.json", "pytorch_model.bin", "bin")]
-MS_LAYOUTS = [(MS_INDEX, None, "safetensors"), (MS_INDEX, None, "ckpt")]
 
 
 def open_hf(d: Path) -> Source:
@@ -321,14 +319,6 @@ def known_sha256(path: Path) -> tuple[str, str] | None:
         if digest is not None:
             return digest, how
     return None
-
-
-def file_sha256(path: Path, chunk: int = CHUNK_BYTES) -> str:
-    h = hashlib.sha256()
-    with MappedFile(path) as mf:
-        for c in mf.chunks(0, mf.size, chunk):
-            h.update(c)
-    return h.hexdigest()
 
 
 class TensorReader:

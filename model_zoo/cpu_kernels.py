@@ -29,6 +29,9 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from model_zoo.errors import PortingError
+from model_zoo.files import write_atomic
+
 CSRC = Path(__file__).with_name("csrc")
 SOURCES = (CSRC / "causal_attention.cc", CSRC / "rms_norm.cc", CSRC / "rope.cc")
 HEADERS = (CSRC / "cpu_common.h",)
@@ -89,17 +92,17 @@ def status() -> tuple[str | None, str]:
         return str(out), f"compiled library {out}"
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        # Compile to a private name, then rename: concurrent msrun workers never load a half-written file.
-        fd, tmp = tempfile.mkstemp(prefix=out.stem + ".", suffix=".tmp.so", dir=out.parent)
-        os.close(fd)
-        proc = subprocess.run([cxx, *FLAGS, "-o", tmp, *map(str, SOURCES)], capture_output=True, text=True,
-                              timeout=300)
-        if proc.returncode != 0:
-            os.unlink(tmp)
-            first = (proc.stderr.strip().splitlines() or ["(no output)"])[0]
-            return None, f"compiling {' '.join(f.name for f in SOURCES)} with {cxx} failed: {first}"
-        os.replace(tmp, out)
-    except (OSError, subprocess.SubprocessError) as exc:
+        # Compile in a private folder, then publish with write_atomic: concurrent msrun workers never
+        # load a half-written library, and one that is already there stays until the new one is whole.
+        with tempfile.TemporaryDirectory(prefix=f".{out.stem}.", dir=out.parent) as tmp:
+            built = Path(tmp) / out.name
+            proc = subprocess.run([cxx, *FLAGS, "-o", str(built), *map(str, SOURCES)], capture_output=True,
+                                  text=True, timeout=300)
+            if proc.returncode != 0:
+                first = (proc.stderr.strip().splitlines() or ["(no output)"])[0]
+                return None, f"compiling {' '.join(f.name for f in SOURCES)} with {cxx} failed: {first}"
+            write_atomic(out, built.read_bytes())
+    except (OSError, subprocess.SubprocessError, PortingError) as exc:
         return None, f"could not build {LIBRARY} in {out.parent}: {exc}"
     return str(out), f"compiled library {out}"
 

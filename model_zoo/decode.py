@@ -1,21 +1,33 @@
-"""One-token decode step with a static-shape KV cache, compiled once with ``mindspore.jit``.
+"""Greedy decoding of a zoo cell, the one implementation (``port generate``, ``port verify --generate``).
 
-The PyNative KV-cache path (:meth:`LlamaForCausalLM.forward_cached`) grows the cache by
-concatenation, so every step has new shapes and runs op by op. Here the cache has a fixed length
-``max_len``; position ``pos`` is a tensor input, the new k/v are written with a one-hot blend, and
-keys beyond ``pos`` are masked, so every step reuses one compiled graph.
+Three ways to keep the keys and values of past positions, all giving the same tokens:
+
+* ``"static"``: a KV cache of fixed length ``max_len`` (:class:`StaticCacheDecoder`), compiled once with
+  ``mindspore.jit``. Position ``pos`` is a tensor input, the new k/v are written with a one-hot blend
+  and keys beyond ``pos`` are masked, so every step reuses one compiled graph (fastest).
+* ``"dynamic"``: the PyNative cache of :meth:`LlamaForCausalLM.forward_cached`, grown by concatenation,
+  so every step has new shapes and runs op by op (the path the fused kernels' cache mode takes).
+* ``"none"``: the whole sequence recomputed every step (the plain forward, as a reference).
+
+Ties in the argmax go to the lowest id, as ``torch.argmax`` (HF ``generate``) does.
 """
 
 from __future__ import annotations
+
+import functools
+from typing import Callable
 
 import mindspore as ms
 import numpy as np
 from mindspore import Tensor, nn, ops
 
+from model_zoo.errors import ConfigError
 from model_zoo.llama import LlamaForCausalLM, repeat_kv
 
 
 class StaticCacheDecoder(nn.Cell):
+    """One decode step over a fixed-length KV cache, sharing the model's cells and parameters."""
+
     def __init__(self, model: LlamaForCausalLM, max_len: int):
         super().__init__(auto_prefix=False)  # share the model's parameter names
         model._ensure_rope(max_len)
@@ -54,17 +66,25 @@ class StaticCacheDecoder(nn.Cell):
         return logits[:, -1, :], ops.stack(new_k), ops.stack(new_v)
 
 
-def greedy_static(model: LlamaForCausalLM, prompt_ids: list[int], max_new_tokens: int,
-                  eos_token_id: int | None = None) -> list[int]:
+def _next_token(logits_row: np.ndarray) -> int:
+    """Greedy pick; ``np.argmax`` returns the first maximum, as ``torch.argmax``."""
+    return int(np.argmax(logits_row))
+
+
+def _static_step(model: LlamaForCausalLM, max_len: int):
+    """The compiled step for ``max_len``, kept on the model: later calls of the same length reuse the graph."""
+    steps = model.__dict__.setdefault("_decode_steps", {})
+    if max_len not in steps:
+        steps[max_len] = ms.jit(StaticCacheDecoder(model, max_len).construct)
+    return steps[max_len]
+
+
+def _decode_static_cache(model: LlamaForCausalLM, prompt_ids: list[int], max_new_tokens: int,
+                         eos_token_id: int | None = None) -> list[int]:
     """Greedy decoding, one compiled graph for every step (prompt tokens are fed one by one)."""
     cfg = model.config
     max_len = len(prompt_ids) + max_new_tokens
-    model._check_length(max_len)
-    # One compiled step per (model, max_len): later calls of the same length reuse the graph.
-    cache = model.__dict__.setdefault("_decode_steps", {})
-    if max_len not in cache:
-        cache[max_len] = ms.jit(StaticCacheDecoder(model, max_len).construct)
-    step = cache[max_len]
+    step = _static_step(model, max_len)
     shape = (cfg.num_hidden_layers, 1, cfg.num_key_value_heads, max_len, cfg.head_dim)
     kc = Tensor(np.zeros(shape, np.float32)).astype(model.compute_dtype)
     vc = Tensor(np.zeros(shape, np.float32)).astype(model.compute_dtype)
@@ -73,9 +93,51 @@ def greedy_static(model: LlamaForCausalLM, prompt_ids: list[int], max_new_tokens
     for pos in range(max_len - 1):
         logits, kc, vc = step(Tensor([[tokens[pos]]], ms.int32), Tensor([pos], ms.int32), kc, vc)
         if pos >= len(prompt_ids) - 1:
-            nxt = int(np.argmax(logits.asnumpy()[0]))
+            nxt = _next_token(logits.asnumpy()[0])
             out.append(nxt)
             tokens.append(nxt)
-            if eos_token_id is not None and nxt == eos_token_id:
+            if nxt == eos_token_id:
                 break
     return out
+
+
+def _decode_pynative(model: LlamaForCausalLM, prompt_ids: list[int], max_new_tokens: int,
+                     eos_token_id: int | None = None, *, grow_cache: bool) -> list[int]:
+    """Greedy decoding op by op: with ``grow_cache`` the prompt goes in one call and then one token per
+    call through the growing KV cache; without, the whole sequence is recomputed every step."""
+    model._ensure_rope(len(prompt_ids) + max_new_tokens)
+    ids = list(prompt_ids)
+    out: list[int] = []
+    kv = None
+    for _ in range(max_new_tokens):
+        if grow_cache:
+            logits, kv = model.forward_cached(Tensor(np.asarray([out[-1:] or ids], dtype=np.int32)), kv)
+        else:
+            logits = model(Tensor(np.asarray([ids], dtype=np.int32)))
+        nxt = _next_token(logits.asnumpy()[0, -1])
+        out.append(nxt)
+        ids.append(nxt)
+        if nxt == eos_token_id:
+            break
+    return out
+
+
+DECODERS: dict[str, Callable[..., list[int]]] = {
+    "static": _decode_static_cache,
+    "dynamic": functools.partial(_decode_pynative, grow_cache=True),
+    "none": functools.partial(_decode_pynative, grow_cache=False),
+}
+
+
+def greedy(model: LlamaForCausalLM, prompt_ids: list[int], max_new_tokens: int, *, cache: str = "static",
+           eos_token_id: int | None = None) -> list[int]:
+    """The token ids greedy decoding picks after ``prompt_ids`` (at most ``max_new_tokens``, ending at
+    ``eos_token_id`` when given); ``cache`` is a key of :data:`DECODERS` (see the module docstring)."""
+    if cache not in DECODERS:
+        raise ConfigError(f"KV cache mode {cache!r}: expected one of {', '.join(DECODERS)}")
+    if not prompt_ids:
+        raise ConfigError("the prompt has no tokens; start from at least the BOS token id")
+    if max_new_tokens < 1:
+        raise ConfigError(f"max_new_tokens={max_new_tokens}: expected at least 1")
+    model._check_length(len(prompt_ids) + max_new_tokens)
+    return DECODERS[cache](model, list(prompt_ids), max_new_tokens, eos_token_id)

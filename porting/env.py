@@ -1,4 +1,5 @@
-"""Versions of everything a run depends on, for manifests (`port doctor` builds on this)."""
+"""The host a run happens on: versions of everything it depends on (for manifests and baselines;
+`port doctor` builds on this), the CPU's name, and the one check that the PyTorch side is installed."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+
+from model_zoo.errors import ConfigError
 
 PACKAGES = ("mindspore", "mindspeed", "torch", "torch_npu", "transformers", "safetensors", "numpy",
             "tokenizers", "port")
@@ -44,6 +47,27 @@ def driver_version() -> str | None:
 def firmware_version() -> str | None:
     """Ascend firmware version from the install's version.info, when present."""
     return _version_in([Path("/usr/local/Ascend/firmware/version.info")], r"Version\s*=\s*([\w.\-]+)")
+
+
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), else what ``platform`` knows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def require_torch(what: str) -> None:
+    """One ConfigError line when torch or transformers is missing; ``what`` names who needs them."""
+    try:
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+    except ImportError as e:
+        raise ConfigError(f"{what} needs PyTorch and transformers ({e}); install the torch extra: "
+                          "pip install 'port[torch]' (or a CUDA build of torch on a GPU machine)") from None
 
 
 def npu_smi() -> str | None:

@@ -79,12 +79,12 @@ def _digest_mismatches(hf: Source, files: list[dict], rehash: bool) -> tuple[int
     all with ``rehash``), files side by side on worker threads; (how many recomputed, mismatches)."""
     import concurrent.futures as cf
 
-    from converters.sources import file_sha256
+    from model_zoo.files import sha256_file
 
     paths = {f.name: f.path for f in hf.files}
     todo = [f for f in files if f.get("sha256") and (rehash or f.get("sha256_source") in TAKEN_DIGESTS)]
     with cf.ThreadPoolExecutor(2) as pool:
-        actual = list(pool.map(lambda f: file_sha256(paths[f["name"]]), todo))
+        actual = list(pool.map(lambda f: sha256_file(paths[f["name"]]), todo))
     bad = [f"{paths[f['name']]}: sha256 {got[:12]}..., recorded {f['sha256'][:12]}... "
            f"({f.get('sha256_source') or 'computed'})" for f, got in zip(todo, actual) if got != f["sha256"]]
     return len(todo), bad

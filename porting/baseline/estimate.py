@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-PHASES = ("forward", "backward", "optimizer")
+from porting.baseline.memory import PHASES
 
 
 def phase_estimate(est: dict[str, float], recompute: bool, states_gib: float | None = None) -> dict[str, float]:

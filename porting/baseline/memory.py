@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Callable, Protocol
 
 GIB = float(2**30)
+# The phases of a training step whose peaks are measured, recorded and estimated, in this order.
+PHASES = ("forward", "backward", "optimizer")
 
 
 class PhaseMeter(Protocol):

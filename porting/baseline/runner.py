@@ -12,27 +12,35 @@ import datetime as _dt
 import hashlib
 import math
 import os
-import platform
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import numpy as np
 
 from model_zoo.errors import ConfigError
+from model_zoo.files import sha256_file
 from porting.baseline import arrays, schema, settings as settings_mod
-from porting.baseline.memory import meter_for
-from porting.baseline.torch_loop import PHASES, LoopConfig, LoopResult, OptimConfig
+from porting.baseline.memory import PHASES, PhaseMeter, meter_for
+from porting.baseline.torch_loop import LoopConfig, LoopResult, OptimConfig
+from porting.env import cpu_model, require_torch, versions
+
+if TYPE_CHECKING:
+    from porting.train.data import BatchPlan, Step, TokenizedData
+    from porting.train.recipe import Recipe
 
 DEVICES = ("cpu", "cuda")
 # port precision name -> torch loop dtype
 LOOP_DTYPES = {"float32": "float32", "bf16-mixed": "bf16-mixed", "bfloat16": "bfloat16"}
-FULL_HASH_LIMIT = 2 * 2**30   # hash weight files completely below this total size
+# Bytes of one probe position in the file: float32 logits, initial and final, base64 (4/3), per vocab entry.
+PROBE_BYTES_PER_LOGIT = 2 * 4 * 4 / 3
 
 
 @dataclass(frozen=True)
 class BaselineRequest:
-    recipe: str
+    """One `port baseline` invocation, as its options give it."""
+
+    recipe_path: str
     out: str
     device: str = "cpu"
     hf: str | None = None              # model directory; default: the recipe's model.source
@@ -44,35 +52,48 @@ class BaselineRequest:
     command: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True)
+class BaselineResult:
+    """What `port baseline` wrote: the file and its validated document (docs/baseline.md)."""
+
+    path: Path
+    document: dict[str, Any]
+
+    @property
+    def losses(self) -> list[float | None]:
+        return self.document["steps"]["loss"]
+
+    @property
+    def steady_tokens_per_s(self) -> float | None:
+        return self.document["timing"]["steady_tokens_per_s"]
+
+    @property
+    def peak_gib(self) -> dict[str, float]:
+        return self.document["memory"]["peak_gib"]
+
+    @property
+    def memory_kind(self) -> str:
+        return self.document["memory"]["kind"]
+
+
+def file_digest(path: Path) -> tuple[str, str]:
+    """(sha256, how it is known) of a weight file: the digest the HF download recorded where there is one
+    (as `port convert` takes it), else the file read whole."""
+    from converters.sources import known_sha256
+
+    return known_sha256(path) or (sha256_file(path), "computed")
+
+
 def weights_fingerprint(hf_dir: Path) -> dict[str, Any]:
-    """sha256 of the weight files (all bytes up to 2 GiB in total; beyond that size + first/last 16 MiB)."""
+    """sha256 of every weight file, and one sha256 over their names, sizes and digests."""
     files = sorted(p for p in hf_dir.iterdir() if p.suffix in (".safetensors", ".bin") and p.is_file())
-    total = sum(p.stat().st_size for p in files)
-    full = total <= FULL_HASH_LIMIT
-    h = hashlib.sha256()
-    chunk = 16 * 2**20
+    rows = []
     for p in files:
-        h.update(f"{p.name}:{p.stat().st_size};".encode())
-        with open(p, "rb") as f:
-            if full:
-                for block in iter(lambda: f.read(1 << 20), b""):
-                    h.update(block)
-            else:
-                h.update(f.read(chunk))
-                f.seek(max(0, p.stat().st_size - chunk))
-                h.update(f.read(chunk))
-    return {"sha256": h.hexdigest(), "method": "full" if full else "size+first/last 16MiB per file",
-            "files": [p.name for p in files], "bytes": total}
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+        digest, how = file_digest(p)
+        rows.append({"name": p.name, "bytes": p.stat().st_size, "sha256": digest, "sha256_from": how})
+    combined = hashlib.sha256("".join(f"{r['name']}:{r['bytes']}:{r['sha256']};" for r in rows).encode())
+    return {"sha256": combined.hexdigest(), "method": "sha256 of every file; combined over name:bytes:sha256;",
+            "files": rows, "bytes": sum(r["bytes"] for r in rows)}
 
 
 def device_info(device: str, threads: int | None) -> dict[str, Any]:
@@ -82,18 +103,9 @@ def device_info(device: str, threads: int | None) -> dict[str, Any]:
         props = torch.cuda.get_device_properties(0)
         return {"kind": "cuda", "name": props.name, "total_memory_gib": props.total_memory / 2**30,
                 "count": torch.cuda.device_count(), "cuda": torch.version.cuda,
-                "cudnn": torch.backends.cudnn.version(), "host_cpu": _cpu_name()}
-    return {"kind": "cpu", "name": _cpu_name(), "cpu_count": os.cpu_count(),
+                "cudnn": torch.backends.cudnn.version(), "host_cpu": cpu_model()}
+    return {"kind": "cpu", "name": cpu_model(), "cpu_count": os.cpu_count(),
             "torch_threads": threads or torch.get_num_threads()}
-
-
-def require_torch() -> None:
-    try:
-        import torch  # noqa: F401
-        import transformers  # noqa: F401
-    except ImportError as e:
-        raise ConfigError(f"port baseline needs PyTorch and transformers ({e}); install the torch extra: "
-                          "pip install 'port[torch]' (or a CUDA build of torch on a GPU machine)") from None
 
 
 def check_device(device: str) -> None:
@@ -106,21 +118,21 @@ def check_device(device: str) -> None:
                           "machine with a CUDA build of torch, or use --device cpu")
 
 
-def probe_ids(first_step, data) -> np.ndarray:
+def probe_ids(first_step: Step, data: TokenizedData) -> np.ndarray:
     """The probe batch: the real tokens of the first row of the run's first micro-batch (at most N)."""
     mb = first_step.micro_batches[0]
     length = data.examples[mb.example_ids[0]].length
     return np.asarray(mb.input_ids[:1, :length], dtype=np.int64)
 
 
-def gathered_steps(plan, n_steps: int) -> Iterator[list]:
+def gathered_steps(plan: BatchPlan, n_steps: int) -> Iterator[list]:
     """Step i: the micro-batches of every rank (rank-major), as the all-reduced port step sees them."""
     cache: dict = {}
     for i in range(n_steps):
         yield [mb for r in range(plan.world_size) for mb in plan.step(i, r, cache).micro_batches]
 
 
-def optim_config(recipe, total_steps: int) -> OptimConfig:
+def optim_config(recipe: Recipe, total_steps: int) -> OptimConfig:
     from porting.baseline import schedules
 
     o = recipe.optimizer
@@ -132,17 +144,32 @@ def _finite(xs: list[float]) -> list[float | None]:
     return [x if math.isfinite(x) else None for x in xs]
 
 
-def document(req: BaselineRequest, recipe, hf_dir: Path, plan, res: LoopResult, loop: LoopConfig,
-             meter_kind: str, per_phase: bool, probe: np.ndarray, dev: dict, started: str) -> dict[str, Any]:
-    from porting.env import versions
-    from porting.train.recipe import recipe_dict
+@dataclass(frozen=True)
+class BaselineRun:
+    """What one baseline run used and measured; its document is written from this."""
 
+    req: BaselineRequest
+    recipe: Recipe
+    hf_dir: Path
+    plan: BatchPlan
+    loop: LoopConfig
+    meter: PhaseMeter
+    probe: np.ndarray
+    result: LoopResult
+    started: str
+
+
+def baseline_document(run: BaselineRun) -> dict[str, Any]:
+    """The baseline file's content (docs/baseline.md, format ``port-baseline`` v1)."""
     import torch
 
     from model_zoo.config import LlamaConfig
     from porting.baseline import estimate
     from porting.train.plan import estimate_memory
+    from porting.train.recipe import recipe_dict
 
+    req, recipe, hf_dir, plan, loop, res = run.req, run.recipe, run.hf_dir, run.plan, run.loop, run.result
+    meter_kind = run.meter.kind
     rd = recipe_dict(recipe)
     model = settings_mod.model_info(hf_dir)
     peaks = {p: max(res.peak_gib[p]) for p in PHASES}
@@ -152,8 +179,8 @@ def document(req: BaselineRequest, recipe, hf_dir: Path, plan, res: LoopResult, 
     ver = versions()
     ver["packages"]["torch"] = torch.__version__
     return {
-        "format": schema.FORMAT, "format_version": schema.FORMAT_VERSION, "created": started,
-        "command": list(req.command), "device": dev, "versions": ver,
+        "format": schema.FORMAT, "format_version": schema.FORMAT_VERSION, "created": run.started,
+        "command": list(req.command), "device": device_info(req.device, req.threads), "versions": ver,
         "model": {"hf_dir": str(hf_dir), **model, "weights": weights_fingerprint(hf_dir)},
         "settings": settings_mod.from_recipe(rd, plan.data.report.sha256, model, n),
         "recipe": rd,
@@ -165,11 +192,11 @@ def document(req: BaselineRequest, recipe, hf_dir: Path, plan, res: LoopResult, 
             "peak_memory_gib": {p: res.peak_gib[p] for p in PHASES},
         },
         "timing": res.timing(),
-        "memory": {"kind": meter_kind, "per_phase": per_phase, "unit": "GiB", "weights_gib": res.weights_gib,
+        "memory": {"kind": meter_kind, "per_phase": run.meter.per_phase, "unit": "GiB", "weights_gib": res.weights_gib,
                    "peak_gib": peaks, "estimator_check": est_check,
                    "note": ("torch.cuda.max_memory_allocated, reset before each phase" if meter_kind.startswith("cuda")
                             else "host resident set (whole process) high-water mark, reset before each phase")},
-        "probe": {"input_ids": probe.tolist(), "after_step": n, "source": "first row of step 1's first micro-batch",
+        "probe": {"input_ids": run.probe.tolist(), "after_step": n, "source": "first row of step 1's first micro-batch",
                   "logits_initial": arrays.encode(res.probe_logits_initial),
                   "logits_final": arrays.encode(res.probe_logits_final)},
         "loop": {"dtype": loop.dtype, "timing_warmup_steps": loop.timing_warmup_steps, "recompute": loop.recompute,
@@ -179,33 +206,44 @@ def document(req: BaselineRequest, recipe, hf_dir: Path, plan, res: LoopResult, 
     }
 
 
-def run(req: BaselineRequest, log: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
-    """Run the baseline and write ``req.out`` atomically; returns the document written."""
+def check_probe_size(probe_tokens: int, vocab_size: int) -> None:
+    """Refuse a probe whose logits would make the file larger than `port compare` reads."""
+    if probe_tokens < 2:
+        raise ConfigError(f"--probe-tokens {probe_tokens}: expected at least 2")
+    most = int(schema.MAX_BYTES * 0.9 / (vocab_size * PROBE_BYTES_PER_LOGIT))
+    if probe_tokens > most:
+        raise ConfigError(f"--probe-tokens {probe_tokens}: the probe logits of a {vocab_size:,}-token vocabulary "
+                          f"would make the baseline file larger than the {schema.MAX_BYTES >> 20} MiB it may have; "
+                          f"use at most {most}")
+
+
+def run(req: BaselineRequest, log: Callable[[str], None] = lambda s: None) -> BaselineResult:
+    """Run the baseline and write ``req.out`` atomically."""
+    from model_zoo.config import LlamaConfig
     from porting.sources import resolve_hf
     from porting.train.data import build_plan
     from porting.train.recipe import load_recipe
-    from porting.train.tokenizer import load_model_tokenizer
+    from porting.tokenizer import load_tokenizer
 
     out = Path(req.out)
     if not out.parent.is_dir():
         raise ConfigError(f"--out {out}: folder {out.parent} does not exist; create it first")
-    recipe = load_recipe(req.recipe, list(req.overrides))
-    require_torch()
+    recipe = load_recipe(req.recipe_path, list(req.overrides))
+    require_torch("port baseline")
     check_device(req.device)
     prec = settings_mod.precision(recipe.model_dump(mode="json"))
     if prec not in LOOP_DTYPES:
-        raise ConfigError(f"{req.recipe}: precision {prec} is not supported by `port baseline` (supported: "
+        raise ConfigError(f"{req.recipe_path}: precision {prec} is not supported by `port baseline` (supported: "
                           f"{', '.join(LOOP_DTYPES)}); set precision.param_dtype/compute_dtype to one of them")
     hf_dir = resolve_hf(req.hf or recipe.model.source)
+    check_probe_size(req.probe_tokens, LlamaConfig.from_hf(hf_dir).vocab_size)
     started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-    tokenizer = load_model_tokenizer(hf_dir)
+    tokenizer = load_tokenizer(hf_dir)
     plan = build_plan(recipe, tokenizer)
     n = req.steps or plan.total_steps
     if n > plan.total_steps:
         raise ConfigError(f"--steps {n}: the recipe's schedule has only {plan.total_steps} optimizer steps; "
                           "raise schedule.max_steps (--set schedule.max_steps=N) or ask for fewer")
-    if req.probe_tokens < 2:
-        raise ConfigError(f"--probe-tokens {req.probe_tokens}: expected at least 2")
     loop = LoopConfig(device=req.device, dtype=LOOP_DTYPES[prec], timing_warmup_steps=req.timing_warmup_steps,
                       recompute=recipe.memory.recompute, threads=req.threads)
     from porting.baseline import torch_loop
@@ -219,15 +257,15 @@ def run(req: BaselineRequest, log: Callable[[str], None] = lambda s: None) -> di
     meter = meter_for(req.device)
 
     def on_step(i: int, r: LoopResult) -> None:
+        peak = "/".join(f"{r.peak_gib[p][-1]:.3f}" for p in PHASES)
         log(f"step {i + 1}/{n} loss {r.loss[-1]:.6f} grad_norm {r.grad_norm[-1]:.4f} lr {r.lr[-1]:.3g} "
-            f"{r.step_time_s[-1]:.3f}s peak(fwd/bwd/opt) " + "/".join(f"{r.peak_gib[p][-1]:.3f}" for p in PHASES) + " GiB")
+            f"{r.step_time_s[-1]:.3f}s peak(fwd/bwd/opt) {peak} GiB")
 
     res = torch_loop.train(model, gathered_steps(plan, n), optim_config(recipe, plan.total_steps), loop, meter,
                            probe_ids=probe, on_step=on_step)
-    doc = document(req, recipe, hf_dir, plan, res, loop, meter.kind, meter.per_phase, probe,
-                   device_info(req.device, req.threads), started)
+    doc = baseline_document(BaselineRun(req, recipe, hf_dir, plan, loop, meter, probe, res, started))
     bad = schema.problems(doc)
     if bad:  # our own output must satisfy the reader; a failure here is a bug, not bad input
         raise RuntimeError(f"baseline document does not validate: {bad}")
-    schema.write_json_atomic(out, doc)
-    return doc
+    schema.save(out, doc)
+    return BaselineResult(out, doc)

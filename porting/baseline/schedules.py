@@ -4,15 +4,18 @@ cannot drift: ``porting.train.schedule.lr_at`` and AdamW's decay on every parame
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:
+    from porting.train.recipe import Recipe
 
 
-def lr_schedule(recipe, total_steps: int) -> Callable[[int], float]:
+def lr_schedule(recipe: Recipe, total_steps: int) -> Callable[[int], float]:
     from porting.train.schedule import lr_at
 
     return lambda step: lr_at(recipe, step, total_steps)
 
 
-def no_decay_rule(recipe) -> Callable[[str], bool]:
+def no_decay_rule(recipe: Recipe) -> Callable[[str], bool]:
     """`port train` decays every parameter (torch.optim.AdamW semantics with one group)."""
     return lambda name: False

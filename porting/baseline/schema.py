@@ -8,16 +8,18 @@ and raises one ConfigError naming the file and each bad key.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from model_zoo.errors import ConfigError
+from model_zoo.files import read_json, write_atomic
 from porting.baseline import arrays
+from porting.baseline.memory import PHASES
 
 FORMAT = "port-baseline"
 FORMAT_VERSION = 1
+# The probe logits dominate the size (runner.check_probe_size keeps what port writes below this).
+MAX_BYTES = 512 << 20
 
 # Settings compared first by `port compare`, in this order: a comparison across any of them is not
 # like for like. Keys of the "settings" object.
@@ -32,23 +34,14 @@ TOP_LEVEL: dict[str, type | tuple[type, ...]] = {
     "model": dict, "settings": dict, "steps": dict, "timing": dict, "memory": dict, "probe": dict,
 }
 STEP_ARRAYS = ("step", "loss", "grad_norm", "lr", "tokens", "step_time_s")
-PHASES = ("forward", "backward", "optimizer")
 
 
-def write_json_atomic(path: str | Path, doc: dict[str, Any]) -> Path:
-    """Write ``doc`` to ``path`` through a temporary file in the same folder, then rename."""
+def save(path: str | Path, doc: dict[str, Any]) -> Path:
+    """Write the baseline document ``doc`` as indented JSON, whole or not at all."""
     path = Path(path)
     if not path.parent.is_dir():
         raise ConfigError(f"{path}: folder {path.parent} does not exist; create it or pick another --out")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(doc, f, indent=1, allow_nan=True)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomic(path, json.dumps(doc, indent=1) + "\n", error=ConfigError)
     return path
 
 
@@ -99,12 +92,7 @@ def load(path: str | Path) -> dict[str, Any]:
     hint = "re-create it with `port baseline`"
     if not path.is_file():
         raise ConfigError(f"{path}: no such baseline file; {hint} (--out {path})")
-    try:
-        doc = json.loads(path.read_text())
-    except UnicodeDecodeError:
-        raise ConfigError(f"{path}: not a text file; expected a JSON baseline written by `port baseline`") from None
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{path}: corrupt JSON at line {e.lineno} column {e.colno} ({e.msg}); {hint}") from None
+    doc = read_json(path, what="baseline file", max_bytes=MAX_BYTES, error=ConfigError)
     bad = problems(doc)
     if bad:
         raise ConfigError(f"{path}: not a {FORMAT} v{FORMAT_VERSION} file: {'; '.join(bad)}; {hint}")

@@ -17,13 +17,12 @@ from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
 import numpy as np
 
-from porting.baseline.memory import PhaseMeter
+from porting.baseline.memory import PHASES, PhaseMeter
 
 if TYPE_CHECKING:
     from porting.train.data import MicroBatch
 
 IGNORE_INDEX = -100
-PHASES = ("forward", "backward", "optimizer")
 
 
 @dataclass(frozen=True)

@@ -27,16 +27,17 @@ Examples:
 def command(recipe: str, out: str, device: str, hf: str | None, overrides: tuple[str, ...], steps: int | None,
             probe_tokens: int, timing_warmup: int, threads: int | None) -> None:
     """Record a PyTorch + HF transformers baseline of RECIPE's first steps."""
+    from porting.baseline.memory import PHASES
     from porting.baseline.runner import BaselineRequest, run
 
-    req = BaselineRequest(recipe=recipe, out=out, device=device, hf=hf, overrides=overrides, steps=steps,
+    req = BaselineRequest(recipe_path=recipe, out=out, device=device, hf=hf, overrides=overrides, steps=steps,
                           probe_tokens=probe_tokens, timing_warmup_steps=timing_warmup, threads=threads,
                           command=tuple(["port"] + sys.argv[1:]))
-    doc = run(req, log=lambda s: click.echo(s, err=True))
-    t, m = doc["timing"], doc["memory"]
-    tps = t["steady_tokens_per_s"]
+    res = run(req, log=lambda s: click.echo(s, err=True))
+    tps = res.steady_tokens_per_s
     speed = f"steady {tps:.1f} tokens/s" if tps else "no steady step (all were warm-up: first step or new shape)"
-    click.echo(f"wrote {out}: {len(doc['steps']['loss'])} steps, final loss {doc['steps']['loss'][-1]:.6f}, "
-               f"{speed}, peak " +
-               "/".join(f"{m['peak_gib'][p]:.3f}" for p in ("forward", "backward", "optimizer")) +
-               f" GiB fwd/bwd/opt ({m['kind']})")
+    peaks = "/".join(f"{res.peak_gib[p]:.3f}" for p in PHASES)
+    last = res.losses[-1]
+    final = f"{last:.6f}" if last is not None else "not finite"
+    click.echo(f"wrote {res.path}: {len(res.losses)} steps, final loss {final}, {speed}, "
+               f"peak {peaks} GiB fwd/bwd/opt ({res.memory_kind})")

@@ -29,13 +29,13 @@ def command(baseline: str, rundir: str, as_json: bool, out: str | None, loss_rto
             max_memory_ratio: float | None, allow_settings_mismatch: bool, no_probe: bool) -> None:
     """Compare the port's run RUNDIR with the baseline file BASELINE."""
     from porting.baseline.compare import render, run_compare
-    from porting.baseline.schema import write_json_atomic
+    from model_zoo.files import write_atomic
 
     rep = run_compare(baseline, rundir, allow_settings_mismatch=allow_settings_mismatch, probe=not no_probe,
                       loss_rtol=loss_rtol, loss_atol=loss_atol, logits_atol=logits_atol,
                       min_throughput_ratio=min_throughput_ratio, max_memory_ratio=max_memory_ratio)
     if out:
-        write_json_atomic(out, rep)
+        write_atomic(out, json.dumps(rep, indent=1) + "\n")
     click.echo(json.dumps(rep, indent=1) if as_json else render(rep))
     if not rep["ok"]:
         raise SystemExit(1)

@@ -25,7 +25,8 @@ def run_generation_check(hf_dir, n_tokens: int, cache: str = "static") -> dict:
 
     from converters.loading import load_hf_dir
     from model_zoo import LlamaConfig, build, presets
-    from porting.generate import greedy, load_tokenizer
+    from model_zoo.decode import greedy
+    from porting.tokenizer import load_tokenizer
     from porting.parity import load_hf_reference
 
     cfg = LlamaConfig.from_hf(hf_dir)

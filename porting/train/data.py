@@ -28,7 +28,6 @@ the data-parallel and accumulation runs equal step by step.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +36,7 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 
 from model_zoo.errors import RecipeError
+from model_zoo.files import sha256_file
 
 IGNORE_INDEX = -100
 
@@ -111,14 +111,6 @@ class Step:
 
 
 # --------------------------------------------------------------------------- reading rows
-def file_sha256(path: str | Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def read_rows(path: str | Path, separator: str) -> list[tuple[int, Any]]:
     """(row number, parsed row or an Exception) for a .txt, .json (list) or .jsonl file."""
     p = Path(path)
@@ -274,7 +266,7 @@ def tokenize_dataset(data, tokenizer) -> TokenizedData:
         raise RecipeError(f"data.path: file not found: {path}")
     rows = read_rows(path, data.separator)
     fmt = data.format if data.format != "auto" else ("text" if path.suffix == ".txt" else detect_format(rows, data.text_field))
-    report = DataReport(path=str(path), sha256=file_sha256(path), format=fmt)
+    report = DataReport(path=str(path), sha256=sha256_file(path), format=fmt)
     examples = tokenize_rows(rows, fmt, data, tokenizer, report)
     if not examples:
         raise RecipeError(f"{path}: no usable example ({report.bad_rows} malformed of {report.rows} rows; "

@@ -243,7 +243,7 @@ def train(recipe: Recipe, run_dir: str | Path, *, rank: int = 0, world_size: int
           distributed: bool = False, command: list[str] | None = None, echo: bool = True) -> RunResult:
     """Run (or resume) the fine-tune of ``recipe`` on this rank; returns when the last step is done."""
     from porting.sources import resolve_hf
-    from porting.train.tokenizer import load_model_tokenizer
+    from porting.tokenizer import load_tokenizer
 
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -263,7 +263,7 @@ def train(recipe: Recipe, run_dir: str | Path, *, rank: int = 0, world_size: int
                  f"comm_fusion {ms.get_auto_parallel_context('comm_fusion')}, optimizer sharding "
                  f"{recipe.parallel.optimizer_sharding}")
     model_dir = resolve_hf(recipe.model.source)
-    tokenizer = load_model_tokenizer(model_dir)
+    tokenizer = load_tokenizer(model_dir)
     plan = data_mod.build_plan(recipe, tokenizer, world_size)
     rep = plan.data.report
     log.info(f"data {rep.path}: {rep.examples} examples from {rep.rows} rows, {rep.bad_rows} malformed rows "

@@ -77,3 +77,27 @@ def test_loss_curve_fails_non_finite_steps_and_applies_the_bound(tmp_path):
     # step 1: 2e-3 <= 1e-4 + 2e-3 passes; step 4: 1.2e-3 > 1.1e-3 fails; null / NaN fail
     assert rep["failing_steps"] == [2, 3, 4] and rep["per_step"][0]["ok"]
     assert not rep["ok"] and rep["max_abs_diff"] == pytest.approx(2.0e-3)
+
+
+def test_weights_fingerprint_hashes_every_file_or_takes_the_recorded_digest(tmp_path):
+    import hashlib
+
+    from porting.baseline.runner import weights_fingerprint
+    from tests.conftest import EMBEDDED
+
+    real = (EMBEDDED / "model.safetensors").read_bytes()
+    digest = hashlib.sha256(real).hexdigest()
+    fp = weights_fingerprint(EMBEDDED)
+    assert fp["files"] == [{"name": "model.safetensors", "bytes": len(real), "sha256": digest,
+                            "sha256_from": "computed"}]
+    # The HF hub cache layout: the snapshot file links to blobs/<sha256>; that name is the digest.
+    (tmp_path / "blobs").mkdir()
+    (tmp_path / "blobs" / digest).write_bytes(real)
+    (tmp_path / "snap").mkdir()
+    (tmp_path / "snap" / "model.safetensors").symlink_to(tmp_path / "blobs" / digest)
+    cached = weights_fingerprint(tmp_path / "snap")
+    assert cached["files"][0]["sha256_from"] == "hf-cache-blob" and cached["sha256"] == fp["sha256"]
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "model.safetensors").write_bytes(real[:-1] + b"x")   # one byte changed
+    assert weights_fingerprint(other)["sha256"] != fp["sha256"]

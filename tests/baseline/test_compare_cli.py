@@ -122,7 +122,7 @@ def test_bad_inputs_are_one_line_errors(work, tmp_path):
     one_line_error(port_inproc("compare", str(tmp_path / "nope.json"), run), "nope.json: no such baseline file")
     corrupt = tmp_path / "corrupt.json"
     corrupt.write_text(work["base"].read_text()[:5000])
-    one_line_error(port_inproc("compare", str(corrupt), run), "corrupt.json: corrupt JSON at line")
+    one_line_error(port_inproc("compare", str(corrupt), run), "corrupt.json: invalid baseline file at line")
     foreign = tmp_path / "foreign.json"
     foreign.write_text(json.dumps({"format": "something-else", "runs": []}))
     one_line_error(port_inproc("compare", str(foreign), run), "not a port-baseline v1 file", "missing key 'steps'")

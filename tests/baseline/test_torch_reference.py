@@ -13,11 +13,12 @@ ROOT_RECIPE = "recipes/tiny-cpu.yaml"
 
 
 def _run(tmp_path, name: str, *overrides: str, steps: int = 3) -> dict:
-    req = runner.BaselineRequest(recipe=ROOT_RECIPE, out=str(tmp_path / f"{name}.json"), steps=steps, threads=2,
+    req = runner.BaselineRequest(recipe_path=ROOT_RECIPE, out=str(tmp_path / f"{name}.json"), steps=steps, threads=2,
                                  overrides=("schedule.max_steps=4",) + overrides, probe_tokens=16)
-    doc = runner.run(req)
-    assert schema.load(tmp_path / f"{name}.json")["steps"]["loss"] == doc["steps"]["loss"]
-    return doc
+    res = runner.run(req)
+    assert res.path == tmp_path / f"{name}.json"
+    assert schema.load(res.path)["steps"]["loss"] == res.losses == res.document["steps"]["loss"]
+    return res.document
 
 
 @pytest.fixture(scope="module")
@@ -31,12 +32,12 @@ def test_step_one_loss_is_hf_transformers_loss(micro4):
 
     from porting.train.data import build_plan
     from porting.train.recipe import load_recipe
-    from porting.train.tokenizer import load_model_tokenizer
+    from porting.tokenizer import load_tokenizer
     from porting.sources import resolve_hf
 
     recipe = load_recipe(ROOT_RECIPE, ["schedule.max_steps=4"])
     hf = resolve_hf(recipe.model.source)
-    plan = build_plan(recipe, load_model_tokenizer(hf))
+    plan = build_plan(recipe, load_tokenizer(hf))
     (mb,) = plan.step(0, 0).micro_batches
     model = AutoModelForCausalLM.from_pretrained(str(hf), local_files_only=True, dtype=torch.float32)
     with torch.no_grad():
@@ -59,7 +60,7 @@ def test_baseline_file_is_self_describing(micro4):
     d = micro4
     assert d["format"] == "port-baseline" and d["format_version"] == 1
     assert d["device"]["kind"] == "cpu" and d["memory"]["kind"].startswith("host_rss")
-    assert d["versions"]["packages"]["torch"] and d["model"]["weights"]["method"] == "full"
+    assert d["versions"]["packages"]["torch"] and d["model"]["weights"]["bytes"] > 0
     assert len(d["steps"]["loss"]) == 3 and all(np.isfinite(d["steps"]["loss"]))
     assert d["settings"]["dtype"] == "float32" and d["settings"]["data_sha256"] == d["data"]["sha256"]
     assert d["steps"]["lr"][0] == pytest.approx(0.5e-3)  # warm-up step 1 of 2 (porting.train.schedule)

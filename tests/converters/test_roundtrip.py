@@ -219,7 +219,7 @@ def test_manifest_contents(hf_factory, tmp_path):
 def test_stories260k_real_model(stories_dir, tmp_path):
     """The real stories260K: bitwise round trip, and the zoo cell loaded from the MindSpore checkpoint
     generates the golden tokens."""
-    from porting.generate import greedy
+    from model_zoo.decode import greedy
     from tests.conftest import GOLDEN_FIRST_IDS
 
     ms_dir, back = tmp_path / "ms", tmp_path / "back"

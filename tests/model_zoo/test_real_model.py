@@ -9,7 +9,8 @@ import pytest
 
 from converters.loading import load_hf_dir
 from model_zoo import LlamaConfig, build
-from porting.generate import greedy, load_tokenizer
+from model_zoo.decode import greedy
+from porting.tokenizer import load_tokenizer
 from porting.parity import check_parity
 from tests.conftest import EMBEDDED, GOLDEN_FIRST_IDS, GOLDEN_TEXT
 

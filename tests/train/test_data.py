@@ -11,7 +11,7 @@ import pytest
 from model_zoo.errors import RecipeError
 from porting.train import data as D
 from porting.train.recipe import validate_recipe
-from porting.train.tokenizer import load_model_tokenizer
+from porting.tokenizer import load_tokenizer
 from tests.train.conftest import ROOT, error_line, port
 
 EMBEDDED = ROOT / "model_zoo" / "assets" / "stories260k"
@@ -20,7 +20,7 @@ TEXT = ROOT / "porting" / "train" / "assets" / "tinystories_sample.txt"
 
 @pytest.fixture(scope="module")
 def tok():
-    return load_model_tokenizer(EMBEDDED)
+    return load_tokenizer(EMBEDDED)
 
 
 def _recipe(path, **over):
