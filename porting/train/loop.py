@@ -145,7 +145,7 @@ class LossScaler:
 # --------------------------------------------------------------------------- the loop
 class Trainer:
     def __init__(self, recipe, run_dir: Path, rank: int, world_size: int, model, tokenizer_dir: Path,
-                 plan: data_mod.BatchPlan, log: logging.Logger):
+                 plan: data_mod.BatchSchedule, log: logging.Logger):
         import mindspore as ms
         from mindspore import ParameterTuple
 
@@ -394,7 +394,7 @@ def trainer_graphs(trainer: Trainer) -> int:
     return compiled_graphs(*trainer.cells)
 
 
-def summarize(records: list[dict], trainer: Trainer, plan: data_mod.BatchPlan) -> dict:
+def summarize(records: list[dict], trainer: Trainer, plan: data_mod.BatchSchedule) -> dict:
     steady = [r for r in records if not r["compile"]]
     comp = [r for r in records if r["compile"]]
     med = float(np.median([r["step_time_s"] for r in steady])) if steady else 0.0
