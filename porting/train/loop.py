@@ -22,6 +22,7 @@ import numpy as np
 from model_zoo.errors import PortingError, RecipeError
 from porting.train import checkpoint as ckpt
 from porting.train import data as data_mod
+from porting.train.watch import Watch
 from porting.train.schedule import lr_at
 
 
@@ -302,6 +303,7 @@ def train(recipe, run_dir: str | Path, *, rank: int = 0, world_size: int = 1, re
                     "world_size": world_size, "command": command or sys.argv,
                     "started": _dt.datetime.now(_dt.timezone.utc).isoformat(), "resumed_from_step": start or None}
         write_json_atomic(run_dir / ("manifest.json" if not resume else f"manifest_resume_{start}.json"), manifest)
+    watch = Watch(recipe.logging, run_dir, plan.total_steps, start, recipe.model_dump(mode="json")) if rank == 0 else None
     metrics_path = run_dir / "metrics.jsonl"
     if rank == 0:
         keep_metrics(metrics_path, start)
@@ -339,6 +341,7 @@ def train(recipe, run_dir: str | Path, *, rank: int = 0, world_size: int = 1, re
             if metrics is not None:
                 metrics.write(json.dumps(rec) + "\n")
                 metrics.flush()
+                watch.step(rec)
             if (step.index + 1) % recipe.logging.every_steps == 0 or step.index + 1 == plan.total_steps:
                 log.info(f"step {rec['step']}/{plan.total_steps} loss {rec['loss']:.5f} lr {lr:.3e} grad_norm "
                          f"{rec['grad_norm']:.4f} tokens/s {rec['tokens_per_s']:.0f} step {rec['step_time_s']:.3f}s "
@@ -366,6 +369,7 @@ def train(recipe, run_dir: str | Path, *, rank: int = 0, world_size: int = 1, re
     finally:
         if metrics is not None:
             metrics.close()
+            watch.close()
     return RunResult(run_dir, len(records), last_loss, trainer_graphs(trainer), len(trainer.shapes_seen))
 
 

@@ -135,6 +135,11 @@ class CheckpointingSection(_Section):
 
 class LoggingSection(_Section):
     every_steps: int = Field(1, ge=1)
+    tensorboard: bool = False             # event files under <run>/tensorboard (porting/train/watch.py)
+    wandb: bool = False                   # needs the wandb package
+    wandb_project: str = "port"
+    wandb_mode: Literal["offline", "online"] = "offline"
+    progress: Literal["auto", "bar", "lines"] = "auto"   # auto: a bar with ETA when stderr is a terminal
 
 
 class Recipe(_Section):
