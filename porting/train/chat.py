@@ -135,3 +135,11 @@ class TemplateRenderer:
     def encode(self, conv: Conversation) -> tuple[list[int], list[int]]:
         ids, labels, _, _ = self._encode(conv)
         return ids, labels
+
+
+def renderer_for(fmt: str, data, tokenizer) -> TemplateRenderer | None:
+    """The renderer ``fmt`` rows need, or None (plain text, prompt templates, built-in markers)."""
+    if fmt == "text" or (fmt == "alpaca" and data.chat_template in ("auto", "builtin")):
+        return None
+    template = choose_template(data, tokenizer, getattr(tokenizer, "name_or_path", "the model"))
+    return TemplateRenderer(tokenizer, template, data.chat_template) if template is not None else None

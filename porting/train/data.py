@@ -72,6 +72,7 @@ class DataReport:
     no_target: int = 0          # rows left without any loss token (skipped)
     tokens: int = 0             # sum of example lengths
     loss_tokens: int = 0
+    eval_examples: int = 0      # held out by data.eval_split (not trained on)
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
@@ -197,16 +198,6 @@ def _encode(tokenizer, text: str) -> list[int]:
     return list(tokenizer.encode(text, add_special_tokens=False))
 
 
-def _renderer(fmt: str, data, tokenizer):
-    """The chat-template renderer this data needs, or None (plain text, prompt templates, builtin markers)."""
-    if fmt == "text" or (fmt == "alpaca" and data.chat_template in ("auto", "builtin")):
-        return None
-    from porting.train.chat import TemplateRenderer, choose_template
-
-    template = choose_template(data, tokenizer, getattr(tokenizer, "name_or_path", "the model"))
-    return TemplateRenderer(tokenizer, template, data.chat_template) if template is not None else None
-
-
 def _ids_labels(content, renderer, data, tokenizer) -> tuple[list[int], list[int]]:
     bos, eos = tokenizer.bos_token_id, tokenizer.eos_token_id
     if isinstance(content, formats.Conversation) and renderer is not None:
@@ -229,7 +220,9 @@ def _ids_labels(content, renderer, data, tokenizer) -> tuple[list[int], list[int
 
 def tokenize_rows(rows: Sequence[tuple[int, Any]], fmt: str, data, tokenizer, report: DataReport) -> list[Example]:
     """Examples from rows; malformed rows are counted (and fatal with data.on_bad_row=fail)."""
-    renderer = _renderer(fmt, data, tokenizer)
+    from porting.train.chat import renderer_for
+
+    renderer = renderer_for(fmt, data, tokenizer)
     out: list[Example] = []
     for n, row in rows:
         report.rows += 1
@@ -410,6 +403,7 @@ class BatchSchedule:
     total_steps: int
     steps_per_epoch: int
     dropped_per_epoch: int
+    eval_data: TokenizedData | None = None   # the data.eval_split hold-out
 
     @property
     def global_batch(self) -> int:
@@ -445,14 +439,18 @@ class BatchSchedule:
                 "micro_batch_size": self.micro_batch_size, "grad_accum_steps": self.grad_accum_steps,
                 "world_size": self.world_size, "global_batch": self.global_batch,
                 "steps_per_epoch": self.steps_per_epoch, "total_steps": self.total_steps,
-                "dropped_per_epoch": self.dropped_per_epoch, "shuffle": self.shuffle, "seed": self.seed}
+                "dropped_per_epoch": self.dropped_per_epoch, "shuffle": self.shuffle, "seed": self.seed,
+                "eval_examples": len(self.eval_data.examples) if self.eval_data else 0}
 
 
 def build_plan(recipe, tokenizer, world_size: int | None = None, data: TokenizedData | None = None) -> BatchSchedule:
     """The run's :class:`BatchSchedule` (tokenises the data unless ``data`` is given)."""
     data = data if data is not None else tokenize_dataset(recipe.data, tokenizer)
     world = world_size or recipe.world_size
-    bounds = bucket_boundaries(data, recipe)
+    bounds = bucket_boundaries(data, recipe)   # over all examples, so the hold-out fits the same shapes
+    from porting.eval import split_eval
+
+    data, held = split_eval(data, recipe.data.eval_split, recipe.seed)
     g = recipe.batching.micro_batch_size * recipe.batching.grad_accum_steps * world
     batches, dropped = plan_epoch(data.lengths, bounds, g, recipe.seed, 0, recipe.data.shuffle)
     if not batches:
@@ -461,7 +459,7 @@ def build_plan(recipe, tokenizer, world_size: int | None = None, data: Tokenized
     per_epoch = len(batches)
     total = recipe.schedule.max_steps or recipe.schedule.epochs * per_epoch
     return BatchSchedule(data, bounds, recipe.batching.micro_batch_size, recipe.batching.grad_accum_steps, world,
-                     recipe.seed, recipe.data.shuffle, total, per_epoch, dropped)
+                         recipe.seed, recipe.data.shuffle, total, per_epoch, dropped, held)
 
 
 def padding_stats(plan: BatchSchedule, epoch: int = 0) -> dict:

@@ -22,6 +22,7 @@ import numpy as np
 from model_zoo.errors import PortingError, RecipeError
 from porting.train import checkpoint as ckpt
 from porting.train import data as data_mod
+from porting.eval import eval_record
 from porting.train.watch import Watch
 from porting.train.schedule import lr_at
 
@@ -337,6 +338,7 @@ def train(recipe, run_dir: str | Path, *, rank: int = 0, world_size: int = 1, re
             rss = _host_rss_gib()
             if rss is not None:
                 rec["host_rss_gib"] = rss
+            rec.update(eval_record(model, plan, step.index + 1, recipe.data.eval_every_steps) if rank == 0 else {})
             records.append(rec)
             if metrics is not None:
                 metrics.write(json.dumps(rec) + "\n")

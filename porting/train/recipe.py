@@ -44,6 +44,8 @@ class DataSection(_Section):
     chat_template: str = "auto"           # auto | model | builtin | path to a Jinja file (docs/data.md)
     sharegpt: SharegptSection = SharegptSection()
     split: str = "train"                  # the split of a datasets directory holding several
+    eval_split: float = Field(0.0, ge=0, lt=1)   # fraction of examples held out, scored by `port train`
+    eval_every_steps: int = Field(0, ge=0)       # 0: only after the last step
     text_field: str = "text"
     separator: str = "<|endoftext|>"      # splits a .txt file into documents
     max_seq_length: int = Field(256, ge=8)
