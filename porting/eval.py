@@ -75,6 +75,9 @@ def hf_loss(hf_dir: str | Path, mbs: Sequence[D.MicroBatch]) -> tuple[float, int
     """The same sums with HF transformers (fp32, CPU) on the same padded batches."""
     import torch
     from transformers import AutoModelForCausalLM   # LlamaForCausalLM, or Qwen2's / Mistral's class
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()   # port eval prints its own lines
 
     model = AutoModelForCausalLM.from_pretrained(str(hf_dir), local_files_only=True, dtype=torch.float32)
     model.eval()
