@@ -1,17 +1,26 @@
-"""Named sizes of the Llama family, as data.
+"""Named sizes of the Llama family, as data, and the user's own named models.
 
-Each entry holds the fields of the model's HF ``config.json`` that the builder needs, and the HF repo
-it came from (the comment names the file). Nothing here is fetched: ``port convert --hf NAME``
+Each built-in entry holds the fields of the model's HF ``config.json`` that the builder needs, and the
+HF repo it came from (the comment names the file). Nothing here is fetched: ``port convert --hf NAME``
 looks the repo up in the local HF cache.
+
+Users add names of their own with ``port zoo add NAME --hf DIR|REPO``: each is the checkpoint's
+``config.json`` (validated) and where the checkpoint is, kept in one JSON file, the *user registry*
+(``$PORT_ZOO_FILE``, else ``$XDG_CONFIG_HOME/port/zoo.json``, else ``~/.config/port/zoo.json``).
+:func:`names`, :func:`get` and :func:`config` see built-in and user entries alike, so every command
+taking a zoo name resolves them.
 """
 
 from __future__ import annotations
 
 import difflib
+import json
+import os
+import re
 from pathlib import Path
 
 from model_zoo.config import LlamaConfig
-from model_zoo.errors import UnknownModelError
+from model_zoo.errors import ConfigError, UnknownModelError
 
 ASSETS = Path(__file__).parent / "assets"
 EMBEDDED_DEFAULT = "stories260k"
@@ -77,27 +86,135 @@ PRESETS: list[dict] = [
                      num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,
                      max_position_embeddings=131072, rms_norm_eps=1e-6, rope_theta=1000000.0,
                      qkv_bias=True, bos_token_id=151643, eos_token_id=151643)),
+    # meta-llama/Llama-3.2-1B config.json (tied embeddings, llama3 RoPE factor 32)
+    dict(name="llama3.2-1b", hf_repo="meta-llama/Llama-3.2-1B",
+         config=dict(_LLAMA1, vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+                     num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=131072,
+                     rms_norm_eps=1e-5, rope_theta=500000.0, tie_word_embeddings=True,
+                     rope_scaling=dict(rope_type="llama3", factor=32.0, low_freq_factor=1.0,
+                                       high_freq_factor=4.0, original_max_position_embeddings=8192),
+                     bos_token_id=128000, eos_token_id=128001)),
+    # meta-llama/Llama-3.2-3B config.json
+    dict(name="llama3.2-3b", hf_repo="meta-llama/Llama-3.2-3B",
+         config=dict(_LLAMA1, vocab_size=128256, hidden_size=3072, intermediate_size=8192, num_hidden_layers=28,
+                     num_attention_heads=24, num_key_value_heads=8, max_position_embeddings=131072,
+                     rms_norm_eps=1e-5, rope_theta=500000.0, tie_word_embeddings=True,
+                     rope_scaling=dict(rope_type="llama3", factor=32.0, low_freq_factor=1.0,
+                                       high_freq_factor=4.0, original_max_position_embeddings=8192),
+                     bos_token_id=128000, eos_token_id=128001)),
+    # Qwen/Qwen2.5-7B config.json (q/k/v bias; use_sliding_window false)
+    dict(name="qwen2.5-7b", hf_repo="Qwen/Qwen2.5-7B",
+         config=dict(model_type="qwen2", vocab_size=152064, hidden_size=3584, intermediate_size=18944,
+                     num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,
+                     max_position_embeddings=131072, rms_norm_eps=1e-6, rope_theta=1000000.0,
+                     qkv_bias=True, bos_token_id=151643, eos_token_id=151643)),
+    # Qwen/Qwen2.5-14B config.json
+    dict(name="qwen2.5-14b", hf_repo="Qwen/Qwen2.5-14B",
+         config=dict(model_type="qwen2", vocab_size=152064, hidden_size=5120, intermediate_size=13824,
+                     num_hidden_layers=48, num_attention_heads=40, num_key_value_heads=8,
+                     max_position_embeddings=131072, rms_norm_eps=1e-5, rope_theta=1000000.0,
+                     qkv_bias=True, bos_token_id=151643, eos_token_id=151643)),
+    # deepseek-ai/DeepSeek-R1-Distill-Llama-8B config.json (Llama-3.1-8B architecture)
+    dict(name="deepseek-r1-distill-llama-8b", hf_repo="deepseek-ai/DeepSeek-R1-Distill-Llama-8B",
+         config=dict(_LLAMA1, vocab_size=128256, intermediate_size=14336, num_key_value_heads=8,
+                     max_position_embeddings=131072, rms_norm_eps=1e-5, rope_theta=500000.0,
+                     rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
+                                       high_freq_factor=4.0, original_max_position_embeddings=8192),
+                     bos_token_id=128000, eos_token_id=128001)),
 ]
 
 _BY_NAME = {p["name"]: p for p in PRESETS}
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+# --------------------------------------------------------------------------- the user registry
+def user_registry_path() -> Path:
+    """Where ``port zoo add`` keeps the user's names (``$PORT_ZOO_FILE`` overrides)."""
+    if os.environ.get("PORT_ZOO_FILE"):
+        return Path(os.environ["PORT_ZOO_FILE"]).expanduser()
+    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    return Path(base) / "port" / "zoo.json"
+
+
+def user_entries() -> list[dict]:
+    """The user registry's entries (none when the file does not exist)."""
+    from model_zoo.files import read_json_object
+
+    path = user_registry_path()
+    if not path.exists():
+        return []
+    doc = read_json_object(path, what="zoo registry (PORT_ZOO_FILE)", error=ConfigError)
+    models = doc.get("models")
+    if not isinstance(models, list) or not all(isinstance(m, dict) and isinstance(m.get("name"), str)
+                                               and isinstance(m.get("hf_config"), dict) for m in models):
+        raise ConfigError(f"{path}: expected {{\"models\": [{{\"name\", \"hf_config\", ...}}]}} as `port zoo add` "
+                          "writes it; fix the file or remove it (port zoo remove NAME)")
+    return [dict(m, user=True) for m in models]
+
+
+def _write_user(entries: list[dict]) -> Path:
+    from model_zoo.files import write_atomic
+
+    path = user_registry_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    clean = [{k: v for k, v in e.items() if k != "user"} for e in entries]
+    write_atomic(path, json.dumps({"models": clean}, indent=1) + "\n", error=ConfigError)
+    return path
+
+
+def add_user(name: str, hf_config: dict, *, path: str | None, hf_repo: str | None, replace: bool = False) -> dict:
+    """Record ``hf_config`` (a checkpoint's config.json, validated here) under ``name``."""
+    if not NAME_RE.match(name):
+        raise ConfigError(f"zoo name {name!r}: expected letters, digits, '.', '_' or '-' (at most 64, no '/'), "
+                          "e.g. my-llama-7b")
+    if name in _BY_NAME:
+        raise ConfigError(f"zoo name {name!r} is a built-in size; choose another name")
+    LlamaConfig.from_hf(hf_config)   # refuses an unsupported or broken config.json with its reasons
+    entries = [e for e in user_entries() if e["name"] != name]
+    if len(entries) < len(user_entries()) and not replace:
+        raise ConfigError(f"zoo name {name!r} is already in {user_registry_path()}; pass --replace to overwrite it "
+                          f"or `port zoo remove {name}` first")
+    entry = {"name": name, "hf_repo": hf_repo, "path": path, "hf_config": hf_config}
+    _write_user(entries + [entry])
+    return dict(entry, user=True)
+
+
+def remove_user(name: str) -> Path:
+    entries = user_entries()
+    if name not in [e["name"] for e in entries]:
+        hint = " (a built-in size; those cannot be removed)" if name in _BY_NAME else ""
+        raise UnknownModelError(f"zoo name {name!r} is not in the user registry {user_registry_path()}{hint}; "
+                                "see `port zoo list`")
+    return _write_user([e for e in entries if e["name"] != name])
+
+
+# --------------------------------------------------------------------------- lookups
+def all_entries() -> list[dict]:
+    return PRESETS + user_entries()
 
 
 def names() -> list[str]:
-    return [p["name"] for p in PRESETS]
+    return [p["name"] for p in all_entries()]
 
 
 def get(name: str) -> dict:
-    """The preset entry for ``name``; unknown names get the nearest names suggested."""
-    if name not in _BY_NAME:
+    """The entry for ``name`` (built-in or user); unknown names get the nearest names suggested."""
+    if name in _BY_NAME:
+        return _BY_NAME[name]
+    user = {e["name"]: e for e in user_entries()}
+    if name not in user:
         near = difflib.get_close_matches(name, names(), n=3, cutoff=0.4)
         hint = f"; did you mean {', '.join(near)}?" if near else ""
         raise UnknownModelError(f"unknown zoo model {name!r}{hint} Known: {', '.join(names())} "
-                                "(see `port zoo list`)")
-    return _BY_NAME[name]
+                                "(see `port zoo list`; add your own with `port zoo add NAME --hf DIR`)")
+    return user[name]
 
 
 def config(name: str) -> LlamaConfig:
-    return LlamaConfig(**get(name)["config"])
+    entry = get(name)
+    if "hf_config" in entry:
+        return LlamaConfig.from_hf(entry["hf_config"])
+    return LlamaConfig(**entry["config"])
 
 
 def embedded_default_dir() -> Path:

@@ -158,6 +158,9 @@ class StepRecord:
     host_rss_peak_gib: float | None = None
     device_peak_gib: float | None = None
     comm_wait_s: float | None = None
+    eval_loss: float | None = None      # mean held-out loss (data.eval_split), on the steps it was measured
+    eval_perplexity: float | None = None
+    eval_tokens: int | None = None
     extra: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -168,7 +171,8 @@ _STEP_SPEC: dict[str, tuple[type, ...]] = {
     "step": (int,), "loss": _NUM, "epoch": (int,), "lr": _NUM, "grad_norm": _NUM, "tokens": (int,),
     "loss_tokens": (int,), "padded_tokens": (int,), "tokens_per_s": _NUM, "step_time_s": _NUM,
     "padding_fraction": _NUM, "compile": (bool,), "shapes": (list,), "loss_scale": _NUM, "skipped": (bool,),
-    "host_rss_gib": _NUM, "host_rss_peak_gib": _NUM, "device_peak_gib": _NUM, "comm_wait_s": _NUM}
+    "host_rss_gib": _NUM, "host_rss_peak_gib": _NUM, "device_peak_gib": _NUM, "comm_wait_s": _NUM,
+    "eval_loss": _NUM, "eval_perplexity": _NUM, "eval_tokens": (int,)}
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""Resolve what a user passes as a model: an HF directory, or a zoo name found in the local HF cache.
+"""Resolve what a user passes as a model: an HF directory, or a zoo name (built-in, or one the user added
+with `port zoo add`) found on disk or in the local HF cache.
 
 Nothing is downloaded: `port` never touches the network at run time.
 """
@@ -29,7 +30,7 @@ def find_in_hf_cache(repo_id: str) -> Path | None:
 
 
 def resolve_hf(src: str | os.PathLike) -> Path:
-    """A local HF model directory for ``src`` (a path, or a zoo name such as 'llama-7b')."""
+    """A local HF model directory for ``src`` (a path, or a zoo name such as 'llama-7b' or a user's own)."""
     path = Path(src).expanduser()
     if path.exists():
         if not path.is_dir():
@@ -43,7 +44,12 @@ def resolve_hf(src: str | os.PathLike) -> Path:
         presets.get(name)  # raises with the nearest names
     entry = presets.get(name)
     if entry.get("path"):
-        return Path(entry["path"])
+        where = Path(entry["path"])
+        if entry.get("user") and not (where / "config.json").is_file():
+            raise UnknownModelError(f"{name}: the zoo entry points at {where}, which has no config.json any more "
+                                    f"({presets.user_registry_path()}); restore the directory or run "
+                                    f"`port zoo add {name} --hf NEW_DIR --replace`")
+        return where
     repo = entry["hf_repo"]
     hit = find_in_hf_cache(repo)
     if hit is None:

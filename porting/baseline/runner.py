@@ -26,7 +26,7 @@ from porting.baseline.torch_loop import LoopConfig, LoopResult, OptimConfig
 from porting.env import cpu_model, require_torch, versions
 
 if TYPE_CHECKING:
-    from porting.train.data import BatchPlan, Step, TokenizedData
+    from porting.train.data import BatchSchedule, Step, TokenizedData
     from porting.train.recipe import Recipe
 
 DEVICES = ("cpu", "cuda")
@@ -125,7 +125,7 @@ def probe_ids(first_step: Step, data: TokenizedData) -> np.ndarray:
     return np.asarray(mb.input_ids[:1, :length], dtype=np.int64)
 
 
-def gathered_steps(plan: BatchPlan, n_steps: int) -> Iterator[list]:
+def gathered_steps(plan: BatchSchedule, n_steps: int) -> Iterator[list]:
     """Step i: the micro-batches of every rank (rank-major), as the all-reduced port step sees them."""
     cache: dict = {}
     for i in range(n_steps):
@@ -151,7 +151,7 @@ class BaselineRun:
     req: BaselineRequest
     recipe: Recipe
     hf_dir: Path
-    plan: BatchPlan
+    plan: BatchSchedule
     loop: LoopConfig
     meter: PhaseMeter
     probe: np.ndarray

@@ -24,6 +24,10 @@ So micro 1 x accum 4 and micro 4 x accum 1 see the same examples in each optimiz
 MindSpore's ``bucket_batch_by_length`` is not used because it batches per bucket on one process:
 it has no notion of a global batch split across ranks and accumulation steps, which is what makes
 the data-parallel and accumulation runs equal step by step.
+
+Row formats (ShareGPT, OpenAI messages, Alpaca with history, datasets directories, Parquet) live in
+:mod:`porting.train.formats` and chat templates in :mod:`porting.train.chat`; this module stays a
+little over 450 lines because tokenising and the step schedule are one pure function of the data.
 """
 
 from __future__ import annotations
@@ -31,12 +35,12 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
 from model_zoo.errors import RecipeError
-from model_zoo.files import sha256_file
+from porting.train import formats
 
 IGNORE_INDEX = -100
 
@@ -67,6 +71,7 @@ class DataReport:
     no_target: int = 0          # rows left without any loss token (skipped)
     tokens: int = 0             # sum of example lengths
     loss_tokens: int = 0
+    eval_examples: int = 0      # held out by data.eval_split (not trained on)
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
@@ -137,16 +142,6 @@ def read_rows(path: str | Path, separator: str) -> list[tuple[int, Any]]:
     return out
 
 
-def detect_format(rows: Sequence[tuple[int, Any]], text_field: str) -> str:
-    for _, r in rows:
-        if isinstance(r, dict):
-            for fmt, key in (("chat", "messages"), ("alpaca", "instruction"), ("text", text_field)):
-                if key in r:
-                    return fmt
-    raise RecipeError("data: cannot tell the format: no row has 'messages' (chat), 'instruction' (alpaca) "
-                      f"or '{text_field}' (text); set data.format or data.text_field")
-
-
 # --------------------------------------------------------------------------- tokenising rows
 Segments = list[tuple[str, bool]]   # (text, counts in the loss)
 
@@ -181,47 +176,53 @@ def alpaca_segments(row: Any, data) -> Segments:
     return [(tmpl.format(instruction=instr, input=inp), False), (out, True)]
 
 
-CHAT_ROLES = {"system": False, "user": False, "assistant": True}
-
-
-def chat_segments(row: Any, data) -> Segments:
-    if not isinstance(row, dict) or not isinstance(row.get("messages"), list):
-        raise ValueError("expected an object with a 'messages' list")
-    segs: Segments = []
-    for i, m in enumerate(row["messages"]):
-        if not isinstance(m, dict):
-            raise ValueError(f"messages[{i}] must be an object with role and content")
-        role, content = _need_str(m, "role"), _need_str(m, "content")
-        if role not in CHAT_ROLES:
-            raise ValueError(f"messages[{i}].role {role!r} is not one of {sorted(CHAT_ROLES)}")
-        segs.append((f"<|{role}|>\n", False))
-        segs.append((content + "\n", CHAT_ROLES[role]))
-    if not any(loss for _, loss in segs):
-        raise ValueError("no assistant message to learn from")
-    return segs
-
-
-SEGMENTERS: dict[str, Callable[[Any, Any], Segments]] = {
-    "text": text_segments, "alpaca": alpaca_segments, "chat": chat_segments,
-}
+def row_content(row: Any, fmt: str, data, as_chat: bool) -> formats.Rendered:
+    """What one row holds: segments (text, Alpaca with the prompt templates) or a conversation."""
+    if fmt == "text":
+        return text_segments(row, data)
+    if fmt == "alpaca":
+        return formats.alpaca_row(row, data, as_chat, alpaca_segments)
+    return formats.ROW_FORMATS[fmt](row, data)
 
 
 def _encode(tokenizer, text: str) -> list[int]:
     return list(tokenizer.encode(text, add_special_tokens=False))
 
 
+def _ids_labels(content, renderer, data, tokenizer) -> tuple[list[int], list[int]]:
+    bos, eos = tokenizer.bos_token_id, tokenizer.eos_token_id
+    if isinstance(content, formats.Conversation) and renderer is not None:
+        ids, labels = renderer.encode(content)   # the template places its own BOS and end-of-turn tokens
+        if data.add_bos and bos is not None and (not ids or ids[0] != bos):
+            ids, labels = [bos] + ids, [IGNORE_INDEX] + labels
+        return ids, labels
+    segs = formats.builtin_segments(content) if isinstance(content, formats.Conversation) else content
+    ids: list[int] = [bos] if data.add_bos and bos is not None else []
+    labels: list[int] = [IGNORE_INDEX] * len(ids)
+    for text, counts in segs:
+        t = _encode(tokenizer, text)
+        ids += t
+        labels += t if counts else [IGNORE_INDEX] * len(t)
+    if data.add_eos and eos is not None:
+        ids.append(eos)
+        labels.append(eos)
+    return ids, labels
+
+
 def tokenize_rows(rows: Sequence[tuple[int, Any]], fmt: str, data, tokenizer, report: DataReport) -> list[Example]:
     """Examples from rows; malformed rows are counted (and fatal with data.on_bad_row=fail)."""
-    bos, eos = tokenizer.bos_token_id, tokenizer.eos_token_id
-    seg_fn = SEGMENTERS[fmt]
-    max_len = data.max_seq_length
+    from porting.train.chat import renderer_for
+
+    renderer = renderer_for(fmt, data, tokenizer)
     out: list[Example] = []
     for n, row in rows:
         report.rows += 1
         try:
             if isinstance(row, Exception):
                 raise row
-            segs = seg_fn(row, data)
+            ids, labels = _ids_labels(row_content(row, fmt, data, renderer is not None), renderer, data, tokenizer)
+        except RecipeError as exc:   # the chat template cannot be masked: fatal, whatever on_bad_row says
+            raise RecipeError(f"{data.path}: row {n}: {exc}") from None
         except ValueError as exc:
             report.bad_rows += 1
             msg = f"row {n}: {exc}"
@@ -231,16 +232,7 @@ def tokenize_rows(rows: Sequence[tuple[int, Any]], fmt: str, data, tokenizer, re
                 raise RecipeError(f"{data.path}: {msg} (data.on_bad_row=fail; fix the row or set "
                                   "data.on_bad_row=skip to count and skip malformed rows)") from None
             continue
-        ids: list[int] = [bos] if data.add_bos and bos is not None else []
-        labels: list[int] = [IGNORE_INDEX] * len(ids)
-        for text, counts in segs:
-            t = _encode(tokenizer, text)
-            ids += t
-            labels += t if counts else [IGNORE_INDEX] * len(t)
-        if data.add_eos and eos is not None:
-            ids.append(eos)
-            labels.append(eos)
-        for win_ids, win_labels in _fit(ids, labels, max_len, data.long_text, report):
+        for win_ids, win_labels in _fit(ids, labels, data.max_seq_length, data.long_text, report):
             if sum(1 for x in win_labels[1:] if x != IGNORE_INDEX) == 0:
                 report.no_target += 1
                 continue
@@ -259,14 +251,22 @@ def _fit(ids: list[int], labels: list[int], max_len: int, mode: str, report: Dat
     return [w for w in wins if len(w[0]) >= 2]
 
 
+def load_rows(data) -> tuple[Path, list[tuple[int, Any]], str]:
+    """The data file's rows and their format (``data.format`` or detected)."""
+    path = Path(data.path)
+    if not (path.is_file() or path.is_dir()):
+        raise RecipeError(f"data.path: file not found: {path}")
+    table = path.is_dir() or path.suffix == ".parquet"
+    rows = formats.read_table_rows(path, data.split) if table else read_rows(path, data.separator)
+    if data.format != "auto":
+        return path, rows, data.format
+    return path, rows, "text" if path.suffix == ".txt" else formats.detect_format(rows, data)
+
+
 def tokenize_dataset(data, tokenizer) -> TokenizedData:
     """All examples of ``data`` (a recipe's DataSection) tokenised with the model's tokenizer."""
-    path = Path(data.path)
-    if not path.is_file():
-        raise RecipeError(f"data.path: file not found: {path}")
-    rows = read_rows(path, data.separator)
-    fmt = data.format if data.format != "auto" else ("text" if path.suffix == ".txt" else detect_format(rows, data.text_field))
-    report = DataReport(path=str(path), sha256=sha256_file(path), format=fmt)
+    path, rows, fmt = load_rows(data)
+    report = DataReport(path=str(path), sha256=formats.data_sha256(path), format=fmt)
     examples = tokenize_rows(rows, fmt, data, tokenizer, report)
     if not examples:
         raise RecipeError(f"{path}: no usable example ({report.bad_rows} malformed of {report.rows} rows; "
@@ -381,7 +381,7 @@ def pad_micro_batch(data: TokenizedData, ids: Sequence[int], boundaries: Sequenc
 
 
 @dataclass
-class BatchPlan:
+class BatchSchedule:
     """The whole run's batching: which examples each optimizer step holds, for every rank."""
 
     data: TokenizedData
@@ -394,6 +394,7 @@ class BatchPlan:
     total_steps: int
     steps_per_epoch: int
     dropped_per_epoch: int
+    eval_data: TokenizedData | None = None   # the data.eval_split hold-out
 
     @property
     def global_batch(self) -> int:
@@ -429,14 +430,18 @@ class BatchPlan:
                 "micro_batch_size": self.micro_batch_size, "grad_accum_steps": self.grad_accum_steps,
                 "world_size": self.world_size, "global_batch": self.global_batch,
                 "steps_per_epoch": self.steps_per_epoch, "total_steps": self.total_steps,
-                "dropped_per_epoch": self.dropped_per_epoch, "shuffle": self.shuffle, "seed": self.seed}
+                "dropped_per_epoch": self.dropped_per_epoch, "shuffle": self.shuffle, "seed": self.seed,
+                "eval_examples": len(self.eval_data.examples) if self.eval_data else 0}
 
 
-def build_plan(recipe, tokenizer, world_size: int | None = None, data: TokenizedData | None = None) -> BatchPlan:
-    """The run's :class:`BatchPlan` (tokenises the data unless ``data`` is given)."""
+def build_plan(recipe, tokenizer, world_size: int | None = None, data: TokenizedData | None = None) -> BatchSchedule:
+    """The run's :class:`BatchSchedule` (tokenises the data unless ``data`` is given)."""
     data = data if data is not None else tokenize_dataset(recipe.data, tokenizer)
     world = world_size or recipe.world_size
-    bounds = bucket_boundaries(data, recipe)
+    bounds = bucket_boundaries(data, recipe)   # over all examples, so the hold-out fits the same shapes
+    from porting.eval import split_eval
+
+    data, held = split_eval(data, recipe.data.eval_split, recipe.seed)
     g = recipe.batching.micro_batch_size * recipe.batching.grad_accum_steps * world
     batches, dropped = plan_epoch(data.lengths, bounds, g, recipe.seed, 0, recipe.data.shuffle)
     if not batches:
@@ -444,16 +449,11 @@ def build_plan(recipe, tokenizer, world_size: int | None = None, data: Tokenized
                           f"{g} (micro_batch_size x grad_accum_steps x world size); use more data or a smaller batch")
     per_epoch = len(batches)
     total = recipe.schedule.max_steps or recipe.schedule.epochs * per_epoch
-    return BatchPlan(data, bounds, recipe.batching.micro_batch_size, recipe.batching.grad_accum_steps, world,
-                     recipe.seed, recipe.data.shuffle, total, per_epoch, dropped)
+    return BatchSchedule(data, bounds, recipe.batching.micro_batch_size, recipe.batching.grad_accum_steps, world,
+                         recipe.seed, recipe.data.shuffle, total, per_epoch, dropped, held)
 
 
-def iter_steps(recipe, tokenizer, rank: int = 0, world_size: int | None = None, start_step: int = 0) -> Iterator[Step]:
-    """The optimizer steps rank ``rank`` of ``world_size`` runs, from ``start_step`` on."""
-    return build_plan(recipe, tokenizer, world_size).steps(rank, start_step)
-
-
-def padding_stats(plan: BatchPlan, epoch: int = 0) -> dict:
+def padding_stats(plan: BatchSchedule, epoch: int = 0) -> dict:
     """Padding waste of one epoch with this plan (all ranks)."""
     real = padded = 0
     for g in plan.epoch_batches(epoch):

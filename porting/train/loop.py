@@ -14,6 +14,7 @@ import math
 import os
 import sys
 import time
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +25,8 @@ from porting import rundir
 from porting.train import checkpoint as ckpt
 from porting.train import data as data_mod
 from porting.train.recipe import Recipe
+from porting.eval import eval_record
+from porting.train.watch import Watch
 from porting.train.schedule import lr_at
 
 
@@ -145,7 +148,7 @@ class LossScaler:
 # --------------------------------------------------------------------------- the loop
 class Trainer:
     def __init__(self, recipe: Recipe, run_dir: Path, rank: int, world_size: int, model, tokenizer_dir: Path,
-                 plan: data_mod.BatchPlan, log: logging.Logger):
+                 plan: data_mod.BatchSchedule, log: logging.Logger):
         import mindspore as ms
         from mindspore import ParameterTuple
 
@@ -291,6 +294,7 @@ def train(recipe: Recipe, run_dir: str | Path, *, rank: int = 0, world_size: int
     if metrics is not None and metrics.note:
         log.warning(f"resume: {metrics.note}; they are not kept")
     records: list[rundir.StepRecord] = []
+    watch = Watch(recipe.logging, run_dir, plan.total_steps, start, recipe.model_dump(mode="json")) if rank == 0 else None
     last_loss = float("nan")
     last_good = ckpt.latest(ck_root)
     every = recipe.checkpointing.every_steps
@@ -309,9 +313,12 @@ def train(recipe: Recipe, run_dir: str | Path, *, rank: int = 0, world_size: int
                                       f"optimizer.grad_clip, or check the data")
             last_loss = r["loss"]
             rec = step_record(step, r, lr, trainer.scaler.scale)
+            if rank == 0:
+                rec = dataclasses.replace(rec, **eval_record(model, plan, step.index + 1, recipe.data.eval_every_steps))
             records.append(rec)
             if metrics is not None:
                 metrics.step(rec)
+                watch.step(rec.to_dict())
             if (step.index + 1) % recipe.logging.every_steps == 0 or step.index + 1 == plan.total_steps:
                 log.info(f"step {rec.step}/{plan.total_steps} loss {rec.loss:.5f} lr {lr:.3e} grad_norm "
                          f"{rec.grad_norm:.4f} tokens/s {rec.tokens_per_s:.0f} step {rec.step_time_s:.3f}s "
@@ -339,10 +346,11 @@ def train(recipe: Recipe, run_dir: str | Path, *, rank: int = 0, world_size: int
     finally:
         if metrics is not None:
             metrics.close()
+            watch.close()
     return RunResult(run_dir, len(records), last_loss, trainer_graphs(trainer), len(trainer.shapes_seen))
 
 
-def run_manifest(recipe: Recipe, model_dir: Path, cfg, plan: data_mod.BatchPlan, world_size: int,
+def run_manifest(recipe: Recipe, model_dir: Path, cfg, plan: data_mod.BatchSchedule, world_size: int,
                  command: list[str] | None, start: int) -> rundir.RunManifest:
     """What this run is (manifest.json), as the run-directory format defines it."""
     from porting.diagnostics.doctor import doctor_report
@@ -376,7 +384,7 @@ def trainer_graphs(trainer: Trainer) -> int:
     return compiled_graphs(*trainer.cells)
 
 
-def summarize(records: list[rundir.StepRecord], trainer: Trainer, plan: data_mod.BatchPlan) -> rundir.SummaryRecord:
+def summarize(records: list[rundir.StepRecord], trainer: Trainer, plan: data_mod.BatchSchedule) -> rundir.SummaryRecord:
     steady = [r for r in records if not r.compile]
     comp = [r for r in records if r.compile]
     med = float(np.median([r.step_time_s for r in steady])) if steady else 0.0

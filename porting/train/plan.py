@@ -215,7 +215,7 @@ def plan_config(recipe) -> tuple[LlamaConfig, list[str]]:
     from porting.sources import resolve_hf
 
     notes = []
-    if not Path(recipe.data.path).is_file():
+    if not Path(recipe.data.path).exists():   # a file, or a datasets directory
         notes.append(f"data.path {recipe.data.path} is not on this machine (needed to run, not to plan)")
     try:
         return LlamaConfig.from_hf(resolve_hf(recipe.model.source)), notes

@@ -29,9 +29,23 @@ class ModelSection(_Section):
     source: str = Field(description="HF model directory or zoo name (stories260k, llama-7b, ...)")
 
 
+class SharegptSection(_Section):
+    messages_key: str = "conversations"
+    role_key: str = "from"
+    content_key: str = "value"
+    system_key: Optional[str] = "system"
+    roles: dict[str, Literal["system", "user", "assistant", "tool"]] = {}   # added to human/gpt/observation/...
+
+
 class DataSection(_Section):
-    path: str = Field(description="JSON/JSONL (text, Alpaca or chat-messages rows) or a .txt file")
-    format: Literal["auto", "text", "alpaca", "chat"] = "auto"
+    path: str = Field(description="JSON/JSONL (text, Alpaca, chat-messages or ShareGPT rows), a .txt or "
+                                  ".parquet file, or a HF datasets directory (save_to_disk); see docs/data.md")
+    format: Literal["auto", "text", "alpaca", "chat", "sharegpt"] = "auto"
+    chat_template: str = "auto"           # auto | model | builtin | path to a Jinja file (docs/data.md)
+    sharegpt: SharegptSection = SharegptSection()
+    split: str = "train"                  # the split of a datasets directory holding several
+    eval_split: float = Field(0.0, ge=0, lt=1)   # fraction of examples held out, scored by `port train`
+    eval_every_steps: int = Field(0, ge=0)       # 0: only after the last step
     text_field: str = "text"
     separator: str = "<|endoftext|>"      # splits a .txt file into documents
     max_seq_length: int = Field(256, ge=8)
@@ -123,6 +137,11 @@ class CheckpointingSection(_Section):
 
 class LoggingSection(_Section):
     every_steps: int = Field(1, ge=1)
+    tensorboard: bool = False             # event files under <run>/tensorboard (porting/train/watch.py)
+    wandb: bool = False                   # needs the wandb package
+    wandb_project: str = "port"
+    wandb_mode: Literal["offline", "online"] = "offline"
+    progress: Literal["auto", "bar", "lines"] = "auto"   # auto: a bar with ETA when stderr is a terminal
 
 
 class Recipe(_Section):
@@ -167,7 +186,7 @@ def _cross_checks(r: Recipe) -> list[tuple[bool, str]]:
         (r.cluster.device == "cpu" and (r.precision.param_dtype != "float32" or r.precision.compute_dtype != "float32"),
          "precision: the CPU trains in float32 only; set precision.param_dtype and precision.compute_dtype to "
          "float32, or cluster.device to ascend"),
-        (r.data.long_text == "split" and r.data.format in ("alpaca", "chat"),
+        (r.data.long_text == "split" and r.data.format in ("alpaca", "chat", "sharegpt"),
          "data.long_text: split applies to plain text only; use truncate for instruction data"),
         (r.parallel.comm_fusion.allreduce_mode == "size" and not isinstance(r.parallel.comm_fusion.allreduce_config, (int, float)),
          "parallel.comm_fusion.allreduce_config: allreduce_mode=size needs a size in MB, e.g. 64"),
@@ -233,7 +252,7 @@ def _file_problems(recipe: Recipe, base: Path) -> list[str]:
     """Files a recipe names that do not exist (zoo names are resolved later, by porting.sources)."""
     problems = []
     data = resolve_path(recipe.data.path, base)
-    if not data.is_file():
+    if not (data.is_file() or data.is_dir()):
         problems.append(f"data.path: file not found: {data}")
     src = recipe.model.source
     if ("/" in src or src.startswith(".")) and not resolve_path(src, base).is_dir():
@@ -265,7 +284,7 @@ def validate_recipe(raw: Any, where: str = "<recipe>", base: Path | None = None,
         extra = []
         if check_files:
             dp = (raw.get("data") or {}).get("path") if isinstance(raw.get("data"), dict) else None
-            if isinstance(dp, str) and not resolve_path(dp, base or Path(".")).is_file():
+            if isinstance(dp, str) and not resolve_path(dp, base or Path(".")).exists():
                 extra.append(f"data.path: file not found: {dp}")
         raise RecipeError(msg + ("; " + "; ".join(extra) if extra else "")) from None
     if check_files:
