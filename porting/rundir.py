@@ -157,7 +157,8 @@ class StepRecord:
     host_rss_gib: float | None = None   # host RSS at the end of the step
     host_rss_peak_gib: float | None = None
     device_peak_gib: float | None = None
-    comm_wait_s: float | None = None
+    comm_wait_s: float | None = None    # rank 0's wait in the timed all-reduce of a sampled step (train/commwait.py)
+    comm_wait_ranks_s: tuple[float, ...] | None = None   # every rank's wait on that step, index = rank
     eval_loss: float | None = None      # mean held-out loss (data.eval_split), on the steps it was measured
     eval_perplexity: float | None = None
     eval_tokens: int | None = None
@@ -172,7 +173,7 @@ _STEP_SPEC: dict[str, tuple[type, ...]] = {
     "loss_tokens": (int,), "padded_tokens": (int,), "tokens_per_s": _NUM, "step_time_s": _NUM,
     "padding_fraction": _NUM, "compile": (bool,), "shapes": (list,), "loss_scale": _NUM, "skipped": (bool,),
     "host_rss_gib": _NUM, "host_rss_peak_gib": _NUM, "device_peak_gib": _NUM, "comm_wait_s": _NUM,
-    "eval_loss": _NUM, "eval_perplexity": _NUM, "eval_tokens": (int,)}
+    "comm_wait_ranks_s": (list,), "eval_loss": _NUM, "eval_perplexity": _NUM, "eval_tokens": (int,)}
 
 
 @dataclass(frozen=True)
@@ -214,10 +215,14 @@ def _step_from(doc: dict, where: str) -> StepRecord:
     shapes = doc.get("shapes") or []
     if not all(isinstance(s, int) and not isinstance(s, bool) for s in shapes):
         raise RunDirError(f"{where}: key 'shapes' must be a list of integers")
+    waits = doc.get("comm_wait_ranks_s") or []
+    if not all(finite(w) for w in waits):
+        raise RunDirError(f"{where}: key 'comm_wait_ranks_s' must be a list of finite numbers (seconds per rank)")
     known = _known(StepRecord)
     vals = {k: doc.get(k) for k in known if k in doc}
     vals["compile"], vals["skipped"] = bool(doc.get("compile", False)), bool(doc.get("skipped", False))
     vals["shapes"] = tuple(shapes)
+    vals["comm_wait_ranks_s"] = tuple(float(w) for w in waits) if waits else None
     return StepRecord(**vals, extra={k: v for k, v in doc.items() if k not in known})
 
 

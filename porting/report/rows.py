@@ -244,11 +244,50 @@ def rows_communication(run: RunRecords, diag: Diagnosis | None) -> list[Row]:
     else:
         out.append(Row("communication", item, PASS, f"no failure in {diag.ranks_seen} rank(s); last steps "
                        f"{sorted(set(diag.rank_last_steps))[:4]}", "logs/ (port diagnose)"))
-    waits = sorted(r.comm_wait_s for r in run.steps if finite(r.comm_wait_s))
-    out.append(Row("communication", "communication wait", INFO if waits else MISSING,
-                   f"median {waits[len(waits) // 2]:.3f} s/step" if waits else "no comm_wait_s in metrics",
-                   "metrics.jsonl"))
+    out.append(comm_wait_row(run, world))
     return out
+
+
+def _median(xs: list[float]) -> float:
+    xs = sorted(xs)
+    n = len(xs)
+    return (xs[n // 2] + xs[(n - 1) // 2]) / 2
+
+
+def comm_wait_row(run: RunRecords, world: int | None) -> Row:
+    """Per-rank wait in the timed all-reduce of sampled steps (porting/train/commwait.py): median and
+    max per rank, and the rank the others wait for (the one last to arrive, whose own wait is least)."""
+    item = "communication wait"
+    if world == 1:
+        return Row("communication", item, INFO, "single process: no collectives", "-")
+    sampled = [r for r in run.steps if r.comm_wait_ranks_s]
+    if not sampled:
+        waits = [r.comm_wait_s for r in run.steps if finite(r.comm_wait_s)]
+        if waits:   # rank 0's value only (a writer without the per-rank list)
+            return Row("communication", item, INFO, f"rank 0: median {_median(waits):.4f} s, max {max(waits):.4f} s "
+                       f"over {len(waits)} sampled step(s)", "metrics.jsonl comm_wait_s")
+        return Row("communication", item, MISSING, "no comm_wait_s in metrics",
+                   "port train with logging.comm_sample_every > 0 on more than one rank")
+    n = max(len(r.comm_wait_ranks_s) for r in sampled)
+    per = [[r.comm_wait_ranks_s[k] for r in sampled if k < len(r.comm_wait_ranks_s)] for k in range(n)]
+    desc = "; ".join(f"rank {k} median {_median(w):.4f} s max {max(w):.4f} s" for k, w in enumerate(per))
+    step_times = [r.step_time_s for r in sampled if finite(r.step_time_s) and not r.compile]
+    # Noise floor: the all-reduce's own latency and scheduling jitter; a gap below it names no rank.
+    floor = max(0.005, 0.05 * _median(step_times)) if step_times else 0.005
+    last: dict[int, int] = {}
+    for r in sampled:
+        w = r.comm_wait_ranks_s
+        if max(w) - min(w) > floor:
+            k = min(range(len(w)), key=lambda i: w[i])
+            last[k] = last.get(k, 0) + 1
+    where = f"metrics.jsonl comm_wait_ranks_s ({len(sampled)} sampled step(s))"
+    if not last:
+        return Row("communication", item, INFO, f"{desc}; balanced: no rank keeps the others waiting more than "
+                   f"{floor:.3f} s", where)
+    slow = max(last, key=lambda k: (last[k], -k))
+    others = [_median(w) for k, w in enumerate(per) if k != slow]
+    return Row("communication", item, WARN, f"{desc}; the others wait for rank {slow} (last to arrive on "
+               f"{last[slow]} of {len(sampled)} sampled step(s); others' median wait {_median(others):.4f} s)", where)
 
 
 def rows_resources(run: RunRecords) -> list[Row]:

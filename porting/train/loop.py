@@ -27,6 +27,7 @@ from porting.train import data as data_mod
 from porting.train.recipe import Recipe
 from porting.eval import eval_record
 from porting.train.watch import Watch
+from porting.train.commwait import CommWait
 from porting.train.schedule import lr_at
 
 
@@ -298,6 +299,7 @@ def train(recipe: Recipe, run_dir: str | Path, *, rank: int = 0, world_size: int
     last_loss = float("nan")
     last_good = ckpt.latest(ck_root)
     every = recipe.checkpointing.every_steps
+    comm = CommWait(recipe.logging.comm_sample_every, rank, world_size, plan.total_steps)
     try:
         for step in plan.steps(rank, start):
             lr = lr_at(recipe, step.index, plan.total_steps)
@@ -315,6 +317,7 @@ def train(recipe: Recipe, run_dir: str | Path, *, rank: int = 0, world_size: int
             rec = step_record(step, r, lr, trainer.scaler.scale)
             if rank == 0:
                 rec = dataclasses.replace(rec, **eval_record(model, plan, step.index + 1, recipe.data.eval_every_steps))
+            rec = comm_record(rec, comm, log)
             records.append(rec)
             if metrics is not None:
                 metrics.step(rec)
@@ -376,6 +379,18 @@ def step_record(step: data_mod.Step, r: dict, lr: float, loss_scale: float) -> r
         padding_fraction=round(step.padding_fraction, 5), compile=r["compile"],
         shapes=tuple(sorted({list(mb.shape)[1] for mb in step.micro_batches})), loss_scale=loss_scale,
         skipped=not r["applied"], host_rss_gib=_host_rss_gib())
+
+
+def comm_record(rec: rundir.StepRecord, comm: CommWait, log: logging.Logger) -> rundir.StepRecord:
+    """On a sampled step: the timed all-reduce (every rank), its value logged; rank 0's record gets all ranks'."""
+    waits = comm.measure(rec.step)
+    if waits is None:
+        return rec
+    log.info(f"comm wait step {rec.step}: this rank {waits[comm.rank]:.4f}s; all ranks "
+             + " ".join(f"{w:.4f}" for w in waits))
+    if comm.rank != 0:
+        return rec
+    return dataclasses.replace(rec, comm_wait_s=waits[0], comm_wait_ranks_s=waits)
 
 
 def trainer_graphs(trainer: Trainer) -> int:

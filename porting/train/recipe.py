@@ -142,6 +142,7 @@ class LoggingSection(_Section):
     wandb_project: str = "port"
     wandb_mode: Literal["offline", "online"] = "offline"
     progress: Literal["auto", "bar", "lines"] = "auto"   # auto: a bar with ETA when stderr is a terminal
+    comm_sample_every: int = Field(10, ge=0)  # communication wait measured every N steps (0: never); porting/train/commwait.py
 
 
 class Recipe(_Section):

@@ -52,6 +52,16 @@ def test_two_msrun_workers_equal_one_worker_with_two_accumulation_steps(tmp_path
     assert {p.name for p in (dp / "logs" / "msrun").glob("worker_*.log")} == {"worker_0.log", "worker_1.log"}
     manifest = json.loads((dp / "manifest.json").read_text())
     assert manifest["world_size"] == 2 and manifest["recipe"]["parallel"]["comm_fusion"]["allreduce_mode"] == "size"
+    # Communication wait, default sampling (steps 1 and 3 of 3): every rank's value in rank 0's records and
+    # the report's row filled; a single process measures nothing and says so.
+    from porting.report import make_report
+
+    waits = {s["step"]: s["comm_wait_ranks_s"] for s in metrics(dp)[0] if "comm_wait_ranks_s" in s}
+    assert sorted(waits) == [1, 3] and all(len(w) == 2 and min(w) >= 0 for w in waits.values()), waits
+    assert not any("comm_wait_s" in s for s in metrics(one)[0])
+    for run, want in ((dp, "rank 1 median"), (one, "single process: no collectives")):
+        rows = make_report(run, run.parent / f"{run.name}_report").rows
+        assert want in next(r.value for r in rows if r.item == "communication wait")
 
 
 def test_sharded_optimizer_states_under_msrun_resume_and_match_one_worker(tmp_path, one_worker_accum2):

@@ -1,0 +1,86 @@
+"""Communication wait of a data-parallel `port train` run, measured on sampled steps.
+
+What is measured: on a sampled step every rank, once its step is done (the compiled step returned
+its loss, so the step's own gradient all-reduce is over) and rank 0 has run the step's evaluation,
+enters an all-reduce of one number and times how long it is blocked there. A rank that arrives
+early waits for the last one; the last one waits only the all-reduce's own latency. So a rank's
+``comm_wait_s`` is "how long this rank waited for the slowest rank at the end of the step", and the
+rank whose wait is smallest while the others' are large is the one they wait for.
+
+Why a timed barrier and not the profiler: it costs two one-number all-reduces on a sampled step (one
+timed, one to bring every rank's value to rank 0), runs the same on the CPU and on Ascend, and needs
+no profile files to be parsed afterwards. What it does not see: an imbalance absorbed inside the
+compiled step (a slower device waits in the gradient all-reduce of the same graph); that needs
+MindSpore's profiler on Ascend.
+
+The values of all ranks reach every rank through the second all-reduce of a vector that holds each
+rank's wait at its own index (AllReduce only, which MindSpore's CPU backend has). Rank 0 writes them
+into ``metrics.jsonl`` (``comm_wait_s``: its own; ``comm_wait_ranks_s``: every rank's); each rank logs
+its own in ``logs/rank_<r>.log``. A single process runs no collective and records nothing.
+
+Test-only knob: ``PORT_TEST_COMM_DELAY=RANK:SECONDS`` makes that rank sleep before the timed
+all-reduce on every sampled step, so the tests can show a slow rank. Nothing else reads it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+
+from model_zoo.errors import PortingError
+
+DELAY_ENV = "PORT_TEST_COMM_DELAY"
+
+
+def delay_for(rank: int, environ: dict | None = None) -> float:
+    """Seconds this rank sleeps before the timed all-reduce (the test-only knob; 0 when unset)."""
+    raw = (environ if environ is not None else os.environ).get(DELAY_ENV, "").strip()
+    if not raw:
+        return 0.0
+    r, sep, s = raw.partition(":")
+    try:
+        slow_rank, seconds = int(r), float(s)
+    except ValueError:
+        slow_rank, seconds = -1, -1.0
+    if not sep or slow_rank < 0 or not 0 <= seconds <= 600:
+        raise PortingError(f"environment {DELAY_ENV}={raw[:40]!r}: expected RANK:SECONDS (e.g. 1:0.5, seconds "
+                           f"0..600); it is a test-only knob, unset it for real runs")
+    return seconds if slow_rank == rank else 0.0
+
+
+def sampled(step: int, every: int, total: int) -> bool:
+    """Steps measured: the first, every ``every``-th and the last (so a short run has numbers)."""
+    return step == 1 or step == total or (every > 0 and step % every == 0)
+
+
+class CommWait:
+    """The timed barrier of one rank; ``measure(step)`` on every step, the same steps on every rank."""
+
+    def __init__(self, every: int, rank: int, world_size: int, total_steps: int):
+        self.every, self.rank, self.world, self.total = every, rank, world_size, total_steps
+        self.enabled = world_size > 1 and every > 0
+        self.delay = delay_for(rank) if self.enabled else 0.0
+        if self.enabled:
+            import mindspore as ms
+
+            from porting.train.engine import Barrier
+
+            self.ms = ms
+            self.cell = Barrier()     # an all-reduce (sum) of its input
+            self.zeros = ms.Tensor(np.zeros((world_size,), np.float32))
+
+    def measure(self, step: int) -> tuple[float, ...] | None:
+        """Every rank's wait in seconds (index = rank) on a sampled step; None otherwise."""
+        if not self.enabled or not sampled(step, self.every, self.total):
+            return None
+        if self.delay:
+            time.sleep(self.delay)
+        t0 = time.perf_counter()
+        self.cell(self.zeros).asnumpy()          # asnumpy: returns once the all-reduce is done
+        wait = time.perf_counter() - t0
+        mine = np.zeros((self.world,), np.float32)
+        mine[self.rank] = wait
+        every_rank = self.cell(self.ms.Tensor(mine)).asnumpy()
+        return tuple(round(float(w), 5) for w in every_rank)
