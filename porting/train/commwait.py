@@ -70,6 +70,9 @@ class CommWait:
             self.ms = ms
             self.cell = Barrier()     # an all-reduce (sum) of its input
             self.zeros = ms.Tensor(np.zeros((world_size,), np.float32))
+            # The first call compiles the all-reduce's graph (about 0.5 s on the CPU): done here, on every
+            # rank at the same point of the run, so that no sampled step counts compile time as waiting.
+            self.cell(self.zeros).asnumpy()
 
     def measure(self, step: int) -> tuple[float, ...] | None:
         """Every rank's wait in seconds (index = rank) on a sampled step; None otherwise."""
