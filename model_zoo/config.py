@@ -154,7 +154,7 @@ class LlamaConfig:
             if path.is_dir():
                 path = path / "config.json"
             where = str(path)
-            if not path.is_file():
+            if not path.exists():
                 raise ConfigError(f"{path}: no config.json found; expected an HF model directory with "
                                   "config.json (as written by transformers' save_pretrained)")
             # bounded in size and depth, UTF-8 or one line saying it is not (config.json is a few KB)
