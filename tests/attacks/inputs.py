@@ -93,6 +93,7 @@ def recipe_dict(d: Path, data: Path | None = None) -> dict:
     r["model"]["source"] = str(EMBEDDED)
     r["data"]["path"] = str(data or SAMPLE_TEXT)
     r["data"]["max_seq_length"] = 64
+    r["data"]["long_text"] = "truncate"
     r["batching"]["bucketing"]["enabled"] = False
     r["checkpointing"]["export_hf"] = False
     r["schedule"] = {"max_steps": 2, "warmup_steps": 0}
