@@ -197,6 +197,9 @@ def run(req: BaselineRequest, log: Callable[[str], None] = lambda s: None) -> di
         raise ConfigError(f"{req.recipe}: precision {prec} is not supported by `port baseline` (supported: "
                           f"{', '.join(LOOP_DTYPES)}); set precision.param_dtype/compute_dtype to one of them")
     hf_dir = resolve_hf(req.hf or recipe.model.source)
+    from model_zoo.config import LlamaConfig
+
+    LlamaConfig.from_hf(hf_dir)  # sizes checked before torch allocates a model from config.json
     started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     tokenizer = load_model_tokenizer(hf_dir)
     plan = build_plan(recipe, tokenizer)
