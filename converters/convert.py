@@ -117,8 +117,9 @@ def _out_file_name(src_name: str, direction: Direction, out_format: str, restore
 def _hf_layout_from_manifest(ms_dir: Path) -> dict:
     """The HF file names / metadata recorded when an MS directory was made from HF (empty if unknown).
 
-    The names become output file names, so each must be a plain ``*.safetensors`` name (never ``../x`` or
-    an absolute path) and no two files may share one; anything else is refused with the key that is wrong."""
+    The names become output file names, so each must be a plain file name (never ``../x`` or an absolute
+    path) and no two files may share one; anything else is refused with the key that is wrong. Names of
+    other formats (a ``.bin`` source) are not restored: the output takes the derived ``*.safetensors`` name."""
     p = ms_dir / MANIFEST
     if not p.is_file():
         return {}
@@ -133,8 +134,8 @@ def _hf_layout_from_manifest(ms_dir: Path) -> dict:
             raise CheckpointError(f"{p}: {key}: expected an object with name and metadata, found "
                                   f"{type(entry).__name__}")
         name = plain_name(entry.get("name"), where=str(p), key=f"{key}.name", error=CheckpointError)
-        if not name.endswith(".safetensors"):
-            raise CheckpointError(f"{p}: {key}.name: found {name!r}, expected a *.safetensors file name")
+        if not name.endswith(".safetensors"):  # a .bin source: the output takes the derived name
+            continue
         if name in seen:
             raise CheckpointError(f"{p}: {key}.name: {name!r} is also the name of {seen[name]!r}; each output "
                                   "file needs its own name")
@@ -165,7 +166,7 @@ def build_plan(src_dir: Path, direction: Direction, out_format: str = "safetenso
     shapes = direction.expected_shapes(cfg)
     target = dtypes.TARGETS[dtype]
     layout = _hf_layout_from_manifest(src_dir) if direction is MS_TO_HF else {}
-    restored = {k: v["name"] for k, v in layout.get("files", {}).items()}
+    restored = {k: v["name"] for k, v in layout.get("files", {}).items() if v["name"].endswith(".safetensors")}
     seen: set[str] = set()
     unexpected: list[str] = []
     problems: list[CheckpointError] = []

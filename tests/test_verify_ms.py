@@ -15,8 +15,7 @@ def test_verify_converted_stories_then_a_flipped_byte_fails(tmp_path):
     res = port("verify", "--hf", "stories260k", "--ms", str(out), "--json")
     assert res.returncode == 0, res.stderr[-2000:]
     rep = json.loads(res.stdout)
-    assert [r["name"] for r in rep["checkpoint"]] == ["ms-config", "ms-coverage", "ms-manifest", "ms-digests",
-                                                 "ms-name-map", "ms-tensors", "roundtrip"]
+    assert [r["name"] for r in rep["checkpoint"]] == ["ms-config", "ms-coverage", "ms-manifest", "ms-tensors", "roundtrip"]
     assert rep["passed"] and rep["zoo_weights_from"] == str(out)
 
     f = out / "model.safetensors"
@@ -28,7 +27,8 @@ def test_verify_converted_stories_then_a_flipped_byte_fails(tmp_path):
     assert res.returncode == 1
     rows = {r["name"]: r for r in json.loads(res.stdout)["checkpoint"]}
     assert not rows["ms-tensors"]["passed"]
-    assert not rows["ms-digests"]["passed"] and "do not match their record" in rows["ms-digests"]["detail"]
+    detail = rows["ms-manifest"]["detail"]
+    assert not rows["ms-manifest"]["passed"] and "claim 'tensor digests' failed" in detail, detail
 
 
 def test_verify_ms_missing_dir_is_one_line(tmp_path):

@@ -59,9 +59,9 @@ def manifest_name_with_nul(d):
     return _name(lambda d: "model\x00.safetensors")(d)
 
 
-@case("expected a *.safetensors file name")
-def manifest_name_other_extension(d):
-    return _name(lambda d: "port_manifest.json")(d)
+@case("plain file name")
+def manifest_name_dotdot_other_extension(d):
+    return _name(lambda d: "../../port_manifest.json")(d)
 
 
 @case("hf_layout.files['model.safetensors'].metadata", "object of strings")

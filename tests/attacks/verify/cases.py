@@ -36,32 +36,32 @@ def _one(key, value, i=0):
 
 
 # -- issue 15 #5: the per-tensor digests were never checked
-_claim("zeroed_tensor_digests", _zero, "ms-digests   FAIL", "47 of 47 tensor(s) do not match")
-_claim("zeroed_tensor_digests_with_roundtrip", _zero, "ms-digests   FAIL", roundtrip=True)
-_claim("one_tensor_digest_changed", _one("sha256", "f" * 64, 5), "ms-digests   FAIL", "1 of 47")
-_claim("tensor_digest_missing", _one("sha256", None), "ms-digests   FAIL")
-_claim("tensor_record_names_another_file", _one("file", "other.safetensors"), "ms-digests   FAIL",
+_claim("zeroed_tensor_digests", _zero, "ms-manifest  FAIL claim 'tensor digests' failed", "47 of 47 tensor(s) do not match")
+_claim("zeroed_tensor_digests_with_roundtrip", _zero, "ms-manifest  FAIL claim 'tensor digests' failed", roundtrip=True)
+_claim("one_tensor_digest_changed", _one("sha256", "f" * 64, 5), "ms-manifest  FAIL claim 'tensor digests' failed", "1 of 47")
+_claim("tensor_digest_missing", _one("sha256", None), "ms-manifest  FAIL claim 'tensor digests' failed")
+_claim("tensor_record_names_another_file", _one("file", "other.safetensors"), "ms-manifest  FAIL claim 'tensor digests' failed",
        "recorded file/dtype/shape")
-_claim("tensor_record_wrong_shape", _one("shape", [1, 2, 3]), "ms-digests   FAIL", "recorded file/dtype/shape")
-_claim("tensor_record_wrong_dtype", _one("dtype", "F16"), "ms-digests   FAIL")
-_claim("tensor_record_removed", lambda m: m["tensors"].pop(), "ms-digests   FAIL", "no record for")
+_claim("tensor_record_wrong_shape", _one("shape", [1, 2, 3]), "ms-manifest  FAIL claim 'tensor digests' failed", "recorded file/dtype/shape")
+_claim("tensor_record_wrong_dtype", _one("dtype", "F16"), "ms-manifest  FAIL claim 'tensor digests' failed")
+_claim("tensor_record_removed", lambda m: m["tensors"].pop(), "ms-manifest  FAIL claim 'tensor digests' failed", "no record for")
 _claim("tensor_record_of_an_absent_tensor",
-       lambda m: m["tensors"].append(dict(m["tensors"][0], name="model.ghost.weight")), "ms-digests   FAIL",
+       lambda m: m["tensors"].append(dict(m["tensors"][0], name="model.ghost.weight")), "ms-manifest  FAIL claim 'tensor digests' failed",
        "records of absent tensors")
-_claim("tensor_records_not_a_list", lambda m: m.__setitem__("tensors", {"a": 1}), "ms-digests   FAIL")
+_claim("tensor_records_not_a_list", lambda m: m.__setitem__("tensors", {"a": 1}), "ms-manifest  FAIL claim 'tensor digests' failed")
 # -- the name map
-_claim("name_map_edited", lambda m: m["name_map"].update({"x.{}.y": "z.{}.w"}), "ms-name-map  FAIL",
+_claim("name_map_edited", lambda m: m["name_map"].update({"x.{}.y": "z.{}.w"}), "ms-manifest  FAIL claim 'name map' failed",
        "name_map differs")
-_claim("name_map_removed", lambda m: m.pop("name_map"), "ms-name-map  FAIL")
-_claim("model_type_edited", lambda m: m.__setitem__("model_type", "qwen2"), "ms-name-map  FAIL", "model_type")
-_claim("record_source_name_swapped", _one("source_name", "lm_head.weight", 3), "ms-name-map  FAIL",
+_claim("name_map_removed", lambda m: m.pop("name_map"), "ms-manifest  FAIL claim 'name map' failed")
+_claim("model_type_edited", lambda m: m.__setitem__("model_type", "qwen2"), "ms-manifest  FAIL claim 'name map' failed", "model_type")
+_claim("record_source_name_swapped", _one("source_name", "lm_head.weight", 3), "ms-manifest  FAIL claim 'name map' failed",
        "do not follow the name map")
 # -- the source files
 _claim("source_digest_malformed", lambda m: m["source"]["files"][0].__setitem__("sha256", "zz"),
-       "ms-manifest  FAIL", "not a 64-digit hex digest")
-_claim("source_size_edited", lambda m: m["source"]["files"][0].__setitem__("bytes", 1), "ms-manifest  FAIL",
+       "ms-manifest  FAIL claim 'source files' failed", "not a 64-digit hex digest")
+_claim("source_size_edited", lambda m: m["source"]["files"][0].__setitem__("bytes", 1), "ms-manifest  FAIL claim 'source files' failed",
        "source files recorded differ")
-_claim("source_files_not_a_list", lambda m: m["source"].__setitem__("files", 3), "ms-manifest  FAIL")
+_claim("source_files_not_a_list", lambda m: m["source"].__setitem__("files", 3), "ms-manifest  FAIL claim 'source files' failed")
 
 
 @case("ms-manifest  FAIL", "not valid UTF-8", dest=None, verdict=True, timeout=60)
