@@ -87,7 +87,9 @@ class BatchingSection(_Section):
 
 class OptimizerSection(_Section):
     name: Literal["adamw"] = "adamw"
-    lr: float = Field(3e-4, gt=0, le=1.0)            # (0, 1]: AdamW steps are ~lr per weight
+    # finite, (0, 1e30]: useful values are <= 1e-2; a larger one diverges and the non-finite-loss guard
+    # stops the run (exit 3), which is how the tests provoke a divergence (lr=1e30)
+    lr: float = Field(3e-4, gt=0, le=1e30)
     betas: tuple[Annotated[float, Field(ge=0, lt=1)], Annotated[float, Field(ge=0, lt=1)]] = (0.9, 0.95)
     eps: float = Field(1e-8, gt=0, le=1.0)
     weight_decay: float = Field(0.0, ge=0, le=10.0)  # decoupled: each step shrinks weights by lr*wd
