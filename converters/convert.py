@@ -17,8 +17,10 @@ import dataclasses
 import datetime as _dt
 import hashlib
 import json
+import os
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 from typing import Callable
 
@@ -36,7 +38,7 @@ from converters.sources import (
 )
 from model_zoo.config import LlamaConfig
 from model_zoo.errors import CheckpointError
-from model_zoo.files import sha256_file
+from model_zoo.files import plain_name, read_json_object, sha256_file
 
 HF_INDEX = "model.safetensors.index.json"
 # Files copied beside the weights so the output directory describes itself (config, tokenizer).
@@ -112,14 +114,38 @@ def _out_file_name(src_name: str, direction: Direction, out_format: str, restore
 
 
 def _hf_layout_from_manifest(ms_dir: Path) -> dict:
-    """The HF file names / metadata recorded when an MS directory was made from HF (empty if unknown)."""
+    """The HF file names / metadata recorded when an MS directory was made from HF (empty if unknown).
+
+    The names become output file names, so each must be a plain file name (never ``../x`` or an absolute
+    path) and no two files may share one; anything else is refused with the key that is wrong. Names of
+    other formats (a ``.bin`` source) are not restored: the output takes the derived ``*.safetensors`` name."""
     p = ms_dir / MANIFEST
     if not p.is_file():
         return {}
-    try:
-        return json.loads(p.read_text()).get("hf_layout") or {}
-    except (OSError, json.JSONDecodeError):
-        return {}
+    layout = read_json_object(p, what="port manifest", error=CheckpointError).get("hf_layout") or {}
+    if not isinstance(layout, dict) or not isinstance(layout.get("files", {}), dict):
+        raise CheckpointError(f"{p}: hf_layout: expected an object with a files object; the manifest was edited "
+                              "or is not one port convert wrote")
+    seen: dict[str, str] = {}
+    for ms_name, entry in layout.get("files", {}).items():
+        key = f"hf_layout.files[{ms_name!r}]"
+        if not isinstance(entry, dict):
+            raise CheckpointError(f"{p}: {key}: expected an object with name and metadata, found "
+                                  f"{type(entry).__name__}")
+        name = plain_name(entry.get("name"), where=str(p), key=f"{key}.name", error=CheckpointError)
+        if not name.endswith(".safetensors"):  # a .bin source: the output takes the derived name
+            continue
+        if name in seen:
+            raise CheckpointError(f"{p}: {key}.name: {name!r} is also the name of {seen[name]!r}; each output "
+                                  "file needs its own name")
+        seen[name] = ms_name
+        meta = entry.get("metadata")
+        if meta is not None and not (isinstance(meta, dict) and all(isinstance(k, str) and isinstance(v, str)
+                                                                    for k, v in meta.items())):
+            raise CheckpointError(f"{p}: {key}.metadata: expected an object of strings (safetensors metadata)")
+    if layout.get("index_metadata") is not None and not isinstance(layout["index_metadata"], dict):
+        raise CheckpointError(f"{p}: hf_layout.index_metadata: expected an object or null")
+    return layout
 
 
 def build_plan(src_dir: Path, direction: Direction, out_format: str = "safetensors", dtype: str = "keep",
@@ -139,8 +165,7 @@ def build_plan(src_dir: Path, direction: Direction, out_format: str = "safetenso
     shapes = direction.expected_shapes(cfg)
     target = dtypes.TARGETS[dtype]
     layout = _hf_layout_from_manifest(src_dir) if direction is MS_TO_HF else {}
-    restored = {k: v["name"] for k, v in layout.get("files", {}).items()
-                if str(v.get("name", "")).endswith(".safetensors")}
+    restored = {k: v["name"] for k, v in layout.get("files", {}).items() if v["name"].endswith(".safetensors")}
     seen: set[str] = set()
     unexpected: list[str] = []
     problems: list[CheckpointError] = []
@@ -169,6 +194,9 @@ def build_plan(src_dir: Path, direction: Direction, out_format: str = "safetenso
             planned.append((t, OutTensor(out_name, target or t.dtype, t.shape)))
         meta = dict(layout.get("files", {}).get(f.name, {}).get("metadata") or direction.out_metadata)
         out_name = _out_file_name(f.name, direction, out_format, restored)
+        if any(pf.out_name == out_name for pf in files):
+            raise CheckpointError(f"{src_dir}: {f.name} and another file would both be written as {out_name}; "
+                                  f"fix hf_layout in {MANIFEST}")
         files.append(PlannedFile(f, out_name, tuple(planned), tuple(skipped), meta,
                                  f.header_bytes if direction.align_headers else None))
     missing = sorted(set(shapes) - seen)
@@ -307,10 +335,14 @@ def execute(plan: Plan, out_dir: Path, *, force: bool = False, progress: Callabl
     cache / download metadata where huggingface_hub recorded it (``sha256_source`` says which).
     ``hash_source=False`` computes none (one SHA-256 pass less); every output tensor's sha256 is always
     recorded."""
-    out_dir = Path(out_dir).absolute()
+    # Resolved before any check: `x/../SRC` and symlinks name the directory they reach, so the overlap
+    # check below compares like with like and nothing (not even x/) is created for a refused --out.
+    out_dir = Path(out_dir).resolve()
     atomic.check_destination(out_dir, force, [plan.source.dir])
     companions = _companions(plan)
+    check_replaceable(out_dir, force, companions)
     need = sum(pf.out_bytes for pf in plan.files) + sum(p.stat().st_size for p in companions)
+    check_writable(out_dir)
     atomic.check_free_space(out_dir, need)
     progress = progress or (lambda n: None)
     # digests the HF download tooling already recorded cost nothing: used with or without hash_source
@@ -342,9 +374,10 @@ def execute(plan: Plan, out_dir: Path, *, force: bool = False, progress: Callabl
                               "sha256_source": how if digest else None, "metadata": pf.src.metadata,
                               "skipped_tensors": list(pf.skipped)})
         for name, content in _index_files(plan, records).items():
-            (tmp / name).write_text(json.dumps(content, indent=2) + "\n")
+            _write_output(out_dir, tmp / name, lambda t, c=content: t.write_text(json.dumps(c, indent=2) + "\n"))
         for p in companions:
-            shutil.copyfile(p, tmp / ("config.json" if p == plan.config_path else p.name))
+            _write_output(out_dir, tmp / ("config.json" if p == plan.config_path else p.name),
+                          lambda t, src=p: shutil.copyfile(src, t))
         manifest = {
             "tool": "port convert", "direction": plan.direction.name,
             "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
@@ -364,8 +397,46 @@ def execute(plan: Plan, out_dir: Path, *, force: bool = False, progress: Callabl
             "hf_layout": _hf_layout(plan),
             "versions": versions or {},
         }
-        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+        _write_output(out_dir, tmp / MANIFEST, lambda t: t.write_text(json.dumps(manifest, indent=1) + "\n"))
     return manifest
+
+
+def _write_output(out_dir: Path, tmp_file: Path, write: Callable[[Path], object]) -> None:
+    """Run ``write(tmp_file)``; an OSError names the output file, never the source it was copied from (a
+    full disk while copying generation_config.json is the destination's problem, not the source's)."""
+    try:
+        write(tmp_file)
+    except OSError as e:
+        raise OSError(e.errno, e.strerror, str(out_dir / tmp_file.name)) from None
+
+
+def check_replaceable(dest: Path, force: bool, inputs: list[Path]) -> None:
+    """--force replaces only what port wrote: a non-empty ``dest`` must hold a port manifest, and it may
+    not be (or contain) any input file, such as a --config read from inside it."""
+    for p in inputs:
+        p = p.resolve()
+        if dest == p.parent or dest in p.parents:
+            raise CheckpointError(f"{dest}: holds the input {p}; choose an --out that does not contain an input")
+    if force and dest.is_dir() and any(dest.iterdir()) and not (dest / MANIFEST).is_file():
+        raise CheckpointError(f"{dest}: exists, is not empty and is not a `port convert` output (no {MANIFEST}); "
+                              "--force replaces only directories port wrote. Remove it yourself or choose another "
+                              "--out")
+
+
+def check_writable(dest: Path) -> None:
+    """Refuse early, with the reason, when ``dest`` cannot be created: its nearest existing ancestor is a
+    file, or creating a directory there fails (read-only disk, permissions, /proc)."""
+    probe = next(p for p in [dest, *dest.parents] if p.exists())
+    if probe == dest:
+        probe = dest.parent
+    if not probe.is_dir():
+        raise CheckpointError(f"{probe}: is a file, so --out {dest} cannot be created under it; choose another "
+                              "--out")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".port-probe-", dir=probe))  # made here, removed here
+    except OSError as e:
+        raise CheckpointError(f"{probe}: cannot create the output directory there ({e.strerror}); choose an "
+                              "--out on a writable disk") from None
 
 
 def hf_to_ms(hf_dir: Path, out_dir: Path, *, out_format: str = "safetensors", dtype: str = "keep",

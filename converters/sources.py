@@ -59,7 +59,7 @@ class Source:
 def _read_index(path: Path) -> tuple[dict[str, str], dict | None]:
     try:
         raw = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:  # Recursion: too deep
         raise CheckpointError(f"{path}: not a readable JSON index ({e}); expected "
                               '{"metadata": {...}, "weight_map": {tensor: file}}') from None
     wm = raw.get("weight_map") if isinstance(raw, dict) else None
@@ -202,7 +202,7 @@ def open_ms(d: Path) -> Source:
     if index.is_file():
         try:
             wm = json.loads(index.read_text())
-        except (OSError, json.JSONDecodeError) as e:
+        except (OSError, json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:  # Recursion: too deep
             raise CheckpointError(f"{index}: not valid JSON ({e}); expected {{param name: file}}") from None
         if not isinstance(wm, dict):
             raise CheckpointError(f"{index}: expected a JSON object {{param name: file}}")

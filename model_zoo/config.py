@@ -14,12 +14,30 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from model_zoo.errors import ConfigError
+from model_zoo.files import MAX_JSON_DEPTH, json_depth, read_text
 
 # HF model_type -> how its attention biases are laid out. Anything else is refused with this list.
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 SUPPORTED_ACTIVATIONS = ("silu",)
+
+
+# Upper bound of every size field, checked before anything is allocated from it (a config.json saying
+# num_hidden_layers: 100000000 must be refused in microseconds, not after 200 GB of tensor plans).
+# Each bound is a few times the largest real model of the family, so no real config comes near it.
+SIZE_LIMITS: dict[str, tuple[int, str]] = {
+    "vocab_size": (1 << 22, "token ids must fit int32 embeddings; the largest real vocabularies are ~256k"),
+    "hidden_size": (1 << 16, "Llama 3.1 405B has 16384"),
+    "intermediate_size": (1 << 18, "Llama 3.1 405B has 53248"),
+    "num_hidden_layers": (1024, "Llama 3.1 405B has 126"),
+    "num_attention_heads": (1024, "Llama 3.1 405B has 128"),
+    "num_key_value_heads": (1024, "never more than num_attention_heads"),
+    "head_dim": (1024, "real models use 64..256"),
+    "max_position_embeddings": (1 << 24, "16M positions; the longest real context (Qwen2.5-1M) is ~1M"),
+}
+MAX_PARAMETERS = 4 * 10 ** 12   # 10x Llama 3.1 405B; the product of in-range sizes can still be absurd
+MAX_ROPE_THETA = 1e12           # Llama 3: 5e5, Qwen2.5-1M: 1e7
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,8 +87,13 @@ class LlamaConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 out.append(f"{name}: found {v!r}, expected a positive integer")
+            elif v > SIZE_LIMITS[name][0]:
+                out.append(f"{name}: found {v:,}, expected at most {SIZE_LIMITS[name][0]:,} ({SIZE_LIMITS[name][1]})")
         if out:
             return out
+        if self.num_parameters() > MAX_PARAMETERS:
+            return [f"sizes: they imply {self.num_parameters():,} parameters, expected at most {MAX_PARAMETERS:,}; "
+                    "check hidden_size, intermediate_size, num_hidden_layers and vocab_size"]
         if self.model_type not in SUPPORTED_MODEL_TYPES:
             out.append(f"model_type: found {self.model_type!r}, expected one of {', '.join(SUPPORTED_MODEL_TYPES)}")
         if self.hidden_act not in SUPPORTED_ACTIVATIONS:
@@ -80,10 +103,15 @@ class LlamaConfig:
                        f"num_attention_heads={self.num_attention_heads}")
         if self.head_dim % 2:
             out.append(f"head_dim: found {self.head_dim}, expected an even number (RoPE rotates pairs)")
-        if not (isinstance(self.rms_norm_eps, (int, float)) and 0 < self.rms_norm_eps < 1):
-            out.append(f"rms_norm_eps: found {self.rms_norm_eps!r}, expected a small positive number")
-        if not (isinstance(self.rope_theta, (int, float)) and self.rope_theta > 0):
-            out.append(f"rope_theta: found {self.rope_theta!r}, expected a positive number")
+        if not (_number(self.rms_norm_eps) and 0 < self.rms_norm_eps < 1):
+            out.append(f"rms_norm_eps: found {self.rms_norm_eps!r}, expected a small positive number below 1")
+        if not (_number(self.rope_theta) and 0 < self.rope_theta <= MAX_ROPE_THETA):
+            out.append(f"rope_theta: found {self.rope_theta!r}, expected a positive number up to {MAX_ROPE_THETA:g}")
+        if self.sliding_window is not None and not (isinstance(self.sliding_window, int)
+                                                    and not isinstance(self.sliding_window, bool)
+                                                    and 0 < self.sliding_window <= SIZE_LIMITS["max_position_embeddings"][0]):
+            out.append(f"sliding_window: found {self.sliding_window!r}, expected null or a positive integer up to "
+                       f"{SIZE_LIMITS['max_position_embeddings'][0]:,}")
         out.extend(_rope_scaling_problems(self.rope_scaling))
         return out
 
@@ -126,13 +154,20 @@ class LlamaConfig:
             if path.is_dir():
                 path = path / "config.json"
             where = str(path)
-            if not path.is_file():
+            if not path.exists():
                 raise ConfigError(f"{path}: no config.json found; expected an HF model directory with "
                                   "config.json (as written by transformers' save_pretrained)")
+            # bounded in size and depth, UTF-8 or one line saying it is not (config.json is a few KB)
+            text = read_text(path, what="config.json", max_bytes=1 << 20, error=ConfigError)
             try:
-                raw = json.loads(path.read_text())
-            except (OSError, json.JSONDecodeError) as e:
+                raw = json.loads(text)
+            except json.JSONDecodeError as e:
                 raise ConfigError(f"{path}: not valid JSON ({e}); expected an HF config.json") from None
+            except RecursionError:
+                raw = None
+            if raw is None or json_depth(raw, MAX_JSON_DEPTH) > MAX_JSON_DEPTH:
+                raise ConfigError(f"{path}: not valid JSON for a config.json (nested deeper than {MAX_JSON_DEPTH} "
+                                  "levels or null); expected an HF config.json")
             if not isinstance(raw, dict):
                 raise ConfigError(f"{path}: expected a JSON object, found {type(raw).__name__}")
         return cls._from_raw(raw, where)
@@ -213,6 +248,11 @@ class LlamaConfig:
         if self.torch_dtype:
             d["torch_dtype"] = self.torch_dtype
         return d
+
+
+def _number(v: Any) -> bool:
+    """A finite int or float (not a bool: ``true`` is not an epsilon)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def _normalise_rope_scaling(rs: Any) -> dict[str, Any] | None:

@@ -137,3 +137,15 @@ def sha256_file(path: str | Path, chunk: int = 1 << 22) -> str:
         while block := f.read(chunk):
             h.update(block)
     return h.hexdigest()
+
+
+def plain_name(name: Any, *, where: str, key: str, error: type[PortingError] = PortingError) -> str:
+    """``name`` when it is a plain file name (no directory part, not ``.``/``..``, no NUL), else one error.
+
+    Every file name read from a file (a manifest, an index, a rank table) goes through this, so a name
+    can never point outside the directory it is confined to (``../x``, ``/etc/x``, ``a/b``)."""
+    if (not isinstance(name, str) or not name or name in (".", "..") or "/" in name or "\\" in name
+            or "\x00" in name or len(name) > 255):
+        raise error(f"{where}: {key}: found {name!r}, expected a plain file name (no directory part, no '..'); "
+                    "the file was edited or is not one port wrote")
+    return name

@@ -8,6 +8,8 @@ turns a failed row into a non-zero exit):
    dtypes readable (the checks ``port convert`` runs before writing);
 3. ``ms-manifest``: the manifest beside it names the source files with their current sizes, and their
    sha256 where it was taken from the HF cache rather than computed (every one with ``rehash_source``);
+   every tensor record's sha256, file, dtype and shape equal what is stored now; the recorded name map is
+   the converter's and every record follows it. The row's detail names the claim that failed;
 4. ``ms-tensors``: every tensor equals its source through the name map: bitwise where no cast was asked,
    bitwise equal to the source cast to the stored dtype otherwise;
 5. ``roundtrip``: converting back MindSpore -> HF (into a temporary directory) gives the source's file
@@ -33,7 +35,8 @@ from converters.sources import (
     open_ms,
 )
 from model_zoo.config import LlamaConfig
-from model_zoo.errors import PortingError
+from model_zoo.errors import CheckpointError, PortingError
+from model_zoo.files import read_json_object
 
 Row = dict  # {"name": str, "passed": bool, "detail": str, "numbers": dict}
 _SHOW = 5
@@ -90,15 +93,27 @@ def _digest_mismatches(hf: Source, files: list[dict], rehash: bool) -> tuple[int
     return len(todo), bad
 
 
-def _check_manifest(hf: Source, ms_dir: Path, rehash: bool = False) -> Row:
+def _manifest(ms_dir: Path) -> dict:
+    """The manifest beside a conversion (one-line CheckpointError when missing, unreadable or not JSON)."""
     path = ms_dir / MANIFEST
     if not path.is_file():
-        return _row("ms-manifest", False, f"{path}: missing; port convert writes it beside every output")
+        raise CheckpointError(f"{path}: missing; port convert writes it beside every output")
+    return read_json_object(path, what="port manifest", error=CheckpointError)
+
+
+def _check_manifest(hf: Source, ms_dir: Path, rehash: bool = False) -> Row:
+    path = ms_dir / MANIFEST
+    manifest = _manifest(ms_dir)
     try:
-        files = json.loads(path.read_text())["source"]["files"]
+        files = manifest["source"]["files"]
         recorded = {f["name"]: f["bytes"] for f in files}
-    except (OSError, json.JSONDecodeError, KeyError, TypeError) as e:
-        return _row("ms-manifest", False, f"{path}: unreadable ({e})")
+    except (KeyError, TypeError) as e:
+        return _row("ms-manifest", False, f"{path}: source.files: unreadable ({type(e).__name__}: {e}); "
+                    "expected the list port convert writes")
+    malformed = [f["name"] for f in files if f.get("sha256") is not None and not _is_sha256(f["sha256"])]
+    if malformed:
+        return _row("ms-manifest", False, f"{path}: source.files: sha256 of {malformed[:_SHOW]} is not a "
+                    "64-digit hex digest", malformed=len(malformed))
     actual = {f.name: f.path.stat().st_size for f in hf.files}
     if recorded != actual:
         diff = sorted(set(recorded.items()) ^ set(actual.items()))
@@ -111,6 +126,86 @@ def _check_manifest(hf: Source, ms_dir: Path, rehash: bool = False) -> Row:
     return _row("ms-manifest", True, f"{len(actual)} source file(s) recorded with matching sizes"
                 + (f", {checked} sha256 recomputed and equal" if checked else ""),
                 files=len(actual), sha256_checked=checked)
+
+
+def _is_sha256(v: object) -> bool:
+    return isinstance(v, str) and len(v) == 64 and all(c in "0123456789abcdef" for c in v)
+
+
+def _check_digests(ms: Source, manifest: dict, path: Path) -> Row:
+    """Every tensor's sha256 recorded in the manifest equals the sha256 of the bytes stored now, each record
+    names the file, dtype and shape the tensor has, and every stored tensor has a record."""
+    import hashlib
+
+    records = manifest.get("tensors")
+    if not isinstance(records, list) or not all(isinstance(r, dict) for r in records):
+        return _row("tensor digests", False, f"{path}: tensors: expected a list of tensor records")
+    bad: list[str] = []
+    with TensorReader(ms) as b:
+        by_name = {r.get("name"): r for r in records}
+        missing = sorted(n for n in b.where if n not in by_name)
+        unknown = sorted(str(n) for n in by_name if n not in b.where)
+        if missing or unknown:
+            return _row("tensor digests", False, f"{path}: tensors: records do not cover the checkpoint (no record for "
+                        f"{missing[:_SHOW]}, records of absent tensors {unknown[:_SHOW]})",
+                        missing=len(missing), unknown=len(unknown))
+        for name in sorted(b.where):
+            r, info = by_name[name], b.info(name)
+            claimed = (r.get("file"), r.get("dtype"), r.get("shape"))
+            actual = (b.file_of(name).name, info.dtype, list(info.shape))
+            if claimed != actual:
+                bad.append(f"{name}: recorded file/dtype/shape {claimed}, stored {actual}")
+                continue
+            h = hashlib.sha256()
+            for chunk in b.chunks(name):
+                h.update(chunk)
+            if h.hexdigest() != r.get("sha256"):
+                bad.append(f"{name}: sha256 {h.hexdigest()[:12]}..., recorded {str(r.get('sha256'))[:12]}...")
+    if bad:
+        return _row("tensor digests", False, f"{len(bad)} of {len(records)} tensor(s) do not match their record in "
+                    f"{path}: " + "; ".join(bad[:_SHOW]), compared=len(records), mismatched=len(bad))
+    return _row("tensor digests", True, f"{len(records)} tensor sha256 digests recorded and equal", compared=len(records))
+
+
+def _check_name_map(manifest: dict, cfg: LlamaConfig, path: Path) -> Row:
+    """The manifest's name map is the converter's map for this model type, and every tensor record maps its
+    source name through it."""
+    table = names.NAME_MAPS[cfg.model_type]
+    if manifest.get("model_type") != cfg.model_type:
+        return _row("name map", False, f"{path}: model_type {manifest.get('model_type')!r}, the source's "
+                    f"config.json says {cfg.model_type!r}")
+    if manifest.get("name_map") != table:
+        return _row("name map", False, f"{path}: name_map differs from the {cfg.model_type} map port convert "
+                    "uses; the manifest was edited or written by another tool")
+    records = manifest.get("tensors") if isinstance(manifest.get("tensors"), list) else []
+    bad = [f"{r.get('source_name')!r} -> {r.get('name')!r}" for r in records
+           if not isinstance(r, dict) or not isinstance(r.get("source_name"), str)
+           or names.map_name(r["source_name"], table) != r.get("name")]
+    if bad:
+        return _row("name map", False, f"{len(bad)} tensor record(s) in {path} do not follow the name map: "
+                    + "; ".join(bad[:_SHOW]), mismatched=len(bad))
+    return _row("name map", True, f"{len(records)} records follow the {cfg.model_type} name map "
+                f"({len(table)} patterns)", records=len(records))
+
+
+def _check_claims(hf: Source, ms_dir: Path, cfg: LlamaConfig, rehash: bool) -> Row:
+    """Every claim of the manifest, in one ``ms-manifest`` row whose detail names the claim that failed:
+    the source files (sizes, sha256), every tensor record (file, dtype, shape, sha256), the name map."""
+    path = ms_dir / MANIFEST
+    rows = [_check_manifest(hf, ms_dir, rehash)]
+    if rows[-1]["passed"]:
+        rows.append(_check_digests(open_ms(ms_dir), _manifest(ms_dir), path))
+    if rows[-1]["passed"]:
+        rows.append(_check_name_map(_manifest(ms_dir), cfg, path))
+    numbers = {k: v for r in rows for k, v in r["numbers"].items()}
+    last = rows[-1]
+    if not last["passed"]:
+        claim = CLAIMS[len(rows) - 1]
+        return _row("ms-manifest", False, f"claim '{claim}' failed: {last['detail']}", claim=claim, **numbers)
+    return _row("ms-manifest", True, "; ".join(r["detail"] for r in rows), **numbers)
+
+
+CLAIMS = ("source files", "tensor digests", "name map")
 
 
 def _compare_tensor(a: TensorReader, a_name: str, b: TensorReader, b_name: str) -> str | None:
@@ -209,7 +304,7 @@ def verify_checkpoint(hf_dir: Path, ms_dir: Path, *, roundtrip: bool = True, reh
         cfg = LlamaConfig.from_hf(hf_dir)
     except PortingError as e:
         return rows + [_row("hf-source", False, str(e))]
-    rows.append(_guard("ms-manifest", lambda: _check_manifest(hf, ms_dir, rehash_source)))
+    rows.append(_guard("ms-manifest", lambda: _check_claims(hf, ms_dir, cfg, rehash_source)))
     rows.append(_guard("ms-tensors", lambda: _check_tensors(hf, open_ms(ms_dir), cfg)))
     if roundtrip:
         rows.append(_guard("roundtrip", lambda: _roundtrip_in_tempdir(hf, ms_dir)))

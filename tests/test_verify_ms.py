@@ -27,6 +27,8 @@ def test_verify_converted_stories_then_a_flipped_byte_fails(tmp_path):
     assert res.returncode == 1
     rows = {r["name"]: r for r in json.loads(res.stdout)["checkpoint"]}
     assert not rows["ms-tensors"]["passed"]
+    detail = rows["ms-manifest"]["detail"]
+    assert not rows["ms-manifest"]["passed"] and "claim 'tensor digests' failed" in detail, detail
 
 
 def test_verify_ms_missing_dir_is_one_line(tmp_path):

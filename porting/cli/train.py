@@ -12,6 +12,7 @@ from pathlib import Path
 import click
 
 from model_zoo.errors import PortingError, RecipeError
+from model_zoo.files import write_atomic
 
 
 @click.command("train", epilog="""\b
@@ -56,8 +57,8 @@ def command(recipe: str, overrides: tuple[str, ...], dry_run: bool, as_json: boo
         return
     check_fits(plan, recipe)
     _guard_run_dir(out, resume)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "plan.json").write_text(json.dumps(plan, indent=2))
+    _make_run_dir(out)
+    write_atomic(out / "plan.json", json.dumps(plan, indent=2), error=RecipeError)
     if rec.world_size == 1:
         from porting.train.loop import train
 
@@ -65,6 +66,17 @@ def command(recipe: str, overrides: tuple[str, ...], dry_run: bool, as_json: boo
         click.echo(f"done: {res.steps_done} steps, final loss {res.last_loss:.4f}; run directory {out}")
         return
     _launch_msrun(rec, recipe, list(overrides), out, resume, launch_node)
+
+
+def _make_run_dir(out: Path) -> None:
+    """Create the run directory, or say in one line why it cannot be (a file in the way, read-only disk)."""
+    if out.exists() and not out.is_dir():
+        raise RecipeError(f"{out}: exists and is not a directory; choose another --run-dir (or output_dir)")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise RecipeError(f"{e.filename or out}: cannot create the run directory ({e.strerror}); choose a "
+                          "--run-dir on a writable disk") from None
 
 
 def _guard_run_dir(out: Path, resume: bool) -> None:
@@ -85,7 +97,7 @@ def _launch_msrun(rec, recipe_path: str, overrides: list[str], out: Path, resume
     # The launched command is exactly the one --dry-run prints; the resolved recipe is kept for the record.
     import yaml
 
-    (out / "recipe.yaml").write_text(yaml.safe_dump(recipe_dict(rec), sort_keys=False))
+    write_atomic(out / "recipe.yaml", yaml.safe_dump(recipe_dict(rec), sort_keys=False), error=RecipeError)
     cmds = msrun_commands(rec, recipe_path, str(out), overrides, resume)
     if rec.cluster.nodes > 1 and launch_node is None:
         click.echo(f"{rec.cluster.nodes} nodes: run on each node (same paths on every node):")

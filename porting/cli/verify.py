@@ -56,6 +56,24 @@ def run_generation_check(hf_dir, n_tokens: int, cache: str = "static") -> dict:
     return res
 
 
+def _echo_rows(hf_dir, ms_dir, rows: list[dict]) -> None:
+    click.echo(f"checkpoint {ms_dir} against {hf_dir}:")
+    for r in rows:
+        click.echo(f"  {r['name']:12} {'ok  ' if r['passed'] else 'FAIL'} {r['detail']}")
+
+
+def _fail_checkpoint(hf_dir, ms_dir, rows: list[dict], as_json: bool) -> None:
+    """Report the checkpoint rows, name the failed claims, exit 1 (parity is not run)."""
+    failed = [r["name"] for r in rows if not r["passed"]]
+    if as_json:
+        click.echo(json.dumps({"passed": False, "checkpoint": rows, "failed": failed,
+                               "parity": "not run: the checkpoint failed " + ", ".join(failed)}, indent=1))
+    else:
+        _echo_rows(hf_dir, ms_dir, rows)
+        click.echo(f"FAIL: the checkpoint failed {', '.join(failed)}; parity not run")
+    sys.exit(VerificationError.exit_code)
+
+
 @click.command("verify", epilog="""\b
 Examples:
   port verify --hf stories260k                 # embedded default: logits and loss vs HF
@@ -102,7 +120,10 @@ def command(hf_src, ms_dir, no_roundtrip, rehash_source, dtype, batch, seq, seed
             raise CheckpointError(f"--ms {ms_dir}: no such directory; expected a `port convert` output directory")
         rows = verify_checkpoint(hf_dir, ms_dir, roundtrip=not no_roundtrip, rehash_source=rehash_source)
     ms_ok = rows is None or all(r["passed"] for r in rows)
-    # A checkpoint that fails its tensor checks is not loaded for parity: the rows say what is wrong.
+    if not ms_ok:
+        # A checkpoint that fails a claim is FAIL whatever parity says, and parity on the HF weights
+        # would say nothing about it: the rows name the claim that failed.
+        _fail_checkpoint(hf_dir, ms_dir, rows, as_json)
     report = check_parity(hf_dir, dtype=dtype, batch=batch, seq=seq, seed=seed, hidden_states=hidden_states,
                           grads=grads, ms_dir=ms_dir if ms_ok else None)
     if rows is not None:
@@ -120,11 +141,7 @@ def command(hf_src, ms_dir, no_roundtrip, rehash_source, dtype, batch, seq, seed
                    + ", ".join(f"{n}={c['impl']}" for n, c in k.items()))
         click.echo(f"loss on the seeded random probe ids: zoo {report['loss']['zoo']:.6f}  hf {report['loss']['hf']:.6f}")
         if rows is not None:
-            click.echo(f"checkpoint {ms_dir} against {hf_dir}:")
-            for r in rows:
-                click.echo(f"  {r['name']:12} {'ok  ' if r['passed'] else 'FAIL'} {r['detail']}")
-            if not ms_ok:
-                click.echo("parity below ran on the HF weights: the checkpoint failed its checks")
+            _echo_rows(hf_dir, ms_dir, rows)
         click.echo(_table(report["checks"]))
         g = report.get("generation")
         if g:

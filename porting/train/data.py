@@ -40,9 +40,12 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from model_zoo.errors import RecipeError
+from model_zoo.files import json_depth, read_text
 from porting.train import formats
 
 IGNORE_INDEX = -100
+MAX_DATA_BYTES = 16 << 30   # a data file is read whole; past this, split it (the largest SFT sets are ~2 GB)
+MAX_ROW_DEPTH = 16          # a chat row nests 3 levels (row -> messages -> message)
 
 
 # --------------------------------------------------------------------------- data types
@@ -119,7 +122,8 @@ class Step:
 def read_rows(path: str | Path, separator: str) -> list[tuple[int, Any]]:
     """(row number, parsed row or an Exception) for a .txt, .json (list) or .jsonl file."""
     p = Path(path)
-    text = p.read_text(encoding="utf-8", errors="strict")
+    # bounded, UTF-8 or one line naming the offending byte; rows nested deeper than MAX_ROW_DEPTH are bad rows
+    text = read_text(p, what="data file", max_bytes=MAX_DATA_BYTES, error=RecipeError)
     if p.suffix == ".txt":
         docs = [d.strip() for d in text.split(separator)] if separator else [text]
         return [(i + 1, {"text": d}) for i, d in enumerate(docs) if d]
@@ -130,15 +134,27 @@ def read_rows(path: str | Path, separator: str) -> list[tuple[int, Any]]:
         except json.JSONDecodeError as exc:
             raise RecipeError(f"{p}: not valid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}; "
                               "expected a list of rows or JSON Lines (.jsonl)") from None
+        except RecursionError:
+            rows = None
+        if not isinstance(rows, list) or json_depth(rows, MAX_ROW_DEPTH + 1) > MAX_ROW_DEPTH + 1:
+            raise RecipeError(f"{p}: expected a JSON list of rows nested at most {MAX_ROW_DEPTH} levels; "
+                              "rows are flat objects (text, instruction/output or messages)")
         return [(i + 1, r) for i, r in enumerate(rows)]
     out: list[tuple[int, Any]] = []
     for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
-            out.append((n, json.loads(line)))
+            row = json.loads(line)
         except json.JSONDecodeError as exc:
             out.append((n, ValueError(f"not valid JSON: {exc.msg}")))
+            continue
+        except RecursionError:
+            row = None
+        if row is None or json_depth(row, MAX_ROW_DEPTH) > MAX_ROW_DEPTH:
+            out.append((n, ValueError(f"nested deeper than {MAX_ROW_DEPTH} levels (or null); expected a flat row")))
+        else:
+            out.append((n, row))
     return out
 
 
@@ -173,7 +189,12 @@ def alpaca_segments(row: Any, data) -> Segments:
     if not out.strip():
         raise ValueError("empty 'output'")
     tmpl = data.prompt_template_with_input if inp.strip() else data.prompt_template
-    return [(tmpl.format(instruction=instr, input=inp), False), (out, True)]
+    try:  # the recipe checks the template's fields; this keeps a hand-built DataSection one line too
+        prompt = tmpl.format(instruction=instr, input=inp)
+    except (KeyError, IndexError, ValueError, AttributeError) as e:
+        raise RecipeError(f"data.prompt_template: cannot fill {tmpl[:60]!r} ({type(e).__name__}: {e}); use only "
+                          "{instruction} and {input}") from None
+    return [(prompt, False), (out, True)]
 
 
 def row_content(row: Any, fmt: str, data, as_chat: bool) -> formats.Rendered:

@@ -10,19 +10,36 @@ The model architecture is never in a recipe: it comes from the checkpoint's ``co
 from __future__ import annotations
 
 import copy
+import math
 from pathlib import Path
-from typing import Any, Literal, Optional
+import string
+from typing import Annotated, Any, Literal, Optional
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from model_zoo.errors import RecipeError
+from model_zoo.files import read_text
 
 Dtype = Literal["float32", "bfloat16", "float16"]
 
+# Every number in a recipe has a finite, documented range (docs/promises.md lists them): a value out of
+# range is refused with its key before a step runs, because an infinite lr or a beta of 1 trains "fine"
+# and exports NaN weights. Bounds are generous (far past any real run) but finite.
+BIG = 10 ** 9          # steps, epochs, intervals: more than any run will take
+MAX_BATCH = 1 << 16    # micro batch, accumulation
+MAX_SEQ = 1 << 20      # tokens per sequence (1M)
+MAX_TEXT = 1 << 16     # characters in a template or separator
+MAX_RECIPE_BYTES = 1 << 20
+MAX_YAML_NODES = 100_000   # after expanding aliases: a real recipe has ~100
+MAX_YAML_ALIASES = 100
+MAX_YAML_DEPTH = 32
+TEMPLATE_FIELDS = {"prompt_template": {"instruction"}, "prompt_template_with_input": {"instruction", "input"}}
+
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # allow_inf_nan=False: .inf / .nan are refused for every float field, whatever its range
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class ModelSection(_Section):
@@ -41,58 +58,71 @@ class DataSection(_Section):
     path: str = Field(description="JSON/JSONL (text, Alpaca, chat-messages or ShareGPT rows), a .txt or "
                                   ".parquet file, or a HF datasets directory (save_to_disk); see docs/data.md")
     format: Literal["auto", "text", "alpaca", "chat", "sharegpt"] = "auto"
-    chat_template: str = "auto"           # auto | model | builtin | path to a Jinja file (docs/data.md)
+    chat_template: str = Field("auto", min_length=1, max_length=4096)  # auto | model | builtin | path to a Jinja file (docs/data.md)
     sharegpt: SharegptSection = SharegptSection()
-    split: str = "train"                  # the split of a datasets directory holding several
+    split: str = Field("train", min_length=1, max_length=256)  # the split of a datasets directory holding several
     eval_split: float = Field(0.0, ge=0, lt=1)   # fraction of examples held out, scored by `port train`
-    eval_every_steps: int = Field(0, ge=0)       # 0: only after the last step
-    text_field: str = "text"
-    separator: str = "<|endoftext|>"      # splits a .txt file into documents
-    max_seq_length: int = Field(256, ge=8)
+    eval_every_steps: int = Field(0, ge=0, le=BIG)  # 0: only after the last step
+    text_field: str = Field("text", min_length=1, max_length=256)
+    separator: str = Field("<|endoftext|>", max_length=MAX_TEXT)      # splits a .txt file into documents
+    max_seq_length: int = Field(256, ge=8, le=MAX_SEQ)
     long_text: Literal["truncate", "split"] = "truncate"   # split: plain text only, windows of max_seq_length
     add_bos: bool = True
     add_eos: bool = True
     on_bad_row: Literal["skip", "fail"] = "skip"
-    prompt_template: str = "### Instruction:\n{instruction}\n\n### Response:\n"
-    prompt_template_with_input: str = "### Instruction:\n{instruction}\n\n### Input:\n{input}\n\n### Response:\n"
+    # str.format templates: only {instruction} (and {input} in the second) may appear; {{ }} for braces
+    prompt_template: str = Field("### Instruction:\n{instruction}\n\n### Response:\n", max_length=MAX_TEXT)
+    prompt_template_with_input: str = Field(
+        "### Instruction:\n{instruction}\n\n### Input:\n{input}\n\n### Response:\n", max_length=MAX_TEXT)
     shuffle: bool = True
+
+    @field_validator("prompt_template", "prompt_template_with_input")
+    @classmethod
+    def _template_fields(cls, v: str, info) -> str:
+        problem = template_problem(v, TEMPLATE_FIELDS[info.field_name])
+        if problem:
+            raise ValueError(problem)
+        return v
 
 
 class BucketingSection(_Section):
     enabled: bool = True
-    boundaries: Optional[list[int]] = None   # padded lengths; None = chosen from the data
+    boundaries: Optional[list[Annotated[int, Field(ge=1, le=MAX_SEQ)]]] = Field(None, max_length=256)
+    # padded lengths; None = chosen from the data
     max_shapes: int = Field(16, ge=1, le=256)
-    pad_to_multiple_of: int = Field(8, ge=1)
+    pad_to_multiple_of: int = Field(8, ge=1, le=4096)
 
 
 class BatchingSection(_Section):
-    micro_batch_size: int = Field(1, ge=1)
-    grad_accum_steps: int = Field(1, ge=1)
+    micro_batch_size: int = Field(1, ge=1, le=MAX_BATCH)
+    grad_accum_steps: int = Field(1, ge=1, le=MAX_BATCH)
     bucketing: BucketingSection = BucketingSection()
 
 
 class OptimizerSection(_Section):
     name: Literal["adamw"] = "adamw"
-    lr: float = Field(3e-4, gt=0)
-    betas: tuple[float, float] = (0.9, 0.95)
-    eps: float = Field(1e-8, gt=0)
-    weight_decay: float = Field(0.0, ge=0)
-    grad_clip: Optional[float] = Field(1.0, gt=0)   # global-norm clip; null disables
+    # finite, (0, 1e30]: useful values are <= 1e-2; a larger one diverges and the non-finite-loss guard
+    # stops the run (exit 3), which is how the tests provoke a divergence (lr=1e30)
+    lr: float = Field(3e-4, gt=0, le=1e30)
+    betas: tuple[Annotated[float, Field(ge=0, lt=1)], Annotated[float, Field(ge=0, lt=1)]] = (0.9, 0.95)
+    eps: float = Field(1e-8, gt=0, le=1.0)
+    weight_decay: float = Field(0.0, ge=0, le=10.0)  # decoupled: each step shrinks weights by lr*wd
+    grad_clip: Optional[float] = Field(1.0, gt=0, le=1e6)   # global-norm clip; null disables
 
 
 class ScheduleSection(_Section):
-    max_steps: Optional[int] = Field(None, ge=1)   # None: epochs x steps per epoch
-    epochs: int = Field(1, ge=1)
-    warmup_steps: int = Field(0, ge=0)
+    max_steps: Optional[int] = Field(None, ge=1, le=BIG)   # None: epochs x steps per epoch
+    epochs: int = Field(1, ge=1, le=1_000_000)
+    warmup_steps: int = Field(0, ge=0, le=BIG)
     decay: Literal["cosine", "linear", "constant"] = "cosine"
     min_lr_ratio: float = Field(0.1, ge=0, le=1)
 
 
 class LossScaleSection(_Section):
     kind: Literal["none", "static", "dynamic"] = "none"
-    init: float = Field(65536.0, gt=0)
-    factor: float = Field(2.0, gt=1)
-    window: int = Field(1000, ge=1)
+    init: float = Field(65536.0, gt=0, le=2.0 ** 32)
+    factor: float = Field(2.0, gt=1, le=1024.0)
+    window: int = Field(1000, ge=1, le=BIG)
 
 
 class PrecisionSection(_Section):
@@ -113,36 +143,36 @@ class CommFusionSection(_Section):
 
 
 class ParallelSection(_Section):
-    data_parallel: Optional[int] = Field(None, ge=1)   # None: nodes x devices_per_node
+    data_parallel: Optional[int] = Field(None, ge=1, le=1 << 18)   # None: nodes x devices_per_node
     optimizer_sharding: bool = False
     comm_fusion: CommFusionSection = CommFusionSection()
 
 
 class ClusterSection(_Section):
     device: Literal["cpu", "ascend"] = "cpu"
-    nodes: int = Field(1, ge=1)
-    devices_per_node: int = Field(1, ge=1)
-    device_hbm_gib: float = Field(64.0, gt=0)   # 910C: 64 GB HBM per die; each die is one device
+    nodes: int = Field(1, ge=1, le=4096)
+    devices_per_node: int = Field(1, ge=1, le=64)
+    device_hbm_gib: float = Field(64.0, gt=0, le=4096.0)   # 910C: 64 GB HBM per die; each die is one device
     master_addr: str = "127.0.0.1"
     master_port: int = Field(8118, ge=1024, le=65535)
     rank_table_file: Optional[str] = None
-    cluster_time_out: int = Field(600, ge=1)
+    cluster_time_out: int = Field(600, ge=1, le=86_400)   # seconds; a day at most
 
 
 class CheckpointingSection(_Section):
-    every_steps: int = Field(0, ge=0)   # 0: only at the end
-    keep_last: int = Field(2, ge=1)
+    every_steps: int = Field(0, ge=0, le=BIG)   # 0: only at the end
+    keep_last: int = Field(2, ge=1, le=1_000_000)
     export_hf: bool = True
 
 
 class LoggingSection(_Section):
-    every_steps: int = Field(1, ge=1)
+    every_steps: int = Field(1, ge=1, le=BIG)
     tensorboard: bool = False             # event files under <run>/tensorboard (porting/train/watch.py)
     wandb: bool = False                   # needs the wandb package
-    wandb_project: str = "port"
+    wandb_project: str = Field("port", min_length=1, max_length=128)
     wandb_mode: Literal["offline", "online"] = "offline"
     progress: Literal["auto", "bar", "lines"] = "auto"   # auto: a bar with ETA when stderr is a terminal
-    comm_sample_every: int = Field(10, ge=0)  # communication wait measured every N steps (0: never); porting/train/commwait.py
+    comm_sample_every: int = Field(10, ge=0, le=BIG)  # communication wait measured every N steps (0: never); porting/train/commwait.py
 
 
 class Recipe(_Section):
@@ -157,7 +187,7 @@ class Recipe(_Section):
     cluster: ClusterSection = ClusterSection()
     checkpointing: CheckpointingSection = CheckpointingSection()
     logging: LoggingSection = LoggingSection()
-    seed: int = 0
+    seed: int = Field(0, ge=0, le=2 ** 32 - 1)   # numpy and MindSpore seeds are 32-bit
     output_dir: str = "runs/train"
 
     @model_validator(mode="after")
@@ -189,11 +219,111 @@ def _cross_checks(r: Recipe) -> list[tuple[bool, str]]:
          "float32, or cluster.device to ascend"),
         (r.data.long_text == "split" and r.data.format in ("alpaca", "chat", "sharegpt"),
          "data.long_text: split applies to plain text only; use truncate for instruction data"),
-        (r.parallel.comm_fusion.allreduce_mode == "size" and not isinstance(r.parallel.comm_fusion.allreduce_config, (int, float)),
-         "parallel.comm_fusion.allreduce_config: allreduce_mode=size needs a size in MB, e.g. 64"),
-        (r.parallel.comm_fusion.allreduce_mode == "index" and not isinstance(r.parallel.comm_fusion.allreduce_config, list),
-         "parallel.comm_fusion.allreduce_config: allreduce_mode=index needs a list of parameter indices"),
+        (r.parallel.comm_fusion.allreduce_mode == "size" and not _in_range(r.parallel.comm_fusion.allreduce_config, 0, 1e6),
+         "parallel.comm_fusion.allreduce_config: allreduce_mode=size needs a size in MB in (0, 1e6], e.g. 64"),
+        (r.parallel.comm_fusion.allreduce_mode == "index" and not (
+            isinstance(r.parallel.comm_fusion.allreduce_config, list)
+            and all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < BIG
+                    for i in r.parallel.comm_fusion.allreduce_config)),
+         "parallel.comm_fusion.allreduce_config: allreduce_mode=index needs a list of parameter indices (integers >= 0)"),
+        (r.schedule.max_steps is not None and r.schedule.warmup_steps > r.schedule.max_steps,
+         f"schedule.warmup_steps: {r.schedule.warmup_steps} is more than schedule.max_steps={r.schedule.max_steps}; "
+         "the learning rate would never reach optimizer.lr"),
     ]
+
+
+def _in_range(v: Any, lo: float, hi: float) -> bool:
+    """A finite number (not a bool) in (lo, hi]."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and lo < v <= hi
+
+
+def template_problem(template: str, allowed: set[str]) -> str | None:
+    """Why a ``str.format`` prompt template would fail on a row (``{nonexistent}``, ``{0}``, ``{x.attr}``,
+    an unmatched brace), or None. Checked when the recipe loads, not on the first row."""
+    try:
+        fields = [f for _, f, spec, _ in string.Formatter().parse(template) if f is not None]
+    except ValueError as e:
+        return f"{e}; write a literal brace as {{{{ or }}}}"
+    for f in fields:
+        if f not in allowed:
+            shown = "{" + f + "}" if f else "{}"
+            return (f"{shown} is not a field of a row; use only " + ", ".join("{" + a + "}" for a in sorted(allowed))
+                    + " (write a literal brace as {{ or }})")
+    return None
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """PyYAML's safe loader with bounds: nesting depth and alias count while composing, and the number of
+    nodes with every alias expanded before anything is built (a 'billion laughs' recipe of 1 KB names
+    10^9 nodes through aliases; it is refused in milliseconds instead of exhausting memory)."""
+
+    def __init__(self, stream: str):
+        super().__init__(stream)
+        self._depth = 0
+        self._aliases = 0
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            self._aliases += 1
+            if self._aliases > MAX_YAML_ALIASES:
+                raise _YamlBound(f"more than {MAX_YAML_ALIASES} aliases (*name)")
+        self._depth += 1
+        if self._depth > MAX_YAML_DEPTH:
+            raise _YamlBound(f"nesting deeper than {MAX_YAML_DEPTH} levels")
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+
+class _YamlBound(Exception):
+    pass
+
+
+def _expanded_nodes(node: yaml.Node, limit: int) -> int:
+    """Nodes of the document with aliases expanded, memoised per node (linear in the composed graph);
+    stops counting once past ``limit``."""
+    sizes: dict[int, int] = {}
+    order, stack = [], [node]
+    while stack:  # iterative post-order: children sized before their parent
+        n = stack.pop()
+        if id(n) in sizes:
+            continue
+        sizes[id(n)] = -1
+        order.append(n)
+        if isinstance(n, yaml.SequenceNode):
+            stack.extend(n.value)
+        elif isinstance(n, yaml.MappingNode):
+            stack.extend(x for kv in n.value for x in kv)
+    for n in reversed(order):
+        kids = (n.value if isinstance(n, yaml.SequenceNode) else
+                [x for kv in n.value for x in kv] if isinstance(n, yaml.MappingNode) else [])
+        sizes[id(n)] = min(limit + 1, 1 + sum(max(sizes[id(k)], 0) for k in kids))
+    return sizes[id(node)]
+
+
+def load_yaml(text: str, where: str) -> Any:
+    """One YAML document, bounded in depth, aliases and expanded size; every failure one RecipeError."""
+    loader = _BoundedLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        n = _expanded_nodes(node, MAX_YAML_NODES)
+        if n > MAX_YAML_NODES:
+            raise _YamlBound(f"more than {MAX_YAML_NODES:,} values once aliases are expanded")
+        return loader.construct_document(node)
+    except _YamlBound as e:
+        raise RecipeError(f"{where}: refused: {e}; a recipe is a small mapping of sections, write it out "
+                          "without deep nesting or alias chains") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at line {mark.line + 1}" if mark else ""
+        raise RecipeError(f"{where}: not valid YAML{at}: {getattr(exc, 'problem', None) or exc}") from None
+    except RecursionError:
+        raise RecipeError(f"{where}: refused: nesting too deep for a recipe") from None
+    finally:
+        loader.dispose()
 
 
 # --------------------------------------------------------------------- loading and overrides
@@ -221,8 +351,8 @@ def _format_errors(where: str, exc: ValidationError) -> str:
 def parse_value(text: str) -> Any:
     """A --set value: YAML scalar/list syntax (3e-4, true, [1, 2], null), else the string."""
     try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError:
+        return load_yaml(text, "--set")
+    except RecipeError:
         return text
 
 
@@ -237,6 +367,10 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
         key, value = item.split("=", 1)
         node = out
         parts = key.strip().split(".")
+        if not all(p.strip() and p.strip() == p for p in parts):
+            bad.append(f"--set {item!r}: the key path {key.strip()!r} has an empty part; expected "
+                       "section.key=value, e.g. --set optimizer.lr=1e-4")
+            continue
         for p in parts[:-1]:
             if not isinstance(node.get(p, {}), dict):
                 bad.append(f"--set {key}: {p} is not a section")
@@ -298,14 +432,11 @@ def validate_recipe(raw: Any, where: str = "<recipe>", base: Path | None = None,
 def load_recipe(path: str | Path, overrides: list[str] | None = None, check_files: bool = True) -> Recipe:
     """Read, override (``--set``) and validate a recipe YAML file."""
     p = Path(path)
-    if not p.is_file():
+    if not p.exists():
         raise RecipeError(f"{p}: recipe file not found; see recipes/ for examples (recipes/tiny-cpu.yaml)")
-    try:
-        raw = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        at = f" at line {mark.line + 1}" if mark else ""
-        raise RecipeError(f"{p}: not valid YAML{at}: {getattr(exc, 'problem', exc)}") from None
+    raw = load_yaml(read_text(p, what="recipe", max_bytes=MAX_RECIPE_BYTES, error=RecipeError), str(p))
+    if raw is not None and not isinstance(raw, dict):
+        raise RecipeError(f"{p}: expected a YAML mapping with sections model, data, ...; got {type(raw).__name__}")
     raw = apply_overrides(raw or {}, overrides or [])
     recipe = validate_recipe(raw, str(p), p.parent.resolve(), check_files)
     # Make data/model paths absolute so workers started elsewhere (msrun) read the same files.

@@ -187,10 +187,60 @@ def test_nonempty_out_refused_unless_force(stories_copy, tmp_path):
     line = one_line_error(res.stderr)
     assert str(out) in line and "--force" in line
     assert (out / "keep.txt").read_text() == "mine" and len(list(out.iterdir())) == 1
+    # --force replaces only what port wrote: a directory without a port manifest is refused even then
+    res = convert("--hf", str(stories_copy), "--out", str(out), "--force", "--quiet")
+    assert res.exit_code != 0 and "is not a `port convert` output" in one_line_error(res.stderr)
+    assert (out / "keep.txt").read_text() == "mine" and len(list(out.iterdir())) == 1
+    # ... and an earlier port output is replaced whole
+    (out / "keep.txt").unlink()
+    assert convert("--hf", str(stories_copy), "--out", str(out), "--quiet").exit_code == 0
+    (out / "stale.txt").write_text("from the earlier run")
     res = convert("--hf", str(stories_copy), "--out", str(out), "--force", "--quiet")
     assert res.exit_code == 0, res.stderr
-    assert not (out / "keep.txt").exists() and (out / "model.safetensors").is_file()
+    assert not (out / "stale.txt").exists() and (out / "model.safetensors").is_file()
     assert not list(tmp_path.glob(".out.port-*"))
+
+
+def test_out_through_dotdot_never_replaces_the_source(stories_copy, tmp_path):
+    """Issue 15 #3: `--out x/../SRC --force` replaced the source; without --force it created x/."""
+    before = {p.name: p.read_bytes() for p in stories_copy.iterdir()}
+    (tmp_path / "x").mkdir()
+    for extra in (["--force"], []):
+        sneaky = tmp_path / ("x" if extra else "y") / ".." / stories_copy.name
+        res = convert("--hf", str(stories_copy), "--out", str(sneaky), *extra)
+        assert res.exit_code != 0 and "overlaps the input" in one_line_error(res.stderr)
+    assert {p.name: p.read_bytes() for p in stories_copy.iterdir()} == before
+    assert not (tmp_path / "y").exists(), "a refused --out created a directory"
+
+
+def test_manifest_file_names_are_confined_to_out(stories_copy, tmp_path):
+    """Issue 15 #2: hf_layout.files[*].name wrote ../X.safetensors outside --out, or over any file."""
+    ms = tmp_path / "ms"
+    assert convert("--hf", str(stories_copy), "--out", str(ms), "--quiet").exit_code == 0
+    victim = tmp_path / "victim.safetensors"
+    victim.write_bytes(b"precious")
+    m_path = ms / "port_manifest.json"
+    os.chmod(m_path, 0o644)
+    original = json.loads(m_path.read_text())
+    for bad in ("../X.safetensors", str(victim), "a/b.safetensors", "..", ""):
+        m = json.loads(json.dumps(original))
+        m["hf_layout"]["files"]["model.safetensors"]["name"] = bad
+        m_path.write_text(json.dumps(m))
+        out = tmp_path / "hf"
+        line = assert_refused(convert("--ms", str(ms), "--out", str(out)), out, "plain file name")
+        assert str(m_path) in line and "hf_layout.files" in line
+    assert victim.read_bytes() == b"precious" and not (tmp_path / "X.safetensors").exists()
+
+
+def test_unwritable_destination_is_not_called_a_full_disk(stories_copy, tmp_path):
+    """An --out that cannot be created was reported as 'not enough free disk space ... 0.00 GiB'."""
+    res = convert("--hf", str(stories_copy), "--out", "/proc/port-test-out")
+    line = one_line_error(res.stderr)
+    assert res.exit_code != 0 and "cannot create the output directory" in line and "disk space" not in line
+    (tmp_path / "f").write_text("x")
+    out = tmp_path / "f" / "out"
+    res = convert("--hf", str(stories_copy), "--out", str(out))
+    assert res.exit_code != 0 and "is a file" in one_line_error(res.stderr)
 
 
 def test_out_inside_source_refused(stories_copy):

@@ -80,3 +80,84 @@ def test_shipped_recipes_validate_and_header_shows_command(path: Path):
 def test_help_ends_with_examples():
     r = port("train", "--help")
     assert r.returncode == 0 and "Examples:" in r.stdout and "port train recipes/7b-8card.yaml --dry-run" in r.stdout
+
+
+def numeric_fields(model=None, prefix: str = ""):
+    """(key path, pydantic FieldInfo or item annotation metadata) of every number in the recipe schema."""
+    import typing
+
+    from pydantic import BaseModel
+
+    from porting.train.recipe import Recipe
+
+    model = model or Recipe
+    for name, info in model.model_fields.items():
+        path = f"{prefix}{name}"
+        ann = info.annotation
+        union = typing.get_origin(ann) in (typing.Union, getattr(__import__("types"), "UnionType", None))
+        inner = [a for a in typing.get_args(ann) if a is not type(None)][0] if union else ann
+        if isinstance(inner, type) and issubclass(inner, BaseModel):
+            yield from numeric_fields(inner, path + ".")
+        elif inner in (int, float):
+            yield path, info.metadata
+        elif typing.get_origin(inner) in (tuple, list):
+            for i, item in enumerate(typing.get_args(inner)):
+                if typing.get_origin(item) is typing.Annotated:
+                    yield f"{path}.{i}" if typing.get_origin(inner) is tuple else path, item.__metadata__[0].metadata
+
+
+def test_every_number_has_a_finite_documented_range():
+    """Issue 15 #4: `optimizer.lr: .inf` trained and exported NaN. Every int/float key is bounded on both
+    sides, .inf/.nan are refused everywhere, and docs/promises.md lists each key with its range."""
+    import math
+
+    doc = (ROOT / "docs" / "promises.md").read_text()
+    fields = list(numeric_fields())
+    assert len(fields) > 25
+    for path, meta in fields:
+        lo = [m for m in meta if hasattr(m, "ge") or hasattr(m, "gt")]
+        hi = [m for m in meta if hasattr(m, "le") or hasattr(m, "lt")]
+        assert lo and hi, f"{path}: no lower or upper bound"
+        bound = next(getattr(m, "le", None) if hasattr(m, "le") else m.lt for m in hi)
+        assert math.isfinite(bound), path
+        assert f"`{path.rsplit('.', 1)[0] if path.endswith(('.0', '.1')) else path}`" in doc, \
+            f"{path} is missing from docs/promises.md"
+    raw = {"model": {"source": "x"}, "data": {"path": "y"}}
+    for key, bad in [("optimizer.lr", ".inf"), ("optimizer.betas", "[1.0, 0.9]"), ("optimizer.eps", ".inf"),
+                     ("optimizer.weight_decay", ".inf"), ("optimizer.grad_clip", ".nan"),
+                     ("precision.loss_scale.init", ".inf"), ("schedule.min_lr_ratio", ".nan")]:
+        with pytest.raises(RecipeError, match=key.replace(".", r"\.")):
+            validate_recipe(apply_overrides(raw, [f"{key}={bad}"]), check_files=False)
+
+
+def test_yaml_bombs_and_deep_nesting_are_refused_fast(tmp_path):
+    import time
+
+    bomb = ['a0: &a0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    bomb += [f"a{i}: &a{i} [" + ",".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, 10)]
+    cases = {"bomb.yaml": ("\n".join(bomb), "aliases are expanded"),
+             "deep.yaml": ("x: " + "[" * 100_000 + "]" * 100_000, "nesting deeper"),
+             "many.yaml": ("a: &a 1\nb: [" + ",".join(["*a"] * 500) + "]", "more than 100 aliases"),
+             "latin1.yaml": (b"model: caf\xe9\n", "not valid UTF-8"),
+             "list.yaml": ("- a\n- b\n", "expected a YAML mapping")}
+    for name, (text, needle) in cases.items():
+        p = tmp_path / name
+        p.write_bytes(text if isinstance(text, bytes) else text.encode())
+        t0 = time.monotonic()
+        with pytest.raises(RecipeError, match=needle):
+            load_recipe(p, ["optimizer.lr=1e-4"])
+        assert time.monotonic() - t0 < 2.0, name
+
+
+def test_set_keys_and_templates_are_checked():
+    raw = {"model": {"source": "x"}, "data": {"path": "y"}}
+    for item in ("=3", ".lr=3", "optimizer..lr=3", "optimizer. lr=3"):
+        with pytest.raises(RecipeError, match="empty part"):
+            apply_overrides(raw, [item])
+    for tmpl, needle in [("{nonexistent}", r"\{nonexistent\} is not a field"), ("{0}", r"\{0\} is not a field"),
+                         ("{instruction", "brace"), ("{input}", r"\{input\} is not a field")]:
+        with pytest.raises(RecipeError, match=needle):
+            validate_recipe(dict(raw, data={"path": "y", "prompt_template": tmpl}), check_files=False)
+    ok = validate_recipe(dict(raw, data={"path": "y", "prompt_template": "{{literal}} {instruction}"}),
+                         check_files=False)
+    assert ok.data.prompt_template.startswith("{{")

@@ -1,0 +1,86 @@
+"""`port report`: the report never deletes what it did not write (issue 15 #1), and hostile run files
+are notes or one line, never a traceback. The --out fixes belong to the run-directory work."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests.attacks import inputs as I
+from tests.attacks.harness import case
+
+
+def run_dir(d: Path, **files: str) -> Path:
+    """A small run directory: manifest, plan, two metric lines (plus ``files`` overriding any of them)."""
+    r = d / "run"
+    (r / "checkpoints" / "step_2").mkdir(parents=True)
+    (r / "checkpoints" / "step_2" / "state.json").write_text('{"step": 2}')
+    base = {"manifest.json": json.dumps({"tool": "port train"}), "plan.json": "{}",
+            "metrics.jsonl": '{"step": 1, "loss": 2.0}\n{"step": 2, "loss": 1.5}\n'}
+    for name, text in {**base, **files}.items():
+        (r / name.replace("__", ".")).write_text(text) if isinstance(text, str) else (r / name).write_bytes(text)
+    return r
+
+
+@case(dest=None)
+def out_is_the_run_dir(d):
+    """`port report runs/x --out runs/x` deleted the whole run and exited 0."""
+    return ["report", str(run_dir(d)), "--out", str(d / "run")]
+
+
+@case(dest=None)
+def out_is_a_model_dir(d):
+    return ["report", str(run_dir(d)), "--out", str(I.hf(d))]
+
+
+@case(dest=None)
+def out_is_a_directory_port_did_not_write(d):
+    (d / "mine").mkdir()
+    (d / "mine" / "notes.txt").write_text("mine")
+    return ["report", str(run_dir(d)), "--out", str(d / "mine")]
+
+
+@case(dest=None)
+def out_is_the_parent_of_the_run(d):
+    return ["report", str(run_dir(d)), "--out", str(d)]
+
+
+@case("not a run directory", dest=None)
+def rundir_is_empty(d):
+    (d / "run").mkdir()
+    return ["report", str(d / "run")]
+
+
+@case("is a file", dest=None)
+def rundir_is_a_file(d):
+    (d / "run").write_text("x")
+    return ["report", str(d / "run")]
+
+
+@case(dest=None)
+def rundir_missing(d):
+    return ["report", str(d / "nope")]
+
+
+@case(dest="run/report", refusal=False, timeout=30)
+def manifest_nested_100000_levels(d):
+    return ["report", str(run_dir(d, **{"manifest.json": I.deep_json()}))]
+
+
+@case(dest="run/report", refusal=False, timeout=30)
+def plan_not_utf8(d):
+    r = run_dir(d)
+    (r / "plan.json").write_bytes(I.NOT_UTF8)
+    return ["report", str(r)]
+
+
+@case(dest="run/report", refusal=False, timeout=30)
+def metrics_line_nested_100000_levels(d):
+    return ["report", str(run_dir(d, **{"metrics.jsonl": '{"step": 1, "loss": 2.0}\n' + I.deep_object() + "\n"}))]
+
+
+@case(dest="run/report", refusal=False, timeout=30)
+def parity_passed_is_the_string_false(d):
+    """"passed": "false" must not be shown as a pass: the report must say FAIL or invalid for it."""
+    r = run_dir(d, **{"parity.json": json.dumps({"passed": "false", "checks": []})})
+    return ["report", str(r), "--json"]

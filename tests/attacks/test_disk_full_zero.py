@@ -1,0 +1,45 @@
+"""A disk that fills while a sharded (ZeRO-1) run under real msrun workers writes a checkpoint: the run
+stops with an error, the previous checkpoint is intact, and no partial checkpoint is left behind."""
+
+from __future__ import annotations
+
+import resource
+import signal
+
+import pytest
+
+from tests.train.conftest import TINY, free_port, port
+
+pytestmark = [pytest.mark.msrun, pytest.mark.slow]
+
+SHARDED = ["data.max_seq_length=64", "batching.bucketing.enabled=false", "checkpointing.export_hf=false",
+           "checkpointing.every_steps=2", "cluster.devices_per_node=2", "batching.micro_batch_size=1",
+           "parallel.optimizer_sharding=true"]
+
+
+def _args(steps: int) -> list[str]:
+    return [a for s in SHARDED + [f"schedule.max_steps={steps}", f"cluster.master_port={free_port()}"]
+            for a in ("--set", s)]
+
+
+def test_disk_full_during_a_sharded_checkpoint_keeps_the_previous_one(tmp_path):
+    run = tmp_path / "zero1"
+    port("train", str(TINY), "--run-dir", str(run), *_args(2), check=True, timeout=400)
+    step2 = run / "checkpoints" / "step_2"
+    before = {p.name: p.read_bytes() for p in step2.iterdir()}
+    assert {"train_state.rank0.ckpt", "train_state.rank1.ckpt", "state.json"} <= set(before)
+    limit = min(len(before["train_state.rank0.ckpt"]), len(before["train_state.rank1.ckpt"])) // 2
+
+    def full_disk():  # inherited by msrun and its workers: every file stops growing past `limit` bytes
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    r = port("train", str(TINY), "--run-dir", str(run), *_args(4), "--resume", preexec_fn=full_disk, timeout=400)
+    assert r.returncode != 0, r.stdout[-2000:]
+    errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1, r.stderr[-3000:]
+    logs = "\n".join(p.read_text(errors="replace") for p in (run / "logs").glob("rank_*.log"))
+    assert "could not write the checkpoint" in logs and "step_2 is intact" in logs, logs[-3000:]
+    names = sorted(p.name for p in (run / "checkpoints").iterdir())
+    assert names == ["step_2"], names   # no partial step_4, no temporary directory left
+    assert {p.name: p.read_bytes() for p in step2.iterdir()} == before
