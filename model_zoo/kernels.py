@@ -198,20 +198,33 @@ def compressed_causal_mask() -> np.ndarray:
     return _CAUSAL_2048
 
 
+def attention_sparse_mode(q_len: int, kv_len: int) -> int:
+    """2 (left-up causal) when queries and keys have the same length, 3 (right-down causal) when a KV
+    cache makes the keys longer. Graph-safe (reached from ``construct`` with static lengths): it never
+    raises; :func:`check_attention_lengths` is the host-side check, run before a graph is built."""
+    return 2 if q_len == kv_len else 3
+
+
+def check_attention_lengths(q_len: int, kv_len: int) -> None:
+    """Host-side (PyNative / build time) check of a causal attention call's lengths."""
+    if q_len > kv_len:
+        raise KernelError(f"flash attention: query length {q_len} exceeds key length {kv_len}")
+
+
 def flash_attention_kwargs(*, num_heads: int, head_dim: int, q_len: int, kv_len: int) -> dict:
-    """Keyword arguments for ``ops.flash_attention_score`` on BNSD causal self-attention.
+    """Keyword arguments for ``ops.flash_attention_score`` on BNSD causal self-attention (host side:
+    checks the lengths, so it is not for ``construct``; the cells use :func:`attention_sparse_mode`).
 
     Query and key of equal length use left-up causal (sparse_mode 2). With a KV cache the queries are
     the last ``q_len`` positions of ``kv_len`` keys, which is right-down causal (sparse_mode 3).
     """
-    if q_len > kv_len:
-        raise KernelError(f"flash attention: query length {q_len} exceeds key length {kv_len}")
+    check_attention_lengths(q_len, kv_len)
     return {
         "head_num": num_heads,
         "attn_mask": compressed_causal_mask(),
         "scalar_value": float(head_dim) ** -0.5,
         "input_layout": "BNSD",
-        "sparse_mode": 2 if q_len == kv_len else 3,
+        "sparse_mode": attention_sparse_mode(q_len, kv_len),
         "keep_prob": 1.0,
     }
 
