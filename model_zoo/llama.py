@@ -293,16 +293,34 @@ class Attention(nn.Cell):
 
 
 class FeedForward(nn.Cell):
-    """SwiGLU: w2(silu(w1 x) * w3 x); w1 = gate_proj, w2 = down_proj, w3 = up_proj."""
+    """SwiGLU: w2(silu(w1 x) * w3 x); w1 = gate_proj, w2 = down_proj, w3 = up_proj.
 
-    def __init__(self, cfg: LlamaConfig, param_dtype: ms.Type, compute_dtype: ms.Type):
+    Fused (Ascend, MindSpeed-LLM's --use-fused-swiglu): one matmul with [w1; w3] concatenated at compute
+    time, then ``ops.swiglu`` (silu of the first half times the second); w1 and w3 stay separate
+    parameters, so checkpoints and the converters' names do not change."""
+
+    def __init__(self, cfg: LlamaConfig, param_dtype: ms.Type, compute_dtype: ms.Type, impl: str = "reference"):
         super().__init__()
         h, i = cfg.hidden_size, cfg.intermediate_size
         self.w1 = Linear(h, i, cfg.mlp_bias, param_dtype, compute_dtype)
         self.w2 = Linear(i, h, cfg.mlp_bias, param_dtype, compute_dtype)
         self.w3 = Linear(h, i, cfg.mlp_bias, param_dtype, compute_dtype)
+        self.fused = impl == "fused"
+        self.swiglu_op = FUSED_OPS["swiglu"] if self.fused else None
+        self.bias = cfg.mlp_bias
+        self.hidden, self.inter, self.compute_dtype = h, i, compute_dtype
+        self.matmul = ops.MatMul(transpose_b=True)
 
     def construct(self, x: Tensor) -> Tensor:
+        if self.fused:
+            shape = x.shape
+            x2 = ops.reshape(ops.cast(x, self.compute_dtype), (-1, self.hidden))
+            w = ops.cat((ops.cast(self.w1.weight, self.compute_dtype), ops.cast(self.w3.weight, self.compute_dtype)), 0)
+            gate_up = self.matmul(x2, w)
+            if self.bias:
+                gate_up = gate_up + ops.cast(ops.cat((self.w1.bias, self.w3.bias), 0), self.compute_dtype)
+            y = self.swiglu_op(gate_up, -1)
+            return self.w2(ops.reshape(y, shape[:-1] + (self.inter,)))
         return self.w2(ops.silu(self.w1(x)) * self.w3(x))
 
 
@@ -313,7 +331,7 @@ class DecoderLayer(nn.Cell):
         self.attention_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, param_dtype, norm)
         self.attention = Attention(cfg, plan, param_dtype, compute_dtype)
         self.ffn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, param_dtype, norm)
-        self.feed_forward = FeedForward(cfg, param_dtype, compute_dtype)
+        self.feed_forward = FeedForward(cfg, param_dtype, compute_dtype, plan.swiglu.impl)
 
     def construct(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
         h = x + self.attention(self.attention_norm(x), cos, sin)
@@ -433,14 +451,9 @@ class LlamaForCausalLM(nn.Cell):
         return self.logits(self.model.norm_out(x)), new_cache
 
     def kernel_report(self) -> list[dict]:
-        """One row per layer and kernel: which implementation runs and why."""
-        rows = []
-        for i in range(self.config.num_hidden_layers):
-            for c in self.plan.choices():
-                rows.append({"layer": i, "kernel": c.kernel, "impl": c.impl, "op": c.op, "reason": c.reason})
-        c = self.plan.rmsnorm
-        rows.append({"layer": "final", "kernel": "rmsnorm", "impl": c.impl, "op": c.op, "reason": c.reason})
-        return rows
+        """One row per layer and kernel: which implementation runs and why, its MindSpeed-LLM flag and
+        CANN op (MindSpeed itself is never used: ``self.plan.as_dict()["mindspeed"]`` says so)."""
+        return self.plan.rows(self.config.num_hidden_layers)
 
 
 def build(cfg: LlamaConfig, *, param_dtype: str = "float32", compute_dtype: str | None = None,

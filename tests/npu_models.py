@@ -123,10 +123,20 @@ def np_rms_norm(x, gamma, epsilon=1e-6):
     return _to_ms(xa * rstd * g, x), ms.Tensor(rstd.astype(np.float32))   # rstd is float32 (documented)
 
 
+def np_swiglu(input, dim=-1):  # noqa: A002 - the documented argument name
+    """silu(a) * b with a, b the two halves of ``input`` along ``dim``."""
+    xa = _np(input).astype(np.float32)
+    if not isinstance(dim, int) or xa.shape[dim] % 2:
+        raise KernelContractError(f"swiglu: dim {dim!r} must be an int and shape[dim] even, got {xa.shape}")
+    a, b = np.split(xa, 2, axis=dim)
+    return _to_ms(a / (1.0 + np.exp(-a)) * b, input)
+
+
 NUMPY_KERNELS = {
     "flash_attention_score": np_flash_attention_score,
     "rotary_position_embedding": np_rotary_position_embedding,
     "rms_norm": np_rms_norm,
+    "swiglu": np_swiglu,
 }
 
 

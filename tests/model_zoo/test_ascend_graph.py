@@ -1,6 +1,6 @@
 """The Ascend kernel plan (every kernel fused) compiled in GRAPH_MODE on the CPU and trained through
 `port train`'s real step graphs (porting/train/engine.py), with contract-enforcing stand-ins for the
-fused ops (tests/npu_models.py GRAPH_KERNELS) put in place by the documented hook
+fused ops (tests/npu_models.py GRAPH_KERNELS: flash attention, RoPE, RMSNorm, SwiGLU) put in place by the documented hook
 ``model_zoo.llama.fused_ops_replaced``. Loss, gradients and updated weights are compared with the
 reference kernel plan.
 
@@ -160,6 +160,7 @@ def test_the_stand_ins_are_what_the_model_calls():
     assert layer.attention.flash_attention is GRAPH_KERNELS["flash_attention_score"]
     assert layer.attention.rope_op is GRAPH_KERNELS["rotary_position_embedding"]
     assert layer.attention_norm.rms_norm_op is GRAPH_KERNELS["rms_norm"]
+    assert layer.feed_forward.swiglu_op is GRAPH_KERNELS["swiglu"]
     assert llama_mod.FUSED_OPS["rms_norm"] is ms.ops.rms_norm
 
 
