@@ -268,6 +268,8 @@ def select_kernels(cfg: LlamaConfig, *, device: str | None = None, compute_dtype
 def _cpu_choice(kernel: str, device: str, compute_dtype: str, forced: bool) -> KernelChoice:
     """port's C++ CPU kernel, or a KernelError saying why it cannot run here."""
     bad = []
+    if kernel not in cpu_kernels.OPS:
+        bad.append(f"port has no CPU kernel for {kernel} (it has {sorted(cpu_kernels.OPS)})")
     if device != "CPU":
         bad.append(f"it runs on the CPU, this device is {device}")
     if compute_dtype != "float32":

@@ -54,6 +54,8 @@ def test_overrides():
         kernels.select_kernels(CFG, device="CPU", override={"softmax": "fused"})
     with pytest.raises(KernelError, match="expected one of"):
         kernels.select_kernels(CFG, device="CPU", override={"rope": "fast"})
+    with pytest.raises(KernelError, match="no CPU kernel for swiglu"):
+        kernels.select_kernels(CFG, device="CPU", override={"swiglu": "cpu"})
     with pytest.raises(KernelError, match="head_dim"):
         kernels.select_kernels(LlamaConfig(vocab_size=8, hidden_size=64, intermediate_size=8, num_hidden_layers=1,
                                            num_attention_heads=8), device="Ascend", compute_dtype="bfloat16",
