@@ -152,7 +152,7 @@ class Trainer:
         import mindspore as ms
         from mindspore import ParameterTuple
 
-        from porting.train import engine
+        from porting.train import step as train_step
 
         self.ms = ms
         self.recipe, self.run_dir, self.rank, self.world = recipe, run_dir, rank, world_size
@@ -162,18 +162,18 @@ class Trainer:
         self.shards = world_size if recipe.parallel.optimizer_sharding and world_size > 1 else 1
         owned = None
         if self.shards > 1:
-            owned = [o == rank for o in engine.owners(params, world_size)]
-            self.barrier_cell = engine.Barrier()
-        self.optimizer = engine.AdamW(params, tuple(opt.betas), opt.eps, opt.weight_decay, owned)
+            owned = [o == rank for o in train_step.owners(params, world_size)]
+            self.barrier_cell = train_step.Barrier()
+        self.optimizer = train_step.AdamW(params, tuple(opt.betas), opt.eps, opt.weight_decay, owned)
         self.accum = recipe.batching.grad_accum_steps
         grad_fp32 = recipe.precision.grad_reduce_dtype == "float32"
         if self.accum == 1:
-            self.fused = engine.FusedTrainStep(model, self.optimizer, world_size, opt.grad_clip, grad_fp32)
+            self.fused = train_step.FusedTrainStep(model, self.optimizer, world_size, opt.grad_clip, grad_fp32)
             self.cells = [self.fused]
         else:
-            self.buffers = engine.accumulation_buffers(ParameterTuple(params), grad_fp32)
-            self.grad_step = engine.AccumGradStep(model, self.optimizer.params, self.buffers)
-            self.apply = engine.ApplyStep(self.optimizer, self.buffers, world_size, opt.grad_clip, grad_fp32)
+            self.buffers = train_step.accumulation_buffers(ParameterTuple(params), grad_fp32)
+            self.grad_step = train_step.AccumGradStep(model, self.optimizer.params, self.buffers)
+            self.apply = train_step.ApplyStep(self.optimizer, self.buffers, world_size, opt.grad_clip, grad_fp32)
             self.cells = [self.grad_step, self.apply]
         # fp32 master weights (bf16/fp16 parameters) are optimizer state: saved and restored with m and v
         self.state_params = params + list(self.optimizer.masters) + list(self.optimizer.m) + list(self.optimizer.v)
@@ -394,7 +394,7 @@ def keep_metrics(path: Path, start: int) -> None:
 
 
 def trainer_graphs(trainer: Trainer) -> int:
-    from porting.train.engine import compiled_graphs
+    from porting.train.step import compiled_graphs
 
     return compiled_graphs(*trainer.cells)
 

@@ -17,7 +17,7 @@ Memory model (bytes per device; P = parameters, T = micro_batch x seq tokens, L 
 - comm_buffers: two fused all-reduce buffers (comm_fusion size, 64 MB for auto) when world > 1,
   twice with optimizer sharding (all-gather of updated weights).
 - workspace: runtime and collective workspace, 2 GiB on Ascend, 0.25 GiB on CPU (assumed).
-Mixed precision, as Megatron / MindSpeed-LLM keep it (porting/train/engine.py):
+Mixed precision, as Megatron / MindSpeed-LLM keep it (porting/train/step.py):
 - master_weights: float32 copies of bf16/fp16 parameters, P x 4, sharded like the AdamW states.
 - gradients_fp32: gradients are all-reduced, clipped and applied in float32 by default: a float32
   copy P x 4 of bf16/fp16 gradients (the accumulation buffers already are float32 when

@@ -1,5 +1,5 @@
 """The Ascend kernel plan (every kernel fused) compiled in GRAPH_MODE on the CPU and trained through
-`port train`'s real step graphs (porting/train/engine.py), with contract-enforcing stand-ins for the
+`port train`'s real step graphs (porting/train/step.py), with contract-enforcing stand-ins for the
 fused ops (tests/npu_models.py GRAPH_KERNELS: flash attention, RoPE, RMSNorm, SwiGLU) put in place by the documented hook
 ``model_zoo.llama.fused_ops_replaced``. Loss, gradients and updated weights are compared with the
 reference kernel plan.
@@ -19,7 +19,7 @@ import mindspore as ms
 
 from model_zoo import LlamaConfig, build
 from model_zoo import llama as llama_mod
-from porting.train import engine
+from porting.train import step as train_step
 from tests.npu_models import GRAPH_KERNELS
 
 # head_dim 32 (a multiple of 16), GQA 4/2: every kernel's fused path is allowed.
@@ -71,8 +71,8 @@ def _rel(a: np.ndarray, b: np.ndarray) -> float:
 def _fused_step(fused: bool, batch: ms.Tensor):
     model = _model(fused, "float16")
     before = _weights(model)
-    opt = engine.AdamW(list(model.trainable_params()), (0.9, 0.95), 1e-8, 0.1)
-    step = engine.FusedTrainStep(model, opt, 1, 1.0)
+    opt = train_step.AdamW(list(model.trainable_params()), (0.9, 0.95), 1e-8, 0.1)
+    step = train_step.FusedTrainStep(model, opt, 1, 1.0)
     total, count, norm, finite = step(batch, batch, _f32(1.0 / (MICRO * (SEQ - 1))), _f32(1.0),
                                       *(_f32(h) for h in HYPER))
     after = _weights(model)
@@ -105,10 +105,10 @@ def _accum_run(fused: bool, batches: list[ms.Tensor]):
 
     model = _model(fused, "float16")
     params = list(model.trainable_params())
-    opt = engine.AdamW(params, (0.9, 0.95), 1e-8, 0.1)
-    buffers = engine.accumulation_buffers(ParameterTuple(params))
-    grad_step = engine.AccumGradStep(model, opt.params, buffers)
-    apply = engine.ApplyStep(opt, buffers, 1, 1.0)
+    opt = train_step.AdamW(params, (0.9, 0.95), 1e-8, 0.1)
+    buffers = train_step.accumulation_buffers(ParameterTuple(params))
+    grad_step = train_step.AccumGradStep(model, opt.params, buffers)
+    apply = train_step.ApplyStep(opt, buffers, 1, 1.0)
     scale = _f32(1.0 / (len(batches) * MICRO * (SEQ - 1)))
     total = count = 0.0
     for b in batches:
@@ -138,8 +138,8 @@ def test_bfloat16_compute_graph_passes_the_front_end():
     kernel selection (no bfloat16 Reshape/Gather/Assign) stops it. Were the graph not graph-safe (a
     KernelError raised from construct) or a contract broken, the error would come before that."""
     model = _model(True, "bfloat16", "bfloat16")
-    opt = engine.AdamW(list(model.trainable_params()), (0.9, 0.95), 1e-8, 0.1)
-    step = engine.FusedTrainStep(model, opt, 1, 1.0)
+    opt = train_step.AdamW(list(model.trainable_params()), (0.9, 0.95), 1e-8, 0.1)
+    step = train_step.FusedTrainStep(model, opt, 1, 1.0)
     batch = _batches(1)[0]
     try:
         total, count, _, finite = step(batch, batch, _f32(1.0 / (MICRO * (SEQ - 1))), _f32(1.0),

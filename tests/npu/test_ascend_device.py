@@ -34,15 +34,15 @@ def _f32(x: float) -> ms.Tensor:
 
 def _step(fused: bool, ids: ms.Tensor) -> tuple[float, float, dict]:
     from model_zoo import LlamaConfig, build, kernels
-    from porting.train import engine
+    from porting.train import step as train_step
 
     cfg = LlamaConfig(**CFG_KW)
     override = None if fused else {k: "reference" for k in kernels.KERNELS}
     model = build(cfg, param_dtype="bfloat16", compute_dtype="bfloat16", kernels_override=override, seed=3)
     assert all(c.fused == fused for c in model.plan.choices()), model.kernel_report()
-    opt = engine.AdamW(list(model.trainable_params()), (0.9, 0.95), 1e-8, 0.0)
+    opt = train_step.AdamW(list(model.trainable_params()), (0.9, 0.95), 1e-8, 0.0)
     before = {m.name: m.asnumpy().copy() for m in opt.masters}
-    step = engine.FusedTrainStep(model, opt, 1, 1.0)
+    step = train_step.FusedTrainStep(model, opt, 1, 1.0)
     b, s = ids.shape
     total, count, norm, finite = step(ids, ids, _f32(1.0 / (b * (s - 1))), _f32(1.0), _f32(1e-4), _f32(0.1),
                                       _f32(0.05))

@@ -18,7 +18,7 @@ from mindspore import ParameterTuple  # noqa: E402
 
 from model_zoo import LlamaConfig, build  # noqa: E402
 from model_zoo import llama as llama_mod  # noqa: E402
-from porting.train import engine  # noqa: E402
+from porting.train import step as train_step  # noqa: E402
 from tests.npu_models import GRAPH_KERNELS  # noqa: E402
 
 CFG = LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=1,
@@ -42,18 +42,18 @@ def main(mode: str, out: str) -> None:
         model = build(CFG, param_dtype="float32", compute_dtype="float16", device="Ascend", seed=9)
     assert all(c.fused for c in model.plan.choices())
     params = list(model.trainable_params())
-    opt = engine.AdamW(params, (0.9, 0.95), 1e-8, 0.1)
+    opt = train_step.AdamW(params, (0.9, 0.95), 1e-8, 0.1)
     rng = np.random.default_rng(4)
     data = [[rng.integers(0, CFG.vocab_size, (MICRO, SEQ)).astype(np.int32) for _ in range(2)] for _ in range(STEPS)]
     f = lambda x: ms.Tensor(np.float32(x))  # noqa: E731
     scale = f(1.0 / (2 * MICRO * (SEQ - 1)))
     losses = []
     if mode == "dp":
-        step = engine.FusedTrainStep(model, opt, world, 1.0)
+        step = train_step.FusedTrainStep(model, opt, world, 1.0)
     else:
-        buffers = engine.accumulation_buffers(ParameterTuple(params))
-        grad_step = engine.AccumGradStep(model, opt.params, buffers)
-        apply = engine.ApplyStep(opt, buffers, 1, 1.0)
+        buffers = train_step.accumulation_buffers(ParameterTuple(params))
+        grad_step = train_step.AccumGradStep(model, opt.params, buffers)
+        apply = train_step.ApplyStep(opt, buffers, 1, 1.0)
     for t in range(1, STEPS + 1):
         hyper = (f(1e-3), f(1 - 0.9 ** t), f(1 - 0.95 ** t))
         if mode == "dp":

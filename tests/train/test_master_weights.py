@@ -1,4 +1,4 @@
-"""fp32 master weights for bf16 parameters (porting/train/engine.py AdamW), measured on the real
+"""fp32 master weights for bf16 parameters (porting/train/step.py AdamW), measured on the real
 stories260K at lr 1e-5 through FusedTrainStep in GRAPH_MODE on the CPU.
 
 bf16 storage on the CPU: MindSpore's CPU backend has no bfloat16 Assign, so the parameters are held in
@@ -14,7 +14,7 @@ import pytest
 
 import mindspore as ms
 
-from porting.train import engine
+from porting.train import step as train_step
 
 ROOT_ASSET = "model_zoo/assets/stories260k"
 STEPS, MICRO, SEQ, LR = 30, 4, 64, 1e-5
@@ -50,8 +50,8 @@ def _run(root, storage: str | None, masters: bool) -> dict:
     params = list(model.trainable_params())
     for p in params:   # the same bf16-representable start for every run
         p.set_data(ms.Tensor(p.asnumpy().astype(ms.dtype_to_nptype(ms.bfloat16)).astype(np.float32)))
-    opt = engine.AdamW(params, (0.9, 0.95), 1e-8, 0.0, master_weights=masters, storage_dtype=storage)
-    step = engine.FusedTrainStep(model, opt, 1, None)
+    opt = train_step.AdamW(params, (0.9, 0.95), 1e-8, 0.0, master_weights=masters, storage_dtype=storage)
+    step = train_step.FusedTrainStep(model, opt, 1, None)
     batches = _batches(root)
     f = lambda x: ms.Tensor(np.float32(x))  # noqa: E731
     b = ms.Tensor(batches[0])   # one fixed batch: the fp32 loss falls step after step
@@ -112,21 +112,21 @@ def test_bf16_parameters_get_float32_masters_sharded_with_the_moments():
     rng = np.random.default_rng(0)
     params = [Parameter(Tensor(rng.standard_normal(s).astype(np.float32)).astype(ms.bfloat16), name=f"w{i}")
               for i, s in enumerate([(8, 4), (4,), (3, 3)])]
-    opt = engine.AdamW(params, (0.9, 0.95), 1e-8, 0.0, owned=[True, False, True])
+    opt = train_step.AdamW(params, (0.9, 0.95), 1e-8, 0.0, owned=[True, False, True])
     assert opt.use_masters and not opt.fused
     assert [m.name for m in opt.masters] == ["master.w0", "master.w2"]
     for m, p in zip(opt.masters, (params[0], params[2])):
         assert m.dtype == ms.float32
         np.testing.assert_array_equal(m.asnumpy(), p.astype(ms.float32).asnumpy())
-    assert not engine.AdamW(params, (0.9, 0.95), 1e-8, 0.0, master_weights=False).use_masters
+    assert not train_step.AdamW(params, (0.9, 0.95), 1e-8, 0.0, master_weights=False).use_masters
     fp32 = [Parameter(Tensor(np.ones((2, 2), np.float32)), name="f")]
-    assert not engine.AdamW(fp32, (0.9, 0.95), 1e-8, 0.0).use_masters
+    assert not train_step.AdamW(fp32, (0.9, 0.95), 1e-8, 0.0).use_masters
 
 
 def test_accumulation_buffers_follow_grad_reduce_dtype():
     from mindspore import Parameter, ParameterTuple, Tensor
 
     params = ParameterTuple([Parameter(Tensor(np.ones((3, 2), np.float32)).astype(ms.bfloat16), name="w")])
-    assert engine.accumulation_buffers(params)[0].dtype == ms.float32
-    low = engine.accumulation_buffers(params, grad_fp32=False)[0]
+    assert train_step.accumulation_buffers(params)[0].dtype == ms.float32
+    low = train_step.accumulation_buffers(params, grad_fp32=False)[0]
     assert low.dtype == ms.bfloat16 and low.name == "accum.w" and low.shape == (3, 2)
