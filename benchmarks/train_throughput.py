@@ -70,28 +70,28 @@ def ms_step(cfg_d: dict, b: int, s: int, fused: bool, warmup: int, steps: int, o
 
     from model_zoo.config import LlamaConfig
     from model_zoo.llama import build
-    from porting.train import engine
+    from porting.train import step as train_step
 
     ms.set_context(mode=ms.GRAPH_MODE)
     ms.set_device("CPU")
     cfg = LlamaConfig(model_type="llama", rms_norm_eps=1e-5, rope_theta=10000.0, **cfg_d)
     model = build(cfg, seed=0, kernels_override=override)
     params = list(model.trainable_params())
-    opt = engine.AdamW(params, (0.9, 0.95), 1e-8, 0.0)
+    opt = train_step.AdamW(params, (0.9, 0.95), 1e-8, 0.0)
     ids, labels = batch(cfg_d, b, s)
     x, y = ms.Tensor(ids), ms.Tensor(labels)
     f = lambda v: ms.Tensor(np.float32(v))  # noqa: E731
     count = float((labels[:, 1:] != -100).sum())
     if fused:
-        cell = engine.FusedTrainStep(model, opt, 1, 1.0)
+        cell = train_step.FusedTrainStep(model, opt, 1, 1.0)
 
         def step():
             out = cell(x, y, f(1 / count), f(1.0), f(1e-4), f(0.1), f(0.05))
             return float(out[0].asnumpy())
     else:
-        bufs = engine.accumulation_buffers(ParameterTuple(params))
-        grad = engine.AccumGradStep(model, opt.params, bufs)
-        apply = engine.ApplyStep(opt, bufs, 1, 1.0)
+        bufs = train_step.accumulation_buffers(ParameterTuple(params))
+        grad = train_step.AccumGradStep(model, opt.params, bufs)
+        apply = train_step.ApplyStep(opt, bufs, 1, 1.0)
 
         def step():
             tot, cnt = grad(x, y, f(1 / count))

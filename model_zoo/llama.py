@@ -12,7 +12,8 @@ The same cell runs in PyNative and graph mode. ``construct(input_ids)`` returns 
 
 from __future__ import annotations
 
-from typing import Mapping
+import contextlib
+from typing import Callable, Iterator, Mapping
 
 import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
@@ -109,11 +110,14 @@ class RMSNorm(nn.Cell):
         self.weight = Parameter(initializer(One(), (dim,), param_dtype), name="weight")
         self.eps = eps
         self.fused = impl == "fused"
+        # The op is taken from FUSED_OPS when the cell is built (the test hook, see FUSED_OPS).
+        self.rms_norm_op = FUSED_OPS["rms_norm"] if self.fused else None
         self.cpu = CpuRmsNorm(eps) if impl == kernels.CPU_IMPL else None
 
     def construct(self, x: Tensor) -> Tensor:
         if self.fused:
-            return kernels_fused_rms_norm(x, self.weight, self.eps)
+            # ops.rms_norm (MindSpore <= 2.10 signature, checked at plan time) returns (y, rstd).
+            return self.rms_norm_op(x, ops.cast(self.weight, x.dtype), self.eps)[0]
         if self.cpu is not None and x.dtype == ms.float32 and self.weight.dtype == ms.float32:
             return self.cpu(x, self.weight)
         dtype = x.dtype
@@ -123,17 +127,31 @@ class RMSNorm(nn.Cell):
         return ops.cast(self.weight, dtype) * y
 
 
-def kernels_fused_rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
-    return FUSED_OPS["rms_norm"](x, ops.cast(weight, x.dtype), eps)[0]
-
-
-# The fused Ascend entry points, looked up at call time so tests can put a NumPy model of the
-# documented kernel in their place (no NPU is needed to check what we pass to them).
+# The fused Ascend entry points. Test hook: a test puts contract-enforcing stand-ins in their place
+# (tests/npu_models.py) with :func:`fused_ops_replaced`, or by setting items, BEFORE it builds a
+# model: each cell takes its op from this table when it is built, so in graph mode the op is a plain
+# function attribute of the cell and the product code path is the one that runs on Ascend.
 FUSED_OPS = {
     "flash_attention_score": ops.flash_attention_score,
-    "rotary_position_embedding": ops.rotary_position_embedding,
+    "rotary_position_embedding": getattr(ops, "rotary_position_embedding", None),
     "rms_norm": ops.rms_norm,
+    "swiglu": getattr(ops, "swiglu", None),
 }
+
+
+@contextlib.contextmanager
+def fused_ops_replaced(replacements: Mapping[str, Callable]) -> Iterator[None]:
+    """Models built inside the block call ``replacements`` instead of the fused Ascend ops (tests only)."""
+    unknown = sorted(set(replacements) - set(FUSED_OPS))
+    if unknown:
+        raise KernelError(f"fused_ops_replaced: unknown op(s) {unknown}; expected some of {sorted(FUSED_OPS)}")
+    saved = dict(FUSED_OPS)
+    FUSED_OPS.update(replacements)
+    try:
+        yield
+    finally:
+        FUSED_OPS.clear()
+        FUSED_OPS.update(saved)
 
 
 def rotate_half(x: Tensor) -> Tensor:
@@ -141,13 +159,14 @@ def rotate_half(x: Tensor) -> Tensor:
     return ops.cat((-x[..., half:], x[..., :half]), -1)
 
 
-def apply_rope(x: Tensor, cos: Tensor, sin: Tensor, fused: bool) -> Tensor:
-    """x: (B, N, S, D); cos/sin: (S, D) float32 tables."""
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor, fused: bool, op: Callable | None = None) -> Tensor:
+    """x: (B, N, S, D); cos/sin: (S, D) float32 tables. ``op``: the fused RoPE (default FUSED_OPS')."""
     b, n, s, d = x.shape
     cos = ops.cast(cos, x.dtype)
     sin = ops.cast(sin, x.dtype)
     if fused and kernels.rope_fused_allowed(b, n, s, d, _itemsize(x.dtype)):
-        return FUSED_OPS["rotary_position_embedding"](x, cos.reshape(1, 1, s, d), sin.reshape(1, 1, s, d), 0)
+        rope = FUSED_OPS["rotary_position_embedding"] if op is None else op
+        return rope(x, cos.reshape(1, 1, s, d), sin.reshape(1, 1, s, d), 0)
     return x * cos + rotate_half(x) * sin
 
 
@@ -228,9 +247,13 @@ class Attention(nn.Cell):
         self.n_rep = self.n_heads // self.n_kv
         self.scale = float(self.head_dim) ** -0.5
         self.fused_attention = plan.attention.fused
+        if self.fused_attention:  # ops and constants fixed at build time: nothing in construct can fail
+            self.flash_attention = FUSED_OPS["flash_attention_score"]
+            self.attn_mask = _causal_mask_tensor()
         self.cpu_attention = CpuCausalAttention() if plan.attention.impl == kernels.CPU_IMPL else None
         self.fused_rope = plan.rope.fused
         self.cpu_rope = CpuRope() if plan.rope.impl == kernels.CPU_IMPL else None
+        self.rope_op = FUSED_OPS["rotary_position_embedding"] if self.fused_rope else None
         self.wq = Linear(h, cfg.q_size, cfg.qkv_bias, param_dtype, compute_dtype)
         self.wk = Linear(h, cfg.kv_size, cfg.qkv_bias, param_dtype, compute_dtype)
         self.wv = Linear(h, cfg.kv_size, cfg.qkv_bias, param_dtype, compute_dtype)
@@ -243,7 +266,7 @@ class Attention(nn.Cell):
     def _rope(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
         if self.cpu_rope is not None and x.dtype == ms.float32:
             return self.cpu_rope(x, cos, sin)
-        return apply_rope(x, cos, sin, self.fused_rope)
+        return apply_rope(x, cos, sin, self.fused_rope, self.rope_op)
 
     def project(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         q = self._rope(self._heads(self.wq(x), self.n_heads), cos, sin)
@@ -253,7 +276,10 @@ class Attention(nn.Cell):
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, q_offset: int) -> Tensor:
         if self.fused_attention:
-            out = fused_attention(q, k, v, self.n_heads)
+            # Static lengths in graph mode; the host checked them (forward_cached) before any call.
+            out = self.flash_attention(q, k, v, self.n_heads, attn_mask=self.attn_mask, scalar_value=self.scale,
+                                       input_layout="BNSD",
+                                       sparse_mode=kernels.attention_sparse_mode(q.shape[2], k.shape[2]))
         elif self.cpu_attention is not None and q_offset == 0 and q.shape[2] == k.shape[2]:
             out = self.cpu_attention(q, k, v)
         else:  # also the KV-cache path of the CPU kernel's models: queries shorter than keys
@@ -267,16 +293,34 @@ class Attention(nn.Cell):
 
 
 class FeedForward(nn.Cell):
-    """SwiGLU: w2(silu(w1 x) * w3 x); w1 = gate_proj, w2 = down_proj, w3 = up_proj."""
+    """SwiGLU: w2(silu(w1 x) * w3 x); w1 = gate_proj, w2 = down_proj, w3 = up_proj.
 
-    def __init__(self, cfg: LlamaConfig, param_dtype: ms.Type, compute_dtype: ms.Type):
+    Fused (Ascend, MindSpeed-LLM's --use-fused-swiglu): one matmul with [w1; w3] concatenated at compute
+    time, then ``ops.swiglu`` (silu of the first half times the second); w1 and w3 stay separate
+    parameters, so checkpoints and the converters' names do not change."""
+
+    def __init__(self, cfg: LlamaConfig, param_dtype: ms.Type, compute_dtype: ms.Type, impl: str = "reference"):
         super().__init__()
         h, i = cfg.hidden_size, cfg.intermediate_size
         self.w1 = Linear(h, i, cfg.mlp_bias, param_dtype, compute_dtype)
         self.w2 = Linear(i, h, cfg.mlp_bias, param_dtype, compute_dtype)
         self.w3 = Linear(h, i, cfg.mlp_bias, param_dtype, compute_dtype)
+        self.fused = impl == "fused"
+        self.swiglu_op = FUSED_OPS["swiglu"] if self.fused else None
+        self.bias = cfg.mlp_bias
+        self.hidden, self.inter, self.compute_dtype = h, i, compute_dtype
+        self.matmul = ops.MatMul(transpose_b=True)
 
     def construct(self, x: Tensor) -> Tensor:
+        if self.fused:
+            shape = x.shape
+            x2 = ops.reshape(ops.cast(x, self.compute_dtype), (-1, self.hidden))
+            w = ops.cat((ops.cast(self.w1.weight, self.compute_dtype), ops.cast(self.w3.weight, self.compute_dtype)), 0)
+            gate_up = self.matmul(x2, w)
+            if self.bias:
+                gate_up = gate_up + ops.cast(ops.cat((self.w1.bias, self.w3.bias), 0), self.compute_dtype)
+            y = self.swiglu_op(gate_up, -1)
+            return self.w2(ops.reshape(y, shape[:-1] + (self.inter,)))
         return self.w2(ops.silu(self.w1(x)) * self.w3(x))
 
 
@@ -287,7 +331,7 @@ class DecoderLayer(nn.Cell):
         self.attention_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, param_dtype, norm)
         self.attention = Attention(cfg, plan, param_dtype, compute_dtype)
         self.ffn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, param_dtype, norm)
-        self.feed_forward = FeedForward(cfg, param_dtype, compute_dtype)
+        self.feed_forward = FeedForward(cfg, param_dtype, compute_dtype, plan.swiglu.impl)
 
     def construct(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
         h = x + self.attention(self.attention_norm(x), cos, sin)
@@ -301,7 +345,12 @@ class Embedding(nn.Cell):
         self.compute_dtype = compute_dtype
 
     def construct(self, ids: Tensor) -> Tensor:
-        return ops.cast(ops.gather(self.embedding_weight, ids, 0), self.compute_dtype)
+        w = self.embedding_weight
+        if w.dtype != self.compute_dtype:
+            # Cast, then gather: the same numbers as gather-then-cast, and the CPU backend has no
+            # bfloat16 Gather (bf16 parameters with fp16/fp32 compute run there).
+            w = ops.cast(w, self.compute_dtype)
+        return ops.gather(w, ids, 0)
 
 
 class LlamaModel(nn.Cell):
@@ -385,6 +434,7 @@ class LlamaForCausalLM(nn.Cell):
         start = 0 if not cache else cache[0][0].shape[2]
         s = input_ids.shape[1]
         self._check_length(start + s)
+        kernels.check_attention_lengths(s, start + s)
         self._ensure_rope(start + s)
         cos, sin = self.rope_cos[start:start + s], self.rope_sin[start:start + s]
         x = self.model.tok_embeddings(input_ids)
@@ -401,14 +451,9 @@ class LlamaForCausalLM(nn.Cell):
         return self.logits(self.model.norm_out(x)), new_cache
 
     def kernel_report(self) -> list[dict]:
-        """One row per layer and kernel: which implementation runs and why."""
-        rows = []
-        for i in range(self.config.num_hidden_layers):
-            for c in self.plan.choices():
-                rows.append({"layer": i, "kernel": c.kernel, "impl": c.impl, "op": c.op, "reason": c.reason})
-        c = self.plan.rmsnorm
-        rows.append({"layer": "final", "kernel": "rmsnorm", "impl": c.impl, "op": c.op, "reason": c.reason})
-        return rows
+        """One row per layer and kernel: which implementation runs and why, its MindSpeed-LLM flag and
+        CANN op (MindSpeed itself is never used: ``self.plan.as_dict()["mindspeed"]`` says so)."""
+        return self.plan.rows(self.config.num_hidden_layers)
 
 
 def build(cfg: LlamaConfig, *, param_dtype: str = "float32", compute_dtype: str | None = None,

@@ -9,7 +9,9 @@ Sources: MindSpore API docs (2.10) for the three ops, see ASCEND_FACTS.md.
 
 from __future__ import annotations
 
+import mindspore as ms
 import numpy as np
+from mindspore import ops
 
 
 class KernelContractError(AssertionError):
@@ -113,16 +115,169 @@ def np_rotary_position_embedding(x, cos, sin, mode=0):
 
 
 def np_rms_norm(x, gamma, epsilon=1e-6):
-    """(y, rstd) with y = x / sqrt(mean(x^2) + eps) * gamma over the last axis."""
+    """(y, rstd float32) with y = x / sqrt(mean(x^2) + eps) * gamma over the last axis."""
     xa, g = _np(x).astype(np.float32), _np(gamma).astype(np.float32)
     if g.shape != xa.shape[-g.ndim:]:
         raise KernelContractError(f"gamma shape {g.shape} must match the trailing dims of x {xa.shape}")
     rstd = 1.0 / np.sqrt(np.mean(xa * xa, -1, keepdims=True) + epsilon)
-    return _to_ms(xa * rstd * g, x), _to_ms(rstd, x)
+    return _to_ms(xa * rstd * g, x), ms.Tensor(rstd.astype(np.float32))   # rstd is float32 (documented)
+
+
+def np_swiglu(input, dim=-1):  # noqa: A002 - the documented argument name
+    """silu(a) * b with a, b the two halves of ``input`` along ``dim``."""
+    xa = _np(input).astype(np.float32)
+    if not isinstance(dim, int) or xa.shape[dim] % 2:
+        raise KernelContractError(f"swiglu: dim {dim!r} must be an int and shape[dim] even, got {xa.shape}")
+    a, b = np.split(xa, 2, axis=dim)
+    return _to_ms(a / (1.0 + np.exp(-a)) * b, input)
 
 
 NUMPY_KERNELS = {
     "flash_attention_score": np_flash_attention_score,
     "rotary_position_embedding": np_rotary_position_embedding,
     "rms_norm": np_rms_norm,
+    "swiglu": np_swiglu,
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# Graph-safe stand-ins: the same contracts, written in MindSpore ops so they compile in GRAPH_MODE
+# on the CPU and are differentiable (forward, backward and optimizer steps of the real step graphs).
+# Every check is on static facts (dtype, shape, constant arguments), so a violation raises while
+# the graph is compiled, as the real kernel's infer step would. The math is the real one, computed
+# in float32 and returned in the input dtype, as the Ascend kernels do internally.
+
+def _graph_half(dtype) -> bool:
+    return dtype == ms.float16 or dtype == ms.bfloat16
+
+
+def _graph_float(dtype) -> bool:
+    return dtype == ms.float16 or dtype == ms.bfloat16 or dtype == ms.float32
+
+
+def graph_flash_attention_score(query, key, value, head_num, real_shift=None, drop_mask=None, padding_mask=None,
+                                attn_mask=None, prefix=None, actual_seq_qlen=None, actual_seq_kvlen=None,
+                                keep_prob=1.0, scalar_value=1.0, pre_tokens=2147483647, next_tokens=2147483647,
+                                inner_precise=0, input_layout="BSH", sparse_mode=0):
+    """ops.flash_attention_score for BNSD with sparse_mode 2/3 and the compressed (2048, 2048) mask."""
+    if not _graph_half(query.dtype):
+        raise TypeError("flash_attention_score: query must be float16 or bfloat16")
+    if key.dtype != query.dtype or value.dtype != query.dtype:
+        raise TypeError("flash_attention_score: key and value must have query's dtype")
+    if input_layout != "BNSD":
+        raise ValueError("flash_attention_score stand-in: only input_layout BNSD is modelled")
+    if keep_prob != 1.0 or real_shift is not None or drop_mask is not None or padding_mask is not None:
+        raise ValueError("flash_attention_score stand-in: no dropout, pse or padding_mask is modelled")
+    if prefix is not None or actual_seq_qlen is not None or actual_seq_kvlen is not None:
+        raise ValueError("flash_attention_score stand-in: prefix / actual_seq_* are not modelled")
+    if len(query.shape) != 4 or len(key.shape) != 4 or len(value.shape) != 4:
+        raise ValueError("flash_attention_score: BNSD query, key and value must be 4-D")
+    b, n1, s1, d = query.shape
+    n2, s2 = key.shape[1], key.shape[2]
+    if key.shape[0] != b or value.shape != key.shape or key.shape[3] != d:
+        raise ValueError("flash_attention_score: key/value must be (B, N2, S2, D) with query's B and D")
+    if n1 != head_num:
+        raise ValueError("flash_attention_score: head_num must equal the query's N1")
+    if d % 16 != 0 or d > 512:
+        raise ValueError("flash_attention_score: head_dim must be a multiple of 16 and at most 512")
+    if n1 > 256 or n1 % n2 != 0:
+        raise ValueError("flash_attention_score: N1 <= 256 and N2 a factor of N1")
+    if sparse_mode != 2 and sparse_mode != 3:
+        raise ValueError("flash_attention_score stand-in: only sparse_mode 2 and 3 are modelled")
+    if attn_mask is None:
+        raise ValueError("flash_attention_score: sparse_mode 2/3 need attn_mask")
+    if attn_mask.shape != (2048, 2048):
+        raise ValueError("flash_attention_score: sparse_mode 2/3 need the compressed (2048, 2048) attn_mask")
+    if attn_mask.dtype != ms.bool_ and attn_mask.dtype != ms.uint8:
+        raise TypeError("flash_attention_score: attn_mask must be bool or uint8")
+    if sparse_mode == 3 and s1 > s2:
+        raise ValueError("flash_attention_score: sparse_mode 3 needs S1 <= S2")
+    if s2 > 2048:
+        raise ValueError("flash_attention_score stand-in: models S2 <= 2048 (the compressed mask's extent)")
+    # The mask actually passed decides what is discarded (1 = discard): a wrong mask gives wrong numbers.
+    if sparse_mode == 2:
+        m = attn_mask[:s1, :s2]
+    else:   # right-down causal: query i sits at key position i + S2 - S1
+        m = attn_mask[s2 - s1:s2, :s2]
+    discard = ops.cast(m, ms.bool_)
+    rep = n1 // n2
+    q = ops.cast(query, ms.float32)
+    k = ops.cast(key, ms.float32)
+    v = ops.cast(value, ms.float32)
+    if rep > 1:   # query head h reads key/value head h // rep
+        k = ops.reshape(ops.broadcast_to(ops.expand_dims(k, 2), (b, n2, rep, s2, d)), (b, n1, s2, d))
+        v = ops.reshape(ops.broadcast_to(ops.expand_dims(v, 2), (b, n2, rep, s2, d)), (b, n1, s2, d))
+    scores = ops.BatchMatMul(transpose_b=True)(q, k) * scalar_value
+    scores = ops.select(ops.broadcast_to(discard, scores.shape), ops.full_like(scores, -1e30), scores)
+    probs = ops.softmax(scores, -1)
+    return ops.cast(ops.BatchMatMul()(probs, v), query.dtype)
+
+
+def graph_rotary_position_embedding(x, cos, sin, mode=0):
+    """ops.rotary_position_embedding, BNSD x with 11SD/B1SD/BNSD cos/sin, modes 0 and 1."""
+    if not _graph_float(x.dtype):
+        raise TypeError("rotary_position_embedding: x must be float16, bfloat16 or float32")
+    if cos.dtype != x.dtype or sin.dtype != x.dtype:
+        raise TypeError("rotary_position_embedding: cos and sin must have x's dtype")
+    if len(x.shape) != 4 or len(cos.shape) != 4 or sin.shape != cos.shape:
+        raise ValueError("rotary_position_embedding: x, cos, sin must be 4-D with cos.shape == sin.shape")
+    b, n, s, d = x.shape
+    if d % 2 != 0 or d >= 896 or b >= 1000 or n >= 1000:
+        raise ValueError("rotary_position_embedding: D even and < 896, B and N < 1000")
+    if cos.shape[2] != s or cos.shape[3] != d or (cos.shape[0] != 1 and cos.shape[0] != b) \
+            or (cos.shape[1] != 1 and cos.shape[1] != n):
+        raise ValueError("rotary_position_embedding: cos/sin must be 11SD, B1SD or BNSD for a BNSD x")
+    itemsize = 4 if x.dtype == ms.float32 else 2
+    if b * n > 8 * s and (d * itemsize) % 32 == 0:
+        raise ValueError("rotary_position_embedding: BNSD with B*N > 8S and a 32-byte-aligned D cannot be called")
+    if mode != 0 and mode != 1:
+        raise ValueError("rotary_position_embedding: mode must be 0 or 1")
+    if mode == 1 and cos.shape[0] * cos.shape[1] != 1:
+        raise ValueError("rotary_position_embedding: mode 1 takes 11SD cos/sin for a BNSD x")
+    xf = ops.cast(x, ms.float32)
+    half = d // 2
+    if mode == 0:
+        rot = ops.cat((-xf[..., half:], xf[..., :half]), -1)
+    else:
+        pairs = ops.reshape(xf, (b, n, s, half, 2))
+        rot = ops.reshape(ops.stack((-pairs[..., 1], pairs[..., 0]), -1), (b, n, s, d))
+    out = xf * ops.cast(cos, ms.float32) + rot * ops.cast(sin, ms.float32)
+    return ops.cast(out, x.dtype)
+
+
+def graph_rms_norm(x, gamma, epsilon=1e-6):
+    """ops.rms_norm (MindSpore <= 2.10 signature): (y in x's dtype, rstd in float32)."""
+    if not _graph_float(x.dtype) or not _graph_float(gamma.dtype):
+        raise TypeError("rms_norm: x and gamma must be float16, float32 or bfloat16")
+    if x.dtype != gamma.dtype:
+        raise TypeError("rms_norm: x and gamma must have the same dtype")
+    if not isinstance(epsilon, float) or epsilon <= 0.0 or epsilon > 1.0:
+        raise ValueError("rms_norm: epsilon must be a float in (0, 1]")
+    g = len(gamma.shape)
+    if g > len(x.shape) or x.shape[len(x.shape) - g:] != gamma.shape:
+        raise ValueError("rms_norm: gamma's shape must equal the trailing dims of x")
+    axes = tuple(range(len(x.shape) - g, len(x.shape)))
+    xf = ops.cast(x, ms.float32)
+    rstd = ops.rsqrt(ops.mean(ops.square(xf), axes, keep_dims=True) + epsilon)
+    y = ops.cast(xf * rstd * ops.cast(gamma, ms.float32), x.dtype)
+    return y, rstd
+
+
+def graph_swiglu(input, dim=-1):  # noqa: A002 - the documented argument name
+    """ops.swiglu: silu(first half) * second half along ``dim``, in the input's dtype."""
+    if not _graph_float(input.dtype):
+        raise TypeError("swiglu: input must be float16, float32 or bfloat16")
+    if not isinstance(dim, int):
+        raise TypeError("swiglu: dim must be an int")
+    if input.shape[dim] % 2 != 0:
+        raise RuntimeError("swiglu: the dimension `dim` must be divisible by 2")
+    a, b = ops.chunk(ops.cast(input, ms.float32), 2, dim)
+    return ops.cast(ops.silu(a) * b, input.dtype)
+
+
+GRAPH_KERNELS = {
+    "flash_attention_score": graph_flash_attention_score,
+    "rotary_position_embedding": graph_rotary_position_embedding,
+    "rms_norm": graph_rms_norm,
+    "swiglu": graph_swiglu,
 }

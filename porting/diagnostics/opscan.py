@@ -419,19 +419,14 @@ def zoo_report(src: str, *, device: str, compute_dtype: str = "bfloat16",
         path = resolve_hf(src)
         cfg = LlamaConfig.from_hf(path)
     plan = select_kernels(cfg, device=device, compute_dtype=compute_dtype, override=override)
-    rows = []
-    for i in range(cfg.num_hidden_layers):
-        for c in plan.choices():
-            rows.append({"layer": i, "kernel": c.kernel, "impl": c.impl, "op": c.op, "reason": c.reason})
-    c = plan.rmsnorm
-    rows.append({"layer": "final", "kernel": "rmsnorm", "impl": c.impl, "op": c.op, "reason": c.reason})
+    rows = plan.rows(cfg.num_hidden_layers)   # each with its MindSpeed-LLM flag and CANN op
     return {"source": str(src), "device": device, "compute_dtype": compute_dtype,
             "layers": cfg.num_hidden_layers, "plan": plan.as_dict(), "rows": rows}
 
 
 def render_zoo(d: dict, compact: bool = True) -> str:
     out = [f"port ops zoo {d['source']} on {d['device']} ({d['compute_dtype']}, {d['layers']} layers)", ""]
-    out.append(f"{'layers':<10} {'kernel':<10} {'impl':<10} {'op':<70} reason")
+    out.append(f"{'layers':<10} {'kernel':<10} {'impl':<10} {'mindspeed-llm flag':<27} {'op':<70} reason")
     rows = d["rows"]
     if compact:  # the plan is the same for every decoder layer: show it once
         n = d["layers"]
@@ -442,8 +437,12 @@ def render_zoo(d: dict, compact: bool = True) -> str:
                 continue
             seen.append(key)
             where = "final" if r["layer"] == "final" else f"0-{n - 1}"
-            out.append(f"{where:<10} {r['kernel']:<10} {r['impl']:<10} {r['op']:<70} {r['reason']}")
+            out.append(f"{where:<10} {r['kernel']:<10} {r['impl']:<10} {r['mindspeed_flag']:<27} {r['op']:<70} "
+                       f"{r['reason']}")
     else:
         for r in rows:
-            out.append(f"{str(r['layer']):<10} {r['kernel']:<10} {r['impl']:<10} {r['op']:<70} {r['reason']}")
+            out.append(f"{str(r['layer']):<10} {r['kernel']:<10} {r['impl']:<10} {r['mindspeed_flag']:<27} "
+                       f"{r['op']:<70} {r['reason']}")
+    out.append("")
+    out.append(d["plan"]["mindspeed"])
     return "\n".join(out)

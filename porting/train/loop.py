@@ -84,6 +84,9 @@ def configure_mindspore(recipe: Recipe, distributed: bool) -> None:
     # second in-process run, a test session) keeps it.
     if ms.get_context("device_target") != target:
         ms.set_device(target)
+    from porting.train.plan import apply_memory_budget
+
+    apply_memory_budget(recipe)   # Ascend: the pool capped at the usable HBM the plan budgets
     if distributed and recipe.cluster.device == "cpu":
         # Workers share the host's cores: without a cap each spawns a thread per core and they thrash.
         from mindspore.device_context.cpu.op_tuning import threads_num
@@ -153,7 +156,7 @@ class Trainer:
         import mindspore as ms
         from mindspore import ParameterTuple
 
-        from porting.train import engine
+        from porting.train import step as train_step
 
         self.ms = ms
         self.recipe, self.run_dir, self.rank, self.world = recipe, run_dir, rank, world_size
@@ -163,19 +166,21 @@ class Trainer:
         self.shards = world_size if recipe.parallel.optimizer_sharding and world_size > 1 else 1
         owned = None
         if self.shards > 1:
-            owned = [o == rank for o in engine.owners(params, world_size)]
-            self.barrier_cell = engine.Barrier()
-        self.optimizer = engine.AdamW(params, tuple(opt.betas), opt.eps, opt.weight_decay, owned)
+            owned = [o == rank for o in train_step.owners(params, world_size)]
+            self.barrier_cell = train_step.Barrier()
+        self.optimizer = train_step.AdamW(params, tuple(opt.betas), opt.eps, opt.weight_decay, owned)
         self.accum = recipe.batching.grad_accum_steps
+        grad_fp32 = recipe.precision.grad_reduce_dtype == "float32"
         if self.accum == 1:
-            self.fused = engine.FusedTrainStep(model, self.optimizer, world_size, opt.grad_clip)
+            self.fused = train_step.FusedTrainStep(model, self.optimizer, world_size, opt.grad_clip, grad_fp32)
             self.cells = [self.fused]
         else:
-            self.buffers = engine.accumulation_buffers(ParameterTuple(params))
-            self.grad_step = engine.AccumGradStep(model, self.optimizer.params, self.buffers)
-            self.apply = engine.ApplyStep(self.optimizer, self.buffers, world_size, opt.grad_clip)
+            self.buffers = train_step.accumulation_buffers(ParameterTuple(params), grad_fp32)
+            self.grad_step = train_step.AccumGradStep(model, self.optimizer.params, self.buffers)
+            self.apply = train_step.ApplyStep(self.optimizer, self.buffers, world_size, opt.grad_clip, grad_fp32)
             self.cells = [self.grad_step, self.apply]
-        self.state_params = params + list(self.optimizer.m) + list(self.optimizer.v)
+        # fp32 master weights (bf16/fp16 parameters) are optimizer state: saved and restored with m and v
+        self.state_params = params + list(self.optimizer.masters) + list(self.optimizer.m) + list(self.optimizer.v)
         self.scaler = LossScaler(recipe.precision.loss_scale)
         self.adam_t = 0           # optimizer updates applied (bias correction)
         self.shapes_seen: set[tuple] = set()
@@ -394,7 +399,7 @@ def comm_record(rec: rundir.StepRecord, comm: CommWait, log: logging.Logger) -> 
 
 
 def trainer_graphs(trainer: Trainer) -> int:
-    from porting.train.engine import compiled_graphs
+    from porting.train.step import compiled_graphs
 
     return compiled_graphs(*trainer.cells)
 

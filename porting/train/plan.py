@@ -3,7 +3,8 @@ and the exact `msrun` command of every node. A plan that does not fit is refused
 
 Memory model (bytes per device; P = parameters, T = micro_batch x seq tokens, L = layers):
 - weights: P x param bytes.
-- gradients: P x param bytes, plus an fp32 accumulation buffer P x 4 when grad_accum_steps > 1.
+- gradients: P x param bytes, plus an accumulation buffer when grad_accum_steps > 1: P x 4 (float32),
+  or P x param bytes with ``precision.grad_reduce_dtype: param_dtype``.
 - optimizer_states: AdamW m and v in float32, 2 x P x 4, divided by the data-parallel size when
   optimizer sharding is on (ZeRO-1: each rank keeps the states of the parameters it owns).
 - activations (kept for backward, no recompute): per layer T x (12 h + 4 i) x compute bytes
@@ -16,6 +17,23 @@ Memory model (bytes per device; P = parameters, T = micro_batch x seq tokens, L 
 - comm_buffers: two fused all-reduce buffers (comm_fusion size, 64 MB for auto) when world > 1,
   twice with optimizer sharding (all-gather of updated weights).
 - workspace: runtime and collective workspace, 2 GiB on Ascend, 0.25 GiB on CPU (assumed).
+Mixed precision, as Megatron / MindSpeed-LLM keep it (porting/train/step.py):
+- master_weights: float32 copies of bf16/fp16 parameters, P x 4, sharded like the AdamW states.
+- gradients_fp32: gradients are all-reduced, clipped and applied in float32 by default: a float32
+  copy P x 4 of bf16/fp16 gradients (the accumulation buffers already are float32 when
+  grad_accum_steps > 1); none with ``grad_reduce_dtype: param_dtype`` (Megatron's default, without
+  --accumulate-allreduce-grads-in-fp32), where AdamW casts each gradient to float32 as it applies it.
+- adamw_temporaries: the element-wise update's float32 m', v', p' and gradient of one parameter at a
+  time (graph memory reuse frees them after each assign), 4 x the largest parameter x 4.
+- sharding_buffers: with optimizer sharding every parameter is taken from its owner by an float32
+  all-reduce of ``param x mask``: input and output of the largest parameter, 2 x 4 bytes.
+- hccl_buffers: HCCL's in/out buffers per communicator, 2 x HCCL_BUFFSIZE (200 MB by default; HCCL
+  environment-variable docs, not re-checked here) on Ascend when world > 1.
+- backward_working_set: one layer's activation gradients while it runs backward, as large as one
+  layer's kept activations.
+Budget: Ascend plans fit ``usable_hbm_gib``, the HBM less what the runtime keeps: MindFormers' 910
+recipes cap a 64 GB device at ``max_device_memory: 58GB``, so 6 GiB are kept back; training calls
+``mindspore.runtime.set_memory(max_size=...)`` with that number (:func:`apply_memory_budget`).
 Checked against real H200 measurements (../shared baselines, tests/train/test_plan.py): HF Llama-7B,
 bf16 params and states, seq 4096, micro 1 peaks at 62.1 GiB without checkpointing.
 """
@@ -34,6 +52,24 @@ GIB = float(1 << 30)
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 WORKSPACE_GIB = {"ascend": 2.0, "cpu": 0.25}
 AUTO_FUSION_MB = 64
+RUNTIME_RESERVED_GIB = {"ascend": 6.0, "cpu": 0.0}   # 64 GB die -> 58 GB max_device_memory (MindFormers)
+HCCL_BUFFSIZE_MB = 200
+
+
+def usable_hbm_gib(recipe) -> float:
+    """The HBM a plan may use: the device's, less what the runtime keeps back."""
+    return max(recipe.cluster.device_hbm_gib - RUNTIME_RESERVED_GIB[recipe.cluster.device], 0.0)
+
+
+def apply_memory_budget(recipe) -> str | None:
+    """On Ascend, cap MindSpore's device memory pool at the usable HBM; returns the size set."""
+    if recipe.cluster.device != "ascend":
+        return None
+    import mindspore as ms
+
+    size = f"{usable_hbm_gib(recipe):g}GB"
+    ms.runtime.set_memory(max_size=size)
+    return size
 
 
 def activation_bytes(cfg: LlamaConfig, micro: int, seq: int, compute_bytes: int, fused_attention: bool,
@@ -63,19 +99,31 @@ def estimate_memory(cfg: LlamaConfig, recipe) -> dict[str, float]:
     micro, seq = recipe.batching.micro_batch_size, recipe.data.max_seq_length
     fused = recipe.cluster.device == "ascend"
     weights = p * pb
-    grads = p * pb + (p * 4 if recipe.batching.grad_accum_steps > 1 else 0.0)
+    grad_fp32 = prec.grad_reduce_dtype == "float32"
+    grads = p * pb + (p * (4 if grad_fp32 else pb) if recipe.batching.grad_accum_steps > 1 else 0.0)
     states = 2 * p * 4 / (dp if recipe.parallel.optimizer_sharding else 1)
     casts = p * cb if pb != cb else 0.0
     act = activation_bytes(cfg, micro, seq, cb, fused, False) + casts
     act_rc = activation_bytes(cfg, micro, seq, cb, fused, True) + casts
     comm = 0.0
+    sharded = recipe.parallel.optimizer_sharding and dp > 1
     if dp > 1:
-        comm = 2 * fusion_buffer_bytes(recipe) * (2 if recipe.parallel.optimizer_sharding else 1)
+        comm = 2 * fusion_buffer_bytes(recipe) * (2 if sharded else 1)
     work = WORKSPACE_GIB[recipe.cluster.device] * GIB
     used_act = act_rc if recipe.memory.recompute else act
+    low = pb != 4
+    largest = float(max(cfg.vocab_size * cfg.hidden_size, cfg.hidden_size * cfg.intermediate_size))
+    extra = {
+        "master_weights": p * 4 / (dp if sharded else 1) if low else 0.0,
+        "gradients_fp32": p * 4 if low and grad_fp32 and recipe.batching.grad_accum_steps == 1 else 0.0,
+        "adamw_temporaries": 4 * largest * 4,
+        "sharding_buffers": 2 * largest * 4 if sharded else 0.0,
+        "hccl_buffers": 2 * HCCL_BUFFSIZE_MB * (1 << 20) if dp > 1 and recipe.cluster.device == "ascend" else 0.0,
+        "backward_working_set": micro * seq * (12 * cfg.hidden_size + 4 * cfg.intermediate_size) * cb,
+    }
     out = {"weights": weights, "gradients": grads, "optimizer_states": states, "activations": act,
-           "activations_recompute": act_rc, "comm_buffers": comm, "workspace": work,
-           "total": weights + grads + states + used_act + comm + work}
+           "activations_recompute": act_rc, "comm_buffers": comm, "workspace": work, **extra,
+           "total": weights + grads + states + used_act + comm + work + sum(extra.values())}
     return {k: round(v / GIB, 3) for k, v in out.items()}
 
 
@@ -128,6 +176,12 @@ def suggestions(cfg: LlamaConfig, recipe, hbm: float) -> list[str]:
     if len(out) > 1:
         total = estimate_memory(cfg, combined)["total"]
         out.append(f"all of the above -> {total:.1f} GiB" + (" (fits)" if total <= hbm else ""))
+    if not any("(fits)" in o for o in out):
+        mem = estimate_memory(cfg, combined)
+        floor = sum(mem[k] for k in ("weights", "gradients", "optimizer_states", "master_weights", "gradients_fp32"))
+        out.append(f"no setting fits: the parameters, their gradients, fp32 masters and AdamW states alone take "
+                   f"{floor:.1f} GiB per device in data parallel; this model needs gradient sharding (ZeRO-2) or "
+                   "tensor/pipeline parallelism, which port does not have, or devices with more HBM")
     return out
 
 
@@ -162,7 +216,8 @@ def make_plan(recipe, cfg: LlamaConfig, recipe_path: str, run_dir: str, override
               resume: bool = False) -> dict:
     mem = estimate_memory(cfg, recipe)
     hbm = recipe.cluster.device_hbm_gib
-    fits = mem["total"] <= hbm
+    usable = usable_hbm_gib(recipe)
+    fits = mem["total"] <= usable
     b = recipe.batching
     return {
         "model": {"parameters": cfg.num_parameters(), "hidden_size": cfg.hidden_size,
@@ -179,16 +234,32 @@ def make_plan(recipe, cfg: LlamaConfig, recipe_path: str, run_dir: str, override
         "max_tokens_per_step": recipe.global_batch_size * recipe.data.max_seq_length,
         "max_seq_length": recipe.data.max_seq_length,
         "precision": recipe.precision.model_dump(mode="json"),
+        "mixed_precision": mixed_precision(recipe),
         "recompute": recipe.memory.recompute,
         "optimizer_sharding": recipe.parallel.optimizer_sharding,
         "comm_fusion": recipe.parallel.comm_fusion.model_dump(mode="json"),
         "memory_gib_by_phase": mem,
         "device_hbm_gib": hbm,
+        "usable_hbm_gib": usable,
+        "margin_gib": round(usable - mem["total"], 3),
         "fits": fits,
-        "suggestions": [] if fits else suggestions(cfg, recipe, hbm),
+        "suggestions": [] if fits else suggestions(cfg, recipe, usable),
         "msrun_commands": msrun_commands(recipe, recipe_path, run_dir, overrides, resume) if recipe.world_size > 1 else [],
         "warnings": plan_warnings(recipe, cfg),
     }
+
+
+def mixed_precision(recipe) -> str:
+    """How the step treats the dtypes, in one line (engine.AdamW / engine._Update)."""
+    p = recipe.precision
+    if p.param_dtype == "float32":
+        return (f"float32 parameters, {p.compute_dtype} compute; gradients all-reduced, clipped and applied in "
+                "float32; AdamW states float32")
+    shard = " (sharded with optimizer sharding)" if recipe.parallel.optimizer_sharding and recipe.world_size > 1 else ""
+    scale = f"; loss scale {p.loss_scale.kind}" if p.compute_dtype == "float16" or p.loss_scale.kind != "none" else ""
+    reduce = "float32" if p.grad_reduce_dtype == "float32" else f"{p.param_dtype} (grad_reduce_dtype: param_dtype)"
+    return (f"{p.param_dtype} parameters for compute, float32 master weights and AdamW states{shard}; gradients "
+            f"accumulated and all-reduced in {reduce}, clipped in float32 and applied to the float32 masters{scale}")
 
 
 def plan_warnings(recipe, cfg: LlamaConfig) -> list[str]:
@@ -232,7 +303,8 @@ def check_fits(plan: dict, where: str) -> None:
         return
     mem = plan["memory_gib_by_phase"]
     raise RecipeError(f"{where}: needs {mem['total']:.1f} GiB per device, more than the {plan['device_hbm_gib']:.0f} "
-                      f"GiB of HBM; change: " + "; ".join(plan["suggestions"]))
+                      f"GiB of HBM allows ({plan['usable_hbm_gib']:g} GiB usable, the rest kept by the runtime); "
+                      "change: " + "; ".join(plan["suggestions"]))
 
 
 def format_plan(plan: dict) -> str:
@@ -245,16 +317,19 @@ def format_plan(plan: dict) -> str:
         f"precision: params {plan['precision']['param_dtype']}, compute {plan['precision']['compute_dtype']}, "
         f"loss scale {plan['precision']['loss_scale']['kind']}; recompute {plan['recompute']}; "
         f"optimizer sharding {plan['optimizer_sharding']}",
+        f"mixed precision: {plan['mixed_precision']}",
         "memory per device (GiB):",
     ]
-    for k in ("weights", "gradients", "optimizer_states", "activations", "activations_recompute",
-              "comm_buffers", "workspace"):
+    for k in ("weights", "gradients", "optimizer_states", "master_weights", "gradients_fp32", "adamw_temporaries",
+              "activations", "activations_recompute", "backward_working_set", "comm_buffers", "sharding_buffers",
+              "hccl_buffers", "workspace"):
         used = ""
         if k == "activations" and plan["recompute"] or k == "activations_recompute" and not plan["recompute"]:
             used = "  (not used)"
         lines.append(f"  {k:<22} {mem[k]:>9.2f}{used}")
     verdict = "fits" if plan["fits"] else "DOES NOT FIT"
-    lines.append(f"  {'total':<22} {mem['total']:>9.2f} of {plan['device_hbm_gib']:.0f} GiB HBM per device: {verdict}")
+    lines.append(f"  {'total':<22} {mem['total']:>9.2f} of {plan['usable_hbm_gib']:g} GiB usable "
+                 f"({plan['device_hbm_gib']:g} GiB HBM) per device: {verdict}, margin {plan['margin_gib']:.2f} GiB")
     for s in plan["suggestions"]:
         lines.append(f"  change: {s}")
     for w in plan["warnings"]:

@@ -129,6 +129,9 @@ class PrecisionSection(_Section):
     param_dtype: Dtype = "float32"
     compute_dtype: Dtype = "float32"
     optimizer_dtype: Literal["float32"] = "float32"
+    # Gradients all-reduced (and accumulated) in float32, or in the parameter dtype as Megatron does
+    # without --accumulate-allreduce-grads-in-fp32 (half the gradient memory and traffic); see plan.py.
+    grad_reduce_dtype: Literal["float32", "param_dtype"] = "float32"
     loss_scale: LossScaleSection = LossScaleSection()
 
 

@@ -131,9 +131,9 @@ def test_zoo_report_per_device():
     plan = d["plan"]["kernels"]
     assert plan["attention"]["impl"] == "reference" and "head_dim 8" in plan["attention"]["reason"]
     assert plan["rope"]["impl"] == "fused" and plan["rmsnorm"]["impl"] == "fused"
-    assert len(d["rows"]) == 5 * 3 + 1
+    assert len(d["rows"]) == 5 * 4 + 1 and plan["swiglu"]["mindspeed_flag"] == "--use-fused-swiglu"
     d7 = opscan.zoo_report("llama-7b", device="Ascend", compute_dtype="bfloat16")
-    assert all(r["impl"] == "fused" for r in d7["rows"]) and len(d7["rows"]) == 32 * 3 + 1
+    assert all(r["impl"] == "fused" for r in d7["rows"]) and len(d7["rows"]) == 32 * 4 + 1
     assert "flash_attention_score" in d7["rows"][0]["op"]
     cpu = opscan.zoo_report("llama-7b", device="CPU")
     # llama-7b computes in bfloat16: port's float32 CPU kernels are not used, and the reason says so.

@@ -23,17 +23,18 @@ def test_cpu_picks_reference_and_says_why():
     # In float32 every kernel gets port's C++ CPU kernel (tests/model_zoo/test_cpu_kernels.py); in half
     # precision, and on GPU, the reference path.
     plan = kernels.select_kernels(CFG, device="CPU")
-    assert [c.impl for c in plan.choices()] == [CPU] * 3
+    assert [c.impl for c in plan.choices()] == [CPU] * 3 + ["reference"]   # no CPU SwiGLU kernel
     assert all("registered only on Ascend" in c.reason for c in plan.choices())
+    assert "no CPU kernel" in plan.swiglu.reason
     half = kernels.select_kernels(CFG, device="CPU", compute_dtype="bfloat16")
-    assert [c.impl for c in half.choices()] == ["reference"] * 3
+    assert [c.impl for c in half.choices()] == ["reference"] * 4
     gpu = kernels.select_kernels(CFG, device="GPU")
-    assert [c.impl for c in gpu.choices()] == ["reference"] * 3
+    assert [c.impl for c in gpu.choices()] == ["reference"] * 4
 
 
 def test_ascend_picks_fused_within_documented_constraints():
     plan = kernels.select_kernels(CFG, device="Ascend", compute_dtype="bfloat16")
-    assert plan.attention.fused and plan.rope.fused and plan.rmsnorm.fused
+    assert plan.attention.fused and plan.rope.fused and plan.rmsnorm.fused and plan.swiglu.fused
     # fp32 compute: FlashAttentionScore takes fp16/bf16 only.
     plan32 = kernels.select_kernels(CFG, device="Ascend", compute_dtype="float32")
     assert not plan32.attention.fused and "float16/bfloat16" in plan32.attention.reason
@@ -53,6 +54,8 @@ def test_overrides():
         kernels.select_kernels(CFG, device="CPU", override={"softmax": "fused"})
     with pytest.raises(KernelError, match="expected one of"):
         kernels.select_kernels(CFG, device="CPU", override={"rope": "fast"})
+    with pytest.raises(KernelError, match="no CPU kernel for swiglu"):
+        kernels.select_kernels(CFG, device="CPU", override={"swiglu": "cpu"})
     with pytest.raises(KernelError, match="head_dim"):
         kernels.select_kernels(LlamaConfig(vocab_size=8, hidden_size=64, intermediate_size=8, num_hidden_layers=1,
                                            num_attention_heads=8), device="Ascend", compute_dtype="bfloat16",
@@ -110,7 +113,7 @@ def test_whole_model_on_fused_paths_matches_reference(monkeypatch):
         monkeypatch.setitem(llama_mod.FUSED_OPS, name, fn)
     ref = build(CFG, param_dtype="float32", device="CPU", seed=3)
     fused = build(CFG, param_dtype="float32", compute_dtype="float16", device="Ascend", seed=3)
-    assert fused.plan.attention.fused and fused.plan.rope.fused and fused.plan.rmsnorm.fused
+    assert all(c.fused for c in fused.plan.choices())
     ids = ms.Tensor(np.random.default_rng(1).integers(0, CFG.vocab_size, (2, 24)).astype(np.int32))
     want = ref(ids).asnumpy()
     got = fused(ids).asnumpy()
@@ -127,9 +130,15 @@ def test_whole_model_on_fused_paths_matches_reference(monkeypatch):
 def test_kernel_report_names_every_layer():
     m = build(CFG, device="CPU")
     rows = m.kernel_report()
-    assert len(rows) == CFG.num_hidden_layers * 3 + 1
-    assert {r["kernel"] for r in rows} == {"attention", "rope", "rmsnorm"}
-    assert all(r["impl"] == CPU and r["reason"] for r in rows)
+    assert len(rows) == CFG.num_hidden_layers * 4 + 1
+    assert {r["kernel"] for r in rows} == {"attention", "rope", "rmsnorm", "swiglu"}
+    assert all(r["impl"] == (CPU if r["kernel"] != "swiglu" else "reference") and r["reason"] for r in rows)
+    flags = {r["kernel"]: r["mindspeed_flag"] for r in rows}
+    assert flags == {"attention": "--use-flash-attn", "rope": "--use-fused-rotary-pos-emb",
+                     "rmsnorm": "--use-fused-rmsnorm", "swiglu": "--use-fused-swiglu"}
+    assert {r["cann_op"] for r in rows} == {"FlashAttentionScore", "RotaryPositionEmbedding", "RmsNorm", "SwiGlu"}
+    note = m.plan.as_dict()["mindspeed"]
+    assert "does not use it" in note or "does not need it" in note   # never claims MindSpeed is used
 
 
 @pytest.mark.npu

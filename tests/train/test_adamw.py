@@ -10,7 +10,7 @@ import torch
 import mindspore as ms
 from mindspore import Parameter, Tensor
 
-from porting.train import engine
+from porting.train import step as train_step
 
 BETAS, EPS, WD = (0.9, 0.95), 1e-8, 0.1
 LRS = [1e-2, 5e-3, 0.0, 2e-3]  # lr 0 included: a warm-up step must leave the weights alone
@@ -22,7 +22,7 @@ def _shapes():
 
 def _run_port(fused: bool, grads_per_step: list[list[np.ndarray]], init: list[np.ndarray]):
     params = [Parameter(Tensor(a.copy()), name=f"p{i}") for i, a in enumerate(init)]
-    opt = engine.AdamW(params, BETAS, EPS, WD, fused=fused)
+    opt = train_step.AdamW(params, BETAS, EPS, WD, fused=fused)
     assert opt.fused is fused
     for t, (lr, grads) in enumerate(zip(LRS, grads_per_step), start=1):
         f = lambda x: Tensor(np.float32(x))  # noqa: E731

@@ -11,6 +11,10 @@ Loss normalisation: every micro-batch's summed token loss is multiplied by ``sca
 global_tokens`` (an input), so the summed gradients over micro-batches and ranks are exactly the
 gradient of the step's mean token loss, whatever the lengths of the micro-batches.
 AdamW is written out to match ``torch.optim.AdamW`` term by term (the baseline compares against it).
+Mixed precision as Megatron / MindSpeed-LLM: bf16/fp16 parameters are the compute copy, AdamW keeps
+float32 master weights and moments (sharded with optimizer sharding), and gradients are all-reduced,
+clipped and applied in float32 (``grad_fp32=False``: reduced in the parameter dtype, still applied to
+the float32 masters).
 When the gradients are not finite the update is skipped inside the graph (parameters and states keep
 their values) and the caller decides: lower the dynamic loss scale, or stop the run.
 """
@@ -55,6 +59,43 @@ def _adamw_update(b1, b2, eps, wd, lr, bc1, bc2, finite, param, m, v, grad):
     return finite
 
 
+_adamw_master = ops.MultitypeFuncGraph("adamw_master")
+
+
+@_adamw_master.register("Tensor", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor",
+                        "Tensor", "Tensor", "Tensor", "Tensor", "Tensor")
+def _adamw_master_update(b1, b2, eps, wd, lr, bc1, bc2, finite, master, param, m, v, grad):
+    """The same update on the float32 master weight; the compute parameter gets its rounding."""
+    g = ops.cast(grad, ms.float32)
+    m_new = b1 * m + (1.0 - b1) * g
+    v_new = b2 * v + (1.0 - b2) * g * g
+    p_new = master * (1.0 - lr * wd)
+    p_new = p_new - (lr / bc1) * m_new / (ops.sqrt(v_new) / ops.sqrt(bc2) + eps)
+    kept = ops.select(finite, p_new, master)
+    ops.assign(m, ops.select(finite, m_new, m))
+    ops.assign(v, ops.select(finite, v_new, v))
+    ops.assign(master, kept)
+    ops.assign(param, ops.cast(kept, param.dtype))
+    return finite
+
+
+_round_store = ops.MultitypeFuncGraph("round_store")
+
+
+@_round_store.register("Function", "Tuple", "Tensor")
+def _round_store_t(rounder, after, param):
+    value = ops.depend(param, after)
+    return ops.assign(param, rounder(value))
+
+
+def _round_bf16(x):
+    return ops.cast(ops.cast(x, ms.bfloat16), ms.float32)
+
+
+def _round_fp16(x):
+    return ops.cast(ops.cast(x, ms.float16), ms.float32)
+
+
 _adamw_fused = ops.MultitypeFuncGraph("adamw_fused")
 
 
@@ -80,12 +121,27 @@ class AdamW(nn.Cell):
     and updates only those; then every parameter is taken from its owner with one all-reduce of
     ``param x (1 if owned else 0)``, which is exact (a sum of one value and zeros). This needs
     AllReduce only, so it also runs on the CPU, where MindSpore's ReduceScatter is a stub.
+
+    Master weights (Megatron / MindSpeed-LLM mixed precision): when the parameters are stored in
+    bfloat16/float16, the update runs on float32 copies ``master.<param>`` (sharded with the moments:
+    a rank keeps masters only for what it owns) and the compute parameter gets the master rounded to
+    its dtype. Without them an update smaller than half a bf16 ULP of the weight is lost (at lr 1e-5
+    most are). ``master_weights=False`` keeps the old behaviour (tests measure the difference).
+    ``storage_dtype`` emulates a low-precision storage on float32 parameters (every write is rounded to
+    it): the CPU backend has no bfloat16 Assign, so CPU tests run bf16 storage this way; on Ascend the
+    parameters are bf16 themselves and it stays None.
     """
 
     def __init__(self, params: list[Parameter], betas: tuple[float, float], eps: float, weight_decay: float,
-                 owned: list[bool] | None = None, fused: bool | None = None):
+                 owned: list[bool] | None = None, fused: bool | None = None, master_weights: bool = True,
+                 storage_dtype: str | None = None):
         super().__init__(auto_prefix=False)
         owned = list(owned) if owned is not None else [True] * len(params)
+        if storage_dtype not in (None, "float32", "bfloat16", "float16"):
+            raise ValueError(f"AdamW storage_dtype {storage_dtype!r}: expected bfloat16, float16, float32 or None")
+        self.rounder = {"bfloat16": _round_bf16, "float16": _round_fp16}.get(storage_dtype)
+        if self.rounder is not None and any(p.dtype != ms.float32 for p in params):
+            raise ValueError("AdamW storage_dtype emulates a storage dtype on float32 parameters only")
         self.params = ParameterTuple(params)
         self.owned_idx = tuple(i for i, o in enumerate(owned) if o)
         self.own_params = ParameterTuple([params[i] for i in self.owned_idx])
@@ -93,6 +149,11 @@ class AdamW(nn.Cell):
                                            requires_grad=False) for i in self.owned_idx])
         self.v = ParameterTuple([Parameter(Tensor(np.zeros(params[i].shape, np.float32)), name=f"adam_v.{params[i].name}",
                                            requires_grad=False) for i in self.owned_idx])
+        low = self.rounder is not None or any(params[i].dtype != ms.float32 for i in self.owned_idx)
+        self.use_masters = bool(master_weights and low)
+        self.masters = ParameterTuple([Parameter(Tensor(_as_f32(params[i])), name=f"master.{params[i].name}",
+                                                 requires_grad=False) for i in self.owned_idx]) \
+            if self.use_masters else ParameterTuple([])
         self.sharded = not all(owned)
         if self.sharded:
             self.allreduce = ops.AllReduce()
@@ -104,7 +165,7 @@ class AdamW(nn.Cell):
         self.hyper_map = ops.HyperMap()
         # AdamWeightDecay takes float16/float32 and betas strictly inside (0, 1). fused=False forces the
         # element-wise path (tests compare the two).
-        can_fuse = (not self.sharded and all(p.dtype == ms.float32 for p in params)
+        can_fuse = (not self.sharded and not low and all(p.dtype == ms.float32 for p in params)
                     and 0.0 < betas[0] < 1.0 and 0.0 < betas[1] < 1.0)
         self.fused = can_fuse if fused is None else (fused and can_fuse)
         if self.fused:
@@ -122,11 +183,21 @@ class AdamW(nn.Cell):
                                       self.own_params, self.m, self.v, own_grads)
                 return ops.depend(finite, done)
             return finite
-        done = self.hyper_map(ops.partial(_adamw, self.b1, self.b2, self.eps, self.wd, lr, bc1, bc2, finite),
-                              self.own_params, self.m, self.v, own_grads)
+        if self.use_masters:
+            done = self.hyper_map(ops.partial(_adamw_master, self.b1, self.b2, self.eps, self.wd, lr, bc1, bc2,
+                                              finite), self.masters, self.own_params, self.m, self.v, own_grads)
+        else:
+            done = self.hyper_map(ops.partial(_adamw, self.b1, self.b2, self.eps, self.wd, lr, bc1, bc2, finite),
+                                  self.own_params, self.m, self.v, own_grads)
+        if self.rounder is not None:
+            done = self.hyper_map(ops.partial(_round_store, self.rounder, done), self.own_params)
         if self.sharded:
             done = self.hyper_map(ops.partial(_from_owner, self.allreduce, done), self.masks, self.params)
         return done
+
+
+def _as_f32(p: Parameter) -> np.ndarray:
+    return ops.cast(p, ms.float32).asnumpy() if p.dtype != ms.float32 else p.asnumpy().copy()
 
 
 _from_owner = ops.MultitypeFuncGraph("from_owner")
@@ -181,9 +252,10 @@ def _mul_t(c, g):
 class _Update(nn.Cell):
     """Shared tail of a step: all-reduce, unscale, global norm, clip, AdamW."""
 
-    def __init__(self, optimizer: AdamW, world_size: int, grad_clip: float | None):
+    def __init__(self, optimizer: AdamW, world_size: int, grad_clip: float | None, grad_fp32: bool = True):
         super().__init__(auto_prefix=False)
         self.optimizer = optimizer
+        self.grad_fp32 = grad_fp32
         self.reduce = world_size > 1
         if self.reduce:
             self.reducer = nn.DistributedGradReducer(optimizer.params, mean=False, degree=world_size)
@@ -193,6 +265,11 @@ class _Update(nn.Cell):
         self.hyper_map = ops.HyperMap()
 
     def update(self, grads, unscale: Tensor, lr: Tensor, bc1: Tensor, bc2: Tensor):
+        # Gradients are all-reduced, unscaled, norm-clipped and applied in float32 whatever the
+        # parameters' dtype (a no-op cast for float32 parameters); grad_fp32=False reduces them in the
+        # parameter dtype (the norm is still summed in float32 and AdamW still updates float32 masters).
+        if self.grad_fp32:
+            grads = self.hyper_map(_to_f32, grads)
         if self.reduce:
             grads = self.reducer(grads)
         grads = self.hyper_map(ops.partial(_mul, unscale), grads)
@@ -211,8 +288,9 @@ class _Update(nn.Cell):
 class FusedTrainStep(_Update):
     """One micro-batch per optimizer step: the whole step in one graph."""
 
-    def __init__(self, model: nn.Cell, optimizer: AdamW, world_size: int, grad_clip: float | None):
-        super().__init__(optimizer, world_size, grad_clip)
+    def __init__(self, model: nn.Cell, optimizer: AdamW, world_size: int, grad_clip: float | None,
+                 grad_fp32: bool = True):
+        super().__init__(optimizer, world_size, grad_clip, grad_fp32)
         self.grad_fn = ops.value_and_grad(LossNet(model), None, optimizer.params, has_aux=True)
 
     def construct(self, input_ids, labels, scale, unscale, lr, bc1, bc2):
@@ -222,7 +300,8 @@ class FusedTrainStep(_Update):
 
 
 class AccumGradStep(nn.Cell):
-    """Adds one micro-batch's (scaled) gradients into the float32 accumulation buffers."""
+    """Adds one micro-batch's (scaled) gradients into the accumulation buffers (float32, or the
+    parameter dtype with ``precision.grad_reduce_dtype: param_dtype``)."""
 
     def __init__(self, model: nn.Cell, params: ParameterTuple, buffers: ParameterTuple):
         super().__init__(auto_prefix=False)
@@ -232,8 +311,16 @@ class AccumGradStep(nn.Cell):
 
     def construct(self, input_ids, labels, scale):
         (_, (total, count)), grads = self.grad_fn(input_ids, labels, scale)
-        done = self.hyper_map(ops.assign_add, self.buffers, self.hyper_map(_to_f32, grads))
+        done = self.hyper_map(_accumulate, self.buffers, grads)
         return ops.depend(total, done), count
+
+
+_accumulate = ops.MultitypeFuncGraph("accumulate")
+
+
+@_accumulate.register("Tensor", "Tensor")
+def _accumulate_t(buffer, grad):
+    return ops.assign_add(buffer, ops.cast(grad, buffer.dtype))
 
 
 _to_f32 = ops.MultitypeFuncGraph("to_f32")
@@ -247,8 +334,9 @@ def _to_f32_t(g):
 class ApplyStep(_Update):
     """All-reduce the accumulated gradients, clip, AdamW, zero the buffers."""
 
-    def __init__(self, optimizer: AdamW, buffers: ParameterTuple, world_size: int, grad_clip: float | None):
-        super().__init__(optimizer, world_size, grad_clip)
+    def __init__(self, optimizer: AdamW, buffers: ParameterTuple, world_size: int, grad_clip: float | None,
+                 grad_fp32: bool = True):
+        super().__init__(optimizer, world_size, grad_clip, grad_fp32)
         self.buffers = buffers
 
     def construct(self, local_total, local_count, unscale, lr, bc1, bc2):
@@ -267,8 +355,9 @@ def _zero_t(b):
     return ops.assign(b, ops.zeros_like(b))
 
 
-def accumulation_buffers(params: ParameterTuple) -> ParameterTuple:
-    return ParameterTuple([Parameter(Tensor(np.zeros(p.shape, np.float32)), name=f"accum.{p.name}",
+def accumulation_buffers(params: ParameterTuple, grad_fp32: bool = True) -> ParameterTuple:
+    """Zeroed gradient buffers: float32, or each parameter's dtype when ``grad_fp32`` is False."""
+    return ParameterTuple([Parameter(ops.zeros(p.shape, ms.float32 if grad_fp32 else p.dtype), name=f"accum.{p.name}",
                                      requires_grad=False) for p in params])
 
 
