@@ -223,7 +223,7 @@ def read_table_rows(path: Path, split: str) -> list[tuple[int, Any]]:
         raise RecipeError(f"{path}: reading datasets directories and Parquet files needs the 'datasets' package "
                           f"({exc}); pip install datasets") from None
     except Exception as exc:   # pyarrow / datasets raise their own types for a damaged or foreign file
-        raise RecipeError(f"{path}: not a readable HF datasets directory or Parquet file ({type(exc).__name__}: "
+        raise RecipeError(f"data.path: {path}: not a readable HF datasets directory or Parquet file ({type(exc).__name__}: "
                           f"{exc}); expected the output of Dataset.save_to_disk or a .parquet file") from None
     return [(i + 1, r) for i, r in enumerate(rows)]
 
