@@ -250,7 +250,7 @@ def make_plan(recipe, cfg: LlamaConfig, recipe_path: str, run_dir: str, override
 
 
 def mixed_precision(recipe) -> str:
-    """How the step treats the dtypes, in one line (engine.AdamW / engine._Update)."""
+    """How the step treats the dtypes, in one line (step.AdamW / step._Update)."""
     p = recipe.precision
     if p.param_dtype == "float32":
         return (f"float32 parameters, {p.compute_dtype} compute; gradients all-reduced, clipped and applied in "
