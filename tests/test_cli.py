@@ -92,7 +92,8 @@ FAILS = {  # need a model, a GPU or cluster files this machine has not: (exit co
     "port ops zoo --hf ./my-llama --device CPU --json": (2, NO_DIR),
     "port verify --hf ./my-llama --hidden-states --grads --json": (2, NO_DIR),
     "port verify --hf ./my-llama --ms ./my-llama-ms --no-roundtrip --rehash-source": (2, NO_DIR),
-    "port ops scan --module mypkg.models:build   # factory returning (model, inputs)": (2, "cannot import mypkg.models"),
+    "port ops scan --module mypkg.models:build   # factory returning (model, inputs)":
+        (2, "cannot import mypkg.models"),
     "port baseline --hf ./llama-7b --recipe recipes/7b-8card.yaml --device cuda --steps 20 --out llama7b_h200.json":
         (2, "data.path: file not found: data/train.jsonl"),
     "port compare h200.json runs/7b --min-throughput-ratio 0.8 --max-memory-ratio 1.2": (2, "no such baseline file"),
@@ -144,7 +145,9 @@ def _run_example(line: str, work: Path, extra: tuple[str, ...] = ()) -> tuple[in
     os.chdir(work)
     try:
         for env, argv, redirect in _steps(line, work):
-            res = CliRunner().invoke(main, [*argv, *extra], env={"HOME": str(work), **env})
+            # an empty HF cache of its own: zoo names other than stories260k are "not downloaded" everywhere
+            res = CliRunner().invoke(main, [*argv, *extra], env={"HOME": str(work), "HF_HOME": None,
+                                                                 "HF_HUB_CACHE": str(work / "hf-cache"), **env})
             if res.exception is not None and not isinstance(res.exception, SystemExit):
                 raise AssertionError(f"{line}: traceback\n" + "".join(traceback.format_exception(
                     type(res.exception), res.exception, res.exception.__traceback__))[-3000:])
@@ -235,7 +238,7 @@ def test_verify_missing_dir_and_unsupported_arch(tmp_path):
 def test_verify_missing_from_hf_cache_names_repo(tmp_path, monkeypatch):
     env_cache = tmp_path / "hub"
     res = subprocess.run([sys.executable, "-m", "porting", "verify", "--hf", "llama-7b"], cwd=ROOT,
-                         capture_output=True, text=True, env={**__import__("os").environ, "HF_HUB_CACHE": str(env_cache)})
+                         capture_output=True, text=True, env={**os.environ, "HF_HUB_CACHE": str(env_cache)})
     assert res.returncode == 2
     assert "huggyllama/llama-7b" in res.stderr and str(env_cache) in res.stderr
 
