@@ -4,8 +4,9 @@ Generates random-weight bf16 HF checkpoints of the TinyLlama-1.1B shape (3 shard
 shape (written by our own streaming writer: header, then random bytes), then times, each in a child
 process whose peak RSS comes from wait4(2):
   cp -r SRC            the floor: copying the bytes;
-  port convert --hf    HF -> MindSpore safetensors (kernel-side copy, every byte sha256-hashed twice:
-                       source file and tensor digests), and with --no-source-hash (tensor digests only);
+  port convert --hf    HF -> MindSpore safetensors, as by default (kernel-side copy, one SHA-256 pass:
+                       every output tensor's digest), and with --source-hash (a second pass for the
+                       source files' digests);
   port convert --ms    MindSpore -> HF;
   verify_checkpoint    tensor-by-tensor comparison (+ the HF -> MS -> HF round trip);
   reference            transformers from_pretrained + NumPy fp32 + mindspore.save_checkpoint
@@ -33,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 from converters.synthetic import write_random_hf  # noqa: E402
 from model_zoo import presets  # noqa: E402
 
-PATHS = ("cp", "convert_hf_to_ms", "convert_hf_to_ms_no_source_hash", "convert_ms_to_hf", "verify_tensors",
+PATHS = ("cp", "convert_hf_to_ms", "convert_hf_to_ms_source_hash", "convert_ms_to_hf", "verify_tensors",
          "verify_with_roundtrip", "reference")
 SIZES = {"1.1b": ("tinyllama-1.1b", 3), "7b": ("llama-7b", 3)}  # preset, number of shards
 
@@ -127,15 +128,15 @@ def bench_size(size: str, work: Path, reference: bool, repeats: int) -> dict:
     warm(src)
     convert_cmd = [py, "-m", "porting", "convert", "--hf", str(src), "--out", str(dst), "--quiet"]
     # cp and convert alternate, so both see the same background load
-    cps, convs, fast = [], [], []
+    cps, convs, hashed = [], [], []
     for _ in range(repeats):
         cps.append(best_of(1, ["cp", "-r", str(src), str(dst)], dst))
-        fast.append(best_of(1, convert_cmd + ["--no-source-hash"], dst))
         convs.append(best_of(1, convert_cmd, dst))
+        hashed.append(best_of(1, convert_cmd + ["--source-hash"], dst))
     pick = lambda rs: {**min(rs, key=lambda r: r["wall_s"]), "all_wall_s": [r["wall_s"] for r in rs],
                        "peak_rss_gib": max(r["peak_rss_gib"] for r in rs)}
     res["cp"], res["convert_hf_to_ms"] = pick(cps), pick(convs)
-    res["convert_hf_to_ms_no_source_hash"] = pick(fast)
+    res["convert_hf_to_ms_source_hash"] = pick(hashed)
     res["verify_tensors"] = best_of(repeats, [py, "-c", VERIFY, str(src), str(dst), "0"], None)
     res["verify_with_roundtrip"] = best_of(1, [py, "-c", VERIFY, str(src), str(dst), "1"], None)
     back = work / f"{size}-back"

@@ -1,6 +1,6 @@
 """Streaming checkpoint conversion HF <-> MindSpore.
 
-safetensors -> safetensors (HF -> MS and back, the usual case) goes through ``converters.copyhash``:
+safetensors -> safetensors (HF -> MS and back, the usual case) goes through ``converters.shard_writer``:
 the data of an output file is the source's bytes in the source's data order (cast only when a dtype
 change is asked for), copied inside the kernel with ``copy_file_range`` while worker threads compute
 the source files' sha256 and every output tensor's sha256 (read back from the output), all files and
@@ -24,7 +24,7 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
-from converters import atomic, copyhash, dtypes, names
+from converters import atomic, dtypes, names, shard_writer
 from converters.safetensors_io import OutTensor, TensorInfo, encode_header, write_all
 from converters.sources import (
     MANIFEST,
@@ -93,7 +93,9 @@ class PlannedFile:
 
 
 @dataclasses.dataclass(frozen=True)
-class Plan:
+class ConversionLayout:
+    """Every output file and tensor of one conversion, checked against config.json before any write."""
+
     direction: Direction
     source: Source
     cfg: LlamaConfig
@@ -149,7 +151,7 @@ def _hf_layout_from_manifest(ms_dir: Path) -> dict:
 
 
 def build_plan(src_dir: Path, direction: Direction, out_format: str = "safetensors", dtype: str = "keep",
-               config: Path | None = None) -> Plan:
+               config: Path | None = None) -> ConversionLayout:
     """Read headers, check coverage / shapes / dtypes, and decide every output file and tensor.
     ``config`` is the config.json to use when ``src_dir`` has none (a MindSpore training checkpoint)."""
     if out_format not in OUT_FORMATS:
@@ -207,7 +209,7 @@ def build_plan(src_dir: Path, direction: Direction, out_format: str = "safetenso
         raise CheckpointError(f"{len(problems)} problem(s): " + " | ".join(str(p) for p in problems[:3]) + more
                               if len(problems) > 1 else str(problems[0]))
     index_meta = layout.get("index_metadata") if direction is MS_TO_HF else source.index_metadata
-    return Plan(direction, source, cfg, out_format, target, tuple(files), index_meta,
+    return ConversionLayout(direction, source, cfg, out_format, target, tuple(files), index_meta,
                 config)
 
 
@@ -217,23 +219,24 @@ def _tensor_record(o: OutTensor, digest: str, file: str, src: TensorInfo, src_fi
             "source_name": src.name, "source_dtype": src.dtype, "source_file": src_file}
 
 
-def _file_jobs(plan: Plan, tmp: Path, out_dir: Path, hash_source: dict[str, bool]) -> list[copyhash.FileJob]:
+def _file_jobs(plan: ConversionLayout, tmp: Path, out_dir: Path,
+               hash_source: dict[str, bool]) -> list[shard_writer.FileJob]:
     jobs = []
     for pf in plan.files:
         header = pf.header
         spans, pos = [], len(header)
         for t, o in pf.tensors:
-            spans.append(copyhash.TensorSpan(o.name, t.begin, t.end, pos, t.dtype, o.dtype))
+            spans.append(shard_writer.TensorSpan(o.name, t.begin, t.end, pos, t.dtype, o.dtype))
             pos += o.nbytes
-        jobs.append(copyhash.FileJob(pf.src.path, tmp / pf.out_name, out_dir / pf.out_name, header,
+        jobs.append(shard_writer.FileJob(pf.src.path, tmp / pf.out_name, out_dir / pf.out_name, header,
                                      pf.src.path.stat().st_size, tuple(spans), hash_source[pf.src.name]))
     return jobs
 
 
-def _write_parallel(plan: Plan, tmp: Path, out_dir: Path, progress, hash_source: dict[str, bool]):
-    """safetensors -> safetensors, every file at once on every core (converters.copyhash)."""
+def _write_parallel(plan: ConversionLayout, tmp: Path, out_dir: Path, progress, hash_source: dict[str, bool]):
+    """safetensors -> safetensors, every file at once on every core (converters.shard_writer)."""
     jobs = _file_jobs(plan, tmp, out_dir, hash_source)
-    file_digests, tensor_digests, ways = copyhash.copy_and_hash(jobs, progress)
+    file_digests, tensor_digests, ways = shard_writer.copy_and_hash(jobs, progress)
     digests, records = {}, []
     for pf, fd, tds in zip(plan.files, file_digests, tensor_digests):
         digests[pf.src.name] = fd
@@ -241,7 +244,7 @@ def _write_parallel(plan: Plan, tmp: Path, out_dir: Path, progress, hash_source:
     return digests, records, ways
 
 
-def _write_loaded(plan: Plan, pf: PlannedFile, out_path: Path, progress) -> list[dict]:
+def _write_loaded(plan: ConversionLayout, pf: PlannedFile, out_path: Path, progress) -> list[dict]:
     """A .bin / .ckpt source (tensors loaded by torch / MindSpore) -> safetensors, chunk by chunk."""
     outs = {t.name: o for t, o in pf.tensors}
     tensor_hash: dict[str, object] = {}
@@ -271,7 +274,7 @@ def _ms_numpy_dtype(code: str):
     return {"F32": np.float32, "F16": np.float16}[code]
 
 
-def _write_ckpt(plan: Plan, pf: PlannedFile, out_path: Path, progress,
+def _write_ckpt(plan: ConversionLayout, pf: PlannedFile, out_path: Path, progress,
                 hash_source: bool) -> tuple[str | None, list[dict]]:
     """MindSpore's own .ckpt writer, one shard in memory at a time (it needs whole tensors)."""
     import mindspore as ms
@@ -302,7 +305,7 @@ def _write_ckpt(plan: Plan, pf: PlannedFile, out_path: Path, progress,
     return (file_hash.hexdigest() if file_hash else None), records
 
 
-def _index_files(plan: Plan, records: list[dict]) -> dict[str, dict]:
+def _index_files(plan: ConversionLayout, records: list[dict]) -> dict[str, dict]:
     """The index file(s) to write: MindSpore's {param: file} map, or HF's model.safetensors.index.json."""
     weight_map = {r["name"]: r["file"] for r in records}
     if plan.direction is HF_TO_MS:
@@ -313,7 +316,7 @@ def _index_files(plan: Plan, records: list[dict]) -> dict[str, dict]:
     return {HF_INDEX: {"metadata": meta, "weight_map": dict(sorted(weight_map.items()))}}
 
 
-def _hf_layout(plan: Plan) -> dict | None:
+def _hf_layout(plan: ConversionLayout) -> dict | None:
     """Recorded in an MS manifest so MS -> HF can restore HF file names, metadata and index metadata."""
     if plan.direction is not HF_TO_MS:
         return None
@@ -321,20 +324,21 @@ def _hf_layout(plan: Plan) -> dict | None:
             "files": {pf.out_name: {"name": pf.src.name, "metadata": pf.src.metadata} for pf in plan.files}}
 
 
-def _companions(plan: Plan) -> list[Path]:
+def _companions(plan: ConversionLayout) -> list[Path]:
     """Files copied beside the weights; config.json is the one the plan was checked against."""
     d = plan.source.dir
     found = [d / n for n in COMPANION_FILES if n != "config.json" and (d / n).is_file()]
     return ([plan.config_path] if plan.config_path else []) + found
 
 
-def execute(plan: Plan, out_dir: Path, *, force: bool = False, progress: Callable[[int], None] | None = None,
-            versions: dict | None = None, command: list[str] | None = None, hash_source: bool = True) -> dict:
+def execute(plan: ConversionLayout, out_dir: Path, *, force: bool = False,
+            progress: Callable[[int], None] | None = None, versions: dict | None = None,
+            command: list[str] | None = None, hash_source: bool = False) -> dict:
     """Write ``plan`` to ``out_dir`` atomically; return the manifest (also written beside the weights).
-    Every source file's sha256 is recorded: computed in the same pass as the copy, or taken from the HF
-    cache / download metadata where huggingface_hub recorded it (``sha256_source`` says which).
-    ``hash_source=False`` computes none (one SHA-256 pass less); every output tensor's sha256 is always
-    recorded."""
+    Every output tensor's sha256 is recorded (the one hashing pass). A source file's sha256 is recorded
+    where it is free, from the HF cache / download metadata huggingface_hub keeps (``sha256_source``
+    says which), and computed in the same pass as the copy, one more SHA-256 pass, only with
+    ``hash_source`` (``port convert --source-hash``)."""
     # Resolved before any check: `x/../SRC` and symlinks name the directory they reach, so the overlap
     # check below compares like with like and nothing (not even x/) is created for a refused --out.
     out_dir = Path(out_dir).resolve()
@@ -345,7 +349,7 @@ def execute(plan: Plan, out_dir: Path, *, force: bool = False, progress: Callabl
     check_writable(out_dir)
     atomic.check_free_space(out_dir, need)
     progress = progress or (lambda n: None)
-    # digests the HF download tooling already recorded cost nothing: used with or without hash_source
+    # digests the HF download tooling already recorded cost nothing: always used
     known = {pf.src.name: known_sha256(pf.src.path) for pf in plan.files}
     compute = {name: hash_source and k is None for name, k in known.items()}
     ways = None
@@ -441,7 +445,7 @@ def check_writable(dest: Path) -> None:
 
 def hf_to_ms(hf_dir: Path, out_dir: Path, *, out_format: str = "safetensors", dtype: str = "keep",
              force: bool = False, progress=None, versions: dict | None = None, command=None,
-             hash_source: bool = True) -> dict:
+             hash_source: bool = False) -> dict:
     plan = build_plan(Path(hf_dir), HF_TO_MS, out_format, dtype)
     return execute(plan, out_dir, force=force, progress=progress, versions=versions, command=command,
                    hash_source=hash_source)

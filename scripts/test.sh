@@ -7,4 +7,4 @@ cd "$ROOT"
 command -v chromium >/dev/null 2>&1 || { [ "$(id -u)" = 0 ] && { apt-get update -q >/dev/null 2>&1 || true; } \
   && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null 2>&1; } \
   || echo "note: chromium not installed; tests/diagnostics/test_report.py skips its browser check" >&2
-python -m pytest -q -p no:cacheprovider "$@"
+python -m pytest -q -rs -p no:cacheprovider "$@"   # -rs: every skip with its reason

@@ -1,9 +1,13 @@
-"""Shared fixtures. Tests may read ../shared (real model, data, logs); the product never does."""
+"""Shared fixtures. The real model and text come from what port ships (model_zoo/assets, porting/*/assets),
+so a plain clone runs the whole real-model tier. ../shared is read only for material port does not ship
+(Alpaca data, Ascend logs, rank tables): `shared_file` skips naming the absent file."""
 
 from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -29,17 +33,40 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def shared_file(relpath: str) -> Path:
+    """``../shared/<relpath>``, test material port does not ship; skips, naming it, where it is absent."""
+    path = SHARED / relpath
+    if not path.exists():
+        pytest.skip(f"needs ../shared/{relpath} (test material port does not ship), not found at {path}")
+    return path
+
+
 @pytest.fixture(scope="session")
 def shared() -> Path:
+    """The ../shared folder itself, for tests that read several files of it (see `shared_file`)."""
     if not SHARED.is_dir():
-        pytest.skip(f"../shared not found at {SHARED}")
+        pytest.skip(f"needs ../shared (test material port does not ship), not found at {SHARED}")
     return SHARED
 
 
 @pytest.fixture(scope="session")
-def stories_dir(shared) -> Path:
-    """The real stories260K model from ../shared (the embedded copy is tested to be identical)."""
-    return shared / "data" / "models" / "stories260k"
+def stories_dir() -> Path:
+    """The real stories260K as port ships it (tests/model_zoo/test_real_model.py checks it is shared's)."""
+    return EMBEDDED
+
+
+@pytest.fixture(scope="session")
+def tiny_cpu_run(tmp_path_factory) -> Path:
+    """The run directory of `port train recipes/tiny-cpu.yaml`, run once as a user runs it (from the
+    command line, in a directory of its own), for the tests that read a finished run: copy it to change it."""
+    work = tmp_path_factory.mktemp("tiny-cpu")
+    (work / "recipes").symlink_to(ROOT / "recipes")
+    p = subprocess.run([sys.executable, "-m", "porting", "train", "recipes/tiny-cpu.yaml"], cwd=work,
+                       capture_output=True, text=True, timeout=600,
+                       env=dict(os.environ, PYTHONPATH=str(ROOT), GLOG_v="3"))
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "done: 20 steps" in p.stdout + p.stderr, p.stderr[-3000:]
+    return work / "runs" / "tiny-cpu"
 
 
 @pytest.fixture(autouse=True)

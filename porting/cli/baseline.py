@@ -10,7 +10,7 @@ import click
 
 @click.command("baseline", epilog="""\b
 Examples:
-  port baseline --recipe recipes/tiny-cpu.yaml --device cpu --out base.json --set schedule.max_steps=8
+  port baseline --recipe recipes/tiny-cpu.yaml --device cpu --out base.json --steps 8
   port baseline --hf ./llama-7b --recipe recipes/7b-8card.yaml --device cuda --steps 20 --out llama7b_h200.json
   port compare base.json runs/tiny-cpu""")
 @click.option("--recipe", required=True, help="The `port train` recipe (YAML) whose data order, batching and optimizer to reproduce.")

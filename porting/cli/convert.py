@@ -42,7 +42,7 @@ Examples:
   port convert --ms ./llama2-7b-ms --out ./llama2-7b-hf
   port convert --ms runs/r1/checkpoints/step_100 --config ./base/config.json --out ./ft-hf
   port convert --hf ./my-model --out ./my-model-ms --force --quiet
-  port convert --hf /models/Llama-2-13b-hf --out ./13b-ms --no-source-hash""")
+  port convert --hf /models/Llama-2-13b-hf --out ./13b-ms --source-hash""")
 @click.option("--hf", "hf_src", metavar="SRC", help="HF model directory or zoo name -> MindSpore.")
 @click.option("--ms", "ms_src", metavar="DIR", type=click.Path(path_type=Path),
               help="MindSpore checkpoint directory (from `port convert --hf`) -> HF.")
@@ -53,19 +53,20 @@ Examples:
               help="Cast every tensor; keep copies the bytes unchanged.")
 @click.option("--config", "config", type=click.Path(path_type=Path, dir_okay=False),
               help="With --ms: the config.json to use when DIR has none (e.g. a training checkpoint).")
-@click.option("--no-source-hash", is_flag=True,
-              help="Leave the source files' sha256 out of the manifest: one SHA-256 pass less (about a third "
-                   "of the CPU time). Every output tensor's sha256 is still recorded.")
+@click.option("--source-hash", is_flag=True,
+              help="Also record the sha256 of source files whose digest the HF cache or --local-dir download "
+                   "metadata does not already give: one more SHA-256 pass over the source. Every output "
+                   "tensor's sha256 is always recorded.")
 @click.option("--force", is_flag=True, help="Replace --out if it exists and is not empty.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar, no summary.")
 def command(hf_src: str | None, ms_src: Path | None, out: Path, out_format: str, dtype: str,
-            config: Path | None, no_source_hash: bool, force: bool, quiet: bool) -> None:
+            config: Path | None, source_hash: bool, force: bool, quiet: bool) -> None:
     """Convert a checkpoint between HF and MindSpore, one tensor at a time.
 
     The output holds the weights (sharded like the source, with an index), config.json, the tokenizer
-    files and port_manifest.json (sha256 of every source file and output tensor, the name map, tool
-    versions). Coverage, shapes (against config.json) and dtypes are checked before anything is
-    written; the output appears only when complete.
+    files and port_manifest.json (sha256 of every output tensor, of the source files where known or
+    with --source-hash, the name map, tool versions). Coverage, shapes (against config.json) and
+    dtypes are checked before anything is written; the output appears only when complete.
     """
     from converters import convert
     from porting.env import versions
@@ -87,7 +88,7 @@ def command(hf_src: str | None, ms_src: Path | None, out: Path, out_format: str,
     bar = _progress_bar(plan.source.total_bytes, quiet)
     try:
         manifest = convert.execute(plan, out, force=force, progress=bar.update, versions=versions(),
-                                   command=["port", *sys.argv[1:]], hash_source=not no_source_hash)
+                                   command=["port", *sys.argv[1:]], hash_source=source_hash)
     finally:
         bar.close()
     if not quiet:

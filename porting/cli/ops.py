@@ -12,7 +12,7 @@ import click
 Examples:
   port ops scan --hf stories260k
   port ops scan --hf ./my-llama --attn eager --json > ops.json
-  port ops scan --hf llama-7b --meta          # config only, meta tensors, no weights
+  port ops scan --hf llama-7b --meta --json   # config only, meta tensors, no weights
   port ops scan --module mypkg.models:build   # factory returning (model, inputs)
   port ops zoo --hf stories260k --device Ascend
   port ops zoo --hf llama-7b --device CPU --json""")

@@ -14,7 +14,7 @@ from model_zoo.errors import VerificationError
 Examples:
   port ranktable check rank_table.json
   port ranktable check rank_table.json --nodes 2 --cards-per-node 16
-  port ranktable check rank_table.json --recipe recipes/llama7b-910c.yaml --json
+  port ranktable check rank_table.json --recipe recipes/7b-8card.yaml --json
   port ranktable gen --server node_0:172.16.0.110 --server node_1:172.16.0.111 --devices 0-7 \\
       --hccn-conf node_0=/etc/hccn.conf --hccn-conf node_1=hccn_node1.conf --out rank_table.json
   port ranktable gen --version 1.2 --super-pod-size 2 --server a --server b --devices 0-15 --out rt.json
@@ -89,8 +89,8 @@ def check_cmd(file: Path, nodes: int | None, cards_per_node: int | None, recipe:
 @command.command("gen", epilog="""\b
 Examples:
   port ranktable gen --server node_0 --devices 0-7 --out rank_table.json
-  port ranktable gen --server node_0:10.0.0.1 --server node_1:10.0.0.2 --devices 0-7 \\
-      --device-ip node_0:0=192.168.1.8 ... --out rank_table.json
+  port ranktable gen --server node_0:10.0.0.1 --devices 0-1 \\
+      --device-ip node_0:0=192.168.1.8 --device-ip node_0:1=192.168.1.9 --out rank_table.json
   port ranktable gen --version 1.2 --super-pod-size 2 --server a --server b --devices 0-15 --out rt.json""")
 @click.option("--server", "servers", multiple=True, required=True, help="SERVER_ID[:HOST_IP], in rank order; repeat.")
 @click.option("--devices", default="0-7", show_default=True, help="Device ids on every server (0-7, or 0,1,2,3).")

@@ -197,11 +197,13 @@ def test_verify_detects_a_changed_tensor(hf_factory, tmp_path):
 def test_manifest_contents(hf_factory, tmp_path):
     src = hf_factory("llama-bias", "bfloat16", "24KB")
     ms_dir = tmp_path / "ms"
-    assert port("convert", "--hf", str(src), "--out", str(ms_dir), "--dtype", "fp32", "-q").returncode == 0
+    assert port("convert", "--hf", str(src), "--out", str(ms_dir), "--dtype", "fp32", "-q",
+                "--source-hash").returncode == 0
     m = json.loads((ms_dir / MANIFEST).read_text())
     assert m["direction"] == "hf->ms" and m["output"]["dtype"] == "fp32"
     assert {f["name"]: f["sha256"] for f in m["source"]["files"]} == \
         {p.name: sha(p) for p in src.glob("*.safetensors")}
+    assert {f["sha256_source"] for f in m["source"]["files"]} == {"computed"} and m["source"]["sha256_recorded"]
     from safetensors import safe_open
     seen = 0
     for rec in m["tensors"]:
@@ -287,10 +289,11 @@ def test_training_checkpoint_to_hf(hf_factory, tmp_path):
     assert res.returncode != 0 and "config.json" in res.stderr and not (tmp_path / "hf2").exists()
 
 
-def test_no_source_hash_still_records_tensor_hashes(hf_factory, tmp_path):
+def test_default_records_tensor_hashes_and_no_unknown_source_hash(hf_factory, tmp_path):
+    """One hashing pass by default: every output tensor's sha256, no source file digest that is not free."""
     src = hf_factory("llama-gqa", "bfloat16", "24KB")
     ms_dir = tmp_path / "ms"
-    assert port("convert", "--hf", str(src), "--out", str(ms_dir), "--no-source-hash", "-q").returncode == 0
+    assert port("convert", "--hf", str(src), "--out", str(ms_dir), "-q").returncode == 0
     m = json.loads((ms_dir / MANIFEST).read_text())
     assert m["source"]["sha256_recorded"] is False
     assert all(f["sha256"] is None and f["bytes"] > 0 for f in m["source"]["files"])

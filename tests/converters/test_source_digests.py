@@ -59,9 +59,9 @@ def test_hf_cache_blob_digest_is_used_and_verify_recomputes_it(tmp_path):
     rows = {r["name"]: r for r in verify_checkpoint(snap, out, roundtrip=False)}
     assert all(r["passed"] for r in rows.values()), rows
     assert rows["ms-manifest"]["numbers"]["sha256_checked"] == 1
-    # free even with --no-source-hash: the digest is recorded, and said to come from the cache
+    # --source-hash computes nothing the cache already says: the digest still comes from the cache
     out2 = tmp_path / "ms2"
-    assert port("convert", "--hf", str(snap), "--out", str(out2), "-q", "--no-source-hash").returncode == 0
+    assert port("convert", "--hf", str(snap), "--out", str(out2), "-q", "--source-hash").returncode == 0
     assert source_entry(out2)["sha256_source"] == "hf-cache-blob"
 
 
@@ -94,7 +94,9 @@ def test_local_dir_metadata_digest_only_while_the_file_is_unmodified(tmp_path):
     os.utime(d / "model.safetensors", (now, now))
     meta.write_text(f"{COMMIT}\n{'0' * 64}\n{now - 100}\n")
     assert known_sha256(d / "model.safetensors") is None
-    convert.hf_to_ms(d, out, force=True)
+    convert.hf_to_ms(d, out, force=True)  # by default an unknown digest is not computed...
+    assert (source_entry(out)["sha256"], source_entry(out)["sha256_source"]) == (None, None)
+    convert.hf_to_ms(d, out, force=True, hash_source=True)  # ...with --source-hash it is
     assert (source_entry(out)["sha256"], source_entry(out)["sha256_source"]) == (digest, "computed")
     # an etag that is a git sha1 (a non-LFS file) is not a sha256
     meta.write_text(f"{COMMIT}\n\"{'a' * 40}\"\n{time.time() + 10}\n")
@@ -103,7 +105,7 @@ def test_local_dir_metadata_digest_only_while_the_file_is_unmodified(tmp_path):
 
 def test_rehash_source_recomputes_computed_digests(tmp_path):
     out = tmp_path / "ms"
-    convert.hf_to_ms(EMBEDDED, out)
+    convert.hf_to_ms(EMBEDDED, out, hash_source=True)
     m = json.loads((out / MANIFEST).read_text())
     assert m["source"]["files"][0]["sha256_source"] == "computed"
     m["source"]["files"][0]["sha256"] = "f" * 64  # a manifest edited by hand

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from converters import dtypes
-from converters import copyhash
+from converters import shard_writer
 from converters.safetensors_io import OutTensor, encode_header, read_header
 from tests.converters.conftest import EMBEDDED, ROOT
 
@@ -55,7 +55,7 @@ def test_casts_bit_identical_to_torch():
     assert ours == bf.to(torch.float16).view(torch.int16).numpy().tobytes()
 
 
-def _stories_jobs(tmp_path: Path, dtype: str | None = None, hash_source: bool = True) -> list[copyhash.FileJob]:
+def _stories_jobs(tmp_path: Path, dtype: str | None = None, hash_source: bool = True) -> list[shard_writer.FileJob]:
     """The embedded stories260K (real weights) as one copy-and-hash job into tmp_path/out.safetensors."""
     src = EMBEDDED / "model.safetensors"
     h = read_header(src)
@@ -63,15 +63,15 @@ def _stories_jobs(tmp_path: Path, dtype: str | None = None, hash_source: bool = 
     header = encode_header(outs, {"format": "ms"})
     spans, pos = [], len(header)
     for t, o in zip(h.tensors, outs):
-        spans.append(copyhash.TensorSpan(o.name, t.begin, t.end, pos, t.dtype, o.dtype))
+        spans.append(shard_writer.TensorSpan(o.name, t.begin, t.end, pos, t.dtype, o.dtype))
         pos += o.nbytes
     dst = tmp_path / "out.safetensors"
-    return [copyhash.FileJob(src, dst, dst, header, src.stat().st_size, tuple(spans), hash_source)]
+    return [shard_writer.FileJob(src, dst, dst, header, src.stat().st_size, tuple(spans), hash_source)]
 
 
 def test_blocks_cover_every_byte_once_and_chain_split_tensors():
     job = _stories_jobs(Path("/nonexistent"))[0]
-    blocks = copyhash.plan_blocks([job], block=40_000)  # small blocks: tensors split across several
+    blocks = shard_writer.plan_blocks([job], block=40_000)  # small blocks: tensors split across several
     assert blocks[0].begin == 0 and blocks[-1].end == job.size
     assert all(a.end == b.begin for a, b in zip(blocks, blocks[1:]))
     assert all(0 < b.end - b.begin <= 40_000 for b in blocks)
@@ -94,12 +94,12 @@ def test_copy_and_hash_digests_and_bytes(tmp_path, monkeypatch, workers, dtype):
     written file; any number of workers and small blocks/hash steps give the same result."""
     import hashlib
 
-    monkeypatch.setattr(copyhash, "BLOCK_BYTES", 48 << 10)
-    monkeypatch.setattr(copyhash, "HASH_STEP", 16 << 10)
-    monkeypatch.setattr(copyhash, "WINDOW", 2)
+    monkeypatch.setattr(shard_writer, "BLOCK_BYTES", 48 << 10)
+    monkeypatch.setattr(shard_writer, "HASH_STEP", 16 << 10)
+    monkeypatch.setattr(shard_writer, "WINDOW", 2)
     job = _stories_jobs(tmp_path, dtype)[0]
     seen: list[int] = []
-    fds, tds, ways = copyhash.copy_and_hash([job], seen.append, workers=workers)
+    fds, tds, ways = shard_writer.copy_and_hash([job], seen.append, workers=workers)
     src, out = job.src.read_bytes(), job.dst.read_bytes()
     assert fds == [hashlib.sha256(src).hexdigest()]
     assert sum(seen) == len(src) and len(seen) > 5
@@ -116,7 +116,7 @@ def test_copy_and_hash_digests_and_bytes(tmp_path, monkeypatch, workers, dtype):
 
 
 def test_copy_and_hash_without_source_hash(tmp_path):
-    fds, tds, _ = copyhash.copy_and_hash(_stories_jobs(tmp_path, hash_source=False))
+    fds, tds, _ = shard_writer.copy_and_hash(_stories_jobs(tmp_path, hash_source=False))
     assert fds == [None] and all(len(d) == 64 for d in tds[0])
 
 

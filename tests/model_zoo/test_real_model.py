@@ -12,16 +12,21 @@ from model_zoo import LlamaConfig, build
 from model_zoo.decode import greedy
 from porting.tokenizer import load_tokenizer
 from porting.parity import check_parity
-from tests.conftest import EMBEDDED, GOLDEN_FIRST_IDS, GOLDEN_TEXT
+from tests.conftest import EMBEDDED, GOLDEN_FIRST_IDS, GOLDEN_TEXT, ROOT, shared_file
+
+TINYSTORIES = ROOT / "porting" / "train" / "assets" / "tinystories_sample.txt"  # shipped with port train
 
 
 def _sha(p):
     return hashlib.sha256(p.read_bytes()).hexdigest()
 
 
-def test_embedded_copy_is_the_shared_model(stories_dir):
+def test_embedded_copy_is_the_shared_model():
+    """What port ships is the real model shared/README describes (and its golden facts belong to)."""
+    shared_model = shared_file("data/models/stories260k")
     for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer.model", "tokenizer_config.json"):
-        assert _sha(EMBEDDED / name) == _sha(stories_dir / name), name
+        assert _sha(EMBEDDED / name) == _sha(shared_model / name), name
+    assert _sha(TINYSTORIES) == _sha(shared_file("data/text/tinystories_sample.txt"))
     assert "MIT" in (EMBEDDED / "LICENSE").read_text()
 
 
@@ -53,13 +58,13 @@ def test_parity_with_hf_including_hidden_states_and_grads(stories_dir):
     assert report["checks"][0]["max_abs"] <= 1e-4
 
 
-def test_loss_on_real_tinystories_text(stories, stories_dir, shared):
+def test_loss_on_real_tinystories_text(stories, stories_dir):
     """Documented validation loss is 1.297 nats/token; shared/README measured about 1.27."""
     import mindspore as ms
 
     from model_zoo.loss import shifted_token_loss
 
-    text = (shared / "data" / "text" / "tinystories_sample.txt").read_text()
+    text = TINYSTORIES.read_text()
     tok = load_tokenizer(stories_dir)
     total, count = 0.0, 0.0
     for story in [s.strip() for s in text.split("<|endoftext|>") if s.strip()]:

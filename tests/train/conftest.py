@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import shared_file
+
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "recipes" / "tiny-cpu.yaml"
 # Small and fast: one padded shape (one compiled graph), few steps, no HF export unless asked.
@@ -49,5 +51,5 @@ def metrics(run_dir: Path) -> tuple[list[dict], dict | None]:
 
 
 @pytest.fixture
-def alpaca(shared) -> Path:
-    return shared / "data" / "instruct" / "alpaca_en_demo.json"
+def alpaca() -> Path:
+    return shared_file("data/instruct/alpaca_en_demo.json")  # CC BY-NC: tests only, port does not ship it

@@ -22,14 +22,12 @@ LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3} rank=0 ")
 
 
 @pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory) -> Path:
-    """The shipped tiny recipe, as a user runs it."""
-    run = tmp_path_factory.mktemp("tiny") / "run"
-    port("train", str(TINY), "--run-dir", str(run), check=True)
-    return run
+def tiny_run(tiny_cpu_run) -> Path:
+    """The shipped tiny recipe, as a user runs it (tests/conftest.py; also used by the help examples)."""
+    return tiny_cpu_run
 
 
-def test_loss_falls_and_run_directory_contract(tiny_run, shared):
+def test_loss_falls_and_run_directory_contract(tiny_run):
     steps, summary = metrics(tiny_run)
     assert [s["step"] for s in steps] == list(range(1, len(steps) + 1)) and len(steps) == 20
     for key in ("loss", "lr", "grad_norm", "tokens", "tokens_per_s", "step_time_s", "padding_fraction", "compile"):

@@ -1,4 +1,5 @@
-"""Copy-and-hash of safetensors -> safetensors conversions on every core.
+"""Writes the output files of a safetensors -> safetensors conversion, on every core: each file's
+bytes copied (or cast) and the digests the manifest records computed in the same pass.
 
 The data section of an output file is the source's bytes (or their cast), in the source's data order.
 Work is cut into blocks of at most BLOCK_BYTES of one source file; each block has up to three jobs:
@@ -70,7 +71,7 @@ class FileJob:
     header: bytes
     size: int  # source file bytes
     tensors: tuple[TensorSpan, ...]  # in source data order
-    hash_source: bool = True  # compute the source file's sha256 (False: skipped, or already known)
+    hash_source: bool = False  # also compute the source file's sha256 (one more SHA-256 pass)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -398,7 +399,7 @@ def copy_and_hash(files: list[FileJob], progress: Callable[[int], None] = lambda
     run = _Run(files, blocks, progress)
     n = workers or max(2, min(8, os.cpu_count() or 2))
     try:
-        threads = [threading.Thread(target=run.worker, name=f"port-copyhash-{i}", daemon=True) for i in range(n)]
+        threads = [threading.Thread(target=run.worker, name=f"port-shard-writer-{i}", daemon=True) for i in range(n)]
         try:
             for t in threads:
                 t.start()
