@@ -24,7 +24,8 @@ def command(logdir: Path, as_json: bool, out: Path | None, world_size: int | Non
     """Align per-rank logs (msrun worker/scheduler, `port train` rank logs, CANN plogs) on one
     timeline; name the first rank that stopped progressing, its last step and the reason, telling
     the cause from the other ranks' timeouts; explain Ascend/HCCL/torch_npu error codes."""
-    from porting.diagnostics.diagnose import diagnose, render_text, write_json
+    from porting.diagnostics.diagnose import diagnose
+    from porting.diagnostics.render import render_text, write_json
 
     result = diagnose(logdir, jobs=jobs, world_size=world_size)
     if out:

@@ -273,7 +273,7 @@ def rows_communication(run: RunData, diag: dict | None) -> list[Row]:
                        f"{len(ranks)} rank log(s)" + (f"; missing ranks {miss[:8]}" if miss else ""), "logs/"))
     rt_file = run.root / "rank_table.json"
     if rt_file.is_file():
-        from porting.diagnostics import ranktable
+        from porting.cluster import ranktable
 
         try:
             probs = ranktable.check(ranktable.load(rt_file), nodes=nodes, cards_per_node=per)
