@@ -17,6 +17,7 @@ from porting.diagnostics.grammar import Event, error_table, fmt_ts
 from porting.diagnostics.ranks import (RankView, add_missing_ranks, clock_offsets, corrected, merge_ranks,
                                        rank_key, ranks_from_pids, sort_key)
 from porting.diagnostics.scan import FileScan, scan_dir
+from porting.diagnostics.evidence import EvidenceContext
 from porting.diagnostics.verdict import Scheduler, Verdict, decide, rank_status
 
 MAX_TIMELINE = 40
@@ -99,10 +100,21 @@ def _apply_offsets(readable: list[FileScan], views: dict[int | str, RankView], w
                             f"(estimated from steps finished together); times corrected")
 
 
-def diagnose(logdir: str | os.PathLike, jobs: int | None = None, world_size: int | None = None) -> dict:
+def _rank_of_ip(rank_table: str | os.PathLike | None) -> dict[str, int]:
+    if rank_table is None:
+        return {}
+    from porting.cluster import ranktable
+
+    return ranktable.parse(ranktable.load(rank_table)).rank_of_ip()
+
+
+def diagnose(logdir: str | os.PathLike, jobs: int | None = None, world_size: int | None = None,
+             rank_table: str | os.PathLike | None = None) -> dict:
     """Diagnose a job's logs; the returned dict is what ``--json`` prints. With ``world_size``,
-    ranks without any log count as silent (no output)."""
+    ranks without any log count as silent (no output); with ``rank_table``, peer addresses in
+    socket timeouts are mapped to ranks."""
     logdir = Path(logdir)
+    context = EvidenceContext(world_size, _rank_of_ip(rank_table))
     scans, walk_problems = scan_dir(logdir, jobs)
     readable = [sc for sc in scans if not sc.problem]
     warnings = _warnings(scans, walk_problems)
@@ -117,7 +129,7 @@ def diagnose(logdir: str | os.PathLike, jobs: int | None = None, world_size: int
     sched_scans = [sc for sc in readable if sc.kind == "msrun_scheduler"]
     sched = Scheduler(tuple(r for sc in sched_scans for r in sc.sched_timed_out),
                       next((sc.sched_first for sc in sched_scans if sc.sched_first is not None), None))
-    verdict = decide(views, sched)
+    verdict = decide(views, sched, context)
     return {
         "logdir": str(logdir), "files": len(scans), "files_read": len(readable),
         "formats": dict(Counter(sc.kind for sc in readable)), "ranks_seen": len(views),

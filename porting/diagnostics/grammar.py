@@ -16,6 +16,7 @@ import time
 from functools import lru_cache
 
 from porting.diagnostics import load_yaml
+from porting.diagnostics.field import FIELD_LITERALS, field_rule
 
 MAX_LINE = 4096          # characters kept (and classified) of one line
 
@@ -39,7 +40,7 @@ ERROR_LITERALS = (b"ERR", b"CRITICAL", b"EXCEPTION", b"Traceback", b"Error", b"E
                   b"Killed", b"Segmentation fault", b"Aborted", b"Out of memory", b"Kill this process")
 # Error literals in one pass (the last collective of a chunk is found by reverse searches). A plain
 # alternation keeps the engine's first-character filter (named groups disable it: 10x slower, measured).
-ERROR_SCAN_RE = re.compile(b"|".join(re.escape(x) for x in ERROR_LITERALS))
+ERROR_SCAN_RE = re.compile(b"|".join(re.escape(x) for x in ERROR_LITERALS + FIELD_LITERALS))
 ASCEND_CODE_RE = re.compile(rb"(?<![A-Za-z0-9])(E[0-9A-Z]\d{4})(?![0-9A-Za-z])")
 TORCH_NPU_RE = re.compile(rb"\bERR(\d\d)(\d{3})\b")
 LEVEL_RE = re.compile(rb"^\[?(ERROR|CRITICAL|EXCEPTION|WARNING|INFO|DEBUG|TRACE|EVENT)\]?")
@@ -106,6 +107,8 @@ class Event:
     text: str
     code: str | None = None
     blames: tuple[int, ...] = ()  # ranks this event names as the faulty peer
+    fix: str = ""                 # how to fix it, when the grammar knows
+    facts: dict = dataclasses.field(default_factory=dict)  # ranks/peers/SeqNum the line names (field.py)
 
     def as_dict(self, offset: float = 0.0) -> dict:
         d = dataclasses.asdict(self)
@@ -164,8 +167,8 @@ def rank_from_content(head: bytes) -> int | None:
     return None
 
 
-def classify_line(line: bytes) -> tuple[str, str, str, str | None, tuple[int, ...]]:
-    """(kind, role, label, code, blamed ranks) for an error line."""
+def classify_line(line: bytes) -> tuple[str, str, str, str | None, tuple[int, ...], str]:
+    """(kind, role, label, code, blamed ranks, fix) for an error line."""
     table = error_table()
     code = None
     m = ASCEND_CODE_RE.search(line)
@@ -184,20 +187,26 @@ def classify_line(line: bytes) -> tuple[str, str, str, str | None, tuple[int, ..
             blames = tuple(int(x) for x in rr)
     if code and code in table["codes"]:
         entry = table["codes"][code]
-        return entry["kind"], entry["role"], entry["meaning"], code, blames
+        return entry["kind"], entry["role"], entry["meaning"], code, blames, entry.get("next_step", "")
     if code and code.startswith("ERR"):
         sub = table["torch_npu"]["submodules"].get(code[3:5], "UNKNOWN")
         what = table["torch_npu"]["codes"].get(code[5:], "unknown error")
         kind = table["torch_npu"]["kinds"].get(code[5:], "error")
-        return kind, ("consequence" if kind == "comm_timeout" else "cause"), f"torch_npu {sub}: {what}", code, blames
+        field = field_rule(line)
+        if field is not None and kind == "error":   # the message says more than the code
+            return field.kind, field.role, field.label, code, blames, field.fix
+        return kind, ("consequence" if kind == "comm_timeout" else "cause"), f"torch_npu {sub}: {what}", code, blames, ""
+    field = field_rule(line)
+    if field is not None:
+        return field.kind, field.role, field.label, code, blames, field.fix
     for rx, kind, role, label in CLASS_RULES:
         if rx.search(line):
-            return kind, role, label, code, blames
+            return kind, role, label, code, blames, ""
     if m:  # an Ascend-looking code we have no entry for: report its component
         c = m.group(1).decode()
         comp = table["components"].get(c[1], "unknown component")
-        return "error", "cause", f"Ascend error code from {comp}", c, blames
-    return (*GENERIC_ERROR, code, blames)
+        return "error", "cause", f"Ascend error code from {comp}", c, blames, ""
+    return (*GENERIC_ERROR, code, blames, "")
 
 
 MS_PREFIX_RE = re.compile(rb"^\[(\w+)\]\s*(\w+)\([^)]*\):\S+\s+\[([^\]:]+?)(?::(\d+))?\]\s*(?:\[?\d+\]?\s*)?")
@@ -231,6 +240,11 @@ def is_error_line(line: bytes) -> bool:
     if EXC_LINE_RE.match(line.strip()):
         return True
     if ASCEND_CODE_RE.match(line.lstrip()) or TORCH_NPU_RE.search(line):
+        return True
+    if field_rule(line) is not None:
+        return True
+    code = ASCEND_CODE_RE.search(line)
+    if code and code.group(1).decode() in error_table()["codes"] and re.search(rb"E[0-9A-Z]\d{4}:", line):
         return True
     return bool(re.search(rb"out of memory|Segmentation fault|core dumped|^Killed|Heartbeat Lost|Stuck Occurred|"
                           rb"\bERROR\b|timed out|Kill this process with SIGTERM", line, re.I))

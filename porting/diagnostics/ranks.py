@@ -36,7 +36,18 @@ class RankView:
     error_lines: int
     offset: float = 0.0
     status: str = ""
+    events: list[Event] = dataclasses.field(default_factory=list)   # every kept event, in time order
 
+
+
+def _process_dir(path: str) -> str:
+    """The directory a process's plogs share: CANN writes ``<log>/run/plog`` and ``<log>/debug/plog``
+    side by side, so both count as ``<log>``."""
+    d = os.path.dirname(path)
+    parent, leaf = os.path.split(d)
+    if leaf == "plog" and os.path.basename(parent) in ("run", "debug"):
+        return os.path.dirname(parent)
+    return d
 
 
 def ranks_from_pids(scans: list[FileScan]) -> None:
@@ -44,10 +55,10 @@ def ranks_from_pids(scans: list[FileScan]) -> None:
     by_pid: dict[tuple[str, int], int] = {}
     for sc in scans:
         if sc.rank is not None and sc.pid is not None:
-            by_pid.setdefault((os.path.dirname(sc.path), sc.pid), sc.rank)
+            by_pid.setdefault((_process_dir(sc.path), sc.pid), sc.rank)
     for sc in scans:
         if sc.rank is None and sc.pid is not None and sc.kind != "msrun_scheduler":
-            sc.rank = by_pid.get((os.path.dirname(sc.path), sc.pid))
+            sc.rank = by_pid.get((_process_dir(sc.path), sc.pid))
 
 
 def rank_key(scan: FileScan) -> int | str:
@@ -83,7 +94,7 @@ def merge_ranks(scans: Iterable[FileScan]) -> dict[int | str, RankView]:
             first_cause=next((e for e in events if e.role == "cause" and e.kind != "error"), None)
             or next((e for e in events if e.role == "cause"), None),
             first_consequence=next((e for e in events if e.role == "consequence"), None),
-            error_lines=sum(sc.error_lines for sc in items))
+            error_lines=sum(sc.error_lines for sc in items), events=events)
     return views
 
 

@@ -17,6 +17,10 @@ def render_text(d: dict, max_ranks: int = 32) -> str:
     else:
         out.append("FIRST FAILING RANK: none found")
     out.append(f"reason: {d['reason']}")
+    if d.get("why"):
+        out.append(f"confidence: {d['confidence']} ({d['why']})")
+    for item in d.get("collect_next") or []:
+        out.append(f"collect next: {item}")
     if d.get("scheduler"):
         s = d["scheduler"]
         out.append(f"scheduler: timed-out ranks {s['timed_out_ranks']}, first timed out {s['first_timed_out']}")

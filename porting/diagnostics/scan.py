@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Iterator
 
 from porting.diagnostics import DiagnosticsError
+from porting.diagnostics.field import (REPORTER_RES, line_facts, prefixed_ranks, root_cause_rank,
+                                       split_by_rank_prefix)
 from porting.diagnostics.grammar import (ASCEND_CODE_RE, COLLECTIVE_RE, EXC_LINE_RE, MAX_LINE, PID_RE,
                                          ERROR_SCAN_RE, SCHED_FIRST_RE, SCHED_TIMEOUT_RE, STEP_RE, TORCH_NPU_RE,
                                          TS_RE, Event, classify_file, classify_line, clean, error_table,
@@ -29,6 +31,7 @@ CHUNK = 4 << 20          # bytes read at a time per file: bounds memory per work
 MAX_ERROR_LINES = 4097  # error lines looked at per chunk (a file where every line is an error)
 MAX_EVENTS_PER_FILE = 24  # error events kept per file (the first ones; the rest are counted)
 STEP_SAMPLES = 32        # last step timestamps kept per file for clock-skew estimation
+MAX_SPLIT_BYTES = 256 << 20  # a [rankN]:-prefixed file up to this size is split per rank in memory
 BINARY_FRACTION = 0.05   # control bytes (not tab/newline/CR/ESC) above this share of the head = binary
 _TEXT_BYTES = bytes([9, 10, 13, 27]) + bytes(range(32, 127)) + bytes(range(128, 256))
 
@@ -57,6 +60,7 @@ class FileScan:
     truncated: bool = False      # last line without newline
     replaced_bytes: bool = False # NUL bytes removed
     note: str | None = None      # how the file was read, when not plainly (UTF-16 decoded)
+    parts: list["FileScan"] = dataclasses.field(default_factory=list)  # per-rank parts of a [rankN]: file
 
 
 
@@ -184,14 +188,14 @@ class _Scanner:
         if len(s.events) >= MAX_EVENTS_PER_FILE:
             return
         text = line
-        kind, role, label, code, blames = classify_line(line)
+        kind, role, label, code, blames, fix = classify_line(line)
         if line.startswith(b"Traceback"):
             summ = _exception_summary(buf, st)
             if summ:
                 text = summ[0][:MAX_LINE]
-                k2, r2, l2, c2, b2 = classify_line(text)
+                k2, r2, l2, c2, b2, f2 = classify_line(text)
                 if k2 not in ("error", "exception"):
-                    kind, role, label, code, blames = k2, r2, l2, c2 or code, b2 or blames
+                    kind, role, label, code, blames, fix = k2, r2, l2, c2 or code, b2 or blames, f2 or fix
                 elif [e for e in s.events[-4:] if e.kind == "comm_timeout"]:
                     # the exception is a consequence when the traceback comes right after comm errors
                     kind, role, label = "comm_timeout", "consequence", "exception after a collective failure"
@@ -199,8 +203,11 @@ class _Scanner:
         ts, exact = _ts_before(buf, st)
         if ts is None:
             ts, exact = self.carry_ts, False
+        facts = line_facts(line)
+        if line.startswith(b"Root Cause (first observed failure)") and (r := root_cause_rank(buf[end:])) is not None:
+            facts["root_cause_rank"] = r
         s.events.append(Event(s.path, self._lineno(buf, st), ts, exact, kind, role, label,
-                              clean(text).decode("utf-8", "replace"), code, blames))
+                              clean(text).decode("utf-8", "replace"), code, blames, fix, facts))
 
     def _last_step(self, buf: bytes) -> None:
         s = self.s
@@ -301,6 +308,11 @@ def _open_regular(path: str):
 def _identify(scan: FileScan, rel: str, head: bytes) -> None:
     if scan.rank is None and scan.kind != "msrun_scheduler":
         scan.rank = rank_from_content(head)
+    if scan.rank is None and scan.kind != "msrun_scheduler":
+        # torch_npu / watchdog lines name their rank; a file where only one rank speaks is that rank's
+        named = {int(m.group(1)) for rx in REPORTER_RES for m in rx.finditer(head)}
+        if len(named) == 1:
+            scan.rank = named.pop()
     pm = re.match(r"^(?:plog|device)-(\d+)_", os.path.basename(rel))
     pc = PID_RE.search(head)
     scan.pid = int(pm.group(1)) if pm else (int(pc.group(1)) if pc else None)
@@ -331,6 +343,17 @@ def _scan_chunks(scan: FileScan, chunks: Iterator[bytes]) -> None:
     scan.lines = sc.line_base + (1 if scan.truncated else 0)
 
 
+def _split_parts(scan: FileScan, data: bytes) -> list[FileScan]:
+    """A file holding several ranks' lines (``[rankN]:`` prefixes) becomes one scan per rank."""
+    parts = []
+    for rank, text in sorted(split_by_rank_prefix(data).items(), key=lambda kv: (kv[0] is None, kv[0] or 0)):
+        part = FileScan(path=f"{scan.path}[rank{rank}]" if rank is not None else scan.path, kind=scan.kind,
+                        rank=rank if rank is not None else scan.rank, pid=scan.pid, note=scan.note)
+        _scan_chunks(part, iter([text]))
+        parts.append(part)
+    return parts
+
+
 def scan_file(root: str, rel: str) -> FileScan:
     """Scan one log file. Never raises for bad content; problems are recorded on the result."""
     kind, rank = classify_file(rel)
@@ -354,7 +377,11 @@ def scan_file(root: str, rel: str) -> FileScan:
                 scan.note = f"{encoding.upper()} text (not UTF-8), decoded"
             _identify(scan, rel, head)
             f.seek(0)
-            _scan_chunks(scan, _utf8_chunks(f, encoding))
+            if len(prefixed_ranks(head)) >= 2 and os.fstat(f.fileno()).st_size <= MAX_SPLIT_BYTES:
+                scan.parts = _split_parts(scan, b"".join(_utf8_chunks(f, encoding)))
+                scan.lines = sum(p.lines for p in scan.parts)
+            else:
+                _scan_chunks(scan, _utf8_chunks(f, encoding))
     except OSError as e:
         scan.problem = f"unreadable: {e.strerror or e}"
     return scan
@@ -404,7 +431,7 @@ def scan_dir(logdir: Path, jobs: int | None = None) -> tuple[list[FileScan], lis
     else:
         with ProcessPoolExecutor(max_workers=jobs) as pool:
             scans = list(pool.map(_scan_star, ((root, rel) for rel in files), chunksize=32))
-    return scans, problems
+    return [part for sc in scans for part in (sc.parts or [sc])], problems
 
 
 def _scan_star(args: tuple[str, str]) -> FileScan:

@@ -73,7 +73,7 @@ def test_8mb_line_of_error_words_finishes_and_is_reported(tmp_path):
     elapsed = time.monotonic() - t0
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout)
-    assert d["first_failing_rank"] == 0 and d["ranks"][0]["error_lines"] >= 1
+    assert d["ranks"][0]["rank"] == 0 and d["ranks"][0]["error_lines"] >= 1 and d["first_failing_rank"] is not None
     assert len(d["ranks"][0]["first_error"]["text"]) <= 4096    # the kept text is bounded
     assert elapsed < 30, f"{elapsed:.1f} s"   # a hang guard with room for a loaded machine, not a target
 
