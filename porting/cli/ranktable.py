@@ -44,7 +44,7 @@ def _parse_devices(spec: str) -> list[int]:
 
 
 def _report(problems, as_json: bool, summary: dict, path: str) -> None:
-    from porting.diagnostics.ranktable import errors_of
+    from porting.cluster.ranktable import errors_of
 
     errs = errors_of(problems)
     if as_json:
@@ -68,16 +68,19 @@ Examples:
 @click.argument("file", type=click.Path(path_type=Path))
 @click.option("--nodes", type=click.IntRange(min=1), help="Expected number of servers.")
 @click.option("--cards-per-node", type=click.IntRange(min=1), help="Expected devices per server.")
-@click.option("--recipe", type=click.Path(path_type=Path), help="Read cluster.nodes / cluster.cards_per_node from a recipe YAML.")
+@click.option("--recipe", type=click.Path(path_type=Path),
+              help="Read cluster.nodes / cluster.devices_per_node from a `port train` recipe (the strict loader).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def check_cmd(file: Path, nodes: int | None, cards_per_node: int | None, recipe: Path | None, as_json: bool) -> None:
     """Check every documented rule; each problem names its entry. Exit 1 on errors."""
-    from porting.diagnostics import ranktable as rt
+    from porting.cluster import ranktable as rt
 
     if recipe is not None:
-        rn, rc = rt.recipe_cluster(recipe)
-        nodes = nodes if nodes is not None else rn
-        cards_per_node = cards_per_node if cards_per_node is not None else rc
+        from porting.train.recipe import load_recipe
+
+        cluster = load_recipe(recipe, check_files=False).cluster
+        nodes = nodes if nodes is not None else cluster.nodes
+        cards_per_node = cards_per_node if cards_per_node is not None else cluster.devices_per_node
     table = rt.load(file)
     try:
         problems = rt.check(table, nodes=nodes, cards_per_node=cards_per_node)
@@ -101,7 +104,7 @@ Examples:
 @click.option("--out", type=click.Path(path_type=Path), required=True, help="Where to write the table.")
 def gen_cmd(servers, devices, device_ips, hccn, version, super_pod_size, out: Path) -> None:
     """Generate a rank table from servers and devices (device IPs given or read from hccn.conf)."""
-    from porting.diagnostics import ranktable as rt
+    from porting.cluster import generate as rt
 
     dev_ids = _parse_devices(devices)
     entries = []
@@ -139,13 +142,14 @@ def gen_cmd(servers, devices, device_ips, hccn, version, super_pod_size, out: Pa
 
 def _check_then_write(table: dict, out: Path, what: str, summary: str) -> None:
     """Refuse a table that fails the rules (nothing written); else write it atomically and list warnings."""
-    from porting.diagnostics import ranktable as rt
+    from porting.cluster import ranktable as rt
+    from porting.cluster.generate import write_table
 
     problems = rt.check(table)
     errs = rt.errors_of(problems)
     if errs:
         raise rt.DiagnosticsError(f"{what} table would be invalid: {errs[0]}; nothing written to {out}")
-    rt.write_table(table, out)
+    write_table(table, out)
     click.echo(f"wrote {out}: {summary}")
     for p in problems:
         click.echo(f"  {p}")
@@ -158,7 +162,8 @@ Examples:
 @click.option("--out", type=click.Path(path_type=Path), required=True, help="Where to write the merged table.")
 def merge_cmd(files, out: Path) -> None:
     """Merge per-server tables (in the given order), renumbering rank ids 0..N-1, then check."""
-    from porting.diagnostics import ranktable as rt
+    from porting.cluster import ranktable as rt
+    from porting.cluster.generate import merge
 
-    merged = rt.merge([(str(f), rt.load(f)) for f in files])
+    merged = merge([(str(f), rt.load(f)) for f in files])
     _check_then_write(merged, out, "merged", rt.summary(merged))

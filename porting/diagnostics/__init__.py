@@ -1,5 +1,6 @@
 """Migration diagnostics: environment (doctor), operator coverage (opscan), failed-job logs
-(diagnose), rank tables (ranktable) and run acceptance reports (report).
+(diagnose: grammar, field, scan, ranks, evidence, verdict, outcome, render) and run acceptance
+reports (report). Rank tables and the cluster preflight are cluster set-up: ``porting/cluster``.
 
 Each module is a typed library; ``porting/cli/<name>.py`` is the thin click layer over it.
 """

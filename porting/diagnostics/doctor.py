@@ -142,7 +142,7 @@ def check_env(rows: list[dict]) -> list[dict]:
     rt = by.get("RANK_TABLE_FILE", {}).get("value")
     if rt and Path(rt).is_file():
         from porting.diagnostics import DiagnosticsError
-        from porting.diagnostics import ranktable
+        from porting.cluster import ranktable
 
         try:
             errs = ranktable.errors_of(ranktable.check(ranktable.load(rt)))

@@ -200,7 +200,8 @@ def rows_stability(run: RunRecords, diag: Diagnosis | None) -> list[Row]:
 
 
 def _rank_table_row(path: Path, nodes: int | None, per: int | None) -> Row:
-    from porting.diagnostics import DiagnosticsError, ranktable
+    from porting.cluster import ranktable
+    from porting.diagnostics import DiagnosticsError
 
     try:
         errs = ranktable.errors_of(ranktable.check(ranktable.load(path), nodes=nodes, cards_per_node=per))

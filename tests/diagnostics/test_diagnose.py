@@ -48,7 +48,10 @@ def test_ei0002_notify_timeout_is_a_consequence_naming_the_remote_rank(tmp_path,
     row = d["ranks"][0]
     ev = [e for e in d["timeline"] if "EI0002" in e["text"]]
     assert ev and ev[0]["role"] == "consequence"
-    assert row["status"] in ("first failure", "timed out (consequence)")
+    assert row["status"] == "timed out (consequence)"
+    # the verdict names the remote rank the timeout waits for, not the file (issue 12)
+    assert d["first_failing_rank"] == 0 and "remote rank 0" in d["reason"] and d["confidence"] == "medium"
+    assert any("remote rank 0" in c for c in d["collect_next"])
 
 
 def test_hbm_allocation_failure_is_reported_as_oom(tmp_path, cases):

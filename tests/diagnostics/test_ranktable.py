@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from porting.diagnostics import DiagnosticsError
-from porting.diagnostics import ranktable as rt
+from porting.cluster import generate as gen
+from porting.cluster import ranktable as rt
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -89,7 +90,7 @@ def base12() -> dict:
     servers = [{"server_id": f"node_{s}", "host_ip": f"172.16.0.{10 + s}",
                 "devices": [{"device_id": d, "device_ip": f"192.168.{s}.{10 + d}"} for d in range(4)]}
                for s in range(4)]
-    t = rt.generate(servers, version="1.2", super_pod_size=2)
+    t = gen.generate(servers, version="1.2", super_pod_size=2)
     for s in t["server_list"]:
         for d in s["device"]:
             d["device_port"] = "16666"
@@ -179,16 +180,32 @@ def test_recipe_cluster_comparison(tmp_path, shared):
     assert cli("check", str(table), "--nodes", "4", "--cards-per-node", "4").returncode == 0
     r = cli("check", str(table), "--nodes", "2", "--cards-per-node", "16")
     assert r.returncode == 1 and "nodes=2" in r.stdout and "cards_per_node=16" in r.stdout
+    # the recipe is read by `port train`'s strict loader: the same file `port train` would run
     recipe = tmp_path / "r.yaml"
-    recipe.write_text("model: x\ncluster:\n  nodes: 4\n  cards_per_node: 16\n")
+    recipe.write_text("model:\n  source: stories260k\ndata:\n  path: d.txt\n"
+                      "cluster:\n  device: ascend\n  nodes: 4\n  devices_per_node: 16\n")
     r = cli("check", str(table), "--recipe", str(recipe))
     assert r.returncode == 1 and "has 4 device(s); the recipe expects cards_per_node=16" in r.stdout
-    recipe.write_text("model: x\n")
+    recipe.write_text("model:\n  source: stories260k\ndata:\n  path: d.txt\ncluster:\n  nodes: 4\n"
+                      "  devices_per_node: 4\n")
+    assert cli("check", str(table), "--recipe", str(recipe)).returncode == 0
+    # the key the old lenient reader accepted is refused, as `port train` refuses it
+    recipe.write_text("model:\n  source: stories260k\ndata:\n  path: d.txt\ncluster:\n  nodes: 4\n"
+                      "  cards_per_node: 16\n")
     r = cli("check", str(table), "--recipe", str(recipe))
-    assert r.returncode == 2 and "no 'cluster' section" in r.stderr
-    recipe.write_text("cluster:\n  nodes: two\n")
+    assert r.returncode == 2 and "cluster.cards_per_node: unknown key" in r.stderr
+    recipe.write_text("model:\n  source: stories260k\ndata:\n  path: d.txt\ncluster:\n  nodes: two\n")
     r = cli("check", str(table), "--recipe", str(recipe))
-    assert r.returncode == 2 and "cluster.nodes is 'two'" in r.stderr
+    assert r.returncode == 2 and "cluster.nodes" in r.stderr and "'two'" in r.stderr
+
+
+def test_example_recipe_in_help_exists():
+    from porting.train.recipe import load_recipe
+
+    helptext = cli("--help").stdout
+    for word in helptext.split():
+        if word.startswith("recipes/"):
+            assert load_recipe(ROOT / word, check_files=False).cluster.nodes >= 1
 
 
 def test_gen_from_hccn_conf_and_merge(tmp_path):
@@ -236,9 +253,10 @@ def test_gen_v12_super_pods_and_refusals(tmp_path):
 @pytest.mark.parametrize("content,needle", [
     ('{"version": "1.0", // comment\n "status": "completed"}', "comments are not allowed"),
     ("[1, 2]", "expected a JSON object"),
-    (b"\xff\xfe\x00garbage", "not UTF-8"),
+    (b"\xff\xfe\x00garbage", "not valid UTF-8"),
+    ("[" * 100_000 + "]" * 100_000, "nests deeper than"),
     ('{"status": "completed"}', "no 'version'"),
-    ('{"version": "1.0", "status": "completed", "server_count": "1"', "invalid JSON at line"),
+    ('{"version": "1.0", "status": "completed", "server_count": "1"', "invalid rank table JSON at line 1 column 62"),
 ])
 def test_malformed_tables_one_line_error(tmp_path, content, needle):
     p = tmp_path / "rt.json"
@@ -253,3 +271,26 @@ def test_malformed_tables_one_line_error(tmp_path, content, needle):
 def test_help_has_examples():
     for sub in ((), ("check",), ("gen",), ("merge",)):
         assert "Examples:" in cli(*sub, "--help").stdout
+
+
+def test_typed_table_and_peer_addresses(shared):
+    table = rt.parse(rt.load(shared / "data/ascend/rank_tables/hiascend_hcclug_A2_v1.0_2servers_2dev.json"))
+    assert isinstance(table, rt.RankTable) and table.world_size == 4
+    ips = table.rank_of_ip()
+    assert sorted(ips.values())[:1] == [0] and len({v for v in ips.values()}) == 4
+    assert all(isinstance(d.rank_id, int) for s in table.server_list for d in s.device)
+    bad = base12()
+    dev(bad, 0, 0)["rank_id"] = "x"
+    with pytest.raises(DiagnosticsError, match="rank_id 'x' is not a non-negative integer"):
+        rt.parse(bad)
+
+
+def test_several_bad_entries_are_reported_together():
+    t = base12()
+    dev(t, 0, 0)["device_port"] = "70000"     # a field error in one device ...
+    dev(t, 1, 0)["device_id"] = "1"           # ... does not hide a rule broken elsewhere
+    t["server_list"][2]["server_id"] = "node_0"
+    msgs = [str(p) for p in rt.errors_of(rt.check(t))]
+    assert any("device_port '70000' must be an integer in 1..65535" in m for m in msgs)
+    assert any("server_list[1]" in m and "device_id 1 repeats device[0]" in m for m in msgs)
+    assert any("server_id 'node_0' repeats server_list[0]" in m for m in msgs)

@@ -1,0 +1,160 @@
+"""A verdict from partial evidence: when the logs hold only some ranks (often one file pasted into an
+issue), name the suspect the timeouts point at, say how sure that is and why, and what to collect
+next.
+
+Three kinds of evidence, strongest first:
+
+1. **watchdog SeqNum** (torch_npu / torch ``WorkHCCL(SeqNum=N)``): every rank counts its
+   collectives; the rank with the lowest SeqNum is behind (it never entered the collective the
+   others wait in). All equal: every reporting rank waits in the same collective, so the missing one
+   is a rank that did not report (outside these logs).
+2. **named peers**: HCCL ``Cluster Exception Location[IP/ID]`` (a heartbeat report naming the faulty
+   rank) and ``remote rank: [N]`` of EI0002/EI0006. A remote rank is the rank *within the group*
+   (``group:[...]``, ``rankSize[...]``); with the default (world) group it is the global rank.
+3. **socket peers**: a connect/socket timeout names the peer address; with ``--rank-table`` the
+   address maps to a rank (``device_ip``/``host_ip``), else the verdict names the address.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+
+from porting.diagnostics.grammar import Event
+from porting.diagnostics.outcome import Verdict
+from porting.diagnostics.ranks import RankView
+
+ENTRY_LOG = "HCCL_ENTRY_LOG_ENABLE=1 on a rerun (logs every collective's entry per rank)"
+
+
+@dataclasses.dataclass(frozen=True)
+class EvidenceContext:
+    """What the user told us besides the logs: the world size and the rank table's address map."""
+    world_size: int | None = None
+    rank_of_ip: dict[str, int] = dataclasses.field(default_factory=dict)
+
+
+def _events(views: dict[int | str, RankView]) -> list[tuple[RankView, Event]]:
+    return [(v, e) for v in views.values() for e in v.events]
+
+
+def _reporter(v: RankView, e: Event) -> int | None:
+    rep = e.facts.get("reporter")
+    return rep if rep is not None else (v.rank if isinstance(v.rank, int) else None)
+
+
+def _from_seqnums(views: dict[int | str, RankView], ctx: EvidenceContext) -> Verdict | None:
+    seqs: dict[int, tuple[int, str, Event]] = {}
+    for v, e in _events(views):
+        if "seq" in e.facts and (rank := _reporter(v, e)) is not None:
+            if rank not in seqs or e.facts["seq"] < seqs[rank][0]:
+                seqs[rank] = (e.facts["seq"], e.facts.get("op", "?"), e)
+    if not seqs:
+        return None
+    low = min(s for s, _, _ in seqs.values())
+    behind = sorted(r for r, (s, _, _) in seqs.items() if s == low)
+    ahead = sorted(r for r, (s, _, _) in seqs.items() if s > low)
+    if ahead:
+        r = behind[0]
+        top = max(s for s, _, _ in seqs.values())
+        why = (f"watchdog SeqNum: rank(s) {behind} at {low} while rank(s) {ahead[:8]} reached up to {top}; the "
+               f"lowest SeqNum is behind: it never entered the collective the others wait in")
+        return Verdict(r, None, f"behind: rank {r} is at collective SeqNum {low} ({seqs[r][1]}) while others "
+                                f"are at up to {top}; the others' watchdog timeouts wait for it", "comm_timeout",
+                       (seqs[r][2].as_dict(),), "high" if len(behind) == 1 else "medium", why,
+                       (f"rank {r}'s own log and plog around SeqNum {low}: what it did instead (a hang in the data "
+                        f"loader, a longer step, an exception)", ENTRY_LOG))
+    world = ctx.world_size or max((e.facts.get("rank_size", 0) for _, e in _events(views)), default=0) or None
+    missing = sorted(set(range(world)) - set(seqs)) if world else []
+    if missing:
+        why = (f"every reporting rank ({sorted(seqs)[:8]}) times out at the same SeqNum {low}; rank(s) {missing[:8]} "
+               f"of {world} did not report, so one of them did not arrive")
+        return Verdict(missing[0], None, f"not in these logs: rank(s) {missing[:8]} never reported while every other "
+                                         f"rank waits at SeqNum {low}", "comm_timeout", (), "medium", why,
+                       (f"the logs of rank(s) {missing[:8]} (they are missing here)", ENTRY_LOG))
+    first = sorted(seqs)[0]
+    return Verdict(first, None, f"all reporting ranks ({sorted(seqs)[:8]}) wait in the same collective (SeqNum "
+                                f"{low}); the rank that did not arrive is not in these logs", "comm_timeout",
+                   (seqs[first][2].as_dict(),), "low",
+                   "the same SeqNum everywhere: the watchdog cannot tell who is behind",
+                   ("the logs of every rank of the job (pass --world-size to list the missing ones)",
+                    "each rank's CANN plog (~/ascend/log/debug/plog)", ENTRY_LOG))
+
+
+def _from_named_peers(views: dict[int | str, RankView]) -> Verdict | None:
+    located: Counter = Counter()
+    remote: Counter = Counter()
+    groups: dict[int, tuple[str | None, int | None]] = {}
+    sample: dict[int, Event] = {}
+    for _v, e in _events(views):
+        if "located_rank" in e.facts:
+            located[e.facts["located_rank"]] += 1
+            sample.setdefault(e.facts["located_rank"], e)
+        elif e.facts.get("remote_rank") is not None:
+            r = e.facts["remote_rank"]
+            remote[r] += 1
+            groups.setdefault(r, (e.facts.get("group"), e.facts.get("rank_size")))
+            sample.setdefault(r, e)
+    logged = {v.rank for v in views.values() if v.files}
+    if located:
+        r, n = located.most_common(1)[0]
+        e = sample[r]
+        return Verdict(r, None, f"located: HCCL's heartbeat report names rank {r} "
+                                f"({e.facts.get('exception_type', 'exception')}, address {e.facts.get('located_ip')})",
+                       "comm_timeout", (e.as_dict(),), "high",
+                       f"'Cluster Exception Location' names rank {r} in {n} report(s)",
+                       (f"rank {r}'s log and plog: did its process exit (its last lines) or its network go down "
+                        f"(`hccn_tool -i N -link -g`)?",))
+    if not remote:
+        return None
+    r, n = remote.most_common(1)[0]
+    if r in logged:
+        return None   # that rank's own log is here: the cause/stall logic reads it
+    group, size = groups[r]
+    scope = (f"rank {r} of communication group {group}" + (f" (rankSize {size})" if size else "")
+             if group else f"rank {r}")
+    e = sample[r]
+    note = ("; a remote rank is numbered within its group: with a sub-group (tensor/pipeline parallel) map it to "
+            "the global rank with that group's rank list" if group else "")
+    return Verdict(r, None, f"waited for: {n} timeout report(s) wait for remote {scope}, whose log is not here{note}",
+                   "comm_timeout", (e.as_dict(),), "medium" if n == 1 else "high",
+                   f"EI0002/EI0006 name remote rank {r}" + (f" of group {group}" if group else ""),
+                   (f"the log and plog of remote {scope}", ENTRY_LOG))
+
+
+def _from_socket_peers(views: dict[int | str, RankView], ctx: EvidenceContext) -> Verdict | None:
+    peers: Counter = Counter()
+    sample: dict[str, Event] = {}
+    for _v, e in _events(views):
+        if e.kind == "comm_timeout" and e.facts.get("peer"):
+            peers[e.facts["peer"]] += 1
+            sample.setdefault(e.facts["peer"], e)
+    if not peers:
+        return None
+    ip, n = peers.most_common(1)[0]
+    e = sample[ip]
+    port = e.facts.get("peer_port")
+    where = f"{ip}:{port}" if port else ip
+    rank = ctx.rank_of_ip.get(ip)
+    if rank is not None:
+        return Verdict(rank, None, f"unreachable: {n} socket timeout(s) to {where}, which the rank table maps to rank "
+                                   f"{rank}", "comm_timeout", (e.as_dict(),), "high",
+                       f"the connect timeout's peer {ip} is rank {rank}'s address in the rank table",
+                       (f"is rank {rank}'s process up and listening? check its log, and the network "
+                        f"(`hccn_tool -i N -ip -g`, ping {ip})",))
+    hint = " (pass --rank-table FILE to map it to a rank)" if not ctx.rank_of_ip else " (not in the rank table)"
+    return Verdict(f"peer {where}", None, f"unreachable: {n} socket timeout(s) to {where}{hint}; for torch's TCPStore "
+                                          f"this is MASTER_ADDR:MASTER_PORT (rank 0's host)", "comm_timeout",
+                   (e.as_dict(),), "medium", f"every connect timeout names peer {where}",
+                   (f"is the process at {where} up (rank 0 / the master)? check MASTER_ADDR, MASTER_PORT and the "
+                    f"firewall between the nodes", "the log of the rank that runs there"))
+
+
+def from_field_evidence(views: dict[int | str, RankView], ctx: EvidenceContext) -> Verdict | None:
+    """The strongest suspect the timeout reports point at, or None when they name nobody."""
+    for finder in (lambda: _from_named_peers(views), lambda: _from_seqnums(views, ctx),
+                   lambda: _from_socket_peers(views, ctx)):
+        found = finder()
+        if found is not None:
+            return found
+    return None

@@ -1,0 +1,170 @@
+"""The grammar of field logs: what users paste from torch_npu / torchrun, CANN plogs, HCCL and
+MindSpore jobs, beyond `port train`'s own logs.
+
+Each :data:`FIELD_RULES` entry recognises one failure message, names its kind and whether it is a
+cause or a consequence, and says how to fix it. :func:`line_facts` pulls what a line tells about
+who is involved: the reporting rank (``[Rank 3]``, ``RankID:101``, ``[rank3]:``), the watchdog's
+``SeqNum`` and op, the remote rank / group / rankSize of EI0002/EI0006, the HCCL ``Cluster
+Exception Location``, a socket peer address, and torchrun's exit codes. Sources of every pattern:
+the fixture corpus in ``tests/diagnostics/fixtures/field/`` (each file names its public thread).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import NamedTuple
+
+
+class FieldRule(NamedTuple):
+    pattern: re.Pattern
+    kind: str
+    role: str
+    label: str
+    fix: str
+
+
+FIELD_RULES: tuple[FieldRule, ...] = (
+    FieldRule(re.compile(rb"Watchdog caught collective operation timeout"), "comm_timeout", "consequence",
+              "torch_npu/torch watchdog: a collective timed out (this rank waited for a peer)",
+              "compare SeqNum across ranks: the rank with the lowest SeqNum is behind (it never entered "
+              "the collective the others wait in); read that rank's log and plog"),
+    FieldRule(re.compile(rb"fftsplus task timeout"), "comm_timeout", "consequence",
+              "HCCL task (fftsplus) timed out waiting on a notify: a peer never reached the collective",
+              "find the rank that did not arrive (no timeout of its own, or an earlier error); collect every "
+              "rank's plog (~/ascend/log/debug/plog) and set HCCL_ENTRY_LOG_ENABLE=1 to log collective entries"),
+    FieldRule(re.compile(rb"notify wait timeout occurred", re.I), "comm_timeout", "consequence",
+              "notify wait timed out on the device: a peer never sent its notify",
+              "look for the rank that stopped first (earlier error, or no error); raise HCCL_EXEC_TIMEOUT only "
+              "when every rank is slow"),
+    FieldRule(re.compile(rb"AclrtSynchronizeDeviceWithTimeout|error code is 507048|"
+                         rb"The execution of the internal task times out", re.I), "comm_timeout", "consequence",
+              "stream synchronisation timed out (507048): a task on the device never finished",
+              "the device log of this rank names the task; when it is a collective, another rank stopped first"),
+    FieldRule(re.compile(rb"Cluster Exception Location"), "comm_fault_report", "consequence",
+              "HCCL heartbeat report: it names the faulty rank",
+              "read the named rank's log first: ExceptionType says whether its process exited or its network "
+              "went down"),
+    FieldRule(re.compile(rb"client socket has (?:timed out|failed to connect)|Socket Timeout|"
+                         rb"wait socket establish timeout|Getting socket times out|connect[^\n]{0,40}timed? ?out",
+                         re.I), "comm_timeout", "consequence",
+              "socket/connect timeout: the peer never answered",
+              "check the named peer is up and reachable (MASTER_ADDR/MASTER_PORT, firewall, HCCL_IF_IP); "
+              "with HCCL raise HCCL_CONNECT_TIMEOUT only if start-up is slow"),
+    FieldRule(re.compile(rb"listen on ip\[[^\]]*\] and specific port\[\d+\] fail|address already in use|"
+                         rb"have already been bound", re.I), "config", "cause",
+              "a port is already in use on this host",
+              "a previous job still holds the port: kill stale training processes or pick another port"),
+    FieldRule(re.compile(rb"NPU out of memory|OutOfMemoryError|Memory_Allocation_Failure|"
+                         rb"is more than total mem size|Memory malloc failed|Call rtMalloc fail", re.I),
+              "oom", "cause", "out of device memory",
+              "lower micro-batch or sequence length, enable recompute or optimizer sharding; torch_npu: "
+              "PYTORCH_NPU_ALLOC_CONF=expandable_segments:True; MindSpore: check MS_ALLOC_CONF"),
+    FieldRule(re.compile(rb"exitcode\s*:\s*-9\b|Signal 9 \(SIGKILL\)"), "crash", "cause",
+              "worker killed with SIGKILL (often the host's OOM killer)",
+              "check `dmesg` for the OOM killer on that host; lower host memory use (dataloader workers, "
+              "pinned memory)"),
+    FieldRule(re.compile(rb"exitcode\s*:\s*-15\b|Signal 15 \(SIGTERM\)|closing signal SIGTERM"), "cluster_abort",
+              "consequence", "worker stopped by the launcher after another one failed",
+              "look at the launcher's 'Root Cause (first observed failure)' rank"),
+    FieldRule(re.compile(rb"failed \(exitcode: -?\d+\) local_rank|ChildFailedError|Root Cause \(first observed"),
+              "worker_exit", "cause", "torchrun: a worker exited with an error",
+              "read the failing rank's own output above (its traceback) for the reason"),
+    FieldRule(re.compile(rb"Worker process \d+ exit with exception|Scheduler process \d+ exit with exception"),
+              "worker_exit", "cause", "msrun: a worker process exited with an exception",
+              "read that worker's worker_<rank>.log (msrun --log_dir) for its traceback"),
+)
+
+# Literals that mark a field-log line worth classifying, added to the scanner's prefilter. Each starts
+# with an upper-case letter or a rare character, so the engine's first-character filter still skips
+# most bytes (lower-case starts cost 3x the CPU on the 4,096-rank benchmark, measured). Lines these
+# miss carry "ERR"/"Error" already: CANN "[ERROR]" lines, "...TimeoutErrorInfo]" device lines.
+FIELD_LITERALS = (b"Watchdog caught", b"Socket Timeout", b"[c10d]", b"(exitcode", b"Signal 9", b"Root Cause",
+                  b"Memory_Allocation", b"EI0", b"EJ0", b"EE", b"EL0", b"EZ9", b"E39")
+
+REPORTER_RES = (
+    re.compile(rb"\[(?:PG [^\]]*?)?Rank (\d+)\]"),                # torch watchdog "[Rank 1]"
+    re.compile(rb"RankID:(\d+)\)"),                               # torch_npu "(PID:2969, Device:0, RankID:101)"
+    re.compile(rb"\[rank(\d+)\]:"),                               # torchrun prefixes
+)
+SEQ_RE = re.compile(rb"Work[HN]CCL\(SeqNum=(\d+), OpType=(\w+)")
+REMOTE_RE = re.compile(rb"remote rank\s*:\s*\[\s*(\d+|unknown)\s*\]", re.I)
+GROUP_RE = re.compile(rb"group:\[([^\]]+)\]")
+RANK_SIZE_RE = re.compile(rb"rankSize\[(\d+)\]")
+LOCATION_RE = re.compile(rb"Cluster Exception Location\[IP/ID\]:\[([^/\]]*)/(\d+)\][^\n]*?"
+                         rb"(?:Discoverer:\[([^/\]]*)/(\d+)\])?[^\n]*?ExceptionType:\[([^\]]+)\]")
+PEER_RES = (
+    re.compile(rb"trying to connect to \(([^,\s)]+), (\d+)\)"),            # c10d TCPStore
+    re.compile(rb"failed to connect to \[?(?:::ffff:)?([0-9a-fA-F.:x*]+?)\]?:(\d+)"),
+    re.compile(rb"remote IP\[?:?\s*\[?([0-9.]+)\]?", re.I),
+)
+TORCHRUN_ROOT_RE = re.compile(rb"rank\s*:\s*(\d+) \(local_rank: (\d+)\)")
+# "[rank3]:" at the start of a line, after a pasted line number ("[80746] ") or a launcher's tag
+RANK_PREFIX_RE = re.compile(rb"^(?:\[\d+\] |\S+ \[std(?:err|out)\] |\(\w+ pid=\d+\) )?\[rank(\d+)\]:", re.M)
+
+
+def root_cause_rank(following: bytes) -> int | None:
+    """torchrun's 'Root Cause (first observed failure)' block names the rank a few lines below."""
+    m = TORCHRUN_ROOT_RE.search(following[:1024])
+    return int(m.group(1)) if m else None
+
+
+def field_rule(line: bytes) -> FieldRule | None:
+    for rule in FIELD_RULES:
+        if rule.pattern.search(line):
+            return rule
+    return None
+
+
+def line_facts(line: bytes) -> dict:
+    """What one line says about the ranks involved (only the keys it gives)."""
+    out: dict = {}
+    for rx in REPORTER_RES:
+        m = rx.search(line)
+        if m:
+            out["reporter"] = int(m.group(1))
+            break
+    m = SEQ_RE.search(line)
+    if m:
+        out["seq"], out["op"] = int(m.group(1)), m.group(2).decode()
+    m = REMOTE_RE.search(line)
+    if m:
+        out["remote_rank"] = None if m.group(1).lower() == b"unknown" else int(m.group(1))
+    m = GROUP_RE.search(line)
+    if m:
+        out["group"] = m.group(1).decode("utf-8", "replace")
+    m = RANK_SIZE_RE.search(line)
+    if m:
+        out["rank_size"] = int(m.group(1))
+    m = LOCATION_RE.search(line)
+    if m:
+        out["located_rank"], out["located_ip"] = int(m.group(2)), m.group(1).decode()
+        out["exception_type"] = m.group(5).decode()
+        if m.group(4):
+            out["reporter"] = int(m.group(4))
+    for rx in PEER_RES:
+        m = rx.search(line)
+        if m:
+            out["peer"] = m.group(1).decode("utf-8", "replace")
+            if m.lastindex and m.lastindex >= 2:
+                out["peer_port"] = int(m.group(2))
+            break
+    return out
+
+
+def prefixed_ranks(head: bytes) -> set[int]:
+    """Ranks named by ``[rankN]:`` line prefixes (torchrun's --tee / log_line_prefix)."""
+    return {int(x) for x in RANK_PREFIX_RE.findall(head)}
+
+
+def split_by_rank_prefix(data: bytes) -> dict[int | None, bytes]:
+    """One file's lines grouped by their ``[rankN]:`` prefix; unprefixed lines stay with the rank of
+    the line before them (a traceback's continuation), those before any prefix under None."""
+    parts: dict[int | None, list[bytes]] = {}
+    current: int | None = None
+    for line in data.splitlines(keepends=True):
+        m = RANK_PREFIX_RE.match(line)
+        if m:
+            current = int(m.group(1))
+            line = line[m.end():]
+        parts.setdefault(current, []).append(line)
+    return {k: b"".join(v) for k, v in parts.items()}

@@ -1,0 +1,183 @@
+"""The verdict of `port diagnose`: which rank stopped progressing first, its last step, and why.
+
+Deciding cause from consequence follows the HCCL fault-diagnosis guide: a rank whose first error is
+a collective timeout waited for someone else (consequence); a rank that raised, ran out of memory or
+hit a device error is a cause; when no rank has a cause, the ranks that fell silent without a
+timeout of their own (or, when all timed out, the one whose timeout came last) stalled first. The
+scheduler's list of timed-out nodes names consequences, not necessarily the stalled rank.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from porting.diagnostics.grammar import fmt_ts
+from porting.diagnostics.evidence import EvidenceContext, from_field_evidence
+from porting.diagnostics.outcome import Scheduler, Verdict
+from porting.diagnostics.ranks import RankView, corrected, sort_key
+
+CAUSE_KINDS = {"oom": "oom", "exception": "exception", "crash": "crash", "device": "device_error",
+               "config": "config", "operator": "operator_error", "worker_exit": "worker_exit"}
+
+
+def _cause_ranks(ranks: list[RankView]) -> list[RankView]:
+    """Ranks with a cause-type event that is not preceded by a collective timeout on the same rank."""
+    causes = []
+    for v in ranks:
+        c, q = v.first_cause, v.first_consequence
+        if c is None:
+            continue
+        ct, qt = corrected(c.ts, v.offset), corrected(q.ts, v.offset) if q else None
+        if q is not None and c.kind == "error":
+            continue  # a generic error line on a rank that also timed out is part of the timeout report
+        if q is not None and qt is not None and ct is not None and qt < ct - 1.0:
+            continue  # this rank first timed out waiting; its later error is fallout
+        causes.append(v)
+    return causes
+
+
+def _from_causes(causes: list[RankView]) -> Verdict:
+    real = [v for v in causes if v.first_cause.kind != "error"] or causes
+    first = min(real, key=lambda v: (corrected(v.first_cause.ts, v.offset) is None,
+                                      corrected(v.first_cause.ts, v.offset) or 0.0, sort_key(v.rank)))
+    e = first.first_cause
+    kind = CAUSE_KINDS.get(e.kind, "error")
+    reason = f"{kind}: {e.text} ({e.source}:{e.line})"
+    if e.code:
+        reason += f" [{e.code}: {e.label}]"
+    if e.fix:
+        reason += f"; fix: {e.fix}"
+    root = next((x.facts["root_cause_rank"] for x in first.events if "root_cause_rank" in x.facts), None)
+    rank = root if root is not None else (first.rank if isinstance(first.rank, int)
+                                          else e.facts.get("reporter", first.rank))
+    if root is not None:
+        reason += f"; torchrun's root cause (first observed failure) is rank {root}"
+    sure = "high" if len(real) == 1 or e.kind != "error" else "medium"
+    why = (f"its first error is a {e.label} that no collective timeout of its own preceded"
+           + (f"; {len(real) - 1} other rank(s) failed later" if len(real) > 1 else ""))
+    return Verdict(rank, first.last_step, reason, kind, (e.as_dict(first.offset),), sure, why)
+
+
+def _timeout_pool(ranks: list[RankView], timed_out: list[RankView], blames: Counter) -> tuple[list[RankView], str]:
+    """The ranks the timeouts point at, and why."""
+    silent = [v for v in ranks if v.first_error is None]
+    if silent:
+        # ranks without a timeout of their own stalled; the lowest progress among them first
+        return silent, "stalled"
+    if blames:
+        return ([v for v in ranks if v.rank in blames] or timed_out), "named by the other ranks' collective timeouts"
+    # every rank timed out: the late one entered the collective last, so its timeout came last
+    late = max(timed_out, key=lambda v: corrected(v.first_consequence.ts, v.offset) or 0.0)
+    return [late], "all ranks timed out; its timeout came last, so it reached the collective last"
+
+
+def _scheduler_note(rank: int | str, sched: Scheduler) -> str:
+    if not sched.timed_out:
+        return ""
+    if rank in sched.timed_out:
+        return "; msrun's scheduler also lost its heartbeat"
+    return (f"; msrun's scheduler named rank(s) {sorted(set(sched.timed_out))} as timed out"
+            + (f" (worker {sched.first} 'first')" if sched.first is not None else "") + ": those are consequences")
+
+
+def _single_waiter(v: RankView) -> Verdict:
+    """One rank's log (or one pasted file) that only waited: the rank it waited for is elsewhere."""
+    e = v.first_consequence
+    who = f"rank {v.rank}" if isinstance(v.rank, int) else f"the process logging to {v.files[0]}"
+    reason = (f"waited: {who} timed out in a collective ({e.label}) and names no peer; the rank that did not "
+              f"arrive is not in these logs: {e.text[:160]}")
+    if e.fix:
+        reason += f"; fix: {e.fix}"
+    return Verdict(v.rank, v.last_step, reason, "comm_timeout", (e.as_dict(v.offset),), "low",
+                   "a timeout is a consequence; with only the waiting side's log the cause cannot be named",
+                   ("the logs of the other ranks of the job (all worker_<rank>.log / every node's stderr)",
+                    "each rank's CANN plog (~/ascend/log/debug/plog)",
+                    "HCCL_ENTRY_LOG_ENABLE=1 on a rerun to log every collective's entry per rank"))
+
+
+def _from_timeouts(ranks: list[RankView], timed_out: list[RankView], sched: Scheduler) -> Verdict:
+    blames = Counter(b for v in ranks if v.first_consequence for b in v.first_consequence.blames)
+    if len(ranks) == 1 and not blames and not sched.timed_out:
+        return _single_waiter(ranks[0])
+    pool, why = _timeout_pool(ranks, timed_out, blames)
+    first = min(pool, key=lambda v: (v.last_step if v.last_step is not None else -1, -blames.get(v.rank, 0),
+                                     corrected(v.last_step_ts, v.offset) or corrected(v.last_ts, v.offset) or 0.0,
+                                     sort_key(v.rank)))
+    others = [v for v in timed_out if v is not first]
+    ev = [first.first_consequence.as_dict(first.offset)] if first.first_consequence else []
+    ev += [v.first_consequence.as_dict(v.offset) for v in others[:3]]
+    collect = (f"rank {first.rank}'s full log and CANN plog (~/ascend/log/debug/plog)",
+               "HCCL_ENTRY_LOG_ENABLE=1 on a rerun to log every collective's entry per rank")
+    if why == "stalled" and not first.files:
+        reason = (f"no output: no log for this rank (never started, or its node or logs were lost); "
+                  f"{len(others)} other rank(s) timed out in a collective waiting for it")
+        return Verdict(first.rank, None, reason, "no_output", tuple(ev), "medium",
+                       "the other ranks timed out waiting and this rank left no log at all", collect)
+    if why == "stalled":
+        at = fmt_ts(corrected(first.last_ts, first.offset))
+        step_txt = f"after step {first.last_step}" if first.last_step is not None else "before its first step"
+        reason = (f"stalled: no progress {step_txt} and no error of its own (last output {at}); "
+                  f"{len(others)} other rank(s) then timed out or were stopped waiting for it")
+    else:
+        reason = f"{why}: first timeout {first.first_consequence.text[:200]}"
+    reason += _scheduler_note(first.rank, sched)
+    sure = "medium" if why == "stalled" or blames else "low"
+    return Verdict(first.rank, first.last_step, reason, "stall" if why == "stalled" else "comm_timeout", tuple(ev),
+                   sure, why, collect)
+
+
+def _from_scheduler(views: dict[int | str, RankView], sched: Scheduler) -> Verdict:
+    """Nobody logged an error, but the scheduler lost some nodes' heartbeats: a frozen or killed
+    process (its heartbeat thread stops too), or a lost host."""
+    pool = [views[r] for r in sorted(set(sched.timed_out)) if r in views]
+    pick = sched.first if sched.first in views else (pool[0].rank if pool else sorted(set(sched.timed_out))[0])
+    v = views.get(pick)
+    step = v.last_step if v else None
+    reason = (f"lost: msrun's scheduler declared rank {pick} timed out (no heartbeat: the process froze, "
+              f"was killed, or its host was lost) and no rank logged an error of its own"
+              + (f"; last progress step {step}" if step is not None else ""))
+    return Verdict(pick, step, reason, "lost", (), "medium", "only msrun's scheduler saw it: its heartbeat stopped",
+                   (f"rank {pick}'s host: `dmesg` (OOM killer), and a py-spy dump if the process still exists",))
+
+
+def _from_progress(ranks: list[RankView]) -> Verdict:
+    """No errors anywhere: the rank with the lowest progress stopped first (if progress differs)."""
+    with_steps = [v for v in ranks if v.last_step is not None]
+    if with_steps and len({v.last_step for v in with_steps}) > 1:
+        first = min(with_steps, key=lambda v: (v.last_step, sort_key(v.rank)))
+        top = max(v.last_step for v in with_steps)
+        return Verdict(first.rank, first.last_step,
+                       f"no output: stopped after step {first.last_step} while others reached step {top}; "
+                       f"no error logged (killed, hung outside collectives, or logs lost)", "no_output", (), "low",
+                       "it has the lowest progress and nobody logged an error",
+                       (f"rank {first.rank}'s host: `dmesg`, and its stderr if it was not in these logs",))
+    return Verdict(None, None, "no failure found: no error lines and every rank reached the same progress", "none",
+                   (), "high", "no line of any file is an error, and every rank reached the same step")
+
+
+def decide(views: dict[int | str, RankView], sched: Scheduler = Scheduler(),
+           context: EvidenceContext = EvidenceContext()) -> Verdict:
+    """Name the first rank that stopped progressing, and why."""
+    ranks = sorted(views.values(), key=lambda v: sort_key(v.rank))
+    if not ranks:
+        return Verdict(None, None, "no rank logs could be read", "no_output", (), "low")
+    causes = _cause_ranks(ranks)
+    if causes:
+        return _from_causes(causes)
+    timed_out = [v for v in ranks if v.first_consequence is not None]
+    if timed_out:
+        return from_field_evidence(views, context) or _from_timeouts(ranks, timed_out, sched)
+    if sched.timed_out:
+        return _from_scheduler(views, sched)
+    return _from_progress(ranks)
+
+
+def rank_status(v: RankView, verdict_rank: int | str | None) -> str:
+    if v.rank == verdict_rank:
+        return "first failure"
+    if v.first_consequence is not None and (v.first_cause is None or v.first_cause.kind == "error" or
+                                            (v.first_consequence.ts or 0) <= (v.first_cause.ts or 0)):
+        return "timed out (consequence)"
+    if v.first_cause is not None:
+        return f"error ({v.first_cause.kind})"
+    return "no error"
