@@ -221,7 +221,7 @@ def read_table_rows(path: Path, split: str) -> list[tuple[int, Any]]:
         raise
     except ImportError as exc:
         raise RecipeError(f"{path}: reading datasets directories and Parquet files needs the 'datasets' package "
-                          f"({exc}); pip install datasets") from None
+                          f"({exc}); pip install 'port[data]' (datasets and pyarrow)") from None
     except Exception as exc:   # pyarrow / datasets raise their own types for a damaged or foreign file
         raise RecipeError(f"data.path: {path}: not a readable HF datasets directory or Parquet file ({type(exc).__name__}: "
                           f"{exc}); expected the output of Dataset.save_to_disk or a .parquet file") from None
