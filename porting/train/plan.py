@@ -265,7 +265,7 @@ def format_plan(plan: dict) -> str:
     ga = plan.get("gradient_allreduce") or {}
     if ga.get("allreduce_ops"):
         lines.append(f"gradient all-reduce: {ga['gradients']} gradients in {ga['allreduce_ops']} AllReduce op(s), "
-                     f"buckets MiB {ga['bucket_mib']} ({ga['how']})")
+                     f"largest bucket {max(ga['bucket_mib'])} MiB ({ga['how']})")
     launch = plan.get("launch") or {}
     if launch:
         lines.append(f"env on every node: " + " ".join(f"{k}={v}" for k, v in launch["env"].items())
