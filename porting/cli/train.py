@@ -97,7 +97,9 @@ def _launch_msrun(rec, recipe_path: str, overrides: list[str], out: Path, resume
         raise RecipeError(f"--launch-node {node}: the recipe has nodes 0..{len(cmds) - 1}")
     import shlex
 
-    argv = shlex.split(cmds[node])
+    from porting.train.comm import same_host_node_argv
+
+    argv = same_host_node_argv(shlex.split(cmds[node]), node, rec.cluster)
     env = dict(os.environ)
     env.update({k: v for k, v in (plan_env or {}).items() if k not in os.environ})   # the plan's HCCL timeouts; the user's win
     root = str(Path(__file__).resolve().parents[2])
