@@ -65,7 +65,7 @@ def command(recipe: str, overrides: tuple[str, ...], dry_run: bool, as_json: boo
         res = train(rec, out, resume=resume, command=sys.argv)
         click.echo(f"done: {res.steps_done} steps, final loss {res.last_loss:.4f}; run directory {out}")
         return
-    _launch_msrun(rec, recipe, list(overrides), out, resume, launch_node)
+    _launch_msrun(rec, recipe, list(overrides), out, resume, launch_node, plan.get("launch", {}).get("env", {}))
 
 
 def _make_run_dir(out: Path) -> None:
@@ -87,7 +87,7 @@ def _guard_run_dir(out: Path, resume: bool) -> None:
 
 
 def _launch_msrun(rec, recipe_path: str, overrides: list[str], out: Path, resume: bool,
-                  launch_node: int | None) -> None:
+                  launch_node: int | None, plan_env: dict | None = None) -> None:
     from porting.train.plan import msrun_commands
     from porting.train.recipe import recipe_dict
 
@@ -109,8 +109,11 @@ def _launch_msrun(rec, recipe_path: str, overrides: list[str], out: Path, resume
         raise RecipeError(f"--launch-node {node}: the recipe has nodes 0..{len(cmds) - 1}")
     import shlex
 
-    argv = shlex.split(cmds[node])
+    from porting.train.comm import same_host_node_argv
+
+    argv = same_host_node_argv(shlex.split(cmds[node]), node, rec.cluster)
     env = dict(os.environ)
+    env.update({k: v for k, v in (plan_env or {}).items() if k not in os.environ})   # the plan's HCCL timeouts; the user's win
     root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     # msrun starts the `python` found on PATH: put this interpreter's directory first.

@@ -96,9 +96,9 @@ def configure_mindspore(recipe: Recipe, distributed: bool) -> None:
         from mindspore.communication import init
 
         init()
-        cf = recipe.parallel.comm_fusion
-        fusion = {"openstate": cf.enabled,
-                  "allreduce": {"mode": cf.allreduce_mode, "config": cf.allreduce_config}}
+        from porting.train.comm import fusion_context
+
+        fusion = fusion_context(recipe.parallel.comm_fusion)   # {"openstate": False, "allreduce": ..} would re-enable it
         ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL, gradients_mean=False,
                                      device_num=recipe.world_size, comm_fusion=fusion)
 

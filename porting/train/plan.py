@@ -47,6 +47,7 @@ from typing import Callable
 
 from model_zoo.config import LlamaConfig
 from model_zoo.errors import RecipeError
+from porting.train import comm
 
 GIB = float(1 << 30)
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -238,6 +239,8 @@ def make_plan(recipe, cfg: LlamaConfig, recipe_path: str, run_dir: str, override
         "recompute": recipe.memory.recompute,
         "optimizer_sharding": recipe.parallel.optimizer_sharding,
         "comm_fusion": recipe.parallel.comm_fusion.model_dump(mode="json"),
+        "gradient_allreduce": comm.fusion_plan(recipe, cfg),
+        "launch": comm.launch_plan(recipe, cfg) if recipe.world_size > 1 else {},
         "memory_gib_by_phase": mem,
         "device_hbm_gib": hbm,
         "usable_hbm_gib": usable,
@@ -334,6 +337,15 @@ def format_plan(plan: dict) -> str:
         lines.append(f"  change: {s}")
     for w in plan["warnings"]:
         lines.append(f"warning: {w}")
+    ga = plan.get("gradient_allreduce") or {}
+    if ga.get("allreduce_ops"):
+        lines.append(f"gradient all-reduce: {ga['gradients']} gradients in {ga['allreduce_ops']} AllReduce op(s), "
+                     f"largest bucket {max(ga['bucket_mib'])} MiB ({ga['how']})")
+    launch = plan.get("launch") or {}
+    if launch:
+        lines.append(f"env on every node: " + " ".join(f"{k}={v}" for k, v in launch["env"].items())
+                     + f" (predicted checkpoint save {launch['predicted_save_s']} s; {launch['formula']})")
+        lines.append("must match on every node: " + ", ".join(launch["same_on_every_node"]))
     for i, cmd in enumerate(plan["msrun_commands"]):
         lines.append(f"node {i}: {cmd}")
     return "\n".join(lines)

@@ -1,0 +1,149 @@
+"""Gradient all-reduce fusion and multi-node launch settings for data-parallel `port train`.
+
+comm_fusion in DATA_PARALLEL (read in MindSpore 2.10's `nn.DistributedGradReducer`,
+`parallel/_auto_parallel_context.py` and the backend's `communication_op_fusion.cc`, then measured
+under msrun in tests/train/test_comm_fusion.py):
+- `DistributedGradReducer` gives every gradient its own AllReduce carrying a `fusion` id: the
+  parameter's `Parameter.comm_fusion` (1 by default, 0 = never fused), or 1024+k per segment of
+  `all_reduce_fusion_config` indices. The backend's AllReduceFusion pass (run on the CPU and on Ascend
+  when `enable_all_reduce_fusion` is on) merges AllReduces of one id into buckets.
+- In DATA_PARALLEL the bucket size is `dp_fusion_threshold_mb`, which the comm_fusion context's
+  `size` (and `auto`: 64) mode sets; the pass walks the gradients in graph order and closes a bucket at
+  the tensor that would overflow it (that tensor is still in the closing bucket). The threshold counts
+  262144 bytes per "MB" (kDefaultThresholdMb2Byte in that file).
+- Pitfall fixed here: `comm_fusion={"openstate": False, "allreduce": {...}}` turns fusion back ON (the
+  allreduce key re-enables it). Off is `{"openstate": False}` alone.
+"""
+
+from __future__ import annotations
+
+import math
+
+THRESHOLD_UNIT_BYTES = 262144      # bytes per configured "MB" in the backend pass
+AUTO_THRESHOLD = 64                # MindSpore's auto mode
+# What `port` assumes a node writes a checkpoint at (shared filesystem, per node); an estimate.
+SAVE_BYTES_PER_S = 0.5 * (1 << 30)
+# HCCL's defaults (ASCEND_FACTS.md): connect 120 s (MindSpore sets 600), exec 1836 s on A2/A3.
+HCCL_CONNECT_FLOOR_S, HCCL_EXEC_FLOOR_S = 600, 1836
+# Env that every node must export with the same value (HCCL compares or times out on them).
+SAME_ON_EVERY_NODE = ("HCCL_CONNECT_TIMEOUT", "HCCL_EXEC_TIMEOUT", "HCCL_BUFFSIZE", "HCCL_DETERMINISTIC",
+                      "MS_WORKER_NUM (set by msrun from --worker_num)", "PYTHONPATH/port, MindSpore and CANN versions")
+
+
+def fusion_context(cf) -> dict:
+    """The `set_auto_parallel_context(comm_fusion=...)` value for the recipe's comm_fusion section."""
+    if not cf.enabled:
+        return {"openstate": False}
+    config = cf.allreduce_config
+    if cf.allreduce_mode == "size":
+        config = int(config)
+    return {"openstate": True, "allreduce": {"mode": cf.allreduce_mode, "config": config}}
+
+
+def gradient_buckets(grad_bytes: list[int], cf) -> list[list[int]]:
+    """Which gradients (by index, in graph order) share one fused AllReduce, as the backend pass
+    forms them (see the module docstring). Fusion off: one AllReduce per gradient."""
+    n = len(grad_bytes)
+    if not cf.enabled or n == 0:
+        return [[i] for i in range(n)]
+    if cf.allreduce_mode == "index":
+        # DistributedGradReducer: fusion id changes after each split index (index i is still in the
+        # segment it closes).
+        ends = sorted({int(i) for i in cf.allreduce_config if 0 <= int(i) < n - 1}) + [n - 1]
+        out, start = [], 0
+        for e in ends:
+            out.append(list(range(start, e + 1)))
+            start = e + 1
+        return out
+    mb = AUTO_THRESHOLD if cf.allreduce_mode == "auto" else int(cf.allreduce_config)
+    threshold = mb * THRESHOLD_UNIT_BYTES
+    out, cur, acc = [], [], 0
+    for i, size in enumerate(grad_bytes):
+        cur.append(i)
+        if acc + size > threshold:
+            out.append(cur)
+            cur, acc = [], 0
+        else:
+            acc += size
+    if cur:
+        out.append(cur)
+    return out
+
+
+def gradient_sizes(cfg) -> list[int]:
+    """fp32 bytes of every trainable gradient in `model_zoo.llama` parameter order (the reducer casts
+    to float32 before its all-reduce)."""
+    h, i, L = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers
+    kv = cfg.num_key_value_heads * (h // cfg.num_attention_heads)
+    layer = [h, h * h, kv * h, kv * h, h * h, h, i * h, h * i, i * h]   # norms, attention, norm, w1 w2 w3
+    sizes = [cfg.vocab_size * h] + layer * L + [h]
+    if not cfg.tie_word_embeddings:
+        sizes.append(cfg.vocab_size * h)
+    return [4 * s for s in sizes]
+
+
+def fusion_plan(recipe, cfg, grad_bytes: list[int] | None = None) -> dict:
+    """How the gradient all-reduce is bucketed, for the dry-run plan."""
+    cf = recipe.parallel.comm_fusion
+    sizes = grad_bytes if grad_bytes is not None else gradient_sizes(cfg)
+    buckets = gradient_buckets(sizes, cf) if recipe.world_size > 1 else []
+    return {"gradients": len(sizes), "allreduce_ops": len(buckets),
+            "bucket_mib": [round(sum(sizes[i] for i in b) / (1 << 20), 3) for b in buckets],
+            "how": "backend AllReduceFusion pass, configured by set_auto_parallel_context(comm_fusion=...) "
+                   "in DATA_PARALLEL" if cf.enabled else "fusion off: one AllReduce per gradient"}
+
+
+def checkpoint_bytes(recipe, cfg) -> float:
+    """Bytes the busiest rank writes at a checkpoint: weights, and AdamW m and v (fp32) unless sharded."""
+    p = float(cfg.num_parameters())
+    pb = {"float32": 4, "bfloat16": 2, "float16": 2}[recipe.precision.param_dtype]
+    states = 8 * p / (recipe.world_size if recipe.parallel.optimizer_sharding else 1)
+    return p * pb + states
+
+
+def hccl_env(recipe, cfg) -> dict:
+    """HCCL timeouts that outlast a checkpoint save (ranks wait in a collective while one rank writes).
+
+    save_s = checkpoint_bytes / SAVE_BYTES_PER_S (0.5 GiB/s assumed, an estimate);
+    HCCL_EXEC_TIMEOUT = max(1836, ceil(3 x save_s) + 600); HCCL_CONNECT_TIMEOUT = max(600, ceil(2 x save_s) + 120)
+    (a resumed run connects after loading the same bytes).
+    """
+    save_s = checkpoint_bytes(recipe, cfg) / SAVE_BYTES_PER_S
+    return {"HCCL_CONNECT_TIMEOUT": str(max(HCCL_CONNECT_FLOOR_S, math.ceil(2 * save_s) + 120)),
+            "HCCL_EXEC_TIMEOUT": str(max(HCCL_EXEC_FLOOR_S, math.ceil(3 * save_s) + 600))}
+
+
+def launch_plan(recipe, cfg) -> dict:
+    """The per-node environment of a multi-device run and how it was derived."""
+    save_s = checkpoint_bytes(recipe, cfg) / SAVE_BYTES_PER_S
+    return {"env": hccl_env(recipe, cfg), "predicted_save_s": round(save_s, 1),
+            "formula": "save_s = checkpoint bytes of the busiest rank / 0.5 GiB/s (estimate); "
+                       "HCCL_EXEC_TIMEOUT = max(1836, ceil(3 save_s) + 600); "
+                       "HCCL_CONNECT_TIMEOUT = max(600, ceil(2 save_s) + 120)",
+            "same_on_every_node": list(SAME_ON_EVERY_NODE)}
+
+
+def same_host_node_argv(argv: list[str], node: int, cluster) -> list[str]:
+    """Node ranks > 0 started on the master's own machine (a loopback master_addr: a one-machine test
+    of a multi-node plan). msrun starts a scheduler on every node whose master_addr is local, so the
+    second one cannot bind the port and, with --join=True, takes its node down. Here node N waits for
+    node 0's scheduler to listen and runs with --join=False, which leaves the failed extra scheduler
+    unwatched; its workers join node 0's scheduler. Other launches are returned unchanged."""
+    import ipaddress
+    import socket
+    import time
+
+    try:
+        loopback = ipaddress.ip_address(cluster.master_addr).is_loopback
+    except ValueError:
+        loopback = cluster.master_addr == "localhost"
+    if node == 0 or not loopback:
+        return argv
+    deadline = time.monotonic() + cluster.cluster_time_out
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection((cluster.master_addr, cluster.master_port), timeout=1).close()
+            break
+        except OSError:
+            time.sleep(0.5)
+    return ["--join=False" if a == "--join=True" else a for a in argv]
