@@ -452,7 +452,10 @@ def hf_to_ms(hf_dir: Path, out_dir: Path, *, out_format: str = "safetensors", dt
 
 
 def ms_to_hf(ms_dir: Path, out_dir: Path, *, dtype: str = "keep", force: bool = False, progress=None,
-             versions: dict | None = None, command=None, config: Path | None = None) -> dict:
-    """MindSpore -> HF. ``config``: the HF config.json when ``ms_dir`` has none (training checkpoints)."""
+             versions: dict | None = None, command=None, config: Path | None = None,
+             hash_source: bool = False) -> dict:
+    """MindSpore -> HF. ``config``: the HF config.json when ``ms_dir`` has none (training checkpoints);
+    ``hash_source``: also record the source files' sha256 (as ``--source-hash``)."""
     plan = build_plan(Path(ms_dir), MS_TO_HF, "safetensors", dtype, config)
-    return execute(plan, out_dir, force=force, progress=progress, versions=versions, command=command)
+    return execute(plan, out_dir, force=force, progress=progress, versions=versions, command=command,
+                   hash_source=hash_source)

@@ -63,7 +63,6 @@ def help_examples() -> list[str]:
 # (`_workdir`), and must exit 0. A new example must run, or be listed here.
 DRY_RUN = {  # need a cluster (several devices or nodes): run with --dry-run appended
     "port train recipes/tiny-cpu.yaml --set cluster.devices_per_node=2 --run-dir runs/dp2   # 2 msrun workers",
-    "port train recipes/13b-32card.yaml --launch-node 2         # run node 2's msrun command here",
     # real resumes (kill -9 included) are tests/train/test_train.py's; this one plans it on the set-up run
     "port train recipes/tiny-cpu.yaml --resume                  # continue from the last checkpoint",
     "port train recipes/tiny-cpu.yaml --set batching.grad_accum_steps=2 --set schedule.max_steps=10",
@@ -97,12 +96,22 @@ FAILS = {  # need a model, a GPU or cluster files this machine has not: (exit co
     "port baseline --hf ./llama-7b --recipe recipes/7b-8card.yaml --device cuda --steps 20 --out llama7b_h200.json":
         (2, "data.path: file not found: data/train.jsonl"),
     "port compare h200.json runs/7b --min-throughput-ratio 0.8 --max-memory-ratio 1.2": (2, "no such baseline file"),
+    "port eval --hf ./my-llama --data held_out.jsonl --chat-template model --json": (2, NO_DIR),
+    "port eval --ms ms/my-llama --data held_out.parquet --reference ./my-llama": (2, NO_DIR),
+    # 13B in data parallel does not fit 58 GiB usable per die (needs ZeRO-2 or tensor parallel): refused, naming why
+    "port train recipes/13b-32card.yaml --dry-run --json        # the plan as JSON": (2, "more than the 64 GiB of HBM allows"),
+    "port train recipes/13b-32card.yaml --launch-node 2         # run node 2's msrun command here":
+        (2, "data.path: file not found: data/train.jsonl"),   # a real launch reads the data first
+    "port zoo add r1-8b --hf deepseek-ai/DeepSeek-R1-Distill-Llama-8B   # found in the local HF cache":
+        (2, "not in the local HF cache"),
+    "port diagnose ./pasted_logs --rank-table rank_table.json   # socket peers mapped to ranks":
+        (2, "pasted_logs: no such directory"),
     # the set-up table is one server of 8 devices: checked against a bigger cluster, it is refused
     "port ranktable check rank_table.json --nodes 2 --cards-per-node 16": (1, "expects cards_per_node=16"),
     "port ranktable check rank_table.json --nodes 4 --cards-per-node 16 --json": (1, "expects cards_per_node=16"),
     "port ranktable gen --server node_0:172.16.0.110 --server node_1:172.16.0.111 --devices 0-7 "
     "--hccn-conf node_0=/etc/hccn.conf --hccn-conf node_1=hccn_node1.conf --out rank_table.json":
-        (2, "cannot read hccn.conf"),
+        (2, "hccn.conf not found"),
 }
 # What a few examples must print (beyond exiting 0).
 OUTPUT = {
@@ -115,7 +124,9 @@ OUTPUT = {
 # the first is tests/conftest.py's `tiny_cpu_run`.
 SETUP = ("port train recipes/tiny-cpu.yaml",
          "port baseline --recipe recipes/tiny-cpu.yaml --device cpu --out base.json --steps 8",
-         "port ranktable gen --server node_0 --devices 0-7 --out rank_table.json")
+         "port ranktable gen --server node_0 --devices 0-7 --out rank_table.json",
+         # each example's copy of the work directory then has its own registry naming my-llama
+         "port zoo add my-llama --hf ./checkpoints/my-llama")
 
 
 def _steps(line: str, work: Path) -> list[tuple[dict, list[str], str | None]]:
@@ -147,7 +158,8 @@ def _run_example(line: str, work: Path, extra: tuple[str, ...] = ()) -> tuple[in
         for env, argv, redirect in _steps(line, work):
             # an empty HF cache of its own: zoo names other than stories260k are "not downloaded" everywhere
             res = CliRunner().invoke(main, [*argv, *extra], env={"HOME": str(work), "HF_HOME": None,
-                                                                 "HF_HUB_CACHE": str(work / "hf-cache"), **env})
+                                                                 "HF_HUB_CACHE": str(work / "hf-cache"),
+                                                                 "PORT_ZOO_FILE": str(work / "zoo.json"), **env})
             if res.exception is not None and not isinstance(res.exception, SystemExit):
                 raise AssertionError(f"{line}: traceback\n" + "".join(traceback.format_exception(
                     type(res.exception), res.exception, res.exception.__traceback__))[-3000:])
@@ -168,6 +180,9 @@ def example_workdir(tmp_path_factory, tiny_cpu_run) -> Path:
     work = tmp_path_factory.mktemp("examples") / "work"
     work.mkdir()
     (work / "recipes").symlink_to(ROOT / "recipes")
+    shutil.copytree(ROOT / "model_zoo" / "assets" / "stories260k", work / "checkpoints" / "my-llama")  # zoo add
+    (work / "porting" / "train").mkdir(parents=True)   # the shipped TinyStories sample, as the eval example names it
+    (work / "porting" / "train" / "assets").symlink_to(ROOT / "porting" / "train" / "assets")
     for name in ("tiny-cpu", "llama7b", "other", "x"):
         shutil.copytree(tiny_cpu_run, work / "runs" / name)
     shutil.copytree(tiny_cpu_run / "logs", work / "msrun_logs")

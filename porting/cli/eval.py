@@ -40,6 +40,8 @@ def command(hf_src, ms_dir, data_path, fmt, chat_template, max_seq_length, long_
     if bool(hf_src) == bool(ms_dir):
         raise UnknownModelError("port eval: give exactly one of --hf MODEL or --ms DIR")
     model_dir = resolve_hf(hf_src) if hf_src else Path(ms_dir)
+    if ms_dir and not model_dir.is_dir():
+        raise UnknownModelError(f"{model_dir}: no such directory; expected a `port convert --hf` output directory")
     if ms_dir and not (model_dir / "config.json").is_file():
         raise UnknownModelError(f"{model_dir}: no config.json; expected a `port convert --hf` output directory")
     ref = None if no_reference else (resolve_hf(reference) if reference else (model_dir if hf_src else None))

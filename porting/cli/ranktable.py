@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from porting.diagnostics import DiagnosticsError
 from model_zoo.errors import VerificationError
 
 
@@ -23,6 +24,9 @@ def command() -> None:
     """Generate, check and merge HCCL rank tables."""
 
 
+MAX_DEVICES_PER_SERVER = 64   # an Atlas A3 server shows 16 devices (8 chips x 2 dies); far above any real one
+
+
 def _parse_devices(spec: str) -> list[int]:
     out: list[int] = []
     for part in spec.split(","):
@@ -32,14 +36,20 @@ def _parse_devices(spec: str) -> list[int]:
         if "-" in part:
             a, b = part.split("-", 1)
             if not (a.isdigit() and b.isdigit()) or int(a) > int(b):
-                raise click.BadParameter(f"{part!r}: expected a range like 0-7", param_hint="--devices")
+                raise DiagnosticsError("--devices: " + f"{part!r}: expected a range like 0-7")
+            if int(b) - int(a) + 1 > MAX_DEVICES_PER_SERVER:
+                raise DiagnosticsError("--devices: " + f"{part!r}: {int(b) - int(a) + 1} devices on one server; expected at most "
+                                         f"{MAX_DEVICES_PER_SERVER} (an Atlas A3 server shows 16)")
             out += list(range(int(a), int(b) + 1))
         elif part.isdigit():
             out.append(int(part))
         else:
-            raise click.BadParameter(f"{part!r}: expected device ids like 0-7 or 0,1,2,3", param_hint="--devices")
+            raise DiagnosticsError("--devices: " + f"{part!r}: expected device ids like 0-7 or 0,1,2,3")
     if not out:
-        raise click.BadParameter("no device ids", param_hint="--devices")
+        raise DiagnosticsError("--devices: " + "no device ids")
+    if len(out) > MAX_DEVICES_PER_SERVER:
+        raise click.BadParameter(f"{len(out)} device ids on one server; expected at most {MAX_DEVICES_PER_SERVER}",
+                                 param_hint="--devices")
     return out
 
 

@@ -112,5 +112,9 @@ def merge(tables: list[tuple[str, dict]]) -> dict:
 
 def write_table(table: dict, out: Path) -> None:
     """Atomic write: the old file (if any) stays until the new one is complete."""
-    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise DiagnosticsError(f"{out}: cannot create its directory {out.parent} ({e.strerror}); choose another "
+                               "--out") from None
     write_atomic(out, json.dumps(table, indent=4) + "\n", error=DiagnosticsError)

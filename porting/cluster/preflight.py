@@ -57,6 +57,9 @@ def _is_local(addr: str) -> bool:
 
 def check_port_free(port: int, host: str = "0.0.0.0") -> dict:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        # as a server binds it: a listener still holding the port fails, a closed connection's TIME_WAIT
+        # (left by the previous job on this port) does not
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError as e:

@@ -64,7 +64,8 @@ def export_hf(checkpoint: str | Path, model_dir: str | Path, out_dir: str | Path
         raise CheckpointError(f"{e.filename or stage}: cannot prepare the HF export ({e.strerror}); the training "
                               "checkpoints are intact") from None
     try:
-        ms_to_hf(stage, out, force=True, versions=versions(), command=command)
+        ms_to_hf(stage, out, force=True, versions=versions(), command=command,
+                 hash_source=True)  # the manifest names the checkpoint it was exported from by digest
     finally:
         shutil.rmtree(stage, ignore_errors=True)
     return out

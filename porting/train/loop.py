@@ -296,11 +296,11 @@ def train(recipe: Recipe, run_dir: str | Path, *, rank: int = 0, world_size: int
     if rank == 0:
         rundir.write_manifest(run_dir, run_manifest(recipe, model_dir, cfg, plan, world_size, command, start),
                               resume_step=start if resume else 0)
+    watch = Watch(recipe.logging, run_dir, plan.total_steps, start, recipe.model_dump(mode="json")) if rank == 0 else None
     metrics = rundir.MetricsWriter(run_dir, keep_through_step=start) if rank == 0 else None
     if metrics is not None and metrics.note:
         log.warning(f"resume: {metrics.note}; they are not kept")
     records: list[rundir.StepRecord] = []
-    watch = Watch(recipe.logging, run_dir, plan.total_steps, start, recipe.model_dump(mode="json")) if rank == 0 else None
     last_loss = float("nan")
     last_good = ckpt.latest(ck_root)
     every = recipe.checkpointing.every_steps
@@ -354,6 +354,7 @@ def train(recipe: Recipe, run_dir: str | Path, *, rank: int = 0, world_size: int
     finally:
         if metrics is not None:
             metrics.close()
+        if watch is not None:
             watch.close()
     return RunResult(run_dir, len(records), last_loss, trainer_graphs(trainer), len(trainer.shapes_seen))
 

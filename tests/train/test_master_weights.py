@@ -30,9 +30,9 @@ def graph_mode():
 
 def _batches(root) -> list[np.ndarray]:
     """Real TinyStories text in the model's own tokenizer, as (MICRO, SEQ) batches."""
-    from porting.train.tokenizer import load_model_tokenizer
+    from porting.tokenizer import load_tokenizer
 
-    tok = load_model_tokenizer(root / ROOT_ASSET)
+    tok = load_tokenizer(root / ROOT_ASSET)
     text = (root / "porting" / "train" / "assets" / "tinystories_sample.txt").read_text()
     ids = np.asarray(tok(text)["input_ids"], np.int32)
     n = len(ids) // (MICRO * SEQ)

@@ -10,7 +10,7 @@ from tests.attacks import inputs as I
 from tests.attacks.harness import case
 
 
-@case("no log files found", dest=None, subprocess=True, timeout=10)
+@case("not a regular file (FIFO), skipped", dest=None, subprocess=True, timeout=10)
 def only_a_fifo_named_log(d):
     """A FIFO named worker_0.log blocked diagnose forever: it must be skipped (with a note)."""
     (d / "logs").mkdir()
