@@ -162,21 +162,10 @@ def read_rows(path: str | Path, separator: str) -> list[tuple[int, Any]]:
 Segments = list[tuple[str, bool]]   # (text, counts in the loss)
 
 
-def _need_str(row: dict, key: str, optional: bool = False) -> str:
-    if key not in row:
-        if optional:
-            return ""
-        raise ValueError(f"missing key {key!r}")
-    v = row[key]
-    if not isinstance(v, str):
-        raise ValueError(f"key {key!r} must be a string, got {type(v).__name__}")
-    return v
-
-
 def text_segments(row: Any, data) -> Segments:
     if not isinstance(row, dict):
         raise ValueError(f"expected an object with {data.text_field!r}, got {type(row).__name__}")
-    t = _need_str(row, data.text_field)
+    t = formats.need_str(row, data.text_field)
     if not t.strip():
         raise ValueError(f"empty {data.text_field!r}")
     return [(t, True)]
@@ -185,7 +174,8 @@ def text_segments(row: Any, data) -> Segments:
 def alpaca_segments(row: Any, data) -> Segments:
     if not isinstance(row, dict):
         raise ValueError(f"expected an object with instruction/input/output, got {type(row).__name__}")
-    instr, inp, out = _need_str(row, "instruction"), _need_str(row, "input", True), _need_str(row, "output")
+    need = formats.need_str
+    instr, inp, out = need(row, "instruction"), need(row, "input", True), need(row, "output")
     if not out.strip():
         raise ValueError("empty 'output'")
     tmpl = data.prompt_template_with_input if inp.strip() else data.prompt_template

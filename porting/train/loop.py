@@ -248,32 +248,24 @@ def _host_rss_gib() -> float | None:
         return None
 
 
-def train(recipe: Recipe, run_dir: str | Path, *, rank: int = 0, world_size: int = 1, resume: bool = False,
-          distributed: bool = False, command: list[str] | None = None, echo: bool = True) -> RunResult:
-    """Run (or resume) the fine-tune of ``recipe`` on this rank; returns when the last step is done."""
-    from porting.sources import resolve_hf
+def _join(recipe: Recipe, distributed: bool, rank: int, world_size: int) -> tuple[int, int]:
+    """This process's (rank, world size): msrun's under ``distributed``, checked against the recipe."""
+    if not distributed:
+        return rank, world_size
+    from mindspore.communication import get_group_size, get_rank
+
+    rank, world_size = get_rank(), get_group_size()
+    if world_size != recipe.world_size:
+        raise RecipeError(f"msrun started {world_size} workers but the recipe's world size is {recipe.world_size} "
+                          "(cluster.nodes x cluster.devices_per_node); use the command `port train --dry-run` prints")
+    return rank, world_size
+
+
+def _data_and_model(recipe: Recipe, model_dir: Path, world_size: int, log: logging.Logger):
+    """The batch schedule of the run's data and the model built from ``model_dir`` (both logged)."""
     from porting.tokenizer import load_tokenizer
 
-    run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    configure_mindspore(recipe, distributed)
-    if distributed:
-        from mindspore.communication import get_group_size, get_rank
-
-        rank, world_size = get_rank(), get_group_size()
-        if world_size != recipe.world_size:
-            raise RecipeError(f"msrun started {world_size} workers but the recipe's world size is {recipe.world_size} "
-                              "(cluster.nodes x cluster.devices_per_node); use the command `port train --dry-run` prints")
-    log = rank_logger(run_dir, rank, echo and rank == 0)
-    if distributed:
-        import mindspore as ms
-
-        log.info(f"rank {rank} of {world_size}: parallel_mode {ms.get_auto_parallel_context('parallel_mode')}, "
-                 f"comm_fusion {ms.get_auto_parallel_context('comm_fusion')}, optimizer sharding "
-                 f"{recipe.parallel.optimizer_sharding}")
-    model_dir = resolve_hf(recipe.model.source)
-    tokenizer = load_tokenizer(model_dir)
-    plan = data_mod.build_plan(recipe, tokenizer, world_size)
+    plan = data_mod.build_plan(recipe, load_tokenizer(model_dir), world_size)
     rep = plan.data.report
     log.info(f"data {rep.path}: {rep.examples} examples from {rep.rows} rows, {rep.bad_rows} malformed rows "
              f"skipped, {rep.truncated} truncated, {rep.split_windows} extra windows; sha256 {rep.sha256[:12]}")
@@ -284,6 +276,60 @@ def train(recipe: Recipe, run_dir: str | Path, *, rank: int = 0, world_size: int
     if recipe.memory.recompute:
         flagged = sum(1 for layer in model.model.layers if getattr(layer, "_has_config_recompute", False))
         log.info(f"recompute: {flagged} of {cfg.num_hidden_layers} decoder layers recompute their activations in backward")
+    return plan, cfg, model
+
+
+def _stop_if_diverged(recipe: Recipe, step: data_mod.Step, r: dict, last_good) -> None:
+    # Dynamic loss scaling skips an overflowing step and lowers the scale; once the scale is
+    # down to 1 an overflow is not a scaling problem any more, and the run stops like fp32.
+    dynamic = recipe.precision.loss_scale.kind == "dynamic"
+    if not r["finite"] and (not dynamic or r["scale_used"] <= 1.0):
+        where = f"last good checkpoint: {last_good[1]}" if last_good else "no checkpoint was written yet"
+        scale = f" at loss scale {r['scale_used']:g}" if dynamic else ""
+        raise DivergenceError(f"step {step.index + 1}: loss is {r['loss']} (grad norm {r['grad_norm']}){scale}; "
+                              f"the update was not applied; {where}. Lower optimizer.lr, enable "
+                              f"optimizer.grad_clip, or check the data")
+
+
+def _finish(recipe: Recipe, trainer: Trainer, plan, records: list, metrics, model_dir: Path, run_dir: Path,
+            start: int, command: list[str] | None, log: logging.Logger) -> None:
+    """The final checkpoint, the summary record and the HF export, after the last step."""
+    if plan.total_steps <= start:
+        return
+    ck_root = run_dir / "checkpoints"
+    if trainer.rank == 0 or trainer.shards > 1:
+        final = trainer.save(ck_root, plan.total_steps)
+        log.info(f"checkpoint {final}")
+    if trainer.rank != 0:
+        return
+    summary = summarize(records, trainer, plan)
+    metrics.summary(summary)
+    log.info(f"summary: {json.dumps(summary.to_dict())}")
+    if recipe.checkpointing.export_hf:
+        from porting.train.export import export_hf
+
+        out = export_hf(final, model_dir, run_dir / "hf", command=list(command or sys.argv))
+        log.info(f"HF export {out} (from {final}, with port_manifest.json)")
+
+
+def train(recipe: Recipe, run_dir: str | Path, *, rank: int = 0, world_size: int = 1, resume: bool = False,
+          distributed: bool = False, command: list[str] | None = None, echo: bool = True) -> RunResult:
+    """Run (or resume) the fine-tune of ``recipe`` on this rank; returns when the last step is done."""
+    from porting.sources import resolve_hf
+
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    configure_mindspore(recipe, distributed)
+    rank, world_size = _join(recipe, distributed, rank, world_size)
+    log = rank_logger(run_dir, rank, echo and rank == 0)
+    if distributed:
+        import mindspore as ms
+
+        log.info(f"rank {rank} of {world_size}: parallel_mode {ms.get_auto_parallel_context('parallel_mode')}, "
+                 f"comm_fusion {ms.get_auto_parallel_context('comm_fusion')}, optimizer sharding "
+                 f"{recipe.parallel.optimizer_sharding}")
+    model_dir = resolve_hf(recipe.model.source)
+    plan, cfg, model = _data_and_model(recipe, model_dir, world_size, log)
     trainer = Trainer(recipe, run_dir, rank, world_size, model, model_dir, plan, log)
     ck_root = run_dir / "checkpoints"
     start = 0
@@ -309,15 +355,7 @@ def train(recipe: Recipe, run_dir: str | Path, *, rank: int = 0, world_size: int
         for step in plan.steps(rank, start):
             lr = lr_at(recipe, step.index, plan.total_steps)
             r = trainer.run_step(step, lr)
-            # Dynamic loss scaling skips an overflowing step and lowers the scale; once the scale is
-            # down to 1 an overflow is not a scaling problem any more, and the run stops like fp32.
-            dynamic = recipe.precision.loss_scale.kind == "dynamic"
-            if not r["finite"] and (not dynamic or r["scale_used"] <= 1.0):
-                where = f"last good checkpoint: {last_good[1]}" if last_good else "no checkpoint was written yet"
-                scale = f" at loss scale {r['scale_used']:g}" if dynamic else ""
-                raise DivergenceError(f"step {step.index + 1}: loss is {r['loss']} (grad norm {r['grad_norm']}){scale}; "
-                                      f"the update was not applied; {where}. Lower optimizer.lr, enable "
-                                      f"optimizer.grad_clip, or check the data")
+            _stop_if_diverged(recipe, step, r, last_good)
             last_loss = r["loss"]
             rec = step_record(step, r, lr, trainer.scaler.scale)
             if rank == 0:
@@ -336,18 +374,7 @@ def train(recipe: Recipe, run_dir: str | Path, *, rank: int = 0, world_size: int
                 path = trainer.save(ck_root, done)
                 last_good = (done, path)
                 log.info(f"checkpoint {path}")
-        if (rank == 0 or trainer.shards > 1) and plan.total_steps > start:
-            final = trainer.save(ck_root, plan.total_steps)
-            log.info(f"checkpoint {final}")
-        if rank == 0 and plan.total_steps > start:
-            summary = summarize(records, trainer, plan)
-            metrics.summary(summary)
-            log.info(f"summary: {json.dumps(summary.to_dict())}")
-            if recipe.checkpointing.export_hf:
-                from porting.train.export import export_hf
-
-                out = export_hf(final, model_dir, run_dir / "hf", command=list(command or sys.argv))
-                log.info(f"HF export {out} (from {final}, with port_manifest.json)")
+        _finish(recipe, trainer, plan, records, metrics, model_dir, run_dir, start, command, log)
     except PortingError as exc:
         log.error(str(exc))
         raise
