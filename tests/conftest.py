@@ -69,12 +69,25 @@ def tiny_cpu_run(tmp_path_factory) -> Path:
     return work / "runs" / "tiny-cpu"
 
 
-@pytest.fixture(autouse=True)
-def _pynative_by_default():
-    """Tests share one process: a test that switches MindSpore to graph mode (an in-process
-    `port train`) must not leave it on for the next one."""
+@pytest.fixture(scope="module")
+def graph_mode_module():
+    """GRAPH_MODE while a module's module-scoped fixtures compile and train (request it with
+    ``pytest.mark.usefixtures("graph_mode_module")`` beside ``pytest.mark.graph_mode``)."""
     import mindspore as ms
 
+    ms.set_context(mode=ms.GRAPH_MODE)
+    yield
     ms.set_context(mode=ms.PYNATIVE_MODE)
+
+
+@pytest.fixture(autouse=True)
+def _mindspore_mode(request):
+    """Tests share one process: each test starts in PyNative (an in-process `port train` switches to
+    graph mode and must not leave it on for the next one), or in GRAPH_MODE when marked ``graph_mode``.
+    Set per test, after any module-scoped fixture, so a test body runs in the mode its marker says."""
+    import mindspore as ms
+
+    graph = request.node.get_closest_marker("graph_mode") is not None
+    ms.set_context(mode=ms.GRAPH_MODE if graph else ms.PYNATIVE_MODE)
     yield
     ms.set_context(mode=ms.PYNATIVE_MODE)

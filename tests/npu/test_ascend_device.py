@@ -13,7 +13,7 @@ import pytest
 
 import mindspore as ms
 
-pytestmark = pytest.mark.npu
+pytestmark = [pytest.mark.npu, pytest.mark.graph_mode]
 
 CFG_KW = dict(vocab_size=512, hidden_size=256, intermediate_size=688, num_hidden_layers=2,
               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096)
@@ -21,7 +21,7 @@ BF16_LOSS_RTOL = 2e-2   # bf16 has a 2^-8 relative step; fused and reference rou
 
 
 @pytest.fixture(scope="module", autouse=True)
-def ascend_graph_mode():
+def ascend_graph_mode():  # test bodies get GRAPH_MODE from the graph_mode marker (tests/conftest.py)
     ms.set_context(mode=ms.GRAPH_MODE)
     if ms.get_context("device_target") != "Ascend":
         ms.set_device("Ascend")

@@ -20,12 +20,8 @@ ROOT_ASSET = "model_zoo/assets/stories260k"
 STEPS, MICRO, SEQ, LR = 30, 4, 64, 1e-5
 
 
-@pytest.fixture(scope="module", autouse=True)
-def graph_mode():
-    before = ms.get_context("mode")
-    ms.set_context(mode=ms.GRAPH_MODE)
-    yield
-    ms.set_context(mode=before)
+# Test bodies and the module-scoped fixtures that train both run in GRAPH_MODE (tests/conftest.py).
+pytestmark = [pytest.mark.graph_mode, pytest.mark.usefixtures("graph_mode_module")]
 
 
 def _batches(root) -> list[np.ndarray]:
