@@ -15,10 +15,10 @@ from model_zoo import presets
 from model_zoo.config import LlamaConfig
 from model_zoo.errors import PortingError
 
-_LAZY = {"KernelPlan": "model_zoo.kernels", "select_kernels": "model_zoo.kernels",
+_LAZY = {"KernelSelection": "model_zoo.kernels", "select_kernels": "model_zoo.kernels",
          "LlamaForCausalLM": "model_zoo.llama", "build": "model_zoo.llama"}
 
-__all__ = ["LlamaConfig", "LlamaForCausalLM", "KernelPlan", "PortingError", "build", "presets", "select_kernels"]
+__all__ = ["LlamaConfig", "LlamaForCausalLM", "KernelSelection", "PortingError", "build", "presets", "select_kernels"]
 
 
 def __getattr__(name: str):

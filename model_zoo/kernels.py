@@ -102,7 +102,7 @@ class KernelChoice:
 
 
 @dataclasses.dataclass(frozen=True)
-class KernelPlan:
+class KernelSelection:
     """Which implementation every layer's kernels run, and why. Same for all layers of a model."""
 
     attention: KernelChoice
@@ -208,7 +208,7 @@ def _fused_constraints(kernel: str, cfg: LlamaConfig, compute_dtype: str) -> lis
 
 
 def select_kernels(cfg: LlamaConfig, *, device: str | None = None, compute_dtype: str = "float32",
-                   override: Mapping[str, str] | None = None, namespace=None) -> KernelPlan:
+                   override: Mapping[str, str] | None = None, namespace=None) -> KernelSelection:
     """Pick fused (Ascend), cpu (port's C++ CPU kernels, float32) or reference for each kernel;
     ``override`` maps kernel -> auto|fused|reference|cpu. ``namespace``: where the version guards look
     the fused ops up (``mindspore.ops`` by default)."""
@@ -261,7 +261,7 @@ def select_kernels(cfg: LlamaConfig, *, device: str | None = None, compute_dtype
             if kernel == "rope":
                 why += " (falls back per call when batch >= 1000 or BNSD with B*N > 8*S and 32-byte-aligned head_dim)"
             picks[kernel] = KernelChoice(kernel, "fused", FUSED_OPS[kernel], why)
-    return KernelPlan(attention=picks["attention"], rope=picks["rope"], rmsnorm=picks["rmsnorm"],
+    return KernelSelection(attention=picks["attention"], rope=picks["rope"], rmsnorm=picks["rmsnorm"],
                       swiglu=picks["swiglu"], device=device, compute_dtype=compute_dtype, mindspeed_available=mindspeed_available())
 
 

@@ -22,7 +22,7 @@ from mindspore.common.initializer import Normal, Zero, One, initializer
 from model_zoo import cpu_kernels, kernels
 from model_zoo.config import LlamaConfig
 from model_zoo.errors import ConfigError, KernelError
-from model_zoo.kernels import KernelPlan
+from model_zoo.kernels import KernelSelection
 
 _DTYPES = {"float32": ms.float32, "float16": ms.float16, "bfloat16": ms.bfloat16}
 
@@ -238,7 +238,7 @@ class CpuCausalAttention(nn.Cell):
 
 
 class Attention(nn.Cell):
-    def __init__(self, cfg: LlamaConfig, plan: KernelPlan, param_dtype: ms.Type, compute_dtype: ms.Type):
+    def __init__(self, cfg: LlamaConfig, plan: KernelSelection, param_dtype: ms.Type, compute_dtype: ms.Type):
         super().__init__()
         h = cfg.hidden_size
         self.n_heads = cfg.num_attention_heads
@@ -325,7 +325,7 @@ class FeedForward(nn.Cell):
 
 
 class DecoderLayer(nn.Cell):
-    def __init__(self, cfg: LlamaConfig, plan: KernelPlan, param_dtype: ms.Type, compute_dtype: ms.Type):
+    def __init__(self, cfg: LlamaConfig, plan: KernelSelection, param_dtype: ms.Type, compute_dtype: ms.Type):
         super().__init__()
         norm = plan.rmsnorm.impl
         self.attention_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, param_dtype, norm)
@@ -354,7 +354,7 @@ class Embedding(nn.Cell):
 
 
 class LlamaModel(nn.Cell):
-    def __init__(self, cfg: LlamaConfig, plan: KernelPlan, param_dtype: ms.Type, compute_dtype: ms.Type):
+    def __init__(self, cfg: LlamaConfig, plan: KernelSelection, param_dtype: ms.Type, compute_dtype: ms.Type):
         super().__init__()
         self.tok_embeddings = Embedding(cfg.vocab_size, cfg.hidden_size, param_dtype, compute_dtype)
         self.layers = nn.CellList([DecoderLayer(cfg, plan, param_dtype, compute_dtype)
@@ -371,7 +371,7 @@ class LlamaModel(nn.Cell):
 class LlamaForCausalLM(nn.Cell):
     """Logits from token ids. Build it with :func:`model_zoo.build`."""
 
-    def __init__(self, cfg: LlamaConfig, plan: KernelPlan, param_dtype: str = "float32",
+    def __init__(self, cfg: LlamaConfig, plan: KernelSelection, param_dtype: str = "float32",
                  compute_dtype: str | None = None):
         super().__init__()
         self.config = cfg

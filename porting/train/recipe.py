@@ -146,7 +146,8 @@ class CommFusionSection(_Section):
 
 
 class ParallelSection(_Section):
-    data_parallel: Optional[int] = Field(None, ge=1, le=1 << 18)   # None: nodes x devices_per_node
+    data_parallel: Optional[int] = Field(None, ge=1, le=1 << 18)   # None: world size / tensor_parallel
+    tensor_parallel: int = Field(1, ge=1, le=64)   # Megatron-style, within a node; devices = data x tensor
     optimizer_sharding: bool = False
     comm_fusion: CommFusionSection = CommFusionSection()
 
@@ -206,17 +207,28 @@ class Recipe(_Section):
         return self.cluster.nodes * self.cluster.devices_per_node
 
     @property
+    def data_parallel_size(self) -> int:
+        """Ranks holding different micro-batches: the world size over the tensor-parallel size."""
+        return self.world_size // self.parallel.tensor_parallel
+
+    @property
     def global_batch_size(self) -> int:
-        return self.batching.micro_batch_size * self.batching.grad_accum_steps * self.world_size
+        return self.batching.micro_batch_size * self.batching.grad_accum_steps * self.data_parallel_size
 
 
 def _cross_checks(r: Recipe) -> list[tuple[bool, str]]:
     """(is it a problem, message) for rules that span sections; all are reported together."""
     world = r.cluster.nodes * r.cluster.devices_per_node
     return [
-        (r.parallel.data_parallel is not None and r.parallel.data_parallel != world,
-         f"parallel.data_parallel: {r.parallel.data_parallel} but cluster.nodes x cluster.devices_per_node = "
-         f"{world}; only data parallel is supported, so they must be equal (or leave data_parallel out)"),
+        (world % r.parallel.tensor_parallel != 0,
+         f"parallel.tensor_parallel: {r.parallel.tensor_parallel} does not divide the {world} devices "
+         "(cluster.nodes x cluster.devices_per_node); pick a divisor"),
+        (r.parallel.tensor_parallel > r.cluster.devices_per_node,
+         f"parallel.tensor_parallel: {r.parallel.tensor_parallel} is more than cluster.devices_per_node="
+         f"{r.cluster.devices_per_node}; tensor parallel stays inside a node (its all-reduces need the intra-node links)"),
+        (r.parallel.data_parallel is not None and r.parallel.data_parallel * r.parallel.tensor_parallel != world,
+         f"parallel.data_parallel: {r.parallel.data_parallel} x parallel.tensor_parallel: {r.parallel.tensor_parallel} "
+         f"must equal cluster.nodes x cluster.devices_per_node = {world} (or leave data_parallel out)"),
         (r.cluster.device == "cpu" and (r.precision.param_dtype != "float32" or r.precision.compute_dtype != "float32"),
          "precision: the CPU trains in float32 only; set precision.param_dtype and precision.compute_dtype to "
          "float32, or cluster.device to ascend"),
