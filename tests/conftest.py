@@ -24,7 +24,17 @@ def _has_npu() -> bool:
     return shutil.which("npu-smi") is not None or Path("/dev/davinci0").exists()
 
 
+# scripts/test.sh runs the suite on two pytest-xdist workers (--dist loadgroup). Tests that start msrun
+# jobs, or that read machine-wide state (free ports, running training processes: `port doctor`), all go
+# to one worker, one after another, so they never see each other's workers or race for a port.
+MACHINE_WIDE = {"tests/test_cli.py", "tests/diagnostics/test_doctor.py", "tests/diagnostics/test_preflight.py"}
+
+
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        rel = Path(str(item.fspath)).resolve().relative_to(ROOT).as_posix()
+        if "msrun" in item.keywords or rel in MACHINE_WIDE:
+            item.add_marker(pytest.mark.xdist_group("machine"))
     if _has_npu():
         return
     skip = pytest.mark.skip(reason="needs a real Ascend NPU")
