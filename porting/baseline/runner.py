@@ -220,7 +220,7 @@ def check_probe_size(probe_tokens: int, vocab_size: int) -> None:
 def run(req: BaselineRequest, log: Callable[[str], None] = lambda s: None) -> BaselineResult:
     """Run the baseline and write ``req.out`` atomically."""
     from model_zoo.config import LlamaConfig
-    from porting.sources import resolve_hf
+    from porting.model_paths import resolve_hf
     from porting.train.data import build_plan
     from porting.train.recipe import load_recipe
     from porting.tokenizer import load_tokenizer

@@ -113,7 +113,7 @@ Tolerances (max abs on logits / abs on loss / rel on gradient norms):
 def command(hf_src, ms_dir, no_roundtrip, rehash_source, dtype, batch, seq, seed, hidden_states, grads, gen_tokens, cache_mode, as_json):
     """Check a zoo model against HF transformers on the same weights and inputs."""
     from porting.parity import check_parity
-    from porting.sources import resolve_hf
+    from porting.model_paths import resolve_hf
 
     hf_dir = resolve_hf(hf_src)
     rows = None

@@ -399,7 +399,7 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
 
 
 def _file_problems(recipe: Recipe, base: Path) -> list[str]:
-    """Files a recipe names that do not exist (zoo names are resolved later, by porting.sources)."""
+    """Files a recipe names that do not exist (zoo names are resolved later, by porting.model_paths)."""
     problems = []
     data = resolve_path(recipe.data.path, base)
     if not (data.is_file() or data.is_dir()):
