@@ -90,8 +90,8 @@ VERIFY = """
 import sys, json
 from porting.roundtrip import verify_checkpoint
 rows = verify_checkpoint(sys.argv[1], sys.argv[2], roundtrip=sys.argv[3] == "1")
-assert all(r["passed"] for r in rows), rows
-print(json.dumps([(r["name"], r["detail"]) for r in rows]))
+assert all(r.passed for r in rows), rows
+print(json.dumps([(r.name, r.detail) for r in rows]))
 """
 
 

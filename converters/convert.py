@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
-import hashlib
 import json
 import os
 import shutil
@@ -24,8 +23,8 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
-from converters import atomic, dtypes, names, shard_writer
-from converters.safetensors_io import OutTensor, TensorInfo, encode_header, write_all
+from converters import atomic, dtypes, names, shard_writer, tensor_writer
+from converters.safetensors_io import OutTensor, TensorInfo, encode_header
 from converters.sources import (
     MANIFEST,
     MS_INDEX,
@@ -34,7 +33,6 @@ from converters.sources import (
     known_sha256,
     open_hf,
     open_ms,
-    stream,
 )
 from model_zoo.config import LlamaConfig
 from model_zoo.errors import CheckpointError
@@ -214,11 +212,6 @@ def build_plan(src_dir: Path, direction: Direction, out_format: str = "safetenso
 
 
 # ------------------------------------------------------------------------------------------ writing
-def _tensor_record(o: OutTensor, digest: str, file: str, src: TensorInfo, src_file: str) -> dict:
-    return {"name": o.name, "shape": list(o.shape), "dtype": o.dtype, "sha256": digest, "file": file,
-            "source_name": src.name, "source_dtype": src.dtype, "source_file": src_file}
-
-
 def _file_jobs(plan: ConversionLayout, tmp: Path, out_dir: Path,
                hash_source: dict[str, bool]) -> list[shard_writer.FileJob]:
     jobs = []
@@ -240,69 +233,8 @@ def _write_parallel(plan: ConversionLayout, tmp: Path, out_dir: Path, progress, 
     digests, records = {}, []
     for pf, fd, tds in zip(plan.files, file_digests, tensor_digests):
         digests[pf.src.name] = fd
-        records.extend(_tensor_record(o, d, pf.out_name, t, pf.src.name) for (t, o), d in zip(pf.tensors, tds))
+        records.extend(tensor_writer.tensor_record(o, d, pf.out_name, t, pf.src.name) for (t, o), d in zip(pf.tensors, tds))
     return digests, records, ways
-
-
-def _write_loaded(plan: ConversionLayout, pf: PlannedFile, out_path: Path, progress) -> list[dict]:
-    """A .bin / .ckpt source (tensors loaded by torch / MindSpore) -> safetensors, chunk by chunk."""
-    outs = {t.name: o for t, o in pf.tensors}
-    tensor_hash: dict[str, object] = {}
-    with open(out_path, "wb", buffering=0) as fo:
-        write_all(fo, pf.header)
-        for seg in stream(plan.source, pf.src):
-            t = seg.tensor
-            if t is not None and t.name in outs:
-                out = dtypes.cast_bytes(t.dtype, outs[t.name].dtype, seg.view)
-                tensor_hash.setdefault(t.name, hashlib.sha256()).update(out)
-                write_all(fo, out)
-            progress(seg.view.nbytes)
-        size = fo.tell()
-    if size != pf.out_bytes:
-        raise CheckpointError(f"{pf.src.path}: wrote {size} bytes to {out_path.name}, expected {pf.out_bytes}; "
-                              "the source changed while it was read")
-    return [_tensor_record(o, tensor_hash.get(t.name, hashlib.sha256()).hexdigest(), pf.out_name, t, pf.src.name)
-            for t, o in pf.tensors]
-
-
-def _ms_numpy_dtype(code: str):
-    import numpy as np
-
-    if code == "BF16":
-        from mindspore.common import np_dtype
-        return np_dtype.bfloat16
-    return {"F32": np.float32, "F16": np.float16}[code]
-
-
-def _write_ckpt(plan: ConversionLayout, pf: PlannedFile, out_path: Path, progress,
-                hash_source: bool) -> tuple[str | None, list[dict]]:
-    """MindSpore's own .ckpt writer, one shard in memory at a time (it needs whole tensors)."""
-    import mindspore as ms
-    import numpy as np
-
-    outs = {t.name: (t, o) for t, o in pf.tensors}
-    file_hash = hashlib.sha256() if plan.source.kind == "safetensors" and hash_source else None
-    parts: dict[str, list[bytes]] = {}
-    for seg in stream(plan.source, pf.src):
-        t, chunk = seg.tensor, seg.view
-        if file_hash is not None:
-            file_hash.update(chunk)
-        if t is not None and t.name in outs:
-            parts.setdefault(t.name, []).append(bytes(dtypes.cast_bytes(t.dtype, outs[t.name][1].dtype, chunk)))
-        progress(chunk.nbytes)
-    records, to_save = [], []
-    for t, o in pf.tensors:
-        raw = b"".join(parts.pop(t.name, []))
-        arr = np.frombuffer(raw, dtype=_ms_numpy_dtype(o.dtype)).reshape(o.shape)
-        to_save.append({"name": o.name, "data": ms.Tensor(arr)})
-        records.append(_tensor_record(o, hashlib.sha256(raw).hexdigest(), pf.out_name, t, pf.src.name))
-    try:
-        ms.save_checkpoint(to_save, str(out_path), format="ckpt")
-    except (RuntimeError, ValueError) as e:  # MindSpore wraps OSError; keep "disk full" recognisable
-        if shutil.disk_usage(out_path.parent).free < sum(o.nbytes for _, o in pf.tensors):
-            raise OSError(28, "No space left on device", str(out_path)) from None
-        raise CheckpointError(f"{out_path}: MindSpore could not write the checkpoint ({str(e).splitlines()[0]})") from None
-    return (file_hash.hexdigest() if file_hash else None), records
 
 
 def _index_files(plan: ConversionLayout, records: list[dict]) -> dict[str, dict]:
@@ -362,9 +294,9 @@ def execute(plan: ConversionLayout, out_dir: Path, *, force: bool = False,
             for pf in plan.files:
                 try:
                     if plan.out_format == "ckpt":
-                        digest, recs = _write_ckpt(plan, pf, tmp / pf.out_name, progress, compute[pf.src.name])
+                        digest, recs = tensor_writer.write_ckpt(plan, pf, tmp / pf.out_name, progress, compute[pf.src.name])
                     else:
-                        digest, recs = None, _write_loaded(plan, pf, tmp / pf.out_name, progress)
+                        digest, recs = None, tensor_writer.write_loaded(plan, pf, tmp / pf.out_name, progress)
                 except OSError as e:
                     raise OSError(e.errno, e.strerror, str(out_dir / pf.out_name)) from None
                 if digest is None and compute[pf.src.name]:

@@ -8,13 +8,12 @@ problem and raises one :class:`ConfigError` that names each bad field.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from pathlib import Path
 from typing import Any, Mapping
 
 from model_zoo.errors import ConfigError
-from model_zoo.files import MAX_JSON_DEPTH, json_depth, read_text
+from model_zoo.files import read_json_object
 
 # HF model_type -> how its attention biases are laid out. Anything else is refused with this list.
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
@@ -157,19 +156,8 @@ class LlamaConfig:
             if not path.exists():
                 raise ConfigError(f"{path}: no config.json found; expected an HF model directory with "
                                   "config.json (as written by transformers' save_pretrained)")
-            # bounded in size and depth, UTF-8 or one line saying it is not (config.json is a few KB)
-            text = read_text(path, what="config.json", max_bytes=1 << 20, error=ConfigError)
-            try:
-                raw = json.loads(text)
-            except json.JSONDecodeError as e:
-                raise ConfigError(f"{path}: not valid JSON ({e}); expected an HF config.json") from None
-            except RecursionError:
-                raw = None
-            if raw is None or json_depth(raw, MAX_JSON_DEPTH) > MAX_JSON_DEPTH:
-                raise ConfigError(f"{path}: not valid JSON for a config.json (nested deeper than {MAX_JSON_DEPTH} "
-                                  "levels or null); expected an HF config.json")
-            if not isinstance(raw, dict):
-                raise ConfigError(f"{path}: expected a JSON object, found {type(raw).__name__}")
+            # bounded in size (config.json is a few KB) and depth, UTF-8, an object: or one line saying not
+            raw = read_json_object(path, what="config.json", max_bytes=1 << 20, error=ConfigError)
         return cls._from_raw(raw, where)
 
     @classmethod

@@ -41,7 +41,13 @@ PRESETS: list[dict] = [
          golden=dict(prompt_ids=[1], new_tokens=60,
                      text="Once upon a time, there was a little girl named Lily. She loved to play outside "
                           "in the park. One day, she saw a big, red ball. She wanted to play with it, but it "
-                          "was too high")),
+                          "was too high"),
+         # sha256 of the embedded files: the copy of shared/data/models/stories260k the golden facts belong to
+         sha256={"config.json": "14ba45c0cdd03e5d10ff6679004259ba127047e562103fc491c722513f68f472",
+                 "model.safetensors": "407a7c581bdd66972383ce9ad24857713fb98786d06ea564a2fe9b34ebe77dfd",
+                 "tokenizer.json": "30d602c71f8ad3f7747c0c330dff21e6506a119b63994bd20998fbc0ae9ffb0a",
+                 "tokenizer.model": "bf8e929680b960de8754465bb222aab0de883a668601245a7218914c6451370f",
+                 "tokenizer_config.json": "7043e163c3f1c6681ceb1113e2ed13f5e574e9243cb112cb1e6ec4b285a5bbc3"}),
     # huggyllama/llama-7b config.json
     dict(name="llama-7b", hf_repo="huggyllama/llama-7b", config=dict(_LLAMA1)),
     # huggyllama/llama-13b config.json

@@ -60,12 +60,11 @@ def probe_ids(vocab: int, batch: int, seq: int, seed: int, bos: int | None) -> n
 
 
 def load_hf_reference(hf_dir: Path, dtype: str):
-    try:
-        import torch
-        from transformers import AutoModelForCausalLM
-    except ImportError as e:
-        raise ConfigError(f"the HF reference needs torch and transformers ({e}); install with "
-                          "`pip install 'port[torch]'` (torch==2.13.0 CPU)") from None
+    from porting.env import require_torch
+
+    require_torch("the HF reference")
+    import torch
+    from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # one-line output; the weights are local and small to list

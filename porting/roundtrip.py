@@ -18,11 +18,12 @@ turns a failed row into a non-zero exit):
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from converters import convert, dtypes, names
 from converters.sources import (
@@ -38,12 +39,26 @@ from model_zoo.config import LlamaConfig
 from model_zoo.errors import CheckpointError, PortingError
 from model_zoo.files import read_json_object
 
-Row = dict  # {"name": str, "passed": bool, "detail": str, "numbers": dict}
 _SHOW = 5
 
 
-def _row(name: str, passed: bool, detail: str, **numbers) -> Row:
-    return {"name": name, "passed": passed, "detail": detail, "numbers": numbers}
+@dataclasses.dataclass(frozen=True)
+class Row:
+    """One check's result: ``detail`` is one line naming what failed (or what was proven); ``numbers``
+    are the counts behind it (tensors compared, digests recomputed, ...), keyed by what they count."""
+
+    name: str
+    passed: bool
+    detail: str
+    numbers: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form ``port verify --json`` prints under ``checkpoint``: name, passed, detail, numbers."""
+        return dataclasses.asdict(self)
+
+
+def _row(name: str, passed: bool, detail: str, **numbers: Any) -> Row:
+    return Row(name, passed, detail, numbers)
 
 
 def _guard(name: str, fn: Callable[[], Row]) -> Row:
@@ -193,16 +208,16 @@ def _check_claims(hf: Source, ms_dir: Path, cfg: LlamaConfig, rehash: bool) -> R
     the source files (sizes, sha256), every tensor record (file, dtype, shape, sha256), the name map."""
     path = ms_dir / MANIFEST
     rows = [_check_manifest(hf, ms_dir, rehash)]
-    if rows[-1]["passed"]:
+    if rows[-1].passed:
         rows.append(_check_digests(open_ms(ms_dir), _manifest(ms_dir), path))
-    if rows[-1]["passed"]:
+    if rows[-1].passed:
         rows.append(_check_name_map(_manifest(ms_dir), cfg, path))
-    numbers = {k: v for r in rows for k, v in r["numbers"].items()}
+    numbers = {k: v for r in rows for k, v in r.numbers.items()}
     last = rows[-1]
-    if not last["passed"]:
+    if not last.passed:
         claim = CLAIMS[len(rows) - 1]
-        return _row("ms-manifest", False, f"claim '{claim}' failed: {last['detail']}", claim=claim, **numbers)
-    return _row("ms-manifest", True, "; ".join(r["detail"] for r in rows), **numbers)
+        return _row("ms-manifest", False, f"claim '{claim}' failed: {last.detail}", claim=claim, **numbers)
+    return _row("ms-manifest", True, "; ".join(r.detail for r in rows), **numbers)
 
 
 CLAIMS = ("source files", "tensor digests", "name map")
@@ -293,7 +308,7 @@ def _check_roundtrip(hf: Source, ms_dir: Path, work: Path) -> Row:
 
 
 def verify_checkpoint(hf_dir: Path, ms_dir: Path, *, roundtrip: bool = True, rehash_source: bool = False) -> list[Row]:
-    """Rows {name, passed, detail, numbers} for a MindSpore checkpoint directory against its HF source.
+    """One Row per check (name, passed, detail, numbers) for a MindSpore checkpoint directory against its HF source.
     Source sha256 digests the converter took from the HF cache are recomputed; ``rehash_source``
     recomputes every recorded one."""
     hf_dir, ms_dir = Path(hf_dir), Path(ms_dir)

@@ -17,6 +17,9 @@ def test_verify_converted_stories_then_a_flipped_byte_fails(tmp_path):
     rep = json.loads(res.stdout)
     assert [r["name"] for r in rep["checkpoint"]] == ["ms-config", "ms-coverage", "ms-manifest", "ms-tensors", "roundtrip"]
     assert rep["passed"] and rep["zoo_weights_from"] == str(out)
+    # the JSON form of a row is the one scripts read: these keys in this order, counts under numbers
+    assert all(list(r) == ["name", "passed", "detail", "numbers"] for r in rep["checkpoint"]), rep["checkpoint"]
+    assert rep["checkpoint"][3]["numbers"]["compared"] > 0
 
     f = out / "model.safetensors"
     os.chmod(f, 0o644)

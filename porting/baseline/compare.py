@@ -217,9 +217,11 @@ def estimator_vs_baseline(base_doc: dict, run: RunRecords) -> dict[str, Any] | N
 def run_settings(run: RunRecords) -> dict[str, Any]:
     """The run's comparable settings, from its manifest (resolved recipe, data hash) and its model."""
     from porting.baseline import settings as settings_mod
+    from porting.train.recipe import validate_recipe
 
     assert run.manifest is not None, "read_run(strict=True) reads the manifest"
-    rec = run.manifest.recipe
+    # the resolved recipe `port train` wrote, read by the same strict schema (files are not needed here)
+    rec = validate_recipe(run.manifest.recipe, f"{run.path / 'manifest.json'}: recipe", check_files=False)
     data = run.manifest.data
     cfg = run.manifest.model.config
     if isinstance(cfg, dict):
@@ -229,11 +231,7 @@ def run_settings(run: RunRecords) -> dict[str, Any]:
     else:
         raise ConfigError(f"{run.path / 'manifest.json'}: no model.config and no hf/config.json; cannot tell "
                           "which model the run trained")
-    try:
-        return settings_mod.from_recipe(rec, data.get("sha256"), model, len(run.steps))
-    except (KeyError, TypeError) as e:
-        raise ConfigError(f"{run.path / 'manifest.json'}: recipe lacks {e}; expected the resolved recipe "
-                          "that `port train` writes") from None
+    return settings_mod.from_recipe(rec, data.get("sha256"), model, len(run.steps))
 
 
 def run_compare(baseline_path: str, run_dir: str, *, allow_settings_mismatch: bool = False,

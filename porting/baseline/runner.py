@@ -182,7 +182,7 @@ def baseline_document(run: BaselineRun) -> dict[str, Any]:
         "format": schema.FORMAT, "format_version": schema.FORMAT_VERSION, "created": run.started,
         "command": list(req.command), "device": device_info(req.device, req.threads), "versions": ver,
         "model": {"hf_dir": str(hf_dir), **model, "weights": weights_fingerprint(hf_dir)},
-        "settings": settings_mod.from_recipe(rd, plan.data.report.sha256, model, n),
+        "settings": settings_mod.from_recipe(recipe, plan.data.report.sha256, model, n),
         "recipe": rd,
         "data": {**plan.data.report.as_dict(), "batching": plan.describe()},
         "steps": {
@@ -220,7 +220,7 @@ def check_probe_size(probe_tokens: int, vocab_size: int) -> None:
 def run(req: BaselineRequest, log: Callable[[str], None] = lambda s: None) -> BaselineResult:
     """Run the baseline and write ``req.out`` atomically."""
     from model_zoo.config import LlamaConfig
-    from porting.sources import resolve_hf
+    from porting.model_paths import resolve_hf
     from porting.train.data import build_plan
     from porting.train.recipe import load_recipe
     from porting.tokenizer import load_tokenizer
@@ -231,7 +231,7 @@ def run(req: BaselineRequest, log: Callable[[str], None] = lambda s: None) -> Ba
     recipe = load_recipe(req.recipe_path, list(req.overrides))
     require_torch("port baseline")
     check_device(req.device)
-    prec = settings_mod.precision(recipe.model_dump(mode="json"))
+    prec = settings_mod.precision(recipe)
     if prec not in LOOP_DTYPES:
         raise ConfigError(f"{req.recipe_path}: precision {prec} is not supported by `port baseline` (supported: "
                           f"{', '.join(LOOP_DTYPES)}); set precision.param_dtype/compute_dtype to one of them")

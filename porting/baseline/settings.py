@@ -1,15 +1,19 @@
 """The settings a baseline and a run are compared on, derived the same way on both sides from the
-resolved recipe (``port train``'s schema, as a plain dict: the manifest's "recipe"), the data hash
-and the model's config.json. One function, so the two sides cannot drift apart."""
+resolved recipe (a typed ``Recipe``: the baseline's own, or the run manifest's "recipe" validated by
+``port train``'s schema), the data hash and the model's config.json. One function, so the two sides
+cannot drift apart."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from model_zoo.errors import ConfigError
+
+if TYPE_CHECKING:
+    from porting.train.recipe import Recipe
 
 # (param_dtype, compute_dtype) of the recipe -> the precision name both sides record.
 PRECISIONS: dict[tuple[str, str], str] = {
@@ -21,9 +25,8 @@ PRECISIONS: dict[tuple[str, str], str] = {
 }
 
 
-def precision(recipe: dict[str, Any]) -> str:
-    p = recipe.get("precision", {})
-    key = (p.get("param_dtype", "float32"), p.get("compute_dtype", "float32"))
+def precision(recipe: Recipe) -> str:
+    key = (recipe.precision.param_dtype, recipe.precision.compute_dtype)
     if key not in PRECISIONS:
         raise ConfigError(f"precision: param_dtype={key[0]} with compute_dtype={key[1]} has no baseline "
                           f"equivalent; use one of {sorted(PRECISIONS)}")
@@ -40,31 +43,23 @@ def model_info(source: str | Path | dict[str, Any]) -> dict[str, Any]:
             "model_config_sha256": hashlib.sha256(json.dumps(arch, sort_keys=True).encode()).hexdigest()}
 
 
-def world_size(recipe: dict[str, Any]) -> int:
-    c = recipe.get("cluster", {})
-    return int(c.get("nodes", 1)) * int(c.get("devices_per_node", 1))
-
-
-def from_recipe(recipe: dict[str, Any], data_sha256: str | None, model: dict[str, Any], steps: int) -> dict[str, Any]:
+def from_recipe(recipe: Recipe, data_sha256: str | None, model: dict[str, Any], steps: int) -> dict[str, Any]:
     """The comparable settings of one side (see schema.KEY_SETTINGS / OTHER_SETTINGS)."""
-    b, o, s = recipe["batching"], recipe["optimizer"], recipe["schedule"]
-    world = world_size(recipe)
-    bucketing = b.get("bucketing", {})
+    b, o, d = recipe.batching, recipe.optimizer, recipe.data
     return {
-        "global_batch": int(b["micro_batch_size"]) * int(b["grad_accum_steps"]) * world,
-        "seq_length": int(recipe["data"]["max_seq_length"]),
-        "micro_batch_size": int(b["micro_batch_size"]),
-        "grad_accum_steps": int(b["grad_accum_steps"]),
-        "world_size": world,
+        "global_batch": recipe.global_batch_size,
+        "seq_length": d.max_seq_length,
+        "micro_batch_size": b.micro_batch_size,
+        "grad_accum_steps": b.grad_accum_steps,
+        "world_size": recipe.world_size,
         "dtype": precision(recipe),
         "data_sha256": data_sha256,
-        "data_order": {"shuffle": recipe["data"].get("shuffle", True), "bucketing": bucketing,
-                       "format": recipe["data"].get("format"), "long_text": recipe["data"].get("long_text")},
-        "seed": int(recipe.get("seed", 0)),
+        "data_order": {"shuffle": d.shuffle, "bucketing": b.bucketing.model_dump(mode="json"),
+                       "format": d.format, "long_text": d.long_text},
+        "seed": recipe.seed,
         "steps": int(steps),
         **model,
-        "lr": float(o["lr"]), "betas": list(o["betas"]), "eps": float(o["eps"]),
-        "weight_decay": float(o["weight_decay"]), "grad_clip": o.get("grad_clip"),
-        "schedule": dict(s),
-        "recompute": bool(recipe.get("memory", {}).get("recompute", False)),
+        "lr": o.lr, "betas": list(o.betas), "eps": o.eps, "weight_decay": o.weight_decay, "grad_clip": o.grad_clip,
+        "schedule": recipe.schedule.model_dump(mode="json"),
+        "recompute": recipe.memory.recompute,
     }

@@ -70,7 +70,7 @@ def command(hf_src: str | None, ms_src: Path | None, out: Path, out_format: str,
     """
     from converters import convert
     from porting.env import versions
-    from porting.sources import resolve_hf
+    from porting.model_paths import resolve_hf
 
     if (hf_src is None) == (ms_src is None):
         raise CheckpointError("give exactly one of --hf SRC (HF -> MindSpore) or --ms DIR (MindSpore -> HF)")

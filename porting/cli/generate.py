@@ -21,6 +21,6 @@ Examples:
 def command(hf_src: str, prompt: str, max_new_tokens: int, cache_mode: str) -> None:
     """Greedy-generate text with the MindSpore zoo cell."""
     from porting.generate import generate_text
-    from porting.sources import resolve_hf
+    from porting.model_paths import resolve_hf
 
     click.echo(generate_text(resolve_hf(hf_src), prompt, max_new_tokens, cache=cache_mode).text)

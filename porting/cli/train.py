@@ -38,7 +38,7 @@ def command(recipe: str, overrides: tuple[str, ...], dry_run: bool, as_json: boo
             run_dir: str | None, launch_node: int | None) -> None:
     """Fine-tune the model of RECIPE (all weights) with the recipe's data, batching and parallelism."""
     from model_zoo.config import LlamaConfig
-    from porting.sources import resolve_hf
+    from porting.model_paths import resolve_hf
     from porting.train.plan import check_fits, format_plan, make_plan
     from porting.train.recipe import load_recipe
 

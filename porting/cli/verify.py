@@ -5,10 +5,14 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from model_zoo.errors import CheckpointError, VerificationError
+
+if TYPE_CHECKING:
+    from porting.roundtrip import Row
 
 
 def _table(rows: list[dict]) -> str:
@@ -56,17 +60,17 @@ def run_generation_check(hf_dir, n_tokens: int, cache: str = "static") -> dict:
     return res
 
 
-def _echo_rows(hf_dir, ms_dir, rows: list[dict]) -> None:
+def _echo_rows(hf_dir, ms_dir, rows: list[Row]) -> None:
     click.echo(f"checkpoint {ms_dir} against {hf_dir}:")
     for r in rows:
-        click.echo(f"  {r['name']:12} {'ok  ' if r['passed'] else 'FAIL'} {r['detail']}")
+        click.echo(f"  {r.name:12} {'ok  ' if r.passed else 'FAIL'} {r.detail}")
 
 
-def _fail_checkpoint(hf_dir, ms_dir, rows: list[dict], as_json: bool) -> None:
+def _fail_checkpoint(hf_dir, ms_dir, rows: list[Row], as_json: bool) -> None:
     """Report the checkpoint rows, name the failed claims, exit 1 (parity is not run)."""
-    failed = [r["name"] for r in rows if not r["passed"]]
+    failed = [r.name for r in rows if not r.passed]
     if as_json:
-        click.echo(json.dumps({"passed": False, "checkpoint": rows, "failed": failed,
+        click.echo(json.dumps({"passed": False, "checkpoint": [r.to_dict() for r in rows], "failed": failed,
                                "parity": "not run: the checkpoint failed " + ", ".join(failed)}, indent=1))
     else:
         _echo_rows(hf_dir, ms_dir, rows)
@@ -109,7 +113,7 @@ Tolerances (max abs on logits / abs on loss / rel on gradient norms):
 def command(hf_src, ms_dir, no_roundtrip, rehash_source, dtype, batch, seq, seed, hidden_states, grads, gen_tokens, cache_mode, as_json):
     """Check a zoo model against HF transformers on the same weights and inputs."""
     from porting.parity import check_parity
-    from porting.sources import resolve_hf
+    from porting.model_paths import resolve_hf
 
     hf_dir = resolve_hf(hf_src)
     rows = None
@@ -119,7 +123,7 @@ def command(hf_src, ms_dir, no_roundtrip, rehash_source, dtype, batch, seq, seed
         if not ms_dir.is_dir():
             raise CheckpointError(f"--ms {ms_dir}: no such directory; expected a `port convert` output directory")
         rows = verify_checkpoint(hf_dir, ms_dir, roundtrip=not no_roundtrip, rehash_source=rehash_source)
-    ms_ok = rows is None or all(r["passed"] for r in rows)
+    ms_ok = rows is None or all(r.passed for r in rows)
     if not ms_ok:
         # A checkpoint that fails a claim is FAIL whatever parity says, and parity on the HF weights
         # would say nothing about it: the rows name the claim that failed.
@@ -127,7 +131,7 @@ def command(hf_src, ms_dir, no_roundtrip, rehash_source, dtype, batch, seq, seed
     report = check_parity(hf_dir, dtype=dtype, batch=batch, seq=seq, seed=seed, hidden_states=hidden_states,
                           grads=grads, ms_dir=ms_dir if ms_ok else None)
     if rows is not None:
-        report["checkpoint"] = rows
+        report["checkpoint"] = [r.to_dict() for r in rows]
         report["passed"] = report["passed"] and ms_ok
     if gen_tokens:
         report["generation"] = run_generation_check(hf_dir, gen_tokens, cache=cache_mode)

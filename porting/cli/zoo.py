@@ -95,7 +95,7 @@ def add_cmd(name, hf_src, replace):
     from model_zoo import presets
     from model_zoo.errors import UnknownModelError
     from model_zoo.files import read_json_object
-    from porting.sources import find_in_hf_cache, hf_cache_dir
+    from porting.model_paths import find_in_hf_cache, hf_cache_dir
 
     src = Path(hf_src).expanduser()
     if src.is_dir():

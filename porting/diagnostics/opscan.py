@@ -194,7 +194,7 @@ def load_hf(src: str, *, meta: bool = False, attn: str = "sdpa", batch: int = 2,
     import torch
     import transformers
 
-    from porting.sources import resolve_hf
+    from porting.model_paths import resolve_hf
 
     try:
         path = resolve_hf(src)
@@ -409,7 +409,7 @@ def zoo_report(src: str, *, device: str, compute_dtype: str = "bfloat16",
     from model_zoo.config import LlamaConfig
     from model_zoo.kernels import select_kernels
 
-    from porting.sources import resolve_hf
+    from porting.model_paths import resolve_hf
 
     if device not in ("Ascend", "CPU", "GPU"):
         raise DiagnosticsError(f"--device {device!r}: expected Ascend, CPU or GPU")

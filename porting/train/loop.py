@@ -315,7 +315,7 @@ def _finish(recipe: Recipe, trainer: Trainer, plan, records: list, metrics, mode
 def train(recipe: Recipe, run_dir: str | Path, *, rank: int = 0, world_size: int = 1, resume: bool = False,
           distributed: bool = False, command: list[str] | None = None, echo: bool = True) -> RunResult:
     """Run (or resume) the fine-tune of ``recipe`` on this rank; returns when the last step is done."""
-    from porting.sources import resolve_hf
+    from porting.model_paths import resolve_hf
 
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -15,11 +15,11 @@ from pathlib import Path
 import string
 from typing import Annotated, Any, Literal, Optional
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from model_zoo.errors import RecipeError
 from model_zoo.files import read_text
+from porting.train.yaml_bounded import load_yaml
 
 Dtype = Literal["float32", "bfloat16", "float16"]
 
@@ -31,9 +31,6 @@ MAX_BATCH = 1 << 16    # micro batch, accumulation
 MAX_SEQ = 1 << 20      # tokens per sequence (1M)
 MAX_TEXT = 1 << 16     # characters in a template or separator
 MAX_RECIPE_BYTES = 1 << 20
-MAX_YAML_NODES = 100_000   # after expanding aliases: a real recipe has ~100
-MAX_YAML_ALIASES = 100
-MAX_YAML_DEPTH = 32
 TEMPLATE_FIELDS = {"prompt_template": {"instruction"}, "prompt_template_with_input": {"instruction", "input"}}
 
 
@@ -267,80 +264,6 @@ def template_problem(template: str, allowed: set[str]) -> str | None:
     return None
 
 
-class _BoundedLoader(yaml.SafeLoader):
-    """PyYAML's safe loader with bounds: nesting depth and alias count while composing, and the number of
-    nodes with every alias expanded before anything is built (a 'billion laughs' recipe of 1 KB names
-    10^9 nodes through aliases; it is refused in milliseconds instead of exhausting memory)."""
-
-    def __init__(self, stream: str):
-        super().__init__(stream)
-        self._depth = 0
-        self._aliases = 0
-
-    def compose_node(self, parent, index):
-        if self.check_event(yaml.AliasEvent):
-            self._aliases += 1
-            if self._aliases > MAX_YAML_ALIASES:
-                raise _YamlBound(f"more than {MAX_YAML_ALIASES} aliases (*name)")
-        self._depth += 1
-        if self._depth > MAX_YAML_DEPTH:
-            raise _YamlBound(f"nesting deeper than {MAX_YAML_DEPTH} levels")
-        try:
-            return super().compose_node(parent, index)
-        finally:
-            self._depth -= 1
-
-
-class _YamlBound(Exception):
-    pass
-
-
-def _expanded_nodes(node: yaml.Node, limit: int) -> int:
-    """Nodes of the document with aliases expanded, memoised per node (linear in the composed graph);
-    stops counting once past ``limit``."""
-    sizes: dict[int, int] = {}
-    order, stack = [], [node]
-    while stack:  # iterative post-order: children sized before their parent
-        n = stack.pop()
-        if id(n) in sizes:
-            continue
-        sizes[id(n)] = -1
-        order.append(n)
-        if isinstance(n, yaml.SequenceNode):
-            stack.extend(n.value)
-        elif isinstance(n, yaml.MappingNode):
-            stack.extend(x for kv in n.value for x in kv)
-    for n in reversed(order):
-        kids = (n.value if isinstance(n, yaml.SequenceNode) else
-                [x for kv in n.value for x in kv] if isinstance(n, yaml.MappingNode) else [])
-        sizes[id(n)] = min(limit + 1, 1 + sum(max(sizes[id(k)], 0) for k in kids))
-    return sizes[id(node)]
-
-
-def load_yaml(text: str, where: str) -> Any:
-    """One YAML document, bounded in depth, aliases and expanded size; every failure one RecipeError."""
-    loader = _BoundedLoader(text)
-    try:
-        node = loader.get_single_node()
-        if node is None:
-            return None
-        n = _expanded_nodes(node, MAX_YAML_NODES)
-        if n > MAX_YAML_NODES:
-            raise _YamlBound(f"more than {MAX_YAML_NODES:,} values once aliases are expanded")
-        return loader.construct_document(node)
-    except _YamlBound as e:
-        raise RecipeError(f"{where}: refused: {e}; a recipe is a small mapping of sections, write it out "
-                          "without deep nesting or alias chains") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        at = f" at line {mark.line + 1}" if mark else ""
-        raise RecipeError(f"{where}: not valid YAML{at}: {getattr(exc, 'problem', None) or exc}") from None
-    except RecursionError:
-        raise RecipeError(f"{where}: refused: nesting too deep for a recipe") from None
-    finally:
-        loader.dispose()
-
-
 # --------------------------------------------------------------------- loading and overrides
 def _loc(err: dict) -> str:
     return ".".join(str(p) for p in err["loc"]) or "<recipe>"
@@ -399,7 +322,7 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
 
 
 def _file_problems(recipe: Recipe, base: Path) -> list[str]:
-    """Files a recipe names that do not exist (zoo names are resolved later, by porting.sources)."""
+    """Files a recipe names that do not exist (zoo names are resolved later, by porting.model_paths)."""
     problems = []
     data = resolve_path(recipe.data.path, base)
     if not (data.is_file() or data.is_dir()):

@@ -80,7 +80,7 @@ def test_kill_9_at_20_points_of_convert_leaves_nothing_or_a_verified_output(big_
         outcomes["complete"] += 1
         assert (out / "port_manifest.json").is_file(), f"point {i} ({delay:.2f} s): partial output {list(out.iterdir())}"
         rows = verify_checkpoint(big_source, out, roundtrip=False)
-        assert all(r["passed"] for r in rows), (i, delay, rows)
+        assert all(r.passed for r in rows), (i, delay, rows)
         shutil.rmtree(out)  # keep the disk footprint at one output
     assert _tree_sha(big_source) == before, "the source changed"
     assert outcomes["absent"] and outcomes["complete"], (outcomes, full)

@@ -101,3 +101,32 @@ def test_weights_fingerprint_hashes_every_file_or_takes_the_recorded_digest(tmp_
     other.mkdir()
     (other / "model.safetensors").write_bytes(real[:-1] + b"x")   # one byte changed
     assert weights_fingerprint(other)["sha256"] != fp["sha256"]
+
+
+def test_run_settings_read_the_manifest_recipe_with_the_strict_schema(tmp_path):
+    """The run side's settings come from its manifest's recipe, validated as `port train` validates
+    recipes: the same settings as the baseline side's for the same recipe, and a bad key is one line."""
+    from model_zoo.errors import RecipeError
+    from porting.baseline import settings
+    from porting.rundir import ModelInfo, RunManifest, RunRecords, StepRecord
+    from porting.train.recipe import recipe_dict, validate_recipe
+    from tests.conftest import EMBEDDED
+
+    recipe = validate_recipe({"model": {"source": "stories260k"}, "data": {"path": "d.jsonl"},
+                              "batching": {"micro_batch_size": 2, "grad_accum_steps": 3},
+                              "cluster": {"devices_per_node": 4}, "parallel": {"tensor_parallel": 2}},
+                             check_files=False)
+    cfg = json.loads((EMBEDDED / "config.json").read_text())
+    model = settings.model_info(cfg)
+    steps = [StepRecord(1, 2.0)]
+    run = RunRecords(tmp_path, RunManifest(recipe_dict(recipe), ModelInfo(config=cfg), data={"sha256": "ab"}), steps)
+    got = compare.run_settings(run)
+    assert got == settings.from_recipe(recipe, "ab", model, 1)
+    # 4 devices, 2 tensor-parallel: 2 data-parallel ranks hold different micro-batches
+    assert got["global_batch"] == 2 * 3 * 2 and got["world_size"] == 4 and got["dtype"] == "float32"
+    bad = recipe_dict(recipe)
+    bad["optimizer"]["lr_typo"] = 1.0
+    run = RunRecords(tmp_path, RunManifest(bad, ModelInfo(config=cfg)), steps)
+    with pytest.raises(RecipeError, match=r"manifest.json: recipe.*optimizer.lr_typo") as e:
+        compare.run_settings(run)
+    assert "\n" not in str(e.value)

@@ -33,7 +33,7 @@ def test_step_one_loss_is_hf_transformers_loss(micro4):
     from porting.train.data import build_plan
     from porting.train.recipe import load_recipe
     from porting.tokenizer import load_tokenizer
-    from porting.sources import resolve_hf
+    from porting.model_paths import resolve_hf
 
     recipe = load_recipe(ROOT_RECIPE, ["schedule.max_steps=4"])
     hf = resolve_hf(recipe.model.source)

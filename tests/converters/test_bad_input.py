@@ -388,8 +388,8 @@ def test_verify_checkpoint_on_a_missing_directory_reports_rows(tmp_path):
     from porting.roundtrip import verify_checkpoint
 
     rows = verify_checkpoint(ROOT / "model_zoo" / "assets" / "stories260k", tmp_path / "nope")
-    assert rows and not any(r["passed"] for r in rows)
-    assert all(isinstance(r["detail"], str) and "\n" not in r["detail"] for r in rows)
+    assert rows and not any(r.passed for r in rows)
+    assert all(isinstance(r.detail, str) and "\n" not in r.detail for r in rows)
     assert not list(tmp_path.iterdir())
 
 

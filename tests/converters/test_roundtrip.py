@@ -75,9 +75,9 @@ def test_roundtrip_every_architecture(hf_factory, tmp_path, arch, dtype, shard):
         assert sha(back / name) == sha(src / name), name
     assert hf_state(back) == hf_state(src)
     rows = verify_checkpoint(src, ms_dir)
-    assert [r["name"] for r in rows] == ["ms-config", "ms-coverage", "ms-manifest", "ms-tensors", "roundtrip"]
-    assert all(r["passed"] for r in rows), rows
-    assert "bitwise" in rows[3]["detail"] and "byte-identical" in rows[4]["detail"]
+    assert [r.name for r in rows] == ["ms-config", "ms-coverage", "ms-manifest", "ms-tensors", "roundtrip"]
+    assert all(r.passed for r in rows), rows
+    assert "bitwise" in rows[3].detail and "byte-identical" in rows[4].detail
 
 
 def test_from_pretrained_and_zoo_logits_after_roundtrip(hf_factory, tmp_path):
@@ -111,7 +111,7 @@ def test_ckpt_format_sharded_bf16(hf_factory, tmp_path):
     import mindspore as ms
     assert all(p.dtype == ms.bfloat16 for p in params.values())
     rows = verify_checkpoint(src, ms_dir)
-    assert all(r["passed"] for r in rows), rows
+    assert all(r.passed for r in rows), rows
     back = tmp_path / "back"
     assert port("convert", "--ms", str(ms_dir), "--out", str(back), "-q").returncode == 0
     assert hf_state(back) == hf_state(src)
@@ -141,9 +141,9 @@ def test_bin_source_sharded(hf_factory, tmp_path):
     back = tmp_path / "back"
     convert.ms_to_hf(ms_dir, back)
     assert hf_state(back) == hf_state(st)
-    rows = {r["name"]: r for r in verify_checkpoint(src, ms_dir)}
-    assert rows["ms-tensors"]["passed"] and "bitwise" in rows["ms-tensors"]["detail"]
-    assert rows["roundtrip"]["numbers"].get("skipped")  # .bin -> safetensors: file layout cannot match
+    rows = {r.name: r for r in verify_checkpoint(src, ms_dir)}
+    assert rows["ms-tensors"].passed and "bitwise" in rows["ms-tensors"].detail
+    assert rows["roundtrip"].numbers.get("skipped")  # .bin -> safetensors: file layout cannot match
 
 
 @pytest.mark.parametrize("src_dtype,target,torch_target", [("bfloat16", "fp32", "float32"),
@@ -165,10 +165,10 @@ def test_dtype_cast_matches_torch(hf_factory, tmp_path, src_dtype, target, torch
     for k in want:
         assert got[k].dtype == want[k].dtype
         assert torch.equal(got[k].view(-1).view(torch.uint8), want[k].view(-1).view(torch.uint8)), k
-    rows = {r["name"]: r for r in verify_checkpoint(src, ms_dir)}
-    assert rows["ms-tensors"]["passed"] and "after the cast" in rows["ms-tensors"]["detail"]
+    rows = {r.name: r for r in verify_checkpoint(src, ms_dir)}
+    assert rows["ms-tensors"].passed and "after the cast" in rows["ms-tensors"].detail
     widening = src_dtype == "bfloat16" and target == "fp32"
-    assert rows["roundtrip"]["passed"] and bool(rows["roundtrip"]["numbers"].get("skipped")) != widening
+    assert rows["roundtrip"].passed and bool(rows["roundtrip"].numbers.get("skipped")) != widening
 
 
 def test_verify_detects_a_changed_tensor(hf_factory, tmp_path):
@@ -183,15 +183,15 @@ def test_verify_detects_a_changed_tensor(hf_factory, tmp_path):
     data = bytearray(f.read_bytes())
     data[t.begin + 12] ^= 0x01
     f.write_bytes(bytes(data))
-    rows = {r["name"]: r for r in verify_checkpoint(src, ms_dir)}
-    assert not rows["ms-tensors"]["passed"]
-    assert "model.layers.1.self_attn.k_proj.weight: bytes differ" in rows["ms-tensors"]["detail"]
-    assert rows["ms-tensors"]["numbers"]["mismatched"] == 1
-    assert not rows["roundtrip"]["passed"] and "model.layers.1.self_attn.k_proj.weight" in rows["roundtrip"]["detail"]
+    rows = {r.name: r for r in verify_checkpoint(src, ms_dir)}
+    assert not rows["ms-tensors"].passed
+    assert "model.layers.1.self_attn.k_proj.weight: bytes differ" in rows["ms-tensors"].detail
+    assert rows["ms-tensors"].numbers["mismatched"] == 1
+    assert not rows["roundtrip"].passed and "model.layers.1.self_attn.k_proj.weight" in rows["roundtrip"].detail
     (ms_dir / "config.json").write_text(json.dumps({**json.loads((src / "config.json").read_text()),
                                                      "rms_norm_eps": 0.5}))
-    rows = {r["name"]: r for r in verify_checkpoint(src, ms_dir, roundtrip=False)}
-    assert not rows["ms-config"]["passed"] and "rms_norm_eps" in rows["ms-config"]["detail"]
+    rows = {r.name: r for r in verify_checkpoint(src, ms_dir, roundtrip=False)}
+    assert not rows["ms-config"].passed and "rms_norm_eps" in rows["ms-config"].detail
 
 
 def test_manifest_contents(hf_factory, tmp_path):
@@ -234,7 +234,7 @@ def test_stories260k_real_model(stories_dir, tmp_path):
     net, _ = load_into_zoo(ms_dir)
     assert greedy(net, [1], len(GOLDEN_FIRST_IDS)) == GOLDEN_FIRST_IDS
     rows = verify_checkpoint(stories_dir, ms_dir)
-    assert all(r["passed"] for r in rows), rows
+    assert all(r.passed for r in rows), rows
 
 
 def test_read_hf_state_and_load_hf_dir_bf16(hf_factory):
@@ -298,4 +298,4 @@ def test_default_records_tensor_hashes_and_no_unknown_source_hash(hf_factory, tm
     assert m["source"]["sha256_recorded"] is False
     assert all(f["sha256"] is None and f["bytes"] > 0 for f in m["source"]["files"])
     assert all(len(t["sha256"]) == 64 for t in m["tensors"])
-    assert all(r["passed"] for r in verify_checkpoint(src, ms_dir, roundtrip=False))
+    assert all(r.passed for r in verify_checkpoint(src, ms_dir, roundtrip=False))

@@ -56,9 +56,9 @@ def test_hf_cache_blob_digest_is_used_and_verify_recomputes_it(tmp_path):
     entry = source_entry(out)
     assert entry["sha256"] == sha(EMBEDDED / "model.safetensors")
     assert entry["sha256_source"] == "hf-cache-blob"
-    rows = {r["name"]: r for r in verify_checkpoint(snap, out, roundtrip=False)}
-    assert all(r["passed"] for r in rows.values()), rows
-    assert rows["ms-manifest"]["numbers"]["sha256_checked"] == 1
+    rows = {r.name: r for r in verify_checkpoint(snap, out, roundtrip=False)}
+    assert all(r.passed for r in rows.values()), rows
+    assert rows["ms-manifest"].numbers["sha256_checked"] == 1
     # --source-hash computes nothing the cache already says: the digest still comes from the cache
     out2 = tmp_path / "ms2"
     assert port("convert", "--hf", str(snap), "--out", str(out2), "-q", "--source-hash").returncode == 0
@@ -71,11 +71,11 @@ def test_verify_catches_a_cache_blob_whose_name_is_not_its_digest(tmp_path):
     out = tmp_path / "ms"
     convert.hf_to_ms(snap, out)
     assert source_entry(out)["sha256"] == wrong  # recorded as the cache claims it...
-    rows = {r["name"]: r for r in verify_checkpoint(snap, out, roundtrip=False)}
+    rows = {r.name: r for r in verify_checkpoint(snap, out, roundtrip=False)}
     bad = rows["ms-manifest"]
-    assert not bad["passed"]  # ...and verify finds out
-    assert "model.safetensors: sha256" in bad["detail"] and "hf-cache-blob" in bad["detail"], bad
-    assert rows["ms-tensors"]["passed"]  # the tensors themselves are fine
+    assert not bad.passed  # ...and verify finds out
+    assert "model.safetensors: sha256" in bad.detail and "hf-cache-blob" in bad.detail, bad
+    assert rows["ms-tensors"].passed  # the tensors themselves are fine
 
 
 def test_local_dir_metadata_digest_only_while_the_file_is_unmodified(tmp_path):
@@ -88,7 +88,7 @@ def test_local_dir_metadata_digest_only_while_the_file_is_unmodified(tmp_path):
     out = tmp_path / "ms"
     convert.hf_to_ms(d, out)
     assert (source_entry(out)["sha256"], source_entry(out)["sha256_source"]) == (digest, "hf-local-dir-metadata")
-    assert all(r["passed"] for r in verify_checkpoint(d, out, roundtrip=False))
+    assert all(r.passed for r in verify_checkpoint(d, out, roundtrip=False))
     # modified after the download (mtime later than the record): the record no longer counts
     now = time.time()
     os.utime(d / "model.safetensors", (now, now))
@@ -110,7 +110,7 @@ def test_rehash_source_recomputes_computed_digests(tmp_path):
     assert m["source"]["files"][0]["sha256_source"] == "computed"
     m["source"]["files"][0]["sha256"] = "f" * 64  # a manifest edited by hand
     (out / MANIFEST).write_text(json.dumps(m))
-    default = {r["name"]: r for r in verify_checkpoint(EMBEDDED, out, roundtrip=False)}
-    assert default["ms-manifest"]["passed"]  # computed digests are trusted unless asked
-    rehash = {r["name"]: r for r in verify_checkpoint(EMBEDDED, out, roundtrip=False, rehash_source=True)}
-    assert not rehash["ms-manifest"]["passed"] and "recorded ffffffffffff" in rehash["ms-manifest"]["detail"]
+    default = {r.name: r for r in verify_checkpoint(EMBEDDED, out, roundtrip=False)}
+    assert default["ms-manifest"].passed  # computed digests are trusted unless asked
+    rehash = {r.name: r for r in verify_checkpoint(EMBEDDED, out, roundtrip=False, rehash_source=True)}
+    assert not rehash["ms-manifest"].passed and "recorded ffffffffffff" in rehash["ms-manifest"].detail

@@ -89,7 +89,7 @@ def test_dynamic_rope_refused_clearly():
 
 def test_malformed_json(tmp_path):
     (tmp_path / "config.json").write_text("{not json")
-    with pytest.raises(ConfigError, match="not valid JSON"):
+    with pytest.raises(ConfigError, match=r"config.json: invalid config.json at line 1 column 2"):
         LlamaConfig.from_hf(tmp_path)
 
 

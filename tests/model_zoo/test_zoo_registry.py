@@ -64,7 +64,7 @@ def test_zoo_add_then_convert_list_show_remove(tmp_path):
 
 
 def test_repo_ids_resolve_through_the_hf_cache(tmp_path, monkeypatch):
-    from porting.sources import resolve_hf
+    from porting.model_paths import resolve_hf
 
     snap = tmp_path / "hub" / "models--someone--tiny" / "snapshots" / "abc123"
     shutil.copytree(STORIES, snap)
@@ -80,7 +80,7 @@ def test_repo_ids_resolve_through_the_hf_cache(tmp_path, monkeypatch):
 
 
 def test_broken_registry_and_moved_checkpoint_are_one_line_errors(tmp_path, monkeypatch):
-    from porting.sources import resolve_hf
+    from porting.model_paths import resolve_hf
 
     reg = tmp_path / "zoo.json"
     monkeypatch.setenv("PORT_ZOO_FILE", str(reg))
