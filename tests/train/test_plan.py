@@ -46,15 +46,16 @@ def test_plan_global_batch_and_sharding():
                 parallel={"optimizer_sharding": True}, precision={"param_dtype": "bfloat16", "compute_dtype": "bfloat16"},
                 memory={"recompute": True})
     plan = make_plan(r, presets.config("llama2-7b"), "recipes/x.yaml", "runs/x")
-    assert plan["global_batch"] == 32 and plan["world_size"] == 8
-    mem = plan["memory_gib_by_phase"]
+    assert plan.global_batch == 32 and plan.world_size == 8
+    mem = plan.memory_gib_by_phase
     assert set(mem) == {"weights", "gradients", "optimizer_states", "activations", "activations_recompute",
                         "comm_buffers", "workspace", "master_weights", "gradients_fp32", "adamw_temporaries",
                         "sharding_buffers", "hccl_buffers", "backward_working_set", "total"}
     assert mem["optimizer_states"] == pytest.approx(2 * 4 * 6.738e9 / 8 / 2**30, rel=0.01)
     assert mem["master_weights"] == pytest.approx(4 * 6.738e9 / 8 / 2**30, rel=0.01)   # fp32 masters, sharded
-    assert plan["device_hbm_gib"] == 64 and plan["usable_hbm_gib"] == 58
-    assert "float32 master weights" in plan["mixed_precision"]
+    assert plan.device_hbm_gib == 64 and plan.usable_hbm_gib == 58
+    assert "float32 master weights" in plan.mixed_precision
+    assert json.loads(json.dumps(plan.to_dict()))["memory_gib_by_phase"] == mem
 
 
 def test_msrun_command_per_node():

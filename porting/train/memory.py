@@ -1,0 +1,120 @@
+"""Per-device memory of a training step by phase, against the device's usable HBM.
+
+Memory model (bytes per device; P = parameters, T = micro_batch x seq tokens, L = layers):
+- weights: P x param bytes.
+- gradients: P x param bytes, plus an accumulation buffer when grad_accum_steps > 1: P x 4 (float32),
+  or P x param bytes with ``precision.grad_reduce_dtype: param_dtype``.
+- optimizer_states: AdamW m and v in float32, 2 x P x 4, divided by the data-parallel size when
+  optimizer sharding is on (ZeRO-1: each rank keeps the states of the parameters it owns).
+- activations (kept for backward, no recompute): per layer T x (12 h + 4 i) x compute bytes
+  (norm inputs/outputs, q/k/v before and after RoPE, attention output, SwiGLU gate/up/product);
+  the reference attention (CPU) also keeps B x heads x S^2 scores and probabilities in float32, the
+  fused flash attention (Ascend) does not; plus fp32 logits, log-softmax and their gradient,
+  3 x T x vocab x 4; plus compute-dtype copies of the weights when they differ from the storage dtype.
+- activations_recompute: layer inputs only (L x T x h x compute bytes) plus one layer's full
+  activations (recomputed in backward), logits as above.
+- comm_buffers: two fused all-reduce buffers (comm_fusion size, 64 MB for auto) when world > 1,
+  twice with optimizer sharding (all-gather of updated weights).
+- workspace: runtime and collective workspace, 2 GiB on Ascend, 0.25 GiB on CPU (assumed).
+Mixed precision, as Megatron / MindSpeed-LLM keep it (porting/train/step.py):
+- master_weights: float32 copies of bf16/fp16 parameters, P x 4, sharded like the AdamW states.
+- gradients_fp32: gradients are all-reduced, clipped and applied in float32 by default: a float32
+  copy P x 4 of bf16/fp16 gradients (the accumulation buffers already are float32 when
+  grad_accum_steps > 1); none with ``grad_reduce_dtype: param_dtype`` (Megatron's default, without
+  --accumulate-allreduce-grads-in-fp32), where AdamW casts each gradient to float32 as it applies it.
+- adamw_temporaries: the element-wise update's float32 m', v', p' and gradient of one parameter at a
+  time (graph memory reuse frees them after each assign), 4 x the largest parameter x 4.
+- sharding_buffers: with optimizer sharding every parameter is taken from its owner by an float32
+  all-reduce of ``param x mask``: input and output of the largest parameter, 2 x 4 bytes.
+- hccl_buffers: HCCL's in/out buffers per communicator, 2 x HCCL_BUFFSIZE (200 MB by default; HCCL
+  environment-variable docs, not re-checked here) on Ascend when world > 1.
+- backward_working_set: one layer's activation gradients while it runs backward, as large as one
+  layer's kept activations.
+Budget: Ascend plans fit ``usable_hbm_gib``, the HBM less what the runtime keeps: MindFormers' 910
+recipes cap a 64 GB device at ``max_device_memory: 58GB``, so 6 GiB are kept back; training calls
+``mindspore.runtime.set_memory(max_size=...)`` with that number (:func:`apply_memory_budget`).
+Checked against real H200 measurements (../shared baselines, tests/train/test_plan.py): HF Llama-7B,
+bf16 params and states, seq 4096, micro 1 peaks at 62.1 GiB without checkpointing.
+"""
+
+from __future__ import annotations
+
+from model_zoo.config import LlamaConfig
+
+GIB = float(1 << 30)
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+WORKSPACE_GIB = {"ascend": 2.0, "cpu": 0.25}
+AUTO_FUSION_MB = 64
+RUNTIME_RESERVED_GIB = {"ascend": 6.0, "cpu": 0.0}   # 64 GB die -> 58 GB max_device_memory (MindFormers)
+HCCL_BUFFSIZE_MB = 200
+
+
+def usable_hbm_gib(recipe) -> float:
+    """The HBM a plan may use: the device's, less what the runtime keeps back."""
+    return max(recipe.cluster.device_hbm_gib - RUNTIME_RESERVED_GIB[recipe.cluster.device], 0.0)
+
+
+def apply_memory_budget(recipe) -> str | None:
+    """On Ascend, cap MindSpore's device memory pool at the usable HBM; returns the size set."""
+    if recipe.cluster.device != "ascend":
+        return None
+    import mindspore as ms
+
+    size = f"{usable_hbm_gib(recipe):g}GB"
+    ms.runtime.set_memory(max_size=size)
+    return size
+
+
+def activation_bytes(cfg: LlamaConfig, micro: int, seq: int, compute_bytes: int, fused_attention: bool,
+                     recompute: bool) -> float:
+    tokens = micro * seq
+    per_layer = tokens * (12 * cfg.hidden_size + 4 * cfg.intermediate_size) * compute_bytes
+    if not fused_attention:
+        per_layer += micro * cfg.num_attention_heads * seq * seq * 8
+    logits = 3 * tokens * cfg.vocab_size * 4
+    if recompute:
+        return cfg.num_hidden_layers * tokens * cfg.hidden_size * compute_bytes + per_layer + logits
+    return cfg.num_hidden_layers * per_layer + logits
+
+
+def fusion_buffer_bytes(recipe) -> float:
+    cf = recipe.parallel.comm_fusion
+    if cf.enabled and cf.allreduce_mode == "size" and isinstance(cf.allreduce_config, (int, float)):
+        return float(cf.allreduce_config) * (1 << 20)
+    return AUTO_FUSION_MB * (1 << 20)
+
+
+def estimate_memory(cfg: LlamaConfig, recipe) -> dict[str, float]:
+    """Per-device memory in GiB by phase, and the total the run needs (see the module docstring)."""
+    p = float(cfg.num_parameters())
+    prec, dp = recipe.precision, recipe.world_size
+    pb, cb = DTYPE_BYTES[prec.param_dtype], DTYPE_BYTES[prec.compute_dtype]
+    micro, seq = recipe.batching.micro_batch_size, recipe.data.max_seq_length
+    fused = recipe.cluster.device == "ascend"
+    weights = p * pb
+    grad_fp32 = prec.grad_reduce_dtype == "float32"
+    grads = p * pb + (p * (4 if grad_fp32 else pb) if recipe.batching.grad_accum_steps > 1 else 0.0)
+    states = 2 * p * 4 / (dp if recipe.parallel.optimizer_sharding else 1)
+    casts = p * cb if pb != cb else 0.0
+    act = activation_bytes(cfg, micro, seq, cb, fused, False) + casts
+    act_rc = activation_bytes(cfg, micro, seq, cb, fused, True) + casts
+    comm = 0.0
+    sharded = recipe.parallel.optimizer_sharding and dp > 1
+    if dp > 1:
+        comm = 2 * fusion_buffer_bytes(recipe) * (2 if sharded else 1)
+    work = WORKSPACE_GIB[recipe.cluster.device] * GIB
+    used_act = act_rc if recipe.memory.recompute else act
+    low = pb != 4
+    largest = float(max(cfg.vocab_size * cfg.hidden_size, cfg.hidden_size * cfg.intermediate_size))
+    extra = {
+        "master_weights": p * 4 / (dp if sharded else 1) if low else 0.0,
+        "gradients_fp32": p * 4 if low and grad_fp32 and recipe.batching.grad_accum_steps == 1 else 0.0,
+        "adamw_temporaries": 4 * largest * 4,
+        "sharding_buffers": 2 * largest * 4 if sharded else 0.0,
+        "hccl_buffers": 2 * HCCL_BUFFSIZE_MB * (1 << 20) if dp > 1 and recipe.cluster.device == "ascend" else 0.0,
+        "backward_working_set": micro * seq * (12 * cfg.hidden_size + 4 * cfg.intermediate_size) * cb,
+    }
+    out = {"weights": weights, "gradients": grads, "optimizer_states": states, "activations": act,
+           "activations_recompute": act_rc, "comm_buffers": comm, "workspace": work, **extra,
+           "total": weights + grads + states + used_act + comm + work + sum(extra.values())}
+    return {k: round(v / GIB, 3) for k, v in out.items()}
