@@ -65,13 +65,24 @@ def apply_memory_budget(recipe) -> str | None:
     return size
 
 
-def activation_bytes(cfg: LlamaConfig, micro: int, seq: int, compute_bytes: int, fused_attention: bool,
-                     recompute: bool) -> float:
+def layer_activation_bytes(cfg: LlamaConfig, micro: int, seq: int, compute_bytes: int, fused_attention: bool,
+                           tp: int = 1) -> float:
+    """One decoder layer's kept activations on one tensor-parallel rank (no sequence parallel: the norm
+    inputs and outputs, 4 h a token, are replicated; q/k/v, RoPE outputs, attention output and the
+    SwiGLU intermediates, 8 h + 4 i, are split over the heads and columns)."""
     tokens = micro * seq
-    per_layer = tokens * (12 * cfg.hidden_size + 4 * cfg.intermediate_size) * compute_bytes
+    per_token = 4 * cfg.hidden_size + (8 * cfg.hidden_size + 4 * cfg.intermediate_size) / tp
+    out = tokens * per_token * compute_bytes
     if not fused_attention:
-        per_layer += micro * cfg.num_attention_heads * seq * seq * 8
-    logits = 3 * tokens * cfg.vocab_size * 4
+        out += micro * cfg.num_attention_heads * seq * seq * 8 / tp
+    return out
+
+
+def activation_bytes(cfg: LlamaConfig, micro: int, seq: int, compute_bytes: int, fused_attention: bool,
+                     recompute: bool, tp: int = 1) -> float:
+    tokens = micro * seq
+    per_layer = layer_activation_bytes(cfg, micro, seq, compute_bytes, fused_attention, tp)
+    logits = 3 * tokens * cfg.vocab_size * 4 / tp          # vocab-parallel logits
     if recompute:
         return cfg.num_hidden_layers * tokens * cfg.hidden_size * compute_bytes + per_layer + logits
     return cfg.num_hidden_layers * per_layer + logits
@@ -84,35 +95,48 @@ def fusion_buffer_bytes(recipe) -> float:
     return AUTO_FUSION_MB * (1 << 20)
 
 
-def estimate_memory(cfg: LlamaConfig, recipe) -> dict[str, float]:
-    """Per-device memory in GiB by phase, and the total the run needs (see the module docstring)."""
-    p = float(cfg.num_parameters())
-    prec, dp = recipe.precision, recipe.world_size
+def estimate_memory(cfg: LlamaConfig, recipe, zero_stage: int | None = None) -> dict[str, float]:
+    """Per-device memory in GiB by phase, and the total the run needs (see the module docstring).
+    ``zero_stage`` overrides the plan's choice (porting.train.sharding.choose)."""
+    from porting.train import comm as comm_mod
+    from porting.train.sharding import choose, flat_buckets
+
+    tp, dp = recipe.parallel.tensor_parallel, recipe.data_parallel_size
+    numels = comm_mod.parameter_numels(cfg, tp)
+    p = float(sum(numels))
+    prec, accum = recipe.precision, recipe.batching.grad_accum_steps
     pb, cb = DTYPE_BYTES[prec.param_dtype], DTYPE_BYTES[prec.compute_dtype]
     micro, seq = recipe.batching.micro_batch_size, recipe.data.max_seq_length
     fused = recipe.cluster.device == "ascend"
-    weights = p * pb
-    grad_fp32 = prec.grad_reduce_dtype == "float32"
-    grads = p * pb + (p * (4 if grad_fp32 else pb) if recipe.batching.grad_accum_steps > 1 else 0.0)
-    states = 2 * p * 4 / (dp if recipe.parallel.optimizer_sharding else 1)
-    casts = p * cb if pb != cb else 0.0
-    act = activation_bytes(cfg, micro, seq, cb, fused, False) + casts
-    act_rc = activation_bytes(cfg, micro, seq, cb, fused, True) + casts
-    comm = 0.0
     sharded = recipe.parallel.optimizer_sharding and dp > 1
-    if dp > 1:
-        comm = 2 * fusion_buffer_bytes(recipe) * (2 if sharded else 1)
+    if sharded and zero_stage is None:
+        zero_stage = choose(recipe, cfg).stage
+    grad_fp32 = prec.grad_reduce_dtype == "float32"
+    ab = 4 if grad_fp32 else pb            # accumulation / reduction dtype
+    accum_buf = (p * ab / (dp if sharded and zero_stage == 2 else 1)) if accum > 1 else 0.0
+    weights, grads = p * pb, p * pb + accum_buf
+    states = 2 * p * 4 / (dp if sharded else 1)
+    casts = p * cb if pb != cb else 0.0
+    act = activation_bytes(cfg, micro, seq, cb, fused, False, tp) + casts
+    act_rc = activation_bytes(cfg, micro, seq, cb, fused, True, tp) + casts
+    comm = 2 * fusion_buffer_bytes(recipe) if dp > 1 and not sharded else 0.0
     work = WORKSPACE_GIB[recipe.cluster.device] * GIB
     used_act = act_rc if recipe.memory.recompute else act
     low = pb != 4
-    largest = float(max(cfg.vocab_size * cfg.hidden_size, cfg.hidden_size * cfg.intermediate_size))
+    largest = float(max(numels))
+    shard_buf = 0.0
+    if sharded:
+        # the flat gradient bucket, its reduced shard, the gathered weights (largest bucket)
+        big = max(b.padded for b in flat_buckets(numels, ab, recipe.parallel.comm_fusion, dp))
+        shard_buf = big * (ab + pb) + big / dp * 4
+        largest = big / dp
     extra = {
         "master_weights": p * 4 / (dp if sharded else 1) if low else 0.0,
-        "gradients_fp32": p * 4 if low and grad_fp32 and recipe.batching.grad_accum_steps == 1 else 0.0,
+        "gradients_fp32": p * 4 if low and grad_fp32 and accum == 1 else 0.0,
         "adamw_temporaries": 4 * largest * 4,
-        "sharding_buffers": 2 * largest * 4 if sharded else 0.0,
-        "hccl_buffers": 2 * HCCL_BUFFSIZE_MB * (1 << 20) if dp > 1 and recipe.cluster.device == "ascend" else 0.0,
-        "backward_working_set": micro * seq * (12 * cfg.hidden_size + 4 * cfg.intermediate_size) * cb,
+        "sharding_buffers": shard_buf,
+        "hccl_buffers": 2 * HCCL_BUFFSIZE_MB * (1 << 20) if recipe.world_size > 1 and fused else 0.0,
+        "backward_working_set": layer_activation_bytes(cfg, micro, seq, cb, True, tp),
     }
     out = {"weights": weights, "gradients": grads, "optimizer_states": states, "activations": act,
            "activations_recompute": act_rc, "comm_buffers": comm, "workspace": work, **extra,

@@ -14,7 +14,8 @@ from typing import Any, Callable
 
 from model_zoo.config import LlamaConfig
 from model_zoo.errors import RecipeError
-from porting.train import comm
+from porting.train import comm, hardware, roofline, sharding
+from porting.train.sharding import Collective
 from porting.train.memory import (DTYPE_BYTES, GIB, apply_memory_budget, estimate_memory,  # noqa: F401 (re-exported)
                                   usable_hbm_gib)
 
@@ -71,9 +72,9 @@ def suggestions(cfg: LlamaConfig, recipe, hbm: float) -> list[str]:
     if not any("(fits)" in o for o in out):
         mem = estimate_memory(cfg, combined)
         floor = sum(mem[k] for k in ("weights", "gradients", "optimizer_states", "master_weights", "gradients_fp32"))
-        out.append(f"no setting fits: the parameters, their gradients, fp32 masters and AdamW states alone take "
-                   f"{floor:.1f} GiB per device in data parallel; this model needs gradient sharding (ZeRO-2) or "
-                   "tensor/pipeline parallelism, which port does not have, or devices with more HBM")
+        out.append(f"none of these alone fits: the parameters, their gradients, fp32 masters and AdamW states take "
+                   f"{floor:.1f} GiB per device at tensor parallel {recipe.parallel.tensor_parallel}; see the proposed "
+                   "(TP, DP, sharding, recompute) settings")
     return out
 
 
@@ -104,6 +105,11 @@ def msrun_commands(recipe, recipe_path: str, run_dir: str, overrides: list[str] 
 
 
 # --------------------------------------------------------------------------- the plan
+COLLECTIVE_CONVENTION = ("per optimizer step per rank; payload = bytes of the buffer a collective is called on, "
+                         "wire = ring bytes one rank sends (AllReduce 2(n-1)/n, ReduceScatter/AllGather (n-1)/n of "
+                         "the payload); tensor parallel as Megatron without sequence parallel (estimate)")
+
+
 @dataclass(frozen=True)
 class ModelShape:
     parameters: int
@@ -140,7 +146,16 @@ class TrainPlan:
     usable_hbm_gib: float
     margin_gib: float
     fits: bool
+    hardware: str = ""
+    tensor_parallel: int = 1
+    sequence_parallel: bool = False
+    sharding: dict[str, Any] = field(default_factory=dict)
+    collectives: list[Collective] = field(default_factory=list)
+    collective_bytes: dict[str, int] = field(default_factory=dict)
+    collective_convention: str = ""
     suggestions: list[str] = field(default_factory=list)
+    proposals: list[dict[str, Any]] = field(default_factory=list)
+    estimated_step: dict[str, float] = field(default_factory=dict)
     msrun_commands: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
 
@@ -151,16 +166,21 @@ class TrainPlan:
 
 def make_plan(recipe, cfg: LlamaConfig, recipe_path: str, run_dir: str, overrides: list[str] | None = None,
               resume: bool = False) -> TrainPlan:
-    mem = estimate_memory(cfg, recipe)
+    choice = sharding.choose(recipe, cfg)
+    mem = estimate_memory(cfg, recipe, zero_stage=choice.stage or None)
     usable = usable_hbm_gib(recipe)
     fits = mem["total"] <= usable
     b, multi = recipe.batching, recipe.world_size > 1
+    tp, dp = recipe.parallel.tensor_parallel, recipe.data_parallel_size
+    cols = sharding.collectives(recipe, cfg, choice)
     return TrainPlan(
         model=ModelShape(cfg.num_parameters(), cfg.hidden_size, cfg.num_hidden_layers, cfg.vocab_size),
         device=recipe.cluster.device, nodes=recipe.cluster.nodes, devices_per_node=recipe.cluster.devices_per_node,
-        world_size=recipe.world_size, data_parallel=recipe.world_size,
+        world_size=recipe.world_size, data_parallel=dp, hardware=hardware.shape_line(recipe.cluster), tensor_parallel=tp,
         micro_batch_size=b.micro_batch_size, grad_accum_steps=b.grad_accum_steps, global_batch=recipe.global_batch_size,
-        global_batch_formula=f"{b.micro_batch_size} micro x {b.grad_accum_steps} accum x {recipe.world_size} DP",
+        global_batch_formula=f"{b.micro_batch_size} micro x {b.grad_accum_steps} accum x {dp} DP",
+        sharding={**dataclasses.asdict(choice), "how": choice.describe()}, collectives=cols,
+        collective_bytes=sharding.bytes_summary(cols), collective_convention=COLLECTIVE_CONVENTION,
         max_tokens_per_step=recipe.global_batch_size * recipe.data.max_seq_length,
         max_seq_length=recipe.data.max_seq_length, precision=recipe.precision.model_dump(mode="json"),
         mixed_precision=mixed_precision(recipe), recompute=recipe.memory.recompute,
@@ -170,6 +190,8 @@ def make_plan(recipe, cfg: LlamaConfig, recipe_path: str, run_dir: str, override
         memory_gib_by_phase=mem, device_hbm_gib=recipe.cluster.device_hbm_gib, usable_hbm_gib=usable,
         margin_gib=round(usable - mem["total"], 3), fits=fits,
         suggestions=[] if fits else suggestions(cfg, recipe, usable),
+        proposals=[] if fits else roofline.proposals(recipe, cfg, _with),
+        estimated_step=roofline.step_time(recipe, cfg) if recipe.cluster.device == "ascend" else {},
         msrun_commands=msrun_commands(recipe, recipe_path, run_dir, overrides, resume) if multi else [],
         warnings=plan_warnings(recipe, cfg))
 
@@ -183,16 +205,20 @@ def mixed_precision(recipe) -> str:
     shard = " (sharded with optimizer sharding)" if recipe.parallel.optimizer_sharding and recipe.world_size > 1 else ""
     scale = f"; loss scale {p.loss_scale.kind}" if p.compute_dtype == "float16" or p.loss_scale.kind != "none" else ""
     reduce = "float32" if p.grad_reduce_dtype == "float32" else f"{p.param_dtype} (grad_reduce_dtype: param_dtype)"
+    how = "reduce-scattered" if shard else "all-reduced"
     return (f"{p.param_dtype} parameters for compute, float32 master weights and AdamW states{shard}; gradients "
-            f"accumulated and all-reduced in {reduce}, clipped in float32 and applied to the float32 masters{scale}")
+            f"accumulated and {how} in {reduce}, clipped in float32 and applied to the float32 masters{scale}")
 
 
 def plan_warnings(recipe, cfg: LlamaConfig) -> list[str]:
     w = []
-    if recipe.parallel.optimizer_sharding and recipe.world_size > 1:
-        w.append("parallel.optimizer_sharding: each rank keeps AdamW states for its own parameters and the updated "
-                 "weights are shared with an all-reduce (no ReduceScatter, which is a stub on the CPU): twice the "
-                 "all-reduce traffic of plain data parallel; checkpoints need a filesystem shared by all nodes")
+    choice = sharding.choose(recipe, cfg)
+    if choice.enabled:
+        w.append("parallel.optimizer_sharding: each data-parallel rank keeps the fp32 masters and AdamW states of its "
+                 "flat shard; checkpoints need a filesystem shared by all nodes")
+    if choice.reduce_scatter == sharding.EMULATED:
+        w.append("parallel.optimizer_sharding on the CPU: ReduceScatter is a stub in MindSpore's CPU collectives, so "
+                 "the gradients are all-reduced and sliced (emulation: twice the wire bytes of the Ascend path)")
     if recipe.data.max_seq_length > cfg.max_position_embeddings:
         w.append(f"data.max_seq_length={recipe.data.max_seq_length} exceeds the model's max_position_embeddings="
                  f"{cfg.max_position_embeddings}")
@@ -228,7 +254,9 @@ def check_fits(plan: TrainPlan, where: str) -> None:
         return
     raise RecipeError(f"{where}: needs {plan.memory_gib_by_phase['total']:.1f} GiB per device, more than the "
                       f"{plan.device_hbm_gib:.0f} GiB of HBM allows ({plan.usable_hbm_gib:g} GiB usable, the rest "
-                      "kept by the runtime); change: " + "; ".join(plan.suggestions))
+                      "kept by the runtime); change: " + "; ".join(plan.suggestions)
+                      + ("; fastest working setting (estimate): " + roofline.proposal_line(plan.proposals[0])
+                         if plan.proposals else "; no (TP, DP, sharding, recompute) setting fits these devices"))
 
 
 def format_plan(plan: TrainPlan) -> str:
@@ -236,12 +264,13 @@ def format_plan(plan: TrainPlan) -> str:
     prec = plan.precision
     lines = [
         f"model: {plan.model.parameters / 1e9:.3f} B parameters, {plan.model.num_hidden_layers} layers",
-        f"world size: {plan.world_size} ({plan.nodes} node(s) x {plan.devices_per_node} device(s), data parallel)",
+        f"world size: {plan.hardware} = {plan.tensor_parallel} tensor parallel x {plan.data_parallel} data parallel"
+        + (" (no sequence parallel)" if plan.tensor_parallel > 1 and not plan.sequence_parallel else ""),
         f"global batch: {plan.global_batch} = {plan.global_batch_formula}; up to "
         f"{plan.max_tokens_per_step} tokens per step at seq {plan.max_seq_length}",
         f"precision: params {prec['param_dtype']}, compute {prec['compute_dtype']}, "
         f"loss scale {prec['loss_scale']['kind']}; recompute {plan.recompute}; "
-        f"optimizer sharding {plan.optimizer_sharding}",
+        f"optimizer sharding {plan.sharding.get('how', plan.optimizer_sharding)}",
         f"mixed precision: {plan.mixed_precision}",
         "memory per device (GiB):",
     ]
@@ -256,9 +285,17 @@ def format_plan(plan: TrainPlan) -> str:
     lines.append(f"  {'total':<22} {mem['total']:>9.2f} of {plan.usable_hbm_gib:g} GiB usable "
                  f"({plan.device_hbm_gib:g} GiB HBM) per device: {verdict}, margin {plan.margin_gib:.2f} GiB")
     lines += [f"  change: {s}" for s in plan.suggestions]
+    if plan.proposals:
+        lines.append("working settings at the same global batch, fastest first (roofline estimate, porting/train/roofline.py):")
+        lines += [f"  {i + 1}. {roofline.proposal_line(p)}" for i, p in enumerate(plan.proposals)]
+    if plan.estimated_step:
+        e = plan.estimated_step
+        lines.append(f"estimated step (roofline at the 910C peak, an estimate): {e['step_s']:.2f} s = compute "
+                     f"{e['compute_s']:.2f} + optimizer {e['memory_s']:.2f} + communication {e['comm_s']:.2f}")
     lines += [f"warning: {w}" for w in plan.warnings]
+    lines += _collective_lines(plan)
     ga = plan.gradient_allreduce
-    if ga.get("allreduce_ops"):
+    if ga.get("allreduce_ops") and not plan.sharding.get("enabled"):
         lines.append(f"gradient all-reduce: {ga['gradients']} gradients in {ga['allreduce_ops']} AllReduce op(s), "
                      f"largest bucket {max(ga['bucket_mib'])} MiB ({ga['how']})")
     if plan.launch:
@@ -267,3 +304,17 @@ def format_plan(plan: TrainPlan) -> str:
         lines.append("must match on every node: " + ", ".join(plan.launch["same_on_every_node"]))
     lines += [f"node {i}: {cmd}" for i, cmd in enumerate(plan.msrun_commands)]
     return "\n".join(lines)
+
+
+def _collective_lines(plan: TrainPlan) -> list[str]:
+    if not plan.collectives:
+        return []
+    mib = lambda b: f"{b / (1 << 20):,.1f} MiB"  # noqa: E731
+    cb = plan.collective_bytes
+    out = [f"collectives per step per rank: payload {mib(cb['payload_bytes'])}, wire {mib(cb['wire_bytes'])} "
+           f"(data parallel {mib(cb['dp_wire_bytes'])}, tensor parallel {mib(cb['tp_wire_bytes'])}); "
+           + plan.collective_convention]
+    for c in plan.collectives:
+        out.append(f"  {c.op:<13} x{c.count:<5} {c.group} of {c.ranks:<3} payload {mib(c.payload_bytes):>14}  wire "
+                   f"{mib(c.wire_bytes):>14}  {c.purpose}")
+    return out
