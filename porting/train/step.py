@@ -256,9 +256,14 @@ class _Update(nn.Cell):
         super().__init__(auto_prefix=False)
         self.optimizer = optimizer
         self.grad_fp32 = grad_fp32
+        # ZeRO (porting/train/zero.py): the optimizer reduce-scatters, updates its shards and all-gathers;
+        # with stage 2 the accumulated buffers are already reduced shards.
+        self.zero = getattr(optimizer, "stage", 0) > 0
+        self.zero_reduced = getattr(optimizer, "stage", 0) == 2
         self.reduce = world_size > 1
         if self.reduce:
-            self.reducer = nn.DistributedGradReducer(optimizer.params, mean=False, degree=world_size)
+            if not self.zero:
+                self.reducer = nn.DistributedGradReducer(optimizer.params, mean=False, degree=world_size)
             self.allreduce = ops.AllReduce()
         self.clip = grad_clip is not None
         self.max_norm = Tensor(grad_clip if grad_clip is not None else 1.0, ms.float32)
@@ -268,6 +273,9 @@ class _Update(nn.Cell):
         # Gradients are all-reduced, unscaled, norm-clipped and applied in float32 whatever the
         # parameters' dtype (a no-op cast for float32 parameters); grad_fp32=False reduces them in the
         # parameter dtype (the norm is still summed in float32 and AdamW still updates float32 masters).
+        if self.zero:
+            shards = grads if self.zero_reduced else self.optimizer.reduce(grads)
+            return self.optimizer.apply(shards, unscale, lr, bc1, bc2, self.clip, self.max_norm)
         if self.grad_fp32:
             grads = self.hyper_map(_to_f32, grads)
         if self.reduce:
