@@ -1,20 +1,25 @@
 """Per-device memory of a training step by phase, against the device's usable HBM.
 
-Memory model (bytes per device; P = parameters, T = micro_batch x seq tokens, L = layers):
+Memory model (bytes per device; P = parameters on one tensor-parallel rank, T = micro_batch x seq
+tokens, L = layers, tp = tensor parallel, dp = data parallel = world / tp):
+- tensor parallel (Megatron's split, comm.parameter_numels): q/k/v, o, gate/up/down, embedding and LM
+  head divided by tp, norms replicated. No sequence parallel is assumed (the tensor-parallel cells
+  decide; see docs/parallel.md).
 - weights: P x param bytes.
 - gradients: P x param bytes, plus an accumulation buffer when grad_accum_steps > 1: P x 4 (float32),
-  or P x param bytes with ``precision.grad_reduce_dtype: param_dtype``.
-- optimizer_states: AdamW m and v in float32, 2 x P x 4, divided by the data-parallel size when
-  optimizer sharding is on (ZeRO-1: each rank keeps the states of the parameters it owns).
-- activations (kept for backward, no recompute): per layer T x (12 h + 4 i) x compute bytes
-  (norm inputs/outputs, q/k/v before and after RoPE, attention output, SwiGLU gate/up/product);
-  the reference attention (CPU) also keeps B x heads x S^2 scores and probabilities in float32, the
-  fused flash attention (Ascend) does not; plus fp32 logits, log-softmax and their gradient,
-  3 x T x vocab x 4; plus compute-dtype copies of the weights when they differ from the storage dtype.
+  or P x param bytes with ``precision.grad_reduce_dtype: param_dtype``; divided by dp with ZeRO-2.
+- optimizer_states: AdamW m and v in float32, 2 x P x 4, divided by dp when optimizer sharding is on
+  (each rank keeps the states of its flat shard).
+- activations (kept for backward, no recompute): per layer T x (4 h + (8 h + 4 i) / tp) x compute
+  bytes (norm inputs/outputs replicated; q/k/v before and after RoPE, attention output, SwiGLU
+  gate/up/product split over tp); the reference attention (CPU) also keeps B x heads / tp x S^2 scores
+  and probabilities in float32, the fused flash attention (Ascend) does not; plus fp32 vocab-parallel
+  logits, log-softmax and their gradient, 3 x T x vocab / tp x 4; plus compute-dtype copies of the
+  weights when they differ from the storage dtype.
 - activations_recompute: layer inputs only (L x T x h x compute bytes) plus one layer's full
   activations (recomputed in backward), logits as above.
-- comm_buffers: two fused all-reduce buffers (comm_fusion size, 64 MB for auto) when world > 1,
-  twice with optimizer sharding (all-gather of updated weights).
+- comm_buffers: two fused all-reduce buffers (comm_fusion size, 64 MB for auto) when dp > 1 and the
+  optimizer is not sharded.
 - workspace: runtime and collective workspace, 2 GiB on Ascend, 0.25 GiB on CPU (assumed).
 Mixed precision, as Megatron / MindSpeed-LLM keep it (porting/train/step.py):
 - master_weights: float32 copies of bf16/fp16 parameters, P x 4, sharded like the AdamW states.
@@ -22,10 +27,10 @@ Mixed precision, as Megatron / MindSpeed-LLM keep it (porting/train/step.py):
   copy P x 4 of bf16/fp16 gradients (the accumulation buffers already are float32 when
   grad_accum_steps > 1); none with ``grad_reduce_dtype: param_dtype`` (Megatron's default, without
   --accumulate-allreduce-grads-in-fp32), where AdamW casts each gradient to float32 as it applies it.
-- adamw_temporaries: the element-wise update's float32 m', v', p' and gradient of one parameter at a
-  time (graph memory reuse frees them after each assign), 4 x the largest parameter x 4.
-- sharding_buffers: with optimizer sharding every parameter is taken from its owner by an float32
-  all-reduce of ``param x mask``: input and output of the largest parameter, 2 x 4 bytes.
+- adamw_temporaries: the element-wise update's float32 m', v', p' and gradient of one parameter (of
+  one bucket's shard when sharded) at a time (graph memory reuse frees them after each assign), 4 x 4.
+- sharding_buffers: with optimizer sharding (porting/train/zero.py), the largest flat bucket's
+  gradients (reduction dtype), its gathered weights (param dtype) and its float32 shard.
 - hccl_buffers: HCCL's in/out buffers per communicator, 2 x HCCL_BUFFSIZE (200 MB by default; HCCL
   environment-variable docs, not re-checked here) on Ascend when world > 1.
 - backward_working_set: one layer's activation gradients while it runs backward, as large as one
