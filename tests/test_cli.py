@@ -98,8 +98,6 @@ FAILS = {  # need a model, a GPU or cluster files this machine has not: (exit co
     "port compare h200.json runs/7b --min-throughput-ratio 0.8 --max-memory-ratio 1.2": (2, "no such baseline file"),
     "port eval --hf ./my-llama --data held_out.jsonl --chat-template model --json": (2, NO_DIR),
     "port eval --ms ms/my-llama --data held_out.parquet --reference ./my-llama": (2, NO_DIR),
-    # 13B in data parallel does not fit 58 GiB usable per die (needs ZeRO-2 or tensor parallel): refused, naming why
-    "port train recipes/13b-32card.yaml --dry-run --json        # the plan as JSON": (2, "more than the 64 GiB of HBM allows"),
     "port train recipes/13b-32card.yaml --launch-node 2         # run node 2's msrun command here":
         (2, "data.path: file not found: data/train.jsonl"),   # a real launch reads the data first
     "port zoo add r1-8b --hf deepseek-ai/DeepSeek-R1-Distill-Llama-8B   # found in the local HF cache":

@@ -15,7 +15,7 @@ from model_zoo.errors import VerificationError
 Examples:
   port ranktable check rank_table.json
   port ranktable check rank_table.json --nodes 2 --cards-per-node 16
-  port ranktable check rank_table.json --recipe recipes/7b-8card.yaml --json
+  port ranktable check rank_table.json --recipe recipes/7b-a2-8dev.yaml --json
   port ranktable gen --server node_0:172.16.0.110 --server node_1:172.16.0.111 --devices 0-7 \\
       --hccn-conf node_0=/etc/hccn.conf --hccn-conf node_1=hccn_node1.conf --out rank_table.json
   port ranktable gen --version 1.2 --super-pod-size 2 --server a --server b --devices 0-15 --out rt.json

@@ -50,22 +50,22 @@ def command(recipe: str, overrides: tuple[str, ...], dry_run: bool, as_json: boo
     out = Path(run_dir or rec.output_dir)
     cfg, notes = plan_config(rec) if dry_run else (LlamaConfig.from_hf(resolve_hf(rec.model.source)), [])
     plan = make_plan(rec, cfg, recipe, str(out), list(overrides), resume)
-    plan["warnings"] = notes + plan["warnings"]
+    plan.warnings = notes + plan.warnings
     if dry_run:
-        click.echo(json.dumps(plan, indent=2) if as_json else format_plan(plan))
+        click.echo(json.dumps(plan.to_dict(), indent=2) if as_json else format_plan(plan))
         check_fits(plan, recipe)
         return
     check_fits(plan, recipe)
     _guard_run_dir(out, resume)
     _make_run_dir(out)
-    write_atomic(out / "plan.json", json.dumps(plan, indent=2), error=RecipeError)
+    write_atomic(out / "plan.json", json.dumps(plan.to_dict(), indent=2), error=RecipeError)
     if rec.world_size == 1:
         from porting.train.loop import train
 
         res = train(rec, out, resume=resume, command=sys.argv)
         click.echo(f"done: {res.steps_done} steps, final loss {res.last_loss:.4f}; run directory {out}")
         return
-    _launch_msrun(rec, recipe, list(overrides), out, resume, launch_node, plan.get("launch", {}).get("env", {}))
+    _launch_msrun(rec, recipe, list(overrides), out, resume, launch_node, plan.launch.get("env", {}))
 
 
 def _make_run_dir(out: Path) -> None:

@@ -70,16 +70,23 @@ def gradient_buckets(grad_bytes: list[int], cf) -> list[list[int]]:
     return out
 
 
-def gradient_sizes(cfg) -> list[int]:
-    """fp32 bytes of every trainable gradient in `model_zoo.llama` parameter order (the reducer casts
-    to float32 before its all-reduce)."""
+def parameter_numels(cfg, tp: int = 1) -> list[int]:
+    """Elements of every trainable parameter on one tensor-parallel rank, in `model_zoo.llama` order.
+    Megatron's split: q/k/v and gate/up column-parallel, o and down row-parallel, embedding and LM head
+    vocab-parallel (all divided by ``tp``); the norms replicated."""
     h, i, L = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers
     kv = cfg.num_key_value_heads * (h // cfg.num_attention_heads)
-    layer = [h, h * h, kv * h, kv * h, h * h, h, i * h, h * i, i * h]   # norms, attention, norm, w1 w2 w3
-    sizes = [cfg.vocab_size * h] + layer * L + [h]
+    layer = [h, h * h // tp, kv * h // tp, kv * h // tp, h * h // tp, h, i * h // tp, h * i // tp, i * h // tp]
+    sizes = [cfg.vocab_size * h // tp] + layer * L + [h]
     if not cfg.tie_word_embeddings:
-        sizes.append(cfg.vocab_size * h)
-    return [4 * s for s in sizes]
+        sizes.append(cfg.vocab_size * h // tp)
+    return sizes
+
+
+def gradient_sizes(cfg, tp: int = 1) -> list[int]:
+    """fp32 bytes of every trainable gradient in `model_zoo.llama` parameter order (the reducer casts
+    to float32 before its all-reduce)."""
+    return [4 * s for s in parameter_numels(cfg, tp)]
 
 
 def fusion_plan(recipe, cfg, grad_bytes: list[int] | None = None) -> dict:

@@ -164,16 +164,25 @@ class Trainer:
         params = list(model.trainable_params())
         opt = recipe.optimizer
         self.shards = world_size if recipe.parallel.optimizer_sharding and world_size > 1 else 1
-        owned = None
-        if self.shards > 1:
-            owned = [o == rank for o in train_step.owners(params, world_size)]
-            self.barrier_cell = train_step.Barrier()
-        self.optimizer = train_step.AdamW(params, tuple(opt.betas), opt.eps, opt.weight_decay, owned)
         self.accum = recipe.batching.grad_accum_steps
         grad_fp32 = recipe.precision.grad_reduce_dtype == "float32"
+        self.zero = None
+        if self.shards > 1:
+            from porting.train import zero
+
+            self.barrier_cell = train_step.Barrier()
+            self.optimizer, self.zero = zero.optimizer_for(recipe, model.config, params, rank, world_size)
+            log.info(f"optimizer sharding: {self.zero.describe()}")
+        else:
+            self.optimizer = train_step.AdamW(params, tuple(opt.betas), opt.eps, opt.weight_decay)
         if self.accum == 1:
             self.fused = train_step.FusedTrainStep(model, self.optimizer, world_size, opt.grad_clip, grad_fp32)
             self.cells = [self.fused]
+        elif self.zero is not None and self.zero.stage == 2:
+            self.buffers = self.optimizer.shard_buffers(grad_fp32)
+            self.grad_step = zero.ShardedAccumGradStep(model, self.optimizer, self.buffers)
+            self.apply = train_step.ApplyStep(self.optimizer, self.buffers, world_size, opt.grad_clip, grad_fp32)
+            self.cells = [self.grad_step, self.apply]
         else:
             self.buffers = train_step.accumulation_buffers(ParameterTuple(params), grad_fp32)
             self.grad_step = train_step.AccumGradStep(model, self.optimizer.params, self.buffers)

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from model_zoo.errors import RecipeError
 from model_zoo.files import read_text
+from porting.train.hardware import derive_cluster
 from porting.train.yaml_bounded import load_yaml
 
 Dtype = Literal["float32", "bfloat16", "float16"]
@@ -145,14 +146,21 @@ class CommFusionSection(_Section):
 class ParallelSection(_Section):
     data_parallel: Optional[int] = Field(None, ge=1, le=1 << 18)   # None: world size / tensor_parallel
     tensor_parallel: int = Field(1, ge=1, le=64)   # Megatron-style, within a node; devices = data x tensor
-    optimizer_sharding: bool = False
+    optimizer_sharding: bool = False   # ZeRO: flat per-rank shards of fp32 masters and AdamW states (docs/parallel.md)
+    # with grad_accum_steps > 1: 1 accumulates full gradients then reduce-scatters once, 2 reduce-scatters every
+    # micro-step into sharded accumulators (ZeRO-2); auto: what the plan shows (porting/train/sharding.py)
+    zero_stage: Literal["auto", 1, 2] = "auto"
     comm_fusion: CommFusionSection = CommFusionSection()
 
 
 class ClusterSection(_Section):
     device: Literal["cpu", "ascend"] = "cpu"
     nodes: int = Field(1, ge=1, le=4096)
-    devices_per_node: int = Field(1, ge=1, le=64)
+    # hardware shape (porting/train/hardware.py): a server preset, or chips x dies; devices_per_node derived
+    server: Optional[Literal["atlas-800t-a3", "atlas-800t-a2"]] = None
+    chips_per_node: Optional[int] = Field(None, ge=1, le=64)
+    dies_per_chip: Optional[int] = Field(None, ge=1, le=4)    # 910C: 2 dies, each one device (rank)
+    devices_per_node: int = Field(1, ge=1, le=64)             # devices = dies, as software sees them
     device_hbm_gib: float = Field(64.0, gt=0, le=4096.0)   # 910C: 64 GB HBM per die; each die is one device
     master_addr: str = "127.0.0.1"
     master_port: int = Field(8118, ge=1024, le=65535)
@@ -190,6 +198,13 @@ class Recipe(_Section):
     logging: LoggingSection = LoggingSection()
     seed: int = Field(0, ge=0, le=2 ** 32 - 1)   # numpy and MindSpore seeds are 32-bit
     output_dir: str = "runs/train"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _hardware(cls, raw: Any) -> Any:
+        if isinstance(raw, dict):
+            raw = {**raw, "cluster": derive_cluster(raw.get("cluster", {}))}
+        return raw
 
     @model_validator(mode="after")
     def _consistent(self) -> "Recipe":

@@ -12,7 +12,7 @@ global_tokens`` (an input), so the summed gradients over micro-batches and ranks
 gradient of the step's mean token loss, whatever the lengths of the micro-batches.
 AdamW is written out to match ``torch.optim.AdamW`` term by term (the baseline compares against it).
 Mixed precision as Megatron / MindSpeed-LLM: bf16/fp16 parameters are the compute copy, AdamW keeps
-float32 master weights and moments (sharded with optimizer sharding), and gradients are all-reduced,
+float32 master weights and moments (sharded with optimizer sharding: porting/train/zero.py), and gradients are all-reduced,
 clipped and applied in float32 (``grad_fp32=False``: reduced in the parameter dtype, still applied to
 the float32 masters).
 When the gradients are not finite the update is skipped inside the graph (parameters and states keep
@@ -117,10 +117,7 @@ class AdamW(nn.Cell):
     is torch's p = p * (1 - lr * wd) - lr / (1 - beta1^t) * m / (sqrt(v) / s + eps). A step with a
     non-finite gradient applies nothing, on both paths.
 
-    With ``owned`` (optimizer sharding, ZeRO-1) a rank keeps moments only for the parameters it owns
-    and updates only those; then every parameter is taken from its owner with one all-reduce of
-    ``param x (1 if owned else 0)``, which is exact (a sum of one value and zeros). This needs
-    AllReduce only, so it also runs on the CPU, where MindSpore's ReduceScatter is a stub.
+    Every rank holds every state here; optimizer sharding is :class:`porting.train.zero.ShardedAdamW`.
 
     Master weights (Megatron / MindSpeed-LLM mixed precision): when the parameters are stored in
     bfloat16/float16, the update runs on float32 copies ``master.<param>`` (sharded with the moments:
@@ -133,31 +130,23 @@ class AdamW(nn.Cell):
     """
 
     def __init__(self, params: list[Parameter], betas: tuple[float, float], eps: float, weight_decay: float,
-                 owned: list[bool] | None = None, fused: bool | None = None, master_weights: bool = True,
+                 fused: bool | None = None, master_weights: bool = True,
                  storage_dtype: str | None = None):
         super().__init__(auto_prefix=False)
-        owned = list(owned) if owned is not None else [True] * len(params)
         if storage_dtype not in (None, "float32", "bfloat16", "float16"):
             raise ValueError(f"AdamW storage_dtype {storage_dtype!r}: expected bfloat16, float16, float32 or None")
         self.rounder = {"bfloat16": _round_bf16, "float16": _round_fp16}.get(storage_dtype)
         if self.rounder is not None and any(p.dtype != ms.float32 for p in params):
             raise ValueError("AdamW storage_dtype emulates a storage dtype on float32 parameters only")
         self.params = ParameterTuple(params)
-        self.owned_idx = tuple(i for i, o in enumerate(owned) if o)
-        self.own_params = ParameterTuple([params[i] for i in self.owned_idx])
-        self.m = ParameterTuple([Parameter(Tensor(np.zeros(params[i].shape, np.float32)), name=f"adam_m.{params[i].name}",
-                                           requires_grad=False) for i in self.owned_idx])
-        self.v = ParameterTuple([Parameter(Tensor(np.zeros(params[i].shape, np.float32)), name=f"adam_v.{params[i].name}",
-                                           requires_grad=False) for i in self.owned_idx])
-        low = self.rounder is not None or any(params[i].dtype != ms.float32 for i in self.owned_idx)
+        self.m = ParameterTuple([Parameter(Tensor(np.zeros(p.shape, np.float32)), name=f"adam_m.{p.name}",
+                                           requires_grad=False) for p in params])
+        self.v = ParameterTuple([Parameter(Tensor(np.zeros(p.shape, np.float32)), name=f"adam_v.{p.name}",
+                                           requires_grad=False) for p in params])
+        low = self.rounder is not None or any(p.dtype != ms.float32 for p in params)
         self.use_masters = bool(master_weights and low)
-        self.masters = ParameterTuple([Parameter(Tensor(_as_f32(params[i])), name=f"master.{params[i].name}",
-                                                 requires_grad=False) for i in self.owned_idx]) \
-            if self.use_masters else ParameterTuple([])
-        self.sharded = not all(owned)
-        if self.sharded:
-            self.allreduce = ops.AllReduce()
-            self.masks = tuple(Tensor(1.0 if o else 0.0, ms.float32) for o in owned)
+        self.masters = ParameterTuple([Parameter(Tensor(_as_f32(p)), name=f"master.{p.name}", requires_grad=False)
+                                       for p in params]) if self.use_masters else ParameterTuple([])
         self.b1 = Tensor(betas[0], ms.float32)
         self.b2 = Tensor(betas[1], ms.float32)
         self.eps = Tensor(eps, ms.float32)
@@ -165,60 +154,34 @@ class AdamW(nn.Cell):
         self.hyper_map = ops.HyperMap()
         # AdamWeightDecay takes float16/float32 and betas strictly inside (0, 1). fused=False forces the
         # element-wise path (tests compare the two).
-        can_fuse = (not self.sharded and not low and all(p.dtype == ms.float32 for p in params)
+        can_fuse = (not low and all(p.dtype == ms.float32 for p in params)
                     and 0.0 < betas[0] < 1.0 and 0.0 < betas[1] < 1.0)
         self.fused = can_fuse if fused is None else (fused and can_fuse)
         if self.fused:
             self.kernel = ops.AdamWeightDecay()
 
     def construct(self, grads, lr: Tensor, bc1: Tensor, bc2: Tensor, finite: Tensor):
-        own_grads = ()
-        for i in self.owned_idx:
-            own_grads += (grads[i],)
         if self.fused:
             s = ops.sqrt(bc2)
             lr_t, eps_t, decay_t = lr * s / bc1, self.eps * s, self.wd * bc1 / s
             if finite:
                 done = self.hyper_map(ops.partial(_adamw_fused, self.kernel, self.b1, self.b2, eps_t, decay_t, lr_t),
-                                      self.own_params, self.m, self.v, own_grads)
+                                      self.params, self.m, self.v, grads)
                 return ops.depend(finite, done)
             return finite
         if self.use_masters:
             done = self.hyper_map(ops.partial(_adamw_master, self.b1, self.b2, self.eps, self.wd, lr, bc1, bc2,
-                                              finite), self.masters, self.own_params, self.m, self.v, own_grads)
+                                              finite), self.masters, self.params, self.m, self.v, grads)
         else:
             done = self.hyper_map(ops.partial(_adamw, self.b1, self.b2, self.eps, self.wd, lr, bc1, bc2, finite),
-                                  self.own_params, self.m, self.v, own_grads)
+                                  self.params, self.m, self.v, grads)
         if self.rounder is not None:
-            done = self.hyper_map(ops.partial(_round_store, self.rounder, done), self.own_params)
-        if self.sharded:
-            done = self.hyper_map(ops.partial(_from_owner, self.allreduce, done), self.masks, self.params)
+            done = self.hyper_map(ops.partial(_round_store, self.rounder, done), self.params)
         return done
 
 
 def _as_f32(p: Parameter) -> np.ndarray:
     return ops.cast(p, ms.float32).asnumpy() if p.dtype != ms.float32 else p.asnumpy().copy()
-
-
-_from_owner = ops.MultitypeFuncGraph("from_owner")
-
-
-@_from_owner.register("Function", "Tuple", "Tensor", "Tensor")
-def _from_owner_t(allreduce, after, mask, param):
-    value = ops.depend(param, after)
-    synced = allreduce(ops.cast(value, ms.float32) * mask)
-    return ops.assign(param, ops.cast(synced, param.dtype))
-
-
-def owners(params: list[Parameter], world_size: int) -> list[int]:
-    """Owner rank of each parameter: largest first to the least loaded rank (deterministic)."""
-    load = [0] * world_size
-    owner = [0] * len(params)
-    for i in sorted(range(len(params)), key=lambda i: (-int(np.prod(params[i].shape)), i)):
-        r = min(range(world_size), key=lambda k: (load[k], k))
-        owner[i] = r
-        load[r] += int(np.prod(params[i].shape))
-    return owner
 
 
 class Barrier(nn.Cell):
@@ -256,9 +219,14 @@ class _Update(nn.Cell):
         super().__init__(auto_prefix=False)
         self.optimizer = optimizer
         self.grad_fp32 = grad_fp32
+        # ZeRO (porting/train/zero.py): the optimizer reduce-scatters, updates its shards and all-gathers;
+        # with stage 2 the accumulated buffers are already reduced shards.
+        self.zero = getattr(optimizer, "stage", 0) > 0
+        self.zero_reduced = getattr(optimizer, "stage", 0) == 2
         self.reduce = world_size > 1
         if self.reduce:
-            self.reducer = nn.DistributedGradReducer(optimizer.params, mean=False, degree=world_size)
+            if not self.zero:
+                self.reducer = nn.DistributedGradReducer(optimizer.params, mean=False, degree=world_size)
             self.allreduce = ops.AllReduce()
         self.clip = grad_clip is not None
         self.max_norm = Tensor(grad_clip if grad_clip is not None else 1.0, ms.float32)
@@ -268,6 +236,9 @@ class _Update(nn.Cell):
         # Gradients are all-reduced, unscaled, norm-clipped and applied in float32 whatever the
         # parameters' dtype (a no-op cast for float32 parameters); grad_fp32=False reduces them in the
         # parameter dtype (the norm is still summed in float32 and AdamW still updates float32 masters).
+        if self.zero:
+            shards = grads if self.zero_reduced else self.optimizer.reduce(grads)
+            return self.optimizer.apply(shards, unscale, lr, bc1, bc2, self.clip, self.max_norm)
         if self.grad_fp32:
             grads = self.hyper_map(_to_f32, grads)
         if self.reduce:

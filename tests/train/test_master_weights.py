@@ -101,22 +101,43 @@ def test_master_weights_keep_small_updates_and_track_fp32(runs, capsys):
     assert err_mw < 0.5 * err_plain
 
 
-def test_bf16_parameters_get_float32_masters_sharded_with_the_moments():
-    """Real bfloat16 Parameters (the Ascend case): one float32 master per owned parameter, equal to it."""
+def test_bf16_parameters_get_float32_masters():
+    """Real bfloat16 Parameters (the Ascend case): one float32 master per parameter, equal to it."""
     from mindspore import Parameter, Tensor
 
     rng = np.random.default_rng(0)
     params = [Parameter(Tensor(rng.standard_normal(s).astype(np.float32)).astype(ms.bfloat16), name=f"w{i}")
               for i, s in enumerate([(8, 4), (4,), (3, 3)])]
-    opt = train_step.AdamW(params, (0.9, 0.95), 1e-8, 0.0, owned=[True, False, True])
+    opt = train_step.AdamW(params, (0.9, 0.95), 1e-8, 0.0)
     assert opt.use_masters and not opt.fused
-    assert [m.name for m in opt.masters] == ["master.w0", "master.w2"]
-    for m, p in zip(opt.masters, (params[0], params[2])):
+    assert [m.name for m in opt.masters] == ["master.w0", "master.w1", "master.w2"]
+    for m, p in zip(opt.masters, params):
         assert m.dtype == ms.float32
         np.testing.assert_array_equal(m.asnumpy(), p.astype(ms.float32).asnumpy())
     assert not train_step.AdamW(params, (0.9, 0.95), 1e-8, 0.0, master_weights=False).use_masters
     fp32 = [Parameter(Tensor(np.ones((2, 2), np.float32)), name="f")]
     assert not train_step.AdamW(fp32, (0.9, 0.95), 1e-8, 0.0).use_masters
+
+
+def test_sharded_bf16_parameters_keep_float32_master_shards():
+    """ZeRO (porting/train/zero.py): each rank's float32 master is its flat slice of the parameters."""
+    from mindspore import Parameter, Tensor
+
+    from porting.train import sharding, zero
+
+    rng = np.random.default_rng(0)
+    params = [Parameter(Tensor(rng.standard_normal(s).astype(np.float32)).astype(ms.bfloat16), name=f"w{i}")
+              for i, s in enumerate([(8, 4), (4,), (3, 3)])]
+    buckets = sharding.flat_buckets([32, 4, 9], 2, type("CF", (), {"enabled": False})(), 2)
+    flat = np.concatenate([p.astype(ms.float32).asnumpy().ravel() for p in params])
+    for rank in (0, 1):
+        opt = zero.ShardedAdamW(params, (0.9, 0.95), 1e-8, 0.0, rank=rank, dp=2, buckets=buckets, native=False)
+        assert opt.use_masters and [m.name for m in opt.masters] == [f"master.shard{k}.rank{rank}" for k in range(3)]
+        got = np.concatenate([m.asnumpy() for m in opt.masters])
+        want = np.concatenate([np.pad(flat[s:e], (0, -(e - s) % 2))[rank * ((e - s + 1) // 2):(rank + 1) * ((e - s + 1) // 2)]
+                               for s, e in ((0, 32), (32, 36), (36, 45))])
+        assert all(m.dtype == ms.float32 for m in opt.masters)
+        np.testing.assert_array_equal(got, want)
 
 
 def test_accumulation_buffers_follow_grad_reduce_dtype():

@@ -43,18 +43,19 @@ def test_estimator_matches_h200_measurements():
 
 def test_plan_global_batch_and_sharding():
     r = _recipe(batching={"micro_batch_size": 1, "grad_accum_steps": 4}, cluster={"devices_per_node": 8},
-                parallel={"optimizer_sharding": True}, precision={"param_dtype": "bfloat16", "compute_dtype": "bfloat16"},
-                memory={"recompute": True})
+                parallel={"optimizer_sharding": True, "zero_stage": 1},
+                precision={"param_dtype": "bfloat16", "compute_dtype": "bfloat16"}, memory={"recompute": True})
     plan = make_plan(r, presets.config("llama2-7b"), "recipes/x.yaml", "runs/x")
-    assert plan["global_batch"] == 32 and plan["world_size"] == 8
-    mem = plan["memory_gib_by_phase"]
+    assert plan.global_batch == 32 and plan.world_size == 8
+    mem = plan.memory_gib_by_phase
     assert set(mem) == {"weights", "gradients", "optimizer_states", "activations", "activations_recompute",
                         "comm_buffers", "workspace", "master_weights", "gradients_fp32", "adamw_temporaries",
                         "sharding_buffers", "hccl_buffers", "backward_working_set", "total"}
     assert mem["optimizer_states"] == pytest.approx(2 * 4 * 6.738e9 / 8 / 2**30, rel=0.01)
     assert mem["master_weights"] == pytest.approx(4 * 6.738e9 / 8 / 2**30, rel=0.01)   # fp32 masters, sharded
-    assert plan["device_hbm_gib"] == 64 and plan["usable_hbm_gib"] == 58
-    assert "float32 master weights" in plan["mixed_precision"]
+    assert plan.device_hbm_gib == 64 and plan.usable_hbm_gib == 58
+    assert "float32 master weights" in plan.mixed_precision
+    assert json.loads(json.dumps(plan.to_dict()))["memory_gib_by_phase"] == mem
 
 
 def test_msrun_command_per_node():
@@ -77,22 +78,65 @@ def test_dry_run_refuses_plan_that_does_not_fit_with_remedies():
     assert "DOES NOT FIT" in r.stdout
 
 
-@pytest.mark.parametrize("name,nodes", [("7b-8card", 1), ("7b-a3-16die", 1)])
-def test_shipped_910c_recipes_fit(name, nodes):
+@pytest.mark.parametrize("name,nodes,world,tp", [("7b-8card", 1, 16, 1), ("7b-a2-8dev", 1, 8, 1),
+                                                 ("13b-32card", 4, 64, 8)])
+def test_shipped_910c_recipes_fit(name, nodes, world, tp):
     r = port("train", f"recipes/{name}.yaml", "--dry-run", "--json")
     assert r.returncode == 0, r.stderr[-2000:]
     plan = json.loads(r.stdout)
     # 58 GiB usable of a 64 GiB die (MindFormers' max_device_memory), fp32 masters counted
-    assert plan["fits"] and plan["memory_gib_by_phase"]["total"] <= 58 and plan["margin_gib"] > 1.0
+    assert plan["fits"] and plan["memory_gib_by_phase"]["total"] <= 58 and plan["margin_gib"] > 4.0
     assert plan["memory_gib_by_phase"]["master_weights"] > 0
-    assert len(plan["msrun_commands"]) == nodes
+    assert len(plan["msrun_commands"]) == nodes and plan["world_size"] == world and plan["tensor_parallel"] == tp
+    assert plan["sharding"]["enabled"] and plan["sharding"]["reduce_scatter"] == "reduce_scatter"   # HCCL has it
+    ops = {c["op"] for c in plan["collectives"] if c["group"] == "dp" and c["purpose"].startswith("gradients,")}
+    assert ops == {"ReduceScatter"} and plan["collective_bytes"]["wire_bytes"] > 0
 
 
-def test_13b_recipe_is_refused_with_what_it_needs():
+def test_13b_on_four_a3_servers_plans_64_dies_with_tensor_parallel_and_accumulation():
     r = port("train", "recipes/13b-32card.yaml", "--dry-run")
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = r.stdout
+    assert "world size: 64 devices (dies) = 4 node(s) x 8 chip(s) x 2 die(s)" in out
+    assert "= 8 tensor parallel x 8 data parallel (no sequence parallel)" in out
+    assert "global batch: 32 = 1 micro x 4 accum x 8 DP" in out and "seq 4096" in out
+    assert "ZeRO-1: gradients by ReduceScatter (HCCL)" in out and "collectives per step per rank" in out
+    assert len([ln for ln in out.splitlines() if ln.startswith("node ")]) == 4
+    assert all("--worker_num=64 --local_worker_num=16" in ln for ln in out.splitlines() if ln.startswith("node "))
+
+
+def test_13b_in_pure_data_parallel_is_refused_with_a_working_setting():
+    """TP 1 does not fit; the refusal names the fastest (TP, DP, sharding, recompute) setting that does,
+    at the same global batch, by the roofline estimate; that setting then plans as fitting."""
+    r = port("train", "recipes/13b-32card.yaml", "--dry-run", "--json", "--set", "parallel.tensor_parallel=1")
     assert r.returncode == 2
     line = error_line(r)
-    assert "58 GiB usable" in line and "gradient sharding (ZeRO-2) or tensor/pipeline parallelism" in line
+    assert "58 GiB usable" in line and "fastest working setting (estimate): TP " in line
+    plan = json.loads(r.stdout)
+    best = plan["proposals"][0]
+    times = [p["estimated_step_s"] for p in plan["proposals"]]
+    assert times == sorted(times) and best["tensor_parallel"] > 1
+    assert best["micro_batch_size"] * best["grad_accum_steps"] * best["data_parallel"] == plan["global_batch"]
+    sets = [a for s in best["set"] for a in ("--set", s)]
+    ok = port("train", "recipes/13b-32card.yaml", "--dry-run", "--json", *sets)
+    assert ok.returncode == 0, ok.stderr[-2000:]
+    assert json.loads(ok.stdout)["memory_gib_by_phase"]["total"] == pytest.approx(best["memory_gib"])
+
+
+def test_cluster_hardware_shape_is_derived_and_contradictions_refused():
+    from model_zoo.errors import RecipeError
+
+    a3 = _recipe(cluster={"server": "atlas-800t-a3", "nodes": 4})
+    assert (a3.cluster.chips_per_node, a3.cluster.dies_per_chip, a3.cluster.devices_per_node, a3.world_size) == (8, 2, 16, 64)
+    chips = _recipe(cluster={"chips_per_node": 4, "dies_per_chip": 2})
+    assert chips.cluster.devices_per_node == 8
+    with pytest.raises(RecipeError, match="cluster.devices_per_node: 8 contradicts cluster.server: atlas-800t-a3"):
+        _recipe(cluster={"server": "atlas-800t-a3", "devices_per_node": 8})
+    with pytest.raises(RecipeError, match="cluster.devices_per_node: 6 contradicts cluster.chips_per_node: 4"):
+        _recipe(cluster={"chips_per_node": 4, "dies_per_chip": 2, "devices_per_node": 6})
+    r = port("train", "recipes/13b-32card.yaml", "--dry-run", "--set", "cluster.devices_per_node=8")
+    assert r.returncode == 2 and "cluster.devices_per_node: 8 contradicts cluster.server" in error_line(r)
+    assert r.stdout == ""
 
 
 def test_multi_node_run_prints_the_command_of_each_node(tmp_path):

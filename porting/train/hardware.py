@@ -1,0 +1,86 @@
+"""The hardware shape of a cluster node: chips, dies per chip, and the devices software sees.
+
+On a 910C every die is one device and one rank (ASCEND_FACTS.md, rank tables): an Atlas A3 server
+with 8 chips shows 16 devices of 64 GB. "13B on 4 x 8 910C" in the field means 32 chips = 64 dies.
+A recipe gives ``cluster.server`` (a preset), or ``chips_per_node`` / ``dies_per_chip``, or
+``devices_per_node`` alone; the rest is derived here, and values that disagree are refused naming
+the key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Server:
+    chips: int
+    dies_per_chip: int
+    hbm_gib_per_die: float
+    source: str
+
+
+# Public product pages and ASCEND_FACTS.md ("910C hardware", "Rank tables").
+SERVERS: dict[str, Server] = {
+    "atlas-800t-a3": Server(8, 2, 64.0, "Atlas 800T A3: 8 x 910C, 2 dies of 64 GB each = 16 devices"),
+    "atlas-800t-a2": Server(8, 1, 64.0, "Atlas 800T A2: 8 x 910B, one 64 GB device each"),
+}
+
+
+def _int(v: Any) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) and v >= 1 else None
+
+
+def derive_cluster(raw: Any) -> Any:
+    """The raw ``cluster`` mapping with chips_per_node, dies_per_chip and devices_per_node filled in
+    (devices = chips x dies). Raises ValueError, naming the key, when given values contradict."""
+    if not isinstance(raw, dict):
+        return raw
+    c = dict(raw)
+    server = SERVERS.get(c.get("server")) if isinstance(c.get("server"), str) else None
+    if server is not None:
+        c.setdefault("device", "ascend")
+        c.setdefault("device_hbm_gib", server.hbm_gib_per_die)
+        c.setdefault("chips_per_node", server.chips)
+        c.setdefault("dies_per_chip", server.dies_per_chip)
+        for key, want in (("chips_per_node", server.chips), ("dies_per_chip", server.dies_per_chip)):
+            if c[key] != want:
+                raise ValueError(f"cluster.{key}: {c[key]} contradicts cluster.server: {c['server']} ({server.source});"
+                                 f" drop cluster.{key} or cluster.server")
+        if c.get("device") != "ascend":
+            raise ValueError(f"cluster.device: {c.get('device')} contradicts cluster.server: {c['server']} (an Ascend "
+                             "server); drop cluster.server to plan another device")
+    chips, dies, devs = _int(c.get("chips_per_node")), _int(c.get("dies_per_chip")), _int(c.get("devices_per_node"))
+    if any(k in c and v is None for k, v in (("chips_per_node", chips), ("dies_per_chip", dies),
+                                              ("devices_per_node", devs))):
+        return c   # a wrong type or range: the schema names it
+    if chips and dies:
+        if devs is not None and devs != chips * dies:
+            if server is not None:
+                raise ValueError(f"cluster.devices_per_node: {devs} contradicts cluster.server: {c['server']} "
+                                 f"({server.source}); drop cluster.devices_per_node or cluster.server")
+            raise ValueError(f"cluster.devices_per_node: {devs} contradicts cluster.chips_per_node: {chips} x "
+                             f"cluster.dies_per_chip: {dies} = {chips * dies} devices (dies); give one or make them agree")
+        devs = chips * dies
+    elif chips:
+        if devs is not None and devs % chips:
+            raise ValueError(f"cluster.devices_per_node: {devs} is not a multiple of cluster.chips_per_node: {chips}")
+        dies = devs // chips if devs else 1
+        devs = chips * dies
+    else:
+        dies = dies or 1
+        devs = devs or dies
+        if devs % dies:
+            raise ValueError(f"cluster.devices_per_node: {devs} is not a multiple of cluster.dies_per_chip: {dies}")
+        chips = devs // dies
+    c.update(chips_per_node=chips, dies_per_chip=dies, devices_per_node=devs)
+    return c
+
+
+def shape_line(cluster) -> str:
+    """``64 devices (dies) = 4 nodes x 8 chips x 2 dies`` for a validated ClusterSection."""
+    world = cluster.nodes * cluster.devices_per_node
+    server = f", {cluster.server}" if cluster.server else ""
+    return (f"{world} devices (dies) = {cluster.nodes} node(s) x {cluster.chips_per_node} chip(s) x "
+            f"{cluster.dies_per_chip} die(s){server}")

@@ -1,0 +1,178 @@
+"""Optimizer sharding (ZeRO) and the collectives of one training step, as the plan states them.
+
+Sharded optimizer (Megatron's distributed optimizer; porting/train/zero.py builds it):
+- the gradients of a bucket of parameters (buckets follow ``parallel.comm_fusion``, as the fused
+  all-reduce does) are flattened, padded to a multiple of the data-parallel size and reduce-scattered:
+  each data-parallel rank gets the summed gradient of its flat 1/dp shard;
+- the rank updates its shard (float32 master and AdamW m, v of the shard only);
+- the updated shards are all-gathered in the parameter dtype and copied back into the parameters.
+With gradient accumulation, stage 1 accumulates full gradients and reduce-scatters once per step;
+stage 2 (ZeRO-2) reduce-scatters every micro-step into sharded accumulators: 1/dp of the accumulation
+memory for ``grad_accum_steps`` x the reduce-scatter bytes. ``zero_stage: auto`` takes stage 1 when
+it fits the usable HBM with :data:`MARGIN_GIB` to spare, else stage 2.
+
+The reduce-scatter is chosen by capability (:func:`has_reduce_scatter`): HCCL has it; MindSpore's CPU
+collective library (MCCL) has a ReduceScatter that does nothing (ASCEND_FACTS.md), so on the CPU it
+is emulated by an AllReduce and a slice of this rank's shard (same numbers, twice the wire bytes).
+AllGather works on both.
+
+Bytes (:func:`collectives`): ``payload`` is the size of the buffer a collective is called on (its
+input for AllReduce and ReduceScatter, its output for AllGather); ``wire`` is what one rank sends in
+a ring: AllReduce 2 (n-1)/n x payload, ReduceScatter and AllGather (n-1)/n x payload. Per optimizer
+step, per rank. Tensor-parallel collectives follow Megatron without sequence parallel (an estimate
+from the model shapes: the tensor-parallel cells decide the exact ops).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from model_zoo.config import LlamaConfig
+from porting.train import comm
+from porting.train.memory import DTYPE_BYTES
+
+MARGIN_GIB = 4.0     # stage 1 (fewer bytes) only when it leaves this much of the usable HBM
+EMULATED = "allreduce+slice"
+NATIVE = "reduce_scatter"
+
+
+def has_reduce_scatter(device: str) -> bool:
+    """Whether the backend's ReduceScatter computes (HCCL on Ascend) or is the CPU stub (MCCL)."""
+    return device.lower() == "ascend"
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """One flat buffer of consecutive parameters: indices into the parameter list, elements, padding."""
+
+    indices: tuple[int, ...]
+    numel: int
+    padded: int          # numel rounded up to a multiple of the data-parallel size
+
+    def shard(self, dp: int) -> int:
+        return self.padded // dp
+
+
+def flat_buckets(numels: list[int], elem_bytes: int, cf, dp: int) -> list[Bucket]:
+    """Buckets as the comm_fusion setting forms them (comm.gradient_buckets on the gradient bytes)."""
+    out = []
+    for idx in comm.gradient_buckets([n * elem_bytes for n in numels], cf):
+        n = sum(numels[i] for i in idx)
+        out.append(Bucket(tuple(idx), n, -(-n // dp) * dp))
+    return out
+
+
+@dataclass(frozen=True)
+class ShardingChoice:
+    enabled: bool
+    stage: int                  # 1 or 2 (only differs with gradient accumulation)
+    reduce_scatter: str         # NATIVE, EMULATED, or "" when not sharded
+    reason: str
+
+    def describe(self) -> str:
+        if not self.enabled:
+            return "off: every rank keeps full fp32 masters and AdamW states"
+        how = ("ReduceScatter (HCCL)" if self.reduce_scatter == NATIVE else
+               "AllReduce + slice (emulated: the CPU backend's ReduceScatter is a stub)")
+        return f"ZeRO-{self.stage}: gradients by {how}, updated weights by AllGather; {self.reason}"
+
+
+def choose(recipe, cfg: LlamaConfig) -> ShardingChoice:
+    """ZeRO stage and reduce-scatter implementation for a recipe (see the module docstring)."""
+    from porting.train.memory import estimate_memory, usable_hbm_gib
+
+    dp = recipe.data_parallel_size
+    if not recipe.parallel.optimizer_sharding or dp == 1:
+        return ShardingChoice(False, 0, "", "not sharded")
+    rs = NATIVE if has_reduce_scatter(recipe.cluster.device) else EMULATED
+    accum = recipe.batching.grad_accum_steps
+    want = recipe.parallel.zero_stage
+    if accum == 1:
+        return ShardingChoice(True, 1, rs, "one micro-batch per step: one reduce-scatter per step")
+    if want != "auto":
+        return ShardingChoice(True, int(want), rs, f"parallel.zero_stage: {want}")
+    one = estimate_memory(cfg, recipe, zero_stage=1)["total"]
+    usable = usable_hbm_gib(recipe)
+    if one <= usable - MARGIN_GIB:
+        return ShardingChoice(True, 1, rs, f"accumulate then one reduce-scatter: {one:.1f} GiB fits {usable:g} GiB "
+                                           f"with {MARGIN_GIB:g} GiB to spare, and moves 1/{accum} of ZeRO-2's bytes")
+    return ShardingChoice(True, 2, rs, f"ZeRO-2: full accumulators would need {one:.1f} GiB of {usable:g} GiB; "
+                                       f"sharded ones cost {accum} reduce-scatters per step")
+
+
+@dataclass(frozen=True)
+class Collective:
+    op: str              # AllReduce, ReduceScatter, AllGather
+    purpose: str
+    group: str           # dp, tp
+    ranks: int           # size of the group
+    count: int           # ops per optimizer step
+    payload_bytes: int   # summed over the ops of one step
+    wire_bytes: int      # ring bytes sent by one rank, summed
+
+
+def _op(op: str, purpose: str, group: str, n: int, count: int, payload: float) -> Collective:
+    factor = (2 * (n - 1) / n) if op == "AllReduce" else (n - 1) / n
+    return Collective(op, purpose, group, n, count, int(payload), int(payload * factor))
+
+
+def collectives(recipe, cfg: LlamaConfig, choice: ShardingChoice | None = None,
+                legacy_mask: bool = False) -> list[Collective]:
+    """Every collective of one optimizer step on one rank. ``legacy_mask``: the earlier sharding
+    (gradients all-reduced, then every parameter all-reduced in fp32 as ``param x mask``), for
+    comparison (BENCHMARKS.md)."""
+    choice = choice or choose(recipe, cfg)
+    dp, tp, accum = recipe.data_parallel_size, recipe.parallel.tensor_parallel, recipe.batching.grad_accum_steps
+    prec = recipe.precision
+    gb = 4 if prec.grad_reduce_dtype == "float32" else DTYPE_BYTES[prec.param_dtype]
+    pb = DTYPE_BYTES[prec.param_dtype]
+    numels = comm.parameter_numels(cfg, tp)
+    cf = recipe.parallel.comm_fusion
+    out: list[Collective] = []
+    if dp > 1:
+        if choice.enabled and not legacy_mask:
+            buckets = flat_buckets(numels, gb, cf, dp)
+            padded = sum(b.padded for b in buckets)
+            times = accum if choice.stage == 2 else 1
+            rs_op = "ReduceScatter" if choice.reduce_scatter == NATIVE else "AllReduce"
+            out.append(_op(rs_op, f"gradients, flat buckets ({choice.reduce_scatter})", "dp", dp,
+                           len(buckets) * times, padded * gb * times))
+            out.append(_op("AllGather", "updated weight shards", "dp", dp, len(buckets), padded * pb))
+            out.append(_op("AllReduce", "gradient norm of the shards (scalar)", "dp", dp, 1, 4))
+        else:
+            buckets = comm.gradient_buckets([n * gb for n in numels], cf)
+            out.append(_op("AllReduce", "gradients (fused buckets)", "dp", dp, len(buckets), sum(numels) * gb))
+            if legacy_mask and choice.enabled:
+                out.append(_op("AllReduce", "every parameter from its owner (fp32 param x mask)", "dp", dp,
+                               len(numels), sum(numels) * 4))
+        out.append(_op("AllReduce", "loss sum and token count (scalars)", "dp", dp, 2, 8))
+    if tp > 1:
+        out += tp_collectives(recipe, cfg)
+    return out
+
+
+def tp_collectives(recipe, cfg: LlamaConfig) -> list[Collective]:
+    """Megatron tensor parallel without sequence parallel, per optimizer step: forward, an AllReduce
+    after the row-parallel o and down projections and after the vocab-parallel embedding; backward, the
+    conjugate AllReduce before the column-parallel q/k/v and gate/up and the LM head; recompute runs the
+    forward ones again; the parallel cross-entropy all-reduces max, sum of exponentials and the target
+    logit per token (float32)."""
+    tp, accum, L = recipe.parallel.tensor_parallel, recipe.batching.grad_accum_steps, cfg.num_hidden_layers
+    tokens = recipe.batching.micro_batch_size * recipe.data.max_seq_length
+    act = tokens * cfg.hidden_size * DTYPE_BYTES[recipe.precision.compute_dtype]
+    fwd = 2 * L + 1
+    bwd = 2 * L + 1 + (2 * L if recipe.memory.recompute else 0)
+    return [_op("AllReduce", "tensor-parallel activations, forward", "tp", tp, fwd * accum, fwd * accum * act),
+            _op("AllReduce", "tensor-parallel activation gradients, backward" +
+                (" (and recomputed forward)" if recipe.memory.recompute else ""), "tp", tp, bwd * accum,
+                bwd * accum * act),
+            _op("AllReduce", "vocab-parallel cross-entropy (max, sum exp, target logit)", "tp", tp, 3 * accum,
+                3 * accum * tokens * 4)]
+
+
+def bytes_summary(cols: list[Collective]) -> dict[str, int]:
+    """Payload and wire bytes per step per rank, in total and by group."""
+    out = {"payload_bytes": sum(c.payload_bytes for c in cols), "wire_bytes": sum(c.wire_bytes for c in cols)}
+    for g in ("dp", "tp"):
+        out[f"{g}_wire_bytes"] = sum(c.wire_bytes for c in cols if c.group == g)
+    return out

@@ -1,0 +1,164 @@
+"""The sharded optimizer (ZeRO-1/2, Megatron's distributed optimizer) as graph-mode cells.
+
+The layout and the collectives are :mod:`porting.train.sharding`'s (the plan states the same buckets):
+gradients of a bucket are flattened, padded to a multiple of the data-parallel size ``dp`` and
+reduce-scattered; each rank updates its flat shard (AdamW with float32 moments, on float32 master
+weights when the parameters are bf16/fp16, or on its slice of the float32 parameters); the updated
+shards are all-gathered in the parameter dtype and copied back into every parameter.
+
+Reduce-scatter by capability: ``ops.ReduceScatter`` where the backend has one (HCCL), else an
+``AllReduce`` of the flat bucket and a slice of this rank's shard (MindSpore's CPU ReduceScatter is a
+stub). Both give every rank the same summed shard, so the update equals the unsharded one: the global
+norm is the square root of the all-reduced sum of the shards' squares (the padding is zero).
+"""
+
+from __future__ import annotations
+
+import mindspore as ms
+import numpy as np
+from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
+from mindspore.communication import GlobalComm
+
+from porting.train import sharding
+from porting.train.step import LossNet
+
+
+class ShardedAdamW(nn.Cell):
+    """torch.optim.AdamW on this rank's flat shard of every bucket, parameters all-gathered after.
+
+    State names carry the rank (``adam_m.shard3.rank1``): each rank checkpoints its own shards.
+    ``stage`` 2 (ZeRO-2) means the caller reduce-scatters every micro-step (:class:`ShardedAccumGradStep`).
+    """
+
+    def __init__(self, params: list[Parameter], betas: tuple[float, float], eps: float, weight_decay: float, *,
+                 rank: int, dp: int, buckets: list[sharding.Bucket], native: bool, grad_dtype=ms.float32,
+                 stage: int = 1, group: str | None = None, master_weights: bool = True):
+        super().__init__(auto_prefix=False)
+        group = group or GlobalComm.WORLD_COMM_GROUP
+        self.params = ParameterTuple(params)
+        self.rank, self.dp, self.native, self.stage, self.grad_dtype = rank, dp, native, stage, grad_dtype
+        self.bucket_idx = tuple(tuple(b.indices) for b in buckets)
+        self.pads = tuple(b.padded - b.numel for b in buckets)
+        self.shard_sizes = tuple(b.shard(dp) for b in buckets)
+        self.numels = tuple(int(np.prod(p.shape)) for p in params)
+        self.shapes = tuple(tuple(p.shape) for p in params)
+        self.use_masters = bool(master_weights and any(p.dtype != ms.float32 for p in params))
+        flat = [self._flat_numpy(params, b) for b in buckets]
+        own = [f[rank * n:(rank + 1) * n] for f, n in zip(flat, self.shard_sizes)]
+        zeros = lambda kind: ParameterTuple([Parameter(Tensor(np.zeros(n, np.float32)), requires_grad=False,  # noqa: E731
+                                                       name=f"{kind}.shard{k}.rank{rank}")
+                                             for k, n in enumerate(self.shard_sizes)])
+        self.m, self.v = zeros("adam_m"), zeros("adam_v")
+        self.masters = ParameterTuple([Parameter(Tensor(o), name=f"master.shard{k}.rank{rank}", requires_grad=False)
+                                       for k, o in enumerate(own)]) if self.use_masters else ParameterTuple([])
+        self.reduce_scatter = ops.ReduceScatter(ops.ReduceOp.SUM, group)
+        self.allreduce = ops.AllReduce(ops.ReduceOp.SUM, group)
+        self.allgather = ops.AllGather(group)
+        self.b1, self.b2 = Tensor(betas[0], ms.float32), Tensor(betas[1], ms.float32)
+        self.eps, self.wd = Tensor(eps, ms.float32), Tensor(weight_decay, ms.float32)
+
+    @staticmethod
+    def _flat_numpy(params: list[Parameter], b: sharding.Bucket) -> np.ndarray:
+        parts = [(ops.cast(params[i], ms.float32) if params[i].dtype != ms.float32 else params[i]).asnumpy().ravel()
+                 for i in b.indices]
+        return np.concatenate(parts + [np.zeros(b.padded - b.numel, np.float32)])
+
+    def shard_buffers(self, grad_fp32: bool = True) -> ParameterTuple:
+        """Zeroed ZeRO-2 accumulators, one per bucket shard (float32, or the reduction dtype)."""
+        dt = ms.float32 if grad_fp32 else self.grad_dtype
+        return ParameterTuple([Parameter(ops.zeros((n,), dt), name=f"accum.shard{k}.rank{self.rank}",
+                                         requires_grad=False) for k, n in enumerate(self.shard_sizes)])
+
+    def _flatten(self, values, k: int, dtype):
+        parts = ()
+        for i in self.bucket_idx[k]:
+            parts += (ops.reshape(ops.cast(values[i], dtype), (-1,)),)
+        if self.pads[k] > 0:
+            parts += (ops.zeros((self.pads[k],), dtype),)
+        return ops.concat(parts) if len(parts) > 1 else parts[0]
+
+    def _scatter(self, flat, k: int):
+        if self.native:
+            return self.reduce_scatter(flat)
+        n = self.shard_sizes[k]
+        return self.allreduce(flat)[self.rank * n:(self.rank + 1) * n]   # CPU: AllReduce + this rank's slice
+
+    def reduce(self, grads):
+        """Every bucket's summed gradient shard on this rank (in ``grad_dtype``)."""
+        out = ()
+        for k in range(len(self.bucket_idx)):
+            out += (self._scatter(self._flatten(grads, k, self.grad_dtype), k),)
+        return out
+
+    def apply(self, shards, unscale: Tensor, lr: Tensor, bc1: Tensor, bc2: Tensor, clip: bool, max_norm: Tensor):
+        """Unscale, global norm, clip, AdamW on the shards, all-gather; returns (norm, finite)."""
+        gs = ()
+        sq = ops.zeros((), ms.float32)
+        for k in range(len(shards)):
+            g = ops.cast(shards[k], ms.float32) * unscale
+            gs += (g,)
+            sq = sq + (g * g).sum()
+        norm = ops.sqrt(self.allreduce(sq))
+        finite = ops.isfinite(norm)
+        coef = ops.minimum(max_norm / (norm + 1e-6), ops.ones((), ms.float32)) if clip else ops.ones((), ms.float32)
+        done = ()
+        for k in range(len(gs)):
+            done += (self._update(k, gs[k] * coef, lr, bc1, bc2, finite),)
+        return ops.depend(norm, done), finite
+
+    def _update(self, k: int, g, lr, bc1, bc2, finite):
+        n = self.shard_sizes[k]
+        if self.use_masters:
+            p = self.masters[k]
+        else:
+            p = self._flatten(self.params, k, ms.float32)[self.rank * n:(self.rank + 1) * n]
+        m_new = self.b1 * self.m[k] + (1.0 - self.b1) * g
+        v_new = self.b2 * self.v[k] + (1.0 - self.b2) * g * g
+        p_new = p * (1.0 - lr * self.wd) - (lr / bc1) * m_new / (ops.sqrt(v_new) / ops.sqrt(bc2) + self.eps)
+        kept = ops.select(finite, p_new, p)
+        done = (ops.assign(self.m[k], ops.select(finite, m_new, self.m[k])),
+                ops.assign(self.v[k], ops.select(finite, v_new, self.v[k])))
+        if self.use_masters:
+            done += (ops.assign(self.masters[k], kept),)
+        first = self.bucket_idx[k][0]
+        full = self.allgather(ops.cast(ops.depend(kept, done), self.params[first].dtype))
+        off = 0
+        for i in self.bucket_idx[k]:
+            done += (ops.assign(self.params[i], ops.reshape(full[off:off + self.numels[i]], self.shapes[i])),)
+            off += self.numels[i]
+        return done
+
+
+class ShardedAccumGradStep(nn.Cell):
+    """ZeRO-2: one micro-batch's gradients reduce-scattered at once and added to the shard accumulators."""
+
+    def __init__(self, model: nn.Cell, optimizer: ShardedAdamW, buffers: ParameterTuple):
+        super().__init__(auto_prefix=False)
+        self.grad_fn = ops.value_and_grad(LossNet(model), None, optimizer.params, has_aux=True)
+        self.optimizer, self.buffers = optimizer, buffers
+
+    def construct(self, input_ids, labels, scale):
+        (_, (total, count)), grads = self.grad_fn(input_ids, labels, scale)
+        shards = self.optimizer.reduce(grads)
+        done = ()
+        for k in range(len(shards)):
+            done += (ops.assign_add(self.buffers[k], ops.cast(shards[k], self.buffers[k].dtype)),)
+        return ops.depend(total, done), count
+
+
+def optimizer_for(recipe, cfg, params: list[Parameter], rank: int, dp: int, *, group: str | None = None,
+                  reduce_scatter: str | None = None) -> tuple[ShardedAdamW, sharding.ShardingChoice]:
+    """The sharded optimizer of a recipe over a data-parallel group of ``dp`` ranks (this one ``rank``),
+    with the plan's choice of stage and reduce-scatter (``reduce_scatter`` forces one: tests compile the
+    Ascend path on the CPU)."""
+    choice = sharding.choose(recipe, cfg)
+    native = (reduce_scatter or choice.reduce_scatter) == sharding.NATIVE
+    prec, opt = recipe.precision, recipe.optimizer
+    low = prec.grad_reduce_dtype != "float32"
+    grad_dtype = params[0].dtype if low else ms.float32
+    gb = 4 if not low else {"float32": 4, "bfloat16": 2, "float16": 2}[prec.param_dtype]
+    numels = [int(np.prod(p.shape)) for p in params]
+    buckets = sharding.flat_buckets(numels, gb, recipe.parallel.comm_fusion, dp)
+    optim = ShardedAdamW(params, tuple(opt.betas), opt.eps, opt.weight_decay, rank=rank, dp=dp, buckets=buckets,
+                         native=native, grad_dtype=grad_dtype, stage=choice.stage, group=group)
+    return optim, choice
