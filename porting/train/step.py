@@ -34,9 +34,14 @@ class LossNet(nn.Cell):
     def __init__(self, model: nn.Cell):
         super().__init__(auto_prefix=False)
         self.model = model
+        # Tensor parallel: the logits are vocab-sharded and the model brings its parallel loss.
+        self.parallel_loss = getattr(model, "parallel_loss", None)
 
     def construct(self, input_ids: Tensor, labels: Tensor, scale: Tensor):
-        total, count = shifted_token_loss(self.model(input_ids), labels)
+        if self.parallel_loss is not None:
+            total, count = self.parallel_loss(self.model(input_ids), labels)
+        else:
+            total, count = shifted_token_loss(self.model(input_ids), labels)
         return total * scale, (total, count)
 
 
@@ -134,7 +139,7 @@ class AdamW(nn.Cell):
 
     def __init__(self, params: list[Parameter], betas: tuple[float, float], eps: float, weight_decay: float,
                  owned: list[bool] | None = None, fused: bool | None = None, master_weights: bool = True,
-                 storage_dtype: str | None = None):
+                 storage_dtype: str | None = None, group: str | None = None):
         super().__init__(auto_prefix=False)
         owned = list(owned) if owned is not None else [True] * len(params)
         if storage_dtype not in (None, "float32", "bfloat16", "float16"):
@@ -155,8 +160,8 @@ class AdamW(nn.Cell):
                                                  requires_grad=False) for i in self.owned_idx]) \
             if self.use_masters else ParameterTuple([])
         self.sharded = not all(owned)
-        if self.sharded:
-            self.allreduce = ops.AllReduce()
+        if self.sharded:   # group: the data-parallel ranks that share the states (None: all ranks)
+            self.allreduce = ops.AllReduce() if group is None else ops.AllReduce(group=group)
             self.masks = tuple(Tensor(1.0 if o else 0.0, ms.float32) for o in owned)
         self.b1 = Tensor(betas[0], ms.float32)
         self.b2 = Tensor(betas[1], ms.float32)
@@ -249,17 +254,41 @@ def _mul_t(c, g):
     return ops.cast(ops.cast(g, ms.float32) * c, g.dtype)
 
 
-class _Update(nn.Cell):
-    """Shared tail of a step: all-reduce, unscale, global norm, clip, AdamW."""
+_masked = ops.MultitypeFuncGraph("masked")
 
-    def __init__(self, optimizer: AdamW, world_size: int, grad_clip: float | None, grad_fp32: bool = True):
+
+@_masked.register("Tensor", "Tensor")
+def _masked_t(mask, x):
+    return x * mask
+
+
+class _Update(nn.Cell):
+    """Shared tail of a step: all-reduce, unscale, global norm, clip, AdamW.
+
+    Tensor parallel (``tp_group``, ``tp_sharded``): ``world_size`` is the data-parallel size and
+    ``dp_group`` its ranks; gradients are reduced over them only (each TP rank its own shards). The
+    global norm adds the squares of TP-sharded gradients over the TP group and counts the replicated
+    ones (norms, equal on every TP rank) once."""
+
+    def __init__(self, optimizer: AdamW, world_size: int, grad_clip: float | None, grad_fp32: bool = True,
+                 dp_group: str | None = None, tp_group: str | None = None, tp_sharded: list[bool] | None = None):
         super().__init__(auto_prefix=False)
         self.optimizer = optimizer
         self.grad_fp32 = grad_fp32
         self.reduce = world_size > 1
         if self.reduce:
-            self.reducer = nn.DistributedGradReducer(optimizer.params, mean=False, degree=world_size)
-            self.allreduce = ops.AllReduce()
+            if dp_group is None:
+                self.reducer = nn.DistributedGradReducer(optimizer.params, mean=False, degree=world_size)
+                self.allreduce = ops.AllReduce()
+            else:
+                self.reducer = nn.DistributedGradReducer(optimizer.params, mean=False, degree=world_size,
+                                                         group=dp_group)
+                self.allreduce = ops.AllReduce(group=dp_group)
+        self.tp_norm = tp_group is not None
+        if self.tp_norm:
+            self.tp_allreduce = ops.AllReduce(group=tp_group)
+            self.sharded_mask = tuple(Tensor(1.0 if s else 0.0, ms.float32) for s in tp_sharded)
+            self.replicated_mask = tuple(Tensor(0.0 if s else 1.0, ms.float32) for s in tp_sharded)
         self.clip = grad_clip is not None
         self.max_norm = Tensor(grad_clip if grad_clip is not None else 1.0, ms.float32)
         self.hyper_map = ops.HyperMap()
@@ -273,7 +302,12 @@ class _Update(nn.Cell):
         if self.reduce:
             grads = self.reducer(grads)
         grads = self.hyper_map(ops.partial(_mul, unscale), grads)
-        norm = ops.sqrt(ops.addn(self.hyper_map(_square_sum, grads)))
+        squares = self.hyper_map(_square_sum, grads)
+        if self.tp_norm:
+            sharded = self.tp_allreduce(ops.addn(self.hyper_map(_masked, self.sharded_mask, squares)))
+            norm = ops.sqrt(sharded + ops.addn(self.hyper_map(_masked, self.replicated_mask, squares)))
+        else:
+            norm = ops.sqrt(ops.addn(squares))
         finite = ops.isfinite(norm)
         if self.clip:
             coef = ops.minimum(self.max_norm / (norm + 1e-6), ops.ones((), ms.float32))
@@ -289,8 +323,8 @@ class FusedTrainStep(_Update):
     """One micro-batch per optimizer step: the whole step in one graph."""
 
     def __init__(self, model: nn.Cell, optimizer: AdamW, world_size: int, grad_clip: float | None,
-                 grad_fp32: bool = True):
-        super().__init__(optimizer, world_size, grad_clip, grad_fp32)
+                 grad_fp32: bool = True, **groups):
+        super().__init__(optimizer, world_size, grad_clip, grad_fp32, **groups)
         self.grad_fn = ops.value_and_grad(LossNet(model), None, optimizer.params, has_aux=True)
 
     def construct(self, input_ids, labels, scale, unscale, lr, bc1, bc2):
@@ -335,8 +369,8 @@ class ApplyStep(_Update):
     """All-reduce the accumulated gradients, clip, AdamW, zero the buffers."""
 
     def __init__(self, optimizer: AdamW, buffers: ParameterTuple, world_size: int, grad_clip: float | None,
-                 grad_fp32: bool = True):
-        super().__init__(optimizer, world_size, grad_clip, grad_fp32)
+                 grad_fp32: bool = True, **groups):
+        super().__init__(optimizer, world_size, grad_clip, grad_fp32, **groups)
         self.buffers = buffers
 
     def construct(self, local_total, local_count, unscale, lr, bc1, bc2):
