@@ -368,6 +368,10 @@ def train(recipe: Recipe, run_dir: str | Path, *, rank: int = 0, world_size: int
         log.info(f"rank {rank} of {world_size}: parallel_mode {ms.get_auto_parallel_context('parallel_mode')}, "
                  f"comm_fusion {ms.get_auto_parallel_context('comm_fusion')}, optimizer sharding "
                  f"{recipe.parallel.optimizer_sharding}; {grid.describe()}")
+    if grid.tp > 1:
+        how = "AllReduce SUM of per-rank slots (the CPU's AllReduce has SUM only)" \
+            if recipe.cluster.device == "cpu" else "AllReduce MAX"
+        log.info(f"tensor parallel {grid.tp}: vocab-parallel loss, row max by {how}")
     model_dir = resolve_hf(recipe.model.source)
     plan, cfg, model = _data_and_model(recipe, model_dir, grid, log)
     trainer = Trainer(recipe, run_dir, rank, world_size, model, model_dir, plan, log, grid)
