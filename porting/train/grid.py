@@ -117,3 +117,38 @@ def param_of(name: str) -> str:
         if name.startswith(pre):
             return name[len(pre):]
     return name
+
+
+def tensor_parallel(recipe, grid: Grid | None):
+    """The model's :class:`model_zoo.parallel.TensorParallel` for this rank, or None (no tensor parallel)."""
+    from model_zoo.parallel import TensorParallel
+
+    if grid is None or grid.tp == 1:
+        return None
+    # The CPU's AllReduce has SUM only: the loss's row maximum is emulated with a SUM (model_zoo/parallel.py).
+    return TensorParallel(grid.tp, grid.tp_rank, grid.tp_group, max_by_sum=recipe.cluster.device == "cpu")
+
+
+def loss_note(recipe, grid: Grid) -> str:
+    how = "AllReduce SUM of per-rank slots (the CPU's AllReduce has SUM only)" \
+        if recipe.cluster.device == "cpu" else "AllReduce MAX"
+    return f"tensor parallel {grid.tp}: vocab-parallel loss, row max by {how}"
+
+
+def step_groups(model, grid: Grid) -> dict:
+    """The training step's group arguments (porting/train/step.py ``_Update``) and the shard ``layout``."""
+    from model_zoo.parallel import shard_layout
+
+    if grid.tp == 1:
+        return {}
+    layout = shard_layout(model)
+    return dict(dp_group=grid.dp_group, tp_group=grid.tp_group, layout=layout,
+                tp_sharded=[p.name in layout for p in model.trainable_params()])
+
+
+def restore_args(model, grid: Grid) -> dict:
+    """``checkpoint.load`` arguments that slice a full checkpoint for this rank; other ranks' optimizer
+    states (data-parallel owners) may be in it."""
+    names = {p.name for p in model.trainable_params()}
+    return {"shard": shard_fn(model, grid.tp_rank, grid.tp),
+            "allowed": names | {pre + n for pre in STATE_PREFIXES for n in names}}

@@ -2,7 +2,9 @@
 
 World size 1 runs in the calling process; more ranks run this same function inside `msrun` workers
 (:mod:`porting.train.worker`). Every rank logs to ``logs/rank_<r>.log``; rank 0 writes
-``metrics.jsonl``, ``manifest.json``, checkpoints and the HF export.
+``metrics.jsonl``, ``manifest.json``, checkpoints and the HF export. Tensor parallel's pieces (the rank
+grid, its groups, slicing and merging) live in :mod:`porting.train.grid`; what stays here is the loop
+and its Trainer, kept in one module (about 470 lines) so one rank's life reads top to bottom.
 """
 
 from __future__ import annotations
@@ -110,7 +112,6 @@ def build_model(recipe: Recipe, model_dir: Path, grid: Grid | None = None):
     from converters.loading import load_hf_dir
     from model_zoo.config import LlamaConfig
     from model_zoo.llama import build
-    from model_zoo.parallel import TensorParallel
 
     cfg = LlamaConfig.from_hf(model_dir)
     if recipe.data.max_seq_length > cfg.max_position_embeddings:
@@ -118,10 +119,7 @@ def build_model(recipe: Recipe, model_dir: Path, grid: Grid | None = None):
                           f"max_position_embeddings={cfg.max_position_embeddings} ({model_dir}/config.json); "
                           f"set data.max_seq_length <= {cfg.max_position_embeddings}")
     grid_mod.check_tensor_parallel(recipe, cfg, model_dir)
-    tp = None
-    if grid is not None and grid.tp > 1:
-        # The CPU's AllReduce has SUM only: the loss's row maximum is emulated with a SUM (model_zoo/parallel.py).
-        tp = TensorParallel(grid.tp, grid.tp_rank, grid.tp_group, max_by_sum=recipe.cluster.device == "cpu")
+    tp = grid_mod.tensor_parallel(recipe, grid)
     model = build(cfg, param_dtype=recipe.precision.param_dtype, compute_dtype=recipe.precision.compute_dtype,
                   seed=recipe.seed, tp=tp)
     load_hf_dir(model, model_dir, shard=grid_mod.shard_fn(model, grid.tp_rank, grid.tp) if tp else None)
@@ -185,13 +183,8 @@ class Trainer:
                                           group=grid.dp_group)
         self.accum = recipe.batching.grad_accum_steps
         grad_fp32 = recipe.precision.grad_reduce_dtype == "float32"
-        groups = {}
-        if grid.tp > 1:
-            from model_zoo.parallel import shard_layout
-
-            self.layout = shard_layout(model)
-            groups = dict(dp_group=grid.dp_group, tp_group=grid.tp_group,
-                          tp_sharded=[p.name in self.layout for p in params])
+        groups = grid_mod.step_groups(model, grid)
+        self.layout = groups.pop("layout", {})
         if self.accum == 1:
             self.fused = train_step.FusedTrainStep(model, self.optimizer, dp, opt.grad_clip, grad_fp32, **groups)
             self.cells = [self.fused]
@@ -259,17 +252,12 @@ class Trainer:
             merge = lambda tmp: ckpt.merge_tensor_parallel(tmp, self.world, self.grid.tp, self.layout)  # noqa: E731
             return ckpt.save(root, done, self.state_params, self.state(done), keep, rank=self.rank,
                              shards=self.world, barrier=self.barrier, merge=merge)
-        if self.shards == 1:
-            return ckpt.save(root, done, self.state_params, self.state(done), keep)
-        return ckpt.save(root, done, self.state_params, self.state(done), keep,
-                         rank=self.rank, shards=self.shards, barrier=self.barrier)
+        sharded = {} if self.shards == 1 else dict(rank=self.rank, shards=self.shards, barrier=self.barrier)
+        return ckpt.save(root, done, self.state_params, self.state(done), keep, **sharded)
 
     def restore(self, path: Path) -> int:
         if self.grid.tp > 1:   # one full file: every rank takes its slices (and its own optimizer states)
-            names = {p.name for p in self.model.trainable_params()}
-            allowed = names | {pre + n for pre in grid_mod.STATE_PREFIXES for n in names}
-            st = ckpt.load(path, self.state_params, 0, shard=grid_mod.shard_fn(self.model, self.grid.tp_rank,
-                                                                                self.grid.tp), allowed=allowed)
+            st = ckpt.load(path, self.state_params, 0, **grid_mod.restore_args(self.model, self.grid))
         else:
             st = ckpt.load(path, self.state_params, self.rank if self.shards > 1 else 0)
         self.adam_t = st.adam_t
@@ -369,9 +357,7 @@ def train(recipe: Recipe, run_dir: str | Path, *, rank: int = 0, world_size: int
                  f"comm_fusion {ms.get_auto_parallel_context('comm_fusion')}, optimizer sharding "
                  f"{recipe.parallel.optimizer_sharding}; {grid.describe()}")
     if grid.tp > 1:
-        how = "AllReduce SUM of per-rank slots (the CPU's AllReduce has SUM only)" \
-            if recipe.cluster.device == "cpu" else "AllReduce MAX"
-        log.info(f"tensor parallel {grid.tp}: vocab-parallel loss, row max by {how}")
+        log.info(grid_mod.loss_note(recipe, grid))
     model_dir = resolve_hf(recipe.model.source)
     plan, cfg, model = _data_and_model(recipe, model_dir, grid, log)
     trainer = Trainer(recipe, run_dir, rank, world_size, model, model_dir, plan, log, grid)
