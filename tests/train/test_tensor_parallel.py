@@ -148,3 +148,14 @@ def test_split_and_merge_are_inverse():
         parts = [split_shard(x, axis, r, 2) for r in range(2)]
         assert np.array_equal(merge_shards(parts, axis), x)
     assert split_shard(x, 1, 1, 2).shape == (4, 3) and np.array_equal(split_shard(x, 0, 1, 2), x[2:])
+
+
+def test_grid_partitions_the_ranks_into_tensor_and_data_groups():
+    from porting.train.grid import Grid, dp_ranks, tp_ranks
+
+    world, tp = 8, 4
+    tp_groups = {tuple(tp_ranks(r, tp)) for r in range(world)}
+    dp_groups = {tuple(dp_ranks(r, world, tp)) for r in range(world)}
+    assert tp_groups == {(0, 1, 2, 3), (4, 5, 6, 7)} and dp_groups == {(0, 4), (1, 5), (2, 6), (3, 7)}
+    g = Grid(rank=6, world=world, tp=tp)
+    assert (g.dp, g.dp_rank, g.tp_rank) == (2, 1, 2)
