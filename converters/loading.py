@@ -49,8 +49,9 @@ def read_hf_state(hf_dir: str | Path) -> dict[str, np.ndarray]:
         return {n: _read(reader, n) for n in src.tensor_names()}
 
 
-def load_hf_dir(model, hf_dir: str | Path) -> None:
-    """Fill ``model`` from an HF directory, one tensor in memory at a time."""
+def load_hf_dir(model, hf_dir: str | Path, shard=None) -> None:
+    """Fill ``model`` from an HF directory, one tensor in memory at a time. ``shard(ms_name, array)``
+    (tensor parallel) returns this rank's slice of a full tensor."""
     import mindspore as ms
 
     hf_dir = Path(hf_dir)
@@ -63,10 +64,13 @@ def load_hf_dir(model, hf_dir: str | Path) -> None:
         for hf_name in names.expected_hf_names(cfg):
             p = params[names.map_name(hf_name, table)]
             t = reader.info(hf_name)
-            if t.shape != tuple(p.shape):
+            # a zero-memory view stands for the tensor: only the slice's shape is compared
+            want = t.shape if shard is None else shard(p.name, np.broadcast_to(np.zeros((), np.bool_), t.shape)).shape
+            if want != tuple(p.shape):
                 raise CheckpointError(f"{reader.file_of(hf_name).path}: tensor {hf_name} has shape {list(t.shape)}, "
                                       f"config.json implies {list(p.shape)}")
-            p.set_data(ms.Tensor(_read(reader, hf_name)).astype(p.dtype))
+            value = _read(reader, hf_name)
+            p.set_data(ms.Tensor(value if shard is None else shard(p.name, value)).astype(p.dtype))
 
 
 def load_ms_dir(model, ms_dir: str | Path) -> None:

@@ -19,10 +19,11 @@ import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 from mindspore.common.initializer import Normal, Zero, One, initializer
 
-from model_zoo import cpu_kernels, kernels
+from model_zoo import cpu_kernels, kernels, parallel
 from model_zoo.config import LlamaConfig
 from model_zoo.errors import ConfigError, KernelError
 from model_zoo.kernels import KernelSelection
+from model_zoo.parallel import TensorParallel
 
 _DTYPES = {"float32": ms.float32, "float16": ms.float16, "bfloat16": ms.bfloat16}
 
@@ -125,6 +126,32 @@ class RMSNorm(nn.Cell):
         var = ops.mean(ops.square(xf), -1, keep_dims=True)
         y = ops.cast(xf * ops.rsqrt(var + self.eps), dtype)
         return ops.cast(self.weight, dtype) * y
+
+
+class _NormIntoTP(RMSNorm):
+    """Tensor parallel: an RMSNorm whose output enters the TP region (:class:`parallel.CopyToTP`, one
+    gradient AllReduce for all the column-parallel projections it feeds). Parameter names as RMSNorm."""
+
+    def __init__(self, dim: int, eps: float, param_dtype: ms.Type, impl: str, tp: TensorParallel):
+        super().__init__(dim, eps, param_dtype, impl)
+        self.copy = parallel.CopyToTP(tp)
+
+    def construct(self, x: Tensor) -> Tensor:
+        return self.copy(super().construct(x))
+
+
+def _norm(cfg: LlamaConfig, param_dtype: ms.Type, impl: str, tp: TensorParallel | None) -> RMSNorm:
+    if tp is None:
+        return RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, param_dtype, impl)
+    return _NormIntoTP(cfg.hidden_size, cfg.rms_norm_eps, param_dtype, impl, tp)
+
+
+def _column(tp: TensorParallel | None, *args) -> nn.Cell:
+    return Linear(*args) if tp is None else parallel.ColumnParallelLinear(*args, tp=tp)
+
+
+def _row(tp: TensorParallel | None, *args) -> nn.Cell:
+    return Linear(*args) if tp is None else parallel.RowParallelLinear(*args, tp=tp)
 
 
 # The fused Ascend entry points. Test hook: a test puts contract-enforcing stand-ins in their place
@@ -238,11 +265,13 @@ class CpuCausalAttention(nn.Cell):
 
 
 class Attention(nn.Cell):
-    def __init__(self, cfg: LlamaConfig, plan: KernelSelection, param_dtype: ms.Type, compute_dtype: ms.Type):
+    def __init__(self, cfg: LlamaConfig, plan: KernelSelection, param_dtype: ms.Type, compute_dtype: ms.Type,
+                 tp: TensorParallel | None = None):
         super().__init__()
         h = cfg.hidden_size
-        self.n_heads = cfg.num_attention_heads
-        self.n_kv = cfg.num_key_value_heads
+        ways = tp.size if tp is not None else 1   # tensor parallel: this rank's heads and KV heads
+        self.n_heads = cfg.num_attention_heads // ways
+        self.n_kv = cfg.num_key_value_heads // ways
         self.head_dim = cfg.head_dim
         self.n_rep = self.n_heads // self.n_kv
         self.scale = float(self.head_dim) ** -0.5
@@ -254,10 +283,10 @@ class Attention(nn.Cell):
         self.fused_rope = plan.rope.fused
         self.cpu_rope = CpuRope() if plan.rope.impl == kernels.CPU_IMPL else None
         self.rope_op = FUSED_OPS["rotary_position_embedding"] if self.fused_rope else None
-        self.wq = Linear(h, cfg.q_size, cfg.qkv_bias, param_dtype, compute_dtype)
-        self.wk = Linear(h, cfg.kv_size, cfg.qkv_bias, param_dtype, compute_dtype)
-        self.wv = Linear(h, cfg.kv_size, cfg.qkv_bias, param_dtype, compute_dtype)
-        self.wo = Linear(cfg.q_size, h, cfg.o_bias, param_dtype, compute_dtype)
+        self.wq = _column(tp, h, cfg.q_size, cfg.qkv_bias, param_dtype, compute_dtype)
+        self.wk = _column(tp, h, cfg.kv_size, cfg.qkv_bias, param_dtype, compute_dtype)
+        self.wv = _column(tp, h, cfg.kv_size, cfg.qkv_bias, param_dtype, compute_dtype)
+        self.wo = _row(tp, cfg.q_size, h, cfg.o_bias, param_dtype, compute_dtype)
 
     def _heads(self, x: Tensor, n: int) -> Tensor:
         b, s, _ = x.shape
@@ -299,12 +328,14 @@ class FeedForward(nn.Cell):
     time, then ``ops.swiglu`` (silu of the first half times the second); w1 and w3 stay separate
     parameters, so checkpoints and the converters' names do not change."""
 
-    def __init__(self, cfg: LlamaConfig, param_dtype: ms.Type, compute_dtype: ms.Type, impl: str = "reference"):
+    def __init__(self, cfg: LlamaConfig, param_dtype: ms.Type, compute_dtype: ms.Type, impl: str = "reference",
+                 tp: TensorParallel | None = None):
         super().__init__()
         h, i = cfg.hidden_size, cfg.intermediate_size
-        self.w1 = Linear(h, i, cfg.mlp_bias, param_dtype, compute_dtype)
-        self.w2 = Linear(i, h, cfg.mlp_bias, param_dtype, compute_dtype)
-        self.w3 = Linear(h, i, cfg.mlp_bias, param_dtype, compute_dtype)
+        self.w1 = _column(tp, h, i, cfg.mlp_bias, param_dtype, compute_dtype)
+        self.w2 = _row(tp, i, h, cfg.mlp_bias, param_dtype, compute_dtype)
+        self.w3 = _column(tp, h, i, cfg.mlp_bias, param_dtype, compute_dtype)
+        i = i // (tp.size if tp is not None else 1)   # this rank's intermediate rows (the fused path's reshape)
         self.fused = impl == "fused"
         self.swiglu_op = FUSED_OPS["swiglu"] if self.fused else None
         self.bias = cfg.mlp_bias
@@ -325,13 +356,14 @@ class FeedForward(nn.Cell):
 
 
 class DecoderLayer(nn.Cell):
-    def __init__(self, cfg: LlamaConfig, plan: KernelSelection, param_dtype: ms.Type, compute_dtype: ms.Type):
+    def __init__(self, cfg: LlamaConfig, plan: KernelSelection, param_dtype: ms.Type, compute_dtype: ms.Type,
+                 tp: TensorParallel | None = None):
         super().__init__()
         norm = plan.rmsnorm.impl
-        self.attention_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, param_dtype, norm)
-        self.attention = Attention(cfg, plan, param_dtype, compute_dtype)
-        self.ffn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, param_dtype, norm)
-        self.feed_forward = FeedForward(cfg, param_dtype, compute_dtype, plan.swiglu.impl)
+        self.attention_norm = _norm(cfg, param_dtype, norm, tp)
+        self.attention = Attention(cfg, plan, param_dtype, compute_dtype, tp)
+        self.ffn_norm = _norm(cfg, param_dtype, norm, tp)
+        self.feed_forward = FeedForward(cfg, param_dtype, compute_dtype, plan.swiglu.impl, tp)
 
     def construct(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
         h = x + self.attention(self.attention_norm(x), cos, sin)
@@ -354,10 +386,12 @@ class Embedding(nn.Cell):
 
 
 class LlamaModel(nn.Cell):
-    def __init__(self, cfg: LlamaConfig, plan: KernelSelection, param_dtype: ms.Type, compute_dtype: ms.Type):
+    def __init__(self, cfg: LlamaConfig, plan: KernelSelection, param_dtype: ms.Type, compute_dtype: ms.Type,
+                 tp: TensorParallel | None = None):
         super().__init__()
-        self.tok_embeddings = Embedding(cfg.vocab_size, cfg.hidden_size, param_dtype, compute_dtype)
-        self.layers = nn.CellList([DecoderLayer(cfg, plan, param_dtype, compute_dtype)
+        self.tok_embeddings = Embedding(cfg.vocab_size, cfg.hidden_size, param_dtype, compute_dtype) if tp is None \
+            else parallel.VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, param_dtype, compute_dtype, tp)
+        self.layers = nn.CellList([DecoderLayer(cfg, plan, param_dtype, compute_dtype, tp)
                                    for _ in range(cfg.num_hidden_layers)])
         self.norm_out = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, param_dtype, plan.rmsnorm.impl)
 
@@ -372,18 +406,25 @@ class LlamaForCausalLM(nn.Cell):
     """Logits from token ids. Build it with :func:`model_zoo.build`."""
 
     def __init__(self, cfg: LlamaConfig, plan: KernelSelection, param_dtype: str = "float32",
-                 compute_dtype: str | None = None):
+                 compute_dtype: str | None = None, tp: TensorParallel | None = None):
         super().__init__()
         self.config = cfg
         self.plan = plan
         pdt, cdt = ms_dtype(param_dtype), ms_dtype(compute_dtype or param_dtype)
         self.param_dtype, self.compute_dtype = pdt, cdt
-        self.model = LlamaModel(cfg, plan, pdt, cdt)
+        self.tp = tp
+        self.model = LlamaModel(cfg, plan, pdt, cdt, tp)
         self.tied = cfg.tie_word_embeddings
         self.window = cfg.sliding_window or 0
         if not self.tied:
-            self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, False, pdt, cdt)
-        self.logits_matmul = ops.MatMul(transpose_b=True)
+            # Tensor parallel: the LM head is column (vocabulary) parallel; its logits stay vocab-sharded.
+            self.lm_head = _column(tp, cfg.hidden_size, cfg.vocab_size, False, pdt, cdt)
+        if tp is None:
+            self.logits_matmul = ops.MatMul(transpose_b=True)
+        else:
+            self.logits_matmul = parallel.ParallelLogits(tp)
+            # The training step's loss on vocab-sharded logits (porting/train/step.py LossNet looks for it).
+            self.parallel_loss = parallel.VocabParallelTokenLoss(tp, cfg.vocab_size)
         self._rope_len = 0
         self._ensure_rope(cfg.max_position_embeddings)
 
@@ -458,10 +499,19 @@ class LlamaForCausalLM(nn.Cell):
 
 def build(cfg: LlamaConfig, *, param_dtype: str = "float32", compute_dtype: str | None = None,
           kernels_override: Mapping[str, str] | None = None, device: str | None = None,
-          seed: int | None = 0) -> LlamaForCausalLM:
-    """Build a randomly initialised model; load weights with converters or ``load_param_into_net``."""
+          seed: int | None = 0, tp: TensorParallel | None = None) -> LlamaForCausalLM:
+    """Build a randomly initialised model; load weights with converters or ``load_param_into_net``.
+
+    ``tp`` (size > 1): this rank's tensor-parallel shard (:mod:`model_zoo.parallel`); heads, KV heads,
+    the intermediate size and the vocabulary must divide by ``tp.size`` (ConfigError otherwise)."""
+    if tp is not None and tp.size > 1:
+        bad = parallel.divisibility_problems(cfg, tp.size)
+        if bad:
+            raise ConfigError(f"tensor parallel {tp.size} does not divide {', '.join(bad)}")
+    else:
+        tp = None   # one rank: exactly the plain cells
     if seed is not None:
         ms.set_seed(seed)
     plan = kernels.select_kernels(cfg, device=device, compute_dtype=compute_dtype or param_dtype,
                                   override=kernels_override)
-    return LlamaForCausalLM(cfg, plan, param_dtype=param_dtype, compute_dtype=compute_dtype)
+    return LlamaForCausalLM(cfg, plan, param_dtype=param_dtype, compute_dtype=compute_dtype, tp=tp)

@@ -17,8 +17,10 @@ PACKAGES = ("porting", "model_zoo", "converters")
 MAX_MODULE_LINES = 450
 MAX_FUNCTION_LINES = 80
 
-# module -> the sentence of its docstring that says why it is longer (none today).
-LONG_MODULES: dict[str, str] = {}
+# module -> the sentence of its docstring that says why it is longer.
+LONG_MODULES: dict[str, str] = {
+    "porting/train/loop.py": "kept in one module of about 500 lines so one rank's life reads top to bottom",
+}
 # module -> what is to be done; each is over the limit and is being split where it is owned.
 PENDING_SPLIT: dict[str, str] = {
     "porting/train/data.py": "split the bucketing / global-batch cutting from tokenisation",

@@ -49,6 +49,9 @@ def command(recipe: str, overrides: tuple[str, ...], dry_run: bool, as_json: boo
     rec = load_recipe(recipe, list(overrides), check_files=not dry_run)
     out = Path(run_dir or rec.output_dir)
     cfg, notes = plan_config(rec) if dry_run else (LlamaConfig.from_hf(resolve_hf(rec.model.source)), [])
+    from porting.train.grid import check_tensor_parallel
+
+    check_tensor_parallel(rec, cfg, rec.model.source)   # before any worker starts: one line, no msrun
     plan = make_plan(rec, cfg, recipe, str(out), list(overrides), resume)
     plan.warnings = notes + plan.warnings
     if dry_run:

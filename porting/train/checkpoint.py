@@ -4,6 +4,11 @@
 the cells) and ``state.json`` (step, loss scale, data position). A checkpoint directory is built under
 a temporary name and renamed into place only when every file is complete, so a crash or a full disk
 while saving leaves the previous checkpoints as they were.
+
+Tensor parallel: every rank writes its shard file into the temporary directory, then rank 0 merges
+them (:func:`merge_tensor_parallel`) into the one full ``train_state.ckpt`` a single device would
+write, so export and ``port convert`` read it unchanged; resuming slices it per rank again. With ZeRO
+as well, the file also holds every rank's flat optimizer shards under their own names.
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ from model_zoo.errors import CheckpointError
 STEP_DIR = re.compile(r"^step_(\d+)$")
 STATE_FILE = "state.json"
 WEIGHTS_FILE = "train_state.ckpt"
+# ZeRO's flat-shard states (porting/train/zero.py ShardedAdamW): adam_m.shard3.rank1, master.shard0.tp1.rank0
+FLAT_SHARD = re.compile(r"^(adam_m|adam_v|master)\.shard\d+\.(tp\d+\.)?rank\d+$")
 
 
 def shard_file(rank: int, shards: int) -> str:
@@ -115,11 +122,12 @@ def latest(root: Path) -> tuple[int, Path] | None:
 
 
 def save(root: Path, step: int, params: list, state: TrainState, keep_last: int, *, rank: int = 0, shards: int = 1,
-         barrier=None) -> Path:
+         barrier=None, merge=None) -> Path:
     """Write ``step_<step>`` atomically, then drop all but the newest ``keep_last``.
 
     Sharded (``shards`` > 1): every rank writes its file into the same temporary directory, all meet at
-    ``barrier``, then rank 0 writes state.json and renames the directory into place.
+    ``barrier``, then rank 0 writes state.json and renames the directory into place. ``merge(tmp)``
+    (tensor parallel): rank 0 first turns the rank files into one full file (state.json says 1 shard).
     """
     import mindspore as ms
 
@@ -137,6 +145,9 @@ def save(root: Path, step: int, params: list, state: TrainState, keep_last: int,
             barrier()
         if rank != 0:
             return final
+        if merge is not None:
+            merge(tmp)
+            shards = 1
         body = json.dumps(dataclasses.replace(state, step=step, shards=shards).to_dict(), indent=2)
         with open(tmp / STATE_FILE, "w") as f:
             f.write(body)
@@ -159,8 +170,11 @@ def save(root: Path, step: int, params: list, state: TrainState, keep_last: int,
     return final
 
 
-def load(path: Path, params: list, rank: int = 0) -> TrainState:
-    """Load a checkpoint into ``params`` strictly (every name present, same shapes); returns state.json."""
+def load(path: Path, params: list, rank: int = 0, *, shard=None, allowed: set[str] | None = None) -> TrainState:
+    """Load a checkpoint into ``params`` strictly (every name present, same shapes); returns state.json.
+
+    Tensor parallel: ``shard(name, full array)`` slices each full tensor for this rank, and ``allowed``
+    names the other tensors the full file may hold (other ranks' optimizer states)."""
     import mindspore as ms
 
     state = TrainState.read(path / STATE_FILE)
@@ -171,14 +185,62 @@ def load(path: Path, params: list, rank: int = 0) -> TrainState:
                               "earlier one") from None
     by_name = {p.name: p for p in params}
     missing = sorted(set(by_name) - set(saved))
-    unexpected = sorted(set(saved) - set(by_name))
+    unexpected = sorted(set(saved) - set(by_name) - (allowed or set()))
     if missing or unexpected:
         raise CheckpointError(f"{path}: does not match this run's model and optimizer: missing "
                               f"{missing[:5]}{'...' if len(missing) > 5 else ''}, unexpected {unexpected[:5]}; "
                               "resume with the same recipe and model")
     for name, p in by_name.items():
         t = saved[name]
+        if shard is not None:
+            t = ms.Tensor(shard(name, _numpy(t)))
         if tuple(t.shape) != tuple(p.shape):
             raise CheckpointError(f"{path}: {name} has shape {tuple(t.shape)}, the model needs {tuple(p.shape)}")
         p.set_data(t.astype(p.dtype))
     return state
+
+
+def _numpy(t):
+    """A checkpoint tensor as NumPy (bf16 through float32: NumPy 2 has no bfloat16)."""
+    import mindspore as ms
+
+    return t.astype(ms.float32).asnumpy() if t.dtype == ms.bfloat16 else t.asnumpy()
+
+
+def merge_tensor_parallel(tmp: Path, world: int, tp: int, layout: dict[str, int]) -> None:
+    """Merge the ``world`` rank files in ``tmp`` into one full ``train_state.ckpt`` and remove them.
+
+    Rank r holds tensor-parallel slice ``r % tp`` (:mod:`porting.train.grid`); ``layout`` maps a parameter
+    name to its split axis (absent: replicated, tp rank 0's copy is kept). A tensor some ranks lack (an
+    optimizer state kept by its data-parallel owner only) is taken from the ranks that have it. ZeRO's
+    flat shards (porting/train/zero.py, named by tensor-parallel and data-parallel rank) are not parameter
+    slices: each is kept as it is under its own name, and the rank that owns it loads it back unsliced."""
+    import mindspore as ms
+
+    from model_zoo.parallel import merge_shards
+    from porting.train.grid import param_of
+
+    files = [tmp / shard_file(r, world) for r in range(world)]
+    loaded = [ms.load_checkpoint(str(f)) for f in files]
+    names = list(dict.fromkeys(n for d in loaded for n in d))
+    out = []
+    for name in names:
+        if FLAT_SHARD.match(name):   # a ZeRO flat shard: one rank's own state, kept as it is
+            out.append({"name": name, "data": next(d[name] for d in loaded if name in d)})
+            continue
+        parts = []
+        for t in range(tp):
+            holder = next((d for r, d in enumerate(loaded) if r % tp == t and name in d), None)
+            if holder is None:
+                raise CheckpointError(f"{tmp}: {name} has no copy on tensor-parallel rank {t}")
+            parts.append(holder[name])
+        axis = layout.get(param_of(name))
+        if axis is None:
+            out.append({"name": name, "data": parts[0]})
+        else:
+            full = merge_shards([_numpy(p) for p in parts], axis)
+            out.append({"name": name, "data": ms.Tensor(full).astype(parts[0].dtype)})
+    ms.save_checkpoint(out, str(tmp / WEIGHTS_FILE))
+    del loaded
+    for f in files:
+        f.unlink()

@@ -5,7 +5,8 @@ name-map registry, the coverage and shape checks, the staged output directory an
 ``port_manifest.json`` with every tensor's sha256 and the source checkpoint's digest), so `port
 verify` checks it like any other conversion. Its source is the run's last checkpoint
 (``checkpoints/step_<N>/train_state.ckpt``; rank 0's file of a sharded run, which holds every model
-parameter): AdamW moments in it are skipped by name (``converters.names.IGNORED_MS_PREFIXES``) and
+parameter; a tensor-parallel run's shards are merged into the full tensors when the checkpoint is
+saved, porting/train/checkpoint.py): AdamW moments in it are skipped by name (``converters.names.IGNORED_MS_PREFIXES``) and
 listed in the manifest.
 """
 

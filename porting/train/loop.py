@@ -2,7 +2,10 @@
 
 World size 1 runs in the calling process; more ranks run this same function inside `msrun` workers
 (:mod:`porting.train.worker`). Every rank logs to ``logs/rank_<r>.log``; rank 0 writes
-``metrics.jsonl``, ``manifest.json``, checkpoints and the HF export.
+``metrics.jsonl``, ``manifest.json``, checkpoints and the HF export. Tensor parallel's pieces (the rank
+grid, its groups, slicing and merging) live in :mod:`porting.train.grid`; what stays here is the loop
+and its Trainer (with ZeRO's and packing's inputs), kept in one module of about 500 lines so one
+rank's life reads top to bottom.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from model_zoo.errors import PortingError, RecipeError
 from porting import rundir
 from porting.train import checkpoint as ckpt
 from porting.train import data as data_mod
+from porting.train import grid as grid_mod
+from porting.train.grid import Grid
 from porting.train.recipe import Recipe
 from porting.eval import eval_record
 from porting.train.watch import Watch
@@ -103,7 +108,8 @@ def configure_mindspore(recipe: Recipe, distributed: bool) -> None:
                                      device_num=recipe.world_size, comm_fusion=fusion)
 
 
-def build_model(recipe: Recipe, model_dir: Path):
+def build_model(recipe: Recipe, model_dir: Path, grid: Grid | None = None):
+    """The model of ``model_dir`` with its HF weights; with tensor parallel, this rank's shard of each."""
     from converters.loading import load_hf_dir
     from model_zoo.config import LlamaConfig
     from model_zoo.llama import build
@@ -113,9 +119,11 @@ def build_model(recipe: Recipe, model_dir: Path):
         raise RecipeError(f"data.max_seq_length={recipe.data.max_seq_length} exceeds the model's "
                           f"max_position_embeddings={cfg.max_position_embeddings} ({model_dir}/config.json); "
                           f"set data.max_seq_length <= {cfg.max_position_embeddings}")
+    grid_mod.check_tensor_parallel(recipe, cfg, model_dir)
+    tp = grid_mod.tensor_parallel(recipe, grid)
     model = build(cfg, param_dtype=recipe.precision.param_dtype, compute_dtype=recipe.precision.compute_dtype,
-                  seed=recipe.seed)
-    load_hf_dir(model, model_dir)
+                  seed=recipe.seed, tp=tp)
+    load_hf_dir(model, model_dir, shard=grid_mod.shard_fn(model, grid.tp_rank, grid.tp) if tp else None)
     if recipe.memory.recompute:
         for layer in model.model.layers:
             layer.recompute()
@@ -152,7 +160,7 @@ class LossScaler:
 # --------------------------------------------------------------------------- the loop
 class Trainer:
     def __init__(self, recipe: Recipe, run_dir: Path, rank: int, world_size: int, model, tokenizer_dir: Path,
-                 plan: data_mod.BatchSchedule, log: logging.Logger):
+                 plan: data_mod.BatchSchedule, log: logging.Logger, grid: Grid | None = None):
         import mindspore as ms
         from mindspore import ParameterTuple
 
@@ -163,30 +171,39 @@ class Trainer:
         self.model, self.tokenizer_dir, self.plan, self.log = model, tokenizer_dir, plan, log
         params = list(model.trainable_params())
         opt = recipe.optimizer
-        self.shards = world_size if recipe.parallel.optimizer_sharding and world_size > 1 else 1
+        # Data parallel (and optimizer sharding) run over the ranks with the same tensor-parallel slice.
+        self.grid = grid = grid or Grid(rank, world_size)
+        dp = grid.dp
+        self.shards = dp if recipe.parallel.optimizer_sharding and dp > 1 else 1
         self.accum = recipe.batching.grad_accum_steps
         grad_fp32 = recipe.precision.grad_reduce_dtype == "float32"
+        groups = grid_mod.step_groups(model, grid)
+        self.layout = groups.pop("layout", {})
         self.zero = None
+        if self.shards > 1 or grid.tp > 1:
+            self.barrier_cell = train_step.Barrier()
         if self.shards > 1:
             from porting.train import zero
 
-            self.barrier_cell = train_step.Barrier()
-            self.optimizer, self.zero = zero.optimizer_for(recipe, model.config, params, rank, world_size)
+            tp = {} if grid.tp == 1 else dict(tp_group=grid.tp_group, tp_rank=grid.tp_rank,
+                                             tp_sharded=groups["tp_sharded"])
+            self.optimizer, self.zero = zero.optimizer_for(recipe, model.config, params, grid.dp_rank, dp,
+                                                           group=grid.dp_group, **tp)
             log.info(f"optimizer sharding: {self.zero.describe()}")
         else:
             self.optimizer = train_step.AdamW(params, tuple(opt.betas), opt.eps, opt.weight_decay)
         if self.accum == 1:
-            self.fused = train_step.FusedTrainStep(model, self.optimizer, world_size, opt.grad_clip, grad_fp32)
+            self.fused = train_step.FusedTrainStep(model, self.optimizer, dp, opt.grad_clip, grad_fp32, **groups)
             self.cells = [self.fused]
         elif self.zero is not None and self.zero.stage == 2:
             self.buffers = self.optimizer.shard_buffers(grad_fp32)
             self.grad_step = zero.ShardedAccumGradStep(model, self.optimizer, self.buffers)
-            self.apply = train_step.ApplyStep(self.optimizer, self.buffers, world_size, opt.grad_clip, grad_fp32)
+            self.apply = train_step.ApplyStep(self.optimizer, self.buffers, dp, opt.grad_clip, grad_fp32, **groups)
             self.cells = [self.grad_step, self.apply]
         else:
             self.buffers = train_step.accumulation_buffers(ParameterTuple(params), grad_fp32)
             self.grad_step = train_step.AccumGradStep(model, self.optimizer.params, self.buffers)
-            self.apply = train_step.ApplyStep(self.optimizer, self.buffers, world_size, opt.grad_clip, grad_fp32)
+            self.apply = train_step.ApplyStep(self.optimizer, self.buffers, dp, opt.grad_clip, grad_fp32, **groups)
             self.cells = [self.grad_step, self.apply]
         # fp32 master weights (bf16/fp16 parameters) are optimizer state: saved and restored with m and v
         self.state_params = params + list(self.optimizer.masters) + list(self.optimizer.m) + list(self.optimizer.v)
@@ -234,15 +251,30 @@ class Trainer:
     def barrier(self) -> None:
         self.barrier_cell(self.ms.Tensor(np.ones((1,), np.float32)))
 
+    @property
+    def writes_checkpoints(self) -> bool:
+        """Rank 0 alone with replicated states; every rank with sharded states or tensor parallel."""
+        return self.rank == 0 or self.shards > 1 or self.grid.tp > 1
+
     def save(self, root: Path, done: int) -> Path:
-        """Rank 0 writes replicated states; with sharding every rank writes its own states."""
-        if self.shards == 1:
-            return ckpt.save(root, done, self.state_params, self.state(done), self.recipe.checkpointing.keep_last)
-        return ckpt.save(root, done, self.state_params, self.state(done), self.recipe.checkpointing.keep_last,
-                         rank=self.rank, shards=self.shards, barrier=self.barrier)
+        """Rank 0 writes replicated states; with sharding every rank writes its own states; with tensor
+        parallel every rank writes its shard and rank 0 merges them into one full file."""
+        keep = self.recipe.checkpointing.keep_last
+        if self.grid.tp > 1:
+            merge = lambda tmp: ckpt.merge_tensor_parallel(tmp, self.world, self.grid.tp, self.layout)  # noqa: E731
+            return ckpt.save(root, done, self.state_params, self.state(done), keep, rank=self.rank,
+                             shards=self.world, barrier=self.barrier, merge=merge)
+        sharded = {} if self.shards == 1 else dict(rank=self.rank, shards=self.shards, barrier=self.barrier)
+        return ckpt.save(root, done, self.state_params, self.state(done), keep, **sharded)
 
     def restore(self, path: Path) -> int:
-        st = ckpt.load(path, self.state_params, self.rank if self.shards > 1 else 0)
+        if self.grid.tp > 1:   # one full file: every rank takes its slices (and its own optimizer states)
+            args = grid_mod.restore_args(self.model, self.grid)
+            if self.zero is not None:   # ZeRO flat shards are kept as they are, one name per rank
+                args["allowed"] |= self.optimizer.state_names(self.grid.tp)
+            st = ckpt.load(path, self.state_params, 0, **args)
+        else:
+            st = ckpt.load(path, self.state_params, self.rank if self.shards > 1 else 0)
         self.adam_t = st.adam_t
         self.scaler = LossScaler(self.recipe.precision.loss_scale, st)
         return st.next_step
@@ -270,18 +302,19 @@ def _join(recipe: Recipe, distributed: bool, rank: int, world_size: int) -> tupl
     return rank, world_size
 
 
-def _data_and_model(recipe: Recipe, model_dir: Path, world_size: int, log: logging.Logger):
-    """The batch schedule of the run's data and the model built from ``model_dir`` (both logged)."""
+def _data_and_model(recipe: Recipe, model_dir: Path, grid: Grid, log: logging.Logger):
+    """The batch schedule of the run's data and the model built from ``model_dir`` (both logged). Data is
+    planned over the data-parallel ranks: the tensor-parallel ranks of one group see the same batches."""
     from porting.tokenizer import load_tokenizer
 
-    plan = data_mod.build_plan(recipe, load_tokenizer(model_dir), world_size)
+    plan = data_mod.build_plan(recipe, load_tokenizer(model_dir), grid.dp)
     rep = plan.data.report
     log.info(f"data {rep.path}: {rep.examples} examples from {rep.rows} rows, {rep.bad_rows} malformed rows "
              f"skipped, {rep.truncated} truncated, {rep.split_windows} extra windows; sha256 {rep.sha256[:12]}")
     for s in rep.bad_row_samples:
         log.warning(f"malformed row skipped: {s}")
     log.info(f"bucketing: shapes {plan.boundaries}; {plan.steps_per_epoch} steps per epoch; {plan.total_steps} steps")
-    cfg, model = build_model(recipe, model_dir)
+    cfg, model = build_model(recipe, model_dir, grid)
     if recipe.memory.recompute:
         flagged = sum(1 for layer in model.model.layers if getattr(layer, "_has_config_recompute", False))
         log.info(f"recompute: {flagged} of {cfg.num_hidden_layers} decoder layers recompute their activations in backward")
@@ -306,7 +339,7 @@ def _finish(recipe: Recipe, trainer: Trainer, plan, records: list, metrics, mode
     if plan.total_steps <= start:
         return
     ck_root = run_dir / "checkpoints"
-    if trainer.rank == 0 or trainer.shards > 1:
+    if trainer.writes_checkpoints:
         final = trainer.save(ck_root, plan.total_steps)
         log.info(f"checkpoint {final}")
     if trainer.rank != 0:
@@ -331,15 +364,18 @@ def train(recipe: Recipe, run_dir: str | Path, *, rank: int = 0, world_size: int
     configure_mindspore(recipe, distributed)
     rank, world_size = _join(recipe, distributed, rank, world_size)
     log = rank_logger(run_dir, rank, echo and rank == 0)
+    grid = grid_mod.make_grid(recipe, rank, world_size)
     if distributed:
         import mindspore as ms
 
         log.info(f"rank {rank} of {world_size}: parallel_mode {ms.get_auto_parallel_context('parallel_mode')}, "
                  f"comm_fusion {ms.get_auto_parallel_context('comm_fusion')}, optimizer sharding "
-                 f"{recipe.parallel.optimizer_sharding}")
+                 f"{recipe.parallel.optimizer_sharding}; {grid.describe()}")
+    if grid.tp > 1:
+        log.info(grid_mod.loss_note(recipe, grid))
     model_dir = resolve_hf(recipe.model.source)
-    plan, cfg, model = _data_and_model(recipe, model_dir, world_size, log)
-    trainer = Trainer(recipe, run_dir, rank, world_size, model, model_dir, plan, log)
+    plan, cfg, model = _data_and_model(recipe, model_dir, grid, log)
+    trainer = Trainer(recipe, run_dir, rank, world_size, model, model_dir, plan, log, grid)
     ck_root = run_dir / "checkpoints"
     start = 0
     if resume:
@@ -361,7 +397,7 @@ def train(recipe: Recipe, run_dir: str | Path, *, rank: int = 0, world_size: int
     every = recipe.checkpointing.every_steps
     comm = CommWait(recipe.logging.comm_sample_every, rank, world_size, plan.total_steps)
     try:
-        for step in plan.steps(rank, start):
+        for step in plan.steps(grid.dp_rank, start):
             lr = lr_at(recipe, step.index, plan.total_steps)
             r = trainer.run_step(step, lr)
             _stop_if_diverged(recipe, step, r, last_good)
@@ -379,7 +415,7 @@ def train(recipe: Recipe, run_dir: str | Path, *, rank: int = 0, world_size: int
                          f"{rec.grad_norm:.4f} tokens/s {rec.tokens_per_s:.0f} step {rec.step_time_s:.3f}s "
                          f"pad {rec.padding_fraction:.3f}" + (" (compile)" if rec.compile else ""))
             done = step.index + 1
-            if (rank == 0 or trainer.shards > 1) and every and done % every == 0 and done < plan.total_steps:
+            if trainer.writes_checkpoints and every and done % every == 0 and done < plan.total_steps:
                 path = trainer.save(ck_root, done)
                 last_good = (done, path)
                 log.info(f"checkpoint {path}")

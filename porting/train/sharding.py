@@ -14,7 +14,13 @@ it fits the usable HBM with :data:`MARGIN_GIB` to spare, else stage 2.
 The reduce-scatter is chosen by capability (:func:`has_reduce_scatter`): HCCL has it; MindSpore's CPU
 collective library (MCCL) has a ReduceScatter that does nothing (ASCEND_FACTS.md), so on the CPU it
 is emulated by an AllReduce and a slice of this rank's shard (same numbers, twice the wire bytes).
-AllGather works on both.
+AllGather works on both over the world group; on the CPU it fails on a sub-group (the data-parallel
+group of a tensor-parallel run), so there (:func:`has_subgroup_all_gather`) each rank all-reduces a
+zero buffer holding its shard at its offset (same result, twice the wire bytes). HCCL keeps AllGather.
+
+Tensor parallel x ZeRO: the optimizer shards over the data-parallel group (the ranks with the same
+tensor-parallel slice); the global norm adds the squares of tensor-parallel-sharded elements over the
+tensor-parallel group and counts replicated ones (the norms) once, through a flat mask per bucket.
 
 Bytes (:func:`collectives`): ``payload`` is the size of the buffer a collective is called on (its
 input for AllReduce and ReduceScatter, its output for AllGather); ``wire`` is what one rank sends in
@@ -34,11 +40,25 @@ from porting.train.memory import DTYPE_BYTES
 MARGIN_GIB = 4.0     # stage 1 (fewer bytes) only when it leaves this much of the usable HBM
 EMULATED = "allreduce+slice"
 NATIVE = "reduce_scatter"
+GATHER_NATIVE = "all_gather"
+GATHER_EMULATED = "allreduce of zero-padded shards"
 
 
 def has_reduce_scatter(device: str) -> bool:
     """Whether the backend's ReduceScatter computes (HCCL on Ascend) or is the CPU stub (MCCL)."""
     return device.lower() == "ascend"
+
+
+def has_subgroup_all_gather(device: str) -> bool:
+    """Whether AllGather works on a communication sub-group (HCCL); the CPU's works on the world group only."""
+    return device.lower() == "ascend"
+
+
+def gather_kind(recipe) -> str:
+    """How the updated shards are gathered: AllGather, unless the data-parallel group is a sub-group
+    (tensor parallel) on a backend without sub-group AllGather."""
+    sub = recipe.parallel.tensor_parallel > 1
+    return GATHER_EMULATED if sub and not has_subgroup_all_gather(recipe.cluster.device) else GATHER_NATIVE
 
 
 @dataclass(frozen=True)
@@ -68,13 +88,16 @@ class ShardingChoice:
     stage: int                  # 1 or 2 (only differs with gradient accumulation)
     reduce_scatter: str         # NATIVE, EMULATED, or "" when not sharded
     reason: str
+    all_gather: str = GATHER_NATIVE   # GATHER_NATIVE or GATHER_EMULATED (see gather_kind)
 
     def describe(self) -> str:
         if not self.enabled:
             return "off: every rank keeps full fp32 masters and AdamW states"
         how = ("ReduceScatter (HCCL)" if self.reduce_scatter == NATIVE else
                "AllReduce + slice (emulated: the CPU backend's ReduceScatter is a stub)")
-        return f"ZeRO-{self.stage}: gradients by {how}, updated weights by AllGather; {self.reason}"
+        gather = ("AllGather" if self.all_gather == GATHER_NATIVE else
+                  "AllReduce of zero-padded shards (emulated: the CPU backend's AllGather needs the world group)")
+        return f"ZeRO-{self.stage}: gradients by {how}, updated weights by {gather}; {self.reason}"
 
 
 def choose(recipe, cfg: LlamaConfig) -> ShardingChoice:
@@ -85,19 +108,20 @@ def choose(recipe, cfg: LlamaConfig) -> ShardingChoice:
     if not recipe.parallel.optimizer_sharding or dp == 1:
         return ShardingChoice(False, 0, "", "not sharded")
     rs = NATIVE if has_reduce_scatter(recipe.cluster.device) else EMULATED
+    ag = gather_kind(recipe)
     accum = recipe.batching.grad_accum_steps
     want = recipe.parallel.zero_stage
     if accum == 1:
-        return ShardingChoice(True, 1, rs, "one micro-batch per step: one reduce-scatter per step")
+        return ShardingChoice(True, 1, rs, "one micro-batch per step: one reduce-scatter per step", ag)
     if want != "auto":
-        return ShardingChoice(True, int(want), rs, f"parallel.zero_stage: {want}")
+        return ShardingChoice(True, int(want), rs, f"parallel.zero_stage: {want}", ag)
     one = estimate_memory(cfg, recipe, zero_stage=1)["total"]
     usable = usable_hbm_gib(recipe)
     if one <= usable - MARGIN_GIB:
         return ShardingChoice(True, 1, rs, f"accumulate then one reduce-scatter: {one:.1f} GiB fits {usable:g} GiB "
-                                           f"with {MARGIN_GIB:g} GiB to spare, and moves 1/{accum} of ZeRO-2's bytes")
+                                           f"with {MARGIN_GIB:g} GiB to spare, and moves 1/{accum} of ZeRO-2's bytes", ag)
     return ShardingChoice(True, 2, rs, f"ZeRO-2: full accumulators would need {one:.1f} GiB of {usable:g} GiB; "
-                                       f"sharded ones cost {accum} reduce-scatters per step")
+                                       f"sharded ones cost {accum} reduce-scatters per step", ag)
 
 
 @dataclass(frozen=True)
@@ -137,8 +161,12 @@ def collectives(recipe, cfg: LlamaConfig, choice: ShardingChoice | None = None,
             rs_op = "ReduceScatter" if choice.reduce_scatter == NATIVE else "AllReduce"
             out.append(_op(rs_op, f"gradients, flat buckets ({choice.reduce_scatter})", "dp", dp,
                            len(buckets) * times, padded * gb * times))
-            out.append(_op("AllGather", "updated weight shards", "dp", dp, len(buckets), padded * pb))
-            out.append(_op("AllReduce", "gradient norm of the shards (scalar)", "dp", dp, 1, 4))
+            ag_op = "AllGather" if choice.all_gather == GATHER_NATIVE else "AllReduce"
+            out.append(_op(ag_op, f"updated weight shards ({choice.all_gather})", "dp", dp, len(buckets), padded * pb))
+            out.append(_op("AllReduce", "gradient norm of the shards (scalar; with tensor parallel, sharded and "
+                           "replicated parts)", "dp", dp, 1, 4 if tp == 1 else 8))
+            if tp > 1:
+                out.append(_op("AllReduce", "gradient norm of tensor-parallel shards (scalar)", "tp", tp, 1, 4))
         else:
             buckets = comm.gradient_buckets([n * gb for n in numels], cf)
             out.append(_op("AllReduce", "gradients (fused buckets)", "dp", dp, len(buckets), sum(numels) * gb))

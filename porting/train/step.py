@@ -34,9 +34,14 @@ class LossNet(nn.Cell):
     def __init__(self, model: nn.Cell):
         super().__init__(auto_prefix=False)
         self.model = model
+        # Tensor parallel: the logits are vocab-sharded and the model brings its parallel loss.
+        self.parallel_loss = getattr(model, "parallel_loss", None)
 
     def construct(self, input_ids: Tensor, labels: Tensor, scale: Tensor):
-        total, count = shifted_token_loss(self.model(input_ids), labels)
+        if self.parallel_loss is not None:
+            total, count = self.parallel_loss(self.model(input_ids), labels)
+        else:
+            total, count = shifted_token_loss(self.model(input_ids), labels)
         return total * scale, (total, count)
 
 
@@ -212,10 +217,24 @@ def _mul_t(c, g):
     return ops.cast(ops.cast(g, ms.float32) * c, g.dtype)
 
 
-class _Update(nn.Cell):
-    """Shared tail of a step: all-reduce, unscale, global norm, clip, AdamW."""
+_masked = ops.MultitypeFuncGraph("masked")
 
-    def __init__(self, optimizer: AdamW, world_size: int, grad_clip: float | None, grad_fp32: bool = True):
+
+@_masked.register("Tensor", "Tensor")
+def _masked_t(mask, x):
+    return x * mask
+
+
+class _Update(nn.Cell):
+    """Shared tail of a step: all-reduce, unscale, global norm, clip, AdamW.
+
+    Tensor parallel (``tp_group``, ``tp_sharded``): ``world_size`` is the data-parallel size and
+    ``dp_group`` its ranks; gradients are reduced over them only (each TP rank its own shards). The
+    global norm adds the squares of TP-sharded gradients over the TP group and counts the replicated
+    ones (norms, equal on every TP rank) once."""
+
+    def __init__(self, optimizer: AdamW, world_size: int, grad_clip: float | None, grad_fp32: bool = True,
+                 dp_group: str | None = None, tp_group: str | None = None, tp_sharded: list[bool] | None = None):
         super().__init__(auto_prefix=False)
         self.optimizer = optimizer
         self.grad_fp32 = grad_fp32
@@ -225,9 +244,16 @@ class _Update(nn.Cell):
         self.zero_reduced = getattr(optimizer, "stage", 0) == 2
         self.reduce = world_size > 1
         if self.reduce:
+            group = {} if dp_group is None else {"group": dp_group}
             if not self.zero:
-                self.reducer = nn.DistributedGradReducer(optimizer.params, mean=False, degree=world_size)
-            self.allreduce = ops.AllReduce()
+                self.reducer = nn.DistributedGradReducer(optimizer.params, mean=False, degree=world_size, **group)
+            self.allreduce = ops.AllReduce(**group)
+        # ZeRO adds the tensor-parallel shards into its own norm (ShardedAdamW.apply).
+        self.tp_norm = tp_group is not None and not self.zero
+        if self.tp_norm:
+            self.tp_allreduce = ops.AllReduce(group=tp_group)
+            self.sharded_mask = tuple(Tensor(1.0 if s else 0.0, ms.float32) for s in tp_sharded)
+            self.replicated_mask = tuple(Tensor(0.0 if s else 1.0, ms.float32) for s in tp_sharded)
         self.clip = grad_clip is not None
         self.max_norm = Tensor(grad_clip if grad_clip is not None else 1.0, ms.float32)
         self.hyper_map = ops.HyperMap()
@@ -244,7 +270,12 @@ class _Update(nn.Cell):
         if self.reduce:
             grads = self.reducer(grads)
         grads = self.hyper_map(ops.partial(_mul, unscale), grads)
-        norm = ops.sqrt(ops.addn(self.hyper_map(_square_sum, grads)))
+        squares = self.hyper_map(_square_sum, grads)
+        if self.tp_norm:
+            sharded = self.tp_allreduce(ops.addn(self.hyper_map(_masked, self.sharded_mask, squares)))
+            norm = ops.sqrt(sharded + ops.addn(self.hyper_map(_masked, self.replicated_mask, squares)))
+        else:
+            norm = ops.sqrt(ops.addn(squares))
         finite = ops.isfinite(norm)
         if self.clip:
             coef = ops.minimum(self.max_norm / (norm + 1e-6), ops.ones((), ms.float32))
@@ -260,8 +291,8 @@ class FusedTrainStep(_Update):
     """One micro-batch per optimizer step: the whole step in one graph."""
 
     def __init__(self, model: nn.Cell, optimizer: AdamW, world_size: int, grad_clip: float | None,
-                 grad_fp32: bool = True):
-        super().__init__(optimizer, world_size, grad_clip, grad_fp32)
+                 grad_fp32: bool = True, **groups):
+        super().__init__(optimizer, world_size, grad_clip, grad_fp32, **groups)
         self.grad_fn = ops.value_and_grad(LossNet(model), None, optimizer.params, has_aux=True)
 
     def construct(self, input_ids, labels, scale, unscale, lr, bc1, bc2):
@@ -306,8 +337,8 @@ class ApplyStep(_Update):
     """All-reduce the accumulated gradients, clip, AdamW, zero the buffers."""
 
     def __init__(self, optimizer: AdamW, buffers: ParameterTuple, world_size: int, grad_clip: float | None,
-                 grad_fp32: bool = True):
-        super().__init__(optimizer, world_size, grad_clip, grad_fp32)
+                 grad_fp32: bool = True, **groups):
+        super().__init__(optimizer, world_size, grad_clip, grad_fp32, **groups)
         self.buffers = buffers
 
     def construct(self, local_total, local_count, unscale, lr, bc1, bc2):

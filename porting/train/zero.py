@@ -10,6 +10,14 @@ Reduce-scatter by capability: ``ops.ReduceScatter`` where the backend has one (H
 ``AllReduce`` of the flat bucket and a slice of this rank's shard (MindSpore's CPU ReduceScatter is a
 stub). Both give every rank the same summed shard, so the update equals the unsharded one: the global
 norm is the square root of the all-reduced sum of the shards' squares (the padding is zero).
+
+Tensor parallel: the optimizer runs over the data-parallel group (``group``; ``rank``, ``dp`` its
+coordinates) on this tensor-parallel rank's slices. ``tp_sharded`` flags the parameters split over
+the tensor-parallel group: a flat mask per bucket shard picks their squares, which are all-reduced
+over ``tp_group`` too, while the replicated ones (norms) count once. The updated shards are gathered
+by AllGather, or (``gather_native=False``: the CPU, whose AllGather works on the world group only) by
+an AllReduce of a zero buffer holding this rank's shard at its offset. State names carry both ranks
+(``adam_m.shard3.tp1.rank0``) so they are unique in the merged tensor-parallel checkpoint.
 """
 
 from __future__ import annotations
@@ -32,30 +40,51 @@ class ShardedAdamW(nn.Cell):
 
     def __init__(self, params: list[Parameter], betas: tuple[float, float], eps: float, weight_decay: float, *,
                  rank: int, dp: int, buckets: list[sharding.Bucket], native: bool, grad_dtype=ms.float32,
-                 stage: int = 1, group: str | None = None, master_weights: bool = True):
+                 stage: int = 1, group: str | None = None, master_weights: bool = True, gather_native: bool = True,
+                 tp_group: str | None = None, tp_rank: int = 0, tp_sharded: list[bool] | None = None):
         super().__init__(auto_prefix=False)
         group = group or GlobalComm.WORLD_COMM_GROUP
         self.params = ParameterTuple(params)
         self.rank, self.dp, self.native, self.stage, self.grad_dtype = rank, dp, native, stage, grad_dtype
+        self.gather_native = gather_native
         self.bucket_idx = tuple(tuple(b.indices) for b in buckets)
         self.pads = tuple(b.padded - b.numel for b in buckets)
         self.shard_sizes = tuple(b.shard(dp) for b in buckets)
         self.numels = tuple(int(np.prod(p.shape)) for p in params)
         self.shapes = tuple(tuple(p.shape) for p in params)
         self.use_masters = bool(master_weights and any(p.dtype != ms.float32 for p in params))
+        self.tag = f"rank{rank}" if tp_group is None else f"tp{tp_rank}.rank{rank}"
         flat = [self._flat_numpy(params, b) for b in buckets]
         own = [f[rank * n:(rank + 1) * n] for f, n in zip(flat, self.shard_sizes)]
         zeros = lambda kind: ParameterTuple([Parameter(Tensor(np.zeros(n, np.float32)), requires_grad=False,  # noqa: E731
-                                                       name=f"{kind}.shard{k}.rank{rank}")
+                                                       name=f"{kind}.shard{k}.{self.tag}")
                                              for k, n in enumerate(self.shard_sizes)])
         self.m, self.v = zeros("adam_m"), zeros("adam_v")
-        self.masters = ParameterTuple([Parameter(Tensor(o), name=f"master.shard{k}.rank{rank}", requires_grad=False)
+        self.masters = ParameterTuple([Parameter(Tensor(o), name=f"master.shard{k}.{self.tag}", requires_grad=False)
                                        for k, o in enumerate(own)]) if self.use_masters else ParameterTuple([])
         self.reduce_scatter = ops.ReduceScatter(ops.ReduceOp.SUM, group)
         self.allreduce = ops.AllReduce(ops.ReduceOp.SUM, group)
-        self.allgather = ops.AllGather(group)
+        if gather_native:
+            self.allgather = ops.AllGather(group)
+        self.tp_norm = tp_group is not None
+        if self.tp_norm:
+            self.tp_allreduce = ops.AllReduce(ops.ReduceOp.SUM, tp_group)
+            self.tp_masks = tuple(Tensor(self._tp_mask(b, tp_sharded)[rank * n:(rank + 1) * n])
+                                  for b, n in zip(buckets, self.shard_sizes))
         self.b1, self.b2 = Tensor(betas[0], ms.float32), Tensor(betas[1], ms.float32)
         self.eps, self.wd = Tensor(eps, ms.float32), Tensor(weight_decay, ms.float32)
+
+    def _tp_mask(self, b: sharding.Bucket, tp_sharded: list[bool]) -> np.ndarray:
+        """1.0 where the bucket's flat elements belong to a tensor-parallel-sharded parameter."""
+        parts = [np.full(self.numels[i], 1.0 if tp_sharded[i] else 0.0, np.float32) for i in b.indices]
+        return np.concatenate(parts + [np.zeros(b.padded - b.numel, np.float32)])
+
+    def state_names(self, tp: int) -> set[str]:
+        """The flat-shard state names of every (tensor-parallel, data-parallel) rank of this run."""
+        kinds = ("adam_m", "adam_v") + (("master",) if self.use_masters else ())
+        tags = [f"rank{d}" for d in range(self.dp)] if not self.tp_norm else \
+            [f"tp{t}.rank{d}" for t in range(tp) for d in range(self.dp)]
+        return {f"{kind}.shard{k}.{tag}" for kind in kinds for k in range(len(self.shard_sizes)) for tag in tags}
 
     @staticmethod
     def _flat_numpy(params: list[Parameter], b: sharding.Bucket) -> np.ndarray:
@@ -83,6 +112,15 @@ class ShardedAdamW(nn.Cell):
         n = self.shard_sizes[k]
         return self.allreduce(flat)[self.rank * n:(self.rank + 1) * n]   # CPU: AllReduce + this rank's slice
 
+    def _gather(self, shard, k: int):
+        if self.gather_native:
+            return self.allgather(shard)
+        n = self.shard_sizes[k]   # CPU sub-group: this rank's shard at its offset in zeros, summed over the group
+        parts = ((ops.zeros((self.rank * n,), shard.dtype),) if self.rank else ()) + (shard,)
+        if self.rank < self.dp - 1:
+            parts += (ops.zeros(((self.dp - 1 - self.rank) * n,), shard.dtype),)
+        return self.allreduce(ops.concat(parts))
+
     def reduce(self, grads):
         """Every bucket's summed gradient shard on this rank (in ``grad_dtype``)."""
         out = ()
@@ -94,11 +132,22 @@ class ShardedAdamW(nn.Cell):
         """Unscale, global norm, clip, AdamW on the shards, all-gather; returns (norm, finite)."""
         gs = ()
         sq = ops.zeros((), ms.float32)
+        sq_tp = ops.zeros((), ms.float32)   # tensor parallel: squares of the sharded parameters' elements
         for k in range(len(shards)):
             g = ops.cast(shards[k], ms.float32) * unscale
             gs += (g,)
-            sq = sq + (g * g).sum()
-        norm = ops.sqrt(self.allreduce(sq))
+            if self.tp_norm:
+                g2 = g * g
+                sharded = g2 * self.tp_masks[k]
+                sq_tp = sq_tp + sharded.sum()
+                sq = sq + (g2 - sharded).sum()
+            else:
+                sq = sq + (g * g).sum()
+        if self.tp_norm:
+            both = self.allreduce(ops.stack((sq, sq_tp)))
+            norm = ops.sqrt(both[0] + self.tp_allreduce(both[1]))
+        else:
+            norm = ops.sqrt(self.allreduce(sq))
         finite = ops.isfinite(norm)
         coef = ops.minimum(max_norm / (norm + 1e-6), ops.ones((), ms.float32)) if clip else ops.ones((), ms.float32)
         done = ()
@@ -121,7 +170,7 @@ class ShardedAdamW(nn.Cell):
         if self.use_masters:
             done += (ops.assign(self.masters[k], kept),)
         first = self.bucket_idx[k][0]
-        full = self.allgather(ops.cast(ops.depend(kept, done), self.params[first].dtype))
+        full = self._gather(ops.cast(ops.depend(kept, done), self.params[first].dtype), k)
         off = 0
         for i in self.bucket_idx[k]:
             done += (ops.assign(self.params[i], ops.reshape(full[off:off + self.numels[i]], self.shapes[i])),)
@@ -147,10 +196,11 @@ class ShardedAccumGradStep(nn.Cell):
 
 
 def optimizer_for(recipe, cfg, params: list[Parameter], rank: int, dp: int, *, group: str | None = None,
-                  reduce_scatter: str | None = None) -> tuple[ShardedAdamW, sharding.ShardingChoice]:
+                  reduce_scatter: str | None = None, **tp) -> tuple[ShardedAdamW, sharding.ShardingChoice]:
     """The sharded optimizer of a recipe over a data-parallel group of ``dp`` ranks (this one ``rank``),
-    with the plan's choice of stage and reduce-scatter (``reduce_scatter`` forces one: tests compile the
-    Ascend path on the CPU)."""
+    with the plan's choice of stage, reduce-scatter and all-gather (``reduce_scatter`` forces one: tests
+    compile the Ascend path on the CPU). ``tp``: ``tp_group``, ``tp_rank``, ``tp_sharded`` of a
+    tensor-parallel run (see :class:`ShardedAdamW`)."""
     choice = sharding.choose(recipe, cfg)
     native = (reduce_scatter or choice.reduce_scatter) == sharding.NATIVE
     prec, opt = recipe.precision, recipe.optimizer
@@ -160,5 +210,6 @@ def optimizer_for(recipe, cfg, params: list[Parameter], rank: int, dp: int, *, g
     numels = [int(np.prod(p.shape)) for p in params]
     buckets = sharding.flat_buckets(numels, gb, recipe.parallel.comm_fusion, dp)
     optim = ShardedAdamW(params, tuple(opt.betas), opt.eps, opt.weight_decay, rank=rank, dp=dp, buckets=buckets,
-                         native=native, grad_dtype=grad_dtype, stage=choice.stage, group=group)
+                         native=native, grad_dtype=grad_dtype, stage=choice.stage, group=group,
+                         gather_native=choice.all_gather == sharding.GATHER_NATIVE, **tp)
     return optim, choice
