@@ -1,0 +1,124 @@
+"""Packing (``batching.packing: true``): short examples share fixed-length rows of
+``data.max_seq_length`` tokens instead of each being padded to a bucket length.
+
+A packed row keeps every example apart, so training on it equals training on the examples one by one:
+- position ids restart at 0 for each example (RoPE is taken at those positions);
+- attention does not cross examples (per-row segment ids: a block-diagonal causal mask on the CPU;
+  cumulative sequence ends for ``flash_attention_score``'s TND layout on Ascend);
+- the first token of each example has no label, so no position predicts across a boundary (in an
+  unpacked row position 0 is never a target either: the same tokens are counted).
+
+Static shapes for graph mode: every row has the same length and exactly ``slots`` segments, so the
+per-row segment tensors never change shape. The packer reserves one padding token for each slot a row
+leaves unused (the tail padding is split into that many segments): the TND contract forbids empty
+key segments. ``slots`` is chosen from the data (the count in :data:`SLOT_CHOICES` that wastes least).
+
+Rows are packed once, from the seed, with first fit over a seeded permutation; each epoch then
+shuffles the rows into global batches, so every epoch has the same number of steps.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from model_zoo.errors import RecipeError
+
+IGNORE_INDEX = -100
+SLOT_CHOICES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+
+
+def pack_rows(lengths: np.ndarray, seq: int, slots: int, seed: int, shuffle: bool = True) -> list[list[int]]:
+    """Example indices per row: first fit in a seeded order, at most ``slots`` examples a row and room
+    left for one padding token per unused slot (invariant: used + slots - count <= seq)."""
+    if int(lengths.max(initial=0)) > seq:
+        raise RecipeError(f"packing: an example has {int(lengths.max())} tokens, more than data.max_seq_length={seq}")
+    order = np.random.default_rng([seed, 7]).permutation(len(lengths)) if shuffle else np.arange(len(lengths))
+    used = np.zeros(0, dtype=np.int64)
+    count = np.zeros(0, dtype=np.int64)
+    rows: list[list[int]] = []
+    for i in order:
+        n = int(lengths[i])
+        # after adding: used + n + (slots - count - 1) <= seq
+        fits = np.flatnonzero((count < slots) & (used + n + slots - count - 1 <= seq))
+        if fits.size:
+            r = int(fits[0])
+        else:
+            r = len(rows)
+            rows.append([])
+            used, count = np.append(used, 0), np.append(count, 0)
+        rows[r].append(int(i))
+        used[r] += n
+        count[r] += 1
+    return rows
+
+
+def choose_slots(lengths: np.ndarray, seq: int, seed: int) -> int:
+    """The segment count per row (of :data:`SLOT_CHOICES`, at most ``seq``) that makes the fewest rows."""
+    best, best_rows = 1, None
+    for k in SLOT_CHOICES:
+        if k > seq:
+            break
+        n = len(pack_rows(lengths, seq, k, seed))
+        if best_rows is None or n < best_rows:
+            best, best_rows = k, n
+    return best
+
+
+def row_arrays(examples: Sequence, row: Sequence[int], seq: int, slots: int, pad_id: int, base: int):
+    """(ids, labels, positions, segment ids, cumulative segment ends offset by ``base``) of one packed row."""
+    ids = np.full(seq, pad_id, np.int32)
+    labels = np.full(seq, IGNORE_INDEX, np.int32)
+    pos = np.zeros(seq, np.int32)
+    seg = np.zeros(seq, np.int32)
+    ends: list[int] = []
+    off = 0
+    for slot, i in enumerate(row):
+        e = examples[i]
+        n = e.length
+        ids[off:off + n] = e.input_ids
+        labels[off:off + n] = e.labels
+        labels[off] = IGNORE_INDEX          # never predicted from the previous example's last token
+        pos[off:off + n] = np.arange(n, dtype=np.int32)
+        seg[off:off + n] = slot
+        off += n
+        ends.append(base + off)
+    free = seq - off
+    spare = slots - len(row)
+    if spare > free:
+        raise RecipeError(f"packing: a row of {len(row)} examples leaves {free} padding tokens for {spare} "
+                          "unused segments (rows must come from pack_rows)")
+    for k in range(spare):   # padding: spare - 1 one-token segments, then the rest
+        n = 1 if k < spare - 1 else seq - off
+        pos[off:off + n] = np.arange(n, dtype=np.int32)
+        seg[off:off + n] = len(row) + k
+        off += n
+        ends.append(base + off)
+    if spare == 0 and off < seq:   # the last example's segment takes the padding (never a target)
+        pos[off:] = np.arange(pos[off - 1] + 1, pos[off - 1] + 1 + seq - off, dtype=np.int32)
+        seg[off:] = len(row) - 1
+        ends[-1] = base + seq
+    return ids, labels, pos, seg, ends
+
+
+def pack_micro_batch(data, rows: Sequence[Sequence[int]], seq: int, slots: int):
+    """A :class:`porting.train.data.MicroBatch` of packed rows, with its position / segment tensors."""
+    from porting.train.data import MicroBatch
+
+    parts = [row_arrays(data.examples, row, seq, slots, data.pad_id, r * seq) for r, row in enumerate(rows)]
+    x = np.stack([p[0] for p in parts])
+    y = np.stack([p[1] for p in parts])
+    real = sum(data.examples[i].length for row in rows for i in row)
+    packed = (np.stack([p[2] for p in parts]), np.stack([p[3] for p in parts]),
+              np.asarray([e for p in parts for e in p[4]], np.int64))
+    return MicroBatch(x, y, int((y[:, 1:] != IGNORE_INDEX).sum()), int(real),
+                      tuple(int(i) for row in rows for i in row), packed)
+
+
+def padding(lengths: np.ndarray, rows: list[list[int]], seq: int) -> dict:
+    """Padding of one epoch packed into ``rows`` (dropped rows excluded by the caller)."""
+    real = int(sum(int(lengths[i]) for row in rows for i in row))
+    padded = len(rows) * seq
+    return {"real_tokens": real, "padded_tokens": padded, "padding_fraction": 1 - real / max(1, padded),
+            "shapes": 1, "rows": len(rows)}
