@@ -472,9 +472,10 @@ def build_plan(recipe, tokenizer, world_size: int | None = None, data: Tokenized
     rows, slots, units = None, 0, data.lengths
     if recipe.batching.packing:
         seq = recipe.data.max_seq_length
-        bounds, slots = [seq], packing.choose_slots(data.lengths, seq, recipe.seed)
+        slots = packing.choose_slots(data.lengths, seq, recipe.seed)
         rows = packing.pack_rows(data.lengths, seq, slots, recipe.seed, recipe.data.shuffle)
-        units = np.full(len(rows), seq, dtype=np.int64)
+        bounds = [packing.row_length(seq, slots)]
+        units = np.full(len(rows), bounds[0], dtype=np.int64)
     batches, dropped = plan_epoch(units, bounds, g, recipe.seed, 0, recipe.data.shuffle)
     if not batches:
         raise RecipeError(f"{recipe.data.path}: {len(data.examples)} examples cannot fill one global batch of "
@@ -506,7 +507,7 @@ def padding_choices(recipe, tokenizer, data: TokenizedData | None = None) -> dic
         r = recipe.model_copy(update={"batching": recipe.batching.model_copy(update={"packing": packed})})
         plan = build_plan(r, tokenizer, 1, data)
         out[name] = {**padding_stats(plan), "steps_per_epoch": plan.steps_per_epoch,
-                     "segments_per_row": plan.slots}
+                     "segments_per_row": plan.slots, "shapes_list": list(plan.boundaries)}
     return out
 
 
@@ -524,4 +525,4 @@ def dry_run_padding(recipe) -> tuple[dict | None, str]:
     using = "packing" if recipe.batching.packing else "bucketing"
     return choices, (f"padding per epoch (using {using}): bucketing {b['padding_fraction']:.1%} in {b['shapes']} "
                      f"shape(s), {b['steps_per_epoch']} steps; packing {p['padding_fraction']:.1%} in rows of "
-                     f"{recipe.data.max_seq_length} with {p['segments_per_row']} segments, {p['steps_per_epoch']} steps")
+                     f"{p['shapes_list'][0]} tokens with {p['segments_per_row']} segments, {p['steps_per_epoch']} steps")

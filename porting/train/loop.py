@@ -159,6 +159,7 @@ class Trainer:
         from porting.train import step as train_step
 
         self.ms = ms
+        self.packed_inputs = train_step.packed_inputs
         self.recipe, self.run_dir, self.rank, self.world = recipe, run_dir, rank, world_size
         self.model, self.tokenizer_dir, self.plan, self.log = model, tokenizer_dir, plan, log
         params = list(model.trainable_params())
@@ -199,12 +200,13 @@ class Trainer:
         t0 = time.perf_counter()
         if self.accum == 1:
             mb = step.micro_batches[0]
-            total, count, norm, finite = self.fused(ms.Tensor(mb.input_ids), ms.Tensor(mb.labels), scale, unscale, *hyper)
+            total, count, norm, finite = self.fused(ms.Tensor(mb.input_ids), ms.Tensor(mb.labels), scale, unscale, *hyper,
+                                                    *self.packed_inputs(mb))
         else:
             local_total = 0.0
             local_count = 0.0
             for mb in step.micro_batches:
-                tot, cnt = self.grad_step(ms.Tensor(mb.input_ids), ms.Tensor(mb.labels), scale)
+                tot, cnt = self.grad_step(ms.Tensor(mb.input_ids), ms.Tensor(mb.labels), scale, *self.packed_inputs(mb))
                 local_total += float(tot.asnumpy())
                 local_count += float(cnt.asnumpy())
             total, count, norm, finite = self.apply(f32(local_total), f32(local_count), unscale, *hyper)

@@ -9,9 +9,11 @@ A packed row keeps every example apart, so training on it equals training on the
   unpacked row position 0 is never a target either: the same tokens are counted).
 
 Static shapes for graph mode: every row has the same length and exactly ``slots`` segments, so the
-per-row segment tensors never change shape. The packer reserves one padding token for each slot a row
-leaves unused (the tail padding is split into that many segments): the TND contract forbids empty
-key segments. ``slots`` is chosen from the data (the count in :data:`SLOT_CHOICES` that wastes least).
+per-row segment tensors never change shape. A row holds at most ``slots`` examples of at most
+``data.max_seq_length`` tokens in all, and is ``slots - 1`` tokens longer than that: the TND contract
+forbids empty key segments, so each slot a row leaves unused becomes a segment of at least one padding
+token, and those tokens are always there. ``slots`` is chosen from the data (the count in
+:data:`SLOT_CHOICES` with the fewest padded tokens).
 
 Rows are packed once, from the seed, with first fit over a seeded permutation; each epoch then
 shuffles the rows into global batches, so every epoch has the same number of steps.
@@ -29,9 +31,14 @@ IGNORE_INDEX = -100
 SLOT_CHOICES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 
 
+def row_length(seq: int, slots: int) -> int:
+    """Tokens in a packed row: ``seq`` for the examples, one more per segment past the first."""
+    return seq + slots - 1
+
+
 def pack_rows(lengths: np.ndarray, seq: int, slots: int, seed: int, shuffle: bool = True) -> list[list[int]]:
-    """Example indices per row: first fit in a seeded order, at most ``slots`` examples a row and room
-    left for one padding token per unused slot (invariant: used + slots - count <= seq)."""
+    """Example indices per row: first fit in a seeded order, at most ``slots`` examples and ``seq``
+    tokens a row."""
     if int(lengths.max(initial=0)) > seq:
         raise RecipeError(f"packing: an example has {int(lengths.max())} tokens, more than data.max_seq_length={seq}")
     order = np.random.default_rng([seed, 7]).permutation(len(lengths)) if shuffle else np.arange(len(lengths))
@@ -40,8 +47,7 @@ def pack_rows(lengths: np.ndarray, seq: int, slots: int, seed: int, shuffle: boo
     rows: list[list[int]] = []
     for i in order:
         n = int(lengths[i])
-        # after adding: used + n + (slots - count - 1) <= seq
-        fits = np.flatnonzero((count < slots) & (used + n + slots - count - 1 <= seq))
+        fits = np.flatnonzero((count < slots) & (used + n <= seq))
         if fits.size:
             r = int(fits[0])
         else:
@@ -55,19 +61,18 @@ def pack_rows(lengths: np.ndarray, seq: int, slots: int, seed: int, shuffle: boo
 
 
 def choose_slots(lengths: np.ndarray, seq: int, seed: int) -> int:
-    """The segment count per row (of :data:`SLOT_CHOICES`, at most ``seq``) that makes the fewest rows."""
-    best, best_rows = 1, None
+    """The segment count per row (of :data:`SLOT_CHOICES`) with the fewest padded tokens in all."""
+    best, best_tokens = 1, None
     for k in SLOT_CHOICES:
-        if k > seq:
-            break
-        n = len(pack_rows(lengths, seq, k, seed))
-        if best_rows is None or n < best_rows:
-            best, best_rows = k, n
+        tokens = len(pack_rows(lengths, seq, k, seed)) * row_length(seq, k)
+        if best_tokens is None or tokens < best_tokens:
+            best, best_tokens = k, tokens
     return best
 
 
 def row_arrays(examples: Sequence, row: Sequence[int], seq: int, slots: int, pad_id: int, base: int):
-    """(ids, labels, positions, segment ids, cumulative segment ends offset by ``base``) of one packed row."""
+    """(ids, labels, positions, segment ids, cumulative segment ends offset by ``base``) of one packed row
+    of ``seq`` tokens (:func:`row_length`)."""
     ids = np.full(seq, pad_id, np.int32)
     labels = np.full(seq, IGNORE_INDEX, np.int32)
     pos = np.zeros(seq, np.int32)
@@ -107,6 +112,7 @@ def pack_micro_batch(data, rows: Sequence[Sequence[int]], seq: int, slots: int):
     from porting.train.data import MicroBatch
 
     parts = [row_arrays(data.examples, row, seq, slots, data.pad_id, r * seq) for r, row in enumerate(rows)]
+    # seq here is the row length (row_length of data.max_seq_length and slots)
     x = np.stack([p[0] for p in parts])
     y = np.stack([p[1] for p in parts])
     real = sum(data.examples[i].length for row in rows for i in row)
@@ -116,9 +122,3 @@ def pack_micro_batch(data, rows: Sequence[Sequence[int]], seq: int, slots: int):
                       tuple(int(i) for row in rows for i in row), packed)
 
 
-def padding(lengths: np.ndarray, rows: list[list[int]], seq: int) -> dict:
-    """Padding of one epoch packed into ``rows`` (dropped rows excluded by the caller)."""
-    real = int(sum(int(lengths[i]) for row in rows for i in row))
-    padded = len(rows) * seq
-    return {"real_tokens": real, "padded_tokens": padded, "padding_fraction": 1 - real / max(1, padded),
-            "shapes": 1, "rows": len(rows)}
