@@ -15,8 +15,8 @@ forbids empty key segments, so each slot a row leaves unused becomes a segment o
 token, and those tokens are always there. ``slots`` is chosen from the data (the count in
 :data:`SLOT_CHOICES` with the fewest padded tokens).
 
-Rows are packed once, from the seed, with first fit over a seeded permutation; each epoch then
-shuffles the rows into global batches, so every epoch has the same number of steps.
+Rows are packed once, from the seed, with first fit decreasing; each epoch then shuffles the rows into
+global batches, so every epoch has the same number of steps.
 """
 
 from __future__ import annotations
@@ -37,11 +37,12 @@ def row_length(seq: int, slots: int) -> int:
 
 
 def pack_rows(lengths: np.ndarray, seq: int, slots: int, seed: int, shuffle: bool = True) -> list[list[int]]:
-    """Example indices per row: first fit in a seeded order, at most ``slots`` examples and ``seq``
-    tokens a row."""
+    """Example indices per row: first fit decreasing (longest first; equal lengths in a seeded order, or
+    in file order without ``shuffle``), at most ``slots`` examples and ``seq`` tokens a row."""
     if int(lengths.max(initial=0)) > seq:
         raise RecipeError(f"packing: an example has {int(lengths.max())} tokens, more than data.max_seq_length={seq}")
-    order = np.random.default_rng([seed, 7]).permutation(len(lengths)) if shuffle else np.arange(len(lengths))
+    tie = np.random.default_rng([seed, 7]).permutation(len(lengths)) if shuffle else np.arange(len(lengths))
+    order = np.lexsort((tie, -np.asarray(lengths)))
     used = np.zeros(0, dtype=np.int64)
     count = np.zeros(0, dtype=np.int64)
     rows: list[list[int]] = []
