@@ -25,9 +25,12 @@ MindSpore's ``bucket_batch_by_length`` is not used because it batches per bucket
 it has no notion of a global batch split across ranks and accumulation steps, which is what makes
 the data-parallel and accumulation runs equal step by step.
 
+With ``batching.packing: true`` step 2 is replaced: examples are packed into rows of one length
+(:mod:`porting.train.packing`), and the rows go through steps 3 and 4 in place of examples.
+
 Row formats (ShareGPT, OpenAI messages, Alpaca with history, datasets directories, Parquet) live in
 :mod:`porting.train.formats` and chat templates in :mod:`porting.train.chat`; this module stays a
-little over 450 lines because tokenising and the step schedule are one pure function of the data.
+about 500 lines because tokenising and the step schedule are one pure function of the data.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from model_zoo.errors import PortingError, RecipeError
+from model_zoo.errors import RecipeError
 from model_zoo.files import json_depth, read_text
 from porting.train import formats, packing
 
@@ -498,31 +501,3 @@ def padding_stats(plan: BatchSchedule, epoch: int = 0) -> dict:
     return {"real_tokens": real, "padded_tokens": padded, "padding_fraction": 1 - real / max(1, padded),
             "shapes": len(plan.boundaries)}
 
-
-def padding_choices(recipe, tokenizer, data: TokenizedData | None = None) -> dict:
-    """Padding of one epoch of the recipe's data under bucketing and under packing, side by side."""
-    data = data if data is not None else tokenize_dataset(recipe.data, tokenizer)
-    out = {}
-    for name, packed in (("bucketing", False), ("packing", True)):
-        r = recipe.model_copy(update={"batching": recipe.batching.model_copy(update={"packing": packed})})
-        plan = build_plan(r, tokenizer, 1, data)
-        out[name] = {**padding_stats(plan), "steps_per_epoch": plan.steps_per_epoch,
-                     "segments_per_row": plan.slots, "shapes_list": list(plan.boundaries)}
-    return out
-
-
-def dry_run_padding(recipe) -> tuple[dict | None, str]:
-    """(padding_choices or None, one line for the dry-run plan); None where the data or the model's
-    tokenizer is not on this machine (a dry run may plan for a cluster)."""
-    from porting.sources import resolve_hf
-    from porting.tokenizer import load_tokenizer
-
-    try:
-        choices = padding_choices(recipe, load_tokenizer(resolve_hf(recipe.model.source)))
-    except PortingError as exc:
-        return None, f"padding: not measured ({str(exc).splitlines()[0]})"
-    b, p = choices["bucketing"], choices["packing"]
-    using = "packing" if recipe.batching.packing else "bucketing"
-    return choices, (f"padding per epoch (using {using}): bucketing {b['padding_fraction']:.1%} in {b['shapes']} "
-                     f"shape(s), {b['steps_per_epoch']} steps; packing {p['padding_fraction']:.1%} in rows of "
-                     f"{p['shapes_list'][0]} tokens with {p['segments_per_row']} segments, {p['steps_per_epoch']} steps")

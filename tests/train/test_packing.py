@@ -110,10 +110,10 @@ def test_plan_packs_every_step_to_one_shape_and_reports_both_paddings(tok, alpac
                for s in plan.steps() for mb in s.micro_batches)
     # at one static shape each, packing pads far less than padding every row to the longest example
     one = _recipe(alpaca_file, packing=True, bucketing={"max_shapes": 1})
-    choices = D.padding_choices(one, tok)
+    choices = packing.padding_choices(one, tok)
     assert choices["packing"]["shapes"] == choices["bucketing"]["shapes"] == 1
     assert choices["packing"]["padding_fraction"] < choices["bucketing"]["padding_fraction"] - 0.1
-    _, line = D.dry_run_padding(r)
+    _, line = packing.dry_run_padding(r)
     assert line.startswith("padding per epoch (using packing): bucketing ") and f"rows of {width} tokens" in line
 
 
