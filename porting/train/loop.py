@@ -273,7 +273,8 @@ def _data_and_model(recipe: Recipe, model_dir: Path, world_size: int, log: loggi
              f"skipped, {rep.truncated} truncated, {rep.split_windows} extra windows; sha256 {rep.sha256[:12]}")
     for s in rep.bad_row_samples:
         log.warning(f"malformed row skipped: {s}")
-    log.info(f"bucketing: shapes {plan.boundaries}; {plan.steps_per_epoch} steps per epoch; {plan.total_steps} steps")
+    log.info(f"{'packing' if plan.rows is not None else 'bucketing'}: shapes {plan.boundaries}; {plan.steps_per_epoch} "
+             f"steps per epoch; {plan.total_steps} steps")
     cfg, model = build_model(recipe, model_dir)
     if recipe.memory.recompute:
         flagged = sum(1 for layer in model.model.layers if getattr(layer, "_has_config_recompute", False))

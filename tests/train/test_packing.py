@@ -299,7 +299,9 @@ class _RefLoss(nn.Cell):
 
 
 @pytest.mark.skipif(not cpu_kernels.available(), reason=f"{cpu_kernels.status()[1]}")
-def test_cpu_packed_kernel_matches_the_block_diagonal_reference():
+@pytest.mark.parametrize("mode", ["pynative", "graph"])
+def test_cpu_packed_kernel_matches_the_block_diagonal_reference(mode):
+    ms.set_context(mode=ms.GRAPH_MODE if mode == "graph" else ms.PYNATIVE_MODE)
     rng = np.random.default_rng(2)
     b, n, g, s, d = 2, 4, 2, 29, 16
     q, w = (rng.standard_normal((b, n, s, d)).astype(np.float32) for _ in range(2))
