@@ -115,7 +115,8 @@ def _np_tnd(query, key, value, head_num, attn_mask, prefix, qlen, kvlen, scale, 
         raise KernelContractError("TND query/key/value must be (T, N, D)")
     if qlen is None or kvlen is None:
         raise KernelContractError("TND needs actual_seq_qlen and actual_seq_kvlen")
-    eq, ek = _cumulative_ends(qlen, q.shape[0], "actual_seq_qlen"), _cumulative_ends(kvlen, k.shape[0], "actual_seq_kvlen")
+    eq = _cumulative_ends(qlen, q.shape[0], "actual_seq_qlen")
+    ek = _cumulative_ends(kvlen, k.shape[0], "actual_seq_kvlen")
     if eq.size != ek.size:
         raise KernelContractError("actual_seq_qlen and actual_seq_kvlen must have the same length (the batch)")
     lq, lk = np.diff(eq, prepend=0), np.diff(ek, prepend=0)

@@ -200,8 +200,8 @@ class Trainer:
         t0 = time.perf_counter()
         if self.accum == 1:
             mb = step.micro_batches[0]
-            total, count, norm, finite = self.fused(ms.Tensor(mb.input_ids), ms.Tensor(mb.labels), scale, unscale, *hyper,
-                                                    *self.packed_inputs(mb))
+            total, count, norm, finite = self.fused(ms.Tensor(mb.input_ids), ms.Tensor(mb.labels), scale, unscale,
+                                                    *hyper, *self.packed_inputs(mb))
         else:
             local_total = 0.0
             local_count = 0.0

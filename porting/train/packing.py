@@ -151,4 +151,5 @@ def dry_run_padding(recipe) -> tuple[dict | None, str]:
     using = "packing" if recipe.batching.packing else "bucketing"
     return choices, (f"padding per epoch (using {using}): bucketing {b['padding_fraction']:.1%} in {b['shapes']} "
                      f"shape(s), {b['steps_per_epoch']} steps; packing {p['padding_fraction']:.1%} in rows of "
-                     f"{p['shapes_list'][0]} tokens with {p['segments_per_row']} segments, {p['steps_per_epoch']} steps")
+                     f"{p['shapes_list'][0]} tokens with {p['segments_per_row']} segments, "
+                     f"{p['steps_per_epoch']} steps")
