@@ -131,7 +131,7 @@ def padding_choices(recipe, tokenizer, data=None) -> dict:
     out = {}
     for name, packed in (("bucketing", False), ("packing", True)):
         r = recipe.model_copy(update={"batching": recipe.batching.model_copy(update={"packing": packed})})
-        plan = build_plan(r, tokenizer, 1, data)
+        plan = build_plan(r, tokenizer, None, data)   # the recipe's world size: its global batch
         out[name] = {**padding_stats(plan), "steps_per_epoch": plan.steps_per_epoch,
                      "segments_per_row": plan.slots, "shapes_list": list(plan.boundaries)}
     return out
