@@ -315,3 +315,21 @@ def test_cpu_packed_kernel_matches_the_block_diagonal_reference(mode):
     want = ms.value_and_grad(_RefLoss(), grad_position=(0, 1, 2))(*args)[1]
     for name, a, b_ in zip("qkv", got, want):
         np.testing.assert_allclose(a.asnumpy(), b_.asnumpy(), rtol=1e-4, atol=5e-5, err_msg=f"d{name}")
+
+
+def test_dry_run_prints_the_padding_of_both_choices():
+    """`port train --dry-run` on the tiny recipe: one line for bucketing vs packing, and both in --json."""
+    from click.testing import CliRunner
+
+    from porting.cli import main
+
+    recipe = str(ROOT / "recipes" / "tiny-cpu.yaml")
+    res = CliRunner().invoke(main, ["train", recipe, "--dry-run"])
+    assert res.exit_code == 0, res.output
+    line = [x for x in res.output.splitlines() if x.startswith("padding per epoch")]
+    assert line and "(using bucketing): bucketing " in line[0] and "; packing " in line[0], res.output[-2000:]
+    res = CliRunner().invoke(main, ["train", recipe, "--dry-run", "--json", "--set", "batching.packing=true"])
+    assert res.exit_code == 0, res.output
+    padding = json.loads(res.output)["padding"]
+    assert padding["packing"]["shapes"] == 1 and padding["bucketing"]["real_tokens"] > 0
+    assert padding["packing"]["segments_per_row"] >= 1
