@@ -5,7 +5,9 @@ forward and backward (the cells that call them are in :mod:`model_zoo.llama`).
   BatchMatMul) materialises the float32 B x N x S x S scores several times per step; on the CPU it
   took ~70% of a training step. The kernel keeps one block of score rows per thread and recomputes
   the probabilities in the backward pass from the saved log-sum-exp (the flash-attention recipe), with
-  grouped-query attention native (k/v are never repeated).
+  grouped-query attention native (k/v are never repeated). ``PackedAttention*`` is the same kernel for
+  packed rows (``batching.packing``): an int32 segment-id input keeps each query to the keys of its own
+  example (a block-diagonal causal mask).
 * RMSNorm (``csrc/rms_norm.cc``) and rotate-half RoPE (``csrc/rope.cc``): one pass forward and one
   backward instead of about seven ops each.
 
@@ -40,7 +42,8 @@ HEADERS = (CSRC / "cpu_common.h",)
 FLAGS = ("-O3", "-march=native", "-ffast-math", "-pthread", "-shared", "-fPIC", "-std=c++17")
 # Kernels with a CPU implementation, and what reports show for them.
 OPS = {
-    "attention": "port C++ causal attention (ops.Custom aot: fp32, flash-style backward)",
+    "attention": "port C++ causal attention (ops.Custom aot: fp32, flash-style backward; block-diagonal for "
+                 "packed rows)",
     "rmsnorm": "port C++ RMSNorm (ops.Custom aot: fp32, one pass each way)",
     "rope": "port C++ rotate-half RoPE (ops.Custom aot: fp32, one pass each way)",
 }

@@ -9,7 +9,10 @@ overridden per kernel. The fused paths call MindSpore's Ascend kernels:
 * attention: ``ops.flash_attention_score`` in BNSD layout with the compressed 2048x2048 causal mask
   (sparse_mode 2 = left-up causal when query and key lengths match, 3 = right-down causal when a
   KV cache makes keys longer than queries). Documented: fp16/bf16 only, head_dim a multiple of 16
-  and <= 512, N1 <= 256 and N2 a divisor of N1 (so GQA needs no repeat).
+  and <= 512, N1 <= 256 and N2 a divisor of N1 (so GQA needs no repeat). Packed rows
+  (``batching.packing``) use the TND layout (T = B*S tokens) with the cumulative example ends as
+  ``actual_seq_qlen``/``actual_seq_kvlen`` (int64, non-decreasing, last = T, no empty key segment),
+  sparse_mode 3 with the same compressed mask and next_tokens 0, as the TND contract says.
 * RoPE: ``ops.rotary_position_embedding(x, cos, sin, mode=0)``; mode 0 is rotate-half, the layout
   HF Llama q/k weights are stored in. Documented: head_dim even and < 896, B and N < 1000, and not
   to be called for BNSD when B*N > 8*S with a 32-byte-aligned head_dim (poor performance).
@@ -46,7 +49,8 @@ FUSED_DTYPES_ATTENTION = ("float16", "bfloat16")
 
 # Each entry: what the fused path calls. Shown in reports.
 FUSED_OPS = {
-    "attention": "ops.flash_attention_score(layout=BNSD, sparse_mode=2|3, 2048x2048 causal mask)",
+    "attention": "ops.flash_attention_score(layout=BNSD, sparse_mode=2|3, 2048x2048 causal mask; packed rows: "
+                 "layout=TND, actual_seq_qlen/kvlen)",
     "rope": "ops.rotary_position_embedding(mode=0, rotate-half)",
     "rmsnorm": "ops.rms_norm",
     "swiglu": "ops.swiglu(dim=-1) on x @ [w1; w3]^T",
@@ -74,7 +78,8 @@ CANN_OPS = {
 # The signature port calls each MindSpore op with (MindSpore <= 2.10): the version guard's reference.
 EXPECTED_SIGNATURES = {
     "attention": ("flash_attention_score", ("query", "key", "value", "head_num", "attn_mask", "scalar_value",
-                                            "input_layout", "sparse_mode")),
+                                            "input_layout", "sparse_mode", "actual_seq_qlen", "actual_seq_kvlen",
+                                            "next_tokens")),
     "rope": ("rotary_position_embedding", ("x", "cos", "sin", "mode")),
     "rmsnorm": ("rms_norm", ("x", "gamma", "epsilon")),
     "swiglu": ("swiglu", ("input", "dim")),

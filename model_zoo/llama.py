@@ -187,13 +187,15 @@ def rotate_half(x: Tensor) -> Tensor:
 
 
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor, fused: bool, op: Callable | None = None) -> Tensor:
-    """x: (B, N, S, D); cos/sin: (S, D) float32 tables. ``op``: the fused RoPE (default FUSED_OPS')."""
+    """x: (B, N, S, D); cos/sin: (S, D) float32 tables, or (B, S, D) taken at each row's positions (packed
+    rows). ``op``: the fused RoPE (default FUSED_OPS')."""
     b, n, s, d = x.shape
-    cos = ops.cast(cos, x.dtype)
-    sin = ops.cast(sin, x.dtype)
+    rows = b if len(cos.shape) == 3 else 1
+    cos = ops.cast(cos, x.dtype).reshape(rows, 1, s, d)
+    sin = ops.cast(sin, x.dtype).reshape(rows, 1, s, d)
     if fused and kernels.rope_fused_allowed(b, n, s, d, _itemsize(x.dtype)):
         rope = FUSED_OPS["rotary_position_embedding"] if op is None else op
-        return rope(x, cos.reshape(1, 1, s, d), sin.reshape(1, 1, s, d), 0)
+        return rope(x, cos, sin, 0)
     return x * cos + rotate_half(x) * sin
 
 
@@ -209,14 +211,19 @@ def repeat_kv(x: Tensor, n_rep: int) -> Tensor:
     return ops.reshape(x, (b, nkv * n_rep, t, d))
 
 
-def reference_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, n_rep: int, q_offset: int) -> Tensor:
+def reference_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, n_rep: int, q_offset: int,
+                        segment_ids: Tensor | None = None) -> Tensor:
     """Causal attention in plain ops. q: (B, N, S, D); k, v: (B, Nkv, T, D); query i sits at position
-    q_offset + i. Scores and softmax in float32, as HF's eager attention does."""
+    q_offset + i. Scores and softmax in float32, as HF's eager attention does. ``segment_ids`` (B, S)
+    (packed rows, S == T): a query sees only keys of its own segment (a block-diagonal causal mask)."""
     k = repeat_kv(k, n_rep)
     v = repeat_kv(v, n_rep)
     s, t = q.shape[2], k.shape[2]
     scores = ops.BatchMatMul(transpose_b=True)(ops.cast(q, ms.float32), ops.cast(k, ms.float32)) * scale
     mask = ops.triu(ops.ones((s, t), ms.float32), diagonal=1 + q_offset)
+    if segment_ids is not None:
+        apart = ops.cast(ops.expand_dims(segment_ids, 2) != ops.expand_dims(segment_ids, 1), ms.float32)
+        mask = ops.expand_dims(ops.maximum(mask, apart), 1)   # (B, 1, S, T)
     scores = scores - mask * 1e30
     probs = ops.cast(ops.softmax(scores, -1), v.dtype)
     return ops.BatchMatMul()(probs, v)
@@ -264,6 +271,29 @@ class CpuCausalAttention(nn.Cell):
         return self.forward(q, k, v)[0]
 
 
+class CpuPackedAttention(nn.Cell):
+    """``(q, k, v, segment_ids) -> out``: :class:`CpuCausalAttention` for packed rows, where each query
+    sees only the keys of its own run of equal segment ids (segment_ids (B, S) int32)."""
+
+    def __init__(self):
+        super().__init__()
+        lib = cpu_library()
+        backward = ops.Custom(f"{lib}:PackedAttentionBackward", func_type="aot",
+                              out_shape=lambda q, k, v, seg, o, lse, do: (q, k, v),
+                              out_dtype=lambda q, k, v, seg, o, lse, do: (q, k, v))
+
+        def bprop(q, k, v, seg, out, dout):
+            dq, dk, dv = backward(q, k, v, seg, out[0], out[1], dout[0])
+            return dq, dk, dv, ops.zeros_like(seg)
+
+        self.forward = ops.Custom(f"{lib}:PackedAttentionForward", func_type="aot",
+                                  out_shape=lambda q, k, v, seg: (q, q[:3]), out_dtype=lambda q, k, v, seg: (q, q),
+                                  bprop=bprop)
+
+    def construct(self, q: Tensor, k: Tensor, v: Tensor, segment_ids: Tensor) -> Tensor:
+        return self.forward(q, k, v, segment_ids)[0]
+
+
 class Attention(nn.Cell):
     def __init__(self, cfg: LlamaConfig, plan: KernelSelection, param_dtype: ms.Type, compute_dtype: ms.Type,
                  tp: TensorParallel | None = None):
@@ -280,6 +310,7 @@ class Attention(nn.Cell):
             self.flash_attention = FUSED_OPS["flash_attention_score"]
             self.attn_mask = _causal_mask_tensor()
         self.cpu_attention = CpuCausalAttention() if plan.attention.impl == kernels.CPU_IMPL else None
+        self.cpu_packed = CpuPackedAttention() if plan.attention.impl == kernels.CPU_IMPL else None
         self.fused_rope = plan.rope.fused
         self.cpu_rope = CpuRope() if plan.rope.impl == kernels.CPU_IMPL else None
         self.rope_op = FUSED_OPS["rotary_position_embedding"] if self.fused_rope else None
@@ -293,7 +324,7 @@ class Attention(nn.Cell):
         return ops.transpose(ops.reshape(x, (b, s, n, self.head_dim)), (0, 2, 1, 3))
 
     def _rope(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-        if self.cpu_rope is not None and x.dtype == ms.float32:
+        if self.cpu_rope is not None and x.dtype == ms.float32 and len(cos.shape) == 2:
             return self.cpu_rope(x, cos, sin)
         return apply_rope(x, cos, sin, self.fused_rope, self.rope_op)
 
@@ -303,7 +334,11 @@ class Attention(nn.Cell):
         v = self._heads(self.wv(x), self.n_kv)
         return q, k, v
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, q_offset: int) -> Tensor:
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, q_offset: int, segment_ids: Tensor | None = None,
+               seq_ends: Tensor | None = None) -> Tensor:
+        """Causal attention; with ``segment_ids`` (B, S) and ``seq_ends`` (packed rows) per example."""
+        if segment_ids is not None:
+            return self.wo(self._attend_packed(q, k, v, segment_ids, seq_ends))
         if self.fused_attention:
             # Static lengths in graph mode; the host checked them (forward_cached) before any call.
             out = self.flash_attention(q, k, v, self.n_heads, attn_mask=self.attn_mask, scalar_value=self.scale,
@@ -316,9 +351,30 @@ class Attention(nn.Cell):
         b, n, s, d = out.shape
         return self.wo(ops.reshape(ops.transpose(out, (0, 2, 1, 3)), (b, s, n * d)))
 
-    def construct(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    def _attend_packed(self, q: Tensor, k: Tensor, v: Tensor, segment_ids: Tensor, seq_ends: Tensor) -> Tensor:
+        """(B, S, N*D) attention within each example of packed rows. Ascend: FlashAttentionScore in TND
+        (T = B*S tokens) with ``seq_ends``, the cumulative example ends, as actual_seq_qlen/kvlen."""
+        b, n, s, d = q.shape
+        if self.fused_attention:
+            def tnd(x):
+                return ops.reshape(ops.transpose(x, (0, 2, 1, 3)), (b * s, x.shape[1], d))
+
+            # TND contract: sparse_mode 2/3 with the compressed causal mask, next_tokens 0,
+            # pre_tokens >= the longest example (the default INT_MAX).
+            out = self.flash_attention(tnd(q), tnd(k), tnd(v), self.n_heads, attn_mask=self.attn_mask,
+                                       actual_seq_qlen=seq_ends, actual_seq_kvlen=seq_ends,
+                                       scalar_value=self.scale, next_tokens=0, input_layout="TND", sparse_mode=3)
+            return ops.reshape(out, (b, s, n * d))
+        if self.cpu_packed is not None:
+            out = self.cpu_packed(q, k, v, segment_ids)
+        else:
+            out = reference_attention(q, k, v, self.scale, self.n_rep, 0, segment_ids)
+        return ops.reshape(ops.transpose(out, (0, 2, 1, 3)), (b, s, n * d))
+
+    def construct(self, x: Tensor, cos: Tensor, sin: Tensor, segment_ids: Tensor | None = None,
+                  seq_ends: Tensor | None = None) -> Tensor:
         q, k, v = self.project(x, cos, sin)
-        return self.attend(q, k, v, 0)
+        return self.attend(q, k, v, 0, segment_ids, seq_ends)
 
 
 class FeedForward(nn.Cell):
@@ -365,8 +421,9 @@ class DecoderLayer(nn.Cell):
         self.ffn_norm = _norm(cfg, param_dtype, norm, tp)
         self.feed_forward = FeedForward(cfg, param_dtype, compute_dtype, plan.swiglu.impl, tp)
 
-    def construct(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-        h = x + self.attention(self.attention_norm(x), cos, sin)
+    def construct(self, x: Tensor, cos: Tensor, sin: Tensor, segment_ids: Tensor | None = None,
+                  seq_ends: Tensor | None = None) -> Tensor:
+        h = x + self.attention(self.attention_norm(x), cos, sin, segment_ids, seq_ends)
         return h + self.feed_forward(self.ffn_norm(h))
 
 
@@ -395,10 +452,11 @@ class LlamaModel(nn.Cell):
                                    for _ in range(cfg.num_hidden_layers)])
         self.norm_out = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, param_dtype, plan.rmsnorm.impl)
 
-    def construct(self, ids: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    def construct(self, ids: Tensor, cos: Tensor, sin: Tensor, segment_ids: Tensor | None = None,
+                  seq_ends: Tensor | None = None) -> Tensor:
         x = self.tok_embeddings(ids)
         for layer in self.layers:
-            x = layer(x, cos, sin)
+            x = layer(x, cos, sin, segment_ids, seq_ends)
         return self.norm_out(x)
 
 
@@ -447,12 +505,18 @@ class LlamaForCausalLM(nn.Cell):
             raise ConfigError(f"sequence length {length} exceeds sliding_window={self.window}; the zoo's attention "
                               f"is full causal, exact only up to the window: use sequences <= {self.window}")
 
-    def construct(self, input_ids: Tensor) -> Tensor:
+    def construct(self, input_ids: Tensor, positions: Tensor | None = None, segment_ids: Tensor | None = None,
+                  seq_ends: Tensor | None = None) -> Tensor:
+        """Logits. Packed rows (porting/train/packing.py) also pass ``positions`` and ``segment_ids``
+        (B, S) int32 and ``seq_ends`` (cumulative example ends over the B*S tokens, int64)."""
         s = input_ids.shape[1]
         if self.window and s > self.window:  # compile-time check (static shapes); message as _check_length
             raise ValueError("sequence length exceeds the model's sliding_window; use shorter sequences")
-        cos, sin = self.rope_cos[:s], self.rope_sin[:s]
-        return self.logits(self.model(input_ids, cos, sin))
+        if positions is None:
+            cos, sin = self.rope_cos[:s], self.rope_sin[:s]
+        else:   # RoPE at each example's own positions: (B, S, D)
+            cos, sin = ops.gather(self.rope_cos, positions, 0), ops.gather(self.rope_sin, positions, 0)
+        return self.logits(self.model(input_ids, cos, sin, segment_ids, seq_ends))
 
     def hidden_states(self, input_ids: Tensor) -> list[Tensor]:
         """Embeddings, then each layer's output, the last one after the final norm (HF's layout)."""

@@ -43,6 +43,9 @@ def np_flash_attention_score(query, key, value, head_num, real_shift=None, drop_
         raise KernelContractError(f"FlashAttentionScore takes float16/bfloat16 q/k/v, got {query.dtype}")
     if keep_prob != 1.0 or real_shift is not None or drop_mask is not None or padding_mask is not None:
         raise KernelContractError("model supports no dropout / pse / padding_mask")
+    if input_layout == "TND":
+        return _np_tnd(query, key, value, head_num, attn_mask, prefix, actual_seq_qlen, actual_seq_kvlen,
+                       scalar_value, pre_tokens, next_tokens, sparse_mode)
     q, k, v = (_np(t).astype(np.float32) for t in (query, key, value))
     if input_layout == "BNSD":
         pass
@@ -91,6 +94,55 @@ def np_flash_attention_score(query, key, value, head_num, real_shift=None, drop_
     elif input_layout == "BSH":
         out = out.transpose(0, 2, 1, 3).reshape(b, s1, n1 * d)
     return _to_ms(out.astype(np.float32), query)
+
+
+def _cumulative_ends(ends, total: int, what: str) -> np.ndarray:
+    e = np.asarray(_np(ends)).reshape(-1)
+    if hasattr(ends, "dtype") and not isinstance(ends, (tuple, list)) and str(ends.dtype) not in ("Int64", "int64"):
+        raise KernelContractError(f"{what} must be int64 (the IR's DT_INT64), got {ends.dtype}")
+    if e.size == 0 or e.size > 1024:
+        raise KernelContractError(f"{what}: 1..1024 sequences, got {e.size}")
+    if np.any(np.diff(e) < 0) or e[0] < 0 or int(e[-1]) != total:
+        raise KernelContractError(f"{what} must be non-decreasing cumulative ends with the last equal to T={total}, "
+                                  f"got {e.tolist()}")
+    return e.astype(np.int64)
+
+
+def _np_tnd(query, key, value, head_num, attn_mask, prefix, qlen, kvlen, scale, pre_tokens, next_tokens, sparse_mode):
+    """TND: (T, N, D) tokens of several sequences one after another, with their cumulative ends."""
+    q, k, v = (_np(t).astype(np.float32) for t in (query, key, value))
+    if q.ndim != 3 or k.ndim != 3 or v.shape != k.shape:
+        raise KernelContractError("TND query/key/value must be (T, N, D)")
+    if qlen is None or kvlen is None:
+        raise KernelContractError("TND needs actual_seq_qlen and actual_seq_kvlen")
+    eq = _cumulative_ends(qlen, q.shape[0], "actual_seq_qlen")
+    ek = _cumulative_ends(kvlen, k.shape[0], "actual_seq_kvlen")
+    if eq.size != ek.size:
+        raise KernelContractError("actual_seq_qlen and actual_seq_kvlen must have the same length (the batch)")
+    lq, lk = np.diff(eq, prepend=0), np.diff(ek, prepend=0)
+    if np.any(lk == 0):
+        raise KernelContractError("TND: 0 must not exist in the key lengths")
+    if sparse_mode not in (2, 3) or prefix is not None or next_tokens != 0 or pre_tokens < lq.max():
+        raise KernelContractError("TND: sparse_mode 2 or 3, no prefix, next_tokens 0, pre_tokens >= max query length")
+    m = _np(attn_mask)
+    if m.shape != (2048, 2048) or not np.array_equal(m.astype(bool), np.triu(np.ones((2048, 2048), bool), 1)):
+        raise KernelContractError("TND: attn_mask must be the optimized 2048x2048 lower-triangular mask")
+    n1, d = q.shape[1], q.shape[2]
+    if n1 != head_num or d % 16 or d > 512 or n1 % k.shape[1]:
+        raise KernelContractError(f"TND: head_num {head_num}, N1 {n1}, N2 {k.shape[1]}, D {d}")
+    rep = n1 // k.shape[1]
+    out = np.zeros_like(q)
+    for b in range(eq.size):
+        qs, ks = eq[b] - lq[b], ek[b] - lk[b]
+        if sparse_mode == 3 and lq[b] > lk[b]:
+            raise KernelContractError("TND sparse_mode 3: each query length <= its key length")
+        qb, kb, vb = q[qs:eq[b]], np.repeat(k[ks:ek[b]], rep, 1), np.repeat(v[ks:ek[b]], rep, 1)
+        sc = np.einsum("snd,tnd->nst", qb, kb) * scale
+        i, j = np.arange(lq[b])[:, None], np.arange(lk[b])[None, :]
+        sc = np.where(j > i + (lk[b] - lq[b] if sparse_mode == 3 else 0), -np.inf, sc)
+        p = np.exp(sc - sc.max(-1, keepdims=True))
+        out[qs:eq[b]] = np.einsum("nst,tnd->snd", p / p.sum(-1, keepdims=True), vb)
+    return _to_ms(out, query)
 
 
 def np_rotary_position_embedding(x, cos, sin, mode=0):
@@ -164,8 +216,12 @@ def graph_flash_attention_score(query, key, value, head_num, real_shift=None, dr
         raise TypeError("flash_attention_score: query must be float16 or bfloat16")
     if key.dtype != query.dtype or value.dtype != query.dtype:
         raise TypeError("flash_attention_score: key and value must have query's dtype")
+    if input_layout == "TND":
+        return _graph_tnd(query, key, value, head_num, real_shift, drop_mask, padding_mask, attn_mask, prefix,
+                          actual_seq_qlen, actual_seq_kvlen, keep_prob, scalar_value, pre_tokens, next_tokens,
+                          sparse_mode)
     if input_layout != "BNSD":
-        raise ValueError("flash_attention_score stand-in: only input_layout BNSD is modelled")
+        raise ValueError("flash_attention_score stand-in: only input_layouts BNSD and TND are modelled")
     if keep_prob != 1.0 or real_shift is not None or drop_mask is not None or padding_mask is not None:
         raise ValueError("flash_attention_score stand-in: no dropout, pse or padding_mask is modelled")
     if prefix is not None or actual_seq_qlen is not None or actual_seq_kvlen is not None:
@@ -211,6 +267,61 @@ def graph_flash_attention_score(query, key, value, head_num, real_shift=None, dr
     scores = ops.select(ops.broadcast_to(discard, scores.shape), ops.full_like(scores, -1e30), scores)
     probs = ops.softmax(scores, -1)
     return ops.cast(ops.BatchMatMul()(probs, v), query.dtype)
+
+
+def _graph_tnd(query, key, value, head_num, real_shift, drop_mask, padding_mask, attn_mask, prefix, qlen, kvlen,
+               keep_prob, scalar_value, pre_tokens, next_tokens, sparse_mode):
+    """TND (packed sequences): q (T1, N1, D), k/v (T2, N2, D), cumulative ends as int64 tensors. The static
+    contract raises at compile time; the ends' values decide the mask (wrong ends give wrong numbers, and
+    :func:`np_flash_attention_score` checks the values themselves)."""
+    if len(query.shape) != 3 or len(key.shape) != 3 or value.shape != key.shape:
+        raise ValueError("flash_attention_score: TND query, key and value must be 3-D (T, N, D)")
+    t1, n1, d = query.shape
+    t2, n2 = key.shape[0], key.shape[1]
+    if key.shape[2] != d or n1 != head_num or d % 16 != 0 or d > 512 or n1 > 256 or n1 % n2 != 0:
+        raise ValueError("flash_attention_score: TND needs head_num == N1 <= 256, N2 a factor of N1, D % 16 == 0")
+    if qlen is None or kvlen is None:
+        raise ValueError("flash_attention_score: TND needs actual_seq_qlen and actual_seq_kvlen")
+    if qlen.dtype != ms.int64 or kvlen.dtype != ms.int64 or len(qlen.shape) != 1 or qlen.shape != kvlen.shape:
+        raise TypeError("flash_attention_score: actual_seq_qlen/kvlen must be 1-D int64 tensors of one length")
+    if qlen.shape[0] > 1024:
+        raise ValueError("flash_attention_score: TND takes at most 1024 sequences")
+    if sparse_mode != 2 and sparse_mode != 3:
+        raise ValueError("flash_attention_score: TND needs sparse_mode 2 or 3 (a lower-triangular attn_mask)")
+    if attn_mask is None or attn_mask.shape != (2048, 2048):
+        raise ValueError("flash_attention_score: TND needs the compressed (2048, 2048) attn_mask")
+    if attn_mask.dtype != ms.bool_ and attn_mask.dtype != ms.uint8:
+        raise TypeError("flash_attention_score: attn_mask must be bool or uint8")
+    if next_tokens != 0 or prefix is not None:
+        raise ValueError("flash_attention_score: TND needs next_tokens 0 and no prefix")
+    if keep_prob != 1.0 or real_shift is not None or drop_mask is not None or padding_mask is not None:
+        raise ValueError("flash_attention_score stand-in: no dropout, pse or padding_mask is modelled")
+    # Sequence of each token (how many ends lie at or before it) and its offset in that sequence.
+    tq = ops.arange(0, t1, 1, dtype=ms.int64)
+    tk = ops.arange(0, t2, 1, dtype=ms.int64)
+    sq = ops.cast(ops.expand_dims(tq, 1) >= ops.expand_dims(qlen, 0), ms.int32).sum(1)
+    sk = ops.cast(ops.expand_dims(tk, 1) >= ops.expand_dims(kvlen, 0), ms.int32).sum(1)
+    zero = ops.zeros((1,), ms.int64)
+    q_start = ops.gather(ops.cat((zero, qlen)), sq, 0)
+    k_start = ops.gather(ops.cat((zero, kvlen)), sk, 0)
+    i = ops.expand_dims(tq - q_start, 1)
+    j = ops.expand_dims(tk - k_start, 0)
+    if sparse_mode == 3:   # right-down: query i of a sequence sits at key i + (len_k - len_q)
+        len_q = ops.gather(ops.cat((zero, qlen)), sq + 1, 0) - q_start
+        len_k = ops.gather(ops.cat((zero, kvlen)), sk + 1, 0) - k_start
+        i = i + ops.expand_dims(len_k, 0) - ops.expand_dims(len_q, 1)
+    discard = ops.logical_or(ops.expand_dims(sq, 1) != ops.expand_dims(sk, 0), j > i)   # (T1, T2)
+    rep = n1 // n2
+    q = ops.transpose(ops.cast(query, ms.float32), (1, 0, 2))            # (N1, T1, D)
+    k = ops.transpose(ops.cast(key, ms.float32), (1, 0, 2))
+    v = ops.transpose(ops.cast(value, ms.float32), (1, 0, 2))
+    if rep > 1:
+        k = ops.reshape(ops.broadcast_to(ops.expand_dims(k, 1), (n2, rep, t2, d)), (n1, t2, d))
+        v = ops.reshape(ops.broadcast_to(ops.expand_dims(v, 1), (n2, rep, t2, d)), (n1, t2, d))
+    scores = ops.BatchMatMul(transpose_b=True)(q, k) * scalar_value
+    scores = ops.select(ops.broadcast_to(discard, scores.shape), ops.full_like(scores, -1e30), scores)
+    out = ops.BatchMatMul()(ops.softmax(scores, -1), v)                  # (N1, T1, D)
+    return ops.cast(ops.transpose(out, (1, 0, 2)), query.dtype)
 
 
 def graph_rotary_position_embedding(x, cos, sin, mode=0):

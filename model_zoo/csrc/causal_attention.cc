@@ -9,6 +9,9 @@
 // attention without repeating k/v); query i attends to keys 0..i; scale = 1/sqrt(D).
 // Forward outputs: o (B, N, S, D), lse (B, N, S) = log(sum_j exp(scale * q_i . k_j)).
 // Backward inputs: q, k, v, o, lse, do; outputs: dq, dk, dv.
+// Packed rows (PackedAttention*): one more input after v, seg (B, S) int32 segment ids; query i then
+// attends to keys first(i)..i only, where first(i) starts the run of equal ids that holds i (packing
+// puts each example in one run), so attention never crosses examples: a block-diagonal causal mask.
 // ABI: int f(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
 //            void *stream, void *extra) -- inputs first, then outputs; 0 means success.
 //
@@ -124,17 +127,33 @@ void load_rows(const float *src, int64_t i0, int64_t rows, int64_t d, float *dst
   std::fill(dst + rows * d, dst + R * d, 0.0f);
 }
 
-}  // namespace
+// Segment starts per (batch, position) from seg (B, S): first[b*S + i] is where i's run of equal ids
+// starts. Without seg (plain causal attention) every start is 0.
+std::vector<int64_t> segment_starts(const int32_t *seg, int64_t b, int64_t s) {
+  std::vector<int64_t> first(b * s, 0);
+  if (seg == nullptr) return first;
+  for (int64_t x = 0; x < b; ++x)
+    for (int64_t i = 1; i < s; ++i)
+      first[x * s + i] = seg[x * s + i] == seg[x * s + i - 1] ? first[x * s + i - 1] : i;
+  return first;
+}
 
-extern "C" int CausalAttentionForward(int nparam, void **params, int *ndims, int64_t **shapes,
-                                      const char **dtypes, void *, void *) {
-  Dims dm;
-  if (nparam != 5 || !all_float32(nparam, dtypes) || !read_dims(nparam, ndims, shapes, &dm)) return 1;
+bool seg_ok(int index, int *ndims, int64_t **shapes, const char **dtypes, const Dims &dm) {
+  return ndims[index] == 2 && shapes[index][0] == dm.b && shapes[index][1] == dm.s &&
+         (std::strcmp(dtypes[index], "int32") == 0 || std::strcmp(dtypes[index], "int") == 0);
+}
+
+bool floats_except(int nparam, const char **dtypes, int skip) {
+  for (int i = 0; i < nparam; ++i)
+    if (i != skip && !all_float32(1, dtypes + i)) return false;
+  return true;
+}
+
+int forward(void **params, const Dims &dm, const int32_t *seg, float *o, float *lse) {
   const float *q = static_cast<const float *>(params[0]);
   const float *k = static_cast<const float *>(params[1]);
   const float *v = static_cast<const float *>(params[2]);
-  float *o = static_cast<float *>(params[3]);
-  float *lse = static_cast<float *>(params[4]);
+  const std::vector<int64_t> starts = segment_starts(seg, dm.b, dm.s);
   const int64_t S = dm.s, D = dm.d, rep = dm.n / dm.g, tasks = dm.b * dm.n, L = round_up(S, JW);
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
 
@@ -143,6 +162,7 @@ extern "C" int CausalAttentionForward(int nparam, void **params, int *ndims, int
     int64_t cached = -1;  // which (b, g) kt holds
     for (int64_t t = first; t < last; ++t) {
       const int64_t b = t / dm.n, h = t % dm.n, kv = b * dm.g + h / rep;
+      const int64_t *fb = starts.data() + b * S;
       if (kv != cached) {
         transpose_pad(k + kv * S * D, kt.data(), S, D, L);
         cached = kv;
@@ -154,16 +174,17 @@ extern "C" int CausalAttentionForward(int nparam, void **params, int *ndims, int
         scores(qb.data(), D, kt.data(), L, round_up(n, JW), p.data());
         for (int64_t r = 0; r < R; ++r) {
           float *pr = p.data() + r * L;
-          const int64_t valid = std::min(i0 + r + 1, n);
-          float m = pr[0];
-          for (int64_t j = 1; j < valid; ++j) m = std::max(m, pr[j]);
+          const int64_t valid = std::min(i0 + r + 1, n), lo = r < rows ? fb[i0 + r] : 0;
+          float m = pr[lo];
+          for (int64_t j = lo + 1; j < valid; ++j) m = std::max(m, pr[j]);
           float sum = 0.0f;
-          for (int64_t j = 0; j < valid; ++j) {
+          for (int64_t j = lo; j < valid; ++j) {
             pr[j] = std::exp((pr[j] - m) * scale);
             sum += pr[j];
           }
           const float inv = 1.0f / sum;
-          for (int64_t j = 0; j < valid; ++j) pr[j] *= inv;
+          for (int64_t j = lo; j < valid; ++j) pr[j] *= inv;
+          std::fill(pr, pr + lo, 0.0f);
           std::fill(pr + valid, pr + n, 0.0f);
           if (r < rows) lse[t * S + i0 + r] = m * scale + std::log(sum);
         }
@@ -175,19 +196,18 @@ extern "C" int CausalAttentionForward(int nparam, void **params, int *ndims, int
   return 0;
 }
 
-extern "C" int CausalAttentionBackward(int nparam, void **params, int *ndims, int64_t **shapes,
-                                       const char **dtypes, void *, void *) {
-  Dims dm;
-  if (nparam != 9 || !all_float32(nparam, dtypes) || !read_dims(nparam, ndims, shapes, &dm)) return 1;
+// params: q, k, v, then (from `rest` on) o, lse, do, dq, dk, dv.
+int backward(void **params, const Dims &dm, const int32_t *seg, int rest) {
   const float *q = static_cast<const float *>(params[0]);
   const float *k = static_cast<const float *>(params[1]);
   const float *v = static_cast<const float *>(params[2]);
-  const float *o = static_cast<const float *>(params[3]);
-  const float *lse = static_cast<const float *>(params[4]);
-  const float *dout = static_cast<const float *>(params[5]);
-  float *dq = static_cast<float *>(params[6]);
-  float *dk = static_cast<float *>(params[7]);
-  float *dv = static_cast<float *>(params[8]);
+  const float *o = static_cast<const float *>(params[rest]);
+  const float *lse = static_cast<const float *>(params[rest + 1]);
+  const float *dout = static_cast<const float *>(params[rest + 2]);
+  float *dq = static_cast<float *>(params[rest + 3]);
+  float *dk = static_cast<float *>(params[rest + 4]);
+  float *dv = static_cast<float *>(params[rest + 5]);
+  const std::vector<int64_t> starts = segment_starts(seg, dm.b, dm.s);
   const int64_t S = dm.s, D = dm.d, rep = dm.n / dm.g, tasks = dm.b * dm.g, L = round_up(S, JW);
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
 
@@ -196,6 +216,7 @@ extern "C" int CausalAttentionBackward(int nparam, void **params, int *ndims, in
     std::vector<float> kt(D * L, 0.0f), vt(D * L, 0.0f), p(R * L), dp(R * L), qb(R * D), dob(R * D), dqb(R * D);
     for (int64_t t = first; t < last; ++t) {
       const int64_t b = t / dm.g, gi = t % dm.g;
+      const int64_t *fb = starts.data() + b * S;
       const float *kh = k + t * S * D, *vh = v + t * S * D;
       float *dkh = dk + t * S * D, *dvh = dv + t * S * D;
       transpose_pad(kh, kt.data(), S, D, L);
@@ -213,17 +234,19 @@ extern "C" int CausalAttentionBackward(int nparam, void **params, int *ndims, in
           scores(dob.data(), D, vt.data(), L, npad, dp.data());
           for (int64_t r = 0; r < R; ++r) {
             float *pr = p.data() + r * L, *dpr = dp.data() + r * L;
-            const int64_t valid = r < rows ? i0 + r + 1 : 0;
+            const int64_t valid = r < rows ? i0 + r + 1 : 0, lo = r < rows ? fb[i0 + r] : 0;
             float delta = 0.0f, l = 0.0f;
             if (r < rows) {
               const float *orow = oh + (i0 + r) * D, *dorow = dob.data() + r * D;
               for (int64_t c = 0; c < D; ++c) delta += dorow[c] * orow[c];
               l = lh[i0 + r];
             }
-            for (int64_t j = 0; j < valid; ++j) {
+            for (int64_t j = lo; j < valid; ++j) {
               pr[j] = std::exp(pr[j] * scale - l);
               dpr[j] = pr[j] * (dpr[j] - delta) * scale;  // dS, the gradient of the raw score q.k
             }
+            std::fill(pr, pr + lo, 0.0f);
+            std::fill(dpr, dpr + lo, 0.0f);
             std::fill(pr + valid, pr + n, 0.0f);
             std::fill(dpr + valid, dpr + n, 0.0f);
           }
@@ -236,4 +259,41 @@ extern "C" int CausalAttentionBackward(int nparam, void **params, int *ndims, in
     }
   });
   return 0;
+}
+
+}  // namespace
+
+extern "C" int CausalAttentionForward(int nparam, void **params, int *ndims, int64_t **shapes,
+                                      const char **dtypes, void *, void *) {
+  Dims dm;
+  if (nparam != 5 || !all_float32(nparam, dtypes) || !read_dims(nparam, ndims, shapes, &dm)) return 1;
+  return forward(params, dm, nullptr, static_cast<float *>(params[3]), static_cast<float *>(params[4]));
+}
+
+extern "C" int CausalAttentionBackward(int nparam, void **params, int *ndims, int64_t **shapes,
+                                       const char **dtypes, void *, void *) {
+  Dims dm;
+  if (nparam != 9 || !all_float32(nparam, dtypes) || !read_dims(nparam, ndims, shapes, &dm)) return 1;
+  return backward(params, dm, nullptr, 3);
+}
+
+// Packed rows: q, k, v, seg, o, lse.
+extern "C" int PackedAttentionForward(int nparam, void **params, int *ndims, int64_t **shapes,
+                                      const char **dtypes, void *, void *) {
+  Dims dm;
+  if (nparam != 6 || !floats_except(nparam, dtypes, 3) || !read_dims(nparam, ndims, shapes, &dm) ||
+      !seg_ok(3, ndims, shapes, dtypes, dm))
+    return 1;
+  return forward(params, dm, static_cast<const int32_t *>(params[3]), static_cast<float *>(params[4]),
+                 static_cast<float *>(params[5]));
+}
+
+// Packed rows: q, k, v, seg, o, lse, do, dq, dk, dv.
+extern "C" int PackedAttentionBackward(int nparam, void **params, int *ndims, int64_t **shapes,
+                                       const char **dtypes, void *, void *) {
+  Dims dm;
+  if (nparam != 10 || !floats_except(nparam, dtypes, 3) || !read_dims(nparam, ndims, shapes, &dm) ||
+      !seg_ok(3, ndims, shapes, dtypes, dm))
+    return 1;
+  return backward(params, dm, static_cast<const int32_t *>(params[3]), 4);
 }

@@ -238,6 +238,9 @@ def run(req: BaselineRequest, log: Callable[[str], None] = lambda s: None) -> Ba
     hf_dir = resolve_hf(req.hf or recipe.model.source)
     check_probe_size(req.probe_tokens, LlamaConfig.from_hf(hf_dir).vocab_size)
     started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    if recipe.batching.packing:   # the torch loop has no per-example positions or attention masks
+        raise ConfigError(f"{req.recipe_path}: batching.packing is not supported by `port baseline`; compare "
+                          "against a baseline with bucketing (--set batching.packing=false)")
     tokenizer = load_tokenizer(hf_dir)
     plan = build_plan(recipe, tokenizer)
     n = req.steps or plan.total_steps

@@ -55,7 +55,10 @@ def command(recipe: str, overrides: tuple[str, ...], dry_run: bool, as_json: boo
     plan = make_plan(rec, cfg, recipe, str(out), list(overrides), resume)
     plan.warnings = notes + plan.warnings
     if dry_run:
-        click.echo(json.dumps(plan.to_dict(), indent=2) if as_json else format_plan(plan))
+        from porting.train.packing import dry_run_padding   # padding of bucketing vs packing on the recipe's data
+
+        plan.padding, padding_line = dry_run_padding(rec)
+        click.echo(json.dumps(plan.to_dict(), indent=2) if as_json else format_plan(plan) + "\n" + padding_line)
         check_fits(plan, recipe)
         return
     check_fits(plan, recipe)

@@ -7,6 +7,8 @@ evidence files written next to it by other commands:
 * ``parity.json``  -- ``port verify ... --json > RUNDIR/parity.json``
 * ``ops_scan.json`` -- ``port ops scan --hf MODEL --out RUNDIR/ops_scan.json``
 * ``rank_table.json`` -- the rank table the run used (checked with ``port ranktable check`` rules)
+* ``baseline.json`` -- ``port baseline ... --out RUNDIR/baseline.json`` (or ``port report --baseline
+  FILE``): its loss curve is drawn on the run's loss plot
 
 Output (:mod:`porting.report.render`, :mod:`porting.report.plots`): ``report.html`` (inline SVG
 plots, no network), ``report.md``, ``report.json``, the SVGs and the marker file ``.port-report``,
@@ -98,14 +100,30 @@ def check_out(out: Path, run_dir: Path, force: bool) -> bool:
     return True
 
 
+BASELINE_FILE = "baseline.json"    # RUNDIR/baseline.json: a `port baseline` file drawn with the run's loss
+
+
+def load_baseline(run_dir: Path, baseline: str | os.PathLike | None) -> dict | None:
+    """The `port baseline` document to plot: ``baseline`` if given (it must load), else
+    RUNDIR/baseline.json when it is there, else None."""
+    from porting.baseline import schema
+
+    if baseline is not None:
+        return schema.load(baseline)
+    p = run_dir / BASELINE_FILE
+    return schema.load(p) if p.is_file() and not p.is_symlink() else None
+
+
 def make_report(rundir: str | os.PathLike, out: str | os.PathLike | None = None, *,
-                force: bool = False) -> ReportResult:
-    """Write report.html/.md/.json, the SVG plots and the marker into ``out`` (default RUNDIR/report)."""
+                force: bool = False, baseline: str | os.PathLike | None = None) -> ReportResult:
+    """Write report.html/.md/.json, the SVG plots and the marker into ``out`` (default RUNDIR/report);
+    the loss plot also shows ``baseline`` (a `port baseline` file; default RUNDIR/baseline.json)."""
     run = read_run(rundir, strict=False)
     dest = Path(out) if out is not None else run.path / DEFAULT_DIR
     replace = check_out(dest, run.path, force)
     rows, diag = build_rows(run)
-    svgs = plots(run)
+    base = load_baseline(run.path, baseline)
+    svgs = plots(run, base)
     res = ReportResult(dest, rows, run.notes, len(run.steps), diag.first_failing_rank if diag else None)
     doc = {"format": "port-report", "format_version": 1, "rundir": str(run.path), **res.to_dict()}
     del doc["out"]

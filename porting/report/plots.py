@@ -1,5 +1,6 @@
-"""Inline SVG plots of a run (loss, step time with compile steps marked, memory by phase): plain
-strings, no scripts, no network; every text taken from the run is escaped."""
+"""Inline SVG plots of a run (loss, with the baseline's on the same axes when there is one; step time
+with compile steps marked; memory by phase): plain strings, no scripts, no network; every text taken
+from the run is escaped."""
 
 from __future__ import annotations
 
@@ -9,28 +10,49 @@ from porting.report.rows import PHASE_ORDER
 from porting.rundir import RunRecords, finite
 
 
+COLOURS = ("#1f77b4", "#ff7f0e")   # this run, the baseline
+
+
 def svg_line(title: str, xs: list[float], ys: list[float], *, ylabel: str, marks: list[int] | None = None,
              w: int = 560, h: int = 260) -> str:
+    return svg_lines(title, [("", xs, ys)], ylabel=ylabel, marks=marks, w=w, h=h)
+
+
+def svg_lines(title: str, series: list[tuple[str, list[float], list[float]]], *, ylabel: str,
+              marks: list[int] | None = None, w: int = 560, h: int = 260) -> str:
+    """One polyline per (label, xs, ys) on shared axes, a legend when there are labels; ``marks``: indices
+    of the first series' points to mark (compile steps)."""
     pad_l, pad_r, pad_t, pad_b = 60, 16, 28, 40
-    pts = [(x, y) for x, y in zip(xs, ys) if finite(x) and finite(y)]
+    lines = [(label, [(x, y) for x, y in zip(xs, ys) if finite(x) and finite(y)]) for label, xs, ys in series]
+    everything = [p for _, pts in lines for p in pts]
+    pts = lines[0][1] if lines else []
     head = (f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}" '
             f'role="img" aria-label="{html.escape(title)}"><rect width="{w}" height="{h}" fill="white"/>'
             f'<text x="{w / 2}" y="18" text-anchor="middle" font-size="14" font-family="sans-serif">'
             f'{html.escape(title)}</text>')
-    if not pts:
+    if not everything:
         return head + f'<text x="{w / 2}" y="{h / 2}" text-anchor="middle" font-size="12">no data</text></svg>'
-    x0, x1 = min(p[0] for p in pts), max(p[0] for p in pts)
-    y0, y1 = min(p[1] for p in pts), max(p[1] for p in pts)
+    x0, x1 = min(p[0] for p in everything), max(p[0] for p in everything)
+    y0, y1 = min(p[1] for p in everything), max(p[1] for p in everything)
     if x1 == x0:
         x1 = x0 + 1
     if y1 == y0:
         y1 = y0 + (abs(y0) * 0.1 or 1.0)
     sx = lambda x: pad_l + (x - x0) / (x1 - x0) * (w - pad_l - pad_r)  # noqa: E731
     sy = lambda y: h - pad_b - (y - y0) / (y1 - y0) * (h - pad_t - pad_b)  # noqa: E731
-    poly = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in pts)
     body = [f'<line x1="{pad_l}" y1="{h - pad_b}" x2="{w - pad_r}" y2="{h - pad_b}" stroke="#444"/>',
-            f'<line x1="{pad_l}" y1="{pad_t}" x2="{pad_l}" y2="{h - pad_b}" stroke="#444"/>',
-            f'<polyline class="series" fill="none" stroke="#1f77b4" stroke-width="1.6" points="{poly}"/>']
+            f'<line x1="{pad_l}" y1="{pad_t}" x2="{pad_l}" y2="{h - pad_b}" stroke="#444"/>']
+    for k, (label, line) in enumerate(lines):
+        colour = COLOURS[k % len(COLOURS)]
+        poly = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in line)
+        dash = ' stroke-dasharray="5 3"' if k else ""
+        body.append(f'<polyline class="series" data-label="{html.escape(label)}" fill="none" stroke="{colour}" '
+                    f'stroke-width="1.6"{dash} points="{poly}"/>')
+        if label:
+            ly = pad_t + 6 + 14 * k
+            body.append(f'<line x1="{w - pad_r - 150}" y1="{ly}" x2="{w - pad_r - 130}" y2="{ly}" stroke="{colour}" '
+                        f'stroke-width="2"{dash}/><text x="{w - pad_r - 126}" y="{ly + 4}" font-size="11">'
+                        f'{html.escape(label)}</text>')
     for frac in (0.0, 0.5, 1.0):
         yv = y0 + frac * (y1 - y0)
         body.append(f'<text x="{pad_l - 6}" y="{sy(yv) + 4:.1f}" text-anchor="end" font-size="10">{yv:.4g}</text>')
@@ -77,8 +99,19 @@ def svg_bars(title: str, items: list[tuple[str, float]], *, unit: str, limit: fl
     return head + "".join(body) + "</svg>"
 
 
-def plots(run: RunRecords) -> dict[str, str]:
-    """The three plots of the report, by file name."""
+def loss_series(run: RunRecords, baseline: dict | None) -> list[tuple[str, list[float], list[float]]]:
+    """The run's loss per step (metrics.jsonl) and, with a baseline document, the baseline's (its
+    ``steps.step`` / ``steps.loss`` arrays), labelled for the legend."""
+    mine = ("this run (port train)", [r.step for r in run.steps], [r.loss for r in run.steps])
+    if baseline is None:
+        return [("", mine[1], mine[2])]
+    steps = baseline["steps"]
+    kind = str((baseline.get("device") or {}).get("kind") or "?")
+    return [mine, (f"baseline (PyTorch, {kind})", list(steps["step"]), list(steps["loss"]))]
+
+
+def plots(run: RunRecords, baseline: dict | None = None) -> dict[str, str]:
+    """The three plots of the report, by file name; ``baseline``: a loaded `port baseline` document."""
     xs = [r.step for r in run.steps]
     comp_idx = [i for i, r in enumerate(run.steps) if r.compile]
     mem = (run.plan or {}).get("memory_gib_by_phase")
@@ -92,7 +125,8 @@ def plots(run: RunRecords) -> dict[str, str]:
             bars.append((f"measured {key.replace('_gib', '')}", max(vals)))
     hbm = (run.plan or {}).get("device_hbm_gib")
     return {
-        "loss.svg": svg_line("Loss", xs, [r.loss for r in run.steps], ylabel="loss"),
+        "loss.svg": svg_lines("Loss" if baseline is None else "Loss: this run and the baseline",
+                              loss_series(run, baseline), ylabel="loss"),
         "step_time.svg": svg_line("Step time (red: compile steps)", xs, [r.step_time_s for r in run.steps],
                                   ylabel="seconds", marks=comp_idx),
         "memory.svg": svg_bars("Memory by phase (GiB per device)", bars, unit="GiB",

@@ -25,9 +25,12 @@ MindSpore's ``bucket_batch_by_length`` is not used because it batches per bucket
 it has no notion of a global batch split across ranks and accumulation steps, which is what makes
 the data-parallel and accumulation runs equal step by step.
 
+With ``batching.packing: true`` step 2 is replaced: examples are packed into rows of one length
+(:mod:`porting.train.packing`), and the rows go through steps 3 and 4 in place of examples.
+
 Row formats (ShareGPT, OpenAI messages, Alpaca with history, datasets directories, Parquet) live in
 :mod:`porting.train.formats` and chat templates in :mod:`porting.train.chat`; this module stays a
-little over 450 lines because tokenising and the step schedule are one pure function of the data.
+about 500 lines because tokenising and the step schedule are one pure function of the data.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ import numpy as np
 
 from model_zoo.errors import RecipeError
 from model_zoo.files import json_depth, read_text
-from porting.train import formats
+from porting.train import formats, packing
 
 IGNORE_INDEX = -100
 MAX_DATA_BYTES = 16 << 30   # a data file is read whole; past this, split it (the largest SFT sets are ~2 GB)
@@ -98,6 +101,9 @@ class MicroBatch:
     tokens: int               # loss tokens: count of labels[:, 1:] != -100 (the shifted targets)
     real_tokens: int          # non-padding positions
     example_ids: tuple[int, ...]
+    # batching.packing: (positions (B, S) int32, segment ids (B, S) int32, cumulative segment ends over
+    # the flattened B*S tokens (B*slots,) int64), the model's extra inputs; None for padded rows
+    packed: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -406,13 +412,24 @@ class BatchSchedule:
     steps_per_epoch: int
     dropped_per_epoch: int
     eval_data: TokenizedData | None = None   # the data.eval_split hold-out
+    rows: list[list[int]] | None = None      # batching.packing: example indices of each packed row
+    slots: int = 0                           # segments per packed row
 
     @property
     def global_batch(self) -> int:
         return self.micro_batch_size * self.grad_accum_steps * self.world_size
 
     def epoch_batches(self, epoch: int) -> list[list[int]]:
+        """Global batches of one epoch: example indices, or with packing row indices."""
+        if self.rows is not None:
+            same = np.full(len(self.rows), self.boundaries[0], dtype=np.int64)
+            return plan_epoch(same, self.boundaries, self.global_batch, self.seed, epoch, self.shuffle)[0]
         return plan_epoch(self.data.lengths, self.boundaries, self.global_batch, self.seed, epoch, self.shuffle)[0]
+
+    def micro_batch(self, ids: Sequence[int]) -> MicroBatch:
+        if self.rows is None:
+            return pad_micro_batch(self.data, ids, self.boundaries)
+        return packing.pack_micro_batch(self.data, [self.rows[r] for r in ids], self.boundaries[0], self.slots)
 
     def step(self, index: int, rank: int, _cache: dict | None = None) -> Step:
         epoch, pos = divmod(index, self.steps_per_epoch)
@@ -422,7 +439,7 @@ class BatchSchedule:
             cache[epoch] = self.epoch_batches(epoch)
         group = cache[epoch][pos]
         m = self.micro_batch_size
-        micros = [pad_micro_batch(self.data, group[k:k + m], self.boundaries) for k in range(0, len(group), m)]
+        micros = [self.micro_batch(group[k:k + m]) for k in range(0, len(group), m)]
         mine = tuple(micros[rank * self.grad_accum_steps:(rank + 1) * self.grad_accum_steps])
         return Step(index, epoch, mine, sum(mb.tokens for mb in micros), sum(mb.real_tokens for mb in micros),
                     sum(mb.input_ids.size for mb in micros))
@@ -442,7 +459,8 @@ class BatchSchedule:
                 "world_size": self.world_size, "global_batch": self.global_batch,
                 "steps_per_epoch": self.steps_per_epoch, "total_steps": self.total_steps,
                 "dropped_per_epoch": self.dropped_per_epoch, "shuffle": self.shuffle, "seed": self.seed,
-                "eval_examples": len(self.eval_data.examples) if self.eval_data else 0}
+                "eval_examples": len(self.eval_data.examples) if self.eval_data else 0,
+                "packing": self.rows is not None, "packed_rows": len(self.rows or ()), "segments_per_row": self.slots}
 
 
 def build_plan(recipe, tokenizer, world_size: int | None = None, data: TokenizedData | None = None) -> BatchSchedule:
@@ -454,14 +472,21 @@ def build_plan(recipe, tokenizer, world_size: int | None = None, data: Tokenized
 
     data, held = split_eval(data, recipe.data.eval_split, recipe.seed)
     g = recipe.batching.micro_batch_size * recipe.batching.grad_accum_steps * world
-    batches, dropped = plan_epoch(data.lengths, bounds, g, recipe.seed, 0, recipe.data.shuffle)
+    rows, slots, units = None, 0, data.lengths
+    if recipe.batching.packing:
+        seq = recipe.data.max_seq_length
+        slots = packing.choose_slots(data.lengths, seq, recipe.seed)
+        rows = packing.pack_rows(data.lengths, seq, slots, recipe.seed, recipe.data.shuffle)
+        bounds = [packing.row_length(seq, slots)]
+        units = np.full(len(rows), bounds[0], dtype=np.int64)
+    batches, dropped = plan_epoch(units, bounds, g, recipe.seed, 0, recipe.data.shuffle)
     if not batches:
         raise RecipeError(f"{recipe.data.path}: {len(data.examples)} examples cannot fill one global batch of "
                           f"{g} (micro_batch_size x grad_accum_steps x world size); use more data or a smaller batch")
     per_epoch = len(batches)
     total = recipe.schedule.max_steps or recipe.schedule.epochs * per_epoch
     return BatchSchedule(data, bounds, recipe.batching.micro_batch_size, recipe.batching.grad_accum_steps, world,
-                         recipe.seed, recipe.data.shuffle, total, per_epoch, dropped, held)
+                         recipe.seed, recipe.data.shuffle, total, per_epoch, dropped, held, rows, slots)
 
 
 def padding_stats(plan: BatchSchedule, epoch: int = 0) -> dict:
@@ -470,8 +495,9 @@ def padding_stats(plan: BatchSchedule, epoch: int = 0) -> dict:
     for g in plan.epoch_batches(epoch):
         m = plan.micro_batch_size
         for k in range(0, len(g), m):
-            mb = pad_micro_batch(plan.data, g[k:k + m], plan.boundaries)
+            mb = plan.micro_batch(g[k:k + m])
             real += mb.real_tokens
             padded += mb.input_ids.size
     return {"real_tokens": real, "padded_tokens": padded, "padding_fraction": 1 - real / max(1, padded),
             "shapes": len(plan.boundaries)}
+

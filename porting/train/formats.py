@@ -36,6 +36,10 @@ ROLES = ("system", "user", "assistant", "tool")
 SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
                   "system": "system", "function_call": "assistant", "observation": "tool", "tool": "tool"}
 MAX_TURNS = 4096
+# Tables are read whole into rows, so they are bounded before a row is decoded: the files' bytes on
+# disk, the Parquet footer's uncompressed size (a small file can inflate far), and the row count.
+MAX_TABLE_BYTES = 16 << 30         # as data.MAX_DATA_BYTES for a JSON or text file
+MAX_TABLE_ROWS = 50_000_000        # ~10x the largest public SFT sets
 
 
 @dataclass(frozen=True)
@@ -200,23 +204,55 @@ def detect_format(rows: Sequence[tuple[int, Any]], data) -> str:
 
 
 # --------------------------------------------------------------------------- tables (datasets, Parquet)
+def _too_big(where: Path, what: str, found: int, bound: int, name: str) -> RecipeError:
+    return RecipeError(f"data.path: {where}: {what} {found:,}, more than the {bound:,} port reads "
+                       f"(porting.train.formats.{name}); split the data into smaller files")
+
+
+def check_table_size(path: Path) -> None:
+    """Bytes on disk of a Parquet file or a datasets directory (its regular files, links not followed)."""
+    files = [path] if path.is_file() else [f for f in path.rglob("*") if f.is_file() and not f.is_symlink()]
+    total = 0
+    for f in files:
+        total += f.stat().st_size
+        if total > MAX_TABLE_BYTES:
+            raise _too_big(path, "holds more bytes than", total, MAX_TABLE_BYTES, "MAX_TABLE_BYTES")
+
+
+def _check_rows(where: Path, rows: int) -> None:
+    if rows > MAX_TABLE_ROWS:
+        raise _too_big(where, "rows", rows, MAX_TABLE_ROWS, "MAX_TABLE_ROWS")
+
+
+def _parquet_rows(path: Path) -> list[dict]:
+    import pyarrow.parquet as pq
+
+    meta = pq.ParquetFile(str(path)).metadata   # the footer only: rows and sizes before any data
+    _check_rows(path, meta.num_rows)
+    inflated = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
+    if inflated > MAX_TABLE_BYTES:
+        raise _too_big(path, "uncompressed bytes", inflated, MAX_TABLE_BYTES, "MAX_TABLE_BYTES")
+    return pq.read_table(str(path)).to_pylist()
+
+
 def read_table_rows(path: Path, split: str) -> list[tuple[int, Any]]:
-    """(row number, row) of a HF ``datasets`` directory (``save_to_disk``) or a Parquet file, offline."""
+    """(row number, row) of a HF ``datasets`` directory (``save_to_disk``) or a Parquet file, offline;
+    bounded in bytes and rows (:data:`MAX_TABLE_BYTES`, :data:`MAX_TABLE_ROWS`) before rows are decoded."""
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    check_table_size(path)
     try:
         if path.is_dir():
             import datasets
 
-            ds = datasets.load_from_disk(str(path))
+            ds = datasets.load_from_disk(str(path))   # memory-mapped: nothing decoded yet
             if isinstance(ds, datasets.DatasetDict):
                 if split not in ds:
                     raise RecipeError(f"data.split: {path} has splits {sorted(ds)}, not {split!r}; set data.split")
                 ds = ds[split]
+            _check_rows(path, ds.num_rows)
             rows = ds.to_list()
         else:
-            import pyarrow.parquet as pq
-
-            rows = pq.read_table(str(path)).to_pylist()
+            rows = _parquet_rows(path)
     except RecipeError:
         raise
     except ImportError as exc:

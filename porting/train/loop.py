@@ -167,6 +167,7 @@ class Trainer:
         from porting.train import step as train_step
 
         self.ms = ms
+        self.packed_inputs = train_step.packed_inputs
         self.recipe, self.run_dir, self.rank, self.world = recipe, run_dir, rank, world_size
         self.model, self.tokenizer_dir, self.plan, self.log = model, tokenizer_dir, plan, log
         params = list(model.trainable_params())
@@ -225,12 +226,13 @@ class Trainer:
         t0 = time.perf_counter()
         if self.accum == 1:
             mb = step.micro_batches[0]
-            total, count, norm, finite = self.fused(ms.Tensor(mb.input_ids), ms.Tensor(mb.labels), scale, unscale, *hyper)
+            total, count, norm, finite = self.fused(ms.Tensor(mb.input_ids), ms.Tensor(mb.labels), scale, unscale,
+                                                    *hyper, *self.packed_inputs(mb))
         else:
             local_total = 0.0
             local_count = 0.0
             for mb in step.micro_batches:
-                tot, cnt = self.grad_step(ms.Tensor(mb.input_ids), ms.Tensor(mb.labels), scale)
+                tot, cnt = self.grad_step(ms.Tensor(mb.input_ids), ms.Tensor(mb.labels), scale, *self.packed_inputs(mb))
                 local_total += float(tot.asnumpy())
                 local_count += float(cnt.asnumpy())
             total, count, norm, finite = self.apply(f32(local_total), f32(local_count), unscale, *hyper)
@@ -313,7 +315,8 @@ def _data_and_model(recipe: Recipe, model_dir: Path, grid: Grid, log: logging.Lo
              f"skipped, {rep.truncated} truncated, {rep.split_windows} extra windows; sha256 {rep.sha256[:12]}")
     for s in rep.bad_row_samples:
         log.warning(f"malformed row skipped: {s}")
-    log.info(f"bucketing: shapes {plan.boundaries}; {plan.steps_per_epoch} steps per epoch; {plan.total_steps} steps")
+    log.info(f"{'packing' if plan.rows is not None else 'bucketing'}: shapes {plan.boundaries}; {plan.steps_per_epoch} "
+             f"steps per epoch; {plan.total_steps} steps")
     cfg, model = build_model(recipe, model_dir, grid)
     if recipe.memory.recompute:
         flagged = sum(1 for layer in model.model.layers if getattr(layer, "_has_config_recompute", False))

@@ -158,6 +158,7 @@ class TrainPlan:
     estimated_step: dict[str, float] = field(default_factory=dict)
     msrun_commands: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    padding: dict[str, Any] | None = None   # --dry-run: padding of bucketing vs packing (packing.py)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form (``plan.json``, ``--dry-run --json``)."""

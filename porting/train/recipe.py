@@ -95,6 +95,16 @@ class BatchingSection(_Section):
     micro_batch_size: int = Field(1, ge=1, le=MAX_BATCH)
     grad_accum_steps: int = Field(1, ge=1, le=MAX_BATCH)
     bucketing: BucketingSection = BucketingSection()
+    # Pack examples into rows of data.max_seq_length (per-example positions and attention; data.py)
+    # instead of padding them to bucket lengths.
+    packing: bool = False
+
+    @model_validator(mode="after")
+    def _packing_or_boundaries(self) -> "BatchingSection":
+        if self.packing and self.bucketing.boundaries:
+            raise ValueError("batching.packing: true makes every row data.max_seq_length long, so "
+                             "batching.bucketing.boundaries has no use; remove one of the two")
+        return self
 
 
 class OptimizerSection(_Section):

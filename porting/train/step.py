@@ -37,11 +37,13 @@ class LossNet(nn.Cell):
         # Tensor parallel: the logits are vocab-sharded and the model brings its parallel loss.
         self.parallel_loss = getattr(model, "parallel_loss", None)
 
-    def construct(self, input_ids: Tensor, labels: Tensor, scale: Tensor):
+    def construct(self, input_ids: Tensor, labels: Tensor, scale: Tensor, *packed):
+        # packed: positions, segment ids and sequence ends of packed rows (porting/train/packing.py)
+        logits = self.model(input_ids, *packed)
         if self.parallel_loss is not None:
-            total, count = self.parallel_loss(self.model(input_ids), labels)
+            total, count = self.parallel_loss(logits, labels)
         else:
-            total, count = shifted_token_loss(self.model(input_ids), labels)
+            total, count = shifted_token_loss(logits, labels)
         return total * scale, (total, count)
 
 
@@ -295,8 +297,8 @@ class FusedTrainStep(_Update):
         super().__init__(optimizer, world_size, grad_clip, grad_fp32, **groups)
         self.grad_fn = ops.value_and_grad(LossNet(model), None, optimizer.params, has_aux=True)
 
-    def construct(self, input_ids, labels, scale, unscale, lr, bc1, bc2):
-        (_, (total, count)), grads = self.grad_fn(input_ids, labels, scale)
+    def construct(self, input_ids, labels, scale, unscale, lr, bc1, bc2, *packed):
+        (_, (total, count)), grads = self.grad_fn(input_ids, labels, scale, *packed)
         norm, finite = self.update(grads, unscale, lr, bc1, bc2)
         return self.reduce_scalar(total), self.reduce_scalar(count), norm, finite
 
@@ -311,8 +313,8 @@ class AccumGradStep(nn.Cell):
         self.buffers = buffers
         self.hyper_map = ops.HyperMap()
 
-    def construct(self, input_ids, labels, scale):
-        (_, (total, count)), grads = self.grad_fn(input_ids, labels, scale)
+    def construct(self, input_ids, labels, scale, *packed):
+        (_, (total, count)), grads = self.grad_fn(input_ids, labels, scale, *packed)
         done = self.hyper_map(_accumulate, self.buffers, grads)
         return ops.depend(total, done), count
 
@@ -366,3 +368,11 @@ def accumulation_buffers(params: ParameterTuple, grad_fp32: bool = True) -> Para
 def compiled_graphs(*cells: nn.Cell) -> int:
     """How many graphs MindSpore compiled for these cells (its own per-cell compile cache)."""
     return sum(len(getattr(c, "compile_cache", ())) for c in cells)
+
+
+def packed_inputs(mb) -> tuple:
+    """The model's extra inputs for a packed micro-batch (positions, segment ids, sequence ends), else ()."""
+    if mb.packed is None:
+        return ()
+    positions, segments, ends = mb.packed
+    return Tensor(positions), Tensor(segments), Tensor(ends)

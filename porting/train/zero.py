@@ -186,8 +186,9 @@ class ShardedAccumGradStep(nn.Cell):
         self.grad_fn = ops.value_and_grad(LossNet(model), None, optimizer.params, has_aux=True)
         self.optimizer, self.buffers = optimizer, buffers
 
-    def construct(self, input_ids, labels, scale):
-        (_, (total, count)), grads = self.grad_fn(input_ids, labels, scale)
+    def construct(self, input_ids, labels, scale, *packed):
+        # packed: positions, segment ids and sequence ends of packed rows, as step.AccumGradStep takes them
+        (_, (total, count)), grads = self.grad_fn(input_ids, labels, scale, *packed)
         shards = self.optimizer.reduce(grads)
         done = ()
         for k in range(len(shards)):

@@ -328,3 +328,73 @@ def test_deep_manifest_is_a_note_in_the_report(tmp_path):
     assert r.exit_code == 0, r.output
     assert "note: manifest.json: the JSON nests deeper than 64 levels" in r.output
     assert _snapshot(run) == before
+
+
+# ------------------------------------------------------------------ the loss plot: the run and the baseline
+def write_baseline(path: Path, losses: list[float]) -> Path:
+    """A `port baseline` file (format port-baseline v1, every key its schema checks) with these losses."""
+    import numpy as np
+
+    from porting.baseline import arrays, schema
+    from porting.baseline.memory import PHASES
+
+    n = len(losses)
+    steps = {"step": list(range(1, n + 1)), "loss": losses, "grad_norm": [0.5] * n, "lr": [1e-3] * n,
+             "tokens": [512] * n, "step_time_s": [0.1] * n, "peak_memory_gib": {p: [0.1] * n for p in PHASES}}
+    settings = {k: 1 for k in schema.KEY_SETTINGS + ("steps",)}
+    doc = {"format": schema.FORMAT, "format_version": schema.FORMAT_VERSION, "created": "2026-12-01T00:00:00",
+           "command": ["port", "baseline"], "device": {"kind": "cpu", "name": "test cpu"}, "versions": {},
+           "model": {}, "settings": settings, "steps": steps, "timing": {}, "memory": {},
+           "probe": {"input_ids": [[1, 2]], "logits_initial": arrays.encode(np.zeros((1, 2, 4), np.float32)),
+                     "logits_final": arrays.encode(np.zeros((1, 2, 4), np.float32))}}
+    assert not schema.problems(doc), schema.problems(doc)
+    schema.save(path, doc)
+    return path
+
+
+def _polylines(svg: str) -> dict[str, list[tuple[float, float]]]:
+    import re
+
+    out = {}
+    for label, pts in re.findall(r'<polyline class="series" data-label="([^"]*)"[^>]*points="([^"]*)"', svg):
+        out[label] = [tuple(map(float, p.split(","))) for p in pts.split()]
+    return out
+
+
+def test_loss_plot_draws_the_run_and_the_baseline_on_one_axis(tmp_path):
+    run = write_run(tmp_path / "run", steps=12)
+    base_losses = [3.2 / (1 + 0.15 * s) for s in range(1, 11)]   # 10 steps, other values than the run's
+    write_baseline(run / "baseline.json", base_losses)
+    make_report(run)
+    svg = (run / "report" / "loss.svg").read_text()
+    lines = _polylines(svg)
+    assert set(lines) == {"this run (port train)", "baseline (PyTorch, cpu)"}
+    assert "this run (port train)</text>" in svg and "baseline (PyTorch, cpu)</text>" in svg   # the legend
+    mine, base = lines["this run (port train)"], lines["baseline (PyTorch, cpu)"]
+    run_losses = [3.0 / (1 + 0.2 * s) for s in range(1, 13)]
+    assert len(mine) == 12 and len(base) == 10
+    # One linear map from (step, loss) to pixels for both series: the points are the records' values.
+    (xa, ya), (xb, yb) = mine[0], mine[-1]
+    kx, ky = (xb - xa) / 11, (yb - ya) / (run_losses[-1] - run_losses[0])
+    for pts, losses in ((mine, run_losses), (base, base_losses)):
+        for s, ((x, y), loss) in enumerate(zip(pts, losses), 1):
+            assert x == pytest.approx(xa + kx * (s - 1), abs=0.2)   # pixels are written to 0.1
+            assert y == pytest.approx(ya + ky * (loss - run_losses[0]), abs=0.2)
+    assert (run / "report" / "report.html").read_text().count("<polyline") >= 3   # loss (2) + step time
+
+
+def test_loss_plot_without_a_baseline_has_one_series_and_a_bad_baseline_is_one_line(tmp_path):
+    from click.testing import CliRunner
+
+    from porting.cli import main
+
+    run = write_run(tmp_path / "run", steps=6)
+    make_report(run)
+    assert list(_polylines((run / "report" / "loss.svg").read_text())) == [""]
+    bad = tmp_path / "base.json"
+    bad.write_text('{"format": "port-baseline"}')
+    res = CliRunner().invoke(main, ["report", str(run), "--out", str(tmp_path / "rep"), "--baseline", str(bad)])
+    assert res.exit_code != 0 and "Traceback" not in res.output
+    line = [x for x in res.output.splitlines() if x.startswith("error:")]
+    assert line and str(bad) in line[0] and "port baseline" in line[0], res.output
+    assert not (tmp_path / "rep").exists()

@@ -182,6 +182,37 @@ def test_datasets_directory_and_parquet_read_like_the_json(tok, tables, tmp_path
         D.tokenize_dataset(_recipe(junk, format="sharegpt").data, tok)
 
 
+@pytest.mark.parametrize("bound,value,match", [
+    ("MAX_TABLE_ROWS", 5, r"rows 6, more than the 5 port reads \(porting.train.formats.MAX_TABLE_ROWS\)"),
+    ("MAX_TABLE_BYTES", 100, r"holds more bytes than [\d,]+, more than the 100 port reads .*MAX_TABLE_BYTES"),
+])
+def test_tables_are_bounded_in_rows_and_bytes(tok, tables, monkeypatch, bound, value, match):
+    from porting.train import formats
+
+    monkeypatch.setattr(formats, bound, value)
+    for p in (tables / "one", tables / "rows.parquet", tables / "two"):
+        with pytest.raises(D.RecipeError, match=match) as err:
+            D.tokenize_dataset(_recipe(p).data, tok)
+        assert str(err.value).startswith(f"data.path: {p}: ") and "\n" not in str(err.value)
+
+
+def test_parquet_bounded_by_its_uncompressed_size_before_decoding(tok, tmp_path, monkeypatch):
+    """A small file that inflates: the footer's uncompressed size is checked, not only the bytes on disk."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from porting.train import formats
+
+    p = tmp_path / "inflates.parquet"
+    pq.write_table(pa.table({"text": ["a" * 200_000 + str(i) for i in range(20)]}), p, compression="zstd",
+                   use_dictionary=False)
+    size = p.stat().st_size
+    monkeypatch.setattr(formats, "MAX_TABLE_BYTES", 1 << 20)
+    assert size < (1 << 20) < pq.ParquetFile(str(p)).metadata.row_group(0).total_byte_size
+    with pytest.raises(D.RecipeError, match=r"uncompressed bytes [\d,]+, more than the 1,048,576 .*MAX_TABLE_BYTES"):
+        D.tokenize_dataset(_recipe(p, format="text").data, tok)
+
+
 # --------------------------------------------------------------------------- training on each format
 @pytest.fixture(scope="module")
 def trainer():

@@ -6,6 +6,8 @@ Each configuration runs once (module-scoped fixtures) and the tests compare them
 - TP=2 x DP=2 on 4 workers (micro-batch 2, optimizer sharding over the DP group) equals it. That
   reference is what DP=2 on 2 workers equals (tests/train/test_msrun.py), so TP=2 x DP=2 equals DP=2
   without a third msrun launch here (the suite's time);
+- packed rows (batching.packing) through TP=2 x DP=2 with ZeRO-2 equal the packed 1-device run;
+- a merged ZeRO x TP checkpoint keeps every rank's flat optimizer shards (real files, no msrun);
 - a tensor_parallel that does not divide the heads is refused in one line before any worker starts.
 ``optimizer.lr`` is 1e-4: AdamW divides by sqrt(v), so a float32 rounding difference in a small
 gradient moves a weight by up to about lr; at 1e-4 the 1e-5 bound is still ten times tighter than
@@ -89,6 +91,35 @@ def tp2_dp2(model_dir, tmp_path_factory):
     return run
 
 
+def _packed(alpaca, *extra: str) -> list[str]:
+    """Packing (porting/train/packing.py) on Alpaca rows of many lengths: rows of 256 tokens hold several
+    examples (3 segments a row on this data)."""
+    return [f"data.path={alpaca}", "data.format=alpaca", "data.long_text=truncate", "data.max_seq_length=256",
+            "batching.packing=true", "schedule.max_steps=3", *extra]
+
+
+@pytest.fixture(scope="module")
+def packed_one_device(model_dir, alpaca, tmp_path_factory):
+    """The packed reference: 1 device in-process, micro-batch 2 x 2 accumulation steps of packed rows."""
+    from porting.train.loop import train
+    from porting.train.recipe import load_recipe
+
+    run = tmp_path_factory.mktemp("packed1") / "run"
+    train(load_recipe(TINY, _settings(model_dir, *_packed(alpaca, "batching.grad_accum_steps=2"))), run, echo=False)
+    return run
+
+
+@pytest.fixture(scope="module")
+def packed_tp2_dp2_zero2(model_dir, alpaca, tmp_path_factory):
+    """Packed rows through TP=2 x DP=2 with ZeRO-2 (sharded accumulators), micro-batch 1 x 2 accumulation."""
+    run = tmp_path_factory.mktemp("packedtp") / "run"
+    port("train", str(TINY), "--run-dir", str(run), *_args(_settings(model_dir, *_packed(
+        alpaca, "batching.micro_batch_size=1", "batching.grad_accum_steps=2", "cluster.devices_per_node=4",
+        "parallel.tensor_parallel=2", "parallel.optimizer_sharding=true", "parallel.zero_stage=2",
+        f"cluster.master_port={free_port()}"))), check=True, timeout=600)
+    return run
+
+
 def _weights(run):
     from safetensors.numpy import load_file
 
@@ -128,6 +159,14 @@ def test_tp2_dp2_on_four_workers_equals_dp2(tp2_dp2, one_device, model_dir):
     _compare(tp2_dp2, one_device, model_dir)
     assert {p.name for p in (tp2_dp2 / "logs").glob("rank_*.log")} == {f"rank_{i}.log" for i in range(4)}
     assert "data parallel 2 x tensor parallel 2" in (tp2_dp2 / "logs" / "rank_3.log").read_text()
+
+
+def test_packed_rows_through_tp2_dp2_with_zero2_equal_one_device(packed_tp2_dp2_zero2, packed_one_device, model_dir):
+    """Packing composes with tensor parallel (vocab-parallel loss) and ZeRO-2 (ShardedAccumGradStep): the
+    positions, segment ids and sequence ends reach every rank's attention and the loss as on one device."""
+    _compare(packed_tp2_dp2_zero2, packed_one_device, model_dir)
+    log = (packed_tp2_dp2_zero2 / "logs" / "rank_2.log").read_text()
+    assert "packing: shapes [258]" in log and "ZeRO-2" in log and "data parallel 2 x tensor parallel 2" in log
 
 
 def test_tensor_parallel_not_dividing_the_heads_is_refused_in_one_line(tmp_path):

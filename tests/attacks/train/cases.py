@@ -300,3 +300,14 @@ _resume_case("resume_state_shards_string", b'{"step": 2, "shards": "many"}', "st
 _resume_case("resume_state_step_string", b'{"step": "two", "shards": 1}', "step_2")
 _resume_case("resume_weights_garbage", b'{"adam_t": 2, "loss_scale": {"scale": 1.0, "good": 0}, "next_step": 2, '
              b'"world_size": 1, "seed": 0, "step": 2, "shards": 1}', "step_2", "cannot read the checkpoint")
+
+
+# -- tables: a Parquet file is bounded by its footer before any row is decoded (porting/train/formats.py)
+@case("rows.parquet", "rows 60,000,000, more than the 50,000,000", "MAX_TABLE_ROWS", timeout=60)
+def parquet_row_bomb(d):
+    """100 KB on disk, 60 million null rows: decoding them all would take gigabytes of Python objects."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"text": pa.nulls(60_000_000, pa.string())}), d / "rows.parquet", row_group_size=64 << 20)
+    return ["train", str(I.recipe(d, I.set_key("data.format", "text"), data=d / "rows.parquet"))]
