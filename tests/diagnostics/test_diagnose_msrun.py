@@ -119,17 +119,26 @@ def _worker_pid(run: Path, rank: int) -> int | None:
 
 def test_real_port_train_job_with_a_frozen_rank(tmp_path):
     """A real 2-worker `port train` job (msrun) where rank 1 is frozen with SIGSTOP after its first
-    step: rank 0 times out in AllReduce, msrun stops the job, and diagnose names rank 1."""
+    step: rank 0 times out in AllReduce, msrun stops the job, and diagnose names rank 1. A left-over
+    launcher naming the run directory would stop the launch in the preflight: `--no-preflight` launches."""
     import signal
+
+    from porting.cluster import preflight
 
     if not (ROOT / "porting" / "cli" / "train.py").is_file():
         pytest.skip("port train is not on this branch")
     run = tmp_path / "run"
     env = dict(os.environ, MS_CPU_COMM_OP_TIMEOUT="8", MS_NODE_TIMEOUT="10")
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+    stale = subprocess.Popen(["bash", "-c", f"exec -a msrun {sys.executable} -c 'import time; time.sleep(300)' "
+                                            f"--log_dir={run}/logs/msrun"])
+    deadline = time.monotonic() + 5
+    while preflight.check_stale_for_run(run, 0)["status"] != "fail" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert preflight.check_stale_for_run(run, 0)["status"] == "fail"   # the preflight would refuse
     proc = subprocess.Popen([sys.executable, "-m", "porting", "train", "recipes/tiny-cpu.yaml", "--set",
                              f"output_dir={run}", "--set", "cluster.devices_per_node=2",
-                             "--set", f"cluster.master_port={free_port()}"],
+                             "--set", f"cluster.master_port={free_port()}", "--no-preflight"],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             start_new_session=True)
     frozen = None
@@ -146,6 +155,8 @@ def test_real_port_train_job_with_a_frozen_rank(tmp_path):
         assert frozen, "rank 1 never logged its first step"
         out, _ = proc.communicate(timeout=120)
     finally:
+        stale.kill()
+        stale.wait()
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.communicate()
@@ -155,6 +166,7 @@ def test_real_port_train_job_with_a_frozen_rank(tmp_path):
             except ProcessLookupError:
                 pass
     assert proc.returncode != 0, out.decode(errors="replace")[-2000:]
+    assert b"launching: msrun" in out and b"preflight" not in out
     last1 = max(int(line.split(" step ")[1].split("/")[0]) for line in log1.read_text().splitlines()
                 if " INFO step " in line)
     d = diagnose_cli_args(run / "logs", "--world-size", "2")
