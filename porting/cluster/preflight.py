@@ -255,7 +255,9 @@ def run_preflight(recipe_path: str | os.PathLike, *, node_rank: int = 0, fingerp
     else:
         rows.append(check_master_reachable(c.master_addr, c.master_port))
     rows.append(check_rank_table(rank_table or c.rank_table_file, c.nodes, c.devices_per_node))
-    rows.append(check_stale())
+    # scoped as `port train`'s: its run directory, and on Ascend its NPUs (other jobs on a shared machine
+    # are not stale); check_stale() lists every training process on the machine
+    rows.append(check_stale_for_run(Path(recipe.output_dir), node_rank, launch_devices(recipe)))
     if fingerprint_dir is not None:
         write_fingerprint(fingerprint_dir, node_rank, fingerprint())
         rows.append(compare_fingerprints(fingerprint_dir, c.nodes) if node_rank == 0 else

@@ -98,6 +98,41 @@ PEER_RES = (
     re.compile(rb"remote IP\[?:?\s*\[?([0-9.]+)\]?", re.I),
 )
 TORCHRUN_ROOT_RE = re.compile(rb"rank\s*:\s*(\d+) \(local_rank: (\d+)\)")
+# torch elastic's exit line names only the node-local rank: "failed (exitcode: -9) local_rank: 3 (pid: 407727)"
+LOCAL_RANK_RE = re.compile(rb"\blocal_rank: (\d+) \(pid: \d+\)")
+# How the launch was laid out, when the pasted text shows it: the torchrun/msrun command line, or
+# torch elastic's "Rendezvous complete for workers" block (group_rank=N, local_world_size=M).
+NODE_RANK_RE = re.compile(rb"(?:--node[_-]rank[= ]|\bgroup_rank=)(\d+)")
+NPROC_RE = re.compile(rb"(?:--nproc[_-]per[_-]node[= ]|--local_worker_num[= ]|\blocal_world_size=)(\d+)")
+# HCCL communicator set-up lines of a CANN plog, as MindCluster FaultDiag (ascend_fd's plog parser)
+# documents them: "HcclCommInitRootInfo success,take time [..]us, rankNum[S], rank[N], rootInfo
+# identifier[G], ...", "[HCCL_TRACE]SetupAgent rankNum[S], rank[N], rootInfo identifier[G], ..." and
+# (CANN 8) "hcclCommInitInfo:commId[G], rank[N], totalRanks[S], ...": this process is rank N of group G.
+COMM_INIT_RES = (
+    re.compile(rb"(?:CommInitRootInfo success|SetupAgent)[^\n]{0,120}?rankNum\[(?P<size>\d+)\], ?rank\[(?P<rank>\d+)\]"
+               rb"[^\n]{0,40}?identifier ?\[(?P<group>[^\]\n]{1,128})\]"),
+    re.compile(rb"hcclCommInitInfo:commId\[(?P<group>[^\]\n]{1,128})\], ?rank\[(?P<rank>\d+)\], ?totalRanks\[(?P<size>\d+)\]"),
+)
+COMM_INIT_LITERAL = b"ommInit"   # in every line COMM_INIT_RES matches but SetupAgent's
+WORLD_GROUPS = ("hccl_world_group",)   # MindSpore's GlobalComm.WORLD_COMM_GROUP on Ascend
+
+
+def launch_layout(head: bytes) -> dict:
+    """node_rank / nproc_per_node when the text shows them (first mention of each)."""
+    out = {}
+    if (m := NODE_RANK_RE.search(head)) is not None:
+        out["node_rank"] = int(m.group(1))
+    if (m := NPROC_RE.search(head)) is not None:
+        out["nproc_per_node"] = int(m.group(1))
+    return out
+
+
+def comm_inits(buf: bytes) -> list[tuple[str, int, int]]:
+    """(group, rank in the group, group size) of every HCCL communicator set-up line in ``buf``."""
+    if COMM_INIT_LITERAL not in buf and b"SetupAgent" not in buf:
+        return []
+    return [(m.group("group").decode("utf-8", "replace"), int(m.group("rank")), int(m.group("size")))
+            for rx in COMM_INIT_RES for m in rx.finditer(buf)]
 # "[rank3]:" at the start of a line, after a pasted line number ("[80746] ") or a launcher's tag
 RANK_PREFIX_RE = re.compile(rb"^(?:\[\d+\] |\S+ \[std(?:err|out)\] |\(\w+ pid=\d+\) )?\[rank(\d+)\]:", re.M)
 
@@ -123,6 +158,9 @@ def line_facts(line: bytes) -> dict:
         if m:
             out["reporter"] = int(m.group(1))
             break
+    m = LOCAL_RANK_RE.search(line)
+    if m:
+        out["local_rank"] = int(m.group(1))
     m = SEQ_RE.search(line)
     if m:
         out["seq"], out["op"] = int(m.group(1)), m.group(2).decode()

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Iterator
 
 from porting.diagnostics import DiagnosticsError
-from porting.diagnostics.field import (REPORTER_RES, line_facts, prefixed_ranks, root_cause_rank,
-                                       split_by_rank_prefix)
+from porting.diagnostics.field import (REPORTER_RES, WORLD_GROUPS, comm_inits, launch_layout, line_facts,
+                                       prefixed_ranks, root_cause_rank, split_by_rank_prefix)
 from porting.diagnostics.grammar import (ASCEND_CODE_RE, COLLECTIVE_RE, EXC_LINE_RE, MAX_LINE, PID_RE,
                                          ERROR_SCAN_RE, SCHED_FIRST_RE, SCHED_TIMEOUT_RE, STEP_RE, TORCH_NPU_RE,
                                          TS_RE, Event, classify_file, classify_line, clean, error_table,
@@ -32,6 +32,7 @@ MAX_ERROR_LINES = 4097  # error lines looked at per chunk (a file where every li
 MAX_EVENTS_PER_FILE = 24  # error events kept per file (the first ones; the rest are counted)
 STEP_SAMPLES = 32        # last step timestamps kept per file for clock-skew estimation
 MAX_SPLIT_BYTES = 256 << 20  # a [rankN]:-prefixed file up to this size is split per rank in memory
+MAX_COMM_INITS = 256      # communicator set-up lines kept per file (one per group a process joins)
 BINARY_FRACTION = 0.05   # control bytes (not tab/newline/CR/ESC) above this share of the head = binary
 _TEXT_BYTES = bytes([9, 10, 13, 27]) + bytes(range(32, 127)) + bytes(range(128, 256))
 
@@ -61,6 +62,8 @@ class FileScan:
     replaced_bytes: bool = False # NUL bytes removed
     note: str | None = None      # how the file was read, when not plainly (UTF-16 decoded)
     parts: list["FileScan"] = dataclasses.field(default_factory=list)  # per-rank parts of a [rankN]: file
+    layout: dict = dataclasses.field(default_factory=dict)   # node_rank / nproc_per_node the text shows
+    comm_inits: list[tuple[str, int, int]] = dataclasses.field(default_factory=list)  # HCCL (group, rank, size)
 
 
 
@@ -147,6 +150,8 @@ class _Scanner:
                 s.sched_first = int(sf.group(1))
         self.consumed_upto = 0
         self._count_at = (0, 0)
+        if len(s.comm_inits) < MAX_COMM_INITS:
+            s.comm_inits += comm_inits(buf)[:MAX_COMM_INITS - len(s.comm_inits)]
         for st in error_line_starts(buf):
             if st >= self.consumed_upto:
                 self._error_line(buf, st)
@@ -204,6 +209,8 @@ class _Scanner:
         if ts is None:
             ts, exact = self.carry_ts, False
         facts = line_facts(line)
+        if "local_rank" in facts:
+            facts.update(s.layout)   # what maps it to a global rank, when the log shows the layout
         if line.startswith(b"Root Cause (first observed failure)") and (r := root_cause_rank(buf[end:])) is not None:
             facts["root_cause_rank"] = r
         s.events.append(Event(s.path, self._lineno(buf, st), ts, exact, kind, role, label,
@@ -348,7 +355,8 @@ def _split_parts(scan: FileScan, data: bytes) -> list[FileScan]:
     parts = []
     for rank, text in sorted(split_by_rank_prefix(data).items(), key=lambda kv: (kv[0] is None, kv[0] or 0)):
         part = FileScan(path=f"{scan.path}[rank{rank}]" if rank is not None else scan.path, kind=scan.kind,
-                        rank=rank if rank is not None else scan.rank, pid=scan.pid, note=scan.note)
+                        rank=rank if rank is not None else scan.rank, pid=scan.pid, note=scan.note,
+                        layout=scan.layout)
         _scan_chunks(part, iter([text]))
         parts.append(part)
     return parts
@@ -376,6 +384,7 @@ def scan_file(root: str, rel: str) -> FileScan:
             if encoding:
                 scan.note = f"{encoding.upper()} text (not UTF-8), decoded"
             _identify(scan, rel, head)
+            scan.layout = launch_layout(head)
             f.seek(0)
             if len(prefixed_ranks(head)) >= 2 and os.fstat(f.fileno()).st_size <= MAX_SPLIT_BYTES:
                 scan.parts = _split_parts(scan, b"".join(_utf8_chunks(f, encoding)))
@@ -384,6 +393,9 @@ def scan_file(root: str, rel: str) -> FileScan:
                 _scan_chunks(scan, _utf8_chunks(f, encoding))
     except OSError as e:
         scan.problem = f"unreadable: {e.strerror or e}"
+    if scan.rank is None and scan.kind != "msrun_scheduler":
+        # a plog that names no rank still says which rank of the world communicator its process is
+        scan.rank = next((r for g, r, _ in scan.comm_inits if g in WORLD_GROUPS), None)
     return scan
 
 
