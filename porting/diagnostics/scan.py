@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Iterator
 
 from porting.diagnostics import DiagnosticsError
-from porting.diagnostics.field import (REPORTER_RES, WORLD_GROUPS, comm_inits, launch_layout, line_facts,
+from porting.diagnostics.field import (COMM_INIT_LITERAL, REPORTER_RES, WORLD_GROUPS, comm_inits, launch_layout, line_facts,
                                        prefixed_ranks, root_cause_rank, split_by_rank_prefix)
 from porting.diagnostics.grammar import (ASCEND_CODE_RE, COLLECTIVE_RE, EXC_LINE_RE, MAX_LINE, PID_RE,
                                          ERROR_SCAN_RE, SCHED_FIRST_RE, SCHED_TIMEOUT_RE, STEP_RE, TORCH_NPU_RE,
@@ -136,6 +136,7 @@ class _Scanner:
         self.carry_ts: float | None = None  # last timestamp seen in earlier chunks
         self.consumed_upto = 0    # offset in the chunk below which lines were already turned into events
         self._count_at = (0, 0)   # (offset, newlines before it) in the current chunk
+        self._chunk_lines = 0     # newlines in the current chunk
 
     def chunk(self, buf: bytes) -> None:
         s = self.s
@@ -150,13 +151,14 @@ class _Scanner:
                 s.sched_first = int(sf.group(1))
         self.consumed_upto = 0
         self._count_at = (0, 0)
-        if len(s.comm_inits) < MAX_COMM_INITS:
-            s.comm_inits += comm_inits(buf)[:MAX_COMM_INITS - len(s.comm_inits)]
+        self._chunk_lines = buf.count(b"\n")
         for st in error_line_starts(buf):
             if st >= self.consumed_upto:
                 self._error_line(buf, st)
         self._last_step(buf)
-        last_coll = max(buf.rfind(lit) for lit in COLLECTIVE_LITERALS)
+        last_coll = -1
+        for lit in COLLECTIVE_LITERALS:   # each later search only looks after the best hit so far
+            last_coll = max(last_coll, buf.rfind(lit, last_coll + 1))
         if last_coll >= 0:
             self._last_collective(buf, last_coll)
         tail = buf[-8192:] if len(buf) > 8192 else buf
@@ -168,12 +170,15 @@ class _Scanner:
             if t is not None:
                 s.last_ts = t
                 self.carry_ts = t
-        self.line_base += buf.count(b"\n")
+        self.line_base += self._chunk_lines
 
     def _lineno(self, buf: bytes, st: int) -> int:
         """1-based line number of offset ``st``; counted on from the previous call (starts only grow)."""
         at, n = self._count_at
-        n += buf.count(b"\n", at, st)
+        if st - at > len(buf) - st:   # nearer the end (the usual last error): count the tail instead
+            n = self._chunk_lines - buf.count(b"\n", st)
+        else:
+            n += buf.count(b"\n", at, st)
         self._count_at = (st, n)
         return self.line_base + n + 1
 
@@ -182,6 +187,8 @@ class _Scanner:
         s = self.s
         _, end = _line_bounds(buf, st)
         line = buf[st:min(end, st + MAX_LINE)]
+        if COMM_INIT_LITERAL in line and len(s.comm_inits) < MAX_COMM_INITS:
+            s.comm_inits += comm_inits(line)[:MAX_COMM_INITS - len(s.comm_inits)]
         if not is_error_line(line):
             return
         s.error_lines += 1
@@ -221,11 +228,11 @@ class _Scanner:
         samples: list[tuple[int, float]] = []
         found_last = False
         p = len(buf)
-        cap = buf.rfind(b"Step")  # capitalised form, searched once (rare in practice)
         while len(samples) < STEP_SAMPLES:
-            if cap >= p:
-                cap = buf.rfind(b"Step", 0, p)
-            p = max(buf.rfind(b"step", 0, p), cap)
+            low = buf.rfind(b"step", 0, p)
+            # the capitalised form only between that hit and p: a whole-chunk search for a rare word
+            # cost a full reverse pass per chunk
+            p = max(low, buf.rfind(b"Step", max(low, 0), p))
             if p < 0:
                 break
             st, end = _line_bounds(buf, p)
@@ -238,7 +245,8 @@ class _Scanner:
                 if not found_last:
                     found_last = True
                     s.last_step, s.last_step_ts = step, ts
-                    s.last_step_line = self.line_base + buf.count(b"\n", 0, st) + 1
+                    # counted from the end: the last step is near it, so this reads a few lines only
+                    s.last_step_line = self.line_base + self._chunk_lines - buf.count(b"\n", st) + 1
                 if ts is not None and exact:
                     samples.append((step, ts))
                 else:
@@ -321,7 +329,7 @@ def _identify(scan: FileScan, rel: str, head: bytes) -> None:
         if len(named) == 1:
             scan.rank = named.pop()
     pm = re.match(r"^(?:plog|device)-(\d+)_", os.path.basename(rel))
-    pc = PID_RE.search(head)
+    pc = PID_RE.search(head) if b"[" in head else None   # the multi-line regex costs a pass
     scan.pid = int(pm.group(1)) if pm else (int(pc.group(1)) if pc else None)
 
 
