@@ -449,6 +449,7 @@ def scan_dir(logdir: Path, jobs: int | None = None) -> tuple[list[FileScan], lis
     if jobs <= 1 or len(files) < 64:
         scans = [scan_file(root, rel) for rel in files]
     else:
+        error_table()   # loaded once here: forked workers inherit it instead of each parsing the YAML
         with ProcessPoolExecutor(max_workers=jobs) as pool:
             scans = list(pool.map(_scan_star, ((root, rel) for rel in files), chunksize=32))
     return [part for sc in scans for part in (sc.parts or [sc])], problems
