@@ -85,9 +85,12 @@ def test_stalled_rank_is_named_not_the_rank_the_scheduler_blames(jobs):
     assert rows[0]["status"] == "timed out (consequence)" and rows[0]["last_step"] == 2
     assert rows[0]["first_error"]["kind"] == "comm_timeout"
     assert rows[1]["first_error"] is None
-    # msrun's scheduler reports rank 0 (the one that waited) as timed out: a consequence
-    assert d["scheduler"]["timed_out_ranks"] == [0]
-    assert "consequences" in d["reason"]
+    # msrun's scheduler reports rank 0 (the one that waited) as timed out: a consequence. On a loaded
+    # machine it can lose the stalled rank's heartbeat in the same sweep and list both (seen: {0, 1});
+    # the verdict still names rank 1, and says the scheduler lost it too
+    timed_out = d["scheduler"]["timed_out_ranks"]
+    assert 0 in timed_out and set(timed_out) <= {0, 1}
+    assert ("consequences" in d["reason"]) if timed_out == [0] else ("also lost its heartbeat" in d["reason"])
 
 
 def test_raising_rank_is_the_cause_and_the_exception_is_quoted(jobs):
