@@ -16,7 +16,8 @@ from porting.diagnostics import DiagnosticsError
 from porting.diagnostics.grammar import Event, error_table, fmt_ts
 from porting.diagnostics.ranks import (RankView, add_missing_ranks, clock_offsets, corrected, merge_ranks,
                                        rank_key, ranks_from_pids, sort_key)
-from porting.diagnostics.scan import FileScan, scan_dir
+from porting.diagnostics.scan import FileScan
+from porting.diagnostics.walk import scan_dir
 from porting.diagnostics.evidence import EvidenceContext
 from porting.diagnostics.verdict import Scheduler, Verdict, decide, rank_status
 

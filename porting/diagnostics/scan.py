@@ -4,7 +4,8 @@ Error lines are found with literal searches (fast C loops, so 10,000-line files 
 the last progress (step, collective) of each chunk with reverse searches. Each line is looked at
 once and at most ``MAX_LINE`` bytes of it are classified, so time is linear in the file size even
 for one long line full of error words. Files are independent, so large directories are scanned by
-a process pool. Non-regular files (FIFOs, devices) are skipped with a note; UTF-16 logs are decoded.
+a process pool (porting/diagnostics/walk.py). Non-regular files (FIFOs, devices) are skipped with a note;
+UTF-16 logs are decoded.
 """
 
 from __future__ import annotations
@@ -15,11 +16,8 @@ import os
 import re
 import stat
 from collections import Counter
-from concurrent.futures import ProcessPoolExecutor
-from pathlib import Path
 from typing import Iterator
 
-from porting.diagnostics import DiagnosticsError
 from porting.diagnostics.field import (COMM_INIT_LITERAL, REPORTER_RES, WORLD_GROUPS, comm_inits, launch_layout, line_facts,
                                        prefixed_ranks, root_cause_rank, split_by_rank_prefix)
 from porting.diagnostics.grammar import (ASCEND_CODE_RE, COLLECTIVE_RE, EXC_LINE_RE, MAX_LINE, PID_RE,
@@ -66,7 +64,6 @@ class FileScan:
     comm_inits: list[tuple[str, int, int]] = dataclasses.field(default_factory=list)  # HCCL (group, rank, size)
 
 
-
 def _line_bounds(buf: bytes, pos: int) -> tuple[int, int]:
     start = buf.rfind(b"\n", 0, pos) + 1
     end = buf.find(b"\n", pos)
@@ -85,7 +82,6 @@ def _ts_before(buf: bytes, start: int) -> tuple[float | None, bool]:
     for m in TS_RE.finditer(buf, lo, start):
         last = m
     return (parse_ts(last), False) if last else (None, False)
-
 
 
 def _exception_summary(buf: bytes, start: int) -> tuple[bytes, int] | None:
@@ -405,58 +401,3 @@ def scan_file(root: str, rel: str) -> FileScan:
         # a plog that names no rank still says which rank of the world communicator its process is
         scan.rank = next((r for g, r, _ in scan.comm_inits if g in WORLD_GROUPS), None)
     return scan
-
-
-# ---------------------------------------------------------------------------------------------
-# Directory walk.
-
-LOG_SUFFIXES = (".log", ".txt", ".out", ".err")
-
-
-def list_logs(logdir: Path) -> tuple[list[str], list[str]]:
-    """Relative paths of log files under ``logdir`` and problems met while walking."""
-    if not logdir.exists():
-        raise DiagnosticsError(f"{logdir}: no such directory; pass the job's log directory "
-                               f"(msrun --log_dir, a run's logs/, or a CANN log dir)")
-    if not logdir.is_dir():
-        raise DiagnosticsError(f"{logdir}: is a file; pass the directory that holds the logs")
-    if not os.access(logdir, os.R_OK | os.X_OK):
-        raise DiagnosticsError(f"{logdir}: directory is not readable (permissions); run as the job's user "
-                               f"or copy the logs")
-    found: list[str] = []
-    problems: list[str] = []
-
-    def onerror(e: OSError) -> None:
-        problems.append(f"{e.filename}: unreadable directory ({e.strerror})")
-
-    for dirpath, _dirs, files in os.walk(logdir, onerror=onerror):
-        for name in files:
-            if name.endswith(LOG_SUFFIXES) or re.match(r"^(plog|device)-\d+_\d+", name):
-                full = os.path.join(dirpath, name)
-                found.append(os.path.relpath(full, logdir))
-    found.sort()
-    return found, problems
-
-
-def scan_dir(logdir: Path, jobs: int | None = None) -> tuple[list[FileScan], list[str]]:
-    files, problems = list_logs(logdir)
-    if not files:
-        raise DiagnosticsError(
-            f"{logdir}: no log files found (looked for worker_<r>.log, scheduler.log, rank_<r>.log, "
-            f"plog-<pid>_<ts>.log and other *.log/*.txt); pass msrun's --log_dir or the run's logs/")
-    root = str(logdir)
-    jobs = jobs or min(os.cpu_count() or 1, 8)
-    if jobs <= 1 or len(files) < 64:
-        scans = [scan_file(root, rel) for rel in files]
-    else:
-        error_table()   # loaded once here: forked workers inherit it instead of each parsing the YAML
-        with ProcessPoolExecutor(max_workers=jobs) as pool:
-            scans = list(pool.map(_scan_star, ((root, rel) for rel in files), chunksize=32))
-    return [part for sc in scans for part in (sc.parts or [sc])], problems
-
-
-def _scan_star(args: tuple[str, str]) -> FileScan:
-    return scan_file(*args)
-
-
-# ---------------------------------------------------------------------------------------------
