@@ -34,8 +34,11 @@ Examples:
               help="Where the run writes (default: the recipe's output_dir).")
 @click.option("--launch-node", type=int, default=None,
               help="Multi-node recipes: run this node's msrun command on this machine.")
+@click.option("--no-preflight", is_flag=True,
+              help="Launch without the preflight (stale processes, master port/address, rank table; see "
+                   "`port doctor --cluster`).")
 def command(recipe: str, overrides: tuple[str, ...], dry_run: bool, as_json: bool, resume: bool,
-            run_dir: str | None, launch_node: int | None) -> None:
+            run_dir: str | None, launch_node: int | None, no_preflight: bool) -> None:
     """Fine-tune the model of RECIPE (all weights) with the recipe's data, batching and parallelism."""
     from model_zoo.config import LlamaConfig
     from porting.model_paths import resolve_hf
@@ -62,6 +65,8 @@ def command(recipe: str, overrides: tuple[str, ...], dry_run: bool, as_json: boo
         check_fits(plan, recipe)
         return
     check_fits(plan, recipe)
+    if not no_preflight and not (rec.cluster.nodes > 1 and launch_node is None):   # that only prints commands
+        _preflight(rec, out, launch_node or 0)
     _guard_run_dir(out, resume)
     _make_run_dir(out)
     write_atomic(out / "plan.json", json.dumps(plan.to_dict(), indent=2), error=RecipeError)
@@ -72,6 +77,17 @@ def command(recipe: str, overrides: tuple[str, ...], dry_run: bool, as_json: boo
         click.echo(f"done: {res.steps_done} steps, final loss {res.last_loss:.4f}; run directory {out}")
         return
     _launch_msrun(rec, recipe, list(overrides), out, resume, launch_node, plan.launch.get("env", {}))
+
+
+def _preflight(rec, out: Path, node_rank: int) -> None:
+    """porting/cluster/preflight.py's launch checks; the first failure stops the launch in one line."""
+    from porting.cluster.preflight import run_train_preflight
+
+    rep = run_train_preflight(rec, out, node_rank)
+    bad = [c for c in rep["checks"] if c["status"] == "fail"]
+    if bad:
+        raise PortingError(f"preflight: {bad[0]['check']}: {bad[0]['detail']} (or skip the check: --no-preflight)")
+    click.echo("preflight: " + ", ".join(f"{c['check']} {c['status']}" for c in rep["checks"]), err=True)
 
 
 def _make_run_dir(out: Path) -> None:

@@ -24,6 +24,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from model_zoo.files import read_json_object, write_atomic
@@ -68,21 +69,39 @@ def check_port_free(port: int, host: str = "0.0.0.0") -> dict:
     return _row("master port", OK, f"port {port} is free")
 
 
-def check_master_reachable(addr: str, port: int, timeout_s: float = 3.0) -> dict:
+def check_master_reachable(addr: str, port: int, timeout_s: float = 3.0, wait_s: float = 0.0) -> dict:
+    """Node 0's scheduler at ``addr:port``, as the other nodes see it.
+
+    No answer within ``timeout_s`` (a dropped SYN, no route) fails. A refused connection proves the
+    host is there but nothing listens: with ``wait_s`` 0 (`port doctor` before the job starts) that is
+    a warning; with ``wait_s`` > 0 (`port train` on node k > 0, node 0 being started too) the check
+    retries until ``wait_s`` has passed and then fails. Every wait is bounded."""
     try:
         ip = socket.gethostbyname(addr)
     except OSError as e:
         return _row("master address", FAIL, f"{addr} does not resolve ({e}); set cluster.master_addr to node 0's "
                                             f"address as every node sees it")
-    try:
-        with socket.create_connection((ip, port), timeout=timeout_s):
-            pass
-    except ConnectionRefusedError:
-        return _row("master address", OK, f"{addr} ({ip}) answers (port {port} refused: nothing listens yet)")
-    except OSError as e:
-        return _row("master address", FAIL, f"{addr}:{port} unreachable ({e.strerror or e}) within {timeout_s:.0f} s; "
-                                            f"check the route and firewall from this node to node 0")
-    return _row("master address", OK, f"{addr}:{port} ({ip}) is reachable")
+    deadline = time.monotonic() + max(wait_s, 0.0)
+    while True:
+        try:
+            with socket.create_connection((ip, port), timeout=timeout_s):
+                return _row("master address", OK, f"{addr}:{port} ({ip}) is reachable and listening")
+        except ConnectionRefusedError:
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(min(0.5, max(deadline - time.monotonic(), 0.0)))
+        except OSError as e:
+            why = "no answer" if isinstance(e, (socket.timeout, TimeoutError)) else (e.strerror or str(e))
+            return _row("master address", FAIL, f"{addr}:{port} ({ip}) unreachable: {why} within {timeout_s:g} s; "
+                                                f"check that cluster.master_addr is node 0's address as this node "
+                                                f"sees it, and the route and firewall from this node to it")
+    if wait_s <= 0:
+        return _row("master address", WARN, f"{addr} ({ip}) answers but nothing listens on port {port} yet: "
+                                            f"expected before node 0's job starts (`port train` on this node "
+                                            f"waits for it)")
+    return _row("master address", FAIL, f"{addr}:{port} ({ip}) refused connections for {wait_s:g} s: nothing "
+                                        f"listens there; start node 0 first (its msrun scheduler listens on "
+                                        f"cluster.master_port), or set cluster.master_addr/master_port to node 0's")
 
 
 def check_rank_table(path: str | None, nodes: int, per_node: int) -> dict:
@@ -236,7 +255,9 @@ def run_preflight(recipe_path: str | os.PathLike, *, node_rank: int = 0, fingerp
     else:
         rows.append(check_master_reachable(c.master_addr, c.master_port))
     rows.append(check_rank_table(rank_table or c.rank_table_file, c.nodes, c.devices_per_node))
-    rows.append(check_stale())
+    # scoped as `port train`'s: its run directory, and on Ascend its NPUs (other jobs on a shared machine
+    # are not stale); check_stale() lists every training process on the machine
+    rows.append(check_stale_for_run(Path(recipe.output_dir), node_rank, launch_devices(recipe)))
     if fingerprint_dir is not None:
         write_fingerprint(fingerprint_dir, node_rank, fingerprint())
         rows.append(compare_fingerprints(fingerprint_dir, c.nodes) if node_rank == 0 else
@@ -251,6 +272,145 @@ def run_preflight(recipe_path: str | os.PathLike, *, node_rank: int = 0, fingerp
         rows.append(_row("smoke all-reduce", INFO, "run on the master node (or fix the rows above first)"))
     return {"recipe": str(recipe_path), "node_rank": node_rank, "master": f"{c.master_addr}:{c.master_port}",
             "world_size": recipe.world_size, "checks": rows, "ok": not any(r["status"] == FAIL for r in rows)}
+
+
+def run_train_preflight(recipe, run_dir: Path, node_rank: int = 0, smoke: bool | None = None) -> dict:
+    """What `port train` checks on this node before it launches, cheap unless a cluster is involved.
+
+    Always: no training process uses this run directory, and on Ascend no process holds this node's
+    NPUs; the rank table against the recipe when there is one. Under msrun: the
+    master port is free on node 0 (which hosts the scheduler at master_addr, so master_addr must be
+    this machine), or node 0's scheduler answers from node k > 0 (waited for, bounded by
+    ``cluster_time_out`` and 120 s). The smoke all-reduce (``smoke=None``: on Ascend, where HCCL
+    links are what fails; the CPU job's own first step is its smoke test) runs on node 0."""
+    c = recipe.cluster
+    rows = []
+    if recipe.world_size > 1 and node_rank == 0:
+        rows.append(check_port_free(c.master_port) if _is_local(c.master_addr) else
+                    _row("master address", FAIL, f"node 0 hosts the msrun scheduler at cluster.master_addr, but "
+                                                 f"{c.master_addr} is not an address of this machine; run node 0 "
+                                                 f"on {c.master_addr} or set cluster.master_addr to this machine"))
+    elif recipe.world_size > 1:
+        rows.append(check_master_reachable(c.master_addr, c.master_port, wait_s=min(c.cluster_time_out, 120)))
+    if c.rank_table_file:
+        rows.append(check_rank_table(c.rank_table_file, c.nodes, c.devices_per_node))
+    rows.append(check_stale_for_run(Path(run_dir), node_rank, launch_devices(recipe)))
+    want_smoke = c.device == "ascend" if smoke is None else smoke
+    if want_smoke and node_rank == 0 and c.devices_per_node > 1 and not any(r["status"] == FAIL for r in rows):
+        rows.append(smoke_allreduce(c.devices_per_node if c.device == "ascend" else 2, _free_port(),
+                                    device="Ascend" if c.device == "ascend" else "CPU"))
+    return {"node_rank": node_rank, "master": f"{c.master_addr}:{c.master_port}", "world_size": recipe.world_size,
+            "checks": rows, "ok": not any(r["status"] == FAIL for r in rows)}
+
+
+def check_stale_for_run(run_dir: Path, node_rank: int, devices: list[int] | None = None) -> dict:
+    """Processes that would collide with a launch into ``run_dir`` from this node: training processes
+    naming the run directory in their command line or holding a file in it open (two jobs writing one
+    run directory), and, with ``devices`` (Ascend), any process holding one of those NPUs open
+    (``/dev/davinciN``: HCCP then fails with EJ0001). The other node ranks of the same job started on
+    this machine (``--launch-node M`` / ``--node_rank=M``, and their children) are not stale."""
+    target = Path(os.path.abspath(run_dir))
+    nodes = {f"/dev/davinci{d}" for d in devices or ()}
+    procs = _process_table()
+    siblings = {pid for pid, (_, argv, _) in procs.items() if _node_of(argv) not in (None, node_rank)}
+    own = _ancestors()
+    found = []
+    for pid, (_, argv, cwd) in procs.items():
+        if pid in own or _descends(pid, siblings, procs):
+            continue
+        training = _is_training(argv) or _is_worker(argv)
+        if (training and (_names_dir(argv, cwd, target) or _holds(pid, lambda p: p == target or target in p.parents))
+                or nodes and _holds(pid, lambda p: str(p) in nodes)):
+            found.append((pid, " ".join(argv).strip()[:160]))
+    if not found:
+        return _row("stale processes", OK, f"no training process on {target}"
+                    + (f", no process on NPU(s) {sorted(devices or ())}" if nodes else ""))
+    listing = "; ".join(f"pid {p}: {cmd}" for p, cmd in sorted(found)[:4])
+    return _row("stale processes", FAIL, f"{len(found)} process(es) still running on {target}"
+                + (f" or NPU(s) {sorted(devices or ())} (HCCP then fails with EJ0001)" if nodes else "")
+                + f": {listing}; stop them (kill PID) or choose another --run-dir")
+
+
+def launch_devices(recipe) -> list[int] | None:
+    """The NPUs this node's job opens: ASCEND_RT_VISIBLE_DEVICES, else 0..devices_per_node-1 (Ascend)."""
+    if recipe.cluster.device != "ascend":
+        return None
+    visible = os.environ.get("ASCEND_RT_VISIBLE_DEVICES", "")
+    ids = [int(v) for v in visible.split(",") if v.strip().isdigit()]
+    return ids or list(range(recipe.cluster.devices_per_node))
+
+
+def _process_table() -> dict[int, tuple[int, list[str], str]]:
+    """pid -> (parent pid, argv, cwd) of the processes this user can read."""
+    table = {}
+    for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else []:
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().decode("utf-8", "replace").split("\0")
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        try:
+            cwd = os.readlink(entry / "cwd")
+        except OSError:
+            cwd = "/"
+        if argv and argv[-1] == "":
+            argv = argv[:-1]
+        table[int(entry.name)] = (ppid, argv, cwd)
+    return table
+
+
+def _is_worker(argv: list[str]) -> bool:
+    return any(a.endswith(os.path.join("porting", "train", "worker.py")) for a in argv[:3])
+
+
+def _node_of(argv: list[str]) -> int | None:
+    """The node rank a launcher's command line names (`--launch-node N`, msrun's `--node_rank=N`)."""
+    for i, a in enumerate(argv):
+        for flag in ("--launch-node", "--node_rank"):
+            value = a[len(flag) + 1:] if a.startswith(flag + "=") else (argv[i + 1] if a == flag and
+                                                                          i + 1 < len(argv) else None)
+            if value is not None and value.lstrip("-").isdigit():
+                return int(value)
+    return None
+
+
+def _descends(pid: int, roots: set[int], procs: dict) -> bool:
+    seen = set()
+    while pid > 1 and pid not in seen:
+        if pid in roots:
+            return True
+        seen.add(pid)
+        pid = procs.get(pid, (0,))[0]
+    return False
+
+
+def _names_dir(argv: list[str], cwd: str, target: Path) -> bool:
+    """An argument (or the value after `=`) that is ``target`` or a path inside it."""
+    for a in argv[1:]:
+        value = a.rsplit("=", 1)[-1]
+        if not value or "/" not in value and value != target.name:
+            continue
+        path = Path(os.path.normpath(os.path.join(cwd, value)))
+        if path == target or target in path.parents:
+            return True
+    return False
+
+
+def _holds(pid: int, match) -> bool:
+    """Whether one of the process's open files (``/proc/PID/fd``, the first 4,096) satisfies ``match``."""
+    try:
+        fds = list(Path(f"/proc/{pid}/fd").iterdir())[:4096]
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            if match(Path(os.readlink(fd))):
+                return True
+        except OSError:
+            continue
+    return False
 
 
 def _free_port() -> int:

@@ -16,7 +16,8 @@ from porting.diagnostics import DiagnosticsError
 from porting.diagnostics.grammar import Event, error_table, fmt_ts
 from porting.diagnostics.ranks import (RankView, add_missing_ranks, clock_offsets, corrected, merge_ranks,
                                        rank_key, ranks_from_pids, sort_key)
-from porting.diagnostics.scan import FileScan, scan_dir
+from porting.diagnostics.scan import FileScan
+from porting.diagnostics.walk import scan_dir
 from porting.diagnostics.evidence import EvidenceContext
 from porting.diagnostics.verdict import Scheduler, Verdict, decide, rank_status
 
@@ -100,12 +101,24 @@ def _apply_offsets(readable: list[FileScan], views: dict[int | str, RankView], w
                             f"(estimated from steps finished together); times corrected")
 
 
-def _rank_of_ip(rank_table: str | os.PathLike | None) -> dict[str, int]:
+def _table_context(rank_table: str | os.PathLike | None) -> tuple[dict[str, int], tuple[tuple[int, ...], ...]]:
+    """The rank table's address -> rank map, and each server's rank ids (server_list order)."""
     if rank_table is None:
-        return {}
+        return {}, ()
     from porting.cluster import ranktable
 
-    return ranktable.parse(ranktable.load(rank_table)).rank_of_ip()
+    table = ranktable.parse(ranktable.load(rank_table))
+    return table.rank_of_ip(), tuple(tuple(sorted(d.rank_id for d in s.device)) for s in table.server_list)
+
+
+def _group_members(scans: list[FileScan]) -> dict[tuple[str, int], tuple[int, str]]:
+    """(group, rank in it) -> (global rank, file that says so), from processes whose global rank is known."""
+    out: dict[tuple[str, int], tuple[int, str]] = {}
+    for sc in scans:
+        if isinstance(sc.rank, int):
+            for group, grank, _size in sc.comm_inits:
+                out.setdefault((group, grank), (sc.rank, sc.path))
+    return out
 
 
 def diagnose(logdir: str | os.PathLike, jobs: int | None = None, world_size: int | None = None,
@@ -114,7 +127,7 @@ def diagnose(logdir: str | os.PathLike, jobs: int | None = None, world_size: int
     ranks without any log count as silent (no output); with ``rank_table``, peer addresses in
     socket timeouts are mapped to ranks."""
     logdir = Path(logdir)
-    context = EvidenceContext(world_size, _rank_of_ip(rank_table))
+    rank_of_ip, server_ranks = _table_context(rank_table)
     scans, walk_problems = scan_dir(logdir, jobs)
     readable = [sc for sc in scans if not sc.problem]
     warnings = _warnings(scans, walk_problems)
@@ -123,6 +136,7 @@ def diagnose(logdir: str | os.PathLike, jobs: int | None = None, world_size: int
                                f"({'; '.join(warnings[:3]) or 'all empty'}); check permissions and that "
                                f"these are text logs")
     ranks_from_pids(readable)
+    context = EvidenceContext(world_size, rank_of_ip, server_ranks, _group_members(readable))
     views = merge_ranks(readable)
     add_missing_ranks(views, world_size, warnings)
     _apply_offsets(readable, views, warnings)

@@ -10,7 +10,10 @@ Three kinds of evidence, strongest first:
    is a rank that did not report (outside these logs).
 2. **named peers**: HCCL ``Cluster Exception Location[IP/ID]`` (a heartbeat report naming the faulty
    rank) and ``remote rank: [N]`` of EI0002/EI0006. A remote rank is the rank *within the group*
-   (``group:[...]``, ``rankSize[...]``); with the default (world) group it is the global rank.
+   (``group:[...]``, ``rankSize[...]``); with the default (world) group it is the global rank. A
+   sub-group's rank maps to a global rank when a plog here shows which process is that rank of that
+   group (``HcclCommInitRootInfo success ... rank[N] ... identifier[GROUP]``); otherwise the verdict
+   says the rank is group-local and which group.
 3. **socket peers**: a connect/socket timeout names the peer address; with ``--rank-table`` the
    address maps to a rank (``device_ip``/``host_ip``), else the verdict names the address.
 """
@@ -29,9 +32,34 @@ ENTRY_LOG = "HCCL_ENTRY_LOG_ENABLE=1 on a rerun (logs every collective's entry p
 
 @dataclasses.dataclass(frozen=True)
 class EvidenceContext:
-    """What the user told us besides the logs: the world size and the rank table's address map."""
+    """What the user told us besides the logs (the world size; from the rank table: who an address is
+    and each server's rank ids in server_list order), and what the logs said about communication
+    groups: (group, rank within the group) -> global rank, from HCCL's communicator set-up lines of
+    processes whose global rank is known."""
     world_size: int | None = None
     rank_of_ip: dict[str, int] = dataclasses.field(default_factory=dict)
+    server_ranks: tuple[tuple[int, ...], ...] = ()
+    group_members: dict[tuple[str, int], tuple[int, str]] = dataclasses.field(default_factory=dict)
+
+
+def global_from_local(facts: dict, ctx: EvidenceContext) -> tuple[int | None, str]:
+    """torch elastic's ``local_rank: L`` as a global rank: with the node rank and nproc_per_node the
+    log shows (global = node_rank x nproc_per_node + L), or the rank table's server of that node (its
+    L-th rank id; a one-server table is node 0). Else None, and what is missing."""
+    local = facts["local_rank"]
+    node, per = facts.get("node_rank"), facts.get("nproc_per_node")
+    if node is None and len(ctx.server_ranks) == 1:
+        node = 0
+    if node is not None and node < len(ctx.server_ranks) and local < len(ctx.server_ranks[node]):
+        g = ctx.server_ranks[node][local]
+        return g, f"; local_rank {local} on node {node} is global rank {g} (the rank table's server {node})"
+    if node is not None and per:
+        g = node * per + local
+        return g, (f"; local_rank {local} on node {node} with nproc_per_node {per} (from the log) is global "
+                   f"rank {g}")
+    missing = " and ".join(w for w, v in (("the node rank", node), ("nproc_per_node", per)) if v is None)
+    return None, (f"; torchrun names local_rank {local} only: the global rank is node_rank x nproc_per_node + "
+                  f"{local}, and this log does not show {missing} (paste the launch command, or pass --rank-table)")
 
 
 def _events(views: dict[int | str, RankView]) -> list[tuple[RankView, Event]]:
@@ -81,7 +109,7 @@ def _from_seqnums(views: dict[int | str, RankView], ctx: EvidenceContext) -> Ver
                     "each rank's CANN plog (~/ascend/log/debug/plog)", ENTRY_LOG))
 
 
-def _from_named_peers(views: dict[int | str, RankView]) -> Verdict | None:
+def _from_named_peers(views: dict[int | str, RankView], ctx: EvidenceContext) -> Verdict | None:
     located: Counter = Counter()
     remote: Counter = Counter()
     groups: dict[int, tuple[str | None, int | None]] = {}
@@ -108,18 +136,31 @@ def _from_named_peers(views: dict[int | str, RankView]) -> Verdict | None:
     if not remote:
         return None
     r, n = remote.most_common(1)[0]
-    if r in logged:
-        return None   # that rank's own log is here: the cause/stall logic reads it
     group, size = groups[r]
+    e = sample[r]
+    member = ctx.group_members.get((group, r)) if group else None
+    if member is not None:
+        g, source = member
+        if g in logged and any(v.rank == g and v.first_cause for v in views.values()):
+            return None   # its own log is here and shows a cause: the cause logic reads it
+        return Verdict(g, None, f"waited for: {n} timeout report(s) wait for remote rank {r} of communication group "
+                                f"{group}" + (f" (rankSize {size})" if size else "") + f", which is global rank {g} "
+                                f"(HCCL's communicator set-up line in {source} says so)", "comm_timeout",
+                       (e.as_dict(),), "high" if n > 1 else "medium",
+                       f"EI0002/EI0006 name remote rank {r} of group {group}; {source} is rank {r} of that group "
+                       f"and global rank {g}", (f"global rank {g}'s log and plog", ENTRY_LOG))
+    if r in logged and not group:
+        return None   # that rank's own log is here: the cause/stall logic reads it
     scope = (f"rank {r} of communication group {group}" + (f" (rankSize {size})" if size else "")
              if group else f"rank {r}")
-    e = sample[r]
-    note = ("; a remote rank is numbered within its group: with a sub-group (tensor/pipeline parallel) map it to "
-            "the global rank with that group's rank list" if group else "")
+    note = ("; a remote rank is numbered within its group: this is the group-local rank, and no log here says "
+            f"which global rank is rank {r} of {group} (each rank's plog does: 'HcclCommInitRootInfo success ... "
+            f"rank[{r}] ... identifier[{group}]')" if group else "")
     return Verdict(r, None, f"waited for: {n} timeout report(s) wait for remote {scope}, whose log is not here{note}",
                    "comm_timeout", (e.as_dict(),), "medium" if n == 1 else "high",
                    f"EI0002/EI0006 name remote rank {r}" + (f" of group {group}" if group else ""),
-                   (f"the log and plog of remote {scope}", ENTRY_LOG))
+                   (f"the log and plog of remote {scope}" + (" (every rank's plog, to map it to a global rank)"
+                                                             if group else ""), ENTRY_LOG))
 
 
 def _from_socket_peers(views: dict[int | str, RankView], ctx: EvidenceContext) -> Verdict | None:
@@ -152,7 +193,7 @@ def _from_socket_peers(views: dict[int | str, RankView], ctx: EvidenceContext) -
 
 def from_field_evidence(views: dict[int | str, RankView], ctx: EvidenceContext) -> Verdict | None:
     """The strongest suspect the timeout reports point at, or None when they name nobody."""
-    for finder in (lambda: _from_named_peers(views), lambda: _from_seqnums(views, ctx),
+    for finder in (lambda: _from_named_peers(views, ctx), lambda: _from_seqnums(views, ctx),
                    lambda: _from_socket_peers(views, ctx)):
         found = finder()
         if found is not None:

@@ -4,7 +4,8 @@ Error lines are found with literal searches (fast C loops, so 10,000-line files 
 the last progress (step, collective) of each chunk with reverse searches. Each line is looked at
 once and at most ``MAX_LINE`` bytes of it are classified, so time is linear in the file size even
 for one long line full of error words. Files are independent, so large directories are scanned by
-a process pool. Non-regular files (FIFOs, devices) are skipped with a note; UTF-16 logs are decoded.
+a process pool (porting/diagnostics/walk.py). Non-regular files (FIFOs, devices) are skipped with a note;
+UTF-16 logs are decoded.
 """
 
 from __future__ import annotations
@@ -15,13 +16,10 @@ import os
 import re
 import stat
 from collections import Counter
-from concurrent.futures import ProcessPoolExecutor
-from pathlib import Path
 from typing import Iterator
 
-from porting.diagnostics import DiagnosticsError
-from porting.diagnostics.field import (REPORTER_RES, line_facts, prefixed_ranks, root_cause_rank,
-                                       split_by_rank_prefix)
+from porting.diagnostics.field import (COMM_INIT_LITERAL, REPORTER_RES, WORLD_GROUPS, comm_inits, launch_layout, line_facts,
+                                       prefixed_ranks, root_cause_rank, split_by_rank_prefix)
 from porting.diagnostics.grammar import (ASCEND_CODE_RE, COLLECTIVE_RE, EXC_LINE_RE, MAX_LINE, PID_RE,
                                          ERROR_SCAN_RE, SCHED_FIRST_RE, SCHED_TIMEOUT_RE, STEP_RE, TORCH_NPU_RE,
                                          TS_RE, Event, classify_file, classify_line, clean, error_table,
@@ -32,6 +30,7 @@ MAX_ERROR_LINES = 4097  # error lines looked at per chunk (a file where every li
 MAX_EVENTS_PER_FILE = 24  # error events kept per file (the first ones; the rest are counted)
 STEP_SAMPLES = 32        # last step timestamps kept per file for clock-skew estimation
 MAX_SPLIT_BYTES = 256 << 20  # a [rankN]:-prefixed file up to this size is split per rank in memory
+MAX_COMM_INITS = 256      # communicator set-up lines kept per file (one per group a process joins)
 BINARY_FRACTION = 0.05   # control bytes (not tab/newline/CR/ESC) above this share of the head = binary
 _TEXT_BYTES = bytes([9, 10, 13, 27]) + bytes(range(32, 127)) + bytes(range(128, 256))
 
@@ -61,7 +60,8 @@ class FileScan:
     replaced_bytes: bool = False # NUL bytes removed
     note: str | None = None      # how the file was read, when not plainly (UTF-16 decoded)
     parts: list["FileScan"] = dataclasses.field(default_factory=list)  # per-rank parts of a [rankN]: file
-
+    layout: dict = dataclasses.field(default_factory=dict)   # node_rank / nproc_per_node the text shows
+    comm_inits: list[tuple[str, int, int]] = dataclasses.field(default_factory=list)  # HCCL (group, rank, size)
 
 
 def _line_bounds(buf: bytes, pos: int) -> tuple[int, int]:
@@ -82,7 +82,6 @@ def _ts_before(buf: bytes, start: int) -> tuple[float | None, bool]:
     for m in TS_RE.finditer(buf, lo, start):
         last = m
     return (parse_ts(last), False) if last else (None, False)
-
 
 
 def _exception_summary(buf: bytes, start: int) -> tuple[bytes, int] | None:
@@ -133,6 +132,7 @@ class _Scanner:
         self.carry_ts: float | None = None  # last timestamp seen in earlier chunks
         self.consumed_upto = 0    # offset in the chunk below which lines were already turned into events
         self._count_at = (0, 0)   # (offset, newlines before it) in the current chunk
+        self._chunk_lines = 0     # newlines in the current chunk
 
     def chunk(self, buf: bytes) -> None:
         s = self.s
@@ -147,11 +147,14 @@ class _Scanner:
                 s.sched_first = int(sf.group(1))
         self.consumed_upto = 0
         self._count_at = (0, 0)
+        self._chunk_lines = buf.count(b"\n")
         for st in error_line_starts(buf):
             if st >= self.consumed_upto:
                 self._error_line(buf, st)
         self._last_step(buf)
-        last_coll = max(buf.rfind(lit) for lit in COLLECTIVE_LITERALS)
+        last_coll = -1
+        for lit in COLLECTIVE_LITERALS:   # each later search only looks after the best hit so far
+            last_coll = max(last_coll, buf.rfind(lit, last_coll + 1))
         if last_coll >= 0:
             self._last_collective(buf, last_coll)
         tail = buf[-8192:] if len(buf) > 8192 else buf
@@ -163,12 +166,15 @@ class _Scanner:
             if t is not None:
                 s.last_ts = t
                 self.carry_ts = t
-        self.line_base += buf.count(b"\n")
+        self.line_base += self._chunk_lines
 
     def _lineno(self, buf: bytes, st: int) -> int:
         """1-based line number of offset ``st``; counted on from the previous call (starts only grow)."""
         at, n = self._count_at
-        n += buf.count(b"\n", at, st)
+        if st - at > len(buf) - st:   # nearer the end (the usual last error): count the tail instead
+            n = self._chunk_lines - buf.count(b"\n", st)
+        else:
+            n += buf.count(b"\n", at, st)
         self._count_at = (st, n)
         return self.line_base + n + 1
 
@@ -177,6 +183,8 @@ class _Scanner:
         s = self.s
         _, end = _line_bounds(buf, st)
         line = buf[st:min(end, st + MAX_LINE)]
+        if COMM_INIT_LITERAL in line and len(s.comm_inits) < MAX_COMM_INITS:
+            s.comm_inits += comm_inits(line)[:MAX_COMM_INITS - len(s.comm_inits)]
         if not is_error_line(line):
             return
         s.error_lines += 1
@@ -204,6 +212,8 @@ class _Scanner:
         if ts is None:
             ts, exact = self.carry_ts, False
         facts = line_facts(line)
+        if "local_rank" in facts:
+            facts.update(s.layout)   # what maps it to a global rank, when the log shows the layout
         if line.startswith(b"Root Cause (first observed failure)") and (r := root_cause_rank(buf[end:])) is not None:
             facts["root_cause_rank"] = r
         s.events.append(Event(s.path, self._lineno(buf, st), ts, exact, kind, role, label,
@@ -214,11 +224,11 @@ class _Scanner:
         samples: list[tuple[int, float]] = []
         found_last = False
         p = len(buf)
-        cap = buf.rfind(b"Step")  # capitalised form, searched once (rare in practice)
         while len(samples) < STEP_SAMPLES:
-            if cap >= p:
-                cap = buf.rfind(b"Step", 0, p)
-            p = max(buf.rfind(b"step", 0, p), cap)
+            low = buf.rfind(b"step", 0, p)
+            # the capitalised form only between that hit and p: a whole-chunk search for a rare word
+            # cost a full reverse pass per chunk
+            p = max(low, buf.rfind(b"Step", max(low, 0), p))
             if p < 0:
                 break
             st, end = _line_bounds(buf, p)
@@ -231,7 +241,8 @@ class _Scanner:
                 if not found_last:
                     found_last = True
                     s.last_step, s.last_step_ts = step, ts
-                    s.last_step_line = self.line_base + buf.count(b"\n", 0, st) + 1
+                    # counted from the end: the last step is near it, so this reads a few lines only
+                    s.last_step_line = self.line_base + self._chunk_lines - buf.count(b"\n", st) + 1
                 if ts is not None and exact:
                     samples.append((step, ts))
                 else:
@@ -314,7 +325,7 @@ def _identify(scan: FileScan, rel: str, head: bytes) -> None:
         if len(named) == 1:
             scan.rank = named.pop()
     pm = re.match(r"^(?:plog|device)-(\d+)_", os.path.basename(rel))
-    pc = PID_RE.search(head)
+    pc = PID_RE.search(head) if b"[" in head else None   # the multi-line regex costs a pass
     scan.pid = int(pm.group(1)) if pm else (int(pc.group(1)) if pc else None)
 
 
@@ -348,7 +359,8 @@ def _split_parts(scan: FileScan, data: bytes) -> list[FileScan]:
     parts = []
     for rank, text in sorted(split_by_rank_prefix(data).items(), key=lambda kv: (kv[0] is None, kv[0] or 0)):
         part = FileScan(path=f"{scan.path}[rank{rank}]" if rank is not None else scan.path, kind=scan.kind,
-                        rank=rank if rank is not None else scan.rank, pid=scan.pid, note=scan.note)
+                        rank=rank if rank is not None else scan.rank, pid=scan.pid, note=scan.note,
+                        layout=scan.layout)
         _scan_chunks(part, iter([text]))
         parts.append(part)
     return parts
@@ -376,6 +388,7 @@ def scan_file(root: str, rel: str) -> FileScan:
             if encoding:
                 scan.note = f"{encoding.upper()} text (not UTF-8), decoded"
             _identify(scan, rel, head)
+            scan.layout = launch_layout(head)
             f.seek(0)
             if len(prefixed_ranks(head)) >= 2 and os.fstat(f.fileno()).st_size <= MAX_SPLIT_BYTES:
                 scan.parts = _split_parts(scan, b"".join(_utf8_chunks(f, encoding)))
@@ -384,58 +397,7 @@ def scan_file(root: str, rel: str) -> FileScan:
                 _scan_chunks(scan, _utf8_chunks(f, encoding))
     except OSError as e:
         scan.problem = f"unreadable: {e.strerror or e}"
+    if scan.rank is None and scan.kind != "msrun_scheduler":
+        # a plog that names no rank still says which rank of the world communicator its process is
+        scan.rank = next((r for g, r, _ in scan.comm_inits if g in WORLD_GROUPS), None)
     return scan
-
-
-# ---------------------------------------------------------------------------------------------
-# Directory walk.
-
-LOG_SUFFIXES = (".log", ".txt", ".out", ".err")
-
-
-def list_logs(logdir: Path) -> tuple[list[str], list[str]]:
-    """Relative paths of log files under ``logdir`` and problems met while walking."""
-    if not logdir.exists():
-        raise DiagnosticsError(f"{logdir}: no such directory; pass the job's log directory "
-                               f"(msrun --log_dir, a run's logs/, or a CANN log dir)")
-    if not logdir.is_dir():
-        raise DiagnosticsError(f"{logdir}: is a file; pass the directory that holds the logs")
-    if not os.access(logdir, os.R_OK | os.X_OK):
-        raise DiagnosticsError(f"{logdir}: directory is not readable (permissions); run as the job's user "
-                               f"or copy the logs")
-    found: list[str] = []
-    problems: list[str] = []
-
-    def onerror(e: OSError) -> None:
-        problems.append(f"{e.filename}: unreadable directory ({e.strerror})")
-
-    for dirpath, _dirs, files in os.walk(logdir, onerror=onerror):
-        for name in files:
-            if name.endswith(LOG_SUFFIXES) or re.match(r"^(plog|device)-\d+_\d+", name):
-                full = os.path.join(dirpath, name)
-                found.append(os.path.relpath(full, logdir))
-    found.sort()
-    return found, problems
-
-
-def scan_dir(logdir: Path, jobs: int | None = None) -> tuple[list[FileScan], list[str]]:
-    files, problems = list_logs(logdir)
-    if not files:
-        raise DiagnosticsError(
-            f"{logdir}: no log files found (looked for worker_<r>.log, scheduler.log, rank_<r>.log, "
-            f"plog-<pid>_<ts>.log and other *.log/*.txt); pass msrun's --log_dir or the run's logs/")
-    root = str(logdir)
-    jobs = jobs or min(os.cpu_count() or 1, 8)
-    if jobs <= 1 or len(files) < 64:
-        scans = [scan_file(root, rel) for rel in files]
-    else:
-        with ProcessPoolExecutor(max_workers=jobs) as pool:
-            scans = list(pool.map(_scan_star, ((root, rel) for rel in files), chunksize=32))
-    return [part for sc in scans for part in (sc.parts or [sc])], problems
-
-
-def _scan_star(args: tuple[str, str]) -> FileScan:
-    return scan_file(*args)
-
-
-# ---------------------------------------------------------------------------------------------

@@ -9,13 +9,15 @@ scheduler's list of timed-out nodes names consequences, not necessarily the stal
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 
 from porting.diagnostics.grammar import fmt_ts
-from porting.diagnostics.evidence import EvidenceContext, from_field_evidence
+from porting.diagnostics.evidence import EvidenceContext, from_field_evidence, global_from_local
 from porting.diagnostics.outcome import Scheduler, Verdict
 from porting.diagnostics.ranks import RankView, corrected, sort_key
 
+HCCL_CALL_RE = re.compile(r"\bHccl[A-Z]\w+, error code is|HCCL function error")
 CAUSE_KINDS = {"oom": "oom", "exception": "exception", "crash": "crash", "device": "device_error",
                "config": "config", "operator": "operator_error", "worker_exit": "worker_exit"}
 
@@ -30,13 +32,15 @@ def _cause_ranks(ranks: list[RankView]) -> list[RankView]:
         ct, qt = corrected(c.ts, v.offset), corrected(q.ts, v.offset) if q else None
         if q is not None and c.kind == "error":
             continue  # a generic error line on a rank that also timed out is part of the timeout report
+        if q is not None and c.kind == "exception" and HCCL_CALL_RE.search(c.text):
+            continue  # torch_npu raises when its HCCL call fails: the rank's own timeout report says why
         if q is not None and qt is not None and ct is not None and qt < ct - 1.0:
             continue  # this rank first timed out waiting; its later error is fallout
         causes.append(v)
     return causes
 
 
-def _from_causes(causes: list[RankView]) -> Verdict:
+def _from_causes(causes: list[RankView], ctx: EvidenceContext = EvidenceContext()) -> Verdict:
     real = [v for v in causes if v.first_cause.kind != "error"] or causes
     first = min(real, key=lambda v: (corrected(v.first_cause.ts, v.offset) is None,
                                       corrected(v.first_cause.ts, v.offset) or 0.0, sort_key(v.rank)))
@@ -52,6 +56,10 @@ def _from_causes(causes: list[RankView]) -> Verdict:
                                           else e.facts.get("reporter", first.rank))
     if root is not None:
         reason += f"; torchrun's root cause (first observed failure) is rank {root}"
+    elif not isinstance(rank, int) and "local_rank" in e.facts:
+        mapped, note = global_from_local(e.facts, ctx)
+        rank = mapped if mapped is not None else rank
+        reason += note
     sure = "high" if len(real) == 1 or e.kind != "error" else "medium"
     why = (f"its first error is a {e.label} that no collective timeout of its own preceded"
            + (f"; {len(real) - 1} other rank(s) failed later" if len(real) > 1 else ""))
@@ -163,7 +171,7 @@ def decide(views: dict[int | str, RankView], sched: Scheduler = Scheduler(),
         return Verdict(None, None, "no rank logs could be read", "no_output", (), "low")
     causes = _cause_ranks(ranks)
     if causes:
-        return _from_causes(causes)
+        return _from_causes(causes, context)
     timed_out = [v for v in ranks if v.first_consequence is not None]
     if timed_out:
         return from_field_evidence(views, context) or _from_timeouts(ranks, timed_out, sched)

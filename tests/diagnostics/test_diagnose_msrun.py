@@ -85,9 +85,12 @@ def test_stalled_rank_is_named_not_the_rank_the_scheduler_blames(jobs):
     assert rows[0]["status"] == "timed out (consequence)" and rows[0]["last_step"] == 2
     assert rows[0]["first_error"]["kind"] == "comm_timeout"
     assert rows[1]["first_error"] is None
-    # msrun's scheduler reports rank 0 (the one that waited) as timed out: a consequence
-    assert d["scheduler"]["timed_out_ranks"] == [0]
-    assert "consequences" in d["reason"]
+    # msrun's scheduler reports rank 0 (the one that waited) as timed out: a consequence. On a loaded
+    # machine it can lose the stalled rank's heartbeat in the same sweep and list both (seen: {0, 1});
+    # the verdict still names rank 1, and says the scheduler lost it too
+    timed_out = d["scheduler"]["timed_out_ranks"]
+    assert 0 in timed_out and set(timed_out) <= {0, 1}
+    assert ("consequences" in d["reason"]) if timed_out == [0] else ("also lost its heartbeat" in d["reason"])
 
 
 def test_raising_rank_is_the_cause_and_the_exception_is_quoted(jobs):
@@ -119,17 +122,26 @@ def _worker_pid(run: Path, rank: int) -> int | None:
 
 def test_real_port_train_job_with_a_frozen_rank(tmp_path):
     """A real 2-worker `port train` job (msrun) where rank 1 is frozen with SIGSTOP after its first
-    step: rank 0 times out in AllReduce, msrun stops the job, and diagnose names rank 1."""
+    step: rank 0 times out in AllReduce, msrun stops the job, and diagnose names rank 1. A left-over
+    launcher naming the run directory would stop the launch in the preflight: `--no-preflight` launches."""
     import signal
+
+    from porting.cluster import preflight
 
     if not (ROOT / "porting" / "cli" / "train.py").is_file():
         pytest.skip("port train is not on this branch")
     run = tmp_path / "run"
     env = dict(os.environ, MS_CPU_COMM_OP_TIMEOUT="8", MS_NODE_TIMEOUT="10")
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+    stale = subprocess.Popen(["bash", "-c", f"exec -a msrun {sys.executable} -c 'import time; time.sleep(300)' "
+                                            f"--log_dir={run}/logs/msrun"])
+    deadline = time.monotonic() + 5
+    while preflight.check_stale_for_run(run, 0)["status"] != "fail" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert preflight.check_stale_for_run(run, 0)["status"] == "fail"   # the preflight would refuse
     proc = subprocess.Popen([sys.executable, "-m", "porting", "train", "recipes/tiny-cpu.yaml", "--set",
                              f"output_dir={run}", "--set", "cluster.devices_per_node=2",
-                             "--set", f"cluster.master_port={free_port()}"],
+                             "--set", f"cluster.master_port={free_port()}", "--no-preflight"],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             start_new_session=True)
     frozen = None
@@ -146,6 +158,8 @@ def test_real_port_train_job_with_a_frozen_rank(tmp_path):
         assert frozen, "rank 1 never logged its first step"
         out, _ = proc.communicate(timeout=120)
     finally:
+        stale.kill()
+        stale.wait()
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.communicate()
@@ -155,6 +169,7 @@ def test_real_port_train_job_with_a_frozen_rank(tmp_path):
             except ProcessLookupError:
                 pass
     assert proc.returncode != 0, out.decode(errors="replace")[-2000:]
+    assert b"launching: msrun" in out and b"preflight" not in out
     last1 = max(int(line.split(" step ")[1].split("/")[0]) for line in log1.read_text().splitlines()
                 if " INFO step " in line)
     d = diagnose_cli_args(run / "logs", "--world-size", "2")

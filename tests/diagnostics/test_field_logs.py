@@ -140,3 +140,70 @@ def test_plog_directory_layout(tmp_path, shared_logs):
     assert d["formats"].get("plog", 0) >= 4
     assert sorted(r["rank"] for r in d["ranks"]) == [0, 1, 2]
     assert d["first_failing_rank"] in (0, 1, 2) and d["why"]
+
+
+# ------------------------------------------------------------------ local and group-local ranks -> global
+EGOVLP = FIELD / "egovlp_21_torchrun_exitcode_minus9.log"
+EI0002_24 = FIELD / "vllm_ascend_3413_ei0002_remote_rank_24.log"
+
+
+def test_torchrun_local_rank_becomes_global_with_the_launch_layout_the_log_shows(tmp_path):
+    # the real exit line (showlab/EgoVLP#21), pasted with the launch command above it, in the form users
+    # quote it (karpathy/nanoGPT#222: torchrun --nproc_per_node=8 --nnodes=2 --node_rank=1 ...)
+    d = tmp_path / "logs"
+    d.mkdir()
+    (d / "node1.log").write_text("torchrun --nproc_per_node=4 --nnodes=2 --node_rank=1 --master_addr=10.0.0.1 "
+                                 "--master_port=1234 run.py\n" + EGOVLP.read_text())
+    r = diagnose(d)
+    assert r["first_failing_rank"] == 7 and r["reason_kind"] == "crash"
+    assert "local_rank 3 on node 1 with nproc_per_node 4 (from the log) is global rank 7" in r["reason"]
+    # torch elastic's rendezvous block says the same (group_rank=N, local_world_size=M)
+    (d / "node1.log").write_text("  group_rank=1\n  group_world_size=2\n  local_world_size=4\n" + EGOVLP.read_text())
+    assert diagnose(d)["first_failing_rank"] == 7
+
+
+def test_torchrun_local_rank_without_a_layout_says_what_is_missing_or_uses_the_rank_table(tmp_path):
+    d = one(tmp_path, EGOVLP)
+    r = diagnose(d)
+    assert r["first_failing_rank"] == f"file:{EGOVLP.name}"
+    assert "names local_rank 3 only" in r["reason"] and "node rank and nproc_per_node" in r["reason"]
+    # a one-server rank table: node 0, whose 4th rank id is the global rank
+    table = generate.generate([{"server_id": "10.0.0.1", "devices": [{"device_id": i} for i in range(4)]}])
+    rt = tmp_path / "rt.json"
+    generate.write_table(table, rt)
+    r = diagnose(d, rank_table=rt)
+    assert r["first_failing_rank"] == 3 and "the rank table's server 0" in r["reason"]
+    # two servers and no node rank in the log: still not mappable, and it says so
+    two = generate.generate([{"server_id": f"10.0.0.{n}",
+                              "devices": [{"device_id": i, "device_ip": f"10.1.{n}.{i}"} for i in range(4)]}
+                             for n in (1, 2)])
+    rt2 = tmp_path / "rt2.json"
+    generate.write_table(two, rt2)
+    r = diagnose(d, rank_table=rt2)
+    assert r["first_failing_rank"] == f"file:{EGOVLP.name}" and "does not show the node rank" in r["reason"]
+
+
+def plog(rank_in_world: int, world: int, group_rank: int, group: str, size: int) -> str:
+    """A CANN plog of one process with HCCL's communicator set-up lines, in the formats MindCluster
+    FaultDiag's plog parser (ascend_fd) documents, and the plog line layout of ASCEND_FACTS.md."""
+    head = "[INFO] HCCL(7001,python):2025-10-11-15:00:0{}.000.000 [op_base.cc:{}][HCCL_TRACE]"
+    return (head.format(1, 210) + f"HcclCommInitRootInfo success,take time [237063]us, rankNum[{world}], "
+            f"rank[{rank_in_world}], rootInfo identifier[hccl_world_group], server[10.0.0.4], device[0]\n"
+            + head.format(2, 211) + f"HcclCommInitRootInfo success,take time [227304]us, rankNum[{size}], "
+            f"rank[{group_rank}], rootInfo identifier[{group}], server[10.0.0.4], device[0]\n")
+
+
+def test_ei0002_remote_rank_of_a_sub_group_maps_to_the_global_rank_when_a_plog_shows_the_group(tmp_path):
+    d = one(tmp_path, EI0002_24)
+    r = diagnose(d)   # alone: group-local, and which group
+    assert r["first_failing_rank"] == 24 and "group-local rank" in r["reason"] and "group_name_1654" in r["reason"]
+    # the plog of the process that is rank 24 of group_name_1654 (global rank 120 of 128)
+    (d / "plog").mkdir()
+    (d / "plog" / "plog-7001_20251011150000000.log").write_text(plog(120, 128, 24, "group_name_1654", 32))
+    r = diagnose(d)
+    assert r["first_failing_rank"] == 120 and r["reason_kind"] == "comm_timeout"
+    assert "remote rank 24 of communication group group_name_1654 (rankSize 32), which is global rank 120" in r["reason"]
+    assert "plog-7001_20251011150000000.log" in r["reason"] and "global rank 120's log" in r["collect_next"][0]
+    # the same group-local number in another group does not map
+    (d / "plog" / "plog-7001_20251011150000000.log").write_text(plog(120, 128, 24, "group_name_99", 32))
+    assert diagnose(d)["first_failing_rank"] == 24

@@ -31,6 +31,12 @@ def doctor(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=180, env=env)
 
 
+def train(*args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.run([sys.executable, "-m", "porting", "train", str(RECIPE), *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120, env=env)
+
+
 def test_busy_master_port_fails(tmp_path):
     with socket.socket() as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 0)
@@ -48,11 +54,97 @@ def test_busy_master_port_fails(tmp_path):
 def test_unreachable_master_fails():
     row = preflight.check_master_reachable("node0.invalid", 8118)
     assert row["status"] == "fail" and "does not resolve" in row["detail"]
-    # nothing listens on this port yet, but the host answers: that is a reachable master
-    assert preflight.check_master_reachable("127.0.0.1", free_port())["status"] == "ok"
+    # nothing listens on this port yet, but the host answers: before node 0's job starts that is a warning
+    closed = free_port()
+    assert preflight.check_master_reachable("127.0.0.1", closed)["status"] == "warn"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        assert preflight.check_master_reachable("127.0.0.1", s.getsockname()[1])["status"] == "ok"
     r = doctor("--set", "cluster.master_addr=node0.invalid", "--no-smoke", "--json")
     rows = {c["check"]: c for c in json.loads(r.stdout)["checks"]}
     assert r.returncode == 1 and rows["master address"]["status"] == "fail"
+
+
+def test_master_that_resolves_but_does_not_answer_fails_within_the_bound():
+    # a closed loopback port: the host is there, nothing listens for the whole wait (node 0 not started)
+    closed = free_port()
+    t0 = time.monotonic()
+    row = preflight.check_master_reachable("127.0.0.1", closed, timeout_s=0.5, wait_s=1.0)
+    assert time.monotonic() - t0 < 3.0
+    assert row["status"] == "fail" and f"127.0.0.1:{closed}" in row["detail"]
+    assert "refused connections for 1 s" in row["detail"] and "start node 0 first" in row["detail"]
+    # a documentation address (RFC 5737) that no host answers: a dropped SYN times out, a filtering
+    # network refuses or has no route; either way a failure naming it, within the connect timeout (+ wait)
+    t0 = time.monotonic()
+    row = preflight.check_master_reachable("192.0.2.1", 8118, timeout_s=0.5, wait_s=0.5)
+    assert time.monotonic() - t0 < 3.0
+    assert row["status"] == "fail" and "192.0.2.1:8118" in row["detail"]
+    assert "cluster.master_addr" in row["detail"]
+
+
+def test_port_train_on_node_1_waits_a_bounded_time_for_node_0_then_stops(tmp_path):
+    closed = free_port()
+    t0 = time.monotonic()
+    r = train("--run-dir", str(tmp_path / "run"), "--launch-node", "1", "--set", "cluster.nodes=2",
+              "--set", "cluster.devices_per_node=2", "--set", f"cluster.master_port={closed}",
+              "--set", "cluster.cluster_time_out=2")
+    assert time.monotonic() - t0 < 30
+    assert r.returncode != 0 and r.stderr.startswith("error: preflight: master address: ")
+    assert f"127.0.0.1:{closed}" in r.stderr and "start node 0 first" in r.stderr and "--no-preflight" in r.stderr
+    assert not (tmp_path / "run").exists() and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_port_train_refuses_a_busy_master_port(tmp_path):
+    with socket.socket() as s:
+        s.bind(("0.0.0.0", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        r = train("--run-dir", str(tmp_path / "run"), "--set", "cluster.devices_per_node=2",
+                  "--set", f"cluster.master_port={port}")
+    assert r.returncode != 0 and r.stderr.startswith("error: preflight: master port: ")
+    assert f"port {port} is in use" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert "launching" not in r.stderr and not (tmp_path / "run").exists()   # nothing launched, nothing written
+
+
+def stale_job(run: Path, *extra: str) -> subprocess.Popen:
+    """A left-over launcher of an earlier job on ``run`` (by its argv, as /proc shows it)."""
+    code = "import time; time.sleep(60)"
+    cmd = f"exec -a msrun {sys.executable} -c '{code}' --log_dir={run}/logs/msrun " + " ".join(extra)
+    proc = subprocess.Popen(["bash", "-c", cmd])
+    for _ in range(50):
+        if any(pid == proc.pid for pid, _ in preflight.stale_processes()):
+            break
+        time.sleep(0.1)
+    return proc
+
+
+def test_port_train_refuses_a_stale_process_on_its_run_directory(tmp_path):
+    run = tmp_path / "run"
+    proc = stale_job(run)
+    try:
+        r = train("--run-dir", str(run))
+        assert r.returncode != 0 and r.stderr.startswith("error: preflight: stale processes: ")
+        assert f"pid {proc.pid}: msrun" in r.stderr and "kill PID" in r.stderr
+        assert not run.exists()
+        # another run directory does not collide with it
+        assert preflight.check_stale_for_run(tmp_path / "other", 0)["status"] == "ok"
+    finally:
+        proc.kill()
+        proc.wait()
+    assert preflight.check_stale_for_run(run, 0)["status"] == "ok"
+
+
+def test_other_node_ranks_of_the_same_job_on_this_machine_are_not_stale(tmp_path):
+    run = tmp_path / "run"
+    proc = stale_job(run, "--node_rank=1")   # node 1's msrun of this job, started on the same machine
+    try:
+        assert preflight.check_stale_for_run(run, 0)["status"] == "ok"
+        row = preflight.check_stale_for_run(run, 1)   # from node 1's own view it is a second node 1
+        assert row["status"] == "fail" and f"pid {proc.pid}" in row["detail"]
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def test_rank_table_that_disagrees_with_the_recipe_fails(tmp_path):
@@ -96,7 +188,9 @@ def test_stale_training_process_is_found():
         found = dict(preflight.stale_processes())
         assert proc.pid in found and found[proc.pid].startswith("msrun")
         row = preflight.check_stale()
-        assert row["status"] == "fail" and f"pid {proc.pid}" in row["detail"] and "EJ0001" in row["detail"]
+        # the listing shows four (other jobs on a shared machine may come first)
+        assert row["status"] == "fail" and "EJ0001" in row["detail"]
+        assert f"pid {proc.pid}" in row["detail"] or row["detail"].count("; pid ") == 3
     finally:
         proc.kill()
         proc.wait()
