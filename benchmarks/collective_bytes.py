@@ -35,8 +35,10 @@ def rows() -> list[dict]:
         variants = {
             "data parallel, no sharding": sharding.collectives(recipe, cfg, plain),
             "before: sharded, param x mask all-reduce": sharding.collectives(recipe, cfg, choice, legacy_mask=True),
-            "CPU emulation: AllReduce + slice, AllGather": sharding.collectives(
-                recipe, cfg, dataclasses.replace(choice, reduce_scatter=sharding.EMULATED)),
+            # the CPU gathers by AllReduce where the data-parallel group is a sub-group (tensor parallel)
+            "CPU emulation: AllReduce + slice, AllGather (AllReduce with TP)": sharding.collectives(
+                recipe, cfg, dataclasses.replace(choice, reduce_scatter=sharding.EMULATED, all_gather=(
+                    sharding.GATHER_EMULATED if recipe.parallel.tensor_parallel > 1 else sharding.GATHER_NATIVE))),
             "after: Ascend ReduceScatter + AllGather": sharding.collectives(
                 recipe, cfg, dataclasses.replace(choice, reduce_scatter=sharding.NATIVE)),
         }

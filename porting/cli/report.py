@@ -15,7 +15,7 @@ Examples:
   port report runs/tiny-cpu --force                 # replace the earlier report in runs/tiny-cpu/report
   port ops scan --hf stories260k --out runs/tiny-cpu/ops_scan.json && port report runs/tiny-cpu
   port report runs/tiny-cpu --json
-  port report runs/tiny --baseline base.json          # the baseline's loss on the run's loss plot""")
+  port report runs/tiny-cpu --baseline base.json      # the baseline's loss on the run's loss plot""")
 @click.argument("rundir", type=click.Path(path_type=Path))
 @click.option("--out", type=click.Path(path_type=Path),
               help="Report directory (default RUNDIR/report): a new or empty directory outside the run "
