@@ -119,7 +119,8 @@ def choose(recipe, cfg: LlamaConfig) -> ShardingChoice:
     usable = usable_hbm_gib(recipe)
     if one <= usable - MARGIN_GIB:
         return ShardingChoice(True, 1, rs, f"accumulate then one reduce-scatter: {one:.1f} GiB fits {usable:g} GiB "
-                                           f"with {MARGIN_GIB:g} GiB to spare, and moves 1/{accum} of ZeRO-2's bytes", ag)
+                                           f"with {MARGIN_GIB:g} GiB to spare, and moves 1/{accum} of ZeRO-2's bytes",
+                              ag)
     return ShardingChoice(True, 2, rs, f"ZeRO-2: full accumulators would need {one:.1f} GiB of {usable:g} GiB; "
                                        f"sharded ones cost {accum} reduce-scatters per step", ag)
 

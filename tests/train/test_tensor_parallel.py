@@ -105,7 +105,8 @@ def packed_one_device(model_dir, alpaca, tmp_path_factory):
     from porting.train.recipe import load_recipe
 
     run = tmp_path_factory.mktemp("packed1") / "run"
-    train(load_recipe(TINY, _settings(model_dir, *_packed(alpaca, "batching.grad_accum_steps=2"))), run, echo=False)
+    settings = _settings(model_dir, *_packed(alpaca, "batching.micro_batch_size=2", "batching.grad_accum_steps=2"))
+    train(load_recipe(TINY, settings), run, echo=False)
     return run
 
 
