@@ -2,8 +2,9 @@
 
 Each configuration runs once (module-scoped fixtures) and the tests compare them with one reference,
 1 device in-process with micro-batch 2 x 2 accumulation steps (global batch 4):
-- TP=2 on 2 workers (with the same accumulation), 2 steps, then ``--resume`` to 3, equals it;
-- TP=2 x DP=2 on 4 workers (micro-batch 2, optimizer sharding over the DP group) equals it. That
+- TP=2 on 2 workers (micro-batch 4), 2 steps, then ``--resume`` to 3, equals it;
+- TP=2 x DP=2 on 4 workers (micro-batch 1 x 2 accumulation steps, optimizer sharding over the DP
+  group) equals it. That
   reference is what DP=2 on 2 workers equals (tests/train/test_msrun.py), so TP=2 x DP=2 equals DP=2
   without a third msrun launch here (the suite's time);
 - packed rows (batching.packing) through TP=2 x DP=2 with ZeRO-2 equal the packed 1-device run;
@@ -32,7 +33,7 @@ LAYERS = 1
 
 def _settings(model_dir, *extra: str) -> list[str]:
     return [f"model.source={model_dir}", "data.max_seq_length=64", "batching.bucketing.enabled=false",
-            "batching.micro_batch_size=2", "optimizer.lr=1e-4", "checkpointing.every_steps=0", *extra]
+            "optimizer.lr=1e-4", "checkpointing.every_steps=0", *extra]
 
 
 def _args(settings: list[str]) -> list[str]:
@@ -63,16 +64,17 @@ def one_device(model_dir, tmp_path_factory):
     from porting.train.recipe import load_recipe
 
     run = tmp_path_factory.mktemp("tp1") / "run"
-    train(load_recipe(TINY, _settings(model_dir, "batching.grad_accum_steps=2", "schedule.max_steps=3")), run,
-          echo=False)
+    train(load_recipe(TINY, _settings(model_dir, "batching.micro_batch_size=2", "batching.grad_accum_steps=2",
+                                      "schedule.max_steps=3")), run, echo=False)
     return run
 
 
 @pytest.fixture(scope="module")
 def tp2_resumed(model_dir, tmp_path_factory):
-    """TP=2 on 2 msrun workers, same batches: 2 steps (checkpoint), then --resume to step 3."""
+    """TP=2 on 2 msrun workers, the same global batch in one micro-batch of 4 (one compiled graph per
+    launch): 2 steps (checkpoint), then --resume to step 3."""
     run = tmp_path_factory.mktemp("tp2") / "run"
-    base = _settings(model_dir, "batching.grad_accum_steps=2", "cluster.devices_per_node=2",
+    base = _settings(model_dir, "batching.micro_batch_size=4", "cluster.devices_per_node=2",
                      "parallel.tensor_parallel=2")
     port("train", str(TINY), "--run-dir", str(run), *_args(base + ["schedule.max_steps=2",
          f"cluster.master_port={free_port()}"]), check=True, timeout=400)
@@ -87,6 +89,7 @@ def tp2_dp2(model_dir, tmp_path_factory):
     run = tmp_path_factory.mktemp("tp2dp2") / "run"
     port("train", str(TINY), "--run-dir", str(run), *_args(_settings(
         model_dir, "cluster.devices_per_node=4", "parallel.tensor_parallel=2", "parallel.optimizer_sharding=true",
+        "batching.micro_batch_size=1", "batching.grad_accum_steps=2",
         "schedule.max_steps=3", f"cluster.master_port={free_port()}")), check=True, timeout=600)
     return run
 
