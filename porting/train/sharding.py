@@ -73,7 +73,7 @@ class ShardingChoice:
         if not self.enabled:
             return "off: every rank keeps full fp32 masters and AdamW states"
         how = ("ReduceScatter (HCCL)" if self.reduce_scatter == NATIVE else
-               "AllReduce + slice (emulated: the CPU backend's ReduceScatter is a stub)")
+               "AllReduce + slice (emulated: the CPU backend has no working ReduceScatter)")
         return f"ZeRO-{self.stage}: gradients by {how}, updated weights by AllGather; {self.reason}"
 
 
