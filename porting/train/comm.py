@@ -101,11 +101,13 @@ def fusion_plan(recipe, cfg, grad_bytes: list[int] | None = None) -> dict:
 
 
 def checkpoint_bytes(recipe, cfg) -> float:
-    """Bytes the busiest rank writes at a checkpoint: weights, and AdamW m and v (fp32) unless sharded."""
-    p = float(cfg.num_parameters())
+    """Bytes the busiest rank writes at a checkpoint: its weights, AdamW m and v and fp32 masters (their
+    data-parallel shard when sharded)."""
+    p = float(sum(parameter_numels(cfg, recipe.parallel.tensor_parallel)))   # this rank's tensor-parallel slice
     pb = {"float32": 4, "bfloat16": 2, "float16": 2}[recipe.precision.param_dtype]
-    states = 8 * p / (recipe.world_size if recipe.parallel.optimizer_sharding else 1)
-    return p * pb + states
+    dp = recipe.data_parallel_size if recipe.parallel.optimizer_sharding else 1
+    masters = 4 * p / dp if pb != 4 else 0.0
+    return p * pb + 8 * p / dp + masters
 
 
 def hccl_env(recipe, cfg) -> dict:

@@ -79,8 +79,10 @@ def derive_cluster(raw: Any) -> Any:
 
 
 def shape_line(cluster) -> str:
-    """``64 devices (dies) = 4 nodes x 8 chips x 2 dies`` for a validated ClusterSection."""
+    """``64 devices (dies) = 4 node(s) x 8 chip(s) x 2 die(s)`` for a validated ClusterSection (Ascend)."""
     world = cluster.nodes * cluster.devices_per_node
+    if cluster.device != "ascend":
+        return f"{world} devices = {cluster.nodes} node(s) x {cluster.devices_per_node} device(s)"
     server = f", {cluster.server}" if cluster.server else ""
     return (f"{world} devices (dies) = {cluster.nodes} node(s) x {cluster.chips_per_node} chip(s) x "
             f"{cluster.dies_per_chip} die(s){server}")

@@ -215,11 +215,12 @@ def plan_warnings(recipe, cfg: LlamaConfig) -> list[str]:
     w = []
     choice = sharding.choose(recipe, cfg)
     if choice.enabled:
-        w.append("parallel.optimizer_sharding: each data-parallel rank keeps the fp32 masters and AdamW states of its "
-                 "flat shard; checkpoints need a filesystem shared by all nodes")
+        w.append("parallel.optimizer_sharding: each data-parallel rank keeps the AdamW states (and fp32 masters of "
+                 "bf16/fp16 parameters) of its flat shard; checkpoints need a filesystem shared by all nodes")
     if choice.reduce_scatter == sharding.EMULATED:
-        w.append("parallel.optimizer_sharding on the CPU: ReduceScatter is a stub in MindSpore's CPU collectives, so "
-                 "the gradients are all-reduced and sliced (emulation: twice the wire bytes of the Ascend path)")
+        w.append("parallel.optimizer_sharding on the CPU: MindSpore's CPU collectives have no working ReduceScatter (a "
+                 "stub in MCCL, no CPU kernel), so the gradients are all-reduced and sliced (emulation: twice the wire "
+                 "bytes of the Ascend path)")
     if recipe.data.max_seq_length > cfg.max_position_embeddings:
         w.append(f"data.max_seq_length={recipe.data.max_seq_length} exceeds the model's max_position_embeddings="
                  f"{cfg.max_position_embeddings}")

@@ -94,7 +94,7 @@ class ShardingChoice:
         if not self.enabled:
             return "off: every rank keeps full fp32 masters and AdamW states"
         how = ("ReduceScatter (HCCL)" if self.reduce_scatter == NATIVE else
-               "AllReduce + slice (emulated: the CPU backend's ReduceScatter is a stub)")
+               "AllReduce + slice (emulated: the CPU backend has no working ReduceScatter)")
         gather = ("AllGather" if self.all_gather == GATHER_NATIVE else
                   "AllReduce of zero-padded shards (emulated: the CPU backend's AllGather needs the world group)")
         return f"ZeRO-{self.stage}: gradients by {how}, updated weights by {gather}; {self.reason}"

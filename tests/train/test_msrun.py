@@ -89,6 +89,10 @@ def test_sharded_optimizer_states_under_msrun_resume_and_match_one_worker(tmp_pa
     m1 = {k for k in s1 if k.startswith("adam_m.")}
     assert m0 and m1 and not (m0 & m1), "each rank keeps only its own AdamW states"
     launch(3, "--resume")
+    # which reduce-scatter ran, by capability: the CPU emulation, in the plan and in every rank's log
+    assert json.loads((run / "plan.json").read_text())["sharding"]["reduce_scatter"] == "allreduce+slice"
+    for r in (0, 1):
+        assert "optimizer sharding: ZeRO-1: gradients by AllReduce + slice" in (run / "logs" / f"rank_{r}.log").read_text()
 
     one = one_worker_accum2
     wa, wb = load_file(str(run / "hf" / "model.safetensors")), load_file(str(one / "hf" / "model.safetensors"))
