@@ -7,7 +7,6 @@ a pickle that would run code is refused, never run) and MindSpore ``.ckpt``.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import pickle
 import re
@@ -23,6 +22,7 @@ from converters.safetensors_io import (
     read_header,
 )
 from model_zoo.errors import CheckpointError
+from model_zoo.files import read_json_object
 
 # Index file written beside sharded MindSpore checkpoints: {param name: file} (MindFormers' convention
 # for a unified safetensors directory).
@@ -57,12 +57,8 @@ class Source:
 
 # ------------------------------------------------------------------------------------------ discovery
 def _read_index(path: Path) -> tuple[dict[str, str], dict | None]:
-    try:
-        raw = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:  # Recursion: too deep
-        raise CheckpointError(f"{path}: not a readable JSON index ({e}); expected "
-                              '{"metadata": {...}, "weight_map": {tensor: file}}') from None
-    wm = raw.get("weight_map") if isinstance(raw, dict) else None
+    raw = read_json_object(path, what="safetensors index", error=CheckpointError)
+    wm = raw.get("weight_map")
     if not isinstance(wm, dict) or not all(isinstance(v, str) for v in wm.values()):
         raise CheckpointError(f"{path}: has no weight_map {{tensor: file}}; the index is corrupt, re-export it")
     return wm, raw.get("metadata")
@@ -200,12 +196,7 @@ def open_ms(d: Path) -> Source:
     kind = kinds[0]
     index = d / MS_INDEX
     if index.is_file():
-        try:
-            wm = json.loads(index.read_text())
-        except (OSError, json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:  # Recursion: too deep
-            raise CheckpointError(f"{index}: not valid JSON ({e}); expected {{param name: file}}") from None
-        if not isinstance(wm, dict):
-            raise CheckpointError(f"{index}: expected a JSON object {{param name: file}}")
+        wm = read_json_object(index, what="MindSpore index {param name: file}", error=CheckpointError)
         names = _shard_names(index, wm)
         files = [_READERS[kind](d, n) for n in names]
         _check_index_matches(index, wm, files)

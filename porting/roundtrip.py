@@ -19,7 +19,6 @@ turns a failed row into a non-zero exit):
 from __future__ import annotations
 
 import dataclasses
-import json
 import shutil
 import tempfile
 from pathlib import Path
@@ -269,7 +268,7 @@ def _layout(src: Source) -> dict[str, list[tuple[str, str, tuple[int, ...]]]]:
 def _index(src: Source) -> dict | None:
     if src.index_name is None:
         return None
-    return json.loads((src.dir / src.index_name).read_text())
+    return read_json_object(src.dir / src.index_name, what="index", error=CheckpointError)
 
 
 def _check_roundtrip(hf: Source, ms_dir: Path, work: Path) -> Row:
