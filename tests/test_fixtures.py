@@ -1,17 +1,17 @@
 """The test material port ships (tests/fixtures): the copies are the real files (their recorded digests, and
 ../shared's files where it is beside the clone), every shipped file has its source and licence in the README,
-and every written rank table stands for a real template and is what the documented format allows."""
+every written rank table stands for a real template and copies none, and the embedded model is shared's."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 
-from tests.conftest import SHARED, SHIPPED_ASCEND, WRITTEN_FOR, WRITTEN_TABLES
+from tests.conftest import EMBEDDED, FIXTURES, ROOT, SHARED, SHIPPED_ASCEND, WRITTEN_FOR, WRITTEN_TABLES
 
 
-def _sums() -> dict[str, str]:
-    lines = (SHIPPED_ASCEND / "SHA256SUMS").read_text().splitlines()
+def _sums(path=SHIPPED_ASCEND / "SHA256SUMS") -> dict[str, str]:
+    lines = path.read_text().splitlines()
     return {rel: digest for digest, rel in (line.split("  ", 1) for line in lines)}
 
 
@@ -47,3 +47,18 @@ def test_written_tables_are_each_an_equivalent_and_none_is_a_copy():
         real = {json.dumps(json.loads(p.read_text()), sort_keys=True)
                 for p in (SHARED / "data/ascend/rank_tables").iterdir()}
         assert not real & {json.dumps(json.loads((WRITTEN_TABLES / n).read_text()), sort_keys=True) for n in written}
+
+
+def test_embedded_model_and_text_are_the_shared_ones():
+    """What port ships (model_zoo/assets/stories260k, porting/train/assets) is the real model and text that
+    shared/README describes and its golden facts belong to: digests recorded from ../shared, which a plain
+    clone checks against, and ../shared itself where it is beside the clone."""
+    shipped = {f"data/models/stories260k/{p.name}": p for p in EMBEDDED.iterdir() if p.name != "LICENSE"}
+    shipped["data/text/tinystories_sample.txt"] = ROOT / "porting" / "train" / "assets" / "tinystories_sample.txt"
+    sums = _sums(FIXTURES / "shared_model.SHA256SUMS")
+    assert set(shipped) == set(sums)
+    for rel, path in shipped.items():
+        assert hashlib.sha256(path.read_bytes()).hexdigest() == sums[rel], rel
+        if SHARED.is_dir():
+            assert hashlib.sha256((SHARED / rel).read_bytes()).hexdigest() == sums[rel], rel
+    assert "MIT" in (EMBEDDED / "LICENSE").read_text()
