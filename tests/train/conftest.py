@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import shared_file
+from tests.conftest import SHARED
+from tests.fixtures import alpaca_written
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "recipes" / "tiny-cpu.yaml"
@@ -50,6 +51,13 @@ def metrics(run_dir: Path) -> tuple[list[dict], dict | None]:
     return [r.to_dict() for r in m.steps], (m.summary.to_dict() if m.summary else None)
 
 
-@pytest.fixture
-def alpaca() -> Path:
-    return shared_file("data/instruct/alpaca_en_demo.json")  # CC BY-NC: tests only, port does not ship it
+ALPACA_REAL = SHARED / "data/instruct/alpaca_en_demo.json"  # CC BY-NC: tests only, port does not ship it
+
+
+@pytest.fixture(params=["written"] + (["real"] if ALPACA_REAL.exists() else []))
+def alpaca(request, tmp_path_factory) -> Path:
+    """Alpaca data: the set written for the tests (tests/fixtures/alpaca_written.py) always, the real one too
+    where ../shared is present."""
+    if request.param == "real":
+        return ALPACA_REAL
+    return alpaca_written.write(tmp_path_factory.getbasetemp())
