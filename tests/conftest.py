@@ -3,8 +3,8 @@ so a plain clone runs the whole real-model tier. Ascend test material from ../sh
 ship it is copied in tests/fixtures/ascend (README there: source and licence of each file); `shared_file` and
 `shared` read ../shared where it is beside the clone and that copy otherwise. Rank-table templates port may
 not ship (CANN Open Software License) have equivalents written for the tests in tests/fixtures/ascend_written
-(`rank_table_params`). `shared_file` skips, naming the file, only for material that is in neither place
-(the CC BY-NC Alpaca data)."""
+(`rank_table_params`), the CC BY-NC Alpaca data a set written for them (tests/train/conftest.py `alpaca`).
+`shared_file` skips, naming the file, only for material that is in neither place."""
 
 from __future__ import annotations
 
