@@ -7,4 +7,5 @@ cd "$ROOT"
 command -v chromium >/dev/null 2>&1 || { [ "$(id -u)" = 0 ] && { apt-get update -q >/dev/null 2>&1 || true; } \
   && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null 2>&1; } \
   || echo "note: chromium not installed; tests/diagnostics/test_report.py skips its browser check" >&2
-python -m pytest -q -rs -p no:cacheprovider "$@"   # -rs: every skip with its reason
+# two xdist workers (PORT_TEST_WORKERS=0: one process); tests/conftest.py keeps msrun jobs on one of them
+python -m pytest -q -rs -p no:cacheprovider -n "${PORT_TEST_WORKERS:-2}" --dist loadgroup "$@"   # -rs: skip reasons
