@@ -1,6 +1,10 @@
 """Shared fixtures. The real model and text come from what port ships (model_zoo/assets, porting/*/assets),
-so a plain clone runs the whole real-model tier. ../shared is read only for material port does not ship
-(Alpaca data, Ascend logs, rank tables): `shared_file` skips naming the absent file."""
+so a plain clone runs the whole real-model tier. Ascend test material from ../shared whose licence lets port
+ship it is copied in tests/fixtures/ascend (README there: source and licence of each file); `shared_file` and
+`shared` read ../shared where it is beside the clone and that copy otherwise. Rank-table templates port may
+not ship (CANN Open Software License) have equivalents written for the tests in tests/fixtures/ascend_written
+(`rank_table_params`), the CC BY-NC Alpaca data a set written for them (tests/train/conftest.py `alpaca`).
+`shared_file` skips, naming the file, only for material that is in neither place."""
 
 from __future__ import annotations
 
@@ -43,20 +47,74 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+FIXTURES = ROOT / "tests" / "fixtures"
+SHIPPED_ASCEND = FIXTURES / "ascend"  # shipped copies of files of ../shared/data/ascend, same layout
+WRITTEN_TABLES = FIXTURES / "ascend_written" / "rank_tables"
+# ../shared's rank tables that port may not ship (CANN Open Software License 2.0 templates of the HCCL guide),
+# each with the table written for the tests from the documented format that exercises the same rules
+# (tests/fixtures/ascend_written/README.md): the tests check the written one always, the real one as well
+# where ../shared is present.
+WRITTEN_FOR = {
+    "hccl_cann85_guide_A3_v1.2_2servers_2dev.json": "v1.2_a3_2servers_2dev_1pod.json",
+    "hiascend_hcclug_A2_v1.0_2servers_2dev.json": "v1.0_a2_2servers_2dev_device_port.json",
+    "rank_table_config_300i_duo_0_v1.0.json": "v1.0_2servers_2dev.json",
+    "rank_table_config_910_0_v1.0.json": "v1.0_2servers_2dev.json",
+    "rank_table_config_910_1_v?.json": "legacy_group_list.json",
+    "rank_table_config_a2_0_v1.0.json": "v1.0_a2_2servers_2dev_device_port.json",
+    "rank_table_config_a3_0_v1.2.json": "v1.2_a3_4servers_4dev_2pods_backup.json",
+    "rank_table_config_a3_1_v1.0.json": "v1.0_a3_2servers_2dev_host_ports.json",
+    "rank_table_config_a5_0_v2.0.json": "v2.0_peer_edge_list.json",
+    "rank_table_config_a5_1_v2.0.json": "v2.0_rank_list_ipv4.json",
+    "rank_table_config_a5_2_v2.0.json": "v2.0_rank_list_eid.json",
+}
+
+
+def shipped_copy(relpath: str) -> Path | None:
+    """The copy port ships of ``../shared/<relpath>`` (tests/fixtures/ascend), or None where it ships none."""
+    prefix = "data/ascend/"
+    if not relpath.startswith(prefix):
+        return None
+    path = SHIPPED_ASCEND / relpath[len(prefix):]
+    return path if path.exists() else None
+
+
 def shared_file(relpath: str) -> Path:
-    """``../shared/<relpath>``, test material port does not ship; skips, naming it, where it is absent."""
+    """``../shared/<relpath>``, or the copy port ships of it; skips, naming it, where there is neither."""
     path = SHARED / relpath
-    if not path.exists():
-        pytest.skip(f"needs ../shared/{relpath} (test material port does not ship), not found at {path}")
-    return path
+    if path.exists():
+        return path
+    shipped = shipped_copy(relpath)
+    if shipped is not None:
+        return shipped
+    pytest.skip(f"needs ../shared/{relpath} (test material port does not ship), not found at {path}")
+
+
+def rank_table_params(name: str) -> list:
+    """pytest params (one path each) for ``../shared/data/ascend/rank_tables/<name>``: the real table, from
+    ../shared or the shipped copy, where one is here; and, for a table port may not ship, its written
+    equivalent (`WRITTEN_FOR`), id ``<name>~written``, so a plain clone checks what the real one checks."""
+    params = []
+    real = SHARED / "data/ascend/rank_tables" / name
+    real = real if real.exists() else shipped_copy(f"data/ascend/rank_tables/{name}")
+    if real is not None:
+        params.append(pytest.param(real, id=name))
+    if name in WRITTEN_FOR:
+        params.append(pytest.param(WRITTEN_TABLES / WRITTEN_FOR[name], id=f"{name}~written"))
+    assert params, f"no rank table {name} in ../shared, tests/fixtures/ascend or WRITTEN_FOR"
+    return params
 
 
 @pytest.fixture(scope="session")
-def shared() -> Path:
-    """The ../shared folder itself, for tests that read several files of it (see `shared_file`)."""
-    if not SHARED.is_dir():
-        pytest.skip(f"needs ../shared (test material port does not ship), not found at {SHARED}")
-    return SHARED
+def shared(tmp_path_factory) -> Path:
+    """The ../shared folder itself, for tests that read several files of it (see `shared_file`). In a clone
+    without it: a folder laid out like it, holding the copies port ships (tests/fixtures/ascend), so a test
+    that reads a file port does not ship fails there (give it a written equivalent) instead of skipping."""
+    if SHARED.is_dir():
+        return SHARED
+    mirror = tmp_path_factory.mktemp("shared")
+    shutil.copytree(SHIPPED_ASCEND, mirror / "data" / "ascend",
+                    ignore=shutil.ignore_patterns("README.md", "LICENSES", "SHA256SUMS"))
+    return mirror
 
 
 @pytest.fixture(scope="session")

@@ -2,47 +2,20 @@
 
 from __future__ import annotations
 
-import hashlib
-
 import numpy as np
 import pytest
 
 from converters.loading import load_hf_dir
-from model_zoo import LlamaConfig, build, presets
+from model_zoo import LlamaConfig, build
 from model_zoo.decode import greedy
 from porting.tokenizer import load_tokenizer
 from porting.parity import check_parity
-from tests.conftest import EMBEDDED, GOLDEN_FIRST_IDS, GOLDEN_TEXT, ROOT, SHARED
+from tests.conftest import GOLDEN_FIRST_IDS, GOLDEN_TEXT, ROOT
 
 TINYSTORIES = ROOT / "porting" / "train" / "assets" / "tinystories_sample.txt"  # shipped with port train
 
 
-def _sha(p):
-    return hashlib.sha256(p.read_bytes()).hexdigest()
-
-
-def _recorded_text_digests() -> dict[str, str]:
-    lines = (TINYSTORIES.parent / "SHA256SUMS").read_text().splitlines()
-    return {name: digest for digest, name in (ln.split(None, 1) for ln in lines if ln.strip())}
-
-
-def test_embedded_copy_is_the_real_model():
-    """What port ships is the real model shared/README describes (and its golden facts belong to): the
-    packaged files have the digests the package records (model_zoo/presets.py, the assets' SHA256SUMS),
-    and where ../shared is beside the clone, its copies have them too."""
-    recorded = presets.get("stories260k")["sha256"]
-    assert set(recorded) == {"config.json", "model.safetensors", "tokenizer.json", "tokenizer.model",
-                             "tokenizer_config.json"}
-    for name, digest in recorded.items():
-        assert _sha(EMBEDDED / name) == digest, name
-    text_digests = _recorded_text_digests()
-    assert _sha(TINYSTORIES) == text_digests[TINYSTORIES.name]
-    assert "MIT" in (EMBEDDED / "LICENSE").read_text()
-    if (SHARED / "data/models/stories260k").is_dir():   # the recorded digests are shared's files' digests
-        for name, digest in recorded.items():
-            assert _sha(SHARED / "data/models/stories260k" / name) == digest, name
-    if (SHARED / "data/text/tinystories_sample.txt").is_file():
-        assert _sha(SHARED / "data/text/tinystories_sample.txt") == text_digests[TINYSTORIES.name]
+# That the shipped copy is shared's model and text: tests/test_fixtures.py (recorded digests, in a plain clone too).
 
 
 @pytest.fixture(scope="module")

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import json
 import os
-import re
 import socket
 import subprocess
 import sys
@@ -12,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import SHARED
+from tests.fixtures import alpaca_written
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "recipes" / "tiny-cpu.yaml"
@@ -51,32 +51,14 @@ def metrics(run_dir: Path) -> tuple[list[dict], dict | None]:
     return [r.to_dict() for r in m.steps], (m.summary.to_dict() if m.summary else None)
 
 
-TINYSTORIES = ROOT / "porting" / "train" / "assets" / "tinystories_sample.txt"   # shipped with port train
-
-
-def alpaca_rows(text: str) -> list[dict]:
-    """Alpaca rows (instruction, input, output) cut from real stories, as long and as varied as an
-    instruction data set's: each sentence asks for the next 1, 2, 3, 5, 8 or 13 sentences, every third
-    one with the story so far as its input (so some prompts alone fill a 256-token window)."""
-    rows = []
-    for story in (s.strip() for s in text.split("<|endoftext|>")):
-        sents = re.split(r"(?<=[.!?])\s+", " ".join(story.split())) if story else []
-        for i in range(len(sents) - 1):
-            for k in (1, 2, 3, 5, 8, 13):
-                out = " ".join(sents[i + 1:i + 1 + k])
-                if i % 3 == 2:
-                    rows.append({"instruction": "Continue the story.", "input": " ".join(sents[:i + 1]),
-                                 "output": out})
-                else:
-                    rows.append({"instruction": f"Tell the story that begins: {sents[i]}", "input": "",
-                                 "output": out})
-    return rows
+ALPACA_REAL = SHARED / "data/instruct/alpaca_en_demo.json"  # CC BY-NC: tests only, port does not ship it
 
 
 @pytest.fixture(scope="session")
 def alpaca(tmp_path_factory) -> Path:
-    """An Alpaca-format file (390 rows of varied length) made from the TinyStories text port ships, so the
-    data and bucketing tests run from a plain clone (the Alpaca demo in ../shared is CC BY-NC and not shipped)."""
-    path = tmp_path_factory.mktemp("alpaca") / "alpaca_tinystories.json"
-    path.write_text(json.dumps(alpaca_rows(TINYSTORIES.read_text(encoding="utf-8")), indent=1), encoding="utf-8")
-    return path
+    """Alpaca data: the real demo where ../shared is present, else the set written for the tests
+    (tests/fixtures/alpaca_written.py: 999 rows, lengths spread like the real file's). One of the two, so the
+    bucketing run is paid once."""
+    if ALPACA_REAL.exists():
+        return ALPACA_REAL
+    return alpaca_written.write(tmp_path_factory.mktemp("alpaca"))
