@@ -140,7 +140,7 @@ def padding_choices(recipe, tokenizer, data=None) -> dict:
 def dry_run_padding(recipe) -> tuple[dict | None, str]:
     """(padding_choices or None, one line for the dry-run plan); None where the data or the model's
     tokenizer is not on this machine (a dry run may plan for a cluster)."""
-    from porting.sources import resolve_hf
+    from porting.model_paths import resolve_hf
     from porting.tokenizer import load_tokenizer
 
     try:

@@ -236,7 +236,7 @@ def plan_config(recipe) -> tuple[LlamaConfig, list[str]]:
     preset's copy of that config.json (a plan for a cluster whose checkpoint is not on this machine)."""
     from model_zoo import presets
     from model_zoo.errors import UnknownModelError
-    from porting.sources import resolve_hf
+    from porting.model_paths import resolve_hf
 
     notes = []
     if not Path(recipe.data.path).exists():   # a file, or a datasets directory
