@@ -102,8 +102,12 @@ def _make_run_dir(out: Path) -> None:
 
 
 def _guard_run_dir(out: Path, resume: bool) -> None:
-    has_ckpt = (out / "checkpoints").is_dir() and any((out / "checkpoints").iterdir())
-    if has_ckpt and not resume:
+    """A run directory with a complete checkpoint is continued only with --resume. A save that was
+    interrupted before its first checkpoint was complete leaves only a temporary directory: that run starts
+    over (``--resume`` has nothing to continue from and says so)."""
+    from porting.train.checkpoint import checkpoint_dirs
+
+    if checkpoint_dirs(out / "checkpoints") and not resume:
         raise RecipeError(f"{out}: holds checkpoints of an earlier run; pass --resume to continue it, or "
                           "--run-dir NEW_DIR to start another run")
 

@@ -26,6 +26,7 @@ from model_zoo import files
 from model_zoo.errors import CheckpointError
 
 STEP_DIR = re.compile(r"^step_(\d+)$")
+LEFTOVER_DIR = re.compile(r"^\.(tmp|old)_step_\d+(_\d+)?$")
 STATE_FILE = "state.json"
 WEIGHTS_FILE = "train_state.ckpt"
 # ZeRO's flat-shard states (porting/train/zero.py ShardedAdamW): adam_m.shard3.rank1, master.shard0.tp1.rank0
@@ -114,6 +115,14 @@ def checkpoint_dirs(root: Path) -> list[tuple[int, Path]]:
         if m and _complete(p):
             out.append((int(m.group(1)), p))
     return sorted(out)
+
+
+def interrupted_saves(root: Path) -> list[Path]:
+    """Temporary directories of saves that never completed (a kill or a crash mid-save). They are never
+    loaded; they are named in the log so a user can free the space (port deletes only its own current ones)."""
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir() if p.is_dir() and LEFTOVER_DIR.match(p.name))
 
 
 def latest(root: Path) -> tuple[int, Path] | None:

@@ -380,6 +380,8 @@ def train(recipe: Recipe, run_dir: str | Path, *, rank: int = 0, world_size: int
     plan, cfg, model = _data_and_model(recipe, model_dir, grid, log)
     trainer = Trainer(recipe, run_dir, rank, world_size, model, model_dir, plan, log, grid)
     ck_root = run_dir / "checkpoints"
+    for p in ckpt.interrupted_saves(ck_root) if rank == 0 else ():
+        log.warning(f"{p}: left by an interrupted checkpoint save, never loaded; remove it to free the space")
     start = 0
     if resume:
         last = ckpt.latest(ck_root)

@@ -80,8 +80,11 @@ def test_micro_1_x_accum_4_equals_micro_4_x_accum_1(tmp_path):
     from porting.train.loop import train
     from porting.train.recipe import load_recipe
 
+    # optimizer.lr 1e-4: AdamW divides by sqrt(v), so a float32 rounding difference in a near-zero gradient
+    # (micro-batch 1 sums in another order than micro-batch 4) can move a weight by up to about lr; at 1e-3 one
+    # CI run measured 2.6e-5. The gradient norms below catch a scaling error AdamW's invariance would hide.
     common = ["data.max_seq_length=64", "batching.bucketing.enabled=false", "schedule.max_steps=3",
-              "checkpointing.every_steps=0"]
+              "checkpointing.every_steps=0", "optimizer.lr=1e-4"]
     a = train(load_recipe(TINY, common + ["batching.micro_batch_size=1", "batching.grad_accum_steps=4"]),
               tmp_path / "a", echo=False)
     b = train(load_recipe(TINY, common + ["batching.micro_batch_size=4", "batching.grad_accum_steps=1"]),
@@ -90,10 +93,11 @@ def test_micro_1_x_accum_4_equals_micro_4_x_accum_1(tmp_path):
     w0 = _weights_from(ROOT / "model_zoo" / "assets" / "stories260k")
     moved = max(float(np.abs(wa[k] - w0[k]).max()) for k in wa)
     diff = max(float(np.abs(wa[k] - wb[k]).max()) for k in wa)
-    assert moved > 1e-3 and diff < 2e-5, (moved, diff)
+    assert moved > 1e-4 and diff < 1e-5, (moved, diff)
     assert abs(a.last_loss - b.last_loss) < 1e-5
     la, lb = metrics(tmp_path / "a")[0], metrics(tmp_path / "b")[0]
-    assert np.allclose([s["loss"] for s in la], [s["loss"] for s in lb], atol=1e-5)
+    assert np.allclose([s["loss"] for s in la], [s["loss"] for s in lb], rtol=0, atol=1e-5)
+    assert np.allclose([s["grad_norm"] for s in la], [s["grad_norm"] for s in lb], rtol=1e-5, atol=0)
 
 
 def _weights_from(d: Path) -> dict:
@@ -138,6 +142,27 @@ def test_kill_9_then_resume_continues_the_same_curve(tmp_path):
     assert set(ca) == set(cb) and any(k.startswith("adam_m.") for k in ca)   # weights and AdamW states
     assert all(np.array_equal(ca[k].asnumpy(), cb[k].asnumpy()) for k in ca)
     assert (run / f"manifest_resume_{(done // 10) * 10}.json").is_file()
+
+
+def test_a_kill_during_the_first_save_leaves_a_run_that_starts_over(tmp_path):
+    """A kill mid-save of the first checkpoint leaves only its temporary directory. Before, that run could
+    be neither resumed ("no complete checkpoint") nor restarted ("holds checkpoints ... pass --resume")."""
+    run = tmp_path / "run"
+    sets = FAST + ["--set", "schedule.max_steps=1", "--set", "schedule.warmup_steps=0", "--set",
+                   "checkpointing.every_steps=1"]
+    port("train", str(TINY), "--run-dir", str(run), *sets, check=True)
+    ck = run / "checkpoints"
+    half = ck / ".tmp_step_1_4242"   # what the save looks like before state.json and the rename
+    (ck / "step_1").rename(half)
+    (half / "state.json").unlink()
+    kept = sorted(p.name for p in half.iterdir())
+    refused = port("train", str(TINY), "--run-dir", str(run), *sets, "--resume")
+    assert refused.returncode == 2
+    assert error_line(refused) == (f"error: {ck}: --resume but no complete checkpoint there; run without --resume")
+    again = port("train", str(TINY), "--run-dir", str(run), *sets, check=True)
+    assert f"{half}: left by an interrupted checkpoint save, never loaded" in again.stderr
+    assert sorted(p.name for p in half.iterdir()) == kept   # named, not deleted
+    assert (ck / "step_1" / "state.json").is_file() and [s["step"] for s in metrics(run)[0]] == [1]
 
 
 def test_nan_loss_stops_with_step_and_last_checkpoint(tmp_path):
