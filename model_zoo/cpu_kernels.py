@@ -1,5 +1,5 @@
 """port's CPU kernels: causal attention, RMSNorm and RoPE as MindSpore ``ops.Custom`` AOT kernels,
-forward and backward (the cells that call them are in :mod:`model_zoo.llama`).
+forward and backward (the cells that call them are in :mod:`model_zoo.cpu_cells`).
 
 * Attention (``csrc/causal_attention.cc``). The reference attention (BatchMatMul + mask + softmax +
   BatchMatMul) materialises the float32 B x N x S x S scores several times per step; on the CPU it

@@ -1,11 +1,13 @@
-"""Greedy decoding of a zoo cell, the one implementation (``port generate``, ``port verify --generate``).
+"""Greedy decoding of a zoo cell, the one implementation (``port generate``, ``port verify --generate``),
+and the generation-only parts of the model: the PyNative KV-cache forward (:func:`forward_cached`), the
+growth of the RoPE tables past ``max_position_embeddings`` and the sliding-window length check.
 
 Three ways to keep the keys and values of past positions, all giving the same tokens:
 
 * ``"static"``: a KV cache of fixed length ``max_len`` (:class:`StaticCacheDecoder`), compiled once with
   ``mindspore.jit``. Position ``pos`` is a tensor input, the new k/v are written with a one-hot blend
   and keys beyond ``pos`` are masked, so every step reuses one compiled graph (fastest).
-* ``"dynamic"``: the PyNative cache of :meth:`LlamaForCausalLM.forward_cached`, grown by concatenation,
+* ``"dynamic"``: the PyNative cache of :func:`forward_cached`, grown by concatenation,
   so every step has new shapes and runs op by op (the path the fused kernels' cache mode takes).
 * ``"none"``: the whole sequence recomputed every step (the plain forward, as a reference).
 
@@ -21,8 +23,50 @@ import mindspore as ms
 import numpy as np
 from mindspore import Tensor, nn, ops
 
+from model_zoo import kernels
 from model_zoo.errors import ConfigError
 from model_zoo.llama import LlamaForCausalLM, repeat_kv
+
+
+def _ensure_rope(model: LlamaForCausalLM, length: int) -> None:
+    """The model's RoPE tables grown to ``length`` positions (built for ``max_position_embeddings``)."""
+    if length > model._rope_len:
+        cos, sin = kernels.rope_tables(model.config, length)
+        # Plain tensors, not Parameters: they are derived data and never saved in checkpoints.
+        model.rope_cos, model.rope_sin = Tensor(cos), Tensor(sin)
+        model._rope_len = length
+
+
+def _check_length(model: LlamaForCausalLM, length: int) -> None:
+    # Sliding-window attention (Mistral v0.1) equals full causal attention up to the window.
+    if model.window and length > model.window:
+        raise ConfigError(f"sequence length {length} exceeds sliding_window={model.window}; the zoo's attention "
+                          f"is full causal, exact only up to the window: use sequences <= {model.window}")
+
+
+def forward_cached(model: LlamaForCausalLM, input_ids: Tensor, cache: list | None) -> tuple[Tensor, list]:
+    """The KV-cache path (PyNative): logits for ``input_ids`` following the positions already in ``cache``.
+
+    ``cache`` is a list of (k, v) per layer, each (B, Nkv, T, D), or None to start.
+    """
+    start = 0 if not cache else cache[0][0].shape[2]
+    s = input_ids.shape[1]
+    _check_length(model, start + s)
+    kernels.check_attention_lengths(s, start + s)
+    _ensure_rope(model, start + s)
+    cos, sin = model.rope_cos[start:start + s], model.rope_sin[start:start + s]
+    x = model.model.tok_embeddings(input_ids)
+    new_cache = []
+    for i, layer in enumerate(model.model.layers):
+        attn = layer.attention
+        q, k, v = attn.project(layer.attention_norm(x), cos, sin)
+        if cache:
+            k = ops.cat((cache[i][0], k), 2)
+            v = ops.cat((cache[i][1], v), 2)
+        new_cache.append((k, v))
+        x = x + attn.attend(q, k, v, start)
+        x = x + layer.feed_forward(layer.ffn_norm(x))
+    return model.logits(model.model.norm_out(x)), new_cache
 
 
 class StaticCacheDecoder(nn.Cell):
@@ -30,7 +74,7 @@ class StaticCacheDecoder(nn.Cell):
 
     def __init__(self, model: LlamaForCausalLM, max_len: int):
         super().__init__(auto_prefix=False)  # share the model's parameter names
-        model._ensure_rope(max_len)
+        _ensure_rope(model, max_len)
         self.model = model
         self.max_len = max_len
         self.rope_cos = model.rope_cos
@@ -105,13 +149,13 @@ def _decode_pynative(model: LlamaForCausalLM, prompt_ids: list[int], max_new_tok
                      eos_token_id: int | None = None, *, grow_cache: bool) -> list[int]:
     """Greedy decoding op by op: with ``grow_cache`` the prompt goes in one call and then one token per
     call through the growing KV cache; without, the whole sequence is recomputed every step."""
-    model._ensure_rope(len(prompt_ids) + max_new_tokens)
+    _ensure_rope(model, len(prompt_ids) + max_new_tokens)
     ids = list(prompt_ids)
     out: list[int] = []
     kv = None
     for _ in range(max_new_tokens):
         if grow_cache:
-            logits, kv = model.forward_cached(Tensor(np.asarray([out[-1:] or ids], dtype=np.int32)), kv)
+            logits, kv = forward_cached(model, Tensor(np.asarray([out[-1:] or ids], dtype=np.int32)), kv)
         else:
             logits = model(Tensor(np.asarray([ids], dtype=np.int32)))
         nxt = _next_token(logits.asnumpy()[0, -1])
@@ -139,5 +183,5 @@ def greedy(model: LlamaForCausalLM, prompt_ids: list[int], max_new_tokens: int, 
         raise ConfigError("the prompt has no tokens; start from at least the BOS token id")
     if max_new_tokens < 1:
         raise ConfigError(f"max_new_tokens={max_new_tokens}: expected at least 1")
-    model._check_length(len(prompt_ids) + max_new_tokens)
+    _check_length(model, len(prompt_ids) + max_new_tokens)
     return DECODERS[cache](model, list(prompt_ids), max_new_tokens, eos_token_id)

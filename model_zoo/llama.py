@@ -6,8 +6,8 @@ Parameter names follow MindFormers' Llama (``model.tok_embeddings.embedding_weig
 MindFormers. Linear weights keep HF's (out_features, in_features) layout, and q/k rows stay in HF's
 rotate-half order, which is what the fused RoPE's mode 0 expects: conversion is a rename.
 
-The same cell runs in PyNative and graph mode. ``construct(input_ids)`` returns logits;
-:meth:`LlamaForCausalLM.forward_cached` is the PyNative path with a KV cache used by generation.
+The same cell runs in PyNative and graph mode. ``construct(input_ids)`` returns logits; generation
+with a KV cache is :mod:`model_zoo.decode`, and the cells over port's CPU kernels are :mod:`model_zoo.cpu_cells`.
 """
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 from mindspore.common.initializer import Normal, Zero, One, initializer
 
-from model_zoo import cpu_kernels, kernels, parallel
+from model_zoo import kernels, parallel
 from model_zoo.config import LlamaConfig
+from model_zoo.cpu_cells import CpuCausalAttention, CpuPackedAttention, CpuRmsNorm, CpuRope
 from model_zoo.errors import ConfigError, KernelError
 from model_zoo.kernels import KernelSelection
 from model_zoo.parallel import TensorParallel
@@ -52,57 +53,6 @@ class Linear(nn.Cell):
         if self.has_bias:
             y = y + ops.cast(self.bias, self.compute_dtype)
         return ops.reshape(y, shape[:-1] + (self.out_features,))
-
-
-def cpu_library() -> str:
-    lib, why = cpu_kernels.status()
-    if lib is None:
-        raise KernelError(f"port's CPU kernels are unavailable: {why}")
-    return lib
-
-
-class CpuRmsNorm(nn.Cell):
-    """``(x, weight) -> weight * (x * rsqrt(mean(x^2) + eps))`` in float32 through port's C++ kernel
-    (:mod:`model_zoo.cpu_kernels`); the backward kernel is the Custom op's bprop."""
-
-    def __init__(self, eps: float):
-        super().__init__()
-        lib = cpu_library()
-        self.eps = Tensor([eps], ms.float32)
-        backward = ops.Custom(f"{lib}:RmsNormBackward", func_type="aot",
-                              out_shape=lambda x, w, rstd, dy: (x, w), out_dtype=lambda x, w, rstd, dy: (x, w))
-
-        def bprop(x, w, eps, out, dout):
-            dx, dw = backward(x, w, out[1], dout[0])
-            return dx, dw, ops.zeros_like(eps)
-
-        # Outputs: the normalised x and 1/rms per row, kept for the backward.
-        self.forward = ops.Custom(f"{lib}:RmsNormForward", func_type="aot",
-                                  out_shape=lambda x, w, eps: (x, x[:-1]), out_dtype=lambda x, w, eps: (x, x),
-                                  bprop=bprop)
-
-    def construct(self, x: Tensor, weight: Tensor) -> Tensor:
-        return self.forward(x, weight, self.eps)[0]
-
-
-class CpuRope(nn.Cell):
-    """``(x, cos, sin) -> x*cos + rotate_half(x)*sin`` for x (B, N, S, D), cos/sin (S, D) in float32 through
-    port's C++ kernel (:mod:`model_zoo.cpu_kernels`); the backward applies the transposed rotation."""
-
-    def __init__(self):
-        super().__init__()
-        lib = cpu_library()
-        backward = ops.Custom(f"{lib}:RopeBackward", func_type="aot",
-                              out_shape=lambda dy, cos, sin: dy, out_dtype=lambda dy, cos, sin: dy)
-
-        def bprop(x, cos, sin, out, dout):
-            return backward(dout, cos, sin), ops.zeros_like(cos), ops.zeros_like(sin)
-
-        self.forward = ops.Custom(f"{lib}:RopeForward", func_type="aot", out_shape=lambda x, cos, sin: x,
-                                  out_dtype=lambda x, cos, sin: x, bprop=bprop)
-
-    def construct(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-        return self.forward(x, cos, sin)
 
 
 class RMSNorm(nn.Cell):
@@ -247,53 +197,6 @@ def _causal_mask_tensor() -> Tensor:
     return _MASK[0]
 
 
-class CpuCausalAttention(nn.Cell):
-    """``(q, k, v) -> out`` through port's C++ kernel (:mod:`model_zoo.cpu_kernels`): q (B, N, S, D),
-    k/v (B, G, S, D) float32 with N % G == 0, queries and keys of equal length, scale 1/sqrt(D).
-    Differentiable in PyNative and graph mode (the backward kernel is the Custom op's bprop)."""
-
-    def __init__(self):
-        super().__init__()
-        lib = cpu_library()
-        backward = ops.Custom(f"{lib}:CausalAttentionBackward", func_type="aot",
-                              out_shape=lambda q, k, v, o, lse, do: (q, k, v),
-                              out_dtype=lambda q, k, v, o, lse, do: (q, k, v))
-
-        def bprop(q, k, v, out, dout):
-            return backward(q, k, v, out[0], out[1], dout[0])
-
-        # Outputs: attention (B, N, S, D) and the per-row log-sum-exp (B, N, S) kept for the backward.
-        self.forward = ops.Custom(f"{lib}:CausalAttentionForward", func_type="aot",
-                                  out_shape=lambda q, k, v: (q, q[:3]), out_dtype=lambda q, k, v: (q, q),
-                                  bprop=bprop)
-
-    def construct(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        return self.forward(q, k, v)[0]
-
-
-class CpuPackedAttention(nn.Cell):
-    """``(q, k, v, segment_ids) -> out``: :class:`CpuCausalAttention` for packed rows, where each query
-    sees only the keys of its own run of equal segment ids (segment_ids (B, S) int32)."""
-
-    def __init__(self):
-        super().__init__()
-        lib = cpu_library()
-        backward = ops.Custom(f"{lib}:PackedAttentionBackward", func_type="aot",
-                              out_shape=lambda q, k, v, seg, o, lse, do: (q, k, v),
-                              out_dtype=lambda q, k, v, seg, o, lse, do: (q, k, v))
-
-        def bprop(q, k, v, seg, out, dout):
-            dq, dk, dv = backward(q, k, v, seg, out[0], out[1], dout[0])
-            return dq, dk, dv, ops.zeros_like(seg)
-
-        self.forward = ops.Custom(f"{lib}:PackedAttentionForward", func_type="aot",
-                                  out_shape=lambda q, k, v, seg: (q, q[:3]), out_dtype=lambda q, k, v, seg: (q, q),
-                                  bprop=bprop)
-
-    def construct(self, q: Tensor, k: Tensor, v: Tensor, segment_ids: Tensor) -> Tensor:
-        return self.forward(q, k, v, segment_ids)[0]
-
-
 class Attention(nn.Cell):
     def __init__(self, cfg: LlamaConfig, plan: KernelSelection, param_dtype: ms.Type, compute_dtype: ms.Type,
                  tp: TensorParallel | None = None):
@@ -340,7 +243,7 @@ class Attention(nn.Cell):
         if segment_ids is not None:
             return self.wo(self._attend_packed(q, k, v, segment_ids, seq_ends))
         if self.fused_attention:
-            # Static lengths in graph mode; the host checked them (forward_cached) before any call.
+            # Static lengths in graph mode; the host checked them (decode.forward_cached) before any call.
             out = self.flash_attention(q, k, v, self.n_heads, attn_mask=self.attn_mask, scalar_value=self.scale,
                                        input_layout="BNSD",
                                        sparse_mode=kernels.attention_sparse_mode(q.shape[2], k.shape[2]))
@@ -483,15 +386,10 @@ class LlamaForCausalLM(nn.Cell):
             self.logits_matmul = parallel.ParallelLogits(tp)
             # The training step's loss on vocab-sharded logits (porting/train/step.py LossNet looks for it).
             self.parallel_loss = parallel.VocabParallelTokenLoss(tp, cfg.vocab_size)
-        self._rope_len = 0
-        self._ensure_rope(cfg.max_position_embeddings)
-
-    def _ensure_rope(self, length: int) -> None:
-        if length > self._rope_len:
-            cos, sin = kernels.rope_tables(self.config, length)
-            # Plain tensors, not Parameters: they are derived data and never saved in checkpoints.
-            self.rope_cos, self.rope_sin = Tensor(cos), Tensor(sin)
-            self._rope_len = length
+        # RoPE tables, plain tensors (derived data, never saved); generation grows them (model_zoo.decode).
+        self._rope_len = cfg.max_position_embeddings
+        cos, sin = kernels.rope_tables(cfg, self._rope_len)
+        self.rope_cos, self.rope_sin = Tensor(cos), Tensor(sin)
 
     def logits(self, hidden: Tensor) -> Tensor:
         b, s, h = hidden.shape
@@ -499,18 +397,12 @@ class LlamaForCausalLM(nn.Cell):
         out = self.logits_matmul(ops.reshape(hidden, (-1, h)), ops.cast(w, hidden.dtype))
         return ops.cast(ops.reshape(out, (b, s, -1)), ms.float32)
 
-    def _check_length(self, length: int) -> None:
-        # Sliding-window attention (Mistral v0.1) equals full causal attention up to the window.
-        if self.window and length > self.window:
-            raise ConfigError(f"sequence length {length} exceeds sliding_window={self.window}; the zoo's attention "
-                              f"is full causal, exact only up to the window: use sequences <= {self.window}")
-
     def construct(self, input_ids: Tensor, positions: Tensor | None = None, segment_ids: Tensor | None = None,
                   seq_ends: Tensor | None = None) -> Tensor:
         """Logits. Packed rows (porting/train/packing.py) also pass ``positions`` and ``segment_ids``
         (B, S) int32 and ``seq_ends`` (cumulative example ends over the B*S tokens, int64)."""
         s = input_ids.shape[1]
-        if self.window and s > self.window:  # compile-time check (static shapes); message as _check_length
+        if self.window and s > self.window:  # compile-time check (static shapes); message: decode._check_length
             raise ValueError("sequence length exceeds the model's sliding_window; use shorter sequences")
         if positions is None:
             cos, sin = self.rope_cos[:s], self.rope_sin[:s]
@@ -529,31 +421,6 @@ class LlamaForCausalLM(nn.Cell):
             out.append(x)
         out[-1] = self.model.norm_out(x)
         return out
-
-    # ----------------------------------------------------------------- KV-cache path (PyNative)
-    def forward_cached(self, input_ids: Tensor, cache: list | None) -> tuple[Tensor, list]:
-        """Logits for ``input_ids`` following the positions already in ``cache``.
-
-        ``cache`` is a list of (k, v) per layer, each (B, Nkv, T, D), or None to start.
-        """
-        start = 0 if not cache else cache[0][0].shape[2]
-        s = input_ids.shape[1]
-        self._check_length(start + s)
-        kernels.check_attention_lengths(s, start + s)
-        self._ensure_rope(start + s)
-        cos, sin = self.rope_cos[start:start + s], self.rope_sin[start:start + s]
-        x = self.model.tok_embeddings(input_ids)
-        new_cache = []
-        for i, layer in enumerate(self.model.layers):
-            attn = layer.attention
-            q, k, v = attn.project(layer.attention_norm(x), cos, sin)
-            if cache:
-                k = ops.cat((cache[i][0], k), 2)
-                v = ops.cat((cache[i][1], v), 2)
-            new_cache.append((k, v))
-            x = x + attn.attend(q, k, v, start)
-            x = x + layer.feed_forward(layer.ffn_norm(x))
-        return self.logits(self.model.norm_out(x)), new_cache
 
     def kernel_report(self) -> list[dict]:
         """One row per layer and kernel: which implementation runs and why, its MindSpeed-LLM flag and

@@ -262,10 +262,11 @@ def test_sliding_window_longer_sequence_refused():
     import mindspore as ms
 
     from model_zoo import LlamaConfig, build
+    from model_zoo.decode import forward_cached
     from model_zoo.errors import ConfigError
 
     cfg = LlamaConfig(vocab_size=32, hidden_size=32, intermediate_size=32, num_hidden_layers=1,
                       num_attention_heads=2, model_type="mistral", sliding_window=8)
     m = build(cfg)
     with pytest.raises(ConfigError, match="sliding_window=8"):
-        m.forward_cached(ms.Tensor(np.zeros((1, 9), np.int32)), None)
+        forward_cached(m, ms.Tensor(np.zeros((1, 9), np.int32)), None)

@@ -25,7 +25,6 @@ LONG_MODULES: dict[str, str] = {
 PENDING_SPLIT: dict[str, str] = {
     "porting/train/data.py": "split the bucketing / global-batch cutting from tokenisation",
     "porting/cluster/ranktable.py": "split the cross-entry rules from the pydantic models",
-    "model_zoo/llama.py": "split the cached-decode path (forward_cached) from the training cell",
 }
 
 

@@ -13,8 +13,9 @@ import mindspore as ms
 from mindspore import Tensor, nn
 
 from model_zoo import LlamaConfig, build, cpu_kernels, kernels
+from model_zoo.cpu_cells import CpuCausalAttention, CpuRmsNorm, CpuRope
 from model_zoo.errors import KernelError
-from model_zoo.llama import CpuCausalAttention, CpuRmsNorm, CpuRope, apply_rope, reference_attention
+from model_zoo.llama import apply_rope, reference_attention
 
 pytestmark = pytest.mark.skipif(not cpu_kernels.available(), reason=f"{cpu_kernels.status()[1]}")
 

@@ -9,6 +9,7 @@ import mindspore as ms
 
 from model_zoo import LlamaConfig, build, cpu_kernels, kernels
 from model_zoo import llama as llama_mod
+from model_zoo.decode import forward_cached
 from model_zoo.errors import KernelError
 from tests.npu_models import NUMPY_KERNELS, KernelContractError, np_flash_attention_score
 
@@ -119,10 +120,10 @@ def test_whole_model_on_fused_paths_matches_reference(monkeypatch):
     got = fused(ids).asnumpy()
     np.testing.assert_allclose(got, want, atol=2e-2)
     # KV-cache path: prefill 16, then 8 one at a time (sparse_mode 3 for the decode calls).
-    logits, cache = fused.forward_cached(ids[:, :16], None)
+    logits, cache = forward_cached(fused, ids[:, :16], None)
     steps = [logits.asnumpy()]
     for t in range(16, 24):
-        lg, cache = fused.forward_cached(ids[:, t:t + 1], cache)
+        lg, cache = forward_cached(fused, ids[:, t:t + 1], cache)
         steps.append(lg.asnumpy())
     np.testing.assert_allclose(np.concatenate(steps, 1), want, atol=2e-2)
 

@@ -17,6 +17,7 @@ from mindspore import ParameterTuple, Tensor, nn
 from converters.loading import load_hf_dir
 from model_zoo import LlamaConfig, build, cpu_kernels, kernels
 from model_zoo import llama as llama_mod
+from model_zoo.cpu_cells import CpuPackedAttention
 from model_zoo.errors import RecipeError
 from porting.train import data as D
 from porting.train import packing
@@ -287,7 +288,7 @@ def test_tnd_numpy_model_checks_the_cumulative_ends(ends, match):
 class _PackedLoss(nn.Cell):
     def __init__(self):
         super().__init__()
-        self.attn = llama_mod.CpuPackedAttention()
+        self.attn = CpuPackedAttention()
 
     def construct(self, q, k, v, seg, w):
         return (self.attn(q, k, v, seg) * w).sum()
