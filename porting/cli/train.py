@@ -104,10 +104,13 @@ def _make_run_dir(out: Path) -> None:
 def _guard_run_dir(out: Path, resume: bool) -> None:
     """A run directory with a complete checkpoint is continued only with --resume. A save that was
     interrupted before its first checkpoint was complete leaves only a temporary directory: that run starts
-    over (``--resume`` has nothing to continue from and says so)."""
-    from porting.train.checkpoint import checkpoint_dirs
+    over (``--resume`` has nothing to continue from and says so). Anything else in checkpoints/, complete
+    or not, is refused without --resume: a new run would overwrite it."""
+    from porting.train.checkpoint import LEFTOVER_DIR
 
-    if checkpoint_dirs(out / "checkpoints") and not resume:
+    ck = out / "checkpoints"
+    others = ck.is_dir() and any(not (p.is_dir() and LEFTOVER_DIR.match(p.name)) for p in ck.iterdir())
+    if others and not resume:
         raise RecipeError(f"{out}: holds checkpoints of an earlier run; pass --resume to continue it, or "
                           "--run-dir NEW_DIR to start another run")
 
