@@ -106,10 +106,10 @@ def _guard_run_dir(out: Path, resume: bool) -> None:
     interrupted before its first checkpoint was complete leaves only a temporary directory: that run starts
     over (``--resume`` has nothing to continue from and says so). Anything else in checkpoints/, complete
     or not, is refused without --resume: a new run would overwrite it."""
-    from porting.train.checkpoint import LEFTOVER_DIR
+    from porting.train.checkpoint import interrupted_saves
 
     ck = out / "checkpoints"
-    others = ck.is_dir() and any(not (p.is_dir() and LEFTOVER_DIR.match(p.name)) for p in ck.iterdir())
+    others = ck.is_dir() and set(ck.iterdir()) - set(interrupted_saves(ck))
     if others and not resume:
         raise RecipeError(f"{out}: holds checkpoints of an earlier run; pass --resume to continue it, or "
                           "--run-dir NEW_DIR to start another run")

@@ -17,9 +17,8 @@ what 3 steps move the weights (checked).
 
 from __future__ import annotations
 
-import re
-
 import json
+import re
 import shutil
 
 import numpy as np
