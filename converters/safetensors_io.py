@@ -117,7 +117,8 @@ def read_header(path: str | os.PathLike) -> Header:
         return dict(pairs)
     try:
         raw = json.loads(blob.decode("utf-8"), object_pairs_hook=no_duplicates)
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:  # RecursionError: nested too deep
+    # RecursionError: nested too deep; ValueError: JSONDecodeError, or an integer past CPython's 4,300 digits
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
         raise _bad(path, f"header is not valid JSON ({e}); the file is corrupt or not safetensors") from None
     if dups:
         raise _bad(path, "listed twice in the header; the file is corrupt, re-export it", dups[0])

@@ -21,6 +21,8 @@ SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCa
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 SUPPORTED_ACTIVATIONS = ("silu",)
 
+MAX_CONFIG_JSON_BYTES = 1 << 20   # an HF config.json is a few KB; the largest seen are tens of KB
+
 
 # Upper bound of every size field, checked before anything is allocated from it (a config.json saying
 # num_hidden_layers: 100000000 must be refused in microseconds, not after 200 GB of tensor plans).
@@ -157,7 +159,7 @@ class LlamaConfig:
                 raise ConfigError(f"{path}: no config.json found; expected an HF model directory with "
                                   "config.json (as written by transformers' save_pretrained)")
             # bounded in size (config.json is a few KB) and depth, UTF-8, an object: or one line saying not
-            raw = read_json_object(path, what="config.json", max_bytes=1 << 20, error=ConfigError)
+            raw = read_json_object(path, what="config.json", max_bytes=MAX_CONFIG_JSON_BYTES, error=ConfigError)
         return cls._from_raw(raw, where)
 
     @classmethod

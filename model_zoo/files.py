@@ -24,6 +24,20 @@ from model_zoo.errors import PortingError
 
 MAX_JSON_BYTES = 64 << 20     # config.json, manifests, rank tables, run records: far below this
 MAX_JSON_DEPTH = 64           # the deepest real document here (a rank table) nests 6 levels
+MAX_INT_DIGITS = 40           # 2**128 has 39 digits: no step, byte count or size port reads comes near
+
+
+class _HugeInt(ValueError):
+    pass
+
+
+def _bounded_int(text: str) -> int:
+    """JSON integers, refused past ``MAX_INT_DIGITS`` digits: CPython raises a bare ValueError past 4,300
+    digits, and a 401-digit count overflows every float it meets later (a report's plot, a ratio)."""
+    digits = len(text) - (text[:1] == "-")
+    if digits > MAX_INT_DIGITS:
+        raise _HugeInt(digits)
+    return int(text)
 
 
 def read_text(path: str | Path, *, what: str = "file", max_bytes: int = MAX_JSON_BYTES,
@@ -44,17 +58,33 @@ def read_text(path: str | Path, *, what: str = "file", max_bytes: int = MAX_JSON
         raise error(f"{p}: the {what} is {st.st_size:,} bytes, more than the {max_bytes:,} allowed; "
                     f"this is not a {what} port can read")
     try:
-        with open(p, "rb") as f:
-            raw = f.read(max_bytes + 1)
+        raw = _read_at_most(p, max_bytes)
     except OSError as e:
         raise error(f"{p}: cannot read the {what} ({e.strerror}); check its permissions") from None
-    if len(raw) > max_bytes:
+    if raw is None:
         raise error(f"{p}: the {what} grew past {max_bytes:,} bytes while being read")
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise error(f"{p}: the {what} is not valid UTF-8 (byte 0x{raw[e.start]:02x} at offset {e.start}); "
                     "save it as UTF-8") from None
+
+
+READ_CHUNK = 1 << 20
+
+
+def _read_at_most(p: Path, max_bytes: int) -> bytes | None:
+    """The bytes of ``p``, or None once more than ``max_bytes`` were seen. Read in chunks: ``f.read(n)``
+    allocates ``n`` bytes up front, so one read of a 16 GiB bound would ask for 16 GiB of address space
+    whatever the file's size (a MemoryError under ``ulimit -v``)."""
+    parts, total = [], 0
+    with open(p, "rb") as f:
+        while block := f.read(min(READ_CHUNK, max_bytes + 1 - total)):
+            parts.append(block)
+            total += len(block)
+            if total > max_bytes:
+                return None
+    return b"".join(parts)
 
 
 def json_depth(value: Any, limit: int) -> int:
@@ -75,9 +105,13 @@ def parse_json(text: str, *, where: str, what: str = "JSON", max_depth: int = MA
                error: type[PortingError] = PortingError) -> Any:
     """``json.loads`` with a depth bound and one-line errors; ``where`` names the file (and row)."""
     try:
-        value = json.loads(text)
+        value = json.loads(text, parse_int=_bounded_int)
     except json.JSONDecodeError as e:
         raise error(f"{where}: invalid {what} at line {e.lineno} column {e.colno} ({e.msg}); fix the syntax") from None
+    except _HugeInt as e:
+        raise error(f"{where}: the {what} holds an integer of {e.args[0]:,} digits, more than the "
+                    f"{MAX_INT_DIGITS} any count or size port reads can have; the file was edited or is "
+                    "not one port can read") from None
     except RecursionError:
         raise error(f"{where}: the {what} nests deeper than {max_depth} levels; this is not a {what} port "
                     "can read") from None

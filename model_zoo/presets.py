@@ -13,10 +13,12 @@ taking a zoo name resolves them.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import json
 import os
 import re
+import time
 from pathlib import Path
 
 from model_zoo.config import LlamaConfig
@@ -134,6 +136,15 @@ NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
 # --------------------------------------------------------------------------- the user registry
+# The registry is one small JSON document that several `port zoo add` may change at once. Every change
+# is a read-modify-write under an exclusive lock on a sibling ``.lock`` file (port creates it), written
+# atomically, and keeps what it does not know: top-level keys other than "models" and unknown keys of
+# entries survive. It is bounded on write as on read, so no sequence of `zoo add` can make a registry
+# that port itself refuses to read.
+MAX_REGISTRY_BYTES = 8 << 20      # thousands of real config.json entries (a few KB each)
+LOCK_WAIT_S = 30.0
+
+
 def user_registry_path() -> Path:
     """Where ``port zoo add`` keeps the user's names (``$PORT_ZOO_FILE`` overrides)."""
     if os.environ.get("PORT_ZOO_FILE"):
@@ -142,29 +153,68 @@ def user_registry_path() -> Path:
     return Path(base) / "port" / "zoo.json"
 
 
-def user_entries() -> list[dict]:
-    """The user registry's entries (none when the file does not exist)."""
+def _read_registry(path: Path) -> dict:
+    """The whole registry document (``{"models": []}`` when the file does not exist), checked."""
     from model_zoo.files import read_json_object
 
-    path = user_registry_path()
     if not path.exists():
-        return []
-    doc = read_json_object(path, what="zoo registry (PORT_ZOO_FILE)", error=ConfigError)
+        return {"models": []}
+    doc = read_json_object(path, what="zoo registry (PORT_ZOO_FILE)", max_bytes=MAX_REGISTRY_BYTES,
+                           error=ConfigError)
     models = doc.get("models")
     if not isinstance(models, list) or not all(isinstance(m, dict) and isinstance(m.get("name"), str)
                                                and isinstance(m.get("hf_config"), dict) for m in models):
         raise ConfigError(f"{path}: expected {{\"models\": [{{\"name\", \"hf_config\", ...}}]}} as `port zoo add` "
-                          "writes it; fix the file or remove it (port zoo remove NAME)")
-    return [dict(m, user=True) for m in models]
+                          "writes it; fix the file or remove it (built-in names work meanwhile)")
+    return doc
 
 
-def _write_user(entries: list[dict]) -> Path:
+def user_entries() -> list[dict]:
+    """The user registry's entries (none when the file does not exist)."""
+    return [dict(m, user=True) for m in _read_registry(user_registry_path())["models"]]
+
+
+@contextlib.contextmanager
+def _locked(path: Path):
+    """An exclusive lock on ``path``'s sibling ``.lock`` file, waited for at most ``LOCK_WAIT_S``."""
+    import fcntl
+
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path.with_name(path.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot create the zoo registry's directory or lock file ({e.filename}: "
+                          f"{e.strerror}); set PORT_ZOO_FILE to a writable place") from None
+    try:
+        deadline = time.monotonic() + LOCK_WAIT_S
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise ConfigError(f"{path}: another `port zoo` has held the registry's lock for "
+                                      f"{LOCK_WAIT_S:.0f} s; wait for it to finish and try again") from None
+                time.sleep(0.02)
+        yield
+    finally:
+        os.close(fd)   # closing the descriptor releases the lock
+
+
+def _change_user(change) -> Path:
+    """Apply ``change(models) -> models`` to the registry under its lock, keeping unknown keys; the
+    new document is refused (nothing written) when it would pass ``MAX_REGISTRY_BYTES``."""
     from model_zoo.files import write_atomic
 
     path = user_registry_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    clean = [{k: v for k, v in e.items() if k != "user"} for e in entries]
-    write_atomic(path, json.dumps({"models": clean}, indent=1) + "\n", error=ConfigError)
+    with _locked(path):
+        doc = _read_registry(path)
+        doc["models"] = change(doc["models"])
+        text = json.dumps(doc, indent=1) + "\n"
+        if len(text.encode("utf-8")) > MAX_REGISTRY_BYTES:
+            raise ConfigError(f"{path}: the zoo registry would grow to {len(text.encode()):,} bytes, more than the "
+                              f"{MAX_REGISTRY_BYTES:,} port reads back; remove entries (port zoo remove NAME) first")
+        write_atomic(path, text, error=ConfigError)
     return path
 
 
@@ -176,22 +226,25 @@ def add_user(name: str, hf_config: dict, *, path: str | None, hf_repo: str | Non
     if name in _BY_NAME:
         raise ConfigError(f"zoo name {name!r} is a built-in size; choose another name")
     LlamaConfig.from_hf(hf_config)   # refuses an unsupported or broken config.json with its reasons
-    entries = [e for e in user_entries() if e["name"] != name]
-    if len(entries) < len(user_entries()) and not replace:
-        raise ConfigError(f"zoo name {name!r} is already in {user_registry_path()}; pass --replace to overwrite it "
-                          f"or `port zoo remove {name}` first")
     entry = {"name": name, "hf_repo": hf_repo, "path": path, "hf_config": hf_config}
-    _write_user(entries + [entry])
+
+    def change(models: list[dict]) -> list[dict]:
+        if any(m["name"] == name for m in models) and not replace:
+            raise ConfigError(f"zoo name {name!r} is already in {user_registry_path()}; pass --replace to "
+                              f"overwrite it or `port zoo remove {name}` first")
+        return [m for m in models if m["name"] != name] + [entry]
+    _change_user(change)
     return dict(entry, user=True)
 
 
 def remove_user(name: str) -> Path:
-    entries = user_entries()
-    if name not in [e["name"] for e in entries]:
-        hint = " (a built-in size; those cannot be removed)" if name in _BY_NAME else ""
-        raise UnknownModelError(f"zoo name {name!r} is not in the user registry {user_registry_path()}{hint}; "
-                                "see `port zoo list`")
-    return _write_user([e for e in entries if e["name"] != name])
+    def change(models: list[dict]) -> list[dict]:
+        if name not in [m["name"] for m in models]:
+            hint = " (a built-in size; those cannot be removed)" if name in _BY_NAME else ""
+            raise UnknownModelError(f"zoo name {name!r} is not in the user registry {user_registry_path()}{hint}; "
+                                    "see `port zoo list`")
+        return [m for m in models if m["name"] != name]
+    return _change_user(change)
 
 
 # --------------------------------------------------------------------------- lookups
@@ -201,6 +254,16 @@ def all_entries() -> list[dict]:
 
 def names() -> list[str]:
     return [p["name"] for p in all_entries()]
+
+
+def builtin(name: str) -> bool:
+    """A built-in size: known without reading the user registry, so a broken registry never disables it."""
+    return name in _BY_NAME
+
+
+def known(name: str) -> bool:
+    """A built-in or user name (the registry is read only for names that are not built in)."""
+    return builtin(name) or name in [e["name"] for e in user_entries()]
 
 
 def get(name: str) -> dict:

@@ -38,7 +38,7 @@ def resolve_hf(src: str | os.PathLike) -> Path:
             raise UnknownModelError(f"{path}: is a file; expected an HF model directory holding config.json")
         return path
     name = str(src)
-    if name not in presets.names():
+    if not presets.known(name):
         if os.sep in name or name.startswith("."):
             raise UnknownModelError(f"{path}: no such directory; expected an HF model directory or a zoo "
                                     f"name ({', '.join(presets.names())})")

@@ -46,8 +46,21 @@ Examples:
 def list_cmd(as_json):
     """Every named size with parameter count and bf16 weight size."""
     from model_zoo import presets
+    from model_zoo.errors import ConfigError
 
-    rows = [_row(e) for e in presets.all_entries()]
+    try:
+        entries, broken = presets.all_entries(), None
+    except ConfigError as e:   # a broken user registry: the built-ins are still listed, then the error
+        entries, broken = list(presets.PRESETS), e
+    rows = [_row(e) for e in entries]
+    _print_rows(rows, as_json)
+    if broken is not None:
+        raise broken
+
+
+def _print_rows(rows: list[dict], as_json: bool) -> None:
+    from model_zoo import presets
+
     if as_json:
         click.echo(json.dumps(rows, indent=1))
         return
@@ -93,6 +106,7 @@ def add_cmd(name, hf_src, replace):
     from pathlib import Path
 
     from model_zoo import presets
+    from model_zoo.config import MAX_CONFIG_JSON_BYTES
     from model_zoo.errors import UnknownModelError
     from model_zoo.files import read_json_object
     from porting.model_paths import find_in_hf_cache, hf_cache_dir
@@ -109,7 +123,7 @@ def add_cmd(name, hf_src, replace):
                                     "pass a local directory or download the repo where there is network")
     else:
         raise UnknownModelError(f"{src}: no such directory; expected an HF model directory or an HF repo id (org/name)")
-    hf_config = read_json_object(where / "config.json", what="config.json")
+    hf_config = read_json_object(where / "config.json", what="config.json", max_bytes=MAX_CONFIG_JSON_BYTES)
     entry = presets.add_user(name, hf_config, path=stored, hf_repo=repo, replace=replace)
     cfg = presets.config(name)
     click.echo(f"added {name}: {cfg.model_type}, {_human(cfg.num_parameters())} parameters, from "

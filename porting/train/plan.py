@@ -244,7 +244,7 @@ def plan_config(recipe) -> tuple[LlamaConfig, list[str]]:
     try:
         return LlamaConfig.from_hf(resolve_hf(recipe.model.source)), notes
     except UnknownModelError:
-        if recipe.model.source not in presets.names():
+        if not presets.known(recipe.model.source):
             raise
         notes.append(f"model.source {recipe.model.source}: checkpoint not in the local HF cache; planned with the "
                      "zoo's copy of its config.json")

@@ -13,7 +13,8 @@ import pytest
 
 from tests.attacks import harness
 
-FOLDERS = ("convert", "verify", "train", "diagnose", "ranktable", "report", "compare", "baseline", "generate")
+FOLDERS = ("convert", "verify", "train", "diagnose", "ranktable", "report", "compare", "baseline", "generate",
+           "zoo")
 for _f in FOLDERS:
     importlib.import_module(f"tests.attacks.{_f}.cases")
 

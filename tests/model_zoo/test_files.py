@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -75,3 +76,41 @@ def test_sha256_file(tmp_path):
     p = tmp_path / "x"
     p.write_bytes(b"abc")
     assert sha256_file(p) == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+
+
+def test_a_huge_json_integer_is_one_line(tmp_path):
+    # CPython refuses integers past 4,300 digits with a bare ValueError; 401 digits overflow every float later
+    for digits in (401, 5000):
+        p = tmp_path / f"n{digits}.json"
+        p.write_text('{"loss": ' + "9" * digits + "}")
+        with pytest.raises(ConfigError) as e:
+            read_json_object(p, what="metrics", error=ConfigError)
+        assert f"integer of {digits:,} digits" in str(e.value) and str(p) in str(e.value)
+    ok = tmp_path / "ok.json"
+    ok.write_text('{"bytes": 123456789012345678901234567890, "neg": -5}')
+    assert read_json_object(ok) == {"bytes": 123456789012345678901234567890, "neg": -5}
+
+
+def test_bounded_reads_do_not_allocate_the_bound(tmp_path):
+    """A 16 GiB bound on a 1 KB file, under a 2 GiB address-space limit: one ``f.read(bound + 1)`` asks
+    for the whole bound up front and dies with MemoryError; the chunked read does not."""
+    import subprocess
+    import sys
+
+    p = tmp_path / "small.txt"
+    p.write_text("x" * 1000)
+    code = ("import resource, sys; resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30));"
+            "from model_zoo.files import read_text;"
+            f"print(len(read_text({str(p)!r}, max_bytes=16 << 30)))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+    assert r.returncode == 0 and r.stdout.strip() == "1000", r.stderr[-2000:]
+
+
+def test_a_file_at_the_bound_is_read_and_one_byte_more_is_refused(tmp_path):
+    p = tmp_path / "t.txt"
+    p.write_bytes(b"a" * (3 << 20))        # three chunks exactly
+    assert len(read_text(p, max_bytes=3 << 20)) == 3 << 20
+    p.write_bytes(b"a" * ((3 << 20) + 1))
+    with pytest.raises(PortingError, match="more than the 3,145,728 allowed"):
+        read_text(p, max_bytes=3 << 20)

@@ -113,3 +113,69 @@ def test_library_snippet_runs_as_written(tmp_path):
     ids = json.loads(r.stdout.strip().splitlines()[-1])
     # shared/README.md's golden ids of stories260K after BOS
     assert ids[:10] == [403, 407, 261, 378, 432, 383, 286, 261, 376, 298] and len(ids) == 60
+
+
+def _add_in_child(reg: str, name: str, cfg: dict) -> None:
+    os.environ["PORT_ZOO_FILE"] = reg
+    presets.add_user(name, cfg, path=None, hf_repo=f"org/{name}")
+
+
+def test_sixteen_concurrent_adds_keep_sixteen_entries(tmp_path):
+    """Sixteen processes add a name each at the same moment (the read-modify-write under the registry's
+    lock): every name survives, and keys port does not know are kept."""
+    import multiprocessing
+
+    reg = tmp_path / "zoo.json"
+    reg.write_text(json.dumps({"comment": "mine", "models": [
+        {"name": "old", "hf_repo": "a/b", "path": None, "note": "kept",
+         "hf_config": json.loads((STORIES / "config.json").read_text())}]}))
+    cfg = json.loads((STORIES / "config.json").read_text())
+    ctx = multiprocessing.get_context("fork")
+    start = ctx.Barrier(16)
+
+    def run(i: int) -> None:
+        start.wait()
+        _add_in_child(str(reg), f"m{i}", cfg)
+    procs = [ctx.Process(target=run, args=(i,)) for i in range(16)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+    assert [p.exitcode for p in procs] == [0] * 16
+    doc = json.loads(reg.read_text())
+    assert sorted(m["name"] for m in doc["models"]) == sorted(["old"] + [f"m{i}" for i in range(16)])
+    assert doc["comment"] == "mine" and doc["models"][0]["note"] == "kept"
+
+
+def test_a_broken_registry_never_disables_the_built_ins(tmp_path):
+    from porting.model_paths import resolve_hf
+
+    reg = tmp_path / "zoo.json"
+    reg.write_text('{"models": [{"name": 3}]}')
+    env = {"PORT_ZOO_FILE": str(reg)}
+    listing = port("zoo", "list", env=env)
+    assert listing.returncode == 2 and "llama2-13b" in listing.stdout and "stories260k" in listing.stdout
+    errors = [ln for ln in listing.stderr.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1 and str(reg) in errors[0] and "built-in names work meanwhile" in errors[0]
+    os.environ["PORT_ZOO_FILE"] = str(reg)
+    try:
+        assert resolve_hf("stories260k") == STORIES and presets.known("llama-7b")
+        with pytest.raises(ConfigError, match="expected"):
+            resolve_hf("my-own")
+    finally:
+        del os.environ["PORT_ZOO_FILE"]
+    assert reg.read_text() == '{"models": [{"name": 3}]}'
+
+
+def test_the_registry_is_bounded_on_write(tmp_path, monkeypatch):
+    """No sequence of `zoo add` makes a registry port then refuses to read: the add that would pass the
+    bound is refused and the registry stays as it was."""
+    monkeypatch.setenv("PORT_ZOO_FILE", str(tmp_path / "zoo.json"))
+    monkeypatch.setattr(presets, "MAX_REGISTRY_BYTES", 4000)
+    cfg = json.loads((STORIES / "config.json").read_text())
+    presets.add_user("a", cfg, path=None, hf_repo="o/a")
+    before = (tmp_path / "zoo.json").read_bytes()
+    big = dict(cfg, padding="x" * 4000)
+    with pytest.raises(ConfigError, match="would grow to .* more than the 4,000"):
+        presets.add_user("b", big, path=None, hf_repo="o/b")
+    assert (tmp_path / "zoo.json").read_bytes() == before and presets.names()[-1] == "a"

@@ -84,3 +84,23 @@ def parity_passed_is_the_string_false(d):
     """"passed": "false" must not be shown as a pass: the report must say FAIL or invalid for it."""
     r = run_dir(d, **{"parity.json": json.dumps({"passed": "false", "checks": []})})
     return ["report", str(r), "--json"]
+
+
+def _report_reads(line: str, d: Path) -> None:
+    assert (d / "out" / "report.md").is_file(), "the report was not written"
+
+
+@case(dest="out", refusal=False, check=_report_reads)
+def metrics_with_a_401_digit_loss(d):
+    """A 401-digit loss raised OverflowError in the report's plot; the line is now skipped and counted."""
+    r = run_dir(d, metrics__jsonl='{"step": 1, "loss": 2.0}\n{"step": 2, "loss": ' + "9" * 401 + "}\n"
+                                 '{"step": 3, "loss": 1.5}\n')
+    return ["report", str(r), "--out", str(d / "out")]
+
+
+@case(dest="out", refusal=False, check=_report_reads)
+def metrics_with_non_finite_and_huge_float_losses(d):
+    r = run_dir(d, metrics__jsonl='{"step": 1, "loss": NaN}\n{"step": 2, "loss": Infinity}\n'
+                                 '{"step": 3, "loss": 1e308}\n{"step": 4, "loss": -1e308, "grad_norm": 1e308}\n'
+                                 '{"step": 5, "loss": 1.5}\n')
+    return ["report", str(r), "--out", str(d / "out")]
