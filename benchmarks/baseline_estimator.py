@@ -48,7 +48,7 @@ def config_for(shape: str):
 
 
 def recipe_for(run: dict, variant: str):
-    from porting.train.recipe import validate_recipe
+    from porting.train.recipe.schema import validate_recipe
 
     param, compute = PRECISION[variant]
     raw = {"model": {"source": run["shape"]}, "data": {"path": "unused.jsonl", "max_seq_length": run["seq"]},
@@ -66,7 +66,7 @@ def phases(est: dict, recompute: bool, states: float) -> dict[str, float]:
 
 
 def check() -> list[dict]:
-    from porting.train.plan import estimate_memory
+    from porting.train.plan.memory import estimate_memory
 
     rows = []
     for variant, path in FILES.items():

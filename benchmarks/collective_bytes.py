@@ -1,7 +1,7 @@
 """Collective bytes per optimizer step per rank of the shipped 910C plans, side by side:
 plain data parallel, the earlier sharding (gradients all-reduced, then every parameter all-reduced
 in fp32 as ``param x mask``), the CPU emulation (AllReduce + slice, AllGather) and the Ascend path
-(ReduceScatter + AllGather). The numbers are the plan's (porting/train/sharding.py), from the model
+(ReduceScatter + AllGather). The numbers are the plan's (porting/train/plan/sharding.py), from the model
 shapes; no device is needed.
 
     python benchmarks/collective_bytes.py            # markdown table (BENCHMARKS.md)
@@ -22,9 +22,9 @@ RECIPES = ("7b-8card", "7b-a2-8dev", "13b-32card")
 
 
 def rows() -> list[dict]:
-    from porting.train import sharding
-    from porting.train.plan import plan_config
-    from porting.train.recipe import load_recipe
+    from porting.train.plan import sharding
+    from porting.train.plan.make import plan_config
+    from porting.train.recipe.schema import load_recipe
 
     out = []
     for name in RECIPES:

@@ -70,7 +70,7 @@ def ms_step(cfg_d: dict, b: int, s: int, fused: bool, warmup: int, steps: int, o
 
     from model_zoo.config import LlamaConfig
     from model_zoo.llama import build
-    from porting.train import step as train_step
+    from porting.train.run import step as train_step
 
     ms.set_context(mode=ms.GRAPH_MODE)
     ms.set_device("CPU")
@@ -200,8 +200,8 @@ def part_profile(args) -> list[dict]:
 def part_bucketing(args) -> list[dict]:
     import tempfile
 
-    from porting.train.loop import train
-    from porting.train.recipe import load_recipe
+    from porting.train.run.loop import train
+    from porting.train.recipe.schema import load_recipe
 
     rows = []
     common = [f"data.path={args.alpaca}", "data.format=alpaca", "data.long_text=truncate",

@@ -277,3 +277,10 @@ def _rope_scaling_problems(rs: dict[str, Any] | None) -> list[str]:
     if "factor" in rs and not (isinstance(factor, (int, float)) and factor >= 1 and math.isfinite(factor)):
         out.append(f"rope_scaling.factor: found {factor!r}, expected a number >= 1")
     return out
+
+
+def divisibility_problems(cfg, size: int) -> list[str]:
+    """What of the config ``size`` TP ranks cannot split evenly, as "name N" strings (empty: it divides)."""
+    dims = {"num_attention_heads": cfg.num_attention_heads, "num_key_value_heads": cfg.num_key_value_heads,
+            "intermediate_size": cfg.intermediate_size, "vocab_size": cfg.vocab_size}
+    return [f"{k} {v}" for k, v in dims.items() if v % size]

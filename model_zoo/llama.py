@@ -20,7 +20,7 @@ from mindspore import Parameter, Tensor, nn, ops
 from mindspore.common.initializer import Normal, Zero, One, initializer
 
 from model_zoo import kernels, parallel
-from model_zoo.config import LlamaConfig
+from model_zoo.config import LlamaConfig, divisibility_problems
 from model_zoo.cpu_cells import CpuCausalAttention, CpuPackedAttention, CpuRmsNorm, CpuRope
 from model_zoo.errors import ConfigError, KernelError
 from model_zoo.kernels import KernelSelection
@@ -384,7 +384,7 @@ class LlamaForCausalLM(nn.Cell):
             self.logits_matmul = ops.MatMul(transpose_b=True)
         else:
             self.logits_matmul = parallel.ParallelLogits(tp)
-            # The training step's loss on vocab-sharded logits (porting/train/step.py LossNet looks for it).
+            # The training step's loss on vocab-sharded logits (porting/train/run/step.py LossNet looks for it).
             self.parallel_loss = parallel.VocabParallelTokenLoss(tp, cfg.vocab_size)
         # RoPE tables, plain tensors (derived data, never saved); generation grows them (model_zoo.decode).
         self._rope_len = cfg.max_position_embeddings
@@ -399,7 +399,7 @@ class LlamaForCausalLM(nn.Cell):
 
     def construct(self, input_ids: Tensor, positions: Tensor | None = None, segment_ids: Tensor | None = None,
                   seq_ends: Tensor | None = None) -> Tensor:
-        """Logits. Packed rows (porting/train/packing.py) also pass ``positions`` and ``segment_ids``
+        """Logits. Packed rows (porting/train/data/packing.py) also pass ``positions`` and ``segment_ids``
         (B, S) int32 and ``seq_ends`` (cumulative example ends over the B*S tokens, int64)."""
         s = input_ids.shape[1]
         if self.window and s > self.window:  # compile-time check (static shapes); message: decode._check_length
@@ -436,7 +436,7 @@ def build(cfg: LlamaConfig, *, param_dtype: str = "float32", compute_dtype: str 
     ``tp`` (size > 1): this rank's tensor-parallel shard (:mod:`model_zoo.parallel`); heads, KV heads,
     the intermediate size and the vocabulary must divide by ``tp.size`` (ConfigError otherwise)."""
     if tp is not None and tp.size > 1:
-        bad = parallel.divisibility_problems(cfg, tp.size)
+        bad = divisibility_problems(cfg, tp.size)
         if bad:
             raise ConfigError(f"tensor parallel {tp.size} does not divide {', '.join(bad)}")
     else:

@@ -53,13 +53,6 @@ class TensorParallel:
         return self.rank * k, k
 
 
-def divisibility_problems(cfg, size: int) -> list[str]:
-    """What of the config ``size`` TP ranks cannot split evenly, as "name N" strings (empty: it divides)."""
-    dims = {"num_attention_heads": cfg.num_attention_heads, "num_key_value_heads": cfg.num_key_value_heads,
-            "intermediate_size": cfg.intermediate_size, "vocab_size": cfg.vocab_size}
-    return [f"{k} {v}" for k, v in dims.items() if v % size]
-
-
 # --------------------------------------------------------------------------- slicing a full tensor
 def split_shard(full: np.ndarray, axis: int | None, rank: int, size: int) -> np.ndarray:
     """Rank ``rank``'s contiguous slice of ``full`` along ``axis`` (None: replicated, the whole tensor)."""

@@ -18,8 +18,9 @@ from typing import Sequence
 
 import numpy as np
 
-from model_zoo.errors import RecipeError
-from porting.train import data as D
+from porting.train.data.batching import BatchSchedule, choose_boundaries, pad_micro_batch
+from porting.train.data.examples import MicroBatch, TokenizedData
+from porting.train.data.tokenise import tokenize_dataset
 
 
 @dataclass(frozen=True)
@@ -39,13 +40,13 @@ def _result(examples: int, loss_sum: float, tokens: int) -> EvalResult:
     return EvalResult(examples, tokens, loss_sum, mean, math.exp(min(mean, 700.0)))
 
 
-def batches(data: D.TokenizedData, batch_size: int, boundaries: Sequence[int]) -> list[D.MicroBatch]:
+def batches(data: TokenizedData, batch_size: int, boundaries: Sequence[int]) -> list[MicroBatch]:
     """The examples in length order, ``batch_size`` at a time, each padded to the smallest boundary."""
     order = sorted(range(len(data.examples)), key=lambda i: (data.examples[i].length, i))
-    return [D.pad_micro_batch(data, order[k:k + batch_size], boundaries) for k in range(0, len(order), batch_size)]
+    return [pad_micro_batch(data, order[k:k + batch_size], boundaries) for k in range(0, len(order), batch_size)]
 
 
-def zoo_loss(model, mbs: Sequence[D.MicroBatch]) -> tuple[float, int]:
+def zoo_loss(model, mbs: Sequence[MicroBatch]) -> tuple[float, int]:
     """Loss sum and scored tokens with the model_zoo cell (one compiled graph per batch shape)."""
     import mindspore as ms
     from mindspore import nn
@@ -71,7 +72,7 @@ def zoo_loss(model, mbs: Sequence[D.MicroBatch]) -> tuple[float, int]:
     return total, count
 
 
-def hf_loss(hf_dir: str | Path, mbs: Sequence[D.MicroBatch]) -> tuple[float, int]:
+def hf_loss(hf_dir: str | Path, mbs: Sequence[MicroBatch]) -> tuple[float, int]:
     """The same sums with HF transformers (fp32, CPU) on the same padded batches."""
     import torch
     from transformers import AutoModelForCausalLM   # LlamaForCausalLM, or Qwen2's / Mistral's class
@@ -96,27 +97,13 @@ def hf_loss(hf_dir: str | Path, mbs: Sequence[D.MicroBatch]) -> tuple[float, int
     return total, count
 
 
-def evaluate(model, data: D.TokenizedData, batch_size: int, boundaries: Sequence[int]) -> EvalResult:
+def evaluate(model, data: TokenizedData, batch_size: int, boundaries: Sequence[int]) -> EvalResult:
     """Mean loss and perplexity of ``model`` (a model_zoo cell) on ``data``."""
     s, n = zoo_loss(model, batches(data, batch_size, boundaries))
     return _result(len(data.examples), s, n)
 
 
-def split_eval(data: D.TokenizedData, fraction: float, seed: int) -> tuple[D.TokenizedData, D.TokenizedData | None]:
-    """(training data, held-out data): ``fraction`` of the examples drawn with ``seed``, never trained on."""
-    if fraction <= 0:
-        return data, None
-    n = len(data.examples)
-    k = max(1, int(round(fraction * n)))
-    if k >= n:
-        raise RecipeError(f"data.eval_split={fraction}: {n} examples leave none to train on; use a smaller split")
-    held = set(np.random.default_rng([seed, 1]).permutation(n)[:k].tolist())
-    data.report.eval_examples = k
-    pick = lambda keep: [e for i, e in enumerate(data.examples) if (i in held) != keep]  # noqa: E731
-    return D.TokenizedData(pick(True), data.report, data.pad_id), D.TokenizedData(pick(False), data.report, data.pad_id)
-
-
-def eval_record(model, plan: D.BatchSchedule, done: int, every: int) -> dict:
+def eval_record(model, plan: BatchSchedule, done: int, every: int) -> dict:
     """The held-out numbers ``port train`` adds to step ``done``'s record (every ``every`` steps and at
     the last step), or nothing."""
     if plan.eval_data is None or not (done == plan.total_steps or (every and done % every == 0)):
@@ -136,8 +123,8 @@ def eval_report(model_dir: Path, weights: str, data_cfg, batch_size: int, refere
 
     ms.set_context(mode=ms.GRAPH_MODE)
     tok = load_tokenizer(model_dir)
-    data = D.tokenize_dataset(data_cfg, tok)
-    bounds = D.choose_boundaries(data.lengths, 4, 8, data_cfg.max_seq_length)
+    data = tokenize_dataset(data_cfg, tok)
+    bounds = choose_boundaries(data.lengths, 4, 8, data_cfg.max_seq_length)
     mbs = batches(data, batch_size, bounds)
     model = build(LlamaConfig.from_hf(model_dir))
     (load_ms_dir if weights == "ms" else load_hf_dir)(model, model_dir)

@@ -19,11 +19,10 @@ MAX_FUNCTION_LINES = 80
 
 # module -> the sentence of its docstring that says why it is longer.
 LONG_MODULES: dict[str, str] = {
-    "porting/train/loop.py": "kept in one module of about 500 lines so one rank's life reads top to bottom",
+    "porting/train/run/loop.py": "kept in one module of about 500 lines so one rank's life reads top to bottom",
 }
 # module -> what is to be done; each is over the limit and is being split where it is owned.
 PENDING_SPLIT: dict[str, str] = {
-    "porting/train/data.py": "split the bucketing / global-batch cutting from tokenisation",
     "porting/cluster/ranktable.py": "split the cross-entry rules from the pydantic models",
 }
 
@@ -70,3 +69,4 @@ def test_the_checks_see_the_whole_tree():
     # the walk finds the packages' modules (a moved root would make every check above pass vacuously)
     mods = {_rel(p) for p in _modules()}
     assert {"porting/roundtrip.py", "converters/convert.py", "model_zoo/files.py"} <= mods and len(mods) > 50
+

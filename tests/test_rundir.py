@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from porting import rundir as rd
-from porting.train.checkpoint import TrainState
+from porting.train.run.checkpoint import TrainState
 from tests.train.conftest import FAST, TINY, error_line, port
 
 

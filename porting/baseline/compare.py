@@ -217,7 +217,7 @@ def estimator_vs_baseline(base_doc: dict, run: RunRecords) -> dict[str, Any] | N
 def run_settings(run: RunRecords) -> dict[str, Any]:
     """The run's comparable settings, from its manifest (resolved recipe, data hash) and its model."""
     from porting.baseline import settings as settings_mod
-    from porting.train.recipe import validate_recipe
+    from porting.train.recipe.schema import validate_recipe
 
     assert run.manifest is not None, "read_run(strict=True) reads the manifest"
     # the resolved recipe `port train` wrote, read by the same strict schema (files are not needed here)

@@ -26,8 +26,9 @@ from porting.baseline.torch_loop import LoopConfig, LoopResult, OptimConfig
 from porting.env import cpu_model, require_torch, versions
 
 if TYPE_CHECKING:
-    from porting.train.data import BatchSchedule, Step, TokenizedData
-    from porting.train.recipe import Recipe
+    from porting.train.data.batching import BatchSchedule, Step
+    from porting.train.data.examples import TokenizedData
+    from porting.train.recipe.schema import Recipe
 
 DEVICES = ("cpu", "cuda")
 # port precision name -> torch loop dtype
@@ -165,8 +166,8 @@ def baseline_document(run: BaselineRun) -> dict[str, Any]:
 
     from model_zoo.config import LlamaConfig
     from porting.baseline import estimate
-    from porting.train.plan import estimate_memory
-    from porting.train.recipe import recipe_dict
+    from porting.train.plan.memory import estimate_memory
+    from porting.train.recipe.schema import recipe_dict
 
     req, recipe, hf_dir, plan, loop, res = run.req, run.recipe, run.hf_dir, run.plan, run.loop, run.result
     meter_kind = run.meter.kind
@@ -221,8 +222,8 @@ def run(req: BaselineRequest, log: Callable[[str], None] = lambda s: None) -> Ba
     """Run the baseline and write ``req.out`` atomically."""
     from model_zoo.config import LlamaConfig
     from porting.model_paths import resolve_hf
-    from porting.train.data import build_plan
-    from porting.train.recipe import load_recipe
+    from porting.train.data.batching import build_plan
+    from porting.train.recipe.schema import load_recipe
     from porting.tokenizer import load_tokenizer
 
     out = Path(req.out)

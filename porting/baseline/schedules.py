@@ -7,11 +7,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Callable
 
 if TYPE_CHECKING:
-    from porting.train.recipe import Recipe
+    from porting.train.recipe.schema import Recipe
 
 
 def lr_schedule(recipe: Recipe, total_steps: int) -> Callable[[int], float]:
-    from porting.train.schedule import lr_at
+    from porting.train.recipe.schedule import lr_at
 
     return lambda step: lr_at(recipe, step, total_steps)
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from model_zoo.errors import ConfigError
 
 if TYPE_CHECKING:
-    from porting.train.recipe import Recipe
+    from porting.train.recipe.schema import Recipe
 
 # (param_dtype, compute_dtype) of the recipe -> the precision name both sides record.
 PRECISIONS: dict[tuple[str, str], str] = {

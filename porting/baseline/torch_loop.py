@@ -20,7 +20,7 @@ import numpy as np
 from porting.baseline.memory import PHASES, PhaseMeter
 
 if TYPE_CHECKING:
-    from porting.train.data import MicroBatch
+    from porting.train.data.examples import MicroBatch
 
 IGNORE_INDEX = -100
 

@@ -35,7 +35,7 @@ def command(hf_src, ms_dir, data_path, fmt, chat_template, max_seq_length, long_
     from model_zoo.errors import RecipeError, UnknownModelError
     from porting.eval import eval_report
     from porting.model_paths import resolve_hf
-    from porting.train.recipe import DataSection
+    from porting.train.recipe.schema import DataSection
 
     if bool(hf_src) == bool(ms_dir):
         raise UnknownModelError("port eval: give exactly one of --hf MODEL or --ms DIR")

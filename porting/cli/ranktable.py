@@ -86,7 +86,7 @@ def check_cmd(file: Path, nodes: int | None, cards_per_node: int | None, recipe:
     from porting.cluster import ranktable as rt
 
     if recipe is not None:
-        from porting.train.recipe import load_recipe
+        from porting.train.recipe.schema import load_recipe
 
         cluster = load_recipe(recipe, check_files=False).cluster
         nodes = nodes if nodes is not None else cluster.nodes

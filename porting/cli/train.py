@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -13,6 +10,7 @@ import click
 
 from model_zoo.errors import PortingError, RecipeError
 from model_zoo.files import write_atomic
+from porting import train as T   # the face: names load on first use, a dry run never loads MindSpore
 
 
 @click.command("train", epilog="""\b
@@ -42,44 +40,34 @@ def command(recipe: str, overrides: tuple[str, ...], dry_run: bool, as_json: boo
     """Fine-tune the model of RECIPE (all weights) with the recipe's data, batching and parallelism."""
     from model_zoo.config import LlamaConfig
     from porting.model_paths import resolve_hf
-    from porting.train.plan import check_fits, format_plan, make_plan
-    from porting.train.recipe import load_recipe
-
-    from porting.train.plan import plan_config
 
     # A dry run plans for a cluster, so the data and checkpoint may live only there: missing files
     # become warnings. A real run needs both and refuses with every missing path at once.
-    rec = load_recipe(recipe, list(overrides), check_files=not dry_run)
+    rec = T.load_recipe(recipe, list(overrides), check_files=not dry_run)
     out = Path(run_dir or rec.output_dir)
-    cfg, notes = plan_config(rec) if dry_run else (LlamaConfig.from_hf(resolve_hf(rec.model.source)), [])
-    from porting.train.grid import check_tensor_parallel
-
-    check_tensor_parallel(rec, cfg, rec.model.source)   # before any worker starts: one line, no msrun
-    plan = make_plan(rec, cfg, recipe, str(out), list(overrides), resume)
+    cfg, notes = T.plan_config(rec) if dry_run else (LlamaConfig.from_hf(resolve_hf(rec.model.source)), [])
+    T.check_tensor_parallel(rec, cfg, rec.model.source)   # before any worker starts: one line, no msrun
+    plan = T.make_plan(rec, cfg, recipe, str(out), list(overrides), resume)
     plan.warnings = notes + plan.warnings
     if dry_run:
-        from porting.train.packing import dry_run_padding   # padding of bucketing vs packing on the recipe's data
-
-        plan.padding, padding_line = dry_run_padding(rec)
-        click.echo(json.dumps(plan.to_dict(), indent=2) if as_json else format_plan(plan) + "\n" + padding_line)
-        check_fits(plan, recipe)
+        plan.padding, padding_line = T.dry_run_padding(rec)   # padding of bucketing vs packing on the recipe's data
+        click.echo(json.dumps(plan.to_dict(), indent=2) if as_json else T.format_plan(plan) + "\n" + padding_line)
+        T.check_fits(plan, recipe)
         return
-    check_fits(plan, recipe)
+    T.check_fits(plan, recipe)
     if not no_preflight and not (rec.cluster.nodes > 1 and launch_node is None):   # that only prints commands
         _preflight(rec, out, launch_node or 0)
     _guard_run_dir(out, resume)
     _make_run_dir(out)
     write_atomic(out / "plan.json", json.dumps(plan.to_dict(), indent=2), error=RecipeError)
     if rec.world_size == 1:
-        from porting.train.loop import train
-
-        res = train(rec, out, resume=resume, command=sys.argv)
+        res = T.train(rec, out, resume=resume, command=sys.argv)
         click.echo(f"done: {res.steps_done} steps, final loss {res.last_loss:.4f}; run directory {out}")
         return
-    _launch_msrun(rec, recipe, list(overrides), out, resume, launch_node, plan.launch.get("env", {}))
+    T.launch_msrun(rec, recipe, list(overrides), out, resume, launch_node, plan.launch.get("env", {}))
 
 
-def _preflight(rec, out: Path, node_rank: int) -> None:
+def _preflight(rec: T.Recipe, out: Path, node_rank: int) -> None:
     """porting/cluster/preflight.py's launch checks; the first failure stops the launch in one line."""
     from porting.cluster.preflight import run_train_preflight
 
@@ -106,50 +94,8 @@ def _guard_run_dir(out: Path, resume: bool) -> None:
     interrupted before its first checkpoint was complete leaves only a temporary directory: that run starts
     over (``--resume`` has nothing to continue from and says so). Anything else in checkpoints/, complete
     or not, is refused without --resume: a new run would overwrite it."""
-    from porting.train.checkpoint import interrupted_saves
-
     ck = out / "checkpoints"
-    others = ck.is_dir() and set(ck.iterdir()) - set(interrupted_saves(ck))
+    others = ck.is_dir() and set(ck.iterdir()) - set(T.interrupted_saves(ck))
     if others and not resume:
         raise RecipeError(f"{out}: holds checkpoints of an earlier run; pass --resume to continue it, or "
                           "--run-dir NEW_DIR to start another run")
-
-
-def _launch_msrun(rec, recipe_path: str, overrides: list[str], out: Path, resume: bool,
-                  launch_node: int | None, plan_env: dict | None = None) -> None:
-    from porting.train.plan import msrun_commands
-    from porting.train.recipe import recipe_dict
-
-    if shutil.which("msrun") is None:
-        raise PortingError("msrun not found on PATH; it comes with MindSpore (pip install mindspore) - "
-                           "activate the environment that has it")
-    # The launched command is exactly the one --dry-run prints; the resolved recipe is kept for the record.
-    import yaml
-
-    write_atomic(out / "recipe.yaml", yaml.safe_dump(recipe_dict(rec), sort_keys=False), error=RecipeError)
-    cmds = msrun_commands(rec, recipe_path, str(out), overrides, resume)
-    if rec.cluster.nodes > 1 and launch_node is None:
-        click.echo(f"{rec.cluster.nodes} nodes: run on each node (same paths on every node):")
-        for i, c in enumerate(cmds):
-            click.echo(f"node {i}: {c}")
-        return
-    node = launch_node or 0
-    if not 0 <= node < len(cmds):
-        raise RecipeError(f"--launch-node {node}: the recipe has nodes 0..{len(cmds) - 1}")
-    import shlex
-
-    from porting.train.comm import same_host_node_argv
-
-    argv = same_host_node_argv(shlex.split(cmds[node]), node, rec.cluster)
-    env = dict(os.environ)
-    env.update({k: v for k, v in (plan_env or {}).items() if k not in os.environ})   # the plan's HCCL timeouts; the user's win
-    root = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    # msrun starts the `python` found on PATH: put this interpreter's directory first.
-    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
-    click.echo(f"launching: {cmds[node]}", err=True)
-    rc = subprocess.call(argv, env=env)
-    if rc != 0:
-        raise PortingError(f"msrun exited with {rc}; see {out}/logs/rank_*.log and {out}/logs/msrun/worker_*.log "
-                           "(scheduler.log names ranks that timed out)")
-    click.echo(f"done: {rec.world_size} workers; run directory {out}")

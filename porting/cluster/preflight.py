@@ -244,7 +244,7 @@ def smoke_allreduce(workers: int, port: int, timeout_s: float = 60.0, device: st
 def run_preflight(recipe_path: str | os.PathLike, *, node_rank: int = 0, fingerprint_dir: Path | None = None,
                   rank_table: str | None = None, smoke: bool = True, overrides: list[str] | None = None) -> dict:
     """Every check for this node; ``ok`` is False when one fails."""
-    from porting.train.recipe import load_recipe
+    from porting.train.recipe.schema import load_recipe
 
     recipe = load_recipe(recipe_path, overrides, check_files=False)
     c = recipe.cluster

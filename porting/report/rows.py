@@ -256,7 +256,7 @@ def _median(xs: list[float]) -> float:
 
 
 def comm_wait_row(run: RunRecords, world: int | None) -> Row:
-    """Per-rank wait in the timed all-reduce of sampled steps (porting/train/commwait.py): median and
+    """Per-rank wait in the timed all-reduce of sampled steps (porting/train/run/commwait.py): median and
     max per rank, and the rank the others wait for (the one last to arrive, whose own wait is least)."""
     item = "communication wait"
     if world == 1:

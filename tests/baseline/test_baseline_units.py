@@ -109,7 +109,7 @@ def test_run_settings_read_the_manifest_recipe_with_the_strict_schema(tmp_path):
     from model_zoo.errors import RecipeError
     from porting.baseline import settings
     from porting.rundir import ModelInfo, RunManifest, RunRecords, StepRecord
-    from porting.train.recipe import recipe_dict, validate_recipe
+    from porting.train.recipe.schema import recipe_dict, validate_recipe
     from tests.conftest import EMBEDDED
 
     recipe = validate_recipe({"model": {"source": "stories260k"}, "data": {"path": "d.jsonl"},

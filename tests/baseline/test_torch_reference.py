@@ -30,8 +30,8 @@ def test_step_one_loss_is_hf_transformers_loss(micro4):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from porting.train.data import build_plan
-    from porting.train.recipe import load_recipe
+    from porting.train.data.batching import build_plan
+    from porting.train.recipe.schema import load_recipe
     from porting.tokenizer import load_tokenizer
     from porting.model_paths import resolve_hf
 
@@ -63,7 +63,7 @@ def test_baseline_file_is_self_describing(micro4):
     assert d["versions"]["packages"]["torch"] and d["model"]["weights"]["bytes"] > 0
     assert len(d["steps"]["loss"]) == 3 and all(np.isfinite(d["steps"]["loss"]))
     assert d["settings"]["dtype"] == "float32" and d["settings"]["data_sha256"] == d["data"]["sha256"]
-    assert d["steps"]["lr"][0] == pytest.approx(0.5e-3)  # warm-up step 1 of 2 (porting.train.schedule)
+    assert d["steps"]["lr"][0] == pytest.approx(0.5e-3)  # warm-up step 1 of 2 (porting.train.recipe.schedule)
     peaks = d["memory"]["peak_gib"]
     assert all(peaks[p] > 0.1 for p in ("forward", "backward", "optimizer"))
     assert d["timing"]["warmup_steps"][0] == 1  # the first step is timed apart

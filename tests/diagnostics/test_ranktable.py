@@ -202,7 +202,7 @@ def test_recipe_cluster_comparison(tmp_path, table):
 
 
 def test_example_recipe_in_help_exists():
-    from porting.train.recipe import load_recipe
+    from porting.train.recipe.schema import load_recipe
 
     helptext = cli("--help").stdout
     for word in helptext.split():

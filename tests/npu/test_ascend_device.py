@@ -34,7 +34,7 @@ def _f32(x: float) -> ms.Tensor:
 
 def _step(fused: bool, ids: ms.Tensor) -> tuple[float, float, dict]:
     from model_zoo import LlamaConfig, build, kernels
-    from porting.train import step as train_step
+    from porting.train.run import step as train_step
 
     cfg = LlamaConfig(**CFG_KW)
     override = None if fused else {k: "reference" for k in kernels.KERNELS}
@@ -90,10 +90,10 @@ def test_flash_attention_decode_step_sparse_mode_3_matches_reference():
 
 
 def test_peak_memory_is_within_the_plan():
-    """One training step's measured device peak against porting/train/plan.py's estimate for it."""
+    """One training step's measured device peak against porting/train/plan/make.py's estimate for it."""
     from model_zoo import LlamaConfig
-    from porting.train.plan import GIB, estimate_memory
-    from porting.train.recipe import validate_recipe
+    from porting.train.plan.memory import estimate_memory, GIB
+    from porting.train.recipe.schema import validate_recipe
 
     ms.runtime.reset_peak_memory_stats()
     ids = ms.Tensor(np.random.default_rng(0).integers(0, CFG_KW["vocab_size"], (1, 2048)).astype(np.int32))

@@ -33,9 +33,11 @@ TIMING_KEYS = {"step_time_s", "tokens_per_s", "host_rss_gib", "compile_time_s", 
 
 
 def _normalise(text: str) -> str:
-    """The checkout's absolute path varies by machine; the worker script's place inside the package
-    is not behaviour either (it moves with the reshaping), so it reads <WORKER>."""
+    """The checkout's absolute path varies by machine; where a module sits inside ``porting/train/`` is
+    not behaviour either (the reshaping moves them), so the worker script reads <WORKER> and a module
+    named in the text reads ``porting/train/NAME.py``."""
     text = re.sub(re.escape(str(ROOT)) + r"/porting/train/(?:run/)?worker\.py", "<WORKER>", text)
+    text = re.sub(r"porting/train/(?:recipe|data|plan|run)/", "porting/train/", text)   # modules named in the text
     return text.replace(str(ROOT), "<ROOT>")
 
 

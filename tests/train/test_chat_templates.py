@@ -9,10 +9,11 @@ import json
 import pytest
 
 from model_zoo.errors import RecipeError
-from porting.train import data as D
-from porting.train.chat import TemplateRenderer
-from porting.train.formats import Conversation, Turn
-from porting.train.recipe import validate_recipe
+from porting.train.data.examples import IGNORE_INDEX
+from porting.train.data.tokenise import tokenize_dataset
+from porting.train.data.chat import TemplateRenderer
+from porting.train.data.formats import Conversation, Turn
+from porting.train.recipe.schema import validate_recipe
 from tests.train import chat_tokenizers as CT
 from tests.train.conftest import ROOT, error_line, port
 
@@ -36,7 +37,7 @@ def _runs(ids, labels) -> list[list[int]]:
     """Contiguous runs of trained tokens."""
     runs, cur = [], []
     for t, l in zip(ids, labels):
-        if l != D.IGNORE_INDEX:
+        if l != IGNORE_INDEX:
             cur.append(t)
         elif cur:
             runs, cur = runs + [cur], []
@@ -76,7 +77,7 @@ def test_mask_is_exact_at_token_level(named):
         if k == 0:
             assert got == want.rstrip(" "), (got, want)
     # every token outside the runs is a prompt, header or system token
-    untrained = tok.decode([t for t, l in zip(ids, labels) if l == D.IGNORE_INDEX], skip_special_tokens=False)
+    untrained = tok.decode([t for t, l in zip(ids, labels) if l == IGNORE_INDEX], skip_special_tokens=False)
     assert Q1 in untrained and Q2 in untrained and A1 not in untrained and "I am an assistant" not in untrained
 
 
@@ -86,7 +87,7 @@ def test_real_samples_through_each_template(named, tmp_path):
     rows = [json.loads(l) for l in (FIX / "openai_parts_v1_sft_demo.jsonl").read_text().splitlines()]
     raw = {"model": {"source": "stories260k"}, "data": {"path": str(FIX / "openai_parts_v1_sft_demo.jsonl"),
                                                         "max_seq_length": 512}}
-    td = D.tokenize_dataset(validate_recipe(raw).data, tok)     # auto: the tokenizer has a template, so model
+    td = tokenize_dataset(validate_recipe(raw).data, tok)     # auto: the tokenizer has a template, so model
     assert td.report.rows == 16 and td.report.bad_rows == 0 and td.report.examples == 16
     for e, row in zip(td.examples, rows):
         reply = row["messages"][1]["content"][0]["value"]
@@ -106,7 +107,7 @@ def test_mistral_refuses_a_system_prompt_row_by_row(tmp_path):
     p = tmp_path / "m.jsonl"
     p.write_text("".join(json.dumps(r) + "\n" for r in rows))
     raw = {"model": {"source": "stories260k"}, "data": {"path": str(p), "chat_template": "model"}}
-    td = D.tokenize_dataset(validate_recipe(raw).data, tok)
+    td = tokenize_dataset(validate_recipe(raw).data, tok)
     assert td.report.bad_rows == 1 and td.report.examples == 1
     assert "row 1: the chat template refused the row: Conversation roles must alternate" in td.report.bad_row_samples[0]
 
@@ -148,11 +149,11 @@ def test_template_choice_errors():
     stories = load_tokenizer(ROOT / "model_zoo" / "assets" / "stories260k")
     raw = {"model": {"source": "stories260k"}, "data": {"path": str(FIX / "openai_parts_v1_sft_demo.jsonl")}}
     with pytest.raises(RecipeError, match="data.chat_template: model, but the tokenizer of .* has no chat_template"):
-        D.tokenize_dataset(validate_recipe({**raw, "data": {**raw["data"], "chat_template": "model"}}).data, stories)
+        tokenize_dataset(validate_recipe({**raw, "data": {**raw["data"], "chat_template": "model"}}).data, stories)
     with pytest.raises(RecipeError, match="chat template .* not found"):
-        D.tokenize_dataset(validate_recipe({**raw, "data": {**raw["data"], "chat_template": "/no/such.jinja"}}).data,
+        tokenize_dataset(validate_recipe({**raw, "data": {**raw["data"], "chat_template": "/no/such.jinja"}}).data,
                            stories)
     # builtin stays the named fallback even when the tokenizer has a template
     llama = CT.build("llama3")
-    td = D.tokenize_dataset(validate_recipe({**raw, "data": {**raw["data"], "chat_template": "builtin"}}).data, llama)
+    td = tokenize_dataset(validate_recipe({**raw, "data": {**raw["data"], "chat_template": "builtin"}}).data, llama)
     assert "<|user|>" in llama.decode(td.examples[0].input_ids.tolist())

@@ -1,4 +1,4 @@
-"""Communication wait (porting/train/commwait.py) under real msrun workers, and the report's row for it."""
+"""Communication wait (porting/train/run/commwait.py) under real msrun workers, and the report's row for it."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from model_zoo.errors import PortingError
 from porting.report import make_report
 from porting.report.rows import comm_wait_row
 from porting.rundir import RunRecords, StepRecord, read_run
-from porting.train.commwait import DELAY_ENV, delay_for, sampled
+from porting.train.run.commwait import DELAY_ENV, delay_for, sampled
 from tests.train.conftest import FAST, TINY, free_port, metrics, port
 
 SLOW_S = 0.6

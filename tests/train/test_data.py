@@ -9,8 +9,10 @@ import numpy as np
 import pytest
 
 from model_zoo.errors import RecipeError
-from porting.train import data as D
-from porting.train.recipe import validate_recipe
+from porting.train.data.batching import build_plan, choose_boundaries, padding_stats
+from porting.train.data.examples import IGNORE_INDEX
+from porting.train.data.tokenise import tokenize_dataset
+from porting.train.recipe.schema import validate_recipe
 from porting.tokenizer import load_tokenizer
 from tests.train.conftest import ROOT, error_line, port
 
@@ -32,7 +34,7 @@ def _recipe(path, **over):
 
 def test_alpaca_prompt_masked_and_truncation_counted(tok, alpaca):
     r = _recipe(alpaca, data={"max_seq_length": 256})
-    td = D.tokenize_dataset(r.data, tok)
+    td = tokenize_dataset(r.data, tok)
     rep = td.report
     assert rep.format == "alpaca" and rep.rows == len(json.loads(alpaca.read_text())) and rep.bad_rows == 0
     # prompts longer than the limit leave nothing to learn from: counted and skipped
@@ -43,7 +45,7 @@ def test_alpaca_prompt_masked_and_truncation_counted(tok, alpaca):
     prompt = r.data.prompt_template.format(instruction=row["instruction"])
     n_prompt = 1 + len(tok.encode(prompt, add_special_tokens=False))
     assert e.input_ids[0] == tok.bos_token_id
-    assert (e.labels[:n_prompt] == D.IGNORE_INDEX).all()
+    assert (e.labels[:n_prompt] == IGNORE_INDEX).all()
     assert (e.labels[n_prompt:] == e.input_ids[n_prompt:]).all()
     target = tok.decode(e.input_ids[n_prompt:], skip_special_tokens=True)
     assert row["output"].startswith(target[:40])
@@ -54,9 +56,9 @@ def test_chat_masks_everything_but_assistant(tok, tmp_path):
     rows = [{"messages": [{"role": "user", "content": "Tell a story."},
                           {"role": "assistant", "content": "Once upon a time there was a cat."}]}]
     p.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    td = D.tokenize_dataset(_recipe(p).data, tok)
+    td = tokenize_dataset(_recipe(p).data, tok)
     e = td.examples[0]
-    kept = [int(t) for t, l in zip(e.input_ids, e.labels) if l != D.IGNORE_INDEX]
+    kept = [int(t) for t, l in zip(e.input_ids, e.labels) if l != IGNORE_INDEX]
     assert tok.decode(kept, skip_special_tokens=True).strip() == "Once upon a time there was a cat."
 
 
@@ -65,12 +67,12 @@ def test_malformed_rows_counted_then_fatal_with_option(tok, tmp_path):
     good = {"instruction": "Say hi.", "input": "", "output": "Hi!"}
     p.write_text("\n".join([json.dumps(good), "{not json", json.dumps({"instruction": "x"}),
                             json.dumps({"instruction": "y", "output": 3}), json.dumps(good)]) + "\n")
-    td = D.tokenize_dataset(_recipe(p, data={"format": "alpaca"}).data, tok)
+    td = tokenize_dataset(_recipe(p, data={"format": "alpaca"}).data, tok)
     assert td.report.rows == 5 and td.report.bad_rows == 3 and td.report.examples == 2
     assert any("row 2: not valid JSON" in s for s in td.report.bad_row_samples)
     assert any("row 3: missing key 'output'" in s for s in td.report.bad_row_samples)
     with pytest.raises(RecipeError, match="row 2: not valid JSON.*data.on_bad_row=fail"):
-        D.tokenize_dataset(_recipe(p, data={"format": "alpaca", "on_bad_row": "fail"}).data, tok)
+        tokenize_dataset(_recipe(p, data={"format": "alpaca", "on_bad_row": "fail"}).data, tok)
     r = port("train", "recipes/tiny-cpu.yaml", "--set", f"data.path={p}", "--set", "data.format=alpaca",
              "--set", "data.long_text=truncate", "--set", "data.on_bad_row=fail", "--run-dir", str(tmp_path / "run"))
     assert r.returncode == 2 and "row 2: not valid JSON" in error_line(r)
@@ -80,7 +82,7 @@ def test_malformed_rows_counted_then_fatal_with_option(tok, tmp_path):
 def test_steps_are_deterministic_and_resume_anywhere(tok):
     r = _recipe(TEXT, data={"max_seq_length": 64, "long_text": "split"}, batching={"micro_batch_size": 2},
                 schedule={"epochs": 3})
-    p1, p2 = D.build_plan(r, tok), D.build_plan(r, tok)
+    p1, p2 = build_plan(r, tok), build_plan(r, tok)
     s1, s2 = list(p1.steps()), list(p2.steps(start=5))
     assert len(s1) == p1.total_steps == 3 * p1.steps_per_epoch
     for a, b in zip(s1[5:], s2):
@@ -91,15 +93,15 @@ def test_steps_are_deterministic_and_resume_anywhere(tok):
     assert len(set(orders)) == 3, "each epoch draws a new order"
     mb = s1[0].micro_batches[0]
     assert mb.input_ids.dtype == np.int32 and mb.labels.dtype == np.int32
-    assert mb.tokens == int((mb.labels[:, 1:] != D.IGNORE_INDEX).sum())
+    assert mb.tokens == int((mb.labels[:, 1:] != IGNORE_INDEX).sum())
 
 
 def test_accumulation_and_data_parallel_see_the_same_examples(tok, alpaca):
     base = {"data": {"max_seq_length": 256}}
     plans = {
-        "4x1x1": D.build_plan(_recipe(alpaca, **base, batching={"micro_batch_size": 4, "grad_accum_steps": 1}), tok),
-        "1x4x1": D.build_plan(_recipe(alpaca, **base, batching={"micro_batch_size": 1, "grad_accum_steps": 4}), tok),
-        "1x2x2": D.build_plan(_recipe(alpaca, **base, batching={"micro_batch_size": 1, "grad_accum_steps": 2}), tok,
+        "4x1x1": build_plan(_recipe(alpaca, **base, batching={"micro_batch_size": 4, "grad_accum_steps": 1}), tok),
+        "1x4x1": build_plan(_recipe(alpaca, **base, batching={"micro_batch_size": 1, "grad_accum_steps": 4}), tok),
+        "1x2x2": build_plan(_recipe(alpaca, **base, batching={"micro_batch_size": 1, "grad_accum_steps": 2}), tok,
                               world_size=2),
     }
     for i in range(5):
@@ -115,27 +117,27 @@ def test_accumulation_and_data_parallel_see_the_same_examples(tok, alpaca):
 
 def test_bucketing_on_alpaca_wastes_under_5_percent_with_16_shapes(tok, alpaca):
     r = _recipe(alpaca, data={"max_seq_length": 512}, batching={"micro_batch_size": 4})
-    plan = D.build_plan(r, tok)
-    stats = D.padding_stats(plan)
+    plan = build_plan(r, tok)
+    stats = padding_stats(plan)
     assert stats["shapes"] <= 16
     assert stats["padding_fraction"] <= 0.05, stats
     shapes = {mb.shape for s in plan.steps() for mb in s.micro_batches}
     assert shapes <= set(plan.shapes())
-    flat = D.padding_stats(D.build_plan(_recipe(alpaca, data={"max_seq_length": 512}, batching={
+    flat = padding_stats(build_plan(_recipe(alpaca, data={"max_seq_length": 512}, batching={
         "micro_batch_size": 4, "bucketing": {"enabled": False}}), tok))
     assert flat["shapes"] == 1 and flat["padding_fraction"] > 0.25
 
 
 def test_choose_boundaries_is_optimal_on_small_case():
     lengths = np.array([10, 11, 12, 30, 31, 90])
-    assert D.choose_boundaries(lengths, 3, 1, 128) == [12, 31, 90]
-    assert D.choose_boundaries(lengths, 1, 8, 128) == [96]
+    assert choose_boundaries(lengths, 3, 1, 128) == [12, 31, 90]
+    assert choose_boundaries(lengths, 1, 8, 128) == [96]
 
 
 def test_text_jsonl_rows_use_text_field(tok, tmp_path):
     p = tmp_path / "t.jsonl"
     p.write_text(json.dumps({"body": "Once upon a time."}) + "\n" + json.dumps({"body": ""}) + "\n")
-    td = D.tokenize_dataset(_recipe(p, data={"text_field": "body"}).data, tok)
+    td = tokenize_dataset(_recipe(p, data={"text_field": "body"}).data, tok)
     assert td.report.format == "text" and td.report.examples == 1 and td.report.bad_rows == 1
     e = td.examples[0]
     assert (e.labels[1:] == e.input_ids[1:]).all() and e.input_ids[-1] == tok.eos_token_id

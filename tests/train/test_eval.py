@@ -8,8 +8,9 @@ import math
 
 import pytest
 
-from porting.train import data as D
-from porting.train.recipe import validate_recipe
+from porting.train.data.batching import build_plan
+from porting.train.data.tokenise import tokenize_dataset
+from porting.train.recipe.schema import validate_recipe
 from porting.tokenizer import load_tokenizer
 from tests.train.conftest import FAST, ROOT, TINY, error_line, metrics, port
 
@@ -34,7 +35,7 @@ def test_zoo_cell_matches_hf_on_real_text():
 
     tok = load_tokenizer(ROOT / "model_zoo" / "assets" / "stories260k")
     raw = {"model": {"source": "stories260k"}, "data": {"path": str(TEXT), "max_seq_length": 512, "long_text": "split"}}
-    td = D.tokenize_dataset(validate_recipe(raw).data, tok)
+    td = tokenize_dataset(validate_recipe(raw).data, tok)
     s1, n1 = hf_loss(ROOT / "model_zoo" / "assets" / "stories260k", batches(td, 1, four["shapes"]))
     assert n1 == z["tokens"] and s1 / n1 == pytest.approx(h["mean_loss"], abs=1e-5)
 
@@ -59,7 +60,7 @@ def test_held_out_split_is_never_trained_on():
     tok = load_tokenizer(ROOT / "model_zoo" / "assets" / "stories260k")
     raw = {"model": {"source": "stories260k"}, "data": {"path": str(TEXT), "max_seq_length": 64, "long_text": "split",
                                                         "eval_split": 0.25}}
-    plan = D.build_plan(validate_recipe(raw), tok)
+    plan = build_plan(validate_recipe(raw), tok)
     held = {e.input_ids.tobytes() for e in plan.eval_data.examples}
     trained = {plan.data.examples[i].input_ids.tobytes() for s in plan.steps() for mb in s.micro_batches
                for i in mb.example_ids}
@@ -79,7 +80,7 @@ def test_port_train_evaluates_every_n_steps(tmp_path):
                for s in ev) and ev[0]["eval_tokens"] == ev[1]["eval_tokens"] > 0
     manifest = json.loads((run / "manifest.json").read_text())
     assert manifest["data"]["eval_examples"] > 0 and manifest["bucketing"]["eval_examples"] > 0
-    from porting.train.watch import read_scalars
+    from porting.train.run.watch import read_scalars
 
     assert [s for s, _ in read_scalars(run)["eval/loss"]] == [2, 4]
     bad = port("train", str(TINY), "--set", "data.eval_split=1.5", "--run-dir", str(tmp_path / "r2"))

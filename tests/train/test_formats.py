@@ -9,8 +9,12 @@ import json
 import numpy as np
 import pytest
 
-from porting.train import data as D
-from porting.train.recipe import validate_recipe
+from model_zoo.errors import RecipeError
+from porting.train.data import formats
+from porting.train.data.batching import build_plan
+from porting.train.data.examples import IGNORE_INDEX
+from porting.train.data.tokenise import row_content, tokenize_dataset
+from porting.train.recipe.schema import validate_recipe
 from porting.tokenizer import load_tokenizer
 from tests.train.conftest import ROOT, error_line, metrics, port
 
@@ -33,7 +37,7 @@ def _recipe(path, **data):
 
 
 def _kept(e) -> list[int]:
-    return [int(t) for t, l in zip(e.input_ids, e.labels) if l != D.IGNORE_INDEX]
+    return [int(t) for t, l in zip(e.input_ids, e.labels) if l != IGNORE_INDEX]
 
 
 def _enc(tok, text: str) -> list[int]:
@@ -46,7 +50,7 @@ def _write_jsonl(path, rows):
 
 
 def test_sharegpt_roles_mapped_and_only_replies_learned(tok):
-    td = D.tokenize_dataset(_recipe(SHAREGPT).data, tok)
+    td = tokenize_dataset(_recipe(SHAREGPT).data, tok)
     rep = td.report
     assert rep.format == "sharegpt" and rep.rows == 6 and rep.bad_rows == 0 and rep.examples == 6
     rows = json.loads(SHAREGPT.read_text())
@@ -71,15 +75,15 @@ def test_sharegpt_keys_and_roles_are_configurable(tok, tmp_path):
     p = _write_jsonl(tmp_path / "renamed.jsonl", renamed)
     sg = {"messages_key": "dialog", "role_key": "speaker", "content_key": "text",
           "roles": {"customer": "user", "bot": "assistant"}}
-    td = D.tokenize_dataset(_recipe(p, sharegpt=sg).data, tok)
+    td = tokenize_dataset(_recipe(p, sharegpt=sg).data, tok)
     assert td.report.format == "sharegpt" and td.report.examples == 4 and td.report.bad_rows == 0
     assert _kept(td.examples[0]) == _enc(tok, rows[0]["messages"][1]["content"][0]["value"] + "\n") + [tok.eos_token_id]
-    with pytest.raises(D.RecipeError, match=r"no usable example \(4 malformed of 4 rows.*'customer' is not one of"):
-        D.tokenize_dataset(_recipe(p, sharegpt={**sg, "roles": {}}).data, tok)
+    with pytest.raises(RecipeError, match=r"no usable example \(4 malformed of 4 rows.*'customer' is not one of"):
+        tokenize_dataset(_recipe(p, sharegpt={**sg, "roles": {}}).data, tok)
 
 
 def test_openai_content_parts_and_loss_weight(tok):
-    td = D.tokenize_dataset(_recipe(PARTS).data, tok)
+    td = tokenize_dataset(_recipe(PARTS).data, tok)
     assert td.report.format == "chat" and td.report.rows == 16 and td.report.bad_rows == 0
     first = json.loads(PARTS.read_text().splitlines()[0])
     user, reply = (m["content"][0]["value"] for m in first["messages"])
@@ -89,16 +93,16 @@ def test_openai_content_parts_and_loss_weight(tok):
     assert tok.decode(_kept(e), skip_special_tokens=True).strip() == reply
     # loss_weight 1 on the user turn (LLaMA-Factory's way to learn a prompt) takes it into the loss
     flipped = {"messages": [dict(first["messages"][0], loss_weight=1.0), first["messages"][1]]}
-    segs = D.formats.builtin_segments(D.row_content(flipped, "chat", None, False))
+    segs = formats.builtin_segments(row_content(flipped, "chat", None, False))
     assert [counts for _, counts in segs] == [False, True, False, True]
     assert user in segs[1][0]
 
 
 def test_reasoning_tool_parts_and_train_false(tok, tmp_path):
-    td = D.tokenize_dataset(_recipe(REASON).data, tok)
+    td = tokenize_dataset(_recipe(REASON).data, tok)
     assert td.report.rows == 4 and td.report.bad_rows == 0
     row = json.loads(REASON.read_text().splitlines()[0])
-    conv = D.row_content(row, "chat", None, False)
+    conv = row_content(row, "chat", None, False)
     roles = [t.role for t in conv.turns]
     assert roles == ["system", "user", "assistant"] and [t.train for t in conv.turns] == [False, False, True]
     assert conv.turns[2].content.startswith("<think>\n" + row["messages"][2]["content"][0]["value"])
@@ -107,7 +111,7 @@ def test_reasoning_tool_parts_and_train_false(tok, tmp_path):
     msgs = two["messages"]
     asst = [i for i, m in enumerate(msgs) if m["role"] == "assistant"]
     msgs[asst[0]] = dict(msgs[asst[0]], train=False)
-    conv = D.row_content({"messages": msgs}, "chat", None, False)
+    conv = row_content({"messages": msgs}, "chat", None, False)
     assert [t.train for t in conv.turns if t.role == "assistant"] == [False] + [True] * (len(asst) - 1)
     assert [t.train for t in conv.turns if t.role == "tool"] == [False, False]
 
@@ -120,21 +124,21 @@ def test_malformed_rows_counted_with_row_numbers(tok, tmp_path):
     bot = {"conversations": [{"from": "human", "value": "hi"}, {"from": "bot", "value": "hello"}]}
     p = tmp_path / "mixed.jsonl"
     p.write_text("\n".join([json.dumps(good), json.dumps(image), json.dumps(half), "{oops", json.dumps(good)]) + "\n")
-    rep = D.tokenize_dataset(_recipe(p).data, tok).report
+    rep = tokenize_dataset(_recipe(p).data, tok).report
     assert rep.format == "chat" and rep.rows == 5 and rep.bad_rows == 3 and rep.examples == 2
     s = " | ".join(rep.bad_row_samples)
     assert "row 2: messages[0].content[0].type 'image' is not supported" in s
     assert "row 3: messages[1].loss_weight 0.5: only 0 or 1" in s
     assert "row 4: not valid JSON" in s
     q = _write_jsonl(tmp_path / "sg.jsonl", [bot, json.loads(SHAREGPT.read_text())[0]])
-    rep = D.tokenize_dataset(_recipe(q).data, tok).report
+    rep = tokenize_dataset(_recipe(q).data, tok).report
     assert rep.format == "sharegpt" and rep.bad_rows == 1 and "row 1: conversations[1].from 'bot' is not one of" \
         in rep.bad_row_samples[0] and "data.sharegpt.roles" in rep.bad_row_samples[0]
 
 
 def test_alpaca_system_and_history(tok):
     rows = json.loads(ALPACA_H.read_text())
-    td = D.tokenize_dataset(_recipe(ALPACA_H).data, tok)
+    td = tokenize_dataset(_recipe(ALPACA_H).data, tok)
     assert td.report.format == "alpaca" and td.report.rows == 4 and td.report.bad_rows == 0
     r = rows[1]
     e = next(x for x in td.examples if x.source == 2)
@@ -144,11 +148,11 @@ def test_alpaca_system_and_history(tok):
     assert _kept(e) == want + _enc(tok, r["output"]) + [tok.eos_token_id]
     ids = e.input_ids.tolist()
     sys_ids = _enc(tok, r["system"] + "\n\n")
-    assert ids[1:1 + len(sys_ids)] == sys_ids and all(l == D.IGNORE_INDEX for l in e.labels[:1 + len(sys_ids)])
+    assert ids[1:1 + len(sys_ids)] == sys_ids and all(l == IGNORE_INDEX for l in e.labels[:1 + len(sys_ids)])
     plain = next(x for x in td.examples if x.source == 4)   # no system, no history: the prompt template as before
     template = _recipe(ALPACA_H).data.prompt_template
     prompt = 1 + len(_enc(tok, template.format(instruction=rows[3]["instruction"])))
-    assert (plain.labels[:prompt] == D.IGNORE_INDEX).all() and (plain.labels[prompt:] != D.IGNORE_INDEX).all()
+    assert (plain.labels[:prompt] == IGNORE_INDEX).all() and (plain.labels[prompt:] != IGNORE_INDEX).all()
 
 
 @pytest.fixture(scope="module")
@@ -166,20 +170,20 @@ def tables(tmp_path_factory):
 
 
 def test_datasets_directory_and_parquet_read_like_the_json(tok, tables, tmp_path):
-    ref = D.tokenize_dataset(_recipe(SHAREGPT).data, tok)
+    ref = tokenize_dataset(_recipe(SHAREGPT).data, tok)
     for p in (tables / "one", tables / "rows.parquet", tables / "two"):
-        td = D.tokenize_dataset(_recipe(p).data, tok)
+        td = tokenize_dataset(_recipe(p).data, tok)
         assert td.report.format == "sharegpt" and td.report.rows == 6 and td.report.bad_rows == 0, p
         assert [e.input_ids.tolist() for e in td.examples] == [e.input_ids.tolist() for e in ref.examples]
         assert [e.labels.tolist() for e in td.examples] == [e.labels.tolist() for e in ref.examples]
         assert len(td.report.sha256) == 64
-    assert D.tokenize_dataset(_recipe(tables / "two", split="test").data, tok).report.rows == 2
-    with pytest.raises(D.RecipeError, match=r"data.split: .* has splits \['test', 'train'\], not 'dev'"):
-        D.tokenize_dataset(_recipe(tables / "two", split="dev").data, tok)
+    assert tokenize_dataset(_recipe(tables / "two", split="test").data, tok).report.rows == 2
+    with pytest.raises(RecipeError, match=r"data.split: .* has splits \['test', 'train'\], not 'dev'"):
+        tokenize_dataset(_recipe(tables / "two", split="dev").data, tok)
     junk = tmp_path / "junk.parquet"
     junk.write_bytes(b"PAR1 not really")
-    with pytest.raises(D.RecipeError, match="not a readable HF datasets directory or Parquet file"):
-        D.tokenize_dataset(_recipe(junk, format="sharegpt").data, tok)
+    with pytest.raises(RecipeError, match="not a readable HF datasets directory or Parquet file"):
+        tokenize_dataset(_recipe(junk, format="sharegpt").data, tok)
 
 
 @pytest.mark.parametrize("bound,value,match", [
@@ -187,12 +191,12 @@ def test_datasets_directory_and_parquet_read_like_the_json(tok, tables, tmp_path
     ("MAX_TABLE_BYTES", 100, r"holds more bytes than [\d,]+, more than the 100 port reads .*MAX_TABLE_BYTES"),
 ])
 def test_tables_are_bounded_in_rows_and_bytes(tok, tables, monkeypatch, bound, value, match):
-    from porting.train import formats
+    from porting.train.data import formats
 
     monkeypatch.setattr(formats, bound, value)
     for p in (tables / "one", tables / "rows.parquet", tables / "two"):
-        with pytest.raises(D.RecipeError, match=match) as err:
-            D.tokenize_dataset(_recipe(p).data, tok)
+        with pytest.raises(RecipeError, match=match) as err:
+            tokenize_dataset(_recipe(p).data, tok)
         assert str(err.value).startswith(f"data.path: {p}: ") and "\n" not in str(err.value)
 
 
@@ -201,7 +205,7 @@ def test_parquet_bounded_by_its_uncompressed_size_before_decoding(tok, tmp_path,
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from porting.train import formats
+    from porting.train.data import formats
 
     p = tmp_path / "inflates.parquet"
     pq.write_table(pa.table({"text": ["a" * 200_000 + str(i) for i in range(20)]}), p, compression="zstd",
@@ -209,8 +213,8 @@ def test_parquet_bounded_by_its_uncompressed_size_before_decoding(tok, tmp_path,
     size = p.stat().st_size
     monkeypatch.setattr(formats, "MAX_TABLE_BYTES", 1 << 20)
     assert size < (1 << 20) < pq.ParquetFile(str(p)).metadata.row_group(0).total_byte_size
-    with pytest.raises(D.RecipeError, match=r"uncompressed bytes [\d,]+, more than the 1,048,576 .*MAX_TABLE_BYTES"):
-        D.tokenize_dataset(_recipe(p, format="text").data, tok)
+    with pytest.raises(RecipeError, match=r"uncompressed bytes [\d,]+, more than the 1,048,576 .*MAX_TABLE_BYTES"):
+        tokenize_dataset(_recipe(p, format="text").data, tok)
 
 
 # --------------------------------------------------------------------------- training on each format
@@ -220,12 +224,12 @@ def trainer():
     takes steps from every format."""
     import logging
 
-    from porting.train import loop
+    from porting.train.run import loop, runtime
 
     r = _recipe(SHAREGPT, max_seq_length=256, long_text="truncate")
     r = validate_recipe({**r.model_dump(mode="json"), "batching": {"micro_batch_size": 2, "bucketing": {"enabled": False}},
                          "optimizer": {"lr": 1e-3}})
-    loop.configure_mindspore(r, False)
+    runtime.configure_mindspore(r, False)
     _, model = loop.build_model(r, EMBEDDED)
     return loop.Trainer(r, ROOT, 0, 1, model, EMBEDDED, None, logging.getLogger("test_formats")), r
 
@@ -247,7 +251,7 @@ def test_each_format_trains_on_stories260k(tok, trainer, tables, tmp_path, path,
     raw = base.model_dump(mode="json")
     raw["data"] = {**raw["data"], "path": str(path), "format": "auto", **extra}
     r = validate_recipe(raw)
-    plan = D.build_plan(r, tok)
+    plan = build_plan(r, tok)
     step = plan.step(0, 0)
     assert {mb.shape for mb in step.micro_batches} == {(2, 256)} and step.global_tokens > 0
     losses = [tr.run_step(step, 1e-3)["loss"] for _ in range(3)]   # the same batch three times: it is learned

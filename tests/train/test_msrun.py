@@ -18,8 +18,8 @@ COMMON = ["data.max_seq_length=64", "batching.bucketing.enabled=false", "batchin
 @pytest.fixture(scope="module")
 def one_worker_accum2(tmp_path_factory):
     """The reference: 1 worker, 2 accumulation steps of micro-batch 2, 3 steps (in-process)."""
-    from porting.train.loop import train
-    from porting.train.recipe import load_recipe
+    from porting.train.run.loop import train
+    from porting.train.recipe.schema import load_recipe
 
     run = tmp_path_factory.mktemp("ref") / "one"
     train(load_recipe(TINY, COMMON + ["batching.grad_accum_steps=2", "checkpointing.every_steps=0"]), run, echo=False)

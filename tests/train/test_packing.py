@@ -1,4 +1,4 @@
-"""Packing (``batching.packing: true``, porting/train/packing.py): rows, positions, segments and labels;
+"""Packing (``batching.packing: true``, porting/train/data/packing.py): rows, positions, segments and labels;
 packed training equals unpacked training on the same examples (loss and gradients, fp32, real
 stories260K cells, reference ops and port's C++ CPU kernel); the packed forward equals HF transformers
 run on each example alone; the Ascend plan (FlashAttentionScore in TND with cumulative ends) compiled
@@ -19,10 +19,12 @@ from model_zoo import LlamaConfig, build, cpu_kernels, kernels
 from model_zoo import llama as llama_mod
 from model_zoo.cpu_cells import CpuPackedAttention
 from model_zoo.errors import RecipeError
-from porting.train import data as D
-from porting.train import packing
-from porting.train import step as train_step
-from porting.train.recipe import validate_recipe
+from porting.train.data.batching import build_plan, pad_micro_batch
+from porting.train.data.examples import DataReport, Example, IGNORE_INDEX, MicroBatch, TokenizedData
+from porting.train.data.tokenise import tokenize_dataset
+from porting.train.data import packing, padding
+from porting.train.run import step as train_step
+from porting.train.recipe.schema import validate_recipe
 from porting.tokenizer import load_tokenizer
 from tests.npu_models import GRAPH_KERNELS, NUMPY_KERNELS, KernelContractError
 from tests.train.conftest import ROOT
@@ -55,7 +57,7 @@ def _recipe(path, **batching):
 
 @pytest.fixture(scope="module")
 def td(tok, alpaca_file):
-    return D.tokenize_dataset(_recipe(alpaca_file).data, tok)
+    return tokenize_dataset(_recipe(alpaca_file).data, tok)
 
 
 @pytest.fixture(scope="module")
@@ -90,18 +92,18 @@ def test_packed_micro_batch_resets_positions_and_masks_boundary_labels(td, packe
             sl = slice(off, off + e.length)
             assert (mb.input_ids[r, sl] == e.input_ids).all()
             assert (pos[r, sl] == np.arange(e.length)).all() and (seg[r, sl] == slot).all()
-            assert mb.labels[r, off] == D.IGNORE_INDEX                       # nothing predicts across
+            assert mb.labels[r, off] == IGNORE_INDEX                       # nothing predicts across
             assert (mb.labels[r, off + 1:off + e.length] == e.labels[1:]).all()
             assert ends[r * SLOTS + slot] == r * width + off + e.length
-            want_tokens += int((e.labels[1:] != D.IGNORE_INDEX).sum())
+            want_tokens += int((e.labels[1:] != IGNORE_INDEX).sum())
             off += e.length
-        assert (mb.labels[r, off:] == D.IGNORE_INDEX).all()
+        assert (mb.labels[r, off:] == IGNORE_INDEX).all()
     assert mb.tokens == want_tokens and mb.real_tokens == sum(td.examples[i].length for r in rows for i in r)
 
 
 def test_plan_packs_every_step_to_one_shape_and_reports_both_paddings(tok, alpaca_file):
     r = _recipe(alpaca_file, packing=True)
-    plan = D.build_plan(r, tok)
+    plan = build_plan(r, tok)
     assert plan.describe()["packing"] and len(plan.shapes()) == 1
     width = plan.boundaries[0]
     assert width == packing.row_length(SEQ, plan.slots)
@@ -111,10 +113,10 @@ def test_plan_packs_every_step_to_one_shape_and_reports_both_paddings(tok, alpac
                for s in plan.steps() for mb in s.micro_batches)
     # at one static shape each, packing pads far less than padding every row to the longest example
     one = _recipe(alpaca_file, packing=True, bucketing={"max_shapes": 1})
-    choices = packing.padding_choices(one, tok)
+    choices = padding.padding_choices(one, tok)
     assert choices["packing"]["shapes"] == choices["bucketing"]["shapes"] == 1
     assert choices["packing"]["padding_fraction"] < choices["bucketing"]["padding_fraction"] - 0.1
-    _, line = packing.dry_run_padding(r)
+    _, line = padding.dry_run_padding(r)
     assert line.startswith("padding per epoch (using packing): bucketing ") and f"rows of {width} tokens" in line
 
 
@@ -150,7 +152,7 @@ def test_packed_training_equals_unpacked_on_the_same_examples(td, packed, impl):
     rows, mb = packed
     override = REFERENCE if impl == "reference" else {"attention": "cpu"}
     # the same examples unpacked: one padded row each, in one micro-batch
-    unpacked = D.pad_micro_batch(td, [i for row in rows for i in row], [SEQ])
+    unpacked = pad_micro_batch(td, [i for row in rows for i in row], [SEQ])
     step = _grad_step(override)
     tot_p, cnt_p, g_p = _grads(step, mb, mb.tokens)
     tot_u, cnt_u, g_u = _grads(step, unpacked, mb.tokens)
@@ -162,7 +164,7 @@ def test_packed_training_equals_unpacked_on_the_same_examples(td, packed, impl):
     if impl == "cpu":
         return
     # A mask that let examples see each other would change the gradients far beyond that.
-    leaky = D.MicroBatch(mb.input_ids, mb.labels, mb.tokens, mb.real_tokens, mb.example_ids,
+    leaky = MicroBatch(mb.input_ids, mb.labels, mb.tokens, mb.real_tokens, mb.example_ids,
                          (mb.packed[0], np.zeros_like(mb.packed[1]), mb.packed[2]))
     _, _, g_leak = _grads(step, leaky, mb.tokens)
     assert max(np.abs(g_leak[k] - g_u[k]).max() / np.abs(g_u[k]).max() for k in g_u) > 1e-3
@@ -197,9 +199,9 @@ G_SEQ, G_SLOTS = 24, 3
 def _synthetic_packed():
     rng = np.random.default_rng(4)
     lens = [7, 9, 5, 11, 4, 6]
-    ex = [D.Example(rng.integers(3, CFG.vocab_size, n).astype(np.int32), rng.integers(3, CFG.vocab_size, n)
+    ex = [Example(rng.integers(3, CFG.vocab_size, n).astype(np.int32), rng.integers(3, CFG.vocab_size, n)
                     .astype(np.int32), i) for i, n in enumerate(lens)]
-    data = D.TokenizedData(ex, D.DataReport("x", "0", "text"), 0)
+    data = TokenizedData(ex, DataReport("x", "0", "text"), 0)
     return packing.pack_micro_batch(data, [[0, 1, 2], [3, 4]], packing.row_length(G_SEQ, G_SLOTS), G_SLOTS)
 
 
@@ -338,7 +340,7 @@ def test_dry_run_prints_the_padding_of_both_choices():
 
 def test_unused_slots_become_padding_segments_and_a_full_row_keeps_its_count():
     """Rows are seq + slots - 1 long: every slot is a non-empty segment (TND: no empty key segment)."""
-    ex = [D.Example(np.arange(1, n + 1, dtype=np.int32), np.arange(1, n + 1, dtype=np.int32), i)
+    ex = [Example(np.arange(1, n + 1, dtype=np.int32), np.arange(1, n + 1, dtype=np.int32), i)
           for i, n in enumerate([5, 3, 2, 2, 2, 2])]
     width = packing.row_length(10, 4)
     assert width == 13
@@ -346,9 +348,9 @@ def test_unused_slots_become_padding_segments_and_a_full_row_keeps_its_count():
     assert ends == [105, 108, 109, 113]                       # two examples, then 1 and 4 padding tokens
     assert seg.tolist() == [0] * 5 + [1] * 3 + [2] + [3] * 4
     assert pos.tolist() == [0, 1, 2, 3, 4, 0, 1, 2, 0, 0, 1, 2, 3]
-    assert (labels[8:] == D.IGNORE_INDEX).all() and (ids[8:] == 0).all()
+    assert (labels[8:] == IGNORE_INDEX).all() and (ids[8:] == 0).all()
     _, labels, pos, seg, ends = packing.row_arrays(ex, [2, 3, 4, 5], width, 4, pad_id=0, base=0)
     assert ends == [2, 4, 6, 13] and seg.tolist() == [0, 0, 1, 1, 2, 2] + [3] * 7   # the last one takes the padding
-    assert pos.tolist()[6:] == list(range(7)) and (labels[8:] == D.IGNORE_INDEX).all()
+    assert pos.tolist()[6:] == list(range(7)) and (labels[8:] == IGNORE_INDEX).all()
     with pytest.raises(RecipeError, match="more than data.max_seq_length=10"):
         packing.pack_rows(np.array([4, 11]), 10, 4, seed=0)

@@ -7,8 +7,10 @@ import json
 import pytest
 
 from model_zoo import presets
-from porting.train.plan import estimate_memory, make_plan, msrun_commands
-from porting.train.recipe import validate_recipe
+from porting.train.plan.launch import msrun_commands
+from porting.train.plan.make import make_plan
+from porting.train.plan.memory import estimate_memory
+from porting.train.recipe.schema import validate_recipe
 from tests.train.conftest import ROOT, error_line, port
 
 
@@ -152,7 +154,7 @@ def test_multi_node_run_prints_the_command_of_each_node(tmp_path):
 def test_memory_budget_is_applied_on_ascend_only(monkeypatch):
     import mindspore as ms
 
-    from porting.train.plan import apply_memory_budget
+    from porting.train.run.runtime import apply_memory_budget
 
     calls = []
     monkeypatch.setattr(ms.runtime, "set_memory", lambda **kw: calls.append(kw))

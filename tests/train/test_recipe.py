@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from model_zoo.errors import RecipeError
-from porting.train.recipe import apply_overrides, load_recipe, validate_recipe
+from porting.train.recipe.schema import apply_overrides, load_recipe, validate_recipe
 from tests.train.conftest import ROOT, error_line, port
 
 RECIPES = sorted((ROOT / "recipes").glob("*.yaml"))
@@ -88,7 +88,7 @@ def numeric_fields(model=None, prefix: str = ""):
 
     from pydantic import BaseModel
 
-    from porting.train.recipe import Recipe
+    from porting.train.recipe.schema import Recipe
 
     model = model or Recipe
     for name, info in model.model_fields.items():

@@ -61,8 +61,8 @@ def model_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def one_device(model_dir, tmp_path_factory):
     """The reference: 1 device in-process, micro-batch 2 x 2 accumulation steps, 3 steps."""
-    from porting.train.loop import train
-    from porting.train.recipe import load_recipe
+    from porting.train.run.loop import train
+    from porting.train.recipe.schema import load_recipe
 
     run = tmp_path_factory.mktemp("tp1") / "run"
     train(load_recipe(TINY, _settings(model_dir, "batching.micro_batch_size=2", "batching.grad_accum_steps=2",
@@ -96,7 +96,7 @@ def tp2_dp2(model_dir, tmp_path_factory):
 
 
 def _packed(alpaca, *extra: str) -> list[str]:
-    """Packing (porting/train/packing.py) on Alpaca rows of many lengths: rows of 256 tokens hold several
+    """Packing (porting/train/data/packing.py) on Alpaca rows of many lengths: rows of 256 tokens hold several
     examples (3 segments a row on this data)."""
     return [f"data.path={alpaca}", "data.format=alpaca", "data.long_text=truncate", "data.max_seq_length=256",
             "batching.packing=true", "schedule.max_steps=3", *extra]
@@ -105,8 +105,8 @@ def _packed(alpaca, *extra: str) -> list[str]:
 @pytest.fixture(scope="module")
 def packed_one_device(model_dir, alpaca, tmp_path_factory):
     """The packed reference: 1 device in-process, micro-batch 2 x 2 accumulation steps of packed rows."""
-    from porting.train.loop import train
-    from porting.train.recipe import load_recipe
+    from porting.train.run.loop import train
+    from porting.train.recipe.schema import load_recipe
 
     run = tmp_path_factory.mktemp("packed1") / "run"
     settings = _settings(model_dir, *_packed(alpaca, "batching.micro_batch_size=2", "batching.grad_accum_steps=2"))
@@ -200,7 +200,7 @@ def test_split_and_merge_are_inverse():
 
 
 def test_grid_partitions_the_ranks_into_tensor_and_data_groups():
-    from porting.train.grid import Grid, dp_ranks, tp_ranks
+    from porting.train.run.grid import dp_ranks, Grid, tp_ranks
 
     world, tp = 8, 4
     tp_groups = {tuple(tp_ranks(r, tp)) for r in range(world)}
@@ -217,8 +217,8 @@ def test_merge_keeps_zero_flat_shards_and_each_rank_loads_its_own(tmp_path):
     import mindspore as ms
     from mindspore import Parameter, Tensor
 
-    from porting.train import checkpoint as ckpt
-    from porting.train.grid import shard_fn
+    from porting.train.run import checkpoint as ckpt
+    from porting.train.run.grid import shard_fn
 
     class _RowSplit(ms.nn.Cell):   # a cell whose weight ``w`` is split along axis 0, as parallel.py marks it
         def __init__(self):

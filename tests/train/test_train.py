@@ -77,8 +77,8 @@ def _weights(run: Path) -> dict:
 
 
 def test_micro_1_x_accum_4_equals_micro_4_x_accum_1(tmp_path):
-    from porting.train.loop import train
-    from porting.train.recipe import load_recipe
+    from porting.train.run.loop import train
+    from porting.train.recipe.schema import load_recipe
 
     # optimizer.lr 1e-4: AdamW divides by sqrt(v), so a float32 rounding difference in a near-zero gradient
     # (micro-batch 1 sums in another order than micro-batch 4) can move a weight by up to about lr; at 1e-3 one
@@ -216,8 +216,8 @@ def test_full_disk_at_checkpoint_keeps_previous_checkpoint(tmp_path):
 
 
 def test_bucketed_alpaca_compiles_one_graph_per_shape(tmp_path, alpaca):
-    from porting.train.loop import train
-    from porting.train.recipe import load_recipe
+    from porting.train.run.loop import train
+    from porting.train.recipe.schema import load_recipe
 
     sets = [f"data.path={alpaca}", "data.format=alpaca", "data.long_text=truncate", "data.max_seq_length=128",
             "batching.micro_batch_size=4", "batching.bucketing.max_shapes=3", "schedule.max_steps=24",
@@ -232,8 +232,8 @@ def test_bucketed_alpaca_compiles_one_graph_per_shape(tmp_path, alpaca):
 
 def test_recompute_gives_the_same_training(tmp_path):
     """Cell.recompute() on every decoder layer (graph mode, CPU) changes memory, not the numbers."""
-    from porting.train.loop import train
-    from porting.train.recipe import load_recipe
+    from porting.train.run.loop import train
+    from porting.train.recipe.schema import load_recipe
 
     common = ["data.max_seq_length=64", "batching.bucketing.enabled=false", "schedule.max_steps=2",
               "checkpointing.every_steps=0"]
@@ -248,8 +248,8 @@ def test_recompute_gives_the_same_training(tmp_path):
 def test_dynamic_loss_scaling_is_exact_then_skips_overflow_and_stops_at_scale_one(tmp_path):
     """The Ascend loss-scaling logic, run on the CPU in fp32: a power-of-two scale changes nothing;
     overflowing steps are skipped with the scale halved, and at scale 1 the run stops."""
-    from porting.train.loop import train
-    from porting.train.recipe import load_recipe
+    from porting.train.run.loop import train
+    from porting.train.recipe.schema import load_recipe
 
     common = ["data.max_seq_length=64", "batching.bucketing.enabled=false", "schedule.max_steps=2",
               "checkpointing.every_steps=0"]

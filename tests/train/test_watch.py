@@ -9,8 +9,8 @@ import io
 import pytest
 
 from model_zoo.errors import RecipeError
-from porting.train.recipe import LoggingSection
-from porting.train.watch import Watch, read_scalars
+from porting.train.recipe.schema import LoggingSection
+from porting.train.run.watch import read_scalars, Watch
 from tests.train.conftest import FAST, TINY, error_line, metrics, port
 
 

@@ -66,7 +66,7 @@ def zero_run(tmp_path_factory):
 
 
 def _plan(accum: int, stage):
-    from porting.train import sharding
+    from porting.train.plan import sharding
     from tests.train.zero_script import CFG, recipe
 
     r = recipe(accum, stage)

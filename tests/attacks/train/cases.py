@@ -302,7 +302,7 @@ _resume_case("resume_weights_garbage", b'{"adam_t": 2, "loss_scale": {"scale": 1
              b'"world_size": 1, "seed": 0, "step": 2, "shards": 1}', "step_2", "cannot read the checkpoint")
 
 
-# -- tables: a Parquet file is bounded by its footer before any row is decoded (porting/train/formats.py)
+# -- tables: a Parquet file is bounded by its footer before any row is decoded (porting/train/data/formats.py)
 @case("rows.parquet", "rows 60,000,000, more than the 50,000,000", "MAX_TABLE_ROWS", timeout=60)
 def parquet_row_bomb(d):
     """100 KB on disk, 60 million null rows: decoding them all would take gigabytes of Python objects."""

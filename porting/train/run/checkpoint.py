@@ -29,7 +29,7 @@ STEP_DIR = re.compile(r"^step_(\d+)$")
 LEFTOVER_DIR = re.compile(r"^\.(tmp|old)_step_\d+(_\d+)?$")
 STATE_FILE = "state.json"
 WEIGHTS_FILE = "train_state.ckpt"
-# ZeRO's flat-shard states (porting/train/zero.py ShardedAdamW): adam_m.shard3.rank1, master.shard0.tp1.rank0
+# ZeRO's flat-shard states (porting/train/run/zero.py ShardedAdamW): adam_m.shard3.rank1, master.shard0.tp1.rank0
 FLAT_SHARD = re.compile(r"^(adam_m|adam_v|master)\.shard\d+\.(tp\d+\.)?rank\d+$")
 
 
@@ -219,15 +219,15 @@ def _numpy(t):
 def merge_tensor_parallel(tmp: Path, world: int, tp: int, layout: dict[str, int]) -> None:
     """Merge the ``world`` rank files in ``tmp`` into one full ``train_state.ckpt`` and remove them.
 
-    Rank r holds tensor-parallel slice ``r % tp`` (:mod:`porting.train.grid`); ``layout`` maps a parameter
+    Rank r holds tensor-parallel slice ``r % tp`` (:mod:`porting.train.run.grid`); ``layout`` maps a parameter
     name to its split axis (absent: replicated, tp rank 0's copy is kept). A tensor some ranks lack (an
     optimizer state kept by its data-parallel owner only) is taken from the ranks that have it. ZeRO's
-    flat shards (porting/train/zero.py, named by tensor-parallel and data-parallel rank) are not parameter
+    flat shards (porting/train/run/zero.py, named by tensor-parallel and data-parallel rank) are not parameter
     slices: each is kept as it is under its own name, and the rank that owns it loads it back unsliced."""
     import mindspore as ms
 
     from model_zoo.parallel import merge_shards
-    from porting.train.grid import param_of
+    from porting.train.run.grid import param_of
 
     files = [tmp / shard_file(r, world) for r in range(world)]
     loaded = [ms.load_checkpoint(str(f)) for f in files]

@@ -17,8 +17,8 @@ def main(argv: list[str] | None = None) -> int:
     if str(root) not in sys.path:   # a source checkout run without installing the package
         sys.path.insert(0, str(root))
     from model_zoo.errors import PortingError
-    from porting.train.loop import train
-    from porting.train.recipe import load_recipe
+    from porting.train.run.loop import train
+    from porting.train.recipe.schema import load_recipe
 
     ap = argparse.ArgumentParser(prog="port-train-worker")
     ap.add_argument("--recipe", required=True)

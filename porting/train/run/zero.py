@@ -1,6 +1,6 @@
 """The sharded optimizer (ZeRO-1/2, Megatron's distributed optimizer) as graph-mode cells.
 
-The layout and the collectives are :mod:`porting.train.sharding`'s (the plan states the same buckets):
+The layout and the collectives are :mod:`porting.train.plan.sharding`'s (the plan states the same buckets):
 gradients of a bucket are flattened, padded to a multiple of the data-parallel size ``dp`` and
 reduce-scattered; each rank updates its flat shard (AdamW with float32 moments, on float32 master
 weights when the parameters are bf16/fp16, or on its slice of the float32 parameters); the updated
@@ -27,8 +27,8 @@ import numpy as np
 from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 from mindspore.communication import GlobalComm
 
-from porting.train import sharding
-from porting.train.step import LossNet
+from porting.train.plan import sharding
+from porting.train.run.step import LossNet
 
 
 class ShardedAdamW(nn.Cell):

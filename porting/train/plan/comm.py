@@ -130,29 +130,3 @@ def launch_plan(recipe, cfg) -> dict:
                        "HCCL_EXEC_TIMEOUT = max(1836, ceil(3 save_s) + 600); "
                        "HCCL_CONNECT_TIMEOUT = max(600, ceil(2 save_s) + 120)",
             "same_on_every_node": list(SAME_ON_EVERY_NODE)}
-
-
-def same_host_node_argv(argv: list[str], node: int, cluster) -> list[str]:
-    """Node ranks > 0 started on the master's own machine (a loopback master_addr: a one-machine test
-    of a multi-node plan). msrun starts a scheduler on every node whose master_addr is local, so the
-    second one cannot bind the port and, with --join=True, takes its node down. Here node N waits for
-    node 0's scheduler to listen and runs with --join=False, which leaves the failed extra scheduler
-    unwatched; its workers join node 0's scheduler. Other launches are returned unchanged."""
-    import ipaddress
-    import socket
-    import time
-
-    try:
-        loopback = ipaddress.ip_address(cluster.master_addr).is_loopback
-    except ValueError:
-        loopback = cluster.master_addr == "localhost"
-    if node == 0 or not loopback:
-        return argv
-    deadline = time.monotonic() + cluster.cluster_time_out
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection((cluster.master_addr, cluster.master_port), timeout=1).close()
-            break
-        except OSError:
-            time.sleep(0.5)
-    return ["--join=False" if a == "--join=True" else a for a in argv]

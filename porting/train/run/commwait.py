@@ -65,7 +65,7 @@ class CommWait:
         if self.enabled:
             import mindspore as ms
 
-            from porting.train.step import Barrier
+            from porting.train.run.step import Barrier
 
             self.ms = ms
             self.cell = Barrier()     # an all-reduce (sum) of its input

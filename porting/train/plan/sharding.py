@@ -1,6 +1,6 @@
 """Optimizer sharding (ZeRO) and the collectives of one training step, as the plan states them.
 
-Sharded optimizer (Megatron's distributed optimizer; porting/train/zero.py builds it):
+Sharded optimizer (Megatron's distributed optimizer; porting/train/run/zero.py builds it):
 - the gradients of a bucket of parameters (buckets follow ``parallel.comm_fusion``, as the fused
   all-reduce does) are flattened, padded to a multiple of the data-parallel size and reduce-scattered:
   each data-parallel rank gets the summed gradient of its flat 1/dp shard;
@@ -34,8 +34,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from model_zoo.config import LlamaConfig
-from porting.train import comm
-from porting.train.memory import DTYPE_BYTES
+from porting.train.plan import comm
+from porting.train.plan.memory import DTYPE_BYTES
 
 MARGIN_GIB = 4.0     # stage 1 (fewer bytes) only when it leaves this much of the usable HBM
 EMULATED = "allreduce+slice"
@@ -102,7 +102,7 @@ class ShardingChoice:
 
 def choose(recipe, cfg: LlamaConfig) -> ShardingChoice:
     """ZeRO stage and reduce-scatter implementation for a recipe (see the module docstring)."""
-    from porting.train.memory import estimate_memory, usable_hbm_gib
+    from porting.train.plan.memory import estimate_memory, usable_hbm_gib
 
     dp = recipe.data_parallel_size
     if not recipe.parallel.optimizer_sharding or dp == 1:

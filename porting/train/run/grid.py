@@ -11,9 +11,7 @@ a sub-group; AllGather only on the world group), so the same code runs there and
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
-from model_zoo.errors import RecipeError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,26 +69,6 @@ def make_grid(recipe, rank: int, world: int) -> Grid:
     return Grid(rank, world, tp, tp_group, dp_group)
 
 
-def check_tensor_parallel(recipe, cfg, model_dir: Path | str) -> None:
-    """One RecipeError naming ``parallel.tensor_parallel`` when the model or the recipe cannot be split."""
-    from model_zoo.parallel import divisibility_problems
-
-    tp = recipe.parallel.tensor_parallel
-    if tp == 1:
-        return
-    bad = divisibility_problems(cfg, tp)
-    if bad:
-        raise RecipeError(f"parallel.tensor_parallel: {tp} does not divide the model's {', '.join(bad)} "
-                          f"(model {model_dir}); pick a tensor_parallel that divides all of them")
-    if recipe.cluster.devices_per_node % tp:
-        raise RecipeError(f"parallel.tensor_parallel: {tp} does not divide cluster.devices_per_node="
-                          f"{recipe.cluster.devices_per_node}; a tensor-parallel group must sit inside one node")
-    if recipe.data.eval_split > 0:
-        raise RecipeError(f"data.eval_split: {recipe.data.eval_split} with parallel.tensor_parallel: {tp}; "
-                          "held-out scoring runs on rank 0 alone and needs the whole model: set data.eval_split: 0 "
-                          "(score the HF export with `port eval`)")
-
-
 def shard_fn(model, tp_rank: int, tp: int):
     """``(name, full array) -> this rank's slice``: the loader's and the checkpoint's slicing of full tensors
     (AdamW states ``adam_m.<p>``, ``adam_v.<p>``, ``master.<p>`` sliced like ``<p>``)."""
@@ -136,7 +114,7 @@ def loss_note(recipe, grid: Grid) -> str:
 
 
 def step_groups(model, grid: Grid) -> dict:
-    """The training step's group arguments (porting/train/step.py ``_Update``) and the shard ``layout``."""
+    """The training step's group arguments (porting/train/run/step.py ``_Update``) and the shard ``layout``."""
     from model_zoo.parallel import shard_layout
 
     if grid.tp == 1:

@@ -6,7 +6,7 @@ name-map registry, the coverage and shape checks, the staged output directory an
 verify` checks it like any other conversion. Its source is the run's last checkpoint
 (``checkpoints/step_<N>/train_state.ckpt``; rank 0's file of a sharded run, which holds every model
 parameter; a tensor-parallel run's shards are merged into the full tensors when the checkpoint is
-saved, porting/train/checkpoint.py): AdamW moments in it are skipped by name (``converters.names.IGNORED_MS_PREFIXES``) and
+saved, porting/train/run/checkpoint.py): AdamW moments in it are skipped by name (``converters.names.IGNORED_MS_PREFIXES``) and
 listed in the manifest.
 """
 
@@ -41,7 +41,7 @@ def export_hf(checkpoint: str | Path, model_dir: str | Path, out_dir: str | Path
     from converters.convert import ms_to_hf
     from model_zoo.config import LlamaConfig
     from porting.env import versions
-    from porting.train.checkpoint import WEIGHTS_FILE, shard_file
+    from porting.train.run.checkpoint import shard_file, WEIGHTS_FILE
 
     ckpt, model_dir, out = Path(checkpoint), Path(model_dir), Path(out_dir)
     weights = next((ckpt / n for n in (WEIGHTS_FILE, shard_file(0, 2)) if (ckpt / n).is_file()), None)

@@ -23,7 +23,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from model_zoo.errors import RecipeError
-from porting.train.formats import Conversation, Turn
+from model_zoo.files import read_text
+from porting.train.data.examples import IGNORE_INDEX
+from porting.train.data.formats import Conversation, Turn
 
 MAX_TEMPLATE_BYTES = 1 << 20
 
@@ -47,8 +49,6 @@ def choose_template(data, tokenizer, model_dir: str = "the model") -> str | None
             raise RecipeError(f"data.chat_template: model, but the tokenizer of {model_dir} has no chat_template; "
                               "set data.chat_template to a Jinja file or to builtin")
         return own
-    from model_zoo.files import read_text
-
     return read_text(Path(choice).expanduser(), what="chat template (data.chat_template)",
                      max_bytes=MAX_TEMPLATE_BYTES, error=RecipeError)
 
@@ -108,8 +108,6 @@ class TemplateRenderer:
         return full, out
 
     def _encode(self, conv: Conversation) -> tuple[list[int], list[int], list[tuple[int, int]], str]:
-        from porting.train.data import IGNORE_INDEX
-
         text, spans = self.spans(conv)
         enc = self.tok(text, add_special_tokens=False, return_offsets_mapping=True)
         ids, offsets = list(enc["input_ids"]), list(enc["offset_mapping"])

@@ -26,88 +26,23 @@ it has no notion of a global batch split across ranks and accumulation steps, wh
 the data-parallel and accumulation runs equal step by step.
 
 With ``batching.packing: true`` step 2 is replaced: examples are packed into rows of one length
-(:mod:`porting.train.packing`), and the rows go through steps 3 and 4 in place of examples.
+(:mod:`porting.train.data.packing`), and the rows go through steps 3 and 4 in place of examples.
 
-Row formats (ShareGPT, OpenAI messages, Alpaca with history, datasets directories, Parquet) live in
-:mod:`porting.train.formats` and chat templates in :mod:`porting.train.chat`; this module stays a
-about 500 lines because tokenising and the step schedule are one pure function of the data.
+Tokenising (step 1) is :mod:`porting.train.data.tokenise`; this module is steps 2 to 4.
 """
+
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Iterator, Sequence
 
 import numpy as np
 
 from model_zoo.errors import RecipeError
-from model_zoo.files import json_depth, read_text
-from porting.train import formats, packing
-
-IGNORE_INDEX = -100
-MAX_DATA_BYTES = 16 << 30   # a data file is read whole; past this, split it (the largest SFT sets are ~2 GB)
-MAX_ROW_DEPTH = 16          # a chat row nests 3 levels (row -> messages -> message)
-
-
-# --------------------------------------------------------------------------- data types
-@dataclass(frozen=True)
-class Example:
-    input_ids: np.ndarray   # int32 (L,)
-    labels: np.ndarray      # int32 (L,), IGNORE_INDEX where no loss is taken
-    source: int             # row number in the data file (1-based line for JSONL/text)
-
-    @property
-    def length(self) -> int:
-        return int(self.input_ids.shape[0])
-
-
-@dataclass
-class DataReport:
-    path: str
-    sha256: str
-    format: str
-    rows: int = 0
-    examples: int = 0
-    bad_rows: int = 0
-    bad_row_samples: list[str] = field(default_factory=list)   # first few "line N: reason"
-    truncated: int = 0
-    split_windows: int = 0
-    no_target: int = 0          # rows left without any loss token (skipped)
-    tokens: int = 0             # sum of example lengths
-    loss_tokens: int = 0
-    eval_examples: int = 0      # held out by data.eval_split (not trained on)
-
-    def as_dict(self) -> dict:
-        return dict(self.__dict__)
-
-
-@dataclass
-class TokenizedData:
-    examples: list[Example]
-    report: DataReport
-    pad_id: int
-
-    @property
-    def lengths(self) -> np.ndarray:
-        return np.asarray([e.length for e in self.examples], dtype=np.int64)
-
-
-@dataclass(frozen=True)
-class MicroBatch:
-    input_ids: np.ndarray     # int32 (B, S), right-padded with pad_id
-    labels: np.ndarray        # int32 (B, S), IGNORE_INDEX on prompts and padding
-    tokens: int               # loss tokens: count of labels[:, 1:] != -100 (the shifted targets)
-    real_tokens: int          # non-padding positions
-    example_ids: tuple[int, ...]
-    # batching.packing: (positions (B, S) int32, segment ids (B, S) int32, cumulative segment ends over
-    # the flattened B*S tokens (B*slots,) int64), the model's extra inputs; None for padded rows
-    packed: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        return tuple(self.input_ids.shape)  # type: ignore[return-value]
+from porting.train.data import packing
+from porting.train.data.examples import IGNORE_INDEX, MicroBatch, TokenizedData, split_eval
+from porting.train.data.tokenise import tokenize_dataset
 
 
 @dataclass(frozen=True)
@@ -123,177 +58,6 @@ class Step:
     def padding_fraction(self) -> float:
         return 1.0 - self.global_real_tokens / max(1, self.global_padded_tokens)
 
-
-# --------------------------------------------------------------------------- reading rows
-def read_rows(path: str | Path, separator: str) -> list[tuple[int, Any]]:
-    """(row number, parsed row or an Exception) for a .txt, .json (list) or .jsonl file."""
-    p = Path(path)
-    # bounded, UTF-8 or one line naming the offending byte; rows nested deeper than MAX_ROW_DEPTH are bad rows
-    text = read_text(p, what="data file", max_bytes=MAX_DATA_BYTES, error=RecipeError)
-    if p.suffix == ".txt":
-        docs = [d.strip() for d in text.split(separator)] if separator else [text]
-        return [(i + 1, {"text": d}) for i, d in enumerate(docs) if d]
-    stripped = text.lstrip()
-    if p.suffix == ".json" and stripped.startswith("["):
-        try:
-            rows = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise RecipeError(f"{p}: not valid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}; "
-                              "expected a list of rows or JSON Lines (.jsonl)") from None
-        except RecursionError:
-            rows = None
-        if not isinstance(rows, list) or json_depth(rows, MAX_ROW_DEPTH + 1) > MAX_ROW_DEPTH + 1:
-            raise RecipeError(f"{p}: expected a JSON list of rows nested at most {MAX_ROW_DEPTH} levels; "
-                              "rows are flat objects (text, instruction/output or messages)")
-        return [(i + 1, r) for i, r in enumerate(rows)]
-    out: list[tuple[int, Any]] = []
-    for n, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            out.append((n, ValueError(f"not valid JSON: {exc.msg}")))
-            continue
-        except RecursionError:
-            row = None
-        if row is None or json_depth(row, MAX_ROW_DEPTH) > MAX_ROW_DEPTH:
-            out.append((n, ValueError(f"nested deeper than {MAX_ROW_DEPTH} levels (or null); expected a flat row")))
-        else:
-            out.append((n, row))
-    return out
-
-
-# --------------------------------------------------------------------------- tokenising rows
-Segments = list[tuple[str, bool]]   # (text, counts in the loss)
-
-
-def text_segments(row: Any, data) -> Segments:
-    if not isinstance(row, dict):
-        raise ValueError(f"expected an object with {data.text_field!r}, got {type(row).__name__}")
-    t = formats.need_str(row, data.text_field)
-    if not t.strip():
-        raise ValueError(f"empty {data.text_field!r}")
-    return [(t, True)]
-
-
-def alpaca_segments(row: Any, data) -> Segments:
-    if not isinstance(row, dict):
-        raise ValueError(f"expected an object with instruction/input/output, got {type(row).__name__}")
-    need = formats.need_str
-    instr, inp, out = need(row, "instruction"), need(row, "input", True), need(row, "output")
-    if not out.strip():
-        raise ValueError("empty 'output'")
-    tmpl = data.prompt_template_with_input if inp.strip() else data.prompt_template
-    try:  # the recipe checks the template's fields; this keeps a hand-built DataSection one line too
-        prompt = tmpl.format(instruction=instr, input=inp)
-    except (KeyError, IndexError, ValueError, AttributeError) as e:
-        raise RecipeError(f"data.prompt_template: cannot fill {tmpl[:60]!r} ({type(e).__name__}: {e}); use only "
-                          "{instruction} and {input}") from None
-    return [(prompt, False), (out, True)]
-
-
-def row_content(row: Any, fmt: str, data, as_chat: bool) -> formats.Rendered:
-    """What one row holds: segments (text, Alpaca with the prompt templates) or a conversation."""
-    if fmt == "text":
-        return text_segments(row, data)
-    if fmt == "alpaca":
-        return formats.alpaca_row(row, data, as_chat, alpaca_segments)
-    return formats.ROW_FORMATS[fmt](row, data)
-
-
-def _encode(tokenizer, text: str) -> list[int]:
-    return list(tokenizer.encode(text, add_special_tokens=False))
-
-
-def _ids_labels(content, renderer, data, tokenizer) -> tuple[list[int], list[int]]:
-    bos, eos = tokenizer.bos_token_id, tokenizer.eos_token_id
-    if isinstance(content, formats.Conversation) and renderer is not None:
-        ids, labels = renderer.encode(content)   # the template places its own BOS and end-of-turn tokens
-        if data.add_bos and bos is not None and (not ids or ids[0] != bos):
-            ids, labels = [bos] + ids, [IGNORE_INDEX] + labels
-        return ids, labels
-    segs = formats.builtin_segments(content) if isinstance(content, formats.Conversation) else content
-    ids: list[int] = [bos] if data.add_bos and bos is not None else []
-    labels: list[int] = [IGNORE_INDEX] * len(ids)
-    for text, counts in segs:
-        t = _encode(tokenizer, text)
-        ids += t
-        labels += t if counts else [IGNORE_INDEX] * len(t)
-    if data.add_eos and eos is not None:
-        ids.append(eos)
-        labels.append(eos)
-    return ids, labels
-
-
-def tokenize_rows(rows: Sequence[tuple[int, Any]], fmt: str, data, tokenizer, report: DataReport) -> list[Example]:
-    """Examples from rows; malformed rows are counted (and fatal with data.on_bad_row=fail)."""
-    from porting.train.chat import renderer_for
-
-    renderer = renderer_for(fmt, data, tokenizer)
-    out: list[Example] = []
-    for n, row in rows:
-        report.rows += 1
-        try:
-            if isinstance(row, Exception):
-                raise row
-            ids, labels = _ids_labels(row_content(row, fmt, data, renderer is not None), renderer, data, tokenizer)
-        except RecipeError as exc:   # the chat template cannot be masked: fatal, whatever on_bad_row says
-            raise RecipeError(f"{data.path}: row {n}: {exc}") from None
-        except ValueError as exc:
-            report.bad_rows += 1
-            msg = f"row {n}: {exc}"
-            if len(report.bad_row_samples) < 5:
-                report.bad_row_samples.append(msg)
-            if data.on_bad_row == "fail":
-                raise RecipeError(f"{data.path}: {msg} (data.on_bad_row=fail; fix the row or set "
-                                  "data.on_bad_row=skip to count and skip malformed rows)") from None
-            continue
-        for win_ids, win_labels in _fit(ids, labels, data.max_seq_length, data.long_text, report):
-            if sum(1 for x in win_labels[1:] if x != IGNORE_INDEX) == 0:
-                report.no_target += 1
-                continue
-            out.append(Example(np.asarray(win_ids, np.int32), np.asarray(win_labels, np.int32), n))
-    return out
-
-
-def _fit(ids: list[int], labels: list[int], max_len: int, mode: str, report: DataReport):
-    if len(ids) <= max_len:
-        return [(ids, labels)]
-    if mode == "truncate":
-        report.truncated += 1
-        return [(ids[:max_len], labels[:max_len])]
-    wins = [(ids[i:i + max_len], labels[i:i + max_len]) for i in range(0, len(ids), max_len)]
-    report.split_windows += len(wins) - 1
-    return [w for w in wins if len(w[0]) >= 2]
-
-
-def load_rows(data) -> tuple[Path, list[tuple[int, Any]], str]:
-    """The data file's rows and their format (``data.format`` or detected)."""
-    path = Path(data.path)
-    if not (path.is_file() or path.is_dir()):
-        raise RecipeError(f"data.path: file not found: {path}")
-    table = path.is_dir() or path.suffix == ".parquet"
-    rows = formats.read_table_rows(path, data.split) if table else read_rows(path, data.separator)
-    if data.format != "auto":
-        return path, rows, data.format
-    return path, rows, "text" if path.suffix == ".txt" else formats.detect_format(rows, data)
-
-
-def tokenize_dataset(data, tokenizer) -> TokenizedData:
-    """All examples of ``data`` (a recipe's DataSection) tokenised with the model's tokenizer."""
-    path, rows, fmt = load_rows(data)
-    report = DataReport(path=str(path), sha256=formats.data_sha256(path), format=fmt)
-    examples = tokenize_rows(rows, fmt, data, tokenizer, report)
-    if not examples:
-        raise RecipeError(f"{path}: no usable example ({report.bad_rows} malformed of {report.rows} rows; "
-                          f"first: {report.bad_row_samples[:1]}); check data.format and the file")
-    report.examples = len(examples)
-    report.tokens = int(sum(e.length for e in examples))
-    report.loss_tokens = int(sum(int((e.labels[1:] != IGNORE_INDEX).sum()) for e in examples))
-    pad = tokenizer.pad_token_id
-    pad = pad if pad is not None else (tokenizer.eos_token_id if tokenizer.eos_token_id is not None else 0)
-    return TokenizedData(examples, report, int(pad))
 
 
 # --------------------------------------------------------------------------- bucketing
@@ -468,8 +232,6 @@ def build_plan(recipe, tokenizer, world_size: int | None = None, data: Tokenized
     data = data if data is not None else tokenize_dataset(recipe.data, tokenizer)
     world = world_size or recipe.world_size
     bounds = bucket_boundaries(data, recipe)   # over all examples, so the hold-out fits the same shapes
-    from porting.eval import split_eval
-
     data, held = split_eval(data, recipe.data.eval_split, recipe.seed)
     g = recipe.batching.micro_batch_size * recipe.batching.grad_accum_steps * world
     rows, slots, units = None, 0, data.lengths
@@ -500,4 +262,3 @@ def padding_stats(plan: BatchSchedule, epoch: int = 0) -> dict:
             padded += mb.input_ids.size
     return {"real_tokens": real, "padded_tokens": padded, "padding_fraction": 1 - real / max(1, padded),
             "shapes": len(plan.boundaries)}
-

@@ -21,7 +21,7 @@ tokens, L = layers, tp = tensor parallel, dp = data parallel = world / tp):
 - comm_buffers: two fused all-reduce buffers (comm_fusion size, 64 MB for auto) when dp > 1 and the
   optimizer is not sharded.
 - workspace: runtime and collective workspace, 2 GiB on Ascend, 0.25 GiB on CPU (assumed).
-Mixed precision, as Megatron / MindSpeed-LLM keep it (porting/train/step.py):
+Mixed precision, as Megatron / MindSpeed-LLM keep it (porting/train/run/step.py):
 - master_weights: float32 copies of bf16/fp16 parameters, P x 4, sharded like the AdamW states.
 - gradients_fp32: gradients are all-reduced, clipped and applied in float32 by default: a float32
   copy P x 4 of bf16/fp16 gradients (the accumulation buffers already are float32 when
@@ -29,7 +29,7 @@ Mixed precision, as Megatron / MindSpeed-LLM keep it (porting/train/step.py):
   --accumulate-allreduce-grads-in-fp32), where AdamW casts each gradient to float32 as it applies it.
 - adamw_temporaries: the element-wise update's float32 m', v', p' and gradient of one parameter (of
   one bucket's shard when sharded) at a time (graph memory reuse frees them after each assign), 4 x 4.
-- sharding_buffers: with optimizer sharding (porting/train/zero.py), the largest flat bucket's
+- sharding_buffers: with optimizer sharding (porting/train/run/zero.py), the largest flat bucket's
   gradients (reduction dtype), its gathered weights (param dtype) and its float32 shard.
 - hccl_buffers: HCCL's in/out buffers per communicator, 2 x HCCL_BUFFSIZE (200 MB by default; HCCL
   environment-variable docs, not re-checked here) on Ascend when world > 1.
@@ -57,17 +57,6 @@ HCCL_BUFFSIZE_MB = 200
 def usable_hbm_gib(recipe) -> float:
     """The HBM a plan may use: the device's, less what the runtime keeps back."""
     return max(recipe.cluster.device_hbm_gib - RUNTIME_RESERVED_GIB[recipe.cluster.device], 0.0)
-
-
-def apply_memory_budget(recipe) -> str | None:
-    """On Ascend, cap MindSpore's device memory pool at the usable HBM; returns the size set."""
-    if recipe.cluster.device != "ascend":
-        return None
-    import mindspore as ms
-
-    size = f"{usable_hbm_gib(recipe):g}GB"
-    ms.runtime.set_memory(max_size=size)
-    return size
 
 
 def layer_activation_bytes(cfg: LlamaConfig, micro: int, seq: int, compute_bytes: int, fused_attention: bool,
@@ -103,8 +92,8 @@ def fusion_buffer_bytes(recipe) -> float:
 def estimate_memory(cfg: LlamaConfig, recipe, zero_stage: int | None = None) -> dict[str, float]:
     """Per-device memory in GiB by phase, and the total the run needs (see the module docstring).
     ``zero_stage`` overrides the plan's choice (porting.train.sharding.choose)."""
-    from porting.train import comm as comm_mod
-    from porting.train.sharding import choose, flat_buckets
+    from porting.train.plan import comm as comm_mod
+    from porting.train.plan.sharding import choose, flat_buckets
 
     tp, dp = recipe.parallel.tensor_parallel, recipe.data_parallel_size
     numels = comm_mod.parameter_numels(cfg, tp)

@@ -1,5 +1,5 @@
 """The dry-run plan: world size, global batch, per-device memory by phase against the device's HBM
-(:mod:`porting.train.memory`), and the exact `msrun` command of every node. :func:`make_plan` returns a
+(:mod:`porting.train.plan.memory`), and the exact `msrun` command of every node. :func:`make_plan` returns a
 typed :class:`TrainPlan`; ``plan.json`` is its :meth:`TrainPlan.to_dict`. A plan that does not fit is
 refused with what to change.
 """
@@ -7,17 +7,18 @@ refused with what to change.
 from __future__ import annotations
 
 import dataclasses
-import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from model_zoo.config import LlamaConfig
+from model_zoo.config import LlamaConfig, divisibility_problems
 from model_zoo.errors import RecipeError
-from porting.train import comm, hardware, roofline, sharding
-from porting.train.sharding import Collective
-from porting.train.memory import (DTYPE_BYTES, GIB, apply_memory_budget, estimate_memory,  # noqa: F401 (re-exported)
-                                  usable_hbm_gib)
+from porting.train.plan import comm, roofline, sharding
+from porting.train.plan.launch import msrun_commands
+from porting.train.plan.memory import estimate_memory, usable_hbm_gib
+from porting.train.plan.sharding import Collective
+from porting.train.recipe import hardware
+from porting.train.recipe.schema import Recipe
 
 
 # --------------------------------------------------------------------------- what to change
@@ -76,32 +77,6 @@ def suggestions(cfg: LlamaConfig, recipe, hbm: float) -> list[str]:
                    f"{floor:.1f} GiB per device at tensor parallel {recipe.parallel.tensor_parallel}; see the proposed "
                    "(TP, DP, sharding, recompute) settings")
     return out
-
-
-# --------------------------------------------------------------------------- msrun
-def worker_script() -> Path:
-    return Path(__file__).with_name("worker.py")
-
-
-def msrun_commands(recipe, recipe_path: str, run_dir: str, overrides: list[str] | None = None,
-                   resume: bool = False, python_path_hint: bool = False) -> list[str]:
-    """The exact command of every node (node_rank 0 hosts the scheduler at master_addr)."""
-    c = recipe.cluster
-    base = ["msrun", f"--worker_num={recipe.world_size}", f"--local_worker_num={c.devices_per_node}",
-            f"--master_addr={c.master_addr}", f"--master_port={c.master_port}"]
-    tail = [f"--log_dir={Path(run_dir) / 'logs' / 'msrun'}", "--join=True", f"--cluster_time_out={c.cluster_time_out}"]
-    if c.rank_table_file:
-        tail.append(f"--rank_table_file={c.rank_table_file}")
-    script = [str(worker_script()), "--recipe", str(recipe_path), "--run-dir", str(run_dir)]
-    for o in overrides or []:
-        script += ["--set", o]
-    if resume:
-        script.append("--resume")
-    cmds = []
-    for node in range(c.nodes):
-        argv = base + [f"--node_rank={node}"] + tail + script
-        cmds.append(" ".join(shlex.quote(a) for a in argv))
-    return cmds
 
 
 # --------------------------------------------------------------------------- the plan
@@ -251,6 +226,24 @@ def plan_config(recipe) -> tuple[LlamaConfig, list[str]]:
         return presets.config(recipe.model.source), notes
 
 
+def check_tensor_parallel(recipe: Recipe, cfg: LlamaConfig, model_dir: Path | str) -> None:
+    """One RecipeError naming ``parallel.tensor_parallel`` when the model or the recipe cannot be split."""
+    tp = recipe.parallel.tensor_parallel
+    if tp == 1:
+        return
+    bad = divisibility_problems(cfg, tp)
+    if bad:
+        raise RecipeError(f"parallel.tensor_parallel: {tp} does not divide the model's {', '.join(bad)} "
+                          f"(model {model_dir}); pick a tensor_parallel that divides all of them")
+    if recipe.cluster.devices_per_node % tp:
+        raise RecipeError(f"parallel.tensor_parallel: {tp} does not divide cluster.devices_per_node="
+                          f"{recipe.cluster.devices_per_node}; a tensor-parallel group must sit inside one node")
+    if recipe.data.eval_split > 0:
+        raise RecipeError(f"data.eval_split: {recipe.data.eval_split} with parallel.tensor_parallel: {tp}; "
+                          "held-out scoring runs on rank 0 alone and needs the whole model: set data.eval_split: 0 "
+                          "(score the HF export with `port eval`)")
+
+
 def check_fits(plan: TrainPlan, where: str) -> None:
     if plan.fits:
         return
@@ -259,64 +252,3 @@ def check_fits(plan: TrainPlan, where: str) -> None:
                       "kept by the runtime); change: " + "; ".join(plan.suggestions)
                       + ("; fastest working setting (estimate): " + roofline.proposal_line(plan.proposals[0])
                          if plan.proposals else "; no (TP, DP, sharding, recompute) setting fits these devices"))
-
-
-def format_plan(plan: TrainPlan) -> str:
-    mem = plan.memory_gib_by_phase
-    prec = plan.precision
-    lines = [
-        f"model: {plan.model.parameters / 1e9:.3f} B parameters, {plan.model.num_hidden_layers} layers",
-        f"world size: {plan.hardware} = {plan.tensor_parallel} tensor parallel x {plan.data_parallel} data parallel"
-        + (" (no sequence parallel)" if plan.tensor_parallel > 1 and not plan.sequence_parallel else ""),
-        f"global batch: {plan.global_batch} = {plan.global_batch_formula}; up to "
-        f"{plan.max_tokens_per_step} tokens per step at seq {plan.max_seq_length}",
-        f"precision: params {prec['param_dtype']}, compute {prec['compute_dtype']}, "
-        f"loss scale {prec['loss_scale']['kind']}; recompute {plan.recompute}; "
-        f"optimizer sharding {plan.sharding.get('how', plan.optimizer_sharding)}",
-        f"mixed precision: {plan.mixed_precision}",
-        "memory per device (GiB):",
-    ]
-    for k in ("weights", "gradients", "optimizer_states", "master_weights", "gradients_fp32", "adamw_temporaries",
-              "activations", "activations_recompute", "backward_working_set", "comm_buffers", "sharding_buffers",
-              "hccl_buffers", "workspace"):
-        used = ""
-        if k == "activations" and plan.recompute or k == "activations_recompute" and not plan.recompute:
-            used = "  (not used)"
-        lines.append(f"  {k:<22} {mem[k]:>9.2f}{used}")
-    verdict = "fits" if plan.fits else "DOES NOT FIT"
-    lines.append(f"  {'total':<22} {mem['total']:>9.2f} of {plan.usable_hbm_gib:g} GiB usable "
-                 f"({plan.device_hbm_gib:g} GiB HBM) per device: {verdict}, margin {plan.margin_gib:.2f} GiB")
-    lines += [f"  change: {s}" for s in plan.suggestions]
-    if plan.proposals:
-        lines.append("working settings at the same global batch, fastest first (roofline estimate, porting/train/roofline.py):")
-        lines += [f"  {i + 1}. {roofline.proposal_line(p)}" for i, p in enumerate(plan.proposals)]
-    if plan.estimated_step:
-        e = plan.estimated_step
-        lines.append(f"estimated step (roofline at the 910C peak, an estimate): {e['step_s']:.2f} s = compute "
-                     f"{e['compute_s']:.2f} + optimizer {e['memory_s']:.2f} + communication {e['comm_s']:.2f}")
-    lines += [f"warning: {w}" for w in plan.warnings]
-    lines += _collective_lines(plan)
-    ga = plan.gradient_allreduce
-    if ga.get("allreduce_ops") and not plan.sharding.get("enabled"):
-        lines.append(f"gradient all-reduce: {ga['gradients']} gradients in {ga['allreduce_ops']} AllReduce op(s), "
-                     f"largest bucket {max(ga['bucket_mib'])} MiB ({ga['how']})")
-    if plan.launch:
-        lines.append("env on every node: " + " ".join(f"{k}={v}" for k, v in plan.launch["env"].items())
-                     + f" (predicted checkpoint save {plan.launch['predicted_save_s']} s; {plan.launch['formula']})")
-        lines.append("must match on every node: " + ", ".join(plan.launch["same_on_every_node"]))
-    lines += [f"node {i}: {cmd}" for i, cmd in enumerate(plan.msrun_commands)]
-    return "\n".join(lines)
-
-
-def _collective_lines(plan: TrainPlan) -> list[str]:
-    if not plan.collectives:
-        return []
-    mib = lambda b: f"{b / (1 << 20):,.1f} MiB"  # noqa: E731
-    cb = plan.collective_bytes
-    out = [f"collectives per step per rank: payload {mib(cb['payload_bytes'])}, wire {mib(cb['wire_bytes'])} "
-           f"(data parallel {mib(cb['dp_wire_bytes'])}, tensor parallel {mib(cb['tp_wire_bytes'])}); "
-           + plan.collective_convention]
-    for c in plan.collectives:
-        out.append(f"  {c.op:<13} x{c.count:<5} {c.group} of {c.ranks:<3} payload {mib(c.payload_bytes):>14}  wire "
-                   f"{mib(c.wire_bytes):>14}  {c.purpose}")
-    return out

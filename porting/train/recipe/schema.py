@@ -19,8 +19,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from model_zoo.errors import RecipeError
 from model_zoo.files import read_text
-from porting.train.hardware import derive_cluster
-from porting.train.yaml_bounded import load_yaml
+from porting.train.recipe.hardware import derive_cluster
+from porting.train.recipe.yaml_bounded import load_yaml
 
 Dtype = Literal["float32", "bfloat16", "float16"]
 
@@ -158,7 +158,7 @@ class ParallelSection(_Section):
     tensor_parallel: int = Field(1, ge=1, le=64)   # Megatron-style, within a node; devices = data x tensor
     optimizer_sharding: bool = False   # ZeRO: flat per-rank shards of fp32 masters and AdamW states (docs/parallel.md)
     # with grad_accum_steps > 1: 1 accumulates full gradients then reduce-scatters once, 2 reduce-scatters every
-    # micro-step into sharded accumulators (ZeRO-2); auto: what the plan shows (porting/train/sharding.py)
+    # micro-step into sharded accumulators (ZeRO-2); auto: what the plan shows (porting/train/plan/sharding.py)
     zero_stage: Literal["auto", 1, 2] = "auto"
     comm_fusion: CommFusionSection = CommFusionSection()
 
@@ -166,7 +166,7 @@ class ParallelSection(_Section):
 class ClusterSection(_Section):
     device: Literal["cpu", "ascend"] = "cpu"
     nodes: int = Field(1, ge=1, le=4096)
-    # hardware shape (porting/train/hardware.py): a server preset, or chips x dies; devices_per_node derived
+    # hardware shape (porting/train/recipe/hardware.py): a server preset, or chips x dies; devices_per_node derived
     server: Optional[Literal["atlas-800t-a3", "atlas-800t-a2"]] = None
     chips_per_node: Optional[int] = Field(None, ge=1, le=64)
     dies_per_chip: Optional[int] = Field(None, ge=1, le=4)    # 910C: 2 dies, each one device (rank)
@@ -186,12 +186,12 @@ class CheckpointingSection(_Section):
 
 class LoggingSection(_Section):
     every_steps: int = Field(1, ge=1, le=BIG)
-    tensorboard: bool = False             # event files under <run>/tensorboard (porting/train/watch.py)
+    tensorboard: bool = False             # event files under <run>/tensorboard (porting/train/run/watch.py)
     wandb: bool = False                   # needs the wandb package
     wandb_project: str = Field("port", min_length=1, max_length=128)
     wandb_mode: Literal["offline", "online"] = "offline"
     progress: Literal["auto", "bar", "lines"] = "auto"   # auto: a bar with ETA when stderr is a terminal
-    comm_sample_every: int = Field(10, ge=0, le=BIG)  # communication wait measured every N steps (0: never); porting/train/commwait.py
+    comm_sample_every: int = Field(10, ge=0, le=BIG)  # communication wait measured every N steps (0: never); porting/train/run/commwait.py
 
 
 class Recipe(_Section):

@@ -1,9 +1,9 @@
 """The training run: one rank's loop, from a validated recipe to checkpoints, metrics and an HF export.
 
 World size 1 runs in the calling process; more ranks run this same function inside `msrun` workers
-(:mod:`porting.train.worker`). Every rank logs to ``logs/rank_<r>.log``; rank 0 writes
+(:mod:`porting.train.run.worker`). Every rank logs to ``logs/rank_<r>.log``; rank 0 writes
 ``metrics.jsonl``, ``manifest.json``, checkpoints and the HF export. Tensor parallel's pieces (the rank
-grid, its groups, slicing and merging) live in :mod:`porting.train.grid`; what stays here is the loop
+grid, its groups, slicing and merging) live in :mod:`porting.train.run.grid`; what stays here is the loop
 and its Trainer (with ZeRO's and packing's inputs), kept in one module of about 500 lines so one
 rank's life reads top to bottom.
 """
@@ -14,7 +14,6 @@ import datetime as _dt
 import json
 import logging
 import math
-import os
 import sys
 import time
 import dataclasses
@@ -25,15 +24,17 @@ import numpy as np
 
 from model_zoo.errors import PortingError, RecipeError
 from porting import rundir
-from porting.train import checkpoint as ckpt
-from porting.train import data as data_mod
-from porting.train import grid as grid_mod
-from porting.train.grid import Grid
-from porting.train.recipe import Recipe
+from porting.train.run import checkpoint as ckpt
+from porting.train.data.batching import BatchSchedule, Step, build_plan
+from porting.train.run import grid as grid_mod
+from porting.train.run.grid import Grid
+from porting.train.run.runtime import configure_mindspore
+from porting.train.plan.make import check_tensor_parallel
+from porting.train.recipe.schema import Recipe
 from porting.eval import eval_record
-from porting.train.watch import Watch
-from porting.train.commwait import CommWait
-from porting.train.schedule import lr_at
+from porting.train.run.watch import Watch
+from porting.train.run.commwait import CommWait
+from porting.train.recipe.schedule import lr_at
 
 
 class DivergenceError(PortingError):
@@ -79,35 +80,6 @@ def rank_logger(run_dir: Path, rank: int, echo: bool) -> logging.Logger:
     return log
 
 
-# --------------------------------------------------------------------------- MindSpore setup
-def configure_mindspore(recipe: Recipe, distributed: bool) -> None:
-    import mindspore as ms
-
-    target = {"cpu": "CPU", "ascend": "Ascend"}[recipe.cluster.device]
-    ms.set_context(mode=ms.GRAPH_MODE)
-    # set_device may run once, before any kernel; a process that already runs on the target (a
-    # second in-process run, a test session) keeps it.
-    if ms.get_context("device_target") != target:
-        ms.set_device(target)
-    from porting.train.plan import apply_memory_budget
-
-    apply_memory_budget(recipe)   # Ascend: the pool capped at the usable HBM the plan budgets
-    if distributed and recipe.cluster.device == "cpu":
-        # Workers share the host's cores: without a cap each spawns a thread per core and they thrash.
-        from mindspore.device_context.cpu.op_tuning import threads_num
-
-        threads_num(max(1, (os.cpu_count() or 1) // recipe.cluster.devices_per_node))
-    if distributed:
-        from mindspore.communication import init
-
-        init()
-        from porting.train.comm import fusion_context
-
-        fusion = fusion_context(recipe.parallel.comm_fusion)   # {"openstate": False, "allreduce": ..} would re-enable it
-        ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL, gradients_mean=False,
-                                     device_num=recipe.world_size, comm_fusion=fusion)
-
-
 def build_model(recipe: Recipe, model_dir: Path, grid: Grid | None = None):
     """The model of ``model_dir`` with its HF weights; with tensor parallel, this rank's shard of each."""
     from converters.loading import load_hf_dir
@@ -119,7 +91,7 @@ def build_model(recipe: Recipe, model_dir: Path, grid: Grid | None = None):
         raise RecipeError(f"data.max_seq_length={recipe.data.max_seq_length} exceeds the model's "
                           f"max_position_embeddings={cfg.max_position_embeddings} ({model_dir}/config.json); "
                           f"set data.max_seq_length <= {cfg.max_position_embeddings}")
-    grid_mod.check_tensor_parallel(recipe, cfg, model_dir)
+    check_tensor_parallel(recipe, cfg, model_dir)
     tp = grid_mod.tensor_parallel(recipe, grid)
     model = build(cfg, param_dtype=recipe.precision.param_dtype, compute_dtype=recipe.precision.compute_dtype,
                   seed=recipe.seed, tp=tp)
@@ -160,11 +132,11 @@ class LossScaler:
 # --------------------------------------------------------------------------- the loop
 class Trainer:
     def __init__(self, recipe: Recipe, run_dir: Path, rank: int, world_size: int, model, tokenizer_dir: Path,
-                 plan: data_mod.BatchSchedule, log: logging.Logger, grid: Grid | None = None):
+                 plan: BatchSchedule, log: logging.Logger, grid: Grid | None = None):
         import mindspore as ms
         from mindspore import ParameterTuple
 
-        from porting.train import step as train_step
+        from porting.train.run import step as train_step
 
         self.ms = ms
         self.packed_inputs = train_step.packed_inputs
@@ -184,7 +156,7 @@ class Trainer:
         if self.shards > 1 or grid.tp > 1:
             self.barrier_cell = train_step.Barrier()
         if self.shards > 1:
-            from porting.train import zero
+            from porting.train.run import zero
 
             tp = {} if grid.tp == 1 else dict(tp_group=grid.tp_group, tp_rank=grid.tp_rank,
                                              tp_sharded=groups["tp_sharded"])
@@ -213,7 +185,7 @@ class Trainer:
         self.shapes_seen: set[tuple] = set()
 
     # -- one optimizer step
-    def run_step(self, step: data_mod.Step, lr: float) -> dict:
+    def run_step(self, step: Step, lr: float) -> dict:
         ms = self.ms
         t = self.adam_t + 1
         b1, b2 = self.recipe.optimizer.betas
@@ -309,7 +281,7 @@ def _data_and_model(recipe: Recipe, model_dir: Path, grid: Grid, log: logging.Lo
     planned over the data-parallel ranks: the tensor-parallel ranks of one group see the same batches."""
     from porting.tokenizer import load_tokenizer
 
-    plan = data_mod.build_plan(recipe, load_tokenizer(model_dir), grid.dp)
+    plan = build_plan(recipe, load_tokenizer(model_dir), grid.dp)
     rep = plan.data.report
     log.info(f"data {rep.path}: {rep.examples} examples from {rep.rows} rows, {rep.bad_rows} malformed rows "
              f"skipped, {rep.truncated} truncated, {rep.split_windows} extra windows; sha256 {rep.sha256[:12]}")
@@ -324,7 +296,7 @@ def _data_and_model(recipe: Recipe, model_dir: Path, grid: Grid, log: logging.Lo
     return plan, cfg, model
 
 
-def _stop_if_diverged(recipe: Recipe, step: data_mod.Step, r: dict, last_good) -> None:
+def _stop_if_diverged(recipe: Recipe, step: Step, r: dict, last_good) -> None:
     # Dynamic loss scaling skips an overflowing step and lowers the scale; once the scale is
     # down to 1 an overflow is not a scaling problem any more, and the run stops like fp32.
     dynamic = recipe.precision.loss_scale.kind == "dynamic"
@@ -351,7 +323,7 @@ def _finish(recipe: Recipe, trainer: Trainer, plan, records: list, metrics, mode
     metrics.summary(summary)
     log.info(f"summary: {json.dumps(summary.to_dict())}")
     if recipe.checkpointing.export_hf:
-        from porting.train.export import export_hf
+        from porting.train.run.export import export_hf
 
         out = export_hf(final, model_dir, run_dir / "hf", command=list(command or sys.argv))
         log.info(f"HF export {out} (from {final}, with port_manifest.json)")
@@ -436,12 +408,12 @@ def train(recipe: Recipe, run_dir: str | Path, *, rank: int = 0, world_size: int
     return RunResult(run_dir, len(records), last_loss, trainer_graphs(trainer), len(trainer.shapes_seen))
 
 
-def run_manifest(recipe: Recipe, model_dir: Path, cfg, plan: data_mod.BatchSchedule, world_size: int,
+def run_manifest(recipe: Recipe, model_dir: Path, cfg, plan: BatchSchedule, world_size: int,
                  command: list[str] | None, start: int) -> rundir.RunManifest:
     """What this run is (manifest.json), as the run-directory format defines it."""
     from porting.diagnostics.doctor import doctor_report
     from porting.env import versions
-    from porting.train.recipe import recipe_dict
+    from porting.train.recipe.schema import recipe_dict
 
     return rundir.RunManifest(
         recipe=recipe_dict(recipe), versions=versions(), doctor=doctor_report(),
@@ -452,7 +424,7 @@ def run_manifest(recipe: Recipe, model_dir: Path, cfg, plan: data_mod.BatchSched
         resumed_from_step=start or None)
 
 
-def step_record(step: data_mod.Step, r: dict, lr: float, loss_scale: float) -> rundir.StepRecord:
+def step_record(step: Step, r: dict, lr: float, loss_scale: float) -> rundir.StepRecord:
     """One metrics.jsonl line from the step's plan and what ``Trainer.run_step`` measured."""
     tokens_per_s = step.global_real_tokens / r["step_time_s"] if r["step_time_s"] > 0 else 0.0
     return rundir.StepRecord(
@@ -477,12 +449,12 @@ def comm_record(rec: rundir.StepRecord, comm: CommWait, log: logging.Logger) -> 
 
 
 def trainer_graphs(trainer: Trainer) -> int:
-    from porting.train.step import compiled_graphs
+    from porting.train.run.step import compiled_graphs
 
     return compiled_graphs(*trainer.cells)
 
 
-def summarize(records: list[rundir.StepRecord], trainer: Trainer, plan: data_mod.BatchSchedule) -> rundir.SummaryRecord:
+def summarize(records: list[rundir.StepRecord], trainer: Trainer, plan: BatchSchedule) -> rundir.SummaryRecord:
     steady = [r for r in records if not r.compile]
     comp = [r for r in records if r.compile]
     med = float(np.median([r.step_time_s for r in steady])) if steady else 0.0

@@ -1,7 +1,7 @@
 """YAML with bounds: PyYAML's safe loader refusing, before anything is built, documents nested too deep,
 with too many aliases, or too large once aliases are expanded (a 1 KB 'billion laughs' names 10^9 nodes).
 
-Recipes are read through it (``porting.train.recipe``), and so is every ``--set`` value; any other
+Recipes are read through it (``porting.train.recipe.schema``), and so is every ``--set`` value; any other
 small YAML document a user hands port should be too.
 """
 

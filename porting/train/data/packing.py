@@ -25,9 +25,9 @@ from typing import Sequence
 
 import numpy as np
 
-from model_zoo.errors import PortingError, RecipeError
+from model_zoo.errors import RecipeError
+from porting.train.data.examples import IGNORE_INDEX, MicroBatch, TokenizedData
 
-IGNORE_INDEX = -100
 SLOT_CHOICES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 
 
@@ -108,10 +108,8 @@ def row_arrays(examples: Sequence, row: Sequence[int], seq: int, slots: int, pad
     return ids, labels, pos, seg, ends
 
 
-def pack_micro_batch(data, rows: Sequence[Sequence[int]], seq: int, slots: int):
-    """A :class:`porting.train.data.MicroBatch` of packed rows, with its position / segment tensors."""
-    from porting.train.data import MicroBatch
-
+def pack_micro_batch(data: TokenizedData, rows: Sequence[Sequence[int]], seq: int, slots: int):
+    """A :class:`MicroBatch` of packed rows, with its position / segment tensors."""
     parts = [row_arrays(data.examples, row, seq, slots, data.pad_id, r * seq) for r, row in enumerate(rows)]
     # seq here is the row length (row_length of data.max_seq_length and slots)
     x = np.stack([p[0] for p in parts])
@@ -121,35 +119,3 @@ def pack_micro_batch(data, rows: Sequence[Sequence[int]], seq: int, slots: int):
               np.asarray([e for p in parts for e in p[4]], np.int64))
     return MicroBatch(x, y, int((y[:, 1:] != IGNORE_INDEX).sum()), int(real),
                       tuple(int(i) for row in rows for i in row), packed)
-
-
-def padding_choices(recipe, tokenizer, data=None) -> dict:
-    """Padding of one epoch of the recipe's data under bucketing and under packing, side by side."""
-    from porting.train.data import build_plan, padding_stats, tokenize_dataset
-
-    data = data if data is not None else tokenize_dataset(recipe.data, tokenizer)
-    out = {}
-    for name, packed in (("bucketing", False), ("packing", True)):
-        r = recipe.model_copy(update={"batching": recipe.batching.model_copy(update={"packing": packed})})
-        plan = build_plan(r, tokenizer, None, data)   # the recipe's world size: its global batch
-        out[name] = {**padding_stats(plan), "steps_per_epoch": plan.steps_per_epoch,
-                     "segments_per_row": plan.slots, "shapes_list": list(plan.boundaries)}
-    return out
-
-
-def dry_run_padding(recipe) -> tuple[dict | None, str]:
-    """(padding_choices or None, one line for the dry-run plan); None where the data or the model's
-    tokenizer is not on this machine (a dry run may plan for a cluster)."""
-    from porting.model_paths import resolve_hf
-    from porting.tokenizer import load_tokenizer
-
-    try:
-        choices = padding_choices(recipe, load_tokenizer(resolve_hf(recipe.model.source)))
-    except PortingError as exc:
-        return None, f"padding: not measured ({str(exc).splitlines()[0]})"
-    b, p = choices["bucketing"], choices["packing"]
-    using = "packing" if recipe.batching.packing else "bucketing"
-    return choices, (f"padding per epoch (using {using}): bucketing {b['padding_fraction']:.1%} in {b['shapes']} "
-                     f"shape(s), {b['steps_per_epoch']} steps; packing {p['padding_fraction']:.1%} in rows of "
-                     f"{p['shapes_list'][0]} tokens with {p['segments_per_row']} segments, "
-                     f"{p['steps_per_epoch']} steps")

@@ -12,7 +12,7 @@ global_tokens`` (an input), so the summed gradients over micro-batches and ranks
 gradient of the step's mean token loss, whatever the lengths of the micro-batches.
 AdamW is written out to match ``torch.optim.AdamW`` term by term (the baseline compares against it).
 Mixed precision as Megatron / MindSpeed-LLM: bf16/fp16 parameters are the compute copy, AdamW keeps
-float32 master weights and moments (sharded with optimizer sharding: porting/train/zero.py), and gradients are all-reduced,
+float32 master weights and moments (sharded with optimizer sharding: porting/train/run/zero.py), and gradients are all-reduced,
 clipped and applied in float32 (``grad_fp32=False``: reduced in the parameter dtype, still applied to
 the float32 masters).
 When the gradients are not finite the update is skipped inside the graph (parameters and states keep
@@ -38,7 +38,7 @@ class LossNet(nn.Cell):
         self.parallel_loss = getattr(model, "parallel_loss", None)
 
     def construct(self, input_ids: Tensor, labels: Tensor, scale: Tensor, *packed):
-        # packed: positions, segment ids and sequence ends of packed rows (porting/train/packing.py)
+        # packed: positions, segment ids and sequence ends of packed rows (porting/train/data/packing.py)
         logits = self.model(input_ids, *packed)
         if self.parallel_loss is not None:
             total, count = self.parallel_loss(logits, labels)
@@ -240,7 +240,7 @@ class _Update(nn.Cell):
         super().__init__(auto_prefix=False)
         self.optimizer = optimizer
         self.grad_fp32 = grad_fp32
-        # ZeRO (porting/train/zero.py): the optimizer reduce-scatters, updates its shards and all-gathers;
+        # ZeRO (porting/train/run/zero.py): the optimizer reduce-scatters, updates its shards and all-gathers;
         # with stage 2 the accumulated buffers are already reduced shards.
         self.zero = getattr(optimizer, "stage", 0) > 0
         self.zero_reduced = getattr(optimizer, "stage", 0) == 2

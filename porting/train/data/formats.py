@@ -2,7 +2,7 @@
 
 A row becomes either :data:`Segments` (plain text; Alpaca with the recipe's prompt template) or a
 :class:`Conversation` (OpenAI ``messages``, ShareGPT ``conversations``, Alpaca with ``system`` /
-``history`` under a chat template), which :mod:`porting.train.chat` renders. Every problem of a row
+``history`` under a chat template), which :mod:`porting.train.data.chat` renders. Every problem of a row
 is a ``ValueError`` whose message the data pipeline counts with the row number.
 
 Formats and their sources (the test samples under ``tests/train/fixtures/`` are real files):

@@ -8,7 +8,7 @@ link figure is assumed between servers (unverified).
     compute_s = FLOPs of the rank / 390 TFLOPS     (6 P per token for the matmuls, + 6 L h s per token
                                                    for causal attention, x 4/3 with recompute; / TP)
     memory_s  = optimizer bytes read and written / 1.6 TB/s (weights, gradients, masters, m, v)
-    comm_s    = wire bytes of the collectives (porting.train.sharding) / 200 GB/s
+    comm_s    = wire bytes of the collectives (porting.train.plan.sharding) / 200 GB/s
     step_s    = compute_s + memory_s + comm_s     (port's step does not overlap communication)
 
 It is an estimate at the hardware's peak: real steps run at a fraction of it (a seed quotes about
@@ -29,7 +29,7 @@ TOP = 5
 
 def step_time(recipe, cfg: LlamaConfig) -> dict[str, float]:
     """Estimated seconds of one optimizer step on one rank, by part (see the module docstring)."""
-    from porting.train import comm, sharding
+    from porting.train.plan import comm, sharding
 
     tp, dp = recipe.parallel.tensor_parallel, recipe.data_parallel_size
     seq = recipe.data.max_seq_length
@@ -57,7 +57,7 @@ def _tp_options(recipe, cfg: LlamaConfig) -> list[int]:
 def proposals(recipe, cfg: LlamaConfig, with_overrides) -> list[dict[str, Any]]:
     """Settings (TP, DP, sharding, recompute) that fit the usable HBM at the recipe's global batch
     (micro-batch 1, accumulation to make up the rest), fastest first by :func:`step_time`."""
-    from porting.train.memory import estimate_memory, usable_hbm_gib
+    from porting.train.plan.memory import estimate_memory, usable_hbm_gib
 
     usable, world, gbs = usable_hbm_gib(recipe), recipe.world_size, recipe.global_batch_size
     out = []

@@ -1,0 +1,37 @@
+"""The dry run's padding statistics: one epoch of the recipe's data under bucketing and under packing,
+side by side (``port train --dry-run`` prints them under the plan, ``plan.json`` keeps them)."""
+
+from __future__ import annotations
+
+from model_zoo.errors import PortingError
+from porting.model_paths import resolve_hf
+from porting.tokenizer import load_tokenizer
+from porting.train.data.batching import build_plan, padding_stats
+from porting.train.data.tokenise import tokenize_dataset
+
+
+def padding_choices(recipe, tokenizer, data=None) -> dict:
+    """Padding of one epoch of the recipe's data under bucketing and under packing, side by side."""
+    data = data if data is not None else tokenize_dataset(recipe.data, tokenizer)
+    out = {}
+    for name, packed in (("bucketing", False), ("packing", True)):
+        r = recipe.model_copy(update={"batching": recipe.batching.model_copy(update={"packing": packed})})
+        plan = build_plan(r, tokenizer, None, data)   # the recipe's world size: its global batch
+        out[name] = {**padding_stats(plan), "steps_per_epoch": plan.steps_per_epoch,
+                     "segments_per_row": plan.slots, "shapes_list": list(plan.boundaries)}
+    return out
+
+
+def dry_run_padding(recipe) -> tuple[dict | None, str]:
+    """(padding_choices or None, one line for the dry-run plan); None where the data or the model's
+    tokenizer is not on this machine (a dry run may plan for a cluster)."""
+    try:
+        choices = padding_choices(recipe, load_tokenizer(resolve_hf(recipe.model.source)))
+    except PortingError as exc:
+        return None, f"padding: not measured ({str(exc).splitlines()[0]})"
+    b, p = choices["bucketing"], choices["packing"]
+    using = "packing" if recipe.batching.packing else "bucketing"
+    return choices, (f"padding per epoch (using {using}): bucketing {b['padding_fraction']:.1%} in {b['shapes']} "
+                     f"shape(s), {b['steps_per_epoch']} steps; packing {p['padding_fraction']:.1%} in rows of "
+                     f"{p['shapes_list'][0]} tokens with {p['segments_per_row']} segments, "
+                     f"{p['steps_per_epoch']} steps")

@@ -1,0 +1,67 @@
+"""The dry-run plan as text (``port train --dry-run``); ``--json`` is :meth:`TrainPlan.to_dict`."""
+
+from __future__ import annotations
+
+from porting.train.plan import roofline
+from porting.train.plan.make import TrainPlan
+
+
+def format_plan(plan: TrainPlan) -> str:
+    mem = plan.memory_gib_by_phase
+    prec = plan.precision
+    lines = [
+        f"model: {plan.model.parameters / 1e9:.3f} B parameters, {plan.model.num_hidden_layers} layers",
+        f"world size: {plan.hardware} = {plan.tensor_parallel} tensor parallel x {plan.data_parallel} data parallel"
+        + (" (no sequence parallel)" if plan.tensor_parallel > 1 and not plan.sequence_parallel else ""),
+        f"global batch: {plan.global_batch} = {plan.global_batch_formula}; up to "
+        f"{plan.max_tokens_per_step} tokens per step at seq {plan.max_seq_length}",
+        f"precision: params {prec['param_dtype']}, compute {prec['compute_dtype']}, "
+        f"loss scale {prec['loss_scale']['kind']}; recompute {plan.recompute}; "
+        f"optimizer sharding {plan.sharding.get('how', plan.optimizer_sharding)}",
+        f"mixed precision: {plan.mixed_precision}",
+        "memory per device (GiB):",
+    ]
+    for k in ("weights", "gradients", "optimizer_states", "master_weights", "gradients_fp32", "adamw_temporaries",
+              "activations", "activations_recompute", "backward_working_set", "comm_buffers", "sharding_buffers",
+              "hccl_buffers", "workspace"):
+        used = ""
+        if k == "activations" and plan.recompute or k == "activations_recompute" and not plan.recompute:
+            used = "  (not used)"
+        lines.append(f"  {k:<22} {mem[k]:>9.2f}{used}")
+    verdict = "fits" if plan.fits else "DOES NOT FIT"
+    lines.append(f"  {'total':<22} {mem['total']:>9.2f} of {plan.usable_hbm_gib:g} GiB usable "
+                 f"({plan.device_hbm_gib:g} GiB HBM) per device: {verdict}, margin {plan.margin_gib:.2f} GiB")
+    lines += [f"  change: {s}" for s in plan.suggestions]
+    if plan.proposals:
+        lines.append("working settings at the same global batch, fastest first (roofline estimate, porting/train/plan/roofline.py):")
+        lines += [f"  {i + 1}. {roofline.proposal_line(p)}" for i, p in enumerate(plan.proposals)]
+    if plan.estimated_step:
+        e = plan.estimated_step
+        lines.append(f"estimated step (roofline at the 910C peak, an estimate): {e['step_s']:.2f} s = compute "
+                     f"{e['compute_s']:.2f} + optimizer {e['memory_s']:.2f} + communication {e['comm_s']:.2f}")
+    lines += [f"warning: {w}" for w in plan.warnings]
+    lines += _collective_lines(plan)
+    ga = plan.gradient_allreduce
+    if ga.get("allreduce_ops") and not plan.sharding.get("enabled"):
+        lines.append(f"gradient all-reduce: {ga['gradients']} gradients in {ga['allreduce_ops']} AllReduce op(s), "
+                     f"largest bucket {max(ga['bucket_mib'])} MiB ({ga['how']})")
+    if plan.launch:
+        lines.append("env on every node: " + " ".join(f"{k}={v}" for k, v in plan.launch["env"].items())
+                     + f" (predicted checkpoint save {plan.launch['predicted_save_s']} s; {plan.launch['formula']})")
+        lines.append("must match on every node: " + ", ".join(plan.launch["same_on_every_node"]))
+    lines += [f"node {i}: {cmd}" for i, cmd in enumerate(plan.msrun_commands)]
+    return "\n".join(lines)
+
+
+def _collective_lines(plan: TrainPlan) -> list[str]:
+    if not plan.collectives:
+        return []
+    mib = lambda b: f"{b / (1 << 20):,.1f} MiB"  # noqa: E731
+    cb = plan.collective_bytes
+    out = [f"collectives per step per rank: payload {mib(cb['payload_bytes'])}, wire {mib(cb['wire_bytes'])} "
+           f"(data parallel {mib(cb['dp_wire_bytes'])}, tensor parallel {mib(cb['tp_wire_bytes'])}); "
+           + plan.collective_convention]
+    for c in plan.collectives:
+        out.append(f"  {c.op:<13} x{c.count:<5} {c.group} of {c.ranks:<3} payload {mib(c.payload_bytes):>14}  wire "
+                   f"{mib(c.wire_bytes):>14}  {c.purpose}")
+    return out

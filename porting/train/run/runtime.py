@@ -1,0 +1,43 @@
+"""MindSpore's process-wide setup for a training run: the device, graph mode, the device memory pool, and
+under msrun the collectives and their fusion."""
+
+from __future__ import annotations
+
+import os
+
+import mindspore as ms
+from mindspore.communication import init
+from mindspore.device_context.cpu.op_tuning import threads_num
+
+from porting.train.plan.comm import fusion_context
+from porting.train.plan.memory import usable_hbm_gib
+from porting.train.recipe.schema import Recipe
+
+
+def apply_memory_budget(recipe) -> str | None:
+    """On Ascend, cap MindSpore's device memory pool at the usable HBM; returns the size set."""
+    if recipe.cluster.device != "ascend":
+        return None
+    size = f"{usable_hbm_gib(recipe):g}GB"
+    ms.runtime.set_memory(max_size=size)
+    return size
+
+
+def configure_mindspore(recipe: Recipe, distributed: bool) -> None:
+    """GRAPH_MODE on the recipe's device, the memory pool capped, and under msrun the collectives' init and
+    the gradient all-reduce fusion of the recipe."""
+    target = {"cpu": "CPU", "ascend": "Ascend"}[recipe.cluster.device]
+    ms.set_context(mode=ms.GRAPH_MODE)
+    # set_device may run once, before any kernel; a process that already runs on the target (a
+    # second in-process run, a test session) keeps it.
+    if ms.get_context("device_target") != target:
+        ms.set_device(target)
+    apply_memory_budget(recipe)   # Ascend: the pool capped at the usable HBM the plan budgets
+    if distributed and recipe.cluster.device == "cpu":
+        # Workers share the host's cores: without a cap each spawns a thread per core and they thrash.
+        threads_num(max(1, (os.cpu_count() or 1) // recipe.cluster.devices_per_node))
+    if distributed:
+        init()
+        fusion = fusion_context(recipe.parallel.comm_fusion)   # {"openstate": False, "allreduce": ..} would re-enable it
+        ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL, gradients_mean=False,
+                                     device_num=recipe.world_size, comm_fusion=fusion)
