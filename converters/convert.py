@@ -13,7 +13,6 @@ every shape equal to what config.json implies, every dtype convertible.
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as _dt
 import json
 import os
@@ -24,12 +23,11 @@ from pathlib import Path
 from typing import Callable
 
 from converters import atomic, dtypes, names, shard_writer, tensor_writer
-from converters.safetensors_io import OutTensor, TensorInfo, encode_header
+from converters.layout import ConversionLayout, Direction, PlannedFile
+from converters.safetensors_io import OutTensor
 from converters.sources import (
     MANIFEST,
     MS_INDEX,
-    Source,
-    SourceFile,
     known_sha256,
     open_hf,
     open_ms,
@@ -46,21 +44,6 @@ COMPANION_FILES = ("config.json", "generation_config.json", "tokenizer.json", "t
 OUT_FORMATS = ("safetensors", "ckpt")
 
 
-@dataclasses.dataclass(frozen=True)
-class Direction:
-    """What differs between HF -> MS and MS -> HF, as data."""
-
-    name: str
-    table: Callable[[LlamaConfig], dict[str, str]]
-    ignored: Callable[[str], bool]
-    expected_shapes: Callable[[LlamaConfig], dict[str, tuple[int, ...]]]  # source-side names
-    out_metadata: dict[str, str]
-    opener: Callable[[Path], Source]
-    # pad output headers so the data sits at the source's offset within a page (cheaper kernel copies);
-    # off for MS -> HF, whose headers must come out byte-identical to the original HF files
-    align_headers: bool
-
-
 def _ms_shapes(cfg: LlamaConfig) -> dict[str, tuple[int, ...]]:
     table = names.NAME_MAPS[cfg.model_type]
     return {names.map_name(k, table): v for k, v in names.expected_hf_shapes(cfg).items()}
@@ -70,38 +53,6 @@ HF_TO_MS = Direction("hf->ms", lambda c: names.NAME_MAPS[c.model_type], names.is
                      names.expected_hf_shapes, {"format": "ms"}, open_hf, True)
 MS_TO_HF = Direction("ms->hf", lambda c: {v: k for k, v in names.NAME_MAPS[c.model_type].items()},
                      names.is_ignored_ms, _ms_shapes, {"format": "pt"}, open_ms, False)
-
-
-@dataclasses.dataclass(frozen=True)
-class PlannedFile:
-    src: SourceFile
-    out_name: str
-    tensors: tuple[tuple[TensorInfo, OutTensor], ...]  # (source, output) in source data order
-    skipped: tuple[str, ...]  # source tensors deliberately not converted (listed in the manifest)
-    metadata: dict[str, str]
-    align_with: int | None = None  # the source header length to align the output's data with
-
-    @property
-    def header(self) -> bytes:
-        return encode_header([o for _, o in self.tensors], self.metadata, self.align_with)
-
-    @property
-    def out_bytes(self) -> int:
-        return len(self.header) + sum(o.nbytes for _, o in self.tensors)
-
-
-@dataclasses.dataclass(frozen=True)
-class ConversionLayout:
-    """Every output file and tensor of one conversion, checked against config.json before any write."""
-
-    direction: Direction
-    source: Source
-    cfg: LlamaConfig
-    out_format: str
-    target_dtype: str | None
-    files: tuple[PlannedFile, ...]
-    index_metadata: dict | None  # for an HF index (restored on MS -> HF when known)
-    config_path: Path | None = None  # the config.json read (copied into the output)
 
 
 def _out_file_name(src_name: str, direction: Direction, out_format: str, restored: dict[str, str]) -> str:

@@ -7,15 +7,12 @@ from __future__ import annotations
 import hashlib
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from converters import dtypes
+from converters.layout import ConversionLayout, PlannedFile
 from converters.safetensors_io import OutTensor, TensorInfo, write_all
 from converters.sources import stream
 from model_zoo.errors import CheckpointError
-
-if TYPE_CHECKING:
-    from converters.convert import ConversionLayout, PlannedFile
 
 
 def tensor_record(o: OutTensor, digest: str, file: str, src: TensorInfo, src_file: str) -> dict:
@@ -24,7 +21,7 @@ def tensor_record(o: OutTensor, digest: str, file: str, src: TensorInfo, src_fil
             "source_name": src.name, "source_dtype": src.dtype, "source_file": src_file}
 
 
-def write_loaded(plan: "ConversionLayout", pf: "PlannedFile", out_path: Path, progress) -> list[dict]:
+def write_loaded(plan: ConversionLayout, pf: PlannedFile, out_path: Path, progress) -> list[dict]:
     """A .bin / .ckpt source (tensors loaded by torch / MindSpore) -> safetensors, chunk by chunk."""
     outs = {t.name: o for t, o in pf.tensors}
     tensor_hash: dict[str, object] = {}
@@ -54,7 +51,7 @@ def _ms_numpy_dtype(code: str):
     return {"F32": np.float32, "F16": np.float16}[code]
 
 
-def write_ckpt(plan: "ConversionLayout", pf: "PlannedFile", out_path: Path, progress,
+def write_ckpt(plan: ConversionLayout, pf: PlannedFile, out_path: Path, progress,
                 hash_source: bool) -> tuple[str | None, list[dict]]:
     """MindSpore's own .ckpt writer, one shard in memory at a time (it needs whole tensors)."""
     import mindspore as ms

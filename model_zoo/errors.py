@@ -35,6 +35,10 @@ class RecipeError(PortingError):
     """A training recipe does not validate."""
 
 
+class DiagnosticsError(PortingError):
+    """Input to a diagnostics command (log dir, rank table, run dir, model) is missing or unusable."""
+
+
 class VerificationError(PortingError):
     """A parity or round-trip check failed."""
 

@@ -70,3 +70,193 @@ def test_the_checks_see_the_whole_tree():
     mods = {_rel(p) for p in _modules()}
     assert {"porting/roundtrip.py", "converters/convert.py", "model_zoo/files.py"} <= mods and len(mods) > 50
 
+
+# --------------------------------------------------------------------------- the import graph (issue 20)
+# Packages import downwards only: porting -> converters -> model_zoo.
+PACKAGE_ORDER = ("porting", "converters", "model_zoo")
+# Inside porting/train, each job imports only itself and the jobs after it (the face, porting/train/__init__.py,
+# sits above them all).
+TRAIN_ORDER = ("run", "plan", "data", "recipe")
+# The jobs that plan and prepare data: a dry run and the torch baseline load them without MindSpore.
+NO_MINDSPORE = ("porting.train.recipe", "porting.train.data", "porting.train.plan")
+HEAVY = ("mindspore", "torch", "transformers")
+
+
+def _module_name(p: Path) -> str:
+    parts = list(p.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(tree: ast.AST, name: str, is_pkg: bool) -> list[tuple[str, int, bool]]:
+    """(imported module, line, inside a function) for every import of the tree, relative ones resolved;
+    ``from m import x`` yields ``m.x`` (a submodule or a name of ``m``: the graph keeps whichever exists)."""
+    local: set[int] = set()
+    for fn in ast.walk(tree):
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            local.update(id(n) for n in ast.walk(fn) if isinstance(n, (ast.Import, ast.ImportFrom)))
+    out = []
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Import):
+            out += [(a.name, n.lineno, id(n) in local) for a in n.names]
+        elif isinstance(n, ast.ImportFrom):
+            base = n.module or ""
+            if n.level:
+                pkg = name.split(".") if is_pkg else name.split(".")[:-1]
+                pkg = pkg[:len(pkg) - (n.level - 1)]
+                base = ".".join(pkg + ([base] if base else []))
+            out += [(f"{base}.{a.name}", n.lineno, id(n) in local) for a in n.names]
+    return out
+
+
+def import_graph() -> tuple[dict[str, set[str]], dict[str, list[tuple[str, int, bool]]]]:
+    """The modules of the packages and, for each, the modules of the packages it imports (module-level and
+    function-local imports both, TYPE_CHECKING ones too), and every import it makes (external ones as well)."""
+    mods = {_module_name(p): p for p in _modules()}
+    edges: dict[str, set[str]] = {m: set() for m in mods}
+    raw: dict[str, list[tuple[str, int, bool]]] = {}
+    for m, p in mods.items():
+        raw[m] = _imports(ast.parse(p.read_text(encoding="utf-8")), m, p.name == "__init__.py")
+        for target, _, _ in raw[m]:
+            while target and target not in mods:
+                target = target.rpartition(".")[0]
+            if target and target != m:
+                edges[m].add(target)
+    return edges, raw
+
+
+def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(edges[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def _train_job(m: str) -> str | None:
+    parts = m.split(".")
+    return parts[2] if len(parts) > 2 and parts[:2] == ["porting", "train"] else None
+
+
+def test_no_import_cycles():
+    edges, _ = import_graph()
+    assert len(edges) > 50 and any("porting.train.run.loop" in e for e in edges.values() if e)
+    cycles = _cycles(edges)
+    assert not cycles, f"import cycles (module-level and function-local imports): {cycles}"
+
+
+def test_packages_import_downwards_only():
+    edges, _ = import_graph()
+    rank = {p: i for i, p in enumerate(PACKAGE_ORDER)}
+    up = sorted(f"{a} -> {b}" for a, bs in edges.items() for b in bs
+                if rank[b.split(".")[0]] < rank[a.split(".")[0]])
+    assert not up, f"imports against {' -> '.join(PACKAGE_ORDER)}: {up}"
+
+
+def test_train_jobs_import_downwards_only():
+    edges, _ = import_graph()
+    rank = {j: i for i, j in enumerate(TRAIN_ORDER)}
+    jobs = {_train_job(m) for m in edges} - {None}
+    assert jobs == set(TRAIN_ORDER), f"porting/train/ holds {sorted(jobs)}; TRAIN_ORDER names {TRAIN_ORDER}"
+    up = sorted(f"{a} -> {b}" for a, bs in edges.items() for b in bs
+                if _train_job(a) and _train_job(b) and rank[_train_job(b)] < rank[_train_job(a)])
+    assert not up, f"imports against porting/train's order {' -> '.join(TRAIN_ORDER)}: {up}"
+    face = [f"{a} -> porting.train" for a, bs in edges.items() if "porting.train" in bs and _train_job(a)]
+    assert not face, f"a job imports the face (porting/train/__init__.py) above it: {face}"
+
+
+def test_planning_and_data_never_import_mindspore():
+    """Nothing plan/, data/ or recipe/ import, directly or through other modules of the packages, imports
+    MindSpore, even inside a function."""
+    edges, raw = import_graph()
+    for start in sorted(m for m in edges if m.startswith(NO_MINDSPORE)):
+        seen, todo, via = {start}, [start], {start: start}
+        while todo:
+            m = todo.pop()
+            for target, line, _ in raw[m]:
+                assert target.split(".")[0] != "mindspore", (
+                    f"{start} reaches MindSpore: {' <- '.join(_path(via, m))} imports {target} (line {line})")
+            for n in edges[m] - seen:
+                seen.add(n)
+                via[n] = m
+                todo.append(n)
+
+
+def _path(via: dict[str, str], m: str) -> list[str]:
+    out = [m]
+    while via[out[-1]] != out[-1]:
+        out.append(via[out[-1]])
+    return out
+
+
+def test_local_imports_in_train_defer_a_heavy_dependency():
+    """Inside porting/train a function-local import only defers a heavy dependency, and says so on its line."""
+    edges, raw = import_graph()
+    bad = []
+    for m in sorted(x for x in raw if _train_job(x) or x == "porting.train"):
+        lines = _modules_source(m).splitlines()
+        for target, line, local in raw[m]:
+            if local and "# deferred:" not in lines[line - 1]:
+                bad.append(f"{m}:{line} {target}")
+    assert not bad, f"function-local imports without a '# deferred: reason' comment: {bad}"
+
+
+def _modules_source(m: str) -> str:
+    p = ROOT / Path(*m.split("."))
+    return (p / "__init__.py" if p.is_dir() else p.with_suffix(".py")).read_text(encoding="utf-8")
+
+
+_DRY_RUN_WITHOUT_MINDSPORE = """
+import sys
+import porting.train as T
+import porting.train.data.batching, porting.train.data.padding, porting.train.data.packing, porting.train.data.chat
+import porting.train.plan.make, porting.train.plan.render, porting.train.plan.launch, porting.train.plan.roofline
+import porting.train.recipe.schema, porting.train.recipe.schedule
+rec = T.load_recipe(sys.argv[1], ["parallel.tensor_parallel=1"], check_files=False)   # refused: every planner path
+cfg, notes = T.plan_config(rec)
+T.check_tensor_parallel(rec, cfg, rec.model.source)
+plan = T.make_plan(rec, cfg, sys.argv[1], "runs/x", [])
+plan.padding, line = T.dry_run_padding(rec)
+text = T.format_plan(plan)
+assert not plan.fits and plan.proposals and "msrun" in text, text
+print("mindspore loaded" if "mindspore" in sys.modules else "no mindspore")
+"""
+
+
+def test_a_dry_run_plan_never_loads_mindspore():
+    """The face, recipe/, data/ and plan/ plan the 13B recipe (a refused variant: remedies and proposals too)
+    in a fresh interpreter without loading MindSpore, so a dry run works on a laptop."""
+    import os
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-c", _DRY_RUN_WITHOUT_MINDSPORE, str(ROOT / "recipes" / "13b-32card.yaml")],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.stdout.strip().splitlines()[-1] == "no mindspore", p.stdout[-2000:]

@@ -34,9 +34,11 @@ def command(as_json: bool, recipe: Path | None, overrides: tuple[str, ...], node
 
     if recipe is not None:
         from porting.cluster.preflight import render_preflight, run_preflight
+        from porting.diagnostics.diagnose import explain_failure
 
         rep = run_preflight(recipe, node_rank=node_rank, fingerprint_dir=fingerprint_dir,
-                            rank_table=str(rank_table) if rank_table else None, smoke=smoke, overrides=list(overrides))
+                            rank_table=str(rank_table) if rank_table else None, smoke=smoke, overrides=list(overrides),
+                            explain=explain_failure)
         click.echo(json.dumps(rep, indent=2, default=str) if as_json else render_preflight(rep))
         bad = [c for c in rep["checks"] if c["status"] == "fail"]
         if bad:

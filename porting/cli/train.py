@@ -61,7 +61,9 @@ def command(recipe: str, overrides: tuple[str, ...], dry_run: bool, as_json: boo
     _make_run_dir(out)
     write_atomic(out / "plan.json", json.dumps(plan.to_dict(), indent=2), error=RecipeError)
     if rec.world_size == 1:
-        res = T.train(rec, out, resume=resume, command=sys.argv)
+        from porting.diagnostics.doctor import doctor_report
+
+        res = T.train(rec, out, resume=resume, command=sys.argv, doctor=doctor_report)
         click.echo(f"done: {res.steps_done} steps, final loss {res.last_loss:.4f}; run directory {out}")
         return
     T.launch_msrun(rec, recipe, list(overrides), out, resume, launch_node, plan.launch.get("env", {}))
@@ -70,8 +72,9 @@ def command(recipe: str, overrides: tuple[str, ...], dry_run: bool, as_json: boo
 def _preflight(rec: T.Recipe, out: Path, node_rank: int) -> None:
     """porting/cluster/preflight.py's launch checks; the first failure stops the launch in one line."""
     from porting.cluster.preflight import run_train_preflight
+    from porting.diagnostics.diagnose import explain_failure
 
-    rep = run_train_preflight(rec, out, node_rank)
+    rep = run_train_preflight(rec, out, node_rank, explain=explain_failure)
     bad = [c for c in rep["checks"] if c["status"] == "fail"]
     if bad:
         raise PortingError(f"preflight: {bad[0]['check']}: {bad[0]['detail']} (or skip the check: --no-preflight)")

@@ -10,9 +10,9 @@ import os
 import re
 from pathlib import Path
 
+from model_zoo.errors import DiagnosticsError
 from model_zoo.files import read_text, write_atomic
 from porting.cluster.ranktable import SUPPORTED, version_of
-from porting.diagnostics import DiagnosticsError
 
 MAX_HCCN_CONF_BYTES = 1 << 20
 

@@ -26,9 +26,11 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
+from model_zoo.errors import DiagnosticsError
 from model_zoo.files import read_json_object, write_atomic
-from porting.diagnostics import DiagnosticsError
+from porting.train.recipe.schema import Recipe
 
 OK, WARN, FAIL, INFO = "ok", "warn", "fail", "info"
 STALE_LAUNCHERS = ("msrun", "torchrun")   # argv[0] of a launcher
@@ -209,8 +211,13 @@ def compare_fingerprints(directory: Path, nodes: int) -> dict:
     return _row("env fingerprint", OK, f"{len(prints)} node(s) agree on {len(ref.get('knobs', {}))} knob(s) and versions")
 
 
-def smoke_allreduce(workers: int, port: int, timeout_s: float = 60.0, device: str = "CPU") -> dict:
-    """msrun runs one real AllReduce on ``workers`` local workers; a failure comes with a diagnosis."""
+Explain = Callable[[Path, int], str]   # (msrun log dir, workers) -> why the run failed, in one line
+
+
+def smoke_allreduce(workers: int, port: int, timeout_s: float = 60.0, device: str = "CPU",
+                    explain: Explain | None = None) -> dict:
+    """msrun runs one real AllReduce on ``workers`` local workers; a failure comes with ``explain``'s
+    diagnosis of its logs (the caller's: `port diagnose`, above this package)."""
     msrun = shutil.which("msrun", path=str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""))
     if msrun is None:
         return _row("smoke all-reduce", FAIL, "msrun not found (it comes with mindspore); pip install mindspore")
@@ -231,18 +238,13 @@ def smoke_allreduce(workers: int, port: int, timeout_s: float = 60.0, device: st
     if ok:
         shutil.rmtree(logdir, ignore_errors=True)
         return _row("smoke all-reduce", OK, f"{workers} worker(s) under msrun agreed on one AllReduce")
-    from porting.diagnostics.diagnose import diagnose
-
-    try:
-        d = diagnose(logdir, jobs=1, world_size=workers)
-        why = f"rank {d['first_failing_rank']}: {d['reason'][:200]}"
-    except DiagnosticsError as e:
-        why = str(e)
+    why = explain(logdir, workers) if explain else "not diagnosed (port diagnose LOG_DIR explains it)"
     return _row("smoke all-reduce", FAIL, f"the AllReduce under msrun failed; diagnosis: {why} (logs: {logdir})")
 
 
 def run_preflight(recipe_path: str | os.PathLike, *, node_rank: int = 0, fingerprint_dir: Path | None = None,
-                  rank_table: str | None = None, smoke: bool = True, overrides: list[str] | None = None) -> dict:
+                  rank_table: str | None = None, smoke: bool = True, overrides: list[str] | None = None,
+                  explain: Explain | None = None) -> dict:
     """Every check for this node; ``ok`` is False when one fails."""
     from porting.train.recipe.schema import load_recipe
 
@@ -267,14 +269,16 @@ def run_preflight(recipe_path: str | os.PathLike, *, node_rank: int = 0, fingerp
     if smoke and rows[0]["status"] != FAIL and master_here:
         workers = min(2, c.devices_per_node) if c.device == "cpu" else c.devices_per_node
         port = _free_port()
-        rows.append(smoke_allreduce(max(workers, 2), port, device="CPU" if c.device == "cpu" else "Ascend"))
+        rows.append(smoke_allreduce(max(workers, 2), port, device="CPU" if c.device == "cpu" else "Ascend",
+                                    explain=explain))
     elif smoke:
         rows.append(_row("smoke all-reduce", INFO, "run on the master node (or fix the rows above first)"))
     return {"recipe": str(recipe_path), "node_rank": node_rank, "master": f"{c.master_addr}:{c.master_port}",
             "world_size": recipe.world_size, "checks": rows, "ok": not any(r["status"] == FAIL for r in rows)}
 
 
-def run_train_preflight(recipe, run_dir: Path, node_rank: int = 0, smoke: bool | None = None) -> dict:
+def run_train_preflight(recipe: Recipe, run_dir: Path, node_rank: int = 0, smoke: bool | None = None,
+                        explain: Explain | None = None) -> dict:
     """What `port train` checks on this node before it launches, cheap unless a cluster is involved.
 
     Always: no training process uses this run directory, and on Ascend no process holds this node's
@@ -298,7 +302,7 @@ def run_train_preflight(recipe, run_dir: Path, node_rank: int = 0, smoke: bool |
     want_smoke = c.device == "ascend" if smoke is None else smoke
     if want_smoke and node_rank == 0 and c.devices_per_node > 1 and not any(r["status"] == FAIL for r in rows):
         rows.append(smoke_allreduce(c.devices_per_node if c.device == "ascend" else 2, _free_port(),
-                                    device="Ascend" if c.device == "ascend" else "CPU"))
+                                    device="Ascend" if c.device == "ascend" else "CPU", explain=explain))
     return {"node_rank": node_rank, "master": f"{c.master_addr}:{c.master_port}", "world_size": recipe.world_size,
             "checks": rows, "ok": not any(r["status"] == FAIL for r in rows)}
 
@@ -331,7 +335,7 @@ def check_stale_for_run(run_dir: Path, node_rank: int, devices: list[int] | None
                 + f": {listing}; stop them (kill PID) or choose another --run-dir")
 
 
-def launch_devices(recipe) -> list[int] | None:
+def launch_devices(recipe: Recipe) -> list[int] | None:
     """The NPUs this node's job opens: ASCEND_RT_VISIBLE_DEVICES, else 0..devices_per_node-1 (Ascend)."""
     if recipe.cluster.device != "ascend":
         return None

@@ -25,9 +25,9 @@ from typing import Any, Iterable
 
 from pydantic import BaseModel, ValidationError
 
+from model_zoo.errors import DiagnosticsError
 from model_zoo.files import parse_json, read_text
 from porting.cluster.ranktable_models import Device, RankTable, Server, ServerHead, SuperPod, nonneg_int  # noqa: F401
-from porting.diagnostics import DiagnosticsError
 
 SUPPORTED = ("1.0", "1.2")
 MAX_SERVER_ID = 64

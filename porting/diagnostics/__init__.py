@@ -9,13 +9,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from model_zoo.errors import PortingError
+from model_zoo.errors import DiagnosticsError  # noqa: F401 (the diagnostics commands' error, by its old name)
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
-
-
-class DiagnosticsError(PortingError):
-    """Input to a diagnostics command (log dir, rank table, run dir, model) is missing or unusable."""
 
 
 def load_yaml(name: str) -> dict:

@@ -121,6 +121,16 @@ def _group_members(scans: list[FileScan]) -> dict[tuple[str, int], tuple[int, st
     return out
 
 
+def explain_failure(log_dir: Path, workers: int) -> str:
+    """One line on why an msrun run of ``workers`` failed (the preflight's smoke all-reduce): the first
+    failing rank and its reason, or why its logs could not be read."""
+    try:
+        d = diagnose(log_dir, jobs=1, world_size=workers)
+    except DiagnosticsError as e:
+        return str(e)
+    return f"rank {d['first_failing_rank']}: {d['reason'][:200]}"
+
+
 def diagnose(logdir: str | os.PathLike, jobs: int | None = None, world_size: int | None = None,
              rank_table: str | os.PathLike | None = None) -> dict:
     """Diagnose a job's logs; the returned dict is what ``--json`` prints. With ``world_size``,

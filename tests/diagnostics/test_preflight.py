@@ -202,5 +202,8 @@ def test_stale_training_process_is_found():
 def test_smoke_allreduce_under_msrun_passes_and_a_failure_is_diagnosed():
     ok = preflight.smoke_allreduce(2, free_port(), timeout_s=60)
     assert ok["status"] == "ok", ok["detail"]
-    bad = preflight.smoke_allreduce(2, free_port(), timeout_s=10, device="Ascend")   # no NPU on this machine
+    from porting.diagnostics.diagnose import explain_failure   # the caller's diagnosis, as `port doctor` passes it
+
+    bad = preflight.smoke_allreduce(2, free_port(), timeout_s=10, device="Ascend",   # no NPU on this machine
+                                    explain=explain_failure)
     assert bad["status"] == "fail" and "diagnosis: rank" in bad["detail"]

@@ -43,6 +43,7 @@ from model_zoo.errors import RecipeError
 from porting.train.data import packing
 from porting.train.data.examples import IGNORE_INDEX, MicroBatch, TokenizedData, split_eval
 from porting.train.data.tokenise import tokenize_dataset
+from porting.train.recipe.schema import Recipe
 
 
 @dataclass(frozen=True)
@@ -108,7 +109,7 @@ def choose_boundaries(lengths: np.ndarray, max_shapes: int, multiple: int, max_l
     return sorted(set(out))
 
 
-def bucket_boundaries(data: TokenizedData, recipe) -> list[int]:
+def bucket_boundaries(data: TokenizedData, recipe: Recipe) -> list[int]:
     b = recipe.batching.bucketing
     max_len = recipe.data.max_seq_length
     longest = int(data.lengths.max())
@@ -227,7 +228,7 @@ class BatchSchedule:
                 "packing": self.rows is not None, "packed_rows": len(self.rows or ()), "segments_per_row": self.slots}
 
 
-def build_plan(recipe, tokenizer, world_size: int | None = None, data: TokenizedData | None = None) -> BatchSchedule:
+def build_plan(recipe: Recipe, tokenizer, world_size: int | None = None, data: TokenizedData | None = None) -> BatchSchedule:
     """The run's :class:`BatchSchedule` (tokenises the data unless ``data`` is given)."""
     data = data if data is not None else tokenize_dataset(recipe.data, tokenizer)
     world = world_size or recipe.world_size

@@ -225,7 +225,7 @@ def _check_rows(where: Path, rows: int) -> None:
 
 
 def _parquet_rows(path: Path) -> list[dict]:
-    import pyarrow.parquet as pq
+    import pyarrow.parquet as pq  # deferred: pyarrow loads only for a Parquet file
 
     meta = pq.ParquetFile(str(path)).metadata   # the footer only: rows and sizes before any data
     _check_rows(path, meta.num_rows)
@@ -242,7 +242,7 @@ def read_table_rows(path: Path, split: str) -> list[tuple[int, Any]]:
     check_table_size(path)
     try:
         if path.is_dir():
-            import datasets
+            import datasets  # deferred: the datasets library loads only for a saved datasets directory
 
             ds = datasets.load_from_disk(str(path))   # memory-mapped: nothing decoded yet
             if isinstance(ds, datasets.DatasetDict):

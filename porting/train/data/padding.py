@@ -8,21 +8,21 @@ from porting.model_paths import resolve_hf
 from porting.tokenizer import load_tokenizer
 from porting.train.data.batching import build_plan, padding_stats
 from porting.train.data.tokenise import tokenize_dataset
+from porting.train.recipe.schema import Recipe
 
 
-def padding_choices(recipe, tokenizer, data=None) -> dict:
+def padding_choices(recipe: Recipe, tokenizer, data=None) -> dict:
     """Padding of one epoch of the recipe's data under bucketing and under packing, side by side."""
     data = data if data is not None else tokenize_dataset(recipe.data, tokenizer)
     out = {}
     for name, packed in (("bucketing", False), ("packing", True)):
-        r = recipe.model_copy(update={"batching": recipe.batching.model_copy(update={"packing": packed})})
-        plan = build_plan(r, tokenizer, None, data)   # the recipe's world size: its global batch
+        plan = build_plan(recipe.with_overrides({"batching.packing": packed}), tokenizer, None, data)   # the recipe's world size: its global batch
         out[name] = {**padding_stats(plan), "steps_per_epoch": plan.steps_per_epoch,
                      "segments_per_row": plan.slots, "shapes_list": list(plan.boundaries)}
     return out
 
 
-def dry_run_padding(recipe) -> tuple[dict | None, str]:
+def dry_run_padding(recipe: Recipe) -> tuple[dict | None, str]:
     """(padding_choices or None, one line for the dry-run plan); None where the data or the model's
     tokenizer is not on this machine (a dry run may plan for a cluster)."""
     try:

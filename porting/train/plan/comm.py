@@ -19,6 +19,10 @@ from __future__ import annotations
 
 import math
 
+from model_zoo.config import LlamaConfig
+from porting.train.plan.layout import DTYPE_BYTES, Bucket, Layout
+from porting.train.recipe.schema import Recipe
+
 THRESHOLD_UNIT_BYTES = 262144      # bytes per configured "MB" in the backend pass
 AUTO_THRESHOLD = 64                # MindSpore's auto mode
 # What `port` assumes a node writes a checkpoint at (shared filesystem, per node); an estimate.
@@ -70,7 +74,7 @@ def gradient_buckets(grad_bytes: list[int], cf) -> list[list[int]]:
     return out
 
 
-def parameter_numels(cfg, tp: int = 1) -> list[int]:
+def parameter_numels(cfg: LlamaConfig, tp: int = 1) -> list[int]:
     """Elements of every trainable parameter on one tensor-parallel rank, in `model_zoo.llama` order.
     Megatron's split: q/k/v and gate/up column-parallel, o and down row-parallel, embedding and LM head
     vocab-parallel (all divided by ``tp``); the norms replicated."""
@@ -83,13 +87,34 @@ def parameter_numels(cfg, tp: int = 1) -> list[int]:
     return sizes
 
 
-def gradient_sizes(cfg, tp: int = 1) -> list[int]:
+def flat_buckets(numels: list[int], elem_bytes: int, cf, dp: int) -> list[Bucket]:
+    """Buckets as the comm_fusion setting forms them (:func:`gradient_buckets` on the gradient bytes)."""
+    out = []
+    for idx in gradient_buckets([n * elem_bytes for n in numels], cf):
+        n = sum(numels[i] for i in idx)
+        out.append(Bucket(tuple(idx), n, -(-n // dp) * dp))
+    return out
+
+
+def layout_shapes(recipe: Recipe, cfg: LlamaConfig) -> Layout:
+    """The plan's :class:`Layout` without its sharding choice (``sharding.layout_for`` adds it): the one
+    place the parameters of a tensor-parallel rank and the flat buckets are computed."""
+    tp, dp = recipe.parallel.tensor_parallel, recipe.data_parallel_size
+    prec = recipe.precision
+    reduce_bytes = 4 if prec.grad_reduce_dtype == "float32" else DTYPE_BYTES[prec.param_dtype]
+    numels = parameter_numels(cfg, tp)
+    sharded = recipe.parallel.optimizer_sharding and dp > 1
+    buckets = tuple(flat_buckets(numels, reduce_bytes, recipe.parallel.comm_fusion, dp)) if sharded else ()
+    return Layout(tp, dp, sharded, reduce_bytes, tuple(numels), buckets)
+
+
+def gradient_sizes(cfg: LlamaConfig, tp: int = 1) -> list[int]:
     """fp32 bytes of every trainable gradient in `model_zoo.llama` parameter order (the reducer casts
     to float32 before its all-reduce)."""
     return [4 * s for s in parameter_numels(cfg, tp)]
 
 
-def fusion_plan(recipe, cfg, grad_bytes: list[int] | None = None) -> dict:
+def fusion_plan(recipe: Recipe, cfg: LlamaConfig, grad_bytes: list[int] | None = None) -> dict:
     """How the gradient all-reduce is bucketed, for the dry-run plan."""
     cf = recipe.parallel.comm_fusion
     sizes = grad_bytes if grad_bytes is not None else gradient_sizes(cfg)
@@ -100,32 +125,32 @@ def fusion_plan(recipe, cfg, grad_bytes: list[int] | None = None) -> dict:
                    "in DATA_PARALLEL" if cf.enabled else "fusion off: one AllReduce per gradient"}
 
 
-def checkpoint_bytes(recipe, cfg) -> float:
+def checkpoint_bytes(recipe: Recipe, layout: Layout) -> float:
     """Bytes the busiest rank writes at a checkpoint: its weights, AdamW m and v and fp32 masters (their
     data-parallel shard when sharded)."""
-    p = float(sum(parameter_numels(cfg, recipe.parallel.tensor_parallel)))   # this rank's tensor-parallel slice
-    pb = {"float32": 4, "bfloat16": 2, "float16": 2}[recipe.precision.param_dtype]
+    p = float(layout.parameters)   # this rank's tensor-parallel slice
+    pb = DTYPE_BYTES[recipe.precision.param_dtype]
     dp = recipe.data_parallel_size if recipe.parallel.optimizer_sharding else 1
     masters = 4 * p / dp if pb != 4 else 0.0
     return p * pb + 8 * p / dp + masters
 
 
-def hccl_env(recipe, cfg) -> dict:
+def hccl_env(recipe: Recipe, layout: Layout) -> dict:
     """HCCL timeouts that outlast a checkpoint save (ranks wait in a collective while one rank writes).
 
     save_s = checkpoint_bytes / SAVE_BYTES_PER_S (0.5 GiB/s assumed, an estimate);
     HCCL_EXEC_TIMEOUT = max(1836, ceil(3 x save_s) + 600); HCCL_CONNECT_TIMEOUT = max(600, ceil(2 x save_s) + 120)
     (a resumed run connects after loading the same bytes).
     """
-    save_s = checkpoint_bytes(recipe, cfg) / SAVE_BYTES_PER_S
+    save_s = checkpoint_bytes(recipe, layout) / SAVE_BYTES_PER_S
     return {"HCCL_CONNECT_TIMEOUT": str(max(HCCL_CONNECT_FLOOR_S, math.ceil(2 * save_s) + 120)),
             "HCCL_EXEC_TIMEOUT": str(max(HCCL_EXEC_FLOOR_S, math.ceil(3 * save_s) + 600))}
 
 
-def launch_plan(recipe, cfg) -> dict:
+def launch_plan(recipe: Recipe, layout: Layout) -> dict:
     """The per-node environment of a multi-device run and how it was derived."""
-    save_s = checkpoint_bytes(recipe, cfg) / SAVE_BYTES_PER_S
-    return {"env": hccl_env(recipe, cfg), "predicted_save_s": round(save_s, 1),
+    save_s = checkpoint_bytes(recipe, layout) / SAVE_BYTES_PER_S
+    return {"env": hccl_env(recipe, layout), "predicted_save_s": round(save_s, 1),
             "formula": "save_s = checkpoint bytes of the busiest rank / 0.5 GiB/s (estimate); "
                        "HCCL_EXEC_TIMEOUT = max(1836, ceil(3 save_s) + 600); "
                        "HCCL_CONNECT_TIMEOUT = max(600, ceil(2 save_s) + 120)",

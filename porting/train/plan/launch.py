@@ -6,6 +6,8 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
+from porting.train.recipe.schema import Recipe
+
 # The script msrun starts on every worker (porting/train/run/worker.py), named here as a path, not imported:
 # planning never loads the run side (MindSpore).
 WORKER_SCRIPT = Path(__file__).parents[1] / "run" / "worker.py"
@@ -15,7 +17,7 @@ def worker_script() -> Path:
     return WORKER_SCRIPT
 
 
-def msrun_commands(recipe: "Recipe", recipe_path: str, run_dir: str, overrides: list[str] | None = None,
+def msrun_commands(recipe: Recipe, recipe_path: str, run_dir: str, overrides: list[str] | None = None,
                    resume: bool = False, python_path_hint: bool = False) -> list[str]:
     """The exact command of every node (node_rank 0 hosts the scheduler at master_addr)."""
     c = recipe.cluster

@@ -12,10 +12,13 @@ from pathlib import Path
 from typing import Any, Callable
 
 from model_zoo.config import LlamaConfig, divisibility_problems
-from model_zoo.errors import RecipeError
+from model_zoo import presets
+from model_zoo.errors import RecipeError, UnknownModelError
+from porting.model_paths import resolve_hf
 from porting.train.plan import comm, roofline, sharding
 from porting.train.plan.launch import msrun_commands
 from porting.train.plan.memory import estimate_memory, usable_hbm_gib
+from porting.train.plan.layout import ShardingChoice
 from porting.train.plan.sharding import Collective
 from porting.train.recipe import hardware
 from porting.train.recipe.schema import Recipe
@@ -25,53 +28,46 @@ from porting.train.recipe.schema import Recipe
 @dataclass(frozen=True)
 class Remedy:
     change: str                        # the --set overrides, as the user types them
-    applies: Callable[[object], bool]
-    overrides: Callable[[object], dict]
-
-
-def _with(recipe, **paths) -> object:
-    raw = recipe.model_dump(mode="json")
-    for key, value in paths.items():
-        node = raw
-        parts = key.split("__")
-        for part in parts[:-1]:
-            node = node[part]
-        node[parts[-1]] = value
-    return type(recipe).model_validate(raw)
+    applies: Callable[[Recipe], bool]
+    overrides: Callable[[Recipe], dict[str, Any]]   # {"section.key": value}, for Recipe.with_overrides
 
 
 REMEDIES: list[Remedy] = [
-    Remedy("memory.recompute=true", lambda r: not r.memory.recompute, lambda r: {"memory__recompute": True}),
+    Remedy("memory.recompute=true", lambda r: not r.memory.recompute, lambda r: {"memory.recompute": True}),
     Remedy("parallel.optimizer_sharding=true", lambda r: r.world_size > 1 and not r.parallel.optimizer_sharding,
-           lambda r: {"parallel__optimizer_sharding": True}),
+           lambda r: {"parallel.optimizer_sharding": True}),
     Remedy("batching.micro_batch_size=1 with grad_accum_steps x micro (same global batch)",
            lambda r: r.batching.micro_batch_size > 1,
-           lambda r: {"batching__micro_batch_size": 1,
-                      "batching__grad_accum_steps": r.batching.grad_accum_steps * r.batching.micro_batch_size}),
+           lambda r: {"batching.micro_batch_size": 1,
+                      "batching.grad_accum_steps": r.batching.grad_accum_steps * r.batching.micro_batch_size}),
     Remedy("precision.param_dtype=bfloat16 (fp32 AdamW states kept)",
            lambda r: r.cluster.device == "ascend" and r.precision.param_dtype == "float32",
-           lambda r: {"precision__param_dtype": "bfloat16", "precision__compute_dtype": "bfloat16"}),
+           lambda r: {"precision.param_dtype": "bfloat16", "precision.compute_dtype": "bfloat16"}),
     Remedy("data.max_seq_length halved", lambda r: r.data.max_seq_length >= 1024,
-           lambda r: {"data__max_seq_length": r.data.max_seq_length // 2}),
+           lambda r: {"data.max_seq_length": r.data.max_seq_length // 2}),
 ]
 
 
-def suggestions(cfg: LlamaConfig, recipe, hbm: float) -> list[str]:
+def _estimate(cfg: LlamaConfig, recipe: Recipe) -> dict[str, float]:
+    """The memory of a candidate recipe, its layout computed once."""
+    return estimate_memory(cfg, recipe, layout=sharding.layout_for(recipe, cfg))
+
+
+def suggestions(cfg: LlamaConfig, recipe: Recipe, hbm: float) -> list[str]:
     """Each remedy alone, then all of them together, with the total it gives."""
     out = []
     combined = recipe
     for rem in REMEDIES:
         if not rem.applies(recipe):
             continue
-        alt = _with(recipe, **rem.overrides(recipe))
-        total = estimate_memory(cfg, alt)["total"]
+        total = _estimate(cfg, recipe.with_overrides(rem.overrides(recipe)))["total"]
         out.append(f"{rem.change} -> {total:.1f} GiB" + (" (fits)" if total <= hbm else ""))
-        combined = _with(combined, **rem.overrides(combined)) if rem.applies(combined) else combined
+        combined = combined.with_overrides(rem.overrides(combined)) if rem.applies(combined) else combined
+    mem = _estimate(cfg, combined) if len(out) > 1 or not any("(fits)" in o for o in out) else {}
     if len(out) > 1:
-        total = estimate_memory(cfg, combined)["total"]
+        total = mem["total"]
         out.append(f"all of the above -> {total:.1f} GiB" + (" (fits)" if total <= hbm else ""))
     if not any("(fits)" in o for o in out):
-        mem = estimate_memory(cfg, combined)
         floor = sum(mem[k] for k in ("weights", "gradients", "optimizer_states", "master_weights", "gradients_fp32"))
         out.append(f"none of these alone fits: the parameters, their gradients, fp32 masters and AdamW states take "
                    f"{floor:.1f} GiB per device at tensor parallel {recipe.parallel.tensor_parallel}; see the proposed "
@@ -96,7 +92,6 @@ class ModelShape:
 @dataclass
 class TrainPlan:
     """What `port train --dry-run` prints and ``plan.json`` holds (its :meth:`to_dict`)."""
-
     model: ModelShape
     device: str
     nodes: int
@@ -140,15 +135,18 @@ class TrainPlan:
         return dataclasses.asdict(self)
 
 
-def make_plan(recipe, cfg: LlamaConfig, recipe_path: str, run_dir: str, overrides: list[str] | None = None,
+def make_plan(recipe: Recipe, cfg: LlamaConfig, recipe_path: str, run_dir: str, overrides: list[str] | None = None,
               resume: bool = False) -> TrainPlan:
-    choice = sharding.choose(recipe, cfg)
-    mem = estimate_memory(cfg, recipe, zero_stage=choice.stage or None)
+    """The plan of a recipe: its :class:`~porting.train.plan.layout.Layout` is computed once and every part
+    of the plan is derived from it."""
+    layout = sharding.layout_for(recipe, cfg)
+    choice = layout.choice
+    mem = estimate_memory(cfg, recipe, zero_stage=choice.stage or None, layout=layout)
     usable = usable_hbm_gib(recipe)
     fits = mem["total"] <= usable
     b, multi = recipe.batching, recipe.world_size > 1
     tp, dp = recipe.parallel.tensor_parallel, recipe.data_parallel_size
-    cols = sharding.collectives(recipe, cfg, choice)
+    cols = sharding.collectives(recipe, cfg, choice, layout=layout)
     return TrainPlan(
         model=ModelShape(cfg.num_parameters(), cfg.hidden_size, cfg.num_hidden_layers, cfg.vocab_size),
         device=recipe.cluster.device, nodes=recipe.cluster.nodes, devices_per_node=recipe.cluster.devices_per_node,
@@ -162,17 +160,17 @@ def make_plan(recipe, cfg: LlamaConfig, recipe_path: str, run_dir: str, override
         mixed_precision=mixed_precision(recipe), recompute=recipe.memory.recompute,
         optimizer_sharding=recipe.parallel.optimizer_sharding,
         comm_fusion=recipe.parallel.comm_fusion.model_dump(mode="json"),
-        gradient_allreduce=comm.fusion_plan(recipe, cfg), launch=comm.launch_plan(recipe, cfg) if multi else {},
+        gradient_allreduce=comm.fusion_plan(recipe, cfg), launch=comm.launch_plan(recipe, layout) if multi else {},
         memory_gib_by_phase=mem, device_hbm_gib=recipe.cluster.device_hbm_gib, usable_hbm_gib=usable,
         margin_gib=round(usable - mem["total"], 3), fits=fits,
         suggestions=[] if fits else suggestions(cfg, recipe, usable),
-        proposals=[] if fits else roofline.proposals(recipe, cfg, _with),
-        estimated_step=roofline.step_time(recipe, cfg) if recipe.cluster.device == "ascend" else {},
+        proposals=[] if fits else roofline.proposals(recipe, cfg),
+        estimated_step=roofline.step_time(recipe, cfg, layout) if recipe.cluster.device == "ascend" else {},
         msrun_commands=msrun_commands(recipe, recipe_path, run_dir, overrides, resume) if multi else [],
-        warnings=plan_warnings(recipe, cfg))
+        warnings=plan_warnings(recipe, cfg, choice))
 
 
-def mixed_precision(recipe) -> str:
+def mixed_precision(recipe: Recipe) -> str:
     """How the step treats the dtypes, in one line (step.AdamW / step._Update)."""
     p = recipe.precision
     if p.param_dtype == "float32":
@@ -186,9 +184,8 @@ def mixed_precision(recipe) -> str:
             f"accumulated and {how} in {reduce}, clipped in float32 and applied to the float32 masters{scale}")
 
 
-def plan_warnings(recipe, cfg: LlamaConfig) -> list[str]:
+def plan_warnings(recipe: Recipe, cfg: LlamaConfig, choice: ShardingChoice) -> list[str]:
     w = []
-    choice = sharding.choose(recipe, cfg)
     if choice.enabled:
         w.append("parallel.optimizer_sharding: each data-parallel rank keeps the AdamW states (and fp32 masters of "
                  "bf16/fp16 parameters) of its flat shard; checkpoints need a filesystem shared by all nodes")
@@ -206,12 +203,9 @@ def plan_warnings(recipe, cfg: LlamaConfig) -> list[str]:
     return w
 
 
-def plan_config(recipe) -> tuple[LlamaConfig, list[str]]:
+def plan_config(recipe: Recipe) -> tuple[LlamaConfig, list[str]]:
     """The architecture for a dry run: the checkpoint's config.json when it is here, else the zoo
     preset's copy of that config.json (a plan for a cluster whose checkpoint is not on this machine)."""
-    from model_zoo import presets
-    from model_zoo.errors import UnknownModelError
-    from porting.model_paths import resolve_hf
 
     notes = []
     if not Path(recipe.data.path).exists():   # a file, or a datasets directory

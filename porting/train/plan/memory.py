@@ -45,16 +45,19 @@ bf16 params and states, seq 4096, micro 1 peaks at 62.1 GiB without checkpointin
 from __future__ import annotations
 
 from model_zoo.config import LlamaConfig
+from porting.train.plan.comm import layout_shapes
+from porting.train.plan.layout import DTYPE_BYTES, Layout
+from porting.train.recipe.schema import Recipe
 
 GIB = float(1 << 30)
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+MARGIN_GIB = 4.0     # ZeRO stage 1 (fewer bytes) only when it leaves this much of the usable HBM
 WORKSPACE_GIB = {"ascend": 2.0, "cpu": 0.25}
 AUTO_FUSION_MB = 64
 RUNTIME_RESERVED_GIB = {"ascend": 6.0, "cpu": 0.0}   # 64 GB die -> 58 GB max_device_memory (MindFormers)
 HCCL_BUFFSIZE_MB = 200
 
 
-def usable_hbm_gib(recipe) -> float:
+def usable_hbm_gib(recipe: Recipe) -> float:
     """The HBM a plan may use: the device's, less what the runtime keeps back."""
     return max(recipe.cluster.device_hbm_gib - RUNTIME_RESERVED_GIB[recipe.cluster.device], 0.0)
 
@@ -82,29 +85,45 @@ def activation_bytes(cfg: LlamaConfig, micro: int, seq: int, compute_bytes: int,
     return cfg.num_hidden_layers * per_layer + logits
 
 
-def fusion_buffer_bytes(recipe) -> float:
+def fusion_buffer_bytes(recipe: Recipe) -> float:
     cf = recipe.parallel.comm_fusion
     if cf.enabled and cf.allreduce_mode == "size" and isinstance(cf.allreduce_config, (int, float)):
         return float(cf.allreduce_config) * (1 << 20)
     return AUTO_FUSION_MB * (1 << 20)
 
 
-def estimate_memory(cfg: LlamaConfig, recipe, zero_stage: int | None = None) -> dict[str, float]:
-    """Per-device memory in GiB by phase, and the total the run needs (see the module docstring).
-    ``zero_stage`` overrides the plan's choice (porting.train.sharding.choose)."""
-    from porting.train.plan import comm as comm_mod
-    from porting.train.plan.sharding import choose, flat_buckets
+def choose_zero_stage(cfg: LlamaConfig, recipe: Recipe, layout: Layout) -> tuple[int, str]:
+    """The ZeRO stage of a sharded run and why: stage 1 without accumulation or when ``zero_stage: auto``
+    fits the usable HBM with :data:`MARGIN_GIB` to spare at stage 1, else stage 2 (or the recipe's stage)."""
+    accum, want = recipe.batching.grad_accum_steps, recipe.parallel.zero_stage
+    if accum == 1:
+        return 1, "one micro-batch per step: one reduce-scatter per step"
+    if want != "auto":
+        return int(want), f"parallel.zero_stage: {want}"
+    one = estimate_memory(cfg, recipe, zero_stage=1, layout=layout)["total"]
+    usable = usable_hbm_gib(recipe)
+    if one <= usable - MARGIN_GIB:
+        return 1, (f"accumulate then one reduce-scatter: {one:.1f} GiB fits {usable:g} GiB with {MARGIN_GIB:g} GiB "
+                   f"to spare, and moves 1/{accum} of ZeRO-2's bytes")
+    return 2, (f"ZeRO-2: full accumulators would need {one:.1f} GiB of {usable:g} GiB; sharded ones cost {accum} "
+               "reduce-scatters per step")
 
-    tp, dp = recipe.parallel.tensor_parallel, recipe.data_parallel_size
-    numels = comm_mod.parameter_numels(cfg, tp)
+
+def estimate_memory(cfg: LlamaConfig, recipe: Recipe, zero_stage: int | None = None,
+                    layout: Layout | None = None) -> dict[str, float]:
+    """Per-device memory in GiB by phase, and the total the run needs (see the module docstring).
+    ``zero_stage`` overrides the plan's choice; ``layout`` is the plan's (computed here when not given)."""
+    layout = layout or layout_shapes(recipe, cfg)
+    tp, dp = layout.tp, layout.dp
+    numels = list(layout.numels)
     p = float(sum(numels))
     prec, accum = recipe.precision, recipe.batching.grad_accum_steps
     pb, cb = DTYPE_BYTES[prec.param_dtype], DTYPE_BYTES[prec.compute_dtype]
     micro, seq = recipe.batching.micro_batch_size, recipe.data.max_seq_length
     fused = recipe.cluster.device == "ascend"
-    sharded = recipe.parallel.optimizer_sharding and dp > 1
+    sharded = layout.sharded
     if sharded and zero_stage is None:
-        zero_stage = choose(recipe, cfg).stage
+        zero_stage = layout.choice.stage if layout.choice.enabled else choose_zero_stage(cfg, recipe, layout)[0]
     grad_fp32 = prec.grad_reduce_dtype == "float32"
     ab = 4 if grad_fp32 else pb            # accumulation / reduction dtype
     accum_buf = (p * ab / (dp if sharded and zero_stage == 2 else 1)) if accum > 1 else 0.0
@@ -121,7 +140,7 @@ def estimate_memory(cfg: LlamaConfig, recipe, zero_stage: int | None = None) -> 
     shard_buf = 0.0
     if sharded:
         # the flat gradient bucket, its reduced shard, the gathered weights (largest bucket)
-        big = max(b.padded for b in flat_buckets(numels, ab, recipe.parallel.comm_fusion, dp))
+        big = max(b.padded for b in layout.buckets)   # at the reduction dtype, ab
         shard_buf = big * (ab + pb) + big / dp * 4
         largest = big / dp
     extra = {

@@ -20,6 +20,10 @@ from __future__ import annotations
 from typing import Any
 
 from model_zoo.config import LlamaConfig
+from porting.train.plan import sharding
+from porting.train.plan.layout import Layout
+from porting.train.plan.memory import estimate_memory, usable_hbm_gib
+from porting.train.recipe.schema import Recipe
 
 TFLOPS_PER_DIE = 390e12
 HBM_BYTES_PER_S = 1.6e12
@@ -27,19 +31,18 @@ LINK_BYTES_PER_S = 200e9
 TOP = 5
 
 
-def step_time(recipe, cfg: LlamaConfig) -> dict[str, float]:
+def step_time(recipe: Recipe, cfg: LlamaConfig, layout: Layout | None = None) -> dict[str, float]:
     """Estimated seconds of one optimizer step on one rank, by part (see the module docstring)."""
-    from porting.train.plan import comm, sharding
-
+    layout = layout or sharding.layout_for(recipe, cfg)
     tp, dp = recipe.parallel.tensor_parallel, recipe.data_parallel_size
     seq = recipe.data.max_seq_length
     tokens = recipe.batching.micro_batch_size * seq * recipe.batching.grad_accum_steps
     per_token = 6 * cfg.num_parameters() + 6 * cfg.num_hidden_layers * cfg.hidden_size * seq
     flops = per_token * tokens * (4 / 3 if recipe.memory.recompute else 1.0) / tp
-    p_local = sum(comm.parameter_numels(cfg, tp))
+    p_local = layout.parameters
     states = (4 + 4 + 4) / (dp if recipe.parallel.optimizer_sharding else 1)   # master, m, v read + written
     opt_bytes = p_local * (2 * states + 2 + 4)
-    wire = sharding.bytes_summary(sharding.collectives(recipe, cfg))["wire_bytes"]
+    wire = sharding.bytes_summary(sharding.collectives(recipe, cfg, layout=layout))["wire_bytes"]
     out = {"compute_s": flops / TFLOPS_PER_DIE, "memory_s": opt_bytes / HBM_BYTES_PER_S,
            "comm_s": wire / LINK_BYTES_PER_S}
     out["step_s"] = sum(out.values())
@@ -47,18 +50,16 @@ def step_time(recipe, cfg: LlamaConfig) -> dict[str, float]:
     return {k: round(v, 4) for k, v in out.items()}
 
 
-def _tp_options(recipe, cfg: LlamaConfig) -> list[int]:
+def _tp_options(recipe: Recipe, cfg: LlamaConfig) -> list[int]:
     """Tensor-parallel sizes that divide the node's devices and the model's heads."""
     n = recipe.cluster.devices_per_node
     return [t for t in range(1, n + 1) if n % t == 0 and cfg.num_attention_heads % t == 0
             and cfg.num_key_value_heads % t == 0 and cfg.vocab_size % t == 0]
 
 
-def proposals(recipe, cfg: LlamaConfig, with_overrides) -> list[dict[str, Any]]:
+def proposals(recipe: Recipe, cfg: LlamaConfig) -> list[dict[str, Any]]:
     """Settings (TP, DP, sharding, recompute) that fit the usable HBM at the recipe's global batch
     (micro-batch 1, accumulation to make up the rest), fastest first by :func:`step_time`."""
-    from porting.train.plan.memory import estimate_memory, usable_hbm_gib
-
     usable, world, gbs = usable_hbm_gib(recipe), recipe.world_size, recipe.global_batch_size
     out = []
     for tp in _tp_options(recipe, cfg):
@@ -67,18 +68,19 @@ def proposals(recipe, cfg: LlamaConfig, with_overrides) -> list[dict[str, Any]]:
             continue
         for shard in (True, False) if dp > 1 else (False,):
             for rc in (False, True):
-                sets = {"parallel__tensor_parallel": tp, "parallel__data_parallel": None,
-                        "parallel__optimizer_sharding": shard, "memory__recompute": rc,
-                        "batching__micro_batch_size": 1, "batching__grad_accum_steps": gbs // dp}
-                alt = with_overrides(recipe, **sets)
-                total = estimate_memory(cfg, alt)["total"]
+                sets = {"parallel.tensor_parallel": tp, "parallel.data_parallel": None,
+                        "parallel.optimizer_sharding": shard, "memory.recompute": rc,
+                        "batching.micro_batch_size": 1, "batching.grad_accum_steps": gbs // dp}
+                alt = recipe.with_overrides(sets)
+                layout = sharding.layout_for(alt, cfg)   # once per candidate, for its memory and its step time
+                total = estimate_memory(cfg, alt, layout=layout)["total"]
                 if total > usable:
                     continue
-                t = step_time(alt, cfg)
+                t = step_time(alt, cfg, layout)
                 out.append({"tensor_parallel": tp, "data_parallel": dp, "optimizer_sharding": shard, "recompute": rc,
                             "micro_batch_size": 1, "grad_accum_steps": gbs // dp, "memory_gib": total,
                             "margin_gib": round(usable - total, 2), "estimated_step_s": t["step_s"],
-                            "estimate": t, "set": [f"{k.replace('__', '.')}={_yaml(v)}" for k, v in sets.items()
+                            "estimate": t, "set": [f"{k}={_yaml(v)}" for k, v in sets.items()
                                                    if v is not None]})
     out.sort(key=lambda p: (p["estimated_step_s"], -p["margin_gib"]))
     return out[:TOP]

@@ -9,7 +9,7 @@ Sharded optimizer (Megatron's distributed optimizer; porting/train/run/zero.py b
 With gradient accumulation, stage 1 accumulates full gradients and reduce-scatters once per step;
 stage 2 (ZeRO-2) reduce-scatters every micro-step into sharded accumulators: 1/dp of the accumulation
 memory for ``grad_accum_steps`` x the reduce-scatter bytes. ``zero_stage: auto`` takes stage 1 when
-it fits the usable HBM with :data:`MARGIN_GIB` to spare, else stage 2.
+it fits the usable HBM with :data:`porting.train.plan.memory.MARGIN_GIB` to spare, else stage 2.
 
 The reduce-scatter is chosen by capability (:func:`has_reduce_scatter`): HCCL has it; MindSpore's CPU
 collective library (MCCL) has a ReduceScatter that does nothing (ASCEND_FACTS.md), so on the CPU it
@@ -31,18 +31,16 @@ from the model shapes: the tensor-parallel cells decide the exact ops).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from model_zoo.config import LlamaConfig
 from porting.train.plan import comm
-from porting.train.plan.memory import DTYPE_BYTES
-
-MARGIN_GIB = 4.0     # stage 1 (fewer bytes) only when it leaves this much of the usable HBM
-EMULATED = "allreduce+slice"
-NATIVE = "reduce_scatter"
-GATHER_NATIVE = "all_gather"
-GATHER_EMULATED = "allreduce of zero-padded shards"
-
+from porting.train.plan.comm import flat_buckets  # noqa: F401 (zero.py builds its buckets with it)
+from porting.train.plan.layout import (DTYPE_BYTES, EMULATED, GATHER_EMULATED, GATHER_NATIVE, NATIVE,  # noqa: F401
+                                       NOT_SHARDED, Layout, ShardingChoice)
+from porting.train.plan.memory import choose_zero_stage
+from porting.train.recipe.schema import Recipe
 
 def has_reduce_scatter(device: str) -> bool:
     """Whether the backend's ReduceScatter computes (HCCL on Ascend) or is the CPU stub (MCCL)."""
@@ -54,75 +52,27 @@ def has_subgroup_all_gather(device: str) -> bool:
     return device.lower() == "ascend"
 
 
-def gather_kind(recipe) -> str:
+def gather_kind(recipe: Recipe) -> str:
     """How the updated shards are gathered: AllGather, unless the data-parallel group is a sub-group
     (tensor parallel) on a backend without sub-group AllGather."""
     sub = recipe.parallel.tensor_parallel > 1
     return GATHER_EMULATED if sub and not has_subgroup_all_gather(recipe.cluster.device) else GATHER_NATIVE
 
 
-@dataclass(frozen=True)
-class Bucket:
-    """One flat buffer of consecutive parameters: indices into the parameter list, elements, padding."""
-
-    indices: tuple[int, ...]
-    numel: int
-    padded: int          # numel rounded up to a multiple of the data-parallel size
-
-    def shard(self, dp: int) -> int:
-        return self.padded // dp
-
-
-def flat_buckets(numels: list[int], elem_bytes: int, cf, dp: int) -> list[Bucket]:
-    """Buckets as the comm_fusion setting forms them (comm.gradient_buckets on the gradient bytes)."""
-    out = []
-    for idx in comm.gradient_buckets([n * elem_bytes for n in numels], cf):
-        n = sum(numels[i] for i in idx)
-        out.append(Bucket(tuple(idx), n, -(-n // dp) * dp))
-    return out
-
-
-@dataclass(frozen=True)
-class ShardingChoice:
-    enabled: bool
-    stage: int                  # 1 or 2 (only differs with gradient accumulation)
-    reduce_scatter: str         # NATIVE, EMULATED, or "" when not sharded
-    reason: str
-    all_gather: str = GATHER_NATIVE   # GATHER_NATIVE or GATHER_EMULATED (see gather_kind)
-
-    def describe(self) -> str:
-        if not self.enabled:
-            return "off: every rank keeps full fp32 masters and AdamW states"
-        how = ("ReduceScatter (HCCL)" if self.reduce_scatter == NATIVE else
-               "AllReduce + slice (emulated: the CPU backend has no working ReduceScatter)")
-        gather = ("AllGather" if self.all_gather == GATHER_NATIVE else
-                  "AllReduce of zero-padded shards (emulated: the CPU backend's AllGather needs the world group)")
-        return f"ZeRO-{self.stage}: gradients by {how}, updated weights by {gather}; {self.reason}"
-
-
-def choose(recipe, cfg: LlamaConfig) -> ShardingChoice:
+def choose(recipe: Recipe, cfg: LlamaConfig, layout: Layout | None = None) -> ShardingChoice:
     """ZeRO stage and reduce-scatter implementation for a recipe (see the module docstring)."""
-    from porting.train.plan.memory import estimate_memory, usable_hbm_gib
-
-    dp = recipe.data_parallel_size
-    if not recipe.parallel.optimizer_sharding or dp == 1:
-        return ShardingChoice(False, 0, "", "not sharded")
+    layout = layout or comm.layout_shapes(recipe, cfg)
+    if not layout.sharded:
+        return NOT_SHARDED
     rs = NATIVE if has_reduce_scatter(recipe.cluster.device) else EMULATED
-    ag = gather_kind(recipe)
-    accum = recipe.batching.grad_accum_steps
-    want = recipe.parallel.zero_stage
-    if accum == 1:
-        return ShardingChoice(True, 1, rs, "one micro-batch per step: one reduce-scatter per step", ag)
-    if want != "auto":
-        return ShardingChoice(True, int(want), rs, f"parallel.zero_stage: {want}", ag)
-    one = estimate_memory(cfg, recipe, zero_stage=1)["total"]
-    usable = usable_hbm_gib(recipe)
-    if one <= usable - MARGIN_GIB:
-        return ShardingChoice(True, 1, rs, f"accumulate then one reduce-scatter: {one:.1f} GiB fits {usable:g} GiB "
-                                           f"with {MARGIN_GIB:g} GiB to spare, and moves 1/{accum} of ZeRO-2's bytes",
-                              ag)
-    return ShardingChoice(True, 2, rs, f"ZeRO-2: full accumulators would need {one:.1f} GiB of {usable:g} GiB; "
-                                       f"sharded ones cost {accum} reduce-scatters per step", ag)
+    stage, why = choose_zero_stage(cfg, recipe, layout)
+    return ShardingChoice(True, stage, rs, why, gather_kind(recipe))
+
+
+def layout_for(recipe: Recipe, cfg: LlamaConfig) -> Layout:
+    """The plan's :class:`Layout`, computed once: shapes, buckets and the sharding choice."""
+    shapes = comm.layout_shapes(recipe, cfg)
+    return dataclasses.replace(shapes, choice=choose(recipe, cfg, shapes))
 
 
 @dataclass(frozen=True)
@@ -141,22 +91,23 @@ def _op(op: str, purpose: str, group: str, n: int, count: int, payload: float) -
     return Collective(op, purpose, group, n, count, int(payload), int(payload * factor))
 
 
-def collectives(recipe, cfg: LlamaConfig, choice: ShardingChoice | None = None,
-                legacy_mask: bool = False) -> list[Collective]:
+def collectives(recipe: Recipe, cfg: LlamaConfig, choice: ShardingChoice | None = None,
+                legacy_mask: bool = False, layout: Layout | None = None) -> list[Collective]:
     """Every collective of one optimizer step on one rank. ``legacy_mask``: the earlier sharding
     (gradients all-reduced, then every parameter all-reduced in fp32 as ``param x mask``), for
     comparison (BENCHMARKS.md)."""
-    choice = choice or choose(recipe, cfg)
+    layout = layout or layout_for(recipe, cfg)
+    choice = choice or layout.choice
     dp, tp, accum = recipe.data_parallel_size, recipe.parallel.tensor_parallel, recipe.batching.grad_accum_steps
     prec = recipe.precision
     gb = 4 if prec.grad_reduce_dtype == "float32" else DTYPE_BYTES[prec.param_dtype]
     pb = DTYPE_BYTES[prec.param_dtype]
-    numels = comm.parameter_numels(cfg, tp)
+    numels = list(layout.numels)
     cf = recipe.parallel.comm_fusion
     out: list[Collective] = []
     if dp > 1:
         if choice.enabled and not legacy_mask:
-            buckets = flat_buckets(numels, gb, cf, dp)
+            buckets = layout.buckets or flat_buckets(numels, gb, cf, dp)
             padded = sum(b.padded for b in buckets)
             times = accum if choice.stage == 2 else 1
             rs_op = "ReduceScatter" if choice.reduce_scatter == NATIVE else "AllReduce"
@@ -180,7 +131,7 @@ def collectives(recipe, cfg: LlamaConfig, choice: ShardingChoice | None = None,
     return out
 
 
-def tp_collectives(recipe, cfg: LlamaConfig) -> list[Collective]:
+def tp_collectives(recipe: Recipe, cfg: LlamaConfig) -> list[Collective]:
     """Megatron tensor parallel without sequence parallel, per optimizer step: forward, an AllReduce
     after the row-parallel o and down projections and after the vocab-parallel embedding; backward, the
     conjugate AllReduce before the column-parallel q/k/v and gate/up and the LM head; recompute runs the

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import math
+from porting.train.recipe.schema import Recipe
 
 
-def lr_at(recipe, step: int, total_steps: int) -> float:
+def lr_at(recipe: Recipe, step: int, total_steps: int) -> float:
     """Learning rate of optimizer step ``step`` (0-based) of ``total_steps``."""
     s = recipe.schedule
     base = recipe.optimizer.lr

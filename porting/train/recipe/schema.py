@@ -13,7 +13,7 @@ import copy
 import math
 from pathlib import Path
 import string
-from typing import Annotated, Any, Literal, Optional
+from typing import Annotated, Any, Literal, Mapping, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -224,6 +224,18 @@ class Recipe(_Section):
         return self
 
     # ----------------------------------------------------------------- derived values
+    def with_overrides(self, values: Mapping[str, Any]) -> "Recipe":
+        """A variant of this recipe, validated again: ``{"section.key": value}`` set on its dump. The one
+        way the planner's remedies and proposals and the dry run's padding make a variant."""
+        raw = self.model_dump(mode="json")
+        for key, value in values.items():
+            node = raw
+            *sections, last = key.split(".")
+            for part in sections:
+                node = node[part]
+            node[last] = value
+        return type(self).model_validate(raw)
+
     @property
     def world_size(self) -> int:
         return self.cluster.nodes * self.cluster.devices_per_node

@@ -24,6 +24,7 @@ from typing import Any
 
 from model_zoo import files
 from model_zoo.errors import CheckpointError
+from porting.train.run.grid import param_of
 
 STEP_DIR = re.compile(r"^step_(\d+)$")
 LEFTOVER_DIR = re.compile(r"^\.(tmp|old)_step_\d+(_\d+)?$")
@@ -44,7 +45,6 @@ MAX_STATE_BYTES = 1 << 20
 @dataclasses.dataclass(frozen=True)
 class TrainState:
     """``state.json``: where the run stands after ``step`` (the loop's counters beside the tensors)."""
-
     adam_t: int            # optimizer updates applied (AdamW bias correction)
     loss_scale: float      # the loss scale to continue with
     good_steps: int        # finite steps since the scale last changed (dynamic scaling)
@@ -138,7 +138,7 @@ def save(root: Path, step: int, params: list, state: TrainState, keep_last: int,
     ``barrier``, then rank 0 writes state.json and renames the directory into place. ``merge(tmp)``
     (tensor parallel): rank 0 first turns the rank files into one full file (state.json says 1 shard).
     """
-    import mindspore as ms
+    import mindspore as ms  # deferred: the CLI's run-directory guard reads checkpoint names without loading MindSpore
 
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step_{step}"
@@ -184,7 +184,7 @@ def load(path: Path, params: list, rank: int = 0, *, shard=None, allowed: set[st
 
     Tensor parallel: ``shard(name, full array)`` slices each full tensor for this rank, and ``allowed``
     names the other tensors the full file may hold (other ranks' optimizer states)."""
-    import mindspore as ms
+    import mindspore as ms  # deferred: the CLI's run-directory guard reads checkpoint names without loading MindSpore
 
     state = TrainState.read(path / STATE_FILE)
     try:
@@ -211,7 +211,7 @@ def load(path: Path, params: list, rank: int = 0, *, shard=None, allowed: set[st
 
 def _numpy(t):
     """A checkpoint tensor as NumPy (bf16 through float32: NumPy 2 has no bfloat16)."""
-    import mindspore as ms
+    import mindspore as ms  # deferred: the CLI's run-directory guard reads checkpoint names without loading MindSpore
 
     return t.astype(ms.float32).asnumpy() if t.dtype == ms.bfloat16 else t.asnumpy()
 
@@ -224,10 +224,9 @@ def merge_tensor_parallel(tmp: Path, world: int, tp: int, layout: dict[str, int]
     optimizer state kept by its data-parallel owner only) is taken from the ranks that have it. ZeRO's
     flat shards (porting/train/run/zero.py, named by tensor-parallel and data-parallel rank) are not parameter
     slices: each is kept as it is under its own name, and the rank that owns it loads it back unsliced."""
-    import mindspore as ms
+    import mindspore as ms  # deferred: the CLI's run-directory guard reads checkpoint names without loading MindSpore
 
-    from model_zoo.parallel import merge_shards
-    from porting.train.run.grid import param_of
+    from model_zoo.parallel import merge_shards  # deferred: imports MindSpore (see above)
 
     files = [tmp / shard_file(r, world) for r in range(world)]
     loaded = [ms.load_checkpoint(str(f)) for f in files]

@@ -63,9 +63,9 @@ class CommWait:
         self.enabled = world_size > 1 and every > 0
         self.delay = delay_for(rank) if self.enabled else 0.0
         if self.enabled:
-            import mindspore as ms
+            import mindspore as ms  # deferred: only an injected test delay needs the barrier cell
 
-            from porting.train.run.step import Barrier
+            from porting.train.run.step import Barrier  # deferred: step.py imports MindSpore; only an injected delay needs it
 
             self.ms = ms
             self.cell = Barrier()     # an all-reduce (sum) of its input

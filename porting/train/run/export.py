@@ -18,6 +18,9 @@ import shutil
 from pathlib import Path
 
 from model_zoo.errors import CheckpointError
+from model_zoo.config import LlamaConfig
+from porting.env import versions
+from porting.train.run.checkpoint import WEIGHTS_FILE, shard_file
 
 STAGED_WEIGHTS = "model.ckpt"   # the converter names its output after it: model.safetensors
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "special_tokens_map.json",
@@ -38,10 +41,7 @@ def export_hf(checkpoint: str | Path, model_dir: str | Path, out_dir: str | Path
 
     ``model_dir`` is the HF directory the run started from: its config.json describes the architecture
     and its tokenizer files are carried over. ``out_dir`` is replaced (it is the run's own ``hf/``)."""
-    from converters.convert import ms_to_hf
-    from model_zoo.config import LlamaConfig
-    from porting.env import versions
-    from porting.train.run.checkpoint import shard_file, WEIGHTS_FILE
+    from converters.convert import ms_to_hf  # deferred: the converter loads torch and MindSpore readers; export runs once, at the end
 
     ckpt, model_dir, out = Path(checkpoint), Path(model_dir), Path(out_dir)
     weights = next((ckpt / n for n in (WEIGHTS_FILE, shard_file(0, 2)) if (ckpt / n).is_file()), None)

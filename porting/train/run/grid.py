@@ -11,13 +11,14 @@ a sub-group; AllGather only on the world group), so the same code runs there and
 from __future__ import annotations
 
 import dataclasses
+from model_zoo.errors import CheckpointError
+from porting.train.recipe.schema import Recipe
 
 
 
 @dataclasses.dataclass(frozen=True)
 class Grid:
     """This rank's coordinates. ``dp_group`` None: the world group (no tensor parallel)."""
-
     rank: int
     world: int
     tp: int = 1
@@ -52,13 +53,13 @@ def dp_ranks(rank: int, world: int, tp: int) -> list[int]:
     return list(range(rank % tp, world, tp))
 
 
-def make_grid(recipe, rank: int, world: int) -> Grid:
+def make_grid(recipe: Recipe, rank: int, world: int) -> Grid:
     """The grid of this run; with tensor parallel, creates this rank's TP and DP groups (collective:
     every rank calls it in the same order)."""
     tp = recipe.parallel.tensor_parallel
     if tp == 1:
         return Grid(rank, world)
-    from mindspore.communication import create_group
+    from mindspore.communication import create_group  # deferred: checkpoint.py reads param_of without loading MindSpore
 
     tp_group = f"tp_{tp_ranks(rank, tp)[0]}"
     create_group(tp_group, tp_ranks(rank, tp))
@@ -72,8 +73,7 @@ def make_grid(recipe, rank: int, world: int) -> Grid:
 def shard_fn(model, tp_rank: int, tp: int):
     """``(name, full array) -> this rank's slice``: the loader's and the checkpoint's slicing of full tensors
     (AdamW states ``adam_m.<p>``, ``adam_v.<p>``, ``master.<p>`` sliced like ``<p>``)."""
-    from model_zoo.errors import CheckpointError
-    from model_zoo.parallel import shard_layout, split_shard
+    from model_zoo.parallel import shard_layout, split_shard  # deferred: imports MindSpore; checkpoint.py reads param_of without it
 
     layout = shard_layout(model)
 
@@ -97,9 +97,9 @@ def param_of(name: str) -> str:
     return name
 
 
-def tensor_parallel(recipe, grid: Grid | None):
+def tensor_parallel(recipe: Recipe, grid: Grid | None):
     """The model's :class:`model_zoo.parallel.TensorParallel` for this rank, or None (no tensor parallel)."""
-    from model_zoo.parallel import TensorParallel
+    from model_zoo.parallel import TensorParallel  # deferred: imports MindSpore; checkpoint.py reads param_of without it
 
     if grid is None or grid.tp == 1:
         return None
@@ -107,7 +107,7 @@ def tensor_parallel(recipe, grid: Grid | None):
     return TensorParallel(grid.tp, grid.tp_rank, grid.tp_group, max_by_sum=recipe.cluster.device == "cpu")
 
 
-def loss_note(recipe, grid: Grid) -> str:
+def loss_note(recipe: Recipe, grid: Grid) -> str:
     how = "AllReduce SUM of per-rank slots (the CPU's AllReduce has SUM only)" \
         if recipe.cluster.device == "cpu" else "AllReduce MAX"
     return f"tensor parallel {grid.tp}: vocab-parallel loss, row max by {how}"
@@ -115,7 +115,7 @@ def loss_note(recipe, grid: Grid) -> str:
 
 def step_groups(model, grid: Grid) -> dict:
     """The training step's group arguments (porting/train/run/step.py ``_Update``) and the shard ``layout``."""
-    from model_zoo.parallel import shard_layout
+    from model_zoo.parallel import shard_layout  # deferred: imports MindSpore; checkpoint.py reads param_of without it
 
     if grid.tp == 1:
         return {}

@@ -19,27 +19,40 @@ import time
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
+import mindspore as ms
 import numpy as np
+from mindspore import ParameterTuple
+from mindspore.communication import get_group_size, get_rank
 
+from converters.loading import load_hf_dir
+from model_zoo.config import LlamaConfig
 from model_zoo.errors import PortingError, RecipeError
+from model_zoo.llama import build
 from porting import rundir
-from porting.train.run import checkpoint as ckpt
+from porting.env import versions
+from porting.eval import eval_record
+from porting.model_paths import resolve_hf
+from porting.tokenizer import load_tokenizer
 from porting.train.data.batching import BatchSchedule, Step, build_plan
+from porting.train.plan.make import check_tensor_parallel
+from porting.train.recipe.schedule import lr_at
+from porting.train.recipe.schema import Recipe, recipe_dict
+from porting.train.run import checkpoint as ckpt
 from porting.train.run import grid as grid_mod
+from porting.train.run import step as train_step
+from porting.train.run import zero
+from porting.train.run.commwait import CommWait
+from porting.train.run.export import export_hf
 from porting.train.run.grid import Grid
 from porting.train.run.runtime import configure_mindspore
-from porting.train.plan.make import check_tensor_parallel
-from porting.train.recipe.schema import Recipe
-from porting.eval import eval_record
+from porting.train.run.step import compiled_graphs
 from porting.train.run.watch import Watch
-from porting.train.run.commwait import CommWait
-from porting.train.recipe.schedule import lr_at
 
 
 class DivergenceError(PortingError):
     """The loss or the gradients became NaN/inf."""
-
     exit_code = 3
 
 
@@ -82,10 +95,6 @@ def rank_logger(run_dir: Path, rank: int, echo: bool) -> logging.Logger:
 
 def build_model(recipe: Recipe, model_dir: Path, grid: Grid | None = None):
     """The model of ``model_dir`` with its HF weights; with tensor parallel, this rank's shard of each."""
-    from converters.loading import load_hf_dir
-    from model_zoo.config import LlamaConfig
-    from model_zoo.llama import build
-
     cfg = LlamaConfig.from_hf(model_dir)
     if recipe.data.max_seq_length > cfg.max_position_embeddings:
         raise RecipeError(f"data.max_seq_length={recipe.data.max_seq_length} exceeds the model's "
@@ -104,7 +113,6 @@ def build_model(recipe: Recipe, model_dir: Path, grid: Grid | None = None):
 
 class LossScaler:
     """Static or dynamic loss scaling (fp16/bf16 on Ascend); ``none`` is a scale of 1."""
-
     def __init__(self, cfg, state: ckpt.TrainState | None = None):
         self.kind = cfg.kind
         self.scale = 1.0 if cfg.kind == "none" else float(cfg.init)
@@ -133,10 +141,7 @@ class LossScaler:
 class Trainer:
     def __init__(self, recipe: Recipe, run_dir: Path, rank: int, world_size: int, model, tokenizer_dir: Path,
                  plan: BatchSchedule, log: logging.Logger, grid: Grid | None = None):
-        import mindspore as ms
-        from mindspore import ParameterTuple
 
-        from porting.train.run import step as train_step
 
         self.ms = ms
         self.packed_inputs = train_step.packed_inputs
@@ -156,7 +161,6 @@ class Trainer:
         if self.shards > 1 or grid.tp > 1:
             self.barrier_cell = train_step.Barrier()
         if self.shards > 1:
-            from porting.train.run import zero
 
             tp = {} if grid.tp == 1 else dict(tp_group=grid.tp_group, tp_rank=grid.tp_rank,
                                              tp_sharded=groups["tp_sharded"])
@@ -256,7 +260,7 @@ class Trainer:
 
 def _host_rss_gib() -> float | None:
     try:
-        import psutil
+        import psutil  # deferred: optional; without it the field is left out
 
         return round(psutil.Process().memory_info().rss / (1 << 30), 3)
     except Exception:  # psutil missing or unsupported platform: the field is simply left out
@@ -267,7 +271,6 @@ def _join(recipe: Recipe, distributed: bool, rank: int, world_size: int) -> tupl
     """This process's (rank, world size): msrun's under ``distributed``, checked against the recipe."""
     if not distributed:
         return rank, world_size
-    from mindspore.communication import get_group_size, get_rank
 
     rank, world_size = get_rank(), get_group_size()
     if world_size != recipe.world_size:
@@ -279,7 +282,6 @@ def _join(recipe: Recipe, distributed: bool, rank: int, world_size: int) -> tupl
 def _data_and_model(recipe: Recipe, model_dir: Path, grid: Grid, log: logging.Logger):
     """The batch schedule of the run's data and the model built from ``model_dir`` (both logged). Data is
     planned over the data-parallel ranks: the tensor-parallel ranks of one group see the same batches."""
-    from porting.tokenizer import load_tokenizer
 
     plan = build_plan(recipe, load_tokenizer(model_dir), grid.dp)
     rep = plan.data.report
@@ -323,16 +325,17 @@ def _finish(recipe: Recipe, trainer: Trainer, plan, records: list, metrics, mode
     metrics.summary(summary)
     log.info(f"summary: {json.dumps(summary.to_dict())}")
     if recipe.checkpointing.export_hf:
-        from porting.train.run.export import export_hf
 
         out = export_hf(final, model_dir, run_dir / "hf", command=list(command or sys.argv))
         log.info(f"HF export {out} (from {final}, with port_manifest.json)")
 
 
 def train(recipe: Recipe, run_dir: str | Path, *, rank: int = 0, world_size: int = 1, resume: bool = False,
-          distributed: bool = False, command: list[str] | None = None, echo: bool = True) -> RunResult:
-    """Run (or resume) the fine-tune of ``recipe`` on this rank; returns when the last step is done."""
-    from porting.model_paths import resolve_hf
+          distributed: bool = False, command: list[str] | None = None, echo: bool = True,
+          doctor: Callable[[], dict] | None = None) -> RunResult:
+    """Run (or resume) the fine-tune of ``recipe`` on this rank; returns when the last step is done.
+    ``doctor`` makes the environment report manifest.json keeps (the caller's: `port doctor` is above
+    porting/train); rank 0 calls it once."""
 
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -341,7 +344,6 @@ def train(recipe: Recipe, run_dir: str | Path, *, rank: int = 0, world_size: int
     log = rank_logger(run_dir, rank, echo and rank == 0)
     grid = grid_mod.make_grid(recipe, rank, world_size)
     if distributed:
-        import mindspore as ms
 
         log.info(f"rank {rank} of {world_size}: parallel_mode {ms.get_auto_parallel_context('parallel_mode')}, "
                  f"comm_fusion {ms.get_auto_parallel_context('comm_fusion')}, optimizer sharding "
@@ -362,7 +364,7 @@ def train(recipe: Recipe, run_dir: str | Path, *, rank: int = 0, world_size: int
         start = trainer.restore(last[1])
         log.info(f"resumed from {last[1]} at step {start}")
     if rank == 0:
-        rundir.write_manifest(run_dir, run_manifest(recipe, model_dir, cfg, plan, world_size, command, start),
+        rundir.write_manifest(run_dir, run_manifest(recipe, model_dir, cfg, plan, world_size, command, start, doctor),
                               resume_step=start if resume else 0)
     watch = Watch(recipe.logging, run_dir, plan.total_steps, start, recipe.model_dump(mode="json")) if rank == 0 else None
     metrics = rundir.MetricsWriter(run_dir, keep_through_step=start) if rank == 0 else None
@@ -409,14 +411,10 @@ def train(recipe: Recipe, run_dir: str | Path, *, rank: int = 0, world_size: int
 
 
 def run_manifest(recipe: Recipe, model_dir: Path, cfg, plan: BatchSchedule, world_size: int,
-                 command: list[str] | None, start: int) -> rundir.RunManifest:
+                 command: list[str] | None, start: int, doctor: Callable[[], dict] | None = None) -> rundir.RunManifest:
     """What this run is (manifest.json), as the run-directory format defines it."""
-    from porting.diagnostics.doctor import doctor_report
-    from porting.env import versions
-    from porting.train.recipe.schema import recipe_dict
-
     return rundir.RunManifest(
-        recipe=recipe_dict(recipe), versions=versions(), doctor=doctor_report(),
+        recipe=recipe_dict(recipe), versions=versions(), doctor=doctor() if doctor else None,
         model=rundir.ModelInfo(source=recipe.model.source, dir=str(model_dir), config=cfg.to_hf(),
                                parameters=cfg.num_parameters()),
         data=plan.data.report.as_dict(), bucketing=plan.describe(), seed=recipe.seed, world_size=world_size,
@@ -449,7 +447,6 @@ def comm_record(rec: rundir.StepRecord, comm: CommWait, log: logging.Logger) -> 
 
 
 def trainer_graphs(trainer: Trainer) -> int:
-    from porting.train.run.step import compiled_graphs
 
     return compiled_graphs(*trainer.cells)
 

@@ -14,7 +14,7 @@ from porting.train.plan.memory import usable_hbm_gib
 from porting.train.recipe.schema import Recipe
 
 
-def apply_memory_budget(recipe) -> str | None:
+def apply_memory_budget(recipe: Recipe) -> str | None:
     """On Ascend, cap MindSpore's device memory pool at the usable HBM; returns the size set."""
     if recipe.cluster.device != "ascend":
         return None

@@ -18,6 +18,7 @@ Only rank 0 watches; nothing here changes what is trained.
 from __future__ import annotations
 
 import sys
+import struct
 from pathlib import Path
 from typing import IO
 
@@ -32,20 +33,19 @@ SCALARS = {"loss": "train/loss", "lr": "train/lr", "grad_norm": "train/grad_norm
 
 class Watch:
     """The run's watchers; ``step(record)`` after every optimizer step, ``close()`` at the end."""
-
     def __init__(self, logging_cfg, run_dir: Path, total_steps: int, start: int = 0, config: dict | None = None,
                  stream: IO | None = None):
         self.tb = self.wandb = self.bar = None
         if logging_cfg.tensorboard:
             try:
-                from tensorboardX import SummaryWriter
+                from tensorboardX import SummaryWriter  # deferred: optional logger, loaded only when logging.tensorboard is on
             except ImportError:
                 raise RecipeError("logging.tensorboard: needs the tensorboardX package (pip install tensorboardX), "
                                   "or set logging.tensorboard=false") from None
             self.tb = SummaryWriter(logdir=str(Path(run_dir) / "tensorboard"), flush_secs=10)
         if logging_cfg.wandb:
             try:
-                import wandb
+                import wandb  # deferred: optional logger, loaded only when logging.wandb is on
             except ImportError:
                 raise RecipeError("logging.wandb: the wandb package is not installed (pip install wandb), or set "
                                   "logging.wandb=false") from None
@@ -54,7 +54,7 @@ class Watch:
         stream = stream if stream is not None else sys.stderr
         tty = bool(getattr(stream, "isatty", lambda: False)())
         if logging_cfg.progress == "bar" or (logging_cfg.progress == "auto" and tty):
-            from tqdm import tqdm
+            from tqdm import tqdm  # deferred: the progress bar only on a terminal
 
             self.bar = tqdm(total=total_steps, initial=start, file=stream, unit="step", dynamic_ncols=True,
                             desc="train")
@@ -83,10 +83,9 @@ class Watch:
 def read_scalars(run_dir: str | Path) -> dict[str, list[tuple[int, float]]]:
     """The scalars of a run's TensorBoard event files, read back with tensorboardX's protobufs (each
     record's length and data CRCs checked), so a run can be plotted or compared without TensorBoard."""
-    import struct
 
-    from tensorboardX.proto import event_pb2
-    from tensorboardX.record_writer import masked_crc32c
+    from tensorboardX.proto import event_pb2  # deferred: optional logger (logging.tensorboard)
+    from tensorboardX.record_writer import masked_crc32c  # deferred: optional logger (logging.tensorboard)
 
     out: dict[str, list[tuple[int, float]]] = {}
     for f in sorted((Path(run_dir) / "tensorboard").glob("events.out.tfevents.*")):

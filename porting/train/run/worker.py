@@ -13,12 +13,13 @@ from pathlib import Path
 
 
 def main(argv: list[str] | None = None) -> int:
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     if str(root) not in sys.path:   # a source checkout run without installing the package
         sys.path.insert(0, str(root))
-    from model_zoo.errors import PortingError
-    from porting.train.run.loop import train
-    from porting.train.recipe.schema import load_recipe
+    from model_zoo.errors import PortingError  # deferred: sys.path holds the checkout only from here
+    from porting.diagnostics.doctor import doctor_report  # deferred: sys.path holds the checkout only from here
+    from porting.train.recipe.schema import load_recipe  # deferred: sys.path holds the checkout only from here
+    from porting.train.run.loop import train  # deferred: sys.path holds the checkout only from here
 
     ap = argparse.ArgumentParser(prog="port-train-worker")
     ap.add_argument("--recipe", required=True)
@@ -29,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         recipe = load_recipe(args.recipe, args.set)
         train(recipe, args.run_dir, resume=args.resume, distributed=True,
-              command=[sys.executable, *sys.argv], echo=True)
+              command=[sys.executable, *sys.argv], echo=True, doctor=doctor_report)
     except PortingError as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return exc.exit_code

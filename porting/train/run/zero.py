@@ -28,7 +28,9 @@ from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 from mindspore.communication import GlobalComm
 
 from porting.train.plan import sharding
+from porting.train.plan.layout import DTYPE_BYTES, Bucket
 from porting.train.run.step import LossNet
+from porting.train.recipe.schema import Recipe
 
 
 class ShardedAdamW(nn.Cell):
@@ -39,7 +41,7 @@ class ShardedAdamW(nn.Cell):
     """
 
     def __init__(self, params: list[Parameter], betas: tuple[float, float], eps: float, weight_decay: float, *,
-                 rank: int, dp: int, buckets: list[sharding.Bucket], native: bool, grad_dtype=ms.float32,
+                 rank: int, dp: int, buckets: list[Bucket], native: bool, grad_dtype=ms.float32,
                  stage: int = 1, group: str | None = None, master_weights: bool = True, gather_native: bool = True,
                  tp_group: str | None = None, tp_rank: int = 0, tp_sharded: list[bool] | None = None):
         super().__init__(auto_prefix=False)
@@ -74,7 +76,7 @@ class ShardedAdamW(nn.Cell):
         self.b1, self.b2 = Tensor(betas[0], ms.float32), Tensor(betas[1], ms.float32)
         self.eps, self.wd = Tensor(eps, ms.float32), Tensor(weight_decay, ms.float32)
 
-    def _tp_mask(self, b: sharding.Bucket, tp_sharded: list[bool]) -> np.ndarray:
+    def _tp_mask(self, b: Bucket, tp_sharded: list[bool]) -> np.ndarray:
         """1.0 where the bucket's flat elements belong to a tensor-parallel-sharded parameter."""
         parts = [np.full(self.numels[i], 1.0 if tp_sharded[i] else 0.0, np.float32) for i in b.indices]
         return np.concatenate(parts + [np.zeros(b.padded - b.numel, np.float32)])
@@ -87,7 +89,7 @@ class ShardedAdamW(nn.Cell):
         return {f"{kind}.shard{k}.{tag}" for kind in kinds for k in range(len(self.shard_sizes)) for tag in tags}
 
     @staticmethod
-    def _flat_numpy(params: list[Parameter], b: sharding.Bucket) -> np.ndarray:
+    def _flat_numpy(params: list[Parameter], b: Bucket) -> np.ndarray:
         parts = [(ops.cast(params[i], ms.float32) if params[i].dtype != ms.float32 else params[i]).asnumpy().ravel()
                  for i in b.indices]
         return np.concatenate(parts + [np.zeros(b.padded - b.numel, np.float32)])
@@ -196,7 +198,7 @@ class ShardedAccumGradStep(nn.Cell):
         return ops.depend(total, done), count
 
 
-def optimizer_for(recipe, cfg, params: list[Parameter], rank: int, dp: int, *, group: str | None = None,
+def optimizer_for(recipe: Recipe, cfg, params: list[Parameter], rank: int, dp: int, *, group: str | None = None,
                   reduce_scatter: str | None = None, **tp) -> tuple[ShardedAdamW, sharding.ShardingChoice]:
     """The sharded optimizer of a recipe over a data-parallel group of ``dp`` ranks (this one ``rank``),
     with the plan's choice of stage, reduce-scatter and all-gather (``reduce_scatter`` forces one: tests
@@ -207,7 +209,7 @@ def optimizer_for(recipe, cfg, params: list[Parameter], rank: int, dp: int, *, g
     prec, opt = recipe.precision, recipe.optimizer
     low = prec.grad_reduce_dtype != "float32"
     grad_dtype = params[0].dtype if low else ms.float32
-    gb = 4 if not low else {"float32": 4, "bfloat16": 2, "float16": 2}[prec.param_dtype]
+    gb = 4 if not low else DTYPE_BYTES[prec.param_dtype]
     numels = [int(np.prod(p.shape)) for p in params]
     buckets = sharding.flat_buckets(numels, gb, recipe.parallel.comm_fusion, dp)
     optim = ShardedAdamW(params, tuple(opt.betas), opt.eps, opt.weight_decay, rank=rank, dp=dp, buckets=buckets,

@@ -1,0 +1,67 @@
+"""The planner computes once (issue 20): one plan computes its layout (parameters, buckets, sharding choice)
+once and passes it on; a refused plan evaluates each candidate recipe (a remedy, a proposal) once.
+
+Counted by wrapping the functions at the names the planner really calls them by (the modules of
+porting/train/plan/), on the real 13B recipe: its fitting plan and the refused one without tensor parallel.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from porting.train.plan import comm, make, memory, roofline, sharding
+from porting.train.recipe.schema import Recipe, load_recipe
+from tests.train.conftest import ROOT
+
+RECIPE = str(ROOT / "recipes" / "13b-32card.yaml")
+
+
+@pytest.fixture
+def counted(monkeypatch) -> Counter:
+    calls: Counter = Counter()
+
+    def wrap(name, fn):
+        def counting(*a, **kw):
+            calls[name] += 1
+            return fn(*a, **kw)
+        return counting
+
+    choose = wrap("choose", sharding.choose)
+    monkeypatch.setattr(sharding, "choose", choose)
+    est = wrap("estimate_memory", memory.estimate_memory)
+    for mod in (memory, make, roofline):   # every module that calls it by name
+        monkeypatch.setattr(mod, "estimate_memory", est)
+    monkeypatch.setattr(comm, "parameter_numels", wrap("parameter_numels", comm.parameter_numels))
+    monkeypatch.setattr(Recipe, "with_overrides", wrap("variants", Recipe.with_overrides))
+    return calls
+
+
+def _plan(overrides: list[str]):
+    rec = load_recipe(RECIPE, overrides, check_files=False)
+    cfg, _ = make.plan_config(rec)
+    return make.make_plan(rec, cfg, RECIPE, "runs/x", overrides)
+
+
+def test_a_fitting_plan_computes_its_layout_once(counted):
+    plan = _plan([])
+    assert plan.fits and plan.tensor_parallel == 8 and plan.sharding["stage"] == 1
+    # one layout: one choice; memory once for the plan and once for the ZeRO-1 probe of zero_stage: auto;
+    # parameters once for the layout and once for the all-reduce fusion table (tensor parallel 1)
+    assert counted == Counter({"choose": 1, "estimate_memory": 2, "parameter_numels": 2}), counted
+
+
+def test_a_refused_plan_evaluates_each_candidate_once(counted):
+    plan = _plan(["parallel.tensor_parallel=1"])
+    assert not plan.fits and plan.suggestions and plan.proposals
+    variants = counted["variants"]
+    # candidates: the remedies, their combination (built step by step: each step a variant) and the proposals
+    assert 10 <= variants <= 40, counted
+    # one layout (one choice, one parameter count) per evaluated candidate and the plan's own, plus the fusion
+    # table's parameter count; one estimate per layout, and at most one ZeRO-1 probe of zero_stage: auto beside it
+    assert counted["choose"] <= variants + 1, counted
+    assert counted["parameter_numels"] == counted["choose"] + 1, counted
+    assert counted["choose"] <= counted["estimate_memory"] <= 2 * counted["choose"], counted
+    # before the layout was computed once: 22 choices, 40 estimates, 62 parameter counts (issue 20)
+    assert counted["choose"] <= 20 and counted["estimate_memory"] <= 32 and counted["parameter_numels"] <= 21, counted
