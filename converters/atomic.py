@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Iterator
 
 from model_zoo.errors import CheckpointError
+from model_zoo.files import swap_in
 
 _TMP_TAG = ".port-tmp-"
 _OLD_TAG = ".port-old-"
@@ -92,12 +93,6 @@ def staged_dir(dest: Path, force: bool) -> Iterator[Path]:
 
 
 def _commit(tmp: Path, dest: Path, force: bool) -> None:
-    if dest.exists():
-        if any(dest.iterdir()) and not force:  # appeared while we were writing
-            raise CheckpointError(f"{dest}: became non-empty during the conversion; pass --force to replace it")
-        old = dest.parent / f".{dest.name}{_OLD_TAG}{os.getpid()}"
-        os.rename(dest, old)
-        os.rename(tmp, dest)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.rename(tmp, dest)
+    if dest.exists() and any(dest.iterdir()) and not force:  # appeared while we were writing
+        raise CheckpointError(f"{dest}: became non-empty during the conversion; pass --force to replace it")
+    swap_in(tmp, dest, dest.parent / f".{dest.name}{_OLD_TAG}{os.getpid()}")

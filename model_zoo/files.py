@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -162,6 +163,16 @@ def write_atomic(path: str | Path, data: bytes | str, *, error: type[PortingErro
                 os.unlink(tmp)
             except OSError:
                 pass
+
+
+def swap_in(staged: Path, dest: Path, old: Path) -> None:
+    """Put the complete directory ``staged`` in place of ``dest``: the existing ``dest`` is moved aside to
+    ``old`` first, not deleted (a crash between the two renames leaves it recoverable), then removed. Both
+    renames are within one directory, so each is atomic."""
+    if dest.exists():
+        os.replace(dest, old)
+    os.replace(staged, dest)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def sha256_file(path: str | Path, chunk: int = 1 << 22) -> str:

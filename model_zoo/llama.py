@@ -17,13 +17,14 @@ from typing import Callable, Iterator, Mapping
 
 import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
-from mindspore.common.initializer import Normal, Zero, One, initializer
+from mindspore.common.initializer import Normal, One, initializer
 
 from model_zoo import kernels, parallel
 from model_zoo.config import LlamaConfig, divisibility_problems
 from model_zoo.cpu_cells import CpuCausalAttention, CpuPackedAttention, CpuRmsNorm, CpuRope
 from model_zoo.errors import ConfigError, KernelError
 from model_zoo.kernels import KernelSelection
+from model_zoo.linear import Linear
 from model_zoo.parallel import TensorParallel
 
 _DTYPES = {"float32": ms.float32, "float16": ms.float16, "bfloat16": ms.bfloat16}
@@ -31,28 +32,6 @@ _DTYPES = {"float32": ms.float32, "float16": ms.float16, "bfloat16": ms.bfloat16
 
 def ms_dtype(name: str) -> ms.Type:
     return _DTYPES[name]
-
-
-class Linear(nn.Cell):
-    """y = x @ W^T (+ b) with W stored (out, in) as in HF."""
-
-    def __init__(self, in_features: int, out_features: int, bias: bool, param_dtype: ms.Type,
-                 compute_dtype: ms.Type, init_std: float = 0.02):
-        super().__init__()
-        self.weight = Parameter(initializer(Normal(init_std), (out_features, in_features), param_dtype), name="weight")
-        self.has_bias = bias
-        self.bias = Parameter(initializer(Zero(), (out_features,), param_dtype), name="bias") if bias else None
-        self.out_features = out_features
-        self.compute_dtype = compute_dtype
-        self.matmul = ops.MatMul(transpose_b=True)
-
-    def construct(self, x: Tensor) -> Tensor:
-        shape = x.shape
-        x2 = ops.reshape(ops.cast(x, self.compute_dtype), (-1, shape[-1]))
-        y = self.matmul(x2, ops.cast(self.weight, self.compute_dtype))
-        if self.has_bias:
-            y = y + ops.cast(self.bias, self.compute_dtype)
-        return ops.reshape(y, shape[:-1] + (self.out_features,))
 
 
 class RMSNorm(nn.Cell):

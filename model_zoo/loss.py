@@ -6,7 +6,7 @@ from __future__ import annotations
 import mindspore as ms
 from mindspore import Tensor, ops
 
-IGNORE_INDEX = -100
+from model_zoo.labels import IGNORE_INDEX
 
 
 def shifted_token_loss(logits: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:

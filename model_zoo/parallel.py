@@ -29,8 +29,9 @@ import numpy as np
 
 import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
-from mindspore.common.initializer import Normal, Zero, initializer
+from mindspore.common.initializer import Normal, initializer
 
+from model_zoo.linear import Linear
 from model_zoo.loss import IGNORE_INDEX
 
 
@@ -135,27 +136,7 @@ class TPMax(nn.Cell):
 
 
 # --------------------------------------------------------------------------- parallel layers
-class _ShardedLinear(nn.Cell):
-    """y = x @ W^T (+ b) on this rank's shard; W stored (out, in) as in HF, parameter names as ``Linear``."""
-
-    def __init__(self, in_local: int, out_local: int, bias: bool, param_dtype: ms.Type, compute_dtype: ms.Type,
-                 init_std: float = 0.02):
-        super().__init__()
-        self.weight = Parameter(initializer(Normal(init_std), (out_local, in_local), param_dtype), name="weight")
-        self.has_bias = bias
-        self.bias = Parameter(initializer(Zero(), (out_local,), param_dtype), name="bias") if bias else None
-        self.out_features = out_local
-        self.compute_dtype = compute_dtype
-        self.matmul = ops.MatMul(transpose_b=True)
-
-    def _local(self, x: Tensor) -> Tensor:
-        shape = x.shape
-        x2 = ops.reshape(ops.cast(x, self.compute_dtype), (-1, shape[-1]))
-        y = self.matmul(x2, ops.cast(self.weight, self.compute_dtype))
-        return ops.reshape(y, shape[:-1] + (self.out_features,))
-
-
-class ColumnParallelLinear(_ShardedLinear):
+class ColumnParallelLinear(Linear):
     """Output features split over the TP ranks (q/k/v by whole heads, gate/up by intermediate rows). The
     input must already be in the TP region (after :class:`CopyToTP`); the output stays sharded."""
 
@@ -164,14 +145,8 @@ class ColumnParallelLinear(_ShardedLinear):
         super().__init__(in_features, out_features // tp.size, bias, param_dtype, compute_dtype)
         self.tp_axes = {"weight": 0, "bias": 0} if bias else {"weight": 0}
 
-    def construct(self, x: Tensor) -> Tensor:
-        y = self._local(x)
-        if self.has_bias:
-            y = y + ops.cast(self.bias, self.compute_dtype)
-        return y
 
-
-class RowParallelLinear(_ShardedLinear):
+class RowParallelLinear(Linear):
     """Input features split over the TP ranks (o, down); the partial products are added by one
     AllReduce (:class:`ReduceFromTP`), then the replicated bias."""
 

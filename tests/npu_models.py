@@ -4,7 +4,7 @@ No NPU is reachable here, so the fused code paths are exercised on CPU by puttin
 place of ``ops.flash_attention_score``, ``ops.rotary_position_embedding`` and ``ops.rms_norm``.
 Each model checks the documented argument contract (layouts, dtypes, mask shapes, sparse modes)
 and raises where a real kernel would reject the call, so a wrong argument fails the test.
-Sources: MindSpore API docs (2.10) for the three ops, see ASCEND_FACTS.md.
+Sources: the MindSpore API docs (2.10; https://www.mindspore.cn/docs/en/master/api_python/mindspore.ops.html) of the three ops.
 """
 
 from __future__ import annotations

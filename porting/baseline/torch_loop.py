@@ -17,12 +17,11 @@ from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
 import numpy as np
 
+from model_zoo.labels import IGNORE_INDEX
 from porting.baseline.memory import PHASES, PhaseMeter
 
 if TYPE_CHECKING:
     from porting.train.data.examples import MicroBatch
-
-IGNORE_INDEX = -100
 
 
 @dataclass(frozen=True)

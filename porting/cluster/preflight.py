@@ -268,7 +268,7 @@ def run_preflight(recipe_path: str | os.PathLike, *, node_rank: int = 0, fingerp
         rows.append(_row("env fingerprint", INFO, "pass --fingerprint-dir SHARED_DIR on every node to compare knobs"))
     if smoke and rows[0]["status"] != FAIL and master_here:
         workers = min(2, c.devices_per_node) if c.device == "cpu" else c.devices_per_node
-        port = _free_port()
+        port = free_port()
         rows.append(smoke_allreduce(max(workers, 2), port, device="CPU" if c.device == "cpu" else "Ascend",
                                     explain=explain))
     elif smoke:
@@ -301,7 +301,7 @@ def run_train_preflight(recipe: Recipe, run_dir: Path, node_rank: int = 0, smoke
     rows.append(check_stale_for_run(Path(run_dir), node_rank, launch_devices(recipe)))
     want_smoke = c.device == "ascend" if smoke is None else smoke
     if want_smoke and node_rank == 0 and c.devices_per_node > 1 and not any(r["status"] == FAIL for r in rows):
-        rows.append(smoke_allreduce(c.devices_per_node if c.device == "ascend" else 2, _free_port(),
+        rows.append(smoke_allreduce(c.devices_per_node if c.device == "ascend" else 2, free_port(),
                                     device="Ascend" if c.device == "ascend" else "CPU", explain=explain))
     return {"node_rank": node_rank, "master": f"{c.master_addr}:{c.master_port}", "world_size": recipe.world_size,
             "checks": rows, "ok": not any(r["status"] == FAIL for r in rows)}
@@ -417,7 +417,8 @@ def _holds(pid: int, match) -> bool:
     return False
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port free on this machine now (the OS picks it); port's one helper for it (tests use it too)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

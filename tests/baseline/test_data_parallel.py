@@ -5,21 +5,16 @@ all-reduced port step computes, so the loss curves and final weights must agree 
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from porting.cluster.preflight import free_port
+
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = "recipes/tiny-cpu.yaml"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def port(*args: str) -> subprocess.CompletedProcess:

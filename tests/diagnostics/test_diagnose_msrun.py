@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -19,15 +18,11 @@ from pathlib import Path
 
 import pytest
 
+from porting.cluster.preflight import free_port
+
 ROOT = Path(__file__).resolve().parents[2]
 JOB = Path(__file__).with_name("dp_fault_job.py")
 pytestmark = [pytest.mark.slow, pytest.mark.msrun]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def launch(logdir: Path, fault: str) -> subprocess.Popen:

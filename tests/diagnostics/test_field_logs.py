@@ -185,7 +185,7 @@ def test_torchrun_local_rank_without_a_layout_says_what_is_missing_or_uses_the_r
 
 def plog(rank_in_world: int, world: int, group_rank: int, group: str, size: int) -> str:
     """A CANN plog of one process with HCCL's communicator set-up lines, in the formats MindCluster
-    FaultDiag's plog parser (ascend_fd) documents, and the plog line layout of ASCEND_FACTS.md."""
+    FaultDiag's plog parser (ascend_fd) documents."""
     head = "[INFO] HCCL(7001,python):2025-10-11-15:00:0{}.000.000 [op_base.cc:{}][HCCL_TRACE]"
     return (head.format(1, 210) + f"HcclCommInitRootInfo success,take time [237063]us, rankNum[{world}], "
             f"rank[{rank_in_world}], rootInfo identifier[hccl_world_group], server[10.0.0.4], device[0]\n"

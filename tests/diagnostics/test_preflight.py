@@ -15,15 +15,10 @@ from pathlib import Path
 import pytest
 
 from porting.cluster import generate, preflight
+from porting.cluster.preflight import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "recipes" / "tiny-cpu.yaml"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def doctor(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:

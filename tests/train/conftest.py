@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from porting.cluster.preflight import free_port  # noqa: F401 (the train tests import it from here)
 from tests.conftest import SHARED
 from tests.fixtures import alpaca_written
 
@@ -33,12 +33,6 @@ def error_line(p: subprocess.CompletedProcess) -> str:
     lines = [ln for ln in p.stderr.splitlines() if ln.startswith("error:")]
     assert lines, f"no error line in stderr:\n{p.stderr[-2000:]}"
     return lines[-1]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def metrics(run_dir: Path) -> tuple[list[dict], dict | None]:

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from model_zoo.errors import RecipeError
-from porting.train.data.examples import IGNORE_INDEX
+from model_zoo.labels import IGNORE_INDEX
 from porting.train.data.tokenise import tokenize_dataset
 from porting.train.data.chat import TemplateRenderer
 from porting.train.data.formats import Conversation, Turn

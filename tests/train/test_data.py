@@ -10,7 +10,7 @@ import pytest
 
 from model_zoo.errors import RecipeError
 from porting.train.data.batching import build_plan, choose_boundaries, padding_stats
-from porting.train.data.examples import IGNORE_INDEX
+from model_zoo.labels import IGNORE_INDEX
 from porting.train.data.tokenise import tokenize_dataset
 from porting.train.recipe.schema import validate_recipe
 from porting.tokenizer import load_tokenizer

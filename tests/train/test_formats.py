@@ -12,7 +12,7 @@ import pytest
 from model_zoo.errors import RecipeError
 from porting.train.data import formats
 from porting.train.data.batching import build_plan
-from porting.train.data.examples import IGNORE_INDEX
+from model_zoo.labels import IGNORE_INDEX
 from porting.train.data.tokenise import row_content, tokenize_dataset
 from porting.train.recipe.schema import validate_recipe
 from porting.tokenizer import load_tokenizer

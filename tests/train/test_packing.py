@@ -20,7 +20,8 @@ from model_zoo import llama as llama_mod
 from model_zoo.cpu_cells import CpuPackedAttention
 from model_zoo.errors import RecipeError
 from porting.train.data.batching import build_plan, pad_micro_batch
-from porting.train.data.examples import DataReport, Example, IGNORE_INDEX, MicroBatch, TokenizedData
+from model_zoo.labels import IGNORE_INDEX
+from porting.train.data.examples import DataReport, Example, MicroBatch, TokenizedData
 from porting.train.data.tokenise import tokenize_dataset
 from porting.train.data import packing, padding
 from porting.train.run import step as train_step

@@ -41,7 +41,8 @@ import numpy as np
 
 from model_zoo.errors import RecipeError
 from porting.train.data import packing
-from porting.train.data.examples import IGNORE_INDEX, MicroBatch, TokenizedData, split_eval
+from model_zoo.labels import IGNORE_INDEX
+from porting.train.data.examples import MicroBatch, TokenizedData, split_eval
 from porting.train.data.tokenise import tokenize_dataset
 from porting.train.recipe.schema import Recipe
 

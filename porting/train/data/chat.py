@@ -24,7 +24,7 @@ from pathlib import Path
 
 from model_zoo.errors import RecipeError
 from model_zoo.files import read_text
-from porting.train.data.examples import IGNORE_INDEX
+from model_zoo.labels import IGNORE_INDEX
 from porting.train.data.formats import Conversation, Turn
 
 MAX_TEMPLATE_BYTES = 1 << 20

@@ -12,8 +12,6 @@ import numpy as np
 
 from model_zoo.errors import RecipeError
 
-IGNORE_INDEX = -100   # a label no loss is taken on (the value torch's and MindSpore's cross-entropy skip)
-
 
 @dataclass(frozen=True)
 class Example:

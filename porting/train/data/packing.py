@@ -26,7 +26,8 @@ from typing import Sequence
 import numpy as np
 
 from model_zoo.errors import RecipeError
-from porting.train.data.examples import IGNORE_INDEX, MicroBatch, TokenizedData
+from model_zoo.labels import IGNORE_INDEX
+from porting.train.data.examples import MicroBatch, TokenizedData
 
 SLOT_CHOICES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 

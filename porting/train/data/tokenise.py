@@ -17,7 +17,8 @@ from model_zoo.errors import RecipeError
 from model_zoo.files import json_depth, read_text
 from porting.train.data import formats
 from porting.train.data.chat import renderer_for
-from porting.train.data.examples import IGNORE_INDEX, DataReport, Example, TokenizedData
+from model_zoo.labels import IGNORE_INDEX
+from porting.train.data.examples import DataReport, Example, TokenizedData
 
 MAX_DATA_BYTES = 16 << 30   # a data file is read whole; past this, split it (the largest SFT sets are ~2 GB)
 MAX_ROW_DEPTH = 16          # a chat row nests 3 levels (row -> messages -> message)

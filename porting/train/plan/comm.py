@@ -27,7 +27,9 @@ THRESHOLD_UNIT_BYTES = 262144      # bytes per configured "MB" in the backend pa
 AUTO_THRESHOLD = 64                # MindSpore's auto mode
 # What `port` assumes a node writes a checkpoint at (shared filesystem, per node); an estimate.
 SAVE_BYTES_PER_S = 0.5 * (1 << 30)
-# HCCL's defaults (ASCEND_FACTS.md): connect 120 s (MindSpore sets 600), exec 1836 s on A2/A3.
+# HCCL's defaults: connect 120 s (MindSpore sets 600), exec 1836 s on A2/A3 (CANN environment variables:
+# https://www.hiascend.com/document/detail/zh/canncommercial/83RC1/maintenref/envvar/envref_07_0149.html and
+# https://www.hiascend.com/document/detail/zh/canncommercial/900/maintenref/envvar/envref_07_0078.html).
 HCCL_CONNECT_FLOOR_S, HCCL_EXEC_FLOOR_S = 600, 1836
 # Env that every node must export with the same value (HCCL compares or times out on them).
 SAME_ON_EVERY_NODE = ("HCCL_CONNECT_TIMEOUT", "HCCL_EXEC_TIMEOUT", "HCCL_BUFFSIZE", "HCCL_DETERMINISTIC",

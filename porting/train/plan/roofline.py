@@ -1,6 +1,6 @@
 """A roofline estimate of one optimizer step on Ascend 910C, and working settings ranked by it.
 
-The figures (ASCEND_FACTS.md, "910C hardware", public third-party numbers): about 780 TFLOPS BF16
+The figures (public third-party numbers, not a Huawei datasheet): about 780 TFLOPS BF16
 and 3.2 TB/s HBM per package of 2 dies, about 400 GB/s chip-to-chip. Per die (one rank) that is
 390 TFLOPS, 1.6 TB/s, and 200 GB/s of link when both dies of a chip communicate at once; the same
 link figure is assumed between servers (unverified).

@@ -12,7 +12,8 @@ memory for ``grad_accum_steps`` x the reduce-scatter bytes. ``zero_stage: auto``
 it fits the usable HBM with :data:`porting.train.plan.memory.MARGIN_GIB` to spare, else stage 2.
 
 The reduce-scatter is chosen by capability (:func:`has_reduce_scatter`): HCCL has it; MindSpore's CPU
-collective library (MCCL) has a ReduceScatter that does nothing (ASCEND_FACTS.md), so on the CPU it
+collective library (MCCL: mindspore-ai/mindspore, plugin/cpu/res_manager/collective/ms_collective_comm_lib.cc)
+has a ReduceScatter that does nothing (measured under msrun, tests/train/test_zero.py), so on the CPU it
 is emulated by an AllReduce and a slice of this rank's shard (same numbers, twice the wire bytes).
 AllGather works on both over the world group; on the CPU it fails on a sub-group (the data-parallel
 group of a tensor-parallel run), so there (:func:`has_subgroup_all_gather`) each rank all-reduces a

@@ -1,6 +1,7 @@
 """The hardware shape of a cluster node: chips, dies per chip, and the devices software sees.
 
-On a 910C every die is one device and one rank (ASCEND_FACTS.md, rank tables): an Atlas A3 server
+On a 910C every die is one device and one rank (CANN HCCL guide, "Rank Table Configuration (Atlas A3)":
+https://www.hiascend.com/document/detail/en/CANNCommunityEdition/900/API/hcclug/hcclug_000066.html): an Atlas A3 server
 with 8 chips shows 16 devices of 64 GB. "13B on 4 x 8 910C" in the field means 32 chips = 64 dies.
 A recipe gives ``cluster.server`` (a preset), or ``chips_per_node`` / ``dies_per_chip``, or
 ``devices_per_node`` alone; the rest is derived here, and values that disagree are refused naming
@@ -21,7 +22,7 @@ class Server:
     source: str
 
 
-# Public product pages and ASCEND_FACTS.md ("910C hardware", "Rank tables").
+# Public product pages; two dies (devices, ranks) per A3 chip: https://www.hiascend.com/document/detail/en/CANNCommunityEdition/900/API/hcclug/hcclug_000066.html
 SERVERS: dict[str, Server] = {
     "atlas-800t-a3": Server(8, 2, 64.0, "Atlas 800T A3: 8 x 910C, 2 dies of 64 GB each = 16 devices"),
     "atlas-800t-a2": Server(8, 1, 64.0, "Atlas 800T A2: 8 x 910B, one 64 GB device each"),

@@ -162,11 +162,7 @@ def save(root: Path, step: int, params: list, state: TrainState, keep_last: int,
             f.write(body)
             f.flush()
             os.fsync(f.fileno())
-        old = root / f".old_step_{step}_{os.getpid()}"
-        if final.exists():   # moved aside, not deleted first: a crash now leaves it recoverable
-            os.replace(final, old)
-        os.replace(tmp, final)
-        shutil.rmtree(old, ignore_errors=True)
+        files.swap_in(tmp, final, root / f".old_step_{step}_{os.getpid()}")
     except (OSError, RuntimeError, ValueError) as exc:
         if rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)
