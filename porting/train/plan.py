@@ -205,7 +205,8 @@ def mixed_precision(recipe) -> str:
                 "float32; AdamW states float32")
     shard = " (sharded with optimizer sharding)" if recipe.parallel.optimizer_sharding and recipe.world_size > 1 else ""
     scale = f"; loss scale {p.loss_scale.kind}" if p.compute_dtype == "float16" or p.loss_scale.kind != "none" else ""
-    reduce = "float32" if p.grad_reduce_dtype == "float32" else f"{p.param_dtype} (grad_reduce_dtype: param_dtype)"
+    reduce = ("float32" if p.grad_reduce_dtype == "float32" else
+              f"{p.param_dtype} (opt-in grad_reduce_dtype: param_dtype, like Megatron's --grad-reduce-in-bf16)")
     how = "reduce-scattered" if shard else "all-reduced"
     return (f"{p.param_dtype} parameters for compute, float32 master weights and AdamW states{shard}; gradients "
             f"accumulated and {how} in {reduce}, clipped in float32 and applied to the float32 masters{scale}")
@@ -227,7 +228,11 @@ def plan_warnings(recipe, cfg: LlamaConfig) -> list[str]:
     if recipe.cluster.device == "ascend" and recipe.precision.compute_dtype == "float16" \
             and recipe.precision.loss_scale.kind == "none":
         w.append("precision: float16 compute without loss scaling underflows gradients; set "
-                 "precision.loss_scale.kind=dynamic")
+                 "precision.loss_scale.kind=dynamic (or auto)")
+    if recipe.precision.compute_dtype == "bfloat16" and recipe.precision.loss_scale.kind == "dynamic":
+        w.append("precision: a dynamic loss scale on bfloat16 skips real non-finite steps while it halves the "
+                 "scale (16 times from 65536) before the run stops; Megatron-LM and MindFormers run bf16 "
+                 "unscaled: set precision.loss_scale.kind=none (or auto)")
     return w
 
 

@@ -87,6 +87,11 @@ def test_shipped_910c_recipes_fit(name, nodes, world, tp):
     # 58 GiB usable of a 64 GiB die (MindFormers' max_device_memory), fp32 masters counted
     assert plan["fits"] and plan["memory_gib_by_phase"]["total"] <= 58 and plan["margin_gib"] > 4.0
     assert plan["memory_gib_by_phase"]["master_weights"] > 0
+    # bf16 as Megatron-LM runs it: fp32 gradient accumulation and reduction, no loss scale (docs/ascend.md)
+    prec = plan["precision"]
+    assert prec["param_dtype"] == "bfloat16" and prec["grad_reduce_dtype"] == "float32"
+    assert prec["loss_scale"]["kind"] == "none" and "reduce-scattered in float32" in plan["mixed_precision"]
+    assert not [w for w in plan["warnings"] if w.startswith("precision:")]
     assert len(plan["msrun_commands"]) == nodes and plan["world_size"] == world and plan["tensor_parallel"] == tp
     assert plan["sharding"]["enabled"] and plan["sharding"]["reduce_scatter"] == "reduce_scatter"   # HCCL has it
     ops = {c["op"] for c in plan["collectives"] if c["group"] == "dp" and c["purpose"].startswith("gradients,")}
@@ -160,3 +165,12 @@ def test_memory_budget_is_applied_on_ascend_only(monkeypatch):
     cpu = validate_recipe({"model": {"source": "llama-7b"}, "data": {"path": "x.jsonl"}, "cluster": {"device": "cpu"}},
                           check_files=False)
     assert apply_memory_budget(cpu) is None and len(calls) == 1
+
+
+def test_no_text_calls_the_bf16_reduce_megatrons_default():
+    """Megatron-LM forces fp32 accumulation and all-reduce for bf16 (megatron/training/arguments.py); the bf16
+    reduce is its --grad-reduce-in-bf16 opt-in. No recipe, doc or module may say otherwise again."""
+    texts = [p for d in ("recipes", "docs", "porting") for p in (ROOT / d).rglob("*") if p.suffix in (".yaml", ".md", ".py")]
+    said = [str(p.relative_to(ROOT)) for p in texts + [ROOT / "README.md"]
+            if "megatron's default" in p.read_text(encoding="utf-8").lower()]
+    assert not said, f"these still call a precision choice Megatron's default: {said}"
