@@ -156,6 +156,7 @@ class TrainPlan:
     suggestions: list[str] = field(default_factory=list)
     proposals: list[dict[str, Any]] = field(default_factory=list)
     estimated_step: dict[str, float] = field(default_factory=dict)
+    links: dict[str, Any] = field(default_factory=dict)
     msrun_commands: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     padding: dict[str, Any] | None = None   # --dry-run: padding of bucketing vs packing (packing.py)
@@ -191,8 +192,9 @@ def make_plan(recipe, cfg: LlamaConfig, recipe_path: str, run_dir: str, override
         memory_gib_by_phase=mem, device_hbm_gib=recipe.cluster.device_hbm_gib, usable_hbm_gib=usable,
         margin_gib=round(usable - mem["total"], 3), fits=fits,
         suggestions=[] if fits else suggestions(cfg, recipe, usable),
-        proposals=[] if fits else roofline.proposals(recipe, cfg, _with),
+        proposals=roofline.proposals(recipe, cfg, _with) if not fits or recipe.cluster.device == "ascend" else [],
         estimated_step=roofline.step_time(recipe, cfg) if recipe.cluster.device == "ascend" else {},
+        links=roofline.links(recipe) if recipe.cluster.device == "ascend" else {},
         msrun_commands=msrun_commands(recipe, recipe_path, run_dir, overrides, resume) if multi else [],
         warnings=plan_warnings(recipe, cfg))
 
@@ -293,12 +295,16 @@ def format_plan(plan: TrainPlan) -> str:
                  f"({plan.device_hbm_gib:g} GiB HBM) per device: {verdict}, margin {plan.margin_gib:.2f} GiB")
     lines += [f"  change: {s}" for s in plan.suggestions]
     if plan.proposals:
-        lines.append("working settings at the same global batch, fastest first (roofline estimate, porting/train/roofline.py):")
+        what = "layouts that fit" if plan.fits else "working settings"
+        lines.append(f"{what} at the same global batch, fastest first (roofline estimate, porting/train/roofline.py):")
         lines += [f"  {i + 1}. {roofline.proposal_line(p)}" for i, p in enumerate(plan.proposals)]
     if plan.estimated_step:
         e = plan.estimated_step
         lines.append(f"estimated step (roofline at the 910C peak, an estimate): {e['step_s']:.2f} s = compute "
-                     f"{e['compute_s']:.2f} + optimizer {e['memory_s']:.2f} + communication {e['comm_s']:.2f}")
+                     f"{e['compute_s']:.2f} + optimizer {e['memory_s']:.2f} + communication {e['comm_s']:.2f} "
+                     f"(TP {e['comm_tp_s']:.2f} at {plan.links['tp_bytes_per_s'] / 1e9:g} GB/s, {plan.links['intra_node']}; "
+                     f"DP {e['comm_dp_s']:.2f} at {plan.links['dp_bytes_per_s'] / 1e9:g} GB/s, "
+                     f"{plan.links['inter_node'] if plan.links['dp_spans_nodes'] else plan.links['intra_node']})")
     lines += [f"warning: {w}" for w in plan.warnings]
     lines += _collective_lines(plan)
     ga = plan.gradient_allreduce

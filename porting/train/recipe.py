@@ -189,6 +189,11 @@ class ClusterSection(_Section):
     master_port: int = Field(8118, ge=1024, le=65535)
     rank_table_file: Optional[str] = None
     cluster_time_out: int = Field(600, ge=1, le=86_400)   # seconds; a day at most
+    # links per die for the step-time estimate (porting/train/roofline.py): servers of one SuperPoD are joined
+    # by HCCS, others by RoCE; a measured figure (GB/s per die) replaces the documented one
+    superpod: bool = False
+    intra_node_gb_s: Optional[float] = Field(None, gt=0, le=10_000)
+    inter_node_gb_s: Optional[float] = Field(None, gt=0, le=10_000)
 
 
 class CheckpointingSection(_Section):
