@@ -89,6 +89,11 @@ def test_shipped_910c_recipes_fit(name, nodes, world, tp):
     # 58 GiB usable of a 64 GiB die (MindFormers' max_device_memory), fp32 masters counted
     assert plan["fits"] and plan["memory_gib_by_phase"]["total"] <= 58 and plan["margin_gib"] > 4.0
     assert plan["memory_gib_by_phase"]["master_weights"] > 0
+    # bf16 as Megatron-LM runs it: fp32 gradient accumulation and reduction, no loss scale (docs/ascend.md)
+    prec = plan["precision"]
+    assert prec["param_dtype"] == "bfloat16" and prec["grad_reduce_dtype"] == "float32"
+    assert prec["loss_scale"]["kind"] == "none" and "reduce-scattered in float32" in plan["mixed_precision"]
+    assert not [w for w in plan["warnings"] if w.startswith("precision:")]
     assert len(plan["msrun_commands"]) == nodes and plan["world_size"] == world and plan["tensor_parallel"] == tp
     assert plan["sharding"]["enabled"] and plan["sharding"]["reduce_scatter"] == "reduce_scatter"   # HCCL has it
     ops = {c["op"] for c in plan["collectives"] if c["group"] == "dp" and c["purpose"].startswith("gradients,")}
@@ -162,3 +167,48 @@ def test_memory_budget_is_applied_on_ascend_only(monkeypatch):
     cpu = validate_recipe({"model": {"source": "llama-7b"}, "data": {"path": "x.jsonl"}, "cluster": {"device": "cpu"}},
                           check_files=False)
     assert apply_memory_budget(cpu) is None and len(calls) == 1
+
+
+def test_no_text_calls_the_bf16_reduce_megatrons_default():
+    """Megatron-LM forces fp32 accumulation and all-reduce for bf16 (megatron/training/arguments.py); the bf16
+    reduce is its --grad-reduce-in-bf16 opt-in. No recipe, doc or module may say otherwise again."""
+    texts = [p for d in ("recipes", "docs", "porting") for p in (ROOT / d).rglob("*") if p.suffix in (".yaml", ".md", ".py")]
+    said = [str(p.relative_to(ROOT)) for p in texts + [ROOT / "README.md"]
+            if "megatron's default" in p.read_text(encoding="utf-8").lower()]
+    assert not said, f"these still call a precision choice Megatron's default: {said}"
+
+
+def test_13b_recipe_uses_the_fastest_layout_with_margin_and_shows_the_runner_ups():
+    """The shipped 13B layout is the one the step-time model ranks first among those that fit with the
+    sharding margin; the dry run lists the runner-ups with step time and memory, and the link figures each
+    group ran at, with their origin."""
+    r = port("train", "recipes/13b-32card.yaml", "--dry-run", "--json")
+    assert r.returncode == 0, r.stderr[-2000:]
+    plan = json.loads(r.stdout)
+    layouts = plan["proposals"]
+    assert len(layouts) >= 3 and [p["estimated_step_s"] for p in layouts] == sorted(p["estimated_step_s"] for p in layouts)
+    best = next(p for p in layouts if p["with_margin"])
+    assert best["this_recipe"] and best["tensor_parallel"] == plan["tensor_parallel"]
+    assert best["estimated_step_s"] == plan["estimated_step"]["step_s"]
+    links = plan["links"]
+    assert links["dp_spans_nodes"] and links["dp_bytes_per_s"] < links["tp_bytes_per_s"]   # RoCE between servers
+    assert "RoCE" in links["inter_node"] and links["intra_node"] == "HCCS"
+    text = port("train", "recipes/13b-32card.yaml", "--dry-run").stdout
+    assert "layouts that fit at the same global batch, fastest first" in text and "1. (this recipe) TP 8 x DP 8" in text
+    assert "at 25 GB/s, RoCE" in text and "at 200 GB/s, HCCS" in text
+
+
+def test_links_follow_the_cluster_inside_a_superpod_and_when_measured():
+    from porting.train.plan import roofline
+
+    base = validate_recipe({"model": {"source": "llama2-13b"}, "data": {"path": "x.jsonl"},
+                            "cluster": {"server": "atlas-800t-a3", "nodes": 4}}, "r.yaml", check_files=False)
+    assert roofline.links(base)["dp_bytes_per_s"] == 25e9
+    pod = base.model_copy(update={"cluster": base.cluster.model_copy(update={"superpod": True})})
+    assert roofline.links(pod)["dp_bytes_per_s"] == 200e9
+    measured = base.model_copy(update={"cluster": base.cluster.model_copy(update={"inter_node_gb_s": 40.0})})
+    assert roofline.links(measured)["dp_bytes_per_s"] == 40e9 and roofline.links(measured)["inter_node"] == "cluster.inter_node_gb_s"
+    one = base.model_copy(update={"cluster": base.cluster.model_copy(update={"nodes": 1})})
+    assert roofline.links(one)["dp_bytes_per_s"] == 200e9     # one server: DP stays on HCCS
+    cfg = presets.config("llama2-13b")
+    assert roofline.step_time(pod, cfg)["comm_dp_s"] < roofline.step_time(base, cfg)["comm_dp_s"]

@@ -161,3 +161,13 @@ def test_set_keys_and_templates_are_checked():
     ok = validate_recipe(dict(raw, data={"path": "y", "prompt_template": "{{literal}} {instruction}"}),
                          check_files=False)
     assert ok.data.prompt_template.startswith("{{")
+
+
+@pytest.mark.parametrize("compute,want", [("float16", "dynamic"), ("bfloat16", "none"), ("float32", "none")])
+def test_loss_scale_auto_is_dynamic_for_float16_only(compute, want):
+    """auto (the default) resolves as Megatron-LM builds its grad scaler: dynamic for fp16, none for bf16
+    (megatron/core/optimizer/__init__.py); an explicit kind is kept as written."""
+    r = load_recipe(ROOT / "recipes/tiny-cpu.yaml", ["cluster.device=ascend", f"precision.compute_dtype={compute}", f"precision.param_dtype={compute}"])
+    assert r.precision.loss_scale.kind == want
+    kept = load_recipe(ROOT / "recipes/tiny-cpu.yaml", ["cluster.device=ascend", f"precision.compute_dtype={compute}", "precision.loss_scale.kind=static"])
+    assert kept.precision.loss_scale.kind == "static"

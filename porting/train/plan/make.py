@@ -126,6 +126,7 @@ class TrainPlan:
     suggestions: list[str] = field(default_factory=list)
     proposals: list[dict[str, Any]] = field(default_factory=list)
     estimated_step: dict[str, float] = field(default_factory=dict)
+    links: dict[str, Any] = field(default_factory=dict)
     msrun_commands: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     padding: dict[str, Any] | None = None   # --dry-run: padding of bucketing vs packing (packing.py)
@@ -164,8 +165,9 @@ def make_plan(recipe: Recipe, cfg: LlamaConfig, recipe_path: str, run_dir: str, 
         memory_gib_by_phase=mem, device_hbm_gib=recipe.cluster.device_hbm_gib, usable_hbm_gib=usable,
         margin_gib=round(usable - mem["total"], 3), fits=fits,
         suggestions=[] if fits else suggestions(cfg, recipe, usable),
-        proposals=[] if fits else roofline.proposals(recipe, cfg),
+        proposals=roofline.proposals(recipe, cfg) if not fits or recipe.cluster.device == "ascend" else [],
         estimated_step=roofline.step_time(recipe, cfg, layout) if recipe.cluster.device == "ascend" else {},
+        links=roofline.links(recipe) if recipe.cluster.device == "ascend" else {},
         msrun_commands=msrun_commands(recipe, recipe_path, run_dir, overrides, resume) if multi else [],
         warnings=plan_warnings(recipe, cfg, choice))
 
@@ -178,7 +180,8 @@ def mixed_precision(recipe: Recipe) -> str:
                 "float32; AdamW states float32")
     shard = " (sharded with optimizer sharding)" if recipe.parallel.optimizer_sharding and recipe.world_size > 1 else ""
     scale = f"; loss scale {p.loss_scale.kind}" if p.compute_dtype == "float16" or p.loss_scale.kind != "none" else ""
-    reduce = "float32" if p.grad_reduce_dtype == "float32" else f"{p.param_dtype} (grad_reduce_dtype: param_dtype)"
+    reduce = ("float32" if p.grad_reduce_dtype == "float32" else
+              f"{p.param_dtype} (opt-in grad_reduce_dtype: param_dtype, like Megatron's --grad-reduce-in-bf16)")
     how = "reduce-scattered" if shard else "all-reduced"
     return (f"{p.param_dtype} parameters for compute, float32 master weights and AdamW states{shard}; gradients "
             f"accumulated and {how} in {reduce}, clipped in float32 and applied to the float32 masters{scale}")
@@ -199,7 +202,11 @@ def plan_warnings(recipe: Recipe, cfg: LlamaConfig, choice: ShardingChoice) -> l
     if recipe.cluster.device == "ascend" and recipe.precision.compute_dtype == "float16" \
             and recipe.precision.loss_scale.kind == "none":
         w.append("precision: float16 compute without loss scaling underflows gradients; set "
-                 "precision.loss_scale.kind=dynamic")
+                 "precision.loss_scale.kind=dynamic (or auto)")
+    if recipe.precision.compute_dtype == "bfloat16" and recipe.precision.loss_scale.kind == "dynamic":
+        w.append("precision: a dynamic loss scale on bfloat16 skips real non-finite steps while it halves the "
+                 "scale (16 times from 65536) before the run stops; Megatron-LM and MindFormers run bf16 "
+                 "unscaled: set precision.loss_scale.kind=none (or auto)")
     return w
 
 

@@ -25,8 +25,8 @@ Mixed precision, as Megatron / MindSpeed-LLM keep it (porting/train/run/step.py)
 - master_weights: float32 copies of bf16/fp16 parameters, P x 4, sharded like the AdamW states.
 - gradients_fp32: gradients are all-reduced, clipped and applied in float32 by default: a float32
   copy P x 4 of bf16/fp16 gradients (the accumulation buffers already are float32 when
-  grad_accum_steps > 1); none with ``grad_reduce_dtype: param_dtype`` (Megatron's default, without
-  --accumulate-allreduce-grads-in-fp32), where AdamW casts each gradient to float32 as it applies it.
+  grad_accum_steps > 1), as Megatron-LM forces for bf16; none with the opt-in ``grad_reduce_dtype:
+  param_dtype`` (Megatron's --grad-reduce-in-bf16), where AdamW casts each gradient to float32 as it applies it.
 - adamw_temporaries: the element-wise update's float32 m', v', p' and gradient of one parameter (of
   one bucket's shard when sharded) at a time (graph memory reuse frees them after each assign), 4 x 4.
 - sharding_buffers: with optimizer sharding (porting/train/run/zero.py), the largest flat bucket's

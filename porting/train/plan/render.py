@@ -33,12 +33,16 @@ def format_plan(plan: TrainPlan) -> str:
                  f"({plan.device_hbm_gib:g} GiB HBM) per device: {verdict}, margin {plan.margin_gib:.2f} GiB")
     lines += [f"  change: {s}" for s in plan.suggestions]
     if plan.proposals:
-        lines.append("working settings at the same global batch, fastest first (roofline estimate, porting/train/plan/roofline.py):")
+        what = "layouts that fit" if plan.fits else "working settings"
+        lines.append(f"{what} at the same global batch, fastest first (roofline estimate, porting/train/plan/roofline.py):")
         lines += [f"  {i + 1}. {roofline.proposal_line(p)}" for i, p in enumerate(plan.proposals)]
     if plan.estimated_step:
         e = plan.estimated_step
         lines.append(f"estimated step (roofline at the 910C peak, an estimate): {e['step_s']:.2f} s = compute "
-                     f"{e['compute_s']:.2f} + optimizer {e['memory_s']:.2f} + communication {e['comm_s']:.2f}")
+                     f"{e['compute_s']:.2f} + optimizer {e['memory_s']:.2f} + communication {e['comm_s']:.2f} "
+                     f"(TP {e['comm_tp_s']:.2f} at {plan.links['tp_bytes_per_s'] / 1e9:g} GB/s, {plan.links['intra_node']}; "
+                     f"DP {e['comm_dp_s']:.2f} at {plan.links['dp_bytes_per_s'] / 1e9:g} GB/s, "
+                     f"{plan.links['inter_node'] if plan.links['dp_spans_nodes'] else plan.links['intra_node']})")
     lines += [f"warning: {w}" for w in plan.warnings]
     lines += _collective_lines(plan)
     ga = plan.gradient_allreduce

@@ -1,18 +1,30 @@
 """A roofline estimate of one optimizer step on Ascend 910C, and working settings ranked by it.
 
-The figures (public third-party numbers, not a Huawei datasheet): about 780 TFLOPS BF16
-and 3.2 TB/s HBM per package of 2 dies, about 400 GB/s chip-to-chip. Per die (one rank) that is
-390 TFLOPS, 1.6 TB/s, and 200 GB/s of link when both dies of a chip communicate at once; the same
-link figure is assumed between servers (unverified).
+Compute and memory (public, third-party figures for the 910C package of 2 dies: about 780 TFLOPS BF16,
+3.2 TB/s HBM): per die (one rank) 390 TFLOPS and 1.6 TB/s.
+
+Links, per die, applied to each parallel group separately (:func:`links`):
+- inside a server: HCCS (Atlas 800T A3: two dies joined by SIO form a HiAM module, eight modules joined by
+  HCCS; MindCluster scheduling guide, dl_affinity_0040,
+  https://www.hiascend.com/document/detail/en/mindcluster/730/clustersched/schedulingug/dl_affinity_0040.html).
+  About 400 GB/s chip-to-chip, 200 GB/s per die when both dies of a chip communicate at once.
+- between servers: RoCE on the parameter-plane ports, one 400GE port per 910C chip (8 x 400 G per
+  8-chip node, https://www.besthub.dev/articles/inside-huawei-atlas-900a3-superpod-cm384-supernode-wiring-scheme-a92f17277732):
+  50 GB/s per chip, 25 GB/s per die; Atlas 800T A2: one 200GE port per 910B device, 25 GB/s (assumed
+  from the same one-port-per-NPU design, not checked against a data sheet). Inside a SuperPoD
+  (``cluster.superpod: true``) servers are joined by HCCS, and the intra-server figure applies.
+  ``cluster.intra_node_gb_s`` / ``cluster.inter_node_gb_s`` replace either figure with a measured one.
+- tensor-parallel groups stay inside a node (TP divides devices_per_node); a data-parallel group spans
+  every node, and its ring runs at its slowest link: the inter-node one when nodes > 1.
 
     compute_s = FLOPs of the rank / 390 TFLOPS     (6 P per token for the matmuls, + 6 L h s per token
                                                    for causal attention, x 4/3 with recompute; / TP)
     memory_s  = optimizer bytes read and written / 1.6 TB/s (weights, gradients, masters, m, v)
-    comm_s    = wire bytes of the collectives (porting.train.plan.sharding) / 200 GB/s
+    comm_s    = TP wire bytes / intra-node link + DP wire bytes / (inter-node link when nodes > 1)
     step_s    = compute_s + memory_s + comm_s     (port's step does not overlap communication)
 
-It is an estimate at the hardware's peak: real steps run at a fraction of it (a seed quotes about
-30% MFU on 910C), so use it to rank settings, not to promise a step time.
+It is an estimate at the hardware's peak: real steps run at a fraction of it, so use it to rank settings,
+not to promise a step time.
 """
 
 from __future__ import annotations
@@ -22,13 +34,33 @@ from typing import Any
 from model_zoo.config import LlamaConfig
 from porting.train.plan import sharding
 from porting.train.plan.layout import Layout
-from porting.train.plan.memory import estimate_memory, usable_hbm_gib
+from porting.train.plan.memory import MARGIN_GIB, estimate_memory, usable_hbm_gib
 from porting.train.recipe.schema import Recipe
 
 TFLOPS_PER_DIE = 390e12
 HBM_BYTES_PER_S = 1.6e12
-LINK_BYTES_PER_S = 200e9
+HCCS_BYTES_PER_S = 200e9      # per die, inside a server or a SuperPoD (module docstring)
+ROCE_BYTES_PER_S = {"atlas-800t-a3": 25e9, "atlas-800t-a2": 25e9, None: 25e9}   # per die, between servers
 TOP = 5
+
+
+def links(recipe: Recipe) -> dict[str, Any]:
+    """The link figure (bytes/s per die) each parallel group runs at, and where it comes from."""
+    c = recipe.cluster
+    intra = c.intra_node_gb_s * 1e9 if c.intra_node_gb_s else HCCS_BYTES_PER_S
+    if c.inter_node_gb_s:
+        inter, how = c.inter_node_gb_s * 1e9, "cluster.inter_node_gb_s"
+    elif c.superpod:
+        inter, how = intra, "HCCS inside a SuperPoD (cluster.superpod)"
+    else:
+        inter, how = ROCE_BYTES_PER_S.get(c.server, ROCE_BYTES_PER_S[None]), "RoCE, one port per chip"
+    dp_link = inter if c.nodes > 1 else intra
+    return {"intra_node_bytes_per_s": intra, "inter_node_bytes_per_s": inter, "inter_node": how,
+            "intra_node": "cluster.intra_node_gb_s" if c.intra_node_gb_s else "HCCS",
+            "tp_bytes_per_s": intra, "dp_bytes_per_s": dp_link,
+            "dp_spans_nodes": c.nodes > 1, "source": "porting/train/plan/roofline.py module docstring"}
+
+
 
 
 def step_time(recipe: Recipe, cfg: LlamaConfig, layout: Layout | None = None) -> dict[str, float]:
@@ -42,10 +74,12 @@ def step_time(recipe: Recipe, cfg: LlamaConfig, layout: Layout | None = None) ->
     p_local = layout.parameters
     states = (4 + 4 + 4) / (dp if recipe.parallel.optimizer_sharding else 1)   # master, m, v read + written
     opt_bytes = p_local * (2 * states + 2 + 4)
-    wire = sharding.bytes_summary(sharding.collectives(recipe, cfg, layout=layout))["wire_bytes"]
-    out = {"compute_s": flops / TFLOPS_PER_DIE, "memory_s": opt_bytes / HBM_BYTES_PER_S,
-           "comm_s": wire / LINK_BYTES_PER_S}
+    wire = sharding.bytes_summary(sharding.collectives(recipe, cfg, layout=layout))
+    link = links(recipe)
+    tp_s, dp_s = wire["tp_wire_bytes"] / link["tp_bytes_per_s"], wire["dp_wire_bytes"] / link["dp_bytes_per_s"]
+    out = {"compute_s": flops / TFLOPS_PER_DIE, "memory_s": opt_bytes / HBM_BYTES_PER_S, "comm_s": tp_s + dp_s}
     out["step_s"] = sum(out.values())
+    out["comm_tp_s"], out["comm_dp_s"] = tp_s, dp_s
     out["tokens_per_s"] = recipe.global_batch_size * seq / out["step_s"]
     return {k: round(v, 4) for k, v in out.items()}
 
@@ -77,9 +111,12 @@ def proposals(recipe: Recipe, cfg: LlamaConfig) -> list[dict[str, Any]]:
                 if total > usable:
                     continue
                 t = step_time(alt, cfg, layout)
+                mine = (tp == recipe.parallel.tensor_parallel and shard == recipe.parallel.optimizer_sharding
+                        and rc == recipe.memory.recompute and recipe.batching.micro_batch_size == 1)
                 out.append({"tensor_parallel": tp, "data_parallel": dp, "optimizer_sharding": shard, "recompute": rc,
                             "micro_batch_size": 1, "grad_accum_steps": gbs // dp, "memory_gib": total,
-                            "margin_gib": round(usable - total, 2), "estimated_step_s": t["step_s"],
+                            "margin_gib": round(usable - total, 2), "with_margin": usable - total >= MARGIN_GIB,
+                            "this_recipe": mine, "estimated_step_s": t["step_s"],
                             "estimate": t, "set": [f"{k}={_yaml(v)}" for k, v in sets.items()
                                                    if v is not None]})
     out.sort(key=lambda p: (p["estimated_step_s"], -p["margin_gib"]))
@@ -92,7 +129,8 @@ def _yaml(v: Any) -> str:
 
 def proposal_line(p: dict[str, Any]) -> str:
     e = p["estimate"]
-    return (f"TP {p['tensor_parallel']} x DP {p['data_parallel']}, sharding {p['optimizer_sharding']}, recompute "
+    mark = "(this recipe) " if p.get("this_recipe") else ""
+    return (f"{mark}TP {p['tensor_parallel']} x DP {p['data_parallel']}, sharding {p['optimizer_sharding']}, recompute "
             f"{p['recompute']}, micro 1 x accum {p['grad_accum_steps']}: {p['memory_gib']:.1f} GiB (margin "
             f"{p['margin_gib']:.1f}); estimated step {e['step_s']:.2f} s (compute {e['compute_s']:.2f} + optimizer "
-            f"{e['memory_s']:.2f} + comm {e['comm_s']:.2f}, roofline at peak) -> --set " + " --set ".join(p["set"]))
+            f"{e['memory_s']:.2f} + comm {e['comm_s']:.2f} [TP {e['comm_tp_s']:.2f}, DP {e['comm_dp_s']:.2f}], roofline at peak) -> --set " + " --set ".join(p["set"]))

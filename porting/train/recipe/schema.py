@@ -127,7 +127,11 @@ class ScheduleSection(_Section):
 
 
 class LossScaleSection(_Section):
-    kind: Literal["none", "static", "dynamic"] = "none"
+    # auto: dynamic for float16 compute, none for bfloat16 and float32, as Megatron-LM builds its grad scaler
+    # (megatron/core/optimizer/__init__.py: a DynamicGradScaler only for fp16 without --loss-scale; bf16
+    # "with no loss-scale so leave it as None") and MindFormers' bf16 Llama-2-13B fine-tune runs
+    # (configs/llama2/finetune_llama2_13b_bf16.yaml: scale_sense 1, enable_check_overflow False).
+    kind: Literal["auto", "none", "static", "dynamic"] = "auto"
     init: float = Field(65536.0, gt=0, le=2.0 ** 32)
     factor: float = Field(2.0, gt=1, le=1024.0)
     window: int = Field(1000, ge=1, le=BIG)
@@ -137,10 +141,19 @@ class PrecisionSection(_Section):
     param_dtype: Dtype = "float32"
     compute_dtype: Dtype = "float32"
     optimizer_dtype: Literal["float32"] = "float32"
-    # Gradients all-reduced (and accumulated) in float32, or in the parameter dtype as Megatron does
-    # without --accumulate-allreduce-grads-in-fp32 (half the gradient memory and traffic); see plan.py.
+    # Gradients accumulated, all-reduced and clipped in float32: Megatron-LM forces this for bf16
+    # (megatron/training/arguments.py: "bfloat16 requires gradient accumulation and all-reduce to be done
+    # in fp32") unless --grad-reduce-in-bf16 is asked for. `param_dtype` is that opt-in (half the gradient
+    # memory and traffic, at the cost of bf16 rounding in the sums); the plan names it when chosen.
     grad_reduce_dtype: Literal["float32", "param_dtype"] = "float32"
     loss_scale: LossScaleSection = LossScaleSection()
+
+    @model_validator(mode="after")
+    def _resolve_loss_scale(self) -> "PrecisionSection":
+        if self.loss_scale.kind == "auto":   # resolved once, so the manifest and the plan show what runs
+            kind = "dynamic" if self.compute_dtype == "float16" else "none"
+            self.loss_scale = self.loss_scale.model_copy(update={"kind": kind})
+        return self
 
 
 class MemorySection(_Section):
@@ -176,6 +189,11 @@ class ClusterSection(_Section):
     master_port: int = Field(8118, ge=1024, le=65535)
     rank_table_file: Optional[str] = None
     cluster_time_out: int = Field(600, ge=1, le=86_400)   # seconds; a day at most
+    # links per die for the step-time estimate (porting/train/plan/roofline.py): servers of one SuperPoD are joined
+    # by HCCS, others by RoCE; a measured figure (GB/s per die) replaces the documented one
+    superpod: bool = False
+    intra_node_gb_s: Optional[float] = Field(None, gt=0, le=10_000)
+    inter_node_gb_s: Optional[float] = Field(None, gt=0, le=10_000)
 
 
 class CheckpointingSection(_Section):

@@ -1,0 +1,83 @@
+"""`port rehearse`: the acceptance ladder at the recipe's shape, scaled to this machine (porting/rehearse.py).
+
+The small model keeps the family's features; the tiny recipe's ladder passes and `port report` reads it; the
+13B recipe's shape (TP 2 x DP 2, ZeRO, two node ranks on loopback) passes with every step equal across
+rungs; a rung broken on purpose stops the ladder with its reason and nothing after it runs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from model_zoo import presets
+from porting.rehearse import scaled_config
+from tests.train.conftest import ROOT, error_line, port
+
+TINY = str(ROOT / "recipes" / "tiny-cpu.yaml")
+
+
+@pytest.mark.parametrize("name", ["llama2-13b", "llama3-8b", "qwen2-7b", "llama3.2-1b"])
+def test_the_small_model_keeps_the_familys_features(name):
+    full = presets.config(name)
+    small = scaled_config(full)
+    assert not small.problems()
+    full_group = full.num_attention_heads // (full.num_key_value_heads or full.num_attention_heads)
+    assert small.num_attention_heads // small.num_key_value_heads == min(full_group, 4)
+    assert small.num_key_value_heads % 2 == 0          # tensor parallel 2 divides the KV heads
+    for keep in ("rope_theta", "rope_scaling", "tie_word_embeddings", "qkv_bias", "o_bias", "mlp_bias",
+                 "rms_norm_eps", "model_type", "hidden_act"):
+        assert getattr(small, keep) == getattr(full, keep), keep
+    assert small.num_parameters() < 1_000_000
+
+
+@pytest.mark.slow
+def test_tiny_recipe_ladder_passes_and_the_report_reads_it(tmp_path):
+    out = tmp_path / "r"
+    r = port("rehearse", TINY, "--out", str(out), timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    doc = json.loads((out / "rehearse.json").read_text())
+    st = {g["name"]: g["status"] for g in doc["rungs"]}
+    assert st == {"single": "pass", "parity": "pass", "node": "skip", "two-nodes": "skip"}
+    single = doc["rungs"][0]
+    assert len(single["losses"]) == 3 and single["compile_s"] is not None and single["compile_s"] > 0
+    rep = port("report", str(out))
+    assert rep.returncode == 0, rep.stderr[-2000:]
+    md = (out / "report" / "report.md").read_text()
+    assert "run at 1 device" in md and "compile, rung single" in md and "rehearsal parity" in md
+
+
+@pytest.mark.slow
+def test_a_broken_rung_stops_the_ladder_with_its_reason(tmp_path):
+    out = tmp_path / "r"
+    r = port("rehearse", TINY, "--out", str(out), "--rung-set", "optimizer.lr=1e30", "--rungs", "single,parity",
+             timeout=900)
+    assert r.returncode != 0
+    line = error_line(r)
+    assert "rung single failed" in line and "loss is nan" in line
+    doc = json.loads((out / "rehearse.json").read_text())
+    assert [g["status"] for g in doc["rungs"]][:2] == ["fail", "not run"]
+
+
+@pytest.mark.slow
+@pytest.mark.msrun
+def test_13b_shape_tp2_dp2_zero_two_node_ranks_pass_and_agree(tmp_path):
+    out = tmp_path / "r13"
+    r = port("rehearse", str(ROOT / "recipes" / "13b-32card.yaml"), "--out", str(out), timeout=1800)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    doc = json.loads((out / "rehearse.json").read_text())
+    rungs = {g["name"]: g for g in doc["rungs"]}
+    assert all(g["status"] == "pass" for g in rungs.values()), rungs
+    assert rungs["node"]["layout"] == "TP 2 x DP 2 on 1 node(s)" and rungs["two-nodes"]["layout"] == "TP 2 x DP 2 on 2 node(s)"
+    for name in ("node", "two-nodes"):       # each step equal to the single device's within the stated tolerance
+        for a, b in zip(rungs[name]["losses"], rungs["single"]["losses"]):
+            assert abs(a - b) <= doc["tolerance"]["loss_atol"]
+    recipe = (out / "recipes" / "node.yaml").read_text()
+    assert "optimizer_sharding: true" in recipe and "tensor_parallel: 2" in recipe
+    assert (out / "rungs" / "two-nodes" / "logs").is_dir()
+    md_run = port("report", str(out))
+    assert md_run.returncode == 0
+    md = (out / "report" / "report.md").read_text()
+    for label in ("run at 1 device", "run at single-node multi-device", "run at multi-node"):
+        row = next(ln for ln in md.splitlines() if label in ln)
+        assert "pass" in row, row
