@@ -359,6 +359,7 @@ def import_configs(paths: list[str], out: str | Path, target: Target) -> dict[st
         if r["status"] == "mapped" and r["recipe_key"].startswith("model.source") and target.model:
             r["note"] = f"overridden by --model {target.model}"
     rep = {"format": "port-recipe-import", "format_version": 1, "recipe": str(dst), "configs": kinds,
+           "model": raw["model"]["source"],
            "global_batch": {"value": gbs, "source": how, "target": plan.global_batch_formula},
            "plan": {"world_size": plan.world_size, "tensor_parallel": plan.tensor_parallel,
                     "data_parallel": plan.data_parallel, "memory_gib_per_device": plan.memory_gib_by_phase["total"],

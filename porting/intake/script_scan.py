@@ -147,7 +147,8 @@ def scan_source(text: str, where: str) -> list[Finding]:
     try:
         tree = ast.parse(text, filename=where)
     except SyntaxError as e:
-        raise IntakeError(f"{where}: line {e.lineno}: not valid Python ({e.msg}); port scans Python 3 scripts as they "
+        at = f"line {e.lineno}: " if e.lineno else ""
+        raise IntakeError(f"{where}: {at}not valid Python ({e.msg}); port scans Python 3 scripts as they "
                           "are (it never runs them): fix the syntax or leave the file out") from None
     except (ValueError, RecursionError, MemoryError) as e:
         raise IntakeError(f"{where}: cannot be parsed as Python ({type(e).__name__}: {str(e)[:80]}); leave the file "
