@@ -120,6 +120,11 @@ def test_imported_hf_log_passes_against_the_same_recipe(hf_trainer_state, tiny_c
     c = rep["curve"]
     assert c["points"] == 20 and c["run_mean_rel_diff"] < 1e-3
     assert "PASS" in compare_mod.render(rep)
+    from porting.report import make_report
+
+    make_report(tiny_cpu_run, tmp_path / "report", baseline=base)   # both curves on one plot
+    svg = (tmp_path / "report" / "loss.svg").read_text()
+    assert "imported hf-trainer-state" in svg and svg.count("<polyline") >= 2
 
 
 def test_drift_of_one_and_a_half_percent_fails_naming_the_steps(hf_trainer_state, tiny_cpu_run, tmp_path):

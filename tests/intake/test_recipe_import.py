@@ -122,3 +122,14 @@ def test_real_training_args_bin_fields():
     assert (d["per_device_train_batch_size"], d["gradient_accumulation_steps"], d["fp16"]) == (8, 4, True)
     assert (d["lr_scheduler_type"], d["optim"], d["evaluation_strategy"]) == ("cosine", "adamw_torch", "no")
     assert d["distributed_state"] == "<accelerate.state.PartialState>"
+
+
+def test_training_arguments_as_json_give_the_same_recipe(imported, tmp_path):
+    """`trainer.args.to_dict()` dumped as JSON (what the pickle refusal advises) imports like the .bin."""
+    args = read_training_args_bin(CFG / "luojiu_training_args.bin")
+    (tmp_path / "args.json").write_text(json.dumps(args))
+    rep = import_configs([str(tmp_path / "args.json"), str(CFG / "lf_ds_z2_config.json")], tmp_path / "r.yaml",
+                         Target(model="llama2-7b"))
+    want = yaml.safe_load(imported["hf-bin+ds-z2"][1].read_text())
+    got = yaml.safe_load((tmp_path / "r.yaml").read_text())
+    assert got == want and rep["configs"][str(tmp_path / "args.json")] == "hf-training-args"
