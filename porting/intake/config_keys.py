@@ -131,7 +131,9 @@ def special_refusal(key: str, value: Any) -> tuple[str, bool] | None:
         return BLOCKING[key], True
     if key.startswith("lora_") or key.startswith("pissa") or key.startswith("freeze_"):
         return "LoRA/freeze settings: port trains every weight (full fine-tuning)", False
-    if key in ("fsdp", "fsdp_config") or key.startswith("fsdp_config."):
+    if key == "fsdp_config" or key.startswith("fsdp_config.") and key != "fsdp_config.fsdp_sharding_strategy":
+        return "FSDP options (they act only when FSDP shards the model; port shards optimizer states instead)", False
+    if key in ("fsdp", "fsdp_config.fsdp_sharding_strategy"):
         if value in ("", None, [], {}, False):
             return f"FSDP not used ({value!r})", False
         return ("FSDP shards parameters (ZeRO-3 style): port shards optimizer states and fp32 masters over data-parallel "

@@ -314,7 +314,11 @@ def fit(raw: dict[str, Any], gbs: int, job: Job, target: Target):
                 cand.setdefault("batching", {}).update(micro_batch_size=1, grad_accum_steps=gbs // dp)
                 rec = validate_recipe(cand, "<imported recipe>", check_files=False)
                 if cfg is None:
-                    cfg, notes = plan_config(rec)
+                    try:
+                        cfg, notes = plan_config(rec)
+                    except PortingError as e:
+                        raise IntakeError(f"model.source {rec.model.source}: {e}; pass --model DIR|ZOO_NAME (the "
+                                          "checkpoint directory, or the zoo name of the same architecture)") from None
                     job.notes += notes
                 try:
                     check_tensor_parallel(rec, cfg, rec.model.source)
