@@ -106,6 +106,19 @@ FAILS = {  # need a model, a GPU or cluster files this machine has not: (exit co
         (2, "not in the local HF cache"),
     "port diagnose ./pasted_logs --rank-table rank_table.json   # socket peers mapped to ranks":
         (2, "pasted_logs: no such directory"),
+    # a CUDA job's own files (tests/intake/ runs these commands on the real public fixtures)
+    "port baseline --import ./job/trainer_state.json --global-batch 64 --seq-length 2048 --out cuda_base.json":
+        (2, "trainer_state.json not found"),
+    "port ops scan --script ./train.py --script ./patches/ --json   # CUDA habits in scripts (parsed, never run)":
+        (2, "train.py: no such file or directory"),
+    "port recipe import ./job/training_args.bin ./job/ds_z2_config.json --model llama2-7b --out recipe.yaml":
+        (2, "training_args.bin not found"),
+    "port recipe import ./job/llama3_full_sft.yaml --cluster atlas-800t-a3 --nodes 2 --data data/train.jsonl --out r.yaml":
+        (2, "config not found"),
+    "port recipe import ./job/args.json --source-gpus 8 --out r.yaml --json": (2, "config not found"),
+    "port intake ./cuda_job --out ./migration --model llama2-7b": (2, "cuda_job: not a directory"),
+    "port intake ./cuda_job --out ./migration --cluster atlas-800t-a3 --nodes 2 --source-gpus 8 --json":
+        (2, "cuda_job: not a directory"),
     # the set-up table is one server of 8 devices: checked against a bigger cluster, it is refused
     "port ranktable check rank_table.json --nodes 2 --cards-per-node 16": (1, "expects cards_per_node=16"),
     "port ranktable check rank_table.json --nodes 4 --cards-per-node 16 --json": (1, "expects cards_per_node=16"),
@@ -118,6 +131,8 @@ OUTPUT = {
     "port verify --hf stories260k --generate      # plus greedy text vs HF generate and the golden text":
         "golden text: matches",
     "port compare base.json runs/tiny-cpu": "RESULT: PASS",
+    "port baseline --import runs/tiny-cpu/metrics.jsonl --global-batch 4 --out cuda.json && port compare cuda.json "
+    "runs/tiny-cpu --window 5": "RESULT: PASS",
     "port zoo show stories260k": '"hidden_size": 64',
 }
 # Run first, once, to make the work directory the other examples use (results checked there too);

@@ -235,7 +235,7 @@ def run_settings(run: RunRecords) -> dict[str, Any]:
 
 
 def run_compare(baseline_path: str, run_dir: str, *, allow_settings_mismatch: bool = False,
-                probe: bool = True, **tol_override: float | None) -> dict[str, Any]:
+                probe: bool = True, gate: Any = None, **tol_override: float | None) -> dict[str, Any]:
     from porting.baseline import probe_logits
     from porting.rundir import read_run
 
@@ -247,6 +247,10 @@ def run_compare(baseline_path: str, run_dir: str, *, allow_settings_mismatch: bo
     if mism:
         raise ConfigError(f"{run_dir}: trains another model than baseline {baseline_path} ({'; '.join(mism)}); "
                           "compare a run of the same model")
+    if "imported" in doc:   # a CUDA run's own log: the curve gate (porting/baseline/curve.py)
+        from porting.baseline import curve
+
+        return curve.compare_imported(doc, run, rs, gate or curve.DEFAULTS, allow_settings_mismatch)
     tol = tolerances_for(doc["settings"]["dtype"], **tol_override)
     ids = np.asarray(doc["probe"]["input_ids"], dtype=np.int64)
     after = int(doc["probe"].get("after_step") or doc["steps"]["step"][-1])
@@ -268,6 +272,10 @@ def _fmt(x: Any, spec: str = ".4g") -> str:
 
 
 def render(rep: dict[str, Any], max_rows: int = 20) -> str:
+    if rep.get("kind") == "imported":
+        from porting.baseline.curve import render_imported
+
+        return render_imported(rep)
     """The human table: settings first, then loss per step, probe, throughput, memory, verdict."""
     lines = [f"baseline {rep['baseline']}  vs  run {rep['run']}  (precision {rep['dtype']})", ""]
     differ = rep["settings"]["differ"]

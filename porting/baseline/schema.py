@@ -71,6 +71,10 @@ def problems(doc: Any) -> list[str]:
         out.append(f"steps.peak_memory_gib must hold lists of {n} values for {', '.join(PHASES)}")
     if n == 0:
         out.append("steps.step is empty: the baseline recorded no optimizer step")
+    if "imported" in doc:
+        # `port baseline --import`: a CUDA run's own log (porting/intake/baseline_import.py) has the curve,
+        # never probe logits or the data hash; `port compare` checks the curve and names what is missing
+        return out + _imported_problems(doc)
     for key in KEY_SETTINGS + ("steps",):
         if key not in doc["settings"]:
             out.append(f"missing settings.{key}")
@@ -83,6 +87,19 @@ def problems(doc: Any) -> list[str]:
                 arrays.decode(doc["probe"][key], f"probe.{key}")
             except ValueError as e:
                 out.append(str(e))
+    return out
+
+
+def _imported_problems(doc: dict[str, Any]) -> list[str]:
+    imp = doc["imported"]
+    out = [] if isinstance(imp, dict) else ["imported is not an object"]
+    if not out:
+        out += [f"missing imported.{k}" for k in ("from", "format", "contains", "lacks") if k not in imp]
+    steps = doc["steps"]["step"]
+    if any(not isinstance(s, int) or isinstance(s, bool) for s in steps) or steps != sorted(set(steps)):
+        out.append("steps.step must be increasing whole numbers")
+    if "steps" not in doc["settings"]:
+        out.append("missing settings.steps")
     return out
 
 

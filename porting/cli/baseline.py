@@ -1,5 +1,7 @@
 """`port baseline`: record the PyTorch/HF reference run of a recipe (loss, grad norm, probe logits,
-step time, peak memory by phase, versions) in one JSON file, for `port compare`."""
+step time, peak memory by phase, versions) in one JSON file, for `port compare`; or, with ``--import``,
+turn a CUDA run's own loss log (trainer_state.json, trainer_log.jsonl, TensorBoard events, a CSV) into
+the same file (porting/intake/baseline_import.py)."""
 
 from __future__ import annotations
 
@@ -7,26 +9,51 @@ import sys
 
 import click
 
+from model_zoo.errors import ConfigError
+
 
 @click.command("baseline", epilog="""\b
 Examples:
   port baseline --recipe recipes/tiny-cpu.yaml --device cpu --out base.json --steps 8
   port baseline --hf ./llama-7b --recipe recipes/7b-8card.yaml --device cuda --steps 20 --out llama7b_h200.json
-  port compare base.json runs/tiny-cpu""")
-@click.option("--recipe", required=True, help="The `port train` recipe (YAML) whose data order, batching and optimizer to reproduce.")
+  port compare base.json runs/tiny-cpu
+  port baseline --import runs/tiny-cpu/metrics.jsonl --global-batch 4 --hf stories260k --out cuda.json
+  port baseline --import ./job/trainer_state.json --global-batch 64 --seq-length 2048 --out cuda_base.json""")
+@click.option("--recipe", default=None, help="The `port train` recipe (YAML) whose data order, batching and optimizer to reproduce.")
+@click.option("--import", "import_log", default=None, metavar="LOG",
+              help="Import a CUDA run's loss log instead of running one: trainer_state.json, LLaMA-Factory "
+                   "trainer_log.jsonl, TensorBoard events.out.tfevents.*, or a CSV/JSONL of step,loss[,grad_norm,lr].")
 @click.option("--out", required=True, help="Baseline file to write (JSON; written atomically).")
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
               help="Where PyTorch runs; cuda measures device memory, cpu measures host RSS.")
-@click.option("--hf", default=None, help="HF model directory or zoo name (default: the recipe's model.source).")
+@click.option("--hf", default=None, help="HF model directory or zoo name (default: the recipe's model.source; "
+                                         "with --import: the model the CUDA run trained, for its architecture facts).")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Recipe override, as for `port train`.")
 @click.option("--steps", type=int, default=None, help="Stop after N optimizer steps (default: the whole schedule).")
 @click.option("--probe-tokens", type=int, default=32, show_default=True, help="Length of the probe sequence.")
 @click.option("--timing-warmup", "timing_warmup", type=int, default=1, show_default=True,
               help="First steps timed apart from the steady state.")
 @click.option("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice).")
-def command(recipe: str, out: str, device: str, hf: str | None, overrides: tuple[str, ...], steps: int | None,
-            probe_tokens: int, timing_warmup: int, threads: int | None) -> None:
-    """Record a PyTorch + HF transformers baseline of RECIPE's first steps."""
+@click.option("--global-batch", type=click.IntRange(1, 1 << 24), default=None,
+              help="With --import: sequences per optimizer step of the CUDA run (micro x accumulation x GPUs).")
+@click.option("--seq-length", type=click.IntRange(1, 1 << 24), default=None,
+              help="With --import: the CUDA run's max sequence length (cutoff_len, max_seq_length).")
+@click.option("--dtype", type=click.Choice(["float32", "bf16-mixed", "bfloat16", "float16", "fp16-mixed"]), default=None,
+              help="With --import: the CUDA run's precision.")
+def command(recipe: str | None, import_log: str | None, out: str, device: str, hf: str | None,
+            overrides: tuple[str, ...], steps: int | None, probe_tokens: int, timing_warmup: int, threads: int | None,
+            global_batch: int | None, seq_length: int | None, dtype: str | None) -> None:
+    """Record a PyTorch + HF transformers baseline of RECIPE's first steps, or import a CUDA run's log."""
+    if bool(recipe) == bool(import_log):
+        raise ConfigError("port baseline: give exactly one of --recipe R (run the baseline) or --import LOG "
+                          "(a CUDA run's loss log)")
+    if import_log:
+        from porting.intake.baseline_import import Stated, import_log as do_import, summary_line
+
+        stated = Stated(global_batch=global_batch, seq_length=seq_length, dtype=dtype, model=hf)
+        path, doc = do_import(import_log, out, stated, ["port"] + sys.argv[1:])
+        click.echo(summary_line(path, doc))
+        return
     from porting.baseline.memory import PHASES
     from porting.baseline.runner import BaselineRequest, run
 

@@ -12,7 +12,8 @@ Examples:
   port compare base.json runs/tiny-cpu
   port compare base.json runs/tiny-cpu --json > compare.json
   port compare h200.json runs/7b --min-throughput-ratio 0.8 --max-memory-ratio 1.2
-  port compare base.json runs/other --allow-settings-mismatch""")
+  port compare base.json runs/other --allow-settings-mismatch
+  port baseline --import runs/tiny-cpu/metrics.jsonl --global-batch 4 --out cuda.json && port compare cuda.json runs/tiny-cpu --window 5""")
 @click.argument("baseline")
 @click.argument("rundir")
 @click.option("--json", "as_json", is_flag=True, help="Print the full comparison as JSON instead of the table.")
@@ -24,14 +25,29 @@ Examples:
 @click.option("--max-memory-ratio", type=float, default=None, help="Fail when run/baseline peak memory is higher.")
 @click.option("--allow-settings-mismatch", is_flag=True, help="Compare even when batch, sequence, data or seed differ.")
 @click.option("--no-probe", is_flag=True, help="Skip the probe-logits check (no MindSpore model load).")
+@click.option("--curve-rtol", type=click.FloatRange(0, 1, min_open=True), default=None,
+              help="Imported baseline: mean relative loss error allowed (default 0.01).")
+@click.option("--first-steps", type=click.IntRange(1), default=None,
+              help="Imported baseline: the first steps checked on their own (default 100).")
+@click.option("--window", type=click.IntRange(1), default=None,
+              help="Imported baseline: logged points per window of the run-long check (default 10).")
+@click.option("--spike-k", type=click.FloatRange(0, min_open=True), default=None,
+              help="Imported baseline: a spike is beyond k x MAD of its neighbours (default 5).")
 def command(baseline: str, rundir: str, as_json: bool, out: str | None, loss_rtol: float | None,
             loss_atol: float | None, logits_atol: float | None, min_throughput_ratio: float | None,
-            max_memory_ratio: float | None, allow_settings_mismatch: bool, no_probe: bool) -> None:
-    """Compare the port's run RUNDIR with the baseline file BASELINE."""
+            max_memory_ratio: float | None, allow_settings_mismatch: bool, no_probe: bool, curve_rtol: float | None,
+            first_steps: int | None, window: int | None, spike_k: float | None) -> None:
+    """Compare the port's run RUNDIR with the baseline file BASELINE (measured by `port baseline`, or a
+    CUDA run's log imported with `port baseline --import`: then the curve-level gate applies)."""
+    import dataclasses
+
     from porting.baseline.compare import render, run_compare
+    from porting.baseline.curve import DEFAULTS
     from model_zoo.files import write_atomic
 
-    rep = run_compare(baseline, rundir, allow_settings_mismatch=allow_settings_mismatch, probe=not no_probe,
+    given = {"rtol": curve_rtol, "first_steps": first_steps, "window": window, "spike_k": spike_k}
+    gate = dataclasses.replace(DEFAULTS, **{k: v for k, v in given.items() if v is not None})
+    rep = run_compare(baseline, rundir, allow_settings_mismatch=allow_settings_mismatch, probe=not no_probe, gate=gate,
                       loss_rtol=loss_rtol, loss_atol=loss_atol, logits_atol=logits_atol,
                       min_throughput_ratio=min_throughput_ratio, max_memory_ratio=max_memory_ratio)
     if out:

@@ -24,8 +24,12 @@ def command() -> None:
 Examples:
   port ops scan --hf stories260k
   port ops scan --hf llama-7b --meta --json
-  port ops scan --module tests.diagnostics.unsupported_model:build""")
+  port ops scan --module tests.diagnostics.unsupported_model:build
+  port ops scan --script ./train.py --script ./patches/ --json   # CUDA habits in scripts (parsed, never run)""")
 @click.option("--hf", "hf", help="HF model directory or zoo name (real weights if present, else meta).")
+@click.option("--script", "scripts", multiple=True, metavar="PATH",
+              help="Training script or folder of them: report CUDA habits per file and line (Python's ast only; "
+                   "rules in porting/data/cuda_habits.yaml). Repeatable.")
 @click.option("--module", "module", help="Python entry point package.module:factory -> (model, inputs dict).")
 @click.option("--meta", is_flag=True, help="Build the model on meta tensors (no weights, any size).")
 @click.option("--attn", type=click.Choice(["sdpa", "eager"]), default="sdpa", show_default=True,
@@ -34,14 +38,24 @@ Examples:
 @click.option("--seq", type=click.IntRange(min=2), default=16, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print the scan as JSON.")
 @click.option("--out", type=click.Path(path_type=Path), help="Also write the JSON to this file.")
-def scan_cmd(hf, module, meta, attn, batch, seq, as_json, out) -> None:
+def scan_cmd(hf, scripts, module, meta, attn, batch, seq, as_json, out) -> None:
     """Run forward, backward and one AdamW step on CPU (or meta) tensors, record every aten overload
-    with shapes, dtypes and phase, and classify it against the torch_npu registry."""
+    with shapes, dtypes and phase, and classify it against the torch_npu registry; or, with --script,
+    find the CUDA habits of training scripts and what to do on Ascend."""
     from porting.diagnostics import DiagnosticsError
+
+    if sum(map(bool, (hf, module, scripts))) != 1:
+        raise DiagnosticsError("ops scan: give exactly one of --hf DIR|NAME, --module package.module:factory or "
+                               "--script PATH...")
+    if scripts:
+        from porting.intake import script_scan
+
+        rep = script_scan.scan(list(scripts))
+        _write_json(out, rep)
+        click.echo(json.dumps(rep, indent=2) if as_json else script_scan.render(rep))
+        return
     from porting.diagnostics import opscan
 
-    if bool(hf) == bool(module):
-        raise DiagnosticsError("ops scan: give exactly one of --hf DIR|NAME or --module package.module:factory")
     if hf:
         model, inputs, device = opscan.load_hf(hf, meta=meta, attn=attn, batch=batch, seq=seq)
         source = str(hf)
@@ -49,10 +63,7 @@ def scan_cmd(hf, module, meta, attn, batch, seq, as_json, out) -> None:
         model, inputs, device = opscan.load_entry_point(module)
         source = module
     result = opscan.scan(model, inputs, source=source, device=device)
-    if out:
-        tmp = out.with_name(out.name + ".tmp")
-        tmp.write_text(json.dumps(result, indent=2))
-        tmp.replace(out)
+    _write_json(out, result)
     click.echo(json.dumps(result, indent=2) if as_json else opscan.render_scan(result))
 
 
@@ -73,3 +84,10 @@ def zoo_cmd(hf, device, dtype, per_layer, as_json) -> None:
 
     d = opscan.zoo_report(hf, device=device, compute_dtype=dtype)
     click.echo(json.dumps(d, indent=2) if as_json else opscan.render_zoo(d, compact=not per_layer))
+
+
+def _write_json(out: Path | None, doc: dict) -> None:
+    if out:
+        from model_zoo.files import write_atomic
+
+        write_atomic(out, json.dumps(doc, indent=2) + "\n")

@@ -111,6 +111,7 @@ def rows_operators(run: RunRecords) -> list[Row]:
     else:
         out.append(Row("operators", "torch_npu coverage (port ops scan)", MISSING, "no ops_scan.json",
                        "port ops scan --hf MODEL --out RUNDIR/ops_scan.json"))
+    out.append(_row_script_scan(run))
     kernels = (run.plan or {}).get("kernels")
     if isinstance(kernels, dict) and kernels:
         ks = kernels.get("kernels", kernels)
@@ -394,6 +395,20 @@ def diagnose_logs(run: RunRecords) -> Diagnosis | None:
                      reason=str(_field(d, "reason") or ""), ranks_seen=int(_field(d, "ranks_seen") or 0),
                      rank_last_steps=tuple(s for s in (_field(r, "last_step") for r in ranks) if isinstance(s, int)),
                      warnings=warnings)
+
+
+def _row_script_scan(run: RunRecords) -> Row:
+    """CUDA habits left in the team's training scripts (`port ops scan --script ... --out RUNDIR/script_scan.json`)."""
+    scan = _evidence(run, "script_scan.json")
+    item = "CUDA habits in the training scripts (port ops scan --script)"
+    if not (isinstance(scan, dict) and isinstance(scan.get("findings"), list) and isinstance(scan.get("counts"), dict)):
+        return Row("operators", item, MISSING, "no script_scan.json",
+                   "port ops scan --script TRAIN.py --out RUNDIR/script_scan.json")
+    n = len(scan["findings"])
+    where = ", ".join(f"{f.get('file')}:{f.get('line')} {f.get('rule')}" for f in scan["findings"][:4] if isinstance(f, dict))
+    return Row("operators", item, FAIL if n else PASS,
+               (f"{n} habit(s) to change: " + ", ".join(f"{k} {v}" for k, v in scan["counts"].items())
+                + (f" (first: {where})" if where else "")) if n else "none found", "script_scan.json")
 
 
 def build_rows(run: RunRecords) -> tuple[list[Row], Diagnosis | None]:

@@ -1,0 +1,230 @@
+"""The curve-level gate of `port compare` against an imported CUDA log (`port baseline --import`).
+
+A log holds the loss every ``logging_steps`` (HF Trainer: the mean of the per-step losses since the last
+row), so the run's per-step losses are averaged over the same windows before anything is compared
+(:func:`align`). The runs must be like for like first: the same global batch (sequences per optimizer
+step) and the same learning-rate schedule, else the comparison is refused with the reason (a curve at
+another batch or schedule is expected to differ; no tolerance can tell a bug from that).
+
+The gate follows the three loss-misalignment cases of the Ascend accuracy guide, "首Step Loss差异 /
+长稳Loss差异 / 尖刺" (MindSpeed-LLM docs/zh/pytorch/develop/precision_issue.md, "问题场景": the first
+steps' mean error over a threshold, the long-run mean error growing over a threshold, and loss or grad
+norm spikes more frequent than the baseline's), checked with msprobe's loss comparison in mind
+(MindStudio accuracy tools, https://gitee.com/ascend/mstt/tree/master/debug/accuracy_tools/msprobe):
+
+* first steps: mean relative loss error over the first ``first_steps`` steps <= ``rtol``;
+* the run: the mean relative error of every window of ``window`` logged points <= ``rtol``; a failing
+  window is named by its step range;
+* spikes: a point is a spike when it exceeds the median of its ``SPIKE_HALF_WIDTH`` neighbours on each
+  side by more than ``spike_k`` x the scaled MAD of those neighbours and by more than 5% of the median;
+  counted for loss and grad norm on both sides, the run may not have more than the baseline.
+
+Defaults (DEFAULTS): 1% mean relative error, the first 100 steps, windows of 10 logged points, k = 5.
+The guide states the criteria, not numbers; 1% is port's choice: two fp32 runs of the same batches
+agree to ~1e-5 (docs/baseline.md "Tolerances"), a bf16 NPU run against a bf16 CUDA run stays well
+below 1% on smooth curves, and a real defect (a wrong mask, a mis-scaled loss) moves the mean by more.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from model_zoo.errors import ConfigError
+
+SPIKE_HALF_WIDTH = 5
+SPIKE_MIN_REL = 0.05
+MAD_SCALE = 1.4826          # MAD of a normal distribution -> its standard deviation
+LR_RTOL = 1e-3              # learning rates printed with 4+ significant digits agree to this
+
+
+@dataclass(frozen=True)
+class Gate:
+    rtol: float = 0.01          # mean relative loss error, first steps and every window
+    first_steps: int = 100
+    window: int = 10            # logged points per window
+    spike_k: float = 5.0
+
+
+DEFAULTS = Gate()
+
+
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs)
+
+
+def align(base: dict[str, Any], run_steps: list) -> tuple[list[dict[str, Any]], list[str]]:
+    """Baseline logged points with the run's values over the same steps (mean loss over each logging window)."""
+    by_step = {r.step: r for r in run_steps}
+    steps, loss, gn, lr = (base["steps"][k] for k in ("step", "loss", "grad_norm", "lr"))
+    interval = base["imported"].get("logging_interval") or 1
+    points, notes, prev = [], [], None
+    for i, s in enumerate(steps):
+        lo = (prev + 1) if prev is not None else max(1, s - interval + 1)
+        prev = s
+        window = [by_step.get(k) for k in range(lo, s + 1)]
+        if any(w is None for w in window):
+            continue
+        losses = [w.loss for w in window]
+        r_loss = _mean(losses) if all(v is not None and math.isfinite(v) for v in losses) else math.nan
+        points.append({"steps": [lo, s], "step": s, "baseline": loss[i], "run": r_loss,
+                       "grad_norm_baseline": gn[i], "grad_norm_run": window[-1].grad_norm,
+                       "lr_baseline": lr[i], "lr_run": window[-1].lr,
+                       "lr_run_next": by_step[s + 1].lr if s + 1 in by_step else None})
+    missing = len(steps) - len(points)
+    if missing:
+        notes.append(f"{missing} baseline point(s) past the run's last step or with steps the run did not log")
+    return points, notes
+
+
+def like_for_like(base: dict[str, Any], run_settings: dict[str, Any], points: list[dict[str, Any]]) -> list[str]:
+    """Why the two runs are not comparable (global batch, schedule); empty when they are."""
+    out = []
+    gb = base["settings"].get("global_batch")
+    if gb is None:
+        out.append("the imported baseline does not state its global batch; re-import with --global-batch N "
+                   "(micro-batch x gradient accumulation x data-parallel ranks of the CUDA run)")
+    elif gb != run_settings.get("global_batch"):
+        out.append(f"global batch differs: baseline {gb} vs run {run_settings.get('global_batch')} sequences per step "
+                   "(set the recipe's batching so micro x accumulation x data parallel matches, `port recipe import` does)")
+    for p in points:
+        b = p["lr_baseline"]
+        if b is None or p["lr_run"] is None:
+            continue
+        # HF Trainer logs the rate after scheduler.step(), i.e. the next step's: either one may match
+        cands = [x for x in (p["lr_run"], p["lr_run_next"]) if x is not None]
+        if p["lr_run_next"] is None and not math.isclose(b, p["lr_run"], rel_tol=LR_RTOL, abs_tol=1e-12):
+            continue   # the run's last step: the rate HF would log after it is not in the run's log
+        if not any(math.isclose(b, x, rel_tol=LR_RTOL, abs_tol=1e-12) for x in cands):
+            out.append(f"learning-rate schedule differs at step {p['step']}: baseline {b:.6g} vs run "
+                       f"{' / '.join(f'{x:.6g}' for x in cands)} (check optimizer.lr, schedule.warmup_steps, "
+                       "schedule.decay and the total steps)")
+            break
+    return out
+
+
+def spikes(xs: list[float | None], k: float) -> list[int]:
+    """Indices of upward spikes: above the neighbours' median by > k scaled MADs and > SPIKE_MIN_REL of it."""
+    out = []
+    for i, x in enumerate(xs):
+        if x is None or not math.isfinite(x):
+            continue
+        nb = [v for j in range(max(0, i - SPIKE_HALF_WIDTH), min(len(xs), i + SPIKE_HALF_WIDTH + 1))
+              if j != i and (v := xs[j]) is not None and math.isfinite(v)]
+        if len(nb) < 4:
+            continue
+        med = statistics.median(nb)
+        mad = MAD_SCALE * statistics.median(abs(v - med) for v in nb)
+        if x - med > k * mad and x - med > SPIKE_MIN_REL * abs(med):
+            out.append(i)
+    return out
+
+
+def _rel(p: dict[str, Any]) -> float:
+    b, r = p["baseline"], p["run"]
+    if b is None or r is None or not math.isfinite(r) or not math.isfinite(b) or b == 0:
+        return math.inf
+    return abs(r - b) / abs(b)
+
+
+def gate(points: list[dict[str, Any]], g: Gate = DEFAULTS) -> dict[str, Any]:
+    """The three checks on aligned points; each failure names its steps."""
+    for p in points:
+        p["rel_diff"] = _rel(p)
+    failures: list[str] = []
+    first = [p for p in points if p["step"] <= g.first_steps]
+    first_mean = _mean([p["rel_diff"] for p in first]) if first else None
+    if first_mean is not None and not first_mean <= g.rtol:
+        failures.append(f"first steps: mean relative loss error {first_mean:.2%} > {g.rtol:.2%} over steps "
+                        f"{first[0]['steps'][0]}-{first[-1]['step']}")
+    windows = []
+    for i in range(0, len(points), g.window):
+        w = points[i:i + g.window]
+        m = _mean([p["rel_diff"] for p in w])
+        windows.append({"steps": [w[0]["steps"][0], w[-1]["step"]], "mean_rel_diff": m, "ok": m <= g.rtol})
+    bad = [w for w in windows if not w["ok"]]
+    if bad:
+        failures.append(f"loss mean relative error over {g.rtol:.2%} in {len(bad)} window(s): "
+                        + ", ".join(f"steps {w['steps'][0]}-{w['steps'][1]} ({w['mean_rel_diff']:.2%})" for w in bad[:5]))
+    spk = {}
+    for series in ("loss", "grad_norm"):
+        b = [p["baseline" if series == "loss" else "grad_norm_baseline"] for p in points]
+        r = [p["run" if series == "loss" else "grad_norm_run"] for p in points]
+        if all(v is None for v in b) or all(v is None for v in r):
+            spk[series] = {"available": False}
+            continue
+        bi, ri = spikes(b, g.spike_k), spikes(r, g.spike_k)
+        spk[series] = {"available": True, "baseline": len(bi), "run": len(ri),
+                       "baseline_steps": [points[i]["step"] for i in bi], "run_steps": [points[i]["step"] for i in ri],
+                       "ok": len(ri) <= len(bi)}
+        if len(ri) > len(bi):
+            extra = [points[i]["step"] for i in ri if i not in bi]
+            failures.append(f"{series} spikes: run {len(ri)} vs baseline {len(bi)} (beyond {g.spike_k:g} x MAD), "
+                            f"extra at steps {', '.join(map(str, extra[:8]))}")
+    finite = [p["rel_diff"] for p in points if math.isfinite(p["rel_diff"])]
+    return {"gate": asdict(g), "points": len(points), "first_steps_mean_rel_diff": first_mean,
+            "run_mean_rel_diff": _mean(finite) if finite else None, "max_rel_diff": max(finite, default=None),
+            "windows": windows, "spikes": spk, "failures": failures, "ok": bool(points) and not failures}
+
+
+def compare_imported(base: dict[str, Any], run, run_settings: dict[str, Any], g: Gate = DEFAULTS,
+                     allow_settings_mismatch: bool = False) -> dict[str, Any]:
+    """`port compare` of a run against an imported baseline: like-for-like first, then the curve gate."""
+    points, notes = align(base, run.steps)
+    if not points:
+        raise ConfigError(f"{run.path}: no baseline step falls inside the run's logged steps (baseline logs steps "
+                          f"{base['steps']['step'][0]}..{base['steps']['step'][-1]}); run at least as many steps")
+    unlike = like_for_like(base, run_settings, points)
+    if unlike and not allow_settings_mismatch:
+        raise ConfigError(f"{run.path}: not comparable with the imported baseline: {'; '.join(unlike)}; or pass "
+                          "--allow-settings-mismatch to compare anyway")
+    res = gate(points, g)
+    failures = [f"not like for like: {u}" for u in unlike] + res["failures"]
+    imp = base["imported"]
+    return {"format": "port-compare", "format_version": 1, "kind": "imported", "baseline": base.get("_path"),
+            "run": str(run.path), "imported": {k: imp.get(k) for k in ("from", "format_name", "contains", "lacks",
+                                                                        "logging_interval", "loss_is")},
+            "global_batch": {"baseline": base["settings"].get("global_batch"), "run": run_settings.get("global_batch")},
+            "tokens": _tokens(points, base, run), "curve": res, "per_point": points, "notes": notes,
+            "not_available": [f"{x}: not in the imported log" for x in ("probe logits", "throughput", "memory")],
+            "failures": failures, "ok": not failures and res["ok"]}
+
+
+def _tokens(points: list[dict[str, Any]], base: dict[str, Any], run) -> dict[str, Any] | None:
+    """Tokens seen by the last aligned step on both sides (HF counts padded input tokens, port real ones)."""
+    tok = dict(zip(base["steps"]["step"], base["steps"]["tokens"]))
+    last = points[-1]["step"]
+    b = tok.get(last)
+    r = sum(x.tokens or 0 for x in run.steps if x.step <= last) or None
+    return None if b is None else {"step": last, "baseline": b, "run": r, "ratio_run_over_baseline": r / b if r and b else None}
+
+
+def render_imported(rep: dict[str, Any]) -> str:
+    c, imp = rep["curve"], rep["imported"]
+    g = c["gate"]
+    lines = [f"BASELINE imported from {imp['from']} ({imp['format_name']}); its loss is {imp['loss_is']}",
+             f"  has {', '.join(imp['contains'])}; lacks {', '.join(imp['lacks'])}",
+             f"GLOBAL BATCH baseline {rep['global_batch']['baseline']}  run {rep['global_batch']['run']}"]
+    if rep["tokens"]:
+        t = rep["tokens"]
+        lines.append(f"TOKENS by step {t['step']}: baseline {t['baseline']}  run {t['run']}")
+    lines += ["", f"CURVE GATE (mean relative loss error <= {g['rtol']:.2%}: first {g['first_steps']} steps and every "
+                  f"{g['window']} logged points; spikes beyond {g['spike_k']:g} x MAD no more than the baseline's)",
+              f"  {c['points']} aligned points; first steps {_pct(c['first_steps_mean_rel_diff'])}, whole run "
+              f"{_pct(c['run_mean_rel_diff'])}, worst point {_pct(c['max_rel_diff'])}"]
+    for w in c["windows"][:12]:
+        lines.append(f"  steps {w['steps'][0]:>6}-{w['steps'][1]:<6} mean rel {w['mean_rel_diff']:.3%}" + ("" if w["ok"] else "  FAIL"))
+    if len(c["windows"]) > 12:
+        lines.append(f"  ({len(c['windows']) - 12} more windows; --json has all)")
+    for name, s in c["spikes"].items():
+        lines.append(f"  {name} spikes: " + (f"baseline {s['baseline']} at {s['baseline_steps'][:6]}, run {s['run']} at "
+                                             f"{s['run_steps'][:6]}" if s["available"] else "not logged on both sides"))
+    lines += [f"  {n}" for n in rep["notes"] + rep["not_available"]]
+    lines += ["", "RESULT: " + ("PASS" if rep["ok"] else "FAIL: " + "; ".join(rep["failures"]))]
+    return "\n".join(lines)
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3%}"

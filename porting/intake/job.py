@@ -1,0 +1,167 @@
+"""`port intake DIR --out MIGRATION_DIR`: a CUDA job's folder in, a migration folder out.
+
+DIR is searched (symbolic links not followed, at most MAX_FILES files, MAX_DEPTH levels) for the three
+kinds of material a team brings: configs (``training_args.bin``, TrainingArguments/DeepSpeed JSON,
+LLaMA-Factory/accelerate YAML), a loss log (``trainer_state.json`` with the most steps, else
+``trainer_log.jsonl``, TensorBoard events, a CSV) and Python scripts. MIGRATION_DIR gets the recipe
+(:mod:`recipe_import`) with its key mapping, the imported baseline (:mod:`baseline_import`, with the
+recipe's global batch and sequence length as the stated settings), the script scan (:mod:`script_scan`)
+and a README of what to run next. It is written whole or not at all (``converters.atomic.staged_dir``)
+and never over a directory that is not empty.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from model_zoo import files
+from model_zoo.errors import PortingError
+from porting.intake import IntakeError
+from porting.intake.recipe_import import Target
+
+MAX_FILES = 5_000
+MAX_DEPTH = 6
+LOG_ORDER = ("trainer_state.json", "trainer_log.jsonl", "tfevents", ".csv")
+NOT_CONFIGS = {"config.json", "generation_config.json", "tokenizer_config.json", "special_tokens_map.json",
+               "adapter_config.json", "all_results.json", "train_results.json", "eval_results.json",
+               "trainer_state.json", "preprocessor_config.json", "added_tokens.json", "tokenizer.json", "vocab.json"}
+
+
+def walk(root: Path) -> list[Path]:
+    """Files under ``root``, sorted, links not followed, bounded in count and depth."""
+    if not root.is_dir():
+        raise IntakeError(f"{root}: not a directory; pass the CUDA job's folder (configs, logs, scripts)")
+    out: list[Path] = []
+    for d, dirs, names in os.walk(root, followlinks=False):
+        depth = len(Path(d).relative_to(root).parts)
+        dirs[:] = sorted(x for x in dirs if not x.startswith(".") and depth < MAX_DEPTH)
+        out += [Path(d) / n for n in sorted(names) if not (Path(d) / n).is_symlink()]
+        if len(out) > MAX_FILES:
+            raise IntakeError(f"{root}: more than {MAX_FILES:,} files; point port intake at the job's own folder "
+                              "(configs, logs, scripts), not a dataset or an environment")
+    return out
+
+
+def pick_log(found: list[Path]) -> Path | None:
+    """The training log to import: trainer_state.json with the most steps, else the first of LOG_ORDER."""
+    states = [p for p in found if p.name == "trainer_state.json"]
+    if states:
+        def steps(p: Path) -> int:
+            try:
+                g = files.read_json(p, what="trainer_state.json", max_bytes=256 << 20).get("global_step", 0)
+            except (PortingError, AttributeError):
+                return -1
+            return g if isinstance(g, int) else -1
+        return max(states, key=lambda p: (steps(p), -len(p.parts)))
+    for marker in LOG_ORDER[1:]:
+        hits = [p for p in found if p.name.endswith(marker) or (marker == "tfevents" and "tfevents" in p.name)]
+        if hits:
+            return hits[0]
+    return None
+
+
+def pick_configs(found: list[Path], notes: list[str]) -> list[Path]:
+    from porting.intake.recipe_import import read_config
+
+    out = []
+    for p in found:
+        if p.name in NOT_CONFIGS or p.suffix not in (".json", ".yaml", ".yml", ".bin") or (
+                p.suffix == ".bin" and p.name != "training_args.bin"):
+            continue
+        try:
+            read_config(p)
+        except PortingError as e:
+            notes.append(f"not used as a config: {e}")
+            continue
+        out.append(p)
+    return out
+
+
+def run_intake(src: str | Path, out: str | Path, target: Target) -> dict[str, Any]:
+    """Run the three imports on ``src`` and write the migration folder ``out``; the summary."""
+    from converters import atomic
+    from porting.intake import baseline_import, recipe_import, script_scan
+
+    root, dest = Path(src), Path(out)
+    if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
+        raise IntakeError(f"{dest}: exists and is not an empty directory; port writes a new migration folder only: "
+                          "choose another --out")
+    if dest.resolve() == root.resolve() or root.resolve() in dest.resolve().parents:
+        raise IntakeError(f"{dest}: inside the job folder {root}; choose an --out outside it")
+    found = walk(root)
+    notes: list[str] = []
+    configs, log = pick_configs(found, notes), pick_log(found)
+    scripts = [p for p in found if p.suffix == ".py"]
+    summary: dict[str, Any] = {"format": "port-intake", "format_version": 1, "job": str(root), "out": str(dest),
+                               "configs": [str(p) for p in configs], "log": str(log) if log else None,
+                               "scripts": [str(p) for p in scripts], "notes": notes}
+    with atomic.staged_dir(dest, force=False) as tmp:
+        rep = None
+        if configs:
+            rep = recipe_import.import_configs([str(p) for p in configs], tmp / "recipe.yaml", target)
+            summary["recipe"] = {"global_batch": rep["global_batch"], "plan": rep["plan"], "model": rep["model"],
+                                 "blocking": [f"{r['key']}: {r['reason']}" for r in rep["blocking"]]}
+        if log:
+            stated = _stated(tmp / "recipe.yaml", rep, target)
+            _, doc = baseline_import.import_log(log, tmp / "baseline.json", stated, ["port", "intake", str(root)])
+            summary["baseline"] = {"points": len(doc["steps"]["step"]), "format": doc["imported"]["format_name"],
+                                   "lacks": doc["imported"]["lacks"]}
+        scan = script_scan.scan([str(p) for p in scripts]) if scripts else None
+        if scan is not None:
+            files.write_atomic(tmp / "script_scan.json", json.dumps(scan, indent=1) + "\n", error=IntakeError)
+            summary["scan"] = {"files": len(scan["files"]), "findings": len(scan["findings"]), "counts": scan["counts"]}
+        files.write_atomic(tmp / "intake.json", json.dumps(summary, indent=1) + "\n", error=IntakeError)
+        files.write_atomic(tmp / "README.md", readme(summary, dest), error=IntakeError)
+    return summary
+
+
+def _stated(recipe_path: Path, rep: dict | None, target: Target):
+    """What the recipe knows of the CUDA run and its log does not: global batch, sequence length, precision."""
+    import yaml
+
+    from porting.intake.baseline_import import Stated
+
+    if rep is None:
+        return Stated(model=target.model)
+    rec = yaml.safe_load(recipe_path.read_text())
+    prec = (rec["precision"]["param_dtype"], rec["precision"]["compute_dtype"])
+    dtype = {("bfloat16", "bfloat16"): "bfloat16", ("float16", "float16"): "float16"}.get(prec, "float32")
+    return Stated(global_batch=rep["global_batch"]["value"], seq_length=rec["data"]["max_seq_length"], dtype=dtype)
+
+
+def readme(s: dict[str, Any], dest: Path) -> str:
+    """What was found, what was made, and the commands to run next."""
+    lines = [f"# Migration of {s['job']}", "", "Made by `port intake`; `intake.json` has the same facts.", ""]
+    if "recipe" in s:
+        r = s["recipe"]
+        lines += ["## Recipe", f"`recipe.yaml` from {len(s['configs'])} config(s); every key and what it became: "
+                  "`recipe.mapping.json`.", f"Global batch {r['global_batch']['value']} ({r['global_batch']['source']}) "
+                  f"-> {r['global_batch']['target']}; {r['plan']['world_size']} devices, "
+                  f"{r['plan']['memory_gib_per_device']:.1f} GiB per device planned.", ""]
+        lines += [f"- REFUSED (port cannot reproduce it): {b}" for b in r["blocking"]] + [""]
+    else:
+        lines += ["## Recipe", "No training config found (training_args.bin, TrainingArguments/DeepSpeed JSON, "
+                  "LLaMA-Factory/accelerate YAML): write one with `port recipe import` or by hand (recipes/).", ""]
+    if "baseline" in s:
+        b = s["baseline"]
+        lines += ["## Baseline", f"`baseline.json`: {b['points']} logged points of {s['log']} ({b['format']}); "
+                  f"it lacks {', '.join(b['lacks'])}.", ""]
+    else:
+        lines += ["## Baseline", "No loss log found: record one with `port baseline --recipe recipe.yaml` on a CUDA machine.", ""]
+    if "scan" in s:
+        c = s["scan"]
+        lines += ["## Scripts", f"`script_scan.json`: {c['findings']} CUDA habit(s) in {c['files']} script(s): "
+                  + (", ".join(f"{k} {v}" for k, v in c["counts"].items()) or "none") + " (`port ops scan --script` prints the table).", ""]
+    d = dest
+    lines += ["## Next", "```bash",
+              f"port convert --hf {s.get('recipe', {}).get('model', 'MODEL_DIR')} --out ./model-ms   # the checkpoint for MindSpore",
+              f"port train {d}/recipe.yaml --dry-run                   # memory by phase, the msrun commands",
+              f"port train {d}/recipe.yaml --run-dir runs/migrated",
+              f"port compare {d}/baseline.json runs/migrated            # the curve gate against the CUDA log",
+              f"cp {d}/script_scan.json runs/migrated/ && port report runs/migrated --baseline {d}/baseline.json",
+              "```", ""]
+    lines += [f"- note: {n}" for n in s["notes"]]
+    return "\n".join(lines) + "\n"
