@@ -8,6 +8,7 @@ assembles the result that ``--json`` prints.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections import Counter
 from pathlib import Path
@@ -93,6 +94,23 @@ def _timeline(views: dict[int | str, RankView]) -> list[dict]:
     return out
 
 
+MAX_ENTITIES = 512
+
+
+def _entities(views: dict[int | str, RankView]) -> list[dict]:
+    """Every entity the kept events name (rank, peer, device, chip, PID, NIC address, host), with the file
+    and line it came from, once each."""
+    out, seen = [], set()
+    for k in sorted(views, key=sort_key):
+        for e in views[k].events:
+            for x in e.entities:
+                key = (x["type"], x["id"], e.source, x["line"])
+                if key not in seen and len(out) < MAX_ENTITIES:
+                    seen.add(key)
+                    out.append({"type": x["type"], "id": x["id"], "source": e.source, "line": x["line"], "rank": k})
+    return out
+
+
 def _apply_offsets(readable: list[FileScan], views: dict[int | str, RankView], warnings: list[str]) -> None:
     for key, off in clock_offsets(readable).items():
         if key in views:
@@ -131,6 +149,26 @@ def explain_failure(log_dir: Path, workers: int) -> str:
     return f"rank {d['first_failing_rank']}: {d['reason'][:200]}"
 
 
+KIND_CLASS = {"oom": "memory", "device_error": "device_fault", "operator_error": "operator_error", "config": "config",
+              "crash": "process_exit", "worker_exit": "process_exit", "comm_init": "comm_init",
+              "exception": None, "lost": "process_exit"}
+
+
+def finish(v: Verdict) -> Verdict:
+    """Every verdict names its suspect entity and cause class (those decided from ranks alone: the rank)."""
+    suspect, cls = v.suspect, v.cause_class
+    r = v.first_failing_rank
+    if suspect is None and r is not None:
+        suspect = ({"entity": "rank", "id": r, "text": f"rank {r}", "via": "rank"} if isinstance(r, int) else
+                   {"entity": "peer", "id": r[5:], "text": r, "via": "peer"} if str(r).startswith("peer ") else
+                   {"entity": "file", "id": str(r)[5:], "text": "file", "via": "file"})
+    if cls is None and v.evidence:
+        cls = v.evidence[0].get("cause")
+    if cls is None:
+        cls = KIND_CLASS.get(v.reason_kind)
+    return dataclasses.replace(v, suspect=suspect, cause_class=cls)
+
+
 def diagnose(logdir: str | os.PathLike, jobs: int | None = None, world_size: int | None = None,
              rank_table: str | os.PathLike | None = None) -> dict:
     """Diagnose a job's logs; the returned dict is what ``--json`` prints. With ``world_size``,
@@ -153,7 +191,7 @@ def diagnose(logdir: str | os.PathLike, jobs: int | None = None, world_size: int
     sched_scans = [sc for sc in readable if sc.kind == "msrun_scheduler"]
     sched = Scheduler(tuple(r for sc in sched_scans for r in sc.sched_timed_out),
                       next((sc.sched_first for sc in sched_scans if sc.sched_first is not None), None))
-    verdict = decide(views, sched, context)
+    verdict = finish(decide(views, sched, context))
     return {
         "logdir": str(logdir), "files": len(scans), "files_read": len(readable),
         "formats": dict(Counter(sc.kind for sc in readable)), "ranks_seen": len(views),
@@ -161,5 +199,5 @@ def diagnose(logdir: str | os.PathLike, jobs: int | None = None, world_size: int
         "scheduler": {"timed_out_ranks": sorted(set(sched.timed_out)), "first_timed_out": sched.first}
         if sched_scans else None,
         "ranks": _rank_rows(views, verdict), "error_codes": _explain_codes(readable),
-        "timeline": _timeline(views), "warnings": warnings,
+        "timeline": _timeline(views), "entities": _entities(views), "warnings": warnings,
     }

@@ -125,12 +125,14 @@ def _from_named_peers(views: dict[int | str, RankView], ctx: EvidenceContext) ->
             sample.setdefault(r, e)
     logged = {v.rank for v in views.values() if v.files}
     if located:
-        r, n = located.most_common(1)[0]
-        e = sample[r]
+        # the earliest report first: a later loss can be the fallout of the first one
+        r = min(located, key=lambda k: (sample[k].ts is None, sample[k].ts or 0.0, -located[k]))
+        n, e = located[r], sample[r]
         return Verdict(r, None, f"located: HCCL's heartbeat report names rank {r} "
                                 f"({e.facts.get('exception_type', 'exception')}, address {e.facts.get('located_ip')})",
-                       "comm_timeout", (e.as_dict(),), "high",
-                       f"'Cluster Exception Location' names rank {r} in {n} report(s)",
+                       "comm_timeout", (e.as_dict(),), "high" if len(located) == 1 else "medium",
+                       f"HCCL's heartbeat report names rank {r} in {n} report(s)"
+                       + (f"; it also names rank(s) {sorted(set(located) - {r})[:8]} later" if len(located) > 1 else ""),
                        (f"rank {r}'s log and plog: did its process exit (its last lines) or its network go down "
                         f"(`hccn_tool -i N -link -g`)?",))
     if not remote:
@@ -191,10 +193,36 @@ def _from_socket_peers(views: dict[int | str, RankView], ctx: EvidenceContext) -
                     f"firewall between the nodes", "the log of the rank that runs there"))
 
 
+def _from_peer_ranks(views: dict[int | str, RankView]) -> Verdict | None:
+    """A socket or link set-up that names the rank at the other end (``from [0] via c10d key-value store``,
+    ``dst_rank[N]``, ``wait socket establish timeout, role[1] rank[N]``): that rank, not the reporter."""
+    peers: Counter = Counter()
+    sample: dict[int, Event] = {}
+    for v, e in _events(views):
+        for x in e.entities:
+            if x["type"] == "peer_rank" and not x.get("context") and x["id"] != _reporter(v, e):
+                peers[x["id"]] += 1
+                sample.setdefault(x["id"], e)
+    logged = {v.rank for v in views.values() if v.files}
+    for r in [r for r in peers if r in logged]:
+        del peers[r]   # that rank's own log is here: the cause / stall logic reads it
+    if not peers:
+        return None
+    r, n = peers.most_common(1)[0]
+    e = sample[r]
+    return Verdict(r, None, f"waited for: {n} report(s) name rank {r} as the other end of a connection that "
+                            f"timed out ({e.label}): {e.text[:200]}", "comm_timeout", (e.as_dict(),),
+                   "medium" if n == 1 or len(peers) > 1 else "high",
+                   f"the timeout names rank {r} as its peer" + ("; only one report does" if n == 1 else ""),
+                   (f"rank {r}'s own log: did it start, and reach the same set-up (a crash or a slow start "
+                    f"there explains the timeout)?", "HCCL_CONNECT_TIMEOUT / the c10d timeout, if start-up is slow"),
+                   {"entity": "rank", "id": r, "text": f"rank {r}", "via": "peer"}, e.cause)
+
+
 def from_field_evidence(views: dict[int | str, RankView], ctx: EvidenceContext) -> Verdict | None:
     """The strongest suspect the timeout reports point at, or None when they name nobody."""
-    for finder in (lambda: _from_named_peers(views, ctx), lambda: _from_seqnums(views, ctx),
-                   lambda: _from_socket_peers(views, ctx)):
+    for finder in (lambda: _from_named_peers(views, ctx), lambda: _from_peer_ranks(views),
+                   lambda: _from_seqnums(views, ctx), lambda: _from_socket_peers(views, ctx)):
         found = finder()
         if found is not None:
             return found

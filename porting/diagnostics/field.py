@@ -83,7 +83,11 @@ COMM_INIT_LITERAL = b"CommInit"
 # most bytes (lower-case starts cost 3x the CPU on the 4,096-rank benchmark, measured). Lines these
 # miss carry "ERR"/"Error" already: CANN "[ERROR]" lines, "...TimeoutErrorInfo]" device lines.
 FIELD_LITERALS = (b"Watchdog caught", b"Socket Timeout", b"[c10d]", b"(exitcode", b"Signal 9", b"Root Cause",
-                  b"Memory_Allocation", b"EI0", b"EJ0", b"EE", b"EL0", b"EZ9", b"E39", COMM_INIT_LITERAL)
+                  b"Memory_Allocation", b"EI0", b"EJ0", b"EE", b"EL0", b"EZ9", b"E39", b"EH9", COMM_INIT_LITERAL,
+                  # markerless fault texts of the cause model (issue 28): no [ERROR] prefix on these lines
+                  # ("(chipId" for "The error from device(chipId:N": a "T" literal costs at every ISO timestamp)
+                  b"NPU out of", b"Device[", b"(chipId", b"[LOST]", b"Heartbeat", b"Check failed",
+                  b"Received a dump", b"NCCL work")
 
 REPORTER_RES = (
     re.compile(rb"\[(?:PG [^\]]*?)?Rank (\d+)\]"),                # torch watchdog "[Rank 1]"

@@ -16,9 +16,11 @@ import time
 from functools import lru_cache
 
 from porting.diagnostics import load_yaml
+from porting.diagnostics.causes import block_class
 from porting.diagnostics.field import FIELD_LITERALS, field_rule
 
 MAX_LINE = 4096          # characters kept (and classified) of one line
+PROCESS_EXIT_TIER = 7    # documented faults up to process exits count even in INFO/WARNING lines
 
 # ---------------------------------------------------------------------------------------------
 # Line grammar, as data.
@@ -109,12 +111,17 @@ class Event:
     blames: tuple[int, ...] = ()  # ranks this event names as the faulty peer
     fix: str = ""                 # how to fix it, when the grammar knows
     facts: dict = dataclasses.field(default_factory=dict)  # ranks/peers/SeqNum the line names (field.py)
+    cause: str | None = None      # its class in the cause model (causes.py), None when it matches none
+    tier: int = 99                # that class's tier: lower is more causal
+    sure: bool = True             # False when the class was named without the reason (a weak pattern)
+    entities: list = dataclasses.field(default_factory=list)  # ranks/devices/hosts its block names, with lines
 
     def as_dict(self, offset: float = 0.0) -> dict:
         # a shallow copy: dataclasses.asdict deep-copies every value, which was most of the parent's
         # time for 4,096 ranks (profiled); facts is the only mutable field and holds plain values
         d = {name: getattr(self, name) for name in _EVENT_FIELDS}
         d["facts"] = dict(self.facts)
+        d["entities"] = [dict(x) for x in self.entities]
         d["time"] = fmt_ts(self.ts - offset) if self.ts is not None else None
         d["blames"] = list(self.blames)
         return d
@@ -237,7 +244,10 @@ def clean(line: bytes) -> bytes:
 def is_error_line(line: bytes) -> bool:
     lv = LEVEL_RE.match(line)
     if lv:
-        return lv.group(1) in (b"ERROR", b"CRITICAL", b"EXCEPTION") or b"Kill this process with SIGTERM" in line
+        if lv.group(1) in (b"ERROR", b"CRITICAL", b"EXCEPTION") or b"Kill this process with SIGTERM" in line:
+            return True
+        found = block_class(line)   # a documented fault printed at INFO/WARNING level (HCCL's status[LOST])
+        return found is not None and found[1] and found[0].tier <= PROCESS_EXIT_TIER
     pl = PORT_LEVEL_RE.search(line)
     if pl:
         return pl.group(1) in (b"ERROR", b"CRITICAL")
@@ -249,6 +259,8 @@ def is_error_line(line: bytes) -> bool:
         return True
     if field_rule(line) is not None:
         return True
+    if block_class(line) is not None:
+        return True   # a documented fault text without an error marker (cause_model.yaml)
     code = ASCEND_CODE_RE.search(line)
     if code and code.group(1).decode() in error_table()["codes"] and re.search(rb"E[0-9A-Z]\d{4}:", line):
         return True

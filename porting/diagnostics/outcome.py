@@ -19,11 +19,14 @@ class Verdict:
     confidence: str = "medium"        # high | medium | low: how directly the logs point at the rank
     why: str = ""                     # the chain of evidence, in one sentence
     collect_next: tuple[str, ...] = ()  # what to collect or set to be sure
+    suspect: dict | None = None       # the entity named (suspect.py): rank, device, host, peer or file
+    cause_class: str | None = None    # the cause model's class of the deciding event (cause_model.yaml)
 
     def as_dict(self) -> dict[str, Any]:
         return {"first_failing_rank": self.first_failing_rank, "last_step": self.last_step, "reason": self.reason,
                 "reason_kind": self.reason_kind, "confidence": self.confidence, "why": self.why,
-                "collect_next": list(self.collect_next), "evidence": list(self.evidence)}
+                "collect_next": list(self.collect_next), "evidence": list(self.evidence),
+                "suspect": self.suspect, "cause_class": self.cause_class}
 
 
 @dataclasses.dataclass(frozen=True)

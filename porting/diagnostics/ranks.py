@@ -13,6 +13,7 @@ import os
 import statistics
 from typing import Iterable
 
+from porting.diagnostics.causes import pick_cause
 from porting.diagnostics.grammar import Event
 from porting.diagnostics.scan import FileScan
 
@@ -37,6 +38,7 @@ class RankView:
     offset: float = 0.0
     status: str = ""
     events: list[Event] = dataclasses.field(default_factory=list)   # every kept event, in time order
+    rank_by_name: bool = False   # the rank comes from a file name (worker_<r>.log), not from a line's text
 
 
 
@@ -91,10 +93,10 @@ def merge_ranks(scans: Iterable[FileScan]) -> dict[int | str, RankView]:
             last_collective=best_coll.last_collective if best_coll else None,
             last_collective_ts=best_coll.last_collective_ts if best_coll else None,
             first_error=events[0] if events else None,
-            first_cause=next((e for e in events if e.role == "cause" and e.kind != "error"), None)
-            or next((e for e in events if e.role == "cause"), None),
+            first_cause=pick_cause(events),
             first_consequence=next((e for e in events if e.role == "consequence"), None),
-            error_lines=sum(sc.error_lines for sc in items), events=events)
+            error_lines=sum(sc.error_lines for sc in items), events=events,
+            rank_by_name=any(sc.rank_from_name for sc in items))
     return views
 
 

@@ -18,6 +18,7 @@ import stat
 from collections import Counter
 from typing import Iterator
 
+from porting.diagnostics.causes import annotate
 from porting.diagnostics.field import (COMM_INIT_LITERAL, REPORTER_RES, WORLD_GROUPS, comm_inits, launch_layout, line_facts,
                                        prefixed_ranks, root_cause_rank, split_by_rank_prefix)
 from porting.diagnostics.grammar import (ASCEND_CODE_RE, COLLECTIVE_RE, EXC_LINE_RE, MAX_LINE, PID_RE,
@@ -62,6 +63,7 @@ class FileScan:
     parts: list["FileScan"] = dataclasses.field(default_factory=list)  # per-rank parts of a [rankN]: file
     layout: dict = dataclasses.field(default_factory=dict)   # node_rank / nproc_per_node the text shows
     comm_inits: list[tuple[str, int, int]] = dataclasses.field(default_factory=list)  # HCCL (group, rank, size)
+    rank_from_name: bool = False   # rank read from the file name, not from a line's text
 
 
 def _line_bounds(buf: bytes, pos: int) -> tuple[int, int]:
@@ -196,6 +198,7 @@ class _Scanner:
         if len(s.events) >= MAX_EVENTS_PER_FILE:
             return
         text = line
+        ast, aend = st, end       # the line the cause model reads: the exception's summary for a traceback
         kind, role, label, code, blames, fix = classify_line(line)
         if line.startswith(b"Traceback"):
             summ = _exception_summary(buf, st)
@@ -208,6 +211,7 @@ class _Scanner:
                     # the exception is a consequence when the traceback comes right after comm errors
                     kind, role, label = "comm_timeout", "consequence", "exception after a collective failure"
                 self.consumed_upto = summ[1] + len(summ[0])
+                ast, aend = summ[1], min(len(buf), summ[1] + len(summ[0]))
         ts, exact = _ts_before(buf, st)
         if ts is None:
             ts, exact = self.carry_ts, False
@@ -216,8 +220,10 @@ class _Scanner:
             facts.update(s.layout)   # what maps it to a global rank, when the log shows the layout
         if line.startswith(b"Root Cause (first observed failure)") and (r := root_cause_rank(buf[end:])) is not None:
             facts["root_cause_rank"] = r
-        s.events.append(Event(s.path, self._lineno(buf, st), ts, exact, kind, role, label,
-                              clean(text).decode("utf-8", "replace"), code, blames, fix, facts))
+        ev = Event(s.path, self._lineno(buf, st), ts, exact, kind, role, label,
+                   clean(text).decode("utf-8", "replace"), code, blames, fix, facts)
+        annotate(ev, buf, ast, aend, ev.line + buf.count(b"\n", st, ast))
+        s.events.append(ev)
 
     def _last_step(self, buf: bytes) -> None:
         s = self.s
@@ -360,7 +366,7 @@ def _split_parts(scan: FileScan, data: bytes) -> list[FileScan]:
     for rank, text in sorted(split_by_rank_prefix(data).items(), key=lambda kv: (kv[0] is None, kv[0] or 0)):
         part = FileScan(path=f"{scan.path}[rank{rank}]" if rank is not None else scan.path, kind=scan.kind,
                         rank=rank if rank is not None else scan.rank, pid=scan.pid, note=scan.note,
-                        layout=scan.layout)
+                        layout=scan.layout, rank_from_name=rank is not None or scan.rank_from_name)
         _scan_chunks(part, iter([text]))
         parts.append(part)
     return parts
@@ -369,7 +375,7 @@ def _split_parts(scan: FileScan, data: bytes) -> list[FileScan]:
 def scan_file(root: str, rel: str) -> FileScan:
     """Scan one log file. Never raises for bad content; problems are recorded on the result."""
     kind, rank = classify_file(rel)
-    scan = FileScan(path=rel, kind=kind, rank=rank)
+    scan = FileScan(path=rel, kind=kind, rank=rank, rank_from_name=rank is not None)
     f, why = _open_regular(os.path.join(root, rel))
     if f is None:
         scan.problem = why

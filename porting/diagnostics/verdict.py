@@ -12,14 +12,17 @@ from __future__ import annotations
 import re
 from collections import Counter
 
-from porting.diagnostics.grammar import fmt_ts
+from porting.diagnostics.causes import WINDOW_S, codes_in
+from porting.diagnostics.grammar import Event, fmt_ts
 from porting.diagnostics.evidence import EvidenceContext, from_field_evidence, global_from_local
 from porting.diagnostics.outcome import Scheduler, Verdict
 from porting.diagnostics.ranks import RankView, corrected, sort_key
+from porting.diagnostics.suspect import describe, earned, entity_of
 
 HCCL_CALL_RE = re.compile(r"\bHccl[A-Z]\w+, error code is|HCCL function error")
 CAUSE_KINDS = {"oom": "oom", "exception": "exception", "crash": "crash", "device": "device_error",
-               "config": "config", "operator": "operator_error", "worker_exit": "worker_exit"}
+               "config": "config", "operator": "operator_error", "worker_exit": "worker_exit",
+               "comm_init": "comm_init"}
 
 
 def _cause_ranks(ranks: list[RankView]) -> list[RankView]:
@@ -40,30 +43,63 @@ def _cause_ranks(ranks: list[RankView]) -> list[RankView]:
     return causes
 
 
+def _earliest_caused(real: list[RankView]) -> RankView:
+    """The rank whose cause event is the most causal of the first incident window, the earliest of those
+    (clock-corrected; cause_model.yaml ranks the classes, causes.WINDOW_S bounds the window)."""
+    times = [t for v in real if (t := corrected(v.first_cause.ts, v.offset)) is not None]
+    t0 = min(times) if times else None
+
+    def key(v: RankView):
+        t = corrected(v.first_cause.ts, v.offset)
+        return (v.first_cause.tier, t is None, t or 0.0, sort_key(v.rank))
+    pool = [v for v in real if (t := corrected(v.first_cause.ts, v.offset)) is None or t0 is None
+            or t - t0 <= WINDOW_S]
+    return min(pool, key=key)
+
+
+def _competitors(real: list[RankView], first: RankView) -> list[tuple[RankView, Event]]:
+    """Other cause events of the same class tier: other ranks' causes, and this view's other ones."""
+    e = first.first_cause
+    out = [(v, v.first_cause) for v in real if v is not first and v.first_cause.tier == e.tier]
+    t0 = e.ts
+    out += [(first, x) for x in first.events if x is not e and x.role == "cause" and x.tier == e.tier
+            and (x.ts is None or t0 is None or abs(x.ts - t0) <= WINDOW_S)]
+    return out
+
+
 def _from_causes(causes: list[RankView], ctx: EvidenceContext = EvidenceContext()) -> Verdict:
     real = [v for v in causes if v.first_cause.kind != "error"] or causes
-    first = min(real, key=lambda v: (corrected(v.first_cause.ts, v.offset) is None,
-                                      corrected(v.first_cause.ts, v.offset) or 0.0, sort_key(v.rank)))
+    first = _earliest_caused(real)
     e = first.first_cause
     kind = CAUSE_KINDS.get(e.kind, "error")
+    s = entity_of(first, e)
     reason = f"{kind}: {e.text} ({e.source}:{e.line})"
+    if e.facts.get("cause_text"):
+        reason += f"; its block says: {e.facts['cause_text']}"
     if e.code:
         reason += f" [{e.code}: {e.label}]"
     if e.fix:
         reason += f"; fix: {e.fix}"
     root = next((x.facts["root_cause_rank"] for x in first.events if "root_cause_rank" in x.facts), None)
-    rank = root if root is not None else (first.rank if isinstance(first.rank, int)
-                                          else e.facts.get("reporter", first.rank))
+    rank = root if root is not None else (s["id"] if s["entity"] == "rank" else
+                                          first.rank if isinstance(first.rank, int) else e.facts.get("reporter", first.rank))
     if root is not None:
         reason += f"; torchrun's root cause (first observed failure) is rank {root}"
+        s = {"entity": "rank", "id": root, "text": f"rank {root}", "via": "torchrun root cause"}
     elif not isinstance(rank, int) and "local_rank" in e.facts:
         mapped, note = global_from_local(e.facts, ctx)
         rank = mapped if mapped is not None else rank
         reason += note
-    sure = "high" if len(real) == 1 or e.kind != "error" else "medium"
-    why = (f"its first error is a {e.label} that no collective timeout of its own preceded"
-           + (f"; {len(real) - 1} other rank(s) failed later" if len(real) > 1 else ""))
-    return Verdict(rank, first.last_step, reason, kind, (e.as_dict(first.offset),), sure, why)
+        if mapped is not None:
+            s = {"entity": "rank", "id": mapped, "text": f"rank {mapped}", "via": "local rank"}
+    if s["entity"] != "rank" or s["id"] != first.rank:
+        reason += f"; suspect: {describe(s)}"
+    sure, short, collect = ("high", "", ()) if root is not None else earned(first, e, s, _competitors(real, first))
+    label = e.label if e.label.startswith(("a ", "an ", "the ")) else f"'{e.label}'"
+    why = (f"its most causal event in the first incident is {label} ({e.cause or kind}), which no collective "
+           f"timeout of its own preceded" + (f"; {len(real) - 1} other rank(s) failed too" if len(real) > 1 else "")
+           + (f"; not high: {short}" if short else ""))
+    return Verdict(rank, first.last_step, reason, kind, (e.as_dict(first.offset),), sure, why, collect, s, e.cause)
 
 
 def _timeout_pool(ranks: list[RankView], timed_out: list[RankView], blames: Counter) -> tuple[list[RankView], str]:
@@ -91,16 +127,23 @@ def _scheduler_note(rank: int | str, sched: Scheduler) -> str:
 def _single_waiter(v: RankView) -> Verdict:
     """One rank's log (or one pasted file) that only waited: the rank it waited for is elsewhere."""
     e = v.first_consequence
-    who = f"rank {v.rank}" if isinstance(v.rank, int) else f"the process logging to {v.files[0]}"
+    s = entity_of(v, e)
+    who = (f"rank {v.rank}" if isinstance(v.rank, int) else
+           describe(s) + f" (logging to {v.files[0]})" if s["entity"] != "file" else f"the process logging to {v.files[0]}")
     reason = (f"waited: {who} timed out in a collective ({e.label}) and names no peer; the rank that did not "
               f"arrive is not in these logs: {e.text[:160]}")
+    if e.facts.get("cause_text"):
+        reason += f"; its block says: {e.facts['cause_text'][:240]}"
+    codes = codes_in([x.text + " " + x.facts.get("cause_text", "") for x in v.events])
+    if codes:
+        reason += f"; codes in this log: {', '.join(codes)}"
     if e.fix:
         reason += f"; fix: {e.fix}"
     return Verdict(v.rank, v.last_step, reason, "comm_timeout", (e.as_dict(v.offset),), "low",
                    "a timeout is a consequence; with only the waiting side's log the cause cannot be named",
                    ("the logs of the other ranks of the job (all worker_<rank>.log / every node's stderr)",
                     "each rank's CANN plog (~/ascend/log/debug/plog)",
-                    "HCCL_ENTRY_LOG_ENABLE=1 on a rerun to log every collective's entry per rank"))
+                    "HCCL_ENTRY_LOG_ENABLE=1 on a rerun to log every collective's entry per rank"), s, e.cause)
 
 
 def _from_timeouts(ranks: list[RankView], timed_out: list[RankView], sched: Scheduler) -> Verdict:

@@ -80,3 +80,22 @@ def out_under_a_file(d):
     (d / "logs" / "worker_0.log").write_text("step 1 loss 2.0\n")
     (d / "f").write_text("x")
     return ["diagnose", str(d / "logs"), "--out", str(d / "f" / "diag.json")]
+
+
+@case(dest=None, refusal=False, timeout=10)
+def cann_blocks_of_endless_continuation_lines(d):
+    """Issue 28 reads each error line's block (indented CANN continuation lines) for its class and entities:
+    500 headlines each followed by 200 indented lines full of device/rank/PID tokens (8.5 MB) must stay bounded
+    (MAX_BLOCK_LINES, MAX_BLOCK_BYTES, MAX_ENTITIES in porting/diagnostics/causes.py)."""
+    (d / "logs").mkdir()
+    cont = "        device_id=1 chipId:2 dieId:0 PID:3 rank:4 dst_rank[5] Device[6] lost heartbeat\n" * 200
+    (d / "logs" / "pasted.log").write_text(("EZ9999: Inner Error!\n" + cont) * 500)
+    return ["diagnose", str(d / "logs")]
+
+
+@case(dest=None, refusal=False, timeout=10)
+def one_8_mb_line_of_entity_tokens(d):
+    """One 8 MB line of fault texts and entity tokens: classified on its first MAX_LINE bytes only."""
+    (d / "logs").mkdir()
+    (d / "logs" / "pasted.log").write_text("Device[1] lost heartbeat chipId:1 dst_rank[0] NPU 3; " * 160_000 + "\n")
+    return ["diagnose", str(d / "logs")]

@@ -1,0 +1,125 @@
+"""Benchmark: how often `port diagnose` names the expected suspect, cause class and confidence on the
+field corpus (tests/diagnostics/fixtures/field: real excerpts from public threads, each headed by its URL,
+expected verdicts in expected.yaml), split into the held-back excerpts (never tuned on) and the rest.
+
+A case passes when all four hold: the suspect entity (rank N / device N / host H / peer HOST:PORT / file),
+the cause class, the confidence level, and every reason key word (case-insensitive) in the reason. Verdicts
+from before the cause model (no ``cause_class`` / ``suspect`` in the result) are scored leniently: their
+``reason_kind`` counts as right for every class it could stand for (OLD_KIND_CLASSES), and the suspect is
+read from ``first_failing_rank``.
+
+    python benchmarks/diagnose_accuracy.py [--json] [--show-misses]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from porting.diagnostics.diagnose import diagnose  # noqa: E402
+
+FIELD = ROOT / "tests" / "diagnostics" / "fixtures" / "field"
+NEUTRAL = "pasted.log"
+OLD_KIND_CLASSES = {
+    "oom": {"memory"}, "config": {"address_port", "config", "nic_link_init", "comm_init"},
+    "device_error": {"device_fault", "nic_link_init"}, "operator_error": {"operator_error"},
+    "crash": {"process_exit"}, "worker_exit": {"process_exit"},
+    "comm_timeout": {"collective_timeout", "socket_timeout", "watchdog_abort", "process_exit"},
+}
+
+
+def expected_suspects(want: dict) -> list[str]:
+    """The suspect strings a verdict may give for one expected entry."""
+    if "suspect" in want:
+        s = want["suspect"]
+        return list(s) if isinstance(s, list) else [s]
+    r = want["rank"]
+    return [f"rank {r}"] if isinstance(r, int) else [str(r)]
+
+
+def suspect_of(d: dict) -> str:
+    if isinstance(d.get("suspect"), dict):
+        return d["suspect"]["text"]
+    r = d.get("first_failing_rank")
+    if isinstance(r, int):
+        return f"rank {r}"
+    if isinstance(r, str) and r.startswith("file:"):
+        return "file"
+    return str(r)
+
+
+def class_ok(d: dict, want: str) -> bool:
+    if "cause_class" in d:
+        return d["cause_class"] == want
+    return want in OLD_KIND_CLASSES.get(d.get("reason_kind"), set())
+
+
+def score(name: str, want: dict) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        logs = Path(tmp) / "logs"
+        logs.mkdir()
+        # a neutral name: fixture names like "..._rank5_watchdog.log" would otherwise give the rank away
+        # (the file-name grammar reads "rank5" as the rank), which a pasted log does not have
+        shutil.copy(FIELD / name, logs / NEUTRAL)
+        d = diagnose(logs, jobs=1)
+    got = suspect_of(d)
+    reason = d.get("reason", "")
+    checks = {"suspect": got in expected_suspects(want), "class": class_ok(d, want["class"]),
+              "confidence": d.get("confidence") == want["confidence"],
+              "reason": all(k.lower() in reason.lower() for k in want.get("reason", []))}
+    return {"name": name, "split": want.get("split", "tune"), "kinds": want.get("kinds", []), **checks,
+            "pass": all(checks.values()), "no_failure_found": d.get("reason_kind") == "none",
+            "got": {"suspect": got, "class": d.get("cause_class", d.get("reason_kind")),
+                    "confidence": d.get("confidence"), "reason": reason[:200], "why": d.get("why", "")}}
+
+
+def summary(rows: list[dict]) -> dict:
+    out = {}
+    for split in ("heldout", "tune"):
+        part = [r for r in rows if r["split"] == split]
+        c = Counter(k for r in part for k in ("pass", "suspect", "class", "confidence", "reason") if r[k])
+        out[split] = {"n": len(part), **{k: c[k] for k in ("pass", "suspect", "class", "confidence", "reason")},
+                      "no_failure_found": sum(r["no_failure_found"] for r in part)}
+    for kind in ("consequence", "peer", "device", "markerless", "undetermined"):
+        part = [r for r in rows if kind in r["kinds"]]
+        out[f"kind:{kind}"] = {"n": len(part), "pass": sum(r["pass"] for r in part)}
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--show-misses", action="store_true")
+    args = ap.parse_args()
+    expected = yaml.safe_load((FIELD / "expected.yaml").read_text())
+    rows = [score(name, want) for name, want in expected.items()]
+    s = summary(rows)
+    if args.json:
+        print(json.dumps({"summary": s, "cases": rows}, indent=1))
+        return 0
+    for split, label in (("heldout", "held-back"), ("tune", "rest (tuned on)")):
+        x = s[split]
+        print(f"{label:>16}: {x['pass']}/{x['n']} pass ({100 * x['pass'] / max(x['n'], 1):.0f}%); suspect "
+              f"{x['suspect']}, class {x['class']}, confidence {x['confidence']}, reason {x['reason']}; "
+              f"'no failure found' {x['no_failure_found']}")
+    print("by kind: " + ", ".join(f"{k[5:]} {v['pass']}/{v['n']}" for k, v in s.items() if k.startswith("kind:")))
+    if args.show_misses:
+        for r in rows:
+            if not r["pass"]:
+                bad = [k for k in ("suspect", "class", "confidence", "reason") if not r[k]]
+                print(f"MISS [{r['split']}] {r['name']}: {bad} got {r['got']}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,265 @@
+"""The cause model of `port diagnose` (porting/data/cause_model.yaml) applied to one block of log text,
+and the entities a block names.
+
+A *block* is an error line with the lines that continue it: CANN prints a failure as a headline
+(``EZ9999: Inner Error!``, ``[ERROR] ... ERR00100 PTA call acl api failed``) followed by indented
+``TraceBack`` lines, an ``[Error]:`` explanation and the device's own report, which is where the
+cause is named (``reason=[aicore timeout]``, ``Device[1] lost heartbeat``, ``deviceId=3``). Markerless
+texts (no ``[ERROR]``) are recognised by the model's documented patterns themselves.
+
+:func:`block_class` gives the most causal class a block matches (and whether the match says why, or only
+names the class: a *weak* match); :func:`entities` lists the ranks, peer ranks, devices (NPU / chip /
+die), PIDs, NIC addresses and hosts a block names, each with its line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from functools import lru_cache
+
+from porting.diagnostics import load_yaml
+
+MAX_BLOCK_LINES = 16     # continuation lines joined to an error line
+MAX_BLOCK_BYTES = 8192   # bytes of a block classified (the line itself is cut at grammar.MAX_LINE)
+MAX_ENTITIES = 24        # entities kept per event
+
+
+@dataclasses.dataclass(frozen=True)
+class CauseClass:
+    name: str
+    tier: int
+    role: str
+    kind: str
+    label: str
+    fix: str
+    identifiers: tuple[str, ...]
+    sources: tuple[str, ...]
+    strong: re.Pattern | None
+    weak: re.Pattern | None
+
+
+def _rx(patterns: list[str]) -> re.Pattern | None:
+    return re.compile("|".join(f"(?:{p})" for p in patterns).encode(), re.I | re.M) if patterns else None
+
+
+@lru_cache(maxsize=1)
+def model() -> tuple[tuple[CauseClass, ...], dict[str, str], dict[str, str]]:
+    """The classes in tier order, code -> class name (CANN codes and runtime return values), and what
+    the runtime return values mean."""
+    data = load_yaml("cause_model.yaml")
+    classes, codes = [], {}
+    for c in sorted(data["classes"], key=lambda c: c["tier"]):
+        classes.append(CauseClass(c["name"], c["tier"], c["role"], c["kind"], c["label"], c["fix"],
+                                  tuple(c["identifiers"]), tuple(c["sources"]), _rx(c["patterns"]),
+                                  _rx(c.get("weak", []))))
+        for code in c["codes"]:
+            codes.setdefault(str(code), c["name"])
+    return tuple(classes), codes, {str(k): v for k, v in data.get("code_meanings", {}).items()}
+
+
+def by_name(name: str) -> CauseClass:
+    return next(c for c in model()[0] if c.name == name)
+
+
+CODE_RE = re.compile(rb"(?<![A-Za-z0-9])(E[0-9A-Z]\d{4}|ERR\d{5})(?![0-9A-Za-z])|(?<![\d.x])(\d{6})(?![\d.])")
+
+
+def block_class(block: bytes) -> tuple[CauseClass, bool] | None:
+    """The most causal class the block's text or codes match; ``sure`` is False for a weak match."""
+    classes, codes, _ = model()
+    text = block[:MAX_BLOCK_BYTES]
+    coded = {codes[c.decode()] for m in CODE_RE.finditer(text) for c in (m.group(1), m.group(2))
+             if c and c.decode() in codes}
+    weak_hit = None
+    for c in classes:
+        if c.name in coded or (c.strong is not None and c.strong.search(text)):
+            return c, True
+        if weak_hit is None and c.weak is not None and c.weak.search(text):
+            weak_hit = c
+    return (weak_hit, False) if weak_hit is not None else None
+
+
+# (entity type, regex with the value as group 1, how sure a peer is: "named" by a report, else "reported")
+ENTITY_RES: tuple[tuple[str, re.Pattern], ...] = (
+    ("peer_rank", re.compile(rb"dst_rank\[(\d+)\]")),
+    ("peer_rank", re.compile(rb"from \[(\d+)\] via c10d key-value store")),
+    ("peer_rank", re.compile(rb"role\[\d+\] rank\[(\d+)\]")),
+    ("lost_rank", re.compile(rb"rank \[[^/\]\s]*/(\d+)\] status\[LOST\]")),
+    ("lost_rank", re.compile(rb"Cluster Exception Location\[IP/ID\]:\[[^/\]]*/(\d+)\]")),
+    ("peer_rank", re.compile(rb"remote rank\s*[:\[]+\s*(\d+)", re.I)),
+    ("rank", re.compile(rb"RankID:(\d+)\)")),
+    ("rank", re.compile(rb"\[(?:PG [^\]]*?)?Rank (\d+)\]")),
+    ("rank", re.compile(rb"\[rank(\d+)\]:")),
+    ("rank", re.compile(rb"^\[(\d+)\] is setting up", re.M)),
+    ("rank", re.compile(rb"(?<![\w\[])\[(\d+)\] is setting up")),
+    ("rank", re.compile(rb"(?:fail(?:ed)?|error)[^\n]{0,40}?\brank[:=]\s?(\d+)\b", re.I)),
+    ("device", re.compile(rb"\bNPU (\d+);")),
+    ("device", re.compile(rb"\bDevice:(\d+)")),
+    ("device", re.compile(rb"\bdevice_id[:=](\d+)")),
+    ("device", re.compile(rb"\bdeviceId[:=](\d+)")),
+    ("device", re.compile(rb"\brealDeviceId:(\d+)")),
+    ("device", re.compile(rb"\bDevice\[(\d+)\]")),
+    ("device", re.compile(rb"\bdevice\((\d+)\)")),
+    ("device", re.compile(rb"\bdevId=(\d+)")),
+    ("chip", re.compile(rb"\bchipId:(\d+)")),
+    ("die", re.compile(rb"\bdieId:(\d+)")),
+    ("pid", re.compile(rb"\bPID:\s?(\d+)")),
+    ("pid", re.compile(rb"^\[(\d+)\] \[\d{4}-\d\d-\d\d ", re.M)),     # torch_npu's "[pid] [time] torch.distributed:
+    ("pid", re.compile(rb"\bpid=(\d+)")),
+    ("nic_ip", re.compile(rb"(?:remote_ip_addr|localIpAddr|listen on ip)\[([\d.]+)\]")),
+    ("host", re.compile(rb"^((?![\w.]*(?:Error|Exception|Warning)\b)[A-Za-z][\w]*[-.][\w.-]*\w): ", re.M)),
+)
+
+
+def entities(block: bytes, first_line: int) -> list[dict]:
+    """Every entity the block names: {"type", "id", "line"} (line: 1-based, in the source file). A
+    ``lost_rank`` is a peer named by HCCL's own heartbeat report, a ``peer_rank`` one named by the
+    reporting side (destination, remote or store rank)."""
+    out: list[dict] = []
+    seen = set()
+    for lineno, text in enumerate(block[:MAX_BLOCK_BYTES].split(b"\n"), first_line):
+        taken: list[tuple[int, int]] = []
+        for kind, rx in ENTITY_RES:
+            for m in rx.finditer(text):
+                if any(s <= m.start(1) < e for s, e in taken):
+                    continue   # one number, one entity (the "rank" of "dst_rank[0]" is not a second one)
+                taken.append((m.start(1), m.end(1)))
+                raw = m.group(1).decode("utf-8", "replace")
+                val: int | str = int(raw) if raw.isdigit() else raw
+                key = (kind, val)
+                if key in seen or (kind == "rank" and val == -1):
+                    continue
+                seen.add(key)
+                out.append({"type": kind, "id": val, "line": lineno})
+                if len(out) >= MAX_ENTITIES:
+                    return out
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Blocks: an error line and the lines that continue it.
+
+# What launchers and loggers put before a line: "(Worker_TP1 pid=961) ERROR 09-07 01:11:09 [file.py:596] ",
+# "[rank1]: ", a host tag "worker-1: ". A continuation is indented, or a CANN TraceBack / [Error] / code line.
+PREFIX_RE = re.compile(rb"(?:\([^)\n]{0,80}\) )*(?:(?:ERROR|INFO|WARNING|DEBUG) \d\d-\d\d [\d:]+ \[[^\]\n]{1,80}\] ?)?"
+                       rb"(?:\[rank\d+\]: ?)?(?:(?![\w.]*(?:Error|Exception|Warning)\b)[A-Za-z]\w*[-.][\w.-]*\w: )?")
+CONT_RE = re.compile(rb"[ \t]+\S|TraceBack|\[Error\]|E[0-9A-Z]\d{4}[:\[ (]|\[PID: \d+\] \d{4}-")
+CONTEXT_LINES = 2        # lines before an error line read for entities only (a CANN headline's PID/device)
+OLD_KIND_CLASS = {"oom": "memory", "device": "device_fault", "config": "config", "operator": "operator_error",
+                  "crash": "process_exit", "worker_exit": "process_exit", "comm_fault_report": "process_exit",
+                  "comm_timeout": "collective_timeout", "cluster_abort": "watchdog_abort"}
+# HCCL's heartbeat reports are always about another rank (the one whose heartbeat stopped)
+HEARTBEAT_REPORT_RE = re.compile(rb"Heartbeat Lost Occurred|status\[LOST\]")
+GENERIC_TIER = 8         # a Python exception or a bare error line: a cause, of no known class
+
+
+def block_end(buf: bytes, st: int, end: int) -> int:
+    """Offset where the block of the error line ``buf[st:end]`` ends (bounded in lines and bytes)."""
+    pos, n = end, 0
+    while n < MAX_BLOCK_LINES and pos < len(buf) and pos - st < MAX_BLOCK_BYTES:
+        nxt = pos + 1
+        e = buf.find(b"\n", nxt)
+        e = len(buf) if e < 0 else e
+        line = buf[nxt:min(e, nxt + 512)]
+        if not CONT_RE.match(line, PREFIX_RE.match(line).end()):
+            break
+        pos, n = e, n + 1
+    return pos
+
+
+def _context_start(buf: bytes, st: int) -> int:
+    lo = st
+    for _ in range(CONTEXT_LINES):
+        if lo <= 0:
+            break
+        lo = buf.rfind(b"\n", max(0, lo - 4096), lo - 1) + 1
+    return lo
+
+
+def _matched_lines(block: bytes, found: CauseClass, headline: str) -> str:
+    """The block's lines (at most two, besides the headline) that name its class, for the reason."""
+    out: list[str] = []
+    for line in block.split(b"\n")[1:MAX_BLOCK_LINES + 1]:
+        hit = found.strong.search(line) if found.strong is not None else None
+        if hit is None and found.weak is not None:
+            hit = found.weak.search(line)
+        if hit is None and block_class(line) != (found, True):
+            continue
+        text = line.strip()[:240].decode("utf-8", "replace")
+        if text and text not in headline and text not in out:
+            out.append(text)
+        if len(out) >= 2:
+            break
+    return " | ".join(out)
+
+
+def annotate(ev, buf: bytes, st: int, end: int, line0: int) -> None:
+    """Give an event its cause class, tier and entities from its block (``buf[st:end]`` is its line, number
+    ``line0``); a documented class overrides the
+    line grammar's kind (the block says more than the headline), except that torchrun's worker exits
+    keep their kind."""
+    bend = block_end(buf, st, end)
+    block = buf[st:bend]
+    found = block_class(block)
+    lo = _context_start(buf, st)
+    ev.entities = entities(block, line0) + [
+        dict(x, context=True) for x in entities(buf[lo:st], line0 - buf.count(b"\n", lo, st))
+        if x["type"] != "host"]
+    if found is None:
+        ev.cause = OLD_KIND_CLASS.get(ev.kind)
+        ev.tier = by_name(ev.cause).tier if ev.cause else GENERIC_TIER
+        ev.sure = ev.cause is not None
+        return
+    cls, ev.sure = found
+    ev.cause, ev.tier = cls.name, cls.tier
+    lost = next((x["id"] for x in ev.entities if x["type"] == "lost_rank" and not x.get("context")), None)
+    if lost is not None or HEARTBEAT_REPORT_RE.search(block):
+        # a report of a peer's loss (HCCL heartbeat): the lost rank is the suspect, this line its witness
+        ev.kind, ev.role = "comm_fault_report", "consequence"
+        if lost is not None:
+            ev.facts.setdefault("located_rank", lost)
+            ev.facts.setdefault("exception_type", "heartbeat status LOST")
+        ev.fix = ev.fix or cls.fix
+        return
+    if not (ev.kind in ("crash", "worker_exit") and cls.name == "process_exit"):
+        if ev.kind != cls.kind:
+            ev.label = cls.label
+        ev.kind, ev.role = cls.kind, cls.role
+    ev.fix = ev.fix or cls.fix
+    lines = _matched_lines(block, cls, ev.text)
+    meanings = model()[2]
+    said = [f"{c} = {meanings[c]}" for c in codes_in([block[:MAX_BLOCK_BYTES].decode("utf-8", "replace")])
+            if c in meanings]
+    if lines or said:
+        ev.facts["cause_text"] = " | ".join(([lines] if lines else []) + said[:2])
+
+
+WINDOW_S = 60.0   # events this long after the first cause are later fallout, not candidates for the cause
+
+
+def pick_cause(events: list, offset: float = 0.0):
+    """The cause of a set of events (each with ts, tier, role, kind, source, line): among the cause
+    events of the first incident window, the most causal class, then the earliest (to the second:
+    many logs print whole seconds, and a later line of the same second did not come first)."""
+    causes = [e for e in events if e.role == "cause"]
+    if not causes:
+        return None
+    times = [e.ts - offset for e in causes if e.ts is not None]
+    t0 = min(times) if times else None
+    pool = [e for e in causes if e.ts is None or t0 is None or e.ts - offset - t0 <= WINDOW_S]
+    real = [e for e in pool if e.kind != "error"] or pool
+    return min(real, key=lambda e: (e.tier, e.ts is None, int(e.ts - offset) if e.ts is not None else 0,
+                                    e.source, e.line))
+
+
+def codes_in(texts: list[str], limit: int = 8) -> list[str]:
+    """The CANN codes and runtime return values (those the model knows) named in some texts."""
+    known = model()[1]
+    out: list[str] = []
+    for text in texts:
+        for m in CODE_RE.finditer(text.encode("utf-8", "replace")):
+            c = (m.group(1) or m.group(2)).decode()
+            if (c in known or m.group(1)) and c not in out:
+                out.append(c)
+    return out[:limit]
