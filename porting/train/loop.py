@@ -27,6 +27,7 @@ from model_zoo.errors import PortingError, RecipeError
 from porting import rundir
 from porting.train import checkpoint as ckpt
 from porting.train import data as data_mod
+from porting.train import execution
 from porting.train import grid as grid_mod
 from porting.train.grid import Grid
 from porting.train.recipe import Recipe
@@ -83,8 +84,10 @@ def rank_logger(run_dir: Path, rank: int, echo: bool) -> logging.Logger:
 def configure_mindspore(recipe: Recipe, distributed: bool) -> None:
     import mindspore as ms
 
+    from porting.train import execution
+
     target = {"cpu": "CPU", "ascend": "Ascend"}[recipe.cluster.device]
-    ms.set_context(mode=ms.GRAPH_MODE)
+    execution.set_mode(recipe)   # graph (default) or pynative: the same step cells either way
     # set_device may run once, before any kernel; a process that already runs on the target (a
     # second in-process run, a test session) keeps it.
     if ms.get_context("device_target") != target:
@@ -224,18 +227,13 @@ class Trainer:
         new_shapes = {mb.shape for mb in step.micro_batches} - self.shapes_seen
         self.shapes_seen |= new_shapes
         t0 = time.perf_counter()
-        if self.accum == 1:
-            mb = step.micro_batches[0]
-            total, count, norm, finite = self.fused(ms.Tensor(mb.input_ids), ms.Tensor(mb.labels), scale, unscale,
-                                                    *hyper, *self.packed_inputs(mb))
-        else:
-            local_total = 0.0
-            local_count = 0.0
-            for mb in step.micro_batches:
-                tot, cnt = self.grad_step(ms.Tensor(mb.input_ids), ms.Tensor(mb.labels), scale, *self.packed_inputs(mb))
-                local_total += float(tot.asnumpy())
-                local_count += float(cnt.asnumpy())
-            total, count, norm, finite = self.apply(f32(local_total), f32(local_count), unscale, *hyper)
+        try:
+            total, count, norm, finite = self._step_cells(step, scale, unscale, hyper)
+        except (RuntimeError, TypeError, ValueError) as e:   # MindSpore's compile errors; see execution.py
+            failure = execution.compile_failure(self.recipe, e, sorted(new_shapes)) if new_shapes else None
+            if failure is None:
+                raise
+            raise failure from e
         loss_sum, n_tok = float(total.asnumpy()), float(count.asnumpy())
         norm_v, finite_v = float(norm.asnumpy()), bool(finite.asnumpy())
         dt = time.perf_counter() - t0
@@ -245,6 +243,19 @@ class Trainer:
             self.adam_t = t
         return {"loss": loss_sum / max(n_tok, 1.0), "grad_norm": norm_v, "finite": finite_v and math.isfinite(loss_sum),
                 "applied": applied, "scale_used": scale_used, "step_time_s": dt, "compile": bool(new_shapes), "tokens": int(n_tok)}
+
+    def _step_cells(self, step: data_mod.Step, scale, unscale, hyper: tuple) -> tuple:
+        ms = self.ms
+        if self.accum == 1:
+            mb = step.micro_batches[0]
+            return self.fused(ms.Tensor(mb.input_ids), ms.Tensor(mb.labels), scale, unscale, *hyper,
+                              *self.packed_inputs(mb))
+        local_total = local_count = 0.0
+        for mb in step.micro_batches:
+            tot, cnt = self.grad_step(ms.Tensor(mb.input_ids), ms.Tensor(mb.labels), scale, *self.packed_inputs(mb))
+            local_total += float(tot.asnumpy())
+            local_count += float(cnt.asnumpy())
+        return self.apply(ms.Tensor(np.float32(local_total)), ms.Tensor(np.float32(local_count)), unscale, *hyper)
 
     def state(self, step_done: int) -> ckpt.TrainState:
         return ckpt.TrainState(adam_t=self.adam_t, loss_scale=self.scaler.scale, good_steps=self.scaler.good,
@@ -374,6 +385,7 @@ def train(recipe: Recipe, run_dir: str | Path, *, rank: int = 0, world_size: int
         log.info(f"rank {rank} of {world_size}: parallel_mode {ms.get_auto_parallel_context('parallel_mode')}, "
                  f"comm_fusion {ms.get_auto_parallel_context('comm_fusion')}, optimizer sharding "
                  f"{recipe.parallel.optimizer_sharding}; {grid.describe()}")
+    log.info(f"execution: {execution.describe(recipe)}")
     if grid.tp > 1:
         log.info(grid_mod.loss_note(recipe, grid))
     model_dir = resolve_hf(recipe.model.source)

@@ -63,10 +63,10 @@ def apply_memory_budget(recipe) -> str | None:
     """On Ascend, cap MindSpore's device memory pool at the usable HBM; returns the size set."""
     if recipe.cluster.device != "ascend":
         return None
-    import mindspore as ms
+    from porting.train.execution import cap_device_memory
 
     size = f"{usable_hbm_gib(recipe):g}GB"
-    ms.runtime.set_memory(max_size=size)
+    cap_device_memory(size)   # mindspore.runtime.set_memory, or the older set_context(max_device_memory)
     return size
 
 

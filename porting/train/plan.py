@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 from model_zoo.config import LlamaConfig
 from model_zoo.errors import RecipeError
-from porting.train import comm, hardware, roofline, sharding
+from porting.train import comm, execution, hardware, roofline, sharding
 from porting.train.sharding import Collective
 from porting.train.memory import (DTYPE_BYTES, GIB, apply_memory_budget, estimate_memory,  # noqa: F401 (re-exported)
                                   usable_hbm_gib)
@@ -159,6 +159,8 @@ class TrainPlan:
     msrun_commands: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     padding: dict[str, Any] | None = None   # --dry-run: padding of bucketing vs packing (packing.py)
+    execution: str = ""                     # graph or pynative, and why (execution.py)
+    fallbacks: list[str] = field(default_factory=list)   # what the installed MindSpore lacks, what runs instead
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form (``plan.json``, ``--dry-run --json``)."""
@@ -194,7 +196,8 @@ def make_plan(recipe, cfg: LlamaConfig, recipe_path: str, run_dir: str, override
         proposals=[] if fits else roofline.proposals(recipe, cfg, _with),
         estimated_step=roofline.step_time(recipe, cfg) if recipe.cluster.device == "ascend" else {},
         msrun_commands=msrun_commands(recipe, recipe_path, run_dir, overrides, resume) if multi else [],
-        warnings=plan_warnings(recipe, cfg))
+        warnings=plan_warnings(recipe, cfg), execution=execution.describe(recipe),
+        fallbacks=execution.runtime_fallbacks(recipe))
 
 
 def mixed_precision(recipe) -> str:
@@ -274,6 +277,8 @@ def format_plan(plan: TrainPlan) -> str:
         f"loss scale {prec['loss_scale']['kind']}; recompute {plan.recompute}; "
         f"optimizer sharding {plan.sharding.get('how', plan.optimizer_sharding)}",
         f"mixed precision: {plan.mixed_precision}",
+        f"execution: {plan.execution}",
+        *(f"fallback: {f}" for f in plan.fallbacks),
         "memory per device (GiB):",
     ]
     for k in ("weights", "gradients", "optimizer_states", "master_weights", "gradients_fp32", "adamw_temporaries",
