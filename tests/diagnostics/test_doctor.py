@@ -85,6 +85,7 @@ def test_ascend_node_with_the_wrong_cann_fails_naming_the_cann_and_hdk_to_instal
     assert doctor.pairing("2.7.2", "8.5.0", "25.5.0")["known_good"] is True
 
 
+@pytest.mark.compat
 def test_without_cann_names_the_pairing_the_installed_mindspore_needs():
     from importlib.metadata import version
 

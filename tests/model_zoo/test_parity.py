@@ -58,6 +58,7 @@ def test_hidden_states_and_grads_match_hf(tmp_path):
     assert report["passed"], report["checks"]
 
 
+@pytest.mark.compat
 def test_parity_detects_a_wrong_weight(tmp_path, monkeypatch):
     """A check that cannot fail is no check: nudge one loaded zoo tensor and parity must fail."""
     import numpy as np
