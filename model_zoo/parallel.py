@@ -131,7 +131,8 @@ class TPMax(nn.Cell):
         x = ops.stop_gradient(x)
         if self.by_sum:
             slots = ops.reshape(self.slot, (self.size,) + (1,) * x.ndim) * ops.expand_dims(x, 0)
-            return ops.stop_gradient(self.allreduce(slots).max(0))
+            # ops.amax, not Tensor.max(0): in PyNative that is torch's max(dim) and returns (values, indices)
+            return ops.stop_gradient(ops.amax(self.allreduce(slots), 0))
         return ops.stop_gradient(self.allreduce(x))
 
 

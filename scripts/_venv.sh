@@ -1,15 +1,19 @@
 # Sourced by scripts/*.sh: make .venv beside the repo and install port into it (once per pyproject change).
-# The first run downloads MindSpore (~800 MB) and the CPU build of torch.
+# The first run downloads MindSpore (~800 MB) and the CPU build of torch; scripts/constraints.txt picks the
+# versions (MindSpore 2.10.0, torch 2.13.0) inside pyproject.toml's ranges.
+# PORT_VENV=DIR PORT_FRAMEWORK=FILE (scripts/compat.sh): a venv that first gets the framework a cluster already
+# has (FILE: name==version lines), then port without constraints, then a check that pip kept that framework.
 # Output: one line per phase, plus pip's own WARNING lines. pip's full output goes to .venv/pip.log;
 # when pip fails, the end of it (the failing step's error, pip's ERROR line) is shown and set-up stops.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY="${PYTHON:-python3}"
+VENV="${PORT_VENV:-$ROOT/.venv}"
 
 # _venv_phase WHAT NOTE COMMAND...: run one set-up phase quietly (one line); on failure show why, stop.
 _venv_phase() {
   local what="$1" note="$2"; shift 2
-  local log="$ROOT/.venv/pip.log" part="$ROOT/.venv/pip.part.log"
+  local log="$VENV/pip.log" part="$VENV/pip.part.log"
   local t0=$SECONDS
   printf 'set-up: %s%s ... ' "$what" "${note:+ ($note)}" >&2
   if "$@" >"$part" 2>&1; then
@@ -35,20 +39,36 @@ _venv_phase() {
   return 1
 }
 
-if [ ! -x "$ROOT/.venv/bin/python" ]; then
-  echo "set-up: creating $ROOT/.venv" >&2
-  "$PY" -m venv "$ROOT/.venv"
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "set-up: creating $VENV" >&2
+  "$PY" -m venv "$VENV"
 fi
 # shellcheck disable=SC1091
-source "$ROOT/.venv/bin/activate"
-stamp="$ROOT/.venv/.port-installed"
-want="$(sha256sum "$ROOT/pyproject.toml" | cut -c1-16)-${PORT_EXTRAS:-test}"
+source "$VENV/bin/activate"
+stamp="$VENV/.port-installed"
+pins="${PORT_FRAMEWORK:-$ROOT/scripts/constraints.txt}"
+want="$(cat "$ROOT/pyproject.toml" "$pins" | sha256sum | cut -c1-16)-${PORT_EXTRAS:-test}"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
-  : >"$ROOT/.venv/pip.log"
+  : >"$VENV/pip.log"
   # root in a container is the normal case here; pip's warning about it is not news to the user
   export PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1
   _venv_phase "upgrade pip" "" python -m pip install --upgrade pip
-  _venv_phase "install port[${PORT_EXTRAS:-test}]" "the first time this downloads MindSpore and torch: minutes" \
-    python -m pip install -e "$ROOT[${PORT_EXTRAS:-test}]"
+  if [ -n "${PORT_FRAMEWORK:-}" ]; then
+    _venv_phase "install the framework a cluster already has" "$(grep -v '^#' "$pins" | xargs)" \
+      python -m pip install -r "$pins" "numpy<2"
+    _venv_phase "install port[${PORT_EXTRAS:-test}] into it, without constraints" "" \
+      python -m pip install -e "$ROOT[${PORT_EXTRAS:-test}]"
+    _venv_phase "check that pip kept that framework" "" python - "$pins" <<'PYEOF'
+import re, sys
+from importlib.metadata import version
+for line in open(sys.argv[1], encoding="utf-8"):
+    m = re.match(r"\s*([\w.-]+)==([\w.+-]+)", line)
+    if m and version(m[1]).split("+")[0] != m[2].split("+")[0]:
+        sys.exit(f"error: pip install -e . replaced {m[1]} {m[2]} with {version(m[1])}")
+PYEOF
+  else
+    _venv_phase "install port[${PORT_EXTRAS:-test}]" "the first time this downloads MindSpore and torch: minutes" \
+      python -m pip install -c "$pins" -e "$ROOT[${PORT_EXTRAS:-test}]"
+  fi
   echo "$want" > "$stamp"
 fi

@@ -44,33 +44,67 @@ def _norm(v: str | None) -> str:
     return (v or "").replace("-", "").lower()
 
 
+def _version_key(v: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", _base(v) or "0")[:3])
+
+
+def pairing(ms: str | None, cann: str | None = None, driver: str | None = None) -> dict:
+    """The known-good row for MindSpore ``ms`` (compat.yaml) and whether this machine matches it.
+
+    ``known_good``: the row exists and, where CANN/HDK are installed, they equal the row's. ``supported``:
+    ``ms`` lies in the range port installs into (pyproject.toml); ``tested``: the CI tier that runs it."""
+    table = compat_table()
+    rng = table["supported"]
+    match = [r for r in table["mindspore"] if ms and (_norm(r["mindspore"]) == _norm(ms) or r["mindspore"] == _base(ms))]
+    row = match[0] if match else None
+    supported = bool(ms) and _version_key(rng["min"]) <= _version_key(ms) < _version_key(rng["below"])
+    tested = next((t["tier"] for t in table["tested"] if ms and t["mindspore"] == _base(ms)), None)
+    cann_ok = None if row is None or cann is None else _norm(cann).startswith(_norm(row["cann"]))
+    driver_ok = None if row is None or driver is None else _norm(driver).startswith(_norm(row["driver"]))
+    return {"mindspore": ms, "cann": cann, "driver": driver, "row": row, "supported": supported,
+            "supported_range": f">={rng['min']},<{rng['below']}", "tested": tested,
+            "known_good": row is not None and cann_ok is not False and driver_ok is not False,
+            "cann_ok": cann_ok, "driver_ok": driver_ok}
+
+
 def check_mindspore_cann(ms: str | None, cann: str | None, driver: str | None) -> list[dict]:
-    rows = compat_table()["mindspore"]
-    out: list[dict] = []
+    """OK / FAIL for the installed MindSpore, CANN and HDK against compat.yaml, naming the exact
+    CANN and HDK to install; without CANN (a CPU machine), which pairing the installed MindSpore needs."""
     if ms is None:
         return [_check("mindspore/cann", INFO, "MindSpore not installed")]
-    match = [r for r in rows if _norm(r["mindspore"]) == _norm(ms) or r["mindspore"] == _base(ms)]
-    if not match:
-        newest = rows[0]["mindspore"]
-        return [_check("mindspore/cann", INFO if cann is None else WARN,
-                       f"MindSpore {ms} is not in the compatibility table (newest entry {newest}); "
-                       f"its CANN/driver pairing is unverified" + ("" if cann else "; no CANN here (CPU-only)"))]
-    row = match[0]
+    p = pairing(ms, cann, driver)
+    out = [_check("mindspore range", OK, f"MindSpore {ms} is in the range port supports ({p['supported_range']}); "
+                                         + (f"CI runs its {p['tested']}" if p["tested"] else "not run by port's CI"))
+           if p["supported"] else _check("mindspore range", WARN, f"MindSpore {ms} is outside the range port "
+                                                                  f"supports ({p['supported_range']})")]
+    row = p["row"]
+    if row is None:
+        newest = compat_table()["mindspore"][0]["mindspore"]
+        return out + [_check("mindspore/cann", INFO if cann is None else WARN,
+                             f"MindSpore {ms} is not in the compatibility table (newest entry {newest}); "
+                             f"its CANN/driver pairing is unverified" + ("" if cann else "; no CANN here (CPU-only)"))]
+    need = f"CANN {row['cann']} and Ascend HDK {row['driver']} ({row['source']})"
     if cann is None:
-        out.append(_check("mindspore/cann", INFO, f"MindSpore {ms} expects CANN {row['cann']} and HDK "
-                                                  f"{row['driver']}; no CANN installed here (CPU-only)"))
-        return out
-    if not _norm(cann).startswith(_norm(row["cann"])):
+        return out + [_check("mindspore/cann", INFO, f"MindSpore {ms} needs {need}; no CANN installed here "
+                                                     f"(CPU-only)")]
+    if not p["cann_ok"]:
         out.append(_check("mindspore/cann", FAIL, f"MindSpore {ms} is paired with CANN {row['cann']}, installed "
-                                                  f"CANN is {cann}; install the matching CANN ({row['source']})"))
+                                                  f"CANN is {cann}; install {need}, or the MindSpore this CANN "
+                                                  f"pairs with ({_mindspore_for(cann)})"))
     else:
         out.append(_check("mindspore/cann", OK, f"MindSpore {ms} with CANN {cann}"))
-    if driver is not None and not _norm(driver).startswith(_norm(row["driver"])):
-        out.append(_check("cann/driver", WARN, f"CANN {row['cann']} is released with Ascend HDK {row['driver']}, "
-                                               f"installed driver is {driver}"))
+    if driver is not None and not p["driver_ok"]:
+        out.append(_check("cann/driver", FAIL, f"CANN {row['cann']} is released with Ascend HDK {row['driver']}, "
+                                               f"installed driver is {driver}; install Ascend HDK {row['driver']}"))
     elif driver is not None:
         out.append(_check("cann/driver", OK, f"driver {driver}"))
     return out
+
+
+def _mindspore_for(cann: str) -> str:
+    """The MindSpore release(s) compat.yaml pairs with an installed CANN, for the FAIL message."""
+    names = [r["mindspore"] for r in compat_table()["mindspore"] if _norm(cann).startswith(_norm(r["cann"]))]
+    return "MindSpore " + " or ".join(names) if names else f"no MindSpore in the table pairs with CANN {cann}"
 
 
 def check_torch_npu(torch: str | None, torch_npu: str | None) -> list[dict]:
@@ -188,6 +222,7 @@ def doctor_report(environ: dict[str, str] | None = None) -> dict:
     knobs = env_knobs(environ)
     checks += check_env(knobs)
     return {"versions": v, "firmware": env.firmware_version(), "npu": npu, "checks": checks, "env": knobs,
+            "pairing": pairing(pk.get("mindspore"), v.get("cann"), v.get("ascend_driver")),
             "ok": not any(c["status"] == FAIL for c in checks)}
 
 

@@ -100,6 +100,7 @@ def test_from_pretrained_and_zoo_logits_after_roundtrip(hf_factory, tmp_path):
     assert hf_state(back) == hf_state(src)
 
 
+@pytest.mark.compat
 def test_ckpt_format_sharded_bf16(hf_factory, tmp_path):
     src = hf_factory("llama-mqa-tied", "bfloat16", "24KB")
     ms_dir = tmp_path / "ms"
@@ -218,6 +219,7 @@ def test_manifest_contents(hf_factory, tmp_path):
     assert (ms_dir / "config.json").read_text() == (src / "config.json").read_text()
 
 
+@pytest.mark.compat
 def test_stories260k_real_model(stories_dir, tmp_path):
     """The real stories260K: bitwise round trip, and the zoo cell loaded from the MindSpore checkpoint
     generates the golden tokens."""

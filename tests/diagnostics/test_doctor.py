@@ -55,15 +55,57 @@ def test_npu_smi_parsed(monkeypatch):
     ("2.7.1", "8.3.RC1.alpha002", None, "ok"),
     ("2.7.0", "8.0.0", None, "fail"),
     ("2.4.10", None, None, "info"),
-    ("2.10.0", "8.3.RC1", None, "warn"),
+    ("2.10.0", "9.1.0", "26.1.0", "ok"),
+    ("2.10.0", "8.5.0", None, "fail"),
+    ("2.8.0", "8.5.0", None, "warn"),     # no VERSION_MAP row for 2.8.0: unverified, not guessed
 ])
 def test_mindspore_cann_pairs(ms, cann, driver, status):
-    assert doctor.check_mindspore_cann(ms, cann, driver)[0]["status"] == status
+    rows = [r for r in doctor.check_mindspore_cann(ms, cann, driver) if r["check"] == "mindspore/cann"]
+    assert rows[0]["status"] == status
 
 
-def test_driver_mismatch_warns():
+@pytest.mark.parametrize("ms,cann,driver", [("2.11.0", "9.2.0", "26.2.RC1"), ("2.10.0", "9.1.0", "26.1.0"),
+                                            ("2.9.0", "9.0.0", "26.0.RC1"), ("2.7.2", "8.5.0", "25.5.0")])
+def test_table_has_the_published_pairings_each_with_a_source(ms, cann, driver):
+    """mindformers/VERSION_MAP.json (mindformers 2.1.0 wheel): MindSpore -> CANN -> HDK."""
+    row = doctor.pairing(ms)["row"]
+    assert (row["cann"], row["driver"]) == (cann, driver) and "VERSION_MAP.json" in row["source"]
+    assert all(r["source"] for r in doctor.compat_table()["mindspore"])
+
+
+def test_ascend_node_with_the_wrong_cann_fails_naming_the_cann_and_hdk_to_install():
+    rows = {r["check"]: r for r in doctor.check_mindspore_cann("2.10.0", "8.5.0", "25.5.0")}
+    assert rows["mindspore/cann"]["status"] == "fail"
+    assert "install CANN 9.1.0 and Ascend HDK 26.1.0" in rows["mindspore/cann"]["detail"]
+    assert "MindSpore 2.7.2" in rows["mindspore/cann"]["detail"]     # or the MindSpore that CANN 8.5.0 pairs with
+    assert rows["cann/driver"]["status"] == "fail" and "install Ascend HDK 26.1.0" in rows["cann/driver"]["detail"]
+    assert doctor.pairing("2.10.0", "8.5.0", "25.5.0")["known_good"] is False
+    ok = {r["check"]: r["status"] for r in doctor.check_mindspore_cann("2.7.2", "8.5.0", "25.5.0")}
+    assert ok == {"mindspore range": "ok", "mindspore/cann": "ok", "cann/driver": "ok"}
+    assert doctor.pairing("2.7.2", "8.5.0", "25.5.0")["known_good"] is True
+
+
+@pytest.mark.compat
+def test_without_cann_names_the_pairing_the_installed_mindspore_needs():
+    from importlib.metadata import version
+
+    ms = version("mindspore")
+    row = doctor.pairing(ms)["row"]
+    rep = doctor.doctor_report(environ={})
+    if rep["versions"]["cann"] is None:
+        detail = next(c["detail"] for c in rep["checks"] if c["check"] == "mindspore/cann")
+        assert f"MindSpore {ms} needs CANN {row['cann']} and Ascend HDK {row['driver']}" in detail
+        if ms == "2.10.0":
+            assert "CANN 9.1.0 and Ascend HDK 26.1.0" in detail
+    assert rep["pairing"]["row"] == row and rep["pairing"]["supported"] is True
+    assert doctor.pairing("2.6.0")["supported"] is False and doctor.pairing("2.11.0")["supported"] is False
+    rng = next(c for c in doctor.check_mindspore_cann("2.6.0", None, None) if c["check"] == "mindspore range")
+    assert rng["status"] == "warn" and ">=2.7.0,<2.11" in rng["detail"]
+
+
+def test_driver_mismatch_fails_with_the_hdk_to_install():
     rows = doctor.check_mindspore_cann("2.7.0", "8.2.RC1", "24.1.0")
-    assert [r["status"] for r in rows] == ["ok", "warn"] and "25.2.0" in rows[1]["detail"]
+    assert [r["status"] for r in rows] == ["ok", "ok", "fail"] and "install Ascend HDK 25.2.0" in rows[2]["detail"]
 
 
 @pytest.mark.parametrize("torch,npu,status", [
@@ -99,3 +141,16 @@ def test_cli_json_and_failure_exit():
                        timeout=120, env=dict(os.environ, HCCL_CONNECT_TIMEOUT="soon"))
     assert r.returncode == 1 and "HCCL_CONNECT_TIMEOUT" in r.stderr and r.stderr.startswith("error: ")
     assert "* HCCL_CONNECT_TIMEOUT" in r.stdout  # shown as set here
+
+
+def test_pyproject_range_is_the_table_s_supported_range():
+    import tomllib
+
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    ms = next(d for d in deps if d.startswith("mindspore"))
+    rng = doctor.compat_table()["supported"]
+    assert ms == f"mindspore>={rng['min'].rsplit('.0', 1)[0]},<{rng['below']}", ms
+    tested = {t["mindspore"] for t in doctor.compat_table()["tested"]}
+    pins = {line.split("==")[1].strip() for f in ("constraints.txt", "constraints-compat.txt")
+            for line in (ROOT / "scripts" / f).read_text().splitlines() if line.startswith("mindspore==")}
+    assert pins == tested == {"2.10.0", "2.7.2"}

@@ -32,7 +32,7 @@ HYPER = (1e-3, 0.1, 1 - 0.95)   # lr, 1 - beta1^1, 1 - beta2^1 for the first Ada
 
 
 # Test bodies and the module-scoped fixtures that train both run in GRAPH_MODE (tests/conftest.py).
-pytestmark = [pytest.mark.graph_mode, pytest.mark.usefixtures("graph_mode_module")]
+pytestmark = [pytest.mark.graph_mode, pytest.mark.usefixtures("graph_mode_module"), pytest.mark.compat]
 
 
 def test_the_tier_runs_in_graph_mode():

@@ -25,6 +25,7 @@ def stories(stories_dir):
     return m
 
 
+@pytest.mark.compat
 def test_golden_greedy_text_static_cache(stories, stories_dir):
     ids = greedy(stories, [1], 60, cache="static")
     assert ids[:10] == GOLDEN_FIRST_IDS
@@ -40,6 +41,7 @@ def test_golden_prefix_other_cache_modes(stories, stories_dir, cache):
     assert GOLDEN_TEXT.startswith(load_tokenizer(stories_dir).decode(ids, skip_special_tokens=True))
 
 
+@pytest.mark.compat
 def test_parity_with_hf_including_hidden_states_and_grads(stories_dir):
     report = check_parity(stories_dir, batch=2, seq=64, hidden_states=True, grads=True)
     assert report["passed"], report["checks"]

@@ -11,6 +11,8 @@ from mindspore import ops
 from model_zoo import LlamaConfig, build, kernels
 from model_zoo.errors import KernelError
 
+pytestmark = pytest.mark.compat   # the guards matter most on the oldest supported MindSpore
+
 CFG = LlamaConfig(vocab_size=96, hidden_size=128, intermediate_size=160, num_hidden_layers=1,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
 

@@ -101,6 +101,7 @@ def test_master_weights_keep_small_updates_and_track_fp32(runs, capsys):
     assert err_mw < 0.5 * err_plain
 
 
+@pytest.mark.compat
 def test_bf16_parameters_get_float32_masters():
     """Real bfloat16 Parameters (the Ascend case): one float32 master per parameter, equal to it."""
     from mindspore import Parameter, Tensor
@@ -141,6 +142,7 @@ def test_sharded_bf16_parameters_keep_float32_master_shards():
         np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.compat
 def test_accumulation_buffers_follow_grad_reduce_dtype():
     from mindspore import Parameter, ParameterTuple, Tensor
 

@@ -26,6 +26,7 @@ def one_worker_accum2(tmp_path_factory):
     return run
 
 
+@pytest.mark.compat
 def test_two_msrun_workers_equal_one_worker_with_two_accumulation_steps(tmp_path, one_worker_accum2):
     from safetensors.numpy import load_file
 
@@ -62,6 +63,26 @@ def test_two_msrun_workers_equal_one_worker_with_two_accumulation_steps(tmp_path
     for run, want in ((dp, "rank 1 median"), (one, "single process: no collectives")):
         rows = make_report(run, run.parent / f"{run.name}_report").rows
         assert want in next(r.value for r in rows if r.item == "communication wait")
+
+
+def test_two_pynative_msrun_workers_with_accumulation_equal_one_graph_worker(tmp_path, one_worker_accum2):
+    """execution=pynative (porting/train/execution.py) under msrun: DP 2, each worker accumulating 2 micro-batches
+    of 1, op by op, equals the graph-mode worker with 2 accumulation steps of 2 (same global batch of 4)."""
+    from safetensors.numpy import load_file
+
+    dp = tmp_path / "dp2_pynative"
+    settings = COMMON + ["checkpointing.every_steps=0", "cluster.devices_per_node=2", "batching.micro_batch_size=1",
+                         "batching.grad_accum_steps=2", "execution=pynative", f"cluster.master_port={free_port()}"]
+    port("train", str(TINY), "--run-dir", str(dp), *[a for s in settings for a in ("--set", s)], check=True,
+         timeout=400)
+    wa, wb = load_file(str(dp / "hf" / "model.safetensors")), load_file(str(one_worker_accum2 / "hf" / "model.safetensors"))
+    diff = max(float(np.abs(wa[k] - wb[k]).max()) for k in wa)
+    assert diff < 3e-5, diff
+    la, lb = [s["loss"] for s in metrics(dp)[0]], [s["loss"] for s in metrics(one_worker_accum2)[0]]
+    assert np.allclose(la, lb, atol=1e-5), (la, lb)
+    for r in (0, 1):
+        assert "execution: pynative" in (dp / "logs" / f"rank_{r}.log").read_text()
+    assert metrics(dp)[1]["compiled_graphs"] == 0
 
 
 def test_sharded_optimizer_states_under_msrun_resume_and_match_one_worker(tmp_path, one_worker_accum2):

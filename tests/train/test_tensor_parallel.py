@@ -150,6 +150,7 @@ def _compare(run, ref, model_dir) -> None:
     assert _max_diff(wb, {k: start[k] for k in wb}) > 1e-4   # the runs trained: the bound above can fail
 
 
+@pytest.mark.compat
 def test_tp2_with_resume_equals_one_device(tp2_resumed, one_device, model_dir):
     run, step2 = tp2_resumed
     # rank 0 merged both ranks' shards into the one full file a single device writes
@@ -158,6 +159,23 @@ def test_tp2_with_resume_equals_one_device(tp2_resumed, one_device, model_dir):
     log0 = (run / "logs" / "rank_0.log").read_text()
     assert "tensor parallel 2" in log0 and "resumed from" in log0
     assert "row max by AllReduce SUM" in log0   # the CPU's emulation of AllReduce MAX ran
+
+
+@pytest.fixture(scope="module")
+def tp2_pynative(model_dir, tmp_path_factory):
+    """TP=2 on 2 msrun workers in PyNative (execution=pynative): micro-batch 2 x 2 accumulation steps, 3 steps."""
+    run = tmp_path_factory.mktemp("tp2pyn") / "run"
+    port("train", str(TINY), "--run-dir", str(run), *_args(_settings(
+        model_dir, "batching.micro_batch_size=2", "batching.grad_accum_steps=2", "cluster.devices_per_node=2",
+        "parallel.tensor_parallel=2", "schedule.max_steps=3", "execution=pynative",
+        f"cluster.master_port={free_port()}")), check=True, timeout=400)
+    return run
+
+
+def test_tp2_in_pynative_equals_one_device_in_graph_mode(tp2_pynative, one_device, model_dir):
+    _compare(tp2_pynative, one_device, model_dir)
+    log0 = (tp2_pynative / "logs" / "rank_0.log").read_text()
+    assert "tensor parallel 2" in log0 and "execution: pynative" in log0
 
 
 def test_tp2_dp2_on_four_workers_equals_dp2(tp2_dp2, one_device, model_dir):

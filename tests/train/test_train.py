@@ -44,6 +44,9 @@ def test_loss_falls_and_run_directory_contract(tiny_run):
     assert v["packages"]["mindspore"] == mindspore.__version__ and v["python"] and "cann" in v
     assert manifest["command"] and manifest["recipe"]["model"]["source"] == "stories260k"
     assert manifest["doctor"]["checks"] and "env" in manifest["doctor"]     # port doctor's report
+    pairing = manifest["doctor"]["pairing"]     # the MindSpore/CANN/HDK row this run used, and if it is known-good
+    assert pairing["mindspore"] == mindspore.__version__ and pairing["row"]["cann"] and pairing["supported"]
+    assert pairing["known_good"] is (pairing["row"] is not None and pairing["cann_ok"] is not False)
     assert manifest["model"]["config"]["hidden_size"] == 64   # architecture from the checkpoint's config.json
     assert manifest["data"]["sha256"] and manifest["data"]["examples"] == 16 and manifest["world_size"] == 1
     assert manifest["bucketing"]["boundaries"] and manifest["seed"] == 0

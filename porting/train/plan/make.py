@@ -15,7 +15,7 @@ from model_zoo.config import LlamaConfig, divisibility_problems
 from model_zoo import presets
 from model_zoo.errors import RecipeError, UnknownModelError
 from porting.model_paths import resolve_hf
-from porting.train.plan import comm, roofline, sharding
+from porting.train.plan import comm, execution, roofline, sharding
 from porting.train.plan.launch import msrun_commands
 from porting.train.plan.memory import estimate_memory, usable_hbm_gib
 from porting.train.plan.layout import ShardingChoice
@@ -130,6 +130,7 @@ class TrainPlan:
     msrun_commands: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     padding: dict[str, Any] | None = None   # --dry-run: padding of bucketing vs packing (packing.py)
+    execution: str = ""                     # graph or pynative, and why (plan/execution.py)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form (``plan.json``, ``--dry-run --json``)."""
@@ -169,7 +170,7 @@ def make_plan(recipe: Recipe, cfg: LlamaConfig, recipe_path: str, run_dir: str, 
         estimated_step=roofline.step_time(recipe, cfg, layout) if recipe.cluster.device == "ascend" else {},
         links=roofline.links(recipe) if recipe.cluster.device == "ascend" else {},
         msrun_commands=msrun_commands(recipe, recipe_path, run_dir, overrides, resume) if multi else [],
-        warnings=plan_warnings(recipe, cfg, choice))
+        warnings=plan_warnings(recipe, cfg, choice), execution=execution.describe(recipe))
 
 
 def mixed_precision(recipe: Recipe) -> str:

@@ -19,6 +19,7 @@ def format_plan(plan: TrainPlan) -> str:
         f"loss scale {prec['loss_scale']['kind']}; recompute {plan.recompute}; "
         f"optimizer sharding {plan.sharding.get('how', plan.optimizer_sharding)}",
         f"mixed precision: {plan.mixed_precision}",
+        f"execution: {plan.execution}",
         "memory per device (GiB):",
     ]
     for k in ("weights", "gradients", "optimizer_states", "master_weights", "gradients_fp32", "adamw_temporaries",

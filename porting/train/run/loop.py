@@ -40,6 +40,7 @@ from porting.train.plan.make import check_tensor_parallel
 from porting.train.recipe.schedule import lr_at
 from porting.train.recipe.schema import Recipe, recipe_dict
 from porting.train.run import checkpoint as ckpt
+from porting.train.run import execution
 from porting.train.run import grid as grid_mod
 from porting.train.run import step as train_step
 from porting.train.run import zero
@@ -200,18 +201,13 @@ class Trainer:
         new_shapes = {mb.shape for mb in step.micro_batches} - self.shapes_seen
         self.shapes_seen |= new_shapes
         t0 = time.perf_counter()
-        if self.accum == 1:
-            mb = step.micro_batches[0]
-            total, count, norm, finite = self.fused(ms.Tensor(mb.input_ids), ms.Tensor(mb.labels), scale, unscale,
-                                                    *hyper, *self.packed_inputs(mb))
-        else:
-            local_total = 0.0
-            local_count = 0.0
-            for mb in step.micro_batches:
-                tot, cnt = self.grad_step(ms.Tensor(mb.input_ids), ms.Tensor(mb.labels), scale, *self.packed_inputs(mb))
-                local_total += float(tot.asnumpy())
-                local_count += float(cnt.asnumpy())
-            total, count, norm, finite = self.apply(f32(local_total), f32(local_count), unscale, *hyper)
+        try:
+            total, count, norm, finite = self._step_cells(step, scale, unscale, hyper)
+        except (RuntimeError, TypeError, ValueError) as e:   # MindSpore's compile errors; see run/execution.py
+            failure = execution.compile_failure(self.recipe, e, sorted(new_shapes)) if new_shapes else None
+            if failure is None:
+                raise
+            raise failure from e
         loss_sum, n_tok = float(total.asnumpy()), float(count.asnumpy())
         norm_v, finite_v = float(norm.asnumpy()), bool(finite.asnumpy())
         dt = time.perf_counter() - t0
@@ -221,6 +217,19 @@ class Trainer:
             self.adam_t = t
         return {"loss": loss_sum / max(n_tok, 1.0), "grad_norm": norm_v, "finite": finite_v and math.isfinite(loss_sum),
                 "applied": applied, "scale_used": scale_used, "step_time_s": dt, "compile": bool(new_shapes), "tokens": int(n_tok)}
+
+    def _step_cells(self, step: Step, scale, unscale, hyper: tuple) -> tuple:
+        ms = self.ms
+        if self.accum == 1:
+            mb = step.micro_batches[0]
+            return self.fused(ms.Tensor(mb.input_ids), ms.Tensor(mb.labels), scale, unscale, *hyper,
+                              *self.packed_inputs(mb))
+        local_total = local_count = 0.0
+        for mb in step.micro_batches:
+            tot, cnt = self.grad_step(ms.Tensor(mb.input_ids), ms.Tensor(mb.labels), scale, *self.packed_inputs(mb))
+            local_total += float(tot.asnumpy())
+            local_count += float(cnt.asnumpy())
+        return self.apply(ms.Tensor(np.float32(local_total)), ms.Tensor(np.float32(local_count)), unscale, *hyper)
 
     def state(self, step_done: int) -> ckpt.TrainState:
         return ckpt.TrainState(adam_t=self.adam_t, loss_scale=self.scaler.scale, good_steps=self.scaler.good,
@@ -330,6 +339,15 @@ def _finish(recipe: Recipe, trainer: Trainer, plan, records: list, metrics, mode
         log.info(f"HF export {out} (from {final}, with port_manifest.json)")
 
 
+def _log_mode(recipe: Recipe, grid: Grid, log: logging.Logger) -> None:
+    """How the step runs: graph or PyNative, what the installed MindSpore falls back on, the TP loss."""
+    log.info(f"execution: {execution.describe(recipe)}")
+    for note in execution.runtime_fallbacks(recipe):
+        log.warning(f"fallback: {note}")
+    if grid.tp > 1:
+        log.info(grid_mod.loss_note(recipe, grid))
+
+
 def train(recipe: Recipe, run_dir: str | Path, *, rank: int = 0, world_size: int = 1, resume: bool = False,
           distributed: bool = False, command: list[str] | None = None, echo: bool = True,
           doctor: Callable[[], dict] | None = None) -> RunResult:
@@ -348,8 +366,7 @@ def train(recipe: Recipe, run_dir: str | Path, *, rank: int = 0, world_size: int
         log.info(f"rank {rank} of {world_size}: parallel_mode {ms.get_auto_parallel_context('parallel_mode')}, "
                  f"comm_fusion {ms.get_auto_parallel_context('comm_fusion')}, optimizer sharding "
                  f"{recipe.parallel.optimizer_sharding}; {grid.describe()}")
-    if grid.tp > 1:
-        log.info(grid_mod.loss_note(recipe, grid))
+    _log_mode(recipe, grid, log)
     model_dir = resolve_hf(recipe.model.source)
     plan, cfg, model = _data_and_model(recipe, model_dir, grid, log)
     trainer = Trainer(recipe, run_dir, rank, world_size, model, model_dir, plan, log, grid)

@@ -10,6 +10,7 @@ from mindspore.communication import init
 from mindspore.device_context.cpu.op_tuning import threads_num
 
 from porting.train.plan.comm import fusion_context
+from porting.train.run import execution
 from porting.train.plan.memory import usable_hbm_gib
 from porting.train.recipe.schema import Recipe
 
@@ -19,15 +20,15 @@ def apply_memory_budget(recipe: Recipe) -> str | None:
     if recipe.cluster.device != "ascend":
         return None
     size = f"{usable_hbm_gib(recipe):g}GB"
-    ms.runtime.set_memory(max_size=size)
+    execution.cap_device_memory(size)   # mindspore.runtime.set_memory, or the older set_context(max_device_memory)
     return size
 
 
 def configure_mindspore(recipe: Recipe, distributed: bool) -> None:
-    """GRAPH_MODE on the recipe's device, the memory pool capped, and under msrun the collectives' init and
+    """The recipe's execution mode (graph or PyNative) on its device, the memory pool capped, and under msrun the collectives' init and
     the gradient all-reduce fusion of the recipe."""
     target = {"cpu": "CPU", "ascend": "Ascend"}[recipe.cluster.device]
-    ms.set_context(mode=ms.GRAPH_MODE)
+    execution.set_mode(recipe)   # graph (default) or pynative: the same step cells either way
     # set_device may run once, before any kernel; a process that already runs on the target (a
     # second in-process run, a test session) keeps it.
     if ms.get_context("device_target") != target:

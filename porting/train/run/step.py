@@ -361,8 +361,9 @@ def _zero_t(b):
 
 def accumulation_buffers(params: ParameterTuple, grad_fp32: bool = True) -> ParameterTuple:
     """Zeroed gradient buffers: float32, or each parameter's dtype when ``grad_fp32`` is False."""
-    return ParameterTuple([Parameter(ops.zeros(p.shape, ms.float32 if grad_fp32 else p.dtype), name=f"accum.{p.name}",
-                                     requires_grad=False) for p in params])
+    # zeros made in float32 and cast: MindSpore 2.7's CPU Zeros kernel has no bfloat16 output
+    return ParameterTuple([Parameter(Tensor(np.zeros(p.shape, np.float32)).astype(ms.float32 if grad_fp32 else p.dtype),
+                                     name=f"accum.{p.name}", requires_grad=False) for p in params])
 
 
 def compiled_graphs(*cells: nn.Cell) -> int:

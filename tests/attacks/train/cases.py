@@ -57,6 +57,8 @@ for _name, _key, _value, _expect in [
      "allreduce_config"),
     ("lr_is_a_string", "optimizer.lr", "fast", "optimizer.lr"),
     ("unknown_key", "optimizer.lr_warmup", 3, "optimizer.lr_warmup: unknown key"),
+    ("execution_eager", "execution", "eager", "execution"),          # issue 23: graph | pynative only
+    ("execution_a_list", "execution", ["graph", "pynative"], "execution"),
     # -- issue 15: prompt_template with {nonexistent} or {0}
     ("template_unknown_field", "data.prompt_template", "Q: {nonexistent}\nA:", "{nonexistent} is not a field"),
     ("template_positional", "data.prompt_template", "Q: {0}\nA:", "{0} is not a field"),
