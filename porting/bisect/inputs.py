@@ -79,6 +79,7 @@ def load_ms_weights(model, w: MsWeights) -> None:
     from converters.loading import load_ms_dir
 
     if w.kind == "convert":
+        _check_shapes(model, w.path)
         load_ms_dir(model, w.path)
         return
     f = w.path / "train_state.ckpt"
@@ -96,6 +97,18 @@ def load_ms_weights(model, w: MsWeights) -> None:
             raise CheckpointError(f"{f}: {name} has shape {list(state[name].shape)}, the --hf config implies "
                                   f"{list(p.shape)}")
         p.set_data(state[name].astype(p.dtype))
+
+
+def _check_shapes(model, ms_dir: Path) -> None:
+    """Each stored tensor's shape against the model's (load_param_into_net would fail with a traceback)."""
+    from converters.sources import open_ms
+
+    params = {p.name: tuple(p.shape) for p in model.get_parameters()}
+    for f in open_ms(ms_dir).files:
+        for t in f.tensors:
+            if t.name in params and tuple(t.shape) != params[t.name]:
+                raise CheckpointError(f"{f.path}: tensor {t.name} has shape {list(t.shape)}, its config.json implies "
+                                      f"{list(params[t.name])}; the checkpoint does not match its config")
 
 
 def batch_ids(cfg: LlamaConfig, hf_dir: Path, *, ids: list[int] | None, data: str | None, batch: int, seq: int,

@@ -12,6 +12,10 @@ def _num(v) -> str:
     return f"{v:10.3e}" if isinstance(v, (int, float)) else f"{'-':>10}"
 
 
+def _cos(v) -> str:
+    return f"{v:10.8f}" if isinstance(v, (int, float)) else f"{'-':>10}"
+
+
 def _line(r: dict, mark: str) -> str:
     m = r["metrics"] or {}
     layer = "-" if r["layer"] is None else str(r["layer"])
@@ -21,7 +25,7 @@ def _line(r: dict, mark: str) -> str:
     value = m.get(r["measure"])
     result = "n/a" if not m else ("ok" if r["passed"] else "FAIL")
     return (f"{mark} {r['phase']:8} {layer:>5} {block[:20]:20} {r['kernel'][:16]:16} {_num(m.get('max_abs'))} "
-            f"{_num(m.get('max_rel'))} {_num(m.get('cosine'))} {m.get('nonfinite_ms', '-'):>6} {_num(value)} "
+            f"{_num(m.get('max_rel'))} {_cos(m.get('cosine'))} {m.get('nonfinite_ms', '-'):>6} {_num(value)} "
             f"{r['tolerance']:8.1e}  {result}" + (f"  ({r['note']})" if r.get("note") else ""))
 
 

@@ -21,12 +21,12 @@ def _ids(text: str | None) -> list[int] | None:
 
 @click.command("bisect", epilog="""\b
 Examples:
-  port bisect --hf stories260k --ms ./stories260k-ms
-  port bisect --hf stories260k --ms ./stories260k-ms --json > bisect.json
-  port bisect --hf stories260k --ms runs/tiny-cpu --ids "1 403 407 261 378"
-  port bisect --hf stories260k --ms ./stories260k-ms --nan-origin
-  port bisect --hf stories260k --ms ./stories260k-ms --dump-layer 2 --dump-dir ./dump
-  port bisect --hf stories260k --msprobe-mapping mapping.yaml""")
+  port convert --hf stories260k --out sk-ms && port bisect --hf stories260k --ms sk-ms
+  port bisect --hf runs/tiny-cpu/hf --ms runs/tiny-cpu --json > bisect.json   # latest checkpoint vs its export
+  port bisect --hf runs/tiny-cpu/hf --ms runs/tiny-cpu/checkpoints/step_20 --ids "1 300 52 417 99 12 260 7" --nan-origin
+  port bisect --hf runs/tiny-cpu/hf --ms runs/tiny-cpu --seq 16 --dump-layer 2 --dump-dir .
+  port bisect --hf stories260k --msprobe-mapping cell_mapping.yaml
+  port bisect --hf stories260k --msprobe-mapping layer_mapping.yaml --msprobe-kind layer""")
 @click.option("--hf", "hf", required=True, help="HF directory or zoo name: the reference weights and config.")
 @click.option("--ms", "ms", default=None,
               help="`port convert` output, `port train` run directory (its latest checkpoint) or checkpoints/step_N.")
@@ -42,9 +42,11 @@ Examples:
 @click.option("--all-rows", is_flag=True, help="Print every row, not only those up to the first divergence.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("--msprobe-mapping", default=None, help="Write msprobe's cell/layer mapping YAML here (no run).")
+@click.option("--msprobe-kind", type=click.Choice(["cell", "layer"]), default="cell", show_default=True,
+              help="msprobe's -cm cell_mapping or -lm layer_mapping form.")
 def command(hf: str, ms: str | None, data: str | None, ids: str | None, batch: int, seq: int, seed: int, dtype: str,
             nan_origin: bool, dump_layer: int | None, dump_dir: str | None, all_rows: bool, as_json: bool,
-            msprobe_mapping: str | None) -> None:
+            msprobe_mapping: str | None, msprobe_kind: str) -> None:
     """Run one forward and backward of the same batch from the same weights in HF + torch and in the zoo's
     MindSpore cell, compare every layer's sub-blocks (forward activations, activation gradients, parameter
     gradients), and name the first tensor beyond the dtype's tolerance. Exit 1 when one is found."""
@@ -55,7 +57,7 @@ def command(hf: str, ms: str | None, data: str | None, ids: str | None, batch: i
     if msprobe_mapping:
         from porting.bisect.msprobe import write_mapping
 
-        click.echo(write_mapping(hf_dir, msprobe_mapping))
+        click.echo(write_mapping(hf_dir, msprobe_mapping, msprobe_kind))
         return
     if ms is None:
         raise ConfigError("--ms is required (a `port convert` output or a `port train` run); or pass --msprobe-mapping")
