@@ -72,31 +72,21 @@ def config_notes(hf: LlamaConfig, ms: LlamaConfig, where: Path) -> list[str]:
 
 
 def load_ms_weights(model, w: MsWeights) -> None:
-    """Fill the zoo model; a train checkpoint's AdamW moments and counters are skipped, every model
-    parameter must be there with its shape."""
-    import mindspore as ms
-
+    """Fill the zoo model: a conversion through the converters' loader, a `port train` checkpoint through
+    port train's own strict loader (every parameter and AdamW moment present with its shape; fp32 master
+    weights of a mixed-precision run allowed and not used)."""
     from converters.loading import load_ms_dir
 
     if w.kind == "convert":
         _check_shapes(model, w.path)
         load_ms_dir(model, w.path)
         return
-    f = w.path / "train_state.ckpt"
-    try:
-        state = ms.load_checkpoint(str(f))
-    except (RuntimeError, ValueError, OSError) as e:
-        raise CheckpointError(f"{f}: mindspore.load_checkpoint failed ({str(e).splitlines()[0]})") from None
-    params = {p.name: p for p in model.get_parameters()}
-    missing = sorted(set(params) - set(state))
-    if missing:
-        raise CheckpointError(f"{f}: lacks {len(missing)} of the model's {len(params)} parameters (first: "
-                              f"{', '.join(missing[:3])}); expected a checkpoint of the --hf model")
-    for name, p in params.items():
-        if tuple(state[name].shape) != tuple(p.shape):
-            raise CheckpointError(f"{f}: {name} has shape {list(state[name].shape)}, the --hf config implies "
-                                  f"{list(p.shape)}")
-        p.set_data(state[name].astype(p.dtype))
+    from porting.train import checkpoint as ckpt
+    from porting.train.step import AdamW
+
+    params = list(model.trainable_params())
+    opt = AdamW(params, (0.9, 0.999), 1e-8, 0.0)
+    ckpt.load(w.path, params + list(opt.m) + list(opt.v), allowed={f"master.{p.name}" for p in params})
 
 
 def _check_shapes(model, ms_dir: Path) -> None:

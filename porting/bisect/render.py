@@ -29,12 +29,24 @@ def _line(r: dict, mark: str) -> str:
             f"{r['tolerance']:8.1e}  {result}" + (f"  ({r['note']})" if r.get("note") else ""))
 
 
+def _title(rep: dict) -> str:
+    if "step" not in rep:
+        return (f"bisect {rep['ms']} ({rep['weights']}) against {rep['hf_dir']}: {rep['dtype']}, batch {rep['batch']}, "
+                f"loss ms {rep['loss']['ms']:.6f} hf {rep['loss']['hf']:.6f}")
+    if rep["step"] is None:
+        return f"bisect {rep['run']} against {rep['baseline']}: every logged loss within tolerance"
+    return (f"bisect {rep['run']} against {rep['baseline']}: loss first beyond tolerance at step "
+            f"{rep['first_failing_loss_step']}; replaying step {rep['step']} from {rep['state']} "
+            f"(micro-batches {rep['micro_batches']}, lr run {rep['lr']['run']:.4g} baseline {rep['lr']['baseline']:.4g})")
+
+
 def render(rep: dict, *, all_rows: bool = False, color: bool | None = None) -> str:
     """The table (every row with ``all_rows``; otherwise rows up to the first divergence and a few
     after it), then the verdict."""
+    out = [_title(rep)]
+    if not rep["rows"]:
+        return "\n".join(out + [rep["verdict"]])
     first = rep["first_nonfinite"] if rep["mode"] == "nan-origin" else rep["first_divergent"]
-    out = [f"bisect {rep['ms']} ({rep['weights']}) against {rep['hf_dir']}: {rep['dtype']}, batch {rep['batch']}, "
-           f"loss ms {rep['loss']['ms']:.6f} hf {rep['loss']['hf']:.6f}"]
     out += [f"note: {n}" for n in rep.get("notes", [])]
     out.append(_HEAD)
     hit = None

@@ -51,26 +51,35 @@ class RefStore:
         self.put(f"{phase}.{slot_name(layer, block)}", a)
 
 
-def run_reference(hf_dir: Path, ids: np.ndarray, dtype: str, store: RefStore, table: dict) -> float:
-    """HF + torch forward and backward with every block tapped into ``store``; the loss."""
+Micro = "list[tuple[np.ndarray, np.ndarray]]"   # (input_ids, labels) per micro-batch
+
+
+def run_reference(model, micro: list, total: int, store: RefStore, table: dict,
+                  update: Callable | None = None) -> float:
+    """HF + torch forward and backward of every micro-batch (loss: summed token cross-entropy over
+    ``total`` target tokens, as `port train` and `port baseline` take it), every block of the first
+    micro-batch tapped into ``store``, parameter gradients (and ``update(model)``'s per-parameter AdamW
+    updates, zoo names) stored; the model is released. Returns the loss."""
     import torch
 
     from converters import names
+    from porting.baseline.torch_loop import token_loss_sum
     from porting.bisect import taps_hf
-    from porting.parity import load_hf_reference
 
-    model = load_hf_reference(hf_dir, dtype)
-    x = torch.tensor(ids, dtype=torch.long)
+    loss = 0.0
     with taps_hf.instrumented(model, store.record):
-        out = model(input_ids=x, labels=x)
-        store.record("forward", None, "loss", out.loss.detach().float().numpy())
-        out.loss.backward()
+        for ids, labels in micro:
+            logits = model(input_ids=torch.as_tensor(ids, dtype=torch.long)).logits
+            part = token_loss_sum(logits, torch.as_tensor(labels, dtype=torch.long)) / total
+            part.backward()
+            loss += float(part.detach())
+            del logits, part
+    store.record("forward", None, "loss", np.float32(loss))
     for n, p in model.named_parameters():
         if p.grad is not None:
             store.put(f"param.{names.map_name(n, table)}", p.grad.detach().float().numpy())
-    loss = float(out.loss.detach().float())
-    del model, out
-    gc.collect()
+    for name, arr in (update(model) if update is not None else {}).items():
+        store.put(f"update.{name}", arr)
     return loss
 
 
@@ -126,30 +135,61 @@ class Comparator:
                     "not observed on the MindSpore side (computed inside a fused kernel)")
 
 
-def run_mindspore(model, ids: np.ndarray, comp: Comparator) -> float:
-    """The zoo cell's forward and backward in PyNative, every block tapped; parameter gradients compared."""
+def run_mindspore(model, micro: list, total: int, comp: Comparator, update: Callable | None = None) -> float:
+    """The zoo cell's forward and backward of every micro-batch in PyNative, every block of the first
+    tapped; parameter gradients (summed over micro-batches) compared, and ``update(params, grads)``'s
+    per-parameter AdamW updates. Returns the loss."""
     import mindspore as ms
 
     from model_zoo.loss import shifted_token_loss
     from porting.bisect import taps_ms
 
     ms.set_context(mode=ms.PYNATIVE_MODE)
-    x = ms.Tensor(ids.astype(np.int32))
     params = model.trainable_params()
 
-    def loss_fn(inp):
+    def loss_fn(inp, labels):
         logits = model(inp)
         taps_ms.tap(comp.record, None, "logits", logits)
-        s, c = shifted_token_loss(logits, inp)
-        loss = s / c
-        comp.record("forward", None, "loss", loss.asnumpy())
-        return loss
+        return shifted_token_loss(logits, labels)[0] / total
 
+    loss, acc = 0.0, None
     with taps_ms.instrumented(model, comp.record):
-        loss, grads = ms.value_and_grad(loss_fn, None, params)(x)
-    for p, g in zip(params, grads):
+        for ids, labels in micro:
+            part, grads = ms.value_and_grad(loss_fn, None, params)(ms.Tensor(ids.astype(np.int32)),
+                                                                   ms.Tensor(labels.astype(np.int32)))
+            loss += float(part.asnumpy())
+            acc = grads if acc is None else tuple(a + g for a, g in zip(acc, grads))
+    comp.record("forward", None, "loss", np.float32(loss))
+    for p, g in zip(params, acc):
         comp.record_param(p.name, taps_ms._np(g))
-    return float(loss.asnumpy())
+    for name, arr in (update(params, acc) if update is not None else {}).items():
+        comp.record_param(name, arr, phase="update")
+    return loss
+
+
+def compare_runs(hf_model, model, micro: list, total: int, dtype: str, *, dump_layer: int | None = None,
+                 ref_update: Callable | None = None, ms_update: Callable | None = None) -> tuple[Comparator, dict]:
+    """Both sides on the same micro-batches: the reference first (spilled to a temporary directory and
+    released), then the MindSpore model compared as it runs. (comparator, losses and seconds)."""
+    from converters import names
+
+    cfg = model.config
+    table = names.NAME_MAPS[cfg.model_type]
+    order = blocks.Order(cfg.num_hidden_layers, [p.name for p in model.trainable_params()])
+    comp = Comparator(None, order, blocks.kernel_names(model.kernel_report()), dtype, dump_layer)
+    root = Path(tempfile.mkdtemp(prefix="port-bisect-"))
+    try:
+        comp.store = RefStore(root)
+        t0 = time.perf_counter()
+        hf_loss = run_reference(hf_model(), micro, total, comp.store, table, ref_update)
+        gc.collect()
+        t1 = time.perf_counter()
+        ms_loss = run_mindspore(model, micro, total, comp, ms_update)
+        t2 = time.perf_counter()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    comp.unobserved(cfg.num_hidden_layers)
+    return comp, {"loss": {"ms": ms_loss, "hf": hf_loss}, "seconds": {"hf": round(t1 - t0, 3), "ms": round(t2 - t1, 3)}}
 
 
 def bisect(hf_dir: str | Path, ms_src: str | Path, *, ids: list[int] | None = None, data: str | None = None,
@@ -175,28 +215,17 @@ def bisect(hf_dir: str | Path, ms_src: str | Path, *, ids: list[int] | None = No
     inputs.load_ms_weights(model, w)
     if ms_hook is not None:
         ms_hook(model)
-    from converters import names
+    from porting.parity import load_hf_reference
 
-    table = names.NAME_MAPS[cfg.model_type]
-    order = blocks.Order(cfg.num_hidden_layers, [p.name for p in model.trainable_params()])
-    comp = Comparator(None, order, blocks.kernel_names(model.kernel_report()), dtype, dump_layer)
-    root = Path(tempfile.mkdtemp(prefix="port-bisect-"))
-    t0 = time.perf_counter()
-    try:
-        comp.store = RefStore(root)
-        hf_loss = run_reference(hf_dir, batch_ids, dtype, comp.store, table)
-        t1 = time.perf_counter()
-        ms_loss = run_mindspore(model, batch_ids, comp)
-        t2 = time.perf_counter()
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
-    comp.unobserved(cfg.num_hidden_layers)
+    micro = [(batch_ids, batch_ids)]
+    total = batch_ids.shape[0] * (batch_ids.shape[1] - 1)
+    comp, out = compare_runs(lambda: load_hf_reference(hf_dir, dtype), model, micro, total, dtype,
+                             dump_layer=dump_layer)
     if dump is not None:
         _write_dump(dump, comp.dumped)
     rows = sorted(comp.rows.values(), key=lambda r: r.order)
     return report(rows, nan_origin=nan_origin, hf_dir=str(hf_dir), ms=str(w.path), weights=w.kind, dtype=dtype,
-                  batch=list(batch_ids.shape), loss={"ms": ms_loss, "hf": hf_loss}, notes=notes,
-                  kernels=model.plan.as_dict(), seconds={"hf": round(t1 - t0, 3), "ms": round(t2 - t1, 3)},
+                  batch=list(batch_ids.shape), notes=notes, kernels=model.plan.as_dict(), **out,
                   dump=str(dump) if dump else None)
 
 

@@ -79,3 +79,34 @@ def dump_layer_out_of_range(d):
 def msprobe_mapping_over_an_existing_file(d):
     I.canary(d, "mapping.yaml")
     return ["bisect", "--hf", str(I.hf(d)), "--msprobe-mapping", str(d / "mapping.yaml")]
+
+
+# -- `port report --bisect FILE`: the evidence file is read bounded and checked for its shape
+def _report(d: Path, raw: str | bytes) -> list[str]:
+    from tests.attacks.report.cases import run_dir
+
+    p = d / "b.json"
+    p.write_bytes(raw.encode() if isinstance(raw, str) else raw)
+    return ["report", str(run_dir(d)), "--bisect", str(p), "--out", str(d / "out")]
+
+
+@case("b.json", "expected the JSON of `port bisect --json`")
+def report_bisect_file_of_another_shape(d):
+    return _report(d, json.dumps({"rows": 3, "verdict": "x"}))
+
+
+@case("b.json", "nests deeper")
+def report_bisect_file_nested_100000_levels(d):
+    return _report(d, '{"rows": ' + I.deep_json() + "}")
+
+
+@case("b.json")
+def report_bisect_file_not_utf8(d):
+    return _report(d, I.NOT_UTF8)
+
+
+@case("nope.json", "bisect report not found")
+def report_bisect_file_missing(d):
+    from tests.attacks.report.cases import run_dir
+
+    return ["report", str(run_dir(d)), "--bisect", str(d / "nope.json"), "--out", str(d / "out")]
