@@ -49,22 +49,33 @@ class Stats:
         return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in d.items()}
 
 
+_CHUNK = 1 << 20   # elements per pass: the float64 temporaries stay a few MiB whatever the tensor's size
+
+
 def compare(ms: np.ndarray, ref: np.ndarray) -> Stats:
-    """The statistics of ``ms`` against ``ref`` (same shape), in float64."""
-    a = np.asarray(ms, np.float64).ravel()
-    b = np.asarray(ref, np.float64).ravel()
-    nf_a, nf_b = int(a.size - np.isfinite(a).sum()), int(b.size - np.isfinite(b).sum())
-    if nf_a or nf_b or a.size == 0:
+    """The statistics of ``ms`` against ``ref`` (same shape), accumulated in float64 over chunks."""
+    a_all, b_all = np.asarray(ms).reshape(-1), np.asarray(ref).reshape(-1)
+    nf_a = nf_b = 0
+    max_abs = max_rel = peak = dot = na2 = nb2 = nd2 = 0.0
+    for i in range(0, a_all.size, _CHUNK):
+        a = a_all[i:i + _CHUNK].astype(np.float64)
+        b = b_all[i:i + _CHUNK].astype(np.float64)
+        nf_a += int(a.size - np.count_nonzero(np.isfinite(a)))
+        nf_b += int(b.size - np.count_nonzero(np.isfinite(b)))
+        if nf_a or nf_b:
+            continue
+        d = np.abs(a - b)
+        max_abs = max(max_abs, float(d.max()))
+        max_rel = max(max_rel, float((d / np.maximum(np.abs(b), _FLOOR)).max()))
+        peak = max(peak, float(np.abs(b).max()))
+        dot, na2, nb2, nd2 = dot + float(a @ b), na2 + float(a @ a), nb2 + float(b @ b), nd2 + float(d @ d)
+    shape = tuple(np.shape(ms))
+    if nf_a or nf_b or a_all.size == 0:
         nan = float("nan")
-        return Stats(nan, nan, nan, nan, nan, nf_a, nf_b, tuple(np.shape(ms)))
-    d = np.abs(a - b)
-    peak = float(np.abs(b).max())
-    na, nb = float(np.linalg.norm(a)), float(np.linalg.norm(b))
-    cos = float(a @ b / (na * nb)) if na > 0 and nb > 0 else (1.0 if na == nb else 0.0)
-    nd = float(np.linalg.norm(d))
-    return Stats(float(d.max()), float((d / np.maximum(np.abs(b), _FLOOR)).max()),
-                 float(d.max() / peak) if peak > 0 else float(d.max()), nd / nb if nb > 0 else nd, cos, 0, 0,
-                 tuple(np.shape(ms)))
+        return Stats(nan, nan, nan, nan, nan, nf_a, nf_b, shape)
+    na, nb, nd = math.sqrt(na2), math.sqrt(nb2), math.sqrt(nd2)
+    cos = dot / (na * nb) if na > 0 and nb > 0 else (1.0 if na == nb else 0.0)
+    return Stats(max_abs, max_rel, max_abs / peak if peak > 0 else max_abs, nd / nb if nb > 0 else nd, cos, 0, 0, shape)
 
 
 @dataclasses.dataclass(frozen=True)

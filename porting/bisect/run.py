@@ -51,9 +51,6 @@ class RefStore:
         self.put(f"{phase}.{slot_name(layer, block)}", a)
 
 
-Micro = "list[tuple[np.ndarray, np.ndarray]]"   # (input_ids, labels) per micro-batch
-
-
 def run_reference(model, micro: list, total: int, store: RefStore, table: dict,
                   update: Callable | None = None) -> float:
     """HF + torch forward and backward of every micro-batch (loss: summed token cross-entropy over

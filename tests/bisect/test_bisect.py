@@ -155,3 +155,20 @@ def test_nan_origin(converted):
     rep = _bisect(converted, ms_hook=hook, nan_origin=True)
     _named(rep, 2, "o_proj", "forward", key="first_nonfinite")
     assert rep["mode"] == "nan-origin" and rep["verdict"].startswith("first non-finite: layer 2 o_proj")
+
+
+def test_cli_on_real_text_json(converted):
+    """The command as a user runs it, on the first tokens of real TinyStories text (--data): exit 0, the
+    JSON's first_divergent null, every row a dict with the documented keys."""
+    from click.testing import CliRunner
+
+    from porting.cli import main
+    from tests.attacks.harness import SAMPLE_TEXT
+
+    res = CliRunner().invoke(main, ["bisect", "--hf", str(EMBEDDED), "--ms", str(converted), "--data",
+                                    str(SAMPLE_TEXT), "--seq", "64", "--json"])
+    assert res.exit_code == 0, res.output[-2000:]
+    rep = json.loads(res.stdout)
+    assert rep["first_divergent"] is None and rep["batch"] == [2, 64] and rep["weights"] == "convert"
+    assert set(rep["rows"][0]) >= {"phase", "layer", "block", "tensor", "kernel", "metrics", "measure", "tolerance"}
+    assert rep["loss"]["hf"] < 3.0    # real text: the model knows it (about 1.3 nats/token)
