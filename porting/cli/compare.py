@@ -33,18 +33,21 @@ def command(baseline: str, rundir: str, as_json: bool, out: str | None, loss_rto
             loss_atol: float | None, logits_atol: float | None, min_throughput_ratio: float | None,
             max_memory_ratio: float | None, allow_settings_mismatch: bool, no_probe: bool, bisect: bool) -> None:
     """Compare the port's run RUNDIR with the baseline file BASELINE."""
+    from model_zoo.files import write_atomic
+
     if bisect:
         from porting.bisect.render import render as render_bisect
         from porting.bisect.step import bisect_step
 
         rep = bisect_step(baseline, rundir, allow_settings_mismatch=allow_settings_mismatch, loss_rtol=loss_rtol,
                           loss_atol=loss_atol)
+        if out:
+            write_atomic(out, json.dumps(rep, indent=1) + "\n")
         click.echo(json.dumps(rep, indent=1) if as_json else render_bisect(rep, color=sys.stdout.isatty()))
         if rep["first_divergent"] is not None:
             raise SystemExit(1)
         return
     from porting.baseline.compare import render, run_compare
-    from model_zoo.files import write_atomic
 
     rep = run_compare(baseline, rundir, allow_settings_mismatch=allow_settings_mismatch, probe=not no_probe,
                       loss_rtol=loss_rtol, loss_atol=loss_atol, logits_atol=logits_atol,
