@@ -94,3 +94,17 @@ def kernel_of(kernels: dict[tuple[int, str], str], layer: int | None, kernel: st
         lay = layer if layer is not None else max((k[0] for k in kernels if isinstance(k[0], int)), default=0)
         return f"{kernel}:{kernels.get((lay, kernel), '?')}"
     return kernel
+
+
+def out_hook(tap, record, layer: int | None, block: str):
+    """A forward hook (MindSpore ``Cell`` or torch ``Module``: same signature) tapping the output."""
+    def hook(cell, inputs, output):
+        tap(record, layer, block, output[0] if isinstance(output, tuple) else output)
+    return hook
+
+
+def in_hook(tap, record, layer: int | None, block: str):
+    """A forward pre-hook tapping the first input (attention's output is o_proj's input, SwiGLU's down's)."""
+    def hook(cell, inputs):
+        tap(record, layer, block, inputs[0])
+    return hook

@@ -10,10 +10,13 @@ would keep, without keeping it).
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
 from typing import Callable, Iterator
 
 import numpy as np
+
+from porting.bisect import blocks
 
 Record = Callable[[str, "int | None", str, np.ndarray], None]
 
@@ -28,16 +31,8 @@ def tap(record: Record, layer: int | None, block: str, t) -> None:
         t.register_hook(lambda g: record("backward", layer, block, _np(g)))
 
 
-def _out(record: Record, layer: int | None, block: str):
-    def hook(module, inputs, output):
-        tap(record, layer, block, output[0] if isinstance(output, tuple) else output)
-    return hook
-
-
-def _in(record: Record, layer: int | None, block: str):
-    def hook(module, inputs):
-        tap(record, layer, block, inputs[0])
-    return hook
+_out = functools.partial(blocks.out_hook, tap)   # (record, layer, block) -> forward hook
+_in = functools.partial(blocks.in_hook, tap)     # (record, layer, block) -> forward pre-hook
 
 
 @contextlib.contextmanager

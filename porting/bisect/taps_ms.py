@@ -17,9 +17,12 @@ gate_proj/up_proj are not observed there; the rows say so.
 from __future__ import annotations
 
 import contextlib
+import functools
 from typing import Callable, Iterator
 
 import numpy as np
+
+from porting.bisect import blocks
 
 Record = Callable[[str, "int | None", str, np.ndarray], None]
 
@@ -36,16 +39,8 @@ def tap(record: Record, layer: int | None, block: str, t) -> None:
     t.register_hook(lambda g: record("backward", layer, block, _np(g)))
 
 
-def _out(record: Record, layer: int | None, block: str):
-    def hook(cell, inputs, output):
-        tap(record, layer, block, output)
-    return hook
-
-
-def _in(record: Record, layer: int | None, block: str):
-    def hook(cell, inputs):
-        tap(record, layer, block, inputs[0])
-    return hook
+_out = functools.partial(blocks.out_hook, tap)   # (record, layer, block) -> forward hook
+_in = functools.partial(blocks.in_hook, tap)     # (record, layer, block) -> forward pre-hook
 
 
 @contextlib.contextmanager
