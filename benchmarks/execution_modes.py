@@ -31,8 +31,8 @@ LAYOUTS = {"one micro-batch of 8": ["batching.micro_batch_size=8", "batching.gra
 def run_once(mode: str, layout: list[str], steps: int, seq: int, work: Path) -> dict:
     """One `port train` run in this process; its steady step time and compile time from metrics.jsonl."""
     from porting.rundir import read_metrics
-    from porting.train.loop import train
-    from porting.train.recipe import load_recipe
+    from porting.train import train
+    from porting.train import load_recipe
 
     sets = layout + [f"execution={mode}", f"schedule.max_steps={steps}", "schedule.warmup_steps=0",
                      f"data.max_seq_length={seq}", "batching.bucketing.enabled=false", "checkpointing.every_steps=0",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import click
 
@@ -13,7 +14,8 @@ Examples:
   port compare base.json runs/tiny-cpu --json > compare.json
   port compare h200.json runs/7b --min-throughput-ratio 0.8 --max-memory-ratio 1.2
   port compare base.json runs/other --allow-settings-mismatch
-  port baseline --import runs/tiny-cpu/metrics.jsonl --global-batch 4 --out cuda.json && port compare cuda.json runs/tiny-cpu --window 5""")
+  port baseline --import runs/tiny-cpu/metrics.jsonl --global-batch 4 --out cuda.json && port compare cuda.json runs/tiny-cpu --window 5
+  port compare base.json runs/tiny-cpu --bisect   # replay the first step beyond tolerance, update included""")
 @click.argument("baseline")
 @click.argument("rundir")
 @click.option("--json", "as_json", is_flag=True, help="Print the full comparison as JSON instead of the table.")
@@ -33,17 +35,34 @@ Examples:
               help="Imported baseline: logged points per window of the run-long check (default 10).")
 @click.option("--spike-k", type=click.FloatRange(0, min_open=True), default=None,
               help="Imported baseline: a spike is beyond k x MAD of its neighbours (default 5).")
+@click.option("--bisect", "bisect", is_flag=True,
+              help="Replay the first step beyond tolerance on both sides and name the layer, block and phase "
+                   "(forward, backward or the AdamW update) where they part (docs/bisect.md).")
 def command(baseline: str, rundir: str, as_json: bool, out: str | None, loss_rtol: float | None,
             loss_atol: float | None, logits_atol: float | None, min_throughput_ratio: float | None,
             max_memory_ratio: float | None, allow_settings_mismatch: bool, no_probe: bool, curve_rtol: float | None,
-            first_steps: int | None, window: int | None, spike_k: float | None) -> None:
+            first_steps: int | None, window: int | None, spike_k: float | None, bisect: bool) -> None:
     """Compare the port's run RUNDIR with the baseline file BASELINE (measured by `port baseline`, or a
-    CUDA run's log imported with `port baseline --import`: then the curve-level gate applies)."""
+    CUDA run's log imported with `port baseline --import`: then the curve-level gate applies); with
+    --bisect, replay the first step beyond tolerance and name where the two sides part."""
     import dataclasses
 
+    from model_zoo.files import write_atomic
+
+    if bisect:
+        from porting.bisect.render import render as render_bisect
+        from porting.bisect.step import bisect_step
+
+        rep = bisect_step(baseline, rundir, allow_settings_mismatch=allow_settings_mismatch, loss_rtol=loss_rtol,
+                          loss_atol=loss_atol)
+        if out:
+            write_atomic(out, json.dumps(rep, indent=1) + "\n")
+        click.echo(json.dumps(rep, indent=1) if as_json else render_bisect(rep, color=sys.stdout.isatty()))
+        if rep["first_divergent"] is not None:
+            raise SystemExit(1)
+        return
     from porting.baseline.compare import render, run_compare
     from porting.baseline.curve import DEFAULTS
-    from model_zoo.files import write_atomic
 
     given = {"rtol": curve_rtol, "first_steps": first_steps, "window": window, "spike_k": spike_k}
     gate = dataclasses.replace(DEFAULTS, **{k: v for k, v in given.items() if v is not None})

@@ -9,6 +9,9 @@ evidence files written next to it by other commands:
 * ``rank_table.json`` -- the rank table the run used (checked with ``port ranktable check`` rules)
 * ``baseline.json`` -- ``port baseline ... --out RUNDIR/baseline.json`` (or ``port report --baseline
   FILE``): its loss curve is drawn on the run's loss plot
+* ``bisect.json`` -- ``port bisect ... --json > RUNDIR/bisect.json`` (or ``port report --bisect FILE``):
+  a row naming the first divergent layer and phase, and a per-layer error plot
+  (:mod:`porting.report.bisect_section`)
 
 Output (:mod:`porting.report.render`, :mod:`porting.report.plots`): ``report.html`` (inline SVG
 plots, no network), ``report.md``, ``report.json``, the SVGs and the marker file ``.port-report``,
@@ -116,7 +119,8 @@ def load_baseline(run_dir: Path, baseline: str | os.PathLike | None) -> dict | N
 
 
 def make_report(rundir: str | os.PathLike, out: str | os.PathLike | None = None, *,
-                force: bool = False, baseline: str | os.PathLike | None = None) -> ReportResult:
+                force: bool = False, baseline: str | os.PathLike | None = None,
+                bisect: str | os.PathLike | None = None) -> ReportResult:
     """Write report.html/.md/.json, the SVG plots and the marker into ``out`` (default RUNDIR/report);
     the loss plot also shows ``baseline`` (a `port baseline` file; default RUNDIR/baseline.json)."""
     run = read_run(rundir, strict=False)
@@ -127,6 +131,12 @@ def make_report(rundir: str | os.PathLike, out: str | os.PathLike | None = None,
     rows = merge(rows, rehearsal) if rehearsal else rows
     base = load_baseline(run.path, baseline)
     svgs = plots(run, base)
+    from porting.report import bisect_section
+
+    bis = bisect_section.load_bisect(run.path, bisect)
+    if bis is not None:
+        rows.append(bisect_section.bisect_row(*bis))
+        svgs["bisect.svg"] = bisect_section.bisect_svg(bis[0])
     res = ReportResult(dest, rows, run.notes, len(run.steps), diag.first_failing_rank if diag else None)
     doc = {"format": "port-report", "format_version": 1, "rundir": str(run.path), **res.to_dict()}
     del doc["out"]

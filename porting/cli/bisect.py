@@ -1,0 +1,74 @@
+"""`port bisect`: the first layer, block and phase where the MindSpore cell and HF + torch part."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+
+def _ids(text: str | None) -> list[int] | None:
+    from model_zoo.errors import ConfigError
+
+    if text is None:
+        return None
+    try:
+        return [int(t) for t in text.replace(",", " ").split()][:1 << 16 + 1]
+    except ValueError:
+        raise ConfigError(f"--ids {text[:40]!r}: expected token ids separated by spaces or commas") from None
+
+
+@click.command("bisect", epilog="""\b
+Examples:
+  port convert --hf stories260k --out sk-ms && port bisect --hf stories260k --ms sk-ms
+  port bisect --hf runs/tiny-cpu/hf --ms runs/tiny-cpu --json > bisect.json   # latest checkpoint vs its export
+  port bisect --hf runs/tiny-cpu/hf --ms runs/tiny-cpu/checkpoints/step_20 --ids "1 300 52 417 99 12 260 7" --nan-origin
+  port bisect --hf runs/tiny-cpu/hf --ms runs/tiny-cpu --seq 16 --dump-layer 2 --dump-dir .
+  port bisect --hf stories260k --msprobe-mapping cell_mapping.yaml
+  port bisect --hf stories260k --msprobe-mapping layer_mapping.yaml --msprobe-kind layer""")
+@click.option("--hf", "hf", required=True, help="HF directory or zoo name: the reference weights and config.")
+@click.option("--ms", "ms", default=None,
+              help="`port convert` output, `port train` run directory (its latest checkpoint) or checkpoints/step_N.")
+@click.option("--data", default=None, help="Text file: the batch is its first tokens (the HF tokenizer).")
+@click.option("--ids", default=None, help="Token ids of a one-row batch, space or comma separated.")
+@click.option("--batch", type=int, default=2, show_default=True, help="Rows of the probe or --data batch.")
+@click.option("--seq", type=int, default=32, show_default=True, help="Tokens per row.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the probe ids.")
+@click.option("--dtype", default="float32", show_default=True, help="Compute dtype of both sides.")
+@click.option("--nan-origin", is_flag=True, help="Name the first tensor that becomes non-finite instead.")
+@click.option("--dump-layer", type=int, default=None, help="Also write this layer's full tensors (both sides).")
+@click.option("--dump-dir", default=None, help="Where --dump-layer writes bisect_layer<N>.npz.")
+@click.option("--all-rows", is_flag=True, help="Print every row, not only those up to the first divergence.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.option("--msprobe-mapping", default=None, help="Write msprobe's cell/layer mapping YAML here (no run).")
+@click.option("--msprobe-kind", type=click.Choice(["cell", "layer"]), default="cell", show_default=True,
+              help="msprobe's -cm cell_mapping or -lm layer_mapping form.")
+def command(hf: str, ms: str | None, data: str | None, ids: str | None, batch: int, seq: int, seed: int, dtype: str,
+            nan_origin: bool, dump_layer: int | None, dump_dir: str | None, all_rows: bool, as_json: bool,
+            msprobe_mapping: str | None, msprobe_kind: str) -> None:
+    """Run one forward and backward of the same batch from the same weights in HF + torch and in the zoo's
+    MindSpore cell, compare every layer's sub-blocks (forward activations, activation gradients, parameter
+    gradients), and name the first tensor beyond the dtype's tolerance. Exit 1 when one is found."""
+    from model_zoo.errors import ConfigError
+    from porting.model_paths import resolve_hf
+
+    hf_dir = resolve_hf(hf)
+    if msprobe_mapping:
+        from porting.bisect.msprobe import write_mapping
+
+        click.echo(write_mapping(hf_dir, msprobe_mapping, msprobe_kind))
+        return
+    if ms is None:
+        raise ConfigError("--ms is required (a `port convert` output or a `port train` run); or pass --msprobe-mapping")
+    if data is not None and ids is not None:
+        raise ConfigError("--data and --ids: pass one of them, not both")
+    from porting.bisect.render import render
+    from porting.bisect.run import bisect
+
+    rep = bisect(hf_dir, ms, ids=_ids(ids), data=data, dtype=dtype, batch=batch, seq=seq, seed=seed,
+                 nan_origin=nan_origin, dump_layer=dump_layer, dump_dir=dump_dir)
+    click.echo(json.dumps(rep, indent=1) if as_json else render(rep, all_rows=all_rows, color=sys.stdout.isatty()))
+    found = rep["first_nonfinite"] if nan_origin else rep["first_divergent"]
+    if found is not None:
+        raise SystemExit(1)

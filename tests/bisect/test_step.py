@@ -1,0 +1,102 @@
+"""`port compare BASELINE RUNDIR --bisect` on real runs of recipes/tiny-cpu.yaml (stories260K): a run
+given another learning rate from step 3 on is named at step 3, phase update; a run that did not keep
+the state the replay needs is refused with the recipe keys to set."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from porting.cli import main
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.slow   # two short trainings, a resume and a baseline (~3 min on 2 cores)
+
+SETS = ["--set", "schedule.max_steps=5", "--set", "checkpointing.every_steps=1", "--set", "checkpointing.keep_last=10"]
+
+
+def _port(work: Path, *args: str) -> None:
+    p = subprocess.run([sys.executable, "-m", "porting", *args], cwd=work, capture_output=True, text=True,
+                       timeout=900, env=dict(os.environ, PYTHONPATH=str(ROOT), GLOG_v="3"))
+    assert p.returncode == 0, p.stderr[-3000:]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> Path:
+    """base.json (torch, lr 1e-3 throughout), runs/same (port, the same recipe) and runs/lr3 (port, resumed
+    after step 2 with lr 3e-3: step 3's update is the first to differ, step 4's loss the first to show it)."""
+    work = tmp_path_factory.mktemp("step-bisect")
+    (work / "recipes").symlink_to(ROOT / "recipes")
+    _port(work, "baseline", "--recipe", "recipes/tiny-cpu.yaml", "--device", "cpu", "--out", "base.json",
+          "--steps", "5", *SETS)
+    _port(work, "train", "recipes/tiny-cpu.yaml", "--run-dir", "runs/same", *SETS)
+    shutil.copytree(work / "runs" / "same", work / "runs" / "lr3")
+    for p in ["checkpoints/step_3", "checkpoints/step_4", "checkpoints/step_5", "hf"]:
+        shutil.rmtree(work / "runs" / "lr3" / p)
+    _port(work, "train", "recipes/tiny-cpu.yaml", "--run-dir", "runs/lr3", "--resume", *SETS,
+          "--set", "optimizer.lr=3e-3")
+    return work
+
+
+def _compare(work: Path, run: str, *extra: str):
+    old = os.getcwd()
+    os.chdir(work)
+    try:
+        return CliRunner().invoke(main, ["compare", "base.json", run, "--bisect", *extra])
+    finally:
+        os.chdir(old)
+
+
+def test_learning_rate_changed_from_step_3_is_named_as_step_3_update(runs):
+    import json
+
+    res = _compare(runs, "runs/lr3", "--json")
+    assert res.exit_code == 1, res.output[-3000:]
+    rep = json.loads(res.stdout)
+    assert rep["failing_steps"][0] == 4 and rep["step"] == 3
+    first = rep["first_divergent"]
+    assert first["phase"] == "update" and first["step"] == 3, first
+    assert rep["lr"]["run"] == pytest.approx(3 * rep["lr"]["baseline"])
+    # the same weights and batch on both sides: every forward and backward row agrees
+    assert all(r["passed"] for r in rep["rows"] if r["phase"] in ("forward", "backward"))
+    assert sum(r["phase"] == "update" for r in rep["rows"]) == 47
+    assert rep["state"].endswith("checkpoints/step_2")
+    text = _compare(runs, "runs/lr3").output
+    assert "step 3: first divergence" in text and ">> update" in text
+
+
+def test_a_run_within_tolerance_has_nothing_to_bisect(runs):
+    res = _compare(runs, "runs/same")
+    assert res.exit_code == 0 and "nothing to bisect" in res.output
+
+
+def test_missing_checkpoint_is_refused_with_the_recipe_keys(runs, tmp_path):
+    run = tmp_path / "lr3"
+    shutil.copytree(runs / "runs" / "lr3", run)
+    shutil.rmtree(run / "checkpoints" / "step_2")
+    res = _compare(runs, str(run))
+    assert res.exit_code == 2
+    line = res.stderr.strip().splitlines()[-1] if res.stderr else res.output.strip().splitlines()[-1]
+    assert line.startswith("error: ") and "step_2: not in the run" in line
+    assert "checkpointing.every_steps: 1" in line and "checkpointing.keep_last >= 3" in line
+
+
+def test_report_shows_the_bisection(runs, tmp_path):
+    """`port report --bisect`: a failing acceptance row naming step 3's update, and the per-layer error plot
+    with a forward and a backward series."""
+    from porting.report import make_report
+
+    res = _compare(runs, "runs/lr3", "--json")
+    (tmp_path / "bisect.json").write_text(res.stdout)
+    rep = make_report(runs / "runs" / "lr3", tmp_path / "report", bisect=tmp_path / "bisect.json")
+    row = next(r for r in rep.rows if r.item.startswith("bisect"))
+    assert row.status == "fail" and row.value.startswith("step 3: first divergence at") and "update" in row.value
+    svg = (tmp_path / "report" / "bisect.svg").read_text()
+    assert svg.count('class="series"') == 2 and 'data-label="forward"' in svg and 'data-label="backward"' in svg
+    assert "bisect.svg" not in (tmp_path / "report" / "report.html").read_text() or "<svg" in svg
