@@ -23,7 +23,8 @@ Examples:
   port train recipes/tiny-cpu.yaml --resume                  # continue from the last checkpoint
   port train recipes/7b-8card.yaml --dry-run                 # plan, memory by phase, msrun command
   port train recipes/13b-32card.yaml --dry-run --json        # the plan as JSON
-  port train recipes/13b-32card.yaml --launch-node 2         # run node 2's msrun command here""")
+  port train recipes/13b-32card.yaml --launch-node 2         # run node 2's msrun command here
+  port train recipes/tiny-cpu.yaml --set cluster.devices_per_node=2 --supervise   # watch, diagnose, resume""")
 @click.argument("recipe", type=click.Path(dir_okay=False))
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="Override a recipe key, e.g. --set optimizer.lr=1e-4 (repeatable).")
@@ -34,11 +35,20 @@ Examples:
               help="Where the run writes (default: the recipe's output_dir).")
 @click.option("--launch-node", type=int, default=None,
               help="Multi-node recipes: run this node's msrun command on this machine.")
+@click.option("--supervise", is_flag=True,
+              help="Watch every rank of this node; on a crash, hang or divergence keep the evidence in "
+                   "RUN/incidents/N, diagnose it and resume from the last checkpoint (porting/supervise.py).")
+@click.option("--stall-timeout", type=click.FloatRange(1, 86_400), default=None,
+              help="With --supervise: seconds without a log line before a rank counts as stalled "
+                   "(default: from the plan's step time, under HCCL_EXEC_TIMEOUT).")
+@click.option("--max-restarts", type=click.IntRange(0, 100), default=3, show_default=True,
+              help="With --supervise: relaunches allowed before the run stops with its diagnosis.")
 @click.option("--no-preflight", is_flag=True,
               help="Launch without the preflight (stale processes, master port/address, rank table; see "
                    "`port doctor --cluster`).")
 def command(recipe: str, overrides: tuple[str, ...], dry_run: bool, as_json: bool, resume: bool,
-            run_dir: str | None, launch_node: int | None, no_preflight: bool) -> None:
+            run_dir: str | None, launch_node: int | None, supervise: bool, stall_timeout: float | None,
+            max_restarts: int, no_preflight: bool) -> None:
     """Fine-tune the model of RECIPE (all weights) with the recipe's data, batching and parallelism."""
     from model_zoo.config import LlamaConfig
     from porting.model_paths import resolve_hf
@@ -70,6 +80,12 @@ def command(recipe: str, overrides: tuple[str, ...], dry_run: bool, as_json: boo
     _guard_run_dir(out, resume)
     _make_run_dir(out)
     write_atomic(out / "plan.json", json.dumps(plan.to_dict(), indent=2), error=RecipeError)
+    if supervise:
+        from porting.cli._supervised import run_supervised
+
+        run_supervised(rec, recipe, list(overrides), out, resume, launch_node, plan.to_dict(), stall_timeout,
+                       max_restarts, preflight=None if no_preflight else lambda: _preflight(rec, out, launch_node or 0))
+        return
     if rec.world_size == 1:
         from porting.train.loop import train
 
@@ -134,6 +150,17 @@ def _launch_msrun(rec, recipe_path: str, overrides: list[str], out: Path, resume
             click.echo(f"node {i}: {c}")
         return
     node = launch_node or 0
+    argv, env = msrun_argv_env(rec, cmds, node, plan_env)
+    click.echo(f"launching: {cmds[node]}", err=True)
+    rc = subprocess.call(argv, env=env)
+    if rc != 0:
+        raise PortingError(f"msrun exited with {rc}; see {out}/logs/rank_*.log and {out}/logs/msrun/worker_*.log "
+                           "(scheduler.log names ranks that timed out)")
+    click.echo(f"done: {rec.world_size} workers; run directory {out}")
+
+
+def msrun_argv_env(rec, cmds: list[str], node: int, plan_env: dict | None) -> tuple[list[str], dict[str, str]]:
+    """The argv and environment of node ``node``'s msrun command (``cmds``: the plan's commands)."""
     if not 0 <= node < len(cmds):
         raise RecipeError(f"--launch-node {node}: the recipe has nodes 0..{len(cmds) - 1}")
     import shlex
@@ -147,9 +174,4 @@ def _launch_msrun(rec, recipe_path: str, overrides: list[str], out: Path, resume
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     # msrun starts the `python` found on PATH: put this interpreter's directory first.
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
-    click.echo(f"launching: {cmds[node]}", err=True)
-    rc = subprocess.call(argv, env=env)
-    if rc != 0:
-        raise PortingError(f"msrun exited with {rc}; see {out}/logs/rank_*.log and {out}/logs/msrun/worker_*.log "
-                           "(scheduler.log names ranks that timed out)")
-    click.echo(f"done: {rec.world_size} workers; run directory {out}")
+    return argv, env

@@ -28,6 +28,7 @@ from model_zoo import files
 from model_zoo.errors import PortingError
 from porting.report.plots import plots
 from porting.report.render import render_html, render_md, render_text
+from porting.report.incidents import incident_rows
 from porting.report.rows import Row, build_rows
 from porting.rundir import read_run
 
@@ -122,6 +123,7 @@ def make_report(rundir: str | os.PathLike, out: str | os.PathLike | None = None,
     dest = Path(out) if out is not None else run.path / DEFAULT_DIR
     replace = check_out(dest, run.path, force)
     rows, diag = build_rows(run)
+    rows = rows + incident_rows(run)   # a supervised run's incidents (porting/supervise.py)
     base = load_baseline(run.path, baseline)
     svgs = plots(run, base)
     res = ReportResult(dest, rows, run.notes, len(run.steps), diag.first_failing_rank if diag else None)
