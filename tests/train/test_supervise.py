@@ -48,12 +48,12 @@ def _pid_at_step(run: Path, rank: int, step: int, deadline: float) -> int:
 
 
 def _final_weights(run: Path) -> dict:
-    from safetensors.numpy import load_file
+    import mindspore as ms
 
     last = sorted((run / "checkpoints").glob("step_*"), key=lambda p: int(p.name.split("_")[1]))[-1]
-    files = sorted(last.glob("*.safetensors"))
+    files = sorted(last.glob("*.ckpt"))
     assert files, last
-    return {f"{f.name}:{k}": v for f in files for k, v in load_file(str(f)).items()}
+    return {f"{f.name}:{k}": v.asnumpy() for f in files for k, v in ms.load_checkpoint(str(f)).items()}
 
 
 def _losses(run: Path) -> list[float]:
