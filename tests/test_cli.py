@@ -66,6 +66,8 @@ DRY_RUN = {  # need a cluster (several devices or nodes): run with --dry-run app
     # real resumes (kill -9 included) are tests/train/test_train.py's; this one plans it on the set-up run
     "port train recipes/tiny-cpu.yaml --resume                  # continue from the last checkpoint",
     "port train recipes/tiny-cpu.yaml --set batching.grad_accum_steps=2 --set schedule.max_steps=10",
+    # supervised msrun runs with faults are tests/train/test_supervise.py's
+    "port train recipes/tiny-cpu.yaml --set cluster.devices_per_node=2 --supervise   # watch, diagnose, resume",
 }
 # Generation examples decode 8 tokens instead of their 40-256 (the slowest part of this test otherwise):
 # the same path; all 60 golden tokens are checked by the `port verify --generate` example below and by
