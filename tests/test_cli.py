@@ -68,6 +68,8 @@ DRY_RUN = {  # need a cluster (several devices or nodes): run with --dry-run app
     "port train recipes/tiny-cpu.yaml --set batching.grad_accum_steps=2 --set schedule.max_steps=10",
     # the whole ladder of the 13B shape takes minutes: tests/test_rehearse.py runs it
     "port rehearse recipes/13b-32card.yaml --out runs/rehearse-13b             # the whole ladder (minutes)",
+    # supervised msrun runs with faults are tests/train/test_supervise.py's
+    "port train recipes/tiny-cpu.yaml --set cluster.devices_per_node=2 --supervise   # watch, diagnose, resume",
 }
 # Generation examples decode 8 tokens instead of their 40-256 (the slowest part of this test otherwise):
 # the same path; all 60 golden tokens are checked by the `port verify --generate` example below and by

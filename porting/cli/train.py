@@ -21,7 +21,8 @@ Examples:
   port train recipes/tiny-cpu.yaml --resume                  # continue from the last checkpoint
   port train recipes/7b-8card.yaml --dry-run                 # plan, memory by phase, msrun command
   port train recipes/13b-32card.yaml --dry-run --json        # the plan as JSON
-  port train recipes/13b-32card.yaml --launch-node 2         # run node 2's msrun command here""")
+  port train recipes/13b-32card.yaml --launch-node 2         # run node 2's msrun command here
+  port train recipes/tiny-cpu.yaml --set cluster.devices_per_node=2 --supervise   # watch, diagnose, resume""")
 @click.argument("recipe", type=click.Path(dir_okay=False))
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="Override a recipe key, e.g. --set optimizer.lr=1e-4 (repeatable).")
@@ -32,11 +33,20 @@ Examples:
               help="Where the run writes (default: the recipe's output_dir).")
 @click.option("--launch-node", type=int, default=None,
               help="Multi-node recipes: run this node's msrun command on this machine.")
+@click.option("--supervise", is_flag=True,
+              help="Watch every rank of this node; on a crash, hang or divergence keep the evidence in "
+                   "RUN/incidents/N, diagnose it and resume from the last checkpoint (porting/supervise.py).")
+@click.option("--stall-timeout", type=click.FloatRange(1, 86_400), default=None,
+              help="With --supervise: seconds without a log line before a rank counts as stalled "
+                   "(default: from the plan's step time, under HCCL_EXEC_TIMEOUT).")
+@click.option("--max-restarts", type=click.IntRange(0, 100), default=3, show_default=True,
+              help="With --supervise: relaunches allowed before the run stops with its diagnosis.")
 @click.option("--no-preflight", is_flag=True,
               help="Launch without the preflight (stale processes, master port/address, rank table; see "
                    "`port doctor --cluster`).")
 def command(recipe: str, overrides: tuple[str, ...], dry_run: bool, as_json: bool, resume: bool,
-            run_dir: str | None, launch_node: int | None, no_preflight: bool) -> None:
+            run_dir: str | None, launch_node: int | None, supervise: bool, stall_timeout: float | None,
+            max_restarts: int, no_preflight: bool) -> None:
     """Fine-tune the model of RECIPE (all weights) with the recipe's data, batching and parallelism."""
     from model_zoo.config import LlamaConfig
     from porting.model_paths import resolve_hf
@@ -60,6 +70,12 @@ def command(recipe: str, overrides: tuple[str, ...], dry_run: bool, as_json: boo
     _guard_run_dir(out, resume)
     _make_run_dir(out)
     write_atomic(out / "plan.json", json.dumps(plan.to_dict(), indent=2), error=RecipeError)
+    if supervise:
+        from porting.cli._supervised import run_supervised
+
+        run_supervised(rec, recipe, list(overrides), out, resume, launch_node, plan.to_dict(), stall_timeout,
+                       max_restarts, preflight=None if no_preflight else lambda: _preflight(rec, out, launch_node or 0))
+        return
     if rec.world_size == 1:
         from porting.diagnostics.doctor import doctor_report
 

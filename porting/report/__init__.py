@@ -32,6 +32,7 @@ from model_zoo.errors import PortingError
 from porting.report.plots import plots
 from porting.report.render import render_html, render_md, render_text
 from porting.report.rehearsal import merge, rehearsal_rows
+from porting.report.incidents import incident_rows
 from porting.report.rows import Row, build_rows
 from porting.rundir import read_run
 
@@ -129,6 +130,7 @@ def make_report(rundir: str | os.PathLike, out: str | os.PathLike | None = None,
     rows, diag = build_rows(run)
     rehearsal = rehearsal_rows(run)   # a `port rehearse` folder: its rungs fill the rows of each scale
     rows = merge(rows, rehearsal) if rehearsal else rows
+    rows = rows + incident_rows(run)   # a supervised run's incidents (porting/supervise.py)
     base = load_baseline(run.path, baseline)
     svgs = plots(run, base)
     from porting.report import bisect_section

@@ -38,6 +38,17 @@ def launch_msrun(rec: Recipe, recipe_path: str, overrides: list[str], out: Path,
             click.echo(f"node {i}: {c}")
         return
     node = launch_node or 0
+    argv, env = msrun_argv_env(rec, cmds, node, plan_env)
+    click.echo(f"launching: {cmds[node]}", err=True)
+    rc = subprocess.call(argv, env=env)
+    if rc != 0:
+        raise PortingError(f"msrun exited with {rc}; see {out}/logs/rank_*.log and {out}/logs/msrun/worker_*.log "
+                           "(scheduler.log names ranks that timed out)")
+    click.echo(f"done: {rec.world_size} workers; run directory {out}")
+
+
+def msrun_argv_env(rec: Recipe, cmds: list[str], node: int, plan_env: dict | None) -> tuple[list[str], dict[str, str]]:
+    """The argv and environment of node ``node``'s msrun command (``cmds``: the plan's commands)."""
     if not 0 <= node < len(cmds):
         raise RecipeError(f"--launch-node {node}: the recipe has nodes 0..{len(cmds) - 1}")
     argv = same_host_node_argv(shlex.split(cmds[node]), node, rec.cluster)
@@ -47,12 +58,7 @@ def launch_msrun(rec: Recipe, recipe_path: str, overrides: list[str], out: Path,
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     # msrun starts the `python` found on PATH: put this interpreter's directory first.
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
-    click.echo(f"launching: {cmds[node]}", err=True)
-    rc = subprocess.call(argv, env=env)
-    if rc != 0:
-        raise PortingError(f"msrun exited with {rc}; see {out}/logs/rank_*.log and {out}/logs/msrun/worker_*.log "
-                           "(scheduler.log names ranks that timed out)")
-    click.echo(f"done: {rec.world_size} workers; run directory {out}")
+    return argv, env
 
 
 def same_host_node_argv(argv: list[str], node: int, cluster) -> list[str]:

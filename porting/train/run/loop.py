@@ -326,6 +326,7 @@ def _finish(recipe: Recipe, trainer: Trainer, plan, records: list, metrics, mode
         return
     ck_root = run_dir / "checkpoints"
     if trainer.writes_checkpoints:
+        log.info(f"saving checkpoint step_{plan.total_steps}")
         final = trainer.save(ck_root, plan.total_steps)
         log.info(f"checkpoint {final}")
     if trainer.rank != 0:
@@ -363,7 +364,7 @@ def train(recipe: Recipe, run_dir: str | Path, *, rank: int = 0, world_size: int
     grid = grid_mod.make_grid(recipe, rank, world_size)
     if distributed:
 
-        log.info(f"rank {rank} of {world_size}: parallel_mode {ms.get_auto_parallel_context('parallel_mode')}, "
+        log.info(f"rank {rank} of {world_size} (pid {os.getpid()}): parallel_mode {ms.get_auto_parallel_context('parallel_mode')}, "
                  f"comm_fusion {ms.get_auto_parallel_context('comm_fusion')}, optimizer sharding "
                  f"{recipe.parallel.optimizer_sharding}; {grid.describe()}")
     _log_mode(recipe, grid, log)
@@ -412,6 +413,7 @@ def train(recipe: Recipe, run_dir: str | Path, *, rank: int = 0, world_size: int
                          f"pad {rec.padding_fraction:.3f}" + (" (compile)" if rec.compile else ""))
             done = step.index + 1
             if trainer.writes_checkpoints and every and done % every == 0 and done < plan.total_steps:
+                log.info(f"saving checkpoint step_{done}")   # a supervisor allows a save its own time (porting/supervise.py)
                 path = trainer.save(ck_root, done)
                 last_good = (done, path)
                 log.info(f"checkpoint {path}")

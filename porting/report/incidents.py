@@ -1,0 +1,34 @@
+"""Stability rows of `port report` for a supervised run (`port train --supervise`, porting/supervise.py): one
+row per incident, from ``RUN/incidents.jsonl``: when, what was seen, the suspect, what was done, what was lost."""
+
+from __future__ import annotations
+
+import datetime as _dt
+from typing import Any
+
+from porting.report.rows import FAIL, INFO, Row
+from porting.rundir import RunRecords
+from porting.supervise import SuperviseError, read_incidents
+
+
+def incident_rows(run: RunRecords) -> list[Row]:
+    try:
+        incidents = read_incidents(run.path)
+    except SuperviseError as e:
+        return [Row("stability", "incidents (supervised run)", FAIL, str(e), "incidents.jsonl")]
+    out = []
+    for inc in incidents:
+        when = _when(inc.get("at"))
+        who = f"rank {inc['suspect']}" if isinstance(inc.get("suspect"), int) else "no rank named"
+        stopped = str(inc.get("action", "")).startswith("stopped")
+        out.append(Row("stability", f"incident {inc.get('n')}: {inc.get('kind')}", FAIL if stopped else INFO,
+                       f"{when} step {inc.get('step')}: {who}; {inc.get('seen')}; {inc.get('action')}; "
+                       f"{inc.get('steps_lost')} step(s), {inc.get('seconds_lost')} s lost",
+                       str(inc.get("evidence") or "incidents.jsonl")))
+    return out
+
+
+def _when(at: Any) -> str:
+    if isinstance(at, (int, float)) and not isinstance(at, bool) and 0 < at < 1e11:
+        return _dt.datetime.fromtimestamp(at, _dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return "?"

@@ -1,0 +1,191 @@
+"""`port train --supervise` (porting/supervise.py) under real msrun workers on the CPU: a rank killed with
+SIGKILL, and a rank frozen with SIGSTOP (a silent hang), are seen, kept as evidence, diagnosed, and the run
+resumes from its last checkpoint to the same losses and weights as an uninterrupted run; a fault that
+repeats at the same step stops the run with its diagnosis instead of looping."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from porting.supervise import Limits, Watch, derive_limits
+from tests.train.conftest import ROOT, TINY, free_port, port
+
+COMMON = ["data.max_seq_length=64", "batching.bucketing.enabled=false", "batching.micro_batch_size=1",
+          "batching.grad_accum_steps=2", "schedule.max_steps=6", "checkpointing.every_steps=2",
+          "checkpointing.export_hf=false", "cluster.devices_per_node=2", "optimizer.lr=1e-4"]
+
+
+def _sets(extra: list[str] = ()) -> list[str]:
+    return [a for s in [*COMMON, f"cluster.master_port={free_port()}", *extra] for a in ("--set", s)]
+
+
+def _start(run: Path, *args: str) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), GLOG_v="3")
+    return subprocess.Popen([sys.executable, "-m", "porting", "train", str(TINY), "--run-dir", str(run), *args],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _pid_at_step(run: Path, rank: int, step: int, deadline: float) -> int:
+    """The pid rank ``rank`` logged, once its log shows ``step``."""
+    log = run / "logs" / f"rank_{rank}.log"
+    while time.monotonic() < deadline:
+        text = log.read_text() if log.exists() else ""
+        pid = re.search(rf"rank {rank} of \d+ \(pid (\d+)\)", text)
+        if pid and re.search(rf" step {step}/\d+ loss ", text):
+            return int(pid.group(1))
+        time.sleep(0.2)
+    raise AssertionError(f"rank {rank} did not reach step {step}: {log.read_text() if log.exists() else 'no log'}")
+
+
+def _final_weights(run: Path) -> dict:
+    import mindspore as ms
+
+    last = sorted((run / "checkpoints").glob("step_*"), key=lambda p: int(p.name.split("_")[1]))[-1]
+    files = sorted(last.glob("*.ckpt"))
+    assert files, last
+    return {f"{f.name}:{k}": v.asnumpy() for f in files for k, v in ms.load_checkpoint(str(f)).items()}
+
+
+def _losses(run: Path) -> list[float]:
+    return [json.loads(ln)["loss"] for ln in (run / "metrics.jsonl").read_text().splitlines()
+            if ln.strip() and '"step"' in ln and '"loss"' in ln]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> Path:
+    run = tmp_path_factory.mktemp("sup") / "clean"
+    r = port("train", str(TINY), "--run-dir", str(run), *_sets(), timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return run
+
+
+def _check_recovered(run: Path, clean: Path, killed_rank: int, kind: str) -> None:
+    incidents = [json.loads(ln) for ln in (run / "incidents.jsonl").read_text().splitlines()]
+    assert len(incidents) == 1 and incidents[0]["kind"] == kind, incidents
+    inc = incidents[0]
+    assert inc["suspect"] == killed_rank and inc["observed_rank"] == killed_rank, inc
+    assert inc["action"].startswith("relaunched with --resume from step"), inc
+    ev = run / inc["evidence"] / "logs"
+    assert {p.name for p in ev.glob("rank_*.log")} == {"rank_0.log", "rank_1.log"}   # every rank's log kept
+    assert (run / inc["evidence"] / "fingerprint.json").is_file()
+    np.testing.assert_allclose(_losses(run)[-6:], _losses(clean)[-6:], rtol=0, atol=1e-6)
+    a, b = _final_weights(run), _final_weights(clean)
+    assert a.keys() == b.keys()
+    for k in a:
+        np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+
+
+@pytest.mark.msrun
+@pytest.mark.slow
+def test_a_killed_rank_is_diagnosed_and_the_run_resumes_to_the_same_weights(tmp_path, uninterrupted):
+    run = tmp_path / "sup"
+    p = _start(run, *_sets(), "--supervise", "--stall-timeout", "120")
+    try:
+        os.kill(_pid_at_step(run, 1, 3, time.monotonic() + 600), signal.SIGKILL)
+        out, err = p.communicate(timeout=900)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 0, err[-3000:]
+    assert "1 restart(s)" in out, out
+    _check_recovered(run, uninterrupted, 1, "exit")
+
+
+@pytest.mark.msrun
+@pytest.mark.slow
+def test_a_frozen_rank_is_seen_before_the_collective_timeout_and_the_run_resumes(tmp_path, uninterrupted):
+    run = tmp_path / "sup"
+    p = _start(run, *_sets(), "--supervise", "--stall-timeout", "20")
+    try:
+        pid = _pid_at_step(run, 1, 3, time.monotonic() + 600)
+        os.kill(pid, signal.SIGSTOP)
+        out, err = p.communicate(timeout=900)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 0, err[-3000:]
+    _check_recovered(run, uninterrupted, 1, "stall")
+    assert "its process" in (run / "incidents.jsonl").read_text() and "is stopped (SIGSTOP" in (run / "incidents.jsonl").read_text()
+
+
+@pytest.mark.msrun
+@pytest.mark.slow
+def test_a_fault_that_repeats_at_the_same_step_stops_with_its_diagnosis(tmp_path):
+    run = tmp_path / "sup"
+    r = port("train", str(TINY), "--run-dir", str(run), *_sets(["optimizer.lr=1e30"]), "--supervise",
+             "--max-restarts", "5", timeout=900)
+    assert r.returncode != 0
+    err = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
+    assert err and "supervised run stopped after incident 2 (diverged at step 1)" in err[-1], r.stderr[-2000:]
+    incidents = [json.loads(ln) for ln in (run / "incidents.jsonl").read_text().splitlines()]
+    assert [i["kind"] for i in incidents] == ["diverged", "diverged"]
+    assert incidents[1]["action"].startswith("stopped: the same fault again")
+    assert "loss is nan" in incidents[1]["verdict"]["reason"]
+
+
+def test_heartbeat_limits_come_from_the_plan_and_stay_under_hccl_exec_timeout():
+    plan = {"launch": {"env": {"HCCL_EXEC_TIMEOUT": "1836"}, "predicted_save_s": 10.6},
+            "estimated_step": {"step_s": 1.03}}
+    lim = derive_limits(plan, None, 3)
+    assert lim.stall_s < 1836 and lim.compile_s <= 1836 and lim.save_s >= 3 * 10.6
+    assert derive_limits(plan, 30.0, 1).stall_s == 30.0
+
+
+def test_watch_names_the_rank_whose_log_stopped_first_and_allows_a_save_its_time(tmp_path):
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    for r in (0, 1):
+        (logs / f"rank_{r}.log").write_text(f"2026-01-01T00:00:00.000 rank={r} INFO step 1/9 loss 1.0\n")
+    w = Watch(logs, [0, 1], Limits(stall_s=0.3, compile_s=5, save_s=5, poll_s=0.05))
+    with open(logs / "rank_0.log", "a") as f:
+        f.write("2026-01-01T00:00:01.000 rank=0 INFO step 2/9 loss 1.0\n")
+        f.write("2026-01-01T00:00:01.000 rank=0 INFO saving checkpoint step_2\n")
+    assert w.poll() is None
+    with open(logs / "rank_1.log", "a") as f:
+        f.write("2026-01-01T00:00:01.000 rank=1 INFO step 2/9 loss 1.0\n")
+    assert w.poll() is None
+    time.sleep(0.5)
+    late = w.poll()
+    assert late is not None and late[:2] == (1, "stall") and "after step 2" in late[2]   # rank 0 is saving: its own limit
+
+
+def test_watch_sees_a_rank_whose_process_is_gone(tmp_path):
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    (logs / "rank_0.log").write_text(f"2026-01-01T00:00:00.000 rank=0 INFO rank 0 of 2 (pid {os.getpid()}): x\n")
+    (logs / "rank_1.log").write_text(f"2026-01-01T00:00:00.000 rank=1 INFO rank 1 of 2 (pid {gone.pid}): x\n"
+                                     "2026-01-01T00:00:00.000 rank=1 INFO step 3/9 loss 1.0\n")
+    w = Watch(logs, [0, 1], Limits(stall_s=60, compile_s=60, save_s=60))
+    w.beats[0].size = w.beats[1].size = 0      # read both logs from their start
+    late = w.poll()
+    assert late is not None and late[:2] == (1, "exit") and f"process {gone.pid} is gone (after step 3)" in late[2]
+
+
+def test_the_first_worker_msrun_reports_dead_is_the_suspect(tmp_path):
+    """msrun kills the other workers within half a second of the first death, so the supervisor reads
+    msrun's own line (as MindSpore 2.10's process_entity/_api.py prints it) and maps its pid to the rank."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    for r, pid in ((0, 17591), (1, 17593)):
+        (logs / f"rank_{r}.log").write_text(f"2026-12-03T09:06:28.252 rank={r} INFO rank {r} of 2 (pid {pid}): x\n")
+    launch = tmp_path / "launch_1.log"
+    launch.write_text("[ERROR] ME(17546:1,MainProcess):2026-12-03-09:07:14.759.000 [mindspore/parallel/cluster/"
+                      "process_entity/_api.py:365] Worker process 17593 exit with exception. Error code: -9.\n"
+                      "[WARNING] ME(17546:1,MainProcess):2026-12-03-09:07:14.759.000 [mindspore/parallel/cluster/"
+                      "process_entity/_api.py:370] There's worker exits with exception, kill all other workers.\n")
+    w = Watch(logs, [0, 1], Limits())
+    w.beats[0].size = w.beats[1].size = 0
+    w.poll()
+    assert w.first_dead_by_msrun(launch) == (1, "msrun: rank 1's worker (pid 17593) exited with -9")
