@@ -98,6 +98,9 @@ def _complete(p: Path) -> bool:
     was renamed into place whole, so it is damaged, not partial): loading it names the bad key."""
     if not (p / STATE_FILE).is_file():
         return False
+    if (p / "layout.json").is_file():   # per-rank format (porting/train/ckpt_shards.py)
+        from porting.train.ckpt_shards import complete
+        return complete(p)
     try:
         shards = int(json.loads((p / STATE_FILE).read_text(encoding="utf-8")).get("shards", 1))
     except (OSError, ValueError, TypeError, AttributeError, RecursionError):
@@ -131,12 +134,14 @@ def latest(root: Path) -> tuple[int, Path] | None:
 
 
 def save(root: Path, step: int, params: list, state: TrainState, keep_last: int, *, rank: int = 0, shards: int = 1,
-         barrier=None, merge=None) -> Path:
+         barrier=None, merge=None, write=None) -> Path:
     """Write ``step_<step>`` atomically, then drop all but the newest ``keep_last``.
 
     Sharded (``shards`` > 1): every rank writes its file into the same temporary directory, all meet at
     ``barrier``, then rank 0 writes state.json and renames the directory into place. ``merge(tmp)``
     (tensor parallel): rank 0 first turns the rank files into one full file (state.json says 1 shard).
+    ``write(tmp)`` writes this rank's file instead of ``params`` (the per-rank format, ckpt_shards.py); its
+    ``merge`` writes the layout record and returns the shard count for state.json.
     """
     import mindspore as ms
 
@@ -149,14 +154,16 @@ def save(root: Path, step: int, params: list, state: TrainState, keep_last: int,
         if barrier is not None:
             barrier()
         tmp.mkdir(exist_ok=True)
-        ms.save_checkpoint([{"name": p.name, "data": p} for p in params], str(tmp / shard_file(rank, shards)))
+        if write is not None:
+            write(tmp)
+        else:
+            ms.save_checkpoint([{"name": p.name, "data": p} for p in params], str(tmp / shard_file(rank, shards)))
         if barrier is not None:
             barrier()
         if rank != 0:
             return final
         if merge is not None:
-            merge(tmp)
-            shards = 1
+            shards = merge(tmp) or 1
         body = json.dumps(dataclasses.replace(state, step=step, shards=shards).to_dict(), indent=2)
         with open(tmp / STATE_FILE, "w") as f:
             f.write(body)

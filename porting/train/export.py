@@ -44,6 +44,8 @@ def export_hf(checkpoint: str | Path, model_dir: str | Path, out_dir: str | Path
     from porting.train.checkpoint import WEIGHTS_FILE, shard_file
 
     ckpt, model_dir, out = Path(checkpoint), Path(model_dir), Path(out_dir)
+    if (ckpt / "layout.json").is_file():   # per-rank format: the weights are assembled offline first
+        return _export_ranks(ckpt, model_dir, out, command)
     weights = next((ckpt / n for n in (WEIGHTS_FILE, shard_file(0, 2)) if (ckpt / n).is_file()), None)
     if weights is None:
         raise CheckpointError(f"{ckpt}: no {WEIGHTS_FILE} or {shard_file(0, 2)}; expected a complete "
@@ -67,6 +69,31 @@ def export_hf(checkpoint: str | Path, model_dir: str | Path, out_dir: str | Path
     try:
         ms_to_hf(stage, out, force=True, versions=versions(), command=command,
                  hash_source=True)  # the manifest names the checkpoint it was exported from by digest
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    return out
+
+
+def _export_ranks(ckpt: Path, model_dir: Path, out: Path, command: list[str] | None) -> Path:
+    """A per-rank checkpoint (porting/train/ckpt_shards.py): its full weights written tensor by tensor
+    into a staging directory (porting/train/ckpt_merge.py), then the same conversion as above."""
+    from converters.convert import ms_to_hf
+    from porting.env import versions
+    from porting.train.ckpt_merge import write_weights
+
+    stage = out.parent / f".{out.name}-source.port-tmp-{os.getpid()}"
+    shutil.rmtree(stage, ignore_errors=True)
+    try:
+        stage.mkdir(parents=True)
+        cfg = write_weights(ckpt, stage / "model.safetensors")
+        (stage / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+        for name in TOKENIZER_FILES:
+            if (model_dir / name).is_file():
+                _link_or_copy(model_dir / name, stage / name)
+        ms_to_hf(stage, out, force=True, versions=versions(), command=command, hash_source=True)
+    except OSError as e:
+        raise CheckpointError(f"{e.filename or stage}: cannot write the HF export ({e.strerror}); the training "
+                              "checkpoints are intact") from None
     finally:
         shutil.rmtree(stage, ignore_errors=True)
     return out
