@@ -109,7 +109,8 @@ class RankFiles:
 
     def __init__(self, ckdir: Path, table: dict[str, dict]):
         self.dir, self.table = ckdir, table
-        self.bytes_read = 0
+        self.bytes_read = 0      # everything read, headers included
+        self.header_bytes = 0
         self._heads: dict[str, dict] = {}
         self._fds: dict[str, int] = {}
 
@@ -125,6 +126,7 @@ class RankFiles:
                                       "the file is truncated or was changed, resume from another checkpoint")
             head = read_header(path)
             self.bytes_read += head.header_bytes
+            self.header_bytes += head.header_bytes
             self._heads[name] = head.by_name()
             self._fds[name] = os.open(path, os.O_RDONLY)
         return self._heads[name]
@@ -163,6 +165,8 @@ def _span(spec: ParamSpec, tp: int, t: int, a: int, b: int) -> tuple[int, int] |
 
 
 def _global_index(spec: ParamSpec, tp: int, t: int, a: int, b: int) -> np.ndarray:
+    if spec.axis is None or tp == 1:
+        return np.arange(a, b, dtype=np.int64)
     local = spec.local_shape(tp)
     idx = list(np.unravel_index(np.arange(a, b, dtype=np.int64), local))
     idx[spec.axis] = idx[spec.axis] + t * local[spec.axis]
