@@ -43,9 +43,10 @@ Examples:
   port ckpt merge runs/tiny-cpu/checkpoints/step_20 --out tiny-hf
   port ckpt merge runs/tiny-cpu/checkpoints/step_20 --out tiny-hf2 --model checkpoints/my-llama""")
 @click.argument("checkpoint")
-@click.option("--out", required=True, help="The HF directory to write (replaced only if port made it).")
+@click.option("--out", required=True, help="The HF directory to write (must be absent or empty unless --force).")
 @click.option("--model", default=None, help="HF directory to take tokenizer files from (default: the run's model).")
-def merge(checkpoint: str, out: str, model: str | None):
+@click.option("--force", is_flag=True, help="Replace a non-empty --out directory.")
+def merge(checkpoint: str, out: str, model: str | None, force: bool):
     """Write the full HF checkpoint (safetensors + config.json + port_manifest.json) of a training checkpoint."""
     import sys
 
@@ -53,7 +54,7 @@ def merge(checkpoint: str, out: str, model: str | None):
 
     ck = _checkpoint(checkpoint)
     src = _model_dir(ck, model)
-    res = export_hf(ck, src if src is not None else ck, Path(out), command=sys.argv)
+    res = export_hf(ck, src if src is not None else ck, Path(out), command=sys.argv, force=force)
     click.echo(f"wrote {res} from {ck}" + ("" if src else " (no tokenizer files: pass --model)"))
 
 

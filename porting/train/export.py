@@ -33,11 +33,12 @@ def _link_or_copy(src: Path, dst: Path) -> None:
 
 
 def export_hf(checkpoint: str | Path, model_dir: str | Path, out_dir: str | Path, *,
-              command: list[str] | None = None) -> Path:
+              command: list[str] | None = None, force: bool = True) -> Path:
     """Convert the training checkpoint directory ``checkpoint`` to an HF directory at ``out_dir``.
 
     ``model_dir`` is the HF directory the run started from: its config.json describes the architecture
-    and its tokenizer files are carried over. ``out_dir`` is replaced (it is the run's own ``hf/``)."""
+    and its tokenizer files are carried over. ``out_dir`` is replaced (it is the run's own ``hf/``); with
+    ``force`` False (`port ckpt merge`) a non-empty ``out_dir`` is refused."""
     from converters.convert import ms_to_hf
     from model_zoo.config import LlamaConfig
     from porting.env import versions
@@ -45,7 +46,7 @@ def export_hf(checkpoint: str | Path, model_dir: str | Path, out_dir: str | Path
 
     ckpt, model_dir, out = Path(checkpoint), Path(model_dir), Path(out_dir)
     if (ckpt / "layout.json").is_file():   # per-rank format: the weights are assembled offline first
-        return _export_ranks(ckpt, model_dir, out, command)
+        return _export_ranks(ckpt, model_dir, out, command, force)
     weights = next((ckpt / n for n in (WEIGHTS_FILE, shard_file(0, 2)) if (ckpt / n).is_file()), None)
     if weights is None:
         raise CheckpointError(f"{ckpt}: no {WEIGHTS_FILE} or {shard_file(0, 2)}; expected a complete "
@@ -74,7 +75,7 @@ def export_hf(checkpoint: str | Path, model_dir: str | Path, out_dir: str | Path
     return out
 
 
-def _export_ranks(ckpt: Path, model_dir: Path, out: Path, command: list[str] | None) -> Path:
+def _export_ranks(ckpt: Path, model_dir: Path, out: Path, command: list[str] | None, force: bool) -> Path:
     """A per-rank checkpoint (porting/train/ckpt_shards.py): its full weights written tensor by tensor
     into a staging directory (porting/train/ckpt_merge.py), then the same conversion as above."""
     from converters.convert import ms_to_hf
@@ -90,7 +91,7 @@ def _export_ranks(ckpt: Path, model_dir: Path, out: Path, command: list[str] | N
         for name in TOKENIZER_FILES:
             if (model_dir / name).is_file():
                 _link_or_copy(model_dir / name, stage / name)
-        ms_to_hf(stage, out, force=True, versions=versions(), command=command, hash_source=True)
+        ms_to_hf(stage, out, force=force, versions=versions(), command=command, hash_source=True)
     except OSError as e:
         raise CheckpointError(f"{e.filename or stage}: cannot write the HF export ({e.strerror}); the training "
                               "checkpoints are intact") from None
