@@ -298,3 +298,14 @@ def restore(trainer, ckdir: Path) -> int:
                      f"ratio {src.files.bytes_read / max(shard, 1):.3f}); saved layout world {src.layout.world} tp "
                      f"{src.layout.tp} zero {src.layout.zero}, this run world {new.world} tp {new.tp} zero {new.zero}")
     return src.files.bytes_read
+
+
+def full_state(ckdir: Path) -> dict[str, np.ndarray]:
+    """Every state tensor whole, as one device holds it: ``<param>`` (float32 view of its dtype),
+    ``master.<param>``, ``adam_m.<param>``, ``adam_v.<param>`` (for tests and small models: all in memory)."""
+    src, _ = open_checkpoint(ckdir)
+    try:
+        return {(p.name if kind == "param" else f"{kind}.{p.name}"): src.full(kind, p.name)
+                for kind in src.layout.kinds for p in src.layout.params}
+    finally:
+        src.files.close()

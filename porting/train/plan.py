@@ -16,6 +16,7 @@ from model_zoo.config import LlamaConfig
 from model_zoo.errors import RecipeError
 from porting.train import comm, hardware, roofline, sharding
 from porting.train.sharding import Collective
+from porting.train.host_memory import check_host_memory, host_memory
 from porting.train.memory import (DTYPE_BYTES, GIB, apply_memory_budget, estimate_memory,  # noqa: F401 (re-exported)
                                   usable_hbm_gib)
 
@@ -159,6 +160,7 @@ class TrainPlan:
     msrun_commands: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     padding: dict[str, Any] | None = None   # --dry-run: padding of bucketing vs packing (packing.py)
+    host_memory: dict[str, Any] = field(default_factory=dict)   # peak host RAM per worker and node (host_memory.py)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form (``plan.json``, ``--dry-run --json``)."""
@@ -194,7 +196,7 @@ def make_plan(recipe, cfg: LlamaConfig, recipe_path: str, run_dir: str, override
         proposals=[] if fits else roofline.proposals(recipe, cfg, _with),
         estimated_step=roofline.step_time(recipe, cfg) if recipe.cluster.device == "ascend" else {},
         msrun_commands=msrun_commands(recipe, recipe_path, run_dir, overrides, resume) if multi else [],
-        warnings=plan_warnings(recipe, cfg))
+        warnings=plan_warnings(recipe, cfg), host_memory=host_memory(recipe, cfg, mem["total"]))
 
 
 def mixed_precision(recipe) -> str:
@@ -252,6 +254,7 @@ def plan_config(recipe) -> tuple[LlamaConfig, list[str]]:
 
 
 def check_fits(plan: TrainPlan, where: str) -> None:
+    check_host_memory(plan.host_memory, where)
     if plan.fits:
         return
     raise RecipeError(f"{where}: needs {plan.memory_gib_by_phase['total']:.1f} GiB per device, more than the "
@@ -287,6 +290,11 @@ def format_plan(plan: TrainPlan) -> str:
     lines.append(f"  {'total':<22} {mem['total']:>9.2f} of {plan.usable_hbm_gib:g} GiB usable "
                  f"({plan.device_hbm_gib:g} GiB HBM) per device: {verdict}, margin {plan.margin_gib:.2f} GiB")
     lines += [f"  change: {s}" for s in plan.suggestions]
+    hm = plan.host_memory
+    if hm:
+        limit = f" of cluster.host_memory_gib {hm['limit_gib']:g}" if hm["limit_gib"] is not None else ""
+        lines.append(f"host RAM (predicted peak): {hm['worker_gib']:.2f} GiB per worker, {hm['node_gib']:.2f} GiB "
+                     f"per node{limit} ({hm['formula']})")
     if plan.proposals:
         lines.append("working settings at the same global batch, fastest first (roofline estimate, porting/train/roofline.py):")
         lines += [f"  {i + 1}. {roofline.proposal_line(p)}" for i, p in enumerate(plan.proposals)]

@@ -176,12 +176,14 @@ class ClusterSection(_Section):
     master_port: int = Field(8118, ge=1024, le=65535)
     rank_table_file: Optional[str] = None
     cluster_time_out: int = Field(600, ge=1, le=86_400)   # seconds; a day at most
+    host_memory_gib: Optional[float] = Field(None, gt=0, le=65536.0)   # host RAM per node; the dry run refuses more (host_memory.py)
 
 
 class CheckpointingSection(_Section):
     every_steps: int = Field(0, ge=0, le=BIG)   # 0: only at the end
     keep_last: int = Field(2, ge=1, le=1_000_000)
     export_hf: bool = True
+    fs_gib_per_s: float = Field(0.5, gt=0, le=1000.0)   # write speed one rank gets while all ranks save (comm.py)
 
 
 class LoggingSection(_Section):
