@@ -265,7 +265,7 @@ def restore(trainer, ckdir: Path) -> int:
     layout); returns the bytes this rank read (headers included)."""
     from mindspore import Tensor
 
-    from porting.train.ckpt_shards import identity, live_layout, needed, piece_bytes, zero_ranges
+    from porting.train.ckpt_shards import identity, live_layout, needed, piece_bytes, rss, zero_ranges
 
     src, saved = open_checkpoint(ckdir)
     new = live_layout(trainer)
@@ -294,9 +294,11 @@ def restore(trainer, ckdir: Path) -> int:
     finally:
         src.files.close()
     shard = piece_bytes(new, needed(new, trainer.rank))
+    mem = rss()
+    peak = f"; peak host RSS since start {mem[1]} bytes" if mem else ""
     trainer.log.info(f"resume read {src.files.bytes_read} bytes of {ckdir} (this rank's shard {shard} bytes, "
                      f"ratio {src.files.bytes_read / max(shard, 1):.3f}); saved layout world {src.layout.world} tp "
-                     f"{src.layout.tp} zero {src.layout.zero}, this run world {new.world} tp {new.tp} zero {new.zero}")
+                     f"{src.layout.tp} zero {src.layout.zero}, this run world {new.world} tp {new.tp} zero {new.zero}{peak}")
     return src.files.bytes_read
 
 

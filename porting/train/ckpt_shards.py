@@ -271,12 +271,30 @@ def save(trainer, root: Path, step: int) -> Path:
         return trainer.world
 
     barrier = trainer.barrier if trainer.world > 1 else None
+    before = rss(reset_peak=True)
     out = ckpt.save(root, step, [], trainer.state(step), trainer.recipe.checkpointing.keep_last,
                     rank=trainer.rank, shards=trainer.world, barrier=barrier, merge=finish, write=write)
     shard = piece_bytes(layout, needed(layout, trainer.rank))
+    peak = rss()
+    grew = f"; peak host RSS during the save +{peak[1] - before[0]} bytes" if peak and before else ""
     trainer.log.info(f"checkpoint step {step}: this rank wrote {written[0] if written else 0} bytes "
-                     f"(its shard {shard} bytes)")
+                     f"(its shard {shard} bytes){grew}")
     return out
+
+
+def rss(reset_peak: bool = False) -> tuple[int, int] | None:
+    """(resident, peak resident) bytes of this process from /proc/self/status (Linux; None elsewhere).
+    ``reset_peak`` first restarts the peak at the current size (``clear_refs`` 5, proc(5)), so a later
+    call measures the peak of what ran in between."""
+    try:
+        if reset_peak:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+        text = Path("/proc/self/status").read_text()
+        kib = {k: int(v) for k, v in re.findall(r"^(VmRSS|VmHWM):\s+(\d+) kB", text, re.M)}
+        return kib["VmRSS"] * 1024, kib["VmHWM"] * 1024
+    except (OSError, KeyError, ValueError):
+        return None
 
 
 def complete(ckdir: Path) -> bool:
