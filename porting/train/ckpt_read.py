@@ -279,13 +279,14 @@ def restore(trainer, ckdir: Path) -> int:
             arr = src.assemble("param", spec.name, tp, t, 0, spec.local_numel(tp), spec.axis)
             arr = arr.reshape(spec.local_shape(tp))
             p.set_data(Tensor(arr).astype(p.dtype))
+        ranges = list(zero_ranges(new, d)) if new.zero else []
         for kind in new.kinds[1:]:
-            if new.zero:
-                bufs = [np.zeros(n // new.dp, np.float32) for _, n in new.buckets]   # the padding stays zero
-                for k, i, a, b, pos in zero_ranges(new, d):
-                    spec = new.params[i]
-                    bufs[k][pos:pos + b - a] = src.assemble(kind, spec.name, tp, t, a, b, spec.axis)
-                for k, buf in enumerate(bufs):
+            if new.zero:   # one bucket's shard in host memory at a time; the padding stays zero
+                for k, (_, padded) in enumerate(new.buckets):
+                    buf = np.zeros(padded // new.dp, np.float32)
+                    for _, i, a, b, pos in (x for x in ranges if x[0] == k):
+                        spec = new.params[i]
+                        buf[pos:pos + b - a] = src.assemble(kind, spec.name, tp, t, a, b, spec.axis)
                     states[kind][k].set_data(Tensor(buf))
                 continue
             for i, spec in enumerate(new.params):

@@ -11,8 +11,8 @@ What a worker holds in host memory besides its device (an estimate, each term fr
   rank: the largest HF tensor in bf16 + fp32 + its fp32 slice; ZeRO start-up (porting/train/zero.py
   ``_own_numpy``) builds this rank's range of one bucket at a time from one fp32 parameter copy;
   a save (porting/train/ckpt_shards.py) copies one parameter to fp32 and slices it; a resume
-  (porting/train/ckpt_read.py) holds one state kind's shard (ZeRO) or one parameter (replicated) and
-  the piece being read.
+  (porting/train/ckpt_read.py) holds one bucket's shard (ZeRO) or one parameter (replicated) and the
+  piece being read.
 
 The node total is the worker's peak times the workers per node (``cluster.devices_per_node``): all
 workers start and save at the same time. A plan whose node total exceeds ``cluster.host_memory_gib``
@@ -42,11 +42,16 @@ def host_memory(recipe, cfg, device_total_gib: float) -> dict:
     dp = recipe.data_parallel_size
     zero = recipe.parallel.optimizer_sharding and dp > 1
     full, local = _largest_param(cfg, tp)
-    shard = sum(parameter_numels(cfg, tp)) / (dp if zero else 1)
+    bucket = 0.0
+    if zero:   # the largest bucket's shard (porting/train/sharding.py flat_buckets, as zero.py forms them)
+        from porting.train.sharding import flat_buckets
+
+        numels = parameter_numels(cfg, tp)
+        bucket = max(b.shard(dp) for b in flat_buckets(numels, 4, recipe.parallel.comm_fusion, dp))
     load = full * (2 + 4) + local * 4                   # bf16 read, fp32 widened, fp32 slice
-    zero_start = (4 * shard / max(1, len(parameter_numels(cfg, tp))) + 4 * local) if zero else 0.0
+    zero_start = 4 * bucket + 4 * local                 # one bucket's range, one fp32 parameter copy
     save = 2 * 4 * local                                # fp32 copy of a parameter and its piece
-    resume = (4 * shard if zero else 4 * local) + 4 * local
+    resume = 4 * bucket + 2 * 4 * local                 # one bucket's shard (ZeRO), one parameter and its piece
     transient = max(load, zero_start, save, resume) / GIB
     device = device_total_gib if recipe.cluster.device == "cpu" else 0.0
     worker = HOST_BASE_GIB + device + transient
@@ -54,6 +59,8 @@ def host_memory(recipe, cfg, device_total_gib: float) -> dict:
     return {"worker_gib": round(worker, 3), "node_gib": round(node, 3),
             "terms_gib": {"base": HOST_BASE_GIB, "device_state": round(device, 3),
                           "largest_transient": round(transient, 3)},
+            "transients_gib": {k: round(v / GIB, 3) for k, v in
+                               (("hf_load", load), ("zero_start", zero_start), ("save", save), ("resume", resume))},
             "limit_gib": recipe.cluster.host_memory_gib,
             "formula": f"worker = {HOST_BASE_GIB} GiB base + device state (CPU only) + the largest transient of "
                        "HF load, ZeRO start-up, save and resume (porting/train/host_memory.py); node = worker x "
