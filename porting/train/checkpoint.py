@@ -5,10 +5,10 @@ the cells) and ``state.json`` (step, loss scale, data position). A checkpoint di
 a temporary name and renamed into place only when every file is complete, so a crash or a full disk
 while saving leaves the previous checkpoints as they were.
 
-Tensor parallel: every rank writes its shard file into the temporary directory, then rank 0 merges
-them (:func:`merge_tensor_parallel`) into the one full ``train_state.ckpt`` a single device would
-write, so export and ``port convert`` read it unchanged; resuming slices it per rank again. With ZeRO
-as well, the file also holds every rank's flat optimizer shards under their own names.
+`port train` now writes per-rank checkpoints (format 2: porting/train/ckpt_shards.py, through
+:func:`save`'s ``write`` hook, in every layout); this module keeps the directory protocol (atomic
+swap, keep_last, completeness) and reads format 1 (``train_state.ckpt``, :func:`load` and
+:func:`merge_tensor_parallel`'s merged tensor-parallel file) for resuming older runs.
 """
 
 from __future__ import annotations

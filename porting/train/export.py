@@ -3,11 +3,11 @@
 The export is the same conversion `port convert --ms` does (``converters.convert.ms_to_hf``: the
 name-map registry, the coverage and shape checks, the staged output directory and
 ``port_manifest.json`` with every tensor's sha256 and the source checkpoint's digest), so `port
-verify` checks it like any other conversion. Its source is the run's last checkpoint
-(``checkpoints/step_<N>/train_state.ckpt``; rank 0's file of a sharded run, which holds every model
-parameter; a tensor-parallel run's shards are merged into the full tensors when the checkpoint is
-saved, porting/train/checkpoint.py): AdamW moments in it are skipped by name (``converters.names.IGNORED_MS_PREFIXES``) and
-listed in the manifest.
+verify` checks it like any other conversion. Its source is the run's last checkpoint: per-rank
+(format 2, porting/train/ckpt_shards.py) its full weights are assembled tensor by tensor offline
+(porting/train/ckpt_merge.py, `port ckpt merge`'s path); format 1 (``train_state.ckpt``) is read
+as it is, AdamW moments skipped by name (``converters.names.IGNORED_MS_PREFIXES``) and listed in the
+manifest.
 """
 
 from __future__ import annotations

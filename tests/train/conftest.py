@@ -74,6 +74,24 @@ def model_dir(tmp_path_factory):
     return out
 
 
+def small_settings(model_dir, *extra: str) -> list[str]:
+    """--set values of the small exact runs on ``model_dir`` (tensor parallel, checkpoint layouts)."""
+    return [f"model.source={model_dir}", "data.max_seq_length=64", "batching.bucketing.enabled=false",
+            "optimizer.lr=1e-4", "checkpointing.every_steps=0", *extra]
+
+
+@pytest.fixture(scope="module")
+def one_device(model_dir, tmp_path_factory):
+    """The reference of those runs: 1 device in-process, micro-batch 2 x 2 accumulation steps, 3 steps."""
+    from porting.train.loop import train
+    from porting.train.recipe import load_recipe
+
+    run = tmp_path_factory.mktemp("tp1") / "run"
+    train(load_recipe(TINY, small_settings(model_dir, "batching.micro_batch_size=2", "batching.grad_accum_steps=2",
+                                           "schedule.max_steps=3")), run, echo=False)
+    return run
+
+
 ALPACA_REAL = SHARED / "data/instruct/alpaca_en_demo.json"  # CC BY-NC: tests only, port does not ship it
 
 

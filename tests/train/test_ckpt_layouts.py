@@ -20,30 +20,15 @@ import numpy as np
 import pytest
 
 from tests.train.conftest import TINY, free_port, metrics, port
+from tests.train.conftest import small_settings as _settings
 
 pytestmark = [pytest.mark.msrun, pytest.mark.slow]
-
-
-def _settings(model_dir, *extra: str) -> list[str]:
-    return [f"model.source={model_dir}", "data.max_seq_length=64", "batching.bucketing.enabled=false",
-            "optimizer.lr=1e-4", "checkpointing.every_steps=0", *extra]
 
 
 def _train(run, settings: list[str], resume: bool = False) -> None:
     args = [a for s in settings + [f"cluster.master_port={free_port()}"] for a in ("--set", s)]
     port("train", str(TINY), "--run-dir", str(run), *args, *(["--resume"] if resume else []), check=True,
          timeout=600)
-
-
-@pytest.fixture(scope="module")
-def reference(model_dir, tmp_path_factory):
-    from porting.train.loop import train
-    from porting.train.recipe import load_recipe
-
-    run = tmp_path_factory.mktemp("ref") / "run"
-    train(load_recipe(TINY, _settings(model_dir, "batching.micro_batch_size=2", "batching.grad_accum_steps=2",
-                                      "schedule.max_steps=3")), run, echo=False)
-    return run
 
 
 def _switch(model_dir, tmp_path_factory, name: str, before: list[str], after: list[str]):
@@ -89,19 +74,19 @@ def _read_ratios(run) -> list[float]:
     return [float(x) for log in logs for x in re.findall(r"resume read \d+ bytes .* ratio ([\d.]+)\)", log)]
 
 
-def test_dp4_zero1_resumed_at_dp2_without_sharding_equals_the_uninterrupted_run(dp4_to_dp2, reference, model_dir):
+def test_dp4_zero1_resumed_at_dp2_without_sharding_equals_the_uninterrupted_run(dp4_to_dp2, one_device, model_dir):
     run, step2 = dp4_to_dp2
     assert step2 == ["layout.json"] + [f"rank_{r:05d}.safetensors" for r in range(4)] + ["state.json"]
-    _compare(run, reference, model_dir)
+    _compare(run, one_device, model_dir)
     ratios = _read_ratios(run)
     assert len(ratios) == 2 and all(1.0 <= x <= 1.1 for x in ratios), ratios
     assert "saved layout world 4 tp 1 zero 1, this run world 2 tp 1 zero 0" in (run / "logs" / "rank_1.log").read_text()
 
 
-def test_tp2_dp2_resumed_at_tp1_dp4_equals_the_uninterrupted_run(tp2dp2_to_dp4, reference, model_dir):
+def test_tp2_dp2_resumed_at_tp1_dp4_equals_the_uninterrupted_run(tp2dp2_to_dp4, one_device, model_dir):
     run, step2 = tp2dp2_to_dp4
     # a TP 2 x DP 2 ZeRO-1 checkpoint: one file per rank, no merged training state
     assert step2 == ["layout.json"] + [f"rank_{r:05d}.safetensors" for r in range(4)] + ["state.json"]
-    _compare(run, reference, model_dir)
+    _compare(run, one_device, model_dir)
     assert len(_read_ratios(run)) == 4
     assert "saved layout world 4 tp 2 zero 1, this run world 4 tp 1 zero 1" in (run / "logs" / "rank_3.log").read_text()

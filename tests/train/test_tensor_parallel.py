@@ -24,28 +24,13 @@ import numpy as np
 import pytest
 
 from tests.train.conftest import TINY, error_line, free_port, metrics, port
+from tests.train.conftest import small_settings as _settings
 
 pytestmark = [pytest.mark.msrun, pytest.mark.slow]
-
-def _settings(model_dir, *extra: str) -> list[str]:
-    return [f"model.source={model_dir}", "data.max_seq_length=64", "batching.bucketing.enabled=false",
-            "optimizer.lr=1e-4", "checkpointing.every_steps=0", *extra]
 
 
 def _args(settings: list[str]) -> list[str]:
     return [a for s in settings for a in ("--set", s)]
-
-
-@pytest.fixture(scope="module")
-def one_device(model_dir, tmp_path_factory):
-    """The reference: 1 device in-process, micro-batch 2 x 2 accumulation steps, 3 steps."""
-    from porting.train.loop import train
-    from porting.train.recipe import load_recipe
-
-    run = tmp_path_factory.mktemp("tp1") / "run"
-    train(load_recipe(TINY, _settings(model_dir, "batching.micro_batch_size=2", "batching.grad_accum_steps=2",
-                                      "schedule.max_steps=3")), run, echo=False)
-    return run
 
 
 @pytest.fixture(scope="module")
