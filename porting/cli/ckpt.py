@@ -33,7 +33,7 @@ def _model_dir(ckdir: Path, model: str | None) -> Path | None:
 @click.group("ckpt", epilog="""\b
 Examples:
   port ckpt merge runs/tiny-cpu/checkpoints/step_20 --out tiny-hf
-  port ckpt reshard runs/tiny-cpu/checkpoints/step_20 --to recipes/tiny-cpu.yaml --set cluster.devices_per_node=2 --out step_20-dp2""")
+  port ckpt reshard runs/tiny-cpu/checkpoints/step_20 --to recipes/tiny-cpu.yaml --set cluster.devices_per_node=2 --set batching.micro_batch_size=2 --out step_20-dp2""")
 def command():
     """Per-rank training checkpoints (`port train`): merge to HF, reshard for another layout."""
 
@@ -60,7 +60,7 @@ def merge(checkpoint: str, out: str, model: str | None, force: bool):
 
 @command.command("reshard", epilog="""\b
 Examples:
-  port ckpt reshard runs/tiny-cpu/checkpoints/step_20 --to recipes/tiny-cpu.yaml --set cluster.devices_per_node=2 --out step_20-dp2""")
+  port ckpt reshard runs/tiny-cpu/checkpoints/step_20 --to recipes/tiny-cpu.yaml --set cluster.devices_per_node=2 --set batching.micro_batch_size=2 --out step_20-dp2""")
 @click.argument("checkpoint")
 @click.option("--to", "recipe", required=True, help="The recipe whose layout (world, TP, ZeRO) to cut for.")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Override a recipe key (repeatable).")
