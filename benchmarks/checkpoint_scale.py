@@ -9,8 +9,7 @@ rank's log (porting/train/ckpt_shards.py, ckpt_read.py) it reports, each divided
 - peak host RSS during the save above the RSS just before it (the save's own transient);
 - peak host RSS of the resumed worker (start-up, model build, HF load, ZeRO set-up and restore) above
   the import baseline (a process that imported MindSpore and port), and that in MiB.
-The two models are random-weight Llama configs built here (converters/synthetic.py), one ~30x the
-other. What must hold: the ratios do not grow with the model size.
+The two models are random-weight Llama configs built here, one ~30x the other. What must hold: the ratios do not grow with the model size.
 
     python benchmarks/checkpoint_scale.py            # ~5 min on 2 cores
     python benchmarks/checkpoint_scale.py --json out.json
@@ -51,11 +50,20 @@ READ = re.compile(r"resume read (\d+) bytes .*?this rank's shard (\d+) bytes.*pe
 
 
 def model_dir(name: str, out: Path) -> Path:
-    from converters.synthetic import write_random_hf
+    """An HF directory of a random-weight Llama (normal, std 0.02; norms 1) with stories260K's tokenizer."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    from converters import names
     from model_zoo.config import LlamaConfig
 
+    cfg = LlamaConfig(max_position_embeddings=256, **MODELS[name])
     d = out / name
-    write_random_hf(LlamaConfig(max_position_embeddings=256, **MODELS[name]), d, 1, dtype="F32")
+    d.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    save_file({n: (np.ones(s, np.float32) if len(s) == 1 else (0.02 * rng.standard_normal(s)).astype(np.float32))
+               for n, s in names.expected_hf_shapes(cfg).items()}, str(d / "model.safetensors"))
+    (d / "config.json").write_text(json.dumps({**cfg.to_hf(), "torch_dtype": "float32"}))
     for f in ("tokenizer.json", "tokenizer.model", "tokenizer_config.json"):
         shutil.copyfile(ROOT / "model_zoo" / "assets" / "stories260k" / f, d / f)
     return d
