@@ -36,6 +36,18 @@ def _logits_from_ckpt(ckpt_dir: Path, cfg_source, ids: np.ndarray) -> np.ndarray
     from model_zoo.errors import CheckpointError
     from model_zoo.llama import build
 
+    if (ckpt_dir / "layout.json").is_file():   # per-rank checkpoint (porting/train/run/ckpt_shards.py)
+        from porting.train.run.ckpt_read import full_state
+
+        model = build(LlamaConfig.from_hf(cfg_source), param_dtype="float32")
+        state = full_state(ckpt_dir)
+        for p in model.get_parameters():
+            if p.name not in state or tuple(state[p.name].shape) != tuple(p.shape):
+                raise CheckpointError(f"{ckpt_dir}: {p.name} is missing or has another shape; expected a "
+                                      "checkpoint of this model")
+            p.set_data(ms.Tensor(state[p.name]).astype(p.dtype))
+        model.set_train(False)
+        return model(ms.Tensor(ids.astype(np.int32))).asnumpy().astype(np.float32)
     files = sorted(ckpt_dir.glob("*.ckpt")) + sorted(ckpt_dir.glob("*.safetensors"))
     if not files:
         raise CheckpointError(f"{ckpt_dir}: no .ckpt or .safetensors file; expected a `port train` checkpoint")

@@ -44,6 +44,23 @@ def ms(d: Path, name: str = "ms") -> Path:
     return dst
 
 
+@functools.lru_cache(maxsize=None)
+def _trained() -> Path:
+    """A real run of the tiny recipe (2 steps, stories260K) whose last checkpoint is per-rank (format 2)."""
+    from porting.train.loop import train
+    from porting.train.recipe import load_recipe
+
+    root = Path(tempfile.mkdtemp(prefix="port-attacks-ckpt-"))
+    train(load_recipe(recipe(root)), root / "out", echo=False)
+    return root / "out" / "checkpoints" / "step_2"
+
+
+def train_checkpoint(dst: Path) -> Path:
+    """A copy of that run's ``step_2`` at ``dst`` (layout.json, rank_00000.safetensors, state.json)."""
+    shutil.copytree(_trained(), dst)
+    return dst
+
+
 def manifest(msdir: Path) -> dict:
     return json.loads((msdir / "port_manifest.json").read_text())
 

@@ -27,8 +27,8 @@ def test_disk_full_during_a_sharded_checkpoint_keeps_the_previous_one(tmp_path):
     port("train", str(TINY), "--run-dir", str(run), *_args(2), check=True, timeout=400)
     step2 = run / "checkpoints" / "step_2"
     before = {p.name: p.read_bytes() for p in step2.iterdir()}
-    assert {"train_state.rank0.ckpt", "train_state.rank1.ckpt", "state.json"} <= set(before)
-    limit = min(len(before["train_state.rank0.ckpt"]), len(before["train_state.rank1.ckpt"])) // 2
+    assert {"rank_00000.safetensors", "rank_00001.safetensors", "layout.json", "state.json"} == set(before)
+    limit = min(len(before["rank_00000.safetensors"]), len(before["rank_00001.safetensors"])) // 2
 
     def full_disk():  # inherited by msrun and its workers: every file stops growing past `limit` bytes
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)

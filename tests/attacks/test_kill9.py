@@ -133,10 +133,9 @@ def _points(rng: random.Random) -> list[tuple[int, str, float]]:
 
 
 def _final_state(run: Path) -> dict:
-    import mindspore as ms
+    from porting.train.run.ckpt_read import full_state
 
-    return {k: v.asnumpy() for k, v in
-            ms.load_checkpoint(str(run / "checkpoints" / f"step_{STEPS}" / "train_state.ckpt")).items()}
+    return full_state(run / "checkpoints" / f"step_{STEPS}")
 
 
 def _losses(run: Path) -> dict[int, float]:

@@ -45,6 +45,47 @@ def metrics(run_dir: Path) -> tuple[list[dict], dict | None]:
     return [r.to_dict() for r in m.steps], (m.summary.to_dict() if m.summary else None)
 
 
+STORIES = ROOT / "model_zoo" / "assets" / "stories260k"
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    """stories260K's real weights, its first of 5 layers (a faster graph; 8 heads, 4 KV heads)."""
+    import json
+    import shutil
+
+    from safetensors.numpy import load_file, save_file
+
+    out = tmp_path_factory.mktemp("stories1")
+    cfg = json.loads((STORIES / "config.json").read_text())
+    cfg["num_hidden_layers"] = 1
+    (out / "config.json").write_text(json.dumps(cfg))
+    keep = {k: v for k, v in load_file(str(STORIES / "model.safetensors")).items()
+            if not k.startswith("model.layers.") or int(k.split(".")[2]) < 1}
+    save_file(keep, str(out / "model.safetensors"))
+    for name in ("tokenizer.json", "tokenizer.model", "tokenizer_config.json"):
+        shutil.copyfile(STORIES / name, out / name)
+    return out
+
+
+def small_settings(model_dir, *extra: str) -> list[str]:
+    """--set values of the small exact runs on ``model_dir`` (tensor parallel, checkpoint layouts)."""
+    return [f"model.source={model_dir}", "data.max_seq_length=64", "batching.bucketing.enabled=false",
+            "optimizer.lr=1e-4", "checkpointing.every_steps=0", *extra]
+
+
+@pytest.fixture(scope="module")
+def one_device(model_dir, tmp_path_factory):
+    """The reference of those runs: 1 device in-process, micro-batch 2 x 2 accumulation steps, 3 steps."""
+    from porting.train.loop import train
+    from porting.train.recipe import load_recipe
+
+    run = tmp_path_factory.mktemp("tp1") / "run"
+    train(load_recipe(TINY, small_settings(model_dir, "batching.micro_batch_size=2", "batching.grad_accum_steps=2",
+                                           "schedule.max_steps=3")), run, echo=False)
+    return run
+
+
 ALPACA_REAL = SHARED / "data/instruct/alpaca_en_demo.json"  # CC BY-NC: tests only, port does not ship it
 
 

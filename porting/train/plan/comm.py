@@ -25,8 +25,6 @@ from porting.train.recipe.schema import Recipe
 
 THRESHOLD_UNIT_BYTES = 262144      # bytes per configured "MB" in the backend pass
 AUTO_THRESHOLD = 64                # MindSpore's auto mode
-# What `port` assumes a node writes a checkpoint at (shared filesystem, per node); an estimate.
-SAVE_BYTES_PER_S = 0.5 * (1 << 30)
 # HCCL's defaults: connect 120 s (MindSpore sets 600), exec 1836 s on A2/A3 (CANN environment variables:
 # https://www.hiascend.com/document/detail/zh/canncommercial/83RC1/maintenref/envvar/envref_07_0149.html and
 # https://www.hiascend.com/document/detail/zh/canncommercial/900/maintenref/envvar/envref_07_0078.html).
@@ -128,32 +126,41 @@ def fusion_plan(recipe: Recipe, cfg: LlamaConfig, grad_bytes: list[int] | None =
 
 
 def checkpoint_bytes(recipe: Recipe, layout: Layout) -> float:
-    """Bytes the busiest rank writes at a checkpoint: its weights, AdamW m and v and fp32 masters (their
-    data-parallel shard when sharded)."""
+    """Bytes the busiest rank writes at a checkpoint (porting/train/run/ckpt_shards.py ``owned``): its share
+    of its tensor-parallel slice's weights, AdamW m and v and fp32 masters: a 1/dp share of each when
+    sharded, all of them on data-parallel rank 0 when not."""
     p = float(layout.parameters)   # this rank's tensor-parallel slice
     pb = DTYPE_BYTES[recipe.precision.param_dtype]
     dp = recipe.data_parallel_size if recipe.parallel.optimizer_sharding else 1
     masters = 4 * p / dp if pb != 4 else 0.0
-    return p * pb + 8 * p / dp + masters
+    return p * pb / dp + 8 * p / dp + masters
+
+
+def save_seconds(recipe: Recipe, layout: Layout) -> float:
+    """Seconds the busiest rank takes to write its checkpoint file at the recipe's filesystem speed."""
+    return checkpoint_bytes(recipe, layout) / (recipe.checkpointing.fs_gib_per_s * (1 << 30))
 
 
 def hccl_env(recipe: Recipe, layout: Layout) -> dict:
     """HCCL timeouts that outlast a checkpoint save (ranks wait in a collective while one rank writes).
 
-    save_s = checkpoint_bytes / SAVE_BYTES_PER_S (0.5 GiB/s assumed, an estimate);
+    save_s = checkpoint_bytes / checkpointing.fs_gib_per_s (the recipe's; 0.5 GiB/s by default);
     HCCL_EXEC_TIMEOUT = max(1836, ceil(3 x save_s) + 600); HCCL_CONNECT_TIMEOUT = max(600, ceil(2 x save_s) + 120)
     (a resumed run connects after loading the same bytes).
     """
-    save_s = checkpoint_bytes(recipe, layout) / SAVE_BYTES_PER_S
+    save_s = save_seconds(recipe, layout)
     return {"HCCL_CONNECT_TIMEOUT": str(max(HCCL_CONNECT_FLOOR_S, math.ceil(2 * save_s) + 120)),
             "HCCL_EXEC_TIMEOUT": str(max(HCCL_EXEC_FLOOR_S, math.ceil(3 * save_s) + 600))}
 
 
 def launch_plan(recipe: Recipe, layout: Layout) -> dict:
     """The per-node environment of a multi-device run and how it was derived."""
-    save_s = checkpoint_bytes(recipe, layout) / SAVE_BYTES_PER_S
+    save_s = save_seconds(recipe, layout)
+    written = checkpoint_bytes(recipe, layout)
     return {"env": hccl_env(recipe, layout), "predicted_save_s": round(save_s, 1),
-            "formula": "save_s = checkpoint bytes of the busiest rank / 0.5 GiB/s (estimate); "
+            "checkpoint_bytes_per_rank": int(written),
+            "formula": f"save_s = {written / (1 << 30):.2f} GiB the busiest rank writes / "
+                       f"{recipe.checkpointing.fs_gib_per_s:g} GiB/s (checkpointing.fs_gib_per_s); "
                        "HCCL_EXEC_TIMEOUT = max(1836, ceil(3 save_s) + 600); "
                        "HCCL_CONNECT_TIMEOUT = max(600, ceil(2 save_s) + 120)",
             "same_on_every_node": list(SAME_ON_EVERY_NODE)}

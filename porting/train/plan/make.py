@@ -16,6 +16,7 @@ from model_zoo import presets
 from model_zoo.errors import RecipeError, UnknownModelError
 from porting.model_paths import resolve_hf
 from porting.train.plan import comm, execution, roofline, sharding
+from porting.train.plan.host_memory import check_host_memory, host_memory
 from porting.train.plan.launch import msrun_commands
 from porting.train.plan.memory import estimate_memory, usable_hbm_gib
 from porting.train.plan.layout import ShardingChoice
@@ -131,6 +132,7 @@ class TrainPlan:
     warnings: list[str] = field(default_factory=list)
     padding: dict[str, Any] | None = None   # --dry-run: padding of bucketing vs packing (packing.py)
     execution: str = ""                     # graph or pynative, and why (plan/execution.py)
+    host_memory: dict[str, Any] = field(default_factory=dict)   # peak host RAM per worker and node (host_memory.py)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form (``plan.json``, ``--dry-run --json``)."""
@@ -170,7 +172,8 @@ def make_plan(recipe: Recipe, cfg: LlamaConfig, recipe_path: str, run_dir: str, 
         estimated_step=roofline.step_time(recipe, cfg, layout) if recipe.cluster.device == "ascend" else {},
         links=roofline.links(recipe) if recipe.cluster.device == "ascend" else {},
         msrun_commands=msrun_commands(recipe, recipe_path, run_dir, overrides, resume) if multi else [],
-        warnings=plan_warnings(recipe, cfg, choice), execution=execution.describe(recipe))
+        warnings=plan_warnings(recipe, cfg, choice), execution=execution.describe(recipe),
+        host_memory=host_memory(recipe, cfg, mem["total"]))
 
 
 def mixed_precision(recipe: Recipe) -> str:
@@ -247,6 +250,7 @@ def check_tensor_parallel(recipe: Recipe, cfg: LlamaConfig, model_dir: Path | st
 
 
 def check_fits(plan: TrainPlan, where: str) -> None:
+    check_host_memory(plan.host_memory, where)
     if plan.fits:
         return
     raise RecipeError(f"{where}: needs {plan.memory_gib_by_phase['total']:.1f} GiB per device, more than the "

@@ -33,6 +33,11 @@ def format_plan(plan: TrainPlan) -> str:
     lines.append(f"  {'total':<22} {mem['total']:>9.2f} of {plan.usable_hbm_gib:g} GiB usable "
                  f"({plan.device_hbm_gib:g} GiB HBM) per device: {verdict}, margin {plan.margin_gib:.2f} GiB")
     lines += [f"  change: {s}" for s in plan.suggestions]
+    hm = plan.host_memory
+    if hm:
+        limit = f" of cluster.host_memory_gib {hm['limit_gib']:g}" if hm["limit_gib"] is not None else ""
+        lines.append(f"host RAM (predicted peak): {hm['worker_gib']:.2f} GiB per worker, {hm['node_gib']:.2f} GiB "
+                     f"per node{limit} ({hm['formula']})")
     if plan.proposals:
         what = "layouts that fit" if plan.fits else "working settings"
         lines.append(f"{what} at the same global batch, fastest first (roofline estimate, porting/train/plan/roofline.py):")

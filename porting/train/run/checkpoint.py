@@ -5,10 +5,10 @@ the cells) and ``state.json`` (step, loss scale, data position). A checkpoint di
 a temporary name and renamed into place only when every file is complete, so a crash or a full disk
 while saving leaves the previous checkpoints as they were.
 
-Tensor parallel: every rank writes its shard file into the temporary directory, then rank 0 merges
-them (:func:`merge_tensor_parallel`) into the one full ``train_state.ckpt`` a single device would
-write, so export and ``port convert`` read it unchanged; resuming slices it per rank again. With ZeRO
-as well, the file also holds every rank's flat optimizer shards under their own names.
+`port train` now writes per-rank checkpoints (format 2: porting/train/run/ckpt_shards.py, through
+:func:`save`'s ``write`` hook, in every layout); this module keeps the directory protocol (atomic
+swap, keep_last, completeness) and reads format 1 (``train_state.ckpt``, :func:`load` and
+:func:`merge_tensor_parallel`'s merged tensor-parallel file) for resuming older runs.
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ from typing import Any
 
 from model_zoo import files
 from model_zoo.errors import CheckpointError
+from porting.train.run.ckpt_shards import (complete, identity, live_layout, live_pieces, needed, piece_bytes, rss,
+                                            write_rank, write_record)
 from porting.train.run.grid import param_of
 
 STEP_DIR = re.compile(r"^step_(\d+)$")
@@ -98,6 +100,8 @@ def _complete(p: Path) -> bool:
     was renamed into place whole, so it is damaged, not partial): loading it names the bad key."""
     if not (p / STATE_FILE).is_file():
         return False
+    if (p / "layout.json").is_file():   # per-rank format (porting/train/run/ckpt_shards.py)
+        return complete(p)
     try:
         shards = int(json.loads((p / STATE_FILE).read_text(encoding="utf-8")).get("shards", 1))
     except (OSError, ValueError, TypeError, AttributeError, RecursionError):
@@ -131,12 +135,14 @@ def latest(root: Path) -> tuple[int, Path] | None:
 
 
 def save(root: Path, step: int, params: list, state: TrainState, keep_last: int, *, rank: int = 0, shards: int = 1,
-         barrier=None, merge=None) -> Path:
+         barrier=None, merge=None, write=None) -> Path:
     """Write ``step_<step>`` atomically, then drop all but the newest ``keep_last``.
 
     Sharded (``shards`` > 1): every rank writes its file into the same temporary directory, all meet at
     ``barrier``, then rank 0 writes state.json and renames the directory into place. ``merge(tmp)``
     (tensor parallel): rank 0 first turns the rank files into one full file (state.json says 1 shard).
+    ``write(tmp)`` writes this rank's file instead of ``params`` (the per-rank format, ckpt_shards.py); its
+    ``merge`` writes the layout record and returns the shard count for state.json.
     """
     import mindspore as ms  # deferred: the CLI's run-directory guard reads checkpoint names without loading MindSpore
 
@@ -149,14 +155,16 @@ def save(root: Path, step: int, params: list, state: TrainState, keep_last: int,
         if barrier is not None:
             barrier()
         tmp.mkdir(exist_ok=True)
-        ms.save_checkpoint([{"name": p.name, "data": p} for p in params], str(tmp / shard_file(rank, shards)))
+        if write is not None:
+            write(tmp)
+        else:
+            ms.save_checkpoint([{"name": p.name, "data": p} for p in params], str(tmp / shard_file(rank, shards)))
         if barrier is not None:
             barrier()
         if rank != 0:
             return final
         if merge is not None:
-            merge(tmp)
-            shards = 1
+            shards = merge(tmp) or 1
         body = json.dumps(dataclasses.replace(state, step=step, shards=shards).to_dict(), indent=2)
         with open(tmp / STATE_FILE, "w") as f:
             f.write(body)
@@ -248,3 +256,28 @@ def merge_tensor_parallel(tmp: Path, world: int, tp: int, layout: dict[str, int]
     del loaded
     for f in files:
         f.unlink()
+
+
+def save_ranks(trainer: Any, root: Path, step: int) -> Path:
+    """Every rank writes its own file into the temporary directory; rank 0 writes the record and
+    renames the directory into place (:func:`save`: the atomic swap)."""
+    layout = live_layout(trainer)
+    written = []
+
+    def write(tmp: Path) -> None:
+        written.append(write_rank(tmp, trainer.rank, live_pieces(trainer, layout)))
+
+    def finish(tmp: Path) -> int:
+        write_record(tmp, layout, identity(trainer))
+        return trainer.world
+
+    barrier = trainer.barrier if trainer.world > 1 else None
+    before = rss(reset_peak=True)
+    out = save(root, step, [], trainer.state(step), trainer.recipe.checkpointing.keep_last,
+                    rank=trainer.rank, shards=trainer.world, barrier=barrier, merge=finish, write=write)
+    shard = piece_bytes(layout, needed(layout, trainer.rank))
+    peak = rss()
+    grew = f"; peak host RSS during the save +{peak[1] - before[0]} bytes" if peak and before else ""
+    trainer.log.info(f"checkpoint step {step}: this rank wrote {written[0] if written else 0} bytes "
+                     f"(its shard {shard} bytes){grew}")
+    return out

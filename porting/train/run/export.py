@@ -3,11 +3,11 @@
 The export is the same conversion `port convert --ms` does (``converters.convert.ms_to_hf``: the
 name-map registry, the coverage and shape checks, the staged output directory and
 ``port_manifest.json`` with every tensor's sha256 and the source checkpoint's digest), so `port
-verify` checks it like any other conversion. Its source is the run's last checkpoint
-(``checkpoints/step_<N>/train_state.ckpt``; rank 0's file of a sharded run, which holds every model
-parameter; a tensor-parallel run's shards are merged into the full tensors when the checkpoint is
-saved, porting/train/run/checkpoint.py): AdamW moments in it are skipped by name (``converters.names.IGNORED_MS_PREFIXES``) and
-listed in the manifest.
+verify` checks it like any other conversion. Its source is the run's last checkpoint: per-rank
+(format 2, porting/train/run/ckpt_shards.py) its full weights are assembled tensor by tensor offline
+(porting/train/run/ckpt_merge.py, `port ckpt merge`'s path); format 1 (``train_state.ckpt``) is read
+as it is, AdamW moments skipped by name (``converters.names.IGNORED_MS_PREFIXES``) and listed in the
+manifest.
 """
 
 from __future__ import annotations
@@ -36,14 +36,17 @@ def _link_or_copy(src: Path, dst: Path) -> None:
 
 
 def export_hf(checkpoint: str | Path, model_dir: str | Path, out_dir: str | Path, *,
-              command: list[str] | None = None) -> Path:
+              command: list[str] | None = None, force: bool = True) -> Path:
     """Convert the training checkpoint directory ``checkpoint`` to an HF directory at ``out_dir``.
 
     ``model_dir`` is the HF directory the run started from: its config.json describes the architecture
-    and its tokenizer files are carried over. ``out_dir`` is replaced (it is the run's own ``hf/``)."""
+    and its tokenizer files are carried over. ``out_dir`` is replaced (it is the run's own ``hf/``); with
+    ``force`` False (`port ckpt merge`) a non-empty ``out_dir`` is refused."""
     from converters.convert import ms_to_hf  # deferred: the converter loads torch and MindSpore readers; export runs once, at the end
 
     ckpt, model_dir, out = Path(checkpoint), Path(model_dir), Path(out_dir)
+    if (ckpt / "layout.json").is_file():   # per-rank format: the weights are assembled offline first
+        return _export_ranks(ckpt, model_dir, out, command, force)
     weights = next((ckpt / n for n in (WEIGHTS_FILE, shard_file(0, 2)) if (ckpt / n).is_file()), None)
     if weights is None:
         raise CheckpointError(f"{ckpt}: no {WEIGHTS_FILE} or {shard_file(0, 2)}; expected a complete "
@@ -67,6 +70,30 @@ def export_hf(checkpoint: str | Path, model_dir: str | Path, out_dir: str | Path
     try:
         ms_to_hf(stage, out, force=True, versions=versions(), command=command,
                  hash_source=True)  # the manifest names the checkpoint it was exported from by digest
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    return out
+
+
+def _export_ranks(ckpt: Path, model_dir: Path, out: Path, command: list[str] | None, force: bool) -> Path:
+    """A per-rank checkpoint (porting/train/run/ckpt_shards.py): its full weights written tensor by tensor
+    into a staging directory (porting/train/run/ckpt_merge.py), then the same conversion as above."""
+    from converters.convert import ms_to_hf  # deferred: the converter loads torch and MindSpore readers; export runs once, at the end
+    from porting.train.run.ckpt_merge import write_weights  # deferred: only format-2 checkpoints need the offline merge
+
+    stage = out.parent / f".{out.name}-source.port-tmp-{os.getpid()}"
+    shutil.rmtree(stage, ignore_errors=True)
+    try:
+        stage.mkdir(parents=True)
+        cfg = write_weights(ckpt, stage / "model.safetensors")
+        (stage / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+        for name in TOKENIZER_FILES:
+            if (model_dir / name).is_file():
+                _link_or_copy(model_dir / name, stage / name)
+        ms_to_hf(stage, out, force=force, versions=versions(), command=command, hash_source=True)
+    except OSError as e:
+        raise CheckpointError(f"{e.filename or stage}: cannot write the HF export ({e.strerror}); the training "
+                              "checkpoints are intact") from None
     finally:
         shutil.rmtree(stage, ignore_errors=True)
     return out

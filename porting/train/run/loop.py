@@ -40,6 +40,7 @@ from porting.train.plan.make import check_tensor_parallel
 from porting.train.recipe.schedule import lr_at
 from porting.train.recipe.schema import Recipe, recipe_dict
 from porting.train.run import checkpoint as ckpt
+from porting.train.run import ckpt_read
 from porting.train.run import execution
 from porting.train.run import grid as grid_mod
 from porting.train.run import step as train_step
@@ -159,7 +160,7 @@ class Trainer:
         groups = grid_mod.step_groups(model, grid)
         self.layout = groups.pop("layout", {})
         self.zero = None
-        if self.shards > 1 or grid.tp > 1:
+        if world_size > 1:   # every rank writes its own checkpoint file, between two barriers
             self.barrier_cell = train_step.Barrier()
         if self.shards > 1:
 
@@ -240,22 +241,18 @@ class Trainer:
 
     @property
     def writes_checkpoints(self) -> bool:
-        """Rank 0 alone with replicated states; every rank with sharded states or tensor parallel."""
-        return self.rank == 0 or self.shards > 1 or self.grid.tp > 1
+        """Every rank: each writes what it owns (porting/train/run/ckpt_shards.py) and meets the others."""
+        return True
 
     def save(self, root: Path, done: int) -> Path:
-        """Rank 0 writes replicated states; with sharding every rank writes its own states; with tensor
-        parallel every rank writes its shard and rank 0 merges them into one full file."""
-        keep = self.recipe.checkpointing.keep_last
-        if self.grid.tp > 1:
-            merge = lambda tmp: ckpt.merge_tensor_parallel(tmp, self.world, self.grid.tp, self.layout)  # noqa: E731
-            return ckpt.save(root, done, self.state_params, self.state(done), keep, rank=self.rank,
-                             shards=self.world, barrier=self.barrier, merge=merge)
-        sharded = {} if self.shards == 1 else dict(rank=self.rank, shards=self.shards, barrier=self.barrier)
-        return ckpt.save(root, done, self.state_params, self.state(done), keep, **sharded)
+        """Every rank writes what it owns; rank 0 adds the layout record (no merge inside the job)."""
+        return ckpt.save_ranks(self, root, done)
 
     def restore(self, path: Path) -> int:
-        if self.grid.tp > 1:   # one full file: every rank takes its slices (and its own optimizer states)
+        if (path / "layout.json").is_file():   # per-rank format: this rank's share, in this run's layout
+            ckpt_read.restore(self, path)
+            st = ckpt.TrainState.read(path / ckpt.STATE_FILE)
+        elif self.grid.tp > 1:   # one full file: every rank takes its slices (and its own optimizer states)
             args = grid_mod.restore_args(self.model, self.grid)
             if self.zero is not None:   # ZeRO flat shards are kept as they are, one name per rank
                 args["allowed"] |= self.optimizer.state_names(self.grid.tp)

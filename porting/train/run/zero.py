@@ -56,8 +56,8 @@ class ShardedAdamW(nn.Cell):
         self.shapes = tuple(tuple(p.shape) for p in params)
         self.use_masters = bool(master_weights and any(p.dtype != ms.float32 for p in params))
         self.tag = f"rank{rank}" if tp_group is None else f"tp{tp_rank}.rank{rank}"
-        flat = [self._flat_numpy(params, b) for b in buckets]
-        own = [f[rank * n:(rank + 1) * n] for f, n in zip(flat, self.shard_sizes)]
+        # this rank's range of each bucket only, one parameter at a time: never a full fp32 copy of the model
+        own = [self._own_numpy(params, b, rank * n, (rank + 1) * n) for b, n in zip(buckets, self.shard_sizes)]
         zeros = lambda kind: ParameterTuple([Parameter(Tensor(np.zeros(n, np.float32)), requires_grad=False,  # noqa: E731
                                                        name=f"{kind}.shard{k}.{self.tag}")
                                              for k, n in enumerate(self.shard_sizes)])
@@ -89,10 +89,18 @@ class ShardedAdamW(nn.Cell):
         return {f"{kind}.shard{k}.{tag}" for kind in kinds for k in range(len(self.shard_sizes)) for tag in tags}
 
     @staticmethod
-    def _flat_numpy(params: list[Parameter], b: Bucket) -> np.ndarray:
-        parts = [(ops.cast(params[i], ms.float32) if params[i].dtype != ms.float32 else params[i]).asnumpy().ravel()
-                 for i in b.indices]
-        return np.concatenate(parts + [np.zeros(b.padded - b.numel, np.float32)])
+    def _own_numpy(params: list[Parameter], b: Bucket, lo: int, hi: int) -> np.ndarray:
+        """Elements [lo, hi) of the bucket's flat float32 buffer (zero padding past its end)."""
+        out = np.zeros(hi - lo, np.float32)
+        off = 0
+        for i in b.indices:
+            n = int(np.prod(params[i].shape))
+            a, e = max(lo, off), min(hi, off + n)
+            if a < e:
+                p = ops.cast(params[i], ms.float32) if params[i].dtype != ms.float32 else params[i]
+                out[a - lo:e - lo] = p.asnumpy().ravel()[a - off:e - off]
+            off += n
+        return out
 
     def shard_buffers(self, grad_fp32: bool = True) -> ParameterTuple:
         """Zeroed ZeRO-2 accumulators, one per bucket shard (float32, or the reduction dtype)."""

@@ -1,0 +1,282 @@
+"""Per-rank training checkpoints (format 2): every rank writes what it owns, plus one layout record.
+
+``checkpoints/step_<n>/`` holds ``rank_<r:05d>.safetensors`` for every rank that owns state,
+``layout.json`` (:class:`Layout` and the run's identity, written once by rank 0 after every rank has
+written) and ``state.json`` (:class:`porting.train.checkpoint.TrainState`: the step, AdamW's update
+count, the loss scale; the data cursor is the step, since the data order is a function of the seed and
+the step). No rank reads another rank's file while training, and nothing is merged inside the job.
+
+What a rank owns (:func:`owned`), in four kinds of state, each kept per parameter so that any later
+layout can be cut from it: ``param`` (the weight in its own dtype), ``master`` (fp32 master weights,
+when the parameters are bf16/fp16), ``adam_m`` and ``adam_v`` (fp32). A stored piece is a flat element
+range ``[a, b)`` of the tensor-parallel slice ``t`` of one parameter (its TP-local tensor in row-major
+order). With ZeRO (porting/train/zero.py) data-parallel rank ``d`` owns the range ``[d n, (d + 1) n)`` of
+each flat bucket (n = padded / dp) and so the pieces of the parameters that fall in it, for all four
+kinds (the weights too: the copy work spreads over the ranks); without ZeRO data-parallel rank 0 of
+each tensor-parallel slice owns everything. Megatron's ``fully_reshardable`` distributed-optimizer
+format makes the same choice of storing optimizer state per parameter rather than per flat bucket
+(NVIDIA/Megatron-LM megatron/core/optimizer/distrib_optimizer.py, ``sharded_state_dict``).
+
+Reading back (any layout) is :mod:`porting.train.run.ckpt_read`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+import mindspore as ms
+
+from converters import dtypes
+from converters.safetensors_io import OutTensor, encode_header, write_all
+from model_zoo import files
+from model_zoo.errors import CheckpointError
+from porting.train.recipe.schema import recipe_dict
+
+FORMAT = 2
+LAYOUT_FILE = "layout.json"
+RANK_FILE = re.compile(r"^rank_(\d{5})\.safetensors$")
+MAX_LAYOUT_BYTES = 64 << 20
+MAX_WORLD = 1 << 16
+OPT_KINDS = ("master", "adam_m", "adam_v")
+CODES = {"F32": 4, "BF16": 2, "F16": 2}
+# Recipe keys that only say how the work is laid out (or how long and how loudly it runs): they may
+# change across a resume. Everything else must be equal, or the continued run is not the same run.
+LAYOUT_KEYS = ("cluster", "parallel", "checkpointing", "logging", "model", "output_dir",
+               "batching.micro_batch_size", "batching.grad_accum_steps", "schedule.max_steps")
+
+
+def rank_file(rank: int) -> str:
+    return f"rank_{rank:05d}.safetensors"
+
+
+@dataclasses.dataclass(frozen=True)
+class ParamSpec:
+    name: str
+    shape: tuple[int, ...]   # the full (unsharded) shape
+    axis: int | None         # tensor-parallel split axis; None: replicated on every TP rank
+    dtype: str               # safetensors code of the parameter: F32, BF16, F16
+
+    def local_shape(self, tp: int) -> tuple[int, ...]:
+        if self.axis is None or tp == 1:
+            return self.shape
+        s = list(self.shape)
+        s[self.axis] //= tp
+        return tuple(s)
+
+    def local_numel(self, tp: int) -> int:
+        return int(np.prod(self.local_shape(tp), dtype=np.int64))
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """How a run's state is spread: world, TP, ZeRO stage, the parameters and the flat buckets."""
+
+    world: int
+    tp: int
+    zero: int                                        # 0: optimizer states replicated; 1 or 2: ZeRO stage
+    masters: bool                                    # fp32 master weights are part of the state
+    params: tuple[ParamSpec, ...]
+    buckets: tuple[tuple[tuple[int, ...], int], ...]  # ZeRO: (parameter indices, padded elements)
+
+    @property
+    def dp(self) -> int:
+        return self.world // self.tp
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        return ("param",) + (OPT_KINDS if self.masters else OPT_KINDS[1:])
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"world": self.world, "tp": self.tp, "zero": self.zero, "masters": self.masters,
+                "params": [{"name": p.name, "shape": list(p.shape), "axis": p.axis, "dtype": p.dtype}
+                           for p in self.params],
+                "buckets": [{"params": list(idx), "padded": n} for idx, n in self.buckets]}
+
+
+def zero_ranges(layout: Layout, d: int) -> Iterator[tuple[int, int, int, int, int]]:
+    """(bucket, parameter, a, b, position in the shard) of data-parallel rank ``d``'s ZeRO shards."""
+    for k, (idx, padded) in enumerate(layout.buckets):
+        n = padded // layout.dp
+        lo, hi, off = d * n, (d + 1) * n, 0
+        for i in idx:
+            numel = layout.params[i].local_numel(layout.tp)
+            a, b = max(lo, off) - off, min(hi, off + numel) - off
+            if a < b:
+                yield k, i, a, b, off + a - lo
+            off += numel
+
+
+def _full(layout: Layout) -> list[tuple[int, int, int]]:
+    return [(i, 0, p.local_numel(layout.tp)) for i, p in enumerate(layout.params)]
+
+
+def owned(layout: Layout, rank: int) -> list[tuple[str, int, int, int]]:
+    """(kind, parameter, a, b): what ``rank`` writes. See the module docstring."""
+    d = rank // layout.tp
+    if layout.zero:
+        ranges = [(i, a, b) for _, i, a, b, _ in zero_ranges(layout, d)]
+    else:
+        ranges = _full(layout) if d == 0 else []
+    return [(kind, i, a, b) for kind in layout.kinds for i, a, b in ranges]
+
+
+def needed(layout: Layout, rank: int) -> list[tuple[str, int, int, int]]:
+    """What ``rank`` holds while training: its whole TP-local weights and its share of the optimizer."""
+    opt = [(i, a, b) for _, i, a, b, _ in zero_ranges(layout, rank // layout.tp)] if layout.zero else _full(layout)
+    return ([("param", i, a, b) for i, a, b in _full(layout)]
+            + [(kind, i, a, b) for kind in layout.kinds[1:] for i, a, b in opt])
+
+
+def piece_bytes(layout: Layout, pieces: list[tuple[str, int, int, int]]) -> int:
+    return sum((b - a) * (CODES[layout.params[i].dtype] if kind == "param" else 4) for kind, i, a, b in pieces)
+
+
+def piece_key(kind: str, name: str, t: int, a: int, b: int) -> str:
+    """The tensor name of a piece inside a rank file."""
+    return f"{kind}/{name}/tp{t}/{a}-{b}"
+
+
+# --------------------------------------------------------------------------- the live run's layout
+def _code(p) -> str:
+
+    return {ms.float32: "F32", ms.bfloat16: "BF16", ms.float16: "F16"}[p.dtype]
+
+
+def live_layout(trainer) -> Layout:
+    """The layout of a running :class:`porting.train.loop.Trainer`."""
+    params = list(trainer.model.trainable_params())
+    tp = trainer.grid.tp
+    specs = []
+    for p in params:
+        axis = trainer.layout.get(p.name) if tp > 1 else None
+        shape = list(p.shape)
+        if axis is not None:
+            shape[axis] *= tp
+        specs.append(ParamSpec(p.name, tuple(shape), axis, _code(p)))
+    opt, zero = trainer.optimizer, trainer.zero
+    buckets = ()
+    if zero is not None:
+        buckets = tuple((tuple(idx), n * opt.dp) for idx, n in zip(opt.bucket_idx, opt.shard_sizes))
+    return Layout(trainer.world, tp, zero.stage if zero is not None else 0, bool(opt.use_masters), tuple(specs),
+                  buckets)
+
+
+def identity(trainer) -> dict[str, Any]:
+    """What must be equal for a resume to continue this run exactly, whatever the layout."""
+
+    rec = recipe_dict(trainer.recipe)
+    for key in LAYOUT_KEYS:
+        *path, last = key.split(".")
+        d = rec
+        for part in path:
+            d = d.get(part, {})
+        d.pop(last, None)
+    cfg = trainer.model.config.to_hf()
+    return {"seed": trainer.recipe.seed, "global_batch": trainer.recipe.global_batch_size,
+            "model_config_sha256": hashlib.sha256(json.dumps(cfg, sort_keys=True).encode()).hexdigest(),
+            "model_config": cfg, "recipe": rec}
+
+
+def _f32(p) -> np.ndarray:
+
+    return (p.astype(ms.float32) if p.dtype != ms.float32 else p).asnumpy().ravel()
+
+
+def live_pieces(trainer, layout: Layout) -> list[tuple[str, str, int, Callable[[], np.ndarray]]]:
+    """(key, dtype code, elements, read) of every piece this rank owns; ``read`` copies it off the live
+    tensors when the writer gets to it, so one piece at a time is in host memory."""
+    params = list(trainer.model.trainable_params())
+    opt, t, d = trainer.optimizer, trainer.grid.tp_rank, trainer.grid.dp_rank
+    states = {"master": opt.masters, "adam_m": opt.m, "adam_v": opt.v}
+    where = {(i, a): (k, pos) for k, i, a, _, pos in zero_ranges(layout, d)} if layout.zero else {}
+    out = []
+    for kind, i, a, b in owned(layout, trainer.rank):
+        spec = layout.params[i]
+        if kind == "param":
+            read = (lambda p=params[i], a=a, b=b: _f32(p)[a:b])
+        elif layout.zero:
+            k, pos = where[(i, a)]
+            read = (lambda s=states[kind][k], pos=pos, n=b - a: _f32(s)[pos:pos + n])
+        else:
+            read = (lambda s=states[kind][i], a=a, b=b: _f32(s)[a:b])
+        out.append((piece_key(kind, spec.name, t, a, b), spec.dtype if kind == "param" else "F32", b - a, read))
+    return out
+
+
+# --------------------------------------------------------------------------- writing
+def write_rank(tmp: Path, rank: int, pieces: list) -> int:
+    """Write ``rank_<r>.safetensors`` (header first, then each piece as it is read) and its sidecar
+    ``.rank_<r>.json`` (bytes and sha256, for rank 0's record); fsynced. Returns the bytes written."""
+
+    if not pieces:
+        return 0
+    path = tmp / rank_file(rank)
+    head = encode_header([OutTensor(key, code, (n,)) for key, code, n, _ in pieces],
+                         {"format": f"port-train-rank/{FORMAT}", "rank": str(rank)})
+    h = hashlib.sha256(head)
+    with open(path, "wb") as f:
+        write_all(f, head)
+        for _, code, n, read in pieces:
+            raw = dtypes.cast_bytes("F32", code, memoryview(np.ascontiguousarray(read(), np.float32)).cast("B"))
+            h.update(raw)
+            write_all(f, raw)
+        f.flush()
+        os.fsync(f.fileno())
+        size = f.tell()
+    with open(tmp / f".rank_{rank:05d}.json", "w") as f:   # an OSError here fails the save like the file's
+        f.write(json.dumps({"bytes": size, "sha256": h.hexdigest()}))
+        f.flush()
+        os.fsync(f.fileno())
+    return size
+
+
+def write_record(tmp: Path, layout: Layout, ident: dict[str, Any]) -> None:
+    """Rank 0, after every rank wrote: gather the sidecars into ``layout.json`` (and remove them)."""
+    want = sorted({r for r in range(layout.world) if owned(layout, r)})
+    table = {}
+    for r in want:
+        side = tmp / f".rank_{r:05d}.json"
+        doc = files.read_json_object(side, what="rank file record", max_bytes=4096, error=CheckpointError)
+        table[rank_file(r)] = {"rank": r, "bytes": doc["bytes"], "sha256": doc["sha256"]}
+    body = {"format": FORMAT, "layout": layout.to_dict(), "identity": ident, "files": table}
+    with open(tmp / LAYOUT_FILE, "w") as f:   # inside the temporary directory: its rename is the atomic step
+        f.write(json.dumps(body, indent=1))
+        f.flush()
+        os.fsync(f.fileno())
+    for r in want:
+        (tmp / f".rank_{r:05d}.json").unlink()
+
+
+def rss(reset_peak: bool = False) -> tuple[int, int] | None:
+    """(resident, peak resident) bytes of this process from /proc/self/status (Linux; None elsewhere).
+    ``reset_peak`` first restarts the peak at the current size (``clear_refs`` 5, proc(5)), so a later
+    call measures the peak of what ran in between."""
+    try:
+        if reset_peak:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+        text = Path("/proc/self/status").read_text()
+        kib = {k: int(v) for k, v in re.findall(r"^(VmRSS|VmHWM):\s+(\d+) kB", text, re.M)}
+        return kib["VmRSS"] * 1024, kib["VmHWM"] * 1024
+    except (OSError, KeyError, ValueError):
+        return None
+
+
+def complete(ckdir: Path) -> bool:
+    """Every rank file the record lists is there (a record that does not parse still counts: it was
+    renamed into place whole, so it is damaged, not partial, and loading it names the bad key)."""
+    try:
+        doc = files.read_json_object(ckdir / LAYOUT_FILE, what="checkpoint layout record",
+                                     max_bytes=MAX_LAYOUT_BYTES, error=CheckpointError)
+        names = [n for n in doc.get("files") or () if isinstance(n, str) and RANK_FILE.match(n)]
+    except (CheckpointError, TypeError):
+        return True
+    return all((ckdir / n).is_file() for n in names)
