@@ -15,6 +15,7 @@
     python benchmarks/train_throughput.py --part step     # only 1
     python benchmarks/train_throughput.py --part profile  # attention's share of the step, per shape
     python benchmarks/train_throughput.py --part kernels  # port's attention per code path vs torch SDPA
+    python benchmarks/train_throughput.py --part matmul   # the step's matmuls: MindSpore (oneDNN) vs torch (MKL)
     python benchmarks/train_throughput.py --part bucketing --alpaca ../shared/data/instruct/alpaca_en_demo.json
     python benchmarks/train_throughput.py --part step --emulate native,avx2 --rounds 2   # this CPU and,
         # in the same run, an AVX2-only CPU emulated on it (benchmarks/cpu_isa.py)
@@ -229,7 +230,53 @@ def profile_rows(raw: dict, args, env: dict) -> list[dict]:
     return rows
 
 
-PARTS = {"step": (step_raw, step_rows), "profile": (profile_raw, profile_rows)}
+# The h256-l4 step's matmuls, forward: (rows = batch x seq, in, out) -> how many per step (4 layers:
+# q and o, k and v, gate and up, down; the LM head once). The backward runs each twice more.
+GEMMS = {(256, 256): 8, (256, 128): 8, (256, 688): 8, (688, 256): 4, (256, 1024): 1}
+
+
+def matmul_raw(args) -> dict[str, dict[str, list[dict]]]:
+    """The step's forward matmuls, one op each: MindSpore's (oneDNN, or nnacl for small ones; what its
+    Dense runs) against torch's F.linear (MKL), interleaved; the step's total weighted by count."""
+    import mindspore as ms
+    import torch
+
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    ms.set_device("CPU")
+    torch.set_num_threads(os.cpu_count() or 1)
+    mm = ms.ops.MatMul(transpose_b=True)
+    rng = np.random.default_rng(0)
+    raw: dict[str, dict[str, list[dict]]] = {}
+    for (k, n), count in GEMMS.items():
+        x = rng.standard_normal((args.batch * args.seq, k)).astype(np.float32)
+        w = rng.standard_normal((n, k)).astype(np.float32)
+        mx, mw, tx, tw = ms.Tensor(x), ms.Tensor(w), torch.from_numpy(x), torch.from_numpy(w)
+        fns = {"mindspore": lambda: mm(mx, mw).asnumpy(), "torch": lambda: torch.nn.functional.linear(tx, tw).numpy()}
+        runs = raw.setdefault(f"{args.batch * args.seq}x{k}->{n} (x{count})", {key: [] for key in fns})
+        for _ in range(args.rounds):
+            for key, fn in fns.items():
+                runs[key].append({"times": time_steps(fn, args.warmup, args.steps)[1]})
+    return raw
+
+
+def matmul_rows(raw: dict, args, env: dict) -> list[dict]:
+    rows, total = [], {"mindspore": 0.0, "torch": 0.0}
+    for name, runs in raw.items():
+        count = int(name.rsplit("(x", 1)[1].rstrip(")"))
+        med = {key: statistics.median(t for r in v for t in r["times"]) for key, v in runs.items()}
+        for key in total:
+            total[key] += count * med[key]
+        rows.append({"matmul": name, **{f"{key}_ms": round(1e3 * v, 3) for key, v in med.items()},
+                     "torch_over_mindspore": round(med["torch"] / med["mindspore"], 3)})
+    rows.append({"matmul": "forward matmuls of one h256-l4 step", "emulation": env.get("emulation"),
+                 **{f"{key}_ms": round(1e3 * v, 2) for key, v in total.items()},
+                 "torch_over_mindspore": round(total["torch"] / total["mindspore"], 3)})
+    for row in rows:
+        print(json.dumps(row), flush=True)
+    return rows
+
+
+PARTS = {"step": (step_raw, step_rows), "profile": (profile_raw, profile_rows), "matmul": (matmul_raw, matmul_rows)}
 
 
 def run_part(part: str, args) -> list[dict]:
@@ -326,7 +373,8 @@ def part_bucketing(args) -> list[dict]:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--part", choices=["all", "step", "profile", "kernels", "bucketing"], default="all")
+    ap.add_argument("--part", type=lambda v: v.split(","), default=["all"],
+                    help="comma-separated, of all,step,profile,matmul,kernels,bucketing")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=256)
     ap.add_argument("--warmup", type=int, default=3)
@@ -345,20 +393,25 @@ def main() -> None:
     ap.add_argument("--alpaca-seq", type=int, default=512)
     ap.add_argument("--alpaca-steps", type=int, default=60)
     args = ap.parse_args()
-    bad = sorted(set(args.variants) - set(VARIANTS)) + sorted(set(args.emulate) - set(cpu_isa.EMULATIONS))
+    bad = sorted(set(args.part) - {"all", "step", "profile", "matmul", "kernels", "bucketing"})
+    bad += sorted(set(args.variants) - set(VARIANTS)) + sorted(set(args.emulate) - set(cpu_isa.EMULATIONS))
     if bad:
         ap.error(f"unknown variant or emulation {bad}")
     if args.child:  # one round of one part under the emulation set up by the parent
-        print(cpu_isa.CHILD_TAG + json.dumps(cpu_isa.child_result(PARTS[args.part][0](args))), flush=True)
+        if len(args.part) != 1 or args.part[0] not in PARTS:
+            ap.error(f"--child runs one of {list(PARTS)}")
+        print(cpu_isa.CHILD_TAG + json.dumps(cpu_isa.child_result(PARTS[args.part[0]][0](args))), flush=True)
         return
     print(json.dumps({"cpu": cpu_isa.cpu_summary(), "loadavg_start": os.getloadavg()}), flush=True)
-    if args.part in ("all", "step"):
+    if {"all", "step"} & set(args.part):
         run_part("step", args)
-    if args.part in ("all", "profile"):
+    if {"all", "profile"} & set(args.part):
         run_part("profile", args)
-    if args.part in ("all", "kernels"):
+    if {"all", "matmul"} & set(args.part):
+        run_part("matmul", args)
+    if {"all", "kernels"} & set(args.part):
         part_kernels(args)
-    if args.part in ("all", "bucketing"):
+    if {"all", "bucketing"} & set(args.part):
         part_bucketing(args)
     print(json.dumps({"loadavg_end": os.getloadavg()}), flush=True)
 
