@@ -14,7 +14,15 @@
     python benchmarks/train_throughput.py                 # everything (~6 min on 2 cores)
     python benchmarks/train_throughput.py --part step     # only 1
     python benchmarks/train_throughput.py --part profile  # attention's share of the step, per shape
+    python benchmarks/train_throughput.py --part kernels  # port's attention per code path vs torch SDPA
+    python benchmarks/train_throughput.py --part matmul   # the step's matmuls: MindSpore (oneDNN) vs torch (MKL)
     python benchmarks/train_throughput.py --part bucketing --alpaca ../shared/data/instruct/alpaca_en_demo.json
+    python benchmarks/train_throughput.py --part step --emulate native,avx2 --rounds 2   # this CPU and,
+        # in the same run, an AVX2-only CPU emulated on it (benchmarks/cpu_isa.py)
+
+Every result names the CPU (model, vector extensions) and the emulation it ran under. With --emulate
+each round runs every emulation in a fresh process (the libraries read their ISA limits when loaded),
+emulations alternating, so a burst of load from other jobs hits each alike.
 """
 
 from __future__ import annotations
@@ -31,6 +39,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from benchmarks import cpu_isa  # noqa: E402
 
 SHAPES = {
     "h256-l4": dict(vocab_size=1024, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
@@ -140,34 +150,51 @@ def _merge(runs: list[dict], tokens: int) -> dict:
     return out
 
 
-def part_step(args) -> list[dict]:
+VARIANTS = ("torch", "one", "two", "one_ref")
+
+
+def step_raw(args) -> dict[str, dict[str, list[dict]]]:
+    """Timed runs of every variant per shape, ``args.rounds`` interleaved rounds (a burst of load hits
+    every variant alike)."""
     import torch
 
     torch.set_num_threads(os.cpu_count() or 1)
-    rows = []
+    raw: dict[str, dict[str, list[dict]]] = {}
     for name, cfg in SHAPES.items():
-        runs: dict[str, list[dict]] = {"torch": [], "one": [], "two": [], "one_ref": []}
-        for _ in range(args.rounds):     # interleaved, so a burst of load hits every variant alike
-            runs["torch"].append(torch_step(cfg, args.batch, args.seq, args.warmup, args.steps, args.torch_attn))
-            runs["one"].append(ms_step(cfg, args.batch, args.seq, True, args.warmup, args.steps))
-            runs["two"].append(ms_step(cfg, args.batch, args.seq, False, args.warmup, args.steps))
-            runs["one_ref"].append(ms_step(cfg, args.batch, args.seq, True, args.warmup, args.steps, REFERENCE))
-        tok = args.batch * args.seq
-        t, one, two, ref = (_merge(runs[k], tok) for k in ("torch", "one", "two", "one_ref"))
-        row = {"shape": name, "batch": args.batch, "seq": args.seq, "torch_eager_adamw": t,
-               "port_train_one_graph": one, "port_train_two_graphs": two,
-               "port_train_one_graph_reference_kernels": ref,
-               "ratio_one_graph_vs_torch": round(one["tokens_per_s"] / t["tokens_per_s"], 3),
-               "ratio_one_graph_vs_torch_best": round(one["best_tokens_per_s"] / t["best_tokens_per_s"], 3),
-               "ratio_two_graphs_vs_torch": round(two["tokens_per_s"] / t["tokens_per_s"], 3),
-               "ratio_one_vs_two_graphs": round(one["tokens_per_s"] / two["tokens_per_s"], 3),
-               "ratio_reference_kernels_vs_torch": round(ref["tokens_per_s"] / t["tokens_per_s"], 3)}
+        runs = raw.setdefault(name, {k: [] for k in args.variants})
+        for _ in range(args.rounds):
+            for key in args.variants:
+                if key == "torch":
+                    runs[key].append(torch_step(cfg, args.batch, args.seq, args.warmup, args.steps, args.torch_attn))
+                else:
+                    runs[key].append(ms_step(cfg, args.batch, args.seq, key != "two", args.warmup, args.steps,
+                                             REFERENCE if key == "one_ref" else None))
+    return raw
+
+
+def step_rows(raw: dict, args, env: dict) -> list[dict]:
+    """One row per shape from the timed runs (median and best over all their steps)."""
+    rows = []
+    tok = args.batch * args.seq
+    names = {"torch": "torch_eager_adamw", "one": "port_train_one_graph", "two": "port_train_two_graphs",
+             "one_ref": "port_train_one_graph_reference_kernels"}
+    for name, runs in raw.items():
+        m = {k: _merge(v, tok) for k, v in runs.items() if v}
+        row = {"shape": name, "batch": args.batch, "seq": args.seq, **env, **{names[k]: v for k, v in m.items()}}
+        if "torch" in m:
+            for k, label in (("one", "one_graph"), ("two", "two_graphs"), ("one_ref", "reference_kernels")):
+                if k in m:
+                    row[f"ratio_{label}_vs_torch"] = round(m[k]["tokens_per_s"] / m["torch"]["tokens_per_s"], 3)
+                    row[f"ratio_{label}_vs_torch_best"] = round(m[k]["best_tokens_per_s"]
+                                                                / m["torch"]["best_tokens_per_s"], 3)
+        if "one" in m and "two" in m:
+            row["ratio_one_vs_two_graphs"] = round(m["one"]["tokens_per_s"] / m["two"]["tokens_per_s"], 3)
         print(json.dumps(row), flush=True)
         rows.append(row)
     return rows
 
 
-def part_profile(args) -> list[dict]:
+def profile_raw(args) -> dict[str, dict[str, list[dict]]]:
     """Attention's share of the MindSpore step, per shape: the step with port's C++ CPU attention, with
     the reference attention (S^2 float32 scores, causal mask, softmax, repeated K/V), and with attention
     swapped for an identity, interleaved; RMSNorm on the CPU kernel throughout. A diagnosis only; the
@@ -175,9 +202,9 @@ def part_profile(args) -> list[dict]:
     import model_zoo.llama as zoo_llama
 
     real = zoo_llama.reference_attention
-    rows = []
+    raw: dict[str, dict[str, list[dict]]] = {}
     for name, cfg in SHAPES.items():
-        runs: dict[str, list[dict]] = {"cpu": [], "reference": [], "none": []}
+        runs = raw.setdefault(name, {"cpu": [], "reference": [], "none": []})
         for _ in range(args.rounds):
             zoo_llama.reference_attention = real
             for key in ("cpu", "reference"):
@@ -186,12 +213,127 @@ def part_profile(args) -> list[dict]:
             runs["none"].append(ms_step(cfg, args.batch, args.seq, True, args.warmup, args.steps,
                                         {"attention": "reference"}))
         zoo_llama.reference_attention = real
-        tok = args.batch * args.seq
+    return raw
+
+
+def profile_rows(raw: dict, args, env: dict) -> list[dict]:
+    rows = []
+    tok = args.batch * args.seq
+    for name, runs in raw.items():
         m = {k: _merge(v, tok) for k, v in runs.items()}
-        row = {"profile": name, **{f"{k}_step_s": v["step_s"] for k, v in m.items()},
+        row = {"profile": name, **env, **{f"{k}_step_s": v["step_s"] for k, v in m.items()},
                **{f"{k}_best_s": v["best_step_s"] for k, v in m.items()}}
         for k in ("cpu", "reference"):
             row[f"attention_share_{k}_median"] = round(1 - m["none"]["step_s"] / m[k]["step_s"], 3)
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    return rows
+
+
+# The h256-l4 step's matmuls, forward: (rows = batch x seq, in, out) -> how many per step (4 layers:
+# q and o, k and v, gate and up, down; the LM head once). The backward runs each twice more.
+GEMMS = {(256, 256): 8, (256, 128): 8, (256, 688): 8, (688, 256): 4, (256, 1024): 1}
+
+
+def matmul_raw(args) -> dict[str, dict[str, list[dict]]]:
+    """The step's forward matmuls, one op each: MindSpore's (oneDNN, or nnacl for small ones; what its
+    Dense runs) against torch's F.linear (MKL), interleaved; the step's total weighted by count."""
+    import mindspore as ms
+    import torch
+
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    ms.set_device("CPU")
+    torch.set_num_threads(os.cpu_count() or 1)
+    mm = ms.ops.MatMul(transpose_b=True)
+    rng = np.random.default_rng(0)
+    raw: dict[str, dict[str, list[dict]]] = {}
+    for (k, n), count in GEMMS.items():
+        x = rng.standard_normal((args.batch * args.seq, k)).astype(np.float32)
+        w = rng.standard_normal((n, k)).astype(np.float32)
+        mx, mw, tx, tw = ms.Tensor(x), ms.Tensor(w), torch.from_numpy(x), torch.from_numpy(w)
+        fns = {"mindspore": lambda: mm(mx, mw).asnumpy(), "torch": lambda: torch.nn.functional.linear(tx, tw).numpy()}
+        runs = raw.setdefault(f"{args.batch * args.seq}x{k}->{n} (x{count})", {key: [] for key in fns})
+        for _ in range(args.rounds):
+            for key, fn in fns.items():
+                runs[key].append({"times": time_steps(fn, args.warmup, args.steps)[1]})
+    return raw
+
+
+def matmul_rows(raw: dict, args, env: dict) -> list[dict]:
+    rows, total = [], {"mindspore": 0.0, "torch": 0.0}
+    for name, runs in raw.items():
+        count = int(name.rsplit("(x", 1)[1].rstrip(")"))
+        med = {key: statistics.median(t for r in v for t in r["times"]) for key, v in runs.items()}
+        for key in total:
+            total[key] += count * med[key]
+        rows.append({"matmul": name, **{f"{key}_ms": round(1e3 * v, 3) for key, v in med.items()},
+                     "torch_over_mindspore": round(med["torch"] / med["mindspore"], 3)})
+    rows.append({"matmul": "forward matmuls of one h256-l4 step", "emulation": env.get("emulation"),
+                 **{f"{key}_ms": round(1e3 * v, 2) for key, v in total.items()},
+                 "torch_over_mindspore": round(total["torch"] / total["mindspore"], 3)})
+    for row in rows:
+        print(json.dumps(row), flush=True)
+    return rows
+
+
+PARTS = {"step": (step_raw, step_rows), "profile": (profile_raw, profile_rows), "matmul": (matmul_raw, matmul_rows)}
+
+
+def run_part(part: str, args) -> list[dict]:
+    """``part`` in this process (its environment as it is), or with --emulate once per round per
+    emulation in a child process, emulations alternating; rows per emulation."""
+    raw_fn, rows_fn = PARTS[part]
+    if not args.emulate:
+        return rows_fn(raw_fn(args), args, cpu_isa.describe(None))
+    merged: dict[str, dict] = {}
+    for _ in range(args.rounds):
+        for emu in args.emulate:
+            got = cpu_isa.run_child(Path(__file__), part, emu, args)
+            for shape, runs in got["raw"].items():
+                for key, value in runs.items():
+                    merged.setdefault(emu, {}).setdefault(shape, {}).setdefault(key, []).extend(value)
+            merged[emu]["__info__"] = got["info"]
+    rows = []
+    for emu in args.emulate:
+        info = merged[emu].pop("__info__")
+        rows += rows_fn(merged[emu], args, info)
+    return rows
+
+
+def part_kernels(args) -> list[dict]:
+    """port's C++ attention, forward + backward, per code path this CPU runs, against torch's SDPA in the
+    same process, at each shape's attention (batch x heads x seq x head_dim); rounds interleaved."""
+    import mindspore as ms
+    import torch
+
+    from model_zoo import cpu_kernels
+    from model_zoo.cpu_cells import CpuCausalAttention
+
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    ms.set_device("CPU")
+    torch.set_num_threads(os.cpu_count() or 1)
+    rows = []
+    for name, cfg in SHAPES.items():
+        n, g = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+        d = cfg["hidden_size"] // n
+        rng = np.random.default_rng(0)
+        q, k, v = (rng.standard_normal((args.batch, h, args.seq, d)).astype(np.float32) for h in (n, g, g))
+        tq, tk, tv = (torch.tensor(a, requires_grad=True) for a in (q, k, v))
+
+        def torch_fb():
+            torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, is_causal=True, enable_gqa=True).sum().backward()
+
+        fns = {"torch_sdpa": torch_fb}
+        for isa in cpu_kernels.supported_isas():
+            grad = ms.value_and_grad(lambda a, b, c, cell=CpuCausalAttention(isa): cell(a, b, c).sum(), (0, 1, 2))
+            fns[f"port_{isa}"] = lambda f=grad, t=(ms.Tensor(q), ms.Tensor(k), ms.Tensor(v)): f(*t)[0].asnumpy()
+        times: dict[str, list[float]] = {key: [] for key in fns}
+        for _ in range(args.rounds):
+            for key, fn in fns.items():
+                times[key] += time_steps(fn, args.warmup, args.steps)[1]
+        row = {"kernels": name, "attention": f"{args.batch}x{n}/{g}x{args.seq}x{d}", "cpu": cpu_kernels.cpu_model(),
+               **{f"{k}_fwd_bwd_ms": round(1e3 * statistics.median(t), 2) for k, t in times.items()},
+               **{f"{k}_best_ms": round(1e3 * min(t), 2) for k, t in times.items()}}
         print(json.dumps(row), flush=True)
         rows.append(row)
     return rows
@@ -231,24 +373,47 @@ def part_bucketing(args) -> list[dict]:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--part", choices=["all", "step", "profile", "bucketing"], default="all")
+    ap.add_argument("--part", type=lambda v: v.split(","), default=["all"],
+                    help="comma-separated, of all,step,profile,matmul,kernels,bucketing")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=256)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--variants", type=lambda v: v.split(","), default=list(VARIANTS),
+                    help=f"step variants, comma-separated, of {','.join(VARIANTS)} (one = port train's step, "
+                         "two = the same as two graphs, one_ref = one graph on plain-op kernels)")
+    ap.add_argument("--emulate", type=lambda v: v.split(","), default=[],
+                    help=f"run step/profile under these CPU emulations, comma-separated, of "
+                         f"{','.join(cpu_isa.EMULATIONS)} (native = this CPU as it is), each in a child process")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--torch-attn", default="sdpa", choices=["sdpa", "eager"],
                     help="HF attention implementation of the torch reference (sdpa is its fastest on CPU)")
     ap.add_argument("--alpaca", default=str(ROOT.parent / "shared" / "data" / "instruct" / "alpaca_en_demo.json"))
     ap.add_argument("--alpaca-seq", type=int, default=512)
     ap.add_argument("--alpaca-steps", type=int, default=60)
     args = ap.parse_args()
-    if args.part in ("all", "step"):
-        part_step(args)
-    if args.part in ("all", "profile"):
-        part_profile(args)
-    if args.part in ("all", "bucketing"):
+    bad = sorted(set(args.part) - {"all", "step", "profile", "matmul", "kernels", "bucketing"})
+    bad += sorted(set(args.variants) - set(VARIANTS)) + sorted(set(args.emulate) - set(cpu_isa.EMULATIONS))
+    if bad:
+        ap.error(f"unknown variant or emulation {bad}")
+    if args.child:  # one round of one part under the emulation set up by the parent
+        if len(args.part) != 1 or args.part[0] not in PARTS:
+            ap.error(f"--child runs one of {list(PARTS)}")
+        print(cpu_isa.CHILD_TAG + json.dumps(cpu_isa.child_result(PARTS[args.part[0]][0](args))), flush=True)
+        return
+    print(json.dumps({"cpu": cpu_isa.cpu_summary(), "loadavg_start": os.getloadavg()}), flush=True)
+    if {"all", "step"} & set(args.part):
+        run_part("step", args)
+    if {"all", "profile"} & set(args.part):
+        run_part("profile", args)
+    if {"all", "matmul"} & set(args.part):
+        run_part("matmul", args)
+    if {"all", "kernels"} & set(args.part):
+        part_kernels(args)
+    if {"all", "bucketing"} & set(args.part):
         part_bucketing(args)
+    print(json.dumps({"loadavg_end": os.getloadavg()}), flush=True)
 
 
 if __name__ == "__main__":

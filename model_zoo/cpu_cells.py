@@ -4,8 +4,9 @@ attention (plain and packed rows) as ``ops.Custom`` AOT ops, forward and backwar
 The attention, RoPE and RMSNorm cells of :mod:`model_zoo.llama` build these when the kernel plan picks
 the ``cpu`` implementation (:func:`model_zoo.kernels.select_kernels`); each cell loads the compiled
 library when it is built (:func:`cpu_library`, :class:`~model_zoo.errors.KernelError` where it is
-unavailable). Float32 only; the backward kernel of each is the Custom op's ``bprop``, so the cells are
-differentiable in PyNative and graph mode.
+unavailable); ``isa`` forces a code path (tests), default :func:`model_zoo.cpu_kernels.selected_isa`.
+Float32 only; the backward kernel of each is the Custom op's ``bprop``, so the cells are differentiable
+in PyNative and graph mode.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ from model_zoo import cpu_kernels
 from model_zoo.errors import KernelError
 
 
-def cpu_library() -> str:
-    lib, why = cpu_kernels.status()
+def cpu_library(isa: str | None = None) -> str:
+    """The compiled library of code path ``isa`` (default: :func:`model_zoo.cpu_kernels.selected_isa`)."""
+    lib, why = cpu_kernels.status(isa)
     if lib is None:
         raise KernelError(f"port's CPU kernels are unavailable: {why}")
     return lib
@@ -28,9 +30,9 @@ class CpuRmsNorm(nn.Cell):
     """``(x, weight) -> weight * (x * rsqrt(mean(x^2) + eps))`` in float32 through port's C++ kernel
     (:mod:`model_zoo.cpu_kernels`); the backward kernel is the Custom op's bprop."""
 
-    def __init__(self, eps: float):
+    def __init__(self, eps: float, isa: str | None = None):
         super().__init__()
-        lib = cpu_library()
+        lib = cpu_library(isa)
         self.eps = Tensor([eps], ms.float32)
         backward = ops.Custom(f"{lib}:RmsNormBackward", func_type="aot",
                               out_shape=lambda x, w, rstd, dy: (x, w), out_dtype=lambda x, w, rstd, dy: (x, w))
@@ -52,9 +54,9 @@ class CpuRope(nn.Cell):
     """``(x, cos, sin) -> x*cos + rotate_half(x)*sin`` for x (B, N, S, D), cos/sin (S, D) in float32 through
     port's C++ kernel (:mod:`model_zoo.cpu_kernels`); the backward applies the transposed rotation."""
 
-    def __init__(self):
+    def __init__(self, isa: str | None = None):
         super().__init__()
-        lib = cpu_library()
+        lib = cpu_library(isa)
         backward = ops.Custom(f"{lib}:RopeBackward", func_type="aot",
                               out_shape=lambda dy, cos, sin: dy, out_dtype=lambda dy, cos, sin: dy)
 
@@ -73,9 +75,9 @@ class CpuCausalAttention(nn.Cell):
     k/v (B, G, S, D) float32 with N % G == 0, queries and keys of equal length, scale 1/sqrt(D).
     Differentiable in PyNative and graph mode (the backward kernel is the Custom op's bprop)."""
 
-    def __init__(self):
+    def __init__(self, isa: str | None = None):
         super().__init__()
-        lib = cpu_library()
+        lib = cpu_library(isa)
         backward = ops.Custom(f"{lib}:CausalAttentionBackward", func_type="aot",
                               out_shape=lambda q, k, v, o, lse, do: (q, k, v),
                               out_dtype=lambda q, k, v, o, lse, do: (q, k, v))
@@ -96,9 +98,9 @@ class CpuPackedAttention(nn.Cell):
     """``(q, k, v, segment_ids) -> out``: :class:`CpuCausalAttention` for packed rows, where each query
     sees only the keys of its own run of equal segment ids (segment_ids (B, S) int32)."""
 
-    def __init__(self):
+    def __init__(self, isa: str | None = None):
         super().__init__()
-        lib = cpu_library()
+        lib = cpu_library(isa)
         backward = ops.Custom(f"{lib}:PackedAttentionBackward", func_type="aot",
                               out_shape=lambda q, k, v, seg, o, lse, do: (q, k, v),
                               out_dtype=lambda q, k, v, seg, o, lse, do: (q, k, v))

@@ -288,7 +288,7 @@ def _cpu_choice(kernel: str, device: str, compute_dtype: str, forced: bool) -> K
                           + f"; use {kernel}=reference or auto")
     why = "forced by override" if forced else \
         "CPU, float32: port's C++ kernel (the fused kernel is registered only on Ascend)"
-    return KernelChoice(kernel, CPU_IMPL, cpu_kernels.OPS[kernel], why)
+    return KernelChoice(kernel, CPU_IMPL, cpu_kernels.describe(kernel), why)
 
 
 # ---------------------------------------------------------------------------------------------

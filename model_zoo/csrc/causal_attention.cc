@@ -33,8 +33,10 @@ namespace {
 using port_cpu::all_float32;
 using port_cpu::parallel_for;
 
-constexpr int64_t R = 8;   // query rows per block
-constexpr int64_t JW = 16; // key columns per register tile (one 512-bit vector of floats)
+constexpr int64_t R = 8;  // query rows per block
+// Key columns per register tile: one vector of this build's ISA (cpu_common.h). A 16-wide tile on an
+// AVX2 build needs 16 ymm accumulators plus operands and spills (4-5x slower, issue 29).
+constexpr int64_t JW = port_cpu::W;
 
 struct Dims {
   int64_t b, n, g, s, d;
@@ -60,20 +62,12 @@ void transpose_pad(const float *src, float *dst, int64_t s, int64_t d, int64_t l
     for (int64_t c = 0; c < d; ++c) dst[c * ld + i] = src[i * d + c];
 }
 
-// Explicit vectors (GCC/Clang vector extensions): left to itself the compiler vectorises these tiles
-// across rows and shuffles, several times slower. Loads and stores go through memcpy: unaligned-safe.
-typedef float vec16 __attribute__((vector_size(64)));
-typedef float vec8 __attribute__((vector_size(32)));
-typedef float vec1 __attribute__((vector_size(4)));
-
-template <typename V>
-inline V load(const float *p) {
-  V v;
-  std::memcpy(&v, p, sizeof(V));
-  return v;
-}
-template <typename V>
-inline void store(float *p, V v) { std::memcpy(p, &v, sizeof(V)); }
+using port_cpu::load;
+using port_cpu::store;
+using port_cpu::vec1;
+using port_cpu::vec4;
+using port_cpu::vec8;
+using port_cpu::vecw;
 
 // C[r][0 .. W) = sum_{i < k} A[r][i] * B[i][0 .. W), r < R; V is a vector of W floats, A, B and C have
 // leading dimensions lda, ldb, ldc. Both products with row outputs use it: scores (A = q block,
@@ -102,25 +96,31 @@ inline void tile_grads(const float *P, int64_t ldp, const float *X, int64_t d, i
   }
 }
 
-// The two D-wide products over all of D, in the widest tile D allows.
+// The two D-wide products over all of D, in the widest tiles D allows: full vectors of this ISA,
+// then 8, 4 and 1 floats for the tail.
 void outputs(const float *P, int64_t ldp, const float *M, int64_t d, int64_t n, float *O) {
   int64_t c = 0;
-  for (; c + 16 <= d; c += 16) tile_gemm<vec16>(P, ldp, M + c, d, n, O + c, d);
-  for (; c + 8 <= d; c += 8) tile_gemm<vec8>(P, ldp, M + c, d, n, O + c, d);
+  for (; c + JW <= d; c += JW) tile_gemm<vecw>(P, ldp, M + c, d, n, O + c, d);
+  if constexpr (JW > 8)
+    for (; c + 8 <= d; c += 8) tile_gemm<vec8>(P, ldp, M + c, d, n, O + c, d);
+  if constexpr (JW > 4)
+    for (; c + 4 <= d; c += 4) tile_gemm<vec4>(P, ldp, M + c, d, n, O + c, d);
   for (; c < d; ++c) tile_gemm<vec1>(P, ldp, M + c, d, n, O + c, d);
 }
 
 void grads(const float *P, int64_t ldp, const float *X, int64_t d, int64_t n, float *G) {
   int64_t c = 0;
-  for (; c + 16 <= d; c += 16) tile_grads<vec16>(P, ldp, X, d, n, c, G);
-  for (; c + 8 <= d; c += 8) tile_grads<vec8>(P, ldp, X, d, n, c, G);
+  for (; c + JW <= d; c += JW) tile_grads<vecw>(P, ldp, X, d, n, c, G);
+  if constexpr (JW > 8)
+    for (; c + 8 <= d; c += 8) tile_grads<vec8>(P, ldp, X, d, n, c, G);
+  if constexpr (JW > 4)
+    for (; c + 4 <= d; c += 4) tile_grads<vec4>(P, ldp, X, d, n, c, G);
   for (; c < d; ++c) tile_grads<vec1>(P, ldp, X, d, n, c, G);
 }
 
 void scores(const float *A, int64_t d, const float *BT, int64_t ldb, int64_t npad, float *C) {
-  for (int64_t j0 = 0; j0 < npad; j0 += JW) tile_gemm<vec16>(A, d, BT + j0, ldb, d, C + j0, ldb);
+  for (int64_t j0 = 0; j0 < npad; j0 += JW) tile_gemm<vecw>(A, d, BT + j0, ldb, d, C + j0, ldb);
 }
-
 // Copy `rows` rows of src (row i0 on) into the R x d block dst, zero rows past the end.
 void load_rows(const float *src, int64_t i0, int64_t rows, int64_t d, float *dst) {
   std::memcpy(dst, src + i0 * d, sizeof(float) * rows * d);

@@ -1,4 +1,10 @@
-// Shared by port's CPU kernels (MindSpore ops.Custom AOT functions): dtype check and threads.
+// Shared by port's CPU kernels (MindSpore ops.Custom AOT functions): dtype check, threads, vectors.
+//
+// Each kernel source is compiled once per instruction set, into its own library (cpu_kernels.py picks
+// one at run time: PORT_CPU_ISA, else the best this CPU has): avx512 (-mavx512f/bw/dq/vl -mfma),
+// avx2 (-mavx2 -mfma) and generic (the x86-64 baseline, SSE2). Separate libraries rather than one with
+// several code paths: inline and template functions (these and the standard library's) compiled with
+// AVX-512 in one translation unit could be the copy the linker keeps for all of them.
 #pragma once
 
 #include <sched.h>
@@ -11,6 +17,32 @@
 #include <vector>
 
 namespace port_cpu {
+
+// Floats in one vector register of the ISA this library is compiled for.
+#if defined(__AVX512F__)
+constexpr int64_t W = 16;
+#elif defined(__AVX__)
+constexpr int64_t W = 8;
+#else
+constexpr int64_t W = 4;
+#endif
+
+// Explicit vectors (GCC/Clang vector extensions): left to itself the compiler vectorises the
+// attention tiles across rows and shuffles, several times slower. Loads and stores go through memcpy:
+// unaligned-safe.
+typedef float vecw __attribute__((vector_size(W * sizeof(float))));
+typedef float vec8 __attribute__((vector_size(32)));
+typedef float vec4 __attribute__((vector_size(16)));
+typedef float vec1 __attribute__((vector_size(4)));
+
+template <typename V>
+inline V load(const float *p) {
+  V v;
+  std::memcpy(&v, p, sizeof(V));
+  return v;
+}
+template <typename V>
+inline void store(float *p, V v) { std::memcpy(p, &v, sizeof(V)); }
 
 inline bool all_float32(int nparam, const char **dtypes) {
   for (int i = 0; i < nparam; ++i) {

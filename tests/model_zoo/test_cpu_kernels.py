@@ -1,9 +1,15 @@
 """port's C++ CPU kernels (model_zoo/cpu_kernels.py): causal attention checked against torch's
 scaled_dot_product_attention, RMSNorm against transformers' LlamaRMSNorm and RoPE against its
 apply_rotary_pos_emb, forward and backward; all three inside a whole model against the reference
-path; the fallbacks when no compiler is there."""
+path; every code path this CPU can run (avx512, avx2, generic); the fallbacks when no compiler is
+there."""
 
 from __future__ import annotations
+
+import platform
+import shutil
+import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,6 +24,11 @@ from model_zoo.errors import KernelError
 from model_zoo.llama import apply_rope, reference_attention
 
 pytestmark = pytest.mark.skipif(not cpu_kernels.available(), reason=f"{cpu_kernels.status()[1]}")
+# Every code path this CPU can run; the mode (PyNative / graph) does not change the kernel, so the
+# other paths are checked in PyNative only.
+ISAS = cpu_kernels.supported_isas()
+DEFAULT = cpu_kernels.selected_isa()
+PATHS = [(DEFAULT, "graph")] + [(isa, "pynative") for isa in ISAS]
 
 # (batch, heads, kv heads, seq, head_dim): GQA, MHA, MQA; head_dim 8 (stories260K), 24 (not a multiple
 # of 16: the 8-wide tile), 20 (scalar tail), 128; seq not a multiple of the 8-row block or 16-key tile; seq 1.
@@ -28,9 +39,9 @@ SHAPES = [(2, 8, 4, 64, 32), (1, 4, 4, 37, 24), (2, 6, 1, 19, 20), (1, 2, 2, 33,
 class _Loss(nn.Cell):
     """sum(attention(q, k, v) * w): any upstream gradient w, so the backward pass is fully exercised."""
 
-    def __init__(self):
+    def __init__(self, isa=None):
         super().__init__()
-        self.attn = CpuCausalAttention()
+        self.attn = CpuCausalAttention(isa)
 
     def construct(self, q, k, v, w):
         return (self.attn(q, k, v) * w).sum()
@@ -49,13 +60,13 @@ def _torch_reference(q, k, v, w):
     return out.detach().numpy(), [x.grad.numpy() for x in t]
 
 
-@pytest.mark.parametrize("mode", ["pynative", "graph"])
+@pytest.mark.parametrize("isa,mode", PATHS, ids="-".join)
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
-def test_forward_and_backward_match_torch_sdpa(shape, mode):
+def test_forward_and_backward_match_torch_sdpa(shape, isa, mode):
     ms.set_context(mode=ms.GRAPH_MODE if mode == "graph" else ms.PYNATIVE_MODE)
     q, k, v, w = _inputs(*shape)
     want_out, want_grads = _torch_reference(q, k, v, w)
-    net = _Loss()
+    net = _Loss(isa)
     got_out = net.attn(Tensor(q), Tensor(k), Tensor(v)).asnumpy()
     np.testing.assert_allclose(got_out, want_out, rtol=1e-5, atol=2e-5)
     _, grads = ms.value_and_grad(net, grad_position=(0, 1, 2))(*map(Tensor, (q, k, v, w)))
@@ -71,9 +82,9 @@ def test_matches_the_reference_attention_cell():
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-6)
 
 
-@pytest.mark.parametrize("mode", ["pynative", "graph"])
+@pytest.mark.parametrize("isa,mode", PATHS, ids="-".join)
 @pytest.mark.parametrize("shape", [(2, 7, 64), (3, 5, 24), (1, 1, 8), (4, 300)], ids=lambda s: "x".join(map(str, s)))
-def test_rms_norm_matches_transformers(shape, mode):
+def test_rms_norm_matches_transformers(shape, isa, mode):
     from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
     ms.set_context(mode=ms.GRAPH_MODE if mode == "graph" else ms.PYNATIVE_MODE)
@@ -91,7 +102,7 @@ def test_rms_norm_matches_transformers(shape, mode):
     class Loss(nn.Cell):
         def __init__(self):
             super().__init__()
-            self.norm = CpuRmsNorm(1e-5)
+            self.norm = CpuRmsNorm(1e-5, isa)
 
         def construct(self, x, w, dy):
             return (self.norm(x, w) * dy).sum()
@@ -103,8 +114,8 @@ def test_rms_norm_matches_transformers(shape, mode):
     np.testing.assert_allclose(dw.asnumpy(), ref.weight.grad.numpy(), rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("mode", ["pynative", "graph"])
-def test_rope_matches_transformers(mode):
+@pytest.mark.parametrize("isa,mode", PATHS, ids="-".join)
+def test_rope_matches_transformers(isa, mode):
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
     ms.set_context(mode=ms.GRAPH_MODE if mode == "graph" else ms.PYNATIVE_MODE)
@@ -121,7 +132,7 @@ def test_rope_matches_transformers(mode):
     class Loss(nn.Cell):
         def __init__(self):
             super().__init__()
-            self.rope = CpuRope()
+            self.rope = CpuRope(isa)
 
         def construct(self, x, cos, sin, dy):
             return (self.rope(x, cos, sin) * dy).sum()
@@ -154,22 +165,26 @@ def test_gradients_of_a_whole_model_match_the_reference_path():
         np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-6)
 
 
-def test_nan_and_inf_propagate():
+@pytest.mark.parametrize("isa", ISAS)
+def test_nan_and_inf_propagate(isa):
     """The kernels are built with -ffast-math (vectorised exp); a NaN must still reach the loss, or the
     training loop's NaN stop would not fire."""
     rng = np.random.default_rng(4)
     q, k, v, _ = _inputs(1, 2, 1, 8, 16)
     q[0, 0, 3, 5] = np.nan
-    out = CpuCausalAttention()(Tensor(q), Tensor(k), Tensor(v)).asnumpy()
+    out = CpuCausalAttention(isa)(Tensor(q), Tensor(k), Tensor(v)).asnumpy()
     assert np.isnan(out[0, 0, 3]).all() and np.isfinite(np.delete(out[0, 0], 3, axis=0)).all()
     k[0, 0, 2, 1] = np.inf  # key 2 is seen by queries 2..7 only
     q[0, 0, 3, 5] = 0.0
-    out = CpuCausalAttention()(Tensor(q), Tensor(k), Tensor(v)).asnumpy()
+    out = CpuCausalAttention(isa)(Tensor(q), Tensor(k), Tensor(v)).asnumpy()
     assert np.isfinite(out[0, :, :2]).all() and not np.isfinite(out[0, :, 2:]).all()
     x = rng.standard_normal((2, 3, 16)).astype(np.float32)
     x[0, 1, 4] = np.nan
-    y = CpuRmsNorm(1e-5)(Tensor(x), Tensor(np.ones(16, np.float32))).asnumpy()
+    y = CpuRmsNorm(1e-5, isa)(Tensor(x), Tensor(np.ones(16, np.float32))).asnumpy()
     assert np.isnan(y[0, 1]).all() and np.isfinite(np.delete(y.reshape(6, 16), 1, axis=0)).all()
+    maps = Path("/proc/self/maps")
+    if maps.is_file():  # MindSpore really loaded this path's library (each path is its own file)
+        assert cpu_kernels.status(isa)[0] in maps.read_text()
 
 
 def test_kernel_refuses_what_it_was_not_built_for():
@@ -186,17 +201,17 @@ def test_kernel_refuses_what_it_was_not_built_for():
 def fresh_status(monkeypatch, tmp_path):
     """cpu_kernels.status() with an empty kernel cache, restored afterwards."""
     monkeypatch.setenv(cpu_kernels.CACHE_ENV, str(tmp_path / "kernels"))
-    cpu_kernels.status.cache_clear()
+    cpu_kernels._build.cache_clear()
     yield tmp_path / "kernels"
     monkeypatch.undo()
-    cpu_kernels.status.cache_clear()
+    cpu_kernels._build.cache_clear()
 
 
 def test_compiles_once_into_the_cache(fresh_status):
     lib, why = cpu_kernels.status()
     assert lib is not None and lib.startswith(str(fresh_status)) and lib in why
     assert [p.name for p in fresh_status.iterdir()] == [lib.rsplit("/", 1)[1]]  # no temporary left behind
-    cpu_kernels.status.cache_clear()
+    cpu_kernels._build.cache_clear()
     assert cpu_kernels.status()[0] == lib  # found again, not rebuilt under another name
 
 
@@ -227,3 +242,42 @@ def test_override_refuses_other_devices_dtypes_and_kernels():
         kernels.select_kernels(cfg, device="CPU", compute_dtype="bfloat16", override={"attention": "cpu"})
     with pytest.raises(KernelError, match="this device is GPU"):
         kernels.select_kernels(cfg, device="GPU", override={"rope": "cpu"})
+
+
+def test_each_code_path_is_built_for_its_isa_only():
+    """The avx2 library holds no AVX-512 instruction (it must run on an AVX2-only CPU) and the generic
+    one no AVX; the avx512 one does use 512-bit registers."""
+    objdump = shutil.which("objdump")
+    if objdump is None:
+        pytest.skip("no objdump to disassemble the libraries")
+    text = {isa: subprocess.run([objdump, "-d", cpu_kernels.status(isa)[0]], capture_output=True, text=True,
+                                timeout=60, check=True).stdout for isa in ISAS}
+    if "avx2" in text:
+        assert "zmm" not in text["avx2"] and "ymm" in text["avx2"]
+    if "avx512" in text:
+        assert "zmm" in text["avx512"]
+    assert "zmm" not in text["generic"] and "ymm" not in text["generic"]
+
+
+def test_the_code_path_is_chosen_forced_and_reported(monkeypatch):
+    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+                      num_attention_heads=4, num_key_value_heads=2)
+    monkeypatch.delenv(cpu_kernels.ISA_ENV, raising=False)
+    assert cpu_kernels.selected_isa() == ISAS[0]  # the best this CPU has
+    for isa in ISAS:
+        monkeypatch.setenv(cpu_kernels.ISA_ENV, isa)
+        plan = kernels.select_kernels(cfg, device="CPU")
+        assert plan.attention.impl == "cpu" and plan.attention.op.endswith(f"[{isa} code path]")
+        assert f"-{isa}-" in cpu_kernels.status()[0]
+    monkeypatch.setenv(cpu_kernels.ISA_ENV, "avx9000")
+    with pytest.raises(KernelError, match="PORT_CPU_ISA='avx9000': expected one of avx512, avx2, generic or auto"):
+        kernels.select_kernels(cfg, device="CPU")
+    # The flags of an AVX2-only CPU (the issue's AMD EPYC): avx2 by default, avx512 refused by name.
+    if platform.machine().lower() in cpu_kernels.X86:
+        monkeypatch.setattr(cpu_kernels, "cpu_flags", lambda: frozenset({"sse2", "avx", "avx2", "fma"}))
+        monkeypatch.setenv(cpu_kernels.ISA_ENV, "auto")
+        assert cpu_kernels.selected_isa() == "avx2" and cpu_kernels.supported_isas() == ["avx2", "generic"]
+        monkeypatch.setenv(cpu_kernels.ISA_ENV, "avx512")
+        with pytest.raises(KernelError, match="PORT_CPU_ISA=avx512: this CPU lacks avx512bw, avx512dq, avx512f, "
+                                              "avx512vl; use one of avx2, generic or unset it"):
+            kernels.select_kernels(cfg, device="CPU")
