@@ -34,12 +34,19 @@ def _latest_checkpoint(run: Path) -> Path:
 
     root = run / "checkpoints"
     steps = sorted((int(m.group(1)), p) for p in (root.iterdir() if root.is_dir() else [])
-                   if (m := ckpt.STEP_DIR.match(p.name)) and (p / ckpt.WEIGHTS_FILE).is_file())
+                   if (m := ckpt.STEP_DIR.match(p.name)) and _is_train_checkpoint(p))
     if not steps:
         raise CheckpointError(f"{run}: a run directory without checkpoints (no {root.name}/step_N/"
                               f"{ckpt.WEIGHTS_FILE}); set checkpointing.every_steps in the recipe, or pass "
                               "--ms a `port convert` output")
     return steps[-1][1]
+
+
+def _is_train_checkpoint(p: Path) -> bool:
+    """A `port train` checkpoint: per-rank format 2 (layout.json) or the earlier train_state.ckpt."""
+    from porting.train.run import checkpoint as ckpt  # deferred: the run side imports MindSpore
+
+    return (p / ckpt.LAYOUT_FILE).is_file() or (p / ckpt.WEIGHTS_FILE).is_file()
 
 
 def resolve_ms(ms: str | Path, hf_cfg: LlamaConfig) -> MsWeights:
@@ -52,7 +59,7 @@ def resolve_ms(ms: str | Path, hf_cfg: LlamaConfig) -> MsWeights:
                               "directory or one of its checkpoints/step_N); nothing is there")
     if (p / "checkpoints").is_dir() or (p / "metrics.jsonl").is_file():
         p = _latest_checkpoint(p)
-    if (p / ckpt.WEIGHTS_FILE).is_file():
+    if _is_train_checkpoint(p):
         return MsWeights("checkpoint", p, hf_cfg)
     if (p / "config.json").is_file():
         return MsWeights("convert", p, LlamaConfig.from_hf(p))

@@ -48,12 +48,10 @@ def _pid_at_step(run: Path, rank: int, step: int, deadline: float) -> int:
 
 
 def _final_weights(run: Path) -> dict:
-    import mindspore as ms
+    from porting.train.run.ckpt_read import full_state
 
     last = sorted((run / "checkpoints").glob("step_*"), key=lambda p: int(p.name.split("_")[1]))[-1]
-    files = sorted(last.glob("*.ckpt"))
-    assert files, last
-    return {f"{f.name}:{k}": v.asnumpy() for f in files for k, v in ms.load_checkpoint(str(f)).items()}
+    return full_state(last)
 
 
 def _losses(run: Path) -> list[float]:

@@ -24,7 +24,8 @@ from typing import Any
 
 from model_zoo import files
 from model_zoo.errors import CheckpointError
-from porting.train.run.ckpt_shards import (complete, identity, live_layout, live_pieces, needed, piece_bytes, rss,
+from porting.train.run.ckpt_read import full_state
+from porting.train.run.ckpt_shards import (LAYOUT_FILE, complete, identity, live_layout, live_pieces, needed, piece_bytes, rss,
                                             write_rank, write_record)
 from porting.train.run.grid import param_of
 
@@ -192,7 +193,10 @@ def load(path: Path, params: list, rank: int = 0, *, shard=None, allowed: set[st
 
     state = TrainState.read(path / STATE_FILE)
     try:
-        saved = ms.load_checkpoint(str(path / shard_file(rank, state.shards)))
+        if (path / LAYOUT_FILE).is_file():   # per-rank format 2: every tensor whole (a one-device reader)
+            saved = {k: ms.Tensor(v) for k, v in full_state(path).items()}
+        else:
+            saved = ms.load_checkpoint(str(path / shard_file(rank, state.shards)))
     except (OSError, RuntimeError, ValueError) as exc:
         raise CheckpointError(f"{path}: cannot read the checkpoint ({exc}); delete it to resume from an "
                               "earlier one") from None
