@@ -71,7 +71,7 @@ def model_dir(name: str, out: Path) -> Path:
 
 def import_baseline() -> int:
     """RSS of a process that imported MindSpore and port's training loop (what every worker starts from)."""
-    code = ("import mindspore, porting.train.loop, porting.train.run.ckpt_read, re;"
+    code = ("import mindspore, porting.train.run.loop, porting.train.run.ckpt_read, re;"
             "print(re.search(r'VmRSS:\\s+(\\d+)', open('/proc/self/status').read()).group(1))")
     p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True,
                        env=dict(os.environ, PYTHONPATH=str(ROOT), GLOG_v="3"))

@@ -1,5 +1,5 @@
 """Learning-rate schedule and weight-decay rule, taken from `port train` itself so the two sides
-cannot drift: ``porting.train.schedule.lr_at`` and AdamW's decay on every parameter
+cannot drift: ``porting.train.recipe.schedule.lr_at`` and AdamW's decay on every parameter
 (docs/training.md, "API for baseline")."""
 
 from __future__ import annotations

@@ -47,8 +47,8 @@ def ms(d: Path, name: str = "ms") -> Path:
 @functools.lru_cache(maxsize=None)
 def _trained() -> Path:
     """A real run of the tiny recipe (2 steps, stories260K) whose last checkpoint is per-rank (format 2)."""
-    from porting.train.loop import train
-    from porting.train.recipe import load_recipe
+    from porting.train import train
+    from porting.train import load_recipe
 
     root = Path(tempfile.mkdtemp(prefix="port-attacks-ckpt-"))
     train(load_recipe(recipe(root)), root / "out", echo=False)

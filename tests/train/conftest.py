@@ -77,8 +77,8 @@ def small_settings(model_dir, *extra: str) -> list[str]:
 @pytest.fixture(scope="module")
 def one_device(model_dir, tmp_path_factory):
     """The reference of those runs: 1 device in-process, micro-batch 2 x 2 accumulation steps, 3 steps."""
-    from porting.train.loop import train
-    from porting.train.recipe import load_recipe
+    from porting.train import train
+    from porting.train import load_recipe
 
     run = tmp_path_factory.mktemp("tp1") / "run"
     train(load_recipe(TINY, small_settings(model_dir, "batching.micro_batch_size=2", "batching.grad_accum_steps=2",

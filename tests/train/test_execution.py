@@ -1,4 +1,4 @@
-"""PyNative as a first-class mode (recipe key ``execution``, porting/train/execution.py): the same step
+"""PyNative as a first-class mode (recipe key ``execution``, porting/train/run/execution.py): the same step
 cells run op by op. On the CPU both modes give the same losses and weights within float32 tolerance
 (one device here, with accumulation, packing and a resume across modes; DP 2 and TP 2 under msrun in
 tests/train/test_msrun.py and test_tensor_parallel.py); the plan says which mode runs; a graph compile

@@ -187,7 +187,7 @@ def test_datasets_directory_and_parquet_read_like_the_json(tok, tables, tmp_path
 
 
 @pytest.mark.parametrize("bound,value,match", [
-    ("MAX_TABLE_ROWS", 5, r"rows 6, more than the 5 port reads \(porting.train.formats.MAX_TABLE_ROWS\)"),
+    ("MAX_TABLE_ROWS", 5, r"rows 6, more than the 5 port reads \(porting.train.data.formats.MAX_TABLE_ROWS\)"),
     ("MAX_TABLE_BYTES", 100, r"holds more bytes than [\d,]+, more than the 100 port reads .*MAX_TABLE_BYTES"),
 ])
 def test_tables_are_bounded_in_rows_and_bytes(tok, tables, monkeypatch, bound, value, match):

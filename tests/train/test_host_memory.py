@@ -1,4 +1,4 @@
-"""The dry run's host-RAM plan (porting/train/plan/host_memory.py) and the save-time inputs (porting/train/comm.py):
+"""The dry run's host-RAM plan (porting/train/plan/host_memory.py) and the save-time inputs (porting/train/plan/comm.py):
 the numbers shown, the refusal past ``cluster.host_memory_gib``, and the bytes the plan says the busiest
 rank writes equal what the per-rank checkpoint layout (porting/train/run/ckpt_shards.py) makes it write."""
 

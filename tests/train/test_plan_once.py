@@ -47,9 +47,15 @@ def _plan(overrides: list[str]):
 def test_a_fitting_plan_computes_its_layout_once(counted):
     plan = _plan([])
     assert plan.fits and plan.tensor_parallel == 8 and plan.sharding["stage"] == 1
-    # one layout: one choice; memory once for the plan and once for the ZeRO-1 probe of zero_stage: auto;
-    # parameters once for the layout and once for the all-reduce fusion table (tensor parallel 1)
-    assert counted == Counter({"choose": 1, "estimate_memory": 2, "parameter_numels": 2}), counted
+    # the plan's own layout: one choice; memory once for the plan and once for the ZeRO-1 probe of
+    # zero_stage: auto; parameters once for the layout and once for the all-reduce fusion table
+    # (tensor parallel 1). On Ascend the plan also ranks the layouts that fit (porting/train/plan/roofline.py):
+    # each candidate variant once, with one layout (one choice, one parameter count) and one memory estimate
+    # (plus at most one ZeRO-1 probe) of its own.
+    layouts = counted["variants"]
+    assert plan.proposals and 4 <= layouts <= 20, counted
+    assert counted["choose"] == 1 + layouts and counted["parameter_numels"] == 2 + layouts, counted
+    assert 2 + layouts <= counted["estimate_memory"] <= 2 + 2 * layouts, counted
 
 
 def test_a_refused_plan_evaluates_each_candidate_once(counted):

@@ -1,6 +1,6 @@
 """Conversations through a chat template, with the loss on assistant turns only, exactly.
 
-``data.chat_template`` chooses how a :class:`~porting.train.formats.Conversation` becomes tokens:
+``data.chat_template`` chooses how a :class:`~porting.train.data.formats.Conversation` becomes tokens:
 
 * ``model``: the tokenizer's own ``chat_template`` (``apply_chat_template``), so a Llama-3-Instruct or
   Qwen2-Instruct fine-tune is trained on the format it sees at inference (the default when the

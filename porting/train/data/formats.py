@@ -206,7 +206,7 @@ def detect_format(rows: Sequence[tuple[int, Any]], data) -> str:
 # --------------------------------------------------------------------------- tables (datasets, Parquet)
 def _too_big(where: Path, what: str, found: int, bound: int, name: str) -> RecipeError:
     return RecipeError(f"data.path: {where}: {what} {found:,}, more than the {bound:,} port reads "
-                       f"(porting.train.formats.{name}); split the data into smaller files")
+                       f"(porting.train.data.formats.{name}); split the data into smaller files")
 
 
 def check_table_size(path: Path) -> None:

@@ -5,10 +5,10 @@ What a worker holds in host memory besides its device (an estimate, each term fr
 - ``base``: the process with MindSpore, CANN and the data plan loaded (HOST_BASE_GIB, an estimate:
   ``benchmarks/checkpoint_scale.py`` measures the import baseline on the CPU);
 - ``device_state`` (CPU runs only): on the CPU backend the "device" memory (weights, gradients,
-  optimizer states, activations: porting/train/memory.py) is host memory;
+  optimizer states, activations: porting/train/plan/memory.py) is host memory;
 - the largest transient of the start-up and checkpoint paths, which run one after another:
   HF load (converters/loading.py) reads one tensor at a time, widened to fp32, and slices it for the
-  rank: the largest HF tensor in bf16 + fp32 + its fp32 slice; ZeRO start-up (porting/train/zero.py
+  rank: the largest HF tensor in bf16 + fp32 + its fp32 slice; ZeRO start-up (porting/train/run/zero.py
   ``_own_numpy``) builds this rank's range of one bucket at a time from one fp32 parameter copy;
   a save (porting/train/run/ckpt_shards.py) copies one parameter to fp32 and slices it; a resume
   (porting/train/run/ckpt_read.py) holds one bucket's shard (ZeRO) or one parameter (replicated) and the

@@ -228,7 +228,7 @@ class Recipe(_Section):
     logging: LoggingSection = LoggingSection()
     seed: int = Field(0, ge=0, le=2 ** 32 - 1)   # numpy and MindSpore seeds are 32-bit
     output_dir: str = "runs/train"
-    execution: Literal["graph", "pynative"] = "graph"   # MindSpore mode of the step (porting/train/execution.py)
+    execution: Literal["graph", "pynative"] = "graph"   # MindSpore mode of the step (porting/train/run/execution.py)
 
     @model_validator(mode="before")
     @classmethod

@@ -2,7 +2,7 @@
 
 - :func:`write_weights`: the full model weights, one tensor at a time, as one MindSpore-named
   safetensors file (what ``port convert --ms`` reads); ``port ckpt merge`` and the end-of-run HF export
-  (porting/train/export.py) convert it to HF with the converters, with ``port_manifest.json``.
+  (porting/train/run/export.py) convert it to HF with the converters, with ``port_manifest.json``.
 - :func:`reshard`: the same state cut for another layout (DP, TP, ZeRO stage of another recipe),
   written as a complete checkpoint directory that ``port train --resume`` continues exactly.
 """

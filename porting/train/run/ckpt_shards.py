@@ -2,7 +2,7 @@
 
 ``checkpoints/step_<n>/`` holds ``rank_<r:05d>.safetensors`` for every rank that owns state,
 ``layout.json`` (:class:`Layout` and the run's identity, written once by rank 0 after every rank has
-written) and ``state.json`` (:class:`porting.train.checkpoint.TrainState`: the step, AdamW's update
+written) and ``state.json`` (:class:`porting.train.run.checkpoint.TrainState`: the step, AdamW's update
 count, the loss scale; the data cursor is the step, since the data order is a function of the seed and
 the step). No rank reads another rank's file while training, and nothing is merged inside the job.
 
@@ -10,7 +10,7 @@ What a rank owns (:func:`owned`), in four kinds of state, each kept per paramete
 layout can be cut from it: ``param`` (the weight in its own dtype), ``master`` (fp32 master weights,
 when the parameters are bf16/fp16), ``adam_m`` and ``adam_v`` (fp32). A stored piece is a flat element
 range ``[a, b)`` of the tensor-parallel slice ``t`` of one parameter (its TP-local tensor in row-major
-order). With ZeRO (porting/train/zero.py) data-parallel rank ``d`` owns the range ``[d n, (d + 1) n)`` of
+order). With ZeRO (porting/train/run/zero.py) data-parallel rank ``d`` owns the range ``[d n, (d + 1) n)`` of
 each flat bucket (n = padded / dp) and so the pieces of the parameters that fall in it, for all four
 kinds (the weights too: the copy work spreads over the ranks); without ZeRO data-parallel rank 0 of
 each tensor-parallel slice owns everything. Megatron's ``fully_reshardable`` distributed-optimizer
@@ -151,7 +151,7 @@ def _code(p) -> str:
 
 
 def live_layout(trainer) -> Layout:
-    """The layout of a running :class:`porting.train.loop.Trainer`."""
+    """The layout of a running :class:`porting.train.run.loop.Trainer`."""
     params = list(trainer.model.trainable_params())
     tp = trainer.grid.tp
     specs = []

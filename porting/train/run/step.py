@@ -124,7 +124,7 @@ class AdamW(nn.Cell):
     is torch's p = p * (1 - lr * wd) - lr / (1 - beta1^t) * m / (sqrt(v) / s + eps). A step with a
     non-finite gradient applies nothing, on both paths.
 
-    Every rank holds every state here; optimizer sharding is :class:`porting.train.zero.ShardedAdamW`.
+    Every rank holds every state here; optimizer sharding is :class:`porting.train.run.zero.ShardedAdamW`.
 
     Master weights (Megatron / MindSpeed-LLM mixed precision): when the parameters are stored in
     bfloat16/float16, the update runs on float32 copies ``master.<param>`` (sharded with the moments:

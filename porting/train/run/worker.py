@@ -1,7 +1,7 @@
 """Entry point of one `msrun` worker: ``msrun ... worker.py --recipe R --run-dir D [--set k=v] [--resume]``.
 
 msrun starts this file with the ``python`` on PATH; each worker finds its rank through MindSpore's
-``init()`` and runs :func:`porting.train.loop.train`. Errors print one line and exit non-zero, which
+``init()`` and runs :func:`porting.train.run.loop.train`. Errors print one line and exit non-zero, which
 makes ``msrun --join=True`` stop the other workers.
 """
 
