@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -125,13 +123,14 @@ def stories_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_cpu_run(tmp_path_factory) -> Path:
-    """The run directory of `port train recipes/tiny-cpu.yaml`, run once as a user runs it (from the
-    command line, in a directory of its own), for the tests that read a finished run: copy it to change it."""
+    """The run directory of `port train recipes/tiny-cpu.yaml`, run once as a user runs it (the command as
+    written, in a directory of its own; in this process, tests/helpers.py), for the tests that read a
+    finished run: copy it to change it."""
+    from tests.helpers import port
+
     work = tmp_path_factory.mktemp("tiny-cpu")
     (work / "recipes").symlink_to(ROOT / "recipes")
-    p = subprocess.run([sys.executable, "-m", "porting", "train", "recipes/tiny-cpu.yaml"], cwd=work,
-                       capture_output=True, text=True, timeout=600,
-                       env=dict(os.environ, PYTHONPATH=str(ROOT), GLOG_v="3"))
+    p = port("train", "recipes/tiny-cpu.yaml", cwd=work)
     assert p.returncode == 0, p.stderr[-3000:]
     assert "done: 20 steps" in p.stdout + p.stderr, p.stderr[-3000:]
     return work / "runs" / "tiny-cpu"

@@ -14,7 +14,8 @@ import pytest
 
 from porting import rundir as rd
 from porting.train.checkpoint import TrainState
-from tests.train.conftest import FAST, TINY, error_line, port
+from tests.train.conftest import FAST, TINY, error_line
+from tests.helpers import port
 
 
 def _manifest(**kw) -> rd.RunManifest:

@@ -15,7 +15,8 @@ import pytest
 from converters import convert
 from converters.sources import MANIFEST, open_hf
 from porting.roundtrip import verify_checkpoint
-from tests.converters.conftest import ARCHS, port
+from tests.converters.conftest import ARCHS
+from tests.helpers import port
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 

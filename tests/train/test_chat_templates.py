@@ -14,7 +14,8 @@ from porting.train.chat import TemplateRenderer
 from porting.train.formats import Conversation, Turn
 from porting.train.recipe import validate_recipe
 from tests.train import chat_tokenizers as CT
-from tests.train.conftest import ROOT, error_line, port
+from tests.train.conftest import ROOT, error_line
+from tests.helpers import port
 
 FIX = ROOT / "tests" / "train" / "fixtures"
 SYSTEM, Q1, A1, Q2, A2 = "Be brief.", "Hello", "Hi there", "Who are you", "   I am an assistant   "

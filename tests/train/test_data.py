@@ -12,7 +12,8 @@ from model_zoo.errors import RecipeError
 from porting.train import data as D
 from porting.train.recipe import validate_recipe
 from porting.tokenizer import load_tokenizer
-from tests.train.conftest import ROOT, error_line, port
+from tests.train.conftest import ROOT, error_line
+from tests.helpers import port
 
 EMBEDDED = ROOT / "model_zoo" / "assets" / "stories260k"
 TEXT = ROOT / "porting" / "train" / "assets" / "tinystories_sample.txt"

@@ -11,7 +11,8 @@ import pytest
 from porting.train import data as D
 from porting.train.recipe import validate_recipe
 from porting.tokenizer import load_tokenizer
-from tests.train.conftest import FAST, ROOT, TINY, error_line, metrics, port
+from tests.train.conftest import FAST, ROOT, TINY, error_line, metrics
+from tests.helpers import port
 
 TEXT = ROOT / "porting" / "train" / "assets" / "tinystories_sample.txt"
 PARTS = ROOT / "tests" / "train" / "fixtures" / "openai_parts_v1_sft_demo.jsonl"

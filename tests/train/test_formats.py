@@ -12,7 +12,8 @@ import pytest
 from porting.train import data as D
 from porting.train.recipe import validate_recipe
 from porting.tokenizer import load_tokenizer
-from tests.train.conftest import ROOT, error_line, metrics, port
+from tests.train.conftest import ROOT, error_line, metrics
+from tests.helpers import port
 
 FIX = ROOT / "tests" / "train" / "fixtures"
 EMBEDDED = ROOT / "model_zoo" / "assets" / "stories260k"

@@ -9,7 +9,8 @@ import pytest
 from model_zoo import presets
 from porting.train.plan import estimate_memory, make_plan, msrun_commands
 from porting.train.recipe import validate_recipe
-from tests.train.conftest import ROOT, error_line, port
+from tests.train.conftest import ROOT, error_line
+from tests.helpers import port
 
 
 def _recipe(**sections):

@@ -24,7 +24,8 @@ import shutil
 import numpy as np
 import pytest
 
-from tests.train.conftest import ROOT, TINY, error_line, free_port, metrics, port
+from tests.train.conftest import ROOT, TINY, error_line, free_port, metrics
+from tests.helpers import port, port_process
 
 pytestmark = [pytest.mark.msrun, pytest.mark.slow]
 
@@ -77,18 +78,19 @@ def tp2_resumed(model_dir, tmp_path_factory):
     run = tmp_path_factory.mktemp("tp2") / "run"
     base = _settings(model_dir, "batching.micro_batch_size=4", "cluster.devices_per_node=2",
                      "parallel.tensor_parallel=2")
-    port("train", str(TINY), "--run-dir", str(run), *_args(base + ["schedule.max_steps=2",
-         f"cluster.master_port={free_port()}"]), check=True, timeout=400)
+    port_process("train", str(TINY), "--run-dir", str(run), *_args(base + ["schedule.max_steps=2",
+                 f"cluster.master_port={free_port()}"]), check=True, timeout=400)
     step2 = {p.name for p in (run / "checkpoints" / "step_2").iterdir()}
-    port("train", str(TINY), "--run-dir", str(run), "--resume",
-         *_args(base + ["schedule.max_steps=3", f"cluster.master_port={free_port()}"]), check=True, timeout=400)
+    port_process("train", str(TINY), "--run-dir", str(run), "--resume",
+                 *_args(base + ["schedule.max_steps=3", f"cluster.master_port={free_port()}"]), check=True,
+                 timeout=400)
     return run, step2
 
 
 @pytest.fixture(scope="module")
 def tp2_dp2(model_dir, tmp_path_factory):
     run = tmp_path_factory.mktemp("tp2dp2") / "run"
-    port("train", str(TINY), "--run-dir", str(run), *_args(_settings(
+    port_process("train", str(TINY), "--run-dir", str(run), *_args(_settings(
         model_dir, "cluster.devices_per_node=4", "parallel.tensor_parallel=2", "parallel.optimizer_sharding=true",
         "batching.micro_batch_size=1", "batching.grad_accum_steps=2",
         "schedule.max_steps=3", f"cluster.master_port={free_port()}")), check=True, timeout=600)
@@ -118,7 +120,7 @@ def packed_one_device(model_dir, alpaca, tmp_path_factory):
 def packed_tp2_dp2_zero2(model_dir, alpaca, tmp_path_factory):
     """Packed rows through TP=2 x DP=2 with ZeRO-2 (sharded accumulators), micro-batch 1 x 2 accumulation."""
     run = tmp_path_factory.mktemp("packedtp") / "run"
-    port("train", str(TINY), "--run-dir", str(run), *_args(_settings(model_dir, *_packed(
+    port_process("train", str(TINY), "--run-dir", str(run), *_args(_settings(model_dir, *_packed(
         alpaca, "batching.micro_batch_size=1", "batching.grad_accum_steps=2", "cluster.devices_per_node=4",
         "parallel.tensor_parallel=2", "parallel.optimizer_sharding=true", "parallel.zero_stage=2",
         f"cluster.master_port={free_port()}"))), check=True, timeout=600)

@@ -11,7 +11,8 @@ import pytest
 from model_zoo.errors import RecipeError
 from porting.train.recipe import LoggingSection
 from porting.train.watch import Watch, read_scalars
-from tests.train.conftest import FAST, TINY, error_line, metrics, port
+from tests.train.conftest import FAST, TINY, error_line, metrics
+from tests.helpers import port
 
 
 @pytest.fixture(scope="module")
