@@ -179,6 +179,7 @@ def example_workdir(tmp_path_factory, tiny_cpu_run) -> Path:
     return work
 
 
+@pytest.mark.slow
 def test_every_help_example_runs(example_workdir, tmp_path):
     """Every example in every `port ... --help` runs: as written, with --dry-run where it needs a
     cluster, or failing with the documented message where it needs what this machine lacks."""

@@ -38,6 +38,7 @@ def work(tmp_path_factory) -> dict[str, Path]:
     return {"dir": d, "base": base, "run": run}
 
 
+@pytest.mark.slow
 def test_baseline_and_port_agree_in_fp32(work):
     p = port("compare", str(work["base"]), str(work["run"]), "--json", "--out", str(work["dir"] / "cmp.json"))
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
@@ -57,6 +58,7 @@ def test_baseline_and_port_agree_in_fp32(work):
     assert est["estimate_total_gib"] > 0 and est["ratio_total_over_measured_max"] > 0
 
 
+@pytest.mark.slow
 def test_probe_from_the_hf_export_when_no_checkpoint(work, tmp_path):
     """Without checkpoints/step_6 the probe comes from hf/ (the run ended at the baseline's last step)."""
     run = tmp_path / "run"
@@ -67,6 +69,7 @@ def test_probe_from_the_hf_export_when_no_checkpoint(work, tmp_path):
     assert pr["available"] and pr["source"].endswith("hf") and pr["max_abs_diff"] < 1e-3
 
 
+@pytest.mark.slow
 def test_human_table_and_a_real_divergence_fails(work, tmp_path):
     ok = port("compare", str(work["base"]), str(work["run"]))
     assert ok.returncode == 0 and "settings: identical" in ok.stdout and "RESULT: PASS" in ok.stdout
@@ -87,6 +90,7 @@ def test_human_table_and_a_real_divergence_fails(work, tmp_path):
     assert "RESULT: FAIL: loss outside tolerance at steps [2, 3]" in table.stdout
 
 
+@pytest.mark.slow
 def test_different_batch_settings_are_said_first(work, tmp_path):
     other = tmp_path / "acc.json"
     p = port("baseline", "--recipe", RECIPE, *STEPS, "--set", "batching.micro_batch_size=2",
@@ -103,6 +107,7 @@ def test_different_batch_settings_are_said_first(work, tmp_path):
     assert "FAIL: settings differ: micro_batch_size, grad_accum_steps" in out and "  FAIL" not in out
 
 
+@pytest.mark.slow
 def test_bad_inputs_are_one_line_errors(work, tmp_path):
     base, run = str(work["base"]), str(work["run"])
     one_line_error(port("compare", str(tmp_path / "nope.json"), run), "nope.json: no such baseline file")
@@ -134,6 +139,7 @@ def test_bad_inputs_are_one_line_errors(work, tmp_path):
     assert {p: p.read_bytes() for p in deep.rglob("*") if p.is_file()} == before
 
 
+@pytest.mark.slow
 def test_a_cut_metrics_line_is_counted_in_the_comparison(work, tmp_path):
     """The one reading rule (porting.rundir): a line cut by a kill is skipped, counted and shown."""
     run = tmp_path / "cut"

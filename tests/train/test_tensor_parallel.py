@@ -27,7 +27,6 @@ import pytest
 from tests.train.conftest import ROOT, TINY, error_line, free_port, metrics
 from tests.helpers import port, port_process
 
-pytestmark = [pytest.mark.msrun, pytest.mark.slow]
 
 STORIES = ROOT / "model_zoo" / "assets" / "stories260k"
 LAYERS = 1
@@ -152,6 +151,8 @@ def _compare(run, ref, model_dir) -> None:
     assert _max_diff(wb, {k: start[k] for k in wb}) > 1e-4   # the runs trained: the bound above can fail
 
 
+@pytest.mark.msrun
+@pytest.mark.slow
 def test_tp2_with_resume_equals_one_device(tp2_resumed, one_device, model_dir):
     run, step2 = tp2_resumed
     # rank 0 merged both ranks' shards into the one full file a single device writes
@@ -162,12 +163,16 @@ def test_tp2_with_resume_equals_one_device(tp2_resumed, one_device, model_dir):
     assert "row max by AllReduce SUM" in log0   # the CPU's emulation of AllReduce MAX ran
 
 
+@pytest.mark.msrun
+@pytest.mark.slow
 def test_tp2_dp2_on_four_workers_equals_dp2(tp2_dp2, one_device, model_dir):
     _compare(tp2_dp2, one_device, model_dir)
     assert {p.name for p in (tp2_dp2 / "logs").glob("rank_*.log")} == {f"rank_{i}.log" for i in range(4)}
     assert "data parallel 2 x tensor parallel 2" in (tp2_dp2 / "logs" / "rank_3.log").read_text()
 
 
+@pytest.mark.msrun
+@pytest.mark.slow
 def test_packed_rows_through_tp2_dp2_with_zero2_equal_one_device(packed_tp2_dp2_zero2, packed_one_device, model_dir):
     """Packing composes with tensor parallel (vocab-parallel loss) and ZeRO-2 (ShardedAccumGradStep): the
     positions, segment ids and sequence ends reach every rank's attention and the loss as on one device."""

@@ -23,6 +23,7 @@ def tb_run(tmp_path_factory):
     return run
 
 
+@pytest.mark.slow
 def test_tensorboard_events_hold_every_step(tb_run):
     steps, _ = metrics(tb_run)
     sc = read_scalars(tb_run)
