@@ -219,6 +219,7 @@ def test_manifest_contents(hf_factory, tmp_path):
     assert (ms_dir / "config.json").read_text() == (src / "config.json").read_text()
 
 
+@pytest.mark.slow
 def test_stories260k_real_model(stories_dir, tmp_path):
     """The real stories260K: bitwise round trip, and the zoo cell loaded from the MindSpore checkpoint
     generates the golden tokens."""

@@ -186,6 +186,7 @@ def _mount_tmpfs(where: Path, size: str) -> bool:
                           capture_output=True).returncode == 0
 
 
+@pytest.mark.slow
 def test_full_disk_at_checkpoint_keeps_previous_checkpoint(tmp_path):
     """A real ENOSPC on a small tmpfs when we may mount one; otherwise a real EFBIG from RLIMIT_FSIZE."""
     disk = tmp_path / "disk"
@@ -217,6 +218,7 @@ def test_full_disk_at_checkpoint_keeps_previous_checkpoint(tmp_path):
             subprocess.run(["umount", str(disk)], capture_output=True)
 
 
+@pytest.mark.slow
 def test_bucketed_alpaca_compiles_one_graph_per_shape(tmp_path, alpaca):
     from porting.train.loop import train
     from porting.train.recipe import load_recipe
