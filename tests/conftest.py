@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -28,17 +26,31 @@ def _has_npu() -> bool:
     return shutil.which("npu-smi") is not None or Path("/dev/davinci0").exists()
 
 
-# scripts/test.sh runs the suite on two pytest-xdist workers (--dist loadgroup). Tests that start msrun
-# jobs, or that read machine-wide state (free ports, running training processes: `port doctor`), all go
-# to one worker, one after another, so they never see each other's workers or race for a port.
-MACHINE_WIDE = {"tests/test_cli.py", "tests/diagnostics/test_doctor.py", "tests/diagnostics/test_preflight.py"}
+# scripts/test.sh runs the suite on two pytest-xdist workers (--dist loadgroup --no-loadscope-reorder).
+# Tests that start msrun jobs, or that read or fake machine-wide state (free ports, running training
+# processes: `port doctor`, the preflight checks, the help example that runs `port doctor`), go to one
+# worker, one after another ("machine"), so they never see each other's workers or race for a port. Every
+# other file is a group of its own: its module-scoped fixtures (a training run, a conversion) are built
+# once, on one worker, and files spread over both. The machine group is put first in the collection so
+# its long serial chain starts at once and the other worker's files run beside it.
+MACHINE_WIDE = {"tests/diagnostics/test_doctor.py", "tests/diagnostics/test_preflight.py",
+                "tests/test_cli.py::test_every_help_example_runs"}
+
+
+def _machine_wide(item, rel: str) -> bool:
+    return "msrun" in item.keywords or rel in MACHINE_WIDE or f"{rel}::{item.originalname}" in MACHINE_WIDE
 
 
 def pytest_collection_modifyitems(config, items):
+    first = set()
     for item in items:
         rel = Path(str(item.fspath)).resolve().relative_to(ROOT).as_posix()
-        if "msrun" in item.keywords or rel in MACHINE_WIDE:
+        if _machine_wide(item, rel):
             item.add_marker(pytest.mark.xdist_group("machine"))
+            first.add(item.nodeid)
+        else:
+            item.add_marker(pytest.mark.xdist_group(rel))
+    items.sort(key=lambda item: item.nodeid not in first)   # stable: files keep their order
     if _has_npu():
         return
     skip = pytest.mark.skip(reason="needs a real Ascend NPU")
@@ -125,13 +137,14 @@ def stories_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_cpu_run(tmp_path_factory) -> Path:
-    """The run directory of `port train recipes/tiny-cpu.yaml`, run once as a user runs it (from the
-    command line, in a directory of its own), for the tests that read a finished run: copy it to change it."""
+    """The run directory of `port train recipes/tiny-cpu.yaml`, run once as a user runs it (the command as
+    written, in a directory of its own; in this process, tests/helpers.py), for the tests that read a
+    finished run: copy it to change it."""
+    from tests.helpers import port
+
     work = tmp_path_factory.mktemp("tiny-cpu")
     (work / "recipes").symlink_to(ROOT / "recipes")
-    p = subprocess.run([sys.executable, "-m", "porting", "train", "recipes/tiny-cpu.yaml"], cwd=work,
-                       capture_output=True, text=True, timeout=600,
-                       env=dict(os.environ, PYTHONPATH=str(ROOT), GLOG_v="3"))
+    p = port("train", "recipes/tiny-cpu.yaml", cwd=work)
     assert p.returncode == 0, p.stderr[-3000:]
     assert "done: 20 steps" in p.stdout + p.stderr, p.stderr[-3000:]
     return work / "runs" / "tiny-cpu"

@@ -3,13 +3,9 @@
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import shutil
-import subprocess
-import sys
 import time
-import traceback
 from pathlib import Path
 
 import click
@@ -18,12 +14,7 @@ from click.testing import CliRunner
 
 from porting.cli import main
 from tests.conftest import ROOT
-
-
-def port(*args: str, timeout: int = 600, cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(ROOT), GLOG_v="3")
-    return subprocess.run([sys.executable, "-m", "porting", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout, env=env)
+from tests.helpers import port
 
 
 def _all_commands(group: click.Group, prefix=()):
@@ -169,24 +160,17 @@ def _steps(line: str, work: Path) -> list[tuple[dict, list[str], str | None]]:
 def _run_example(line: str, work: Path, extra: tuple[str, ...] = ()) -> tuple[int, str, str]:
     """Run an example in-process (as `port` would, in ``work``); (exit code, stdout, stderr)."""
     out, err, code = "", "", 0
-    old = os.getcwd()
-    os.chdir(work)
-    try:
-        for env, argv, redirect in _steps(line, work):
-            # an empty HF cache of its own: zoo names other than stories260k are "not downloaded" everywhere
-            res = CliRunner().invoke(main, [*argv, *extra], env={"HOME": str(work), "HF_HOME": None,
-                                                                 "HF_HUB_CACHE": str(work / "hf-cache"),
-                                                                 "PORT_ZOO_FILE": str(work / "zoo.json"), **env})
-            if res.exception is not None and not isinstance(res.exception, SystemExit):
-                raise AssertionError(f"{line}: traceback\n" + "".join(traceback.format_exception(
-                    type(res.exception), res.exception, res.exception.__traceback__))[-3000:])
-            if redirect:
-                (work / redirect).write_text(res.stdout)
-            out, err, code = out + res.stdout, err + res.stderr, res.exit_code
-            if code:
-                break
-    finally:
-        os.chdir(old)
+    for env, argv, redirect in _steps(line, work):
+        # an empty HF cache of its own: zoo names other than stories260k are "not downloaded" everywhere
+        res = port(*argv, *extra, cwd=work, env={"HOME": str(work), "HF_HOME": None,
+                                                 "HF_HUB_CACHE": str(work / "hf-cache"),
+                                                 "PORT_ZOO_FILE": str(work / "zoo.json"), **env})
+        assert "Traceback (most recent call last)" not in res.stderr, f"{line}: traceback\n{res.stderr[-3000:]}"
+        if redirect:
+            (work / redirect).write_text(res.stdout)
+        out, err, code = out + res.stdout, err + res.stderr, res.returncode
+        if code:
+            break
     return code, out, err
 
 
@@ -214,6 +198,7 @@ def example_workdir(tmp_path_factory, tiny_cpu_run) -> Path:
     return work
 
 
+@pytest.mark.slow
 def test_every_help_example_runs(example_workdir, tmp_path):
     """Every example in every `port ... --help` runs: as written, with --dry-run where it needs a
     cluster, or failing with the documented message where it needs what this machine lacks."""
@@ -270,8 +255,7 @@ def test_verify_missing_dir_and_unsupported_arch(tmp_path):
 
 def test_verify_missing_from_hf_cache_names_repo(tmp_path, monkeypatch):
     env_cache = tmp_path / "hub"
-    res = subprocess.run([sys.executable, "-m", "porting", "verify", "--hf", "llama-7b"], cwd=ROOT,
-                         capture_output=True, text=True, env={**os.environ, "HF_HUB_CACHE": str(env_cache)})
+    res = port("verify", "--hf", "llama-7b", env={"HF_HUB_CACHE": str(env_cache)})
     assert res.returncode == 2
     assert "huggyllama/llama-7b" in res.stderr and str(env_cache) in res.stderr
 

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import shutil
-import subprocess
-import sys
 
 import pytest
 
 from model_zoo.errors import ConfigError
 from porting.generate import CACHE_MODES, load_zoo_model
-from tests.conftest import EMBEDDED, GOLDEN_FIRST_IDS, GOLDEN_TEXT, ROOT
+from tests.conftest import EMBEDDED, GOLDEN_FIRST_IDS, GOLDEN_TEXT
+from tests.helpers import port
 
 
 @pytest.fixture(scope="module")
@@ -32,6 +31,7 @@ def test_every_mode_stops_at_eos(stories, cache):
     assert greedy(stories, [1], 20, cache=cache, eos_token_id=GOLDEN_FIRST_IDS[4]) == GOLDEN_FIRST_IDS[:5]
 
 
+@pytest.mark.slow
 def test_longer_prompt_continues_the_golden_text(stories):
     from model_zoo.decode import greedy
 
@@ -53,13 +53,9 @@ def test_bad_arguments_are_one_line(stories, args, message):
         greedy(stories, **args)
 
 
-def _port(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "porting", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=600)
-
-
+@pytest.mark.slow
 def test_port_generate_prints_the_golden_text():
-    res = _port("generate", "--hf", str(EMBEDDED), "--max-new-tokens", "60")
+    res = port("generate", "--hf", str(EMBEDDED), "--max-new-tokens", "60")
     assert res.returncode == 0, res.stderr[-2000:]
     assert res.stdout == GOLDEN_TEXT + "\n"
 
@@ -69,7 +65,7 @@ def test_port_generate_without_tokenizer_is_one_line(tmp_path):
     d.mkdir()
     shutil.copy(EMBEDDED / "config.json", d / "config.json")
     shutil.copy(EMBEDDED / "model.safetensors", d / "model.safetensors")
-    res = _port("generate", "--hf", str(d))
+    res = port("generate", "--hf", str(d))
     assert res.returncode == 2 and res.stdout == ""
     assert res.stderr == f"error: {d}: missing tokenizer.json (or tokenizer.model); copy the model's tokenizer " \
                          "files into the model directory\n"

@@ -12,7 +12,8 @@ import pytest
 
 from model_zoo import presets
 from porting.rehearse import scaled_config
-from tests.train.conftest import ROOT, error_line, port
+from tests.helpers import port_process
+from tests.train.conftest import ROOT, error_line
 
 TINY = str(ROOT / "recipes" / "tiny-cpu.yaml")
 
@@ -34,14 +35,14 @@ def test_the_small_model_keeps_the_familys_features(name):
 @pytest.mark.slow
 def test_tiny_recipe_ladder_passes_and_the_report_reads_it(tmp_path):
     out = tmp_path / "r"
-    r = port("rehearse", TINY, "--out", str(out), timeout=900)
+    r = port_process("rehearse", TINY, "--out", str(out), timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     doc = json.loads((out / "rehearse.json").read_text())
     st = {g["name"]: g["status"] for g in doc["rungs"]}
     assert st == {"single": "pass", "parity": "pass", "node": "skip", "two-nodes": "skip"}
     single = doc["rungs"][0]
     assert len(single["losses"]) == 3 and single["compile_s"] is not None and single["compile_s"] > 0
-    rep = port("report", str(out))
+    rep = port_process("report", str(out))
     assert rep.returncode == 0, rep.stderr[-2000:]
     md = (out / "report" / "report.md").read_text()
     assert "run at 1 device" in md and "compile, rung single" in md and "rehearsal parity" in md
@@ -50,7 +51,7 @@ def test_tiny_recipe_ladder_passes_and_the_report_reads_it(tmp_path):
 @pytest.mark.slow
 def test_a_broken_rung_stops_the_ladder_with_its_reason(tmp_path):
     out = tmp_path / "r"
-    r = port("rehearse", TINY, "--out", str(out), "--rung-set", "optimizer.lr=1e30", "--rungs", "single,parity",
+    r = port_process("rehearse", TINY, "--out", str(out), "--rung-set", "optimizer.lr=1e30", "--rungs", "single,parity",
              timeout=900)
     assert r.returncode != 0
     line = error_line(r)
@@ -63,7 +64,7 @@ def test_a_broken_rung_stops_the_ladder_with_its_reason(tmp_path):
 @pytest.mark.msrun
 def test_13b_shape_tp2_dp2_zero_two_node_ranks_pass_and_agree(tmp_path):
     out = tmp_path / "r13"
-    r = port("rehearse", str(ROOT / "recipes" / "13b-32card.yaml"), "--out", str(out), timeout=1800)
+    r = port_process("rehearse", str(ROOT / "recipes" / "13b-32card.yaml"), "--out", str(out), timeout=1800)
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
     doc = json.loads((out / "rehearse.json").read_text())
     rungs = {g["name"]: g for g in doc["rungs"]}
@@ -75,7 +76,7 @@ def test_13b_shape_tp2_dp2_zero_two_node_ranks_pass_and_agree(tmp_path):
     recipe = (out / "recipes" / "node.yaml").read_text()
     assert "optimizer_sharding: true" in recipe and "tensor_parallel: 2" in recipe
     assert (out / "rungs" / "two-nodes" / "logs").is_dir()
-    md_run = port("report", str(out))
+    md_run = port_process("report", str(out))
     assert md_run.returncode == 0
     md = (out / "report" / "report.md").read_text()
     for label in ("run at 1 device", "run at single-node multi-device", "run at multi-node"):

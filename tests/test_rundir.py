@@ -14,7 +14,8 @@ import pytest
 
 from porting import rundir as rd
 from porting.train.run.checkpoint import TrainState
-from tests.train.conftest import FAST, TINY, error_line, port
+from tests.train.conftest import FAST, TINY, error_line
+from tests.helpers import port
 
 
 def _manifest(**kw) -> rd.RunManifest:
@@ -121,6 +122,7 @@ def real_run(tmp_path_factory) -> Path:
     return run
 
 
+@pytest.mark.slow
 def test_a_real_port_train_run_directory_reads_back(real_run):
     run = rd.read_run(real_run)
     assert [s.step for s in run.steps] == [1, 2, 3, 4] and run.notes == []
@@ -136,6 +138,7 @@ def test_a_real_port_train_run_directory_reads_back(real_run):
     assert len(lines) == 5 and rd.read_metrics(real_run / "metrics.jsonl").skipped == 0
 
 
+@pytest.mark.slow
 def test_hf_export_is_a_conversion_with_the_converters_manifest(real_run):
     """The export went through converters.ms_to_hf: port_manifest.json with the name map and every
     tensor's sha256, which matches the bytes in model.safetensors."""
@@ -167,6 +170,7 @@ def test_hf_export_is_a_conversion_with_the_converters_manifest(real_run):
     ({"adam_t": "x"}, "key 'adam_t' is str \"x\", expected an integer >= 0"),
     ("[1, 2]", "expected a JSON object at the top level"),
 ])
+@pytest.mark.slow
 def test_damaged_state_json_on_resume_is_one_line_naming_file_and_key(real_run, tmp_path, state, needle):
     run = tmp_path / "run"
     shutil.copytree(real_run, run)

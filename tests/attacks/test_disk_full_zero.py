@@ -8,7 +8,8 @@ import signal
 
 import pytest
 
-from tests.train.conftest import TINY, free_port, port
+from tests.train.conftest import TINY, free_port
+from tests.helpers import port_process
 
 pytestmark = [pytest.mark.msrun, pytest.mark.slow]
 
@@ -24,7 +25,7 @@ def _args(steps: int) -> list[str]:
 
 def test_disk_full_during_a_sharded_checkpoint_keeps_the_previous_one(tmp_path):
     run = tmp_path / "zero1"
-    port("train", str(TINY), "--run-dir", str(run), *_args(2), check=True, timeout=400)
+    port_process("train", str(TINY), "--run-dir", str(run), *_args(2), check=True, timeout=400)
     step2 = run / "checkpoints" / "step_2"
     before = {p.name: p.read_bytes() for p in step2.iterdir()}
     assert {"rank_00000.safetensors", "rank_00001.safetensors", "layout.json", "state.json"} == set(before)
@@ -34,7 +35,8 @@ def test_disk_full_during_a_sharded_checkpoint_keeps_the_previous_one(tmp_path):
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 
-    r = port("train", str(TINY), "--run-dir", str(run), *_args(4), "--resume", preexec_fn=full_disk, timeout=400)
+    r = port_process("train", str(TINY), "--run-dir", str(run), *_args(4), "--resume", preexec_fn=full_disk,
+                     timeout=400)
     assert r.returncode != 0, r.stdout[-2000:]
     errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
     assert len(errors) == 1, r.stderr[-3000:]

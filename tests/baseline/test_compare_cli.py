@@ -7,29 +7,15 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.helpers import port
+
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = "recipes/tiny-cpu.yaml"
 STEPS = ("--set", "schedule.max_steps=6")
-
-
-def port(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "porting", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout)
-
-
-def port_inproc(*args: str) -> subprocess.CompletedProcess:
-    """The same CLI in this process (click's runner): for the quick bad-input cases."""
-    from click.testing import CliRunner
-
-    from porting.cli import main
-
-    r = CliRunner().invoke(main, list(args))
-    return subprocess.CompletedProcess(args, r.exit_code, r.stdout, r.stderr)
 
 
 def one_line_error(p: subprocess.CompletedProcess, *needles: str) -> str:
@@ -52,6 +38,7 @@ def work(tmp_path_factory) -> dict[str, Path]:
     return {"dir": d, "base": base, "run": run}
 
 
+@pytest.mark.slow
 def test_baseline_and_port_agree_in_fp32(work):
     p = port("compare", str(work["base"]), str(work["run"]), "--json", "--out", str(work["dir"] / "cmp.json"))
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
@@ -71,6 +58,7 @@ def test_baseline_and_port_agree_in_fp32(work):
     assert est["estimate_total_gib"] > 0 and est["ratio_total_over_measured_max"] > 0
 
 
+@pytest.mark.slow
 def test_probe_from_the_hf_export_when_no_checkpoint(work, tmp_path):
     """Without checkpoints/step_6 the probe comes from hf/ (the run ended at the baseline's last step)."""
     run = tmp_path / "run"
@@ -81,6 +69,7 @@ def test_probe_from_the_hf_export_when_no_checkpoint(work, tmp_path):
     assert pr["available"] and pr["source"].endswith("hf") and pr["max_abs_diff"] < 1e-3
 
 
+@pytest.mark.slow
 def test_human_table_and_a_real_divergence_fails(work, tmp_path):
     ok = port("compare", str(work["base"]), str(work["run"]))
     assert ok.returncode == 0 and "settings: identical" in ok.stdout and "RESULT: PASS" in ok.stdout
@@ -101,6 +90,7 @@ def test_human_table_and_a_real_divergence_fails(work, tmp_path):
     assert "RESULT: FAIL: loss outside tolerance at steps [2, 3]" in table.stdout
 
 
+@pytest.mark.slow
 def test_different_batch_settings_are_said_first(work, tmp_path):
     other = tmp_path / "acc.json"
     p = port("baseline", "--recipe", RECIPE, *STEPS, "--set", "batching.micro_batch_size=2",
@@ -117,56 +107,58 @@ def test_different_batch_settings_are_said_first(work, tmp_path):
     assert "FAIL: settings differ: micro_batch_size, grad_accum_steps" in out and "  FAIL" not in out
 
 
+@pytest.mark.slow
 def test_bad_inputs_are_one_line_errors(work, tmp_path):
     base, run = str(work["base"]), str(work["run"])
-    one_line_error(port_inproc("compare", str(tmp_path / "nope.json"), run), "nope.json: no such baseline file")
+    one_line_error(port("compare", str(tmp_path / "nope.json"), run), "nope.json: no such baseline file")
     corrupt = tmp_path / "corrupt.json"
     corrupt.write_text(work["base"].read_text()[:5000])
-    one_line_error(port_inproc("compare", str(corrupt), run), "corrupt.json: invalid baseline file at line")
+    one_line_error(port("compare", str(corrupt), run), "corrupt.json: invalid baseline file at line")
     foreign = tmp_path / "foreign.json"
     foreign.write_text(json.dumps({"format": "something-else", "runs": []}))
-    one_line_error(port_inproc("compare", str(foreign), run), "not a port-baseline v1 file", "missing key 'steps'")
-    one_line_error(port_inproc("compare", base, str(tmp_path / "norun")), "norun: no such run directory")
+    one_line_error(port("compare", str(foreign), run), "not a port-baseline v1 file", "missing key 'steps'")
+    one_line_error(port("compare", base, str(tmp_path / "norun")), "norun: no such run directory")
     no_metrics = tmp_path / "no_metrics"
     shutil.copytree(run, no_metrics, ignore=shutil.ignore_patterns("checkpoints", "hf", "logs"))
     (no_metrics / "metrics.jsonl").unlink()
-    one_line_error(port_inproc("compare", base, str(no_metrics)), "metrics.jsonl: missing")
+    one_line_error(port("compare", base, str(no_metrics)), "metrics.jsonl: missing")
     other_model = tmp_path / "other_model"
     shutil.copytree(run, other_model, ignore=shutil.ignore_patterns("checkpoints", "hf", "logs"))
     man = json.loads((other_model / "manifest.json").read_text())
     man["model"]["config"]["num_hidden_layers"] = 4
     (other_model / "manifest.json").write_text(json.dumps(man))
-    one_line_error(port_inproc("compare", base, str(other_model)), "trains another model than baseline",
+    one_line_error(port("compare", base, str(other_model)), "trains another model than baseline",
                    "num_parameters 260032 vs")
     # issue 15: a run manifest nested 100,000 levels deep is one line, and nothing in the run is touched
     deep = tmp_path / "deep"
     shutil.copytree(run, deep, ignore=shutil.ignore_patterns("checkpoints", "hf", "logs"))
     (deep / "manifest.json").write_text("[" * 100_000 + "]" * 100_000)
     before = {p: p.read_bytes() for p in deep.rglob("*") if p.is_file()}
-    one_line_error(port_inproc("compare", base, str(deep)), f"{deep / 'manifest.json'}: the JSON nests deeper "
+    one_line_error(port("compare", base, str(deep)), f"{deep / 'manifest.json'}: the JSON nests deeper "
                    "than 64 levels")
     assert {p: p.read_bytes() for p in deep.rglob("*") if p.is_file()} == before
 
 
+@pytest.mark.slow
 def test_a_cut_metrics_line_is_counted_in_the_comparison(work, tmp_path):
     """The one reading rule (porting.rundir): a line cut by a kill is skipped, counted and shown."""
     run = tmp_path / "cut"
     shutil.copytree(work["run"], run, ignore=shutil.ignore_patterns("hf", "logs"))
     with open(run / "metrics.jsonl", "a") as f:
         f.write('{"step": 7, "loss": 0.')
-    p = port_inproc("compare", str(work["base"]), str(run), "--no-probe")
+    p = port("compare", str(work["base"]), str(run), "--no-probe")
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     assert "NOTE (run directory): metrics.jsonl: 1 malformed line(s) skipped (first: line 8:" in p.stdout
 
 
 def test_baseline_bad_inputs_leave_no_file(tmp_path):
     out = tmp_path / "b.json"
-    one_line_error(port_inproc("baseline", "--recipe", RECIPE, "--device", "cuda", "--out", str(out)),
+    one_line_error(port("baseline", "--recipe", RECIPE, "--device", "cuda", "--out", str(out)),
                    "--device cuda", "no CUDA device")
-    one_line_error(port_inproc("baseline", "--recipe", RECIPE, *STEPS, "--steps", "9", "--out", str(out)),
+    one_line_error(port("baseline", "--recipe", RECIPE, *STEPS, "--steps", "9", "--out", str(out)),
                    "--steps 9", "only 6 optimizer steps")
-    one_line_error(port_inproc("baseline", "--recipe", str(tmp_path / "none.yaml"), "--out", str(out)),
+    one_line_error(port("baseline", "--recipe", str(tmp_path / "none.yaml"), "--out", str(out)),
                    "none.yaml: recipe file not found")
-    one_line_error(port_inproc("baseline", "--recipe", RECIPE, "--out", str(tmp_path / "missing" / "b.json")),
+    one_line_error(port("baseline", "--recipe", RECIPE, "--out", str(tmp_path / "missing" / "b.json")),
                    "does not exist")
     assert list(tmp_path.iterdir()) == []

@@ -5,21 +5,17 @@ all-reduced port step computes, so the loss curves and final weights must agree 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from porting.cluster.preflight import free_port
+from tests.helpers import port, port_process
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = "recipes/tiny-cpu.yaml"
 
 
-def port(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "porting", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=900)
 
 
 @pytest.mark.slow
@@ -27,7 +23,9 @@ def port(*args: str) -> subprocess.CompletedProcess:
 def test_two_worker_run_matches_single_process_baseline(tmp_path):
     sets = ["--set", "schedule.max_steps=3", "--set", "cluster.devices_per_node=2"]
     run = tmp_path / "dp"
-    p = port("train", RECIPE, *sets, "--set", f"cluster.master_port={free_port()}", "--run-dir", str(run))
+    # msrun's workers write to the launching process's own stdout/stderr: a process of its own
+    p = port_process("train", RECIPE, *sets, "--set", f"cluster.master_port={free_port()}", "--run-dir", str(run),
+                     timeout=900)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
     base = tmp_path / "dp.json"
     p = port("baseline", "--recipe", RECIPE, *sets, "--out", str(base), "--threads", "2")

@@ -70,6 +70,7 @@ def test_baseline_file_is_self_describing(micro4):
     assert len(d["probe"]["input_ids"][0]) == 16
 
 
+@pytest.mark.slow
 def test_probe_logits_at_init_match_the_port_model(micro4):
     """The probe's initial logits from torch equal the zoo's MindSpore cell on the same weights."""
     from porting.baseline.probe_logits import logits_from_hf

@@ -6,8 +6,6 @@ from __future__ import annotations
 import json
 import shutil
 import struct
-import subprocess
-import sys
 from pathlib import Path
 from typing import Callable
 
@@ -74,11 +72,6 @@ def read_raw_header(path: Path) -> tuple[dict, bytes]:
 def write_raw(path: Path, header: dict | bytes, body: bytes, length: int | None = None) -> None:
     blob = header if isinstance(header, bytes) else json.dumps(header).encode()
     path.write_bytes(struct.pack("<Q", len(blob) if length is None else length) + blob + body)
-
-
-def port(*args: str, cwd: Path = ROOT, **kw) -> subprocess.CompletedProcess:
-    """The real CLI in a subprocess."""
-    return subprocess.run([sys.executable, "-m", "porting", *args], cwd=cwd, capture_output=True, text=True, **kw)
 
 
 def one_line_error(stderr: str) -> str:

@@ -20,7 +20,8 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from tests.converters.conftest import ROOT, one_line_error, port, read_raw_header, write_raw
+from tests.converters.conftest import ROOT, one_line_error, read_raw_header, write_raw
+from tests.helpers import port
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 

@@ -15,7 +15,8 @@ import pytest
 from converters import convert
 from converters.sources import MANIFEST, open_hf
 from porting.roundtrip import verify_checkpoint
-from tests.converters.conftest import ARCHS, port
+from tests.converters.conftest import ARCHS
+from tests.helpers import port
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 
@@ -220,6 +221,7 @@ def test_manifest_contents(hf_factory, tmp_path):
 
 
 @pytest.mark.compat
+@pytest.mark.slow
 def test_stories260k_real_model(stories_dir, tmp_path):
     """The real stories260K: bitwise round trip, and the zoo cell loaded from the MindSpore checkpoint
     generates the golden tokens."""

@@ -14,7 +14,8 @@ from pathlib import Path
 from converters import convert
 from converters.sources import MANIFEST, known_sha256
 from porting.roundtrip import verify_checkpoint
-from tests.converters.conftest import EMBEDDED, port
+from tests.converters.conftest import EMBEDDED
+from tests.helpers import port
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 

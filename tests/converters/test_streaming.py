@@ -176,6 +176,7 @@ def _peak_rss_kib(args: list[str]) -> int:
 
 
 @pytest.mark.skipif(not Path("/usr/bin/time").exists(), reason="needs GNU time for peak RSS")
+@pytest.mark.slow
 def test_peak_rss_does_not_grow_with_model_size(tmp_path):
     """Converting ~55 MiB and ~420 MiB bf16 checkpoints (with and without a cast) costs the same memory."""
     from converters.synthetic import write_random_hf

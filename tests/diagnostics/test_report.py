@@ -177,23 +177,18 @@ def test_html_renders_in_headless_chromium(tmp_path):
 
 
 @pytest.mark.slow
-def test_end_to_end_real_port_train_run(tmp_path):
-    """A real `port train` run (stories260K on TinyStories, 20 steps on this CPU), the real ops scan
-    written next to it, then the report: every row that run can fill is filled."""
-    import subprocess
-    import sys
+def test_end_to_end_real_port_train_run(tmp_path, tiny_cpu_run):
+    """A real `port train` run (stories260K on TinyStories, 20 steps on this CPU: the session's
+    `tiny_cpu_run`, copied), the real ops scan written next to it, then the report: every row that run can
+    fill is filled."""
+    import shutil
 
-    root = Path(__file__).resolve().parents[2]
+    from tests.helpers import port
+
     run = tmp_path / "run"
-    r = subprocess.run([sys.executable, "-m", "porting", "train", "recipes/tiny-cpu.yaml", "--set",
-                        f"output_dir={run}"], cwd=root, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    from click.testing import CliRunner
-
-    from porting.cli import main
-
-    res = CliRunner().invoke(main, ["ops", "scan", "--hf", "stories260k", "--out", str(run / "ops_scan.json")])
-    assert res.exit_code == 0, res.output
+    shutil.copytree(tiny_cpu_run, run)
+    res = port("ops", "scan", "--hf", "stories260k", "--out", str(run / "ops_scan.json"))
+    assert res.returncode == 0, res.stdout + res.stderr
     rep = make_report(run)
     rows = rows_by_item(rep)
     assert rows["training loss"]["status"] == "pass"

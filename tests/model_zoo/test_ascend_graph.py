@@ -87,6 +87,7 @@ def no_accum_steps():
     return _fused_step(True, batch), _fused_step(False, batch)
 
 
+@pytest.mark.slow
 def test_fused_plan_trains_in_graph_mode_like_the_reference_without_accumulation(no_accum_steps):
     """Forward, backward, clip and AdamW in FusedTrainStep's one graph, fp16 compute."""
     (loss_f, norm_f, fin_f, delta_f), (loss_r, norm_r, fin_r, delta_r) = no_accum_steps
@@ -121,6 +122,7 @@ def _accum_run(fused: bool, batches: list[ms.Tensor]):
     return total / count, grads, float(norm.asnumpy()), bool(finite.asnumpy()), zeroed, _weights(model)
 
 
+@pytest.mark.slow
 def test_fused_plan_accumulates_gradients_in_graph_mode_like_the_reference():
     """AccumGradStep (two micro-batches) then ApplyStep: per-parameter gradients within fp16 tolerance."""
     batches = _batches(2)
@@ -134,6 +136,7 @@ def test_fused_plan_accumulates_gradients_in_graph_mode_like_the_reference():
     assert max(_rel(w_f[k], w_r[k]) for k in w_r) < 1e-2
 
 
+@pytest.mark.slow
 def test_bfloat16_compute_graph_passes_the_front_end():
     """The bf16 Ascend graph parses, infers and passes every stand-in contract; only the CPU backend's
     kernel selection (no bfloat16 Reshape/Gather/Assign) stops it. Were the graph not graph-safe (a

@@ -207,6 +207,7 @@ def fresh_status(monkeypatch, tmp_path):
     cpu_kernels._build.cache_clear()
 
 
+@pytest.mark.slow
 def test_compiles_once_into_the_cache(fresh_status):
     lib, why = cpu_kernels.status()
     assert lib is not None and lib.startswith(str(fresh_status)) and lib in why

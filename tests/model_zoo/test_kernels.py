@@ -107,6 +107,7 @@ def test_rope_fused_allowed_follows_documented_limits():
     assert kernels.rope_fused_allowed(64, 32, 16, 72, 2)  # 144 bytes: not 32-byte aligned
 
 
+@pytest.mark.slow
 def test_whole_model_on_fused_paths_matches_reference(monkeypatch):
     """The model built for Ascend (all three fused kernels) gives the reference model's logits when the
     fused ops are the NumPy models of their documented semantics."""

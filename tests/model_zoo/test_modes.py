@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import ROOT
 
 SCRIPT = r"""
@@ -48,6 +50,7 @@ def _run(mode: str, tmp_path) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_graph_and_pynative_agree_on_forward_and_training_steps(tmp_path):
     import numpy as np
 

@@ -33,6 +33,7 @@ def test_golden_greedy_text_static_cache(stories, stories_dir):
 
 
 @pytest.mark.parametrize("cache", ["dynamic", "none"])
+@pytest.mark.slow
 def test_golden_prefix_other_cache_modes(stories, stories_dir, cache):
     """The PyNative paths run op by op (~0.3 s a token here), so they check a 20-token prefix."""
     ids = greedy(stories, [1], 20, cache=cache)

@@ -16,14 +16,10 @@ import pytest
 
 from model_zoo import presets
 from model_zoo.errors import ConfigError, UnknownModelError
+from tests.helpers import port
 
 ROOT = Path(__file__).resolve().parents[2]
 STORIES = ROOT / "model_zoo" / "assets" / "stories260k"
-
-
-def port(*args: str, env: dict, cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "porting", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT), "GLOG_v": "3", **env})
 
 
 @pytest.mark.parametrize("name,params", [

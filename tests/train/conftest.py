@@ -1,10 +1,9 @@
-"""Helpers for the `port train` tests: the CLI in a subprocess, free ports, small run settings."""
+"""Helpers for the `port train` tests: free ports, small run settings, reading a run (the CLI itself:
+tests/helpers.py)."""
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,15 +17,6 @@ TINY = ROOT / "recipes" / "tiny-cpu.yaml"
 # Small and fast: one padded shape (one compiled graph), few steps, no HF export unless asked.
 FAST = ["--set", "data.max_seq_length=64", "--set", "batching.bucketing.enabled=false",
         "--set", "checkpointing.export_hf=false"]
-
-
-def port(*args: str, check: bool = False, timeout: float = 300, **kw) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(ROOT), GLOG_v="3")
-    p = subprocess.run([sys.executable, "-m", "porting", *args], cwd=ROOT, capture_output=True, text=True,
-                       timeout=timeout, env=env, **kw)
-    if check and p.returncode != 0:
-        raise AssertionError(f"port {' '.join(args)} failed ({p.returncode}):\n{p.stderr[-3000:]}")
-    return p
 
 
 def error_line(p: subprocess.CompletedProcess) -> str:

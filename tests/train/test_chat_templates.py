@@ -15,7 +15,8 @@ from porting.train.data.chat import TemplateRenderer
 from porting.train.data.formats import Conversation, Turn
 from porting.train.recipe.schema import validate_recipe
 from tests.train import chat_tokenizers as CT
-from tests.train.conftest import ROOT, error_line, port
+from tests.train.conftest import ROOT, error_line
+from tests.helpers import port
 
 FIX = ROOT / "tests" / "train" / "fixtures"
 SYSTEM, Q1, A1, Q2, A2 = "Be brief.", "Hello", "Hi there", "Who are you", "   I am an assistant   "

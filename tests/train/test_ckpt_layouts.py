@@ -19,7 +19,8 @@ import re
 import numpy as np
 import pytest
 
-from tests.train.conftest import TINY, free_port, metrics, port
+from tests.helpers import port_process
+from tests.train.conftest import TINY, free_port, metrics
 from tests.train.conftest import small_settings as _settings
 
 pytestmark = [pytest.mark.msrun, pytest.mark.slow]
@@ -27,7 +28,7 @@ pytestmark = [pytest.mark.msrun, pytest.mark.slow]
 
 def _train(run, settings: list[str], resume: bool = False) -> None:
     args = [a for s in settings + [f"cluster.master_port={free_port()}"] for a in ("--set", s)]
-    port("train", str(TINY), "--run-dir", str(run), *args, *(["--resume"] if resume else []), check=True,
+    port_process("train", str(TINY), "--run-dir", str(run), *args, *(["--resume"] if resume else []), check=True,
          timeout=600)
 
 

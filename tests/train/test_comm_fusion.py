@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.train.conftest import TINY, free_port, metrics, port
+from tests.train.conftest import TINY, free_port, metrics
+from tests.helpers import port, port_process
 
 pytestmark = [pytest.mark.msrun, pytest.mark.slow]
 
@@ -42,7 +43,7 @@ def runs(tmp_path_factory):
         mp.setenv("MS_DEV_SAVE_GRAPHS", "1")
         mp.setenv("MS_DEV_SAVE_GRAPHS_PATH", str(run / "ir"))
         try:
-            port("train", str(TINY), "--run-dir", str(run / "run"), *args, check=True, timeout=600)
+            port_process("train", str(TINY), "--run-dir", str(run / "run"), *args, check=True, timeout=600)
         finally:
             mp.undo()
         plan = json.loads(port("train", str(TINY), "--dry-run", "--json", *args, check=True).stdout)

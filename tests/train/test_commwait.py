@@ -11,7 +11,8 @@ from porting.report import make_report
 from porting.report.rows import comm_wait_row
 from porting.rundir import RunRecords, StepRecord, read_run
 from porting.train.run.commwait import DELAY_ENV, delay_for, sampled
-from tests.train.conftest import FAST, TINY, free_port, metrics, port
+from tests.train.conftest import FAST, TINY, free_port, metrics
+from tests.helpers import port_process
 
 SLOW_S = 0.6
 
@@ -30,8 +31,8 @@ def test_a_slow_rank_shows_as_the_other_rank_waiting(tmp_path, monkeypatch):
     run = tmp_path / "slow"
     sets = ["cluster.devices_per_node=2", "schedule.max_steps=3", "logging.comm_sample_every=1",
             "checkpointing.every_steps=0", "batching.micro_batch_size=2", f"cluster.master_port={free_port()}"]
-    port("train", str(TINY), "--run-dir", str(run), *FAST, *[a for s in sets for a in ("--set", s)],
-         check=True, timeout=400)
+    port_process("train", str(TINY), "--run-dir", str(run), *FAST, *[a for s in sets for a in ("--set", s)],
+                 check=True, timeout=400)
     steps, _ = metrics(run)
     assert [s["step"] for s in steps] == [1, 2, 3]
     for s in steps:

@@ -14,7 +14,8 @@ from model_zoo.labels import IGNORE_INDEX
 from porting.train.data.tokenise import tokenize_dataset
 from porting.train.recipe.schema import validate_recipe
 from porting.tokenizer import load_tokenizer
-from tests.train.conftest import ROOT, error_line, port
+from tests.train.conftest import ROOT, error_line
+from tests.helpers import port
 
 EMBEDDED = ROOT / "model_zoo" / "assets" / "stories260k"
 TEXT = ROOT / "porting" / "train" / "assets" / "tinystories_sample.txt"

@@ -12,7 +12,8 @@ from porting.train.data.batching import build_plan
 from porting.train.data.tokenise import tokenize_dataset
 from porting.train.recipe.schema import validate_recipe
 from porting.tokenizer import load_tokenizer
-from tests.train.conftest import FAST, ROOT, TINY, error_line, metrics, port
+from tests.train.conftest import FAST, ROOT, TINY, error_line, metrics
+from tests.helpers import port
 
 TEXT = ROOT / "porting" / "train" / "assets" / "tinystories_sample.txt"
 PARTS = ROOT / "tests" / "train" / "fixtures" / "openai_parts_v1_sft_demo.jsonl"
@@ -23,6 +24,7 @@ def _eval(*args) -> dict:
     return json.loads(r.stdout[r.stdout.index("{"):])
 
 
+@pytest.mark.slow
 def test_zoo_cell_matches_hf_on_real_text():
     four = _eval("--hf", "stories260k", "--data", str(TEXT), "--long-text", "split", "--batch-size", "4")
     z, h = four["zoo"], four["hf"]
@@ -40,6 +42,7 @@ def test_zoo_cell_matches_hf_on_real_text():
     assert n1 == z["tokens"] and s1 / n1 == pytest.approx(h["mean_loss"], abs=1e-5)
 
 
+@pytest.mark.slow
 def test_converted_checkpoint_on_chat_data_against_its_hf_source(tmp_path):
     out = tmp_path / "ms"
     port("convert", "--hf", "stories260k", "--out", str(out), "-q", check=True)
@@ -69,6 +72,7 @@ def test_held_out_split_is_never_trained_on():
     assert max(e.length for e in plan.eval_data.examples) <= max(plan.boundaries)
 
 
+@pytest.mark.slow
 def test_port_train_evaluates_every_n_steps(tmp_path):
     run = tmp_path / "run"
     port("train", str(TINY), *FAST, "--set", "schedule.max_steps=4", "--set", "data.eval_split=0.25",

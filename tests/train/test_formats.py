@@ -16,7 +16,8 @@ from model_zoo.labels import IGNORE_INDEX
 from porting.train.data.tokenise import row_content, tokenize_dataset
 from porting.train.recipe.schema import validate_recipe
 from porting.tokenizer import load_tokenizer
-from tests.train.conftest import ROOT, error_line, metrics, port
+from tests.train.conftest import ROOT, error_line, metrics
+from tests.helpers import port
 
 FIX = ROOT / "tests" / "train" / "fixtures"
 EMBEDDED = ROOT / "model_zoo" / "assets" / "stories260k"

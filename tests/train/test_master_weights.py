@@ -73,6 +73,7 @@ def runs():
             "bf16_plain": _run(ROOT, "bfloat16", False)}
 
 
+@pytest.mark.slow
 def test_master_weights_keep_small_updates_and_track_fp32(runs, capsys):
     fp32, mw, plain = runs["fp32"], runs["bf16_masters"], runs["bf16_plain"]
     assert not fp32["masters"] and mw["masters"] and not plain["masters"]

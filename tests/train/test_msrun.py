@@ -7,7 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from tests.train.conftest import TINY, free_port, metrics, port
+from tests.train.conftest import TINY, free_port, metrics
+from tests.helpers import port_process
 
 pytestmark = [pytest.mark.msrun, pytest.mark.slow]
 
@@ -36,7 +37,7 @@ def test_two_msrun_workers_equal_one_worker_with_two_accumulation_steps(tmp_path
                                  f"cluster.master_port={free_port()}",
                                  "parallel.comm_fusion.allreduce_mode=size",
                                  "parallel.comm_fusion.allreduce_config=1"] for a in ("--set", s)]
-    port("train", str(TINY), "--run-dir", str(dp), *args, check=True, timeout=400)
+    port_process("train", str(TINY), "--run-dir", str(dp), *args, check=True, timeout=400)
     one = one_worker_accum2
 
     wa, wb = load_file(str(dp / "hf" / "model.safetensors")), load_file(str(one / "hf" / "model.safetensors"))
@@ -100,7 +101,7 @@ def test_sharded_optimizer_states_under_msrun_resume_and_match_one_worker(tmp_pa
     def launch(steps: int, *extra: str):
         args = [a for s in sharded + [f"schedule.max_steps={steps}", f"cluster.master_port={free_port()}"]
                 for a in ("--set", s)]
-        port("train", str(TINY), "--run-dir", str(run), *args, *extra, check=True, timeout=400)
+        port_process("train", str(TINY), "--run-dir", str(run), *args, *extra, check=True, timeout=400)
 
     launch(2)
     step2 = run / "checkpoints" / "step_2"

@@ -14,7 +14,8 @@ import time
 import numpy as np
 import pytest
 
-from tests.train.conftest import ROOT, TINY, free_port, metrics, port
+from tests.train.conftest import ROOT, TINY, free_port, metrics
+from tests.helpers import port, port_process
 
 pytestmark = [pytest.mark.msrun, pytest.mark.slow]
 
@@ -30,8 +31,8 @@ def test_two_node_ranks_equal_one_node_of_four_workers(tmp_path):
     from safetensors.numpy import load_file
 
     single = tmp_path / "one_node"
-    port("train", str(TINY), "--run-dir", str(single),
-         *_args(["cluster.devices_per_node=4", f"cluster.master_port={free_port()}"]), check=True, timeout=900)
+    port_process("train", str(TINY), "--run-dir", str(single),
+                 *_args(["cluster.devices_per_node=4", f"cluster.master_port={free_port()}"]), check=True, timeout=900)
 
     two = tmp_path / "two_nodes"
     args = _args(["cluster.nodes=2", "cluster.devices_per_node=2", f"cluster.master_port={free_port()}"])

@@ -11,7 +11,8 @@ from porting.train.plan.launch import msrun_commands
 from porting.train.plan.make import make_plan
 from porting.train.plan.memory import estimate_memory
 from porting.train.recipe.schema import validate_recipe
-from tests.train.conftest import ROOT, error_line, port
+from tests.train.conftest import ROOT, error_line
+from tests.helpers import port
 
 
 def _recipe(**sections):

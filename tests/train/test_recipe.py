@@ -9,7 +9,8 @@ import yaml
 
 from model_zoo.errors import RecipeError
 from porting.train.recipe.schema import apply_overrides, load_recipe, validate_recipe
-from tests.train.conftest import ROOT, error_line, port
+from tests.train.conftest import ROOT, error_line
+from tests.helpers import port
 
 RECIPES = sorted((ROOT / "recipes").glob("*.yaml"))
 

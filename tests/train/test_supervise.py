@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 
 from porting.supervise import Limits, Watch, derive_limits
-from tests.train.conftest import ROOT, TINY, free_port, port
+from tests.helpers import port_process
+from tests.train.conftest import ROOT, TINY, free_port
 
 COMMON = ["data.max_seq_length=64", "batching.bucketing.enabled=false", "batching.micro_batch_size=1",
           "batching.grad_accum_steps=2", "schedule.max_steps=6", "checkpointing.every_steps=2",
@@ -62,7 +63,7 @@ def _losses(run: Path) -> list[float]:
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory) -> Path:
     run = tmp_path_factory.mktemp("sup") / "clean"
-    r = port("train", str(TINY), "--run-dir", str(run), *_sets(), timeout=900)
+    r = port_process("train", str(TINY), "--run-dir", str(run), *_sets(), timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     return run
 
@@ -120,7 +121,7 @@ def test_a_frozen_rank_is_seen_before_the_collective_timeout_and_the_run_resumes
 @pytest.mark.slow
 def test_a_fault_that_repeats_at_the_same_step_stops_with_its_diagnosis(tmp_path):
     run = tmp_path / "sup"
-    r = port("train", str(TINY), "--run-dir", str(run), *_sets(["optimizer.lr=1e30"]), "--supervise",
+    r = port_process("train", str(TINY), "--run-dir", str(run), *_sets(["optimizer.lr=1e30"]), "--supervise",
              "--max-restarts", "5", timeout=900)
     assert r.returncode != 0
     err = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]

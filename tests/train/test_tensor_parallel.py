@@ -23,10 +23,10 @@ import re
 import numpy as np
 import pytest
 
-from tests.train.conftest import TINY, error_line, free_port, metrics, port
+from tests.train.conftest import TINY, error_line, free_port, metrics
 from tests.train.conftest import small_settings as _settings
+from tests.helpers import port, port_process
 
-pytestmark = [pytest.mark.msrun, pytest.mark.slow]
 
 
 def _args(settings: list[str]) -> list[str]:
@@ -40,18 +40,19 @@ def tp2_resumed(model_dir, tmp_path_factory):
     run = tmp_path_factory.mktemp("tp2") / "run"
     base = _settings(model_dir, "batching.micro_batch_size=4", "cluster.devices_per_node=2",
                      "parallel.tensor_parallel=2")
-    port("train", str(TINY), "--run-dir", str(run), *_args(base + ["schedule.max_steps=2",
-         f"cluster.master_port={free_port()}"]), check=True, timeout=400)
+    port_process("train", str(TINY), "--run-dir", str(run), *_args(base + ["schedule.max_steps=2",
+                 f"cluster.master_port={free_port()}"]), check=True, timeout=400)
     step2 = {p.name for p in (run / "checkpoints" / "step_2").iterdir()}
-    port("train", str(TINY), "--run-dir", str(run), "--resume",
-         *_args(base + ["schedule.max_steps=3", f"cluster.master_port={free_port()}"]), check=True, timeout=400)
+    port_process("train", str(TINY), "--run-dir", str(run), "--resume",
+                 *_args(base + ["schedule.max_steps=3", f"cluster.master_port={free_port()}"]), check=True,
+                 timeout=400)
     return run, step2
 
 
 @pytest.fixture(scope="module")
 def tp2_dp2(model_dir, tmp_path_factory):
     run = tmp_path_factory.mktemp("tp2dp2") / "run"
-    port("train", str(TINY), "--run-dir", str(run), *_args(_settings(
+    port_process("train", str(TINY), "--run-dir", str(run), *_args(_settings(
         model_dir, "cluster.devices_per_node=4", "parallel.tensor_parallel=2", "parallel.optimizer_sharding=true",
         "batching.micro_batch_size=1", "batching.grad_accum_steps=2",
         "schedule.max_steps=3", f"cluster.master_port={free_port()}")), check=True, timeout=600)
@@ -81,7 +82,7 @@ def packed_one_device(model_dir, alpaca, tmp_path_factory):
 def packed_tp2_dp2_zero2(model_dir, alpaca, tmp_path_factory):
     """Packed rows through TP=2 x DP=2 with ZeRO-2 (sharded accumulators), micro-batch 1 x 2 accumulation."""
     run = tmp_path_factory.mktemp("packedtp") / "run"
-    port("train", str(TINY), "--run-dir", str(run), *_args(_settings(model_dir, *_packed(
+    port_process("train", str(TINY), "--run-dir", str(run), *_args(_settings(model_dir, *_packed(
         alpaca, "batching.micro_batch_size=1", "batching.grad_accum_steps=2", "cluster.devices_per_node=4",
         "parallel.tensor_parallel=2", "parallel.optimizer_sharding=true", "parallel.zero_stage=2",
         f"cluster.master_port={free_port()}"))), check=True, timeout=600)
@@ -114,6 +115,8 @@ def _compare(run, ref, model_dir) -> None:
 
 
 @pytest.mark.compat
+@pytest.mark.msrun
+@pytest.mark.slow
 def test_tp2_with_resume_equals_one_device(tp2_resumed, one_device, model_dir):
     run, step2 = tp2_resumed
     # each rank wrote its own slice; nothing was merged inside the job
@@ -128,25 +131,31 @@ def test_tp2_with_resume_equals_one_device(tp2_resumed, one_device, model_dir):
 def tp2_pynative(model_dir, tmp_path_factory):
     """TP=2 on 2 msrun workers in PyNative (execution=pynative): micro-batch 2 x 2 accumulation steps, 3 steps."""
     run = tmp_path_factory.mktemp("tp2pyn") / "run"
-    port("train", str(TINY), "--run-dir", str(run), *_args(_settings(
+    port_process("train", str(TINY), "--run-dir", str(run), *_args(_settings(
         model_dir, "batching.micro_batch_size=2", "batching.grad_accum_steps=2", "cluster.devices_per_node=2",
         "parallel.tensor_parallel=2", "schedule.max_steps=3", "execution=pynative",
         f"cluster.master_port={free_port()}")), check=True, timeout=400)
     return run
 
 
+@pytest.mark.msrun
+@pytest.mark.slow
 def test_tp2_in_pynative_equals_one_device_in_graph_mode(tp2_pynative, one_device, model_dir):
     _compare(tp2_pynative, one_device, model_dir)
     log0 = (tp2_pynative / "logs" / "rank_0.log").read_text()
     assert "tensor parallel 2" in log0 and "execution: pynative" in log0
 
 
+@pytest.mark.msrun
+@pytest.mark.slow
 def test_tp2_dp2_on_four_workers_equals_dp2(tp2_dp2, one_device, model_dir):
     _compare(tp2_dp2, one_device, model_dir)
     assert {p.name for p in (tp2_dp2 / "logs").glob("rank_*.log")} == {f"rank_{i}.log" for i in range(4)}
     assert "data parallel 2 x tensor parallel 2" in (tp2_dp2 / "logs" / "rank_3.log").read_text()
 
 
+@pytest.mark.msrun
+@pytest.mark.slow
 def test_packed_rows_through_tp2_dp2_with_zero2_equal_one_device(packed_tp2_dp2_zero2, packed_one_device, model_dir):
     """Packing composes with tensor parallel (vocab-parallel loss) and ZeRO-2 (ShardedAccumGradStep): the
     positions, segment ids and sequence ends reach every rank's attention and the loss as on one device."""

@@ -16,7 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.train.conftest import FAST, ROOT, TINY, error_line, metrics, port
+from tests.train.conftest import FAST, ROOT, TINY, error_line, metrics
+from tests.helpers import port, port_process
 
 LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3} rank=0 ")
 
@@ -187,6 +188,7 @@ def _mount_tmpfs(where: Path, size: str) -> bool:
                           capture_output=True).returncode == 0
 
 
+@pytest.mark.slow
 def test_full_disk_at_checkpoint_keeps_previous_checkpoint(tmp_path):
     """A real ENOSPC on a small tmpfs when we may mount one; otherwise a real EFBIG from RLIMIT_FSIZE."""
     disk = tmp_path / "disk"
@@ -203,7 +205,8 @@ def test_full_disk_at_checkpoint_keeps_previous_checkpoint(tmp_path):
                 resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
 
         more = FAST + ["--set", "checkpointing.every_steps=2", "--set", "schedule.max_steps=6"]
-        r = port("train", str(TINY), "--run-dir", str(run), *more, "--resume", preexec_fn=limit)
+        # a file-size limit (or the tmpfs) for that process alone
+        r = port_process("train", str(TINY), "--run-dir", str(run), *more, "--resume", preexec_fn=limit)
         assert r.returncode == 2
         line = error_line(r)
         assert "step_6: could not write the checkpoint" in line and "step_4 is intact" in line, line
@@ -217,6 +220,7 @@ def test_full_disk_at_checkpoint_keeps_previous_checkpoint(tmp_path):
             subprocess.run(["umount", str(disk)], capture_output=True)
 
 
+@pytest.mark.slow
 def test_bucketed_alpaca_compiles_one_graph_per_shape(tmp_path, alpaca):
     from porting.train.run.loop import train
     from porting.train.recipe.schema import load_recipe

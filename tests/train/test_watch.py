@@ -11,7 +11,8 @@ import pytest
 from model_zoo.errors import RecipeError
 from porting.train.recipe.schema import LoggingSection
 from porting.train.run.watch import read_scalars, Watch
-from tests.train.conftest import FAST, TINY, error_line, metrics, port
+from tests.train.conftest import FAST, TINY, error_line, metrics
+from tests.helpers import port
 
 
 @pytest.fixture(scope="module")
@@ -22,6 +23,7 @@ def tb_run(tmp_path_factory):
     return run
 
 
+@pytest.mark.slow
 def test_tensorboard_events_hold_every_step(tb_run):
     steps, _ = metrics(tb_run)
     sc = read_scalars(tb_run)
