@@ -74,7 +74,7 @@ def test_two_pynative_msrun_workers_with_accumulation_equal_one_graph_worker(tmp
     dp = tmp_path / "dp2_pynative"
     settings = COMMON + ["checkpointing.every_steps=0", "cluster.devices_per_node=2", "batching.micro_batch_size=1",
                          "batching.grad_accum_steps=2", "execution=pynative", f"cluster.master_port={free_port()}"]
-    port("train", str(TINY), "--run-dir", str(dp), *[a for s in settings for a in ("--set", s)], check=True,
+    port_process("train", str(TINY), "--run-dir", str(dp), *[a for s in settings for a in ("--set", s)], check=True,
          timeout=400)
     wa, wb = load_file(str(dp / "hf" / "model.safetensors")), load_file(str(one_worker_accum2 / "hf" / "model.safetensors"))
     diff = max(float(np.abs(wa[k] - wb[k]).max()) for k in wa)

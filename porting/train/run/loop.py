@@ -14,6 +14,7 @@ import datetime as _dt
 import json
 import logging
 import math
+import os
 import sys
 import time
 import dataclasses
