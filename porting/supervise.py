@@ -140,6 +140,11 @@ class Watch:
         grew = {r: self._update(r, b, now) for r, b in self.beats.items()}
         for r, b in self.beats.items():
             if b.pid is not None and not _alive(b.pid):
+                held = self._stopped()
+                if held:   # the others finished or died around a rank that was stopped: that rank is the fault
+                    q, how = held[0]
+                    return q, "stall", (f"rank {q}: its process {self.beats[q].pid} is {how} (after step "
+                                        f"{self.beats[q].step}), while rank {r}'s process is gone")
                 return r, "exit", f"rank {r}: its process {b.pid} is gone (after step {b.step})"
         late = []
         for r, b in self.beats.items():
@@ -151,16 +156,26 @@ class Watch:
                 late.append((b.at, r, f"rank {r}: no log line for {now - b.at:.0f} s ({what}; limit {allowed:.0f} s)"))
         if not late:
             return None
-        stopped = [(r, st) for r, b in self.beats.items() if b.pid is not None and (st := _state(b.pid)) in ("T", "t", "D")]
+        stopped = self._stopped()
         if stopped:   # a rank stopped by a signal or stuck in the kernel, while the others wait in a collective
-            r, st = stopped[0]
-            how = "stopped (SIGSTOP or a debugger)" if st in ("T", "t") else "in uninterruptible sleep (I/O or driver)"
+            r, how = stopped[0]
             own = next((w for _, q, w in late if q == r), f"rank {r}: its log has not grown")
             return r, "stall", f"{own}; its process {self.beats[r].pid} is {how}"
         lowest = min(b.step or 0 for b in self.beats.values())
         late.sort(key=lambda x: ((self.beats[x[1]].step or 0) != lowest, x[0]))   # behind first, then stopped first
         _, r, what = late[0]
         return r, "stall", what
+
+    def _stopped(self) -> list[tuple[int, str]]:
+        """(rank, how) of ranks whose process is stopped (SIGSTOP, a debugger) or in uninterruptible sleep."""
+        out = []
+        for r, b in self.beats.items():
+            st = _state(b.pid) if b.pid is not None else ""
+            if st in ("T", "t"):
+                out.append((r, "stopped (SIGSTOP or a debugger)"))
+            elif st == "D":
+                out.append((r, "in uninterruptible sleep (I/O or driver)"))
+        return out
 
     def _update(self, r: int, b: _Beat, now: float) -> bool:
         """Read rank ``r``'s new log lines (step, saving, pid); whether its log grew."""

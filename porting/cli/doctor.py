@@ -14,7 +14,7 @@ Examples:
   port doctor
   port doctor --json > env.json
   HCCL_EXEC_TIMEOUT=600 port doctor
-  port doctor --cluster recipes/tiny-cpu.yaml --set cluster.devices_per_node=2
+  port doctor --cluster recipes/tiny-cpu.yaml --set cluster.devices_per_node=2 --set cluster.master_port=29517
   port doctor --cluster recipes/13b-32card.yaml --node-rank 1 --fingerprint-dir /shared/port_fp --no-smoke""")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("--cluster", "recipe", type=click.Path(path_type=Path), default=None,

@@ -4,6 +4,7 @@ the state the replay needs is refused with the recipe keys to set."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -39,6 +40,13 @@ def runs(tmp_path_factory) -> Path:
     shutil.copytree(work / "runs" / "same", work / "runs" / "lr3")
     for p in ["checkpoints/step_3", "checkpoints/step_4", "checkpoints/step_5", "hf"]:
         shutil.rmtree(work / "runs" / "lr3" / p)
+    # `--resume` refuses a recipe that differs from the checkpoint's beyond the layout keys (it could not continue
+    # exactly); the run "given a different learning rate from step 3 on" is made by recording 3e-3 as the
+    # checkpoint's own learning rate, as a run launched with it would have
+    record = work / "runs" / "lr3" / "checkpoints" / "step_2" / "layout.json"
+    doc = json.loads(record.read_text())
+    doc["identity"]["recipe"]["optimizer"]["lr"] = 3e-3
+    record.write_text(json.dumps(doc))
     _port(work, "train", "recipes/tiny-cpu.yaml", "--run-dir", "runs/lr3", "--resume", *SETS,
           "--set", "optimizer.lr=3e-3")
     return work

@@ -49,7 +49,7 @@ OPT_KINDS = ("master", "adam_m", "adam_v")
 CODES = {"F32": 4, "BF16": 2, "F16": 2}
 # Recipe keys that only say how the work is laid out (or how long and how loudly it runs): they may
 # change across a resume. Everything else must be equal, or the continued run is not the same run.
-LAYOUT_KEYS = ("cluster", "parallel", "checkpointing", "logging", "model", "output_dir",
+LAYOUT_KEYS = ("cluster", "parallel", "checkpointing", "logging", "model", "output_dir", "execution",
                "batching.micro_batch_size", "batching.grad_accum_steps", "schedule.max_steps")
 
 

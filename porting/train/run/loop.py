@@ -238,7 +238,9 @@ class Trainer:
                                next_step=step_done, world_size=self.world, seed=self.recipe.seed)
 
     def barrier(self) -> None:
-        self.barrier_cell(self.ms.Tensor(np.ones((1,), np.float32)))
+        # .asnumpy() waits for the all-reduce: in PyNative the op is launched asynchronously and would return
+        # before the other ranks arrive (graph mode happens to block), so rank 0 could read a sidecar not yet written
+        self.barrier_cell(self.ms.Tensor(np.ones((1,), np.float32))).asnumpy()
 
     @property
     def writes_checkpoints(self) -> bool:
