@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from converters.atomic import _pid_alive
 from model_zoo.errors import PortingError
 from model_zoo.files import read_text, write_atomic
 from porting.diagnostics import DiagnosticsError
@@ -275,17 +276,8 @@ def _state(pid: int) -> str:
 
 
 def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:   # a zombie child of an exited msrun is gone for our purpose
-        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
-            return f.read().split(") ", 1)[1][:1] != "Z"
-    except OSError:
-        return False
+    """The process exists and is not a zombie (a zombie child of an exited msrun is gone for our purpose)."""
+    return _pid_alive(pid) and _state(pid) not in ("Z", "")
 
 
 def _diagnose(evidence: Path, world: int) -> dict[str, Any] | None:
