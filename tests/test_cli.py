@@ -100,6 +100,8 @@ FAILS = {  # need a model, a GPU or cluster files this machine has not: (exit co
     "port diagnose ./pasted_logs --rank-table rank_table.json   # socket peers mapped to ranks":
         (2, "pasted_logs: no such directory"),
     # a CUDA job's own files (tests/intake/ runs these commands on the real public fixtures)
+    "port baseline --import ./runs/events.out.tfevents.1700000000.host --loss-tag Loss/train --out cuda_base.json":
+        (2, "cannot read the event file"),
     "port baseline --import ./job/trainer_state.json --global-batch 64 --seq-length 2048 --out cuda_base.json":
         (2, "trainer_state.json not found"),
     "port ops scan --script ./train.py --script ./patches/ --json   # CUDA habits in scripts (parsed, never run)":

@@ -18,7 +18,8 @@ Examples:
   port baseline --hf ./llama-7b --recipe recipes/7b-8card.yaml --device cuda --steps 20 --out llama7b_h200.json
   port compare base.json runs/tiny-cpu
   port baseline --import runs/tiny-cpu/metrics.jsonl --global-batch 4 --hf stories260k --out cuda.json
-  port baseline --import ./job/trainer_state.json --global-batch 64 --seq-length 2048 --out cuda_base.json""")
+  port baseline --import ./job/trainer_state.json --global-batch 64 --seq-length 2048 --out cuda_base.json
+  port baseline --import ./runs/events.out.tfevents.1700000000.host --loss-tag Loss/train --out cuda_base.json""")
 @click.option("--recipe", default=None, help="The `port train` recipe (YAML) whose data order, batching and optimizer to reproduce.")
 @click.option("--import", "import_log", default=None, metavar="LOG",
               help="Import a CUDA run's loss log instead of running one: trainer_state.json, LLaMA-Factory "
@@ -38,20 +39,26 @@ Examples:
               help="With --import: sequences per optimizer step of the CUDA run (micro x accumulation x GPUs).")
 @click.option("--seq-length", type=click.IntRange(1, 1 << 24), default=None,
               help="With --import: the CUDA run's max sequence length (cutoff_len, max_seq_length).")
+@click.option("--loss-tag", "loss_tag", default=None, metavar="TAG",
+              help="With --import of a TensorBoard file: the scalar tag that holds the training loss, when it is not "
+                   "one of the recognised names (train/loss, loss, train_loss, loss/train, lm loss).")
 @click.option("--dtype", type=click.Choice(["float32", "bf16-mixed", "bfloat16", "float16", "fp16-mixed"]), default=None,
               help="With --import: the CUDA run's precision.")
 def command(recipe: str | None, import_log: str | None, out: str, device: str, hf: str | None,
             overrides: tuple[str, ...], steps: int | None, probe_tokens: int, timing_warmup: int, threads: int | None,
-            global_batch: int | None, seq_length: int | None, dtype: str | None) -> None:
+            global_batch: int | None, seq_length: int | None, dtype: str | None, loss_tag: str | None) -> None:
     """Record a PyTorch + HF transformers baseline of RECIPE's first steps, or import a CUDA run's log."""
     if bool(recipe) == bool(import_log):
         raise ConfigError("port baseline: give exactly one of --recipe R (run the baseline) or --import LOG "
                           "(a CUDA run's loss log)")
+    if loss_tag is not None and not import_log:
+        raise ConfigError("port baseline: --loss-tag names the loss scalar of a TensorBoard file given with --import LOG; "
+                          "drop it when running a baseline with --recipe")
     if import_log:
         from porting.intake.baseline_import import Stated, import_log as do_import, summary_line
 
         stated = Stated(global_batch=global_batch, seq_length=seq_length, dtype=dtype, model=hf)
-        path, doc = do_import(import_log, out, stated, ["port"] + sys.argv[1:])
+        path, doc = do_import(import_log, out, stated, ["port"] + sys.argv[1:], loss_tag)
         click.echo(summary_line(path, doc))
         return
     from porting.baseline.memory import PHASES

@@ -93,12 +93,14 @@ def build(c: Curve, stated: Stated, command: list[str]) -> dict[str, Any]:
     }
 
 
-def import_log(log: str | Path, out: str | Path, stated: Stated, command: list[str]) -> tuple[Path, dict[str, Any]]:
-    """Read ``log``, write the baseline file ``out`` (atomically; never over the log itself)."""
+def import_log(log: str | Path, out: str | Path, stated: Stated, command: list[str],
+               loss_tag: str | None = None) -> tuple[Path, dict[str, Any]]:
+    """Read ``log``, write the baseline file ``out`` (atomically; never over the log itself); ``loss_tag``
+    names a TensorBoard file's loss scalar."""
     src, dst = Path(log), Path(out)
     if dst.exists() and src.exists() and dst.resolve() == src.resolve():
         raise IntakeError(f"{dst}: --out is the log being imported; pick another file name")
-    doc = build(read_log(src), stated, command)
+    doc = build(read_log(src, loss_tag), stated, command)
     bad = schema.problems(doc)
     if bad:   # a bug, not bad input: the document port writes must be one port reads
         raise IntakeError(f"{src}: the imported baseline does not validate ({'; '.join(bad)})")

@@ -153,15 +153,19 @@ def _per_step_tokens_to_seen(c: Curve) -> None:
 
 
 # ----------------------------------------------------------------------------------------- dispatch
-def read_log(path: str | Path) -> Curve:
-    """The curve of one log file, its format told by name and content; at least one finite loss."""
+def read_log(path: str | Path, loss_tag: str | None = None) -> Curve:
+    """The curve of one log file, its format told by name and content; at least one finite loss.
+    ``loss_tag`` names a TensorBoard file's loss scalar (the other formats have fixed keys)."""
     p = Path(path)
     if p.is_dir():
         raise IntakeError(f"{p}: is a directory; pass the log file itself (trainer_state.json, trainer_log.jsonl, "
                           "events.out.tfevents.*, a CSV)")
     name = p.name.lower()
+    if loss_tag is not None and "tfevents" not in name:
+        raise IntakeError(f"{p}: --loss-tag names a TensorBoard scalar; this is not an events.out.tfevents.* file "
+                          "(drop --loss-tag: the loss key of trainer_state.json, JSONL and CSV logs is 'loss')")
     if "tfevents" in name:
-        c = tfevents.read_scalars(p)
+        c = tfevents.read_scalars(p, loss_tag)
     elif name.endswith(".json"):
         c = read_trainer_state(p)
     elif name.endswith(".jsonl"):

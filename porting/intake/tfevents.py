@@ -135,8 +135,8 @@ def _tensor_scalar(buf: bytes) -> float | None:
     return vals[0] if len(vals) == 1 and dtype in (1, 2) else None
 
 
-def _scalars(event: bytes) -> tuple[int | None, list[tuple[str, float]]]:
-    step, out = None, []
+def _scalars(event: bytes) -> tuple[int, list[tuple[str, float]]]:
+    step, out = 0, []   # proto3 leaves a zero step out of the encoding: absent means step 0
     for num, wt, v in fields(event):
         if num == 2 and wt == 0:
             step = v
@@ -157,11 +157,18 @@ def _scalars(event: bytes) -> tuple[int | None, list[tuple[str, float]]]:
     return step, out
 
 
-def read_scalars(path: Path) -> Curve:
-    """The training curve of an event file: loss, grad norm, learning rate (and tokens) by step."""
+def read_scalars(path: Path, loss_tag: str | None = None) -> Curve:
+    """The training curve of an event file: loss, grad norm, learning rate (and tokens) by step.
+
+    ``loss_tag`` names the scalar that holds the training loss when the run logged it under a name of its
+    own (``Loss/train``, ``strict/foo``); without it the names of ``TAGS`` are recognised. A step logged
+    twice under one tag (a resumed run re-logs its steps) keeps the later value, as TensorBoard shows it
+    after purging the orphaned events of a restart, and is counted in the curve's skipped rows."""
     raw = _read_bytes(path)
+    wanted = dict(TAGS, loss=(loss_tag,)) if loss_tag is not None else TAGS
     series: dict[str, dict[int, float]] = {k: {} for k in TAGS}
     seen_tags: set[str] = set()
+    repeats = 0
     for pos, data in records(raw, path):
         try:
             step, scalars = _scalars(data)
@@ -170,18 +177,27 @@ def read_scalars(path: Path) -> Curve:
                               "not an event file") from None
         for tag, x in scalars:
             seen_tags.add(tag)
-            for name, tags in TAGS.items():
-                if tag.lower() in tags and step is not None:
+            for name, tags in wanted.items():
+                hit = tag == tags[0] if name == "loss" and loss_tag is not None else tag.lower() in tags
+                if hit:
+                    repeats += name == "loss" and step in series[name]
                     series[name][step] = x
     if not series["loss"]:
-        raise IntakeError(f"{path}: no training-loss scalar; tags found: {', '.join(sorted(seen_tags)[:12]) or 'none'}; "
-                          f"expected one of {', '.join(TAGS['loss'])}")
+        found = ", ".join(sorted(seen_tags)[:12]) or "none"
+        if loss_tag is not None:
+            raise IntakeError(f"{path}: no scalar tagged {loss_tag!r} (--loss-tag); tags found: {found}")
+        raise IntakeError(f"{path}: no training-loss scalar; tags found: {found}; expected one of "
+                          f"{', '.join(TAGS['loss'])}, or name the loss's tag with --loss-tag")
     c = Curve(path, "tensorboard")
+    if repeats:
+        c.skipped["repeated step (later value kept)"] = repeats
     for s in sorted(series["loss"]):
         if s < 1:   # step 0: logged before the first optimizer step
             c.skipped["step 0"] = c.skipped.get("step 0", 0) + 1
             continue
         c.add(s, f"{path}: step {s}", **{k: series[k].get(s) for k in TAGS})
+    if loss_tag is not None:
+        c.recovered["loss_tag"] = loss_tag
     return c
 
 

@@ -19,6 +19,7 @@ import pytest
 
 from porting.baseline import compare as compare_mod, schema
 from porting.baseline.curve import DEFAULTS, Gate, spikes
+from porting.intake import IntakeError
 from porting.intake.baseline_import import Stated, import_log
 from porting.intake.logs import read_log
 from tests.attacks.harness import ROOT, TINY_RECIPE
@@ -58,6 +59,64 @@ def test_tensorboard_events_written_by_tensorboardx(tmp_path):
     c = read_log(next(tmp_path.iterdir()))
     assert c.step == [1, 2, 3, 4, 5, 6] and c.grad_norm == [0.5] * 6
     assert c.loss == pytest.approx([3.0 / s for s in range(1, 7)], rel=1e-6)
+
+
+TB = LOGS / "tensorboard"
+
+
+def _protobuf_scalars(path: Path, tag: str) -> dict[int, float]:
+    """The independent reading: TFRecord framing by hand, each Event parsed by the protobuf classes
+    tensorboardX ships (generated from TensorBoard's event.proto); the later value of a step wins."""
+    import struct
+
+    from tensorboardX.proto import event_pb2
+
+    raw, pos, out = path.read_bytes(), 0, {}
+    while pos < len(raw):
+        (n,) = struct.unpack_from("<Q", raw, pos)
+        ev = event_pb2.Event.FromString(raw[pos + 12:pos + 12 + n])
+        pos += 12 + n + 4
+        for v in ev.summary.value:
+            if v.tag == tag:
+                out[ev.step] = v.simple_value
+    return out
+
+
+def test_public_tensorboard_file_read_as_protobuf_reads_it():
+    # a real public event file (torch SummaryWriter, tensorboard-reducer's test runs; README has the source)
+    f = TB / "events.out.tfevents.strict.run_1"
+    with pytest.raises(IntakeError, match="no training-loss scalar; tags found: strict/foo.*--loss-tag"):
+        read_log(f)
+    c = read_log(f, loss_tag="strict/foo")
+    want = _protobuf_scalars(f, "strict/foo")
+    assert len(want) == 100 and c.step == sorted(s for s in want if s >= 1) == list(range(5, 500, 5))
+    assert c.loss == [want[s] for s in c.step]   # float32 values, exactly
+    assert c.skipped == {"step 0": 1} and c.logging_interval == 5 and c.recovered["loss_tag"] == "strict/foo"
+
+
+def test_public_tensorboard_file_with_repeated_steps_keeps_the_later_value():
+    f = TB / "events.out.tfevents.duplicate_steps.run_1"
+    want = _protobuf_scalars(f, "dup_steps/foo")
+    c = read_log(f, loss_tag="dup_steps/foo")
+    assert c.step == list(range(1, 200)) and c.loss == [want[s] for s in c.step]
+    assert c.skipped == {"repeated step (later value kept)": 10, "step 0": 1}   # steps 90..99 logged twice
+    with pytest.raises(IntakeError, match="no scalar tagged 'dup_steps/baz' \\(--loss-tag\\); tags found: dup_steps/bar, dup_steps/foo"):
+        read_log(f, loss_tag="dup_steps/baz")
+    with pytest.raises(IntakeError, match="--loss-tag names a TensorBoard scalar"):
+        read_log(LOGS / "medical_trainer_log.jsonl", loss_tag="loss")
+
+
+def test_public_tensorboard_file_imports_through_the_cli(tmp_path):
+    from tests.helpers import port
+
+    out = tmp_path / "cuda.json"
+    r = port("baseline", "--import", str(TB / "events.out.tfevents.strict.run_1"), "--loss-tag", "strict/foo",
+             "--global-batch", "8", "--out", str(out), check=True)
+    doc = json.loads(out.read_text())
+    assert not schema.problems(doc) and doc["steps"]["step"][:2] == [5, 10] and len(doc["steps"]["loss"]) == 99
+    assert doc["imported"]["format"] == "tensorboard" and doc["imported"]["recovered_settings"] == {"loss_tag": "strict/foo"}
+    r = port("baseline", "--recipe", TINY_RECIPE, "--loss-tag", "x", "--out", str(tmp_path / "b.json"))
+    assert r.returncode == 2 and "--loss-tag names the loss scalar" in r.stderr and not (tmp_path / "b.json").exists()
 
 
 def test_imported_file_is_a_baseline_saying_what_it_lacks(tmp_path):
@@ -175,3 +234,14 @@ def test_spike_rule():
     flat[5] = 1.2
     assert spikes(flat, 5) == [5]
     assert spikes([1.0, 1.01, 0.99, 1.0, 1.02, 1.03, 1.0, 0.98], Gate().spike_k) == []   # noise under 5%
+
+
+def test_shipped_public_event_files_are_the_upstream_bytes():
+    import hashlib
+    import re
+
+    readme = (LOGS.parent / "README.md").read_text()
+    for f in ("events.out.tfevents.strict.run_1", "events.out.tfevents.duplicate_steps.run_1"):
+        digest = re.search(rf"`logs/tensorboard/{re.escape(f)}`.*\| ([0-9a-f]{{64}}) \|", readme).group(1)
+        assert hashlib.sha256((TB / f).read_bytes()).hexdigest() == digest, f
+    assert "MIT License" in (TB / "LICENSE.tensorboard-reducer").read_text()

@@ -61,6 +61,19 @@ def tfevents_huge_record_length(d):
     return _import(d, p)
 
 
+@case("no scalar tagged 'train/loss\\n' (--loss-tag)")
+def tfevents_loss_tag_absent(d):
+    # the public event file logs strict/foo only; a tag with a newline must not pass as another
+    shutil.copy(FIX / "logs" / "tensorboard" / "events.out.tfevents.strict.run_1", d / "events.out.tfevents.1.host")
+    return _import(d, d / "events.out.tfevents.1.host", "--loss-tag", "train/loss\n")
+
+
+@case("--loss-tag names a TensorBoard scalar")
+def loss_tag_on_a_json_log(d):
+    shutil.copy(FIX / "logs" / "luojiu_trainer_state.json", d / "trainer_state.json")
+    return _import(d, d / "trainer_state.json", "--loss-tag", "loss")
+
+
 @case("nests deeper than 16 levels")
 def trainer_state_deep(d):
     p = d / "trainer_state.json"
