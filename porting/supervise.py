@@ -308,9 +308,12 @@ def _same_fault(a: Incident, b: Incident) -> bool:
 
 def supervise(launch: Callable[[bool], subprocess.Popen], run_dir: Path, ranks: list[int], world: int,
               limits: Limits, latest_step: Callable[[], int | None], preflight: Callable[[], None] | None = None,
-              resume: bool = False, extra: dict[str, Any] | None = None, echo: Callable[[str], None] = print) -> int:
+              resume: bool = False, extra: dict[str, Any] | None = None, echo: Callable[[str], None] = print,
+              shrink: Callable[[Incident], tuple[list[int], int, str] | None] | None = None) -> int:
     """Run ``launch(resume)`` until it exits 0, recovering from faults (see the module docstring).
-    ``latest_step()`` is the step of the last complete checkpoint (None: none). Returns the restarts made."""
+    ``latest_step()`` is the step of the last complete checkpoint (None: none). ``shrink(incident)``, when
+    given, may move the next launch onto fewer devices (porting/shrink.py): it returns the new ranks, world
+    size and what it did, or None to relaunch as before. Returns the restarts made."""
     incidents: list[Incident] = []
     restarts = 0
     while True:
@@ -360,6 +363,15 @@ def supervise(launch: Callable[[bool], subprocess.Popen], run_dir: Path, ranks: 
             inc.action = f"stopped: {restarts} restart(s) made, supervise.max_restarts is {limits.max_restarts}"
         else:
             inc.action = (f"relaunched with --resume from step {ck}" if ck is not None else "relaunched from the start")
+            if shrink is not None and inc.suspect is not None and inc.kind in ("exit", "stall"):
+                try:
+                    moved = shrink(inc)
+                except PortingError as e:
+                    inc.action = f"stopped: {e}"
+                else:
+                    if moved:
+                        ranks, world, done = moved
+                        inc.action = f"{done}; {inc.action}"
         _record(run_dir, inc)
         echo(f"supervise: incident {inc.n}: {inc.kind}: {inc.seen}; diagnosis: {who}; {inc.action} "
              f"(evidence {run_dir / inc.evidence})")

@@ -16,7 +16,8 @@ from model_zoo.errors import RecipeError
 
 def run_supervised(rec: Any, recipe_path: str, overrides: list[str], out: Path, resume: bool,
                    launch_node: int | None, plan: dict[str, Any], stall_timeout: float | None, max_restarts: int,
-                   preflight: Callable[[], None] | None) -> None:
+                   preflight: Callable[[Any], None] | None, shrink: bool = False) -> None:
+    """``preflight(recipe)`` runs before every relaunch (with the shrunk recipe after a shrink)."""
     from porting.supervise import derive_limits, supervise
     from porting.train.plan.launch import msrun_commands
     from porting.train.run import checkpoint as ckpt   # deferred: the run side imports MindSpore
@@ -27,11 +28,13 @@ def run_supervised(rec: Any, recipe_path: str, overrides: list[str], out: Path, 
                           "--launch-node N on each node (each node's supervisor watches its own ranks)")
     node = launch_node or 0
     per = rec.cluster.devices_per_node
+    state: dict[str, Any] = {"rec": rec, "overrides": list(overrides), "env": {}}
     ranks = list(range(node * per, (node + 1) * per))
     logs = out / "supervise"     # what each launch printed (msrun's own output)
     logs.mkdir(parents=True, exist_ok=True)
 
     def launch(again: bool) -> subprocess.Popen:
+        rec, overrides = state["rec"], state["overrides"]
         if rec.world_size == 1:   # one process: `port train` itself, without --supervise
             argv = [sys.executable, "-m", "porting", "train", recipe_path, "--run-dir", str(out), "--no-preflight",
                     *[a for o in overrides for a in ("--set", o)], *(["--resume"] if again else [])]
@@ -39,6 +42,7 @@ def run_supervised(rec: Any, recipe_path: str, overrides: list[str], out: Path, 
         else:
             argv, env = msrun_argv_env(rec, msrun_commands(rec, recipe_path, str(out), overrides, again), node,
                                        plan.get("launch", {}).get("env", {}))
+        env.update(state["env"])
         n = len(list(logs.glob("launch_*.log"))) + 1
         sink = open(logs / f"launch_{n}.log", "w", encoding="utf-8")
         click.echo(f"supervise: launch {n}{' (--resume)' if again else ''}: {' '.join(argv[:3])} ...", err=True)
@@ -55,7 +59,36 @@ def run_supervised(rec: Any, recipe_path: str, overrides: list[str], out: Path, 
     click.echo(f"supervise: ranks {ranks[0]}..{ranks[-1]} of {rec.world_size}; stall after {limits.stall_s:.0f} s "
                f"without a log line ({limits.compile_s:.0f} s before the first step, {limits.save_s:.0f} s while "
                f"saving); at most {limits.max_restarts} restart(s)", err=True)
-    restarts = supervise(launch, out, ranks, rec.world_size, limits, latest_step, preflight, resume,
+    restarts = supervise(launch, out, ranks, rec.world_size, limits, latest_step,
+                         None if preflight is None else lambda: preflight(state["rec"]), resume,
                          extra={"rank_table": rec.cluster.rank_table_file, "recipe": recipe_path},
-                         echo=lambda m: click.echo(m, err=True))
-    click.echo(f"done: {rec.world_size} worker(s), {restarts} restart(s); run directory {out}")
+                         echo=lambda m: click.echo(m, err=True),
+                         shrink=_shrinker(state, recipe_path, out, node) if shrink else None)
+    click.echo(f"done: {state['rec'].world_size} worker(s), {restarts} restart(s); run directory {out}")
+
+
+def _shrinker(state: dict[str, Any], recipe_path: str, out: Path, node: int) -> Callable[[Any], Any]:
+    """The supervisor's shrink hook over the launch ``state`` (porting/shrink.py)."""
+    from porting import train as T
+    from porting.cluster.preflight import launch_devices
+    from porting.shrink import check_plan, confirm_bad, derive
+
+    state["devices"] = launch_devices(state["rec"]) or list(range(state["rec"].cluster.devices_per_node))
+
+    def shrink(inc: Any) -> tuple[list[int], int, str] | None:
+        rec = state["rec"]
+        bad = confirm_bad(rec, state["devices"], inc.suspect - node * rec.cluster.devices_per_node)
+        if not bad:
+            click.echo(f"supervise: the device of rank {inc.suspect} passed its probe: relaunching on the same devices",
+                       err=True)
+            return None
+        s = derive(rec, state["devices"], set(bad))
+        overrides = state["overrides"] + s.overrides
+        check_plan(rec, recipe_path, out, overrides)
+        state.update(rec=T.load_recipe(recipe_path, overrides), overrides=overrides, devices=s.devices)
+        if rec.cluster.device == "ascend":
+            state["env"]["ASCEND_RT_VISIBLE_DEVICES"] = ",".join(map(str, s.devices))
+        why = "; ".join(bad.values())
+        return list(range(state["rec"].world_size)), state["rec"].world_size, f"{why}: {s.text}"
+
+    return shrink

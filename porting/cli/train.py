@@ -41,19 +41,27 @@ Examples:
                    "(default: from the plan's step time, under HCCL_EXEC_TIMEOUT).")
 @click.option("--max-restarts", type=click.IntRange(0, 100), default=3, show_default=True,
               help="With --supervise: relaunches allowed before the run stops with its diagnosis.")
+@click.option("--shrink", is_flag=True,
+              help="With --supervise: when a rank's device fails its probe after an incident, relaunch on the node's "
+                   "other devices with the same global batch (porting/shrink.py).")
 @click.option("--no-preflight", is_flag=True,
               help="Launch without the preflight (stale processes, master port/address, rank table; see "
                    "`port doctor --cluster`).")
 def command(recipe: str, overrides: tuple[str, ...], dry_run: bool, as_json: bool, resume: bool,
             run_dir: str | None, launch_node: int | None, supervise: bool, stall_timeout: float | None,
-            max_restarts: int, no_preflight: bool) -> None:
+            max_restarts: int, no_preflight: bool, shrink: bool) -> None:
     """Fine-tune the model of RECIPE (all weights) with the recipe's data, batching and parallelism."""
     from model_zoo.config import LlamaConfig
     from porting.model_paths import resolve_hf
 
     # A dry run plans for a cluster, so the data and checkpoint may live only there: missing files
     # become warnings. A real run needs both and refuses with every missing path at once.
+    if shrink and not supervise:
+        raise RecipeError("--shrink moves a supervised run onto fewer devices after a fault: add --supervise")
     rec = T.load_recipe(recipe, list(overrides), check_files=not dry_run)
+    if shrink and rec.cluster.nodes > 1:
+        raise RecipeError(f"--shrink relaunches one node's ranks on fewer devices; a {rec.cluster.nodes}-node run "
+                          "would need every node relaunched together: drop --shrink")
     out = Path(run_dir or rec.output_dir)
     cfg, notes = T.plan_config(rec) if dry_run else (LlamaConfig.from_hf(resolve_hf(rec.model.source)), [])
     T.check_tensor_parallel(rec, cfg, rec.model.source)   # before any worker starts: one line, no msrun
@@ -74,7 +82,8 @@ def command(recipe: str, overrides: tuple[str, ...], dry_run: bool, as_json: boo
         from porting.cli._supervised import run_supervised
 
         run_supervised(rec, recipe, list(overrides), out, resume, launch_node, plan.to_dict(), stall_timeout,
-                       max_restarts, preflight=None if no_preflight else lambda: _preflight(rec, out, launch_node or 0))
+                       max_restarts, preflight=None if no_preflight else lambda r: _preflight(r, out, launch_node or 0),
+                       shrink=shrink)
         return
     if rec.world_size == 1:
         from porting.diagnostics.doctor import doctor_report

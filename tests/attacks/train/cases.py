@@ -313,3 +313,15 @@ def parquet_row_bomb(d):
 
     pq.write_table(pa.table({"text": pa.nulls(60_000_000, pa.string())}), d / "rows.parquet", row_group_size=64 << 20)
     return ["train", str(I.recipe(d, I.set_key("data.format", "text"), data=d / "rows.parquet"))]
+
+
+# -- --shrink (porting/shrink.py): refused before anything starts where it cannot work
+@case("--shrink moves a supervised run onto fewer devices after a fault: add --supervise")
+def shrink_without_supervise(d):
+    return ["train", str(I.recipe(d)), "--shrink"]
+
+
+@case("--shrink relaunches one node's ranks on fewer devices", "2-node run", timeout=60)
+def shrink_on_two_nodes(d):
+    return ["train", str(I.recipe(d)), "--supervise", "--shrink", "--launch-node", "0", "--no-preflight",
+            "--set", "cluster.nodes=2"]
