@@ -30,7 +30,7 @@ from typing import Callable
 
 from model_zoo.errors import DiagnosticsError
 from model_zoo.files import read_json_object, write_atomic
-from porting.cluster.smoke_shape import smoke_at_shape, waited_port, wants_smoke
+from porting.cluster.smoke_shape import note_port, smoke_at_shape, waited_port, wants_smoke
 from porting.train.recipe.schema import Recipe
 
 OK, WARN, FAIL, INFO = "ok", "warn", "fail", "info"
@@ -289,7 +289,7 @@ def run_train_preflight(recipe: Recipe, run_dir: Path, node_rank: int = 0, smoke
     master port is free on node 0 (which hosts the scheduler at master_addr, so master_addr must be
     this machine), or node 0's scheduler answers from node k > 0 (waited for, bounded by
     ``cluster_time_out`` and 120 s). The smoke test (``smoke=None``: on Ascend, where HCCL links are
-    what fails, and with several nodes): with several nodes every node joins the real-shape test
+    what fails): with several nodes every node joins the real-shape test
     (porting/cluster/smoke_shape.py: world, TP and DP groups, each collective timed; node k > 0 first
     waits for node 0's smoke scheduler); on one node, the all-reduce on node 0."""
     c = recipe.cluster
@@ -300,7 +300,8 @@ def run_train_preflight(recipe: Recipe, run_dir: Path, node_rank: int = 0, smoke
                                                  f"{c.master_addr} is not an address of this machine; run node 0 "
                                                  f"on {c.master_addr} or set cluster.master_addr to this machine"))
     elif recipe.world_size > 1:   # with the shape smoke, node 0's smoke scheduler listens first, on its port
-        rows.append(check_master_reachable(c.master_addr, waited_port(recipe, smoke), wait_s=min(c.cluster_time_out, 120)))
+        rows.append(note_port(check_master_reachable(c.master_addr, waited_port(recipe, smoke),
+                                                     wait_s=min(c.cluster_time_out, 120)), recipe, smoke))
     if c.rank_table_file:
         rows.append(check_rank_table(c.rank_table_file, c.nodes, c.devices_per_node))
     rows.append(check_stale_for_run(Path(run_dir), node_rank, launch_devices(recipe)))

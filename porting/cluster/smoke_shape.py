@@ -37,15 +37,25 @@ def smoke_port(recipe: Recipe) -> int:
 
 
 def wants_smoke(recipe: Recipe, smoke: bool | None) -> bool:
-    """``smoke=None``: on Ascend (HCCL links are what fails) and with several nodes (the cross-node
-    links and groups are exercised only there); the CPU job's own first step is its one-node smoke test."""
-    return recipe.cluster.device == "ascend" or recipe.cluster.nodes > 1 if smoke is None else smoke
+    """``smoke=None``: on Ascend, where HCCL links and device state are what fails before step 1 (with
+    several nodes, this real-shape test on every node); a CPU job's own first step runs the same MCCL
+    collectives within seconds, so `port train` on the CPU runs it only when asked (`port doctor
+    --cluster` does by default)."""
+    return recipe.cluster.device == "ascend" if smoke is None else smoke
 
 
 def waited_port(recipe: Recipe, smoke: bool | None) -> int:
     """The port node k > 0 waits for before its launch: node 0's smoke scheduler when the shape smoke
     runs (node 0 starts its training msrun only after it), else the training msrun's."""
     return smoke_port(recipe) if wants_smoke(recipe, smoke) and recipe.cluster.nodes > 1 else recipe.cluster.master_port
+
+
+def note_port(row: dict, recipe: Recipe, smoke: bool | None) -> dict:
+    """A node k > 0 master-address row about the smoke scheduler's port says so (its fix differs)."""
+    if waited_port(recipe, smoke) != recipe.cluster.master_port and row.get("status") != "ok":
+        row = dict(row, detail=row["detail"] + f"; port {smoke_port(recipe)} is cluster.master_port + 1, where node "
+                                               "0's preflight smoke test listens before its training job starts")
+    return row
 
 
 def launch_command(recipe: Recipe, node_rank: int, logdir: Path, timeout_s: float) -> list[str]:

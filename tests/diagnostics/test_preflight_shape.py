@@ -24,8 +24,11 @@ def _both_nodes(tmp_path: Path, node1_extra: list[str]) -> dict[int, dict]:
     recipes = {0: load_recipe(ROOT / "recipes" / "tiny-cpu.yaml", sets, check_files=False),
                1: load_recipe(ROOT / "recipes" / "tiny-cpu.yaml", sets + node1_extra, check_files=False)}
     out: dict[int, dict] = {}
-    threads = [threading.Thread(target=lambda n: out.__setitem__(n, run_train_preflight(recipes[n], tmp_path / "run", n)),
-                                args=(n,)) for n in (0, 1)]
+
+    def node(n: int) -> None:   # what `port train --launch-node n` runs first on node n
+        out[n] = run_train_preflight(recipes[n], tmp_path / "run", n, smoke=True)
+
+    threads = [threading.Thread(target=node, args=(n,)) for n in (0, 1)]
     for t in threads:
         t.start()
     for t in threads:
