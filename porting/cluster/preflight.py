@@ -268,7 +268,7 @@ def run_preflight(recipe_path: str | os.PathLike, *, node_rank: int = 0, fingerp
     else:
         rows.append(_row("env fingerprint", INFO, "pass --fingerprint-dir SHARED_DIR on every node to compare knobs"))
     if smoke and c.nodes > 1:   # every node joins the real-shape smoke test (porting/cluster/smoke_shape.py)
-        rows.append(smoke_at_shape(recipe, node_rank, explain=explain))
+        rows.append(smoke_at_shape(recipe, node_rank, explain=explain, port_check=check_port_free))
     elif smoke and rows[0]["status"] != FAIL and master_here:
         workers = min(2, c.devices_per_node) if c.device == "cpu" else c.devices_per_node
         port = free_port()
@@ -307,7 +307,7 @@ def run_train_preflight(recipe: Recipe, run_dir: Path, node_rank: int = 0, smoke
     rows.append(check_stale_for_run(Path(run_dir), node_rank, launch_devices(recipe)))
     want_smoke = wants_smoke(recipe, smoke)
     if want_smoke and c.nodes > 1 and not any(r["status"] == FAIL for r in rows):
-        rows.append(smoke_at_shape(recipe, node_rank, explain=explain))
+        rows.append(smoke_at_shape(recipe, node_rank, explain=explain, port_check=check_port_free))
     elif want_smoke and node_rank == 0 and c.devices_per_node > 1 and not any(r["status"] == FAIL for r in rows):
         rows.append(smoke_allreduce(c.devices_per_node if c.device == "ascend" else 2, free_port(),
                                     device="Ascend" if c.device == "ascend" else "CPU", explain=explain))

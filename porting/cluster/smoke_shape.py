@@ -141,18 +141,18 @@ def _await_workers(logdir: Path, local: int, timeout_s: float) -> int:
     return -1
 
 
-def smoke_at_shape(recipe: Recipe, node_rank: int, timeout_s: float = 90.0, explain: Explain | None = None) -> dict:
+def smoke_at_shape(recipe: Recipe, node_rank: int, timeout_s: float = 90.0, explain: Explain | None = None,
+                   port_check: Callable[[int], dict] | None = None) -> dict:
     """This node's share of the real-shape smoke test; a preflight row (check, status, detail) plus
-    ``collectives``: the slowest time of each (group, collective) on this node, in milliseconds."""
+    ``collectives``: the slowest time of each (group, collective) on this node, in milliseconds.
+    ``port_check`` (the preflight's ``check_port_free``) first checks the smoke port on node 0."""
     c = recipe.cluster
     check = "smoke collectives"
     logdir = Path(tempfile.mkdtemp(prefix=f"port_smoke_node{node_rank}_"))
     env = dict(os.environ, MS_CPU_COMM_OP_TIMEOUT="15", MS_NODE_TIMEOUT="30", HCCL_CONNECT_TIMEOUT="120",
                HCCL_EXEC_TIMEOUT="120")
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
-    from porting.cluster.preflight import check_port_free   # deferred: preflight imports this module
-
-    if node_rank == 0 and check_port_free(smoke_port(recipe))["status"] == "fail":
+    if node_rank == 0 and port_check is not None and port_check(smoke_port(recipe))["status"] == "fail":
         return {"check": check, "status": "fail", "detail": f"port {smoke_port(recipe)} (cluster.master_port + 1, the "
                 "smoke test's scheduler) is in use on node 0; free it or choose another cluster.master_port"}
     try:
