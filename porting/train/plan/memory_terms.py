@@ -3,8 +3,10 @@ terms a training step holds beyond weights, gradients, states and activations (i
 
 - ``swiglu_concat``: the fused SwiGLU (Ascend, ``model_zoo/llama.py`` ``FeedForward.construct``) builds
   ``ops.cat((w1, w3))`` in the compute dtype every forward, a (2 i / tp) x h weight, and its MatMul keeps
-  it for backward (the gradient of the input is dout @ [w1; w3]). Every layer's copy lives until its
-  backward; with recompute only the recomputed layer's does.
+  it for backward (the gradient of the input is dout @ [w1; w3]: MindSpore's MatMul bprop expander takes
+  both inputs, mindspore-ai/mindspore mindspore/ccsrc/pipeline/pynative/grad/bprop_expander/grad_ops/
+  grad_math_ops.cc). Every layer's copy lives until its backward; with recompute only the recomputed
+  layer's does.
 - ``hccl_buffers``: HCCL gives every communicator 2 x HCCL_BUFFSIZE (200 MB by default) for sending and
   receiving, memory no other use may share (CANN HCCL user guide, HCCL_BUFFSIZE:
   https://www.hiascend.com/document/detail/en/canncommercial/850/commlib/hcclug/hcclug_000076.html).
