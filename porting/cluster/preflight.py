@@ -30,6 +30,7 @@ from typing import Callable
 
 from model_zoo.errors import DiagnosticsError
 from model_zoo.files import read_json_object, write_atomic
+from porting.cluster.smoke_shape import note_port, smoke_at_shape, waited_port, wants_smoke
 from porting.train.recipe.schema import Recipe
 
 OK, WARN, FAIL, INFO = "ok", "warn", "fail", "info"
@@ -266,7 +267,9 @@ def run_preflight(recipe_path: str | os.PathLike, *, node_rank: int = 0, fingerp
                     _row("env fingerprint", INFO, f"written to {fingerprint_dir}/node_{node_rank}.json; node 0 compares"))
     else:
         rows.append(_row("env fingerprint", INFO, "pass --fingerprint-dir SHARED_DIR on every node to compare knobs"))
-    if smoke and rows[0]["status"] != FAIL and master_here:
+    if smoke and c.nodes > 1:   # every node joins the real-shape smoke test (porting/cluster/smoke_shape.py)
+        rows.append(smoke_at_shape(recipe, node_rank, explain=explain, port_check=check_port_free))
+    elif smoke and rows[0]["status"] != FAIL and master_here:
         workers = min(2, c.devices_per_node) if c.device == "cpu" else c.devices_per_node
         port = free_port()
         rows.append(smoke_allreduce(max(workers, 2), port, device="CPU" if c.device == "cpu" else "Ascend",
@@ -285,8 +288,10 @@ def run_train_preflight(recipe: Recipe, run_dir: Path, node_rank: int = 0, smoke
     NPUs; the rank table against the recipe when there is one. Under msrun: the
     master port is free on node 0 (which hosts the scheduler at master_addr, so master_addr must be
     this machine), or node 0's scheduler answers from node k > 0 (waited for, bounded by
-    ``cluster_time_out`` and 120 s). The smoke all-reduce (``smoke=None``: on Ascend, where HCCL
-    links are what fails; the CPU job's own first step is its smoke test) runs on node 0."""
+    ``cluster_time_out`` and 120 s). The smoke test (``smoke=None``: on Ascend, where HCCL links are
+    what fails): with several nodes every node joins the real-shape test
+    (porting/cluster/smoke_shape.py: world, TP and DP groups, each collective timed; node k > 0 first
+    waits for node 0's smoke scheduler); on one node, the all-reduce on node 0."""
     c = recipe.cluster
     rows = []
     if recipe.world_size > 1 and node_rank == 0:
@@ -294,13 +299,16 @@ def run_train_preflight(recipe: Recipe, run_dir: Path, node_rank: int = 0, smoke
                     _row("master address", FAIL, f"node 0 hosts the msrun scheduler at cluster.master_addr, but "
                                                  f"{c.master_addr} is not an address of this machine; run node 0 "
                                                  f"on {c.master_addr} or set cluster.master_addr to this machine"))
-    elif recipe.world_size > 1:
-        rows.append(check_master_reachable(c.master_addr, c.master_port, wait_s=min(c.cluster_time_out, 120)))
+    elif recipe.world_size > 1:   # with the shape smoke, node 0's smoke scheduler listens first, on its port
+        rows.append(note_port(check_master_reachable(c.master_addr, waited_port(recipe, smoke),
+                                                     wait_s=min(c.cluster_time_out, 120)), recipe, smoke))
     if c.rank_table_file:
         rows.append(check_rank_table(c.rank_table_file, c.nodes, c.devices_per_node))
     rows.append(check_stale_for_run(Path(run_dir), node_rank, launch_devices(recipe)))
-    want_smoke = c.device == "ascend" if smoke is None else smoke
-    if want_smoke and node_rank == 0 and c.devices_per_node > 1 and not any(r["status"] == FAIL for r in rows):
+    want_smoke = wants_smoke(recipe, smoke)
+    if want_smoke and c.nodes > 1 and not any(r["status"] == FAIL for r in rows):
+        rows.append(smoke_at_shape(recipe, node_rank, explain=explain, port_check=check_port_free))
+    elif want_smoke and node_rank == 0 and c.devices_per_node > 1 and not any(r["status"] == FAIL for r in rows):
         rows.append(smoke_allreduce(c.devices_per_node if c.device == "ascend" else 2, free_port(),
                                     device="Ascend" if c.device == "ascend" else "CPU", explain=explain))
     return {"node_rank": node_rank, "master": f"{c.master_addr}:{c.master_port}", "world_size": recipe.world_size,

@@ -6,8 +6,8 @@ tokens, L = layers, tp = tensor parallel, dp = data parallel = world / tp):
   head divided by tp, norms replicated. No sequence parallel is assumed (the tensor-parallel cells
   decide; see docs/parallel.md).
 - weights: P x param bytes.
-- gradients: P x param bytes, plus an accumulation buffer when grad_accum_steps > 1: P x 4 (float32),
-  or P x param bytes with ``precision.grad_reduce_dtype: param_dtype``; divided by dp with ZeRO-2.
+- gradients: P x param bytes; accumulation_buffers when grad_accum_steps > 1: P x 4 (float32), or
+  P x param bytes with ``precision.grad_reduce_dtype: param_dtype``; divided by dp with ZeRO-2.
 - optimizer_states: AdamW m and v in float32, 2 x P x 4, divided by dp when optimizer sharding is on
   (each rank keeps the states of its flat shard).
 - activations (kept for backward, no recompute): per layer T x (4 h + (8 h + 4 i) / tp) x compute
@@ -29,12 +29,19 @@ Mixed precision, as Megatron / MindSpeed-LLM keep it (porting/train/run/step.py)
   param_dtype`` (Megatron's --grad-reduce-in-bf16), where AdamW casts each gradient to float32 as it applies it.
 - adamw_temporaries: the element-wise update's float32 m', v', p' and gradient of one parameter (of
   one bucket's shard when sharded) at a time (graph memory reuse frees them after each assign), 4 x 4.
-- sharding_buffers: with optimizer sharding (porting/train/run/zero.py), the largest flat bucket's
-  gradients (reduction dtype), its gathered weights (param dtype) and its float32 shard.
-- hccl_buffers: HCCL's in/out buffers per communicator, 2 x HCCL_BUFFSIZE (200 MB by default; HCCL
-  environment-variable docs, not re-checked here) on Ascend when world > 1.
+- the step's copies and buffers (issue 22), each with its formula and source in
+  :mod:`porting.train.plan.memory_terms`: ``swiglu_concat`` (the fused SwiGLU's [w1; w3]),
+  ``hccl_buffers`` (2 x HCCL_BUFFSIZE per communicator), ``apply_copy`` (ApplyStep's identity copy of
+  the accumulation buffers), ``clip_gradients`` (the unscaled gradients held for the global norm),
+  ``zero_bucket_concat`` / ``zero_allgather`` (the sharded optimizer's flat
+  buckets).
 - backward_working_set: one layer's activation gradients while it runs backward, as large as one
   layer's kept activations.
+Phases: the forward/backward peak holds the resident terms (weights, accumulation buffers, states,
+masters, HCCL and fusion buffers, workspace), the activations, the gradients, the working set and the
+SwiGLU copies; the update's peak holds the resident terms, the fp32 gradients, the apply copy, the ZeRO
+buffers and the AdamW temporaries (and the gradients, when the update shares the graph with one
+micro-batch). The plan's ``total`` is the larger peak.
 Budget: Ascend plans fit ``usable_hbm_gib``, the HBM less what the runtime keeps: MindFormers' 910
 recipes cap a 64 GB device at ``max_device_memory: 58GB``, so 6 GiB are kept back; training calls
 ``mindspore.runtime.set_memory(max_size=...)`` with that number (:func:`apply_memory_budget`).
@@ -45,6 +52,7 @@ bf16 params and states, seq 4096, micro 1 peaks at 62.1 GiB without checkpointin
 from __future__ import annotations
 
 from model_zoo.config import LlamaConfig
+from porting.train.plan import memory_terms as terms
 from porting.train.plan.comm import layout_shapes
 from porting.train.plan.layout import DTYPE_BYTES, Layout
 from porting.train.recipe.schema import Recipe
@@ -54,7 +62,6 @@ MARGIN_GIB = 4.0     # ZeRO stage 1 (fewer bytes) only when it leaves this much 
 WORKSPACE_GIB = {"ascend": 2.0, "cpu": 0.25}
 AUTO_FUSION_MB = 64
 RUNTIME_RESERVED_GIB = {"ascend": 6.0, "cpu": 0.0}   # 64 GB die -> 58 GB max_device_memory (MindFormers)
-HCCL_BUFFSIZE_MB = 200
 
 
 def usable_hbm_gib(recipe: Recipe) -> float:
@@ -111,12 +118,12 @@ def choose_zero_stage(cfg: LlamaConfig, recipe: Recipe, layout: Layout) -> tuple
 
 def estimate_memory(cfg: LlamaConfig, recipe: Recipe, zero_stage: int | None = None,
                     layout: Layout | None = None) -> dict[str, float]:
-    """Per-device memory in GiB by phase, and the total the run needs (see the module docstring).
+    """Per-device memory in GiB by term (:data:`memory_terms.TERMS`), the peak of each phase of a step
+    (``peak_forward_backward``, ``peak_apply``) and the ``total`` the run needs, the larger peak.
     ``zero_stage`` overrides the plan's choice; ``layout`` is the plan's (computed here when not given)."""
     layout = layout or layout_shapes(recipe, cfg)
     tp, dp = layout.tp, layout.dp
-    numels = list(layout.numels)
-    p = float(sum(numels))
+    p = float(sum(layout.numels))
     prec, accum = recipe.precision, recipe.batching.grad_accum_steps
     pb, cb = DTYPE_BYTES[prec.param_dtype], DTYPE_BYTES[prec.compute_dtype]
     micro, seq = recipe.batching.micro_batch_size, recipe.data.max_seq_length
@@ -127,31 +134,37 @@ def estimate_memory(cfg: LlamaConfig, recipe: Recipe, zero_stage: int | None = N
     grad_fp32 = prec.grad_reduce_dtype == "float32"
     ab = 4 if grad_fp32 else pb            # accumulation / reduction dtype
     accum_buf = (p * ab / (dp if sharded and zero_stage == 2 else 1)) if accum > 1 else 0.0
-    weights, grads = p * pb, p * pb + accum_buf
-    states = 2 * p * 4 / (dp if sharded else 1)
     casts = p * cb if pb != cb else 0.0
     act = activation_bytes(cfg, micro, seq, cb, fused, False, tp) + casts
     act_rc = activation_bytes(cfg, micro, seq, cb, fused, True, tp) + casts
-    comm = 2 * fusion_buffer_bytes(recipe) if dp > 1 and not sharded else 0.0
-    work = WORKSPACE_GIB[recipe.cluster.device] * GIB
-    used_act = act_rc if recipe.memory.recompute else act
     low = pb != 4
-    largest = float(max(numels))
-    shard_buf = 0.0
-    if sharded:
-        # the flat gradient bucket, its reduced shard, the gathered weights (largest bucket)
-        big = max(b.padded for b in layout.buckets)   # at the reduction dtype, ab
-        shard_buf = big * (ab + pb) + big / dp * 4
-        largest = big / dp
-    extra = {
+    largest = float(max(layout.numels)) if not sharded else max(b.padded for b in layout.buckets) / dp
+    emulated = recipe.cluster.device == "cpu"
+    concat, gather = terms.zero_bytes(layout, ab, pb, emulated, emulated and tp > 1)
+    out = {
+        "weights": p * pb, "gradients": p * pb, "accumulation_buffers": accum_buf,
+        "optimizer_states": 2 * p * 4 / (dp if sharded else 1),
         "master_weights": p * 4 / (dp if sharded else 1) if low else 0.0,
         "gradients_fp32": p * 4 if low and grad_fp32 and accum == 1 else 0.0,
         "adamw_temporaries": 4 * largest * 4,
-        "sharding_buffers": shard_buf,
-        "hccl_buffers": 2 * HCCL_BUFFSIZE_MB * (1 << 20) if recipe.world_size > 1 and fused else 0.0,
+        "activations": act, "activations_recompute": act_rc,
         "backward_working_set": layer_activation_bytes(cfg, micro, seq, cb, True, tp),
+        "swiglu_concat": terms.swiglu_concat_bytes(cfg.num_hidden_layers, cfg.hidden_size, cfg.intermediate_size,
+                                                   tp, cb, fused, recipe.memory.recompute),
+        "apply_copy": accum_buf,
+        "clip_gradients": p * 4 / (dp if sharded else 1),
+        "comm_buffers": 2 * fusion_buffer_bytes(recipe) if dp > 1 and not sharded else 0.0,
+        "zero_bucket_concat": concat, "zero_allgather": gather,
+        "hccl_buffers": terms.hccl_bytes(recipe.world_size, tp, fused),
+        "workspace": WORKSPACE_GIB[recipe.cluster.device] * GIB,
     }
-    out = {"weights": weights, "gradients": grads, "optimizer_states": states, "activations": act,
-           "activations_recompute": act_rc, "comm_buffers": comm, "workspace": work, **extra,
-           "total": weights + grads + states + used_act + comm + work + sum(extra.values())}
+    used_act = act_rc if recipe.memory.recompute else act
+    # ZeRO-2 reduce-scatters every micro-batch inside the accumulation graph, not in the update
+    scatter_each = sharded and zero_stage == 2 and accum > 1
+    out["peak_forward_backward"] = (sum(out[k] for k in terms.FORWARD_BACKWARD) + used_act
+                                    + (concat if scatter_each else 0.0))
+    # one micro-batch per step: the update runs in the same graph, on the backward's gradients
+    out["peak_apply"] = (sum(out[k] for k in terms.APPLY) + (out["gradients"] if accum == 1 else 0.0)
+                         - (concat if scatter_each else 0.0))
+    out["total"] = max(out["peak_forward_backward"], out["peak_apply"])
     return {k: round(v / GIB, 3) for k, v in out.items()}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from porting.train.plan import roofline
 from porting.train.plan.make import TrainPlan
+from porting.train.plan.memory_terms import TERMS
 
 
 def format_plan(plan: TrainPlan) -> str:
@@ -22,15 +23,17 @@ def format_plan(plan: TrainPlan) -> str:
         f"execution: {plan.execution}",
         "memory per device (GiB):",
     ]
-    for k in ("weights", "gradients", "optimizer_states", "master_weights", "gradients_fp32", "adamw_temporaries",
-              "activations", "activations_recompute", "backward_working_set", "comm_buffers", "sharding_buffers",
-              "hccl_buffers", "workspace"):
+    for k, (formula, source) in TERMS.items():
         used = ""
         if k == "activations" and plan.recompute or k == "activations_recompute" and not plan.recompute:
             used = "  (not used)"
-        lines.append(f"  {k:<22} {mem[k]:>9.2f}{used}")
+        lines.append(f"  {k:<22} {mem.get(k, 0.0):>9.2f}{used}  = {formula} [{source}]")
+    lines.append(f"  {'peak forward/backward':<22} {mem['peak_forward_backward']:>9.2f}  "
+                 f"(resident terms + activations + gradients + working set + SwiGLU copies; ZeRO-2: + bucket concat)")
+    lines.append(f"  {'peak update':<22} {mem['peak_apply']:>9.2f}  "
+                 f"(resident terms + fp32 and clip gradients + apply copy + ZeRO buffers + AdamW temporaries)")
     verdict = "fits" if plan.fits else "DOES NOT FIT"
-    lines.append(f"  {'total':<22} {mem['total']:>9.2f} of {plan.usable_hbm_gib:g} GiB usable "
+    lines.append(f"  {'total (larger peak)':<22} {mem['total']:>9.2f} of {plan.usable_hbm_gib:g} GiB usable "
                  f"({plan.device_hbm_gib:g} GiB HBM) per device: {verdict}, margin {plan.margin_gib:.2f} GiB")
     lines += [f"  change: {s}" for s in plan.suggestions]
     hm = plan.host_memory

@@ -108,10 +108,13 @@ class ShardedAdamW(nn.Cell):
         return ParameterTuple([Parameter(ops.zeros((n,), dt), name=f"accum.shard{k}.rank{self.rank}",
                                          requires_grad=False) for k, n in enumerate(self.shard_sizes)])
 
-    def _flatten(self, values, k: int, dtype):
+    def _flatten(self, values, k: int, dtype, after=None):
+        """Bucket ``k`` of ``values`` as one padded flat buffer; built after ``after`` when given (one
+        bucket's buffers live at a time: the plan's zero_bucket_concat counts one, memory_terms.py)."""
         parts = ()
         for i in self.bucket_idx[k]:
-            parts += (ops.reshape(ops.cast(values[i], dtype), (-1,)),)
+            v = values[i] if after is None or parts else ops.depend(values[i], after)
+            parts += (ops.reshape(ops.cast(v, dtype), (-1,)),)
         if self.pads[k] > 0:
             parts += (ops.zeros((self.pads[k],), dtype),)
         return ops.concat(parts) if len(parts) > 1 else parts[0]
@@ -135,7 +138,7 @@ class ShardedAdamW(nn.Cell):
         """Every bucket's summed gradient shard on this rank (in ``grad_dtype``)."""
         out = ()
         for k in range(len(self.bucket_idx)):
-            out += (self._scatter(self._flatten(grads, k, self.grad_dtype), k),)
+            out += (self._scatter(self._flatten(grads, k, self.grad_dtype, out[-1] if out else None), k),)
         return out
 
     def apply(self, shards, unscale: Tensor, lr: Tensor, bc1: Tensor, bc2: Tensor, clip: bool, max_norm: Tensor):
@@ -162,7 +165,8 @@ class ShardedAdamW(nn.Cell):
         coef = ops.minimum(max_norm / (norm + 1e-6), ops.ones((), ms.float32)) if clip else ops.ones((), ms.float32)
         done = ()
         for k in range(len(gs)):
-            done += (self._update(k, gs[k] * coef, lr, bc1, bc2, finite),)
+            g = gs[k] * coef if not done else ops.depend(gs[k] * coef, done[-1])   # one bucket's gather at a time
+            done += (self._update(k, g, lr, bc1, bc2, finite),)
         return ops.depend(norm, done), finite
 
     def _update(self, k: int, g, lr, bc1, bc2, finite):

@@ -1,0 +1,186 @@
+"""The preflight's smoke test at the run's real shape (issue 22 part 5): every node starts its share of
+``worker_num = nodes x devices_per_node`` workers under msrun, node 0 hosting the scheduler, so the
+cross-node links, the tensor-parallel and data-parallel groups and the collectives the step uses
+(porting/cluster/smoke_collectives.py) are exercised before step 1, each timed. A failure names the
+node, the rank, the group and the collective it stopped in, read from this node's worker logs; what
+those logs cannot explain (a worker that never started) goes to ``explain`` (`port diagnose`).
+
+The smoke scheduler listens on ``cluster.master_port + 1``: the training job's msrun takes
+``master_port`` right after, and a worker of the next job must never register with the smoke's
+scheduler while it shuts down. Open both ports between the nodes.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+from porting.train.recipe.schema import Recipe
+from porting.train.run.launch import same_host_node_argv
+
+Explain = Callable[[Path, int], str]
+LINE = re.compile(r"smoke rank (\d+) node (\d+) group (\S+)(?: ranks (\S+))? op (.+?) "
+                  r"(start|ok ([\d.]+) ms (\d+) bytes|FAILED: (.*))$")
+DONE = "smoke collectives ok"
+MAX_LOG_BYTES = 4 << 20
+
+
+def smoke_port(recipe: Recipe) -> int:
+    return recipe.cluster.master_port + 1
+
+
+def wants_smoke(recipe: Recipe, smoke: bool | None) -> bool:
+    """``smoke=None``: on Ascend, where HCCL links and device state are what fails before step 1 (with
+    several nodes, this real-shape test on every node); a CPU job's own first step runs the same MCCL
+    collectives within seconds, so `port train` on the CPU runs it only when asked (`port doctor
+    --cluster` does by default)."""
+    return recipe.cluster.device == "ascend" if smoke is None else smoke
+
+
+def waited_port(recipe: Recipe, smoke: bool | None) -> int:
+    """The port node k > 0 waits for before its launch: node 0's smoke scheduler when the shape smoke
+    runs (node 0 starts its training msrun only after it), else the training msrun's."""
+    return smoke_port(recipe) if wants_smoke(recipe, smoke) and recipe.cluster.nodes > 1 else recipe.cluster.master_port
+
+
+def note_port(row: dict, recipe: Recipe, smoke: bool | None) -> dict:
+    """A node k > 0 master-address row about the smoke scheduler's port says so (its fix differs)."""
+    if waited_port(recipe, smoke) != recipe.cluster.master_port and row.get("status") != "ok":
+        row = dict(row, detail=row["detail"] + f"; port {smoke_port(recipe)} is cluster.master_port + 1, where node "
+                                               "0's preflight smoke test listens before its training job starts")
+    return row
+
+
+def launch_command(recipe: Recipe, node_rank: int, logdir: Path, timeout_s: float) -> list[str]:
+    c = recipe.cluster
+    msrun = shutil.which("msrun", path=str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""))
+    if msrun is None:
+        raise FileNotFoundError("msrun")
+    target = "CPU" if c.device == "cpu" else "Ascend"
+    return [msrun, f"--worker_num={recipe.world_size}", f"--local_worker_num={c.devices_per_node}",
+            f"--master_addr={c.master_addr}", f"--master_port={smoke_port(recipe)}", f"--node_rank={node_rank}",
+            f"--log_dir={logdir}", "--join=True", f"--cluster_time_out={int(timeout_s)}",
+            str(Path(__file__).with_name("smoke_collectives.py")), target, str(recipe.parallel.tensor_parallel),
+            str(node_rank)]
+
+
+def read_worker_logs(logdir: Path) -> dict[int, dict]:
+    """Per rank of this node: its node, its finished collectives (group, op) -> ms, the one it started
+    and did not finish, a failure line, whether it finished."""
+    ranks: dict[int, dict] = {}
+    for log in sorted(logdir.glob("worker_*.log")):
+        with open(log, "rb") as f:
+            text = f.read(MAX_LOG_BYTES).decode("utf-8", "replace")
+        for line in text.splitlines():
+            m = LINE.search(line)
+            if m:
+                r = ranks.setdefault(int(m[1]), {"node": int(m[2]), "ok": {}, "open": None, "failed": None,
+                                                 "done": False, "members": {}})
+                group, op = m[3], m[5]
+                if m[4]:
+                    r["members"][group] = m[4]
+                if m[6] == "start":
+                    r["open"] = (group, op)
+                elif m[9] is not None:
+                    r["failed"] = (group, op, m[9])
+                else:
+                    r["ok"][(group, op)] = float(m[7])
+                    r["open"] = None
+            elif DONE in line:
+                num = re.search(r"rank (\d+)/", line)
+                if num:
+                    ranks.setdefault(int(num[1]), {"node": -1, "ok": {}, "open": None, "failed": None,
+                                                   "done": False, "members": {}})["done"] = True
+    return ranks
+
+
+def diagnose(ranks: dict[int, dict], node_rank: int, local: int, per_node: int) -> str | None:
+    """One line naming the first rank of this node that failed or stopped, its group and collective."""
+    for rank in sorted(ranks):
+        r = ranks[rank]
+        where = r["failed"] or (r["open"] + ("did not complete (a peer never joined it, or its link is down)",)
+                                if r["open"] else None)
+        if where is None:
+            continue
+        group, op, why = where
+        members = r["members"].get(group, "")
+        nodes = sorted({int(x) // per_node for x in members.split(",") if x.isdigit()})
+        return (f"node {node_rank}, rank {rank}: group {group} (ranks {members or '?'}, node(s) "
+                f"{', '.join(map(str, nodes)) or '?'}) {op}: {why}")
+    missing = local - sum(1 for r in ranks.values() if r["done"])
+    return None if missing <= 0 else f"node {node_rank}: {missing} of {local} worker(s) did not finish"
+
+
+def timings(ranks: dict[int, dict]) -> dict[str, float]:
+    """'group kind op' -> slowest median milliseconds over this node's ranks (tp_0, tp_2 -> tp)."""
+    out: dict[str, float] = {}
+    for r in ranks.values():
+        for (group, op), ms in r["ok"].items():
+            key = f"{group.split('_')[0]} {op}"
+            out[key] = max(out.get(key, 0.0), ms)
+    return out
+
+
+def _await_workers(logdir: Path, local: int, timeout_s: float) -> int:
+    """0 when this node's workers all finished, 1 when one failed, -1 at the deadline (bounded)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        ranks = read_worker_logs(logdir)
+        if any(r["failed"] for r in ranks.values()):
+            return 1
+        if sum(1 for r in ranks.values() if r["done"]) >= local:
+            return 0
+        time.sleep(0.5)
+    return -1
+
+
+def smoke_at_shape(recipe: Recipe, node_rank: int, timeout_s: float = 90.0, explain: Explain | None = None,
+                   port_check: Callable[[int], dict] | None = None) -> dict:
+    """This node's share of the real-shape smoke test; a preflight row (check, status, detail) plus
+    ``collectives``: the slowest time of each (group, collective) on this node, in milliseconds.
+    ``port_check`` (the preflight's ``check_port_free``) first checks the smoke port on node 0."""
+    c = recipe.cluster
+    check = "smoke collectives"
+    logdir = Path(tempfile.mkdtemp(prefix=f"port_smoke_node{node_rank}_"))
+    env = dict(os.environ, MS_CPU_COMM_OP_TIMEOUT="15", MS_NODE_TIMEOUT="30", HCCL_CONNECT_TIMEOUT="120",
+               HCCL_EXEC_TIMEOUT="120")
+    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+    if node_rank == 0 and port_check is not None and port_check(smoke_port(recipe))["status"] == "fail":
+        return {"check": check, "status": "fail", "detail": f"port {smoke_port(recipe)} (cluster.master_port + 1, the "
+                "smoke test's scheduler) is in use on node 0; free it or choose another cluster.master_port"}
+    try:
+        cmd = launch_command(recipe, node_rank, logdir, timeout_s)
+    except FileNotFoundError:
+        return {"check": check, "status": "fail", "detail": "msrun not found (it comes with mindspore)"}
+    # a node rank > 0 on the loopback master's own machine (a one-machine test of a multi-node shape):
+    # msrun's extra scheduler cannot bind, so that node runs --join=False and its workers are awaited here
+    cmd = same_host_node_argv(cmd, node_rank, c.model_copy(update={"master_port": smoke_port(recipe)}))
+    try:
+        rc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s + 60,
+                            start_new_session=True).returncode
+    except subprocess.TimeoutExpired:
+        rc = -1
+    if "--join=False" in cmd:
+        rc = _await_workers(logdir, c.devices_per_node, timeout_s)
+    ranks = read_worker_logs(logdir)
+    why = diagnose(ranks, node_rank, c.devices_per_node, c.devices_per_node)
+    times = timings(ranks)
+    if rc == 0 and why is None:
+        shutil.rmtree(logdir, ignore_errors=True)
+        shape = (f"{recipe.world_size} worker(s), {c.nodes} node(s), TP {recipe.parallel.tensor_parallel} x DP "
+                 f"{recipe.data_parallel_size}")
+        listing = "; ".join(f"{k} {v:.2f} ms" for k, v in sorted(times.items()))
+        return {"check": check, "status": "ok", "collectives": times,
+                "detail": f"node {node_rank} of {shape}: every group's collectives agreed ({listing}; 1 MiB each, "
+                          f"slowest rank of this node)"}
+    if why is None:
+        why = explain(logdir, c.devices_per_node) if explain else "not diagnosed"
+    return {"check": check, "status": "fail", "collectives": times,
+            "detail": f"{why}; msrun exit {rc} (logs: {logdir}; `port diagnose {logdir}`)"}
