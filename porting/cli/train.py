@@ -82,7 +82,9 @@ def command(recipe: str, overrides: tuple[str, ...], dry_run: bool, as_json: boo
         res = T.train(rec, out, resume=resume, command=sys.argv, doctor=doctor_report)
         click.echo(f"done: {res.steps_done} steps, final loss {res.last_loss:.4f}; run directory {out}")
         return
-    T.launch_msrun(rec, recipe, list(overrides), out, resume, launch_node, plan.launch.get("env", {}))
+    from porting.supervise import stop   # SIGINT/SIGTERM tear down msrun's group and every descendant of msrun
+
+    T.launch_msrun(rec, recipe, list(overrides), out, resume, launch_node, plan.launch.get("env", {}), stop=stop)
 
 
 def _preflight(rec: T.Recipe, out: Path, node_rank: int) -> None:
