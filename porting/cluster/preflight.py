@@ -30,6 +30,7 @@ from typing import Callable
 
 from model_zoo.errors import DiagnosticsError
 from model_zoo.files import read_json_object, write_atomic
+from porting.train.recipe.hardware import address_problem, check_node_rank
 from porting.train.recipe.schema import Recipe
 
 OK, WARN, FAIL, INFO = "ok", "warn", "fail", "info"
@@ -78,6 +79,9 @@ def check_master_reachable(addr: str, port: int, timeout_s: float = 3.0, wait_s:
     host is there but nothing listens: with ``wait_s`` 0 (`port doctor` before the job starts) that is
     a warning; with ``wait_s`` > 0 (`port train` on node k > 0, node 0 being started too) the check
     retries until ``wait_s`` has passed and then fails. Every wait is bounded."""
+    problem = address_problem(addr)
+    if problem:   # "" resolves to 0.0.0.0, which "answers": refuse it before any lookup
+        return _row("master address", FAIL, f"cluster.master_addr {problem}")
     try:
         ip = socket.gethostbyname(addr)
     except OSError as e:
@@ -186,12 +190,24 @@ def write_fingerprint(directory: Path, node_rank: int, fp: dict) -> Path:
     return path
 
 
+def _read_fingerprint(path: Path) -> dict:
+    """One node's fingerprint, every key typed: ``knobs`` and ``versions`` objects of strings (or null)."""
+    fp = read_json_object(path, what="node fingerprint", max_bytes=1 << 20, error=DiagnosticsError)
+    for section in ("knobs", "versions"):
+        v = fp.get(section, {})
+        if not isinstance(v, dict) or not all(isinstance(x, (str, type(None))) for x in v.values()):
+            found = type(v).__name__ if not isinstance(v, dict) else "an object with non-string values"
+            raise DiagnosticsError(f"{path}: key '{section}' is {found}, expected an object of strings; delete the "
+                                   "file and rerun `port doctor --cluster --fingerprint-dir` on that node")
+    return fp
+
+
 def compare_fingerprints(directory: Path, nodes: int) -> dict:
     prints = {}
     for n in range(nodes):
         p = directory / f"node_{n}.json"
         if p.is_file():
-            prints[n] = read_json_object(p, what="node fingerprint", error=DiagnosticsError)
+            prints[n] = _read_fingerprint(p)
     missing = [n for n in range(nodes) if n not in prints]
     if missing:
         return _row("env fingerprint", WARN, f"no fingerprint yet from node(s) {missing} in {directory}; run "
@@ -250,6 +266,7 @@ def run_preflight(recipe_path: str | os.PathLike, *, node_rank: int = 0, fingerp
 
     recipe = load_recipe(recipe_path, overrides, check_files=False)
     c = recipe.cluster
+    check_node_rank(node_rank, c.nodes, "--node-rank")
     rows = []
     master_here = _is_local(c.master_addr)
     if master_here:
@@ -288,6 +305,7 @@ def run_train_preflight(recipe: Recipe, run_dir: Path, node_rank: int = 0, smoke
     ``cluster_time_out`` and 120 s). The smoke all-reduce (``smoke=None``: on Ascend, where HCCL
     links are what fails; the CPU job's own first step is its smoke test) runs on node 0."""
     c = recipe.cluster
+    check_node_rank(node_rank, c.nodes, "--launch-node")
     rows = []
     if recipe.world_size > 1 and node_rank == 0:
         rows.append(check_port_free(c.master_port) if _is_local(c.master_addr) else

@@ -42,6 +42,7 @@ from porting.train.recipe.schedule import lr_at
 from porting.train.recipe.schema import Recipe, recipe_dict
 from porting.train.run import checkpoint as ckpt
 from porting.train.run import ckpt_read
+from porting.train.run import resume_check
 from porting.train.run import execution
 from porting.train.run import grid as grid_mod
 from porting.train.run import step as train_step
@@ -379,7 +380,11 @@ def train(recipe: Recipe, run_dir: str | Path, *, rank: int = 0, world_size: int
         last = ckpt.latest(ck_root)
         if last is None:
             raise ckpt.CheckpointError(f"{ck_root}: --resume but no complete checkpoint there; run without --resume")
+        resume_check.validate(last[1])   # whole, in range, not renamed or forged (the CLI checked it too)
         start = trainer.restore(last[1])
+        if start > plan.total_steps:
+            raise ckpt.CheckpointError(f"{last[1]}: next_step {start} is beyond this run's {plan.total_steps} steps; "
+                                       "raise schedule.max_steps (or epochs) to train further")
         log.info(f"resumed from {last[1]} at step {start}")
     if rank == 0:
         rundir.write_manifest(run_dir, run_manifest(recipe, model_dir, cfg, plan, world_size, command, start, doctor),
