@@ -309,6 +309,8 @@ def restore(trainer, ckdir: Path) -> int:
     shard = piece_bytes(new, needed(new, trainer.rank))
     mem = rss()
     peak = f"; peak host RSS since start {mem[1]} bytes" if mem else ""
+    if (src.layout.world, src.layout.tp, src.layout.zero) != (new.world, new.tp, new.zero):
+        peak += "; the layout changed: every piece was re-cut exactly for this one (same model, seed, recipe)"
     trainer.log.info(f"resume read {src.files.bytes_read} bytes of {ckdir} (this rank's shard {shard} bytes, "
                      f"ratio {src.files.bytes_read / max(shard, 1):.3f}); saved layout world {src.layout.world} tp "
                      f"{src.layout.tp} zero {src.layout.zero}, this run world {new.world} tp {new.tp} zero {new.zero}{peak}")
