@@ -39,7 +39,7 @@ def _newest(root: Path) -> Path | None:
 def validate(ckdir: Path) -> tuple[ckpt.TrainState, Any, dict | None]:
     """(state, layout or None, identity or None) of ``ckdir`` after the wholeness checks of the docstring."""
     from converters.safetensors_io import read_header   # deferred: the CLI imports this module on every run
-    from porting.train.run.ckpt_read import read_record
+    from porting.train.run.ckpt_read import read_record  # deferred: imports MindSpore, only a checkpoint needs it
 
     fix = ckpt.damaged_advice(ckdir)
     if not (ckdir / ckpt.STATE_FILE).is_file():
@@ -109,8 +109,8 @@ def check_continues(ckdir: Path, st: ckpt.TrainState, layout: Any, ident: dict |
                 raise CheckpointError(f"{ckdir}: written with {key} {saved}, this run has {now}; a single-file "
                                       f"checkpoint continues exactly only with the same {key}: set it back")
         return None
-    from porting.train.run.ckpt_read import check_same_run
-    from porting.train.run.ckpt_shards import identity_of
+    from porting.train.run.ckpt_read import check_same_run  # deferred: imports MindSpore, only a checkpoint needs it
+    from porting.train.run.ckpt_shards import identity_of  # deferred: imports MindSpore, only a checkpoint needs it
 
     if model_config is not None:
         check_same_run(ckdir, ident, identity_of(recipe, model_config))
