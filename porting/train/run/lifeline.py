@@ -127,7 +127,8 @@ def run_msrun(argv: list[str], env: dict[str, str], stop: Callable[[subprocess.P
         caught.append(signum)
         raise KeyboardInterrupt
 
-    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    main = threading.current_thread() is threading.main_thread()   # only the main thread may set handlers
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)} if main else {}
     proc = None
     try:
         proc = subprocess.Popen(argv, env=env, start_new_session=True, preexec_fn=_die_with(os.getpid()))
