@@ -71,9 +71,10 @@ def validate(ckdir: Path) -> tuple[ckpt.TrainState, Any, dict | None]:
     return st, layout, ident
 
 
-def check_run_dir(out: Path, resume: bool, recipe: Any = None, model_config: dict | None = None) -> str | None:
+def check_run_dir(out: Path, resume: bool, recipe: Any, model_config: dict | None = None) -> str | None:
     """Refuse, in one line, a run directory this launch cannot start or continue exactly (see the module
-    docstring); with ``--resume`` returns what the terminal should know (a layout change made exact)."""
+    docstring); with ``--resume`` returns what the terminal should know (a layout change made exact).
+    ``model_config``: the model's HF config, compared with the checkpoint's (None: not compared)."""
     root = out / "checkpoints"
     leftovers = set(ckpt.interrupted_saves(root))
     others = sorted(set(root.iterdir()) - leftovers) if root.is_dir() else []
