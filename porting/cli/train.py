@@ -87,7 +87,9 @@ def command(recipe: str, overrides: tuple[str, ...], dry_run: bool, as_json: boo
         return
     if rec.world_size == 1:
         from porting.diagnostics.doctor import doctor_report
+        from porting.train.run.lifeline import watch_parent
 
+        watch_parent()   # started by a supervisor (PORT_PARENT): this run ends when the supervisor is gone
         res = T.train(rec, out, resume=resume, command=sys.argv, doctor=doctor_report)
         if res.steps_done == 0:   # resumed at its last step: there is no loss to report
             click.echo(f"done: nothing to train, the run was already complete; run directory {out}")

@@ -4,6 +4,7 @@ Fast tests: the start-time token, a watcher that exits its process once the watc
 after ``kill -9``), a parent-death signal. Under real msrun (slow): ``kill -9`` of a 2-worker `port train`,
 ``kill -9`` of its whole process group, and SIGTERM, each leave no process of that run alive within a few
 seconds; SIGTERM signals nothing port did not start (a bystander in port's own process group lives on).
+Slow too: ``kill -9`` of `port train --supervise` ends its one-device child.
 A process "of the run" is found by its environment (``PORT_PARENT`` with port's token), so a worker that
 msrun moved to a session of its own, or that was re-parented, is still counted.
 """
@@ -177,3 +178,23 @@ def test_sigterm_stops_the_run_in_one_line_and_signals_nothing_else(tmp_path):
             if q is not None:
                 q.kill()
                 q.wait()
+
+
+@pytest.mark.slow
+def test_kill_9_of_a_supervisor_ends_its_one_device_run(tmp_path):
+    """`port train --supervise` on one device runs `port train` as a child: it ends with its supervisor."""
+    run = tmp_path / "run"
+    p = subprocess.Popen([sys.executable, "-m", "porting", "train", str(TINY), "--run-dir", str(run), "--supervise",
+                          "--no-preflight", "--set", "schedule.max_steps=400", "--set", "logging.every_steps=1",
+                          "--set", "checkpointing.export_hf=false"],
+                         cwd=ROOT, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, process_group=0)
+    tok = lifeline.token(p.pid)
+    deadline = time.monotonic() + 180
+    while not ((run / "logs" / "rank_0.log").is_file() and " step 2/" in (run / "logs" / "rank_0.log").read_text()):
+        assert time.monotonic() < deadline and p.poll() is None, "the supervised run did not reach step 2"
+        time.sleep(0.5)
+    procs = _of_run(tok)
+    assert procs, "the supervised child carries the supervisor's token"
+    p.kill()
+    p.wait()
+    assert _gone_within(procs, 10) == [], _of_run(tok)
