@@ -101,6 +101,25 @@ def test_parent_death_signal_reaches_a_grandchild_in_its_own_session():
     assert _gone_within([sleeper], 5) == []   # sleep dies of the SIGINT the kernel sent
 
 
+def test_ctrl_c_stops_the_launched_group_and_exits_130(tmp_path):
+    """run_msrun's teardown on SIGINT, on a stand-in launch (``sleep`` and its child in one session)."""
+    code = ("import subprocess, sys; from model_zoo.errors import PortingError; from porting.supervise import stop; "
+            "from porting.train.run import lifeline\n"
+            "try:\n    lifeline.run_msrun(['sh', '-c', 'sleep 300 & echo $! > ' + sys.argv[1] + '; wait'], {}, stop)\n"
+            "except PortingError as e:\n    print('error:', e, file=sys.stderr); sys.exit(e.exit_code)")
+    pidfile = tmp_path / "sleep.pid"
+    p = subprocess.Popen(PY + [code, str(pidfile)], env=_env(), stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while not (pidfile.is_file() and pidfile.read_text().strip()):
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    child = int(pidfile.read_text())
+    p.send_signal(signal.SIGINT)
+    err = p.communicate(timeout=30)[1]
+    assert p.returncode == 130 and "stopped by SIGINT" in err and "Traceback" not in err, err
+    assert _gone_within([child], 5) == []
+
+
 # ------------------------------------------------------------------------------------------- msrun
 def _of_run(tok: str) -> list[int]:
     """Every live process whose environment carries this port's token (msrun, scheduler, workers)."""
