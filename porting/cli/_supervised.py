@@ -22,6 +22,7 @@ def run_supervised(rec: Any, recipe_path: str, overrides: list[str], out: Path, 
     from porting.train.plan.launch import msrun_commands
     from porting.train.run import checkpoint as ckpt   # deferred: the run side imports MindSpore
     from porting.train.run.launch import msrun_argv_env
+    from porting.train.run.lifeline import token   # the one-device child exits once this supervisor is gone
 
     if rec.cluster.nodes > 1 and launch_node is None:
         raise RecipeError(f"--supervise watches one node's launch; a {rec.cluster.nodes}-node recipe needs "
@@ -38,7 +39,7 @@ def run_supervised(rec: Any, recipe_path: str, overrides: list[str], out: Path, 
         if rec.world_size == 1:   # one process: `port train` itself, without --supervise
             argv = [sys.executable, "-m", "porting", "train", recipe_path, "--run-dir", str(out), "--no-preflight",
                     *[a for o in overrides for a in ("--set", o)], *(["--resume"] if again else [])]
-            env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+            env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]), PORT_PARENT=token())
         else:
             argv, env = msrun_argv_env(rec, msrun_commands(rec, recipe_path, str(out), overrides, again), node,
                                        plan.get("launch", {}).get("env", {}))

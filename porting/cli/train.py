@@ -62,6 +62,10 @@ def command(recipe: str, overrides: tuple[str, ...], dry_run: bool, as_json: boo
     if shrink and rec.cluster.nodes > 1:
         raise RecipeError(f"--shrink relaunches one node's ranks on fewer devices; a {rec.cluster.nodes}-node run "
                           "would need every node relaunched together: drop --shrink")
+    if launch_node is not None:   # before the preflight waits for node 0 or a worker starts
+        from porting.train.recipe.hardware import check_node_rank
+
+        check_node_rank(launch_node, rec.cluster.nodes, "--launch-node")
     out = Path(run_dir or rec.output_dir)
     cfg, notes = T.plan_config(rec) if dry_run else (LlamaConfig.from_hf(resolve_hf(rec.model.source)), [])
     T.check_tensor_parallel(rec, cfg, rec.model.source)   # before any worker starts: one line, no msrun
@@ -73,9 +77,14 @@ def command(recipe: str, overrides: tuple[str, ...], dry_run: bool, as_json: boo
         T.check_fits(plan, recipe)
         return
     T.check_fits(plan, recipe)
+    # before the preflight waits or a worker starts: a refusal is one line here, not in a worker log
+    from porting.train.run.resume_check import check_run_dir
+
+    note = check_run_dir(out, resume, rec, cfg.to_hf())
+    if note:
+        click.echo(note, err=True)
     if not no_preflight and not (rec.cluster.nodes > 1 and launch_node is None):   # that only prints commands
         _preflight(rec, out, launch_node or 0)
-    _guard_run_dir(out, resume)
     _make_run_dir(out)
     write_atomic(out / "plan.json", json.dumps(plan.to_dict(), indent=2), error=RecipeError)
     if supervise:
@@ -87,11 +96,18 @@ def command(recipe: str, overrides: tuple[str, ...], dry_run: bool, as_json: boo
         return
     if rec.world_size == 1:
         from porting.diagnostics.doctor import doctor_report
+        from porting.train.run.lifeline import watch_parent
 
+        watch_parent()   # started by a supervisor (PORT_PARENT): this run ends when the supervisor is gone
         res = T.train(rec, out, resume=resume, command=sys.argv, doctor=doctor_report)
+        if res.steps_done == 0:   # resumed at its last step: there is no loss to report
+            click.echo(f"done: nothing to train, the run was already complete; run directory {out}")
+            return
         click.echo(f"done: {res.steps_done} steps, final loss {res.last_loss:.4f}; run directory {out}")
         return
-    T.launch_msrun(rec, recipe, list(overrides), out, resume, launch_node, plan.launch.get("env", {}))
+    from porting.supervise import stop   # SIGINT/SIGTERM tear down msrun's group and every descendant of msrun
+
+    T.launch_msrun(rec, recipe, list(overrides), out, resume, launch_node, plan.launch.get("env", {}), stop=stop)
 
 
 def _preflight(rec: T.Recipe, out: Path, node_rank: int) -> None:
@@ -115,15 +131,3 @@ def _make_run_dir(out: Path) -> None:
     except OSError as e:
         raise RecipeError(f"{e.filename or out}: cannot create the run directory ({e.strerror}); choose a "
                           "--run-dir on a writable disk") from None
-
-
-def _guard_run_dir(out: Path, resume: bool) -> None:
-    """A run directory with a complete checkpoint is continued only with --resume. A save that was
-    interrupted before its first checkpoint was complete leaves only a temporary directory: that run starts
-    over (``--resume`` has nothing to continue from and says so). Anything else in checkpoints/, complete
-    or not, is refused without --resume: a new run would overwrite it."""
-    ck = out / "checkpoints"
-    others = ck.is_dir() and set(ck.iterdir()) - set(T.interrupted_saves(ck))
-    if others and not resume:
-        raise RecipeError(f"{out}: holds checkpoints of an earlier run; pass --resume to continue it, or "
-                          "--run-dir NEW_DIR to start another run")

@@ -31,7 +31,9 @@ from typing import Callable
 from model_zoo.errors import DiagnosticsError
 from model_zoo.files import read_json_object, write_atomic
 from porting.cluster.smoke_shape import note_port, smoke_at_shape, waited_port, wants_smoke
+from porting.train.recipe.hardware import address_problem, check_node_rank
 from porting.train.recipe.schema import Recipe
+from porting.cluster.proctable import descends, holds, is_worker, names_dir, node_of, process_table
 
 OK, WARN, FAIL, INFO = "ok", "warn", "fail", "info"
 STALE_LAUNCHERS = ("msrun", "torchrun")   # argv[0] of a launcher
@@ -79,6 +81,9 @@ def check_master_reachable(addr: str, port: int, timeout_s: float = 3.0, wait_s:
     host is there but nothing listens: with ``wait_s`` 0 (`port doctor` before the job starts) that is
     a warning; with ``wait_s`` > 0 (`port train` on node k > 0, node 0 being started too) the check
     retries until ``wait_s`` has passed and then fails. Every wait is bounded."""
+    problem = address_problem(addr)
+    if problem:   # "" resolves to 0.0.0.0, which "answers": refuse it before any lookup
+        return _row("master address", FAIL, f"cluster.master_addr {problem}")
     try:
         ip = socket.gethostbyname(addr)
     except OSError as e:
@@ -187,12 +192,24 @@ def write_fingerprint(directory: Path, node_rank: int, fp: dict) -> Path:
     return path
 
 
+def _read_fingerprint(path: Path) -> dict:
+    """One node's fingerprint, every key typed: ``knobs`` and ``versions`` objects of strings (or null)."""
+    fp = read_json_object(path, what="node fingerprint", max_bytes=1 << 20, error=DiagnosticsError)
+    for section in ("knobs", "versions"):
+        v = fp.get(section, {})
+        if not isinstance(v, dict) or not all(isinstance(x, (str, type(None))) for x in v.values()):
+            found = type(v).__name__ if not isinstance(v, dict) else "an object with non-string values"
+            raise DiagnosticsError(f"{path}: key '{section}' is {found}, expected an object of strings; delete the "
+                                   "file and rerun `port doctor --cluster --fingerprint-dir` on that node")
+    return fp
+
+
 def compare_fingerprints(directory: Path, nodes: int) -> dict:
     prints = {}
     for n in range(nodes):
         p = directory / f"node_{n}.json"
         if p.is_file():
-            prints[n] = read_json_object(p, what="node fingerprint", error=DiagnosticsError)
+            prints[n] = _read_fingerprint(p)
     missing = [n for n in range(nodes) if n not in prints]
     if missing:
         return _row("env fingerprint", WARN, f"no fingerprint yet from node(s) {missing} in {directory}; run "
@@ -251,6 +268,7 @@ def run_preflight(recipe_path: str | os.PathLike, *, node_rank: int = 0, fingerp
 
     recipe = load_recipe(recipe_path, overrides, check_files=False)
     c = recipe.cluster
+    check_node_rank(node_rank, c.nodes, "--node-rank")
     rows = []
     master_here = _is_local(c.master_addr)
     if master_here:
@@ -293,6 +311,7 @@ def run_train_preflight(recipe: Recipe, run_dir: Path, node_rank: int = 0, smoke
     (porting/cluster/smoke_shape.py: world, TP and DP groups, each collective timed; node k > 0 first
     waits for node 0's smoke scheduler); on one node, the all-reduce on node 0."""
     c = recipe.cluster
+    check_node_rank(node_rank, c.nodes, "--launch-node")
     rows = []
     if recipe.world_size > 1 and node_rank == 0:
         rows.append(check_port_free(c.master_port) if _is_local(c.master_addr) else
@@ -323,16 +342,16 @@ def check_stale_for_run(run_dir: Path, node_rank: int, devices: list[int] | None
     this machine (``--launch-node M`` / ``--node_rank=M``, and their children) are not stale."""
     target = Path(os.path.abspath(run_dir))
     nodes = {f"/dev/davinci{d}" for d in devices or ()}
-    procs = _process_table()
-    siblings = {pid for pid, (_, argv, _) in procs.items() if _node_of(argv) not in (None, node_rank)}
+    procs = process_table()
+    siblings = {pid for pid, (_, argv, _) in procs.items() if node_of(argv) not in (None, node_rank)}
     own = _ancestors()
     found = []
     for pid, (_, argv, cwd) in procs.items():
-        if pid in own or _descends(pid, siblings, procs):
+        if pid in own or descends(pid, siblings, procs):
             continue
-        training = _is_training(argv) or _is_worker(argv)
-        if (training and (_names_dir(argv, cwd, target) or _holds(pid, lambda p: p == target or target in p.parents))
-                or nodes and _holds(pid, lambda p: str(p) in nodes)):
+        training = _is_training(argv) or is_worker(argv)
+        if (training and (names_dir(argv, cwd, target) or holds(pid, lambda p: p == target or target in p.parents))
+                or nodes and holds(pid, lambda p: str(p) in nodes)):
             found.append((pid, " ".join(argv).strip()[:160]))
     if not found:
         return _row("stale processes", OK, f"no training process on {target}"
@@ -350,79 +369,6 @@ def launch_devices(recipe: Recipe) -> list[int] | None:
     visible = os.environ.get("ASCEND_RT_VISIBLE_DEVICES", "")
     ids = [int(v) for v in visible.split(",") if v.strip().isdigit()]
     return ids or list(range(recipe.cluster.devices_per_node))
-
-
-def _process_table() -> dict[int, tuple[int, list[str], str]]:
-    """pid -> (parent pid, argv, cwd) of the processes this user can read."""
-    table = {}
-    for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else []:
-        if not entry.name.isdigit():
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().decode("utf-8", "replace").split("\0")
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        try:
-            cwd = os.readlink(entry / "cwd")
-        except OSError:
-            cwd = "/"
-        if argv and argv[-1] == "":
-            argv = argv[:-1]
-        table[int(entry.name)] = (ppid, argv, cwd)
-    return table
-
-
-def _is_worker(argv: list[str]) -> bool:
-    return any(a.endswith(os.path.join("porting", "train", "worker.py")) for a in argv[:3])
-
-
-def _node_of(argv: list[str]) -> int | None:
-    """The node rank a launcher's command line names (`--launch-node N`, msrun's `--node_rank=N`)."""
-    for i, a in enumerate(argv):
-        for flag in ("--launch-node", "--node_rank"):
-            value = a[len(flag) + 1:] if a.startswith(flag + "=") else (argv[i + 1] if a == flag and
-                                                                          i + 1 < len(argv) else None)
-            if value is not None and value.lstrip("-").isdigit():
-                return int(value)
-    return None
-
-
-def _descends(pid: int, roots: set[int], procs: dict) -> bool:
-    seen = set()
-    while pid > 1 and pid not in seen:
-        if pid in roots:
-            return True
-        seen.add(pid)
-        pid = procs.get(pid, (0,))[0]
-    return False
-
-
-def _names_dir(argv: list[str], cwd: str, target: Path) -> bool:
-    """An argument (or the value after `=`) that is ``target`` or a path inside it."""
-    for a in argv[1:]:
-        value = a.rsplit("=", 1)[-1]
-        if not value or "/" not in value and value != target.name:
-            continue
-        path = Path(os.path.normpath(os.path.join(cwd, value)))
-        if path == target or target in path.parents:
-            return True
-    return False
-
-
-def _holds(pid: int, match) -> bool:
-    """Whether one of the process's open files (``/proc/PID/fd``, the first 4,096) satisfies ``match``."""
-    try:
-        fds = list(Path(f"/proc/{pid}/fd").iterdir())[:4096]
-    except OSError:
-        return False
-    for fd in fds:
-        try:
-            if match(Path(os.readlink(fd))):
-                return True
-        except OSError:
-            continue
-    return False
 
 
 def free_port() -> int:

@@ -5,13 +5,20 @@ https://www.hiascend.com/document/detail/en/CANNCommunityEdition/900/API/hcclug/
 with 8 chips shows 16 devices of 64 GB. "13B on 4 x 8 910C" in the field means 32 chips = 64 dies.
 A recipe gives ``cluster.server`` (a preset), or ``chips_per_node`` / ``dies_per_chip``, or
 ``devices_per_node`` alone; the rest is derived here, and values that disagree are refused naming
-the key.
+the key. Also the two other facts of where the nodes meet: ``cluster.master_addr`` must be an address a
+node can connect to, and a node rank (``--launch-node``, ``--node-rank``) one the recipe has.
 """
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import AfterValidator
+
+from model_zoo.errors import RecipeError
 
 
 @dataclass(frozen=True)
@@ -87,3 +94,43 @@ def shape_line(cluster) -> str:
     server = f", {cluster.server}" if cluster.server else ""
     return (f"{world} devices (dies) = {cluster.nodes} node(s) x {cluster.chips_per_node} chip(s) x "
             f"{cluster.dies_per_chip} die(s){server}")
+
+
+# --------------------------------------------------------------------------- where the nodes meet
+_HOST_LABEL = re.compile(r"^(?!-)[A-Za-z0-9_-]{1,63}(?<!-)$")   # RFC 1123, with the underscore resolvers accept
+
+
+def address_problem(addr: str) -> str | None:
+    """Why ``addr`` cannot be node 0's address for msrun (``cluster.master_addr``), or None. An empty
+    string resolves to 0.0.0.0 and would pass a connection check, so it is refused here, with any other
+    text that is neither an IP address a node can connect to nor a host name."""
+    fix = "expected node 0's IP address or host name as every node sees it, e.g. 10.0.0.1 or 127.0.0.1"
+    if not addr.strip():
+        return f"is empty; {fix}"
+    try:
+        ip = ipaddress.ip_address(addr)
+    except ValueError:
+        labels = addr[:-1].split(".") if addr.endswith(".") else addr.split(".")
+        if len(addr) > 253 or not all(_HOST_LABEL.match(x) for x in labels) or addr.replace(".", "").isdigit():
+            return f"{addr[:60]!r} is neither an IP address nor a host name; {fix}"
+        return None
+    if ip.is_unspecified or ip.is_multicast:
+        return f"{addr} is {'unspecified' if ip.is_unspecified else 'multicast'}: no node can connect to it; {fix}"
+    return None
+
+
+def _master_addr(v: str) -> str:
+    problem = address_problem(v)
+    if problem:
+        raise ValueError(problem)
+    return v
+
+
+MasterAddr = Annotated[str, AfterValidator(_master_addr)]
+
+
+def check_node_rank(node_rank: int, nodes: int, option: str) -> None:
+    """Refuse a node rank the recipe does not have, before anything waits for the other nodes."""
+    if isinstance(node_rank, bool) or not 0 <= node_rank < nodes:
+        raise RecipeError(f"{option} {node_rank}: the recipe has {nodes} node(s) (cluster.nodes), so node ranks "
+                          f"0..{nodes - 1}; pass one of them")

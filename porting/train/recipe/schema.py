@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from model_zoo.errors import RecipeError
 from model_zoo.files import read_text
-from porting.train.recipe.hardware import derive_cluster
+from porting.train.recipe.hardware import MasterAddr, derive_cluster
 from porting.train.recipe.yaml_bounded import load_yaml
 
 Dtype = Literal["float32", "bfloat16", "float16"]
@@ -185,7 +185,7 @@ class ClusterSection(_Section):
     dies_per_chip: Optional[int] = Field(None, ge=1, le=4)    # 910C: 2 dies, each one device (rank)
     devices_per_node: int = Field(1, ge=1, le=64)             # devices = dies, as software sees them
     device_hbm_gib: float = Field(64.0, gt=0, le=4096.0)   # 910C: 64 GB HBM per die; each die is one device
-    master_addr: str = "127.0.0.1"
+    master_addr: MasterAddr = "127.0.0.1"   # an IP address or host name (hardware.address_problem)
     master_port: int = Field(8118, ge=1024, le=65535)
     rank_table_file: Optional[str] = None
     cluster_time_out: int = Field(600, ge=1, le=86_400)   # seconds; a day at most

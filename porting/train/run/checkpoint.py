@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 import re
 import shutil
@@ -43,6 +42,18 @@ def shard_file(rank: int, shards: int) -> str:
 
 
 MAX_STATE_BYTES = 1 << 20
+# state.json's ranges: steps and updates as the recipe's (schema.BIG), ranks as the layout record's
+# (ckpt_shards.MAX_WORLD), the seed as the recipe's (32-bit), the loss scale finite in float32
+MAX_COUNT = 10 ** 9
+MAX_RANKS = 1 << 16
+MAX_SEED = 2 ** 32 - 1
+MAX_SCALE = 3.0e38
+
+
+def damaged_advice(ckdir: Path) -> str:
+    """The one advice for a damaged checkpoint, with or without --resume."""
+    return (f"the checkpoint is damaged: delete {ckdir} and rerun with --resume to continue from the checkpoint "
+            "before it (run without --resume when none is left), or start another run with --run-dir NEW_DIR")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,19 +76,18 @@ class TrainState:
     @classmethod
     def read(cls, path: Path) -> TrainState:
         """Parse and check ``path``; every defect is one line naming the file and the key."""
-        fix = f"the checkpoint is damaged: delete {path.parent} to resume from an earlier checkpoint"
+        fix = damaged_advice(path.parent)
         try:
             doc = files.read_json_object(path, what="checkpoint state", max_bytes=MAX_STATE_BYTES,
                                          error=CheckpointError)
         except CheckpointError as e:
             raise CheckpointError(f"{e}; {fix}") from None
 
-        def integer(d: dict, key: str, where: str, low: int | None) -> int:
+        def integer(d: dict, key: str, where: str, low: int, high: int = MAX_COUNT) -> int:
             v = d.get(key)
-            if isinstance(v, bool) or not isinstance(v, int) or (low is not None and v < low):
-                found = "missing" if key not in d else f"{type(v).__name__} {json.dumps(v)[:40]}"
-                bound = f" >= {low}" if low is not None else ""
-                raise CheckpointError(f"{path}: key '{where}' is {found}, expected an integer{bound}; {fix}")
+            if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= high:
+                found = "missing" if key not in d else f"{type(v).__name__} {str(v)[:40]}"
+                raise CheckpointError(f"{path}: key '{where}' is {found}, expected an integer in [{low}, {high}]; {fix}")
             return v
 
         ls = doc.get("loss_scale")
@@ -85,15 +95,24 @@ class TrainState:
             raise CheckpointError(f"{path}: key 'loss_scale' is {type(ls).__name__ if 'loss_scale' in doc else 'missing'}"
                                   f", expected an object {{\"scale\": number, \"good\": integer}}; {fix}")
         scale = ls.get("scale")
-        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not (math.isfinite(scale) and scale > 0):
-            raise CheckpointError(f"{path}: key 'loss_scale.scale' is {json.dumps(scale)[:40]}, expected a finite "
-                                  f"number > 0; {fix}")
-        return cls(adam_t=integer(doc, "adam_t", "adam_t", 0), loss_scale=float(scale),
-                   good_steps=integer(ls, "good", "loss_scale.good", 0),
-                   next_step=integer(doc, "next_step", "next_step", 0),
-                   world_size=integer(doc, "world_size", "world_size", 1), seed=integer(doc, "seed", "seed", None),
-                   step=integer(doc, "step", "step", 0) if "step" in doc else 0,
-                   shards=integer(doc, "shards", "shards", 1) if "shards" in doc else 1)
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not 0 < scale <= MAX_SCALE:
+            raise CheckpointError(f"{path}: key 'loss_scale.scale' is {str(scale)[:40]}, expected a number in (0, "
+                                  f"{MAX_SCALE:g}]; {fix}")
+        st = cls(adam_t=integer(doc, "adam_t", "adam_t", 0), loss_scale=float(scale),
+                 good_steps=integer(ls, "good", "loss_scale.good", 0),
+                 next_step=integer(doc, "next_step", "next_step", 0),
+                 world_size=integer(doc, "world_size", "world_size", 1, MAX_RANKS),
+                 seed=integer(doc, "seed", "seed", 0, MAX_SEED),
+                 step=integer(doc, "step", "step", 0) if "step" in doc else 0,
+                 shards=integer(doc, "shards", "shards", 1, MAX_RANKS) if "shards" in doc else 1)
+        # counters that cannot disagree in a checkpoint port wrote: updates applied <= steps done, finite steps
+        # since the scale changed <= updates, one file per rank at most
+        for bad, what in ((st.adam_t > st.next_step, f"adam_t {st.adam_t} > next_step {st.next_step}"),
+                          (st.good_steps > st.adam_t, f"loss_scale.good {st.good_steps} > adam_t {st.adam_t}"),
+                          (st.shards > st.world_size, f"shards {st.shards} > world_size {st.world_size}")):
+            if bad:
+                raise CheckpointError(f"{path}: {what}, which no run writes; {fix}")
+        return st
 
 
 def _complete(p: Path) -> bool:

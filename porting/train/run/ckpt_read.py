@@ -244,20 +244,31 @@ def _differs(a: Any, b: Any, path: str = "") -> str | None:
     return None if a == b else f"{path} (checkpoint {str(a)[:40]}, this run {str(b)[:40]})"
 
 
-def check_identity(ckdir: Path, old: Layout, saved: dict, new: Layout, now: dict) -> None:
-    """Refuse in one line what cannot continue exactly: another model, seed, global batch or recipe."""
-    fix = "resume with the recipe and model the checkpoint was written with (only cluster, parallel, execution, " \
-          "batching.micro_batch_size/grad_accum_steps, schedule.max_steps, checkpointing and logging may change)"
-    a = [(p.name, p.shape, p.dtype) for p in old.params]
-    b = [(p.name, p.shape, p.dtype) for p in new.params]
-    if a != b or saved.get("model_config_sha256") != now["model_config_sha256"]:
-        first = next((f"{x} vs {y}" for x, y in zip(a, b) if x != y), f"{len(a)} vs {len(b)} tensors") \
-            if a != b else "config.json differs"
-        raise CheckpointError(f"{ckdir}: is a checkpoint of another model ({first}); {fix}")
+SAME_RUN_FIX = ("resume with the recipe and model the checkpoint was written with (only cluster, parallel, "
+                "execution, batching.micro_batch_size/grad_accum_steps with the same global batch, "
+                "schedule.max_steps, checkpointing and logging may change)")
+
+
+def check_same_run(ckdir: Path, saved: dict, now: dict) -> None:
+    """Refuse in one line a checkpoint of another model, seed, global batch or recipe (``saved``: its
+    identity record; ``now``: this run's, :func:`porting.train.run.ckpt_shards.identity_of`)."""
+    if saved.get("model_config_sha256") != now["model_config_sha256"]:
+        raise CheckpointError(f"{ckdir}: is a checkpoint of another model (config.json differs); {SAME_RUN_FIX}")
     what = _differs({k: saved.get(k) for k in ("seed", "global_batch", "recipe")},
                     {k: now[k] for k in ("seed", "global_batch", "recipe")})
     if what:
-        raise CheckpointError(f"{ckdir}: cannot continue exactly: {what}; {fix}")
+        raise CheckpointError(f"{ckdir}: cannot continue exactly: {what}; {SAME_RUN_FIX}")
+
+
+def check_identity(ckdir: Path, old: Layout, saved: dict, new: Layout, now: dict) -> None:
+    """Refuse in one line what cannot continue exactly: another model, seed, global batch or recipe."""
+    fix = SAME_RUN_FIX
+    a = [(p.name, p.shape, p.dtype) for p in old.params]
+    b = [(p.name, p.shape, p.dtype) for p in new.params]
+    if a != b:
+        first = next((f"{x} vs {y}" for x, y in zip(a, b) if x != y), f"{len(a)} vs {len(b)} tensors")
+        raise CheckpointError(f"{ckdir}: is a checkpoint of another model ({first}); {fix}")
+    check_same_run(ckdir, saved, now)
     if old.masters != new.masters:
         raise CheckpointError(f"{ckdir}: fp32 master weights {'present' if old.masters else 'absent'} in the "
                               f"checkpoint, {'needed' if new.masters else 'not kept'} by this run; {fix}")
@@ -298,6 +309,8 @@ def restore(trainer, ckdir: Path) -> int:
     shard = piece_bytes(new, needed(new, trainer.rank))
     mem = rss()
     peak = f"; peak host RSS since start {mem[1]} bytes" if mem else ""
+    if (src.layout.world, src.layout.tp, src.layout.zero) != (new.world, new.tp, new.zero):
+        peak += "; the layout changed: every piece was re-cut exactly for this one (same model, seed, recipe)"
     trainer.log.info(f"resume read {src.files.bytes_read} bytes of {ckdir} (this rank's shard {shard} bytes, "
                      f"ratio {src.files.bytes_read / max(shard, 1):.3f}); saved layout world {src.layout.world} tp "
                      f"{src.layout.tp} zero {src.layout.zero}, this run world {new.world} tp {new.tp} zero {new.zero}{peak}")

@@ -171,16 +171,19 @@ def live_layout(trainer) -> Layout:
 
 def identity(trainer) -> dict[str, Any]:
     """What must be equal for a resume to continue this run exactly, whatever the layout."""
+    return identity_of(trainer.recipe, trainer.model.config.to_hf())
 
-    rec = recipe_dict(trainer.recipe)
+
+def identity_of(recipe, cfg: dict[str, Any]) -> dict[str, Any]:
+    """:func:`identity` from the recipe and the model's HF config (what `port train` checks before launch)."""
+    rec = recipe_dict(recipe)
     for key in LAYOUT_KEYS:
         *path, last = key.split(".")
         d = rec
         for part in path:
             d = d.get(part, {})
         d.pop(last, None)
-    cfg = trainer.model.config.to_hf()
-    return {"seed": trainer.recipe.seed, "global_batch": trainer.recipe.global_batch_size,
+    return {"seed": recipe.seed, "global_batch": recipe.global_batch_size,
             "model_config_sha256": hashlib.sha256(json.dumps(cfg, sort_keys=True).encode()).hexdigest(),
             "model_config": cfg, "recipe": rec}
 

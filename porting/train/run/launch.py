@@ -7,12 +7,14 @@ from __future__ import annotations
 import ipaddress
 import os
 import shlex
+import signal
 import shutil
 import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 import click
 import yaml
@@ -20,12 +22,16 @@ import yaml
 from model_zoo.errors import PortingError, RecipeError
 from model_zoo.files import write_atomic
 from porting.train.plan.launch import msrun_commands
+from porting.train.run import lifeline
 from porting.train.recipe.schema import Recipe, recipe_dict
 
 
 def launch_msrun(rec: Recipe, recipe_path: str, overrides: list[str], out: Path, resume: bool,
-                 launch_node: int | None, plan_env: dict | None = None) -> None:
-    """Run this node's msrun (or print every node's command when a multi-node recipe names no node)."""
+                 launch_node: int | None, plan_env: dict | None = None,
+                 stop: Callable[[subprocess.Popen, float], None] | None = None) -> None:
+    """Run this node's msrun (or print every node's command when a multi-node recipe names no node).
+    msrun and its workers die with this process (porting/train/run/lifeline.py); ``stop`` tears them down
+    on SIGINT/SIGTERM."""
     if shutil.which("msrun") is None:
         raise PortingError("msrun not found on PATH; it comes with MindSpore (pip install mindspore) - "
                            "activate the environment that has it")
@@ -40,7 +46,7 @@ def launch_msrun(rec: Recipe, recipe_path: str, overrides: list[str], out: Path,
     node = launch_node or 0
     argv, env = msrun_argv_env(rec, cmds, node, plan_env)
     click.echo(f"launching: {cmds[node]}", err=True)
-    rc = subprocess.call(argv, env=env)
+    rc = lifeline.run_msrun(argv, env, stop or _stop_group)
     if rc != 0:
         raise PortingError(f"msrun exited with {rc}; see {out}/logs/rank_*.log and {out}/logs/msrun/worker_*.log "
                            "(scheduler.log names ranks that timed out)")
@@ -58,7 +64,22 @@ def msrun_argv_env(rec: Recipe, cmds: list[str], node: int, plan_env: dict | Non
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     # msrun starts the `python` found on PATH: put this interpreter's directory first.
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+    env[lifeline.ENV] = lifeline.token()   # the workers exit by themselves once this process is gone
     return argv, env
+
+
+def _stop_group(proc: subprocess.Popen, grace_s: float) -> None:
+    """Without the caller's teardown: msrun's own process group, SIGTERM then SIGKILL (the workers, in
+    sessions of their own, then exit through their lifeline)."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+            proc.wait(timeout=grace_s)
+            return
+        except (ProcessLookupError, PermissionError):
+            return
+        except subprocess.TimeoutExpired:
+            continue
 
 
 def same_host_node_argv(argv: list[str], node: int, cluster) -> list[str]:

@@ -42,6 +42,7 @@ from porting.train.recipe.schedule import lr_at
 from porting.train.recipe.schema import Recipe, recipe_dict
 from porting.train.run import checkpoint as ckpt
 from porting.train.run import ckpt_read
+from porting.train.run import resume_check
 from porting.train.run import execution
 from porting.train.run import grid as grid_mod
 from porting.train.run import step as train_step
@@ -349,6 +350,20 @@ def _log_mode(recipe: Recipe, grid: Grid, log: logging.Logger) -> None:
         log.info(grid_mod.loss_note(recipe, grid))
 
 
+def _resume(trainer: Trainer, ck_root: Path, total_steps: int, log: logging.Logger) -> int:
+    """Restore the newest complete checkpoint; the step to continue from."""
+    last = ckpt.latest(ck_root)
+    if last is None:
+        raise ckpt.CheckpointError(f"{ck_root}: --resume but no complete checkpoint there; run without --resume")
+    resume_check.validate(last[1])   # whole, in range, not renamed or forged (the CLI checked it too)
+    start = trainer.restore(last[1])
+    if start > total_steps:
+        raise ckpt.CheckpointError(f"{last[1]}: next_step {start} is beyond this run's {total_steps} steps; "
+                                   "raise schedule.max_steps (or epochs) to train further")
+    log.info(f"resumed from {last[1]} at step {start}")
+    return start
+
+
 def train(recipe: Recipe, run_dir: str | Path, *, rank: int = 0, world_size: int = 1, resume: bool = False,
           distributed: bool = False, command: list[str] | None = None, echo: bool = True,
           doctor: Callable[[], dict] | None = None) -> RunResult:
@@ -376,11 +391,7 @@ def train(recipe: Recipe, run_dir: str | Path, *, rank: int = 0, world_size: int
         log.warning(f"{p}: left by an interrupted checkpoint save, never loaded; remove it to free the space")
     start = 0
     if resume:
-        last = ckpt.latest(ck_root)
-        if last is None:
-            raise ckpt.CheckpointError(f"{ck_root}: --resume but no complete checkpoint there; run without --resume")
-        start = trainer.restore(last[1])
-        log.info(f"resumed from {last[1]} at step {start}")
+        start = _resume(trainer, ck_root, plan.total_steps, log)
     if rank == 0:
         rundir.write_manifest(run_dir, run_manifest(recipe, model_dir, cfg, plan, world_size, command, start, doctor),
                               resume_step=start if resume else 0)

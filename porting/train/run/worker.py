@@ -2,7 +2,8 @@
 
 msrun starts this file with the ``python`` on PATH; each worker finds its rank through MindSpore's
 ``init()`` and runs :func:`porting.train.run.loop.train`. Errors print one line and exit non-zero, which
-makes ``msrun --join=True`` stop the other workers.
+makes ``msrun --join=True`` stop the other workers. Every worker (and msrun's scheduler, which runs this
+script too) exits by itself once the `port` that launched it is gone (porting/train/run/lifeline.py).
 """
 
 from __future__ import annotations
@@ -16,6 +17,9 @@ def main(argv: list[str] | None = None) -> int:
     root = Path(__file__).resolve().parents[3]
     if str(root) not in sys.path:   # a source checkout run without installing the package
         sys.path.insert(0, str(root))
+    from porting.train.run.lifeline import watch_parent  # deferred: sys.path holds the checkout only from here
+
+    watch_parent()   # before anything slow: this process exits once the `port` that launched it is gone
     from model_zoo.errors import PortingError  # deferred: sys.path holds the checkout only from here
     from porting.diagnostics.doctor import doctor_report  # deferred: sys.path holds the checkout only from here
     from porting.train.recipe.schema import load_recipe  # deferred: sys.path holds the checkout only from here
