@@ -52,6 +52,9 @@ class SharegptSection(_Section):
     roles: dict[str, Literal["system", "user", "assistant", "tool"]] = {}   # added to human/gpt/observation/...
 
 
+NAMED_TEMPLATES = ("auto", "model", "builtin")   # data.chat_template values that are not a file
+
+
 class DataSection(_Section):
     path: str = Field(description="JSON/JSONL (text, Alpaca, chat-messages or ShareGPT rows), a .txt or "
                                   ".parquet file, or a HF datasets directory (save_to_disk); see docs/data.md")
@@ -441,6 +444,10 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None, check_file
     src = resolve_path(recipe.model.source, p.parent.resolve())
     if src.exists():
         recipe.model.source = str(src.resolve())
+    if recipe.data.chat_template not in NAMED_TEMPLATES and not recipe.data.chat_template.startswith("model:"):
+        # a Jinja file, found like data.path: from the current directory, then from the recipe's folder
+        tpl = resolve_path(recipe.data.chat_template, p.parent.resolve())
+        recipe.data.chat_template = str(tpl.resolve()) if tpl.exists() else recipe.data.chat_template
     return recipe
 
 
