@@ -125,6 +125,10 @@ class TemplateRenderer:
         if isinstance(exc, WorkerFailure) and exc.kind == "limit":
             return RecipeError(f"data.chat_template ({self.name}): the template was stopped: {exc}; a chat "
                                "template renders messages, it does not compute")
+        if isinstance(exc, ValueError) and str(exc).startswith("the chat template refused"):
+            return RecipeError(f"data.chat_template ({self.name}): the template fails on a plain probe conversation "
+                               f"(user, assistant, user, assistant): {exc}; fix the template or set "
+                               "data.chat_template: builtin")
         return RecipeError(f"data.chat_template ({self.name}): the template cannot be masked exactly: {exc}; use a "
                            "template that renders each turn after the ones before it, or data.chat_template: "
                            "builtin")

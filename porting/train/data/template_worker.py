@@ -217,6 +217,8 @@ def _answer(worker: Worker | None, req: dict) -> tuple[Worker | None, dict]:
                         "line": e.lineno}
     except Limit as e:
         return worker, {"error": str(e), "kind": "limit"}
+    except jinja2.exceptions.SecurityError as e:   # before TemplateError, its base: never the row's fault
+        return worker, {"error": f"the sandbox refused it: {e}", "kind": "limit"}
     except MemoryError:
         return worker, {"error": f"it needs more than the {MEMORY_BYTES >> 30} GiB a chat template may use",
                         "kind": "limit"}
