@@ -24,8 +24,10 @@ turns that start before character ``limit``). Every answer is ``{"ok": ...}`` or
 
 from __future__ import annotations
 
+import ctypes
 import json
 import resource
+import signal
 import sys
 from datetime import datetime
 
@@ -231,9 +233,6 @@ def _answer(worker: Worker | None, req: dict) -> tuple[Worker | None, dict]:
 def _die_with_parent() -> None:
     """SIGKILL when the parent dies (Linux prctl PR_SET_PDEATHSIG), so a killed ``port`` leaves no renderer."""
     try:
-        import ctypes
-        import signal
-
         ctypes.CDLL(None).prctl(1, signal.SIGKILL)   # 1 = PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass   # not Linux: EOF on stdin still ends the loop below
