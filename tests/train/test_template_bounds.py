@@ -55,14 +55,14 @@ def test_worker_stops_bombs_and_is_gone_afterwards():
     loop = "{% for i in 'x' * 99999 %}{% for j in 'x' * 99999 %}{% endfor %}{% endfor %}"
     p = TemplateProcess(loop, {}, deadline_s=1.0)
     with pytest.raises(WorkerFailure, match="longer than 1 s") as e:
-        p.ask({"op": "full", "messages": [{"role": "user", "content": "hi"}]})
+        p.ask({"op": "row", "messages": [{"role": "user", "content": "hi"}], "train": [], "limit": 1})
     assert e.value.kind == "limit" and p.proc.poll() is not None, "the worker is killed at its deadline"
     for src, why in [("{{ 'x' * 10**10 }}", "repeated"), ("{{ 9 ** (9 ** 9) }}", "bits"),
                      ("{{ lipsum(n=10**6) }}", "lipsum"), ("{{ messages|tojson(indent=10**8) }}", "tojson indent"),
                      ("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}", "recurses")]:
         p = TemplateProcess(src, {})
         with pytest.raises(WorkerFailure, match=why):
-            p.ask({"op": "full", "messages": [{"role": "user", "content": "hi"}]})
+            p.ask({"op": "row", "messages": [{"role": "user", "content": "hi"}], "train": [], "limit": 1})
         p.close()
         assert p.proc.poll() is not None
 
@@ -110,13 +110,13 @@ def test_named_template_list_is_read_as_transformers_reads_it(qwen, qwen_dir, tm
 def test_masking_work_does_not_grow_with_turns(qwen):
     """A row of 4,096 turns costs one full render plus the prefix renders of the turns inside the kept
     ``max_seq_length`` tokens: the same number of renders as a row of 64 turns, and the same labels."""
-    r = TemplateRenderer(qwen, QWEN_LIKE, "t")
     counts, out = {}, {}
     for n in (64, 4096):
+        r = TemplateRenderer(qwen, QWEN_LIKE, "t")   # a fresh one each: the same guess of the window's end
         r.renders = 0
         out[n] = r.encode(_turns(n), 256)
         counts[n] = r.renders
-    r.close()
+        r.close()
     assert counts[64] == counts[4096] < 64, counts
     assert out[64] == out[4096] and len(out[64][0]) == 257
 

@@ -104,6 +104,7 @@ class TemplateRenderer:
             raise RecipeError(f"data.chat_template ({name}): exact masking needs a fast tokenizer (tokenizer.json) "
                               "for character offsets; add tokenizer.json or set data.chat_template: builtin")
         self.token_chars = max_token_chars(tokenizer)
+        self.chars_per_token = 4.0   # grows to the largest ratio seen in a cut row (guesses the window's end)
         try:
             self.proc = TemplateProcess(template, dict(getattr(tokenizer, "special_tokens_map", {}) or {}))
             ids, labels, spans, text = self._encode(_PROBE, None)
@@ -139,8 +140,8 @@ class TemplateRenderer:
     def spans(self, conv: Conversation, limit: int | None = None) -> tuple[str, list[tuple[int, int]]]:
         """The rendered conversation and the character ranges that count in the loss (of the trained turns
         that start before character ``limit``)."""
-        full = self._full(conv)
-        return full, self._spans(conv, len(full) if limit is None else limit)
+        full, spans, _ = self._render(conv, limit)
+        return full, spans
 
     def _ask(self, request: dict):
         try:
@@ -154,39 +155,49 @@ class TemplateRenderer:
                                         "or data.chat_template: builtin") from None
             raise self._refusal(exc) from None
 
-    def _full(self, conv: Conversation) -> str:
-        """The whole conversation rendered (kept by the worker for :meth:`_spans`)."""
+    def _render(self, conv: Conversation, guess: int | None):
+        """The whole conversation and the spans of its first :data:`SPANS_PER_REQUEST` trained turns that
+        start before character ``guess`` (None: all), in one request; :meth:`_more_spans` asks the rest."""
         messages = conv.messages()
         if sum(len(m["content"]) for m in messages) > MAX_ROW_CHARS:
             raise ValueError(f"the conversation has more than {MAX_ROW_CHARS:,} characters, more than port renders "
                              "through a chat template (porting.train.data.chat.MAX_ROW_CHARS); split it")
-        self.renders += 1
-        return self._ask({"op": "full", "messages": messages})
+        train = [i for i, t in enumerate(conv.turns) if t.train]
+        full, found, renders = self._ask({"op": "row", "messages": messages, "train": train[:SPANS_PER_REQUEST],
+                                          "limit": MAX_ROW_CHARS * 4 if guess is None else guess})
+        self.renders += renders
+        spans = [(a, b) for a, b in found]
+        stopped_at = guess if len(found) < min(len(train), SPANS_PER_REQUEST) else None
+        return full, self._more_spans(train, spans, stopped_at, len(full) if guess is None else guess), train
 
-    def _spans(self, conv: Conversation, limit: int) -> list[tuple[int, int]]:
-        """Asked :data:`SPANS_PER_REQUEST` turns at a time, so that each request's deadline covers a bounded
-        amount of work however long the kept window is; the worker stops at the first turn past ``limit``."""
-        train, out = [i for i, t in enumerate(conv.turns) if t.train], []
-        for k in range(0, len(train), SPANS_PER_REQUEST):
-            part = train[k:k + SPANS_PER_REQUEST]
+    def _more_spans(self, train: list[int], spans: list, stopped_at: int | None, limit: int) -> list:
+        """The spans of the trained turns after ``spans`` that start before ``limit``, asked
+        :data:`SPANS_PER_REQUEST` turns at a time (each request's deadline covers bounded work however long
+        the kept window is). ``stopped_at``: the limit the last request stopped at, if it stopped."""
+        while len(spans) < len(train) and (stopped_at is None or stopped_at < limit):
+            part = train[len(spans):len(spans) + SPANS_PER_REQUEST]
             found, renders = self._ask({"op": "spans", "train": part, "limit": limit})
             self.renders += renders
-            out += [(a, b) for a, b in found]
-            if len(found) < len(part):
-                break
-        return out
+            spans += [(a, b) for a, b in found]
+            stopped_at = limit if len(found) < len(part) else None
+        return spans
 
     def _encode(self, conv: Conversation, max_len: int | None):
         """Ids and labels of the rendered conversation, cut before tokenising to what ``max_len`` tokens
         can cover (one token decodes to at most ``token_chars`` characters); at most ``max_len + 1``
-        tokens are returned, so a longer row is still counted as truncated."""
-        text = self._full(conv)
+        tokens are returned, so a longer row is still counted as truncated. The spans are first asked up
+        to a guess of where the kept tokens end (from the rows before), then up to where they do end."""
+        guess = None if max_len is None else int(max_len * self.chars_per_token * 1.25) + 64
+        text, spans, train = self._render(conv, guess)
         cut = None if max_len is None else char_bound(max_len, self.token_chars)
         enc = self.tok(text[:cut], add_special_tokens=False, return_offsets_mapping=True)
         ids, offsets = list(enc["input_ids"]), list(enc["offset_mapping"])
         if max_len is not None and len(ids) > max_len:
             ids, offsets = ids[:max_len + 1], offsets[:max_len + 1]
-        spans = self._spans(conv, max((e for _, e in offsets), default=0) if max_len is not None else len(text))
+            end = max(e for _, e in offsets)
+            self.chars_per_token = max(self.chars_per_token, end / len(ids))
+            if end > guess:   # the kept tokens reach past the guess: the turns in between are asked too
+                spans = self._more_spans(train, spans, guess, end)
         return (*self._labels(text, ids, offsets, spans), spans, text)
 
     @staticmethod

@@ -49,7 +49,7 @@ class TemplateProcess:
 
     def __init__(self, template: str, variables: dict, deadline_s: float = DEADLINE_S):
         self.deadline_s = deadline_s
-        env = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "LC_ALL", "TMPDIR")}
+        env = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "LC_ALL", "TMPDIR", "TZ")}
         self.proc = subprocess.Popen([sys.executable, "-I", str(WORKER)], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, close_fds=True)
         self._finalizer = weakref.finalize(self, _stop, self.proc)
