@@ -164,3 +164,37 @@ def test_long_rows_are_cut_before_tokenising(tmp_path):
     assert td.examples[0].input_ids.tolist() == whole[:128] and td.report.truncated == 1
     longest = max(len(t) for t in tok.get_vocab())
     assert max(seen) <= char_bound(128, longest) < len(text) // 100
+
+
+def test_worker_dies_with_a_killed_port(tmp_path):
+    """kill -9 of the process that started the worker (``port``) ends the worker too, even while it is busy
+    in a loop and does not read its stdin (PR_SET_PDEATHSIG)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    loop = "{% for a in 'x' * 99999 %}{% for b in 'x' * 99999 %}{% endfor %}{% endfor %}"
+    code = ("import json, time\nfrom porting.train.data.template_process import TemplateProcess\n"
+            f"p = TemplateProcess({loop!r}, {{}})\n"
+            "p.proc.stdin.write(json.dumps({'op': 'row', 'messages': [{'role': 'user', 'content': 'hi'}], 'train': [], 'limit': 1}).encode() + b'\\n')\n"
+            "p.proc.stdin.flush()\nprint(p.proc.pid, flush=True)\ntime.sleep(60)\n")
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                              env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    worker = int(parent.stdout.readline())
+    os.kill(worker, 0)                                   # running
+    parent.kill()
+    parent.wait()
+    for _ in range(100):
+        try:
+            os.kill(worker, 0)
+        except ProcessLookupError:
+            break
+        with open(f"/proc/{worker}/stat") as f:          # a zombie until its (re)parent reaps it: gone too
+            if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                break
+        time.sleep(0.05)
+    else:
+        os.kill(worker, signal.SIGKILL)
+        raise AssertionError("the template worker outlived the killed parent")
