@@ -65,11 +65,20 @@ def _model_template(tokenizer, choice: str, model_dir: str) -> tuple[str | None,
             raise RecipeError(f"data.chat_template: {choice}: the tokenizer of {model_dir} has the named chat "
                               f"templates {sorted(map(str, own))} and none is called {name!r}; set "
                               "data.chat_template to model:NAME with one of them, a Jinja file, or builtin")
-        return own[name], f"{source} ({name})"
+        return _bounded(own[name], f"{source} ({name})"), f"{source} ({name})"
     if ":" in choice:
         raise RecipeError(f"data.chat_template: {choice}: the tokenizer of {model_dir} has one chat template, "
                           "not named ones; use model")
-    return (own if isinstance(own, str) else None), source
+    return (_bounded(own, source) if isinstance(own, str) else None), source
+
+
+def _bounded(template: str, source: str) -> str:
+    """A template held inside tokenizer_config.json, bounded like a template file."""
+    if len(template) > MAX_TEMPLATE_BYTES:
+        raise RecipeError(f"data.chat_template ({source}): the chat template has {len(template):,} characters, more "
+                          f"than the {MAX_TEMPLATE_BYTES:,} a chat template may have; this is not a template port "
+                          "renders")
+    return template
 
 
 def choose_template(data, tokenizer, model_dir: str = "the model") -> tuple[str | None, str]:

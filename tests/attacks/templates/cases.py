@@ -124,6 +124,10 @@ _model_case("named_templates_no_default", _config_edit(chat_template=[{"name": "
             "named chat templates ['rag', 'tool_use']", "none is called 'default'")
 _model_case("named_template_missing", _config_edit(chat_template=[{"name": "default", "template": GOOD}]),
             "none is called 'tools'", template="model:tools")
+_model_case("config_template_of_2_mb", _config_edit(chat_template="{# " + "x" * (2 << 20) + " #}" + GOOD),
+            "tokenizer_config.json", "more than the 1,048,576")
+_model_case("named_config_template_of_2_mb", _config_edit(chat_template=[{"name": "default", "template":
+            "{# " + "x" * (2 << 20) + " #}" + GOOD}]), "tokenizer_config.json (default)", "more than the 1,048,576")
 _model_case("model_template_loops", _config_edit(chat_template=[{"name": "default", "template":
             "{% for i in range(99999) %}{% for j in range(99999) %}{% endfor %}{% endfor %}" + GOOD}]),
             "tokenizer_config.json (default)", "loop steps")
