@@ -112,6 +112,17 @@ def eval_record(model, plan: BatchSchedule, done: int, every: int) -> dict:
     return {"eval_loss": r.mean_loss, "eval_perplexity": r.perplexity, "eval_tokens": r.tokens}
 
 
+def _check_reference(cfg, ref_cfg, reference: Path) -> None:
+    """The reference scores the same token ids: its vocabulary must be the model's (a smaller one would
+    index past its embedding table, a traceback inside torch)."""
+    from model_zoo.errors import ConfigError
+
+    if ref_cfg.vocab_size != cfg.vocab_size:
+        raise ConfigError(f"--reference {reference}: vocab_size {ref_cfg.vocab_size:,}, but the evaluated model's "
+                          f"is {cfg.vocab_size:,}; the reference must be the same model in HF format (the directory "
+                          "port convert read), or pass --no-reference")
+
+
 def eval_report(model_dir: Path, weights: str, data_cfg, batch_size: int, reference: Path | None) -> dict:
     """What ``port eval`` prints: the zoo cell's numbers and, with a reference, HF's and the difference."""
     from converters.loading import load_hf_dir, load_ms_dir
@@ -122,11 +133,14 @@ def eval_report(model_dir: Path, weights: str, data_cfg, batch_size: int, refere
     import mindspore as ms
 
     ms.set_context(mode=ms.GRAPH_MODE)
+    cfg = LlamaConfig.from_hf(model_dir)
+    if reference is not None:
+        _check_reference(cfg, LlamaConfig.from_hf(reference), reference)
     tok = load_tokenizer(model_dir)
     data = tokenize_dataset(data_cfg, tok)
     bounds = choose_boundaries(data.lengths, 4, 8, data_cfg.max_seq_length)
     mbs = batches(data, batch_size, bounds)
-    model = build(LlamaConfig.from_hf(model_dir))
+    model = build(cfg)
     (load_ms_dir if weights == "ms" else load_hf_dir)(model, model_dir)
     zoo = _result(len(data.examples), *zoo_loss(model, mbs))
     out = {"data": {k: v for k, v in data.report.as_dict().items() if k != "bad_row_samples"},

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from model_zoo.errors import ConfigError
-from model_zoo.files import MAX_JSON_BYTES, read_json_object
+from model_zoo.files import MAX_JSON_BYTES, read_json_object, read_text
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -25,6 +25,32 @@ CONFIG_FILE = "tokenizer_config.json"
 # Sequence lengths are checked by the model (rope length, sliding window) and cut by the data pipeline,
 # so the tokenizer's own length warning would only repeat them.
 UNBOUNDED_LENGTH = 1 << 30
+# Side files transformers reads beside tokenizer.json, each bounded before it does (a FIFO would block its
+# open().read(), a 10 GB template would be read whole). Real ones: Llama 3's tokenizer_config.json is 50 KB,
+# chat templates a few KB.
+MAX_TEMPLATE_BYTES = 1 << 20
+MAX_SIDE_JSON_BYTES = 16 << 20
+JSON_SIDE_FILES = (CONFIG_FILE, "special_tokens_map.json", "added_tokens.json")
+TEMPLATE_FILES = ("chat_template.jinja",)
+TEMPLATE_DIR, MAX_EXTRA_TEMPLATES = "additional_chat_templates", 64
+
+
+def check_side_files(d: Path) -> None:
+    """Every tokenizer side file present in ``d`` read once within its bound (size, depth, UTF-8, a regular
+    file), so that transformers' own unbounded reads that follow see only files that passed."""
+    for name in JSON_SIDE_FILES:
+        if (d / name).exists():
+            read_json_object(d / name, what=name, max_bytes=MAX_SIDE_JSON_BYTES, error=ConfigError)
+    extra = d / TEMPLATE_DIR
+    templates = [d / n for n in TEMPLATE_FILES if (d / n).exists()]
+    if extra.is_dir():
+        found = sorted(extra.iterdir())
+        if len(found) > MAX_EXTRA_TEMPLATES:
+            raise ConfigError(f"{extra}: {len(found):,} files, more than the {MAX_EXTRA_TEMPLATES} named chat templates "
+                              "port reads; keep the model's own templates only")
+        templates += [f for f in found if f.suffix == ".jinja"]
+    for f in templates:
+        read_text(f, what="chat template", max_bytes=MAX_TEMPLATE_BYTES, error=ConfigError)
 
 
 def _tokenizer_source(d: Path) -> Path:
@@ -62,9 +88,10 @@ def load_tokenizer(model_dir: str | Path) -> PreTrainedTokenizerBase:
     d = Path(model_dir)
     source = _tokenizer_source(d)
     size = source.stat().st_size
-    if size > MAX_JSON_BYTES:
-        raise ConfigError(f"{source}: {size:,} bytes, more than the {MAX_JSON_BYTES:,} a tokenizer file may have; "
-                          "this is not a tokenizer port can read")
+    if size > MAX_JSON_BYTES or not source.is_file():
+        raise ConfigError(f"{source}: {size:,} bytes, more than the {MAX_JSON_BYTES:,} a tokenizer file may have "
+                          "(or not a regular file); this is not a tokenizer port can read")
+    check_side_files(d)
     from transformers import AutoTokenizer
 
     try:

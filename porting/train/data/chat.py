@@ -15,7 +15,15 @@ with (``<|eot_id|>``, ``<|im_end|>``, ``</s>``), but never the header that opens
 the loss when its character span lies inside such a range; a token that crosses a range's edge
 makes the row malformed (counted) unless its part of the range is whitespace (then it is left out),
 and the characters of the kept tokens are checked to equal the ranges less that whitespace. A template whose rendering of a conversation's beginning is not a prefix of the whole (one
-that drops earlier reasoning, say) cannot be masked this way and is refused when the run starts.
+that drops earlier reasoning, say) cannot be masked this way and is refused when the run starts, and so is one whose generation prompt
+cannot be separated from the reply (no ``add_generation_prompt`` branch: the assistant header would be
+learned).
+
+Rendering runs in a bounded worker process (:mod:`porting.train.data.template_worker`: time, memory
+and output limits) and only the turns that start inside the kept ``max_seq_length`` tokens get their
+prefix renders, so masking a row is linear in its number of turns (one full render) plus a bounded
+amount of work for the kept window; the rendered text is cut before it is tokenised
+(:func:`porting.train.data.cut.char_bound`).
 """
 
 from __future__ import annotations
@@ -25,9 +33,14 @@ from pathlib import Path
 from model_zoo.errors import RecipeError
 from model_zoo.files import read_text
 from model_zoo.labels import IGNORE_INDEX
+from porting.train.data.cut import char_bound
 from porting.train.data.formats import Conversation, Turn
+from porting.tokenizer import MAX_TEMPLATE_BYTES
+from porting.train.data.template_process import TemplateProcess, WorkerFailure
 
-MAX_TEMPLATE_BYTES = 1 << 20
+MAX_ROW_CHARS = 16 << 20      # characters of one conversation's messages (the worker's output cap is 4x this)
+SPANS_PER_REQUEST = 16       # trained turns whose prefix renders one worker request checks
+CHAT_TEMPLATE_FILE = "chat_template.jinja"   # where transformers >= 4.50 saves a model's template
 
 
 class TemplateMaskError(RecipeError):
@@ -38,84 +51,174 @@ _PROBE = Conversation((Turn("user", "Probe question one?", False), Turn("assista
                        Turn("user", "Probe question two?", False), Turn("assistant", "Probe answer two.", True)))
 
 
-def choose_template(data, tokenizer, model_dir: str = "the model") -> str | None:
-    """The Jinja template ``data.chat_template`` asks for, or None for the built-in markers."""
+def _model_template(tokenizer, choice: str, model_dir: str) -> tuple[str | None, str]:
+    """The tokenizer's own template and the file it came from. A list of named templates in
+    ``tokenizer_config.json`` (``[{"name": "default", "template": ...}, ...]``) is a dict by the time the
+    tokenizer is loaded (transformers, ``PreTrainedTokenizerBase.__init__``: ``{t["name"]: t["template"]}``);
+    like ``get_chat_template`` without tools, ``model`` takes ``default``, and ``model:NAME`` takes NAME."""
+    own = getattr(tokenizer, "chat_template", None)
+    d = Path(model_dir)
+    source = str(d / CHAT_TEMPLATE_FILE) if (d / CHAT_TEMPLATE_FILE).is_file() else str(d / "tokenizer_config.json")
+    if isinstance(own, dict):
+        name = choice.partition(":")[2] or "default"
+        if name not in own or not isinstance(own[name], str):
+            raise RecipeError(f"data.chat_template: {choice}: the tokenizer of {model_dir} has the named chat "
+                              f"templates {sorted(map(str, own))} and none is called {name!r}; set "
+                              "data.chat_template to model:NAME with one of them, a Jinja file, or builtin")
+        return _bounded(own[name], f"{source} ({name})"), f"{source} ({name})"
+    if ":" in choice:
+        raise RecipeError(f"data.chat_template: {choice}: the tokenizer of {model_dir} has one chat template, "
+                          "not named ones; use model")
+    return (_bounded(own, source) if isinstance(own, str) else None), source
+
+
+def _bounded(template: str, source: str) -> str:
+    """A template held inside tokenizer_config.json, bounded like a template file."""
+    if len(template) > MAX_TEMPLATE_BYTES:
+        raise RecipeError(f"data.chat_template ({source}): the chat template has {len(template):,} characters, more "
+                          f"than the {MAX_TEMPLATE_BYTES:,} a chat template may have; this is not a template port "
+                          "renders")
+    return template
+
+
+def choose_template(data, tokenizer, model_dir: str = "the model") -> tuple[str | None, str]:
+    """The Jinja template ``data.chat_template`` asks for (None for the built-in markers) and the file it
+    comes from (named in every error about it)."""
     choice = data.chat_template
-    own = tokenizer.chat_template if isinstance(getattr(tokenizer, "chat_template", None), str) else None
-    if choice == "builtin" or (choice == "auto" and own is None):
-        return None
-    if choice in ("model", "auto"):
-        if own is None:
+    if choice == "builtin":
+        return None, "builtin"
+    if choice in ("model", "auto") or choice.startswith("model:"):
+        own, source = _model_template(tokenizer, choice, model_dir)
+        if own is None and choice != "auto":
             raise RecipeError(f"data.chat_template: model, but the tokenizer of {model_dir} has no chat_template; "
                               "set data.chat_template to a Jinja file or to builtin")
-        return own
-    return read_text(Path(choice).expanduser(), what="chat template (data.chat_template)",
-                     max_bytes=MAX_TEMPLATE_BYTES, error=RecipeError)
+        return own, source
+    path = Path(choice).expanduser()
+    return read_text(path, what="chat template (data.chat_template)", max_bytes=MAX_TEMPLATE_BYTES,
+                     error=RecipeError), str(path)
+
+
+def max_token_chars(tokenizer) -> int:
+    """Characters the longest vocabulary entry can decode to (an upper bound per token)."""
+    return max((len(t) for t in tokenizer.get_vocab()), default=1)
 
 
 class TemplateRenderer:
-    """Token ids and labels of a conversation rendered with one chat template."""
+    """Token ids and labels of a conversation rendered with one chat template (in a bounded worker)."""
 
     def __init__(self, tokenizer, template: str, name: str):
         self.tok, self.template, self.name = tokenizer, template, name
+        self.renders = 0
         if not getattr(tokenizer, "is_fast", False):
             raise RecipeError(f"data.chat_template ({name}): exact masking needs a fast tokenizer (tokenizer.json) "
                               "for character offsets; add tokenizer.json or set data.chat_template: builtin")
+        self.token_chars = max_token_chars(tokenizer)
+        self.chars_per_token = 4.0   # grows to the largest ratio seen in a cut row (guesses the window's end)
         try:
-            ids, labels, spans, text = self._encode(_PROBE)
+            self.proc = TemplateProcess(template, dict(getattr(tokenizer, "special_tokens_map", {}) or {}))
+            ids, labels, spans, text = self._encode(_PROBE, None)
         except TemplateMaskError:
             raise
-        except ValueError as exc:
-            raise RecipeError(f"data.chat_template ({name}): the template cannot be masked exactly: {exc}; use a "
-                              "template that renders each turn after the ones before it, or data.chat_template: "
-                              "builtin") from None
-        for t in _PROBE.turns[1::2]:
-            if not any(t.content in text[a:b] for a, b in spans):
-                raise RecipeError(f"data.chat_template ({name}): an assistant reply is not inside its masked range; "
-                                  "the template does not render assistant content where port can find it")
+        except (ValueError, WorkerFailure) as exc:
+            raise self._refusal(exc) from None
+        for t, (a, b) in zip(_PROBE.turns[1::2], spans):
+            if not text[a:b].lstrip().startswith(t.content):
+                raise RecipeError(f"data.chat_template ({name}): the learned range of an assistant turn starts "
+                                  f"with {text[a:b][:40]!r}, not with the reply: the template has no "
+                                  "add_generation_prompt branch that renders the assistant header, so the header "
+                                  "cannot be kept out of the loss; add one ({% if add_generation_prompt %}...) or "
+                                  "set data.chat_template: builtin")
 
-    def render(self, turns, generation: bool) -> str:
-        if not turns:
-            return ""
-        return self.tok.apply_chat_template([{"role": t.role, "content": t.content} for t in turns],
-                                            chat_template=self.template, tokenize=False,
-                                            add_generation_prompt=generation)
+    def _refusal(self, exc: Exception) -> RecipeError:
+        if isinstance(exc, WorkerFailure) and exc.kind == "syntax":
+            return RecipeError(f"data.chat_template ({self.name}): {exc}; fix the template")
+        if isinstance(exc, WorkerFailure) and exc.kind == "limit":
+            return RecipeError(f"data.chat_template ({self.name}): the template was stopped: {exc}; a chat "
+                               "template renders messages, it does not compute")
+        if isinstance(exc, ValueError) and str(exc).startswith("the chat template refused"):
+            return RecipeError(f"data.chat_template ({self.name}): the template fails on a plain probe conversation "
+                               f"(user, assistant, user, assistant): {exc}; fix the template or set "
+                               "data.chat_template: builtin")
+        return RecipeError(f"data.chat_template ({self.name}): the template cannot be masked exactly: {exc}; use a "
+                           "template that renders each turn after the ones before it, or data.chat_template: "
+                           "builtin")
 
-    def spans(self, conv: Conversation) -> tuple[str, list[tuple[int, int]]]:
-        """The rendered conversation and the character ranges that count in the loss."""
-        turns = list(conv.turns)
+    def close(self) -> None:
+        self.proc.close()
+
+    def spans(self, conv: Conversation, limit: int | None = None) -> tuple[str, list[tuple[int, int]]]:
+        """The rendered conversation and the character ranges that count in the loss (of the trained turns
+        that start before character ``limit``)."""
+        full, spans, _ = self._render(conv, limit)
+        return full, spans
+
+    def _ask(self, request: dict):
         try:
-            full = self.render(turns, False)
-            out = []
-            for i, t in enumerate(turns):
-                if not t.train:
-                    continue
-                if t.role != "assistant":
-                    raise ValueError(f"turn {i} ({t.role}) is marked for training, but with a chat template only "
-                                     "assistant turns can be (use data.chat_template: builtin)")
-                before, upto = self.render(turns[:i], True), self.render(turns[:i + 1], False)
-                if not (full.startswith(upto) and upto.startswith(before)):
-                    raise TemplateMaskError(
-                        f"data.chat_template ({self.name}): the template cannot be masked exactly: its rendering of "
-                        f"turns 0..{i} is not a prefix of the whole conversation (it rewrites earlier turns, e.g. drops "
-                        "their reasoning, or opens assistant turns differently from its generation prompt); use a "
-                        "template that renders each turn after the ones before it, or data.chat_template: builtin")
-                out.append((len(before), len(upto)))
-        except (ValueError, RecipeError):
-            raise
-        except Exception as exc:  # jinja2 TemplateError, raise_exception() in the template
-            raise ValueError(f"the chat template refused the row: {exc}") from None
-        return full, out
+            return self.proc.ask(request)
+        except WorkerFailure as exc:
+            if exc.kind == "row":
+                raise ValueError(str(exc)) from None
+            if exc.kind == "mask":
+                raise TemplateMaskError(f"data.chat_template ({self.name}): the template cannot be masked exactly: "
+                                        f"{exc}; use a template that renders each turn after the ones before it, "
+                                        "or data.chat_template: builtin") from None
+            raise self._refusal(exc) from None
 
-    def _encode(self, conv: Conversation) -> tuple[list[int], list[int], list[tuple[int, int]], str]:
-        text, spans = self.spans(conv)
-        enc = self.tok(text, add_special_tokens=False, return_offsets_mapping=True)
+    def _render(self, conv: Conversation, guess: int | None):
+        """The whole conversation and the spans of its first :data:`SPANS_PER_REQUEST` trained turns that
+        start before character ``guess`` (None: all), in one request; :meth:`_more_spans` asks the rest."""
+        messages = conv.messages()
+        if sum(len(m["content"]) for m in messages) > MAX_ROW_CHARS:
+            raise ValueError(f"the conversation has more than {MAX_ROW_CHARS:,} characters, more than port renders "
+                             "through a chat template (porting.train.data.chat.MAX_ROW_CHARS); split it")
+        train = [i for i, t in enumerate(conv.turns) if t.train]
+        full, found, renders = self._ask({"op": "row", "messages": messages, "train": train[:SPANS_PER_REQUEST],
+                                          "limit": MAX_ROW_CHARS * 4 if guess is None else guess})
+        self.renders += renders
+        spans = [(a, b) for a, b in found]
+        stopped_at = guess if len(found) < min(len(train), SPANS_PER_REQUEST) else None
+        return full, self._more_spans(train, spans, stopped_at, len(full) if guess is None else guess), train
+
+    def _more_spans(self, train: list[int], spans: list, stopped_at: int | None, limit: int) -> list:
+        """The spans of the trained turns after ``spans`` that start before ``limit``, asked
+        :data:`SPANS_PER_REQUEST` turns at a time (each request's deadline covers bounded work however long
+        the kept window is). ``stopped_at``: the limit the last request stopped at, if it stopped."""
+        while len(spans) < len(train) and (stopped_at is None or stopped_at < limit):
+            part = train[len(spans):len(spans) + SPANS_PER_REQUEST]
+            found, renders = self._ask({"op": "spans", "train": part, "limit": limit})
+            self.renders += renders
+            spans += [(a, b) for a, b in found]
+            stopped_at = limit if len(found) < len(part) else None
+        return spans
+
+    def _encode(self, conv: Conversation, max_len: int | None):
+        """Ids and labels of the rendered conversation, cut before tokenising to what ``max_len`` tokens
+        can cover (one token decodes to at most ``token_chars`` characters); at most ``max_len + 1``
+        tokens are returned, so a longer row is still counted as truncated. The spans are first asked up
+        to a guess of where the kept tokens end (from the rows before), then up to where they do end."""
+        guess = None if max_len is None else int(max_len * self.chars_per_token * 1.25) + 64
+        text, spans, train = self._render(conv, guess)
+        cut = None if max_len is None else char_bound(max_len, self.token_chars)
+        enc = self.tok(text[:cut], add_special_tokens=False, return_offsets_mapping=True)
         ids, offsets = list(enc["input_ids"]), list(enc["offset_mapping"])
-        labels, kept, dropped = [], set(), set()
+        if max_len is not None and len(ids) > max_len:
+            ids, offsets = ids[:max_len + 1], offsets[:max_len + 1]
+            end = max(e for _, e in offsets)
+            self.chars_per_token = max(self.chars_per_token, end / len(ids))
+            if end > guess:   # the kept tokens reach past the guess: the turns in between are asked too
+                spans = self._more_spans(train, spans, guess, end)
+        return (*self._labels(text, ids, offsets, spans), spans, text)
+
+    @staticmethod
+    def _labels(text: str, ids: list[int], offsets: list, spans: list[tuple[int, int]]) -> tuple[list, list]:
+        """Labels by one sweep over tokens and spans (both in text order): linear in tokens + spans."""
+        labels, kept, dropped, j = [], set(), set(), 0
         for tid, (s, e) in zip(ids, offsets):
-            inside = e > s and any(a <= s and e <= b for a, b in spans)
-            overlap = [c for a, b in spans for c in range(max(s, a), min(e, b))]
-            if not inside and overlap:
+            while j < len(spans) and spans[j][1] <= s:
+                j += 1
+            inside = e > s and j < len(spans) and spans[j][0] <= s and e <= spans[j][1]
+            overlap = [c for a, b in spans[j:j + 2] for c in range(max(s, a), min(e, b))] if not inside else []
+            if overlap:
                 # A token that joins a turn's edge to its neighbour is left out only when its part of the
                 # turn is whitespace (Mistral's "</s> " before "[INST]"); anything else cannot be masked.
                 if text[min(overlap):max(overlap) + 1].strip():
@@ -125,13 +228,14 @@ class TemplateRenderer:
             labels.append(tid if inside else IGNORE_INDEX)
             if inside:
                 kept.update(range(s, e))
-        want = set().union(*(range(a, b) for a, b in spans)) - dropped if spans else set()
+        end = max((e for _, e in offsets), default=0)   # characters past the last token kept are not checked
+        want = {c for a, b in spans if a < end for c in range(a, min(b, end))} - dropped
         if kept != want:
             raise ValueError(f"the kept tokens cover {len(kept)} characters, the assistant turns {len(want)}")
-        return ids, labels, spans, text
+        return ids, labels
 
-    def encode(self, conv: Conversation) -> tuple[list[int], list[int]]:
-        ids, labels, _, _ = self._encode(conv)
+    def encode(self, conv: Conversation, max_len: int | None = None) -> tuple[list[int], list[int]]:
+        ids, labels, _, _ = self._encode(conv, max_len)
         return ids, labels
 
 
@@ -139,5 +243,5 @@ def renderer_for(fmt: str, data, tokenizer) -> TemplateRenderer | None:
     """The renderer ``fmt`` rows need, or None (plain text, prompt templates, built-in markers)."""
     if fmt == "text" or (fmt == "alpaca" and data.chat_template in ("auto", "builtin")):
         return None
-    template = choose_template(data, tokenizer, getattr(tokenizer, "name_or_path", "the model"))
-    return TemplateRenderer(tokenizer, template, data.chat_template) if template is not None else None
+    template, source = choose_template(data, tokenizer, getattr(tokenizer, "name_or_path", None) or "the model")
+    return TemplateRenderer(tokenizer, template, source) if template is not None else None

@@ -16,7 +16,8 @@ import numpy as np
 from model_zoo.errors import RecipeError
 from model_zoo.files import json_depth, read_text
 from porting.train.data import formats
-from porting.train.data.chat import renderer_for
+from porting.train.data.chat import max_token_chars, renderer_for
+from porting.train.data.cut import char_bound, cut_segments
 from model_zoo.labels import IGNORE_INDEX
 from porting.train.data.examples import DataReport, Example, TokenizedData
 
@@ -106,21 +107,26 @@ def _encode(tokenizer, text: str) -> list[int]:
     return list(tokenizer.encode(text, add_special_tokens=False))
 
 
-def _ids_labels(content, renderer, data, tokenizer) -> tuple[list[int], list[int]]:
+def _ids_labels(content, renderer, data, tokenizer, max_chars: int | None) -> tuple[list[int], list[int]]:
+    """Ids and labels of one row; with ``max_chars`` (truncation) the text past it is never tokenised."""
     bos, eos = tokenizer.bos_token_id, tokenizer.eos_token_id
     if isinstance(content, formats.Conversation) and renderer is not None:
-        ids, labels = renderer.encode(content)   # the template places its own BOS and end-of-turn tokens
+        # Always truncated (data.long_text: split is for plain text): only the kept turns are prefix-rendered.
+        ids, labels = renderer.encode(content, data.max_seq_length)   # the template places BOS and end-of-turn
         if data.add_bos and bos is not None and (not ids or ids[0] != bos):
             ids, labels = [bos] + ids, [IGNORE_INDEX] + labels
         return ids, labels
     segs = formats.builtin_segments(content) if isinstance(content, formats.Conversation) else content
+    cut = False
+    if max_chars is not None:
+        segs, cut = cut_segments(segs, max_chars)
     ids: list[int] = [bos] if data.add_bos and bos is not None else []
     labels: list[int] = [IGNORE_INDEX] * len(ids)
     for text, counts in segs:
         t = _encode(tokenizer, text)
         ids += t
         labels += t if counts else [IGNORE_INDEX] * len(t)
-    if data.add_eos and eos is not None:
+    if data.add_eos and eos is not None and not cut:
         ids.append(eos)
         labels.append(eos)
     return ids, labels
@@ -129,13 +135,24 @@ def _ids_labels(content, renderer, data, tokenizer) -> tuple[list[int], list[int
 def tokenize_rows(rows: Sequence[tuple[int, Any]], fmt: str, data, tokenizer, report: DataReport) -> list[Example]:
     """Examples from rows; malformed rows are counted (and fatal with data.on_bad_row=fail)."""
     renderer = renderer_for(fmt, data, tokenizer)
+    try:
+        return _tokenize_rows(rows, fmt, data, tokenizer, report, renderer)
+    finally:
+        if renderer is not None:
+            renderer.close()
+
+
+def _tokenize_rows(rows, fmt: str, data, tokenizer, report: DataReport, renderer) -> list[Example]:
+    # truncate: rows are cut to what max_seq_length tokens can cover before tokenising (porting.train.data.cut)
+    max_chars = char_bound(data.max_seq_length, max_token_chars(tokenizer)) if data.long_text == "truncate" else None
     out: list[Example] = []
     for n, row in rows:
         report.rows += 1
         try:
             if isinstance(row, Exception):
                 raise row
-            ids, labels = _ids_labels(row_content(row, fmt, data, renderer is not None), renderer, data, tokenizer)
+            content = row_content(row, fmt, data, renderer is not None)
+            ids, labels = _ids_labels(content, renderer, data, tokenizer, max_chars)
         except RecipeError as exc:   # the chat template cannot be masked: fatal, whatever on_bad_row says
             raise RecipeError(f"{data.path}: row {n}: {exc}") from None
         except ValueError as exc:
@@ -147,7 +164,9 @@ def tokenize_rows(rows: Sequence[tuple[int, Any]], fmt: str, data, tokenizer, re
                 raise RecipeError(f"{data.path}: {msg} (data.on_bad_row=fail; fix the row or set "
                                   "data.on_bad_row=skip to count and skip malformed rows)") from None
             continue
-        for win_ids, win_labels in _fit(ids, labels, data.max_seq_length, data.long_text, report):
+        templated = renderer is not None and isinstance(content, formats.Conversation)
+        for win_ids, win_labels in _fit(ids, labels, data.max_seq_length,
+                                        "truncate" if templated else data.long_text, report):
             if sum(1 for x in win_labels[1:] if x != IGNORE_INDEX) == 0:
                 report.no_target += 1
                 continue

@@ -56,7 +56,7 @@ class DataSection(_Section):
     path: str = Field(description="JSON/JSONL (text, Alpaca, chat-messages or ShareGPT rows), a .txt or "
                                   ".parquet file, or a HF datasets directory (save_to_disk); see docs/data.md")
     format: Literal["auto", "text", "alpaca", "chat", "sharegpt"] = "auto"
-    chat_template: str = Field("auto", min_length=1, max_length=4096)  # auto | model | builtin | path to a Jinja file (docs/data.md)
+    chat_template: str = Field("auto", min_length=1, max_length=4096)  # auto | model[:NAME] | builtin | a Jinja file (docs/data.md)
     sharegpt: SharegptSection = SharegptSection()
     split: str = Field("train", min_length=1, max_length=256)  # the split of a datasets directory holding several
     eval_split: float = Field(0.0, ge=0, lt=1)   # fraction of examples held out, scored by `port train`
@@ -436,8 +436,10 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None, check_file
     raw = apply_overrides(raw or {}, overrides or [])
     recipe = validate_recipe(raw, str(p), p.parent.resolve(), check_files)
     # Make data/model paths absolute so workers started elsewhere (msrun) read the same files.
-    data_path = resolve_path(recipe.data.path, p.parent.resolve())
-    recipe.data.path = str(data_path.resolve()) if data_path.exists() else recipe.data.path
+    named = recipe.data.chat_template.partition(":")[0] in ("auto", "model", "builtin")   # else a Jinja file
+    for key in ("path",) + (() if named else ("chat_template",)):
+        found = resolve_path(getattr(recipe.data, key), p.parent.resolve())
+        setattr(recipe.data, key, str(found.resolve()) if found.exists() else getattr(recipe.data, key))
     src = resolve_path(recipe.model.source, p.parent.resolve())
     if src.exists():
         recipe.model.source = str(src.resolve())
