@@ -58,7 +58,7 @@ STEPS = 3
 SEQ = 64
 LOSS_ATOL = 1e-4      # fp32: TP/DP reductions only reorder sums (tests/train/test_tensor_parallel.py: 1e-5)
 GRAD_NORM_RTOL = 1e-3
-RUNGS = ("single", "parity", "node", "two-nodes")
+RUNGS = ("single", "parity", "node", "links", "two-nodes")
 
 
 class RehearsalError(PortingError):
@@ -78,6 +78,7 @@ class Rung:
     run_dir: str = ""
     command: list[str] = dataclasses.field(default_factory=list)
     diagnosis: dict[str, Any] | None = None
+    links: dict[str, Any] = dataclasses.field(default_factory=dict)   # the links rung's figures
 
 
 def scaled_config(cfg: LlamaConfig) -> LlamaConfig:
@@ -229,6 +230,20 @@ def _train_rung(rung: Rung, recipe: dict[str, Any], out: Path, extra: list[str],
         rung.status, rung.detail = "fail", f"{len(rung.losses)} of {STEPS} steps logged"
 
 
+def _links_rung(rung: Rung, recipe: dict[str, Any], out: Path, timeout: float) -> None:
+    """The node's groups, each collective timed at a bandwidth-measuring size (porting/rehearse_links.py)."""
+    from porting.rehearse_links import command_of, measure, recipe_of
+
+    path = out / "recipes" / f"{rung.name}.yaml"
+    path.parent.mkdir(exist_ok=True)
+    write_atomic(path, yaml.safe_dump(recipe, sort_keys=False), error=RehearsalError)
+    rec = recipe_of(path)
+    t0 = time.monotonic()
+    rung.status, rung.detail, rung.links = measure(rec, timeout)
+    rung.command = command_of(rec, timeout, rung.links["elements"])
+    rung.seconds = round(time.monotonic() - t0, 2)
+
+
 def _parity_rung(rung: Rung, model_dir: Path, out: Path, timeout: float) -> None:
     try:
         import torch  # noqa: F401  (deferred: the HF reference needs the torch extra)
@@ -259,12 +274,12 @@ def ladder(rec: Any, only: tuple[str, ...] = RUNGS) -> tuple[list[Rung], dict[st
     """The rungs for a validated recipe, each with its layout or the reason it is skipped, and the
     (TP, DP, nodes) of each training rung."""
     tp, dp, multi_node = _layout(rec)
-    plan = {"single": (1, 1, 1), "node": (tp, dp, 1), "two-nodes": (tp, dp, 2)}
+    plan = {"single": (1, 1, 1), "node": (tp, dp, 1), "links": (tp, dp, 1), "two-nodes": (tp, dp, 2)}
     rungs = [Rung(n) for n in RUNGS]
     for r in rungs:
         if r.name not in only:
             r.status, r.detail = "skip", "not asked for (--rungs)"
-        elif r.name == "node" and tp * dp == 1:
+        elif r.name in ("node", "links") and tp * dp == 1:
             r.status, r.detail = "skip", "the recipe runs on one device: no parallel groups to rehearse"
         elif r.name == "two-nodes" and not multi_node:
             r.status, r.detail = "skip", "the recipe runs on one node"
@@ -299,6 +314,10 @@ def rehearse(recipe_path: str, out: Path, overrides: list[str] | None = None, *,
             continue
         if r.name == "parity":
             _parity_rung(r, model_dir, out, rung_timeout)
+        elif r.name == "links":
+            t, d, _ = plan[r.name]
+            _links_rung(r, rung_recipe(base, model_dir, out / "rungs" / r.name, tp=t, dp=d, nodes=1,
+                                       port=free_port(), ascend=ascend), out, rung_timeout)
         else:
             t, d, n = plan[r.name]
             recipe = rung_recipe(base, model_dir, out / "rungs" / r.name, tp=t, dp=d, nodes=n,

@@ -39,7 +39,7 @@ def test_tiny_recipe_ladder_passes_and_the_report_reads_it(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     doc = json.loads((out / "rehearse.json").read_text())
     st = {g["name"]: g["status"] for g in doc["rungs"]}
-    assert st == {"single": "pass", "parity": "pass", "node": "skip", "two-nodes": "skip"}
+    assert st == {"single": "pass", "parity": "pass", "node": "skip", "links": "skip", "two-nodes": "skip"}
     single = doc["rungs"][0]
     assert len(single["losses"]) == 3 and single["compile_s"] is not None and single["compile_s"] > 0
     rep = port_process("report", str(out))
@@ -73,6 +73,10 @@ def test_13b_shape_tp2_dp2_zero_two_node_ranks_pass_and_agree(tmp_path):
     for name in ("node", "two-nodes"):       # each step equal to the single device's within the stated tolerance
         for a, b in zip(rungs[name]["losses"], rungs["single"]["losses"]):
             assert abs(a - b) <= doc["tolerance"]["loss_atol"]
+    links = rungs["links"]["links"]   # every group's collectives timed at 4 MiB per rank, as bus bandwidth
+    assert {k.split(" ")[0] for k in links["measured"]} == {"world", "tp", "dp"}, links
+    assert all(v["bus_gb_s"] > 0 and v["bytes_per_rank"] == 4 << 20 for v in links["measured"].values()), links
+    assert links["plan"]["tp_gb_s"] == 200.0 and "not a 910C link" in rungs["links"]["detail"]
     recipe = (out / "recipes" / "node.yaml").read_text()
     assert "optimizer_sharding: true" in recipe and "tensor_parallel: 2" in recipe
     assert (out / "rungs" / "two-nodes" / "logs").is_dir()
@@ -82,3 +86,15 @@ def test_13b_shape_tp2_dp2_zero_two_node_ranks_pass_and_agree(tmp_path):
     for label in ("run at 1 device", "run at single-node multi-device", "run at multi-node"):
         row = next(ln for ln in md.splitlines() if label in ln)
         assert "pass" in row, row
+
+
+def test_bus_bandwidth_is_nccl_tests_measure():
+    from porting.rehearse_links import bus_gb_s
+
+    # nccl-tests doc/PERFORMANCE.md: busBw = algBw x 2(n-1)/n (AllReduce), x (n-1)/n (ReduceScatter, AllGather
+    # with the gathered size); 1 GB per rank in 1 s on 8 ranks
+    assert bus_gb_s("AllReduce", 8, 10 ** 9, 1000.0) == pytest.approx(1.75)
+    assert bus_gb_s("ReduceScatter", 8, 10 ** 9, 1000.0) == pytest.approx(0.875)
+    assert bus_gb_s("AllGather", 8, 10 ** 9, 1000.0) == pytest.approx(7.0)   # 8 GB gathered
+    assert bus_gb_s("AllGather (AllReduce of zero-padded)", 2, 10 ** 9, 1000.0) == pytest.approx(2.0)
+    assert bus_gb_s("AllReduce", 1, 10 ** 9, 1000.0) is None and bus_gb_s("create", 4, 0, 1.0) is None

@@ -21,7 +21,7 @@ Examples:
               help="Override a key of RECIPE before it is scaled (repeatable).")
 @click.option("--rung-set", "extra", multiple=True, metavar="KEY=VALUE",
               help="Override a key of every training rung's scaled recipe (repeatable).")
-@click.option("--rungs", default="single,parity,node,two-nodes", show_default=True,
+@click.option("--rungs", default="single,parity,node,links,two-nodes", show_default=True,
               help="Comma-separated rungs to run, in ladder order.")
 @click.option("--dry-run", is_flag=True, help="Print the small model and each rung's layout; run nothing.")
 @click.option("--rung-timeout", default=600, show_default=True, type=click.IntRange(10, 86_400),
@@ -29,7 +29,8 @@ Examples:
 def command(recipe: str, out: Path, overrides: tuple[str, ...], extra: tuple[str, ...], rungs: str,
             dry_run: bool, rung_timeout: int) -> None:
     """Run RECIPE's architecture and parallel layout, scaled to this machine, up the acceptance ladder:
-    one device, parity with HF transformers, one node with the recipe's groups, two node ranks. Stops at the
+    one device, parity with HF transformers, one node with the recipe's groups, their collectives' bandwidth,
+    two node ranks. Stops at the
     first failing rung with its diagnosis; exit 0 only when every rung that ran passed."""
     from porting.rehearse import RUNGS, format_rungs, plan_text, rehearse
 

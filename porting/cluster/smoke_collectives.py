@@ -53,14 +53,15 @@ def _timed(fn, check) -> float:
     return statistics.median(times)
 
 
-def collectives(ms, ops, np, name: str, members: list[int], rank: int, native: bool) -> dict:
+def collectives(ms, ops, np, name: str, members: list[int], rank: int, native: bool,
+                elements: int = ELEMENTS) -> dict:
     """op name -> (callable, check) for one group: real HCCL ops, or the CPU's working ones."""
     n, me = len(members), members.index(rank)
-    x = ms.Tensor(np.full((ELEMENTS,), float(rank + 1), np.float32))
+    x = ms.Tensor(np.full((elements,), float(rank + 1), np.float32))
     total = float(sum(r + 1 for r in members))
     kw = {} if name == "world" else {"group": name}
     allreduce = ops.AllReduce(ops.ReduceOp.SUM, **kw)
-    chunk = ELEMENTS // n
+    chunk = elements // n
 
     def close(want):
         def check(got):
@@ -68,8 +69,8 @@ def collectives(ms, ops, np, name: str, members: list[int], rank: int, native: b
                 raise RuntimeError(f"group {name}: got {got.ravel()[:4]} ..., expected {np.ravel(want)[:4]} ...")
         return check
 
-    gathered = np.concatenate([np.full((ELEMENTS,), float(r + 1), np.float32) for r in members])
-    out = {"AllReduce": (lambda: allreduce(x), close(np.full((ELEMENTS,), total)))}
+    gathered = np.concatenate([np.full((elements,), float(r + 1), np.float32) for r in members])
+    out = {"AllReduce": (lambda: allreduce(x), close(np.full((elements,), total)))}
     if native:
         out["ReduceScatter"] = (lambda: ops.ReduceScatter(ops.ReduceOp.SUM, **kw)(x), close(np.full((chunk,), total)))
     else:   # zero.py's CPU emulation: AllReduce, then this rank's slice
@@ -78,8 +79,8 @@ def collectives(ms, ops, np, name: str, members: list[int], rank: int, native: b
     if native or name == "world":
         out["AllGather"] = (lambda: ops.AllGather(**kw)(x), close(gathered))
     else:   # zero.py's CPU emulation: this rank's piece at its offset in zeros, summed over the group
-        padded = np.zeros((n * ELEMENTS,), np.float32)
-        padded[me * ELEMENTS:(me + 1) * ELEMENTS] = rank + 1
+        padded = np.zeros((n * elements,), np.float32)
+        padded[me * elements:(me + 1) * elements] = rank + 1
         y = ms.Tensor(padded)
         out["AllGather (AllReduce of zero-padded)"] = (lambda: allreduce(y), close(gathered))
     return out
@@ -92,6 +93,7 @@ def main() -> int:
     from mindspore.communication import create_group, get_group_size, get_rank, init
 
     target, tp, node = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    elements = int(sys.argv[4]) if len(sys.argv) > 4 else ELEMENTS
     ms.set_context(mode=ms.PYNATIVE_MODE)
     ms.set_device(target)
     init()
@@ -104,14 +106,14 @@ def main() -> int:
             t0 = time.perf_counter()
             create_group(name, members)
             say(f"group {name} op create ok {(time.perf_counter() - t0) * 1e3:.3f} ms 0 bytes")
-        for op, (fn, check) in collectives(ms, ops, np, name, members, rank, target != "CPU").items():
+        for op, (fn, check) in collectives(ms, ops, np, name, members, rank, target != "CPU", elements).items():
             say(f"group {name} ranks {ranks} op {op} start")
             try:
                 ms_taken = _timed(fn, check)
             except Exception as e:   # the worker's own failure, named; the launcher reads it
                 say(f"group {name} op {op} FAILED: {type(e).__name__}: {str(e).strip().splitlines()[0][:300]}")
                 return 1
-            say(f"group {name} op {op} ok {ms_taken:.3f} ms {ELEMENTS * 4} bytes")
+            say(f"group {name} op {op} ok {ms_taken:.3f} ms {elements * 4} bytes")
     print(f"rank {rank}/{world} step 1 loss 0.0 smoke collectives ok", flush=True)
     return 0
 

@@ -58,7 +58,8 @@ def note_port(row: dict, recipe: Recipe, smoke: bool | None) -> dict:
     return row
 
 
-def launch_command(recipe: Recipe, node_rank: int, logdir: Path, timeout_s: float) -> list[str]:
+def launch_command(recipe: Recipe, node_rank: int, logdir: Path, timeout_s: float,
+                   elements: int | None = None) -> list[str]:
     c = recipe.cluster
     msrun = shutil.which("msrun", path=str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""))
     if msrun is None:
@@ -68,7 +69,7 @@ def launch_command(recipe: Recipe, node_rank: int, logdir: Path, timeout_s: floa
             f"--master_addr={c.master_addr}", f"--master_port={smoke_port(recipe)}", f"--node_rank={node_rank}",
             f"--log_dir={logdir}", "--join=True", f"--cluster_time_out={int(timeout_s)}",
             str(Path(__file__).with_name("smoke_collectives.py")), target, str(recipe.parallel.tensor_parallel),
-            str(node_rank)]
+            str(node_rank)] + ([str(elements)] if elements else [])
 
 
 def read_worker_logs(logdir: Path) -> dict[int, dict]:
@@ -142,10 +143,11 @@ def _await_workers(logdir: Path, local: int, timeout_s: float) -> int:
 
 
 def smoke_at_shape(recipe: Recipe, node_rank: int, timeout_s: float = 90.0, explain: Explain | None = None,
-                   port_check: Callable[[int], dict] | None = None) -> dict:
+                   port_check: Callable[[int], dict] | None = None, elements: int | None = None) -> dict:
     """This node's share of the real-shape smoke test; a preflight row (check, status, detail) plus
     ``collectives``: the slowest time of each (group, collective) on this node, in milliseconds.
-    ``port_check`` (the preflight's ``check_port_free``) first checks the smoke port on node 0."""
+    ``port_check`` (the preflight's ``check_port_free``) first checks the smoke port on node 0; ``elements``
+    sets each collective's float32 count per rank (default smoke_collectives.ELEMENTS, 1 MiB)."""
     c = recipe.cluster
     check = "smoke collectives"
     logdir = Path(tempfile.mkdtemp(prefix=f"port_smoke_node{node_rank}_"))
@@ -156,7 +158,7 @@ def smoke_at_shape(recipe: Recipe, node_rank: int, timeout_s: float = 90.0, expl
         return {"check": check, "status": "fail", "detail": f"port {smoke_port(recipe)} (cluster.master_port + 1, the "
                 "smoke test's scheduler) is in use on node 0; free it or choose another cluster.master_port"}
     try:
-        cmd = launch_command(recipe, node_rank, logdir, timeout_s)
+        cmd = launch_command(recipe, node_rank, logdir, timeout_s, elements)
     except FileNotFoundError:
         return {"check": check, "status": "fail", "detail": "msrun not found (it comes with mindspore)"}
     # a node rank > 0 on the loopback master's own machine (a one-machine test of a multi-node shape):
@@ -177,8 +179,9 @@ def smoke_at_shape(recipe: Recipe, node_rank: int, timeout_s: float = 90.0, expl
         shape = (f"{recipe.world_size} worker(s), {c.nodes} node(s), TP {recipe.parallel.tensor_parallel} x DP "
                  f"{recipe.data_parallel_size}")
         listing = "; ".join(f"{k} {v:.2f} ms" for k, v in sorted(times.items()))
+        size = f"{(elements or 1 << 18) * 4 >> 20} MiB"
         return {"check": check, "status": "ok", "collectives": times,
-                "detail": f"node {node_rank} of {shape}: every group's collectives agreed ({listing}; 1 MiB each, "
+                "detail": f"node {node_rank} of {shape}: every group's collectives agreed ({listing}; {size} each, "
                           f"slowest rank of this node)"}
     if why is None:
         why = explain(logdir, c.devices_per_node) if explain else "not diagnosed"

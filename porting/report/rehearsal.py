@@ -36,6 +36,10 @@ def rehearsal_rows(run: RunRecords) -> list[Row] | None:
             out.append(Row("performance", f"compile, rung {name}", INFO,
                            f"{comp:.2f} s over the compile step(s); rung took {_num(r.get('seconds'))} s",
                            f"rungs/{name}/metrics.jsonl"))
+    links = rungs.get("links") or {}
+    if links.get("status") in ("pass", "fail"):
+        out.append(Row("communication", "collective bus bandwidth per group (rehearsal)", STATUS[links["status"]],
+                       str(links.get("detail", "")), "rehearse.json rung links"))
     par = rungs.get("parity") or {}
     out.append(Row("correctness", "rehearsal parity (forward and backward vs HF)",
                    STATUS.get(par.get("status"), MISSING if par.get("status") in (None, "not run") else INFO),
