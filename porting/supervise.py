@@ -37,7 +37,7 @@ from model_zoo.files import read_text, write_atomic
 from porting.diagnostics import DiagnosticsError
 from porting.diagnostics.diagnose import diagnose
 from porting.env import versions
-from porting.train.run.nonfinite import WINDOW, window_of
+from porting.train.run.nonfinite import stop_line
 
 INCIDENTS_FILE = "incidents.jsonl"
 STEP_LINE = re.compile(r" INFO step (\d+)/\d+ loss ")
@@ -129,6 +129,7 @@ class Watch:
         self.logs, self.ranks, self.limits = logs, ranks, limits
         now = time.monotonic()
         self.beats = {r: _Beat(size=self._size(r), at=now) for r in ranks}
+        self.since = {f"rank_{r}.log": b.size for r, b in self.beats.items()}   # this launch's lines follow
 
     def _size(self, r: int) -> int:
         try:
@@ -346,7 +347,7 @@ def supervise(launch: Callable[[bool, list[tuple[int, int]]], subprocess.Popen],
                        verdict=None, observed_rank=fault[2])
         evidence = snapshot(run_dir, inc.n, {"seen": inc.seen, **(extra or {})})
         inc.evidence = str(evidence.relative_to(run_dir))
-        _nonfinite_window(inc, evidence)
+        _nonfinite_window(inc, evidence, watch.since)
         inc.verdict = _diagnose(evidence, world)
         named = (inc.verdict or {}).get("first_failing_rank")
         inc.suspect = inc.observed_rank if inc.observed_rank is not None else named if isinstance(named, int) else None
@@ -370,19 +371,15 @@ def supervise(launch: Callable[[bool, list[tuple[int, int]]], subprocess.Popen],
         resume = ck is not None
 
 
-def _nonfinite_window(inc: Incident, evidence: Path) -> None:
+def _nonfinite_window(inc: Incident, evidence: Path, since: dict[str, int]) -> None:
     """A run stopped past its non-finite caps says so on every rank (porting/train/run/nonfinite.py): the
     window of steps it skipped, and the reason, become the incident's."""
-    for log in sorted((evidence / "logs").glob("rank_*.log")):
-        size = log.stat().st_size
-        text = _read_tail(log, max(0, size - (64 << 10)))
-        window = window_of(text)
-        if window is not None:
-            line = next(ln for ln in reversed(text.splitlines()) if WINDOW.search(ln))
-            # every rank stopped on the same all-reduced values: which process went first names no culprit
-            inc.kind, inc.step, inc.skip_window, inc.observed_rank = "diverged", window[1], list(window), None
-            inc.seen = f"{inc.seen}; {line.split(' ERROR ', 1)[-1][:400]}"
-            return
+    found = stop_line(evidence / "logs", since)
+    if found is not None:
+        line, window = found
+        # every rank stopped on the same all-reduced values: which process went first names no culprit
+        inc.kind, inc.step, inc.skip_window, inc.observed_rank = "diverged", window[1], list(window), None
+        inc.seen = f"{inc.seen}; {line}"
 
 
 def _action(inc: Incident, before: list[Incident], restarts: int, limits: Limits, ck: int | None,

@@ -20,6 +20,7 @@ import yaml
 from model_zoo.errors import PortingError, RecipeError
 from model_zoo.files import write_atomic
 from porting.train.plan.launch import msrun_commands
+from porting.train.run.nonfinite import log_sizes, stop_line
 from porting.train.recipe.schema import Recipe, recipe_dict
 
 
@@ -40,8 +41,12 @@ def launch_msrun(rec: Recipe, recipe_path: str, overrides: list[str], out: Path,
     node = launch_node or 0
     argv, env = msrun_argv_env(rec, cmds, node, plan_env)
     click.echo(f"launching: {cmds[node]}", err=True)
+    before = log_sizes(out / "logs")
     rc = subprocess.call(argv, env=env)
     if rc != 0:
+        stopped = stop_line(out / "logs", before)   # the workers' own reason, when they stopped past the non-finite caps
+        if stopped is not None:
+            raise PortingError(f"msrun exited with {rc}: {stopped[0]}")
         raise PortingError(f"msrun exited with {rc}; see {out}/logs/rank_*.log and {out}/logs/msrun/worker_*.log "
                            "(scheduler.log names ranks that timed out)")
     click.echo(f"done: {rec.world_size} workers; run directory {out}")

@@ -99,10 +99,28 @@ def in_window(recipe, step_no: int) -> tuple[int, int] | None:
     return next(((a, b) for a, b in recipe.nonfinite.skip_steps if a <= step_no <= b), None)
 
 
-def window_of(text: str) -> tuple[int, int] | None:
-    """The (first, last) steps of the last stop line in a rank's log, else None."""
-    found = [tuple(int(g) for g in m.groups() if g is not None) for m in WINDOW.finditer(text)]
-    return found[-1] if found else None
+def log_sizes(logs: Path) -> dict[str, int]:
+    """The size of every rank log in ``logs`` now: a launch's own lines are the ones after these."""
+    return {p.name: p.stat().st_size for p in logs.glob("rank_*.log")} if logs.is_dir() else {}
+
+
+def stop_line(logs: Path, since: dict[str, int]) -> tuple[str, tuple[int, int]] | None:
+    """(the reason, (first, last) window) of a launch that stopped past its caps, from what its rank logs in
+    ``logs`` gained after ``since`` (:func:`log_sizes` before the launch; every rank logs the same line), else
+    None. Only the last 64 KiB of each log are read, and only its last error line counts."""
+    for log in sorted(logs.glob("rank_*.log")):
+        try:
+            with open(log, "rb") as f:
+                f.seek(max(since.get(log.name, 0), log.stat().st_size - (64 << 10)))
+                text = f.read().decode("utf-8", errors="replace")
+        except OSError:
+            continue
+        last = next((ln for ln in reversed(text.splitlines()) if " ERROR " in ln), "")
+        m = WINDOW.search(last)
+        if m:
+            first, end = (int(g) for g in m.groups() if g is not None)
+            return last.split(" ERROR ", 1)[-1][:400], (first, end)
+    return None
 
 
 def parse_hook(value: str | None) -> tuple[str, int | None] | None:
