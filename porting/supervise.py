@@ -351,6 +351,7 @@ def supervise(launch: Callable[[bool, list[tuple[int, int]]], subprocess.Popen],
         inc.verdict = _diagnose(evidence, world)
         named = (inc.verdict or {}).get("first_failing_rank")
         inc.suspect = inc.observed_rank if inc.observed_rank is not None else named if isinstance(named, int) else None
+        inc.suspect = None if inc.skip_window is not None else inc.suspect   # every rank saw the same values
         stop(proc, limits.grace_s)
         ck = latest_step()
         inc.resumed_from = ck

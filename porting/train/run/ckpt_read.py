@@ -247,7 +247,7 @@ def _differs(a: Any, b: Any, path: str = "") -> str | None:
 def check_identity(ckdir: Path, old: Layout, saved: dict, new: Layout, now: dict) -> None:
     """Refuse in one line what cannot continue exactly: another model, seed, global batch or recipe."""
     fix = "resume with the recipe and model the checkpoint was written with (only cluster, parallel, execution, " \
-          "batching.micro_batch_size/grad_accum_steps, schedule.max_steps, checkpointing and logging may change)"
+          "batching.micro_batch_size/grad_accum_steps, schedule.max_steps, checkpointing, logging and nonfinite may change)"
     a = [(p.name, p.shape, p.dtype) for p in old.params]
     b = [(p.name, p.shape, p.dtype) for p in new.params]
     if a != b or saved.get("model_config_sha256") != now["model_config_sha256"]:
