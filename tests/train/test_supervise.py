@@ -120,17 +120,21 @@ def test_a_frozen_rank_is_seen_before_the_collective_timeout_and_the_run_resumes
 
 @pytest.mark.msrun
 @pytest.mark.slow
-def test_a_fault_that_repeats_at_the_same_step_stops_with_its_diagnosis(tmp_path):
+def test_a_fault_that_repeats_stops_with_its_diagnosis(tmp_path):
+    """A real divergence (lr 1e30: step 1 applies a huge update, every later loss is NaN) with no skips allowed:
+    the supervisor rolls back once (no checkpoint yet: the start) skipping step 2's data, the fault comes back at
+    step 3, and the run stops with its diagnosis instead of looping (5 restarts were allowed)."""
     run = tmp_path / "sup"
-    r = port_process("train", str(TINY), "--run-dir", str(run), *_sets(["optimizer.lr=1e30"]), "--supervise",
-             "--max-restarts", "5", timeout=900)
+    r = port_process("train", str(TINY), "--run-dir", str(run), *_sets(["optimizer.lr=1e30",
+                     "nonfinite.max_consecutive_skips=0"]), "--supervise", "--max-restarts", "5", timeout=900)
     assert r.returncode != 0
     err = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
-    assert err and "supervised run stopped after incident 2 (diverged at step 1)" in err[-1], r.stderr[-2000:]
+    assert err and "supervised run stopped after incident 2 (diverged at step 3)" in err[-1], r.stderr[-2000:]
     incidents = [json.loads(ln) for ln in (run / "incidents.jsonl").read_text().splitlines()]
     assert [i["kind"] for i in incidents] == ["diverged", "diverged"]
-    assert incidents[1]["action"].startswith("stopped: the same fault again")
-    assert "loss is nan" in incidents[1]["verdict"]["reason"]
+    assert incidents[0]["action"].startswith("rolled back to the start") and incidents[0]["skip_window"] == [2, 2]
+    assert incidents[1]["action"].startswith("stopped: non-finite steps again after the rollback (steps 3..3)")
+    assert "loss is nan" in incidents[1]["seen"] and "loss is nan" in incidents[1]["verdict"]["reason"]
 
 
 def test_heartbeat_limits_come_from_the_plan_and_stay_under_hccl_exec_timeout():
