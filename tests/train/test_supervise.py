@@ -193,3 +193,30 @@ def test_the_first_worker_msrun_reports_dead_is_the_suspect(tmp_path):
     w.beats[0].size = w.beats[1].size = 0
     w.poll()
     assert w.first_dead_by_msrun(launch) == (1, "msrun: rank 1's worker (pid 17593) exited with -9")
+
+
+def test_a_save_gets_its_predicted_time_and_a_save_that_hangs_is_named_as_such(tmp_path):
+    """Issue 26 part 3: while a rank's last line says a checkpoint save started, the heartbeat allows the plan's
+    predicted save time (x3 + 60 s), not the step limit; past it the stall is named as a hanging save."""
+    plan = {"launch": {"env": {"HCCL_EXEC_TIMEOUT": "1836"}, "predicted_save_s": 200.0},
+            "estimated_step": {"step_s": 1.0}}
+    lim = derive_limits(plan, 30.0, 1)
+    assert lim.stall_s == 30.0 and lim.save_s == 3 * 200.0 + 60   # a slow filesystem is not a step stall
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    for r in (0, 1):
+        (logs / f"rank_{r}.log").write_text(f"2026-01-01T00:00:00.000 rank={r} INFO step 4/9 loss 1.0\n")
+    w = Watch(logs, [0, 1], Limits(stall_s=0.2, compile_s=5, save_s=0.8, poll_s=0.05))
+    for r in (0, 1):
+        with open(logs / f"rank_{r}.log", "a") as f:
+            f.write(f"2026-01-01T00:00:01.000 rank={r} INFO saving checkpoint step_4\n")
+    assert w.poll() is None
+    time.sleep(0.4)                       # past the step limit, inside the save's
+    assert w.poll() is None
+    with open(logs / "rank_0.log", "a") as f:   # rank 0's save ends; rank 1's never does
+        f.write("2026-01-01T00:00:02.000 rank=0 INFO checkpoint /run/checkpoints/step_4\n")
+    assert w.poll() is None and not w.beats[0].saving and w.beats[1].saving
+    time.sleep(0.6)
+    late = w.poll()
+    assert late is not None and late[:2] == (1, "stall"), late
+    assert "(saving a checkpoint; limit 1 s)" in late[2], late
