@@ -1,5 +1,5 @@
-"""`port train --supervise` (porting/supervise.py) under real msrun workers on the CPU: a rank killed with
-SIGKILL, and a rank frozen with SIGSTOP (a silent hang), are seen, kept as evidence, diagnosed, and the run
+"""`port train --supervise` (porting/supervise.py) under real msrun workers on the CPU (4 on one node): rank 2
+killed with SIGKILL, and rank 1 frozen with SIGSTOP (a silent hang), are seen, kept as evidence, diagnosed, and the run
 resumes from its last checkpoint to the same losses and weights as an uninterrupted run; a fault that
 repeats at the same step stops the run with its diagnosis instead of looping."""
 
@@ -23,7 +23,8 @@ from tests.train.conftest import ROOT, TINY, free_port
 
 COMMON = ["data.max_seq_length=64", "batching.bucketing.enabled=false", "batching.micro_batch_size=1",
           "batching.grad_accum_steps=2", "schedule.max_steps=10", "checkpointing.every_steps=2",
-          "checkpointing.export_hf=false", "cluster.devices_per_node=2", "optimizer.lr=1e-4"]
+          "checkpointing.export_hf=false", "cluster.devices_per_node=4", "optimizer.lr=1e-4"]
+WORKERS = 4   # the issue's layout: 4 workers on one node
 
 
 def _sets(extra: list[str] = ()) -> list[str]:
@@ -75,7 +76,7 @@ def _check_recovered(run: Path, clean: Path, killed_rank: int, kind: str) -> Non
     assert inc["suspect"] == killed_rank and inc["observed_rank"] == killed_rank, inc
     assert inc["action"].startswith("relaunched with --resume from step"), inc
     ev = run / inc["evidence"] / "logs"
-    assert {p.name for p in ev.glob("rank_*.log")} == {"rank_0.log", "rank_1.log"}   # every rank's log kept
+    assert {p.name for p in ev.glob("rank_*.log")} == {f"rank_{r}.log" for r in range(WORKERS)}   # every rank's log
     assert (run / inc["evidence"] / "fingerprint.json").is_file()
     assert len(_losses(run)) == len(_losses(clean)) == 10
     np.testing.assert_allclose(_losses(run), _losses(clean), rtol=0, atol=1e-6)
@@ -91,14 +92,14 @@ def test_a_killed_rank_is_diagnosed_and_the_run_resumes_to_the_same_weights(tmp_
     run = tmp_path / "sup"
     p = _start(run, *_sets(), "--supervise", "--stall-timeout", "120")
     try:
-        os.kill(_pid_at_step(run, 1, 3, time.monotonic() + 600), signal.SIGKILL)
+        os.kill(_pid_at_step(run, 2, 3, time.monotonic() + 600), signal.SIGKILL)
         out, err = p.communicate(timeout=900)
     finally:
         if p.poll() is None:
             p.kill()
     assert p.returncode == 0, err[-3000:]
     assert "1 restart(s)" in out, out
-    _check_recovered(run, uninterrupted, 1, "exit")
+    _check_recovered(run, uninterrupted, 2, "exit")
 
 
 @pytest.mark.msrun
@@ -126,7 +127,7 @@ def test_a_fault_that_repeats_stops_with_its_diagnosis(tmp_path):
     step 3, and the run stops with its diagnosis instead of looping (5 restarts were allowed)."""
     run = tmp_path / "sup"
     r = port_process("train", str(TINY), "--run-dir", str(run), *_sets(["optimizer.lr=1e30",
-                     "nonfinite.max_consecutive_skips=0"]), "--supervise", "--max-restarts", "5", timeout=900)
+                     "nonfinite.max_consecutive_skips=0", "cluster.devices_per_node=2"]), "--supervise", "--max-restarts", "5", timeout=900)
     assert r.returncode != 0
     err = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
     assert err and "supervised run stopped after incident 2 (diverged at step 3)" in err[-1], r.stderr[-2000:]
