@@ -483,7 +483,7 @@ def trainer_graphs(trainer: Trainer) -> int:
 
 
 def summarize(records: list[rundir.StepRecord], trainer: Trainer, plan: BatchSchedule) -> rundir.SummaryRecord:
-    steady = [r for r in records if not r.compile]
+    steady = [r for r in records if not r.compile and r.skip_reason != nonfinite.WINDOW_SKIP]   # those ran nothing
     comp = [r for r in records if r.compile]
     med = float(np.median([r.step_time_s for r in steady])) if steady else 0.0
     compile_time = sum(max(0.0, r.step_time_s - med) for r in comp)
