@@ -28,6 +28,7 @@ def _train(run, extra: list[str], hook: str, *flags: str):
 
 
 def test_a_nan_on_one_rank_is_skipped_by_every_rank_and_the_run_finishes(tmp_path):
+    from porting.train.run.checkpoint import TrainState
     from porting.train.run.ckpt_read import full_state
 
     run = tmp_path / "once"
@@ -43,6 +44,7 @@ def test_a_nan_on_one_rank_is_skipped_by_every_rank_and_the_run_finishes(tmp_pat
     assert any(k.startswith("adam_v.") for k in a)
     assert all(np.array_equal(a[k], b[k]) for k in a)      # weights and AdamW moments untouched by step 3
     assert not all(np.array_equal(b[k], c[k]) for k in b)
+    assert TrainState.read(run / "checkpoints" / "step_3" / "state.json").adam_t == 2   # no AdamW step either
 
 
 def test_nan_every_step_stops_an_unsupervised_run_past_the_cap_with_the_reason(tmp_path):

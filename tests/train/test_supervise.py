@@ -119,15 +119,15 @@ def test_a_frozen_rank_is_seen_before_the_collective_timeout_and_the_run_resumes
     assert "its process" in (run / "incidents.jsonl").read_text() and "is stopped (SIGSTOP" in (run / "incidents.jsonl").read_text()
 
 
-@pytest.mark.msrun
 @pytest.mark.slow
 def test_a_fault_that_repeats_stops_with_its_diagnosis(tmp_path):
-    """A real divergence (lr 1e30: step 1 applies a huge update, every later loss is NaN) with no skips allowed:
+    """One device (the supervised `port train` child, no msrun). A real divergence (lr 1e30: step 1 applies a huge
+    update, every later loss is NaN) with no skips allowed:
     the supervisor rolls back once (no checkpoint yet: the start) skipping step 2's data, the fault comes back at
     step 3, and the run stops with its diagnosis instead of looping (5 restarts were allowed)."""
     run = tmp_path / "sup"
     r = port_process("train", str(TINY), "--run-dir", str(run), *_sets(["optimizer.lr=1e30",
-                     "nonfinite.max_consecutive_skips=0", "cluster.devices_per_node=2"]), "--supervise", "--max-restarts", "5", timeout=900)
+                     "nonfinite.max_consecutive_skips=0", "cluster.devices_per_node=1"]), "--supervise", "--max-restarts", "5", timeout=900)
     assert r.returncode != 0
     err = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
     assert err and "supervised run stopped after incident 2 (diverged at step 3)" in err[-1], r.stderr[-2000:]
