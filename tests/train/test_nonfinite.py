@@ -156,3 +156,19 @@ def test_non_finite_every_step_stops_past_the_cap_with_one_line(tmp_path):
     err = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
     assert len(err) == 1 and "3 non-finite steps in a row (steps 1..3)" in err[0], r.stderr[-2000:]
     assert "nonfinite.max_consecutive_skips is 2" in err[0] and "Traceback" not in r.stderr
+
+
+def test_a_resumed_run_counts_the_non_finite_steps_its_kept_metrics_record(tmp_path):
+    """The total cap spans launches: the guard of a run resumed at step 4 starts from the non-finite skips of
+    steps 1..4 in metrics.jsonl (not overflow or data-window skips, not steps a killed launch logged later)."""
+    from porting.rundir import MetricsWriter, StepRecord
+
+    w = MetricsWriter(tmp_path)
+    for n, why in enumerate(["nonfinite", None, "overflow", "nonfinite", "data window", "nonfinite"], start=1):
+        w.step(StepRecord(step=n, loss=1.0, skipped=why is not None, skip_reason=why))
+    w.close()
+    rec = validate_recipe(apply_overrides(RAW, ["nonfinite.max_total_skips=2"]), check_files=False)
+    g = nonfinite.guard_for(rec, tmp_path, 4)
+    assert (g.total, g.consecutive) == (2, 0) and nonfinite.prior_skips(tmp_path, 0) == 0
+    stop = g.after(5, _r(False), False)
+    assert stop is not None and "3 non-finite steps in all" in stop
