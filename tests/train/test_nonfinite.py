@@ -7,6 +7,7 @@ Under msrun: tests/train/test_nonfinite_msrun.py."""
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -172,3 +173,26 @@ def test_a_resumed_run_counts_the_non_finite_steps_its_kept_metrics_record(tmp_p
     assert (g.total, g.consecutive) == (2, 0) and nonfinite.prior_skips(tmp_path, 0) == 0
     stop = g.after(5, _r(False), False)
     assert stop is not None and "3 non-finite steps in all" in stop
+
+
+@pytest.mark.slow
+def test_a_burst_past_the_cap_is_rolled_back_once_and_the_supervised_run_finishes(tmp_path):
+    """One device under --supervise: steps 3..5 go non-finite (the hook), the cap of 2 stops the launch at step 5;
+    the supervisor rolls back to step 4's checkpoint skipping the data of steps 3..5, and the run finishes."""
+    from tests.helpers import port_process
+    from tests.train.conftest import metrics
+
+    run = tmp_path / "burst"
+    sets = ["schedule.max_steps=8", "checkpointing.every_steps=2", "nonfinite.max_consecutive_skips=2"]
+    r = port_process("train", str(TINY), "--run-dir", str(run), *FAST, *[a for s in sets for a in ("--set", s)],
+                     "--supervise", env={nonfinite.HOOK_ENV: "3,4,5"}, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "1 restart(s)" in r.stdout
+    incidents = [json.loads(ln) for ln in (run / "incidents.jsonl").read_text().splitlines()]
+    assert len(incidents) == 1 and incidents[0]["skip_window"] == [3, 5], incidents
+    assert incidents[0]["action"].startswith("rolled back to step 4")
+    steps, summary = metrics(run)
+    assert summary is not None and summary["steps"] == 4      # this launch's records: 5 (window) .. 8
+    assert {s["step"]: s.get("skip_reason") for s in steps} == {1: None, 2: None, 3: "nonfinite", 4: "nonfinite",
+                                                                5: "data window", 6: None, 7: None, 8: None}
+    assert (run / "checkpoints" / "step_8").is_dir()
