@@ -138,6 +138,8 @@ def rung_recipe(base: dict[str, Any], model_dir: Path, run_dir: Path, *, tp: int
                     "cluster_time_out": r["cluster"]["cluster_time_out"]},
         "checkpointing": {"every_steps": 0, "export_hf": False},
         "logging": {"every_steps": 1, "progress": "lines"},
+        # a rung is an acceptance check: its first non-finite step fails it (a run would skip it, nonfinite.*)
+        "nonfinite": {"max_consecutive_skips": 0, "max_total_skips": 0},
         "seed": r["seed"],
         "output_dir": str(run_dir),
     }

@@ -37,6 +37,7 @@ from model_zoo.files import read_text, write_atomic
 from porting.diagnostics import DiagnosticsError
 from porting.diagnostics.diagnose import diagnose
 from porting.env import versions
+from porting.train.run.nonfinite import stop_line
 
 INCIDENTS_FILE = "incidents.jsonl"
 STEP_LINE = re.compile(r" INFO step (\d+)/\d+ loss ")
@@ -77,6 +78,7 @@ class Incident:
     steps_lost: int | None = None
     seconds_lost: float | None = None
     evidence: str = ""
+    skip_window: list[int] | None = None   # non-finite steps [first, last] whose data the relaunch skips
 
 
 @dataclasses.dataclass
@@ -127,6 +129,7 @@ class Watch:
         self.logs, self.ranks, self.limits = logs, ranks, limits
         now = time.monotonic()
         self.beats = {r: _Beat(size=self._size(r), at=now) for r in ranks}
+        self.since = {f"rank_{r}.log": b.size for r, b in self.beats.items()}   # this launch's lines follow
 
     def _size(self, r: int) -> int:
         try:
@@ -306,19 +309,20 @@ def _same_fault(a: Incident, b: Incident) -> bool:
     return a.kind == b.kind and a.step == b.step and a.suspect == b.suspect
 
 
-def supervise(launch: Callable[[bool], subprocess.Popen], run_dir: Path, ranks: list[int], world: int,
-              limits: Limits, latest_step: Callable[[], int | None], preflight: Callable[[], None] | None = None,
+def supervise(launch: Callable[[bool, list[tuple[int, int]]], subprocess.Popen], run_dir: Path, ranks: list[int],
+              world: int, limits: Limits, latest_step: Callable[[], int | None], preflight: Callable[[], None] | None = None,
               resume: bool = False, extra: dict[str, Any] | None = None, echo: Callable[[str], None] = print,
               shrink: Callable[[Incident], tuple[list[int], int, str] | None] | None = None) -> int:
-    """Run ``launch(resume)`` until it exits 0, recovering from faults (see the module docstring).
+    """Run ``launch(resume, skip_windows)`` until it exits 0, recovering from faults (see the module docstring).
     ``latest_step()`` is the step of the last complete checkpoint (None: none). ``shrink(incident)``, when
     given, may move the next launch onto fewer devices (porting/shrink.py): it returns the new ranks, world
     size and what it did, or None to relaunch as before. Returns the restarts made."""
     incidents: list[Incident] = []
+    windows: list[tuple[int, int]] = []    # data windows skipped after a non-finite rollback
     restarts = 0
     while True:
         started = time.monotonic()
-        proc = launch(resume)
+        proc = launch(resume, windows)
         watch = Watch(run_dir / "logs", ranks, limits)
         fault = None
         while fault is None:
@@ -346,32 +350,29 @@ def supervise(launch: Callable[[bool], subprocess.Popen], run_dir: Path, ranks: 
                        verdict=None, observed_rank=fault[2])
         evidence = snapshot(run_dir, inc.n, {"seen": inc.seen, **(extra or {})})
         inc.evidence = str(evidence.relative_to(run_dir))
+        _nonfinite_window(inc, evidence, watch.since)
         inc.verdict = _diagnose(evidence, world)
         named = (inc.verdict or {}).get("first_failing_rank")
         inc.suspect = inc.observed_rank if inc.observed_rank is not None else named if isinstance(named, int) else None
+        inc.suspect = None if inc.skip_window is not None else inc.suspect   # every rank saw the same values
         stop(proc, limits.grace_s)
         ck = latest_step()
         inc.resumed_from = ck
         inc.steps_lost = (inc.step or 0) - (ck or 0)
         inc.seconds_lost = round(time.monotonic() - started, 1)
-        repeat = [i for i in incidents if _same_fault(i, inc)]
+        inc.action = _action(inc, incidents, restarts, limits, ck, windows)
         incidents.append(inc)
         who = _who(inc)
-        if repeat:
-            inc.action = f"stopped: the same fault again at step {inc.step} ({who})"
-        elif restarts >= limits.max_restarts:
-            inc.action = f"stopped: {restarts} restart(s) made, supervise.max_restarts is {limits.max_restarts}"
-        else:
-            inc.action = (f"relaunched with --resume from step {ck}" if ck is not None else "relaunched from the start")
-            if shrink is not None and inc.suspect is not None and inc.kind in ("exit", "stall"):
-                try:
-                    moved = shrink(inc)
-                except PortingError as e:
-                    inc.action = f"stopped: {e}"
-                else:
-                    if moved:
-                        ranks, world, done = moved
-                        inc.action = f"{done}; {inc.action}"
+        if shrink is not None and inc.action.startswith("relaunched") and inc.suspect is not None \
+                and inc.kind in ("exit", "stall"):
+            try:
+                moved = shrink(inc)
+            except PortingError as e:
+                inc.action = f"stopped: {e}"
+            else:
+                if moved:
+                    ranks, world, done = moved
+                    inc.action = f"{done}; {inc.action}"
         _record(run_dir, inc)
         echo(f"supervise: incident {inc.n}: {inc.kind}: {inc.seen}; diagnosis: {who}; {inc.action} "
              f"(evidence {run_dir / inc.evidence})")
@@ -382,6 +383,35 @@ def supervise(launch: Callable[[bool], subprocess.Popen], run_dir: Path, ranks: 
             _preflight_when_released(preflight, limits)
         restarts += 1
         resume = ck is not None
+
+
+def _nonfinite_window(inc: Incident, evidence: Path, since: dict[str, int]) -> None:
+    """A run stopped past its non-finite caps says so on every rank (porting/train/run/nonfinite.py): the
+    window of steps it skipped, and the reason, become the incident's."""
+    found = stop_line(evidence / "logs", since)
+    if found is not None:
+        line, window = found
+        # every rank stopped on the same all-reduced values: which process went first names no culprit
+        inc.kind, inc.step, inc.skip_window, inc.observed_rank = "diverged", window[1], list(window), None
+        inc.seen = f"{inc.seen}; {line}"
+
+
+def _action(inc: Incident, before: list[Incident], restarts: int, limits: Limits, ck: int | None,
+            windows: list[tuple[int, int]]) -> str:
+    """What is done about ``inc``: stop (a repeat, or out of restarts), roll back once past a non-finite
+    window skipping its data, or relaunch."""
+    if inc.skip_window is not None and any(i.skip_window for i in before):
+        return f"stopped: non-finite steps again after the rollback (steps {inc.skip_window[0]}..{inc.skip_window[1]})"
+    if inc.skip_window is None and any(_same_fault(i, inc) for i in before):
+        return f"stopped: the same fault again at step {inc.step} ({_who(inc)})"
+    if restarts >= limits.max_restarts:
+        return f"stopped: {restarts} restart(s) made, supervise.max_restarts is {limits.max_restarts}"
+    if inc.skip_window is not None:
+        windows.append((inc.skip_window[0], inc.skip_window[1]))
+        frm = f"step {ck} (the last complete checkpoint)" if ck is not None else "the start (no checkpoint yet)"
+        return (f"rolled back to {frm}, skipping the data of steps {inc.skip_window[0]}..{inc.skip_window[1]} "
+                "(nonfinite.skip_steps)")
+    return f"relaunched with --resume from step {ck}" if ck is not None else "relaunched from the start"
 
 
 def _preflight_when_released(preflight: Callable[[], None], limits: Limits, wait_s: float = 90.0) -> None:

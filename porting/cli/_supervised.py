@@ -3,6 +3,7 @@ porting/supervise.py's watch."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -34,14 +35,17 @@ def run_supervised(rec: Any, recipe_path: str, overrides: list[str], out: Path, 
     logs = out / "supervise"     # what each launch printed (msrun's own output)
     logs.mkdir(parents=True, exist_ok=True)
 
-    def launch(again: bool) -> subprocess.Popen:
+    def launch(again: bool, windows: list[tuple[int, int]]) -> subprocess.Popen:
         rec, overrides = state["rec"], state["overrides"]
+        # a non-finite rollback's data windows join the recipe's own (porting/train/run/nonfinite.py)
+        skip = [list(w) for w in rec.nonfinite.skip_steps] + [list(w) for w in windows]
+        sets = [*overrides, *([f"nonfinite.skip_steps={json.dumps(skip)}"] if windows else [])]
         if rec.world_size == 1:   # one process: `port train` itself, without --supervise
             argv = [sys.executable, "-m", "porting", "train", recipe_path, "--run-dir", str(out), "--no-preflight",
-                    *[a for o in overrides for a in ("--set", o)], *(["--resume"] if again else [])]
+                    *[a for o in sets for a in ("--set", o)], *(["--resume"] if again else [])]
             env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]), PORT_PARENT=token())
         else:
-            argv, env = msrun_argv_env(rec, msrun_commands(rec, recipe_path, str(out), overrides, again), node,
+            argv, env = msrun_argv_env(rec, msrun_commands(rec, recipe_path, str(out), sets, again), node,
                                        plan.get("launch", {}).get("env", {}))
         env.update(state["env"])
         n = len(list(logs.glob("launch_*.log"))) + 1

@@ -22,8 +22,8 @@ def incident_rows(run: RunRecords) -> list[Row]:
         who = f"rank {inc['suspect']}" if isinstance(inc.get("suspect"), int) else "no rank named"
         stopped = str(inc.get("action", "")).startswith("stopped")
         out.append(Row("stability", f"incident {inc.get('n')}: {inc.get('kind')}", FAIL if stopped else INFO,
-                       f"{when} step {inc.get('step')}: {who}; {inc.get('seen')}; {inc.get('action')}; "
-                       f"{inc.get('steps_lost')} step(s), {inc.get('seconds_lost')} s lost",
+                       f"{when} step {inc.get('step')}: {who}; {inc.get('action')}; {inc.get('steps_lost')} step(s), "
+                       f"{inc.get('seconds_lost')} s lost; seen: {inc.get('seen')}",
                        str(inc.get("evidence") or "incidents.jsonl")))
     return out
 

@@ -177,7 +177,8 @@ def rows_stability(run: RunRecords, diag: Diagnosis | None) -> list[Row]:
     total = _int((run.plan or {}).get("total_steps"))
     done = len(run.steps)
     completed = run.summary is not None
-    skipped = sum(1 for r in run.steps if r.skipped)
+    reasons = [r.skip_reason or "loss scale" for r in run.steps if r.skipped]   # porting/train/run/nonfinite.py
+    skipped = f"{len(reasons)} skipped (" + ", ".join(f"{reasons.count(k)} {k}" for k in sorted(set(reasons))) + ")"
     out = []
     for label in ("1 device", "single-node multi-device", "multi-node"):
         if scale == label:
@@ -185,7 +186,7 @@ def rows_stability(run: RunRecords, diag: Diagnosis | None) -> list[Row]:
             out.append(Row("stability", f"run at {label}", PASS if ok else FAIL,
                            f"{done} step(s)" + (f" of {total}" if total else "")
                            + (", finished" if completed else ", no summary (did not finish)")
-                           + (f", {skipped} skipped (loss scale)" if skipped else ""),
+                           + (f", {skipped}" if reasons else ""),
                            "metrics.jsonl, manifest.json"))
         else:
             out.append(Row("stability", f"run at {label}", MISSING,

@@ -135,7 +135,8 @@ class StepRecord:
     compile: bool = False               # the step compiled a new graph (a new shape)
     shapes: tuple[int, ...] = ()        # sequence lengths of the micro-batches
     loss_scale: float | None = None
-    skipped: bool = False               # dynamic loss scaling skipped the update (overflow)
+    skipped: bool = False               # the update was not applied (see skip_reason)
+    skip_reason: str | None = None      # overflow (dynamic loss scale), nonfinite, data window (train/run/nonfinite.py)
     host_rss_gib: float | None = None   # host RSS at the end of the step
     host_rss_peak_gib: float | None = None
     device_peak_gib: float | None = None
@@ -154,7 +155,7 @@ _STEP_SPEC: dict[str, tuple[type, ...]] = {
     "step": (int,), "loss": _NUM, "epoch": (int,), "lr": _NUM, "grad_norm": _NUM, "tokens": (int,),
     "loss_tokens": (int,), "padded_tokens": (int,), "tokens_per_s": _NUM, "step_time_s": _NUM,
     "padding_fraction": _NUM, "compile": (bool,), "shapes": (list,), "loss_scale": _NUM, "skipped": (bool,),
-    "host_rss_gib": _NUM, "host_rss_peak_gib": _NUM, "device_peak_gib": _NUM, "comm_wait_s": _NUM,
+    "skip_reason": (str,), "host_rss_gib": _NUM, "host_rss_peak_gib": _NUM, "device_peak_gib": _NUM, "comm_wait_s": _NUM,
     "comm_wait_ranks_s": (list,), "eval_loss": _NUM, "eval_perplexity": _NUM, "eval_tokens": (int,)}
 
 

@@ -1,5 +1,5 @@
-"""`port train --supervise` (porting/supervise.py) under real msrun workers on the CPU: a rank killed with
-SIGKILL, and a rank frozen with SIGSTOP (a silent hang), are seen, kept as evidence, diagnosed, and the run
+"""`port train --supervise` (porting/supervise.py) under real msrun workers on the CPU (4 on one node): rank 2
+killed with SIGKILL, and rank 1 frozen with SIGSTOP (a silent hang), are seen, kept as evidence, diagnosed, and the run
 resumes from its last checkpoint to the same losses and weights as an uninterrupted run; a fault that
 repeats at the same step stops the run with its diagnosis instead of looping."""
 
@@ -23,7 +23,8 @@ from tests.train.conftest import ROOT, TINY, free_port
 
 COMMON = ["data.max_seq_length=64", "batching.bucketing.enabled=false", "batching.micro_batch_size=1",
           "batching.grad_accum_steps=2", "schedule.max_steps=10", "checkpointing.every_steps=2",
-          "checkpointing.export_hf=false", "cluster.devices_per_node=2", "optimizer.lr=1e-4"]
+          "checkpointing.export_hf=false", "cluster.devices_per_node=4", "optimizer.lr=1e-4"]
+WORKERS = 4   # the issue's layout: 4 workers on one node
 
 
 def _sets(extra: list[str] = ()) -> list[str]:
@@ -75,7 +76,7 @@ def _check_recovered(run: Path, clean: Path, killed_rank: int, kind: str) -> Non
     assert inc["suspect"] == killed_rank and inc["observed_rank"] == killed_rank, inc
     assert inc["action"].startswith("relaunched with --resume from step"), inc
     ev = run / inc["evidence"] / "logs"
-    assert {p.name for p in ev.glob("rank_*.log")} == {"rank_0.log", "rank_1.log"}   # every rank's log kept
+    assert {p.name for p in ev.glob("rank_*.log")} == {f"rank_{r}.log" for r in range(WORKERS)}   # every rank's log
     assert (run / inc["evidence"] / "fingerprint.json").is_file()
     assert len(_losses(run)) == len(_losses(clean)) == 10
     np.testing.assert_allclose(_losses(run), _losses(clean), rtol=0, atol=1e-6)
@@ -91,14 +92,14 @@ def test_a_killed_rank_is_diagnosed_and_the_run_resumes_to_the_same_weights(tmp_
     run = tmp_path / "sup"
     p = _start(run, *_sets(), "--supervise", "--stall-timeout", "120")
     try:
-        os.kill(_pid_at_step(run, 1, 3, time.monotonic() + 600), signal.SIGKILL)
+        os.kill(_pid_at_step(run, 2, 3, time.monotonic() + 600), signal.SIGKILL)
         out, err = p.communicate(timeout=900)
     finally:
         if p.poll() is None:
             p.kill()
     assert p.returncode == 0, err[-3000:]
     assert "1 restart(s)" in out, out
-    _check_recovered(run, uninterrupted, 1, "exit")
+    _check_recovered(run, uninterrupted, 2, "exit")
 
 
 @pytest.mark.msrun
@@ -118,19 +119,23 @@ def test_a_frozen_rank_is_seen_before_the_collective_timeout_and_the_run_resumes
     assert "its process" in (run / "incidents.jsonl").read_text() and "is stopped (SIGSTOP" in (run / "incidents.jsonl").read_text()
 
 
-@pytest.mark.msrun
 @pytest.mark.slow
-def test_a_fault_that_repeats_at_the_same_step_stops_with_its_diagnosis(tmp_path):
+def test_a_fault_that_repeats_stops_with_its_diagnosis(tmp_path):
+    """One device (the supervised `port train` child, no msrun). A real divergence (lr 1e30: step 1 applies a huge
+    update, every later loss is NaN) with no skips allowed:
+    the supervisor rolls back once (no checkpoint yet: the start) skipping step 2's data, the fault comes back at
+    step 3, and the run stops with its diagnosis instead of looping (5 restarts were allowed)."""
     run = tmp_path / "sup"
-    r = port_process("train", str(TINY), "--run-dir", str(run), *_sets(["optimizer.lr=1e30"]), "--supervise",
-             "--max-restarts", "5", timeout=900)
+    r = port_process("train", str(TINY), "--run-dir", str(run), *_sets(["optimizer.lr=1e30",
+                     "nonfinite.max_consecutive_skips=0", "cluster.devices_per_node=1"]), "--supervise", "--max-restarts", "5", timeout=900)
     assert r.returncode != 0
     err = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
-    assert err and "supervised run stopped after incident 2 (diverged at step 1)" in err[-1], r.stderr[-2000:]
+    assert err and "supervised run stopped after incident 2 (diverged at step 3)" in err[-1], r.stderr[-2000:]
     incidents = [json.loads(ln) for ln in (run / "incidents.jsonl").read_text().splitlines()]
     assert [i["kind"] for i in incidents] == ["diverged", "diverged"]
-    assert incidents[1]["action"].startswith("stopped: the same fault again")
-    assert "loss is nan" in incidents[1]["verdict"]["reason"]
+    assert incidents[0]["action"].startswith("rolled back to the start") and incidents[0]["skip_window"] == [2, 2]
+    assert incidents[1]["action"].startswith("stopped: non-finite steps again after the rollback (steps 3..3)")
+    assert "loss is nan" in incidents[1]["seen"] and "loss is nan" in incidents[1]["verdict"]["reason"]
 
 
 def test_heartbeat_limits_come_from_the_plan_and_stay_under_hccl_exec_timeout():
@@ -189,3 +194,30 @@ def test_the_first_worker_msrun_reports_dead_is_the_suspect(tmp_path):
     w.beats[0].size = w.beats[1].size = 0
     w.poll()
     assert w.first_dead_by_msrun(launch) == (1, "msrun: rank 1's worker (pid 17593) exited with -9")
+
+
+def test_a_save_gets_its_predicted_time_and_a_save_that_hangs_is_named_as_such(tmp_path):
+    """Issue 26 part 3: while a rank's last line says a checkpoint save started, the heartbeat allows the plan's
+    predicted save time (x3 + 60 s), not the step limit; past it the stall is named as a hanging save."""
+    plan = {"launch": {"env": {"HCCL_EXEC_TIMEOUT": "1836"}, "predicted_save_s": 200.0},
+            "estimated_step": {"step_s": 1.0}}
+    lim = derive_limits(plan, 30.0, 1)
+    assert lim.stall_s == 30.0 and lim.save_s == 3 * 200.0 + 60   # a slow filesystem is not a step stall
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    for r in (0, 1):
+        (logs / f"rank_{r}.log").write_text(f"2026-01-01T00:00:00.000 rank={r} INFO step 4/9 loss 1.0\n")
+    w = Watch(logs, [0, 1], Limits(stall_s=0.2, compile_s=5, save_s=0.8, poll_s=0.05))
+    for r in (0, 1):
+        with open(logs / f"rank_{r}.log", "a") as f:
+            f.write(f"2026-01-01T00:00:01.000 rank={r} INFO saving checkpoint step_4\n")
+    assert w.poll() is None
+    time.sleep(0.4)                       # past the step limit, inside the save's
+    assert w.poll() is None
+    with open(logs / "rank_0.log", "a") as f:   # rank 0's save ends; rank 1's never does
+        f.write("2026-01-01T00:00:02.000 rank=0 INFO checkpoint /run/checkpoints/step_4\n")
+    assert w.poll() is None and not w.beats[0].saving and w.beats[1].saving
+    time.sleep(0.6)
+    late = w.poll()
+    assert late is not None and late[:2] == (1, "stall"), late
+    assert "(saving a checkpoint; limit 1 s)" in late[2], late

@@ -172,7 +172,7 @@ def test_nan_loss_stops_with_step_and_last_checkpoint(tmp_path):
     run = tmp_path / "nan"
     r = port("train", str(TINY), "--run-dir", str(run), *FAST, "--set", "optimizer.lr=1e30",
              "--set", "optimizer.grad_clip=null", "--set", "schedule.warmup_steps=0",
-             "--set", "checkpointing.every_steps=1")
+             "--set", "checkpointing.every_steps=1", "--set", "nonfinite.max_consecutive_skips=0")
     assert r.returncode == 3
     line = error_line(r)
     assert re.search(r"step 2: loss is .*grad norm nan", line), line
@@ -268,7 +268,8 @@ def test_dynamic_loss_scaling_is_exact_then_skips_overflow_and_stops_at_scale_on
     run = tmp_path / "overflow"
     r = port("train", str(TINY), "--run-dir", str(run), *FAST, "--set", "optimizer.lr=1e30",
              "--set", "optimizer.grad_clip=null", "--set", "schedule.warmup_steps=0",
-             "--set", "precision.loss_scale.kind=dynamic", "--set", "precision.loss_scale.init=4")
+             "--set", "precision.loss_scale.kind=dynamic", "--set", "precision.loss_scale.init=4",
+             "--set", "nonfinite.max_consecutive_skips=0")   # overflows above scale 1 are not counted
     assert r.returncode == 3
     assert re.search(r"step 4: loss is .* at loss scale 1;", error_line(r)), error_line(r)
     steps = metrics(run)[0]

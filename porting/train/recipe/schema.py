@@ -1,7 +1,7 @@
 """The training recipe: a strict, typed schema for `port train` YAML files.
 
 Sections are kept apart (model, data, batching, optimizer, schedule, precision, memory, parallel,
-cluster, checkpointing, logging, seed) and every model is ``extra="forbid"``: a typo such as
+cluster, checkpointing, logging, nonfinite, seed) and every model is ``extra="forbid"``: a typo such as
 ``batching.micro_batch_sise`` is refused with its key path. :func:`load_recipe` collects every
 problem of a file (unknown keys, wrong types, missing files) into one :class:`RecipeError`.
 The model architecture is never in a recipe: it comes from the checkpoint's ``config.json``.
@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from model_zoo.errors import RecipeError
 from model_zoo.files import read_text
 from porting.train.recipe.hardware import MasterAddr, derive_cluster
+from porting.train.recipe.nonfinite import NonfiniteSection
 from porting.train.recipe.yaml_bounded import load_yaml
 
 Dtype = Literal["float32", "bfloat16", "float16"]
@@ -226,6 +227,7 @@ class Recipe(_Section):
     cluster: ClusterSection = ClusterSection()
     checkpointing: CheckpointingSection = CheckpointingSection()
     logging: LoggingSection = LoggingSection()
+    nonfinite: NonfiniteSection = NonfiniteSection()   # non-finite steps: skip caps (recipe/nonfinite.py)
     seed: int = Field(0, ge=0, le=2 ** 32 - 1)   # numpy and MindSpore seeds are 32-bit
     output_dir: str = "runs/train"
     execution: Literal["graph", "pynative"] = "graph"   # MindSpore mode of the step (porting/train/run/execution.py)

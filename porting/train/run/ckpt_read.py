@@ -246,7 +246,7 @@ def _differs(a: Any, b: Any, path: str = "") -> str | None:
 
 SAME_RUN_FIX = ("resume with the recipe and model the checkpoint was written with (only cluster, parallel, "
                 "execution, batching.micro_batch_size/grad_accum_steps with the same global batch, "
-                "schedule.max_steps, checkpointing and logging may change)")
+                "schedule.max_steps, checkpointing, logging and nonfinite may change)")
 
 
 def check_same_run(ckdir: Path, saved: dict, now: dict) -> None:

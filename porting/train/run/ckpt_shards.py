@@ -49,8 +49,10 @@ OPT_KINDS = ("master", "adam_m", "adam_v")
 CODES = {"F32": 4, "BF16": 2, "F16": 2}
 # Recipe keys that only say how the work is laid out (or how long and how loudly it runs): they may
 # change across a resume. Everything else must be equal, or the continued run is not the same run.
+# nonfinite: its caps and data windows decide what later steps do, never what a checkpoint holds (a supervised
+# rollback resumes with a new window, porting/train/run/nonfinite.py)
 LAYOUT_KEYS = ("cluster", "parallel", "checkpointing", "logging", "model", "output_dir", "execution",
-               "batching.micro_batch_size", "batching.grad_accum_steps", "schedule.max_steps")
+               "batching.micro_batch_size", "batching.grad_accum_steps", "schedule.max_steps", "nonfinite")
 
 
 def rank_file(rank: int) -> str:

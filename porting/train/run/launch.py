@@ -23,6 +23,7 @@ from model_zoo.errors import PortingError, RecipeError
 from model_zoo.files import write_atomic
 from porting.train.plan.launch import msrun_commands
 from porting.train.run import lifeline
+from porting.train.run.nonfinite import log_sizes, stop_line
 from porting.train.recipe.schema import Recipe, recipe_dict
 
 
@@ -46,8 +47,12 @@ def launch_msrun(rec: Recipe, recipe_path: str, overrides: list[str], out: Path,
     node = launch_node or 0
     argv, env = msrun_argv_env(rec, cmds, node, plan_env)
     click.echo(f"launching: {cmds[node]}", err=True)
+    before = log_sizes(out / "logs")
     rc = lifeline.run_msrun(argv, env, stop or _stop_group)
     if rc != 0:
+        stopped = stop_line(out / "logs", before)   # the workers' own reason, when they stopped past the non-finite caps
+        if stopped is not None:
+            raise PortingError(f"msrun exited with {rc}: {stopped[0]}")
         raise PortingError(f"msrun exited with {rc}; see {out}/logs/rank_*.log and {out}/logs/msrun/worker_*.log "
                            "(scheduler.log names ranks that timed out)")
     click.echo(f"done: {rec.world_size} workers; run directory {out}")

@@ -44,6 +44,7 @@ from porting.train.run import checkpoint as ckpt
 from porting.train.run import ckpt_read
 from porting.train.run import resume_check
 from porting.train.run import execution
+from porting.train.run import nonfinite
 from porting.train.run import grid as grid_mod
 from porting.train.run import step as train_step
 from porting.train.run import zero
@@ -190,6 +191,7 @@ class Trainer:
         self.state_params = params + list(self.optimizer.masters) + list(self.optimizer.m) + list(self.optimizer.v)
         self.scaler = LossScaler(recipe.precision.loss_scale)
         self.adam_t = 0           # optimizer updates applied (bias correction)
+        self.hook = nonfinite.hook_from_env()   # test hook: a NaN loss scale on chosen steps (off unless set)
         self.shapes_seen: set[tuple] = set()
 
     # -- one optimizer step
@@ -198,7 +200,7 @@ class Trainer:
         t = self.adam_t + 1
         b1, b2 = self.recipe.optimizer.betas
         f32 = lambda x: ms.Tensor(np.float32(x))  # noqa: E731
-        scale = f32(self.scaler.scale / step.global_tokens)
+        scale = f32(self.scaler.scale / step.global_tokens * nonfinite.poison(step.index + 1, self.rank, self.hook))
         unscale = f32(1.0 / self.scaler.scale)
         hyper = (f32(lr), f32(1 - b1 ** t), f32(1 - b2 ** t))
         new_shapes = {mb.shape for mb in step.micro_batches} - self.shapes_seen
@@ -308,16 +310,26 @@ def _data_and_model(recipe: Recipe, model_dir: Path, grid: Grid, log: logging.Lo
     return plan, cfg, model
 
 
-def _stop_if_diverged(recipe: Recipe, step: Step, r: dict, last_good) -> None:
-    # Dynamic loss scaling skips an overflowing step and lowers the scale; once the scale is
-    # down to 1 an overflow is not a scaling problem any more, and the run stops like fp32.
+def _run_or_skip(trainer: Trainer, step: Step, lr: float, guard: nonfinite.SkipGuard, last_good) -> dict:
+    """Run ``step``, or pass over it when its data is in a ``nonfinite.skip_steps`` window; count a skipped
+    update against the caps, and stop the run with the reason past them (porting/train/run/nonfinite.py)."""
+    recipe, n = trainer.recipe, step.index + 1
+    window = nonfinite.in_window(recipe, n)
+    if window is not None:   # the data is consumed, nothing is computed: no loss, no update
+        return {"loss": math.nan, "grad_norm": math.nan, "finite": True, "applied": False, "step_time_s": 0.0,
+                "scale_used": trainer.scaler.scale, "compile": False, "tokens": 0, "skip_reason": nonfinite.WINDOW_SKIP}
+    r = trainer.run_step(step, lr)
+    # Dynamic loss scaling skips an overflowing step and lowers the scale; once the scale is down to 1 an
+    # overflow is not a scaling problem any more, and it counts as a non-finite step like fp32's.
     dynamic = recipe.precision.loss_scale.kind == "dynamic"
-    if not r["finite"] and (not dynamic or r["scale_used"] <= 1.0):
+    r["skip_reason"] = guard.classify(r, dynamic)
+    reason = guard.after(n, r, dynamic)
+    if reason is not None:
         where = f"last good checkpoint: {last_good[1]}" if last_good else "no checkpoint was written yet"
         scale = f" at loss scale {r['scale_used']:g}" if dynamic else ""
-        raise DivergenceError(f"step {step.index + 1}: loss is {r['loss']} (grad norm {r['grad_norm']}){scale}; "
-                              f"the update was not applied; {where}. Lower optimizer.lr, enable "
-                              f"optimizer.grad_clip, or check the data")
+        raise DivergenceError(f"{reason}{scale}; {where}. Lower optimizer.lr, enable optimizer.grad_clip, or check "
+                              "the data (a supervised run rolls back once and skips that window)")
+    return r
 
 
 def _finish(recipe: Recipe, trainer: Trainer, plan, records: list, metrics, model_dir: Path, run_dir: Path,
@@ -401,14 +413,13 @@ def train(recipe: Recipe, run_dir: str | Path, *, rank: int = 0, world_size: int
         log.warning(f"resume: {metrics.note}; they are not kept")
     records: list[rundir.StepRecord] = []
     last_loss = float("nan")
-    last_good = ckpt.latest(ck_root)
+    last_good, guard = ckpt.latest(ck_root), nonfinite.guard_for(recipe, run_dir, start)
     every = recipe.checkpointing.every_steps
     comm = CommWait(recipe.logging.comm_sample_every, rank, world_size, plan.total_steps)
     try:
         for step in plan.steps(grid.dp_rank, start):
             lr = lr_at(recipe, step.index, plan.total_steps)
-            r = trainer.run_step(step, lr)
-            _stop_if_diverged(recipe, step, r, last_good)
+            r = _run_or_skip(trainer, step, lr, guard, last_good)
             last_loss = r["loss"]
             rec = step_record(step, r, lr, trainer.scaler.scale)
             if rank == 0:
@@ -421,7 +432,8 @@ def train(recipe: Recipe, run_dir: str | Path, *, rank: int = 0, world_size: int
             if (step.index + 1) % recipe.logging.every_steps == 0 or step.index + 1 == plan.total_steps:
                 log.info(f"step {rec.step}/{plan.total_steps} loss {rec.loss:.5f} lr {lr:.3e} grad_norm "
                          f"{rec.grad_norm:.4f} tokens/s {rec.tokens_per_s:.0f} step {rec.step_time_s:.3f}s "
-                         f"pad {rec.padding_fraction:.3f}" + (" (compile)" if rec.compile else ""))
+                         f"pad {rec.padding_fraction:.3f}" + (" (compile)" if rec.compile else "")
+                         + (f" (skipped: {rec.skip_reason})" if rec.skipped else ""))
             done = step.index + 1
             if trainer.writes_checkpoints and every and done % every == 0 and done < plan.total_steps:
                 log.info(f"saving checkpoint step_{done}")   # a supervisor allows a save its own time (porting/supervise.py)
@@ -461,7 +473,7 @@ def step_record(step: Step, r: dict, lr: float, loss_scale: float) -> rundir.Ste
         tokens_per_s=round(tokens_per_s, 2), step_time_s=round(r["step_time_s"], 5),
         padding_fraction=round(step.padding_fraction, 5), compile=r["compile"],
         shapes=tuple(sorted({list(mb.shape)[1] for mb in step.micro_batches})), loss_scale=loss_scale,
-        skipped=not r["applied"], host_rss_gib=_host_rss_gib())
+        skipped=not r["applied"], skip_reason=r.get("skip_reason"), host_rss_gib=_host_rss_gib())
 
 
 def comm_record(rec: rundir.StepRecord, comm: CommWait, log: logging.Logger) -> rundir.StepRecord:
@@ -482,7 +494,7 @@ def trainer_graphs(trainer: Trainer) -> int:
 
 
 def summarize(records: list[rundir.StepRecord], trainer: Trainer, plan: BatchSchedule) -> rundir.SummaryRecord:
-    steady = [r for r in records if not r.compile]
+    steady = [r for r in records if not r.compile and r.skip_reason != nonfinite.WINDOW_SKIP]   # those ran nothing
     comp = [r for r in records if r.compile]
     med = float(np.median([r.step_time_s for r in steady])) if steady else 0.0
     compile_time = sum(max(0.0, r.step_time_s - med) for r in comp)

@@ -15,8 +15,8 @@ Mixed precision as Megatron / MindSpeed-LLM: bf16/fp16 parameters are the comput
 float32 master weights and moments (sharded with optimizer sharding: porting/train/run/zero.py), and gradients are all-reduced,
 clipped and applied in float32 (``grad_fp32=False``: reduced in the parameter dtype, still applied to
 the float32 masters).
-When the gradients are not finite the update is skipped inside the graph (parameters and states keep
-their values) and the caller decides: lower the dynamic loss scale, or stop the run.
+When the gradients or the loss are not finite the update is skipped inside the graph (parameters and states
+keep their values) and the caller decides: lower the dynamic loss scale, count the skip, or stop the run.
 """
 
 from __future__ import annotations
@@ -299,8 +299,9 @@ class FusedTrainStep(_Update):
 
     def construct(self, input_ids, labels, scale, unscale, lr, bc1, bc2, *packed):
         (_, (total, count)), grads = self.grad_fn(input_ids, labels, scale, *packed)
-        norm, finite = self.update(grads, unscale, lr, bc1, bc2)
-        return self.reduce_scalar(total), self.reduce_scalar(count), norm, finite
+        total = self.reduce_scalar(total)
+        norm, finite = self.update(grads, _poisoned(unscale, total), lr, bc1, bc2)
+        return total, self.reduce_scalar(count), norm, finite
 
 
 class AccumGradStep(nn.Cell):
@@ -345,10 +346,18 @@ class ApplyStep(_Update):
 
     def construct(self, local_total, local_count, unscale, lr, bc1, bc2):
         grads = self.hyper_map(ops.identity, self.buffers)
-        norm, finite = self.update(grads, unscale, lr, bc1, bc2)
+        total = self.reduce_scalar(local_total)
+        norm, finite = self.update(grads, _poisoned(unscale, total), lr, bc1, bc2)
         zero = self.hyper_map(_zero, self.buffers)
         norm = ops.depend(norm, zero)
-        return self.reduce_scalar(local_total), self.reduce_scalar(local_count), norm, finite
+        return total, self.reduce_scalar(local_count), norm, finite
+
+
+def _poisoned(unscale: Tensor, total: Tensor) -> Tensor:
+    """``unscale`` itself while the all-reduced loss is finite, NaN when it is not (0 * inf is NaN): a non-finite
+    loss then makes the gradient norm non-finite, so the update is skipped on every path (ZeRO's too) exactly
+    like a non-finite gradient (porting/train/run/nonfinite.py)."""
+    return unscale + 0.0 * total
 
 
 _zero = ops.MultitypeFuncGraph("zero")

@@ -1,0 +1,31 @@
+"""`port train`: the recipe's non-finite step caps and data windows (porting/train/recipe/nonfinite.py): counts are
+strict bounded integers (a YAML `true` is not 1), windows are ordered, bounded pairs of steps."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.attacks import inputs as I
+from tests.attacks.harness import case
+
+
+def _recipe_case(name: str, key: str, value, *expect: str):
+    def gen(d: Path) -> list[str]:
+        return ["train", str(I.recipe(d, I.set_key(key, value)))]
+    gen.__name__ = name
+    globals()[name] = case(*expect)(gen)
+
+
+for _name, _key, _value, _expect in [
+    ("consecutive_skips_is_true", "nonfinite.max_consecutive_skips", True, "nonfinite.max_consecutive_skips"),
+    ("total_skips_is_a_float", "nonfinite.max_total_skips", 5.0, "nonfinite.max_total_skips"),
+    ("total_skips_1e12", "nonfinite.max_total_skips", 10 ** 12, "nonfinite.max_total_skips"),
+    ("consecutive_skips_negative", "nonfinite.max_consecutive_skips", -1, "nonfinite.max_consecutive_skips"),
+    ("window_reversed", "nonfinite.skip_steps", [[9, 3]], "first <= last"),
+    ("window_step_zero", "nonfinite.skip_steps", [[0, 3]], "nonfinite.skip_steps.0.0"),
+    ("window_of_three_steps", "nonfinite.skip_steps", [[1, 2, 3]], "nonfinite.skip_steps.0"),
+    ("window_bool_step", "nonfinite.skip_steps", [[True, 3]], "nonfinite.skip_steps.0.0"),
+    ("windows_257", "nonfinite.skip_steps", [[i, i] for i in range(1, 258)], "nonfinite.skip_steps"),
+    ("unknown_key", "nonfinite.max_skips", 3, "nonfinite.max_skips: unknown key"),
+]:
+    _recipe_case(_name, _key, _value, _expect)
