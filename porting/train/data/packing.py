@@ -73,6 +73,56 @@ def choose_slots(lengths: np.ndarray, seq: int, seed: int) -> int:
     return best
 
 
+def row_arrays(examples: Sequence, row: Sequence[int], seq: int, slots: int, pad_id: int, base: int):
+    """(ids, labels, positions, segment ids, cumulative segment ends offset by ``base``) of one packed row
+    of ``seq`` tokens (:func:`row_length`)."""
+    ids = np.full(seq, pad_id, np.int32)
+    labels = np.full(seq, IGNORE_INDEX, np.int32)
+    pos = np.zeros(seq, np.int32)
+    seg = np.zeros(seq, np.int32)
+    ends: list[int] = []
+    off = 0
+    for slot, i in enumerate(row):
+        e = examples[i]
+        n = e.length
+        ids[off:off + n] = e.input_ids
+        labels[off:off + n] = e.labels
+        labels[off] = IGNORE_INDEX          # never predicted from the previous example's last token
+        pos[off:off + n] = np.arange(n, dtype=np.int32)
+        seg[off:off + n] = slot
+        off += n
+        ends.append(base + off)
+    free = seq - off
+    spare = slots - len(row)
+    if spare > free:
+        raise RecipeError(f"packing: a row of {len(row)} examples leaves {free} padding tokens for {spare} "
+                          "unused segments (rows must come from pack_rows)")
+    for k in range(spare):   # padding: spare - 1 one-token segments, then the rest
+        n = 1 if k < spare - 1 else seq - off
+        pos[off:off + n] = np.arange(n, dtype=np.int32)
+        seg[off:off + n] = len(row) + k
+        off += n
+        ends.append(base + off)
+    if spare == 0 and off < seq:   # the last example's segment takes the padding (never a target)
+        pos[off:] = np.arange(pos[off - 1] + 1, pos[off - 1] + 1 + seq - off, dtype=np.int32)
+        seg[off:] = len(row) - 1
+        ends[-1] = base + seq
+    return ids, labels, pos, seg, ends
+
+
+def pack_micro_batch(data: TokenizedData, rows: Sequence[Sequence[int]], seq: int, slots: int):
+    """A :class:`MicroBatch` of packed rows, with its position / segment tensors."""
+    parts = [row_arrays(data.examples, row, seq, slots, data.pad_id, r * seq) for r, row in enumerate(rows)]
+    # seq here is the row length (row_length of data.max_seq_length and slots)
+    x = np.stack([p[0] for p in parts])
+    y = np.stack([p[1] for p in parts])
+    real = sum(data.examples[i].length for row in rows for i in row)
+    packed = (np.stack([p[2] for p in parts]), np.stack([p[3] for p in parts]),
+              np.asarray([e for p in parts for e in p[4]], np.int64))
+    return MicroBatch(x, y, int((y[:, 1:] != IGNORE_INDEX).sum()), int(real),
+                      tuple(int(i) for row in rows for i in row), packed)
+
+
 def _first_fit(sizes: np.ndarray, seq: int, slots: int) -> tuple[np.ndarray, int]:
     """(row of each item, rows) of first fit on ``sizes`` in the order given: each item goes to the
     lowest-numbered row with room for it (``seq`` tokens, ``slots`` items), else to a new row.
