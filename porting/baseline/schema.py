@@ -121,9 +121,9 @@ def _number_problems(doc: dict[str, Any]) -> list[str]:
     for phase in PHASES:
         out += _not_numbers(steps["peak_memory_gib"][phase], f"steps.peak_memory_gib.{phase}")
     out += _not_numbers([doc["timing"].get(k) for k in TIMING_NUMBERS], "timing", low=0)
-    peaks = doc["memory"].get("peak_gib", {})
+    peaks = doc["memory"].get("peak_gib") or {}   # an imported log has none
     out += (_not_numbers(list(peaks.values()), "memory.peak_gib") if isinstance(peaks, dict)
-            else ["memory.peak_gib must be an object of per-phase numbers"])
+            else ["memory.peak_gib must be an object of per-phase numbers or null"])
     after = doc["probe"].get("after_step")
     if after is not None and (isinstance(after, bool) or not isinstance(after, int) or after not in steps["step"]):
         out.append(f"probe.after_step is {str(after)[:40]!r}, expected one of the recorded steps or null")

@@ -75,8 +75,8 @@ def decoded_bytes(arr: Any, where: str) -> int:
     :data:`VALUE_OVERHEAD` per value, dictionaries expanded through their indices, nested lists and
     structs summed. Computed on the encoded form (no value is expanded); a type port does not read
     (views, run-end encoded, unions, extensions) is refused with its column."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
+    import pyarrow as pa  # deferred: pyarrow loads only for a table
+    import pyarrow.compute as pc  # deferred: pyarrow loads only for a table
 
     if isinstance(arr, pa.ChunkedArray):
         return sum(decoded_bytes(c, where) for c in arr.chunks)
@@ -102,14 +102,14 @@ def decoded_bytes(arr: Any, where: str) -> int:
 
 
 def _is_bytes(t) -> bool:
-    import pyarrow as pa
+    import pyarrow as pa  # deferred: pyarrow loads only for a table
 
     return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t) or \
         pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t)
 
 
 def _fixed_width(t) -> bool:
-    import pyarrow as pa
+    import pyarrow as pa  # deferred: pyarrow loads only for a table
 
     return (pa.types.is_boolean(t) or pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t)
             or pa.types.is_temporal(t))

@@ -42,7 +42,7 @@ class Watch:
         self.tb_problem: str | None = None   # why the events stopped mid-run (said once, at close)
         if logging_cfg.tensorboard:
             try:
-                import tensorboardX  # noqa: F401  deferred: optional logger, loaded only when logging.tensorboard is on
+                import tensorboardX  # noqa: F401  # deferred: optional logger, loaded only when logging.tensorboard is on
             except ImportError:
                 raise RecipeError("logging.tensorboard: needs the tensorboardX package (pip install tensorboardX), "
                                   "or set logging.tensorboard=false") from None
@@ -92,7 +92,7 @@ class Watch:
         """One event per step, written and flushed in this thread: a disk that fills or a directory made
         read-only mid-run stops the events (said once, at the end), never the run."""
         from tensorboardX.proto import event_pb2  # deferred: optional logger (logging.tensorboard)
-        from tensorboardX.summary import scalar
+        from tensorboardX.summary import scalar  # deferred: optional logger (logging.tensorboard)
 
         try:
             for tag, v in scalars.items():
@@ -114,7 +114,7 @@ class Watch:
 def _events_writer(logdir: Path):
     """tensorboardX's synchronous event-file writer (its SummaryWriter writes from a thread through a
     bounded queue: a write error there kills the thread, and the next steps block on the full queue)."""
-    from tensorboardX.event_file_writer import EventsWriter
+    from tensorboardX.event_file_writer import EventsWriter  # deferred: optional logger (logging.tensorboard)
 
     try:
         logdir.mkdir(exist_ok=True)
