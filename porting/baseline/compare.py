@@ -141,7 +141,8 @@ def throughput_and_memory(base_doc: dict, run: RunRecords, tol: Tolerances) -> d
         if steady:
             r_tps = sum(r.tokens for r in steady) / sum(r.step_time_s for r in steady)
     tps_ratio = _ratio(r_tps, b_tps)
-    b_mem = max((max(v) for v in base_doc["steps"]["peak_memory_gib"].values() if v), default=None)
+    b_mem = max((x for v in base_doc["steps"]["peak_memory_gib"].values() for x in v
+                 if x is not None and math.isfinite(x)), default=None)
     r_mem, r_kind = run_memory(run)
     mem_ratio = _ratio(r_mem, b_mem)
     t_ok = None if tol.min_throughput_ratio is None else (tps_ratio is not None and tps_ratio >= tol.min_throughput_ratio)

@@ -8,6 +8,7 @@ and raises one ConfigError naming the file and each bad key.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,7 @@ TOP_LEVEL: dict[str, type | tuple[type, ...]] = {
     "model": dict, "settings": dict, "steps": dict, "timing": dict, "memory": dict, "probe": dict,
 }
 STEP_ARRAYS = ("step", "loss", "grad_norm", "lr", "tokens", "step_time_s")
+TIMING_NUMBERS = ("steady_tokens_per_s", "steady_step_time_s_median")   # the ratios port compare computes
 
 
 def save(path: str | Path, doc: dict[str, Any]) -> Path:
@@ -71,6 +73,9 @@ def problems(doc: Any) -> list[str]:
         out.append(f"steps.peak_memory_gib must hold lists of {n} values for {', '.join(PHASES)}")
     if n == 0:
         out.append("steps.step is empty: the baseline recorded no optimizer step")
+    if out:
+        return out
+    out += _number_problems(doc)
     if "imported" in doc:
         # `port baseline --import`: a CUDA run's own log (porting/intake/baseline_import.py) has the curve,
         # never probe logits or the data hash; `port compare` checks the curve and names what is missing
@@ -87,6 +92,45 @@ def problems(doc: Any) -> list[str]:
                 arrays.decode(doc["probe"][key], f"probe.{key}")
             except ValueError as e:
                 out.append(str(e))
+    return out
+
+
+def _not_numbers(values: Any, where: str, whole: bool = False, low: float = -math.inf, null: bool = True) -> list[str]:
+    """The first value of ``values`` that is not a number (a whole one with ``whole``; at least ``low``)
+    or null, as a problem. NaN and infinities are numbers: a run that diverged is compared, not refused."""
+    for i, v in enumerate(values):
+        if v is None and null:
+            continue
+        kind = int if whole else (int, float)
+        if isinstance(v, bool) or not isinstance(v, kind) or v < low:
+            want = "a whole number" if whole else "a number"
+            return [f"{where}[{i}] is {str(v)[:40]!r}, expected {want}{f' >= {low:g}' if low > -math.inf else ''}"
+                    + (" or null" if null else "")]
+    return []
+
+
+def _number_problems(doc: dict[str, Any]) -> list[str]:
+    """Every number `port compare` and `port report` compute with: a string, a list or a bool where a
+    number belongs is one problem line, not a TypeError in the middle of a comparison."""
+    steps = doc["steps"]
+    out = _not_numbers(steps["step"], "steps.step", whole=True, low=0, null=False)
+    if not out and steps["step"] != sorted(set(steps["step"])):
+        out.append("steps.step must be increasing whole numbers")
+    for key in STEP_ARRAYS[1:]:
+        out += _not_numbers(steps[key], f"steps.{key}", whole=key == "tokens", low=0 if key == "tokens" else -math.inf)
+    for phase in PHASES:
+        out += _not_numbers(steps["peak_memory_gib"][phase], f"steps.peak_memory_gib.{phase}")
+    out += _not_numbers([doc["timing"].get(k) for k in TIMING_NUMBERS], "timing", low=0)
+    peaks = doc["memory"].get("peak_gib") or {}   # an imported log has none
+    out += (_not_numbers(list(peaks.values()), "memory.peak_gib") if isinstance(peaks, dict)
+            else ["memory.peak_gib must be an object of per-phase numbers or null"])
+    after = doc["probe"].get("after_step")
+    if after is not None and (isinstance(after, bool) or not isinstance(after, int) or after not in steps["step"]):
+        out.append(f"probe.after_step is {str(after)[:40]!r}, expected one of the recorded steps or null")
+    ids = doc["probe"].get("input_ids", [[0]])
+    if not (isinstance(ids, list) and ids and all(isinstance(r, list) and r and not _not_numbers(r, "", True, 0, False)
+                                                  and max(r) < 1 << 31 for r in ids)):
+        out.append("probe.input_ids must be a list of rows of token ids (whole numbers from 0 to 2**31 - 1)")
     return out
 
 

@@ -10,6 +10,7 @@ import click
 
 from model_zoo.errors import PortingError, RecipeError
 from model_zoo.files import write_atomic
+from porting.rundir import check_side_paths
 from porting import train as T   # the face: names load on first use, a dry run never loads MindSpore
 
 
@@ -86,6 +87,8 @@ def command(recipe: str, overrides: tuple[str, ...], dry_run: bool, as_json: boo
     if not no_preflight and not (rec.cluster.nodes > 1 and launch_node is None):   # that only prints commands
         _preflight(rec, out, launch_node or 0)
     _make_run_dir(out)
+    check_side_paths(out, ("logs", "checkpoints") + (("tensorboard",) if rec.logging.tensorboard else ())
+                     + (("hf",) if rec.checkpointing.export_hf else ()))   # a file in the way, a full disk: now
     write_atomic(out / "plan.json", json.dumps(plan.to_dict(), indent=2), error=RecipeError)
     if supervise:
         from porting.cli._supervised import run_supervised

@@ -193,8 +193,8 @@ def step_from(doc: dict, where: str) -> StepRecord:
     problem = _type_problem(doc, _STEP_SPEC, where)
     if problem:
         raise RunDirError(problem)
-    if doc["step"] < 1:
-        raise RunDirError(f"{where}: step {doc['step']}, expected >= 1")
+    if not isinstance(doc["step"], int) or doc["step"] < 1:   # _type_problem lets null through
+        raise RunDirError(f"{where}: step {doc['step']}, expected a whole number >= 1")
     shapes = doc.get("shapes") or []
     if not all(isinstance(s, int) and not isinstance(s, bool) for s in shapes):
         raise RunDirError(f"{where}: key 'shapes' must be a list of integers")

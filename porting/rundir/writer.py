@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import IO
 
@@ -14,6 +15,57 @@ from porting.rundir.records import MANIFEST_FILE, METRICS_FILE, RunDirError, Run
 def _dumps(rec: dict) -> str:
     # NaN/Infinity are written as Python's json writes them (a diverged step's loss); the reader takes them.
     return json.dumps(rec, default=str)
+
+
+# What a run writes besides its records: a directory (created if absent) or a file, and what goes there.
+SIDE_DIRS = {"logs": "the rank logs", "checkpoints": "checkpoints", "tensorboard": "TensorBoard events",
+             "hf": "the HF export"}
+SIDE_FILES = (MANIFEST_FILE, METRICS_FILE, "plan.json")
+PROBE_BYTES = 1 << 16
+
+
+def check_side_paths(run_dir: Path, dirs: tuple[str, ...]) -> None:
+    """Before a step runs: every place the run will write (``dirs`` of :data:`SIDE_DIRS`, the record
+    files) is usable, else one RunDirError line. A side directory is a real directory or absent (never a
+    file or a link out of the run directory), and a file is written there for real (a read-only or full
+    disk is found now, not at the end of a finished run)."""
+    for name in SIDE_FILES:
+        p = run_dir / name
+        if p.is_symlink() or (p.exists() and not p.is_file()):
+            raise RunDirError(f"{p}: exists and is not a regular file (a directory or a link); port writes {name} "
+                              "there: remove it or choose another --run-dir")
+    where = [run_dir]
+    for name in dirs:
+        p = run_dir / name
+        if p.is_symlink() or (p.exists() and not p.is_dir()):
+            raise RunDirError(f"{p}: exists and is not a directory (a file or a link); port writes {SIDE_DIRS[name]} "
+                              "there: remove it or choose another --run-dir")
+        if name == "hf" and p.is_dir() and any(p.iterdir()) and not (p / "port_manifest.json").is_file():
+            raise RunDirError(f"{p}: holds files port did not write (no port_manifest.json); the HF export would "
+                              "replace them: move them away or set checkpointing.export_hf=false")
+        if p.is_dir():
+            where.append(p)
+    for d in where:
+        _probe_write(d)
+
+
+def _probe_write(d: Path) -> None:
+    import tempfile
+
+    tmp = None
+    try:
+        fd, tmp = tempfile.mkstemp(dir=d, prefix=".port-probe-")
+        with open(fd, "wb") as f:
+            f.write(b"\0" * PROBE_BYTES)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as e:
+        raise RunDirError(f"{d}: cannot write there ({e.strerror}); the run writes its records, logs and checkpoints "
+                          "under the run directory: check its permissions and free space, or choose another "
+                          "--run-dir") from None
+    finally:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
 
 
 def write_manifest(run_dir: Path, manifest: RunManifest, *, resume_step: int = 0) -> Path:

@@ -175,3 +175,23 @@ def test_the_registry_is_bounded_on_write(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match="would grow to .* more than the 4,000"):
         presets.add_user("b", big, path=None, hf_repo="o/b")
     assert (tmp_path / "zoo.json").read_bytes() == before and presets.names()[-1] == "a"
+
+
+def test_a_30_mb_config_added_three_times_never_reaches_the_registry(tmp_path):
+    """Issue 27: a 30 MB config.json added three times wrote a 94 MB registry that bricked every name. Each
+    add is refused at the config.json bound (1 MiB), the registry keeps its one entry, built-ins resolve."""
+    reg = tmp_path / "zoo.json"
+    env = {"PORT_ZOO_FILE": str(reg)}
+    assert port("zoo", "add", "small", "--hf", str(STORIES), env=env).returncode == 0
+    before = reg.read_bytes()
+    big = tmp_path / "big"
+    shutil.copytree(STORIES, big)
+    cfg = json.loads((big / "config.json").read_text())
+    (big / "config.json").write_text(json.dumps({**cfg, "padding": "x" * (30 << 20)}))
+    for name in ("big1", "big2", "big3"):
+        r = port("zoo", "add", name, "--hf", str(big), env=env)
+        errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
+        assert r.returncode == 2 and len(errors) == 1 and "more than the 1,048,576 allowed" in errors[0], r.stderr
+    assert reg.read_bytes() == before
+    listing = port("zoo", "list", env=env)
+    assert listing.returncode == 0 and "small *" in listing.stdout and "llama2-13b" in listing.stdout

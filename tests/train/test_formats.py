@@ -188,13 +188,13 @@ def test_datasets_directory_and_parquet_read_like_the_json(tok, tables, tmp_path
 
 
 @pytest.mark.parametrize("bound,value,match", [
-    ("MAX_TABLE_ROWS", 5, r"rows 6, more than the 5 port reads \(porting.train.data.formats.MAX_TABLE_ROWS\)"),
+    ("MAX_TABLE_ROWS", 5, r"rows 6, more than the 5 port reads \(porting.train.data.tables.MAX_TABLE_ROWS\)"),
     ("MAX_TABLE_BYTES", 100, r"holds more bytes than [\d,]+, more than the 100 port reads .*MAX_TABLE_BYTES"),
 ])
 def test_tables_are_bounded_in_rows_and_bytes(tok, tables, monkeypatch, bound, value, match):
-    from porting.train.data import formats
+    from porting.train.data import tables as tbl
 
-    monkeypatch.setattr(formats, bound, value)
+    monkeypatch.setattr(tbl, bound, value)
     for p in (tables / "one", tables / "rows.parquet", tables / "two"):
         with pytest.raises(RecipeError, match=match) as err:
             tokenize_dataset(_recipe(p).data, tok)
@@ -206,13 +206,13 @@ def test_parquet_bounded_by_its_uncompressed_size_before_decoding(tok, tmp_path,
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from porting.train.data import formats
+    from porting.train.data import tables as tbl
 
     p = tmp_path / "inflates.parquet"
     pq.write_table(pa.table({"text": ["a" * 200_000 + str(i) for i in range(20)]}), p, compression="zstd",
                    use_dictionary=False)
     size = p.stat().st_size
-    monkeypatch.setattr(formats, "MAX_TABLE_BYTES", 1 << 20)
+    monkeypatch.setattr(tbl, "MAX_TABLE_BYTES", 1 << 20)
     assert size < (1 << 20) < pq.ParquetFile(str(p)).metadata.row_group(0).total_byte_size
     with pytest.raises(RecipeError, match=r"uncompressed bytes [\d,]+, more than the 1,048,576 .*MAX_TABLE_BYTES"):
         tokenize_dataset(_recipe(p, format="text").data, tok)

@@ -172,3 +172,43 @@ def test_loss_scale_auto_is_dynamic_for_float16_only(compute, want):
     assert r.precision.loss_scale.kind == want
     kept = load_recipe(ROOT / "recipes/tiny-cpu.yaml", ["cluster.device=ascend", f"precision.compute_dtype={compute}", "precision.loss_scale.kind=static"])
     assert kept.precision.loss_scale.kind == "static"
+
+
+def _number_fields(model=None, prefix: str = ""):
+    """(key path, annotation) of every field of the recipe schema that holds a number anywhere: an int or
+    float, optional or not, alone or inside a list or tuple (every section walked)."""
+    import typing
+
+    from pydantic import BaseModel
+
+    from porting.train.recipe.schema import Recipe
+
+    def numbers_in(ann) -> bool:
+        return ann in (int, float) or any(numbers_in(a) for a in typing.get_args(ann))
+
+    for name, info in (model or Recipe).model_fields.items():
+        ann = info.annotation
+        inner = [a for a in typing.get_args(ann) if a is not type(None)] or [ann]
+        if isinstance(inner[0], type) and issubclass(inner[0], BaseModel):
+            yield from _number_fields(inner[0], f"{prefix}{name}.")
+        elif numbers_in(ann):
+            yield f"{prefix}{name}", ann
+
+
+def test_a_boolean_is_never_a_number():
+    """Issue 27: `parallel.tensor_parallel: true` was taken as 1 (pydantic's lax mode). Every field that
+    holds a number refuses true and false, alone or as an item of its list or tuple."""
+    import typing
+
+    raw = {"model": {"source": "x"}, "data": {"path": "y"}}
+    fields = list(_number_fields())
+    assert len(fields) >= 38 and ("parallel.tensor_parallel", int) in fields, fields
+    for path, ann in fields:
+        origin = typing.get_origin([a for a in typing.get_args(ann) if a is not type(None)][0]
+                                   if typing.get_args(ann) and typing.get_origin(ann) is not tuple else ann)
+        values = [[True], [0.9, False]] if origin in (list, tuple) else [True, False]
+        for value in values:
+            with pytest.raises(RecipeError, match=rf"{path.replace('.', '[.]')}: .*got a boolean"):
+                validate_recipe(apply_overrides(raw, [f"{path}={str(value).lower()}"]), check_files=False)
+    assert validate_recipe(apply_overrides(raw, ["parallel.tensor_parallel=1", "memory.recompute=true"]),
+                           check_files=False).parallel.tensor_parallel == 1

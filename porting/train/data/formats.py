@@ -20,14 +20,10 @@ Formats and their sources (the test samples under ``tests/train/fixtures/`` are 
 
 from __future__ import annotations
 
-import hashlib
-import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable, Sequence, Union
 
 from model_zoo.errors import RecipeError
-from model_zoo.files import sha256_file
 
 Segments = list[tuple[str, bool]]   # (text, counts in the loss)
 
@@ -36,10 +32,6 @@ ROLES = ("system", "user", "assistant", "tool")
 SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
                   "system": "system", "function_call": "assistant", "observation": "tool", "tool": "tool"}
 MAX_TURNS = 4096
-# Tables are read whole into rows, so they are bounded before a row is decoded: the files' bytes on
-# disk, the Parquet footer's uncompressed size (a small file can inflate far), and the row count.
-MAX_TABLE_BYTES = 16 << 30         # as data.MAX_DATA_BYTES for a JSON or text file
-MAX_TABLE_ROWS = 50_000_000        # ~10x the largest public SFT sets
 
 
 @dataclass(frozen=True)
@@ -201,77 +193,6 @@ def detect_format(rows: Sequence[tuple[int, Any]], data) -> str:
     raise RecipeError(f"{data.path}: cannot tell the format: no row has 'messages' (chat), "
                       f"'{data.sharegpt.messages_key}' (sharegpt), 'instruction' (alpaca) or "
                       f"'{data.text_field}' (text); set data.format or data.text_field")
-
-
-# --------------------------------------------------------------------------- tables (datasets, Parquet)
-def _too_big(where: Path, what: str, found: int, bound: int, name: str) -> RecipeError:
-    return RecipeError(f"data.path: {where}: {what} {found:,}, more than the {bound:,} port reads "
-                       f"(porting.train.data.formats.{name}); split the data into smaller files")
-
-
-def check_table_size(path: Path) -> None:
-    """Bytes on disk of a Parquet file or a datasets directory (its regular files, links not followed)."""
-    files = [path] if path.is_file() else [f for f in path.rglob("*") if f.is_file() and not f.is_symlink()]
-    total = 0
-    for f in files:
-        total += f.stat().st_size
-        if total > MAX_TABLE_BYTES:
-            raise _too_big(path, "holds more bytes than", total, MAX_TABLE_BYTES, "MAX_TABLE_BYTES")
-
-
-def _check_rows(where: Path, rows: int) -> None:
-    if rows > MAX_TABLE_ROWS:
-        raise _too_big(where, "rows", rows, MAX_TABLE_ROWS, "MAX_TABLE_ROWS")
-
-
-def _parquet_rows(path: Path) -> list[dict]:
-    import pyarrow.parquet as pq  # deferred: pyarrow loads only for a Parquet file
-
-    meta = pq.ParquetFile(str(path)).metadata   # the footer only: rows and sizes before any data
-    _check_rows(path, meta.num_rows)
-    inflated = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
-    if inflated > MAX_TABLE_BYTES:
-        raise _too_big(path, "uncompressed bytes", inflated, MAX_TABLE_BYTES, "MAX_TABLE_BYTES")
-    return pq.read_table(str(path)).to_pylist()
-
-
-def read_table_rows(path: Path, split: str) -> list[tuple[int, Any]]:
-    """(row number, row) of a HF ``datasets`` directory (``save_to_disk``) or a Parquet file, offline;
-    bounded in bytes and rows (:data:`MAX_TABLE_BYTES`, :data:`MAX_TABLE_ROWS`) before rows are decoded."""
-    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-    check_table_size(path)
-    try:
-        if path.is_dir():
-            import datasets  # deferred: the datasets library loads only for a saved datasets directory
-
-            ds = datasets.load_from_disk(str(path))   # memory-mapped: nothing decoded yet
-            if isinstance(ds, datasets.DatasetDict):
-                if split not in ds:
-                    raise RecipeError(f"data.split: {path} has splits {sorted(ds)}, not {split!r}; set data.split")
-                ds = ds[split]
-            _check_rows(path, ds.num_rows)
-            rows = ds.to_list()
-        else:
-            rows = _parquet_rows(path)
-    except RecipeError:
-        raise
-    except ImportError as exc:
-        raise RecipeError(f"{path}: reading datasets directories and Parquet files needs the 'datasets' package "
-                          f"({exc}); pip install 'port[data]' (datasets and pyarrow)") from None
-    except Exception as exc:   # pyarrow / datasets raise their own types for a damaged or foreign file
-        raise RecipeError(f"data.path: {path}: not a readable HF datasets directory or Parquet file ({type(exc).__name__}: "
-                          f"{exc}); expected the output of Dataset.save_to_disk or a .parquet file") from None
-    return [(i + 1, r) for i, r in enumerate(rows)]
-
-
-def data_sha256(path: Path) -> str:
-    """sha256 of the data file, or of a directory's files (relative names and digests, sorted)."""
-    if path.is_file():
-        return sha256_file(path)
-    h = hashlib.sha256()
-    for f in sorted(p for p in path.rglob("*") if p.is_file()):
-        h.update(f"{f.relative_to(path)}\0{sha256_file(f)}\n".encode())
-    return h.hexdigest()
 
 
 # --------------------------------------------------------------------------- built-in markers

@@ -15,7 +15,7 @@ import numpy as np
 
 from model_zoo.errors import RecipeError
 from model_zoo.files import json_depth, read_text
-from porting.train.data import formats
+from porting.train.data import formats, tables
 from porting.train.data.chat import max_token_chars, renderer_for
 from porting.train.data.cut import char_bound, cut_segments
 from model_zoo.labels import IGNORE_INDEX
@@ -191,7 +191,7 @@ def load_rows(data) -> tuple[Path, list[tuple[int, Any]], str]:
     if not (path.is_file() or path.is_dir()):
         raise RecipeError(f"data.path: file not found: {path}")
     table = path.is_dir() or path.suffix == ".parquet"
-    rows = formats.read_table_rows(path, data.split) if table else read_rows(path, data.separator)
+    rows = tables.read_table_rows(path, data.split) if table else read_rows(path, data.separator)
     if data.format != "auto":
         return path, rows, data.format
     return path, rows, "text" if path.suffix == ".txt" else formats.detect_format(rows, data)
@@ -200,7 +200,7 @@ def load_rows(data) -> tuple[Path, list[tuple[int, Any]], str]:
 def tokenize_dataset(data, tokenizer) -> TokenizedData:
     """All examples of ``data`` (a recipe's DataSection) tokenised with the model's tokenizer."""
     path, rows, fmt = load_rows(data)
-    report = DataReport(path=str(path), sha256=formats.data_sha256(path), format=fmt)
+    report = DataReport(path=str(path), sha256=tables.data_sha256(path), format=fmt)
     examples = tokenize_rows(rows, fmt, data, tokenizer, report)
     if not examples:
         raise RecipeError(f"{path}: no usable example ({report.bad_rows} malformed of {report.rows} rows; "

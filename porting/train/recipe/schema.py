@@ -12,13 +12,13 @@ from __future__ import annotations
 import copy
 import math
 from pathlib import Path
-import string
 from typing import Annotated, Any, Literal, Mapping, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from model_zoo.errors import RecipeError
 from model_zoo.files import read_text
+from porting.train.recipe.checks import bool_where_number, template_problem
 from porting.train.recipe.hardware import MasterAddr, derive_cluster
 from porting.train.recipe.nonfinite import NonfiniteSection
 from porting.train.recipe.yaml_bounded import load_yaml
@@ -39,6 +39,16 @@ TEMPLATE_FIELDS = {"prompt_template": {"instruction"}, "prompt_template_with_inp
 class _Section(BaseModel):
     # allow_inf_nan=False: .inf / .nan are refused for every float field, whatever its range
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_as_number(cls, value: Any, info: ValidationInfo) -> Any:
+        """A boolean is never a count or a size: pydantic's lax mode reads ``true`` as 1 for an int or float
+        field (``parallel.tensor_parallel: true`` would train with TP 1). Checked for every field of every
+        section, inside lists and tuples too."""
+        if bool_where_number(value, cls.model_fields[info.field_name].annotation):
+            raise ValueError("expected a number, got a boolean (true/false); write the number itself")
+        return value
 
 
 class ModelSection(_Section):
@@ -307,21 +317,6 @@ def _cross_checks(r: Recipe) -> list[tuple[bool, str]]:
 def _in_range(v: Any, lo: float, hi: float) -> bool:
     """A finite number (not a bool) in (lo, hi]."""
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and lo < v <= hi
-
-
-def template_problem(template: str, allowed: set[str]) -> str | None:
-    """Why a ``str.format`` prompt template would fail on a row (``{nonexistent}``, ``{0}``, ``{x.attr}``,
-    an unmatched brace), or None. Checked when the recipe loads, not on the first row."""
-    try:
-        fields = [f for _, f, spec, _ in string.Formatter().parse(template) if f is not None]
-    except ValueError as e:
-        return f"{e}; write a literal brace as {{{{ or }}}}"
-    for f in fields:
-        if f not in allowed:
-            shown = "{" + f + "}" if f else "{}"
-            return (f"{shown} is not a field of a row; use only " + ", ".join("{" + a + "}" for a in sorted(allowed))
-                    + " (write a literal brace as {{ or }})")
-    return None
 
 
 # --------------------------------------------------------------------- loading and overrides
