@@ -28,7 +28,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from model_zoo.errors import PortingError, RecipeError
 
@@ -103,3 +103,21 @@ def confirm_bad(recipe: Any, devices: list[int], suspect_local: int) -> dict[int
     d = devices[suspect_local]
     why = probe(recipe.cluster.device, d)
     return {d: why} if why else {}
+
+
+def apply_shrink(hook: Callable[[Any], tuple[list[int], int, str] | None], inc: Any, ranks: list[int],
+                 world: int) -> tuple[list[int], int]:
+    """The supervisor's shrink step for an incident about to be relaunched that names a rank (a process that
+    died or stalled): the ranks and world size of the next launch; ``inc.action`` says what was done, or
+    that the run stops when no layout on fewer devices can continue it."""
+    if not inc.action.startswith("relaunched") or inc.suspect is None or inc.kind not in ("exit", "stall"):
+        return ranks, world
+    try:
+        moved = hook(inc)
+    except PortingError as e:
+        inc.action = f"stopped: {e}"
+        return ranks, world
+    if not moved:
+        return ranks, world
+    inc.action = f"{moved[2]}; {inc.action}"
+    return moved[0], moved[1]

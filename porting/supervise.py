@@ -37,6 +37,7 @@ from model_zoo.files import read_text, write_atomic
 from porting.diagnostics import DiagnosticsError
 from porting.diagnostics.diagnose import diagnose
 from porting.env import versions
+from porting.shrink import apply_shrink
 from porting.train.run.nonfinite import stop_line
 
 INCIDENTS_FILE = "incidents.jsonl"
@@ -363,16 +364,8 @@ def supervise(launch: Callable[[bool, list[tuple[int, int]]], subprocess.Popen],
         inc.action = _action(inc, incidents, restarts, limits, ck, windows)
         incidents.append(inc)
         who = _who(inc)
-        if shrink is not None and inc.action.startswith("relaunched") and inc.suspect is not None \
-                and inc.kind in ("exit", "stall"):
-            try:
-                moved = shrink(inc)
-            except PortingError as e:
-                inc.action = f"stopped: {e}"
-            else:
-                if moved:
-                    ranks, world, done = moved
-                    inc.action = f"{done}; {inc.action}"
+        if shrink is not None:
+            ranks, world = apply_shrink(shrink, inc, ranks, world)
         _record(run_dir, inc)
         echo(f"supervise: incident {inc.n}: {inc.kind}: {inc.seen}; diagnosis: {who}; {inc.action} "
              f"(evidence {run_dir / inc.evidence})")

@@ -57,7 +57,7 @@ def test_caps_and_windows_are_strict_in_the_recipe():
                         ("nonfinite.max_total_skips=-1", "nonfinite.max_total_skips"),
                         ("nonfinite.skip_steps=[[7, 5]]", "first <= last"),
                         ("nonfinite.skip_steps=[[0, 5]]", "nonfinite.skip_steps.0.0"),
-                        ("nonfinite.skip_steps=[[true, 5]]", "nonfinite.skip_steps.0.0"),
+                        ("nonfinite.skip_steps=[[true, 5]]", "nonfinite.skip_steps: Value error, expected a number, got a boolean"),
                         ("nonfinite.max_skips=3", "nonfinite.max_skips")]:
         with pytest.raises(RecipeError, match=needle.replace(".", r"\.").replace("[", r"\[")):
             validate_recipe(apply_overrides(RAW, [bad]), check_files=False)

@@ -207,6 +207,8 @@ def test_a_boolean_is_never_a_number():
         origin = typing.get_origin([a for a in typing.get_args(ann) if a is not type(None)][0]
                                    if typing.get_args(ann) and typing.get_origin(ann) is not tuple else ann)
         values = [[True], [0.9, False]] if origin in (list, tuple) else [True, False]
+        if path == "nonfinite.skip_steps":   # a list of [first, last] windows: the boolean inside a window
+            values = [[[True, 5]], [[2, 3], [4, False]]]
         for value in values:
             with pytest.raises(RecipeError, match=rf"{path.replace('.', '[.]')}: .*got a boolean"):
                 validate_recipe(apply_overrides(raw, [f"{path}={str(value).lower()}"]), check_files=False)
