@@ -24,7 +24,7 @@ for _name, _key, _value, _expect in [
     ("window_reversed", "nonfinite.skip_steps", [[9, 3]], "first <= last"),
     ("window_step_zero", "nonfinite.skip_steps", [[0, 3]], "nonfinite.skip_steps.0.0"),
     ("window_of_three_steps", "nonfinite.skip_steps", [[1, 2, 3]], "nonfinite.skip_steps.0"),
-    ("window_bool_step", "nonfinite.skip_steps", [[True, 3]], "nonfinite.skip_steps.0.0"),
+    ("window_bool_step", "nonfinite.skip_steps", [[True, 3]], "expected a number, got a boolean"),
     ("windows_257", "nonfinite.skip_steps", [[i, i] for i in range(1, 258)], "nonfinite.skip_steps"),
     ("unknown_key", "nonfinite.max_skips", 3, "nonfinite.max_skips: unknown key"),
 ]:
