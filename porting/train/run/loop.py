@@ -359,9 +359,7 @@ def train(recipe: Recipe, run_dir: str | Path, *, rank: int = 0, world_size: int
           doctor: Callable[[], dict] | None = None, compile_cache: bool = True) -> RunResult:
     """Run (or resume) the fine-tune of ``recipe`` on this rank; returns when the last step is done.
     ``doctor`` makes the environment report manifest.json keeps (the caller's: `port doctor` is above
-    porting/train); rank 0 calls it once. ``compile_cache``: MindSpore's graph compile cache under
-    ``RUN/compile_cache`` for the compiles before step 1 (a process's first run only: run/precompile.py)."""
-
+    porting/train); rank 0 calls it once. ``compile_cache``: run/precompile.py's, under RUN/compile_cache."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     configure_mindspore(recipe, distributed)
@@ -369,7 +367,6 @@ def train(recipe: Recipe, run_dir: str | Path, *, rank: int = 0, world_size: int
     log = rank_logger(run_dir, rank, echo and rank == 0)
     grid = grid_mod.make_grid(recipe, rank, world_size)
     if distributed:
-
         log.info(f"rank {rank} of {world_size} (pid {os.getpid()}): parallel_mode {ms.get_auto_parallel_context('parallel_mode')}, "
                  f"comm_fusion {ms.get_auto_parallel_context('comm_fusion')}, optimizer sharding "
                  f"{recipe.parallel.optimizer_sharding}; {grid.describe()}")
@@ -387,7 +384,7 @@ def train(recipe: Recipe, run_dir: str | Path, *, rank: int = 0, world_size: int
             raise ckpt.CheckpointError(f"{ck_root}: --resume but no complete checkpoint there; run without --resume")
         start = trainer.restore(last[1])
         log.info(f"resumed from {last[1]} at step {start}")
-    compiled = pre.before_step_one(trainer, plan, cfg.to_hf(), start, compile_cache, log)
+    compiled = pre.before_step_one(trainer, plan, cfg.to_hf(), start, compile_cache, log)   # every shape, every rank
     if rank == 0:
         rundir.write_manifest(run_dir, run_manifest(recipe, model_dir, cfg, plan, world_size, command, start, doctor),
                               resume_step=start if resume else 0)
