@@ -136,3 +136,36 @@ def test_tp2_dp2_zero1_bucketed_run_finishes_on_a_busy_machine(tmp_path):
         assert "precompile: " in text and "every rank is ready" in text
         assert "compiled a graph during the step" not in text
     assert json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])["event"] == "summary"
+
+
+def test_a_graph_that_does_not_compile_stops_before_step_1_naming_pynative():
+    """A real cell that graph mode refuses (a tensor as a dict key) fails in precompile, before any step, with
+    the one-line error that names the PyNative fallback (the step's own compile error, moved earlier)."""
+    from types import SimpleNamespace
+
+    import mindspore as ms
+    from mindspore import nn
+
+    from porting.train.recipe.schema import load_recipe
+    from porting.train.run import execution
+    from porting.train.run import precompile as pre
+
+    class DictKey(nn.Cell):
+        def construct(self, x, *rest):
+            seen = {}
+            seen[x] = 1
+            return x * 2
+
+    cell = DictKey()
+    stand_in = SimpleNamespace(recipe=load_recipe(TINY), accum=1, fused=cell, cells=[cell],
+                               packed_inputs=lambda mb: ())
+    template = SimpleNamespace(input_ids=np.zeros((1, 8), np.int32), labels=np.zeros((1, 8), np.int32))
+    mode = ms.get_context("mode")
+    ms.set_context(mode=ms.GRAPH_MODE)
+    try:
+        with pytest.raises(execution.GraphCompileError) as caught:
+            pre.precompile(stand_in, [(1, 16)], template, None)
+    finally:
+        ms.set_context(mode=mode)
+    assert "shape [(1, 16)] failed" in str(caught.value) and "--set execution=pynative" in str(caught.value)
+    assert "\n" not in str(caught.value)

@@ -40,6 +40,7 @@ import mindspore as ms
 import numpy as np
 
 from porting.train.plan.execution import GRAPH
+from porting.train.run import execution
 from porting.train.run.step import compiled_graphs
 
 CACHE_DIR = "compile_cache"
@@ -116,12 +117,15 @@ def cell_calls(trainer, template, shape: tuple[int, int]) -> list[tuple[object, 
 def precompile(trainer, shapes: list[tuple[int, int]], template, cache: Path | None) -> CompileReport:
     """Compiles every step cell of ``trainer`` for every shape in ``shapes`` (nothing runs), the cache on."""
     t0 = time.perf_counter()
+    calls = [(shape, call) for shape in shapes for call in cell_calls(trainer, template, shape)]
+    if trainer.accum > 1:   # the update graph has no sequence dimension: one compile
+        calls.append((shapes[-1], (trainer.apply, tuple(_scalar() for _ in range(6)))))
     with compile_cache(cache):
-        for shape in shapes:
-            for cell, args in cell_calls(trainer, template, shape):
+        for shape, (cell, args) in calls:
+            try:
                 cell.compile(*args)
-        if trainer.accum > 1:   # the update graph has no sequence dimension: one compile
-            trainer.apply.compile(*(_scalar() for _ in range(6)))
+            except (RuntimeError, TypeError, ValueError) as e:   # MindSpore's compile errors (run/execution.py)
+                raise execution.compile_failure(trainer.recipe, e, [shape]) from e
     used = cache is not None and _cache_used[:1] == [cache]
     return CompileReport(tuple(shapes), compiled_graphs(*trainer.cells), round(time.perf_counter() - t0, 3),
                          str(cache) if used else None)
