@@ -3,16 +3,22 @@
 compiled before step 1, sums kept on the device), and this checkout again with the compile cache a first
 run left (a rerun or a resume of the same recipe).
 
-The run: recipes/tiny-cpu.yaml (real stories260K, TinyStories windows in 4 buckets), micro-batch 1 x 2
-accumulation steps, 8 steps, no checkpoints; each variant a fresh `python -m porting train` process,
-variants interleaved per round so a burst of load from other jobs hits each alike.
+Two runs of recipes/tiny-cpu.yaml (real stories260K, TinyStories windows), 12 steps, no checkpoints, each
+variant a fresh `python -m porting train` process, variants interleaved per round so a burst of load from
+other jobs hits each alike:
+- ``bucketed``: 4 bucket lengths, micro-batch 1 x 2 accumulation steps (the steps change shape; after the
+  change both micro-batches of a step have the step's longest length);
+- ``one shape``: bucketing off (128 tokens), micro-batch 1 x 4 accumulation steps: the same shapes and
+  padding on both sides, so the steady step differs only by the host syncs per micro-batch.
 
     git archive BASE | tar -x -C /tmp/base     # the checkout to compare with
     python benchmarks/precompile_bench.py --before /tmp/base --rounds 2
 
 Per variant (medians over rounds): compile seconds (the steps' time beyond the steady median, plus the
 compiles before step 1), seconds until step 1 is done (process start to the end of step 1), the steady
-step time (steps that compiled nothing), and the losses (equal across variants, or the line says so).
+step time (steps that compiled nothing), the slowest step after step 1 (a compile inside the run: the
+stall that made the other ranks time out), the padding fraction, and the largest relative difference of
+a step's loss from ``before``.
 """
 
 from __future__ import annotations
@@ -29,13 +35,15 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SETTINGS = ["batching.micro_batch_size=1", "batching.grad_accum_steps=2", "schedule.max_steps=8",
-            "checkpointing.every_steps=0", "checkpointing.export_hf=false"]
+COMMON = ["batching.micro_batch_size=1", "schedule.max_steps=12", "checkpointing.every_steps=0",
+          "checkpointing.export_hf=false"]
+CONFIGS = {"bucketed": COMMON + ["batching.grad_accum_steps=2"],
+           "one shape": COMMON + ["batching.grad_accum_steps=4", "batching.bucketing.enabled=false"]}
 
 
-def run(tree: Path, run_dir: Path) -> dict:
+def run(tree: Path, run_dir: Path, settings: list[str]) -> dict:
     """One `port train` process of ``tree``'s code; its metrics and its wall time to the end of step 1."""
-    args = [a for s in SETTINGS for a in ("--set", s)]
+    args = [a for s in settings for a in ("--set", s)]
     env = dict(os.environ, PYTHONPATH=str(tree), GLOG_v="3")
     t0 = time.time()
     p = subprocess.run([sys.executable, "-m", "porting", "train", str(tree / "recipes" / "tiny-cpu.yaml"),
@@ -56,7 +64,8 @@ def run(tree: Path, run_dir: Path) -> dict:
         raise SystemExit(f"{run_dir}: no step 1 line in logs/rank_0.log")
     steady = [s["step_time_s"] for s in steps if not s["compile"]]
     return {"compile_s": summary["compile_time_s"], "to_step1_s": step1_end - t0,
-            "steady_s": statistics.median(steady), "losses": [s["loss"] for s in steps]}
+            "steady_s": statistics.median(steady), "worst_after_1_s": max(s["step_time_s"] for s in steps[1:]),
+            "padding": summary["padding_fraction"], "losses": [s["loss"] for s in steps]}
 
 
 def main() -> None:
@@ -65,24 +74,31 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     a = ap.parse_args()
     load0 = os.getloadavg()[0]
-    res: dict[str, list[dict]] = {"before": [], "after": [], "after, cache hit": []}
+    res: dict[tuple[str, str], list[dict]] = {}
     with tempfile.TemporaryDirectory() as d:
         for r in range(a.rounds):
-            res["before"].append(run(a.before, Path(d) / f"b{r}"))
-            res["after"].append(run(ROOT, Path(d) / f"a{r}"))
-            hit = Path(d) / f"c{r}"
-            hit.mkdir()
-            shutil.copytree(Path(d) / f"a{r}" / "compile_cache", hit / "compile_cache")
-            res["after, cache hit"].append(run(ROOT, hit))
+            for cfg, settings in CONFIGS.items():
+                tag = f"{r}{cfg.replace(' ', '')}"
+                res.setdefault((cfg, "before"), []).append(run(a.before, Path(d) / f"b{tag}", settings))
+                res.setdefault((cfg, "after"), []).append(run(ROOT, Path(d) / f"a{tag}", settings))
+                if cfg == "bucketed":   # the same run again with the first one's compile cache
+                    (Path(d) / f"c{tag}").mkdir()
+                    shutil.copytree(Path(d) / f"a{tag}" / "compile_cache", Path(d) / f"c{tag}" / "compile_cache")
+                    res.setdefault((cfg, "after, cache hit"), []).append(run(ROOT, Path(d) / f"c{tag}", settings))
     print(f"load average {load0:.1f} -> {os.getloadavg()[0]:.1f}; {a.rounds} rounds; medians")
-    print("| variant | compile (s) | process start to end of step 1 (s) | steady step (s) | losses |")
-    print("|---|---|---|---|---|")
-    ref = res["before"][0]["losses"]
-    for name, rows in res.items():
-        med = {k: statistics.median(x[k] for x in rows) for k in ("compile_s", "to_step1_s", "steady_s")}
-        same = all(x["losses"] == ref for x in rows)
-        print(f"| {name} | {med['compile_s']:.1f} | {med['to_step1_s']:.1f} | {med['steady_s']:.3f} | "
-              f"{'bit-identical to before' if same else 'DIFFER'} |")
+    print("| run | variant | compile (s) | start to end of step 1 (s) | steady step (s) | slowest step after 1 (s) "
+          "| padding | loss vs before (max rel) |")
+    print("|---|---|---|---|---|---|---|---|")
+    keys = ("compile_s", "to_step1_s", "steady_s", "worst_after_1_s", "padding")
+    for (cfg, name), rows in res.items():
+        med = {k: statistics.median(x[k] for x in rows) for k in keys}
+        ref = res[(cfg, "before")][0]["losses"]
+        rel = max(abs(x - y) / abs(y) for row in rows for x, y in zip(row["losses"], ref))
+        print(f"| {cfg} | {name} | {med['compile_s']:.1f} | {med['to_step1_s']:.1f} | {med['steady_s']:.3f} | "
+              f"{med['worst_after_1_s']:.2f} | {med['padding']:.3f} | {'identical' if rel == 0 else f'{rel:.1e}'} |")
+        for x in rows:   # each round, to see the spread
+            print(f"|  | (round) | {x['compile_s']:.1f} | {x['to_step1_s']:.1f} | {x['steady_s']:.3f} | "
+                  f"{x['worst_after_1_s']:.2f} | {x['padding']:.3f} | |")
 
 
 if __name__ == "__main__":

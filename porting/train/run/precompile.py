@@ -9,16 +9,19 @@ the CPU the collective's own receive timeout) and the run dies. So:
   :meth:`BatchSchedule.run_shapes` lists the shapes the run's steps use;
 - :func:`precompile` compiles each step cell for each of them with ``Cell.compile(*inputs)``, which
   builds the graph a call with those shapes and dtypes would build, without running it (weights and
-  optimizer state untouched): https://www.mindspore.cn/docs/en/r2.7.0/api_python/nn/mindspore.nn.Cell.html
-  (``compile``: "Compile Cell as a computation graph, the input must be consistent with the input
-  defined in construct"; the same method through 2.10, mindspore/nn/cell.py). The ranks then meet, so
+  optimizer state untouched): ``Cell.compile`` in
+  https://mindspore.cn/docs/en/r2.7.0/api_python/nn/mindspore.nn.Cell.html and
+  https://mindspore.cn/docs/en/r2.10.0/api_python/nn/mindspore.nn.Cell.html ("Compile Cell as a
+  computation graph, the input must be consistent with the input defined in construct"; a later call
+  with the same shapes and dtypes finds the graph in the cell's ``compile_cache``). The ranks then meet, so
   step 1 starts together, and a step that still compiles is logged as a warning on its rank;
 - MindSpore's graph compile cache (``MS_COMPILER_CACHE_ENABLE=1``, ``MS_COMPILER_CACHE_PATH``; 2.10
   deprecates the older ``set_context(enable_compile_cache=, compile_cache_path=)`` in favour of these
   variables, mindspore/context.py; https://www.mindspore.cn/docs/en/r2.2/note/env_var_list.html) keeps
   the frontend graphs in ``RUN/compile_cache/<key>/rank_<r>/graph_cache`` for a resume or a rerun. MindSpore
   names cached graphs by compile order and checks only its Python sources' hash ("Be aware of correctness
-  risks", compile_cache_manager.cc; a changed constant is loaded stale, checked here), so the cache is on
+  risks", mindspore/ccsrc/pipeline/jit/compile_cache_manager.cc; on 2.10 a cell whose constant changed loads
+  the old graph), so the cache is on
   only while precompile runs (a fixed order), only for a process's first run (MindSpore fixes the folder
   and goes on counting at the process's first cached compile: an in-process second run would not match),
   and ``<key>`` hashes everything that shapes the graphs: the recipe, the model's config, the shapes, the
@@ -78,8 +81,9 @@ def cache_key(recipe_doc: dict, model_config: dict, shapes: list[tuple[int, int]
 
 @contextlib.contextmanager
 def compile_cache(folder: Path | None) -> Iterator[None]:
-    """MindSpore's graph compile cache in ``folder`` for the compiles inside the block (off when None);
-    the variables are restored after it, so no later compile (eval, barrier) is saved or loaded."""
+    """MindSpore's graph compile cache in ``folder`` for the compiles inside the block (off when None, or
+    when this process used it already); the variables are restored after it, so no later compile (eval,
+    barrier) is saved or loaded."""
     if folder is None or _cache_used:
         yield
         return
