@@ -1,7 +1,7 @@
 """Bounded, pre-paid compiles (issue 22, part 4): every shape compiled before step 1 on every rank, the
-weights untouched by it, MindSpore's compile cache under the run, and data-parallel ranks that never
-compile at different steps, down to the run that died before: TP 2 x DP 2, ZeRO-1, bucketed, on a busy
-machine (real msrun workers, real stories260K)."""
+weights untouched by it, data-parallel ranks that never compile at different steps, down to the run that
+died before: TP 2 x DP 2, ZeRO-1, bucketed, on a busy machine (real msrun workers, real stories260K); the
+compile cache under the run, reused with the same losses, and a process-wide one refused."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ import sys
 import numpy as np
 import pytest
 
-from tests.helpers import port_process
-from tests.train.conftest import TINY, free_port, metrics
+from tests.helpers import port, port_process
+from tests.train.conftest import TINY, error_line, free_port, metrics
 
 # The text recipe's windows have 4 bucket lengths; micro-batch 1 x 2 accumulation steps mixes them.
 BUCKETED = ["data.max_seq_length=128", "batching.micro_batch_size=1", "batching.grad_accum_steps=2",
@@ -62,6 +62,25 @@ def test_precompile_compiles_every_shape_and_changes_no_weight(trainer):
     assert compiled_graphs(*trainer.cells) == report.graphs
 
 
+def test_a_run_with_mindspores_compile_cache_on_is_refused_before_anything_is_written(tmp_path):
+    """A process-wide MindSpore compile cache matches graphs by compile order only (a changed recipe value
+    loads a stale graph), so `port train` refuses it in one line, before the run directory exists; port keys
+    its own cache by the recipe. PyNative compiles nothing."""
+    from porting.train.plan.execution import compile_cache_problem
+    from porting.train.recipe.schema import load_recipe
+
+    run = tmp_path / "run"
+    p = port("train", TINY, "--run-dir", run, "--set", "schedule.max_steps=2", env={"MS_COMPILER_CACHE_ENABLE": "1"})
+    assert p.returncode != 0 and not run.exists()
+    line = error_line(p)
+    assert "MS_COMPILER_CACHE_ENABLE=1" in line and "unset it" in line and "RUN/compile_cache" in line
+    recipe = load_recipe(TINY)
+    assert compile_cache_problem(recipe, {"MS_COMPILER_CACHE_ENABLE": "0"}) == ""
+    assert compile_cache_problem(recipe, {}) == ""
+    assert "enable_compile_cache" in compile_cache_problem(recipe, {}, context_on=True)
+    assert compile_cache_problem(load_recipe(TINY, ["execution=pynative"]), {"MS_COMPILER_CACHE_ENABLE": "1"}) == ""
+
+
 def test_cache_key_follows_what_builds_the_graph():
     """MindSpore's cache names graphs by compile order and loads a changed constant stale, so its folder is
     keyed by everything the graphs are built from."""
@@ -79,7 +98,9 @@ def test_cache_key_follows_what_builds_the_graph():
 @pytest.mark.slow
 def test_compile_cache_is_written_under_the_run_and_reused_with_the_same_losses(model_dir, tmp_path):
     """A run writes its compile cache under RUN/compile_cache; a second process with that cache loads the
-    graphs (MindSpore says so) and trains to the same losses, bit for bit."""
+    graphs (MindSpore says so) and trains to the same losses, bit for bit. With accumulation: the loaded
+    accumulation graph once trained on zeros (loss ln(vocab) at every step) while the model was only inside
+    its grad_fn, not a sub-cell (run/step.py AccumGradStep)."""
     first, second = tmp_path / "a", tmp_path / "b"
     args = ["train", str(TINY), *_sets([f"model.source={model_dir}", *BUCKETED])]
     port_process(*args, "--run-dir", str(first), check=True, timeout=600)

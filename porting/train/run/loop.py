@@ -228,15 +228,14 @@ class Trainer:
             mb = step.micro_batches[0]
             return self.fused(ms.Tensor(mb.input_ids), ms.Tensor(mb.labels), scale, unscale, *hyper,
                               *self.packed_inputs(mb))
-        # the micro-batches' sums stay on the device (no host sync per micro-batch), added in float64 as the
-        # host did before, so the logged loss is bit-identical (tests/train/test_behaviour_lock.py)
-        local_total = local_count = None
-        for mb in step.micro_batches:
-            tot, cnt = self.grad_step(ms.Tensor(mb.input_ids), ms.Tensor(mb.labels), scale, *self.packed_inputs(mb))
-            tot, cnt = tot.astype(ms.float64), cnt.astype(ms.float64)
-            local_total = tot if local_total is None else local_total + tot
-            local_count = cnt if local_count is None else local_count + cnt
-        return self.apply(local_total.astype(ms.float32), local_count.astype(ms.float32), unscale, *hyper)
+        # the micro-batches' sums stay on the device (no host sync per micro-batch) and are added once, in
+        # float64 (exact for these float32 values, so in any order): the logged loss is what the host's float64
+        # sum gave, bit for bit; a handful of launches a step, not one per micro-batch
+        sums = [self.grad_step(ms.Tensor(mb.input_ids), ms.Tensor(mb.labels), scale, *self.packed_inputs(mb))
+                for mb in step.micro_batches]
+        local = ms.ops.stack([v for pair in sums for v in pair]).reshape(-1, 2).astype(ms.float64).sum(0)
+        local = local.astype(ms.float32)
+        return self.apply(local[0], local[1], unscale, *hyper)
 
     def state(self, step_done: int) -> ckpt.TrainState:
         return ckpt.TrainState(adam_t=self.adam_t, loss_scale=self.scaler.scale, good_steps=self.scaler.good,

@@ -26,6 +26,10 @@ the CPU the collective's own receive timeout) and the run dies. So:
   and goes on counting at the process's first cached compile: an in-process second run would not match),
   and ``<key>`` hashes everything that shapes the graphs: the recipe, the model's config, the shapes, the
   world size, the MindSpore version and port's own graph-building sources (model_zoo/, porting/train/run/).
+  A process-wide ``MS_COMPILER_CACHE_ENABLE`` set by the user (every graph, by order, one folder) is
+  refused for that reason (porting/train/plan/execution.py). MindSpore binds a loaded graph to the cell's
+  own parameters: a step cell must hold the model as a sub-cell (run/step.py AccumGradStep), or the cached
+  graph trains on zeros (measured: loss ln(vocab) at every step; tests/train/test_precompile.py).
 """
 
 from __future__ import annotations
