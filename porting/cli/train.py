@@ -84,6 +84,9 @@ def command(recipe: str, overrides: tuple[str, ...], dry_run: bool, as_json: boo
     note = check_run_dir(out, resume, rec, cfg.to_hf())
     if note:
         click.echo(note, err=True)
+    from porting.train.run.execution import refuse_compile_cache   # deferred: loads MindSpore, a dry run never does
+
+    refuse_compile_cache(rec)   # before the run directory: MindSpore's cache would train on wrong weights
     if not no_preflight and not (rec.cluster.nodes > 1 and launch_node is None):   # that only prints commands
         _preflight(rec, out, launch_node or 0)
     _make_run_dir(out)

@@ -336,8 +336,10 @@ def rows_performance(run: RunRecords) -> list[Row]:
         med = steady[len(steady) // 2] if steady else None
         ct = summary_ct if summary_ct is not None else (
             sum(max(0.0, c - (med or 0.0)) for c in comp) if comp else None)
+        where = (f"before step 1 ({s.precompiled_graphs} graphs)" if s is not None and s.precompile_s is not None
+                 else f"over {len(comp)} step(s)")   # run/precompile.py compiles every shape before step 1
         out.append(Row("performance", "compile vs steady", INFO,
-                       (f"compile {ct:.2f} s over {len(comp)} step(s)" if ct is not None else "no compile steps")
+                       (f"compile {ct:.2f} s {where}" if ct is not None else "no compile steps")
                        + (f"; steady {med:.3f} s/step" if med is not None else ""), "metrics.jsonl"))
     else:
         out.append(Row("performance", "compile vs steady", MISSING, "no step times", "metrics.jsonl"))

@@ -173,6 +173,8 @@ class SummaryRecord:
     bucket_shapes: int | None = None
     padding_fraction: float | None = None
     final_loss: float | None = None
+    precompile_s: float | None = None   # compiling every shape before step 1 (porting/train/run/precompile.py)
+    precompiled_graphs: int | None = None
     format_version: int = FORMAT_VERSION
     extra: dict = field(default_factory=dict)
 
@@ -183,7 +185,8 @@ class SummaryRecord:
 _SUMMARY_SPEC: dict[str, tuple[type, ...]] = {
     "steps": (int,), "compile_steps": (int,), "compile_time_s": _NUM, "steady_tokens_per_s": _NUM,
     "steady_step_time_s": _NUM, "compiled_graphs": (int,), "shapes_seen": (int,), "bucket_shapes": (int,),
-    "padding_fraction": _NUM, "final_loss": _NUM, "format_version": (int,)}
+    "padding_fraction": _NUM, "final_loss": _NUM, "precompile_s": _NUM, "precompiled_graphs": (int,),
+    "format_version": (int,)}
 
 
 def step_from(doc: dict, where: str) -> StepRecord:

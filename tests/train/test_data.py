@@ -142,3 +142,34 @@ def test_text_jsonl_rows_use_text_field(tok, tmp_path):
     assert td.report.format == "text" and td.report.examples == 1 and td.report.bad_rows == 1
     e = td.examples[0]
     assert (e.labels[1:] == e.input_ids[1:]).all() and e.input_ids[-1] == tok.eos_token_id
+
+
+def test_data_parallel_ranks_of_one_step_share_one_shape(tok, alpaca):
+    """Issue 22: every rank (and every accumulation micro-batch) of a step is padded to the bucket of the
+    step's longest row, so no rank meets a new shape (a graph compile) while the others wait in the
+    all-reduce. Alpaca's lengths spread over many buckets, so per-micro-batch padding would differ."""
+    r = _recipe(alpaca, data={"max_seq_length": 512}, batching={"micro_batch_size": 1, "grad_accum_steps": 2})
+    plan = build_plan(r, tok, world_size=4)
+    assert len(plan.boundaries) > 4
+    seen = set()
+    for i in range(plan.total_steps):
+        shapes = {mb.shape for rank in range(4) for mb in plan.step(i, rank).micro_batches}
+        assert len(shapes) == 1, (i, shapes)
+        seen |= shapes
+    assert len(seen) > 1 and seen <= set(plan.shapes())   # still bucketed: steps differ, ranks do not
+    stats = padding_stats(plan)
+    real = sum(s.global_real_tokens for s in plan.steps() if s.epoch == 0)
+    padded = sum(s.global_padded_tokens for s in plan.steps() if s.epoch == 0)
+    assert stats["padding_fraction"] == pytest.approx(1 - real / padded)   # the stats pad as the steps do
+
+
+@pytest.mark.parametrize("start", [0, 3])
+def test_run_shapes_are_the_shapes_the_steps_use(tok, alpaca, start):
+    """What is compiled before step 1 (porting/train/run/precompile.py) is exactly what the steps from
+    ``start`` on use, over more than one epoch, and no more."""
+    r = _recipe(alpaca, data={"max_seq_length": 512}, batching={"micro_batch_size": 2},
+                schedule={"epochs": 2})
+    plan = build_plan(r, tok, world_size=2)
+    used = {mb.shape for s in plan.steps(1, start) for mb in s.micro_batches}
+    assert plan.run_shapes(start) == sorted(used)
+    assert len(plan.run_shapes(start)) > 1

@@ -9,7 +9,7 @@ import yaml
 
 from model_zoo.errors import RecipeError
 from porting.train.recipe.schema import apply_overrides, load_recipe, validate_recipe
-from tests.train.conftest import ROOT, error_line
+from tests.train.conftest import ROOT, TINY, error_line
 from tests.helpers import port
 
 RECIPES = sorted((ROOT / "recipes").glob("*.yaml"))
@@ -214,3 +214,25 @@ def test_a_boolean_is_never_a_number():
                 validate_recipe(apply_overrides(raw, [f"{path}={str(value).lower()}"]), check_files=False)
     assert validate_recipe(apply_overrides(raw, ["parallel.tensor_parallel=1", "memory.recompute=true"]),
                            check_files=False).parallel.tensor_parallel == 1
+
+def test_ascend_buckets_default_to_four_shapes_and_more_is_refused():
+    """Issue 22: on Ascend every shape is a whole-model graph compiled on every rank before step 1, so
+    bucketing defaults to 4 shapes there (16 on the CPU), more is refused in one line, packing is one shape."""
+    import copy
+
+    from porting.train.recipe.hardware import ASCEND_MAX_SHAPES
+
+    raw = yaml.safe_load((ROOT / "recipes" / "7b-8card.yaml").read_text())
+    assert validate_recipe(raw, check_files=False).batching.bucketing.max_shapes <= ASCEND_MAX_SHAPES   # the shipped recipe
+    assert load_recipe(TINY).batching.bucketing.max_shapes == 4   # the CPU recipe keeps its own bucketing
+    del raw["batching"]["bucketing"]["max_shapes"]
+    assert validate_recipe(raw, check_files=False).batching.bucketing.max_shapes == ASCEND_MAX_SHAPES
+    many = copy.deepcopy(raw)
+    many["batching"]["bucketing"]["max_shapes"] = 16
+    with pytest.raises(RecipeError, match=r"batching.bucketing.max_shapes: 16 on Ascend, expected at most 4"):
+        validate_recipe(many, check_files=False)
+    many["batching"]["packing"] = True
+    assert validate_recipe(many, check_files=False).batching.packing
+    cpu = {k: v for k, v in raw.items() if k != "cluster"}
+    cpu["precision"] = {"param_dtype": "float32", "compute_dtype": "float32"}
+    assert validate_recipe(cpu, check_files=False).batching.bucketing.max_shapes == 16

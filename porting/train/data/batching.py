@@ -16,8 +16,10 @@ How a step is made (per epoch):
    next larger bucket (the largest bucket's remainder is dropped and counted); global batches are
    then shuffled with the same generator;
 4. a global batch is sorted by length and cut into ``accum x world`` micro-batches; rank r takes
-   micro-batches ``r*accum .. r*accum+accum-1``. Each micro-batch is padded to the smallest bucket
-   length that holds its longest row.
+   micro-batches ``r*accum .. r*accum+accum-1``. Every micro-batch of the step is padded to the smallest
+   bucket length that holds the step's longest row: all data-parallel ranks (and all accumulation
+   micro-batches) of one step have one shape, so no rank meets a new shape, and compiles, while the
+   others wait for it in the gradient all-reduce (issue 22: the waiting ranks time out).
 So micro 1 x accum 4 and micro 4 x accum 1 see the same examples in each optimizer step, and
 2 workers x accum 1 see the same micro-batches as 1 worker x accum 2.
 
@@ -149,9 +151,16 @@ def plan_epoch(lengths: np.ndarray, boundaries: Sequence[int], global_batch: int
     return batches, len(carry)
 
 
-def pad_micro_batch(data: TokenizedData, ids: Sequence[int], boundaries: Sequence[int]) -> MicroBatch:
+def bucket_length(data: TokenizedData, ids: Sequence[int], boundaries: Sequence[int]) -> int:
+    """The smallest bucket length that holds the longest of the examples ``ids``."""
     longest = max(data.examples[i].length for i in ids)
-    seq = int(boundaries[int(np.searchsorted(np.asarray(boundaries), longest, side="left"))])
+    return int(boundaries[int(np.searchsorted(np.asarray(boundaries), longest, side="left"))])
+
+
+def pad_micro_batch(data: TokenizedData, ids: Sequence[int], boundaries: Sequence[int],
+                    seq: int | None = None) -> MicroBatch:
+    """The examples ``ids`` padded to ``seq`` (default: their own bucket length)."""
+    seq = bucket_length(data, ids, boundaries) if seq is None else seq
     x = np.full((len(ids), seq), data.pad_id, dtype=np.int32)
     y = np.full((len(ids), seq), IGNORE_INDEX, dtype=np.int32)
     real = 0
@@ -192,10 +201,16 @@ class BatchSchedule:
             return plan_epoch(same, self.boundaries, self.global_batch, self.seed, epoch, self.shuffle)[0]
         return plan_epoch(self.data.lengths, self.boundaries, self.global_batch, self.seed, epoch, self.shuffle)[0]
 
-    def micro_batch(self, ids: Sequence[int]) -> MicroBatch:
+    def micro_batch(self, ids: Sequence[int], seq: int | None = None) -> MicroBatch:
         if self.rows is None:
-            return pad_micro_batch(self.data, ids, self.boundaries)
+            return pad_micro_batch(self.data, ids, self.boundaries, seq)
         return packing.pack_micro_batch(self.data, [self.rows[r] for r in ids], self.boundaries[0], self.slots)
+
+    def micro_batches(self, group: Sequence[int]) -> list[MicroBatch]:
+        """A global batch cut into micro-batches, all padded to the bucket of its longest row (one shape a step)."""
+        seq = None if self.rows is not None else bucket_length(self.data, group, self.boundaries)
+        m = self.micro_batch_size
+        return [self.micro_batch(group[k:k + m], seq) for k in range(0, len(group), m)]
 
     def step(self, index: int, rank: int, _cache: dict | None = None) -> Step:
         epoch, pos = divmod(index, self.steps_per_epoch)
@@ -203,9 +218,7 @@ class BatchSchedule:
         if epoch not in cache:
             cache.clear()
             cache[epoch] = self.epoch_batches(epoch)
-        group = cache[epoch][pos]
-        m = self.micro_batch_size
-        micros = [self.micro_batch(group[k:k + m]) for k in range(0, len(group), m)]
+        micros = self.micro_batches(cache[epoch][pos])
         mine = tuple(micros[rank * self.grad_accum_steps:(rank + 1) * self.grad_accum_steps])
         return Step(index, epoch, mine, sum(mb.tokens for mb in micros), sum(mb.real_tokens for mb in micros),
                     sum(mb.input_ids.size for mb in micros))
@@ -218,6 +231,18 @@ class BatchSchedule:
     def shapes(self) -> list[tuple[int, int]]:
         """Every (micro_batch, seq) shape the run can produce: at most one per bucket."""
         return [(self.micro_batch_size, b) for b in self.boundaries]
+
+    def run_shapes(self, start: int = 0) -> list[tuple[int, int]]:
+        """The (micro_batch, seq) shapes steps ``start ..`` of this run use (every rank the same), found from
+        each global batch's longest row without padding anything: what is compiled before step 1."""
+        if self.rows is not None:
+            return self.shapes()
+        seqs: set[int] = set()
+        for epoch in range(start // self.steps_per_epoch, (self.total_steps - 1) // self.steps_per_epoch + 1):
+            first = max(start - epoch * self.steps_per_epoch, 0)
+            last = min(self.total_steps - epoch * self.steps_per_epoch, self.steps_per_epoch)
+            seqs |= {bucket_length(self.data, g, self.boundaries) for g in self.epoch_batches(epoch)[first:last]}
+        return [(self.micro_batch_size, s) for s in sorted(seqs)]
 
     def describe(self) -> dict:
         return {"boundaries": self.boundaries, "shapes": len(self.boundaries),
@@ -257,9 +282,7 @@ def padding_stats(plan: BatchSchedule, epoch: int = 0) -> dict:
     """Padding waste of one epoch with this plan (all ranks)."""
     real = padded = 0
     for g in plan.epoch_batches(epoch):
-        m = plan.micro_batch_size
-        for k in range(0, len(g), m):
-            mb = plan.micro_batch(g[k:k + m])
+        for mb in plan.micro_batches(g):
             real += mb.real_tokens
             padded += mb.input_ids.size
     return {"real_tokens": real, "padded_tokens": padded, "padding_fraction": 1 - real / max(1, padded),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Mapping
+
 from porting.train.recipe.schema import Recipe
 
 GRAPH, PYNATIVE = "graph", "pynative"
@@ -14,3 +16,18 @@ def describe(recipe: Recipe) -> str:
                 "step semantics as graph mode, slower per step on the CPU (BENCHMARKS.md)")
     return ("graph (the default): one compiled graph per input shape holds forward, backward, all-reduce, clip and "
             "AdamW; if the compile fails, --set execution=pynative runs the same step without it")
+
+
+def compile_cache_problem(recipe: Recipe, environ: Mapping[str, str], context_on: bool = False) -> str:
+    """Why a graph-mode run must not start with MindSpore's compile cache on process-wide
+    (``MS_COMPILER_CACHE_ENABLE``, or ``set_context(enable_compile_cache=True)``: ``context_on``), or "".
+    MindSpore names cached graphs by compile order and checks only its Python sources, so a changed recipe
+    constant (a clip norm, a group) loads a stale graph (measured on 2.10); port turns the cache on itself
+    for the compiles before step 1, in a folder keyed by the recipe (porting/train/run/precompile.py)."""
+    value = environ.get("MS_COMPILER_CACHE_ENABLE", "")
+    if recipe.execution != GRAPH or not (context_on or value.strip() not in ("", "0")):
+        return ""
+    where = "set_context(enable_compile_cache=True)" if context_on else f"MS_COMPILER_CACHE_ENABLE={value}"
+    return (f"{where}: a process-wide MindSpore compile cache matches graphs by compile order only and loads a "
+            "stale one when a recipe value changes; unset it: port keeps its own compile cache per recipe "
+            "under RUN/compile_cache (docs/training.md)")

@@ -134,3 +134,30 @@ def check_node_rank(node_rank: int, nodes: int, option: str) -> None:
     if isinstance(node_rank, bool) or not 0 <= node_rank < nodes:
         raise RecipeError(f"{option} {node_rank}: the recipe has {nodes} node(s) (cluster.nodes), so node ranks "
                           f"0..{nodes - 1}; pass one of them")
+
+# On Ascend every padded length is a graph of the whole model compiled on every rank before step 1 (a static
+# graph compiles once per input shape: mindspore.cn/docs/en/r2.4.0/model_train/program_form/static_graph_syntax/
+# dynamic_shape.html), minutes each at 7B-13B; so at most 4 shapes there, or packing (one shape).
+ASCEND_MAX_SHAPES = 4
+
+
+def ascend_shapes(raw: dict) -> dict:
+    """On Ascend, ``batching.bucketing.max_shapes`` defaults to ASCEND_MAX_SHAPES (16 elsewhere)."""
+    cluster = raw.get("cluster")
+    if not isinstance(cluster, dict) or cluster.get("device") != "ascend":
+        return raw
+    batching = raw.get("batching") if isinstance(raw.get("batching"), dict) else {}
+    bucketing = batching.get("bucketing") if isinstance(batching.get("bucketing"), dict) else {}
+    if "max_shapes" in bucketing or ("batching" in raw and not isinstance(raw["batching"], dict)):
+        return raw
+    return {**raw, "batching": {**batching, "bucketing": {**bucketing, "max_shapes": ASCEND_MAX_SHAPES}}}
+
+
+def ascend_shapes_problem(r) -> str:
+    """Why a validated recipe's bucketing has too many shapes for Ascend, or ""."""
+    b = r.batching
+    if r.cluster.device != "ascend" or not b.bucketing.enabled or b.packing or b.bucketing.max_shapes <= ASCEND_MAX_SHAPES:
+        return ""
+    return (f"batching.bucketing.max_shapes: {b.bucketing.max_shapes} on Ascend, expected at most {ASCEND_MAX_SHAPES}: "
+            "each shape is a graph compile of the whole model on every rank before step 1 (minutes each at 7B-13B); "
+            f"set max_shapes <= {ASCEND_MAX_SHAPES} or batching.packing: true (one shape)")

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 from model_zoo.errors import RecipeError
 from model_zoo.files import read_text
 from porting.train.recipe.checks import bool_where_number, template_problem
-from porting.train.recipe.hardware import MasterAddr, derive_cluster
+from porting.train.recipe.hardware import MasterAddr, ascend_shapes, ascend_shapes_problem, derive_cluster
 from porting.train.recipe.nonfinite import NonfiniteSection
 from porting.train.recipe.yaml_bounded import load_yaml
 
@@ -97,7 +97,7 @@ class DataSection(_Section):
 class BucketingSection(_Section):
     enabled: bool = True
     boundaries: Optional[list[Annotated[int, Field(ge=1, le=MAX_SEQ)]]] = Field(None, max_length=256)
-    # padded lengths; None = chosen from the data
+    # padded lengths; None = chosen from the data. max_shapes: 16, or ASCEND_MAX_SHAPES on Ascend (hardware.py)
     max_shapes: int = Field(16, ge=1, le=256)
     pad_to_multiple_of: int = Field(8, ge=1, le=4096)
 
@@ -247,6 +247,7 @@ class Recipe(_Section):
     def _hardware(cls, raw: Any) -> Any:
         if isinstance(raw, dict):
             raw = {**raw, "cluster": derive_cluster(raw.get("cluster", {}))}
+            raw = ascend_shapes(raw)
         return raw
 
     @model_validator(mode="after")
@@ -308,6 +309,7 @@ def _cross_checks(r: Recipe) -> list[tuple[bool, str]]:
             and all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < BIG
                     for i in r.parallel.comm_fusion.allreduce_config)),
          "parallel.comm_fusion.allreduce_config: allreduce_mode=index needs a list of parameter indices (integers >= 0)"),
+        (bool(ascend_shapes_problem(r)), ascend_shapes_problem(r)),
         (r.schedule.max_steps is not None and r.schedule.warmup_steps > r.schedule.max_steps,
          f"schedule.warmup_steps: {r.schedule.warmup_steps} is more than schedule.max_steps={r.schedule.max_steps}; "
          "the learning rate would never reach optimizer.lr"),

@@ -15,6 +15,7 @@ instead (the plan prints it); fused-kernel signatures have their own guards (mod
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import mindspore as ms
@@ -22,7 +23,8 @@ import mindspore as ms
 from model_zoo.errors import PortingError
 from porting.train.recipe.schema import Recipe
 
-from porting.train.plan.execution import GRAPH, PYNATIVE, describe  # noqa: F401  (describe: the run logs it)
+from porting.train.plan.execution import GRAPH, PYNATIVE, compile_cache_problem  # noqa: F401
+from porting.train.plan.execution import describe  # noqa: F401  (the run logs it)
 
 
 class GraphCompileError(PortingError):
@@ -34,6 +36,14 @@ class GraphCompileError(PortingError):
 def set_mode(recipe: Recipe) -> None:
     """MindSpore's execution mode for this process, as the recipe says."""
     ms.set_context(mode=ms.PYNATIVE_MODE if recipe.execution == PYNATIVE else ms.GRAPH_MODE)
+
+
+def refuse_compile_cache(recipe: Recipe) -> None:
+    """Raises GraphCompileError when MindSpore's graph compile cache is on for a graph-mode run
+    (porting/train/plan/execution.py says why)."""
+    problem = compile_cache_problem(recipe, os.environ, bool(ms.get_context("enable_compile_cache")))
+    if problem:
+        raise GraphCompileError(problem)
 
 
 def compile_failure(recipe: Recipe, error: BaseException, shape: Any) -> GraphCompileError | None:

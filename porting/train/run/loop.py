@@ -46,6 +46,7 @@ from porting.train.run import resume_check
 from porting.train.run import execution
 from porting.train.run import nonfinite
 from porting.train.run import grid as grid_mod
+from porting.train.run import precompile as pre
 from porting.train.run import step as train_step
 from porting.train.run import zero
 from porting.train.run.commwait import CommWait
@@ -205,6 +206,7 @@ class Trainer:
         hyper = (f32(lr), f32(1 - b1 ** t), f32(1 - b2 ** t))
         new_shapes = {mb.shape for mb in step.micro_batches} - self.shapes_seen
         self.shapes_seen |= new_shapes
+        graphs = compiled_graphs(*self.cells)   # precompile made them all: a new one is a compile in the step
         t0 = time.perf_counter()
         try:
             total, count, norm, finite = self._step_cells(step, scale, unscale, hyper)
@@ -221,7 +223,7 @@ class Trainer:
         if applied:
             self.adam_t = t
         return {"loss": loss_sum / max(n_tok, 1.0), "grad_norm": norm_v, "finite": finite_v and math.isfinite(loss_sum),
-                "applied": applied, "scale_used": scale_used, "step_time_s": dt, "compile": bool(new_shapes), "tokens": int(n_tok)}
+                "applied": applied, "scale_used": scale_used, "step_time_s": dt, "compile": compiled_graphs(*self.cells) > graphs, "tokens": int(n_tok)}
 
     def _step_cells(self, step: Step, scale, unscale, hyper: tuple) -> tuple:
         ms = self.ms
@@ -229,12 +231,14 @@ class Trainer:
             mb = step.micro_batches[0]
             return self.fused(ms.Tensor(mb.input_ids), ms.Tensor(mb.labels), scale, unscale, *hyper,
                               *self.packed_inputs(mb))
-        local_total = local_count = 0.0
-        for mb in step.micro_batches:
-            tot, cnt = self.grad_step(ms.Tensor(mb.input_ids), ms.Tensor(mb.labels), scale, *self.packed_inputs(mb))
-            local_total += float(tot.asnumpy())
-            local_count += float(cnt.asnumpy())
-        return self.apply(ms.Tensor(np.float32(local_total)), ms.Tensor(np.float32(local_count)), unscale, *hyper)
+        # the micro-batches' sums stay on the device (no host sync per micro-batch) and are added once, in
+        # float64 (exact for these float32 values, so in any order): the logged loss is what the host's float64
+        # sum gave, bit for bit; a handful of launches a step, not one per micro-batch
+        sums = [self.grad_step(ms.Tensor(mb.input_ids), ms.Tensor(mb.labels), scale, *self.packed_inputs(mb))
+                for mb in step.micro_batches]
+        local = ms.ops.stack([v for pair in sums for v in pair]).reshape(-1, 2).astype(ms.float64).sum(0)
+        local = local.astype(ms.float32)
+        return self.apply(local[0], local[1], unscale, *hyper)
 
     def state(self, step_done: int) -> ckpt.TrainState:
         return ckpt.TrainState(adam_t=self.adam_t, loss_scale=self.scaler.scale, good_steps=self.scaler.good,
@@ -333,7 +337,7 @@ def _run_or_skip(trainer: Trainer, step: Step, lr: float, guard: nonfinite.SkipG
 
 
 def _finish(recipe: Recipe, trainer: Trainer, plan, records: list, metrics, model_dir: Path, run_dir: Path,
-            start: int, command: list[str] | None, log: logging.Logger) -> None:
+            start: int, command: list[str] | None, log: logging.Logger, compiled: pre.CompileReport | None) -> None:
     """The final checkpoint, the summary record and the HF export, after the last step."""
     if plan.total_steps <= start:
         return
@@ -344,7 +348,7 @@ def _finish(recipe: Recipe, trainer: Trainer, plan, records: list, metrics, mode
         log.info(f"checkpoint {final}")
     if trainer.rank != 0:
         return
-    summary = summarize(records, trainer, plan)
+    summary = summarize(records, trainer, plan, compiled)
     metrics.summary(summary)
     log.info(f"summary: {json.dumps(summary.to_dict())}")
     if recipe.checkpointing.export_hf:
@@ -378,11 +382,10 @@ def _resume(trainer: Trainer, ck_root: Path, total_steps: int, log: logging.Logg
 
 def train(recipe: Recipe, run_dir: str | Path, *, rank: int = 0, world_size: int = 1, resume: bool = False,
           distributed: bool = False, command: list[str] | None = None, echo: bool = True,
-          doctor: Callable[[], dict] | None = None) -> RunResult:
+          doctor: Callable[[], dict] | None = None, compile_cache: bool = True) -> RunResult:
     """Run (or resume) the fine-tune of ``recipe`` on this rank; returns when the last step is done.
     ``doctor`` makes the environment report manifest.json keeps (the caller's: `port doctor` is above
-    porting/train); rank 0 calls it once."""
-
+    porting/train); rank 0 calls it once. ``compile_cache``: run/precompile.py's, under RUN/compile_cache."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     configure_mindspore(recipe, distributed)
@@ -390,7 +393,6 @@ def train(recipe: Recipe, run_dir: str | Path, *, rank: int = 0, world_size: int
     log = rank_logger(run_dir, rank, echo and rank == 0)
     grid = grid_mod.make_grid(recipe, rank, world_size)
     if distributed:
-
         log.info(f"rank {rank} of {world_size} (pid {os.getpid()}): parallel_mode {ms.get_auto_parallel_context('parallel_mode')}, "
                  f"comm_fusion {ms.get_auto_parallel_context('comm_fusion')}, optimizer sharding "
                  f"{recipe.parallel.optimizer_sharding}; {grid.describe()}")
@@ -404,6 +406,7 @@ def train(recipe: Recipe, run_dir: str | Path, *, rank: int = 0, world_size: int
     start = 0
     if resume:
         start = _resume(trainer, ck_root, plan.total_steps, log)
+    compiled = pre.before_step_one(trainer, plan, cfg.to_hf(), start, compile_cache, log)   # every shape, every rank
     if rank == 0:
         rundir.write_manifest(run_dir, run_manifest(recipe, model_dir, cfg, plan, world_size, command, start, doctor),
                               resume_step=start if resume else 0)
@@ -433,14 +436,17 @@ def train(recipe: Recipe, run_dir: str | Path, *, rank: int = 0, world_size: int
                 log.info(f"step {rec.step}/{plan.total_steps} loss {rec.loss:.5f} lr {lr:.3e} grad_norm "
                          f"{rec.grad_norm:.4f} tokens/s {rec.tokens_per_s:.0f} step {rec.step_time_s:.3f}s "
                          f"pad {rec.padding_fraction:.3f}" + (" (compile)" if rec.compile else "")
+                         + f" shapes {list(rec.shapes)} graphs {trainer_graphs(trainer)}"
                          + (f" (skipped: {rec.skip_reason})" if rec.skipped else ""))
+            if r["compile"]:   # every shape was compiled before step 1: a rank compiling alone stalls the others
+                log.warning(f"step {rec.step}: compiled a graph during the step (shapes {list(rec.shapes)})")
             done = step.index + 1
             if trainer.writes_checkpoints and every and done % every == 0 and done < plan.total_steps:
                 log.info(f"saving checkpoint step_{done}")   # a supervisor allows a save its own time (porting/supervise.py)
                 path = trainer.save(ck_root, done)
                 last_good = (done, path)
                 log.info(f"checkpoint {path}")
-        _finish(recipe, trainer, plan, records, metrics, model_dir, run_dir, start, command, log)
+        _finish(recipe, trainer, plan, records, metrics, model_dir, run_dir, start, command, log, compiled)
     except PortingError as exc:
         log.error(str(exc))
         raise
@@ -493,11 +499,13 @@ def trainer_graphs(trainer: Trainer) -> int:
     return compiled_graphs(*trainer.cells)
 
 
-def summarize(records: list[rundir.StepRecord], trainer: Trainer, plan: BatchSchedule) -> rundir.SummaryRecord:
+def summarize(records: list[rundir.StepRecord], trainer: Trainer, plan: BatchSchedule,
+              compiled: pre.CompileReport | None = None) -> rundir.SummaryRecord:
     steady = [r for r in records if not r.compile and r.skip_reason != nonfinite.WINDOW_SKIP]   # those ran nothing
     comp = [r for r in records if r.compile]
     med = float(np.median([r.step_time_s for r in steady])) if steady else 0.0
-    compile_time = sum(max(0.0, r.step_time_s - med) for r in comp)
+    # compile time: the compiles before step 1, and any step's time beyond the steady median
+    compile_time = sum(max(0.0, r.step_time_s - med) for r in comp) + (compiled.seconds if compiled else 0.0)
     st_time = sum(r.step_time_s for r in steady)
     padded = max(1, sum(r.padded_tokens for r in records))
     return rundir.SummaryRecord(
@@ -506,4 +514,5 @@ def summarize(records: list[rundir.StepRecord], trainer: Trainer, plan: BatchSch
         steady_step_time_s=round(med, 5) if steady else None, compiled_graphs=trainer_graphs(trainer),
         shapes_seen=len(trainer.shapes_seen), bucket_shapes=len(plan.boundaries),
         padding_fraction=round(1 - sum(r.tokens for r in records) / padded, 5),
-        final_loss=records[-1].loss if records else None)
+        final_loss=records[-1].loss if records else None,
+        precompile_s=compiled.seconds if compiled else None, precompiled_graphs=compiled.graphs if compiled else None)

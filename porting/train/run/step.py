@@ -310,7 +310,9 @@ class AccumGradStep(nn.Cell):
 
     def __init__(self, model: nn.Cell, params: ParameterTuple, buffers: ParameterTuple):
         super().__init__(auto_prefix=False)
-        self.grad_fn = ops.value_and_grad(LossNet(model), None, params, has_aux=True)
+        # the model a sub-cell (not only inside grad_fn), so the cell's parameters hold its weights (compile cache)
+        self.loss_net = LossNet(model)
+        self.grad_fn = ops.value_and_grad(self.loss_net, None, params, has_aux=True)
         self.buffers = buffers
         self.hyper_map = ops.HyperMap()
 
