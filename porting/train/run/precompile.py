@@ -38,6 +38,7 @@ import contextlib
 import hashlib
 import json
 import os
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,8 +88,11 @@ def cache_key(recipe_doc: dict, model_config: dict, shapes: list[tuple[int, int]
 def compile_cache(folder: Path | None) -> Iterator[None]:
     """MindSpore's graph compile cache in ``folder`` for the compiles inside the block (off when None, or
     when this process used it already); the variables are restored after it, so no later compile (eval,
-    barrier) is saved or loaded."""
-    if folder is None or _cache_used:
+    barrier) is saved or loaded. Off too in a process with no main script file (``python -c``, a pytest-xdist
+    worker): MindSpore keys the cache on the files its entry script imports (``entry_script_path``, taken
+    from ``sys.argv[0]`` when MindSpore is imported; mindspore/graph/api.py ``_get_compile_cache_dep_files``)
+    and raises FileNotFoundError without one."""
+    if folder is None or _cache_used or not _entry_script_is_a_file():
         yield
         return
     _cache_used.append(folder)
@@ -104,6 +108,18 @@ def compile_cache(folder: Path | None) -> Iterator[None]:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def _entry_script_is_a_file() -> bool:
+    import importlib
+
+    for name in ("mindspore.graph.api", "mindspore.common.api"):   # 2.10; 2.7-2.9
+        try:
+            path = getattr(importlib.import_module(name), "entry_script_path", None)
+        except ImportError:
+            continue
+        return bool(path) and os.path.isfile(path)
+    return False
 
 
 def _scalar() -> ms.Tensor:
