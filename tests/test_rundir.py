@@ -167,7 +167,7 @@ def test_hf_export_is_a_conversion_with_the_converters_manifest(real_run):
 
 
 @pytest.mark.parametrize("state,needle", [
-    ({"adam_t": "x"}, "key 'adam_t' is str \"x\", expected an integer >= 0"),
+    ({"adam_t": "x"}, "key 'adam_t' is str x, expected an integer in [0, 1000000000]"),
     ("[1, 2]", "expected a JSON object at the top level"),
 ])
 @pytest.mark.slow
@@ -182,7 +182,7 @@ def test_damaged_state_json_on_resume_is_one_line_naming_file_and_key(real_run, 
              "--set", "checkpointing.every_steps=2", "--resume")
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
     line = error_line(r)
-    assert line.startswith(f"error: {sj}: ") and needle in line and "delete" in line, line
+    assert line.startswith("error: ") and f"{sj}: " in line and needle in line and "delete" in line, line
     after = {p: p.read_bytes() for p in run.rglob("*") if p.is_file() and "logs" not in p.parts and p.name != "plan.json"}
     assert set(after) >= set(before) and all(after[p] == before[p] for p in before if p.name != "manifest_resume_4.json")
 
@@ -195,7 +195,7 @@ def test_train_state_checks_every_key(tmp_path):
     from model_zoo.errors import CheckpointError
 
     for bad, needle in [({"next_step": -1}, "'next_step' is int -1"), ({"loss_scale": 5}, "'loss_scale' is int"),
-                        ({"loss_scale": {"scale": float("inf"), "good": 0}}, "'loss_scale.scale' is Infinity"),
+                        ({"loss_scale": {"scale": float("inf"), "good": 0}}, "'loss_scale.scale' is inf"),
                         ({"loss_scale": {"scale": 1.0, "good": "0"}}, "'loss_scale.good' is str"),
                         ({"shards": 0}, "'shards' is int 0"), ({"world_size": None}, "'world_size' is NoneType")]:
         p.write_text(json.dumps({**good, **bad}))

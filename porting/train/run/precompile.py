@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib
 import json
 import os
 import sys
@@ -111,8 +112,6 @@ def compile_cache(folder: Path | None) -> Iterator[None]:
 
 
 def _entry_script_is_a_file() -> bool:
-    import importlib
-
     for name in ("mindspore.graph.api", "mindspore.common.api"):   # 2.10; 2.7-2.9
         try:
             path = getattr(importlib.import_module(name), "entry_script_path", None)
