@@ -3,9 +3,10 @@
 
 Per shape, on ONE core (torch, MindSpore, OpenBLAS and port's kernels all limited to one thread), the
 variants interleaved in one process, each timed by wall clock and by the process's CPU time (which other
-jobs on a shared machine do not inflate):
+jobs on a shared machine inflate far less than the wall time: caches and memory stay shared):
 
 * ``torch_step`` / ``port_step``: the benchmark's torch step and `port train`'s one-graph step;
+  ``port_step_blas``: the same with every x @ W^T on numpy's OpenBLAS (benchmarks/blas_linear.py);
 * the same step's matmuls alone, forward and backward (y = x W^T, dx = dy W, dW = dy^T x per linear
   layer, the LM head included), each library on its own: ``torch_mkl`` (torch.mm, MKL),
   ``mindspore_split`` (a MindSpore graph of MatMul ops, oneDNN, one per layer as port's model runs them),
@@ -25,7 +26,7 @@ from typing import Callable
 
 import numpy as np
 
-VARIANTS = ("torch_step", "port_step", "torch_mkl", "mindspore_split", "mindspore_fused", "numpy_openblas")
+STEPS = ("torch_step", "port_step", "port_step_blas")
 
 
 def linear_shapes(cfg: dict, fused: bool) -> dict[tuple[int, int], int]:
@@ -129,13 +130,16 @@ def openblas_threads(n: int) -> str | None:
     return None
 
 
-def gemm_raw(args, shapes: dict, steps: dict[str, Callable[[dict, int, int], Callable[[], None]]]) -> dict:
-    """Wall and CPU seconds per call of every variant, per shape; ``steps`` makes the two step variants."""
+def gemm_raw(args, shapes: dict, make_torch_step: Callable, make_ms_step: Callable) -> dict:
+    """Wall and CPU seconds per call of every variant, per shape (benchmarks/train_throughput.py's step
+    makers)."""
     one_thread()
     raw: dict[str, dict[str, list[dict]]] = {}
     for name, cfg in shapes.items():
         fns, flops = gemm_fns(cfg, args.batch * args.seq)
-        fns = {**{k: make(cfg, args.batch, args.seq) for k, make in steps.items()}, **fns}
+        b, s = args.batch, args.seq
+        fns = {"torch_step": make_torch_step(cfg, b, s, args.torch_attn), "port_step": make_ms_step(cfg, b, s)[0],
+               "port_step_blas": make_ms_step(cfg, b, s, blas=True)[0], **fns}
         for fn in fns.values():
             for _ in range(args.warmup):
                 fn()
@@ -166,10 +170,11 @@ def gemm_rows(raw: dict, args, env: dict) -> list[dict]:
         row = {"gemm_share": name, "threads": 1, "emulation": env.get("emulation"), "gflop_per_step": round(gflop, 2),
                **{f"{k}_ms": {"best_wall": round(1e3 * v["wall"], 1), "best_cpu": round(1e3 * v["cpu"], 1),
                               "median_cpu": round(1e3 * med[k], 1)} for k, v in best.items()},
-               **{f"{k}_gflops_cpu": round(gflop / cpu[k], 1) for k in runs if k not in ("torch_step", "port_step")},
+               **{f"{k}_gflops_cpu": round(gflop / cpu[k], 1) for k in runs if k not in STEPS},
                "torch_step_gemm_share": round(cpu["torch_mkl"] / cpu["torch_step"], 3),
                "port_step_gemm_share": round(cpu["mindspore_split"] / cpu["port_step"], 3),
-               "port_vs_torch_step_cpu": round(cpu["torch_step"] / cpu["port_step"], 3)}
+               "port_vs_torch_step_cpu": round(cpu["torch_step"] / cpu["port_step"], 3),
+               "port_blas_vs_torch_step_cpu": round(cpu["torch_step"] / cpu["port_step_blas"], 3)}
         for lib in ("torch_mkl", "mindspore_fused", "numpy_openblas"):
             row[f"port_vs_torch_if_gemm_{lib}"] = round(
                 cpu["torch_step"] / (cpu["port_step"] - cpu["mindspore_split"] + cpu[lib]), 3)

@@ -297,13 +297,8 @@ def matmul_rows(raw: dict, args, env: dict) -> list[dict]:
     return rows
 
 
-def gemm_raw(args) -> dict:
-    return gemm_share.gemm_raw(args, SHAPES, {"torch_step": lambda c, b, s: make_torch_step(c, b, s, args.torch_attn),
-                                              "port_step": lambda c, b, s: make_ms_step(c, b, s)[0]})
-
-
 PARTS = {"step": (step_raw, step_rows), "profile": (profile_raw, profile_rows), "matmul": (matmul_raw, matmul_rows),
-         "gemm": (gemm_raw, gemm_share.gemm_rows)}
+         "gemm": (lambda args: gemm_share.gemm_raw(args, SHAPES, make_torch_step, make_ms_step), gemm_share.gemm_rows)}
 
 
 def run_part(part: str, args) -> list[dict]:
