@@ -208,8 +208,9 @@ def step_rows(raw: dict, args, env: dict) -> list[dict]:
                     row[f"ratio_{label}_vs_torch"] = round(m[k]["tokens_per_s"] / m["torch"]["tokens_per_s"], 3)
                     row[f"ratio_{label}_vs_torch_best"] = round(m[k]["best_tokens_per_s"]
                                                                 / m["torch"]["best_tokens_per_s"], 3)
-        if "one" in m and "two" in m:
-            row["ratio_one_vs_two_graphs"] = round(m["one"]["tokens_per_s"] / m["two"]["tokens_per_s"], 3)
+        for k in ("two", "one_blas"):  # one graph on oneDNN against the same as two graphs / on OpenBLAS
+            if "one" in m and k in m:
+                row[f"ratio_one_vs_{k}"] = round(m["one"]["tokens_per_s"] / m[k]["tokens_per_s"], 3)
         print(json.dumps(row), flush=True)
         rows.append(row)
     return rows
