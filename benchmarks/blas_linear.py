@@ -39,6 +39,16 @@ def find_openblas() -> tuple[str, str, str]:
                      "needs a numpy wheel that bundles OpenBLAS")
 
 
+def openblas_call(symbols: tuple[str, ...], *args, restype=None):
+    """Calls the first of ``symbols`` the bundled OpenBLAS has (its thread count, its core name)."""
+    import ctypes
+
+    handle = ctypes.CDLL(find_openblas()[0])
+    fn = next(getattr(handle, s) for s in symbols if hasattr(handle, s))
+    fn.restype = restype
+    return fn(*args)
+
+
 def library() -> str:
     """The kernel library, compiled once into port's kernel cache for this CPU's code path."""
     from model_zoo import cpu_kernels

@@ -46,20 +46,17 @@ SHIM_SRC = """static long port_asked;
 int X86_Avx512_Support(void) { __atomic_add_fetch(&port_asked, 1, __ATOMIC_RELAXED); return 0; }
 long PortAvx512Asked(void) { return __atomic_load_n(&port_asked, __ATOMIC_RELAXED); }
 """
-PROBE = """
-import json, os, torch, numpy as np
+PROBE = f"import sys; sys.path.insert(0, {str(ROOT)!r})" + """
+import ctypes, json, os, torch, numpy as np
+from benchmarks.blas_linear import openblas_call
 a = torch.randn(64, 64); (a @ a).sum()
 import mindspore as ms
 ms.set_context(mode=ms.PYNATIVE_MODE); ms.set_device("CPU")
 x = ms.Tensor(np.ones((64, 64), np.float32)); ms.ops.matmul(x, x).asnumpy()
-import ctypes, glob
-blas = sorted(glob.glob(os.path.join(os.path.dirname(np.__file__) + ".libs", "lib*openblas*.so*")))
-core = [getattr(ctypes.CDLL(p), s) for p in blas[:1] for s in ("openblas_get_corename64_", "openblas_get_corename")
-        if hasattr(ctypes.CDLL(p), s)]
-if core:
-    core[0].restype = ctypes.c_char_p
 print("PROBE " + json.dumps({"torch_aten": torch.backends.cpu.get_cpu_capability(),
-                             "numpy_openblas": core[0]().decode() if core else None}), flush=True)
+                             "numpy_openblas": openblas_call(("openblas_get_corename64_", "scipy_openblas_get_corename64_",
+                                                              "openblas_get_corename"), restype=ctypes.c_char_p).decode()}),
+      flush=True)
 """
 
 

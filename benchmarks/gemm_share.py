@@ -26,6 +26,8 @@ from typing import Callable
 
 import numpy as np
 
+from benchmarks import blas_linear
+
 STEPS = ("torch_step", "port_step", "port_step_blas")
 
 
@@ -111,23 +113,8 @@ def one_thread() -> None:
     os.environ["PORT_CPU_KERNEL_THREADS"] = "1"
     torch.set_num_threads(1)
     ms.set_context(runtime_num_threads=1)
-    openblas_threads(1)
-
-
-def openblas_threads(n: int) -> str | None:
-    """Sets the thread count of the OpenBLAS numpy's wheel bundles (it read OPENBLAS_NUM_THREADS when
-    numpy was imported, before this); the library's path, or None where there is none."""
-    import ctypes
-    from pathlib import Path
-
-    libs = sorted((Path(np.__file__).parent.parent / "numpy.libs").glob("lib*openblas*.so*"))
-    for path in libs:
-        lib = ctypes.CDLL(str(path))
-        for sym in ("openblas_set_num_threads64_", "scipy_openblas_set_num_threads64_", "openblas_set_num_threads"):
-            if hasattr(lib, sym):
-                getattr(lib, sym)(n)
-                return str(path)
-    return None
+    # numpy's OpenBLAS read OPENBLAS_NUM_THREADS when numpy was imported, before this: set it through its API
+    blas_linear.openblas_call(tuple(t for _, t in blas_linear.SYMBOLS), 1)
 
 
 def gemm_raw(args, shapes: dict, make_torch_step: Callable, make_ms_step: Callable) -> dict:
