@@ -9,6 +9,8 @@ child process):
 * MKL, torch's float32 matmuls: ``MKL_ENABLE_INSTRUCTIONS=AVX2`` (the ``MKL_VERBOSE`` banner);
 * oneDNN, MindSpore's matmuls (and torch's mkldnn ops): ``ONEDNN_MAX_CPU_ISA=AVX2`` (oneDNN 3 also reads
   ``DNNL_MAX_CPU_ISA``; the ``ONEDNN_VERBOSE`` isa line);
+* OpenBLAS, the one numpy's wheel bundles (benchmarks/gemm_share.py times numpy's matmul):
+  ``OPENBLAS_CORETYPE=Haswell`` (its ``openblas_get_corename``);
 * MindSpore's nnacl kernels (element-wise ops, small matmuls) have no switch: they ask
   ``X86_Avx512_Support()`` (a cpuid test) through the PLT, so a one-function library preloaded with
   ``LD_PRELOAD`` answers no, and counts the questions;
@@ -32,7 +34,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 AVX2 = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2",
-        "DNNL_MAX_CPU_ISA": "AVX2", "PORT_CPU_ISA": "avx2"}
+        "DNNL_MAX_CPU_ISA": "AVX2", "OPENBLAS_CORETYPE": "Haswell", "PORT_CPU_ISA": "avx2"}
 EMULATIONS = {"native": {}, "avx2": AVX2}
 EMULATION_ENV = "PORT_BENCH_EMULATION"
 CHILD_TAG = "CHILD-RESULT "
@@ -44,13 +46,17 @@ SHIM_SRC = """static long port_asked;
 int X86_Avx512_Support(void) { __atomic_add_fetch(&port_asked, 1, __ATOMIC_RELAXED); return 0; }
 long PortAvx512Asked(void) { return __atomic_load_n(&port_asked, __ATOMIC_RELAXED); }
 """
-PROBE = """
-import json, os, torch, numpy as np
+PROBE = f"import sys; sys.path.insert(0, {str(ROOT)!r})" + """
+import ctypes, json, os, torch, numpy as np
+from benchmarks.blas_linear import openblas_call
 a = torch.randn(64, 64); (a @ a).sum()
 import mindspore as ms
 ms.set_context(mode=ms.PYNATIVE_MODE); ms.set_device("CPU")
 x = ms.Tensor(np.ones((64, 64), np.float32)); ms.ops.matmul(x, x).asnumpy()
-print("PROBE " + json.dumps({"torch_aten": torch.backends.cpu.get_cpu_capability()}), flush=True)
+print("PROBE " + json.dumps({"torch_aten": torch.backends.cpu.get_cpu_capability(),
+                             "numpy_openblas": openblas_call(("openblas_get_corename64_", "scipy_openblas_get_corename64_",
+                                                              "openblas_get_corename"), restype=ctypes.c_char_p).decode()}),
+      flush=True)
 """
 
 
@@ -90,7 +96,7 @@ def probe(env: dict[str, str]) -> dict:
     full = {**os.environ, **env, "ONEDNN_VERBOSE": "1", "MKL_VERBOSE": "1"}
     proc = subprocess.run([sys.executable, "-c", PROBE], env=full, capture_output=True, text=True, timeout=300)
     out = proc.stdout + proc.stderr
-    got = {"torch_aten": None, "torch_mkl": None, "mindspore_onednn": None}
+    got = {"torch_aten": None, "torch_mkl": None, "mindspore_onednn": None, "numpy_openblas": None}
     for line in out.splitlines():
         if line.startswith("PROBE "):
             got.update(json.loads(line[6:]))

@@ -16,6 +16,7 @@
     python benchmarks/train_throughput.py --part profile  # attention's share of the step, per shape
     python benchmarks/train_throughput.py --part kernels  # port's attention per code path vs torch SDPA
     python benchmarks/train_throughput.py --part matmul   # the step's matmuls: MindSpore (oneDNN) vs torch (MKL)
+    python benchmarks/train_throughput.py --part gemm     # GEMM share of each step, per library (gemm_share.py)
     python benchmarks/train_throughput.py --part bucketing --alpaca ../shared/data/instruct/alpaca_en_demo.json
     python benchmarks/train_throughput.py --part step --emulate native,avx2 --rounds 2   # this CPU and,
         # in the same run, an AVX2-only CPU emulated on it (benchmarks/cpu_isa.py)
@@ -40,7 +41,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks import cpu_isa  # noqa: E402
+from benchmarks import blas_linear, cpu_isa, gemm_share  # noqa: E402
 
 SHAPES = {
     "h256-l4": dict(vocab_size=1024, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
@@ -73,8 +74,18 @@ def time_steps(fn, warmup: int, steps: int) -> tuple[float, list[float]]:
 REFERENCE = {"attention": "reference", "rope": "reference", "rmsnorm": "reference"}  # plain ops, no C++ kernels
 
 
-def ms_step(cfg_d: dict, b: int, s: int, fused: bool, warmup: int, steps: int, override: dict | None = None) -> dict:
-    """``override``: kernel choices for model_zoo.build; None = auto (port's C++ CPU attention and RMSNorm)."""
+def ms_step(cfg_d: dict, b: int, s: int, fused: bool, warmup: int, steps: int, override: dict | None = None,
+            blas: bool = False) -> dict:
+    """``override``: kernel choices for model_zoo.build; None = auto (port's C++ CPU attention and RMSNorm);
+    ``blas``: every x @ W^T through numpy's OpenBLAS (benchmarks/blas_linear.py) instead of oneDNN."""
+    step, model = make_ms_step(cfg_d, b, s, fused, override, blas)
+    first, times = time_steps(step, warmup, steps)
+    return {"first_steps_s": round(first, 3), "times": times,
+            "kernels": {c.kernel: c.impl for c in model.plan.choices()}}
+
+
+def make_ms_step(cfg_d: dict, b: int, s: int, fused: bool = True, override: dict | None = None, blas: bool = False):
+    """(one call of `port train`'s step on random weights, the model)."""
     import mindspore as ms
     from mindspore import ParameterTuple
 
@@ -86,6 +97,8 @@ def ms_step(cfg_d: dict, b: int, s: int, fused: bool, warmup: int, steps: int, o
     ms.set_device("CPU")
     cfg = LlamaConfig(model_type="llama", rms_norm_eps=1e-5, rope_theta=10000.0, **cfg_d)
     model = build(cfg, seed=0, kernels_override=override)
+    if blas:
+        blas_linear.patch(model)
     params = list(model.trainable_params())
     opt = train_step.AdamW(params, (0.9, 0.95), 1e-8, 0.0)
     ids, labels = batch(cfg_d, b, s)
@@ -107,12 +120,19 @@ def ms_step(cfg_d: dict, b: int, s: int, fused: bool, warmup: int, steps: int, o
             tot, cnt = grad(x, y, f(1 / count))
             out = apply(tot, cnt, f(1.0), f(1e-4), f(0.1), f(0.05))
             return float(out[0].asnumpy())
-    first, times = time_steps(step, warmup, steps)
-    return {"first_steps_s": round(first, 3), "times": times,
-            "kernels": {c.kernel: c.impl for c in model.plan.choices()}}
+    return step, model
 
 
 def torch_step(cfg_d: dict, b: int, s: int, warmup: int, steps: int, args_attn: str = "sdpa") -> dict:
+    import torch
+
+    first, times = time_steps(make_torch_step(cfg_d, b, s, args_attn), warmup, steps)
+    return {"first_steps_s": round(first, 3), "times": times, "torch_threads": torch.get_num_threads(),
+            "attn_implementation": args_attn}
+
+
+def make_torch_step(cfg_d: dict, b: int, s: int, args_attn: str = "sdpa"):
+    """One call of HF LlamaForCausalLM's step with torch eager AdamW, on random weights."""
     import torch
     from transformers import LlamaConfig as HFConfig, LlamaForCausalLM
 
@@ -134,9 +154,7 @@ def torch_step(cfg_d: dict, b: int, s: int, warmup: int, steps: int, args_attn: 
         opt.zero_grad(set_to_none=True)
         return float(loss.detach())
 
-    first, times = time_steps(step, warmup, steps)
-    return {"first_steps_s": round(first, 3), "times": times, "torch_threads": torch.get_num_threads(),
-            "attn_implementation": args_attn}
+    return step
 
 
 def _merge(runs: list[dict], tokens: int) -> dict:
@@ -150,7 +168,7 @@ def _merge(runs: list[dict], tokens: int) -> dict:
     return out
 
 
-VARIANTS = ("torch", "one", "two", "one_ref")
+VARIANTS = ("torch", "one", "two", "one_ref", "one_blas")
 
 
 def step_raw(args) -> dict[str, dict[str, list[dict]]]:
@@ -159,6 +177,8 @@ def step_raw(args) -> dict[str, dict[str, list[dict]]]:
     import torch
 
     torch.set_num_threads(os.cpu_count() or 1)
+    if "one_blas" in args.variants:  # forward and backward against torch first (SystemExit beyond 1e-4)
+        print(json.dumps({"openblas_linear_vs_torch_max_rel": blas_linear.check()}), flush=True)
     raw: dict[str, dict[str, list[dict]]] = {}
     for name, cfg in SHAPES.items():
         runs = raw.setdefault(name, {k: [] for k in args.variants})
@@ -168,7 +188,7 @@ def step_raw(args) -> dict[str, dict[str, list[dict]]]:
                     runs[key].append(torch_step(cfg, args.batch, args.seq, args.warmup, args.steps, args.torch_attn))
                 else:
                     runs[key].append(ms_step(cfg, args.batch, args.seq, key != "two", args.warmup, args.steps,
-                                             REFERENCE if key == "one_ref" else None))
+                                             REFERENCE if key == "one_ref" else None, key == "one_blas"))
     return raw
 
 
@@ -177,18 +197,20 @@ def step_rows(raw: dict, args, env: dict) -> list[dict]:
     rows = []
     tok = args.batch * args.seq
     names = {"torch": "torch_eager_adamw", "one": "port_train_one_graph", "two": "port_train_two_graphs",
-             "one_ref": "port_train_one_graph_reference_kernels"}
+             "one_ref": "port_train_one_graph_reference_kernels", "one_blas": "port_train_one_graph_openblas"}
     for name, runs in raw.items():
         m = {k: _merge(v, tok) for k, v in runs.items() if v}
         row = {"shape": name, "batch": args.batch, "seq": args.seq, **env, **{names[k]: v for k, v in m.items()}}
         if "torch" in m:
-            for k, label in (("one", "one_graph"), ("two", "two_graphs"), ("one_ref", "reference_kernels")):
+            for k, label in (("one", "one_graph"), ("two", "two_graphs"), ("one_ref", "reference_kernels"),
+                             ("one_blas", "openblas")):
                 if k in m:
                     row[f"ratio_{label}_vs_torch"] = round(m[k]["tokens_per_s"] / m["torch"]["tokens_per_s"], 3)
                     row[f"ratio_{label}_vs_torch_best"] = round(m[k]["best_tokens_per_s"]
                                                                 / m["torch"]["best_tokens_per_s"], 3)
-        if "one" in m and "two" in m:
-            row["ratio_one_vs_two_graphs"] = round(m["one"]["tokens_per_s"] / m["two"]["tokens_per_s"], 3)
+        for k in ("two", "one_blas"):  # one graph on oneDNN against the same as two graphs / on OpenBLAS
+            if "one" in m and k in m:
+                row[f"ratio_one_vs_{k}"] = round(m["one"]["tokens_per_s"] / m[k]["tokens_per_s"], 3)
         print(json.dumps(row), flush=True)
         rows.append(row)
     return rows
@@ -276,7 +298,8 @@ def matmul_rows(raw: dict, args, env: dict) -> list[dict]:
     return rows
 
 
-PARTS = {"step": (step_raw, step_rows), "profile": (profile_raw, profile_rows), "matmul": (matmul_raw, matmul_rows)}
+PARTS = {"step": (step_raw, step_rows), "profile": (profile_raw, profile_rows), "matmul": (matmul_raw, matmul_rows),
+         "gemm": (lambda args: gemm_share.gemm_raw(args, SHAPES, make_torch_step, make_ms_step), gemm_share.gemm_rows)}
 
 
 def run_part(part: str, args) -> list[dict]:
@@ -374,7 +397,7 @@ def part_bucketing(args) -> list[dict]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--part", type=lambda v: v.split(","), default=["all"],
-                    help="comma-separated, of all,step,profile,matmul,kernels,bucketing")
+                    help="comma-separated, of all,step,profile,matmul,gemm,kernels,bucketing")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=256)
     ap.add_argument("--warmup", type=int, default=3)
@@ -382,7 +405,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--variants", type=lambda v: v.split(","), default=list(VARIANTS),
                     help=f"step variants, comma-separated, of {','.join(VARIANTS)} (one = port train's step, "
-                         "two = the same as two graphs, one_ref = one graph on plain-op kernels)")
+                         "two = the same as two graphs, one_ref = one graph on plain-op kernels, one_blas = one "
+                         "graph with its matmuls on numpy's OpenBLAS, benchmarks/blas_linear.py)")
     ap.add_argument("--emulate", type=lambda v: v.split(","), default=[],
                     help=f"run step/profile under these CPU emulations, comma-separated, of "
                          f"{','.join(cpu_isa.EMULATIONS)} (native = this CPU as it is), each in a child process")
@@ -393,7 +417,7 @@ def main() -> None:
     ap.add_argument("--alpaca-seq", type=int, default=512)
     ap.add_argument("--alpaca-steps", type=int, default=60)
     args = ap.parse_args()
-    bad = sorted(set(args.part) - {"all", "step", "profile", "matmul", "kernels", "bucketing"})
+    bad = sorted(set(args.part) - {"all", "step", "profile", "matmul", "gemm", "kernels", "bucketing"})
     bad += sorted(set(args.variants) - set(VARIANTS)) + sorted(set(args.emulate) - set(cpu_isa.EMULATIONS))
     if bad:
         ap.error(f"unknown variant or emulation {bad}")
@@ -409,6 +433,8 @@ def main() -> None:
         run_part("profile", args)
     if {"all", "matmul"} & set(args.part):
         run_part("matmul", args)
+    if {"all", "gemm"} & set(args.part):
+        run_part("gemm", args)
     if {"all", "kernels"} & set(args.part):
         part_kernels(args)
     if {"all", "bucketing"} & set(args.part):
