@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 from pathlib import Path
 
 import pytest
@@ -18,7 +17,7 @@ from porting.rehearse import GRAD_NORM_RTOL, LOSS_ATOL
 from porting.shrink import derive, probe
 from tests.helpers import port
 from tests.train.conftest import TINY, free_port
-from tests.train.test_supervise import _pid_at_step, _start
+from tests.train.test_supervise import _start, signal_at_step
 
 SETS = ["data.max_seq_length=64", "batching.bucketing.enabled=false", "batching.micro_batch_size=1",
         "schedule.max_steps=4", "checkpointing.every_steps=2", "checkpointing.export_hf=false", "optimizer.lr=1e-4"]
@@ -70,12 +69,7 @@ def test_a_rank_on_a_bad_device_is_left_out_and_the_run_resumes_on_fewer(tmp_pat
         p = _start(run, *sets, "--supervise", "--shrink", "--stall-timeout", "120")
     finally:
         del os.environ["PORT_TEST_BAD_DEVICES"]
-    try:
-        os.kill(_pid_at_step(run, 2, 3, time.monotonic() + 600), signal.SIGKILL)
-        out, err = p.communicate(timeout=900)
-    finally:
-        if p.poll() is None:
-            p.kill()
+    out, err = signal_at_step(p, run, 2, 3, signal.SIGKILL)
     assert p.returncode == 0, err[-3000:]
     inc = [json.loads(ln) for ln in (run / "incidents.jsonl").read_text().splitlines()]
     assert len(inc) == 1 and inc[0]["suspect"] == 2, inc

@@ -49,6 +49,17 @@ def _pid_at_step(run: Path, rank: int, step: int, deadline: float) -> int:
     raise AssertionError(f"rank {rank} did not reach step {step}: {log.read_text() if log.exists() else 'no log'}")
 
 
+def signal_at_step(p: subprocess.Popen, run: Path, rank: int, step: int, sig: int) -> tuple[str, str]:
+    """Send ``sig`` to rank ``rank`` of the supervised run ``p`` once its log shows ``step``; the run's
+    (stdout, stderr) after it ends (it is killed if the test fails first)."""
+    try:
+        os.kill(_pid_at_step(run, rank, step, time.monotonic() + 600), sig)
+        return p.communicate(timeout=900)
+    finally:
+        if p.poll() is None:
+            p.kill()
+
+
 def _final_weights(run: Path) -> dict:
     from porting.train.run.ckpt_read import full_state
 
@@ -91,12 +102,7 @@ def _check_recovered(run: Path, clean: Path, killed_rank: int, kind: str) -> Non
 def test_a_killed_rank_is_diagnosed_and_the_run_resumes_to_the_same_weights(tmp_path, uninterrupted):
     run = tmp_path / "sup"
     p = _start(run, *_sets(), "--supervise", "--stall-timeout", "120")
-    try:
-        os.kill(_pid_at_step(run, 2, 3, time.monotonic() + 600), signal.SIGKILL)
-        out, err = p.communicate(timeout=900)
-    finally:
-        if p.poll() is None:
-            p.kill()
+    out, err = signal_at_step(p, run, 2, 3, signal.SIGKILL)
     assert p.returncode == 0, err[-3000:]
     assert "1 restart(s)" in out, out
     _check_recovered(run, uninterrupted, 2, "exit")
@@ -107,13 +113,7 @@ def test_a_killed_rank_is_diagnosed_and_the_run_resumes_to_the_same_weights(tmp_
 def test_a_frozen_rank_is_seen_before_the_collective_timeout_and_the_run_resumes(tmp_path, uninterrupted):
     run = tmp_path / "sup"
     p = _start(run, *_sets(), "--supervise", "--stall-timeout", "20")
-    try:
-        pid = _pid_at_step(run, 1, 3, time.monotonic() + 600)
-        os.kill(pid, signal.SIGSTOP)
-        out, err = p.communicate(timeout=900)
-    finally:
-        if p.poll() is None:
-            p.kill()
+    out, err = signal_at_step(p, run, 1, 3, signal.SIGSTOP)
     assert p.returncode == 0, err[-3000:]
     _check_recovered(run, uninterrupted, 1, "stall")
     assert "its process" in (run / "incidents.jsonl").read_text() and "is stopped (SIGSTOP" in (run / "incidents.jsonl").read_text()
