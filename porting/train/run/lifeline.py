@@ -33,6 +33,7 @@ from model_zoo.errors import PortingError
 
 ENV = "PORT_PARENT"            # "pid:start time" of the `port` process a worker belongs to
 PR_SET_PDEATHSIG = 1           # linux/prctl.h
+PR_SET_CHILD_SUBREAPER = 36     # linux/prctl.h
 POLL_S = 0.5
 GRACE_S = 10.0
 
@@ -70,15 +71,59 @@ def alive(tok: str) -> bool:
     return pid.isdigit() and start_time(int(pid)) == start
 
 
-def parent_death_signal(sig: int) -> bool:
-    """Ask the kernel to send ``sig`` to this process when its parent thread exits (Linux; False elsewhere)."""
+def _prctl(option: int, value: int) -> bool:
     if not sys.platform.startswith("linux"):
         return False
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
+        return ctypes.CDLL(None, use_errno=True).prctl(option, int(value), 0, 0, 0) == 0
     except (OSError, AttributeError):
         return False
+
+
+def parent_death_signal(sig: int) -> bool:
+    """Ask the kernel to send ``sig`` to this process when its parent thread exits (Linux; False elsewhere)."""
+    return _prctl(PR_SET_PDEATHSIG, sig)
+
+
+def _children() -> set[int]:
+    """This process's child pids (/proc/<pid>/stat field 4, proc(5))."""
+    me, out = os.getpid(), set()
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as f:
+                    if int(f.read(4096).rsplit(") ", 1)[1].split()[1]) == me:
+                        out.add(int(entry))
+            except (OSError, IndexError, ValueError):
+                continue
+    return out
+
+
+def _kill_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _wait_detached_workers(msrun_pid: int, before: set[int], rc: int) -> int:
+    """msrun ``--join=False`` (a node rank > 0 on the loopback master's machine, run/launch.py) returns once
+    its workers are started; they stay this node's job, so `port train` waits for them and returns the
+    first failing exit code. As a child subreaper (prctl(2) PR_SET_CHILD_SUBREAPER) this process inherits
+    them when msrun exits, so their exit codes are its to collect. msrun's own group (its ``tail -f`` log
+    followers) is stopped; the workers each run in a session of their own."""
+    _kill_group(msrun_pid, signal.SIGTERM)
+    worst = rc
+    for pid in sorted(_children() - before):
+        try:
+            if os.getpgid(pid) == msrun_pid:   # a log follower of msrun's
+                os.waitpid(pid, 0)
+                continue
+            code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        except (ChildProcessError, ProcessLookupError):
+            continue
+        worst = worst or code
+    return worst
 
 
 def _die_with(parent: int) -> Callable[[], None]:
@@ -130,9 +175,14 @@ def run_msrun(argv: list[str], env: dict[str, str], stop: Callable[[subprocess.P
     main = threading.current_thread() is threading.main_thread()   # only the main thread may set handlers
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)} if main else {}
     proc = None
+    detached = "--join=False" in argv
+    before = _children() if detached else set()
     try:
+        if detached:
+            _prctl(PR_SET_CHILD_SUBREAPER, 1)
         proc = subprocess.Popen(argv, env=env, start_new_session=True, preexec_fn=_die_with(os.getpid()))
-        return proc.wait()
+        rc = proc.wait()
+        return _wait_detached_workers(proc.pid, before, rc) if detached else rc
     except KeyboardInterrupt:
         signum = caught[0] if caught else signal.SIGINT
         for s in old:   # a second Ctrl-C must not cut the teardown short
@@ -143,5 +193,9 @@ def run_msrun(argv: list[str], env: dict[str, str], stop: Callable[[subprocess.P
                           "its workers were stopped; the run directory keeps its last complete checkpoint, "
                           "continue with --resume", signum) from None
     finally:
+        if detached:
+            for pid in _children() - before:   # interrupted while waiting: what msrun left is ours to stop
+                _kill_group(pid, signal.SIGKILL)
+            _prctl(PR_SET_CHILD_SUBREAPER, 0)
         for s, h in old.items():
             signal.signal(s, h)
