@@ -27,30 +27,31 @@ def _has_npu() -> bool:
 
 
 # scripts/test.sh runs the suite on two pytest-xdist workers (--dist loadgroup --no-loadscope-reorder).
-# Tests that start msrun jobs, or that read or fake machine-wide state (free ports, running training
-# processes: `port doctor`, the preflight checks, the help example that runs `port doctor`), go to one
-# worker, one after another ("machine"), so they never see each other's workers or race for a port. Every
-# other file is a group of its own: its module-scoped fixtures (a training run, a conversion) are built
-# once, on one worker, and files spread over both. The machine group is put first in the collection so
-# its long serial chain starts at once and the other worker's files run beside it.
+# Every file is a group of its own: its module-scoped fixtures (a training run, a conversion) are built once,
+# on one worker. The machine-wide checks (`port doctor`, the preflight checks, the help example that runs
+# `port doctor`: free ports, running training processes) share one group ("machine") and run one after
+# another. Files that start msrun jobs come first in the collection, so the longest chains start at once;
+# at most two msrun jobs run at a time (one per xdist worker), each on a master port of its own
+# (tests/train/conftest.py free_port). pytest-xdist 3.8 reads the groups into the node ids through
+# `item._nodeid`, which pytest 9.2 no longer uses (every file's tests were spread over both workers and its
+# module fixtures built twice): pyproject.toml keeps pytest below 9.2, and this hook runs before xdist's.
 MACHINE_WIDE = {"tests/diagnostics/test_doctor.py", "tests/diagnostics/test_preflight.py",
                 "tests/test_cli.py::test_every_help_example_runs"}
 
 
 def _machine_wide(item, rel: str) -> bool:
-    return "msrun" in item.keywords or rel in MACHINE_WIDE or f"{rel}::{item.originalname}" in MACHINE_WIDE
+    return rel in MACHINE_WIDE or f"{rel}::{item.originalname}" in MACHINE_WIDE
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     first = set()
     for item in items:
         rel = Path(str(item.fspath)).resolve().relative_to(ROOT).as_posix()
-        if _machine_wide(item, rel):
-            item.add_marker(pytest.mark.xdist_group("machine"))
-            first.add(item.nodeid)
-        else:
-            item.add_marker(pytest.mark.xdist_group(rel))
-    items.sort(key=lambda item: item.nodeid not in first)   # stable: files keep their order
+        item.add_marker(pytest.mark.xdist_group("machine" if _machine_wide(item, rel) else rel))
+        if "msrun" in item.keywords or _machine_wide(item, rel):
+            first.add(rel)
+    items.sort(key=lambda item: Path(str(item.fspath)).resolve().relative_to(ROOT).as_posix() not in first)
     if _has_npu():
         return
     skip = pytest.mark.skip(reason="needs a real Ascend NPU")
