@@ -33,7 +33,7 @@ from typing import Any, Callable
 
 from converters.atomic import _pid_alive
 from model_zoo.errors import PortingError
-from model_zoo.files import read_text, write_atomic
+from model_zoo.files import write_atomic
 from porting.diagnostics import DiagnosticsError
 from porting.diagnostics.diagnose import diagnose
 from porting.env import versions
@@ -214,7 +214,7 @@ class Watch:
         return max(steps) if steps else None
 
 
-def snapshot(run_dir: Path, n: int, extra: dict[str, Any]) -> Path:
+def snapshot(run_dir: Path, n: int | str, extra: dict[str, Any]) -> Path:
     """Copy the evidence of incident ``n`` into ``RUN/incidents/<n>/`` before anything is stopped: every
     rank's log and msrun's logs, CANN's plog directory where one exists, the rank table, and a fingerprint
     (versions and the HCCL/MindSpore environment)."""
@@ -313,11 +313,14 @@ def _same_fault(a: Incident, b: Incident) -> bool:
 def supervise(launch: Callable[[bool, list[tuple[int, int]]], subprocess.Popen], run_dir: Path, ranks: list[int],
               world: int, limits: Limits, latest_step: Callable[[], int | None], preflight: Callable[[], None] | None = None,
               resume: bool = False, extra: dict[str, Any] | None = None, echo: Callable[[str], None] = print,
-              shrink: Callable[[Incident], tuple[list[int], int, str] | None] | None = None) -> int:
+              shrink: Callable[[Incident], tuple[list[int], int, str] | None] | None = None, peers: Any = None) -> int:
     """Run ``launch(resume, skip_windows)`` until it exits 0, recovering from faults (see the module docstring).
     ``latest_step()`` is the step of the last complete checkpoint (None: none). ``shrink(incident)``, when
     given, may move the next launch onto fewer devices (porting/shrink.py): it returns the new ranks, world
-    size and what it did, or None to relaunch as before. Returns the restarts made."""
+    size and what it did, or None to relaunch as before. ``peers`` (porting/supervise_nodes.Peers): this is one
+    node's supervisor of several, which report their faults to each other and relaunch on node 0's decision.
+    Returns the restarts made."""
+    tag = "" if peers is None or peers.node == 0 else f"-node{peers.node}"
     incidents: list[Incident] = []
     windows: list[tuple[int, int]] = []    # data windows skipped after a non-finite rollback
     restarts = 0
@@ -340,33 +343,41 @@ def supervise(launch: Callable[[bool, list[tuple[int, int]]], subprocess.Popen],
             if late is not None:
                 fault = (late[1], late[2], late[0])
                 break
+            peer = peers.peer_fault(restarts) if peers is not None else None
+            if peer is not None:   # another node's rank failed: this node's ranks would wait in a collective
+                fault = ("peer", f"node {peer['node']} saw a fault: {peer.get('seen')}", peer.get("observed_rank"))
+                break
             time.sleep(limits.poll_s)
         if fault[0] == "exit":   # msrun names the worker that died first; pid polling may see several gone
-            launches = sorted((run_dir / "supervise").glob("launch_*.log"), key=lambda p: p.stat().st_mtime)
+            launches = sorted((run_dir / "supervise" / tag[1:]).glob("launch_*.log"), key=lambda p: p.stat().st_mtime)
             first = watch.first_dead_by_msrun(launches[-1] if launches else None)
             if first:
                 kind = "diverged" if first[1].endswith(f"exited with {EXIT_DIVERGED}") else "exit"
                 fault = (kind, first[1], first[0])
         inc = Incident(n=len(incidents) + 1, at=time.time(), kind=fault[0], seen=fault[1], step=watch.last_step(),
                        verdict=None, observed_rank=fault[2])
-        evidence = snapshot(run_dir, inc.n, {"seen": inc.seen, **(extra or {})})
+        evidence = snapshot(run_dir, f"{inc.n}{tag}", {"seen": inc.seen, **(extra or {})})
         inc.evidence = str(evidence.relative_to(run_dir))
         _nonfinite_window(inc, evidence, watch.since)
         inc.verdict = _diagnose(evidence, world)
         named = (inc.verdict or {}).get("first_failing_rank")
         inc.suspect = inc.observed_rank if inc.observed_rank is not None else named if isinstance(named, int) else None
         inc.suspect = None if inc.skip_window is not None else inc.suspect   # every rank saw the same values
+        if peers is not None and inc.kind != "peer":
+            peers.report(restarts, inc)
         stop(proc, limits.grace_s)
-        ck = latest_step()
-        inc.resumed_from = ck
-        inc.steps_lost = (inc.step or 0) - (ck or 0)
+        decide = lambda i, c: _action(i, incidents, restarts, limits, c, windows)   # noqa: E731
+        if peers is None:
+            ck = latest_step()
+            inc.resumed_from, inc.steps_lost, inc.action = ck, (inc.step or 0) - (ck or 0), decide(inc, ck)
+        else:   # node 0 settles the incident and the resume step for every node
+            inc, ck = peers.settle(restarts, inc, decide, latest_step, windows)
         inc.seconds_lost = round(time.monotonic() - started, 1)
-        inc.action = _action(inc, incidents, restarts, limits, ck, windows)
         incidents.append(inc)
         who = _who(inc)
         if shrink is not None:
             ranks, world = apply_shrink(shrink, inc, ranks, world)
-        _record(run_dir, inc)
+        _record(run_dir / (INCIDENTS_FILE if not tag else f"supervise/incidents{tag.replace('-', '_')}.jsonl"), inc)
         echo(f"supervise: incident {inc.n}: {inc.kind}: {inc.seen}; diagnosis: {who}; {inc.action} "
              f"(evidence {run_dir / inc.evidence})")
         if inc.action.startswith("stopped"):
@@ -428,22 +439,6 @@ def _who(inc: Incident) -> str:
     return f"{seen} ({inc.seen}); port diagnose: {reason[:300]}"
 
 
-def _record(run_dir: Path, inc: Incident) -> None:
-    with open(run_dir / INCIDENTS_FILE, "a", encoding="utf-8") as f:
+def _record(path: Path, inc: Incident) -> None:
+    with open(path, "a", encoding="utf-8") as f:
         f.write(json.dumps(dataclasses.asdict(inc), default=str) + "\n")
-
-
-def read_incidents(run_dir: Path) -> list[dict[str, Any]]:
-    """``RUN/incidents.jsonl`` (bounded); an unreadable line is skipped."""
-    p = run_dir / INCIDENTS_FILE
-    if not p.is_file():
-        return []
-    out = []
-    for line in read_text(p, what="incidents", max_bytes=16 << 20, error=SuperviseError).splitlines()[:10_000]:
-        try:
-            d = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(d, dict):
-            out.append(d)
-    return out

@@ -20,6 +20,7 @@ def run_supervised(rec: Any, recipe_path: str, overrides: list[str], out: Path, 
                    preflight: Callable[[Any], None] | None, shrink: bool = False) -> None:
     """``preflight(recipe)`` runs before every relaunch (with the shrunk recipe after a shrink)."""
     from porting.supervise import derive_limits, supervise
+    from porting.supervise_nodes import Peers
     from porting.train.plan.launch import msrun_commands
     from porting.train.run import checkpoint as ckpt   # deferred: the run side imports MindSpore
     from porting.train.run.launch import msrun_argv_env
@@ -32,7 +33,7 @@ def run_supervised(rec: Any, recipe_path: str, overrides: list[str], out: Path, 
     per = rec.cluster.devices_per_node
     state: dict[str, Any] = {"rec": rec, "overrides": list(overrides), "env": {}}
     ranks = list(range(node * per, (node + 1) * per))
-    logs = out / "supervise"     # what each launch printed (msrun's own output)
+    logs = out / "supervise" / (f"node{node}" if node else "")   # what each launch printed (msrun's own output)
     logs.mkdir(parents=True, exist_ok=True)
 
     def launch(again: bool, windows: list[tuple[int, int]]) -> subprocess.Popen:
@@ -47,6 +48,8 @@ def run_supervised(rec: Any, recipe_path: str, overrides: list[str], out: Path, 
         else:
             argv, env = msrun_argv_env(rec, msrun_commands(rec, recipe_path, str(out), sets, again), node,
                                        plan.get("launch", {}).get("env", {}))
+            if "--join=False" in argv:   # node k on the master's machine: msrun returns once its workers run
+                argv = [sys.executable, "-m", "porting.train.run.detached", *argv]
         env.update(state["env"])
         n = len(list(logs.glob("launch_*.log"))) + 1
         sink = open(logs / f"launch_{n}.log", "w", encoding="utf-8")
@@ -64,11 +67,12 @@ def run_supervised(rec: Any, recipe_path: str, overrides: list[str], out: Path, 
     click.echo(f"supervise: ranks {ranks[0]}..{ranks[-1]} of {rec.world_size}; stall after {limits.stall_s:.0f} s "
                f"without a log line ({limits.compile_s:.0f} s before the first step, {limits.save_s:.0f} s while "
                f"saving); at most {limits.max_restarts} restart(s)", err=True)
+    peers = Peers(out, node, rec.cluster.nodes, answer_s=limits.stall_s + 60) if rec.cluster.nodes > 1 else None
     restarts = supervise(launch, out, ranks, rec.world_size, limits, latest_step,
                          None if preflight is None else lambda: preflight(state["rec"]), resume,
                          extra={"rank_table": rec.cluster.rank_table_file, "recipe": recipe_path},
                          echo=lambda m: click.echo(m, err=True),
-                         shrink=_shrinker(state, recipe_path, out, node) if shrink else None)
+                         shrink=_shrinker(state, recipe_path, out, node) if shrink else None, peers=peers)
     click.echo(f"done: {state['rec'].world_size} worker(s), {restarts} restart(s); run directory {out}")
 
 

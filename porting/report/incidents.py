@@ -4,11 +4,14 @@ row per incident, from ``RUN/incidents.jsonl``: when, what was seen, the suspect
 from __future__ import annotations
 
 import datetime as _dt
+import json
+from pathlib import Path
 from typing import Any
 
 from porting.report.rows import FAIL, INFO, Row
 from porting.rundir import RunRecords
-from porting.supervise import SuperviseError, read_incidents
+from model_zoo.files import read_text
+from porting.supervise import INCIDENTS_FILE, SuperviseError
 
 
 def incident_rows(run: RunRecords) -> list[Row]:
@@ -32,3 +35,19 @@ def _when(at: Any) -> str:
     if isinstance(at, (int, float)) and not isinstance(at, bool) and 0 < at < 1e11:
         return _dt.datetime.fromtimestamp(at, _dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     return "?"
+
+
+def read_incidents(run_dir: Path) -> list[dict[str, Any]]:
+    """``RUN/incidents.jsonl`` (bounded); an unreadable line is skipped."""
+    p = run_dir / INCIDENTS_FILE
+    if not p.is_file():
+        return []
+    out = []
+    for line in read_text(p, what="incidents", max_bytes=16 << 20, error=SuperviseError).splitlines()[:10_000]:
+        try:
+            d = json.loads(line)
+        except (ValueError, RecursionError):   # a damaged or planted line: skipped, as documented
+            continue
+        if isinstance(d, dict):
+            out.append(d)
+    return out
