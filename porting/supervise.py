@@ -214,6 +214,11 @@ class Watch:
         return max(steps) if steps else None
 
 
+def launch_dir(run_dir: Path, node: int) -> Path:
+    """Where node ``node``'s supervisor keeps what each of its launches printed (node 0: ``RUN/supervise``)."""
+    return run_dir / "supervise" / (f"node{node}" if node else "")
+
+
 def snapshot(run_dir: Path, n: int | str, extra: dict[str, Any]) -> Path:
     """Copy the evidence of incident ``n`` into ``RUN/incidents/<n>/`` before anything is stopped: every
     rank's log and msrun's logs, CANN's plog directory where one exists, the rank table, and a fingerprint
@@ -320,7 +325,8 @@ def supervise(launch: Callable[[bool, list[tuple[int, int]]], subprocess.Popen],
     size and what it did, or None to relaunch as before. ``peers`` (porting/supervise_nodes.Peers): this is one
     node's supervisor of several, which report their faults to each other and relaunch on node 0's decision.
     Returns the restarts made."""
-    tag = "" if peers is None or peers.node == 0 else f"-node{peers.node}"
+    node = peers.node if peers is not None else 0
+    tag = f"-node{node}" if node else ""   # node k's own evidence and record, beside node 0's
     incidents: list[Incident] = []
     windows: list[tuple[int, int]] = []    # data windows skipped after a non-finite rollback
     restarts = 0
@@ -349,7 +355,7 @@ def supervise(launch: Callable[[bool, list[tuple[int, int]]], subprocess.Popen],
                 break
             time.sleep(limits.poll_s)
         if fault[0] == "exit":   # msrun names the worker that died first; pid polling may see several gone
-            launches = sorted((run_dir / "supervise" / tag[1:]).glob("launch_*.log"), key=lambda p: p.stat().st_mtime)
+            launches = sorted(launch_dir(run_dir, node).glob("launch_*.log"), key=lambda p: p.stat().st_mtime)
             first = watch.first_dead_by_msrun(launches[-1] if launches else None)
             if first:
                 kind = "diverged" if first[1].endswith(f"exited with {EXIT_DIVERGED}") else "exit"
@@ -377,7 +383,7 @@ def supervise(launch: Callable[[bool, list[tuple[int, int]]], subprocess.Popen],
         who = _who(inc)
         if shrink is not None:
             ranks, world = apply_shrink(shrink, inc, ranks, world)
-        _record(run_dir / (INCIDENTS_FILE if not tag else f"supervise/incidents{tag.replace('-', '_')}.jsonl"), inc)
+        _record(run_dir / (f"supervise/incidents_node{node}.jsonl" if node else INCIDENTS_FILE), inc)
         echo(f"supervise: incident {inc.n}: {inc.kind}: {inc.seen}; diagnosis: {who}; {inc.action} "
              f"(evidence {run_dir / inc.evidence})")
         if inc.action.startswith("stopped"):

@@ -34,6 +34,8 @@ from porting.supervise import SuperviseError
 
 MAX_FILE = 1 << 20     # a message is a few hundred bytes; the bounds keep a damaged or planted one cheap
 MAX_DEPTH = 16
+SEEN = ("kind", "seen", "step", "verdict", "observed_rank", "suspect", "evidence", "skip_window")   # what a node saw
+SETTLED = (*SEEN, "action", "resumed_from", "steps_lost")                                        # and what node 0 did
 
 
 class PeersError(SuperviseError):
@@ -122,9 +124,11 @@ class Peers:
             self._wait(lambda: all((d / f"stopped_node{k}").exists() for k in range(self.nodes)),
                        f"every node's supervisor to stop launch {launch}",
                        lambda: [k for k in range(self.nodes) if not (d / f"stopped_node{k}").exists()])
-            first = self.faults(launch)[0] if self.faults(launch) else None
-            if first is not None and first.get("node") != 0:
-                inc = _adopt(inc, first)
+            found = self.faults(launch)
+            if found and found[0].get("node") != 0:   # another node saw the fault first: its view is the incident
+                own = found[0]
+                inc = _take(inc, own, SEEN)
+                inc.seen = f"node {own.get('node')}: {inc.seen}"
             ck = latest_step()
             inc.resumed_from = ck
             inc.steps_lost = (inc.step or 0) - (ck or 0)
@@ -134,11 +138,9 @@ class Peers:
                          error=PeersError)
             return inc, ck
         dec = self._wait(lambda: self._read(d / "decision.json"), f"node 0's decision on launch {launch}", lambda: [0])
-        settled = dec.get("incident") or {}
-        for key in ("kind", "seen", "step", "verdict", "observed_rank", "suspect", "action", "resumed_from",
-                    "steps_lost", "skip_window"):
-            setattr(inc, key, settled.get(key))
-        inc.evidence = settled.get("evidence") or inc.evidence
+        own = inc.evidence
+        inc = _take(inc, dec.get("incident") or {}, SETTLED)
+        inc.evidence = inc.evidence or own
         for w in dec.get("windows") or []:
             if not (isinstance(w, list) and len(w) == 2 and all(type(x) is int for x in w)):
                 raise PeersError(f"{d / 'decision.json'}: windows: found {w!r}, expected [first step, last step]")
@@ -160,11 +162,11 @@ class Peers:
             time.sleep(self.poll_s)
 
 
-def _adopt(inc: Any, first: dict[str, Any]) -> Any:
-    """Node 0's incident becomes what node ``first['node']`` saw first (its kind, rank, verdict, evidence)."""
-    for key in ("kind", "seen", "step", "verdict", "observed_rank", "suspect", "evidence", "skip_window"):
-        setattr(inc, key, first.get(key))
+def _take(inc: Any, src: dict[str, Any], keys: tuple[str, ...]) -> Any:
+    """``inc`` with ``keys`` taken from another node's message; its evidence kept only when it names a folder
+    of ``RUN/incidents`` (never a path out of the run directory)."""
+    for key in keys:
+        setattr(inc, key, src.get(key))
     ev = str(inc.evidence or "").split("/")
     inc.evidence = "/".join(ev) if len(ev) == 2 and ev[0] == "incidents" and ev[1] not in ("", ".", "..") else ""
-    inc.seen = f"node {first.get('node')}: {inc.seen}"
     return inc

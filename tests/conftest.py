@@ -45,13 +45,14 @@ def _machine_wide(item, rel: str) -> bool:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
+    rel = {item.nodeid: Path(str(item.fspath)).resolve().relative_to(ROOT).as_posix() for item in items}
     first = set()
     for item in items:
-        rel = Path(str(item.fspath)).resolve().relative_to(ROOT).as_posix()
-        item.add_marker(pytest.mark.xdist_group("machine" if _machine_wide(item, rel) else rel))
-        if "msrun" in item.keywords or _machine_wide(item, rel):
-            first.add(rel)
-    items.sort(key=lambda item: Path(str(item.fspath)).resolve().relative_to(ROOT).as_posix() not in first)
+        wide = _machine_wide(item, rel[item.nodeid])
+        item.add_marker(pytest.mark.xdist_group("machine" if wide else rel[item.nodeid]))
+        if "msrun" in item.keywords or wide:
+            first.add(rel[item.nodeid])
+    items.sort(key=lambda item: rel[item.nodeid] not in first)   # stable: files keep their order
     if _has_npu():
         return
     skip = pytest.mark.skip(reason="needs a real Ascend NPU")

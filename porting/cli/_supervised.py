@@ -19,7 +19,7 @@ def run_supervised(rec: Any, recipe_path: str, overrides: list[str], out: Path, 
                    launch_node: int | None, plan: dict[str, Any], stall_timeout: float | None, max_restarts: int,
                    preflight: Callable[[Any], None] | None, shrink: bool = False) -> None:
     """``preflight(recipe)`` runs before every relaunch (with the shrunk recipe after a shrink)."""
-    from porting.supervise import derive_limits, supervise
+    from porting.supervise import derive_limits, launch_dir, supervise
     from porting.supervise_nodes import Peers
     from porting.train.plan.launch import msrun_commands
     from porting.train.run import checkpoint as ckpt   # deferred: the run side imports MindSpore
@@ -33,7 +33,7 @@ def run_supervised(rec: Any, recipe_path: str, overrides: list[str], out: Path, 
     per = rec.cluster.devices_per_node
     state: dict[str, Any] = {"rec": rec, "overrides": list(overrides), "env": {}}
     ranks = list(range(node * per, (node + 1) * per))
-    logs = out / "supervise" / (f"node{node}" if node else "")   # what each launch printed (msrun's own output)
+    logs = launch_dir(out, node)     # what each launch printed (msrun's own output)
     logs.mkdir(parents=True, exist_ok=True)
 
     def launch(again: bool, windows: list[tuple[int, int]]) -> subprocess.Popen:

@@ -71,10 +71,15 @@ def edit_manifest(msdir: Path, fn) -> None:
     (msdir / "port_manifest.json").write_text(json.dumps(m))
 
 
+def update_json(path: Path, **fields) -> None:
+    """Set ``fields`` at the top level of the JSON object in ``path``."""
+    doc = json.loads(path.read_text())
+    doc.update(fields)
+    path.write_text(json.dumps(doc))
+
+
 def edit_config(model: Path, **fields) -> Path:
-    cfg = json.loads((model / "config.json").read_text())
-    cfg.update(fields)
-    (model / "config.json").write_text(json.dumps(cfg))
+    update_json(model / "config.json", **fields)
     return model
 
 

@@ -30,6 +30,7 @@ import time
 from typing import Callable
 
 from model_zoo.errors import PortingError
+from porting.cluster.proctable import process_table
 
 ENV = "PORT_PARENT"            # "pid:start time" of the `port` process a worker belongs to
 PR_SET_PDEATHSIG = 1           # linux/prctl.h
@@ -86,17 +87,9 @@ def parent_death_signal(sig: int) -> bool:
 
 
 def _children() -> set[int]:
-    """This process's child pids (/proc/<pid>/stat field 4, proc(5))."""
-    me, out = os.getpid(), set()
-    for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as f:
-                    if int(f.read(4096).rsplit(") ", 1)[1].split()[1]) == me:
-                        out.add(int(entry))
-            except (OSError, IndexError, ValueError):
-                continue
-    return out
+    """This process's child pids."""
+    me = os.getpid()
+    return {pid for pid, (ppid, _, _) in process_table().items() if ppid == me}
 
 
 def _kill_group(pid: int, sig: int) -> None:

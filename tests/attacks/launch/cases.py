@@ -38,9 +38,7 @@ def _resume(d: Path, damage, edit=None, resume: bool = True, step_dir: str = "st
 
 def _state(**changes):
     def damage(ck: Path) -> None:
-        st = json.loads((ck / "state.json").read_text())
-        st.update(changes)
-        (ck / "state.json").write_text(json.dumps(st))
+        I.update_json(ck / "state.json", **changes)
     return damage
 
 

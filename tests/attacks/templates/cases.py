@@ -113,9 +113,7 @@ def _model_case(name: str, edit, *expect: str, template: str = "model"):
 
 def _config_edit(**fields):
     def edit(m: Path) -> None:
-        cfg = json.loads((m / "tokenizer_config.json").read_text())
-        cfg.update(fields)
-        (m / "tokenizer_config.json").write_text(json.dumps(cfg))
+        I.update_json(m / "tokenizer_config.json", **fields)
     return edit
 
 
