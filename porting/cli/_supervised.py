@@ -21,6 +21,7 @@ def run_supervised(rec: Any, recipe_path: str, overrides: list[str], out: Path, 
     """``preflight(recipe)`` runs before every relaunch (with the shrunk recipe after a shrink)."""
     from porting.supervise import derive_limits, launch_dir, supervise
     from porting.supervise_nodes import Peers
+    from porting.train.data import token_file
     from porting.train.plan.launch import msrun_commands
     from porting.train.run import checkpoint as ckpt   # deferred: the run side imports MindSpore
     from porting.train.run.launch import msrun_argv_env
@@ -48,6 +49,9 @@ def run_supervised(rec: Any, recipe_path: str, overrides: list[str], out: Path, 
         else:
             argv, env = msrun_argv_env(rec, msrun_commands(rec, recipe_path, str(out), sets, again), node,
                                        plan.get("launch", {}).get("env", {}))
+            if "tokens" not in state:   # tokenised once for every launch (a shrink keeps the data section)
+                state["tokens"] = token_file.for_workers(rec, out)
+            env.update(state["tokens"])
             if "--join=False" in argv:   # node k on the master's machine: msrun returns once its workers run
                 argv = [sys.executable, "-m", "porting.train.run.detached", *argv]
         env.update(state["env"])

@@ -192,8 +192,10 @@ def save(root: Path, step: int, params: list, state: TrainState, keep_last: int,
             os.fsync(f.fileno())
         files.swap_in(tmp, final, root / f".old_step_{step}_{os.getpid()}")
     except (OSError, RuntimeError, ValueError) as exc:
-        if rank == 0:
-            shutil.rmtree(tmp, ignore_errors=True)
+        # Any rank that fails ends the save (rank 0 renames only after every rank passed the second barrier),
+        # so whichever fails first removes the shared temporary directory; the launcher removes what a rank
+        # killed mid-save leaves (porting/train/run/launch.py).
+        shutil.rmtree(tmp, ignore_errors=True)
         prev = latest(root)
         kept = f"; the previous checkpoint {prev[1]} is intact" if prev else ""
         raise CheckpointError(f"{final}: could not write the checkpoint ({exc}){kept}; free disk space and "

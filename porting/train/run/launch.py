@@ -21,8 +21,10 @@ import yaml
 
 from model_zoo.errors import PortingError, RecipeError
 from model_zoo.files import write_atomic
+from porting.train.data import token_file
 from porting.train.plan.launch import msrun_commands
 from porting.train.run import lifeline
+from porting.train.run.checkpoint import interrupted_saves
 from porting.train.run.nonfinite import log_sizes, stop_line
 from porting.train.recipe.schema import Recipe, recipe_dict
 
@@ -46,10 +48,15 @@ def launch_msrun(rec: Recipe, recipe_path: str, overrides: list[str], out: Path,
         return
     node = launch_node or 0
     argv, env = msrun_argv_env(rec, cmds, node, plan_env)
+    env.update(token_file.for_workers(rec, out))   # tokenised here once, not once per worker
     click.echo(f"launching: {cmds[node]}", err=True)
     before = log_sizes(out / "logs")
+    saves = set(interrupted_saves(out / "checkpoints"))
     rc = lifeline.run_msrun(argv, env, stop or _stop_group)
     if rc != 0:
+        if node == 0:   # this launch's own half-written saves (a disk that filled, a rank msrun killed mid-save)
+            for p in set(interrupted_saves(out / "checkpoints")) - saves:
+                shutil.rmtree(p, ignore_errors=True)
         stopped = stop_line(out / "logs", before)   # the workers' own reason, when they stopped past the non-finite caps
         if stopped is not None:
             raise PortingError(f"msrun exited with {rc}: {stopped[0]}")

@@ -36,6 +36,7 @@ from porting.env import versions
 from porting.eval import eval_record
 from porting.model_paths import resolve_hf
 from porting.tokenizer import load_tokenizer
+from porting.train.data import token_file
 from porting.train.data.batching import BatchSchedule, Step, build_plan
 from porting.train.plan.make import check_tensor_parallel
 from porting.train.recipe.schedule import lr_at
@@ -295,14 +296,20 @@ def _join(recipe: Recipe, distributed: bool, rank: int, world_size: int) -> tupl
     return rank, world_size
 
 
-def _data_and_model(recipe: Recipe, model_dir: Path, grid: Grid, log: logging.Logger):
+def _data_and_model(recipe: Recipe, model_dir: Path, grid: Grid, log: logging.Logger, run_dir: Path):
     """The batch schedule of the run's data and the model built from ``model_dir`` (both logged). Data is
-    planned over the data-parallel ranks: the tensor-parallel ranks of one group see the same batches."""
-
-    plan = build_plan(recipe, load_tokenizer(model_dir), grid.dp)
+    planned over the data-parallel ranks: the tensor-parallel ranks of one group see the same batches. An
+    msrun worker reads the tokens its launcher wrote (porting/train/data/token_file.py) when told to."""
+    launched = os.environ.get(token_file.ENV)
+    if launched:
+        data = token_file.read(launched, run_dir, token_file.identity(recipe, model_dir))
+        plan = build_plan(recipe, None, grid.dp, data=data)
+    else:
+        plan = build_plan(recipe, load_tokenizer(model_dir), grid.dp)
     rep = plan.data.report
     log.info(f"data {rep.path}: {rep.examples} examples from {rep.rows} rows, {rep.bad_rows} malformed rows "
-             f"skipped, {rep.truncated} truncated, {rep.split_windows} extra windows; sha256 {rep.sha256[:12]}")
+             f"skipped, {rep.truncated} truncated, {rep.split_windows} extra windows; sha256 {rep.sha256[:12]}"
+             f"{f'; tokenised once by the launcher ({token_file.FILE})' if launched else ''}")
     for s in rep.bad_row_samples:
         log.warning(f"malformed row skipped: {s}")
     log.info(f"{'packing' if plan.rows is not None else 'bucketing'}: shapes {plan.boundaries}; {plan.steps_per_epoch} "
@@ -398,7 +405,7 @@ def train(recipe: Recipe, run_dir: str | Path, *, rank: int = 0, world_size: int
                  f"{recipe.parallel.optimizer_sharding}; {grid.describe()}")
     _log_mode(recipe, grid, log)
     model_dir = resolve_hf(recipe.model.source)
-    plan, cfg, model = _data_and_model(recipe, model_dir, grid, log)
+    plan, cfg, model = _data_and_model(recipe, model_dir, grid, log, run_dir)
     trainer = Trainer(recipe, run_dir, rank, world_size, model, model_dir, plan, log, grid)
     ck_root = run_dir / "checkpoints"
     for p in ckpt.interrupted_saves(ck_root) if rank == 0 else ():

@@ -1,0 +1,124 @@
+"""The run's tokenised data, written once by the launching `port train` and read by each of its msrun workers.
+
+Without it every worker of a node loads the HF tokenizer (transformers, which imports torch: about 260 MB of
+host RAM and 4-5 s of CPU per worker, measured in BENCHMARKS.md) and tokenises the whole dataset, the same
+work once per rank. Megatron-LM and MindSpeed-LLM tokenise once, ahead of training
+(tools/preprocess_data.py, an indexed binary dataset every rank maps); here the launcher does it for the
+run it starts, into ``RUN/data_tokens.npz``.
+
+The worker learns the file and its sha256 from :data:`ENV`, set by the launcher in the workers'
+environment; it reads nothing the digest does not match, the file must sit in its own run directory, and
+the arrays are checked against each other before any example is built. A worker started without the
+variable (a multi-node command run by hand from ``--dry-run``) tokenises as before.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import zipfile
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from model_zoo.errors import RecipeError
+from model_zoo.files import sha256_file, write_atomic
+from porting.train.data.examples import DataReport, Example, TokenizedData
+
+ENV = "PORT_TOKENS"            # "<sha256>:<file name in the run directory>"
+FILE = "data_tokens.npz"
+FORMAT = 1
+MAX_BYTES = 64 << 30           # 8 bytes per token (ids and labels): ~8 billion tokens, far past any SFT set
+MAX_META_BYTES = 4 << 20       # the report and the data section: a few KB
+ARRAYS = {"ids": np.int32, "labels": np.int32, "offsets": np.int64, "sources": np.int64, "meta": np.uint8}
+
+
+def identity(recipe: Any, model_dir: Path) -> dict:
+    """What the tokens depend on: the recipe's data section and the tokenizer's directory."""
+    return {"data": recipe.data.model_dump(mode="json"), "tokenizer": str(Path(model_dir).resolve())}
+
+
+def for_workers(recipe: Any, run_dir: Path) -> dict[str, str]:
+    """Tokenise the run's data here, once, and return the workers' environment entry (:data:`ENV`)."""
+    from porting.model_paths import resolve_hf  # deferred: only a launch needs it
+    from porting.tokenizer import load_tokenizer  # deferred: transformers (and torch), see the module docstring
+    from porting.train.data.tokenise import tokenize_dataset  # deferred: as above
+
+    model_dir = resolve_hf(recipe.model.source)
+    data = tokenize_dataset(recipe.data, load_tokenizer(model_dir))
+    return {ENV: write(run_dir, data, identity(recipe, model_dir))}
+
+
+def write(run_dir: Path, data: TokenizedData, ident: dict) -> str:
+    """Write ``data`` to ``run_dir/FILE`` (atomically) and return :data:`ENV`'s value for the workers."""
+    ex = data.examples
+    lengths = data.lengths
+    offsets = np.zeros(len(ex) + 1, np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    meta = json.dumps({"format": FORMAT, "pad_id": int(data.pad_id), "report": data.report.as_dict(), **ident})
+    buf = io.BytesIO()
+    np.savez(buf, ids=np.concatenate([e.input_ids for e in ex]).astype(np.int32, copy=False),
+             labels=np.concatenate([e.labels for e in ex]).astype(np.int32, copy=False), offsets=offsets,
+             sources=np.fromiter((e.source for e in ex), np.int64, len(ex)),
+             meta=np.frombuffer(meta.encode("utf-8"), np.uint8))
+    path = Path(run_dir) / FILE
+    write_atomic(path, buf.getvalue(), error=RecipeError)
+    return f"{sha256_file(path)}:{FILE}"
+
+
+def read(value: str, run_dir: Path, ident: dict) -> TokenizedData:
+    """The launcher's tokens named by :data:`ENV`'s ``value``, checked; one RecipeError line otherwise."""
+    digest, _, name = value.partition(":")
+    if len(digest) != 64 or name != FILE:
+        raise RecipeError(f"{ENV}={value[:100]!r}: expected '<sha256>:{FILE}', as `port train` sets it for its "
+                          "workers; unset it to let each worker tokenise the data itself")
+    path = Path(run_dir) / FILE
+    fix = f"rerun `port train` (it writes {FILE} before it launches the workers)"
+    if not path.is_file() or path.is_symlink():
+        raise RecipeError(f"{path}: missing or not a regular file; {fix}")
+    size = path.stat().st_size
+    if size > MAX_BYTES:
+        raise RecipeError(f"{path}: {size:,} bytes, more than the {MAX_BYTES:,} a token file may have; {fix}")
+    if sha256_file(path) != digest:
+        raise RecipeError(f"{path}: its sha256 is not the one the launcher wrote (changed after the launch); {fix}")
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files if k in ARRAYS}
+            extra = sorted(set(z.files) - set(ARRAYS))
+    except (OSError, ValueError, zipfile.BadZipFile) as exc:
+        raise RecipeError(f"{path}: not a token file ({exc}); {fix}") from None
+    return _examples(path, arrays, extra, ident, fix)
+
+
+def _examples(path: Path, a: dict, extra: list, ident: dict, fix: str) -> TokenizedData:
+    bad = extra or sorted(set(ARRAYS) - set(a)) or [k for k, t in ARRAYS.items() if a[k].dtype != t or a[k].ndim != 1]
+    if bad:
+        raise RecipeError(f"{path}: arrays {bad[:5]} missing, unexpected or of the wrong type; {fix}")
+    ids, labels, offsets, sources = a["ids"], a["labels"], a["offsets"], a["sources"]
+    n = len(sources)
+    if (len(offsets) != n + 1 or offsets[0] != 0 or offsets[-1] != len(ids) or len(labels) != len(ids)
+            or (n and (np.diff(offsets) < 0).any())):
+        raise RecipeError(f"{path}: the example offsets do not match the token arrays; {fix}")
+    if len(a["meta"]) > MAX_META_BYTES:
+        raise RecipeError(f"{path}: its record is {len(a['meta']):,} bytes, more than {MAX_META_BYTES:,}; {fix}")
+    try:
+        meta = json.loads(a["meta"].tobytes().decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise RecipeError(f"{path}: its record is not JSON ({exc}); {fix}") from None
+    known = {f.name for f in fields(DataReport)}
+    rep = meta.get("report") if isinstance(meta, dict) else None
+    if (not isinstance(meta, dict) or meta.get("format") != FORMAT or type(meta.get("pad_id")) is not int
+            or not isinstance(rep, dict) or not set(rep) <= known):
+        raise RecipeError(f"{path}: not a format-{FORMAT} token record; {fix}")
+    for key in ("data", "tokenizer"):
+        if meta.get(key) != ident[key]:
+            raise RecipeError(f"{path}: written for another {'data section' if key == 'data' else 'tokenizer'} "
+                              f"than this worker's recipe ({key}); {fix}")
+    try:
+        report = DataReport(**rep)
+    except TypeError as exc:
+        raise RecipeError(f"{path}: its data report is malformed ({exc}); {fix}") from None
+    examples = [Example(ids[s:e], labels[s:e], int(src)) for s, e, src in zip(offsets[:-1], offsets[1:], sources)]
+    return TokenizedData(examples, report, meta["pad_id"])
