@@ -15,6 +15,7 @@ from model_zoo.errors import RecipeError
 from porting import train as T
 from porting.rehearse import GRAD_NORM_RTOL, LOSS_ATOL
 from porting.shrink import derive, probe
+from porting.train.run.commwait import DELAY_ENV
 from tests.helpers import port
 from tests.train.conftest import TINY, free_port
 from tests.train.test_supervise import _start, signal_at_step
@@ -65,10 +66,13 @@ def test_a_rank_on_a_bad_device_is_left_out_and_the_run_resumes_on_fewer(tmp_pat
     run = tmp_path / "sup"
     sets = [a for s in SETS + ["cluster.devices_per_node=4", f"cluster.master_port={free_port()}"] for a in ("--set", s)]
     os.environ["PORT_TEST_BAD_DEVICES"] = "2"   # rank 2's device fails the supervisor's probe
+    # Steps take ~0.1 s here: rank 0 waits 4 s in step 4's sampled all-reduce (commwait's test knob), so the
+    # kill after step 3 lands before step 4's checkpoint and the shrunk relaunch has steps 3 and 4 to run.
+    os.environ[DELAY_ENV] = "0:4"
     try:
         p = _start(run, *sets, "--supervise", "--shrink", "--stall-timeout", "120")
     finally:
-        del os.environ["PORT_TEST_BAD_DEVICES"]
+        del os.environ["PORT_TEST_BAD_DEVICES"], os.environ[DELAY_ENV]
     out, err = signal_at_step(p, run, 2, 3, signal.SIGKILL)
     assert p.returncode == 0, err[-3000:]
     inc = [json.loads(ln) for ln in (run / "incidents.jsonl").read_text().splitlines()]

@@ -1,10 +1,10 @@
 """The run's tokenised data, written once by the launching `port train` and read by each of its msrun workers.
 
-Without it every worker of a node loads the HF tokenizer (transformers, which imports torch: about 260 MB of
-host RAM and 4-5 s of CPU per worker, measured in BENCHMARKS.md) and tokenises the whole dataset, the same
-work once per rank. Megatron-LM and MindSpeed-LLM tokenise once, ahead of training
-(tools/preprocess_data.py, an indexed binary dataset every rank maps); here the launcher does it for the
-run it starts, into ``RUN/data_tokens.npz``.
+Without it every worker of a node loads the HF tokenizer (transformers, which imports torch: about 250 MB
+more peak host RAM per worker, measured by benchmarks/worker_tokens.py) and tokenises the whole dataset,
+the same work once per rank. Megatron-LM and MindSpeed-LLM tokenise once, ahead of training (Megatron-LM
+tools/preprocess_data.py, MindSpeed-LLM preprocess_data.py: an indexed binary dataset every rank maps);
+here the launcher does it for the run it starts, into ``RUN/data_tokens.npz``.
 
 The worker learns the file and its sha256 from :data:`ENV`, set by the launcher in the workers'
 environment; it reads nothing the digest does not match, the file must sit in its own run directory, and
