@@ -30,11 +30,12 @@ MODEL = ROOT / "model_zoo" / "assets" / "stories260k"
 CHILD = r"""
 import json, os, resource, sys, time
 sys.path.insert(0, {root!r})
-import mindspore  # noqa: F401  (the worker imports it before anything else)
+mode, run, world = sys.argv[1], sys.argv[2], int(sys.argv[3])
+if mode != "launcher":   # a worker imports MindSpore before anything else; `port train` itself does not
+    import mindspore  # noqa: F401
 from porting.train.recipe.schema import validate_recipe
 from porting.train.data.batching import build_plan
 recipe = validate_recipe(json.loads({recipe!r}))
-mode, run, world = sys.argv[1], sys.argv[2], int(sys.argv[3])
 if mode == "launcher":
     from porting.train.data import token_file
     print(json.dumps(token_file.for_workers(recipe, __import__("pathlib").Path(run))), file=sys.stderr)
