@@ -42,6 +42,9 @@ COMPANION_FILES = ("config.json", "generation_config.json", "tokenizer.json", "t
                    "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "vocab.json",
                    "merges.txt", "chat_template.jinja", "LICENSE")
 OUT_FORMATS = ("safetensors", "ckpt")
+# The largest companion of a public Llama-family checkpoint is a tokenizer.json of a few tens of MB (Gemma 3's
+# is ~33 MB, Llama 3's ~9 MB); a bigger one is not a tokenizer, and copying it would fill the output disk.
+MAX_COMPANION_BYTES = 256 << 20
 
 
 def _ms_shapes(cfg: LlamaConfig) -> dict[str, tuple[int, ...]]:
@@ -211,7 +214,14 @@ def _companions(plan: ConversionLayout) -> list[Path]:
     """Files copied beside the weights; config.json is the one the plan was checked against."""
     d = plan.source.dir
     found = [d / n for n in COMPANION_FILES if n != "config.json" and (d / n).is_file()]
-    return ([plan.config_path] if plan.config_path else []) + found
+    out = ([plan.config_path] if plan.config_path else []) + found
+    for p in out:
+        size = p.stat().st_size
+        if size > MAX_COMPANION_BYTES:
+            raise CheckpointError(f"{p}: {size:,} bytes, more than the {MAX_COMPANION_BYTES:,} a file copied beside "
+                                  "the weights may have (config, tokenizer, licence); replace it with the model's "
+                                  "own file or remove it from the source directory")
+    return out
 
 
 def execute(plan: ConversionLayout, out_dir: Path, *, force: bool = False,

@@ -341,3 +341,11 @@ def disk_full_while_copying_a_companion(d):
     src = I.hf(d)
     (src / "generation_config.json").write_text('{"x": "' + "y" * (2 << 20) + '"}')
     return ["convert", "--hf", str(src), "--out", str(d / "out"), "--quiet"]
+
+
+# -- issue 27: a file copied beside the weights is bounded before anything is written
+@case("tokenizer.model", "bytes, more than the 268,435,456", "replace it with the model's own file")
+def companion_file_of_300_mb(d):
+    src = I.hf(d)
+    os.truncate(src / "tokenizer.model", 300 << 20)   # sparse: no disk used, a 300 MB copy if it were copied
+    return ["convert", "--hf", str(src), "--out", str(d / "out")]
