@@ -26,6 +26,7 @@ softmax, SiLU, through the CPU memory pool) holds about 3 times that per token.
 
     python benchmarks/plan_memory_cpu.py          # ~1 min on 2 cores
     python benchmarks/plan_memory_cpu.py --json out.json
+    python benchmarks/plan_memory_cpu.py --widths 1024,5120 --layers 1 --cases fb16,apply   # a 13B layer
 """
 
 from __future__ import annotations
@@ -49,6 +50,9 @@ MIB = float(1 << 20)
 def config(width: int, seq: int):
     from model_zoo.config import LlamaConfig
 
+    if width == 5120:   # Llama-2-13B's own layer (its config.json: intermediate 13824, 40 heads of 128)
+        return LlamaConfig(vocab_size=VOCAB, hidden_size=width, intermediate_size=13824, num_hidden_layers=LAYERS,
+                           num_attention_heads=40, max_position_embeddings=seq)
     return LlamaConfig(vocab_size=VOCAB, hidden_size=width, intermediate_size=width * 8 // 3 // 64 * 64,
                        num_hidden_layers=LAYERS, num_attention_heads=width // 64, max_position_embeddings=seq)
 
@@ -116,10 +120,11 @@ def measure_here(width: int, phase: str, seq: int) -> float:
     return (_status()["VmHWM"] - before) / MIB
 
 
-def measure(width: int, phase: str, seq: int, timeout_s: float = 300.0) -> float:
+def measure(width: int, phase: str, seq: int, timeout_s: float = 1800.0) -> float:
     """:func:`measure_here` in a fresh process (this file run with --one WIDTH PHASE SEQ)."""
     env = dict(os.environ, PYTHONPATH=str(ROOT), GLOG_v="3")
-    proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--one", str(width), phase, str(seq)],
+    proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--layers", str(LAYERS), "--one", str(width),
+                           phase, str(seq)],
                           capture_output=True, text=True, timeout=timeout_s, env=env, cwd=ROOT)
     if proc.returncode != 0:
         raise RuntimeError(f"measuring {phase} at width {width} failed: {proc.stderr[-2000:]}")
@@ -136,10 +141,17 @@ def compare_case(phase: str, seq: int) -> dict:
 
 
 def main() -> int:
+    global WIDTHS, LAYERS, CASES   # the run's choices, read by the measuring child (--layers) and compare_case
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--one", nargs=3, metavar=("WIDTH", "PHASE", "SEQ"), help=argparse.SUPPRESS)
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--widths", default=",".join(map(str, WIDTHS)), help="two hidden sizes (5120: Llama-2-13B's layer)")
+    ap.add_argument("--layers", type=int, default=LAYERS)
+    ap.add_argument("--cases", default="fb16,fb256,apply", help="of fb16, fb256, apply")
     args = ap.parse_args()
+    WIDTHS, LAYERS = tuple(int(w) for w in args.widths.split(",")), args.layers
+    named = {"fb16": ("forward_backward", 16), "fb256": ("forward_backward", 256), "apply": ("apply", 256)}
+    CASES = tuple(named[c] for c in args.cases.split(","))
     if args.one:
         print(f"{measure_here(int(args.one[0]), args.one[1], int(args.one[2])):.3f}")
         return 0
