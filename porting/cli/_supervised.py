@@ -50,7 +50,7 @@ def run_supervised(rec: Any, recipe_path: str, overrides: list[str], out: Path, 
             argv, env = msrun_argv_env(rec, msrun_commands(rec, recipe_path, str(out), sets, again), node,
                                        plan.get("launch", {}).get("env", {}))
             if "tokens" not in state:   # tokenised once for every launch (a shrink keeps the data section)
-                state["tokens"] = token_file.for_workers(rec, out)
+                state["tokens"] = token_file.for_workers(rec, out, node)
             env.update(state["tokens"])
             if "--join=False" in argv:   # node k on the master's machine: msrun returns once its workers run
                 argv = [sys.executable, "-m", "porting.train.run.detached", *argv]

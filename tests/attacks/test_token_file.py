@@ -22,6 +22,7 @@ from model_zoo.errors import RecipeError
 from porting.train.data import token_file
 from porting.train.data.examples import DataReport, Example, TokenizedData
 
+FILE = token_file.FILE.format(node=0)
 IDENT = {"data": {"path": "d.txt"}, "tokenizer": "/m"}
 
 
@@ -33,7 +34,7 @@ def _good() -> TokenizedData:
 
 def _arrays(run: Path) -> dict:
     token_file.write(run, _good(), IDENT)
-    with np.load(run / token_file.FILE) as z:
+    with np.load(run / FILE) as z:
         return {k: z[k] for k in z.files}
 
 
@@ -42,8 +43,8 @@ def _planted(run: Path, arrays: dict) -> str:
     checks after the digest are what refuses it)."""
     buf = io.BytesIO()
     np.savez(buf, **arrays)
-    (run / token_file.FILE).write_bytes(buf.getvalue())
-    return f"{hashlib.sha256(buf.getvalue()).hexdigest()}:{token_file.FILE}"
+    (run / FILE).write_bytes(buf.getvalue())
+    return f"{hashlib.sha256(buf.getvalue()).hexdigest()}:{FILE}"
 
 
 def _meta(**m) -> np.ndarray:
@@ -55,7 +56,7 @@ def _meta(**m) -> np.ndarray:
 
 def _changed(run):
     value = token_file.write(run, _good(), IDENT)
-    p = run / token_file.FILE
+    p = run / FILE
     raw = bytearray(p.read_bytes())
     raw[-40] ^= 1
     p.write_bytes(bytes(raw))
@@ -65,8 +66,8 @@ def _changed(run):
 def _link(run):
     value = token_file.write(run, _good(), IDENT)
     real = run.parent / "elsewhere.npz"
-    (run / token_file.FILE).rename(real)
-    os.symlink(real, run / token_file.FILE)
+    (run / FILE).rename(real)
+    os.symlink(real, run / FILE)
     return value
 
 
@@ -77,7 +78,7 @@ def _other_name(run):
 
 def _short_digest(run):
     token_file.write(run, _good(), IDENT)
-    return "abc:" + token_file.FILE
+    return "abc:" + FILE
 
 
 def _wrong_dtype(run):
@@ -153,8 +154,8 @@ def _meta_huge(run):
 
 
 def _not_a_zip(run):
-    (run / token_file.FILE).write_bytes(b"PK\x03\x04" + b"\x00" * 200)
-    return hashlib.sha256((run / token_file.FILE).read_bytes()).hexdigest() + ":" + token_file.FILE
+    (run / FILE).write_bytes(b"PK\x03\x04" + b"\x00" * 200)
+    return hashlib.sha256((run / FILE).read_bytes()).hexdigest() + ":" + FILE
 
 
 def _past_size_bound(run, monkeypatch):
@@ -166,8 +167,8 @@ def _past_size_bound(run, monkeypatch):
 CASES = {
     "changed after the launch": (_changed, "its sha256 is not the one the launcher wrote"),
     "a link in its place": (_link, "missing or not a regular file"),
-    "a value naming another file": (_other_name, "expected '<sha256>:data_tokens.npz'"),
-    "a short digest": (_short_digest, "expected '<sha256>:data_tokens.npz'"),
+    "a value naming another file": (_other_name, "expected '<sha256>:data_tokens_node<N>.npz'"),
+    "a short digest": (_short_digest, "expected '<sha256>:data_tokens_node<N>.npz'"),
     "float token ids": (_wrong_dtype, "of the wrong type"),
     "offsets past the end": (_offsets_past_end, "offsets do not match"),
     "offsets going backwards": (_offsets_backwards, "offsets do not match"),
@@ -197,7 +198,7 @@ def test_a_hostile_token_file_is_refused_in_one_line(tmp_path, monkeypatch, name
         token_file.read(value, run, IDENT)
     msg = str(e.value)
     assert "\n" not in msg and expect in msg, msg
-    assert str(run / token_file.FILE) in msg or "PORT_TOKENS" in msg, msg
+    assert str(run / FILE) in msg or "PORT_TOKENS" in msg, msg
     assert time.monotonic() - t0 < 10
     after = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file() and not p.is_symlink()}
     assert after == before   # nothing written, changed or removed

@@ -51,8 +51,8 @@ def test_two_msrun_workers_equal_one_worker_with_two_accumulation_steps(tmp_path
         lines = (dp / "logs" / f"rank_{r}.log").read_text().splitlines()
         assert lines and all(f" rank={r} " in l for l in lines)
         # the data was tokenised once, by `port train`, and each worker read it (porting/train/data/token_file.py)
-        assert any("tokenised once by the launcher (data_tokens.npz)" in l for l in lines), lines[:5]
-    assert (dp / "data_tokens.npz").is_file()
+        assert any("tokenised once by the launcher (data_tokens_node0.npz)" in l for l in lines), lines[:5]
+    assert (dp / "data_tokens_node0.npz").is_file()
     assert (dp / "logs" / "msrun" / "scheduler.log").is_file()
     assert {p.name for p in (dp / "logs" / "msrun").glob("worker_*.log")} == {"worker_0.log", "worker_1.log"}
     manifest = json.loads((dp / "manifest.json").read_text())

@@ -4,7 +4,7 @@ Without it every worker of a node loads the HF tokenizer (transformers, which im
 more peak host RAM per worker, measured by benchmarks/worker_tokens.py) and tokenises the whole dataset,
 the same work once per rank. Megatron-LM and MindSpeed-LLM tokenise once, ahead of training (Megatron-LM
 tools/preprocess_data.py, MindSpeed-LLM preprocess_data.py: an indexed binary dataset every rank maps);
-here the launcher does it for the run it starts, into ``RUN/data_tokens.npz``.
+here the launcher does it for the run it starts, into ``RUN/data_tokens_node<N>.npz`` (N: its node).
 
 The worker learns the file and its sha256 from :data:`ENV`, set by the launcher in the workers'
 environment; it reads nothing the digest does not match, the file must sit in its own run directory, and
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import zipfile
 from dataclasses import fields
 from pathlib import Path
@@ -28,7 +29,8 @@ from model_zoo.files import sha256_file, write_atomic
 from porting.train.data.examples import DataReport, Example, TokenizedData
 
 ENV = "PORT_TOKENS"            # "<sha256>:<file name in the run directory>"
-FILE = "data_tokens.npz"
+FILE = "data_tokens_node{node}.npz"   # one per node: nodes sharing a run directory never replace each other's
+NAME = re.compile(r"^data_tokens_node\d{1,4}\.npz$")
 FORMAT = 1
 MAX_BYTES = 64 << 30           # 8 bytes per token (ids and labels): ~8 billion tokens, far past any SFT set
 MAX_META_BYTES = 4 << 20       # the report and the data section: a few KB
@@ -40,19 +42,21 @@ def identity(recipe: Any, model_dir: Path) -> dict:
     return {"data": recipe.data.model_dump(mode="json"), "tokenizer": str(Path(model_dir).resolve())}
 
 
-def for_workers(recipe: Any, run_dir: Path) -> dict[str, str]:
-    """Tokenise the run's data here, once, and return the workers' environment entry (:data:`ENV`)."""
+def for_workers(recipe: Any, run_dir: Path, node: int = 0) -> dict[str, str]:
+    """Tokenise the run's data here, once, and return the environment entry (:data:`ENV`) of this node's
+    workers."""
     from porting.model_paths import resolve_hf  # deferred: only a launch needs it
     from porting.tokenizer import load_tokenizer  # deferred: transformers (and torch), see the module docstring
     from porting.train.data.tokenise import tokenize_dataset  # deferred: as above
 
     model_dir = resolve_hf(recipe.model.source)
     data = tokenize_dataset(recipe.data, load_tokenizer(model_dir))
-    return {ENV: write(run_dir, data, identity(recipe, model_dir))}
+    return {ENV: write(run_dir, data, identity(recipe, model_dir), node)}
 
 
-def write(run_dir: Path, data: TokenizedData, ident: dict) -> str:
-    """Write ``data`` to ``run_dir/FILE`` (atomically) and return :data:`ENV`'s value for the workers."""
+def write(run_dir: Path, data: TokenizedData, ident: dict, node: int = 0) -> str:
+    """Write ``data`` to ``run_dir/FILE`` (atomically) and return :data:`ENV`'s value for node ``node``'s
+    workers."""
     ex = data.examples
     lengths = data.lengths
     offsets = np.zeros(len(ex) + 1, np.int64)
@@ -63,19 +67,19 @@ def write(run_dir: Path, data: TokenizedData, ident: dict) -> str:
              labels=np.concatenate([e.labels for e in ex]).astype(np.int32, copy=False), offsets=offsets,
              sources=np.fromiter((e.source for e in ex), np.int64, len(ex)),
              meta=np.frombuffer(meta.encode("utf-8"), np.uint8))
-    path = Path(run_dir) / FILE
+    path = Path(run_dir) / FILE.format(node=node)
     write_atomic(path, buf.getvalue(), error=RecipeError)
-    return f"{sha256_file(path)}:{FILE}"
+    return f"{sha256_file(path)}:{path.name}"
 
 
 def read(value: str, run_dir: Path, ident: dict) -> TokenizedData:
     """The launcher's tokens named by :data:`ENV`'s ``value``, checked; one RecipeError line otherwise."""
     digest, _, name = value.partition(":")
-    if len(digest) != 64 or name != FILE:
-        raise RecipeError(f"{ENV}={value[:100]!r}: expected '<sha256>:{FILE}', as `port train` sets it for its "
-                          "workers; unset it to let each worker tokenise the data itself")
-    path = Path(run_dir) / FILE
-    fix = f"rerun `port train` (it writes {FILE} before it launches the workers)"
+    if len(digest) != 64 or not NAME.match(name):
+        raise RecipeError(f"{ENV}={value[:100]!r}: expected '<sha256>:data_tokens_node<N>.npz', as `port train` "
+                          "sets it for its workers; unset it to let each worker tokenise the data itself")
+    path = Path(run_dir) / name
+    fix = f"rerun `port train` (it writes {name} before it launches the workers)"
     if not path.is_file() or path.is_symlink():
         raise RecipeError(f"{path}: missing or not a regular file; {fix}")
     size = path.stat().st_size

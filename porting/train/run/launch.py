@@ -48,7 +48,7 @@ def launch_msrun(rec: Recipe, recipe_path: str, overrides: list[str], out: Path,
         return
     node = launch_node or 0
     argv, env = msrun_argv_env(rec, cmds, node, plan_env)
-    env.update(token_file.for_workers(rec, out))   # tokenised here once, not once per worker
+    env.update(token_file.for_workers(rec, out, node))   # tokenised here once, not once per worker
     click.echo(f"launching: {cmds[node]}", err=True)
     before = log_sizes(out / "logs")
     saves = set(interrupted_saves(out / "checkpoints"))

@@ -306,10 +306,10 @@ def _data_and_model(recipe: Recipe, model_dir: Path, grid: Grid, log: logging.Lo
         plan = build_plan(recipe, None, grid.dp, data=data)
     else:
         plan = build_plan(recipe, load_tokenizer(model_dir), grid.dp)
-    rep = plan.data.report
+    rep, source = plan.data.report, (launched or "").partition(":")[2]
     log.info(f"data {rep.path}: {rep.examples} examples from {rep.rows} rows, {rep.bad_rows} malformed rows "
              f"skipped, {rep.truncated} truncated, {rep.split_windows} extra windows; sha256 {rep.sha256[:12]}"
-             f"{f'; tokenised once by the launcher ({token_file.FILE})' if launched else ''}")
+             f"{f'; tokenised once by the launcher ({source})' if launched else ''}")
     for s in rep.bad_row_samples:
         log.warning(f"malformed row skipped: {s}")
     log.info(f"{'packing' if plan.rows is not None else 'bucketing'}: shapes {plan.boundaries}; {plan.steps_per_epoch} "
