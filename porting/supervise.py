@@ -38,7 +38,8 @@ from porting.diagnostics import DiagnosticsError
 from porting.diagnostics.diagnose import diagnose
 from porting.env import versions
 from porting.shrink import apply_shrink
-from porting.train.run.nonfinite import stop_line
+from porting.train.run.lifeline import all_finished
+from porting.train.run.nonfinite import log_sizes, stop_line
 
 INCIDENTS_FILE = "incidents.jsonl"
 STEP_LINE = re.compile(r" INFO step (\d+)/\d+ loss ")
@@ -331,21 +332,20 @@ def supervise(launch: Callable[[bool, list[tuple[int, int]]], subprocess.Popen],
     windows: list[tuple[int, int]] = []    # data windows skipped after a non-finite rollback
     restarts = 0
     while True:
-        started = time.monotonic()
-        proc = launch(resume, windows)
-        watch = Watch(run_dir / "logs", ranks, limits)
-        fault = None
+        started, before = time.monotonic(), log_sizes(run_dir / "logs")
+        proc, ended = launch(resume, windows), lambda: all_finished(run_dir / "logs", before, ranks)
+        watch, fault = Watch(run_dir / "logs", ranks, limits), None
         while fault is None:
             code = proc.poll()
             if code is not None:
-                if code == 0:
+                if code == 0 or ended():   # ended: every rank logged its run's end (a crash at exit: lifeline.py)
                     return restarts
                 kind = "diverged" if code == EXIT_DIVERGED else "exit"
                 fault = (kind, f"the launch exited with {code}", None)
                 break
             late = watch.poll()
-            if late is not None and late[1] == "exit" and _exits_cleanly(proc, limits.grace_s):
-                return restarts          # the ranks finished and the launch is ending with 0
+            if late is not None and late[1] == "exit" and (_exits_cleanly(proc, limits.grace_s) or ended()):
+                return restarts          # the ranks finished and the launch is ending
             if late is not None:
                 fault = (late[1], late[2], late[0])
                 break

@@ -53,6 +53,12 @@ def launch_msrun(rec: Recipe, recipe_path: str, overrides: list[str], out: Path,
     before = log_sizes(out / "logs")
     saves = set(interrupted_saves(out / "checkpoints"))
     rc = lifeline.run_msrun(argv, env, stop or _stop_group)
+    per = rec.cluster.devices_per_node
+    if rc != 0 and lifeline.all_finished(out / "logs", before, range(node * per, (node + 1) * per)):
+        click.echo(f"warning: msrun exited with {rc} after every rank of this node had logged the end of its run "
+                   f"(a worker crashed at exit, in MindSpore's teardown; {out}/logs/msrun/worker_*.log); the run's "
+                   "files are complete", err=True)
+        rc = 0
     if rc != 0:
         if node == 0:   # this launch's own half-written saves (a disk that filled, a rank msrun killed mid-save)
             for p in set(interrupted_saves(out / "checkpoints")) - saves:

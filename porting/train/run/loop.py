@@ -47,6 +47,7 @@ from porting.train.run import resume_check
 from porting.train.run import execution
 from porting.train.run import nonfinite
 from porting.train.run import grid as grid_mod
+from porting.train.run import lifeline
 from porting.train.run import precompile as pre
 from porting.train.run import step as train_step
 from porting.train.run import zero
@@ -462,6 +463,7 @@ def train(recipe: Recipe, run_dir: str | Path, *, rank: int = 0, world_size: int
             metrics.close()
         if watch is not None:
             watch.close()
+    log.info(lifeline.FINISHED)   # the launcher's evidence that this rank's run ended (lifeline.all_finished)
     return RunResult(run_dir, len(records), last_loss, trainer_graphs(trainer), len(trainer.shapes_seen))
 
 

@@ -9,6 +9,8 @@ script too) exits by itself once the `port` that launched it is gone (porting/tr
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
 from pathlib import Path
 
@@ -41,5 +43,17 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _exit(code: int) -> None:
+    """Test hook (off unless set): ``PORT_TEST_CRASH_AT_EXIT=RANK`` makes that rank's worker die by SIGSEGV
+    after its run ended, as MindSpore's teardown at exit sometimes does (porting/train/run/lifeline.py
+    FINISHED)."""
+    hook = os.environ.get("PORT_TEST_CRASH_AT_EXIT", "")
+    if code == 0 and hook and hook == os.environ.get("RANK_ID"):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.kill(os.getpid(), signal.SIGSEGV)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    _exit(main())
