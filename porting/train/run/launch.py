@@ -60,9 +60,11 @@ def launch_msrun(rec: Recipe, recipe_path: str, overrides: list[str], out: Path,
                    "files are complete", err=True)
         rc = 0
     if rc != 0:
-        if node == 0:   # this launch's own half-written saves (a disk that filled, a rank msrun killed mid-save)
+        if node == 0:   # this launch's own half-written saves (a disk that filled, a rank msrun killed mid-save);
+            # never an .old_step_* one: that is the previous copy of a step, moved aside by files.swap_in
             for p in set(interrupted_saves(out / "checkpoints")) - saves:
-                shutil.rmtree(p, ignore_errors=True)
+                if p.name.startswith(".tmp_step_"):
+                    shutil.rmtree(p, ignore_errors=True)
         stopped = stop_line(out / "logs", before)   # the workers' own reason, when they stopped past the non-finite caps
         if stopped is not None:
             raise PortingError(f"msrun exited with {rc}: {stopped[0]}")

@@ -32,6 +32,7 @@ from typing import Callable, Iterable
 
 from model_zoo.errors import PortingError
 from porting.cluster.proctable import process_table
+from porting.train.run.nonfinite import gained
 
 ENV = "PORT_PARENT"            # "pid:start time" of the `port` process a worker belongs to
 PR_SET_PDEATHSIG = 1           # linux/prctl.h
@@ -208,14 +209,7 @@ def all_finished(logs: Path, since: dict[str, int], ranks: Iterable[int]) -> boo
     """Whether every rank in ``ranks`` logged :data:`FINISHED` in ``logs/rank_<r>.log`` after ``since`` (the
     logs' sizes before the launch, porting.train.run.nonfinite.log_sizes). Only each log's last 4 KiB is read."""
     for r in ranks:
-        log = Path(logs) / f"rank_{r}.log"
-        try:
-            size = log.stat().st_size
-            with open(log, "rb") as f:
-                f.seek(max(since.get(log.name, 0), size - 4096))
-                tail = f.read().decode("utf-8", errors="replace")
-        except OSError:
-            return False
-        if not tail.rstrip().endswith(FINISHED):
+        tail = gained(Path(logs) / f"rank_{r}.log", since, 4096)
+        if tail is None or not tail.rstrip().endswith(FINISHED):
             return False
     return True

@@ -104,16 +104,24 @@ def log_sizes(logs: Path) -> dict[str, int]:
     return {p.name: p.stat().st_size for p in logs.glob("rank_*.log")} if logs.is_dir() else {}
 
 
+def gained(log: Path, since: dict[str, int], limit: int) -> str | None:
+    """What rank log ``log`` gained after ``since`` (:func:`log_sizes` before a launch), its last ``limit``
+    bytes at most; None when it cannot be read."""
+    try:
+        with open(log, "rb") as f:
+            f.seek(max(since.get(log.name, 0), log.stat().st_size - limit))
+            return f.read().decode("utf-8", errors="replace")
+    except OSError:
+        return None
+
+
 def stop_line(logs: Path, since: dict[str, int]) -> tuple[str, tuple[int, int]] | None:
     """(the reason, (first, last) window) of a launch that stopped past its caps, from what its rank logs in
     ``logs`` gained after ``since`` (:func:`log_sizes` before the launch; every rank logs the same line), else
     None. Only the last 64 KiB of each log are read, and only its last error line counts."""
     for log in sorted(logs.glob("rank_*.log")):
-        try:
-            with open(log, "rb") as f:
-                f.seek(max(since.get(log.name, 0), log.stat().st_size - (64 << 10)))
-                text = f.read().decode("utf-8", errors="replace")
-        except OSError:
+        text = gained(log, since, 64 << 10)
+        if text is None:
             continue
         last = next((ln for ln in reversed(text.splitlines()) if " ERROR " in ln), "")
         m = WINDOW.search(last)
