@@ -1,4 +1,4 @@
-"""The curve-level gate of `port compare` against an imported CUDA log (`port baseline --import`).
+"""The curve-level gate of `port compare` against an imported CUDA log (`port baseline import`).
 
 A log holds the loss every ``logging_steps`` (HF Trainer: the mean of the per-step losses since the last
 row), so the run's per-step losses are averaged over the same windows before anything is compared

@@ -77,7 +77,7 @@ def problems(doc: Any) -> list[str]:
         return out
     out += _number_problems(doc)
     if "imported" in doc:
-        # `port baseline --import`: a CUDA run's own log (porting/intake/baseline_import.py) has the curve,
+        # `port baseline import`: a CUDA run's own log (porting/intake/baseline_import.py) has the curve,
         # never probe logits or the data hash; `port compare` checks the curve and names what is missing
         return out + _imported_problems(doc)
     for key in KEY_SETTINGS + ("steps",):

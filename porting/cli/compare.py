@@ -14,7 +14,7 @@ Examples:
   port compare base.json runs/tiny-cpu --json > compare.json
   port compare h200.json runs/7b --min-throughput-ratio 0.8 --max-memory-ratio 1.2
   port compare base.json runs/other --allow-settings-mismatch
-  port baseline --import runs/tiny-cpu/metrics.jsonl --global-batch 4 --out cuda.json && port compare cuda.json runs/tiny-cpu --window 5
+  port baseline import runs/tiny-cpu/metrics.jsonl --global-batch 4 --out cuda.json && port compare cuda.json runs/tiny-cpu --window 5
   port compare base.json runs/tiny-cpu --bisect   # replay the first step beyond tolerance, update included""")
 @click.argument("baseline")
 @click.argument("rundir")
@@ -43,7 +43,7 @@ def command(baseline: str, rundir: str, as_json: bool, out: str | None, loss_rto
             max_memory_ratio: float | None, allow_settings_mismatch: bool, no_probe: bool, curve_rtol: float | None,
             first_steps: int | None, window: int | None, spike_k: float | None, bisect: bool) -> None:
     """Compare the port's run RUNDIR with the baseline file BASELINE (measured by `port baseline`, or a
-    CUDA run's log imported with `port baseline --import`: then the curve-level gate applies); with
+    CUDA run's log imported with `port baseline import`: then the curve-level gate applies); with
     --bisect, replay the first step beyond tolerance and name where the two sides part."""
     import dataclasses
 

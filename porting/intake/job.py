@@ -150,11 +150,11 @@ def readme(s: dict[str, Any], dest: Path) -> str:
         lines += ["## Baseline", f"`baseline.json`: {b['points']} logged points of {s['log']} ({b['format']}); "
                   f"it lacks {', '.join(b['lacks'])}.", ""]
     else:
-        lines += ["## Baseline", "No loss log found: record one with `port baseline --recipe recipe.yaml` on a CUDA machine.", ""]
+        lines += ["## Baseline", "No loss log found: record one with `port baseline run --recipe recipe.yaml` on a CUDA machine.", ""]
     if "scan" in s:
         c = s["scan"]
         lines += ["## Scripts", f"`script_scan.json`: {c['findings']} CUDA habit(s) in {c['files']} script(s): "
-                  + (", ".join(f"{k} {v}" for k, v in c["counts"].items()) or "none") + " (`port ops scan --script` prints the table).", ""]
+                  + (", ".join(f"{k} {v}" for k, v in c["counts"].items()) or "none") + " (`port ops lint` prints the table).", ""]
     d = dest
     lines += ["## Next", "```bash",
               f"port convert --hf {s.get('recipe', {}).get('model', 'MODEL_DIR')} --out ./model-ms   # the checkpoint for MindSpore",

@@ -401,12 +401,12 @@ def diagnose_logs(run: RunRecords) -> Diagnosis | None:
 
 
 def _row_script_scan(run: RunRecords) -> Row:
-    """CUDA habits left in the team's training scripts (`port ops scan --script ... --out RUNDIR/script_scan.json`)."""
+    """CUDA habits left in the team's training scripts (`port ops lint ... --out RUNDIR/script_scan.json`)."""
     scan = _evidence(run, "script_scan.json")
-    item = "CUDA habits in the training scripts (port ops scan --script)"
+    item = "CUDA habits in the training scripts (port ops lint)"
     if not (isinstance(scan, dict) and isinstance(scan.get("findings"), list) and isinstance(scan.get("counts"), dict)):
         return Row("operators", item, MISSING, "no script_scan.json",
-                   "port ops scan --script TRAIN.py --out RUNDIR/script_scan.json")
+                   "port ops lint TRAIN.py --out RUNDIR/script_scan.json")
     n = len(scan["findings"])
     where = ", ".join(f"{f.get('file')}:{f.get('line')} {f.get('rule')}" for f in scan["findings"][:4] if isinstance(f, dict))
     return Row("operators", item, FAIL if n else PASS,

@@ -34,7 +34,7 @@ def runs(tmp_path_factory) -> Path:
     after step 2 with lr 3e-3: step 3's update is the first to differ, step 4's loss the first to show it)."""
     work = tmp_path_factory.mktemp("step-bisect")
     (work / "recipes").symlink_to(ROOT / "recipes")
-    _port(work, "baseline", "--recipe", "recipes/tiny-cpu.yaml", "--device", "cpu", "--out", "base.json",
+    _port(work, "baseline", "run", "--recipe", "recipes/tiny-cpu.yaml", "--device", "cpu", "--out", "base.json",
           "--steps", "5", *SETS)
     _port(work, "train", "recipes/tiny-cpu.yaml", "--run-dir", "runs/same", *SETS)
     shutil.copytree(work / "runs" / "same", work / "runs" / "lr3")

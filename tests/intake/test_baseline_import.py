@@ -110,13 +110,20 @@ def test_public_tensorboard_file_imports_through_the_cli(tmp_path):
     from tests.helpers import port
 
     out = tmp_path / "cuda.json"
-    r = port("baseline", "--import", str(TB / "events.out.tfevents.strict.run_1"), "--loss-tag", "strict/foo",
+    r = port("baseline", "import", str(TB / "events.out.tfevents.strict.run_1"), "--loss-tag", "strict/foo",
              "--global-batch", "8", "--out", str(out), check=True)
     doc = json.loads(out.read_text())
     assert not schema.problems(doc) and doc["steps"]["step"][:2] == [5, 10] and len(doc["steps"]["loss"]) == 99
     assert doc["imported"]["format"] == "tensorboard" and doc["imported"]["recovered_settings"] == {"loss_tag": "strict/foo"}
-    r = port("baseline", "--recipe", TINY_RECIPE, "--loss-tag", "x", "--out", str(tmp_path / "b.json"))
-    assert r.returncode == 2 and "--loss-tag names the loss scalar" in r.stderr and not (tmp_path / "b.json").exists()
+    # the run verb has no --loss-tag (it belongs to import): click refuses it before anything runs
+    r = port("baseline", "run", "--recipe", TINY_RECIPE, "--loss-tag", "x", "--out", str(tmp_path / "b.json"))
+    assert r.returncode == 2 and "No such option '--loss-tag'" in r.stderr and not (tmp_path / "b.json").exists()
+    # the one-verb spelling still works, with a note naming the new one
+    old = tmp_path / "old.json"
+    r = port("baseline", "--import", str(TB / "events.out.tfevents.strict.run_1"), "--loss-tag", "strict/foo",
+             "--global-batch", "8", "--out", str(old), check=True)
+    assert "note: `port baseline --import LOG` is now `port baseline import LOG`" in r.stderr
+    assert json.loads(old.read_text())["steps"] == doc["steps"]
 
 
 def test_imported_file_is_a_baseline_saying_what_it_lacks(tmp_path):
