@@ -33,7 +33,8 @@ def test_zoo_cell_matches_hf_on_real_text():
     # shared/README.md: about 1.27 nats/token on TinyStories (validation 1.297)
     assert 1.0 < z["mean_loss"] < 1.6 and z["perplexity"] == pytest.approx(math.exp(z["mean_loss"]))
     # a token-weighted mean: batching does not change it (HF on batches of 1, in process)
-    from porting.eval import batches, hf_loss
+    from porting.train.run.heldout import batches
+    from porting.verify.evaluate import hf_loss
 
     tok = load_tokenizer(ROOT / "model_zoo" / "assets" / "stories260k")
     raw = {"model": {"source": "stories260k"}, "data": {"path": str(TEXT), "max_seq_length": 512, "long_text": "split"}}
