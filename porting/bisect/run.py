@@ -102,7 +102,7 @@ class Comparator:
                                    a, self.store.get(f"{phase}.{name}"))
 
     def record_param(self, name: str, a: np.ndarray, phase: str = "backward") -> None:
-        layer, block = blocks.param_block(name)
+        layer, block = blocks.param_block(name, self.order.model_type)
         pos = self.order.param(name) if phase == "backward" else self.order.update(name)
         tensor = f"d loss / d {name}" if phase == "backward" else f"AdamW update of {name}"
         key = "param." + name if phase == "backward" else "update." + name
@@ -174,7 +174,7 @@ def compare_runs(hf_model, model, micro: list, total: int, dtype: str, *, dump_l
 
     cfg = model.config
     table = names.NAME_MAPS[cfg.model_type]
-    order = blocks.Order(cfg.num_hidden_layers, [p.name for p in model.trainable_params()])
+    order = blocks.Order(cfg.num_hidden_layers, [p.name for p in model.trainable_params()], cfg.model_type)
     comp = Comparator(None, order, blocks.kernel_names(model.kernel_report()), dtype, dump_layer)
     root = Path(tempfile.mkdtemp(prefix="port-bisect-"))
     try:

@@ -10,7 +10,7 @@ from porting.verify.stats import Stats
 def test_data_flow_order_forward_then_backward_in_reverse_then_updates():
     params = ["model.tok_embeddings.embedding_weight", "model.layers.0.attention.wq.weight",
               "model.layers.1.feed_forward.w2.weight", "model.norm_out.weight"]
-    o = blocks.Order(2, params)
+    o = blocks.Order(2, params, "llama")
     assert o.key("forward", None, "embedding") < o.key("forward", 0, "q_proj") < o.key("forward", 1, "down_proj") \
         < o.key("forward", None, "loss") < o.key("backward", None, "logits") < o.key("backward", 1, "down_proj") \
         < o.param("model.layers.1.feed_forward.w2.weight") < o.key("backward", 1, "swiglu") \
