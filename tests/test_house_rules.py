@@ -393,5 +393,5 @@ def test_the_verification_scans_find_a_planted_second_one():
                         "m = transformers.AutoModelForCausalLM.from_pretrained('x', attn_implementation='sdpa')\n"
                         "d = np.abs(a - b).max()\nok = np.allclose(a, b)\n")
     assert _hf_model_loads(planted) == [6, 6]
-    assert _differences(planted) == [7, 8]
+    assert sorted(_differences(planted)) == [7, 8]
     assert _tolerance_tables(planted) == ["PROBE_TOLERANCES", "LOSS_ATOL"]
