@@ -1,4 +1,4 @@
-"""`port compare BASELINE RUNDIR --bisect`: the first step whose loss leaves the baseline's tolerance
+"""`port bisect --baseline BASELINE RUNDIR`: the first step whose loss leaves the baseline's tolerance
 (or turns non-finite), replayed on both sides from the run's own state, update included.
 
 The loss logged at step f is computed before step f's update, from the weights the first f-1 updates

@@ -67,7 +67,7 @@ def _num(v: float | None, width: int, spec: str) -> str:
     return f"{v:>{width}{spec}}" if math.isfinite(v) else f"{str(v):>{width}}"
 
 
-CELLS_HEADER = f"{'measure':16} {'value':>10} {'tolerance':>9}  result  detail"
+CELLS_HEADER = f"{'measure':18} {'value':>10} {'tolerance':>9}  result  detail"
 HEADER = f"{'check':34} {CELLS_HEADER}"
 
 
@@ -77,7 +77,7 @@ def cells(c: Check, result: str | None = None) -> str:
     a tensor one side never produced, which no verdict is drawn from)."""
     value, tol = _num(c.value, 10, ".3e"), _num(c.tolerance, 9, ".1e")
     word = result or ("ok" if c.passed else "FAIL")
-    return f"{c.measure.replace('_', ' ')[:16]:16} {value} {tol}  {word:6}  {c.detail}".rstrip()
+    return f"{c.measure.replace('_', ' ')[:18]:18} {value} {tol}  {word:6}  {c.detail}".rstrip()
 
 
 def line(c: Check) -> str:
