@@ -125,7 +125,7 @@ FAILS = {  # need a model, a GPU or cluster files this machine has not: (exit co
 # What a few examples must print (beyond exiting 0).
 OUTPUT = {
     "port verify --hf stories260k --generate      # plus greedy text vs HF generate and the golden text":
-        "golden text: matches",
+        "ok      matches the model's golden continuation",
     "port compare base.json runs/tiny-cpu": "RESULT: PASS",
     "port baseline import runs/tiny-cpu/metrics.jsonl --global-batch 4 --out cuda.json && port compare cuda.json "
     "runs/tiny-cpu --window 5": "RESULT: PASS",

@@ -9,6 +9,7 @@ never as a pass.
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +85,10 @@ def rows_correctness(run: RunRecords) -> list[Row]:
 
 
 def _parity_row(parity: Any) -> Row:
+    """The verdict of `port verify --json` and its rows (porting.verify.check.Check): every failed row, or
+    the row closest to its tolerance."""
+    from porting.verify.check import Check, brief
+
     item = "parity with HF (port verify)"
     if parity is None:
         return Row("correctness", item, MISSING, "no parity.json", "port verify --hf MODEL --json > RUNDIR/parity.json")
@@ -92,10 +97,17 @@ def _parity_row(parity: Any) -> Row:
         return Row("correctness", item, FAIL, f"invalid parity.json: 'passed' is {str(passed)[:40]!r} "
                    f"({type(passed).__name__}), expected true or false as `port verify --json` writes",
                    "parity.json")
-    checks = parity.get("checks") or parity.get("rows") or []
-    worst = max((c["max_abs"] for c in checks if isinstance(c, dict) and finite(c.get("max_abs"))), default=None)
-    return Row("correctness", item, PASS if passed else FAIL,
-               f"passed={passed}" + (f", worst max abs {worst:.2e}" if worst is not None else ""), "parity.json")
+    try:
+        checks = [Check.from_dict(c) for c in (parity.get("checks") or [])]
+    except ValueError as e:
+        return Row("correctness", item, FAIL, f"invalid parity.json: {e}; write it with port verify --json",
+                   "parity.json")
+    failed = [c for c in checks if not c.passed]
+    measured = [c for c in checks if c.value is not None and c.tolerance and math.isfinite(c.value)]
+    closest = max(measured, key=lambda c: c.value / c.tolerance, default=None)
+    shown = failed[:3] if failed else ([closest] if closest else [])
+    return Row("correctness", item, PASS if passed and not failed else FAIL,
+               f"passed={passed}, {len(checks)} check(s)" + "".join(f"; {brief(c)}" for c in shown), "parity.json")
 
 
 def rows_operators(run: RunRecords) -> list[Row]:

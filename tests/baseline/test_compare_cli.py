@@ -84,6 +84,9 @@ def test_human_table_and_a_real_divergence_fails(work, tmp_path):
     assert rep["loss"]["failing_steps"] == [2, 3] and rep["loss"]["per_step"][0]["ok"]
     assert [d["key"] for d in rep["settings"]["differ"]][:2] == ["steps", "lr"]
     assert rep["probe"]["available"] is False  # baseline probe is after step 3, the run kept step 6 only
+    # the verdict as the one result row: the probe was not checked, so it has no row
+    assert [(c["name"], c["value"], c["passed"]) for c in rep["checks"]] == [
+        ("settings like for like", None, True), ("loss per step", 2, False)], rep["checks"]
     table = port("compare", str(other), str(work["run"]))
     assert table.returncode == 1
     assert table.stdout.index("SETTINGS THAT DIFFER") < table.stdout.index("LOSS per step")
@@ -104,7 +107,11 @@ def test_different_batch_settings_are_said_first(work, tmp_path):
     out = forced.stdout
     assert "SETTINGS THAT DIFFER (not like for like)" in out and out.index("micro_batch_size") < out.index("LOSS")
     # same examples per step (micro 2 x accum 2 == micro 4): the losses still agree; only the settings fail
-    assert "FAIL: settings differ: micro_batch_size, grad_accum_steps" in out and "  FAIL" not in out
+    assert "FAIL: settings differ: micro_batch_size, grad_accum_steps" in out
+    assert "  FAIL" not in out[out.index("LOSS per step"):out.index("PROBE")]
+    from porting.verify.check import Check, line
+
+    assert line(Check.claim("settings like for like", False, "differ: micro_batch_size, grad_accum_steps")) in out
 
 
 @pytest.mark.slow

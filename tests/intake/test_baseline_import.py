@@ -200,6 +200,9 @@ def test_drift_of_one_and_a_half_percent_fails_naming_the_steps(hf_trainer_state
     assert not rep["ok"]
     assert any("steps 11-20" in f for f in rep["failures"]), rep["failures"]
     assert [w["ok"] for w in rep["curve"]["windows"]] == [True, False]
+    rows = {c["name"]: c for c in rep["checks"]}   # the gate's verdict as the one result row
+    assert rows["loss windows"]["value"] == 1 and not rows["loss windows"]["passed"]
+    assert rows["like for like"]["passed"] and all(r["passed"] for n, r in rows.items() if n != "loss windows")
 
 
 def test_doubled_spikes_fail_naming_the_step(hf_trainer_state, tiny_cpu_run, tmp_path):

@@ -33,7 +33,7 @@ from model_zoo.errors import PortingError, RecipeError
 from model_zoo.llama import build
 from porting import rundir
 from porting.env import versions
-from porting.eval import eval_record
+from porting.train.run.heldout import eval_record
 from porting.model_paths import resolve_hf
 from porting.tokenizer import load_tokenizer
 from porting.train.data import token_file
