@@ -24,7 +24,9 @@ class PortGroup(click.Group):
         except PortingError as e:
             if ctx.meta.get("port_debug") or os.environ.get("PORT_DEBUG"):
                 raise
-            click.echo(f"error: {e}", err=True)
+            # one line whatever the message holds: a file name with a newline cannot forge a second line
+            line = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in str(e))
+            click.echo(f"error: {line}", err=True)
             sys.exit(e.exit_code)
 
 

@@ -54,6 +54,11 @@ def command(recipe: str | None, import_log: str | None, out: str, device: str, h
     if loss_tag is not None and not import_log:
         raise ConfigError("port baseline: --loss-tag names the loss scalar of a TensorBoard file given with --import LOG; "
                           "drop it when running a baseline with --recipe")
+    from converters.atomic import check_out, json_of_format
+    from porting.baseline.schema import FORMAT
+
+    check_out(out, kind="file", inputs=[p for p in (recipe, import_log) if p], ours=json_of_format(FORMAT),
+              what="a baseline port wrote", error=ConfigError)
     if import_log:
         from porting.intake.baseline_import import Stated, import_log as do_import, summary_line
 

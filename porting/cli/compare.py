@@ -47,8 +47,13 @@ def command(baseline: str, rundir: str, as_json: bool, out: str | None, loss_rto
     --bisect, replay the first step beyond tolerance and name where the two sides part."""
     import dataclasses
 
+    from converters.atomic import check_out, json_of_format
+    from model_zoo.errors import ConfigError
     from model_zoo.files import write_atomic
 
+    if out:
+        check_out(out, kind="file", inputs=[baseline, rundir], ours=json_of_format("port-compare", "port-bisect"),
+                  what="a comparison port wrote", error=ConfigError)
     if bisect:
         from porting.bisect.render import render as render_bisect
         from porting.bisect.step import bisect_step
@@ -56,7 +61,7 @@ def command(baseline: str, rundir: str, as_json: bool, out: str | None, loss_rto
         rep = bisect_step(baseline, rundir, allow_settings_mismatch=allow_settings_mismatch, loss_rtol=loss_rtol,
                           loss_atol=loss_atol)
         if out:
-            write_atomic(out, json.dumps(rep, indent=1) + "\n")
+            write_atomic(out, json.dumps({"format": "port-bisect", "format_version": 1, **rep}, indent=1) + "\n")
         click.echo(json.dumps(rep, indent=1) if as_json else render_bisect(rep, color=sys.stdout.isatty()))
         if rep["first_divergent"] is not None:
             raise SystemExit(1)

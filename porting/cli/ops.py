@@ -47,6 +47,11 @@ def scan_cmd(hf, scripts, module, meta, attn, batch, seq, as_json, out) -> None:
     if sum(map(bool, (hf, module, scripts))) != 1:
         raise DiagnosticsError("ops scan: give exactly one of --hf DIR|NAME, --module package.module:factory or "
                                "--script PATH...")
+    if out:
+        from converters.atomic import check_out, json_of_format
+
+        check_out(out, kind="file", inputs=scripts, ours=json_of_format("port-script-scan", "port-ops-scan"),
+                  what="a scan port wrote", error=DiagnosticsError)
     if scripts:
         from porting.intake import script_scan
 

@@ -47,6 +47,22 @@ class _YamlBound(Exception):
     pass
 
 
+MAX_INT_DIGITS = 40   # as model_zoo.files for JSON: 2**128 has 39 digits; no count or size port reads comes near
+
+
+def _bounded_int(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> int:
+    """YAML integers, refused past ``MAX_INT_DIGITS`` digits before they are built: CPython raises a bare
+    ValueError past 4,300 digits, and a 400-digit count overflows every float it meets later."""
+    digits = sum(c.isalnum() for c in str(node.value))
+    if digits > MAX_INT_DIGITS:
+        raise _YamlBound(f"line {node.start_mark.line + 1}: an integer of {digits:,} digits, more than the "
+                         f"{MAX_INT_DIGITS} any count or size port reads can have")
+    return yaml.SafeLoader.construct_yaml_int(loader, node)
+
+
+_BoundedLoader.add_constructor("tag:yaml.org,2002:int", _bounded_int)
+
+
 def _expanded_nodes(node: yaml.Node, limit: int) -> int:
     """Nodes of the document with aliases expanded, memoised per node (linear in the composed graph);
     stops counting once past ``limit``."""
@@ -83,7 +99,9 @@ def load_yaml(text: str, where: str, *, what: str = "recipe", error: type[Portin
             raise _YamlBound(f"more than {MAX_YAML_NODES:,} values once aliases are expanded")
         return loader.construct_document(node)
     except _YamlBound as e:
-        raise error(f"{where}: refused: {e}; {hint}") from None
+        err = error(f"{where}: refused: {e}; {hint}")
+        err.bound = True   # a bound, not a syntax error: a --set value is never taken as a string then
+        raise err from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f" at line {mark.line + 1}" if mark else ""
@@ -92,3 +110,14 @@ def load_yaml(text: str, where: str, *, what: str = "recipe", error: type[Portin
         raise error(f"{where}: refused: nesting too deep for a {what}") from None
     finally:
         loader.dispose()
+
+
+def parse_value(text: str) -> Any:
+    """A --set value: YAML scalar/list syntax (3e-4, true, [1, 2], null), else the string; a value past the
+    bounds (an alias bomb, a 5,000-digit integer) is refused, never kept as text."""
+    try:
+        return load_yaml(text, "--set")
+    except RecipeError as e:
+        if getattr(e, "bound", False):
+            raise
+    return text

@@ -100,7 +100,7 @@ def csv_bad_loss(d):
     return _import(d, p)
 
 
-@case("--out is the log being imported")
+@case("overlaps the input")
 def out_is_the_log(d):
     p = d / "out" / "metrics.jsonl"
     p.parent.mkdir()
@@ -196,9 +196,12 @@ def intake_out_inside_job(d):
     return ["intake", str(job), "--out", str(job / "migration")]
 
 
-@case("exists and is not an empty directory", dest=None)
+@case("exists and is not empty", dest=None)
 def intake_out_not_empty(d):
     (d / "job").mkdir()
     (d / "mine").mkdir()
     (d / "mine" / "notes.txt").write_text("mine")
     return ["intake", str(d / "job"), "--out", str(d / "mine")]
+
+
+from tests.attacks.intake import cases_configs  # noqa: E402,F401  (registers issue 40's config cases)
