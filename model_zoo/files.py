@@ -43,8 +43,8 @@ def _bounded_int(text: str) -> int:
 
 def read_text(path: str | Path, *, what: str = "file", max_bytes: int = MAX_JSON_BYTES,
               error: type[PortingError] = PortingError) -> str:
-    """The text of a regular file, refused (one line) when missing, too large, not a regular file, or
-    not UTF-8."""
+    """The text of a regular file (without a leading UTF-8 byte-order mark), refused (one line) when
+    missing, too large, not a regular file, or not UTF-8."""
     p = Path(path)
     try:
         st = p.stat()
@@ -65,7 +65,8 @@ def read_text(path: str | Path, *, what: str = "file", max_bytes: int = MAX_JSON
     if raw is None:
         raise error(f"{p}: the {what} grew past {max_bytes:,} bytes while being read")
     try:
-        return raw.decode("utf-8")
+        # a leading byte-order mark (Windows editors, Excel's "CSV UTF-8") is not text: "utf-8-sig" drops it
+        return raw.decode("utf-8-sig")
     except UnicodeDecodeError as e:
         raise error(f"{p}: the {what} is not valid UTF-8 (byte 0x{raw[e.start]:02x} at offset {e.start}); "
                     "save it as UTF-8") from None

@@ -48,8 +48,12 @@ def walk(root: Path) -> list[Path]:
     return out
 
 
-def pick_log(found: list[Path]) -> Path | None:
-    """The training log to import: trainer_state.json with the most steps, else the first of LOG_ORDER."""
+def pick_log(found: list[Path], events: bool = False) -> Path | None:
+    """The training log to import: trainer_state.json with the most steps, else the first of LOG_ORDER;
+    with ``events`` (a --loss-tag was given), the first TensorBoard event file when there is one."""
+    tb = [p for p in found if "tfevents" in p.name]
+    if events and tb:
+        return tb[0]
     states = [p for p in found if p.name == "trainer_state.json"]
     if states:
         def steps(p: Path) -> int:
@@ -83,8 +87,10 @@ def pick_configs(found: list[Path], notes: list[str]) -> list[Path]:
     return out
 
 
-def run_intake(src: str | Path, out: str | Path, target: Target) -> dict[str, Any]:
-    """Run the three imports on ``src`` and write the migration folder ``out``; the summary."""
+def run_intake(src: str | Path, out: str | Path, target: Target, loss_tag: str | None = None) -> dict[str, Any]:
+    """Run the three imports on ``src`` and write the migration folder ``out``; the summary. ``loss_tag``
+    names the loss scalar of a TensorBoard log (``port baseline --import --loss-tag``); a log port cannot
+    read (no loss it recognises, damaged) is a note, and the migration is made without a baseline."""
     from porting.intake import baseline_import, recipe_import, script_scan
 
     root, dest = Path(src), Path(out)
@@ -94,7 +100,7 @@ def run_intake(src: str | Path, out: str | Path, target: Target) -> dict[str, An
     atomic.check_out(dest, inputs=[root], force=None, error=IntakeError)
     found = walk(root)
     notes: list[str] = []
-    configs, log = pick_configs(found, notes), pick_log(found)
+    configs, log = pick_configs(found, notes), pick_log(found, events=loss_tag is not None)
     scripts = [p for p in found if p.suffix == ".py"]
     summary: dict[str, Any] = {"format": "port-intake", "format_version": 1, "job": str(root), "out": str(dest),
                                "configs": [str(p) for p in configs], "log": str(log) if log else None,
@@ -107,9 +113,15 @@ def run_intake(src: str | Path, out: str | Path, target: Target) -> dict[str, An
                                  "blocking": [f"{r['key']}: {r['reason']}" for r in rep["blocking"]]}
         if log:
             stated = _stated(tmp / "recipe.yaml", rep, target)
-            _, doc = baseline_import.import_log(log, tmp / "baseline.json", stated, ["port", "intake", str(root)])
-            summary["baseline"] = {"points": len(doc["steps"]["step"]), "format": doc["imported"]["format_name"],
-                                   "lacks": doc["imported"]["lacks"]}
+            try:
+                _, doc = baseline_import.import_log(log, tmp / "baseline.json", stated, ["port", "intake", str(root)],
+                                                    loss_tag)
+            except IntakeError as e:   # as for configs: the rest of the migration is still made, with the reason
+                notes.append(f"not used as the loss log: {e}")
+                summary["log"] = None
+            else:
+                summary["baseline"] = {"points": len(doc["steps"]["step"]), "format": doc["imported"]["format_name"],
+                                       "lacks": doc["imported"]["lacks"]}
         scan = script_scan.scan([str(p) for p in scripts]) if scripts else None
         if scan is not None:
             files.write_atomic(tmp / "script_scan.json", json.dumps(scan, indent=1) + "\n", error=IntakeError)

@@ -111,7 +111,7 @@ def read_csv(path: Path) -> Curve:
     """A CSV with a header naming ``step`` and ``loss`` (optional ``grad_norm``, ``lr``, ``tokens``)."""
     text = _read(path, "training log (CSV)")
     csv.field_size_limit(MAX_LINE_BYTES)
-    reader = csv.reader(io.StringIO(text))
+    reader = csv.reader(io.StringIO(text), delimiter="\t" if path.name.lower().endswith(".tsv") else ",")
     try:
         header = [h.strip().lower() for h in next(reader)]
     except StopIteration:

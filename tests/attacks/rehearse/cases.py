@@ -9,7 +9,7 @@ from tests.conftest import ROOT
 TINY = str(ROOT / "recipes" / "tiny-cpu.yaml")
 
 
-@case("already exists; rehearse into a new folder")
+@case("exists and is not empty")
 def out_folder_that_holds_a_users_files(d):
     (d / "out").mkdir()
     (d / "out" / "notes.txt").write_text("a user's file\n")
