@@ -23,13 +23,19 @@ DISK_FULL_ERRNOS = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT}
 
 
 def _pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` still runs. A zombie (killed, not yet reaped by its parent: a ``kill -9``
+    seen by a caller that has not waited) is dead: it writes nothing more, and its temporaries are stale."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[-1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return True
 
 
 def remove_stale(dest: Path) -> list[Path]:

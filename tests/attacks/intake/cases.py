@@ -204,4 +204,4 @@ def intake_out_not_empty(d):
     return ["intake", str(d / "job"), "--out", str(d / "mine")]
 
 
-from tests.attacks.intake import cases_configs, cases_logs  # noqa: E402,F401  (register issue 40's cases)
+from tests.attacks.intake import cases_configs, cases_logs, cases_outs  # noqa: E402,F401  (register issue 40's cases)
