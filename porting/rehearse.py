@@ -305,9 +305,9 @@ def rehearse(recipe_path: str, out: Path, overrides: list[str] | None = None, *,
     check_out(out, inputs=[recipe_path], force=None, error=RehearsalError)
     for item in extra or []:   # checked before anything runs: a bomb is named here, not in a rung's log
         try:
-            parse_value(item.partition("=")[2])
+            parse_value(item.partition("=")[2], f"--rung-set {item.partition('=')[0]!r}")
         except PortingError as e:
-            raise RehearsalError(f"--rung-set {item.partition('=')[0]!r}: {e}") from None
+            raise RehearsalError(str(e)) from None
     rec = load_recipe(recipe_path, list(overrides or []), check_files=False)
     cfg = _full_config(rec)
     ascend = _on_npu() and rec.cluster.device == "ascend"

@@ -40,5 +40,7 @@ def command(job_dir, out, cluster, nodes, model, data, source_gpus, loss_tag, as
                     f"baseline.json ({s['baseline']['points']} points)" if "baseline" in s else "no baseline",
                     f"script_scan.json ({s['scan']['findings']} CUDA habits)" if "scan" in s else "no scripts",
                     "README.md")))
+    from porting.intake.typed import name
+
     for n in s["notes"]:
-        click.echo(f"note: {n}", err=True)
+        click.echo(f"note: {name(n)}", err=True)   # one line each: a name holding a newline is shown escaped

@@ -95,9 +95,9 @@ def read_config(path: str | Path) -> tuple[str, dict[str, Any]]:
         return "hf-training-args", read_training_args_bin(p)
     text = files.read_text(p, what="config", max_bytes=MAX_CONFIG_BYTES, error=IntakeError)
     if p.suffix == ".json":
-        doc = files.parse_json(text, where=str(p), what="config", max_depth=MAX_CONFIG_DEPTH, error=IntakeError)
+        doc = files.parse_json(text, where=shown_name(p), what="config", max_depth=MAX_CONFIG_DEPTH, error=IntakeError)
     elif p.suffix in (".yaml", ".yml"):
-        doc = load_yaml(text, str(p), what="config", error=IntakeError,
+        doc = load_yaml(text, shown_name(p), what="config", error=IntakeError,
                         hint="a training config is a small mapping; write it out without deep nesting or aliases")
     else:
         raise IntakeError(f"{p}: unknown config type; expected training_args.bin, a .json (TrainingArguments or DeepSpeed) "
@@ -419,11 +419,11 @@ def render(rep: dict[str, Any]) -> str:
     for r in rep["keys"]:
         what = r.get("recipe_key") or r.get("reason", "")
         mark = "REFUSED" if r.get("blocking") else r["status"]
-        lines.append(f"{Path(r['file']).name + ':' + r['key']:<60} {mark:<8} {what[:110]}")
+        lines.append(f"{shown_name(Path(r['file']).name + ':' + r['key']):<60} {mark:<8} {shown_name(what[:110])}")
     g, p = rep["global_batch"], rep["plan"]
     lines += ["", f"global batch {g['value']} ({g['source']}) -> {g['target']}; {p['world_size']} devices, "
                   f"TP {p['tensor_parallel']} x DP {p['data_parallel']}, {p['memory_gib_per_device']:.1f} GiB per device"]
-    lines += [f"note: {n}" for n in rep["notes"]]
+    lines += [f"note: {shown_name(n)}" for n in rep["notes"]]
     n_map = sum(r["status"] == "mapped" for r in rep["keys"])
     lines.append(f"wrote {rep['recipe']}: {n_map} key(s) mapped, {len(rep['keys']) - n_map} refused "
                  f"({len(rep['blocking'])} that port cannot reproduce)")

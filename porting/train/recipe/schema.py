@@ -364,7 +364,7 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
                 break
             node = node.setdefault(p, {})
         else:
-            node[parts[-1]] = parse_value(value)
+            node[parts[-1]] = parse_value(value, f"--set {key.strip()}")
     if bad:
         raise RecipeError("; ".join(bad))
     return out

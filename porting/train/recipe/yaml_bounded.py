@@ -112,11 +112,11 @@ def load_yaml(text: str, where: str, *, what: str = "recipe", error: type[Portin
         loader.dispose()
 
 
-def parse_value(text: str) -> Any:
+def parse_value(text: str, where: str = "--set") -> Any:
     """A --set value: YAML scalar/list syntax (3e-4, true, [1, 2], null), else the string; a value past the
-    bounds (an alias bomb, a 5,000-digit integer) is refused, never kept as text."""
+    bounds (an alias bomb, a 5,000-digit integer) is refused, never kept as text (``where`` names the key)."""
     try:
-        return load_yaml(text, "--set")
+        return load_yaml(text, where)
     except RecipeError as e:
         if getattr(e, "bound", False):
             raise
