@@ -80,7 +80,7 @@ class Num:
             return None
         if v < self.low or v > self.high or (self.low_open and v == self.low) or (self.high_open and v == self.high):
             return None
-        return int(v) if self.whole else float(v)
+        return int(v) if self.whole else v
 
 
 @dataclass(frozen=True)
