@@ -116,6 +116,7 @@ def gen_cmd(servers, devices, device_ips, hccn, version, super_pod_size, out: Pa
     """Generate a rank table from servers and devices (device IPs given or read from hccn.conf)."""
     from porting.cluster import generate as rt
 
+    _check_out(out, [h.partition("=")[2] or h for h in hccn])
     dev_ids = _parse_devices(devices)
     entries = []
     for s in servers:
@@ -150,6 +151,16 @@ def gen_cmd(servers, devices, device_ips, hccn, version, super_pod_size, out: Pa
                       f"version {version}, {len(entries)} server(s) x {len(dev_ids)} device(s)")
 
 
+def _check_out(out: Path, inputs: list) -> None:
+    """The converters' rule for ``--out``: a new path, never an input, a link or a file that exists (a rank
+    table port wrote cannot be told from one a user edited, so none is replaced)."""
+    from converters.atomic import check_out
+    from porting.cluster import ranktable as rt
+
+    check_out(out, kind="file", inputs=inputs, what="a file port may replace (a rank table is written new)",
+              error=rt.DiagnosticsError)
+
+
 def _check_then_write(table: dict, out: Path, what: str, summary: str) -> None:
     """Refuse a table that fails the rules (nothing written); else write it atomically and list warnings."""
     from porting.cluster import ranktable as rt
@@ -175,5 +186,6 @@ def merge_cmd(files, out: Path) -> None:
     from porting.cluster import ranktable as rt
     from porting.cluster.generate import merge
 
+    _check_out(out, list(files))
     merged = merge([(str(f), rt.load(f)) for f in files])
     _check_then_write(merged, out, "merged", rt.summary(merged))
