@@ -44,7 +44,9 @@ class _BoundedLoader(yaml.SafeLoader):
 
 
 class _YamlBound(Exception):
-    pass
+    def __init__(self, msg: str, node: yaml.Node | None = None):
+        super().__init__(msg)
+        self.node = node   # the value refused, so the message can name its key
 
 
 MAX_INT_DIGITS = 40   # as model_zoo.files for JSON: 2**128 has 39 digits; no count or size port reads comes near
@@ -56,7 +58,7 @@ def _bounded_int(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> int:
     digits = sum(c.isalnum() for c in str(node.value))
     if digits > MAX_INT_DIGITS:
         raise _YamlBound(f"line {node.start_mark.line + 1}: an integer of {digits:,} digits, more than the "
-                         f"{MAX_INT_DIGITS} any count or size port reads can have")
+                         f"{MAX_INT_DIGITS} any count or size port reads can have", node)
     return yaml.SafeLoader.construct_yaml_int(loader, node)
 
 
@@ -85,6 +87,24 @@ def _expanded_nodes(node: yaml.Node, limit: int) -> int:
     return sizes[id(node)]
 
 
+def _key_of(root: yaml.Node, target: yaml.Node) -> str | None:
+    """The dotted key path of ``target`` in the composed document (``optimizer.lr``, ``betas.0``)."""
+    stack: list[tuple[yaml.Node, str]] = [(root, "")]
+    seen: set[int] = set()
+    while stack:
+        n, path = stack.pop()
+        if n is target:
+            return path or None
+        if id(n) in seen:
+            continue
+        seen.add(id(n))
+        if isinstance(n, yaml.MappingNode):
+            stack.extend((v, f"{path}.{k.value}" if path else str(k.value)) for k, v in n.value)
+        elif isinstance(n, yaml.SequenceNode):
+            stack.extend((v, f"{path}.{i}" if path else str(i)) for i, v in enumerate(n.value))
+    return None
+
+
 def load_yaml(text: str, where: str, *, what: str = "recipe", error: type[PortingError] = RecipeError,
               hint: str = RECIPE_HINT) -> Any:
     """One YAML document of ``text`` (read from ``where``), bounded in depth, aliases and expanded size;
@@ -99,7 +119,8 @@ def load_yaml(text: str, where: str, *, what: str = "recipe", error: type[Portin
             raise _YamlBound(f"more than {MAX_YAML_NODES:,} values once aliases are expanded")
         return loader.construct_document(node)
     except _YamlBound as e:
-        err = error(f"{where}: refused: {e}; {hint}")
+        key = _key_of(node, e.node) if e.node is not None else None
+        err = error(f"{where}: refused: " + (f"{key}: " if key else "") + f"{e}; {hint}")
         err.bound = True   # a bound, not a syntax error: a --set value is never taken as a string then
         raise err from None
     except yaml.YAMLError as exc:

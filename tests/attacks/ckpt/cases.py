@@ -155,7 +155,7 @@ def reshard_out_is_a_link(d):
     return ["ckpt", "reshard", str(ck), "--to", str(I.recipe(d)), "--out", str(d / "out")]
 
 
-@case("recipe.yaml", "an integer of 5,000 digits", timeout=120)
+@case("recipe.yaml", "seed: line", "an integer of 5,000 digits", timeout=120)
 def reshard_to_a_recipe_with_a_5000_digit_integer(d):
     ck = I.train_checkpoint(d / "ck" / "step_2")
     r = I.recipe(d)

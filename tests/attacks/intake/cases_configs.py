@@ -116,7 +116,7 @@ def llamafactory_lr_is_a_yaml_set(d):
     return _recipe(d, p)
 
 
-@case("sft.yaml", "line 3: an integer of 5,000 digits")
+@case("sft.yaml", "per_device_train_batch_size: line 3: an integer of 5,000 digits")
 def yaml_integer_of_5000_digits(d):
     p = d / "sft.yaml"
     p.write_text("stage: sft\nfinetuning_type: full\nper_device_train_batch_size: " + "9" * 5000 + "\n")
