@@ -88,6 +88,20 @@ def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def _check_names(doc: dict, where: str) -> None:
+    """Every key of every section is a setting name (a string): a YAML date, number or null as a key is one
+    line, never a crash in the key table."""
+    stack = [(doc, "")]
+    while stack:
+        d, prefix = stack.pop()
+        for k, v in d.items():
+            if not isinstance(k, str):
+                raise IntakeError(f"{where}: {prefix}key {shown(k)}: expected a setting name (a string); fix the key "
+                                  "in the file")
+            if isinstance(v, dict):
+                stack.append((v, f"{prefix}{shown_name(k)}."))
+
+
 def read_config(path: str | Path) -> tuple[str, dict[str, Any]]:
     """(kind, keys) of one config file; nested DeepSpeed/accelerate sections become dotted keys."""
     p = Path(path)
@@ -104,6 +118,7 @@ def read_config(path: str | Path) -> tuple[str, dict[str, Any]]:
                           "or a .yaml (LLaMA-Factory, accelerate or TrainingArguments)")
     if not isinstance(doc, dict):
         raise IntakeError(f"{p}: top level is {type(doc).__name__}, expected a mapping of settings")
+    _check_names(doc, shown_name(p))
     if any(k in doc for k in ("zero_optimization", "train_micro_batch_size_per_gpu", "zero_allow_untested_optimizer")):
         return "deepspeed", _flatten(doc)
     if any(k in doc for k in ("compute_environment", "distributed_type", "num_processes")):

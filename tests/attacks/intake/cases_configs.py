@@ -147,6 +147,21 @@ def value_with_a_newline_cannot_inject_recipe_keys(d):
     return _args_json(d, _with(optim=evil, warmup_ratio=0.1))
 
 
+@case("sft.yaml", "key a YAML date (2020-01-01)", "expected a setting name")
+def yaml_key_is_a_date(d):
+    """A date as a key crashed the key table (AttributeError: 'datetime.date' object has no attribute 'startswith')."""
+    p = d / "sft.yaml"
+    p.write_text("stage: sft\nfinetuning_type: full\n2020-01-01: 3\n")
+    return _recipe(d, p)
+
+
+@case("accelerate.yaml", "fsdp_config.key None", "expected a setting name")
+def yaml_nested_key_is_null(d):
+    p = d / "accelerate.yaml"
+    p.write_text("compute_environment: LOCAL_MACHINE\nnum_processes: 2\nfsdp_config:\n  null: 1\n")
+    return _recipe(d, p)
+
+
 # -------------------------------------------------------------------------------- training_args.bin
 def _zip_bin(d: Path, member: str = "training_args/data.pkl", payload: bytes = b"\x80\x02}q\x00.") -> Path:
     p = d / "training_args.bin"
