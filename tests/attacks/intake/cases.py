@@ -93,7 +93,7 @@ def jsonl_steps_backward(d):
     return _import(d, p)
 
 
-@case("line 3: loss is 'abc', expected a number")
+@case("line 3: loss: found 'abc', expected a number")
 def csv_bad_loss(d):
     p = d / "log.csv"
     p.write_text("step,loss\n1,2.0\n2,abc\n")
