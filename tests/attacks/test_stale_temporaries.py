@@ -63,18 +63,20 @@ def test_kill_9_of_intake_then_the_rerun_removes_its_temporaries(tmp_path):
     job = tmp_path / "job"
     job.mkdir()
     shutil.copy(FIX / "configs" / "lf_qwen3_full_sft.yaml", job)
-    for i in range(300):   # scanned inside the staged folder: the kill finds it there
+    for i in range(100):   # scanned inside the staged folder: the kill finds it there
         shutil.copy(FIX / "scripts" / "nanogpt_train.py", job / f"train_{i}.py")
     _kill_while_staging(["intake", str(job), "--out", str(tmp_path / "mig"), "--model", "stories260k"],
                         tmp_path / "mig")
 
 
+@pytest.mark.slow   # trains the tiny run whose checkpoint is merged (~10 s) when no other test has
 def test_kill_9_of_ckpt_merge_then_the_rerun_removes_its_temporaries(tmp_path):
     ck = I.train_checkpoint(tmp_path / "run" / "checkpoints" / "step_2")
     _kill_while_staging(["ckpt", "merge", str(ck), "--out", str(tmp_path / "W"), "--model", str(I.EMBEDDED)],
                         tmp_path / "W")
 
 
+@pytest.mark.slow   # as above
 def test_kill_9_of_ckpt_reshard_then_the_rerun_removes_its_temporaries(tmp_path):
     ck = I.train_checkpoint(tmp_path / "run" / "checkpoints" / "step_2")
     recipe = I.recipe(tmp_path)
