@@ -14,7 +14,7 @@ import shutil
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
-from model_zoo.errors import CheckpointError, PortingError
+from model_zoo.errors import CheckpointError, PortingError, one_line
 from model_zoo.files import MAX_JSON_BYTES, read_json_object, swap_in
 
 _TMP_TAG = ".port-tmp-"
@@ -118,8 +118,7 @@ def json_of_format(*formats: str) -> Callable[[Path], bool]:
 
 
 def _shown(p: Path) -> str:
-    s = str(p)
-    return s if s.isprintable() else ascii(s)[1:-1]
+    return one_line(p)
 
 
 def check_free_space(dest: Path, need_bytes: int) -> None:

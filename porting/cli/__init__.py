@@ -12,7 +12,7 @@ import sys
 
 import click
 
-from model_zoo.errors import PortingError
+from model_zoo.errors import PortingError, one_line
 
 
 class PortGroup(click.Group):
@@ -25,8 +25,7 @@ class PortGroup(click.Group):
             if ctx.meta.get("port_debug") or os.environ.get("PORT_DEBUG"):
                 raise
             # one line whatever the message holds: a file name with a newline cannot forge a second line
-            line = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in str(e))
-            click.echo(f"error: {line}", err=True)
+            click.echo(f"error: {one_line(e)}", err=True)
             sys.exit(e.exit_code)
 
 

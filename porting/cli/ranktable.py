@@ -151,14 +151,26 @@ def gen_cmd(servers, devices, device_ips, hccn, version, super_pod_size, out: Pa
                       f"version {version}, {len(entries)} server(s) x {len(dev_ids)} device(s)")
 
 
+def _is_rank_table(p: Path) -> bool:
+    """A rank table (HCCL's format has no room for a writer's mark): a JSON object with a version and a server
+    list. Only such a file is replaced; a config, a log or notes at --out never are."""
+    from model_zoo import files
+    from model_zoo.errors import PortingError
+
+    try:
+        doc = files.read_json_object(p, max_bytes=16 << 20)
+    except PortingError:
+        return False
+    return doc.get("version") in ("1.0", "1.2") and isinstance(doc.get("server_list"), list)
+
+
 def _check_out(out: Path, inputs: list) -> None:
-    """The converters' rule for ``--out``: a new path, never an input, a link or a file that exists (a rank
-    table port wrote cannot be told from one a user edited, so none is replaced)."""
+    """The converters' rule for ``--out``: a new path or an existing rank table, never an input, never a link,
+    never any other file."""
     from converters.atomic import check_out
     from porting.cluster import ranktable as rt
 
-    check_out(out, kind="file", inputs=inputs, what="a file port may replace (a rank table is written new)",
-              error=rt.DiagnosticsError)
+    check_out(out, kind="file", inputs=inputs, ours=_is_rank_table, what="a rank table", error=rt.DiagnosticsError)
 
 
 def _check_then_write(table: dict, out: Path, what: str, summary: str) -> None:

@@ -20,7 +20,7 @@ from typing import Any
 
 from converters import atomic
 from model_zoo import files
-from model_zoo.errors import PortingError
+from model_zoo.errors import PortingError, one_line
 from porting.intake import IntakeError
 from porting.intake.typed import name as shown
 from porting.intake.recipe_import import Target
@@ -189,4 +189,4 @@ def _line(text: str) -> str:
     escaping: a newline in a name cannot start a heading or a code block, a link cannot become live)."""
     from porting.report.render import md_text
 
-    return md_text("".join(c if c.isprintable() else ascii(c)[1:-1] for c in text))
+    return md_text(one_line(text))

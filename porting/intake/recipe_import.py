@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 
 from model_zoo import files
-from model_zoo.errors import PortingError
+from model_zoo.errors import PortingError, one_line
 from porting.intake import IntakeError, config_keys as K
 from porting.intake.typed import name as shown_name, shown, typed
 from porting.train import check_tensor_parallel, make_plan, plan_config, validate_recipe
@@ -73,7 +73,7 @@ def comment(text: str) -> str:
     """``text`` folded into one comment line of the YAML port writes: a newline (or any character that
     breaks a line in YAML: \\r, \\x85, \\u2028) from a config value is shown escaped, so it cannot end the
     comment and inject recipe keys."""
-    return "# " + "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text) + "\n"
+    return "# " + one_line(text) + "\n"
 
 
 # ----------------------------------------------------------------------------------------- reading

@@ -21,6 +21,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from model_zoo.errors import one_line
 from porting.intake import IntakeError
 
 MAX_TEXT = 4096          # a path, a model name or an optimizer name; a config value longer than this is not one
@@ -49,9 +50,8 @@ def _repr(value: Any) -> str:
 
 def name(path: Any) -> str:
     """A file or member name for a message: as it is, unless it holds a character that could break the
-    line (a newline, a control character), then escaped."""
-    s = str(path)
-    return s if s.isprintable() else ascii(s)[1:-1]
+    line (a newline, a control character), then those characters escaped (``model_zoo.errors.one_line``)."""
+    return one_line(path)
 
 
 @dataclass(frozen=True)

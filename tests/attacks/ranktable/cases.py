@@ -104,7 +104,7 @@ def merge_out_is_one_of_its_inputs(d):
             "--out", str(d / "a.json")]
 
 
-@case("rank_table.json", "exists and is not a file port may replace", dest=None)
+@case("rank_table.json", "exists and is not a rank table", dest=None)
 def gen_out_over_an_existing_table(d):
     I.canary(d, "rank_table.json")
     return ["ranktable", "gen", "--server", "node_0:10.0.0.1", "--devices", "0-1",
