@@ -52,7 +52,9 @@ def command(baseline: str, rundir: str, as_json: bool, out: str | None, loss_rto
     from model_zoo.files import write_atomic
 
     if out:
-        check_out(out, kind="file", inputs=[baseline, rundir], ours=json_of_format("port-compare", "port-bisect"),
+        # a new file may go into the run directory beside its evidence (as `ops scan --out RUNDIR/...`); an
+        # existing one only when it is a comparison port wrote, never the baseline or a run file
+        check_out(out, kind="file", inputs=[baseline], ours=json_of_format("port-compare", "port-bisect"),
                   what="a comparison port wrote", error=ConfigError)
     if bisect:
         from porting.bisect.render import render as render_bisect

@@ -85,3 +85,11 @@ def out_is_a_link_to_a_file_elsewhere(d):
 
     os.symlink(I.canary(d / "elsewhere", "c.json"), d / "cmp.json")
     return ["compare", str(_imported(d)), str(run_dir(d)), "--no-probe", "--out", str(d / "cmp.json")]
+
+
+@case("metrics.jsonl", "exists and is not a comparison port wrote", dest=None)
+def out_is_a_file_of_the_run(d):
+    from tests.attacks.intake.cases_logs import _imported
+
+    r = run_dir(d)
+    return ["compare", str(_imported(d)), str(r), "--no-probe", "--out", str(r / "metrics.jsonl")]
