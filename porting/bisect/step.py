@@ -167,6 +167,10 @@ def bisect_step(baseline_path: str, run_dir: str, *, allow_settings_mismatch: bo
     from porting.train.run.step import AdamW
     from porting.verify.pair import build_zoo, load_zoo
 
+    if "imported" in schema.load(baseline_path):   # issue 40: was KeyError: 'loss'
+        raise ConfigError(f"{baseline_path}: an imported CUDA log (`port baseline --import`) holds the loss curve only, "
+                          "not the per-step state a replay needs; run `port compare` without --bisect for the curve "
+                          "gate, or bisect against a baseline measured with `port baseline --recipe`")
     rep = run_compare(baseline_path, run_dir, allow_settings_mismatch=allow_settings_mismatch, probe=False, **tol)
     f = first_failing_step(rep)
     head = {"baseline": str(baseline_path), "run": str(run_dir), "failing_steps": rep["loss"]["failing_steps"][:10]}

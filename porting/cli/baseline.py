@@ -51,6 +51,7 @@ Examples:
 def run_cmd(recipe: str, out: str, device: str, hf: str | None, overrides: tuple[str, ...], steps: int | None,
             probe_tokens: int, timing_warmup: int, threads: int | None) -> None:
     """Record a PyTorch + HF transformers baseline of RECIPE's first steps, on the identical batches."""
+    _check_out(out, recipe)
     from porting.baseline.memory import PHASES
     from porting.baseline.runner import BaselineRequest, run
 
@@ -94,3 +95,14 @@ def import_cmd(log: str, out: str, hf: str | None, global_batch: int | None, seq
     stated = Stated(global_batch=global_batch, seq_length=seq_length, dtype=dtype, model=hf)
     path, doc = import_log(log, out, stated, ["port"] + sys.argv[1:], loss_tag)
     click.echo(summary_line(path, doc))
+
+
+def _check_out(out: str, source: str) -> None:
+    """--out under port's one rule (converters.atomic.check_out): a new file, or a baseline port wrote; never
+    the recipe or log it reads."""
+    from converters.atomic import check_out, json_of_format
+    from model_zoo.errors import ConfigError
+    from porting.baseline.schema import FORMAT
+
+    check_out(out, kind="file", inputs=[source], ours=json_of_format(FORMAT), what="a baseline port wrote",
+              error=ConfigError)

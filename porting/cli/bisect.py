@@ -15,7 +15,10 @@ def _ids(text: str | None) -> list[int] | None:
     if text is None:
         return None
     try:
-        return [int(t) for t in text.replace(",", " ").split()][:1 << 16 + 1]
+        ids = [int(t) for t in text.replace(",", " ").split()[:1 << 16 + 1]]
+        if any(not 0 <= i < 1 << 31 for i in ids):
+            raise ValueError("not a token id")
+        return ids
     except ValueError:
         raise ConfigError(f"--ids {text[:40]!r}: expected token ids separated by spaces or commas") from None
 

@@ -43,6 +43,14 @@ def command(baseline: str, rundir: str, as_json: bool, out: str | None, loss_rto
     """Compare the port's run RUNDIR with the baseline file BASELINE (measured by `port baseline`, or a
     CUDA run's log imported with `port baseline import`: then the curve-level gate applies). Each check is
     one row (name, measure, value, tolerance, result, detail); exit 1 when one fails."""
+    from converters.atomic import check_out, json_of_format
+    from model_zoo.errors import ConfigError
+
+    if out:
+        # a new file may go into the run directory beside its evidence (as `ops lint --out RUNDIR/...`); an
+        # existing one only when it is a comparison port wrote, never the baseline or a run file
+        check_out(out, kind="file", inputs=[baseline], ours=json_of_format("port-compare", "port-bisect"),
+                  what="a comparison port wrote", error=ConfigError)
     if bisect:
         from porting.cli.bisect import command as bisect_command
 

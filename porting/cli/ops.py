@@ -46,6 +46,7 @@ def scan_cmd(hf, scripts, module, meta, attn, batch, seq, as_json, out) -> None:
     if sum(map(bool, (hf, module, scripts))) != 1:
         raise DiagnosticsError("ops scan: give exactly one of --hf DIR|NAME or --module package.module:factory "
                                "(training scripts: port ops lint PATH...)")
+    _check_out(out, scripts)
     if scripts:
         click.echo("note: `port ops scan --script PATH` is now `port ops lint PATH...`", err=True)
         _lint(scripts, as_json, out)
@@ -99,9 +100,20 @@ def lint_cmd(paths, as_json, out) -> None:
 def _lint(paths, as_json: bool, out: Path | None) -> None:
     from porting.intake import script_scan
 
+    _check_out(out, paths)
     rep = script_scan.scan(list(paths))
     _write_json(out, rep)
     click.echo(json.dumps(rep, indent=2) if as_json else script_scan.render(rep))
+
+
+def _check_out(out: Path | None, inputs) -> None:
+    """--out under port's one rule (converters.atomic.check_out): a new file, or a scan port wrote; never an input."""
+    if out:
+        from converters.atomic import check_out, json_of_format
+        from porting.diagnostics import DiagnosticsError
+
+        check_out(out, kind="file", inputs=list(inputs), ours=json_of_format("port-script-scan", "port-ops-scan"),
+                  what="a scan port wrote", error=DiagnosticsError)
 
 
 def _write_json(out: Path | None, doc: dict) -> None:

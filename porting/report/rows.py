@@ -48,6 +48,9 @@ class Diagnosis:
 def _evidence(run: RunRecords, name: str) -> Any:
     """An optional evidence file beside the run (bounded read); unreadable: a note and None."""
     p = run.path / name
+    if p.is_symlink():   # a link planted in the run may reach any file: never followed, never shown
+        run.notes.append(f"{name}: a symbolic link, not followed (the report reads only the run's own files)")
+        return None
     if not p.exists():
         return None
     try:
