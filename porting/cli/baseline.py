@@ -92,6 +92,7 @@ def import_cmd(log: str, out: str, hf: str | None, global_batch: int | None, seq
     TensorBoard events.out.tfevents.*, or a CSV/JSONL of step,loss[,grad_norm,lr]."""
     from porting.intake.baseline_import import Stated, import_log, summary_line
 
+    _check_out(out, log)
     stated = Stated(global_batch=global_batch, seq_length=seq_length, dtype=dtype, model=hf)
     path, doc = import_log(log, out, stated, ["port"] + sys.argv[1:], loss_tag)
     click.echo(summary_line(path, doc))
