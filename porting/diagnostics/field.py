@@ -14,6 +14,8 @@ from __future__ import annotations
 import re
 from typing import NamedTuple
 
+from porting.diagnostics.links import link_facts
+
 
 class FieldRule(NamedTuple):
     pattern: re.Pattern
@@ -83,11 +85,15 @@ COMM_INIT_LITERAL = b"CommInit"
 # most bytes (lower-case starts cost 3x the CPU on the 4,096-rank benchmark, measured). Lines these
 # miss carry "ERR"/"Error" already: CANN "[ERROR]" lines, "...TimeoutErrorInfo]" device lines.
 FIELD_LITERALS = (b"Watchdog caught", b"Socket Timeout", b"[c10d]", b"(exitcode", b"Signal 9", b"Root Cause",
-                  b"Memory_Allocation", b"EI0", b"EJ0", b"EE", b"EL0", b"EZ9", b"E39", b"EH9", COMM_INIT_LITERAL,
+                  b"Memory_Allocation", b"EI0", b"EJ0", b"EE", b"EL0", b"E39", b"EH9", COMM_INIT_LITERAL,
                   # markerless fault texts of the cause model (issue 28): no [ERROR] prefix on these lines
                   # ("(chipId" for "The error from device(chipId:N": a "T" literal costs at every ISO timestamp)
                   b"NPU out of", b"Device[", b"(chipId", b"[LOST]", b"Heartbeat", b"Check failed",
-                  b"Received a dump", b"NCCL work")
+                  b"Received a dump", b"NCCL work",
+                  # issue 38's taxonomy: texts printed without an error marker (environment, operator build,
+                  # host memory, data pipeline, framework internals); "EZ" also takes EZ3003 and EZ1001
+                  b"EZ", b"DrvMng", b"Load dynamic library", b"Failed to compile", b"] is null", b"Worker timed out",
+                  b"DefaultCPUAllocator", b"CANN version")
 
 REPORTER_RES = (
     re.compile(rb"\[(?:PG [^\]]*?)?Rank (\d+)\]"),                # torch watchdog "[Rank 1]"
@@ -98,6 +104,8 @@ SEQ_RE = re.compile(rb"Work[HN]CCL\(SeqNum=(\d+), OpType=(\w+)")
 REMOTE_RE = re.compile(rb"remote rank\s*:\s*\[\s*(\d+|unknown)\s*\]", re.I)
 GROUP_RE = re.compile(rb"group:\[([^\]]+)\]")
 RANK_SIZE_RE = re.compile(rb"rankSize\[(\d+)\]")
+# CANN 9's run-log heartbeat line (hcclug_000055): the crimer's address and rank, and the informer's rank
+CRIMER_RE = re.compile(rb"crimer rank ?\[([^/\]\s]*)/(\d+)\][^\n]*?(?:by informer rank ?\[[^/\]\s]*/(\d+)\])?")
 LOCATION_RE = re.compile(rb"Cluster Exception Location\[IP/ID\]:\[([^/\]]*)/(\d+)\][^\n]*?"
                          rb"(?:Discoverer:\[([^/\]]*)/(\d+)\])?[^\n]*?ExceptionType:\[([^\]]+)\]")
 PEER_RES = (
@@ -187,6 +195,12 @@ def line_facts(line: bytes) -> dict:
         out["exception_type"] = m.group(5).decode()
         if m.group(4):
             out["reporter"] = int(m.group(4))
+    if b"crimer" in line and (m := CRIMER_RE.search(line)):
+        out["located_ip"] = m.group(1).decode()
+        if m.group(3):
+            out["informer"] = int(m.group(3))
+    if (link := link_facts(line)) is not None:
+        out["link"] = link
     for rx in PEER_RES:
         m = rx.search(line)
         if m:

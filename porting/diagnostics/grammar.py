@@ -115,6 +115,7 @@ class Event:
     tier: int = 99                # that class's tier: lower is more causal
     sure: bool = True             # False when the class was named without the reason (a weak pattern)
     entities: list = dataclasses.field(default_factory=list)  # ranks/devices/hosts its block names, with lines
+    fault: str = ""               # the fault inside its class (cause_model.yaml faults: aicore, aicpu, ...), "" if none
 
     def as_dict(self, offset: float = 0.0) -> dict:
         # a shallow copy: dataclasses.asdict deep-copies every value, which was most of the parent's

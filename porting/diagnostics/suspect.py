@@ -16,7 +16,7 @@ from __future__ import annotations
 from porting.diagnostics.grammar import Event
 
 # classes whose cause is clear from the text alone, even when it names no rank or device
-FILE_OK = {"memory", "process_exit", "config", "address_port"}
+FILE_OK = {"memory", "host_oom", "process_exit", "config", "address_port"}
 PEER_CLASSES = {"nic_link_init", "socket_timeout", "collective_timeout"}
 
 
@@ -51,12 +51,16 @@ def entity_of(view, e: Event) -> dict:
         ents = [x for x in ents if not x.get("context")]   # the lines before it are another process's
     own_pid = _first(ents, ("pid",))
     pid = own_pid if own_pid is not None else _first(ents, ("pid",), True)
-    device = _first(ents, ("device", "chip"))
-    ctx_device = _first(ents, ("device", "chip"), True)
+    # the logical device where the block names one (device_id=2 beside "device(chipId:0,dieId:0)"): chip and die
+    # are the physical place, kept as details (issue 38: entities from the line that carries them)
+    device = _first(ents, ("device",))
+    device = device if device is not None else _first(ents, ("chip",))
+    ctx_device = _first(ents, ("device",), True)
+    ctx_device = ctx_device if ctx_device is not None else _first(ents, ("chip",), True)
     if device is None and ctx_device is None and pid is not None:
         ctx_device = _pid_devices(view).get(pid)
     extra = {k: v for k, v in (("pid", pid), ("chip", _first(ents, ("chip",))), ("die", _first(ents, ("die",))),
-                               ("nic_ip", _first(ents, ("nic_ip",)))) if v is not None}
+                               ("nic_ip", _first(ents, ("nic_ip",))), ("op", _first(ents, ("op",)))) if v is not None}
     lost, peer = _first(ents, ("lost_rank",)), _first(ents, ("peer_rank",))
     if lost is not None:
         return {"entity": "rank", "id": lost, "text": f"rank {lost}", "via": "lost peer", **extra}
@@ -83,7 +87,7 @@ def entity_of(view, e: Event) -> dict:
 
 def describe(s: dict) -> str:
     """'device 3 (pid 45464)', 'rank 5 (device 5, pid 324)', 'file'."""
-    parts = [f"{k} {s[k]}" for k in ("device", "chip", "die", "pid", "nic_ip") if k in s
+    parts = [f"{k} {s[k]}" for k in ("device", "chip", "die", "pid", "nic_ip", "op") if k in s
              and not (k in ("device", "chip") and s["entity"] == "device" and s[k] == s["id"])]
     return s["text"] + (f" ({', '.join(parts)})" if parts else "")
 
@@ -91,7 +95,10 @@ def describe(s: dict) -> str:
 def earned(view, e: Event, suspect: dict, competitors: list[tuple[object, Event]]) -> tuple[str, str, tuple[str, ...]]:
     """(confidence, why not higher, what to collect next) for a cause verdict."""
     short, collect = [], []
-    devices = {x["id"] for x in e.entities if x["type"] in ("device", "chip")}
+    logical = {x["id"] for x in e.entities if x["type"] == "device"}
+    chips = {x["id"] for x in e.entities if x["type"] == "chip"}
+    # a logical device and a different chip id may be one NPU (ASCEND_RT_VISIBLE_DEVICES renumbers), or two
+    devices = logical | chips if logical and chips - logical else logical or chips
     # a competitor that names no entity (the file) does not contradict the suspect
     others = sorted({entity_of(v, x)["text"] for v, x in competitors} - {suspect["text"], "file"})
     if not e.sure:
@@ -106,6 +113,10 @@ def earned(view, e: Event, suspect: dict, competitors: list[tuple[object, Event]
     if suspect.get("via") == "peer":
         short.append(f"only the reporting side names {suspect['text']}")
         collect.append(f"{suspect['text']}'s own log and plog")
+    if getattr(e, "fault", "") == "error_cqe":
+        short.append("an ERROR CQE says the link to the remote end failed: the network between the two ends, or the "
+                     "remote process")
+        collect.append("`hccn_tool -i <device> -link_stat -g` on both ends, and the remote end's own log")
     if len(devices) > 1:
         short.append(f"the block names devices {sorted(devices)}")
     if others:
