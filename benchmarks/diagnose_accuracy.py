@@ -83,7 +83,7 @@ def score(name: str, want: dict) -> dict:
             "pass": all(checks.values()), "no_failure_found": d.get("reason_kind") == "none",
             "want_fault": want.get("fault"),
             "got": {"suspect": got, "class": d.get("cause_class", d.get("reason_kind")), "fault": d.get("fault"),
-                    "confidence": d.get("confidence"), "reason": reason[:200], "why": d.get("why", "")}}
+                    "role": d.get("role"), "confidence": d.get("confidence"), "reason": reason[:200], "why": d.get("why", "")}}
 
 
 SPLITS = (("heldout38", "held-back, issue 38"), ("heldout", "held-back, issue 28"), ("tune", "rest (tuned on)"))

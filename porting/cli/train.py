@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import click
 
 from model_zoo.errors import PortingError, RecipeError
 from model_zoo.files import write_atomic
+from porting.cluster import hccl_timeouts
 from porting.rundir import check_side_paths
 from porting import train as T   # the face: names load on first use, a dry run never loads MindSpore
 
@@ -74,7 +76,8 @@ def command(recipe: str, overrides: tuple[str, ...], dry_run: bool, as_json: boo
     plan.warnings = notes + plan.warnings
     if dry_run:
         plan.padding, padding_line = T.dry_run_padding(rec)   # padding of bucketing vs packing on the recipe's data
-        click.echo(json.dumps(plan.to_dict(), indent=2) if as_json else T.format_plan(plan) + "\n" + padding_line)
+        timeouts = "\n" + hccl_timeouts.plan_line(os.environ, plan.launch["env"]) if plan.launch else ""
+        click.echo(json.dumps(plan.to_dict(), indent=2) if as_json else T.format_plan(plan) + timeouts + "\n" + padding_line)
         T.check_fits(plan, recipe)
         return
     T.check_fits(plan, recipe)

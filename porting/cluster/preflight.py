@@ -30,6 +30,7 @@ from typing import Callable
 
 from model_zoo.errors import DiagnosticsError
 from model_zoo.files import read_json_object, write_atomic
+from porting.cluster import hccl_timeouts
 from porting.cluster.smoke_shape import note_port, smoke_at_shape, waited_port, wants_smoke
 from porting.train.recipe.hardware import address_problem, check_node_rank
 from porting.train.recipe.schema import Recipe
@@ -276,6 +277,8 @@ def run_preflight(recipe_path: str | os.PathLike, *, node_rank: int = 0, fingerp
     else:
         rows.append(check_master_reachable(c.master_addr, c.master_port))
     rows.append(check_rank_table(rank_table or c.rank_table_file, c.nodes, c.devices_per_node))
+    if recipe.world_size > 1:   # HCCL_CONNECT_TIMEOUT < HCCL_EXEC_TIMEOUT, as the HCCL guide asks (hccl_timeouts.py)
+        rows.append(hccl_timeouts.check(os.environ))
     # scoped as `port train`'s: its run directory, and on Ascend its NPUs (other jobs on a shared machine
     # are not stale); check_stale() lists every training process on the machine
     rows.append(check_stale_for_run(Path(recipe.output_dir), node_rank, launch_devices(recipe)))

@@ -72,6 +72,12 @@ def class_tier(name: str) -> float:
     return next(float(c["tier"]) for c in load_yaml("cause_model.yaml")["classes"] if c["name"] == name)
 
 
+@lru_cache(maxsize=None)
+def class_role(name: str) -> str | None:
+    """cause | consequence for a class of the model; None for a name it does not have."""
+    return next((c["role"] for c in load_yaml("cause_model.yaml")["classes"] if c["name"] == name), None)
+
+
 CODE_RE = re.compile(rb"(?<![A-Za-z0-9])(E[0-9A-Z]\d{4}|ERR\d{5})(?![0-9A-Za-z])|(?<![\d.x])(\d{6})(?![\d.])")
 
 

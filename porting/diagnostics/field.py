@@ -93,7 +93,7 @@ FIELD_LITERALS = (b"Watchdog caught", b"Socket Timeout", b"[c10d]", b"(exitcode"
                   # issue 38's taxonomy: texts printed without an error marker (environment, operator build,
                   # host memory, data pipeline, framework internals); "EZ" also takes EZ3003 and EZ1001
                   b"EZ", b"DrvMng", b"Load dynamic library", b"Failed to compile", b"] is null", b"Worker timed out",
-                  b"DefaultCPUAllocator", b"CANN version")
+                  b"DefaultCPUAllocator", b"CANN version", b"CCL watchdog thread")
 
 REPORTER_RES = (
     re.compile(rb"\[(?:PG [^\]]*?)?Rank (\d+)\]"),                # torch watchdog "[Rank 1]"

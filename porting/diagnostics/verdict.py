@@ -13,7 +13,7 @@ import dataclasses
 import re
 from collections import Counter
 
-from porting.diagnostics.causes import WINDOW_S, codes_in
+from porting.diagnostics.causes import WINDOW_S, class_role, codes_in
 from porting.diagnostics.grammar import Event, fmt_ts
 from porting.diagnostics.evidence import EvidenceContext, from_field_evidence, global_from_local
 from porting.diagnostics.heartbeat import from_heartbeat
@@ -268,7 +268,8 @@ def _settle(v: Verdict) -> Verdict:
     ev = v.evidence[0] if v.evidence else {}
     if v.reason_kind == "none":
         return dataclasses.replace(v, role="none")
-    if ev.get("role") == "cause" or "located_rank" in ev.get("facts", {}):
+    role_of_class = class_role(v.cause_class) if v.cause_class else None
+    if "located_rank" in ev.get("facts", {}) or (role_of_class or ev.get("role")) == "cause":
         return dataclasses.replace(v, fault=v.fault or ev.get("fault") or None, role="culprit")
     role = "inferred" if v.reason_kind in INFERRED_KINDS else "waiter"
     fault = v.fault or ev.get("fault") or ("waiter" if v.cause_class == "collective_timeout" else None)
