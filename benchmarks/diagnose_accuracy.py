@@ -86,7 +86,8 @@ def score(name: str, want: dict) -> dict:
                     "role": d.get("role"), "confidence": d.get("confidence"), "reason": reason[:200], "why": d.get("why", "")}}
 
 
-SPLITS = (("heldout38", "held-back, issue 38"), ("heldout", "held-back, issue 28"), ("tune", "rest (tuned on)"))
+SPLITS = (("heldout38", "held-back, issue 38"), ("heldout", "held-back, issue 28"),
+          ("tune38", "issue 38's first held-back batch, tuned on since"), ("tune", "rest (tuned on)"))
 MEASURES = ("pass", "suspect", "class", "fault", "confidence", "reason")
 
 
@@ -133,7 +134,7 @@ def main() -> int:
     print("by fault: " + ", ".join(f"{k[6:]} {v['pass']}/{v['n']}" for k, v in s.items() if k.startswith("fault:")))
     if args.show_misses:
         for r in rows:
-            if not r["pass"] and r["split"] == "tune":
+            if not r["pass"] and r["split"] in ("tune", "tune38"):
                 bad = [k for k in MEASURES[1:] if not r[k]]
                 print(f"MISS [{r['split']}] {r['name']}: {bad} got {r['got']}")
     return 0

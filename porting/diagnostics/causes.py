@@ -110,7 +110,7 @@ ENTITY_RES: tuple[tuple[str, re.Pattern], ...] = (
     ("informer", re.compile(rb"informer rank ?\[[^/\]\s]*/(\d+)\]")),
     ("lost_rank", re.compile(rb"rank \[[^/\]\s]*/(\d+)\] status\[LOST\]")),
     ("lost_rank", re.compile(rb"Cluster Exception Location\[IP/ID\]:\[[^/\]]*/(\d+)\]")),
-    ("peer_rank", re.compile(rb"remote rank\s*[:\[]+\s*(\d+)", re.I)),
+    ("peer_rank", re.compile(rb"remote rank\s*[:\[]+\s*(?!4294967295\b)(\d+)", re.I)),
     ("rank", re.compile(rb"RankID:(\d+)\)")),
     ("rank", re.compile(rb"\[(?:PG [^\]]*?)?Rank (\d+)\]")),
     ("rank", re.compile(rb"\[rank(\d+)\]:")),

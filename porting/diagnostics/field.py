@@ -93,7 +93,8 @@ FIELD_LITERALS = (b"Watchdog caught", b"Socket Timeout", b"[c10d]", b"(exitcode"
                   # issue 38's taxonomy: texts printed without an error marker (environment, operator build,
                   # host memory, data pipeline, framework internals); "EZ" also takes EZ3003 and EZ1001
                   b"EZ", b"DrvMng", b"Load dynamic library", b"Failed to compile", b"] is null", b"Worker timed out",
-                  b"DefaultCPUAllocator", b"CANN version", b"CCL watchdog thread")
+                  b"DefaultCPUAllocator", b"CANN version", b"CCL watchdog thread", b"Failing at address",
+                  b"Failed to load")
 
 REPORTER_RES = (
     re.compile(rb"\[(?:PG [^\]]*?)?Rank (\d+)\]"),                # torch watchdog "[Rank 1]"
@@ -101,6 +102,7 @@ REPORTER_RES = (
     re.compile(rb"\[rank(\d+)\]:"),                               # torchrun prefixes
 )
 SEQ_RE = re.compile(rb"Work[HN]CCL\(SeqNum=(\d+), OpType=(\w+)")
+UNKNOWN_RANK = b"4294967295"
 REMOTE_RE = re.compile(rb"remote rank\s*:\s*\[\s*(\d+|unknown)\s*\]", re.I)
 GROUP_RE = re.compile(rb"group:\[([^\]]+)\]")
 RANK_SIZE_RE = re.compile(rb"rankSize\[(\d+)\]")
@@ -182,7 +184,8 @@ def line_facts(line: bytes) -> dict:
         out["seq"], out["op"] = int(m.group(1)), m.group(2).decode()
     m = REMOTE_RE.search(line)
     if m:
-        out["remote_rank"] = None if m.group(1).lower() == b"unknown" else int(m.group(1))
+        # HCCL prints an unknown remote as "unknown" or as (u32)-1 = 4294967295 (with "remote rank:[local]")
+        out["remote_rank"] = None if m.group(1).lower() == b"unknown" or m.group(1) == UNKNOWN_RANK else int(m.group(1))
     m = GROUP_RE.search(line)
     if m:
         out["group"] = m.group(1).decode("utf-8", "replace")

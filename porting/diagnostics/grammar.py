@@ -49,7 +49,7 @@ LEVEL_RE = re.compile(rb"^\[?(ERROR|CRITICAL|EXCEPTION|WARNING|INFO|DEBUG|TRACE|
 PORT_LEVEL_RE = re.compile(rb"\brank=\d+\s+(?:level=)?(ERROR|CRITICAL|WARNING|INFO)\b")
 EXC_LINE_RE = re.compile(rb"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit))(?::\s?(.*))?$")
 PID_RE = re.compile(rb"^\[[A-Z]+\]\s*[A-Z_]+\((\d+)[,:]", re.M)
-REMOTE_RANK_RE = re.compile(rb"remote rank\s*[:\[]+\s*(\d+)", re.I)
+REMOTE_RANK_RE = re.compile(rb"remote rank\s*[:\[]+\s*(?!4294967295\b)(\d+)", re.I)   # (u32)-1: unknown
 LOCATION_RE = re.compile(rb"Cluster Exception Location\[IP/ID\]:\[[^/\]]*/(\d+)\][^\n]*?ExceptionType:\[([^\]]+)\]")
 SCHED_TIMEOUT_RE = re.compile(rb"The node: (\d+) is timed out")
 SCHED_FIRST_RE = re.compile(rb"worker (\d+) is the first one timed out")

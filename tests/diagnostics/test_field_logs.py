@@ -45,7 +45,7 @@ def test_corpus_is_complete_and_sourced():
     assert sum(w.get("split") == "heldout" for w in EXPECTED.values()) >= 20
 
 
-TUNED = sorted(n for n, w in EXPECTED.items() if w.get("split", "tune") == "tune")
+TUNED = sorted(n for n, w in EXPECTED.items() if w.get("split", "tune") in ("tune", "tune38"))
 # tuning excerpts the model does not get right, kept visible rather than dropped (the expectation was written
 # before the tool ran; a miss is not edited away). Each is a strict xfail: fixing one fails the test, so the
 # fix shows and the entry is removed. paddle_72458: its EE1001 line names the class with a documented code, so
@@ -59,6 +59,11 @@ KNOWN_MISSES = {
     "mxnet_18224_dataloader_worker_timed_out.log": "'Slow transform' follows a blank line, outside the block",
     "vllm_2682_nccl_watchdog_terminated_rank7.log": "expected medium, got low (read as a waiter)",
     "vllm_ascend_3196_comm_init_root_info_config_error_11.log": "expected low, got medium (a weak comm_init match)",
+    # issue 38's first held-back batch (tune38): suspect and class right, the confidence expected otherwise
+    "ms_swift_9135_enable_p2p_507899_rank54.log": "expected medium, got high",
+    "vllm_ascend_8360_fftsplus_aicore_chip4_die1_device9.log": "expected high, got medium (chip 4 die 1 vs device 9)",
+    "mindyolo_238_segfault_hcom_graph_adaptor.log": "expected medium, got high",
+    "vllm_8054_aclnn_not_in_libopapi.log": "expected medium, got high",
 }
 
 
