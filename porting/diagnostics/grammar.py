@@ -40,9 +40,29 @@ COLLECTIVE_RE = re.compile(
 COLLECTIVE_LITERALS = (b"AllReduce", b"AllGather", b"ReduceScatter", b"Broadcast", b"AllToAll")
 ERROR_LITERALS = (b"ERR", b"CRITICAL", b"EXCEPTION", b"Traceback", b"Error", b"Exception", b"OOM", b"\nE",
                   b"Killed", b"Segmentation fault", b"Aborted", b"Out of memory", b"Kill this process")
-# Error literals in one pass (the last collective of a chunk is found by reverse searches). A plain
-# alternation keeps the engine's first-character filter (named groups disable it: 10x slower, measured).
-ERROR_SCAN_RE = re.compile(b"|".join(re.escape(x) for x in ERROR_LITERALS + FIELD_LITERALS))
+
+
+def literal_alternation(literals) -> re.Pattern:
+    """One regex for many literals, grouped by first byte: ``E(?:RR|rror|I0|...)|C(?:...)|...``. The engine
+    tries a flat alternation's branches one by one at every byte its first-character filter lets through
+    (every newline, for "\nE"); grouped, it tries one branch per first byte. Only match starts are used,
+    and they are the same as the flat alternation's (issue 38: 5.1 -> 3.6 ms per 1.15 MB rank log)."""
+    groups: dict[bytes, list[bytes]] = {}
+    for x in literals:
+        groups.setdefault(x[:1], []).append(x[1:])
+    parts = []
+    for first, rests in groups.items():
+        rests = sorted(set(rests), key=len, reverse=True)
+        if b"" in rests or len(rests) == 1:
+            parts.append(re.escape(first + (b"" if b"" in rests else rests[0])))
+        else:
+            parts.append(re.escape(first) + b"(?:" + b"|".join(re.escape(r) for r in rests) + b")")
+    return re.compile(b"|".join(parts))
+
+
+# Error literals in one pass (the last collective of a chunk is found by reverse searches). Plain
+# alternations keep the engine's first-character filter (named groups disable it: 10x slower, measured).
+ERROR_SCAN_RE = literal_alternation(ERROR_LITERALS + FIELD_LITERALS)
 ASCEND_CODE_RE = re.compile(rb"(?<![A-Za-z0-9])(E[0-9A-Z]\d{4})(?![0-9A-Za-z])")
 TORCH_NPU_RE = re.compile(rb"\bERR(\d\d)(\d{3})\b")
 LEVEL_RE = re.compile(rb"^\[?(ERROR|CRITICAL|EXCEPTION|WARNING|INFO|DEBUG|TRACE|EVENT)\]?")

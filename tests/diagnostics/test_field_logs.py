@@ -92,8 +92,20 @@ def test_held_back_excerpts_stay_at_their_measured_accuracy(scored):
     assert len(held) >= 20 and sum(r["pass"] for r in held) >= 20
 
 
+def test_issue_38_held_back_batch_stays_at_its_first_run(scored):
+    # BENCHMARKS.md records its one run (suspect and class 14/20, full pass 11/20); counts only, no names:
+    # its misses are not read (reading them would make it a tuning batch)
+    held = [r for r in scored.values() if r["split"] == "heldout38"]
+    both = sum(r["suspect"] and r["class"] for r in held)
+    passed = sum(r["pass"] for r in held)
+    assert len(held) == 20 and both >= 14 and passed >= 11, (both, passed)
+
+
 def test_no_documented_fault_reads_as_no_failure_and_undetermined_is_not_high(scored):
+    # not on issue 38's held-back batch: its misses are only counted (BENCHMARKS.md), never read for a fix
     for name, r in scored.items():
+        if r["split"] == "heldout38":
+            continue
         assert not r["no_failure_found"], name
         got = r["got"]
         if got["suspect"] == "file" and got["class"] not in FILE_OK:
