@@ -87,7 +87,8 @@ def score(name: str, want: dict) -> dict:
 
 
 SPLITS = (("heldout38b", "held-back, issue 38 (3rd batch)"), ("heldout38", "held-back, issue 38"), ("heldout", "held-back, issue 28"),
-          ("tune38", "issue 38's first held-back batch, tuned on since"), ("tune", "rest (tuned on)"))
+          ("tune38", "issue 38's first held-back batch, tuned on since"),
+          ("tune38b", "issue 38's second held-back batch, tuned on since"), ("tune", "rest (tuned on)"))
 MEASURES = ("pass", "suspect", "class", "fault", "confidence", "reason")
 
 
@@ -134,7 +135,7 @@ def main() -> int:
     print("by fault: " + ", ".join(f"{k[6:]} {v['pass']}/{v['n']}" for k, v in s.items() if k.startswith("fault:")))
     if args.show_misses:
         for r in rows:
-            if not r["pass"] and r["split"] in ("tune", "tune38"):
+            if not r["pass"] and r["split"] in ("tune", "tune38", "tune38b"):
                 bad = [k for k in MEASURES[1:] if not r[k]]
                 print(f"MISS [{r['split']}] {r['name']}: {bad} got {r['got']}")
     return 0

@@ -138,8 +138,14 @@ ENTITY_RES: tuple[tuple[str, re.Pattern], ...] = (
     ("host", re.compile(rb"^((?![\w.]*(?:Error|Exception|Warning)(?:\b|_))[A-Za-z][\w]*[-.][\w.-]*\w): ", re.M)),
     # the remote end of an ERROR CQE (hccl guide: "remoteIP{server[S],deviceId[..],deviceIp[D]}") and of an EI0006
     # link (CANN 8.5+: "fails to connect to dstRank (server S, device ID D)"): a host, from the line that says so
-    ("host", re.compile(rb"remoteIP\{server\[([\d.]+)\]")),
-    ("host", re.compile(rb"dstRank \(server ([\w.:-]+),")),
+    ("peer_host", re.compile(rb"remoteIP\{server\[([\d.]+)\]")),
+    ("peer_host", re.compile(rb"dstRank \(server ([\w.:-]+),")),
+    # EI0013's "Peer information: server B, device ID y, device IP b" (the local end is "Local information: ...")
+    ("peer_host", re.compile(rb"Peer information: server ([\w.:-]+),")),
+    # msrun's scheduler names the workers that stopped reporting: "Time out nodes are ['3']"
+    ("lost_rank", re.compile(rb"Time out nodes are \['(\d+)'")),
+    # the device's exception dump "DEVICE[0] PID[415]:" (upper case: the runtime's, not a log prefix)
+    ("device", re.compile(rb"\bDEVICE\[(\d+)\] PID\[")),
     # the operator a failure names (compile, missing binary, dtype/shape, launch)
     ("op", re.compile(rb"\(optype: \[(\w+)\]\)")),
     ("op", re.compile(rb"Failed to compile node \[name:? ?(\w+)")),
@@ -148,6 +154,9 @@ ENTITY_RES: tuple[tuple[str, re.Pattern], ...] = (
     ("op", re.compile(rb"\bcall (aclnn\w+) failed")),
     ("op", re.compile(rb"launch failed for (\w+)")),
     ("op", re.compile(rb"OPS function error: (\w+), error code")),
+    ("op", re.compile(rb"Optype \[(\w+)\] of Ops kernel")),
+    ("op", re.compile(rb"available kernel info for: (\w+)")),
+    ("op", re.compile(rb"Failed to compile Op \[(\w+?)(?:_\d+)?,?\]")),
 )
 
 
@@ -184,7 +193,10 @@ def entities(block: bytes, first_line: int) -> list[dict]:
 PREFIX_RE = re.compile(rb"(?:\([^)\n]{0,80}\) )*(?:(?:ERROR|INFO|WARNING|DEBUG) \d\d-\d\d [\d:]+ \[[^\]\n]{1,80}\] ?)?"
                        rb"(?:\[rank\d+\]: ?)?(?:(?![\w.]*(?:Error|Exception|Warning)\b)[A-Za-z]\w*[-.][\w.-]*\w: )?")
 # npu-smi prints its driver failure as two lines ("DrvMngGetConsoleLogLevel failed." then "dcmi module ...")
-CONT_RE = re.compile(rb"[ \t]+\S|TraceBack|\[Error\]|E[0-9A-Z]\d{4}[:\[ (]|\[PID: \d+\] \d{4}-|dcmi mod")
+# A device error wrapped after "serial number is N." goes on with "there is a ... error"; the device's exception dump
+# goes on with "EXCEPTION STREAM:" and indented info lines.
+CONT_RE = re.compile(rb"[ \t]+\S|TraceBack|\[Error\]|E[0-9A-Z]\d{4}[:\[ (]|\[PID: \d+\] \d{4}-|dcmi mod|there is an? |"
+                     rb"EXCEPTION STREAM:")
 CONTEXT_LINES = 2        # lines before an error line read for entities only (a CANN headline's PID/device)
 OLD_KIND_CLASS = {"oom": "memory", "device": "device_fault", "config": "config", "operator": "operator_error",
                   "crash": "process_exit", "worker_exit": "process_exit", "comm_fault_report": "process_exit",
@@ -250,7 +262,7 @@ def annotate(ev, buf: bytes, st: int, end: int, line0: int) -> None:
     lo = _context_start(buf, st)
     ev.entities = entities(block, line0) + [
         dict(x, context=True) for x in entities(buf[lo:st], line0 - buf.count(b"\n", lo, st))
-        if x["type"] != "host"]
+        if x["type"] not in ("host", "peer_host")]
     if found is None:
         ev.fault = ""
         ev.cause = OLD_KIND_CLASS.get(ev.kind)

@@ -94,7 +94,10 @@ FIELD_LITERALS = (b"Watchdog caught", b"Socket Timeout", b"[c10d]", b"(exitcode"
                   # host memory, data pipeline, framework internals); "EZ" also takes EZ3003 and EZ1001
                   b"EZ", b"DrvMng", b"Load dynamic library", b"Failed to compile", b"] is null", b"Worker timed out",
                   b"DefaultCPUAllocator", b"CANN version", b"CCL watchdog thread", b"Failing at address",
-                  b"Failed to load")
+                  b"Failed to load",
+                  # the device's exception dump ("DEVICE[0] PID[415]:"), MindSpore's "Can not find any available kernel
+                  # info for: Op", msrun's "Time out nodes are ['3']"
+                  b"DEVICE[", b"Can not find any available kernel", b"Time out nodes")
 
 REPORTER_RES = (
     re.compile(rb"\[(?:PG [^\]]*?)?Rank (\d+)\]"),                # torch watchdog "[Rank 1]"

@@ -72,5 +72,14 @@ def from_heartbeat(views: dict) -> Verdict | None:
                f"network go down (`hccn_tool -i <device> -link_stat -g`)?",)
     cause = e.cause or "process_exit"
     suspect = {"entity": "rank", "id": r, "text": f"rank {r}", "via": "heartbeat crimer"}
+    if "Time out nodes" in e.text:
+        # msrun's scheduler (mindspore/parallel/cluster/process_entity/_api.py), not HCCL: the worker stopped
+        # reporting to it; that it is the one that failed is sure, why is not (hung, exited, host unreachable)
+        reason = (f"located: msrun's scheduler names rank {r} as a timed-out node ({e.text.strip()[-80:]}): it stopped "
+                  f"reporting to the scheduler (its process hung or exited, or its host became unreachable)")
+        why = f"msrun's scheduler names rank {r} as timed out; not high: the scheduler does not say why"
+        collect = (f"worker_{r}.log of msrun's --log_dir (its last lines and traceback) and scheduler.log",)
+        return Verdict(r, None, reason, "comm_timeout", (e.as_dict(),), "medium", why, collect,
+                       dict(suspect, via="msrun scheduler"), cause, "lost")
     return Verdict(r, None, reason, "comm_timeout", (e.as_dict(),), "high" if len(culprits) == 1 else "medium",
                    why, collect, suspect, cause, e.fault or {"ERROR CQE": "error_cqe", "STUCK": "stuck"}.get(status, "lost"))

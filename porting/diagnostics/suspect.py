@@ -60,12 +60,20 @@ def entity_of(view, e: Event) -> dict:
     if device is None and ctx_device is None and pid is not None:
         ctx_device = _pid_devices(view).get(pid)
     extra = {k: v for k, v in (("pid", pid), ("chip", _first(ents, ("chip",))), ("die", _first(ents, ("die",))),
-                               ("nic_ip", _first(ents, ("nic_ip",))), ("op", _first(ents, ("op",)))) if v is not None}
+                               ("nic_ip", _first(ents, ("nic_ip",))),
+                               # the operator, from the block or the lines just before it ("call aclnnArange failed")
+                               ("op", _first(ents, ("op",)) if _first(ents, ("op",)) is not None
+                                else _first(ents, ("op",), True))) if v is not None}
     lost, peer = _first(ents, ("lost_rank",)), _first(ents, ("peer_rank",))
     if lost is not None:
         return {"entity": "rank", "id": lost, "text": f"rank {lost}", "via": "lost peer", **extra}
     if peer is not None and e.cause in PEER_CLASSES:
         return {"entity": "rank", "id": peer, "text": f"rank {peer}", "via": "peer", **extra}
+    # the remote end of a link a line names (an ERROR CQE's peer server, an EI0006 dstRank's server): the evidence
+    # is about that end, not the rank that printed it (issue 38: entities from the line that carries them)
+    peer_host = _first(ents, ("peer_host",))
+    if peer_host is not None and e.cause in PEER_CLASSES:
+        return {"entity": "host", "id": peer_host, "text": f"host {peer_host}", "via": "peer host", **extra}
     rank = view.rank if isinstance(view.rank, int) and view.rank_by_name else None
     for found in (lambda: _first(ents, ("rank",)), lambda: _first(ents, ("rank",), True),
                   # the rank a file's text names is this event's when one process wrote the file
@@ -80,6 +88,7 @@ def entity_of(view, e: Event) -> dict:
     if dev is not None:
         return {"entity": "device", "id": dev, "text": f"device {dev}", "via": "device", **extra}
     host = _first(ents, ("host",))
+    host = host if host is not None else _first(ents, ("peer_host",))
     if host is not None:
         return {"entity": "host", "id": host, "text": f"host {host}", "via": "host", **extra}
     return {"entity": "file", "id": e.source, "text": "file", "via": "file", **extra}

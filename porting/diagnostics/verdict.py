@@ -97,6 +97,8 @@ def _from_causes(causes: list[RankView], ctx: EvidenceContext = EvidenceContext(
     reason = f"{kind}: {e.text} ({e.source}:{e.line})"
     if e.facts.get("cause_text"):
         reason += f"; its block says: {e.facts['cause_text']}"
+    if s.get("op") and str(s["op"]).lower() not in reason.lower():
+        reason += f"; the operator: {s['op']}"
     if e.code:
         reason += f" [{e.code}: {e.label}]"
     if e.fix:
