@@ -156,7 +156,6 @@ ENTITY_RES: tuple[tuple[str, re.Pattern], ...] = (
     ("op", re.compile(rb"OPS function error: (\w+), error code")),
     ("op", re.compile(rb"Optype \[(\w+)\] of Ops kernel")),
     ("op", re.compile(rb"available kernel info for: (\w+)")),
-    ("op", re.compile(rb"Failed to compile Op \[(\w+?)(?:_\d+)?,?\]")),
 )
 
 
