@@ -86,7 +86,7 @@ def score(name: str, want: dict) -> dict:
                     "role": d.get("role"), "confidence": d.get("confidence"), "reason": reason[:200], "why": d.get("why", "")}}
 
 
-SPLITS = (("heldout38b", "held-back, issue 38 (3rd batch)"), ("heldout38", "held-back, issue 38"), ("heldout", "held-back, issue 28"),
+SPLITS = (("heldout38c", "held-back, issue 38 (4th batch)"), ("heldout38b", "held-back, issue 38 (3rd batch)"), ("heldout38", "held-back, issue 38"), ("heldout", "held-back, issue 28"),
           ("tune38", "issue 38's first held-back batch, tuned on since"),
           ("tune38b", "issue 38's second held-back batch, tuned on since"), ("tune", "rest (tuned on)"))
 MEASURES = ("pass", "suspect", "class", "fault", "confidence", "reason")

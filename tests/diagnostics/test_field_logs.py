@@ -104,7 +104,7 @@ def test_issue_38_held_back_batch_stays_at_its_first_run(scored):
 def test_no_documented_fault_reads_as_no_failure_and_undetermined_is_not_high(scored):
     # not on issue 38's held-back batch: its misses are only counted (BENCHMARKS.md), never read for a fix
     for name, r in scored.items():
-        if r["split"] in ("heldout38", "heldout38b"):
+        if r["split"] in ("heldout38", "heldout38b", "heldout38c"):
             continue
         assert not r["no_failure_found"], name
         got = r["got"]
