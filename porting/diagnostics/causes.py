@@ -125,6 +125,7 @@ ENTITY_RES: tuple[tuple[str, re.Pattern], ...] = (
     ("device", re.compile(rb"\bDevice\[(\d+)\]")),
     ("device", re.compile(rb"\bdevice\((\d+)\)")),
     ("device", re.compile(rb"\bdevId=(\d+)")),
+    ("device", re.compile(rb"\(dev_id=(\d+)[;)]")),                # the driver's kernel log: "(dev_id=6; ret=-19)"
     ("device", re.compile(rb"\bdevice_id: (\d+)")),
     ("device", re.compile(rb"\b(?:open|set) device (\d+) failed")),
     ("device", re.compile(rb"\bdevice\[(\d+)\]")),

@@ -47,7 +47,8 @@ FIELD_RULES: tuple[FieldRule, ...] = (
               "read the named rank's log first: ExceptionType says whether its process exited or its network "
               "went down"),
     FieldRule(re.compile(rb"client socket has (?:timed out|failed to connect)|Socket Timeout|"
-                         rb"wait socket establish timeout|Getting socket times out|connect[^\n]{0,40}timed? ?out",
+                         rb"wait socket establish timeout|Getting socket times out|connect[^\n]{0,40}timed? ?out|"
+                         rb"waitForInput: socket [^\n]{0,200}timed out",
                          re.I), "comm_timeout", "consequence",
               "socket/connect timeout: the peer never answered",
               "check the named peer is up and reachable (MASTER_ADDR/MASTER_PORT, firewall, HCCL_IF_IP); "
@@ -117,6 +118,7 @@ PEER_RES = (
     re.compile(rb"trying to connect to \(([^,\s)]+), (\d+)\)"),            # c10d TCPStore
     re.compile(rb"failed to connect to \[?(?:::ffff:)?([0-9a-fA-F.:x*]+?)\]?:(\d+)"),
     re.compile(rb"remote IP\[?:?\s*\[?([0-9.]+)\]?", re.I),
+    re.compile(rb"waitForInput: socket [^\n]{0,160}?remote=\[(?:::ffff:)?([0-9a-fA-F.:]+?)\]:(\d+)"),  # TCPStore read
 )
 TORCHRUN_ROOT_RE = re.compile(rb"rank\s*:\s*(\d+) \(local_rank: (\d+)\)")
 # torch elastic's exit line names only the node-local rank: "failed (exitcode: -9) local_rank: 3 (pid: 407727)"

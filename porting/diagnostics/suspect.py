@@ -82,6 +82,10 @@ def entity_of(view, e: Event) -> dict:
     if rank is None and device is None:
         rank = view.rank if isinstance(view.rank, int) else e.facts.get("reporter")
     dev = device if device is not None else ctx_device
+    if rank is not None and device is not None and e.cause == "device_fault":
+        # a fault of the NPU itself, on a line that names the device: the device is the suspect (its rank a detail;
+        # a "[rank0]:" prefix is the process that printed it, the device the one that failed)
+        return {"entity": "device", "id": device, "text": f"device {device}", "via": "device", "rank": rank, **extra}
     if rank is not None:
         return {"entity": "rank", "id": rank, "text": f"rank {rank}", "via": "rank",
                 **({"device": dev} if dev is not None else {}), **extra}
@@ -101,6 +105,16 @@ def describe(s: dict) -> str:
     return s["text"] + (f" ({', '.join(parts)})" if parts else "")
 
 
+def _aliases(s: dict) -> set[str]:
+    """The names one suspect goes by: its text, and the rank / device it carries as a detail."""
+    out = {s["text"]}
+    if s.get("entity") == "device" and s.get("rank") is not None:
+        out.add(f"rank {s['rank']}")
+    if s.get("entity") == "rank" and s.get("device") is not None:
+        out.add(f"device {s['device']}")
+    return out
+
+
 def earned(view, e: Event, suspect: dict, competitors: list[tuple[object, Event]]) -> tuple[str, str, tuple[str, ...]]:
     """(confidence, why not higher, what to collect next) for a cause verdict."""
     short, collect = [], []
@@ -109,7 +123,10 @@ def earned(view, e: Event, suspect: dict, competitors: list[tuple[object, Event]
     # a logical device and a different chip id may be one NPU (ASCEND_RT_VISIBLE_DEVICES renumbers), or two
     devices = logical | chips if logical and chips - logical else logical or chips
     # a competitor that names no entity (the file) does not contradict the suspect
-    others = sorted({entity_of(v, x)["text"] for v, x in competitors} - {suspect["text"], "file"})
+    # one process names itself as a rank and as a device ("[rank1]:" beside "Device:1"): the same suspect
+    same = _aliases(suspect)
+    others = sorted({s2["text"] for s2 in (entity_of(v, x) for v, x in competitors)
+                     if s2["text"] != "file" and not _aliases(s2) & same})
     if not e.sure:
         short.append("the text names the failure's class but not its reason")
         collect.append("the full block of that error (CANN prints the reason in the indented lines below it)")
