@@ -8,7 +8,7 @@ from before the cause model (no ``cause_class`` / ``suspect`` in the result) are
 ``reason_kind`` counts as right for every class it could stand for (OLD_KIND_CLASSES), and the suspect is
 read from ``first_failing_rank``.
 
-    python benchmarks/diagnose_accuracy.py [--json] [--show-misses] [--split tune|heldout|heldout38]
+    python benchmarks/diagnose_accuracy.py [--json] [--show-misses] [--split heldout|tune|tune38|tune38b|tune38c|tune38d]
 """
 
 from __future__ import annotations
@@ -86,10 +86,11 @@ def score(name: str, want: dict) -> dict:
                     "role": d.get("role"), "confidence": d.get("confidence"), "reason": reason[:200], "why": d.get("why", "")}}
 
 
-SPLITS = (("heldout38c", "held-back, issue 38 (4th batch)"), ("heldout38", "held-back, issue 38"), ("heldout", "held-back, issue 28"),
+SPLITS = (("heldout", "held-back, issue 28"),
           ("tune38", "issue 38's first held-back batch, tuned on since"),
           ("tune38b", "issue 38's second held-back batch, tuned on since"),
-          ("tune38c", "issue 38's third held-back batch, tuned on since"), ("tune", "rest (tuned on)"))
+          ("tune38c", "issue 38's third held-back batch, tuned on since"),
+          ("tune38d", "issue 38's fourth held-back batch, tuned on since"), ("tune", "rest (tuned on)"))
 MEASURES = ("pass", "suspect", "class", "fault", "confidence", "reason")
 
 
@@ -136,7 +137,7 @@ def main() -> int:
     print("by fault: " + ", ".join(f"{k[6:]} {v['pass']}/{v['n']}" for k, v in s.items() if k.startswith("fault:")))
     if args.show_misses:
         for r in rows:
-            if not r["pass"] and r["split"] in ("tune", "tune38", "tune38b", "tune38c"):
+            if not r["pass"] and r["split"] in ("tune", "tune38", "tune38b", "tune38c", "tune38d"):
                 bad = [k for k in MEASURES[1:] if not r[k]]
                 print(f"MISS [{r['split']}] {r['name']}: {bad} got {r['got']}")
     return 0

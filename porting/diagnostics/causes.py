@@ -125,6 +125,7 @@ ENTITY_RES: tuple[tuple[str, re.Pattern], ...] = (
     ("device", re.compile(rb"\bDevice\[(\d+)\]")),
     ("device", re.compile(rb"\bdevice\((\d+)\)")),
     ("device", re.compile(rb"\bdevId=(\d+)")),
+    ("device", re.compile(rb"\binvalid device=(\d+)")),            # "Set visible device failed, invalid device=1"
     ("device", re.compile(rb"\(dev_id=(\d+)[;)]")),                # the driver's kernel log: "(dev_id=6; ret=-19)"
     ("device", re.compile(rb"\bdevice_id: (\d+)")),
     ("device", re.compile(rb"\b(?:open|set) device (\d+) failed")),
@@ -143,6 +144,10 @@ ENTITY_RES: tuple[tuple[str, re.Pattern], ...] = (
     ("peer_host", re.compile(rb"dstRank \(server ([\w.:-]+),")),
     # EI0013's "Peer information: server B, device ID y, device IP b" (the local end is "Local information: ...")
     ("peer_host", re.compile(rb"Peer information: server ([\w.:-]+),")),
+    # Ray names the node of a worker it lost or killed: "at node (ID: .., IP: A)", "Memory on the node (IP: A",
+    # "Worker IP address: A"
+    ("host", re.compile(rb"\bnode \((?:ID: \w+, )?IP: ([0-9.]+)")),
+    ("host", re.compile(rb"Worker IP address: ([0-9.]+)")),
     # msrun's scheduler names the workers that stopped reporting: "Time out nodes are ['3']"
     ("lost_rank", re.compile(rb"Time out nodes are \['(\d+)'")),
     # the device's exception dump "DEVICE[0] PID[415]:" (upper case: the runtime's, not a log prefix)
@@ -153,6 +158,7 @@ ENTITY_RES: tuple[tuple[str, re.Pattern], ...] = (
     ("op", re.compile(rb"No supported Ops kernel and engine are found for \[(\w+)\]")),
     ("op", re.compile(rb"\bOp (\w+) does not")),
     ("op", re.compile(rb"\bcall (aclnn\w+) failed")),
+    ("op", re.compile(rb"(?<![\w.])(aclnn\w+?)(?:GetWorkspaceSize)? failed")),
     ("op", re.compile(rb"launch failed for (\w+)")),
     ("op", re.compile(rb"OPS function error: (\w+), error code")),
     ("op", re.compile(rb"Optype \[(\w+)\] of Ops kernel")),

@@ -98,7 +98,9 @@ FIELD_LITERALS = (b"Watchdog caught", b"Socket Timeout", b"[c10d]", b"(exitcode"
                   b"Failed to load",
                   # the device's exception dump ("DEVICE[0] PID[415]:"), MindSpore's "Can not find any available kernel
                   # info for: Op", msrun's "Time out nodes are ['3']"
-                  b"DEVICE[", b"Can not find any available kernel", b"Time out nodes")
+                  b"DEVICE[", b"Can not find any available kernel", b"Time out nodes",
+                  # Ray's memory monitor ("Ray killed this worker") and absl's signal handler ("*** SIGSEGV received")
+                  b"Ray killed", b"*** SIG")
 
 REPORTER_RES = (
     re.compile(rb"\[(?:PG [^\]]*?)?Rank (\d+)\]"),                # torch watchdog "[Rank 1]"
@@ -116,6 +118,7 @@ LOCATION_RE = re.compile(rb"Cluster Exception Location\[IP/ID\]:\[([^/\]]*)/(\d+
                          rb"(?:Discoverer:\[([^/\]]*)/(\d+)\])?[^\n]*?ExceptionType:\[([^\]]+)\]")
 PEER_RES = (
     re.compile(rb"trying to connect to \(([^,\s)]+), (\d+)\)"),            # c10d TCPStore
+    re.compile(rb"trying to connect to ([0-9a-fA-F.:]+?):(\d+)\b"),          # c10d rendezvous (host:port)
     re.compile(rb"failed to connect to \[?(?:::ffff:)?([0-9a-fA-F.:x*]+?)\]?:(\d+)"),
     re.compile(rb"remote IP\[?:?\s*\[?([0-9.]+)\]?", re.I),
     re.compile(rb"waitForInput: socket [^\n]{0,160}?remote=\[(?:::ffff:)?([0-9a-fA-F.:]+?)\]:(\d+)"),  # TCPStore read
