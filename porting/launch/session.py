@@ -16,9 +16,10 @@ import click
 from model_zoo.errors import RecipeError
 from porting.launch.children import child_env
 from porting.launch.msrun import launch_devices, msrun_argv_env, node_ranks
-from porting.launch.shrink import check_plan, confirm_bad, derive
-from porting.launch.supervise import Diagnose, Incident, derive_limits, launch_dir, supervise
 from porting.launch.nodes import Peers
+from porting.launch.shrink import check_plan, confirm_bad, derive
+from porting.launch.supervise import Diagnose, Incident, launch_dir, supervise
+from porting.launch.watch import derive_limits
 from porting.rundir.paths import RunDir
 from porting.train.data import token_file
 from porting.train.plan.launch import msrun_commands

@@ -34,7 +34,7 @@ from porting.env import versions
 from porting.launch.children import stop_group
 from porting.launch.outcome import Mark, Outcome, launch_outcome, mark
 from porting.launch.shrink import apply_shrink
-from porting.launch.watch import Limits, Watch, derive_limits  # noqa: F401 (derive_limits: the session's)
+from porting.launch.watch import Limits, Watch
 from porting.rundir.paths import RunDir
 
 EXIT_DIVERGED = 3        # port train's exit code for a non-finite loss (model_zoo/errors.py DivergenceError)
