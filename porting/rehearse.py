@@ -48,6 +48,8 @@ from porting.diagnostics.diagnose import diagnose
 from porting.launch.children import child_env, stop_group
 from porting.rundir import read_run
 from porting.train import load_recipe, plan_config, recipe_dict
+from porting.verify.stats import LAYOUT_TOLERANCES
+from porting.train.recipe.yaml_bounded import parse_value
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = ROOT / "porting" / "train" / "assets" / "tinystories_sample.txt"
@@ -56,8 +58,9 @@ REHEARSE_FILE = "rehearse.json"
 GLOBAL_BATCH = 4
 STEPS = 3
 SEQ = 64
-LOSS_ATOL = 1e-4      # fp32: TP/DP reductions only reorder sums (tests/train/test_tensor_parallel.py: 1e-5)
-GRAD_NORM_RTOL = 1e-3
+# The layout tolerances of port's one table (porting/verify/stats.py): fp32 TP/DP reductions only reorder sums.
+LOSS_ATOL = LAYOUT_TOLERANCES["loss_atol"]
+GRAD_NORM_RTOL = LAYOUT_TOLERANCES["grad_norm_rtol"]
 RUNGS = ("single", "parity", "node", "links", "two-nodes")
 
 
@@ -295,13 +298,20 @@ def rehearse(recipe_path: str, out: Path, overrides: list[str] | None = None, *,
     """Run the ladder for ``recipe_path`` into ``out`` (a new folder); returns the rungs in order.
     ``extra`` are ``--set`` overrides given to every training rung (the rung's own recipe is the scaled
     one; use it to change what the rehearsal cannot infer, or to break a rung on purpose)."""
-    if out.exists():
-        raise RehearsalError(f"{out}: already exists; rehearse into a new folder (--out NEW_DIR)")
+    from converters.atomic import check_out
+
+    # the converters' rule: a new path or an empty directory (never a user's files, never a link)
+    check_out(out, inputs=[recipe_path], force=None, error=RehearsalError)
+    for item in extra or []:   # checked before anything runs: a bomb is named here, not in a rung's log
+        try:
+            parse_value(item.partition("=")[2], f"--rung-set {item.partition('=')[0]!r}")
+        except PortingError as e:
+            raise RehearsalError(str(e)) from None
     rec = load_recipe(recipe_path, list(overrides or []), check_files=False)
     cfg = _full_config(rec)
     ascend = _on_npu() and rec.cluster.device == "ascend"
     try:
-        out.mkdir(parents=True)
+        out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise RehearsalError(f"{out}: cannot create the rehearsal folder ({e.strerror}); choose another --out") from None
     small = scaled_config(cfg)

@@ -41,10 +41,12 @@ def _when(at: Any) -> str:
 def read_incidents(run_dir: Path) -> list[dict[str, Any]]:
     """``RUN/incidents.jsonl`` (bounded); an unreadable line is skipped."""
     p = run_dir / INCIDENTS_FILE
-    if not p.is_file():
+    if not p.is_file() and not p.is_symlink():
         return []
     out = []
-    for line in read_text(p, what="incidents", max_bytes=16 << 20, error=SuperviseError).splitlines()[:10_000]:
+    # a link planted in the run may reach any file: refused, never followed (O_NOFOLLOW)
+    text = read_text(p, what="incidents", max_bytes=16 << 20, error=SuperviseError, follow_links=False)
+    for line in text.splitlines()[:10_000]:
         try:
             d = json.loads(line)
         except (ValueError, RecursionError):   # a damaged or planted line: skipped, as documented

@@ -35,7 +35,7 @@ from porting import rundir
 from porting.rundir import ranklog
 from porting.rundir.heartbeat import Heartbeat
 from porting.env import versions
-from porting.eval import eval_record
+from porting.train.run.heldout import eval_record
 from porting.model_paths import resolve_hf
 from porting.tokenizer import load_tokenizer
 from porting.train.data import token_file

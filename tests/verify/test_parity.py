@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from porting.parity import check_parity
+from porting.verify.parity import check_parity
 
 TINY = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
             max_position_embeddings=128)
@@ -45,7 +45,7 @@ def test_logits_and_loss_match_hf(tmp_path, variant):
     d = make_hf_model(tmp_path, cls_name, extra)
     report = check_parity(d, batch=2, seq=24)
     rows = {r["name"]: r for r in report["checks"]}
-    assert rows["logits"]["max_abs"] <= 1e-4, rows["logits"]
+    assert rows["logits"]["measure"] == "max_abs" and rows["logits"]["value"] <= 1e-4, rows["logits"]
     assert report["passed"], report["checks"]
 
 

@@ -18,11 +18,10 @@ turns a failed row into a non-zero exit):
 
 from __future__ import annotations
 
-import dataclasses
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 from converters import convert, dtypes, names
 from converters.sources import (
@@ -37,30 +36,17 @@ from converters.sources import (
 from model_zoo.config import LlamaConfig
 from model_zoo.errors import CheckpointError, PortingError
 from model_zoo.files import read_json_object
+from porting.verify.check import Check
 
 _SHOW = 5
 
 
-@dataclasses.dataclass(frozen=True)
-class Row:
-    """One check's result: ``detail`` is one line naming what failed (or what was proven); ``numbers``
-    are the counts behind it (tensors compared, digests recomputed, ...), keyed by what they count."""
-
-    name: str
-    passed: bool
-    detail: str
-    numbers: dict[str, Any] = dataclasses.field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        """The JSON form ``port verify --json`` prints under ``checkpoint``: name, passed, detail, numbers."""
-        return dataclasses.asdict(self)
+def _row(name: str, passed: bool, detail: str) -> Check:
+    """A claim's row: ``detail`` is one line naming what failed (or what was proven, with its counts)."""
+    return Check.claim(name, passed, detail)
 
 
-def _row(name: str, passed: bool, detail: str, **numbers: Any) -> Row:
-    return Row(name, passed, detail, numbers)
-
-
-def _guard(name: str, fn: Callable[[], Row]) -> Row:
+def _guard(name: str, fn: Callable[[], Check]) -> Check:
     """A check that hits bad input fails as a row with the error's one line, never as an exception."""
     try:
         return fn()
@@ -70,21 +56,21 @@ def _guard(name: str, fn: Callable[[], Row]) -> Row:
         return _row(name, False, f"{e.filename or ''}: {e.strerror or e}")
 
 
-def _check_config(hf_dir: Path, ms_dir: Path) -> Row:
+def _check_config(hf_dir: Path, ms_dir: Path) -> Check:
     a, b = LlamaConfig.from_hf(hf_dir), LlamaConfig.from_hf(ms_dir)
     diff = sorted(k for k in a.__dataclass_fields__ if getattr(a, k) != getattr(b, k))
     if diff:
         return _row("ms-config", False, "config.json differs in " + ", ".join(
-            f"{k} ({getattr(a, k)!r} vs {getattr(b, k)!r})" for k in diff[:_SHOW]), differing=len(diff))
+            f"{k} ({getattr(a, k)!r} vs {getattr(b, k)!r})" for k in diff[:_SHOW]))
     return _row("ms-config", True, f"same {a.model_type} config ({a.num_parameters():,} parameters)")
 
 
-def _check_coverage(ms_dir: Path) -> Row:
+def _check_coverage(ms_dir: Path) -> Check:
     plan = convert.build_plan(ms_dir, convert.MS_TO_HF)
     n = sum(len(pf.tensors) for pf in plan.files)
     skipped = sum(len(pf.skipped) for pf in plan.files)
     return _row("ms-coverage", True, f"{n} tensors, all expected, none unexpected, shapes match config.json"
-                + (f" ({skipped} training-state entries ignored)" if skipped else ""), tensors=n, skipped=skipped)
+                + (f" ({skipped} training-state entries ignored)" if skipped else ""))
 
 
 # Source digests port convert did not compute itself: taken from what the HF download tooling recorded.
@@ -115,7 +101,7 @@ def _manifest(ms_dir: Path) -> dict:
     return read_json_object(path, what="port manifest", error=CheckpointError)
 
 
-def _check_manifest(hf: Source, ms_dir: Path, rehash: bool = False) -> Row:
+def _check_manifest(hf: Source, ms_dir: Path, rehash: bool = False) -> Check:
     path = ms_dir / MANIFEST
     manifest = _manifest(ms_dir)
     try:
@@ -127,26 +113,25 @@ def _check_manifest(hf: Source, ms_dir: Path, rehash: bool = False) -> Row:
     malformed = [f["name"] for f in files if f.get("sha256") is not None and not _is_sha256(f["sha256"])]
     if malformed:
         return _row("ms-manifest", False, f"{path}: source.files: sha256 of {malformed[:_SHOW]} is not a "
-                    "64-digit hex digest", malformed=len(malformed))
+                    "64-digit hex digest")
     actual = {f.name: f.path.stat().st_size for f in hf.files}
     if recorded != actual:
         diff = sorted(set(recorded.items()) ^ set(actual.items()))
         return _row("ms-manifest", False, f"{path}: source files recorded differ from {hf.dir}: "
-                    f"{diff[:_SHOW]}", differing=len(diff))
+                    f"{diff[:_SHOW]}")
     checked, bad = _digest_mismatches(hf, files, rehash)
     if bad:
         return _row("ms-manifest", False, f"{len(bad)} source file(s) do not match the sha256 recorded in {path}: "
-                    + "; ".join(bad[:_SHOW]), files=len(actual), sha256_checked=checked, sha256_mismatched=len(bad))
+                    + "; ".join(bad[:_SHOW]))
     return _row("ms-manifest", True, f"{len(actual)} source file(s) recorded with matching sizes"
-                + (f", {checked} sha256 recomputed and equal" if checked else ""),
-                files=len(actual), sha256_checked=checked)
+                + (f", {checked} sha256 recomputed and equal" if checked else ""))
 
 
 def _is_sha256(v: object) -> bool:
     return isinstance(v, str) and len(v) == 64 and all(c in "0123456789abcdef" for c in v)
 
 
-def _check_digests(ms: Source, manifest: dict, path: Path) -> Row:
+def _check_digests(ms: Source, manifest: dict, path: Path) -> Check:
     """Every tensor's sha256 recorded in the manifest equals the sha256 of the bytes stored now, each record
     names the file, dtype and shape the tensor has, and every stored tensor has a record."""
     import hashlib
@@ -161,8 +146,7 @@ def _check_digests(ms: Source, manifest: dict, path: Path) -> Row:
         unknown = sorted(str(n) for n in by_name if n not in b.where)
         if missing or unknown:
             return _row("tensor digests", False, f"{path}: tensors: records do not cover the checkpoint (no record for "
-                        f"{missing[:_SHOW]}, records of absent tensors {unknown[:_SHOW]})",
-                        missing=len(missing), unknown=len(unknown))
+                        f"{missing[:_SHOW]}, records of absent tensors {unknown[:_SHOW]})")
         for name in sorted(b.where):
             r, info = by_name[name], b.info(name)
             claimed = (r.get("file"), r.get("dtype"), r.get("shape"))
@@ -177,11 +161,11 @@ def _check_digests(ms: Source, manifest: dict, path: Path) -> Row:
                 bad.append(f"{name}: sha256 {h.hexdigest()[:12]}..., recorded {str(r.get('sha256'))[:12]}...")
     if bad:
         return _row("tensor digests", False, f"{len(bad)} of {len(records)} tensor(s) do not match their record in "
-                    f"{path}: " + "; ".join(bad[:_SHOW]), compared=len(records), mismatched=len(bad))
-    return _row("tensor digests", True, f"{len(records)} tensor sha256 digests recorded and equal", compared=len(records))
+                    f"{path}: " + "; ".join(bad[:_SHOW]))
+    return _row("tensor digests", True, f"{len(records)} tensor sha256 digests recorded and equal")
 
 
-def _check_name_map(manifest: dict, cfg: LlamaConfig, path: Path) -> Row:
+def _check_name_map(manifest: dict, cfg: LlamaConfig, path: Path) -> Check:
     """The manifest's name map is the converter's map for this model type, and every tensor record maps its
     source name through it."""
     table = names.NAME_MAPS[cfg.model_type]
@@ -197,12 +181,12 @@ def _check_name_map(manifest: dict, cfg: LlamaConfig, path: Path) -> Row:
            or names.map_name(r["source_name"], table) != r.get("name")]
     if bad:
         return _row("name map", False, f"{len(bad)} tensor record(s) in {path} do not follow the name map: "
-                    + "; ".join(bad[:_SHOW]), mismatched=len(bad))
+                    + "; ".join(bad[:_SHOW]))
     return _row("name map", True, f"{len(records)} records follow the {cfg.model_type} name map "
-                f"({len(table)} patterns)", records=len(records))
+                f"({len(table)} patterns)")
 
 
-def _check_claims(hf: Source, ms_dir: Path, cfg: LlamaConfig, rehash: bool) -> Row:
+def _check_claims(hf: Source, ms_dir: Path, cfg: LlamaConfig, rehash: bool) -> Check:
     """Every claim of the manifest, in one ``ms-manifest`` row whose detail names the claim that failed:
     the source files (sizes, sha256), every tensor record (file, dtype, shape, sha256), the name map."""
     path = ms_dir / MANIFEST
@@ -211,12 +195,11 @@ def _check_claims(hf: Source, ms_dir: Path, cfg: LlamaConfig, rehash: bool) -> R
         rows.append(_check_digests(open_ms(ms_dir), _manifest(ms_dir), path))
     if rows[-1].passed:
         rows.append(_check_name_map(_manifest(ms_dir), cfg, path))
-    numbers = {k: v for r in rows for k, v in r.numbers.items()}
     last = rows[-1]
     if not last.passed:
         claim = CLAIMS[len(rows) - 1]
-        return _row("ms-manifest", False, f"claim '{claim}' failed: {last.detail}", claim=claim, **numbers)
-    return _row("ms-manifest", True, "; ".join(r.detail for r in rows), **numbers)
+        return _row("ms-manifest", False, f"claim '{claim}' failed: {last.detail}")
+    return _row("ms-manifest", True, "; ".join(r.detail for r in rows))
 
 
 CLAIMS = ("source files", "tensor digests", "name map")
@@ -235,7 +218,7 @@ def _compare_tensor(a: TensorReader, a_name: str, b: TensorReader, b_name: str) 
     return None
 
 
-def _check_tensors(hf: Source, ms: Source, cfg: LlamaConfig) -> Row:
+def _check_tensors(hf: Source, ms: Source, cfg: LlamaConfig) -> Check:
     table = names.NAME_MAPS[cfg.model_type]
     bad, casts, n, nbytes = [], set(), 0, 0
     with TensorReader(hf) as a, TensorReader(ms) as b:
@@ -254,11 +237,9 @@ def _check_tensors(hf: Source, ms: Source, cfg: LlamaConfig) -> Row:
             n += 1
             nbytes += a.info(name).nbytes
     how = "bitwise" if not casts else f"bitwise after the cast {', '.join(sorted(casts))}"
-    if bad:
-        return _row("ms-tensors", False, f"{len(bad)} of {n} tensors differ from the source: "
-                    + "; ".join(sorted(bad)[:_SHOW]), compared=n, mismatched=len(bad), bytes=nbytes)
-    return _row("ms-tensors", True, f"{n} tensors equal the source ({how})", compared=n, bytes=nbytes,
-                casts=sorted(casts))
+    detail = (f"{len(bad)} of {n} tensors differ from the source: " + "; ".join(sorted(bad)[:_SHOW]) if bad
+              else f"{n} tensors equal the source ({how}), {nbytes:,} bytes compared")
+    return Check.within("ms-tensors", "tensors_differing", len(bad), 0, detail)
 
 
 def _layout(src: Source) -> dict[str, list[tuple[str, str, tuple[int, ...]]]]:
@@ -271,7 +252,7 @@ def _index(src: Source) -> dict | None:
     return read_json_object(src.dir / src.index_name, what="index", error=CheckpointError)
 
 
-def _check_roundtrip(hf: Source, ms_dir: Path, work: Path) -> Row:
+def _check_roundtrip(hf: Source, ms_dir: Path, work: Path) -> Check:
     source_dtypes = {t.dtype for f in hf.files for t in f.tensors}
     ms = open_ms(ms_dir)
     stored = {t.dtype for f in ms.files for t in f.tensors}
@@ -279,10 +260,10 @@ def _check_roundtrip(hf: Source, ms_dir: Path, work: Path) -> Row:
              if dtypes.BY_CODE[d].itemsize < dtypes.BY_CODE[s].itemsize or {s, d} == {"F16", "BF16"}]
     if hf.kind != "safetensors":
         return _row("roundtrip", True, f"skipped: the source is {hf.kind}; the round trip writes safetensors, "
-                    "so file layout cannot match", skipped=True)
+                    "so file layout cannot match")
     if lossy or len(source_dtypes) > 1:
         return _row("roundtrip", True, f"skipped: HF -> MS cast {', '.join(lossy) or 'mixed dtypes'} is not "
-                    "reversible bit for bit", skipped=True)
+                    "reversible bit for bit")
     back = work / "hf"
     convert.ms_to_hf(ms_dir, back, dtype={v: k for k, v in dtypes.TARGETS.items() if v}[next(iter(source_dtypes))])
     rt = open_hf(back)
@@ -302,12 +283,11 @@ def _check_roundtrip(hf: Source, ms_dir: Path, work: Path) -> Row:
         return _row("roundtrip", False, "HF -> MS -> HF: " + "; ".join(problems))
     identical = sum(files_equal(f.path, back / f.name) for f in hf.files)
     return _row("roundtrip", True, f"HF -> MS -> HF: {len(hf.tensor_names())} tensors bitwise identical, same "
-                f"names, dtypes and shard layout; {identical} of {len(hf.files)} file(s) byte-identical",
-                files=len(hf.files), identical_files=identical)
+                f"names, dtypes and shard layout; {identical} of {len(hf.files)} file(s) byte-identical")
 
 
-def verify_checkpoint(hf_dir: Path, ms_dir: Path, *, roundtrip: bool = True, rehash_source: bool = False) -> list[Row]:
-    """One Row per check (name, passed, detail, numbers) for a MindSpore checkpoint directory against its HF source.
+def verify_checkpoint(hf_dir: Path, ms_dir: Path, *, roundtrip: bool = True, rehash_source: bool = False) -> list[Check]:
+    """One row per check (:class:`porting.verify.check.Check`) for a MindSpore checkpoint directory against its HF source.
     Source sha256 digests the converter took from the HF cache are recomputed; ``rehash_source``
     recomputes every recorded one."""
     hf_dir, ms_dir = Path(hf_dir), Path(ms_dir)
@@ -325,7 +305,7 @@ def verify_checkpoint(hf_dir: Path, ms_dir: Path, *, roundtrip: bool = True, reh
     return rows
 
 
-def _roundtrip_in_tempdir(hf: Source, ms_dir: Path) -> Row:
+def _roundtrip_in_tempdir(hf: Source, ms_dir: Path) -> Check:
     """The round trip is written beside ms_dir (same disk, which has room for a copy) and removed after."""
     work = Path(tempfile.mkdtemp(prefix=".port-verify-", dir=ms_dir.absolute().parent))
     try:

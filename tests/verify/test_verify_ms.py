@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 
-from tests.test_cli import port
+from tests.helpers import port
 
 
 def test_verify_converted_stories_then_a_flipped_byte_fails(tmp_path):
@@ -15,11 +15,14 @@ def test_verify_converted_stories_then_a_flipped_byte_fails(tmp_path):
     res = port("verify", "--hf", "stories260k", "--ms", str(out), "--json")
     assert res.returncode == 0, res.stderr[-2000:]
     rep = json.loads(res.stdout)
-    assert [r["name"] for r in rep["checkpoint"]] == ["ms-config", "ms-coverage", "ms-manifest", "ms-tensors", "roundtrip"]
+    names = [r["name"] for r in rep["checks"]]
+    assert names == ["ms-config", "ms-coverage", "ms-manifest", "ms-tensors", "roundtrip", "logits", "loss"], names
     assert rep["passed"] and rep["zoo_weights_from"] == str(out)
-    # the JSON form of a row is the one scripts read: these keys in this order, counts under numbers
-    assert all(list(r) == ["name", "passed", "detail", "numbers"] for r in rep["checkpoint"]), rep["checkpoint"]
-    assert rep["checkpoint"][3]["numbers"]["compared"] > 0
+    # the JSON form of a row is the one every verification writes: these keys in this order
+    assert all(list(r) == ["name", "measure", "value", "tolerance", "passed", "detail"] for r in rep["checks"])
+    tensors = rep["checks"][3]
+    assert (tensors["measure"], tensors["value"], tensors["tolerance"]) == ("tensors_differing", 0, 0), tensors
+    assert tensors["detail"].startswith("47 tensors equal the source (bitwise)"), tensors
 
     f = out / "model.safetensors"
     os.chmod(f, 0o644)
@@ -28,8 +31,10 @@ def test_verify_converted_stories_then_a_flipped_byte_fails(tmp_path):
     f.write_bytes(bytes(data))
     res = port("verify", "--hf", "stories260k", "--ms", str(out), "--json")
     assert res.returncode == 1
-    rows = {r["name"]: r for r in json.loads(res.stdout)["checkpoint"]}
-    assert not rows["ms-tensors"]["passed"]
+    rep = json.loads(res.stdout)
+    rows = {r["name"]: r for r in rep["checks"]}
+    assert rep["parity"].startswith("not run: the checkpoint failed ms-manifest, ms-tensors"), rep["parity"]
+    assert not rows["ms-tensors"]["passed"] and rows["ms-tensors"]["value"] == 1
     detail = rows["ms-manifest"]["detail"]
     assert not rows["ms-manifest"]["passed"] and "claim 'tensor digests' failed" in detail, detail
 

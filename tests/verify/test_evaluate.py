@@ -30,10 +30,14 @@ def test_zoo_cell_matches_hf_on_real_text():
     z, h = four["zoo"], four["hf"]
     assert z["examples"] == 5 and z["tokens"] == h["tokens"] > 1000
     assert four["abs_diff_mean_loss"] < 1e-4, four
+    # the verdict is the one result row, held to the float32 loss tolerance of porting/verify/stats.py
+    assert four["passed"] and [(c["name"], c["measure"], c["tolerance"]) for c in four["checks"]] == [
+        ("mean loss, zoo vs HF", "abs_diff", 1e-5)] and four["checks"][0]["value"] == four["abs_diff_mean_loss"]
     # shared/README.md: about 1.27 nats/token on TinyStories (validation 1.297)
     assert 1.0 < z["mean_loss"] < 1.6 and z["perplexity"] == pytest.approx(math.exp(z["mean_loss"]))
     # a token-weighted mean: batching does not change it (HF on batches of 1, in process)
-    from porting.eval import batches, hf_loss
+    from porting.train.run.heldout import batches
+    from porting.verify.evaluate import hf_loss
 
     tok = load_tokenizer(ROOT / "model_zoo" / "assets" / "stories260k")
     raw = {"model": {"source": "stories260k"}, "data": {"path": str(TEXT), "max_seq_length": 512, "long_text": "split"}}
@@ -49,6 +53,18 @@ def test_converted_checkpoint_on_chat_data_against_its_hf_source(tmp_path):
     rep = _eval("--ms", str(out), "--data", str(PARTS), "--reference", "stories260k")
     assert rep["data"]["format"] == "chat" and rep["zoo"]["examples"] == 16
     assert rep["zoo"]["tokens"] == rep["data"]["loss_tokens"] and rep["abs_diff_mean_loss"] < 1e-4, rep
+    # a weight changed in the conversion: the zoo cell no longer matches its source, the row fails, exit 1
+    import os
+
+    from safetensors.numpy import load_file, save_file
+
+    f = out / "model.safetensors"
+    tensors = load_file(f)
+    tensors["model.norm_out.weight"] = tensors["model.norm_out.weight"] * 1.5
+    os.chmod(f, 0o644)
+    save_file(tensors, f)
+    bad = port("eval", "--ms", str(out), "--data", str(PARTS), "--reference", "stories260k")
+    assert bad.returncode == 1 and "mean loss, zoo vs HF" in bad.stdout and "FAIL" in bad.stdout, bad.stdout
 
 
 def test_eval_bad_input_is_one_line(tmp_path):

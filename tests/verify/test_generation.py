@@ -7,14 +7,15 @@ import shutil
 import pytest
 
 from model_zoo.errors import ConfigError
-from porting.generate import CACHE_MODES, load_zoo_model
+from porting.verify.generation import CACHE_MODES
+from porting.verify.pair import load_zoo
 from tests.conftest import EMBEDDED, GOLDEN_FIRST_IDS, GOLDEN_TEXT
 from tests.helpers import port
 
 
 @pytest.fixture(scope="module")
 def stories():
-    return load_zoo_model(EMBEDDED)
+    return load_zoo(EMBEDDED)
 
 
 def test_cli_choices_are_the_decoders():
