@@ -7,7 +7,9 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
+from porting.launch.proctable import state
 from porting.launch.watch import Limits, Watch, derive_limits
 from porting.rundir.heartbeat import Heartbeat
 
@@ -104,6 +106,10 @@ def test_a_stopped_process_is_named_while_the_others_wait(tmp_path):
     frozen = subprocess.Popen(["sleep", "60"])
     try:
         os.kill(frozen.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 10   # the signal is delivered asynchronously: wait for the stopped state
+        while state(frozen.pid) != "T":
+            assert time.monotonic() < deadline, state(frozen.pid)
+            time.sleep(0.01)
         w, clock, hb = _setup(tmp_path)
         hb[0].beat("step", 4)
         Heartbeat(tmp_path, 1, pid=frozen.pid).beat("step", 4)
