@@ -19,14 +19,16 @@ from porting.rundir import ranklog
 from porting.train.recipe.schema import apply_overrides, validate_recipe
 from porting.train.run import nonfinite
 from porting.train.run.nonfinite import SkipGuard
+from porting.train.run.step_result import StepResult
 from tests.helpers import port
 from tests.train.conftest import FAST, TINY
 
 RAW = {"model": {"source": "x"}, "data": {"path": "y"}}
 
 
-def _r(applied: bool, scale: float = 1.0) -> dict:
-    return {"applied": applied, "scale_used": scale, "loss": 1.0 if applied else math.nan, "grad_norm": math.nan}
+def _r(applied: bool, scale: float = 1.0) -> StepResult:
+    return StepResult(loss=1.0 if applied else math.nan, grad_norm=math.nan, finite=applied, applied=applied,
+                      scale_used=scale, step_time_s=0.1, compile=False, tokens=8)
 
 
 def test_the_caps_count_consecutive_and_total_non_finite_steps_and_name_the_window():

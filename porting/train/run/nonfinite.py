@@ -23,6 +23,7 @@ import dataclasses
 from pathlib import Path
 
 from porting.rundir.ranklog import window_phrase
+from porting.train.run.step_result import StepResult
 
 NONFINITE, OVERFLOW, WINDOW_SKIP = "nonfinite", "overflow", "data window"
 
@@ -37,13 +38,13 @@ class SkipGuard:
     consecutive: int = 0
     first: int | None = None  # the first step of the current streak
 
-    def classify(self, r: dict, dynamic: bool) -> str | None:
+    def classify(self, r: StepResult, dynamic: bool) -> str | None:
         """Why the step's update was skipped (None: it was applied)."""
-        if r["applied"]:
+        if r.applied:
             return None
-        return OVERFLOW if dynamic and r["scale_used"] > 1.0 else NONFINITE
+        return OVERFLOW if dynamic and r.scale_used > 1.0 else NONFINITE
 
-    def after(self, step_no: int, r: dict, dynamic: bool) -> str | None:
+    def after(self, step_no: int, r: StepResult, dynamic: bool) -> str | None:
         """Count step ``step_no`` (1-based); the reason to stop when it passes a cap, else None."""
         why = self.classify(r, dynamic)
         if why is None:
@@ -54,7 +55,7 @@ class SkipGuard:
         self.total += 1
         self.consecutive += 1
         self.first = step_no if self.first is None else self.first
-        what = f"step {step_no}: loss is {r['loss']} (grad norm {r['grad_norm']})"
+        what = f"step {step_no}: loss is {r.loss} (grad norm {r.grad_norm})"
         if self.consecutive > self.max_consecutive:
             return (f"{what}; {window_phrase(self.consecutive, self.first, step_no, True)}, "
                     f"nonfinite.max_consecutive_skips is {self.max_consecutive}; their updates were not applied")
