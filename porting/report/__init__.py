@@ -25,6 +25,7 @@ import dataclasses
 import json
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from converters import atomic
 from model_zoo import files
@@ -35,6 +36,9 @@ from porting.report.rehearsal import merge, rehearsal_rows
 from porting.report.incidents import incident_rows
 from porting.report.rows import Row, build_rows
 from porting.rundir import read_run
+
+if TYPE_CHECKING:
+    from porting.baseline.document import Baseline
 
 MARKER = ".port-report"            # identifies a directory `port report` wrote
 MARKER_BODY = {"tool": "port report", "format_version": 1}
@@ -108,15 +112,15 @@ def check_out(out: Path, run_dir: Path, force: bool) -> bool:
 BASELINE_FILE = "baseline.json"    # RUNDIR/baseline.json: a `port baseline` file drawn with the run's loss
 
 
-def load_baseline(run_dir: Path, baseline: str | os.PathLike | None) -> dict | None:
+def load_baseline(run_dir: Path, baseline: str | os.PathLike | None) -> Baseline | None:
     """The `port baseline` document to plot: ``baseline`` if given (it must load), else
     RUNDIR/baseline.json when it is there, else None."""
-    from porting.baseline import schema
+    from porting.baseline import document
 
     if baseline is not None:
-        return schema.load(baseline)
+        return document.load(baseline)
     p = run_dir / BASELINE_FILE
-    return schema.load(p) if p.is_file() and not p.is_symlink() else None
+    return document.load(p) if p.is_file() and not p.is_symlink() else None
 
 
 def make_report(rundir: str | os.PathLike, out: str | os.PathLike | None = None, *,
