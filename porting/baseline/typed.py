@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 import types
 import typing
 from typing import Any, Collection
@@ -198,7 +197,3 @@ def write(rec: Any, *, only_set: bool = False, always: Collection[str] = (),
             continue
         out[k] = to_json(v)
     return {**out, **getattr(rec, "extra", {})}
-
-
-def finite_or_none(x: float | None) -> float | None:
-    return x if x is not None and math.isfinite(x) else None

@@ -9,6 +9,8 @@ evidence files written next to it by other commands:
 * ``rank_table.json`` -- the rank table the run used (checked with ``port ranktable check`` rules)
 * ``baseline.json`` -- ``port baseline ... --out RUNDIR/baseline.json`` (or ``port report --baseline
   FILE``): its loss curve is drawn on the run's loss plot
+* ``compare.json`` -- ``port compare BASE RUNDIR --out RUNDIR/compare.json`` (or ``port report --compare
+  FILE``): a row with `port compare`'s verdict and its result rows (:mod:`porting.report.compare_section`)
 * ``bisect.json`` -- ``port bisect ... --json > RUNDIR/bisect.json`` (or ``port report --bisect FILE``):
   a row naming the first divergent layer and phase, and a per-layer error plot
   (:mod:`porting.report.bisect_section`)
@@ -125,9 +127,10 @@ def load_baseline(run_dir: Path, baseline: str | os.PathLike | None) -> Baseline
 
 def make_report(rundir: str | os.PathLike, out: str | os.PathLike | None = None, *,
                 force: bool = False, baseline: str | os.PathLike | None = None,
-                bisect: str | os.PathLike | None = None) -> ReportResult:
+                bisect: str | os.PathLike | None = None, compare: str | os.PathLike | None = None) -> ReportResult:
     """Write report.html/.md/.json, the SVG plots and the marker into ``out`` (default RUNDIR/report);
-    the loss plot also shows ``baseline`` (a `port baseline` file; default RUNDIR/baseline.json)."""
+    the loss plot also shows ``baseline`` (a `port baseline` file; default RUNDIR/baseline.json), and ``compare``
+    (a `port compare --out` file; default RUNDIR/compare.json) adds its verdict's row."""
     run = read_run(rundir, strict=False)
     dest = Path(out) if out is not None else run.path / DEFAULT_DIR
     replace = check_out(dest, run.path, force)
@@ -137,8 +140,11 @@ def make_report(rundir: str | os.PathLike, out: str | os.PathLike | None = None,
     rows = rows + incident_rows(run)   # a supervised run's incidents (porting/supervise.py)
     base = load_baseline(run.path, baseline)
     svgs = plots(run, base)
-    from porting.report import bisect_section
+    from porting.report import bisect_section, compare_section
 
+    cmp = compare_section.load_comparison(run.path, compare)
+    if cmp is not None:
+        rows.append(cmp if isinstance(cmp, Row) else compare_section.compare_row(*cmp))
     bis = bisect_section.load_bisect(run.path, bisect)
     if bis is not None:
         rows.append(bisect_section.bisect_row(*bis))
