@@ -30,7 +30,15 @@ from porting.baseline.comparison import (
     StepDiff,
     ThroughputCheck,
 )
-from porting.baseline.document import KEY_SETTINGS, OTHER_SETTINGS, ImportedBaseline, MeasuredBaseline, Probe, Settings, Steps
+from porting.baseline.document import (
+    KEY_SETTINGS,
+    OTHER_SETTINGS,
+    ImportedBaseline,
+    MeasuredBaseline,
+    Probe,
+    Settings,
+    Steps,
+)
 from porting.rundir import RunRecords, StepRecord
 from porting.verify.check import Check
 from porting.verify.stats import CurveGate, CurveTolerances, compare as difference, curve_tolerances

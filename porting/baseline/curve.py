@@ -142,7 +142,8 @@ def _spikes(points: list[CurvePoint], g: Gate, failures: list[str]) -> dict[str,
             out[series] = Spikes(available=False)
             continue
         bi, ri = spikes(b, g.spike_k), spikes(r, g.spike_k)
-        out[series] = Spikes(available=True, baseline=len(bi), run=len(ri), baseline_steps=tuple(points[i].step for i in bi),
+        out[series] = Spikes(available=True, baseline=len(bi), run=len(ri),
+                             baseline_steps=tuple(points[i].step for i in bi),
                              run_steps=tuple(points[i].step for i in ri), ok=len(ri) <= len(bi))
         if len(ri) > len(bi):
             extra = [points[i].step for i in ri if i not in bi]
@@ -221,4 +222,6 @@ def _tokens(points: list[CurvePoint], base: ImportedBaseline, run) -> TokensSeen
     last = points[-1].step
     b = tok.get(last)
     r = sum(x.tokens or 0 for x in run.steps if x.step <= last) or None
-    return None if b is None else TokensSeen(step=last, baseline=b, run=r, ratio_run_over_baseline=r / b if r and b else None)
+    if b is None:
+        return None
+    return TokensSeen(step=last, baseline=b, run=r, ratio_run_over_baseline=r / b if r and b else None)

@@ -171,7 +171,7 @@ class _Document:
 
 @dataclass(frozen=True)
 class MeasuredBaseline(_Document):
-    """`port baseline run`: every sub-record is written whole (null where nothing was measured)."""
+    """`port baseline run`: every known key of its sub-records is written (null where nothing was measured)."""
 
     created: str
     command: tuple[str, ...]

@@ -57,7 +57,7 @@ def _words(tp: Any, meta: dict) -> str:
     origin = typing.get_origin(tp) or tp
     base = {int: "a whole number", float: "a number", str: "a string", bool: "true or false", dict: "an object",
             tuple: "a list", list: "a list"}.get(origin, "an object")
-    low, high = meta.get("low"), meta.get("high")
+    low, high = (meta.get("low"), meta.get("high")) if origin in (int, float) else (None, None)   # bounds: numbers
     if low is not None and high is not None:
         return f"{base} from {low:g} to {high:g}"
     return base + (f" >= {low:g}" if low is not None else "")

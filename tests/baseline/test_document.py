@@ -114,7 +114,8 @@ def test_every_bad_key_is_named_in_one_line():
     assert "\n" not in msg and msg.startswith("b.json: not a port-baseline v1 file: ")
     for want in ("settings.dtype is '1', expected a string or null", "settings.betas[1] is 'b', expected a number",
                  "timing.steady_tokens_per_s is 'fast', expected a number >= 0 or null",
-                 "memory.peak_gib is '[1.0]', expected an object or null", "steps.lr[2] is 'x', expected a number or null",
+                 "memory.peak_gib is '[1.0]', expected an object or null",
+                 "steps.lr[2] is 'x', expected a number or null",
                  "steps.tokens[0] is '-1', expected a whole number >= 0 or null", "missing settings.seed",
                  "re-create it with `port baseline`"):
         assert want in msg, (want, msg)
