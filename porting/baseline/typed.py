@@ -79,108 +79,140 @@ def _scalar_ok(v: Any, tp: Any, meta: dict) -> bool:
     return isinstance(v, tp) and (tp is bool or not isinstance(v, bool))
 
 
-def check(v: Any, tp: Any, where: str, meta: dict, out: list[str]) -> None:
-    """Append to ``out`` every way ``v`` is not of type ``tp`` (the annotation), naming ``where``."""
-    inner, nullable = _unwrap(tp)
-    if v is None:
-        if not nullable:
-            out.append(_is(where, v, _words(inner, meta)))
-        return
-    origin = typing.get_origin(inner)
-    if _delegates(inner):
-        try:
-            inner.from_dict(v)
-        except ValueError as e:
-            out.append(f"{where}: {e}")
-        return
-    if dataclasses.is_dataclass(inner):
-        if not isinstance(v, dict):
-            out.append(_is(where, v, "an object"))
-        else:
-            problems(inner, v, where, out)
-        return
-    if origin is tuple:
-        if not isinstance(v, list):
-            out.append(_is(where, v, _words(inner, meta) + (" or null" if nullable else "")))
-            return
-        elem = typing.get_args(inner)[0]
-        for i, x in enumerate(v):
-            before = len(out)
-            check(x, elem, f"{where}[{i}]", meta, out)
-            if len(out) > before:
-                return   # the first bad element of a list says enough
-        return
-    if origin is dict:
-        if not isinstance(v, dict):
-            out.append(_is(where, v, "an object" + (" or null" if nullable else "")))
-            return
-        elem = typing.get_args(inner)[1]
-        for k, x in v.items():
-            check(x, elem, f"{where}.{k}", meta, out)
-        return
-    if not _scalar_ok(v, inner, meta):
-        out.append(_is(where, v, _words(inner, meta) + (" or null" if nullable else "")))
-
-
-def _delegates(tp: Any) -> bool:
-    """A class that reads itself (``from_dict`` raising ValueError) and writes itself (``to_dict``)."""
-    return isinstance(tp, type) and "from_dict" in vars(tp) and "to_dict" in vars(tp)
+class _Shape(typing.NamedTuple):
+    inner: Any          # the type inside ``X | None``
+    nullable: bool
+    kind: str           # any | self (reads itself) | record | list | map | scalar
+    elem: Any = None    # a list's or a map's element type
 
 
 @functools.lru_cache(maxsize=None)
-def _hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
+def _shape(tp: Any) -> _Shape:
+    """What an annotation asks for, worked out once per annotation (a list of 100,000 steps asks the same)."""
+    inner, nullable = _unwrap(tp)
+    origin = typing.get_origin(inner)
+    if inner is Any:
+        return _Shape(inner, nullable, "any")
+    if isinstance(inner, type) and "from_dict" in vars(inner) and "to_dict" in vars(inner):
+        return _Shape(inner, nullable, "self")   # reads itself (from_dict raising ValueError), writes itself
+    if dataclasses.is_dataclass(inner):
+        return _Shape(inner, nullable, "record")
+    if origin is tuple:
+        return _Shape(inner, nullable, "list", typing.get_args(inner)[0])
+    if origin is dict:
+        return _Shape(inner, nullable, "map", typing.get_args(inner)[1])
+    return _Shape(inner, nullable, "scalar")
+
+
+def _check_list(v: list, elem: Any, where: str, meta: dict, out: list[str]) -> None:
+    """The first bad element of a list (it says enough)."""
+    e = _shape(elem)
+    if e.kind == "scalar":   # the long lists (a value per step): one pass, no recursion
+        bad = next((i for i, x in enumerate(v) if not (e.nullable if x is None else _scalar_ok(x, e.inner, meta))), None)
+        if bad is not None:
+            out.append(_is(f"{where}[{bad}]", v[bad], _words(e.inner, meta) + (" or null" if e.nullable else "")))
+        return
+    for i, x in enumerate(v):
+        before = len(out)
+        check(x, elem, f"{where}[{i}]", meta, out)
+        if len(out) > before:
+            return
+
+
+def check(v: Any, tp: Any, where: str, meta: dict, out: list[str]) -> None:
+    """Append to ``out`` every way ``v`` is not of type ``tp`` (the annotation), naming ``where``."""
+    sh = _shape(tp)
+    or_null = " or null" if sh.nullable else ""
+    if v is None:
+        if not sh.nullable:
+            out.append(_is(where, v, _words(sh.inner, meta)))
+    elif sh.kind == "self":
+        try:
+            sh.inner.from_dict(v)
+        except ValueError as e:
+            out.append(f"{where}: {e}")
+    elif sh.kind == "record":
+        if isinstance(v, dict):
+            problems(sh.inner, v, where, out)
+        else:
+            out.append(_is(where, v, "an object" + or_null))
+    elif sh.kind == "list":
+        if isinstance(v, list):
+            _check_list(v, sh.elem, where, meta, out)
+        else:
+            out.append(_is(where, v, _words(sh.inner, meta) + or_null))
+    elif sh.kind == "map":
+        if not isinstance(v, dict):
+            out.append(_is(where, v, "an object" + or_null))
+            return
+        for k, x in v.items():
+            check(x, sh.elem, f"{where}.{k}", meta, out)
+    elif sh.kind == "scalar" and not _scalar_ok(v, sh.inner, meta):
+        out.append(_is(where, v, _words(sh.inner, meta) + or_null))
+
+
+class _Field(typing.NamedTuple):
+    name: str
+    key: str            # in the JSON object
+    hint: Any
+    meta: dict
+    required: bool      # no default: a missing key is a problem
+
+
+@functools.lru_cache(maxsize=None)
+def _fields(cls: type) -> tuple[_Field, ...]:
+    hints = typing.get_type_hints(cls)
+    return tuple(_Field(f.name, json_key(f), hints[f.name], dict(f.metadata),
+                        f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
+                 for f in known_fields(cls))
 
 
 def problems(cls: type, doc: dict, where: str, out: list[str]) -> None:
     """Every known key of ``doc`` whose value is not of its field's type, and every key without a default that is
     absent."""
-    hints = _hints(cls)
-    for f in known_fields(cls):
-        k = json_key(f)
-        if k in doc:
-            check(doc[k], hints[f.name], f"{where}.{k}" if where else k, dict(f.metadata), out)
-        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            out.append(f"missing {where}.{k}" if where else f"missing key {k!r}")
+    for f in _fields(cls):
+        if f.key in doc:
+            check(doc[f.key], f.hint, f"{where}.{f.key}" if where else f.key, f.meta, out)
+        elif f.required:
+            out.append(f"missing {where}.{f.key}" if where else f"missing key {f.key!r}")
 
 
 def _build(v: Any, tp: Any) -> Any:
-    inner, _ = _unwrap(tp)
-    if v is None or inner is Any:
+    sh = _shape(tp)
+    if v is None or sh.kind in ("any", "scalar"):
         return v
-    if _delegates(inner):
-        return inner.from_dict(v)
-    if dataclasses.is_dataclass(inner):
-        return build(inner, v)
-    origin = typing.get_origin(inner)
-    if origin is tuple:
-        elem = typing.get_args(inner)[0]
-        return tuple(_build(x, elem) for x in v)
-    if origin is dict:
-        elem = typing.get_args(inner)[1]
-        return {k: _build(x, elem) for k, x in v.items()}
-    return v
+    if sh.kind == "self":
+        return sh.inner.from_dict(v)
+    if sh.kind == "record":
+        return build(sh.inner, v)
+    if sh.kind == "list":
+        return tuple(v) if _shape(sh.elem).kind == "scalar" else tuple(_build(x, sh.elem) for x in v)
+    return {k: _build(x, sh.elem) for k, x in v.items()}
 
 
 def build(cls: type, doc: dict) -> Any:
     """The record of a ``doc`` that :func:`problems` found nothing wrong with (absent keys: the defaults)."""
-    hints = _hints(cls)
-    fields = known_fields(cls)
-    known = {json_key(f) for f in fields}
-    vals = {f.name: _build(doc[json_key(f)], hints[f.name]) for f in fields if json_key(f) in doc}
+    fields = _fields(cls)
+    vals = {f.name: _build(doc[f.key], f.hint) for f in fields if f.key in doc}
     if any(f.name == "extra" for f in dataclasses.fields(cls)):
+        known = {f.key for f in fields}
         vals["extra"] = {k: v for k, v in doc.items() if k not in known}
     return cls(**vals)
 
 
+_PLAIN = (int, float, str, bool, type(None))
+
+
 def to_json(v: Any) -> Any:
     """A value as JSON has it: records as objects (all their keys), tuples as lists."""
-    if dataclasses.is_dataclass(v) and not isinstance(v, type):
-        return v.to_dict() if "to_dict" in vars(type(v)) else write(v)
+    if isinstance(v, _PLAIN):
+        return v
     if isinstance(v, (tuple, list)):
-        return [to_json(x) for x in v]
+        return [x if isinstance(x, _PLAIN) else to_json(x) for x in v]
     if isinstance(v, dict):
         return {k: to_json(x) for k, x in v.items()}
+    if dataclasses.is_dataclass(v) and not isinstance(v, type):
+        return v.to_dict() if "to_dict" in vars(type(v)) else write(v)
     return v
 
 
@@ -188,12 +220,12 @@ def write(rec: Any, *, only_set: bool = False, always: Collection[str] = (),
           order: Collection[str] | None = None) -> dict[str, Any]:
     """``rec`` as a JSON object: its known keys in field order (or ``order``), then its unknown ones.
     A null is written unless the field says ``omit_none``; with ``only_set``, only for the keys in ``always``."""
-    fields = {json_key(f): f for f in known_fields(type(rec))}
+    fields = {f.key: f for f in _fields(type(rec))}
     out: dict[str, Any] = {}
     for k in (order if order is not None else fields):
         f = fields[k]
         v = getattr(rec, f.name)
-        if v is None and (k not in always if only_set else f.metadata.get("omit_none")):
+        if v is None and (k not in always if only_set else f.meta.get("omit_none")):
             continue
         out[k] = to_json(v)
     return {**out, **getattr(rec, "extra", {})}
