@@ -12,6 +12,7 @@ from model_zoo.errors import PortingError, RecipeError
 from model_zoo.files import write_atomic
 from porting.rundir import check_side_paths
 from porting import train as T   # the face: names load on first use, a dry run never loads MindSpore
+from porting.rundir.paths import RunDir
 
 
 @click.command("train", epilog="""\b
@@ -95,7 +96,7 @@ def command(recipe: str, overrides: tuple[str, ...], dry_run: bool, as_json: boo
     _make_run_dir(out)
     check_side_paths(out, ("logs", "checkpoints") + (("tensorboard",) if rec.logging.tensorboard else ())
                      + (("hf",) if rec.checkpointing.export_hf else ()))   # a file in the way, a full disk: now
-    write_atomic(out / "plan.json", json.dumps(plan.to_dict(), indent=2), error=RecipeError)
+    write_atomic(RunDir(out).plan, json.dumps(plan.to_dict(), indent=2), error=RecipeError)
     if supervise:
         from porting.launch.session import run_supervised
 

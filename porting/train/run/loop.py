@@ -54,6 +54,7 @@ from porting.train.run.runtime import configure_mindspore
 from porting.train.run.step import compiled_graphs
 from porting.train.run.step_result import StepResult
 from porting.train.run.watch import Watch
+from porting.rundir.paths import RunDir
 
 
 class DivergenceError(PortingError):
@@ -233,7 +234,7 @@ def _finish(recipe: Recipe, trainer: Trainer, plan, records: list, metrics, mode
     """The final checkpoint, the summary record and the HF export, after the last step."""
     if plan.total_steps <= start:
         return
-    ck_root, log = run_dir / "checkpoints", rl.log
+    ck_root, log = RunDir(run_dir).checkpoints, rl.log
     rl.saving(plan.total_steps)   # every rank writes what it owns (porting/train/run/ckpt_shards.py)
     final = trainer.save(ck_root, plan.total_steps)
     rl.saved(plan.total_steps, final)
@@ -245,7 +246,7 @@ def _finish(recipe: Recipe, trainer: Trainer, plan, records: list, metrics, mode
     if recipe.checkpointing.export_hf:
         rl.phase("save", plan.total_steps)   # the export writes the whole model again: a save's allowance
 
-        out = export_hf(final, model_dir, run_dir / "hf", command=list(command or sys.argv))
+        out = export_hf(final, model_dir, RunDir(run_dir).hf, command=list(command or sys.argv))
         log.info(f"HF export {out} (from {final}, with port_manifest.json)")
 
 
@@ -283,7 +284,7 @@ def train(recipe: Recipe, run_dir: str | Path, *, rank: int = 0, world_size: int
     model_dir = resolve_hf(recipe.model.source)
     plan, cfg, model = setup.data_and_model(recipe, model_dir, grid, log, run_dir)
     trainer = Trainer(recipe, run_dir, rank, world_size, model, model_dir, plan, log, grid)
-    ck_root = run_dir / "checkpoints"
+    ck_root = RunDir(run_dir).checkpoints
     for p in ckpt.interrupted_saves(ck_root) if rank == 0 else ():
         log.warning(f"{p}: left by an interrupted checkpoint save, never loaded; remove it to free the space")
     start = 0
