@@ -23,6 +23,7 @@ from porting.env import versions
 from porting.train.run.checkpoint import WEIGHTS_FILE, shard_file
 
 STAGED_WEIGHTS = "model.ckpt"   # the converter names its output after it: model.safetensors
+MS_WEIGHTS = "model.safetensors"   # the MindSpore-named full weights of a per-rank checkpoint
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "special_tokens_map.json",
                    "generation_config.json")
 
@@ -75,21 +76,17 @@ def export_hf(checkpoint: str | Path, model_dir: str | Path, out_dir: str | Path
     return out
 
 
-def _export_ranks(ckpt: Path, model_dir: Path, out: Path, command: list[str] | None, force: bool) -> Path:
+def _export_ranks(ckpt: Path, model_dir: Path, out: Path, command: list[str] | None, force: bool,
+                  log=None) -> Path:
     """A per-rank checkpoint (porting/train/run/ckpt_shards.py): its full weights written tensor by tensor
     into a staging directory (porting/train/run/ckpt_merge.py), then the same conversion as above."""
     from converters.convert import ms_to_hf  # deferred: the converter loads torch and MindSpore readers; export runs once, at the end
-    from porting.train.run.ckpt_merge import write_weights  # deferred: only format-2 checkpoints need the offline merge
 
     stage = out.parent / f".{out.name}-source.port-tmp-{os.getpid()}"
     shutil.rmtree(stage, ignore_errors=True)
     try:
         stage.mkdir(parents=True)
-        cfg = write_weights(ckpt, stage / "model.safetensors")
-        (stage / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-        for name in TOKENIZER_FILES:
-            if (model_dir / name).is_file():
-                _link_or_copy(model_dir / name, stage / name)
+        _ms_files(ckpt, model_dir, stage, False, log)
         ms_to_hf(stage, out, force=force, versions=versions(), command=command, hash_source=True)
     except OSError as e:
         raise CheckpointError(f"{e.filename or stage}: cannot write the HF export ({e.strerror}); the training "
@@ -97,3 +94,40 @@ def _export_ranks(ckpt: Path, model_dir: Path, out: Path, command: list[str] | N
     finally:
         shutil.rmtree(stage, ignore_errors=True)
     return out
+
+
+def _ms_files(ckpt: Path, model_dir: Path | None, into: Path, optimizer: bool, log) -> None:
+    """What a MindSpore directory holds: the MindSpore-named full weights, config.json, the tokenizer files
+    and, with ``optimizer``, the optimizer state (ckpt_merge.py ``write_optimizer``)."""
+    from porting.train.run.ckpt_merge import write_optimizer, write_weights  # deferred: only format 2 needs them
+
+    cfg = write_weights(ckpt, into / MS_WEIGHTS, log)
+    (into / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    for name in TOKENIZER_FILES if model_dir is not None else ():
+        if (model_dir / name).is_file():
+            _link_or_copy(model_dir / name, into / name)
+    if optimizer:
+        write_optimizer(ckpt, into, log)
+
+
+def merge(ckpt: Path, model_dir: Path | None, *, hf_out: Path | None, ms_out: Path | None, optimizer: bool = False,
+          command: list[str] | None = None, force: bool = False, log=None) -> list[Path]:
+    """`port ckpt merge`: the MindSpore directory ``ms_out`` (kept: MindSpore-named full weights that
+    ``mindspore.load_checkpoint(..., format="safetensors")`` + ``load_param_into_net(strict_load=True)`` load
+    into the zoo cell, config.json, tokenizer files, optionally the optimizer state) and/or the HF directory
+    ``hf_out`` converted from the same weights (assembled once). Each output is staged and renamed whole."""
+    from converters.atomic import staged_dir  # deferred: the converters' staging rule, one for every --out
+    from converters.convert import ms_to_hf  # deferred: the converter loads torch and MindSpore readers
+
+    done = []
+    if ms_out is not None:
+        with staged_dir(ms_out, force) as tmp:
+            _ms_files(ckpt, model_dir, tmp, optimizer, log)
+        done.append(ms_out)
+        if hf_out is not None:
+            ms_to_hf(ms_out, hf_out, force=force, versions=versions(), command=command, hash_source=True)
+            done.append(hf_out)
+        return done
+    if hf_out is not None:
+        done.append(_export_ranks(ckpt, model_dir if model_dir is not None else ckpt, hf_out, command, force, log))
+    return done
