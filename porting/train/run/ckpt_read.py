@@ -20,6 +20,7 @@ import math
 import os
 import re
 import stat
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -56,6 +57,7 @@ class RankFiles:
         self._heads: dict[str, dict] = {}
         self._fds: dict[str, int] = {}
         self._good: dict[str, set[int]] = {}
+        self._lock = threading.RLock()   # readers on several threads (reshard): one open per file, exact counts
 
     def _fd(self, name: str) -> int:
         path = self.dir / name
@@ -74,6 +76,10 @@ class RankFiles:
         return fd
 
     def _open(self, name: str) -> dict:
+        with self._lock:
+            return self._open_locked(name)
+
+    def _open_locked(self, name: str) -> dict:
         if name not in self._heads:
             fd = self._fd(name)
             self._fds[name], self._good[name] = fd, set()
@@ -126,8 +132,9 @@ class RankFiles:
                         f"{self.dir / name}: bytes {k * chunk}-{min(entry['bytes'], (k + 1) * chunk)} do not match "
                         f"the sha256 layout.json records for chunk {k}; the file was changed or damaged after it "
                         "was written, resume from another checkpoint")
-            good.update(todo)
-            self.check_bytes += (hi - lo) - (end - begin)
+            with self._lock:
+                good.update(todo)
+                self.check_bytes += (hi - lo) - (end - begin)
         return view[begin - lo:end - lo]
 
     def read(self, name: str, key: str, code: str, lo: int, hi: int) -> np.ndarray:
@@ -140,7 +147,8 @@ class RankFiles:
                                   f"elements [{lo}, {hi}); the checkpoint is damaged or mismatched, resume from "
                                   "another one")
         raw = self._fetch(name, info.begin + lo * size, info.begin + hi * size)
-        self.bytes_read += len(raw)
+        with self._lock:
+            self.bytes_read += len(raw)
         if code == "F32":
             return np.frombuffer(raw, "<f4")
         return dtypes.to_numpy_f32(code, raw, (hi - lo,))

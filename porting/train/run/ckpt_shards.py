@@ -28,6 +28,7 @@ import json
 import math
 import os
 import re
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -232,9 +233,11 @@ def identity_of(recipe, cfg: dict[str, Any]) -> dict[str, Any]:
             "model_config": cfg, "recipe": rec}
 
 
-def _f32(p) -> np.ndarray:
-
-    return (p.astype(ms.float32) if p.dtype != ms.float32 else p).asnumpy().ravel()
+def _f32(p, a: int, b: int) -> np.ndarray:
+    """Elements [a, b) of ``p`` flattened, as float32 NumPy: sliced on the device before the copy to the
+    host, so a save holds one piece on the host, not the whole parameter."""
+    part = ms.ops.reshape(p, (-1,))[a:b]
+    return (part.astype(ms.float32) if part.dtype != ms.float32 else part).asnumpy()
 
 
 def live_pieces(trainer, layout: Layout) -> list[tuple[str, str, int, Callable[[], np.ndarray]]]:
@@ -248,12 +251,12 @@ def live_pieces(trainer, layout: Layout) -> list[tuple[str, str, int, Callable[[
     for kind, i, a, b in owned(layout, trainer.rank):
         spec = layout.params[i]
         if kind == "param":
-            read = (lambda p=params[i], a=a, b=b: _f32(p)[a:b])
+            read = (lambda p=params[i], a=a, b=b: _f32(p, a, b))
         elif layout.zero:
             k, pos = where[(i, a)]
-            read = (lambda s=states[kind][k], pos=pos, n=b - a: _f32(s)[pos:pos + n])
+            read = (lambda s=states[kind][k], pos=pos, n=b - a: _f32(s, pos, pos + n))
         else:
-            read = (lambda s=states[kind][i], a=a, b=b: _f32(s)[a:b])
+            read = (lambda s=states[kind][i], a=a, b=b: _f32(s, a, b))
         out.append((piece_key(kind, spec.name, t, a, b), spec.dtype if kind == "param" else "F32", b - a, read))
     return out
 
@@ -300,12 +303,18 @@ def write_rank(tmp: Path, rank: int, pieces: list) -> int:
                          {"format": f"port-train-rank/{FORMAT}", "rank": str(rank)})
     h = ChunkDigests()
     h.update(head)
-    with open(path, "wb") as f:
+    # each piece is hashed on a second thread while it is written (hashlib and write() release the GIL)
+    with open(path, "wb") as f, ThreadPoolExecutor(max_workers=1) as hasher:
         write_all(f, head)
+        hashed = None
         for _, code, n, read in pieces:
             raw = dtypes.cast_bytes("F32", code, memoryview(np.ascontiguousarray(read(), np.float32)).cast("B"))
-            h.update(raw)
+            if hashed is not None:
+                hashed.result()   # one piece in flight: the digests stay in order, host memory one piece
+            hashed = hasher.submit(h.update, raw)
             write_all(f, raw)
+        if hashed is not None:
+            hashed.result()
         f.flush()
         os.fsync(f.fileno())
         size = f.tell()

@@ -111,7 +111,7 @@ def build_model(recipe: Recipe, model_dir: Path, grid: Grid | None = None):
     check_tensor_parallel(recipe, cfg, model_dir)
     tp = grid_mod.tensor_parallel(recipe, grid)
     model = build(cfg, param_dtype=recipe.precision.param_dtype, compute_dtype=recipe.precision.compute_dtype,
-                  seed=recipe.seed, tp=tp)
+                  seed=recipe.seed, tp=tp, defer_init=True)   # no random draw: the HF load sets every weight
     load_hf_dir(model, model_dir, shard=grid_mod.shard_fn(model, grid.tp_rank, grid.tp) if tp else None)
     if recipe.memory.recompute:
         for layer in model.model.layers:
@@ -233,14 +233,13 @@ class Trainer:
             mb = step.micro_batches[0]
             return self.fused(ms.Tensor(mb.input_ids), ms.Tensor(mb.labels), scale, unscale, *hyper,
                               *self.packed_inputs(mb))
-        # the micro-batches' sums stay on the device (no host sync per micro-batch) and are added once, in
-        # float64 (exact for these float32 values, so in any order): the logged loss is what the host's float64
-        # sum gave, bit for bit; a handful of launches a step, not one per micro-batch
+        # the micro-batches' sums stay on the device (no host sync per micro-batch), come to the host once a step
+        # and are added there in float64 (exact for these float32 values, so in any order; CANN's float64
+        # coverage is partial, so no float64 runs on the device)
         sums = [self.grad_step(ms.Tensor(mb.input_ids), ms.Tensor(mb.labels), scale, *self.packed_inputs(mb))
                 for mb in step.micro_batches]
-        local = ms.ops.stack([v for pair in sums for v in pair]).reshape(-1, 2).astype(ms.float64).sum(0)
-        local = local.astype(ms.float32)
-        return self.apply(local[0], local[1], unscale, *hyper)
+        local = ms.ops.stack([v for pair in sums for v in pair]).asnumpy().reshape(-1, 2).astype(np.float64).sum(0)
+        return self.apply(ms.Tensor(np.float32(local[0])), ms.Tensor(np.float32(local[1])), unscale, *hyper)
 
     def state(self, step_done: int) -> ckpt.TrainState:
         return ckpt.TrainState(adam_t=self.adam_t, loss_scale=self.scaler.scale, good_steps=self.scaler.good,
