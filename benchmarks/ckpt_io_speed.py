@@ -3,7 +3,8 @@
 A random-weight Llama 2048 wide (2 layers, intermediate 5632, vocabulary 4096: 120 M parameters, fp32) is
 trained for one step by `port train` under real msrun workers in TP 2 x DP 2 with ZeRO-1; its checkpoint
 (weights, AdamW m and v: about 1.4 GB in 4 rank files) is then
-- copied with `cp -r` and `sync` (the I/O floor),
+- copied with `cp -r` and `sync` (the I/O floor; in the kernel) and with `dd` per file and `sync` (through
+  user space, as any command that reads the bytes),
 - resharded with `port ckpt reshard --to` TP 1 x DP 4 ZeRO-1 (every row-parallel weight re-cut),
 - merged with `port ckpt merge --out` (HF) and with `--ms` (MindSpore names, no HF conversion).
 Each command also runs on the stories260K checkpoint of a 2-step tiny run: its time is the command's fixed
@@ -67,6 +68,17 @@ def copy_time(ck: Path, dst: Path) -> float:
     return time.perf_counter() - t0
 
 
+def dd_time(ck: Path, dst: Path) -> float:
+    """The same bytes through user space (read + write, 16 MiB blocks): coreutils `cp` copies in the kernel
+    (copy_file_range on ext4), which a command that must look at the bytes (hash, re-cut) cannot."""
+    t0 = time.perf_counter()
+    dst.mkdir()
+    for f in sorted(ck.iterdir()):
+        subprocess.run(["dd", f"if={f}", f"of={dst / f.name}", "bs=16M", "status=none"], check=True)
+    subprocess.run(["sync"], check=True)
+    return time.perf_counter() - t0
+
+
 def best(fn, repeat: int, clean) -> float:
     out = []
     for _ in range(repeat + 1):   # the first warms the page cache
@@ -85,6 +97,7 @@ def commands(code: Path, ck: Path, recipe: Path, work: Path, to: list[str], repe
         subprocess.run(["sync"], check=True)
 
     return {"copy": best(lambda: copy_time(ck, outs[0]), repeat, clean),
+            "dd copy": best(lambda: dd_time(ck, outs[0]), repeat, clean),
             "reshard": best(lambda: port(code, "ckpt", "reshard", str(ck), "--to", str(recipe), *sets(to),
                                          "--out", str(outs[0])), repeat, clean),
             "merge": best(lambda: port(code, "ckpt", "merge", str(ck), "--out", str(outs[1])), repeat, clean),
@@ -115,11 +128,13 @@ def main() -> None:
         fixed = commands(args.code, ck_tiny, recipe, work, ["cluster.devices_per_node=1"], args.repeat)
         got = commands(args.code, ck_wide, recipe, work, TO_DP4 + [f"model.source={wide}"], args.repeat)
         rows = {k: {"seconds": round(got[k], 2), "fixed_s": round(fixed[k], 2),
-                    "x_copy": round((got[k] - fixed[k]) / (got["copy"] - fixed["copy"]), 2)} for k in got}
+                    "x_copy": round((got[k] - fixed[k]) / (got["copy"] - fixed["copy"]), 2),
+                    "x_dd": round((got[k] - fixed[k]) / (got["dd copy"] - fixed["dd copy"]), 2)} for k in got}
         load = os.getloadavg()[0]
         print(f"checkpoint {size / 1e9:.2f} GB (TP 2 x DP 2 ZeRO-1, 2048 wide); load average {load:.1f}")
         for k, r in rows.items():
-            print(f"  {k:11} {r['seconds']:7.2f} s  (fixed {r['fixed_s']:.2f} s)  {r['x_copy']:6.2f}x the copy")
+            print(f"  {k:11} {r['seconds']:7.2f} s  (fixed {r['fixed_s']:.2f} s)  {r['x_copy']:6.2f}x cp  "
+                  f"{r['x_dd']:6.2f}x dd")
         if args.json:
             Path(args.json).write_text(json.dumps({"bytes": size, "load": load, "rows": rows}, indent=1))
     finally:

@@ -42,13 +42,20 @@ def _model_dir(ckdir: Path, model: str | None) -> tuple[Path | None, str]:
 
 
 def _outputs(ck: Path, force: bool, *outs: Path | None) -> None:
-    """The converters' --out rule, with the run being merged protected (its checkpoints and this step)."""
+    """The converters' --out rule (a new or empty directory, or one port wrote with --force; never inside the
+    checkpoint or holding it), and never the run being merged or a folder that holds it (RUN/hf is fine)."""
     from converters.atomic import check_destination
+    from model_zoo.errors import CheckpointError
 
     run = ck.resolve().parent.parent
     for out in outs:
-        if out is not None:
-            check_destination(out.resolve(), force, [ck, run] if (run / "checkpoints").is_dir() else [ck])
+        if out is None:
+            continue
+        dest = out.resolve()
+        check_destination(dest, force, [ck])
+        if (run / "checkpoints").is_dir() and (dest == run or dest in run.parents):
+            raise CheckpointError(f"{out}: is or holds the run {run} being merged; choose an --out outside it "
+                                  "(RUN/hf is fine)")
 
 
 def _stderr(line: str) -> None:

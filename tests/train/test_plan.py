@@ -81,7 +81,7 @@ def test_dry_run_refuses_plan_that_does_not_fit_with_remedies():
     assert "DOES NOT FIT" in r.stdout
 
 
-@pytest.mark.parametrize("name,nodes,world,tp", [("7b-8card", 1, 16, 1), ("7b-a2-8dev", 1, 8, 1),
+@pytest.mark.parametrize("name,nodes,world,tp", [("7b-8card", 1, 16, 2), ("7b-a2-8dev", 1, 8, 1),
                                                  ("13b-32card", 4, 64, 8)])
 def test_shipped_910c_recipes_fit(name, nodes, world, tp):
     r = port("train", f"recipes/{name}.yaml", "--dry-run", "--json")

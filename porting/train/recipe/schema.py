@@ -206,7 +206,7 @@ class ClusterSection(_Section):
     intra_node_gb_s: Optional[float] = Field(None, gt=0, le=10_000)
     inter_node_gb_s: Optional[float] = Field(None, gt=0, le=10_000)
     host_memory_gib: Optional[float] = Field(None, gt=0, le=65536.0)   # host RAM per node; the dry run refuses more (host_memory.py)
-    compile_cache: Literal["auto", "on", "off"] = "auto"   # auto: on for the CPU, off on Ascend (run/precompile.py)
+    compile_cache: Optional[bool] = None   # None (auto): on for the CPU, off on Ascend (run/precompile.py)
 
 
 class CheckpointingSection(_Section):

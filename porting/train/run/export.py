@@ -37,7 +37,7 @@ def _link_or_copy(src: Path, dst: Path) -> None:
 
 
 def export_hf(checkpoint: str | Path, model_dir: str | Path, out_dir: str | Path, *,
-              command: list[str] | None = None, force: bool = True) -> Path:
+              command: list[str] | None = None, force: bool = True, log=None) -> Path:
     """Convert the training checkpoint directory ``checkpoint`` to an HF directory at ``out_dir``.
 
     ``model_dir`` is the HF directory the run started from: its config.json describes the architecture
@@ -47,7 +47,7 @@ def export_hf(checkpoint: str | Path, model_dir: str | Path, out_dir: str | Path
 
     ckpt, model_dir, out = Path(checkpoint), Path(model_dir), Path(out_dir)
     if (ckpt / "layout.json").is_file():   # per-rank format: the weights are assembled offline first
-        return _export_ranks(ckpt, model_dir, out, command, force)
+        return _export_ranks(ckpt, model_dir, out, command, force, log)
     weights = next((ckpt / n for n in (WEIGHTS_FILE, shard_file(0, 2)) if (ckpt / n).is_file()), None)
     if weights is None:
         raise CheckpointError(f"{ckpt}: no {WEIGHTS_FILE} or {shard_file(0, 2)}; expected a complete "
@@ -108,6 +108,28 @@ def _ms_files(ckpt: Path, model_dir: Path | None, into: Path, optimizer: bool, l
             _link_or_copy(model_dir / name, into / name)
     if optimizer:
         write_optimizer(ckpt, into, log)
+
+
+def export_after_exit(recipe, run_dir: Path, log=None, command: list[str] | None = None) -> Path | None:
+    """The HF export of a multi-worker run, made by the launcher once msrun's workers have exited (none is
+    made inside the job: there rank 0 would assemble every tensor from every rank file while the other
+    workers had gone, for minutes at 13B): ``port ckpt merge``'s path from the run's newest checkpoint
+    into ``RUN/hf``. None when the recipe says ``checkpointing.export_hf: false`` or there is no checkpoint."""
+    from porting.model_paths import resolve_hf  # deferred: resolving a zoo name reads the user registry
+    from porting.train.run.checkpoint import latest  # deferred: the launcher imports this module lazily too
+
+    if not recipe.checkpointing.export_hf:
+        return None
+    last = latest(Path(run_dir) / "checkpoints")
+    if last is None:
+        return None
+    final = last[1]
+    if log is not None:
+        log(f"HF export: merging {final} into {Path(run_dir) / 'hf'} now that the workers have exited")
+    out = export_hf(final, resolve_hf(recipe.model.source), Path(run_dir) / "hf", command=command, log=log)
+    if log is not None:
+        log(f"HF export {out} (from {final}, with port_manifest.json)")
+    return out
 
 
 def merge(ckpt: Path, model_dir: Path | None, *, hf_out: Path | None, ms_out: Path | None, optimizer: bool = False,

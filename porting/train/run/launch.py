@@ -71,6 +71,10 @@ def launch_msrun(rec: Recipe, recipe_path: str, overrides: list[str], out: Path,
         raise PortingError(f"msrun exited with {rc}; see {out}/logs/rank_*.log and {out}/logs/msrun/worker_*.log "
                            "(scheduler.log names ranks that timed out)")
     click.echo(f"done: {rec.world_size} workers; run directory {out}")
+    if node == 0:   # the HF export, now that no worker holds memory or waits in a collective
+        from porting.train.run.export import export_after_exit  # deferred: loads MindSpore's readers
+
+        export_after_exit(rec, out, log=click.echo)
 
 
 def msrun_argv_env(rec: Recipe, cmds: list[str], node: int, plan_env: dict | None) -> tuple[list[str], dict[str, str]]:

@@ -358,8 +358,10 @@ def _finish(recipe: Recipe, trainer: Trainer, plan, records: list, metrics, mode
     summary = summarize(records, trainer, plan, compiled)
     metrics.summary(summary)
     log.info(f"summary: {json.dumps(summary.to_dict())}")
-    if recipe.checkpointing.export_hf:
-
+    if recipe.checkpointing.export_hf and trainer.world > 1:   # the launcher merges after the workers exit
+        log.info("HF export: made by the launcher once every worker has exited (porting/train/run/export.py "
+                 f"export_after_exit), or by hand: port ckpt merge {final} --out {run_dir / 'hf'}")
+    elif recipe.checkpointing.export_hf:
         out = export_hf(final, model_dir, run_dir / "hf", command=list(command or sys.argv))
         log.info(f"HF export {out} (from {final}, with port_manifest.json)")
 

@@ -122,13 +122,13 @@ def _entry_script_is_a_file() -> bool:
 
 
 def cache_wanted(recipe) -> bool:
-    """``cluster.compile_cache``: ``auto`` is on for the CPU and off on Ascend. MindSpore documents
+    """``cluster.compile_cache``: unset (auto), on for the CPU and off on Ascend. MindSpore documents
     ``MS_COMPILER_CACHE_ENABLE`` as the cache of the front-end graphs (the backend, with its kernels, is
     built again on Ascend: https://www.mindspore.cn/docs/en/r2.2/note/env_var_list.html), no device run has
     compared losses with and without it, and a stale graph trains on wrong weights (see above); so on Ascend
-    it is off until the rehearsal's device rung compares them (docs/training.md). ``on`` turns it on."""
-    mode = getattr(recipe.cluster, "compile_cache", "auto")
-    return mode == "on" or (mode == "auto" and recipe.cluster.device == "cpu")
+    it is off until the rehearsal's device rung compares them (docs/rundir.md). ``true`` turns it on."""
+    chosen = getattr(recipe.cluster, "compile_cache", None)
+    return chosen if chosen is not None else recipe.cluster.device == "cpu"
 
 
 def _scalar() -> ms.Tensor:

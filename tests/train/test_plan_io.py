@@ -1,0 +1,48 @@
+"""The plan's I/O figures (issue 35): the filesystem's write bandwidth measured as a save uses it
+(porting/train/plan/fs_speed.py), and the supervisor's allowances derived from the graphs, the bytes to
+restore and that bandwidth (porting/train/plan/allowances.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.train.conftest import ROOT
+
+
+def _plan(name: str, *sets: str):
+    from porting.train import load_recipe, plan_config
+    from porting.train.plan import sharding
+
+    rec = load_recipe(ROOT / "recipes" / name, list(sets), check_files=False)
+    cfg, _ = plan_config(rec)
+    return rec, cfg, sharding.layout_for(rec, cfg)
+
+
+def test_parallel_fsynced_writes_give_a_positive_aggregate_and_leave_nothing(tmp_path):
+    from porting.train.plan.fs_speed import measure_write_bandwidth
+
+    got = measure_write_bandwidth(tmp_path, processes=2, bytes_per_process=4 << 20)
+    assert got["bytes"] == 8 << 20 and got["processes"] == 2 and got["seconds"] > 0
+    assert got["gib_per_s"] == pytest.approx(got["bytes"] / got["seconds"] / 2**30, rel=0.01, abs=1e-3)
+    assert list(tmp_path.iterdir()) == []   # its temporary folder is gone
+    with pytest.raises(ValueError):
+        measure_write_bandwidth(tmp_path, processes=0)
+
+
+def test_allowances_follow_the_graphs_the_restore_bytes_and_the_filesystem():
+    from porting.train.plan.allowances import FLOOR_S, SLACK, allowances
+    from porting.train.plan.comm import checkpoint_bytes, save_seconds
+
+    rec, cfg, layout = _plan("13b-32card.yaml")
+    a = allowances(rec, cfg, layout, shapes=4)
+    assert a["graphs"] == 5   # 4 shapes + the update graph (grad_accum_steps 4)
+    assert a["save_s"] == pytest.approx(SLACK * save_seconds(rec, layout), abs=1)
+    restore = rec.world_size * checkpoint_bytes(rec, layout) / (rec.checkpointing.fs_gib_per_s * 2**30)
+    assert a["restore_s"] == pytest.approx(SLACK * restore, abs=1)
+    # a 4x faster filesystem shortens the save and restore allowances 4x (above the floor)
+    fast = allowances(*_plan("13b-32card.yaml", f"checkpointing.fs_gib_per_s={4 * rec.checkpointing.fs_gib_per_s}"), 4)
+    assert fast["save_s"] == pytest.approx(max(FLOOR_S, a["save_s"] / 4), abs=1)
+    # a measured compile replaces the assumption, and a silent line never waits less than the floor
+    measured = allowances(rec, cfg, layout, shapes=4, seconds_per_graph=10.0)
+    assert measured["compile_s"] == pytest.approx(max(FLOOR_S, SLACK * 5 * 10.0), abs=1)
+    assert measured["line_s"] >= FLOOR_S and "fs_gib_per_s" in measured["formula"]
