@@ -46,3 +46,15 @@ def test_allowances_follow_the_graphs_the_restore_bytes_and_the_filesystem():
     measured = allowances(rec, cfg, layout, shapes=4, seconds_per_graph=10.0)
     assert measured["compile_s"] == pytest.approx(max(FLOOR_S, SLACK * 5 * 10.0), abs=1)
     assert measured["line_s"] >= FLOOR_S and "fs_gib_per_s" in measured["formula"]
+
+
+def test_the_doctor_row_compares_the_measured_bandwidth_with_the_recipe(tmp_path):
+    from porting.train import load_recipe
+    from porting.train.plan.fs_speed import doctor_row
+    from tests.train.conftest import TINY
+
+    slow = doctor_row(load_recipe(TINY, ["checkpointing.fs_gib_per_s=1000"]), tmp_path / "ck", 2 << 20)
+    assert slow["status"] == "warn" and "checkpointing.fs_gib_per_s=" in slow["detail"]
+    fast = doctor_row(load_recipe(TINY, ["checkpointing.fs_gib_per_s=0.000001"]), tmp_path / "ck", 2 << 20)
+    assert fast["status"] == "ok" and "1 writers" in fast["detail"]
+    assert list((tmp_path / "ck").iterdir()) == []
