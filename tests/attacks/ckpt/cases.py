@@ -290,3 +290,13 @@ def merge_manifest_model_dir_outside_the_run(d):
 @case("disk full while writing", subprocess=True, fsize=200_000, timeout=120)
 def merge_ms_disk_fills_while_writing(d):
     return ["ckpt", "merge", str(I.train_checkpoint(d / "ck" / "step_2")), "--ms", str(d / "out")]
+
+
+@case("cannot write the HF export", subprocess=True, fsize=200_000, timeout=120)
+def merge_hf_disk_fills_while_writing(d):
+    return ["ckpt", "merge", str(I.train_checkpoint(d / "ck" / "step_2")), "--out", str(d / "out")]
+
+
+@case("cannot write the resharded checkpoint", subprocess=True, fsize=200_000, timeout=120)
+def reshard_disk_fills_while_writing(d):
+    return _reshard(d, lambda ck: None)
