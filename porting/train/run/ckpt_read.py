@@ -49,11 +49,12 @@ def _sha(view: memoryview) -> str:
 class RankFiles:
     """Byte-range reads of a checkpoint's rank files, each chunk checked against its recorded sha256 before
     use. ``bytes_read``: the bytes served (headers included); ``check_bytes``: the bytes read only to check a
-    chunk that a read touched in part (at most two chunks per contiguous read)."""
+    chunk that a read touched in part (read again when a later read uses them); ``hashed_bytes``: every byte
+    checked (each chunk once)."""
 
     def __init__(self, ckdir: Path, table: dict[str, dict], verify: bool = True):
         self.dir, self.table, self.verify = ckdir, table, verify
-        self.bytes_read = self.header_bytes = self.check_bytes = 0
+        self.bytes_read = self.header_bytes = self.check_bytes = self.hashed_bytes = 0
         self._heads: dict[str, dict] = {}
         self._fds: dict[str, int] = {}
         self._good: dict[str, set[int]] = {}
@@ -104,6 +105,7 @@ class RankFiles:
             h.update(block)
             off += len(block)
         self.check_bytes += off
+        self.hashed_bytes += off
         if h.hexdigest() != entry["sha256"]:
             raise CheckpointError(f"{self.dir / name}: its sha256 differs from the one layout.json records; the file "
                                   "was changed or damaged after it was written, resume from another checkpoint")
@@ -135,6 +137,7 @@ class RankFiles:
             with self._lock:
                 good.update(todo)
                 self.check_bytes += (hi - lo) - (end - begin)
+                self.hashed_bytes += sum(len(x) for x in parts)
         return view[begin - lo:end - lo]
 
     def read(self, name: str, key: str, code: str, lo: int, hi: int) -> np.ndarray:
@@ -373,10 +376,10 @@ def restore(trainer, ckdir: Path) -> int:
     if (src.layout.world, src.layout.tp, src.layout.zero) != (new.world, new.tp, new.zero):
         peak += "; the layout changed: every piece was re-cut exactly for this one (same model, seed, recipe)"
     trainer.log.info(f"resume read {src.files.bytes_read} bytes of {ckdir} (this rank's shard {shard} bytes, "
-                     f"ratio {src.files.bytes_read / max(shard, 1):.3f}; {src.files.check_bytes} more bytes read only "
-                     f"to check their chunks' sha256) in {time.perf_counter() - t0:.1f} s; saved layout world "
-                     f"{src.layout.world} tp {src.layout.tp} zero {src.layout.zero}, this run world {new.world} tp "
-                     f"{new.tp} zero {new.zero}{peak}")
+                     f"ratio {src.files.bytes_read / max(shard, 1):.3f}) in {time.perf_counter() - t0:.1f} s; "
+                     f"{src.files.hashed_bytes} bytes checked against their chunks' sha256 ({src.files.check_bytes} "
+                     f"read only for the check); saved layout world {src.layout.world} tp {src.layout.tp} zero "
+                     f"{src.layout.zero}, this run world {new.world} tp {new.tp} zero {new.zero}{peak}")
     return src.files.bytes_read
 
 
