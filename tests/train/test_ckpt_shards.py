@@ -264,3 +264,32 @@ def test_the_free_space_check_counts_bytes_not_rounded_gib(tmp_path):
     with pytest.raises(CheckpointError, match=f"needs {need} bytes"):
         check_free_space(tmp_path / "out", need)
     check_free_space(tmp_path / "out", 1 << 20)
+
+
+def test_a_record_from_before_chunk_digests_is_checked_whole(tmp_path):
+    """layout.json written before per-chunk digests carries each file's whole sha256: it is still read, the
+    whole file is checked when first opened, and one flipped bit is refused."""
+    import hashlib
+
+    from model_zoo.errors import CheckpointError
+
+    truth = _truth()
+    saved = _layout(4, 2, True)
+    _write(tmp_path, saved, truth)
+    doc = json.loads((tmp_path / "layout.json").read_text())
+    for name, entry in doc["files"].items():
+        doc["files"][name] = {"rank": entry["rank"], "bytes": entry["bytes"],
+                              "sha256": hashlib.sha256((tmp_path / name).read_bytes()).hexdigest()}
+    (tmp_path / "layout.json").write_text(json.dumps(doc))
+    src, _ = ckpt_read.open_checkpoint(tmp_path)
+    assert np.array_equal(src.full("param", "wo"), truth["param", "wo"])
+    opened = [n for n in doc["files"] if n in src.files._fds]
+    assert opened and src.files.hashed_bytes == sum(doc["files"][n]["bytes"] for n in opened)   # each file it opened, whole
+    src.files.close()
+    raw = bytearray((tmp_path / "rank_00001.safetensors").read_bytes())
+    raw[-1] ^= 1
+    (tmp_path / "rank_00001.safetensors").write_bytes(bytes(raw))
+    src, _ = ckpt_read.open_checkpoint(tmp_path)
+    with pytest.raises(CheckpointError, match="rank_00001.safetensors: its sha256 differs"):
+        src.full("adam_v", "wo")   # split over both TP slices: rank 1 is read
+    src.files.close()
