@@ -291,5 +291,5 @@ def test_a_record_from_before_chunk_digests_is_checked_whole(tmp_path):
     (tmp_path / "rank_00001.safetensors").write_bytes(bytes(raw))
     src, _ = ckpt_read.open_checkpoint(tmp_path)
     with pytest.raises(CheckpointError, match="rank_00001.safetensors: its sha256 differs"):
-        src.full("adam_v", "wo")   # split over both TP slices: rank 1 is read
+        src.full("param", "emb")   # its TP slice 1 lives in rank 1: opening it checks the whole file
     src.files.close()
