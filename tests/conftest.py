@@ -61,6 +61,35 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+# PORT_TEST_CPU_LOG=FILE: one JSON line per test phase with its CPU seconds (this process plus every child it
+# waited for: a `port train` and the msrun workers under it), appended by each xdist worker. CPU seconds hold
+# whatever else the machine runs, where wall seconds do not (benchmarks/suite_cpu.py sums them by file).
+_CPU_LOG = os.environ.get("PORT_TEST_CPU_LOG")
+
+
+def _cpu_now() -> float:
+    import resource
+
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    if not _CPU_LOG:
+        yield
+        return
+    import json
+    import time
+
+    t0, c0 = time.monotonic(), _cpu_now()
+    yield
+    rec = {"test": item.nodeid.split("@")[0], "cpu_s": round(_cpu_now() - c0, 3),
+           "wall_s": round(time.monotonic() - t0, 3), "worker": os.environ.get("PYTEST_XDIST_WORKER", "main")}
+    with open(_CPU_LOG, "a", encoding="utf-8") as f:
+        f.write(json.dumps(rec) + "\n")
+
+
 FIXTURES = ROOT / "tests" / "fixtures"
 SHIPPED_ASCEND = FIXTURES / "ascend"  # shipped copies of files of ../shared/data/ascend, same layout
 WRITTEN_TABLES = FIXTURES / "ascend_written" / "rank_tables"

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import click
 
-from porting.diagnostics import DiagnosticsError
 from model_zoo.errors import VerificationError
 
 
@@ -22,35 +21,6 @@ Examples:
   port ranktable merge node0.json node1.json --out rank_table.json""")
 def command() -> None:
     """Generate, check and merge HCCL rank tables."""
-
-
-MAX_DEVICES_PER_SERVER = 64   # an Atlas A3 server shows 16 devices (8 chips x 2 dies); far above any real one
-
-
-def _parse_devices(spec: str) -> list[int]:
-    out: list[int] = []
-    for part in spec.split(","):
-        part = part.strip()
-        if not part:
-            continue
-        if "-" in part:
-            a, b = part.split("-", 1)
-            if not (a.isdigit() and b.isdigit()) or int(a) > int(b):
-                raise DiagnosticsError("--devices: " + f"{part!r}: expected a range like 0-7")
-            if int(b) - int(a) + 1 > MAX_DEVICES_PER_SERVER:
-                raise DiagnosticsError("--devices: " + f"{part!r}: {int(b) - int(a) + 1} devices on one server; expected at most "
-                                         f"{MAX_DEVICES_PER_SERVER} (an Atlas A3 server shows 16)")
-            out += list(range(int(a), int(b) + 1))
-        elif part.isdigit():
-            out.append(int(part))
-        else:
-            raise DiagnosticsError("--devices: " + f"{part!r}: expected device ids like 0-7 or 0,1,2,3")
-    if not out:
-        raise DiagnosticsError("--devices: " + "no device ids")
-    if len(out) > MAX_DEVICES_PER_SERVER:
-        raise click.BadParameter(f"{len(out)} device ids on one server; expected at most {MAX_DEVICES_PER_SERVER}",
-                                 param_hint="--devices")
-    return out
 
 
 def _report(problems, as_json: bool, summary: dict, path: str) -> None:
@@ -116,38 +86,10 @@ def gen_cmd(servers, devices, device_ips, hccn, version, super_pod_size, out: Pa
     """Generate a rank table from servers and devices (device IPs given or read from hccn.conf)."""
     from porting.cluster import generate as rt
 
-    dev_ids = _parse_devices(devices)
-    entries = []
-    for s in servers:
-        sid, _, host = s.partition(":")
-        if not sid:
-            raise click.BadParameter(f"{s!r}: expected SERVER_ID[:HOST_IP]", param_hint="--server")
-        entries.append({"server_id": sid, "host_ip": host or None, "devices": [{"device_id": d} for d in dev_ids]})
-    by_id = {e["server_id"]: e for e in entries}
-    ips: dict[tuple[str, int], str] = {}
-    for h in hccn:
-        sid, sep, path = h.partition("=")
-        if not sep:
-            if len(entries) != 1:
-                raise click.BadParameter(f"{h!r}: with several servers write SERVER_ID=PATH", param_hint="--hccn-conf")
-            sid, path = entries[0]["server_id"], h
-        if sid not in by_id:
-            raise click.BadParameter(f"{sid!r} is not one of the --server ids {sorted(by_id)}", param_hint="--hccn-conf")
-        for d, ip in rt.parse_hccn_conf(path).items():
-            ips[(sid, d)] = ip
-    for spec in device_ips:
-        left, sep, ip = spec.partition("=")
-        sid, sep2, d = left.rpartition(":")
-        if not sep or not sep2 or not d.isdigit() or sid not in by_id:
-            raise click.BadParameter(f"{spec!r}: expected SERVER_ID:DEVICE_ID=IP with a known server id",
-                                     param_hint="--device-ip")
-        ips[(sid, int(d))] = ip
-    for e in entries:
-        for d in e["devices"]:
-            d["device_ip"] = ips.get((e["server_id"], d["device_id"]))
+    entries = rt.servers_from_specs(servers, devices, device_ips, hccn)
     table = rt.generate(entries, version=version, super_pod_size=super_pod_size)
     _check_then_write(table, out, "generated",
-                      f"version {version}, {len(entries)} server(s) x {len(dev_ids)} device(s)")
+                      f"version {version}, {len(entries)} server(s) x {len(entries[0]['devices'])} device(s)")
 
 
 def _check_then_write(table: dict, out: Path, what: str, summary: str) -> None:

@@ -30,6 +30,71 @@ def parse_hccn_conf(path: str | os.PathLike) -> dict[int, str]:
     return out
 
 
+MAX_DEVICES_PER_SERVER = 64   # an Atlas A3 server shows 16 devices (8 chips x 2 dies); far above any real one
+
+
+def parse_devices(spec: str) -> list[int]:
+    """``--devices``: ``0-7`` or ``0,1,2,3`` (ranges and ids mixed), at most MAX_DEVICES_PER_SERVER."""
+    out: list[int] = []
+    for part in spec.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        if "-" in part:
+            a, b = part.split("-", 1)
+            if not (a.isdigit() and b.isdigit()) or int(a) > int(b):
+                raise DiagnosticsError(f"--devices: {part!r}: expected a range like 0-7")
+            if int(b) - int(a) + 1 > MAX_DEVICES_PER_SERVER:
+                raise DiagnosticsError(f"--devices: {part!r}: {int(b) - int(a) + 1} devices on one server; expected "
+                                       f"at most {MAX_DEVICES_PER_SERVER} (an Atlas A3 server shows 16)")
+            out += list(range(int(a), int(b) + 1))
+        elif part.isdigit():
+            out.append(int(part))
+        else:
+            raise DiagnosticsError(f"--devices: {part!r}: expected device ids like 0-7 or 0,1,2,3")
+    if not out:
+        raise DiagnosticsError("--devices: no device ids")
+    if len(out) > MAX_DEVICES_PER_SERVER:
+        raise DiagnosticsError(f"--devices: {len(out)} device ids on one server; expected at most "
+                               f"{MAX_DEVICES_PER_SERVER}")
+    return out
+
+
+def servers_from_specs(servers: list[str], devices: str, device_ips: list[str] = (),
+                       hccn_confs: list[str] = ()) -> list[dict]:
+    """The server entries of ``port ranktable gen``: ``SERVER_ID[:HOST_IP]`` in rank order, the same device ids on
+    each, device IPs from ``SERVER_ID:DEVICE_ID=IP`` specs and from ``[SERVER_ID=]PATH`` hccn.conf files."""
+    dev_ids = parse_devices(devices)
+    entries = []
+    for s in servers:
+        sid, _, host = s.partition(":")
+        if not sid:
+            raise DiagnosticsError(f"--server: {s!r}: expected SERVER_ID[:HOST_IP]")
+        entries.append({"server_id": sid, "host_ip": host or None, "devices": [{"device_id": d} for d in dev_ids]})
+    by_id = {e["server_id"]: e for e in entries}
+    ips: dict[tuple[str, int], str] = {}
+    for h in hccn_confs:
+        sid, sep, path = h.partition("=")
+        if not sep:
+            if len(entries) != 1:
+                raise DiagnosticsError(f"--hccn-conf: {h!r}: with several servers write SERVER_ID=PATH")
+            sid, path = entries[0]["server_id"], h
+        if sid not in by_id:
+            raise DiagnosticsError(f"--hccn-conf: {sid!r} is not one of the --server ids {sorted(by_id)}")
+        for d, ip in parse_hccn_conf(path).items():
+            ips[(sid, d)] = ip
+    for spec in device_ips:
+        left, sep, ip = spec.partition("=")
+        sid, sep2, d = left.rpartition(":")
+        if not sep or not sep2 or not d.isdigit() or sid not in by_id:
+            raise DiagnosticsError(f"--device-ip: {spec!r}: expected SERVER_ID:DEVICE_ID=IP with a known server id")
+        ips[(sid, int(d))] = ip
+    for e in entries:
+        for dev in e["devices"]:
+            dev["device_ip"] = ips.get((e["server_id"], dev["device_id"]))
+    return entries
+
+
 def generate(servers: list[dict], *, version: str = "1.0", super_pod_size: int | None = None) -> dict:
     """servers: [{"server_id", "host_ip"?, "devices": [{"device_id", "device_ip"?, ...}]}] in rank order."""
     if version not in SUPPORTED:

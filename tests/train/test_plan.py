@@ -81,6 +81,19 @@ def test_dry_run_refuses_plan_that_does_not_fit_with_remedies():
     assert "DOES NOT FIT" in r.stdout
 
 
+@pytest.mark.parametrize("recipe", sorted(p.name for p in (ROOT / "recipes").glob("*.yaml")))
+def test_every_shipped_recipe_plans_and_fits(recipe):
+    """Every recipe port ships dry-runs in one go: text and JSON agree on world, batch and fit (a new recipe
+    is covered by being in recipes/, with nothing to regenerate)."""
+    text = port("train", f"recipes/{recipe}", "--dry-run")
+    js = port("train", f"recipes/{recipe}", "--dry-run", "--json")
+    assert text.returncode == 0 == js.returncode, (text.stderr[-2000:], js.stderr[-2000:])
+    plan = json.loads(js.stdout)
+    assert plan["fits"] and plan["margin_gib"] > 0 and plan["global_batch"] >= 1
+    assert f"world size: {plan['world_size']} device" in text.stdout
+    assert f"global batch: {plan['global_batch']} = " in text.stdout and "DOES NOT FIT" not in text.stdout
+
+
 @pytest.mark.parametrize("name,nodes,world,tp", [("7b-8card", 1, 16, 2), ("7b-a2-8dev", 1, 8, 1),
                                                  ("13b-32card", 4, 64, 8)])
 def test_shipped_910c_recipes_fit(name, nodes, world, tp):
