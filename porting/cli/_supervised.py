@@ -78,6 +78,10 @@ def run_supervised(rec: Any, recipe_path: str, overrides: list[str], out: Path, 
                          echo=lambda m: click.echo(m, err=True),
                          shrink=_shrinker(state, recipe_path, out, node) if shrink else None, peers=peers)
     click.echo(f"done: {state['rec'].world_size} worker(s), {restarts} restart(s); run directory {out}")
+    if state["rec"].world_size > 1 and node == 0:   # the HF export, now that the workers have exited
+        from porting.train.run.export import export_after_exit  # deferred: loads MindSpore's readers
+
+        export_after_exit(state["rec"], out, log=click.echo)
 
 
 def _shrinker(state: dict[str, Any], recipe_path: str, out: Path, node: int) -> Callable[[Any], Any]:
