@@ -84,10 +84,13 @@ def read_hf_state(hf_dir: str | Path) -> dict[str, np.ndarray]:
         return {n: _read(reader, n) for n in src.tensor_names()}
 
 
-def load_hf_dir(model, hf_dir: str | Path, shard=None) -> int:
+def load_hf_dir(model, hf_dir: str | Path, shard=None, log=None) -> int:
     """Fill ``model`` from an HF directory, one tensor in memory at a time; returns the bytes read.
     ``shard(ms_name, array)`` (tensor parallel) returns this rank's slice of a full tensor; a model built
-    for tensor parallel (``model.tp``) reads only its slices' byte ranges (:func:`read_slice`)."""
+    for tensor parallel (``model.tp``) reads only its slices' byte ranges (:func:`read_slice`). ``log``: one
+    line per decoder layer (and one for the rest) with its bytes and seconds, so a long load is never silent."""
+    import time
+
     import mindspore as ms
 
     from model_zoo.parallel import shard_layout  # deferred: imports MindSpore
@@ -101,8 +104,19 @@ def load_hf_dir(model, hf_dir: str | Path, shard=None) -> int:
     _check_coverage(str(hf_dir), src.tensor_names(), cfg)
     table = names.NAME_MAPS[cfg.model_type]
     params = {p.name: p for p in model.get_parameters()}
+    group, since, at = None, 0, time.perf_counter()
     with TensorReader(src) as reader:
-        for hf_name in names.expected_hf_names(cfg):
+        for hf_name in names.expected_hf_names(cfg) + [None]:
+            g = hf_name and (f"layer {hf_name.split('.')[2]}" if hf_name.startswith("model.layers.") else
+                             "embedding" if "embed_tokens" in hf_name else "final norm and head")
+            if g != group and group is not None and log is not None:
+                sec = time.perf_counter() - at
+                log(f"HF load {hf_dir.name}: {group}: {total - since} bytes in {sec:.2f} s "
+                    f"({(total - since) / max(sec, 1e-9) / 1e6:.0f} MB/s)")
+            if g != group:
+                group, since, at = g, total, time.perf_counter()
+            if hf_name is None:
+                break
             p = params[names.map_name(hf_name, table)]
             t = reader.info(hf_name)
             # a zero-memory view stands for the tensor: only the slice's shape is compared

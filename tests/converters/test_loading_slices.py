@@ -44,3 +44,19 @@ def test_each_rank_reads_exactly_its_slice(which, bf16_dir):
                         got, nbytes = read_slice(reader, name, axis, rank, size)
                         assert np.array_equal(got, split_shard(full, axis, rank, size)), (name, axis, size, rank)
                         assert nbytes == whole // size   # 1/size of the tensor's bytes, nothing more
+
+
+def test_the_hf_load_logs_one_line_per_layer_with_its_bytes():
+    """No silent window while a big model loads: a line per decoder layer (and the embedding, the final norm and
+    head), whose bytes add up to what the load read."""
+    from converters.loading import load_hf_dir
+    from model_zoo.config import LlamaConfig
+    from model_zoo.llama import build
+
+    model = build(LlamaConfig.from_hf(EMBEDDED), defer_init=True)
+    lines: list[str] = []
+    total = load_hf_dir(model, EMBEDDED, log=lines.append)
+    groups = [ln.split(": ")[1] for ln in lines]
+    assert groups == ["embedding"] + [f"layer {i}" for i in range(5)] + ["final norm and head"], groups
+    assert sum(int(ln.split(": ")[2].split(" bytes")[0]) for ln in lines) == total > 0
+    assert not any(p.has_init for p in model.get_parameters())   # every deferred weight was given its value

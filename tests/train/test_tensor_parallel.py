@@ -125,6 +125,8 @@ def test_tp2_with_resume_equals_one_device(tp2_resumed, one_device, model_dir):
     log0 = (run / "logs" / "rank_0.log").read_text()
     assert "tensor parallel 2" in log0 and "resumed from" in log0
     assert "row max by AllReduce SUM" in log0   # the CPU's emulation of AllReduce MAX ran
+    # the resume took its weights from its own checkpoint, one line per layer group (the HF files were not read)
+    assert "resume step_2 weights: layer 0:" in log0
 
 
 @pytest.fixture(scope="module")
