@@ -294,6 +294,10 @@ def run_preflight(recipe_path: str | os.PathLike, *, node_rank: int = 0, fingerp
                                     explain=explain))
     elif smoke:
         rows.append(_row("smoke all-reduce", INFO, "run on the master node (or fix the rows above first)"))
+    if smoke:   # the checkpoint filesystem's bandwidth, written as a save writes it
+        from porting.train.plan.fs_speed import doctor_row  # deferred: only a measuring preflight needs it
+
+        rows.append(doctor_row(recipe, Path(recipe.output_dir)))
     return {"recipe": str(recipe_path), "node_rank": node_rank, "master": f"{c.master_addr}:{c.master_port}",
             "world_size": recipe.world_size, "checks": rows, "ok": not any(r["status"] == FAIL for r in rows)}
 

@@ -53,8 +53,24 @@ def test_the_doctor_row_compares_the_measured_bandwidth_with_the_recipe(tmp_path
     from porting.train.plan.fs_speed import doctor_row
     from tests.train.conftest import TINY
 
-    slow = doctor_row(load_recipe(TINY, ["checkpointing.fs_gib_per_s=1000"]), tmp_path / "ck", 2 << 20)
+    out = tmp_path / "runs" / "x"   # not there yet: measured in its nearest existing folder, nothing created
+    slow = doctor_row(load_recipe(TINY, ["checkpointing.fs_gib_per_s=1000"]), out, 2 << 20)
     assert slow["status"] == "warn" and "checkpointing.fs_gib_per_s=" in slow["detail"]
-    fast = doctor_row(load_recipe(TINY, ["checkpointing.fs_gib_per_s=0.000001"]), tmp_path / "ck", 2 << 20)
-    assert fast["status"] == "ok" and "1 writers" in fast["detail"]
-    assert list((tmp_path / "ck").iterdir()) == []
+    fast = doctor_row(load_recipe(TINY, ["checkpointing.fs_gib_per_s=0.000001"]), out, 2 << 20)
+    assert fast["status"] == "ok" and "1 writers" in fast["detail"] and str(tmp_path) in fast["detail"]
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_port_doctor_cluster_measures_the_checkpoint_filesystem(tmp_path):
+    import json
+
+    from tests.helpers import port_process
+    from tests.train.conftest import TINY, free_port
+
+    r = port_process("doctor", "--cluster", str(TINY), "--json", "--set", f"cluster.master_port={free_port()}",
+                     "--set", f"output_dir={tmp_path / 'runs'}", timeout=300)
+    rows = {c["check"]: c for c in json.loads(r.stdout)["checks"]}
+    fs = rows["checkpoint filesystem"]
+    assert fs["status"] in ("ok", "warn") and "GiB/s aggregate: 1 writers" in fs["detail"], fs
+    assert list(tmp_path.iterdir()) == []   # measured beside, nothing left

@@ -64,15 +64,19 @@ def measure_write_bandwidth(folder: Path, processes: int, bytes_per_process: int
         shutil.rmtree(work, ignore_errors=True)
 
 
-def doctor_row(recipe, folder: Path, bytes_per_process: int = 256 << 20) -> dict:
+def doctor_row(recipe, folder: Path, bytes_per_process: int = 64 << 20) -> dict:
     """A `port doctor --cluster` row (porting/cluster/preflight.py's shape: check, status, detail): this node's
-    aggregate write bandwidth into ``folder`` (the run's checkpoint filesystem) from as many writers as the
-    node runs workers, against the recipe's ``checkpointing.fs_gib_per_s``; "warn" when slower."""
-    folder.mkdir(parents=True, exist_ok=True)
-    got = measure_write_bandwidth(folder, recipe.cluster.devices_per_node, bytes_per_process)
+    aggregate write bandwidth into ``folder`` (the run's checkpoint filesystem: its nearest existing folder,
+    nothing is created) from as many writers as the node runs workers, against the recipe's
+    ``checkpointing.fs_gib_per_s``; "warn" when slower."""
+    where = next((p for p in [folder, *folder.parents] if p.is_dir()), Path("."))
+    try:
+        got = measure_write_bandwidth(where, recipe.cluster.devices_per_node, bytes_per_process)
+    except (OSError, ValueError) as e:
+        return {"check": "checkpoint filesystem", "status": "warn", "detail": f"{where}: not measured ({e})"}
     said = recipe.checkpointing.fs_gib_per_s
     detail = (f"{got['gib_per_s']:g} GiB/s aggregate: {got['processes']} writers x {bytes_per_process >> 20} MiB "
-              f"with fsync in {got['seconds']:g} s into {folder}; the recipe plans with checkpointing.fs_gib_per_s "
+              f"with fsync in {got['seconds']:g} s into {where}; the recipe plans with checkpointing.fs_gib_per_s "
               f"{said:g} (the whole cluster's)")
     if got["gib_per_s"] < said:
         return {"check": "checkpoint filesystem", "status": "warn",
