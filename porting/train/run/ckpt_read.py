@@ -263,7 +263,7 @@ _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 def group_of(name: str) -> str:
     """The parameter group a progress line covers: a decoder layer, or the tensors outside the layers."""
     m = _LAYER.search(name)
-    return f"layer {m.group(1)}" if m else "embedding, final norm and head"
+    return f"layer {m.group(1)}" if m else "embedding" if "embedding" in name else "final norm and head"
 
 
 class Progress:

@@ -146,8 +146,20 @@ def merge(ckpt: Path, model_dir: Path | None, *, hf_out: Path | None, ms_out: Pa
         with staged_dir(ms_out, force) as tmp:
             _ms_files(ckpt, model_dir, tmp, optimizer, log)
         done.append(ms_out)
-        if hf_out is not None:
-            ms_to_hf(ms_out, hf_out, force=force, versions=versions(), command=command, hash_source=True)
+        if hf_out is not None:   # the converter reads one weights file: the MindSpore directory less the optimizer
+            stage = hf_out.parent / f".{hf_out.name}-source.port-tmp-{os.getpid()}"
+            shutil.rmtree(stage, ignore_errors=True)
+            try:
+                stage.mkdir(parents=True)
+                for f in ms_out.iterdir():
+                    if f.is_file() and not f.name.startswith("optimizer."):
+                        _link_or_copy(f, stage / f.name)
+                ms_to_hf(stage, hf_out, force=force, versions=versions(), command=command, hash_source=True)
+            except OSError as e:
+                raise CheckpointError(f"{e.filename or stage}: cannot write the HF export ({e.strerror}); {ms_out} "
+                                      "is written") from None
+            finally:
+                shutil.rmtree(stage, ignore_errors=True)
             done.append(hf_out)
         return done
     if hf_out is not None:
