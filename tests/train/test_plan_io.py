@@ -74,3 +74,30 @@ def test_port_doctor_cluster_measures_the_checkpoint_filesystem(tmp_path):
     fs = rows["checkpoint filesystem"]
     assert fs["status"] in ("ok", "warn") and "GiB/s aggregate: 1 writers" in fs["detail"], fs
     assert list(tmp_path.iterdir()) == []   # measured beside, nothing left
+
+
+def test_a2_plans_are_costed_with_910b_figures():
+    """Atlas 800T A2 (910B) steps are estimated with the 910B's own compute and link figures, not the 910C's,
+    and the shipped A2 recipe is the fastest fitting layout they give."""
+    from porting.train import format_plan, make_plan
+    from porting.train.plan import roofline
+
+    rec, cfg, layout = _plan("7b-a2-8dev.yaml")
+    assert roofline.device_figures(rec) == (328e12, 1.6e12, 149e9)
+    plan = make_plan(rec, cfg, "7b-a2-8dev.yaml", "runs/x")
+    assert plan.links["chip"] == "910B" and plan.links["tp_bytes_per_s"] == 149e9
+    assert "roofline at the 910B peak" in format_plan(plan)
+    best = [p for p in plan.proposals if p["with_margin"]][0]
+    assert best["this_recipe"], best
+    a3, _, _ = _plan("7b-8card.yaml")
+    assert roofline.device_figures(a3)[0] == roofline.TFLOPS_PER_DIE
+
+
+@pytest.mark.parametrize("name", ["7b-8card.yaml", "7b-a2-8dev.yaml", "13b-32card.yaml"])
+def test_every_shipped_ascend_recipe_is_its_plans_fastest_fitting_layout(name):
+    from porting.train import make_plan
+
+    rec, cfg, _ = _plan(name)
+    plan = make_plan(rec, cfg, name, "runs/x")
+    best = [p for p in plan.proposals if p["with_margin"]][0]   # 4 GiB to spare, as the recipes' comments say
+    assert best["this_recipe"], (name, best["set"])
