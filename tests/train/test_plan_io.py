@@ -101,3 +101,23 @@ def test_every_shipped_ascend_recipe_is_its_plans_fastest_fitting_layout(name):
     plan = make_plan(rec, cfg, name, "runs/x")
     best = [p for p in plan.proposals if p["with_margin"]][0]   # 4 GiB to spare, as the recipes' comments say
     assert best["this_recipe"], (name, best["set"])
+
+
+@pytest.mark.slow
+@pytest.mark.msrun
+def test_the_single_node_preflight_runs_zeros_collectives_at_the_bucket_size(tmp_path):
+    """One node, ZeRO over 2 workers: the preflight's smoke test runs the run's own collectives on its groups
+    (ReduceScatter and AllGather, the CPU's emulations here) at the fused bucket's size, not one small
+    AllReduce, so step 1 is not the first to meet them (issue 35)."""
+    from porting.cluster.preflight import run_train_preflight
+    from porting.train import load_recipe
+    from tests.train.conftest import TINY, free_port
+
+    rec = load_recipe(TINY, ["cluster.devices_per_node=2", "parallel.optimizer_sharding=true",
+                             "batching.micro_batch_size=2", "parallel.comm_fusion.allreduce_mode=size",
+                             "parallel.comm_fusion.allreduce_config=4", f"cluster.master_port={free_port()}"])
+    rep = run_train_preflight(rec, tmp_path / "run", 0, smoke=True)
+    row = next(r for r in rep["checks"] if r["check"] == "smoke collectives")
+    assert row["status"] == "ok", row
+    assert {"world ReduceScatter (AllReduce + slice)", "world AllGather", "world AllReduce"} <= set(row["collectives"])
+    assert "4 MiB each" in row["detail"]
