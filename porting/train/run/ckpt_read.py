@@ -13,7 +13,6 @@ two blocks of whole rows, each copied as one strided NumPy assignment (no per-el
 
 from __future__ import annotations
 
-import dataclasses
 import errno
 import hashlib
 import math
