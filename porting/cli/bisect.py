@@ -56,8 +56,13 @@ def command(hf: str, ms: str | None, data: str | None, ids: str | None, batch: i
     hf_dir = resolve_hf(hf)
     if msprobe_mapping:
         from porting.bisect.msprobe import write_mapping
+        from porting.diagnostics.doctor import msprobe_note
+        from porting.env import package_version
 
         click.echo(write_mapping(hf_dir, msprobe_mapping, msprobe_kind))
+        note = msprobe_note(package_version("mindspore"))   # msprobe's own version table (docs/versions.md)
+        if note:
+            click.echo(note, err=True)
         return
     if ms is None:
         raise ConfigError("--ms is required (a `port convert` output or a `port train` run); or pass --msprobe-mapping")

@@ -67,6 +67,10 @@ def command(recipe: str, overrides: tuple[str, ...], dry_run: bool, as_json: boo
         from porting.train.recipe.hardware import check_node_rank
 
         check_node_rank(launch_node, rec.cluster.nodes, "--launch-node")
+    if rec.cluster.device == "ascend":   # an inference chip (310P/310B) stops here, dry run or not: one line
+        from porting.diagnostics.doctor import require_training_device
+
+        require_training_device()
     out = Path(run_dir or rec.output_dir)
     cfg, notes = T.plan_config(rec) if dry_run else (LlamaConfig.from_hf(resolve_hf(rec.model.source)), [])
     T.check_tensor_parallel(rec, cfg, rec.model.source)   # before any worker starts: one line, no msrun
