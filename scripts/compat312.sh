@@ -6,15 +6,18 @@
 # arguments go to pytest.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
-if [ -z "${PYTHON:-}" ]; then
-  if python3.12 -c '' >/dev/null 2>&1; then
-    PYTHON="$(python3.12 -c 'import sys; print(sys.executable)')"
-  elif command -v pyenv >/dev/null 2>&1; then
-    v="$(pyenv versions --bare 2>/dev/null | grep -E '^3\.12\.[0-9]+$' | sort -t. -k3 -n | tail -n 1 || true)"
-    [ -n "$v" ] && PYTHON="$(pyenv root)/versions/$v/bin/python3.12"
-  fi
+is312() { "$1" -c 'import sys; assert sys.version_info[:2] == (3, 12)' >/dev/null 2>&1; }
+if [ -n "${PYTHON:-}" ]; then   # named by the caller: it must be a 3.12
+  is312 "$PYTHON" || { echo "error: PYTHON=$PYTHON is not a working Python 3.12; name one or unset PYTHON" >&2; exit 1; }
+elif python3.12 -c '' >/dev/null 2>&1; then
+  PYTHON="$(python3.12 -c 'import sys; print(sys.executable)')"
+else   # pyenv's shim runs python3.12 only where 3.12 is the selected version: take pyenv's newest 3.12 itself
+  root="$(pyenv root 2>/dev/null || echo "${PYENV_ROOT:-$HOME/.pyenv}")"
+  for cand in $(ls -d "$root"/versions/3.12.* 2>/dev/null | sort -t. -k3 -n -r); do
+    if is312 "$cand/bin/python3.12"; then PYTHON="$cand/bin/python3.12"; break; fi
+  done
 fi
-if [ -z "${PYTHON:-}" ] || ! "$PYTHON" -c 'import sys; assert sys.version_info[:2] == (3, 12)' >/dev/null 2>&1; then
+if [ -z "${PYTHON:-}" ]; then
   echo "compat312: skipped: no Python 3.12 on this machine (neither python3.12 nor a pyenv 3.12); PYTHON=... names one"
   exit 0
 fi
