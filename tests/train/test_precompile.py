@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import shutil
 import subprocess
 import sys
@@ -15,6 +14,7 @@ import sys
 import numpy as np
 import pytest
 
+from porting.rundir import ranklog
 from tests.helpers import port, port_process
 from tests.train.conftest import TINY, error_line, free_port, metrics
 
@@ -118,8 +118,8 @@ def _rank_steps(run) -> dict[int, dict[int, tuple]]:
     out: dict[int, dict[int, tuple]] = {}
     for log in sorted((run / "logs").glob("rank_*.log")):
         rank = int(log.stem.split("_")[1])
-        for m in re.finditer(r" step (\d+)/\d+ loss .* shapes (\[[\d, ]*\]) graphs (\d+)", log.read_text()):
-            out.setdefault(rank, {})[int(m[1])] = (m[2], int(m[3]))
+        for s in ranklog.read_steps(log.read_text()):
+            out.setdefault(rank, {})[s.step] = (s.shapes, s.graphs)
     return out
 
 

@@ -32,8 +32,10 @@ from model_zoo.config import LlamaConfig
 from model_zoo.errors import PortingError, RecipeError
 from model_zoo.llama import build
 from porting import rundir
+from porting.rundir import ranklog
+from porting.rundir.heartbeat import Heartbeat
 from porting.env import versions
-from porting.eval import eval_record
+from porting.train.run.heldout import eval_record
 from porting.model_paths import resolve_hf
 from porting.tokenizer import load_tokenizer
 from porting.train.data import token_file
@@ -47,7 +49,7 @@ from porting.train.run import resume_check
 from porting.train.run import execution
 from porting.train.run import nonfinite
 from porting.train.run import grid as grid_mod
-from porting.train.run import lifeline
+from porting.train.run import faults
 from porting.train.run import precompile as pre
 from porting.train.run import step as train_step
 from porting.train.run import zero
@@ -71,34 +73,6 @@ class RunResult:
     last_loss: float
     compiled_graphs: int
     shapes_seen: int
-
-
-# --------------------------------------------------------------------------- logging
-class _Formatter(logging.Formatter):
-    def __init__(self, rank: int):
-        super().__init__()
-        self.rank = rank
-
-    def format(self, record: logging.LogRecord) -> str:
-        t = _dt.datetime.fromtimestamp(record.created)
-        return f"{t.strftime('%Y-%m-%dT%H:%M:%S')}.{int(record.msecs):03d} rank={self.rank} {record.levelname} {record.getMessage()}"
-
-
-def rank_logger(run_dir: Path, rank: int, echo: bool) -> logging.Logger:
-    log = logging.getLogger(f"port.train.rank{rank}.{id(run_dir)}")
-    log.setLevel(logging.INFO)
-    log.propagate = False
-    for h in list(log.handlers):
-        log.removeHandler(h)
-    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
-    fh = logging.FileHandler(run_dir / "logs" / f"rank_{rank}.log")
-    fh.setFormatter(_Formatter(rank))
-    log.addHandler(fh)
-    if echo:
-        sh = logging.StreamHandler(sys.stderr)
-        sh.setFormatter(_Formatter(rank))
-        log.addHandler(sh)
-    return log
 
 
 def build_model(recipe: Recipe, model_dir: Path, grid: Grid | None = None):
@@ -194,7 +168,7 @@ class Trainer:
         self.state_params = params + list(self.optimizer.masters) + list(self.optimizer.m) + list(self.optimizer.v)
         self.scaler = LossScaler(recipe.precision.loss_scale)
         self.adam_t = 0           # optimizer updates applied (bias correction)
-        self.hook = nonfinite.hook_from_env()   # test hook: a NaN loss scale on chosen steps (off unless set)
+        self.faults = faults.active()   # test hooks (porting/train/run/faults.py), off unless set
         self.shapes_seen: set[tuple] = set()
 
     # -- one optimizer step
@@ -203,7 +177,10 @@ class Trainer:
         t = self.adam_t + 1
         b1, b2 = self.recipe.optimizer.betas
         f32 = lambda x: ms.Tensor(np.float32(x))  # noqa: E731
-        scale = f32(self.scaler.scale / step.global_tokens * nonfinite.poison(step.index + 1, self.rank, self.hook))
+        scale = self.scaler.scale / step.global_tokens
+        if self.faults.nonfinite is not None and self.faults.nan_at(step.index + 1, self.rank):   # off: nothing done
+            scale = math.nan
+        scale = f32(scale)
         unscale = f32(1.0 / self.scaler.scale)
         hyper = (f32(lr), f32(1 - b1 ** t), f32(1 - b2 ** t))
         new_shapes = {mb.shape for mb in step.micro_batches} - self.shapes_seen
@@ -345,21 +322,22 @@ def _run_or_skip(trainer: Trainer, step: Step, lr: float, guard: nonfinite.SkipG
 
 
 def _finish(recipe: Recipe, trainer: Trainer, plan, records: list, metrics, model_dir: Path, run_dir: Path,
-            start: int, command: list[str] | None, log: logging.Logger, compiled: pre.CompileReport | None) -> None:
+            start: int, command: list[str] | None, rl: ranklog.RankLog, compiled: pre.CompileReport | None) -> None:
     """The final checkpoint, the summary record and the HF export, after the last step."""
     if plan.total_steps <= start:
         return
-    ck_root = run_dir / "checkpoints"
+    ck_root, log = run_dir / "checkpoints", rl.log
     if trainer.writes_checkpoints:
-        log.info(f"saving checkpoint step_{plan.total_steps}")
+        rl.saving(plan.total_steps)
         final = trainer.save(ck_root, plan.total_steps)
-        log.info(f"checkpoint {final}")
+        rl.saved(plan.total_steps, final)
     if trainer.rank != 0:
         return
     summary = summarize(records, trainer, plan, compiled)
     metrics.summary(summary)
     log.info(f"summary: {json.dumps(summary.to_dict())}")
     if recipe.checkpointing.export_hf:
+        rl.phase("save", plan.total_steps)   # the export writes the whole model again: a save's allowance
 
         out = export_hf(final, model_dir, run_dir / "hf", command=list(command or sys.argv))
         log.info(f"HF export {out} (from {final}, with port_manifest.json)")
@@ -398,12 +376,12 @@ def train(recipe: Recipe, run_dir: str | Path, *, rank: int = 0, world_size: int
     run_dir.mkdir(parents=True, exist_ok=True)
     configure_mindspore(recipe, distributed)
     rank, world_size = _join(recipe, distributed, rank, world_size)
-    log = rank_logger(run_dir, rank, echo and rank == 0)
+    log = ranklog.open_log(run_dir, rank, echo and rank == 0)
+    rl = ranklog.RankLog(log, Heartbeat(run_dir, rank))   # the lines others read, and the heartbeat beside them
     grid = grid_mod.make_grid(recipe, rank, world_size)
-    if distributed:
-        log.info(f"rank {rank} of {world_size} (pid {os.getpid()}): parallel_mode {ms.get_auto_parallel_context('parallel_mode')}, "
-                 f"comm_fusion {ms.get_auto_parallel_context('comm_fusion')}, optimizer sharding "
-                 f"{recipe.parallel.optimizer_sharding}; {grid.describe()}")
+    rl.started(rank, world_size, os.getpid(), f"parallel_mode {ms.get_auto_parallel_context('parallel_mode')}, "
+               f"comm_fusion {ms.get_auto_parallel_context('comm_fusion')}, optimizer sharding "
+               f"{recipe.parallel.optimizer_sharding}; {grid.describe()}", distributed)
     _log_mode(recipe, grid, log)
     model_dir = resolve_hf(recipe.model.source)
     plan, cfg, model = _data_and_model(recipe, model_dir, grid, log, run_dir)
@@ -413,7 +391,9 @@ def train(recipe: Recipe, run_dir: str | Path, *, rank: int = 0, world_size: int
         log.warning(f"{p}: left by an interrupted checkpoint save, never loaded; remove it to free the space")
     start = 0
     if resume:
+        rl.phase("restore")
         start = _resume(trainer, ck_root, plan.total_steps, log)
+    rl.phase("compile")
     compiled = pre.before_step_one(trainer, plan, cfg.to_hf(), start, compile_cache, log)   # every shape, every rank
     if rank == 0:
         rundir.write_manifest(run_dir, run_manifest(recipe, model_dir, cfg, plan, world_size, command, start, doctor),
@@ -441,29 +421,28 @@ def train(recipe: Recipe, run_dir: str | Path, *, rank: int = 0, world_size: int
                 metrics.step(rec)
                 watch.step(rec.to_dict())
             if (step.index + 1) % recipe.logging.every_steps == 0 or step.index + 1 == plan.total_steps:
-                log.info(f"step {rec.step}/{plan.total_steps} loss {rec.loss:.5f} lr {lr:.3e} grad_norm "
-                         f"{rec.grad_norm:.4f} tokens/s {rec.tokens_per_s:.0f} step {rec.step_time_s:.3f}s "
-                         f"pad {rec.padding_fraction:.3f}" + (" (compile)" if rec.compile else "")
-                         + f" shapes {list(rec.shapes)} graphs {trainer_graphs(trainer)}"
-                         + (f" (skipped: {rec.skip_reason})" if rec.skipped else ""))
+                rl.step(rec.step, plan.total_steps, loss=rec.loss, lr=lr, grad_norm=rec.grad_norm,
+                        tokens_per_s=rec.tokens_per_s, step_time_s=rec.step_time_s, padding=rec.padding_fraction,
+                        compile=rec.compile, shapes=rec.shapes, graphs=trainer_graphs(trainer),
+                        skip_reason=rec.skip_reason if rec.skipped else None)
             if r["compile"]:   # every shape was compiled before step 1: a rank compiling alone stalls the others
                 log.warning(f"step {rec.step}: compiled a graph during the step (shapes {list(rec.shapes)})")
             done = step.index + 1
             if trainer.writes_checkpoints and every and done % every == 0 and done < plan.total_steps:
-                log.info(f"saving checkpoint step_{done}")   # a supervisor allows a save its own time (porting/supervise.py)
+                rl.saving(done)   # a supervisor allows a save its own time (porting/launch/watch.py)
                 path = trainer.save(ck_root, done)
                 last_good = (done, path)
-                log.info(f"checkpoint {path}")
-        _finish(recipe, trainer, plan, records, metrics, model_dir, run_dir, start, command, log, compiled)
+                rl.saved(done, path)
+        _finish(recipe, trainer, plan, records, metrics, model_dir, run_dir, start, command, rl, compiled)
     except PortingError as exc:
-        log.error(str(exc))
+        rl.failed(str(exc))
         raise
     finally:
         if metrics is not None:
             metrics.close()
         if watch is not None:
             watch.close()
-    log.info(lifeline.FINISHED)   # the launcher's evidence that this rank's run ended (lifeline.all_finished)
+    rl.finished()   # the launcher's evidence that this rank's run ended (porting/launch/outcome.py)
     return RunResult(run_dir, len(records), last_loss, trainer_graphs(trainer), len(trainer.shapes_seen))
 
 
