@@ -258,8 +258,8 @@ def training_device_check(types: list[str]) -> dict | None:
                                             f"train; training needs {compat_table()['train_instead']}")
     unknown = [t for t, r in rows.items() if r is None]
     if unknown:
-        return _check("npu training", WARN, f"NPU {', '.join(unknown)} is not in port's device table "
-                                            f"(porting/data/compat.yaml devices); training is tested for 910B/910C")
+        return _check("npu training", WARN, f"NPU {', '.join(unknown)} is not in port's device table (porting/data/"
+                                            f"compat.yaml devices); port targets 910B and 910C (Atlas A2/A3)")
     return _check("npu training", OK, ", ".join(f"{t}: {rows[t]['family']}" for t in types))
 
 
