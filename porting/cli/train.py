@@ -60,6 +60,10 @@ def command(recipe: str, overrides: tuple[str, ...], dry_run: bool, as_json: boo
                           "would need every node relaunched together: drop --shrink")
     if launch_node is not None:   # before the preflight waits for node 0 or a worker starts
         T.check_node_rank(launch_node, rec.cluster.nodes, "--launch-node")
+    if rec.cluster.device == "ascend":   # an inference chip (310P/310B) stops here, dry run or not: one line
+        from porting.diagnostics.doctor import require_training_device
+
+        require_training_device()
     out = Path(run_dir or rec.output_dir)
     plan, cfg = T.plan_run(rec, recipe, str(out), list(overrides), resume, dry_run)
     if dry_run:

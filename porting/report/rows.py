@@ -382,6 +382,8 @@ def rows_environment(run: RunRecords) -> list[Row]:
         out.append(Row("environment", "doctor checks", FAIL if fails else PASS,
                        f"{len(fails)} failing: {fails[0].get('check')}" if fails else "no failing check",
                        "manifest.json doctor"))
+        if isinstance(doc.get("untested_pairing"), str):   # a MindSpore in range that no CI tier runs
+            out.append(Row("environment", "untested pairing", WARN, doc["untested_pairing"], "manifest.json doctor"))
     else:
         out.append(Row("environment", "doctor checks", MISSING, "manifest has versions only",
                        "porting.diagnostics.doctor.doctor_report() in the manifest"))

@@ -27,6 +27,7 @@ def micro4(tmp_path_factory):
     return _run(tmp_path_factory.mktemp("m4"), "m4")
 
 
+@pytest.mark.compat   # `port baseline`'s torch loop on the oldest torch/transformers in range (scripts/compat312.sh)
 def test_step_one_loss_is_hf_transformers_loss(micro4):
     import torch
     from transformers import AutoModelForCausalLM
@@ -82,6 +83,7 @@ def test_probe_logits_at_init_match_the_port_model(micro4):
     assert np.abs(ms_logits - ref).max() < 1e-4
 
 
+@pytest.mark.compat
 def test_bf16_mixed_path_runs_and_stays_near_fp32(micro4, tmp_path):
     """The autocast path a CUDA baseline uses (fp32 master, bf16 compute), exercised on the CPU."""
     doc = _run(tmp_path, "bf16", "cluster.device=ascend", "precision.compute_dtype=bfloat16", steps=1)
