@@ -89,7 +89,7 @@ def batch_ids(cfg: LlamaConfig, hf_dir: Path, *, ids: list[int] | None, data: st
         raise ConfigError(f"--batch {batch} x --seq {seq}: expected batch >= 1, seq >= 2 and at most {MAX_IDS} tokens")
     seq = min(seq, cfg.max_position_embeddings)
     if ids is not None:
-        if len(ids) > cfg.max_position_embeddings:   # checked before anything is allocated (issue 40)
+        if len(ids) > cfg.max_position_embeddings:   # checked before anything is allocated
             raise ConfigError(f"--ids: {len(ids):,} ids, more than the model's max_position_embeddings "
                               f"{cfg.max_position_embeddings:,} (config.json); pass at most that many")
         out = np.asarray([ids], np.int64)

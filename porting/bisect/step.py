@@ -169,7 +169,7 @@ def bisect_step(baseline_path: str, run_dir: str, *, allow_settings_mismatch: bo
     from porting.verify.pair import build_zoo, load_zoo
 
     base = document.load(baseline_path)
-    if not isinstance(base, document.MeasuredBaseline):   # issue 40: was KeyError: 'loss'
+    if not isinstance(base, document.MeasuredBaseline):   # an imported (log-only) baseline has no step to replay
         raise ConfigError(f"{baseline_path}: an imported CUDA log (`port baseline --import`) holds the loss curve only, "
                           "not the per-step state a replay needs; run `port compare` without --bisect for the curve "
                           "gate, or bisect against a baseline measured with `port baseline --recipe`")

@@ -12,7 +12,7 @@ Checks, each one row (ok / warn / fail / info) with what was found and how to fi
 * **env fingerprint**: each node writes its HCCL/Ascend knobs and versions to a shared directory;
   node 0 compares them (a knob that differs between nodes makes timeouts and links disagree);
 * **smoke all-reduce**: msrun runs one real AllReduce with a short timeout; a failure is diagnosed by
-  `port diagnose` (issue 12's grammar and verdict).
+  `port diagnose` (its grammar and verdict).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Every graph of a run compiled before step 1, on every rank, with MindSpore's compile cache under the run.
 
-Why (issue 22): a graph-mode step compiles on the first call of each input shape. When one data-parallel
+Why: a graph-mode step compiles on the first call of each input shape. When one data-parallel
 rank meets a new shape at step N, it compiles while the others already wait in the gradient all-reduce,
 and on a busy machine (or with a 40-layer model on Ascend) they give up first (`HCCL_EXEC_TIMEOUT`; on
 the CPU the collective's own receive timeout) and the run dies. So:
