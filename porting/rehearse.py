@@ -27,7 +27,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 import shutil
 import signal
 import subprocess
@@ -46,10 +45,12 @@ from model_zoo.errors import DiagnosticsError, PortingError
 from model_zoo.files import write_atomic
 from porting.cluster.preflight import free_port
 from porting.diagnostics.diagnose import diagnose
+from porting.launch.children import child_env, stop_group
 from porting.rundir import read_run
 from porting.train import load_recipe, plan_config, recipe_dict
 from porting.verify.stats import LAYOUT_TOLERANCES
 from porting.train.recipe.yaml_bounded import parse_value
+from porting.rundir.paths import RunDir
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = ROOT / "porting" / "train" / "assets" / "tinystories_sample.txt"
@@ -162,9 +163,7 @@ def _metrics(run_dir: Path) -> tuple[list[float], list[float], float | None]:
 def _run(argvs: list[list[str]], log: Path, timeout: float) -> tuple[list[int], str]:
     """Start every argv at once (each in its own process group), wait for all under one deadline; on the
     deadline, stop only those groups. Returns the exit codes (None: killed) and the tail of the output."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT) + (os.pathsep + os.environ["PYTHONPATH"]
-                                                    if os.environ.get("PYTHONPATH") else ""))
-    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+    env = child_env()
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "w", encoding="utf-8") as out:
         procs = [subprocess.Popen(a, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -177,8 +176,7 @@ def _run(argvs: list[list[str]], log: Path, timeout: float) -> tuple[list[int], 
                 codes.append(None)
         for p in procs:
             if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
+                stop_group(p, 30.0, signals=(signal.SIGKILL,), descendants_too=False)
     text = log.read_text(encoding="utf-8", errors="replace")
     return codes, text[-4000:]
 
@@ -190,7 +188,7 @@ def _error_line(text: str) -> str:
 
 def _diagnose(run_dir: Path, world: int) -> dict[str, Any] | None:
     """`port diagnose` on a failed rung's logs (None where it left none)."""
-    logs = run_dir / "logs"
+    logs = RunDir(run_dir).logs
     if not logs.is_dir():
         return None
     try:
@@ -226,7 +224,7 @@ def _train_rung(rung: Rung, recipe: dict[str, Any], out: Path, extra: list[str],
     codes, tail = _run(argvs, out / "logs" / f"{rung.name}.log", timeout)
     rung.seconds = round(time.monotonic() - t0, 2)
     world = recipe["cluster"]["devices_per_node"] * nodes
-    if (run_dir / "metrics.jsonl").is_file():
+    if RunDir(run_dir).metrics.is_file():
         rung.losses, rung.grad_norms, rung.compile_s = _metrics(run_dir)
     if any(c != 0 for c in codes):
         rung.status = "fail"

@@ -12,7 +12,7 @@ Checks, each one row (ok / warn / fail / info) with what was found and how to fi
 * **env fingerprint**: each node writes its HCCL/Ascend knobs and versions to a shared directory;
   node 0 compares them (a knob that differs between nodes makes timeouts and links disagree);
 * **smoke all-reduce**: msrun runs one real AllReduce with a short timeout; a failure is diagnosed by
-  `port diagnose` (issue 12's grammar and verdict).
+  `port diagnose` (its grammar and verdict).
 """
 
 from __future__ import annotations
@@ -32,9 +32,11 @@ from model_zoo.errors import DiagnosticsError
 from model_zoo.files import read_json_object, write_atomic
 from porting.cluster import hccl_timeouts
 from porting.cluster.smoke_shape import note_port, smoke_at_shape, waited_port, wants_smoke
+from porting.launch.children import child_env
+from porting.launch.msrun import launch_devices
+from porting.launch.proctable import descends, holds, is_worker, names_dir, node_of, process_table
 from porting.train.recipe.hardware import address_problem, check_node_rank
 from porting.train.recipe.schema import Recipe
-from porting.cluster.proctable import descends, holds, is_worker, names_dir, node_of, process_table
 
 OK, WARN, FAIL, INFO = "ok", "warn", "fail", "info"
 STALE_LAUNCHERS = ("msrun", "torchrun")   # argv[0] of a launcher
@@ -241,8 +243,7 @@ def smoke_allreduce(workers: int, port: int, timeout_s: float = 60.0, device: st
     if msrun is None:
         return _row("smoke all-reduce", FAIL, "msrun not found (it comes with mindspore); pip install mindspore")
     logdir = Path(tempfile.mkdtemp(prefix="port_smoke_"))
-    env = dict(os.environ, MS_CPU_COMM_OP_TIMEOUT="10", MS_NODE_TIMEOUT="10")
-    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+    env = child_env(overrides={"MS_CPU_COMM_OP_TIMEOUT": "10", "MS_NODE_TIMEOUT": "10"})
     cmd = [msrun, f"--worker_num={workers}", f"--local_worker_num={workers}", f"--master_port={port}",
            f"--log_dir={logdir}", "--join=True", f"--cluster_time_out={int(timeout_s)}",
            str(Path(__file__).with_name("smoke_allreduce.py")), device]
@@ -297,6 +298,10 @@ def run_preflight(recipe_path: str | os.PathLike, *, node_rank: int = 0, fingerp
                                     explain=explain))
     elif smoke:
         rows.append(_row("smoke all-reduce", INFO, "run on the master node (or fix the rows above first)"))
+    if smoke:   # the checkpoint filesystem's bandwidth, written as a save writes it
+        from porting.train.plan.fs_speed import doctor_row  # deferred: only a measuring preflight needs it
+
+        rows.append(doctor_row(recipe, Path(recipe.output_dir)))
     return {"recipe": str(recipe_path), "node_rank": node_rank, "master": f"{c.master_addr}:{c.master_port}",
             "world_size": recipe.world_size, "checks": rows, "ok": not any(r["status"] == FAIL for r in rows)}
 
@@ -328,8 +333,17 @@ def run_train_preflight(recipe: Recipe, run_dir: Path, node_rank: int = 0, smoke
         rows.append(check_rank_table(c.rank_table_file, c.nodes, c.devices_per_node))
     rows.append(check_stale_for_run(Path(run_dir), node_rank, launch_devices(recipe)))
     want_smoke = wants_smoke(recipe, smoke)
-    if want_smoke and c.nodes > 1 and not any(r["status"] == FAIL for r in rows):
-        rows.append(smoke_at_shape(recipe, node_rank, explain=explain, port_check=check_port_free))
+    # one node too when the run has groups (ZeRO's ReduceScatter/AllGather, TP): every collective it runs, on its
+    # groups, at its fused bucket's size (float32, the gradients' reduction dtype), before step 1 meets them
+    grouped = recipe.world_size > 1 and (recipe.parallel.optimizer_sharding or recipe.parallel.tensor_parallel > 1)
+    if want_smoke and (c.nodes > 1 or grouped) and not any(r["status"] == FAIL for r in rows):
+        from porting.train.plan.memory import fusion_buffer_bytes  # deferred: the plan's bucket size
+
+        # the bucket's size on one node and on Ascend (a CPU test of a multi-node shape keeps 1 MiB: 4 workers of
+        # 64 MiB collectives on two cores outlast the smoke test's timeout)
+        big = grouped and (c.nodes == 1 or c.device == "ascend")
+        rows.append(smoke_at_shape(recipe, node_rank, explain=explain, port_check=check_port_free,
+                                   elements=int(fusion_buffer_bytes(recipe)) // 4 if big else None))
     elif want_smoke and node_rank == 0 and c.devices_per_node > 1 and not any(r["status"] == FAIL for r in rows):
         rows.append(smoke_allreduce(c.devices_per_node if c.device == "ascend" else 2, free_port(),
                                     device="Ascend" if c.device == "ascend" else "CPU", explain=explain))
@@ -363,15 +377,6 @@ def check_stale_for_run(run_dir: Path, node_rank: int, devices: list[int] | None
     return _row("stale processes", FAIL, f"{len(found)} process(es) still running on {target}"
                 + (f" or NPU(s) {sorted(devices or ())} (HCCP then fails with EJ0001)" if nodes else "")
                 + f": {listing}; stop them (kill PID) or choose another --run-dir")
-
-
-def launch_devices(recipe: Recipe) -> list[int] | None:
-    """The NPUs this node's job opens: ASCEND_RT_VISIBLE_DEVICES, else 0..devices_per_node-1 (Ascend)."""
-    if recipe.cluster.device != "ascend":
-        return None
-    visible = os.environ.get("ASCEND_RT_VISIBLE_DEVICES", "")
-    ids = [int(v) for v in visible.split(",") if v.strip().isdigit()]
-    return ids or list(range(recipe.cluster.devices_per_node))
 
 
 def free_port() -> int:

@@ -18,6 +18,7 @@ import json
 import os
 import re
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -194,7 +195,7 @@ def save(root: Path, step: int, params: list, state: TrainState, keep_last: int,
     except (OSError, RuntimeError, ValueError) as exc:
         # Any rank that fails ends the save (rank 0 renames only after every rank passed the second barrier),
         # so whichever fails first removes the shared temporary directory; the launcher removes what a rank
-        # killed mid-save leaves (porting/train/run/launch.py).
+        # killed mid-save leaves (porting/launch/outcome.py).
         shutil.rmtree(tmp, ignore_errors=True)
         prev = latest(root)
         kept = f"; the previous checkpoint {prev[1]} is intact" if prev else ""
@@ -290,7 +291,11 @@ def save_ranks(trainer: Any, root: Path, step: int) -> Path:
     written = []
 
     def write(tmp: Path) -> None:
+        t0 = time.perf_counter()
         written.append(write_rank(tmp, trainer.rank, live_pieces(trainer, layout)))
+        sec = time.perf_counter() - t0
+        trainer.log.info(f"checkpoint step {step}: rank_{trainer.rank:05d}.safetensors written, {written[-1]} bytes in "
+                         f"{sec:.1f} s ({written[-1] / max(sec, 1e-9) / 1e6:.0f} MB/s)")
 
     def finish(tmp: Path) -> int:
         write_record(tmp, layout, identity(trainer))
