@@ -35,7 +35,7 @@ def _has_npu() -> bool:
 # (tests/train/conftest.py free_port). pytest-xdist 3.8 reads the groups into the node ids through
 # `item._nodeid`, which pytest 9.2 no longer uses (every file's tests were spread over both workers and its
 # module fixtures built twice): pyproject.toml keeps pytest below 9.2, and this hook runs before xdist's.
-MACHINE_WIDE = {"tests/diagnostics/test_doctor.py", "tests/diagnostics/test_preflight.py",
+MACHINE_WIDE = {"tests/diagnostics/test_doctor.py", "tests/cluster/test_preflight.py",
                 "tests/test_cli.py::test_every_help_example_runs"}
 
 

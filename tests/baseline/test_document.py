@@ -81,7 +81,7 @@ def test_imported_public_logs_are_written_as_the_reader_reads_them(tmp_path, log
 
 
 def test_the_report_tests_baseline_round_trips(tmp_path):
-    from tests.diagnostics.test_report import write_baseline
+    from tests.report.test_report import write_baseline
 
     rec = _round_trip(write_baseline(tmp_path / "b.json", [3.0, 2.5, 2.0]))
     assert rec.steps.loss == (3.0, 2.5, 2.0)
@@ -180,7 +180,7 @@ def test_a_curve_comparison_reads_back_from_its_json(tmp_path):
 
 def test_port_report_shows_the_verdict_and_an_invalid_comparison_as_failed(tmp_path):
     from porting.report import make_report
-    from tests.diagnostics.test_report import write_run
+    from tests.report.test_report import write_run
 
     run = write_run(tmp_path / "run")
     failing = _measured(tmp_path, 0.1).to_dict()

@@ -76,7 +76,7 @@ def test_only_releases_without_a_ci_tier_are_untested(monkeypatch, ms, untested)
 
 def test_report_shows_the_untested_pairing_a_manifest_recorded(monkeypatch, tmp_path):
     from porting.report import make_report
-    from tests.diagnostics.test_report import write_run
+    from tests.report.test_report import write_run
 
     _stand_in(monkeypatch, "2.11.0")
     run = write_run(tmp_path / "run")   # port train writes doctor_report() into the manifest as "doctor"
