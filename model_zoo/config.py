@@ -1,7 +1,7 @@
 """Typed configuration of the Llama family, read from and written to HF ``config.json``.
 
-One dataclass covers Llama 1/2/3/3.1, CodeLlama, TinyLlama, Mistral and Qwen2: they differ only in
-fields (GQA, tied embeddings, RoPE scaling, q/k/v bias, head_dim). Validation collects every
+One dataclass covers Llama 1/2/3/3.1, CodeLlama, TinyLlama, Mistral, Qwen2 and Qwen3 dense: they differ
+only in fields (GQA, tied embeddings, RoPE scaling, q/k/v bias, head_dim, Qwen3's per-head q/k RMSNorm). Validation collects every
 problem and raises one :class:`ConfigError` that names each bad field.
 """
 
@@ -16,8 +16,10 @@ from model_zoo.errors import ConfigError
 from model_zoo.files import read_json_object
 
 # HF model_type -> how its attention biases are laid out. Anything else is refused with this list.
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                 "qwen3": "Qwen3ForCausalLM"}
+SUPPORTED_MODEL_TYPES = tuple(ARCHITECTURES)
+SUPPORTED_ARCHITECTURES = tuple(ARCHITECTURES.values())
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 SUPPORTED_ACTIVATIONS = ("silu",)
 
@@ -60,6 +62,9 @@ class LlamaConfig:
     qkv_bias: bool = False  # bias on q/k/v projections (Qwen2, or Llama's attention_bias)
     o_bias: bool = False  # bias on the output projection (Llama's attention_bias only)
     mlp_bias: bool = False
+    # Qwen3: an RMSNorm over head_dim on every query and key head, before RoPE (transformers'
+    # Qwen3Attention q_norm/k_norm; one weight of head_dim shared by the heads).
+    qk_norm: bool = False
     hidden_act: str = "silu"
     sliding_window: int | None = None
     model_type: str = "llama"
@@ -97,6 +102,9 @@ class LlamaConfig:
                     "check hidden_size, intermediate_size, num_hidden_layers and vocab_size"]
         if self.model_type not in SUPPORTED_MODEL_TYPES:
             out.append(f"model_type: found {self.model_type!r}, expected one of {', '.join(SUPPORTED_MODEL_TYPES)}")
+        if self.qk_norm != (self.model_type == "qwen3"):
+            out.append(f"qk_norm: found {self.qk_norm!r}, expected {self.model_type == 'qwen3'} for model_type "
+                       f"{self.model_type!r} (the per-head q/k RMSNorm is Qwen3's)")
         if self.hidden_act not in SUPPORTED_ACTIVATIONS:
             out.append(f"hidden_act: found {self.hidden_act!r}, expected one of {', '.join(SUPPORTED_ACTIVATIONS)}")
         if self.num_attention_heads % self.num_key_value_heads:
@@ -138,7 +146,7 @@ class LlamaConfig:
         if self.o_bias:
             attn += h
         mlp = 3 * h * i + (2 * i + h if self.mlp_bias else 0)
-        per_layer = attn + mlp + 2 * h
+        per_layer = attn + mlp + 2 * h + (2 * self.head_dim if self.qk_norm else 0)
         emb = v * h
         head = 0 if self.tie_word_embeddings else v * h
         return self.num_hidden_layers * per_layer + emb + head + h
@@ -190,8 +198,16 @@ class LlamaConfig:
         else:
             qkv_bias = o_bias = bool(raw.get("attention_bias", False))
         sliding = raw.get("sliding_window")
-        if model_type == "qwen2" and not raw.get("use_sliding_window", False):
+        if model_type in ("qwen2", "qwen3") and not raw.get("use_sliding_window", False):
             sliding = None
+        if model_type == "qwen3" and sliding is not None:
+            # transformers' Qwen3Config slides only layers >= max_window_layers (its layer_types); the zoo
+            # slides all or none, so a config where only some layers slide is refused, not misread.
+            mwl = raw.get("max_window_layers", 28)
+            if not isinstance(mwl, int) or mwl > 0 and mwl < raw["num_hidden_layers"]:
+                raise ConfigError(f"{where}: use_sliding_window true with max_window_layers={mwl!r} below "
+                                  f"num_hidden_layers={raw['num_hidden_layers']} (sliding attention on some layers "
+                                  "only) is not supported; set use_sliding_window false (no released Qwen3 sets it)")
         kwargs = dict(
             vocab_size=raw["vocab_size"], hidden_size=raw["hidden_size"],
             intermediate_size=raw["intermediate_size"], num_hidden_layers=raw["num_hidden_layers"],
@@ -204,6 +220,7 @@ class LlamaConfig:
             rope_scaling=rope_scaling,
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
             qkv_bias=qkv_bias, o_bias=o_bias, mlp_bias=bool(raw.get("mlp_bias", False)),
+            qk_norm=model_type == "qwen3",
             hidden_act=raw.get("hidden_act", "silu"), sliding_window=sliding, model_type=model_type,
             bos_token_id=raw.get("bos_token_id"), eos_token_id=raw.get("eos_token_id"),
             torch_dtype=raw.get("torch_dtype") or raw.get("dtype"),
@@ -215,9 +232,8 @@ class LlamaConfig:
 
     def to_hf(self) -> dict[str, Any]:
         """The ``config.json`` dict that transformers reads back into the same model."""
-        arch = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
         d: dict[str, Any] = {
-            "architectures": [arch[self.model_type]], "model_type": self.model_type,
+            "architectures": [ARCHITECTURES[self.model_type]], "model_type": self.model_type,
             "vocab_size": self.vocab_size, "hidden_size": self.hidden_size,
             "intermediate_size": self.intermediate_size, "num_hidden_layers": self.num_hidden_layers,
             "num_attention_heads": self.num_attention_heads, "num_key_value_heads": self.num_key_value_heads,
@@ -227,10 +243,13 @@ class LlamaConfig:
             "tie_word_embeddings": self.tie_word_embeddings, "hidden_act": self.hidden_act,
             "bos_token_id": self.bos_token_id, "eos_token_id": self.eos_token_id,
         }
-        if self.model_type == "qwen2":
+        if self.model_type in ("qwen2", "qwen3"):
             d["use_sliding_window"] = self.sliding_window is not None
             d["sliding_window"] = self.sliding_window
-        else:
+        if self.model_type == "qwen3":
+            d["attention_bias"] = self.qkv_bias
+            d["max_window_layers"] = self.num_hidden_layers
+        elif self.model_type != "qwen2":
             d["attention_bias"] = self.qkv_bias
             d["mlp_bias"] = self.mlp_bias
             if self.model_type == "mistral":

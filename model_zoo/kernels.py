@@ -117,13 +117,19 @@ class KernelSelection:
     device: str
     compute_dtype: str
     mindspeed_available: bool
+    qk_norm: bool = False   # Qwen3: the per-head q/k RMSNorm runs the RMSNorm choice too (one more row a layer)
 
     def choices(self) -> list[KernelChoice]:
         return [self.attention, self.rope, self.rmsnorm, self.swiglu]
 
     def rows(self, num_layers: int) -> list[dict]:
-        """One row per layer and kernel, then the final norm (model.kernel_report, `port ops zoo`)."""
-        rows = [c.row(i) for i in range(num_layers) for c in self.choices()]
+        """One row per layer and kernel (Qwen3: and one for the per-head q/k norms), then the final norm
+        (model.kernel_report, `port ops zoo`)."""
+        rows = []
+        for i in range(num_layers):
+            rows += [c.row(i) for c in self.choices()]
+            if self.qk_norm:
+                rows.append({**self.rmsnorm.row(i), "site": "q/k heads (q_layernorm, k_layernorm before RoPE)"})
         return rows + [self.rmsnorm.row("final")]
 
     def as_dict(self) -> dict:
@@ -267,7 +273,8 @@ def select_kernels(cfg: LlamaConfig, *, device: str | None = None, compute_dtype
                 why += " (falls back per call when batch >= 1000 or BNSD with B*N > 8*S and 32-byte-aligned head_dim)"
             picks[kernel] = KernelChoice(kernel, "fused", FUSED_OPS[kernel], why)
     return KernelSelection(attention=picks["attention"], rope=picks["rope"], rmsnorm=picks["rmsnorm"],
-                      swiglu=picks["swiglu"], device=device, compute_dtype=compute_dtype, mindspeed_available=mindspeed_available())
+                           swiglu=picks["swiglu"], device=device, compute_dtype=compute_dtype,
+                           mindspeed_available=mindspeed_available(), qk_norm=bool(getattr(cfg, "qk_norm", False)))
 
 
 def _cpu_choice(kernel: str, device: str, compute_dtype: str, forced: bool) -> KernelChoice:

@@ -12,19 +12,20 @@ with a KV cache is :mod:`model_zoo.decode`, and the cells over port's CPU kernel
 
 from __future__ import annotations
 
-import contextlib
-from typing import Callable, Iterator, Mapping
+from typing import Callable, Mapping
 
 import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
-from mindspore.common.initializer import Normal, One, initializer
+from mindspore.common.initializer import Normal, initializer
 
 from model_zoo import kernels, parallel
 from model_zoo.config import LlamaConfig, divisibility_problems
-from model_zoo.cpu_cells import CpuCausalAttention, CpuPackedAttention, CpuRmsNorm, CpuRope
-from model_zoo.errors import ConfigError, KernelError
+from model_zoo.cpu_cells import CpuCausalAttention, CpuPackedAttention, CpuRope
+from model_zoo.errors import ConfigError
+from model_zoo.fused_ops import FUSED_OPS, fused_ops_replaced  # noqa: F401 (the test hook, also as llama.*)
 from model_zoo.kernels import KernelSelection
 from model_zoo.linear import Linear
+from model_zoo.norms import HeadNorm, RMSNorm, norm_for
 from model_zoo.parallel import TensorParallel
 
 _DTYPES = {"float32": ms.float32, "float16": ms.float16, "bfloat16": ms.bfloat16}
@@ -34,80 +35,12 @@ def ms_dtype(name: str) -> ms.Type:
     return _DTYPES[name]
 
 
-class RMSNorm(nn.Cell):
-    def __init__(self, dim: int, eps: float, param_dtype: ms.Type, impl: str):
-        super().__init__()
-        self.weight = Parameter(initializer(One(), (dim,), param_dtype), name="weight")
-        self.eps = eps
-        self.fused = impl == "fused"
-        # The op is taken from FUSED_OPS when the cell is built (the test hook, see FUSED_OPS).
-        self.rms_norm_op = FUSED_OPS["rms_norm"] if self.fused else None
-        self.cpu = CpuRmsNorm(eps) if impl == kernels.CPU_IMPL else None
-
-    def construct(self, x: Tensor) -> Tensor:
-        if self.fused:
-            # ops.rms_norm (MindSpore <= 2.10 signature, checked at plan time) returns (y, rstd).
-            return self.rms_norm_op(x, ops.cast(self.weight, x.dtype), self.eps)[0]
-        if self.cpu is not None and x.dtype == ms.float32 and self.weight.dtype == ms.float32:
-            return self.cpu(x, self.weight)
-        dtype = x.dtype
-        xf = ops.cast(x, ms.float32)
-        var = ops.mean(ops.square(xf), -1, keep_dims=True)
-        y = ops.cast(xf * ops.rsqrt(var + self.eps), dtype)
-        return ops.cast(self.weight, dtype) * y
-
-
-class _NormIntoTP(RMSNorm):
-    """Tensor parallel: an RMSNorm whose output enters the TP region (:class:`parallel.CopyToTP`, one
-    gradient AllReduce for all the column-parallel projections it feeds). Parameter names as RMSNorm."""
-
-    def __init__(self, dim: int, eps: float, param_dtype: ms.Type, impl: str, tp: TensorParallel):
-        super().__init__(dim, eps, param_dtype, impl)
-        self.copy = parallel.CopyToTP(tp)
-
-    def construct(self, x: Tensor) -> Tensor:
-        return self.copy(super().construct(x))
-
-
-def _norm(cfg: LlamaConfig, param_dtype: ms.Type, impl: str, tp: TensorParallel | None) -> RMSNorm:
-    if tp is None:
-        return RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, param_dtype, impl)
-    return _NormIntoTP(cfg.hidden_size, cfg.rms_norm_eps, param_dtype, impl, tp)
-
-
 def _column(tp: TensorParallel | None, *args) -> nn.Cell:
     return Linear(*args) if tp is None else parallel.ColumnParallelLinear(*args, tp=tp)
 
 
 def _row(tp: TensorParallel | None, *args) -> nn.Cell:
     return Linear(*args) if tp is None else parallel.RowParallelLinear(*args, tp=tp)
-
-
-# The fused Ascend entry points. Test hook: a test puts contract-enforcing stand-ins in their place
-# (tests/npu_models.py) with :func:`fused_ops_replaced`, or by setting items, BEFORE it builds a
-# model: each cell takes its op from this table when it is built, so in graph mode the op is a plain
-# function attribute of the cell and the product code path is the one that runs on Ascend.
-FUSED_OPS = {
-    "flash_attention_score": ops.flash_attention_score,
-    "rotary_position_embedding": getattr(ops, "rotary_position_embedding", None),
-    "rms_norm": ops.rms_norm,
-    "swiglu": getattr(ops, "swiglu", None),
-}
-
-
-@contextlib.contextmanager
-def fused_ops_replaced(replacements: Mapping[str, Callable]) -> Iterator[None]:
-    """Models built inside the block call ``replacements`` instead of the fused Ascend ops (tests only)."""
-    unknown = sorted(set(replacements) - set(FUSED_OPS))
-    if unknown:
-        raise KernelError(f"fused_ops_replaced: unknown op(s) {unknown}; expected some of {sorted(FUSED_OPS)}")
-    saved = dict(FUSED_OPS)
-    FUSED_OPS.update(replacements)
-    try:
-        yield
-    finally:
-        FUSED_OPS.clear()
-        FUSED_OPS.update(saved)
 
 
 def rotate_half(x: Tensor) -> Tensor:
@@ -200,10 +133,19 @@ class Attention(nn.Cell):
         self.wk = _column(tp, h, cfg.kv_size, cfg.qkv_bias, param_dtype, compute_dtype)
         self.wv = _column(tp, h, cfg.kv_size, cfg.qkv_bias, param_dtype, compute_dtype)
         self.wo = _row(tp, cfg.q_size, h, cfg.o_bias, param_dtype, compute_dtype)
+        # Qwen3: q/k RMSNorm per head before RoPE. Names from MindSpore Transformers' Qwen3
+        # (mindformers/models/qwen3/utils.py weight_mapping: self_attn.q_norm -> self_attention.q_layernorm).
+        self.qk_norm = cfg.qk_norm
+        if cfg.qk_norm:
+            self.q_layernorm = HeadNorm(cfg.head_dim, cfg.rms_norm_eps, param_dtype, plan.rmsnorm.impl, tp)
+            self.k_layernorm = HeadNorm(cfg.head_dim, cfg.rms_norm_eps, param_dtype, plan.rmsnorm.impl, tp)
 
-    def _heads(self, x: Tensor, n: int) -> Tensor:
+    def _heads(self, x: Tensor, n: int, norm: nn.Cell | None = None) -> Tensor:
         b, s, _ = x.shape
-        return ops.transpose(ops.reshape(x, (b, s, n, self.head_dim)), (0, 2, 1, 3))
+        x = ops.reshape(x, (b, s, n, self.head_dim))
+        if norm is not None:   # over head_dim, on the (B, S, N, D) view as transformers' Qwen3Attention
+            x = norm(x)
+        return ops.transpose(x, (0, 2, 1, 3))
 
     def _rope(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
         if self.cpu_rope is not None and x.dtype == ms.float32 and len(cos.shape) == 2:
@@ -211,8 +153,10 @@ class Attention(nn.Cell):
         return apply_rope(x, cos, sin, self.fused_rope, self.rope_op)
 
     def project(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        q = self._rope(self._heads(self.wq(x), self.n_heads), cos, sin)
-        k = self._rope(self._heads(self.wk(x), self.n_kv), cos, sin)
+        q_norm = self.q_layernorm if self.qk_norm else None
+        k_norm = self.k_layernorm if self.qk_norm else None
+        q = self._rope(self._heads(self.wq(x), self.n_heads, q_norm), cos, sin)
+        k = self._rope(self._heads(self.wk(x), self.n_kv, k_norm), cos, sin)
         v = self._heads(self.wv(x), self.n_kv)
         return q, k, v
 
@@ -298,9 +242,9 @@ class DecoderLayer(nn.Cell):
                  tp: TensorParallel | None = None):
         super().__init__()
         norm = plan.rmsnorm.impl
-        self.attention_norm = _norm(cfg, param_dtype, norm, tp)
+        self.attention_norm = norm_for(cfg, param_dtype, norm, tp)
         self.attention = Attention(cfg, plan, param_dtype, compute_dtype, tp)
-        self.ffn_norm = _norm(cfg, param_dtype, norm, tp)
+        self.ffn_norm = norm_for(cfg, param_dtype, norm, tp)
         self.feed_forward = FeedForward(cfg, param_dtype, compute_dtype, plan.swiglu.impl, tp)
 
     def construct(self, x: Tensor, cos: Tensor, sin: Tensor, segment_ids: Tensor | None = None,
