@@ -18,6 +18,8 @@ LAYER_BLOCKS: tuple[tuple[str, str], ...] = (
     ("mlp_norm", "rmsnorm"), ("gate_proj", "matmul"), ("up_proj", "matmul"), ("swiglu", "swiglu"),
     ("down_proj", "matmul"), ("output", "-"),
 )
+# Qwen3's per-head q/k RMSNorm (before RoPE), after the projections, in models that have it.
+QK_NORM_BLOCKS: tuple[tuple[str, str], ...] = (("q_norm", "rmsnorm"), ("k_norm", "rmsnorm"))
 TOP_BEFORE = (("embedding", "gather"),)
 TOP_AFTER = (("final_norm", "rmsnorm"), ("logits", "matmul"), ("loss", "cross-entropy"))
 
@@ -26,6 +28,7 @@ _PARAM_BLOCK = {
     "attention_norm": "attention_norm", "attention.wq": "q_proj", "attention.wk": "k_proj",
     "attention.wv": "v_proj", "attention.wo": "o_proj", "ffn_norm": "mlp_norm",
     "feed_forward.w1": "gate_proj", "feed_forward.w3": "up_proj", "feed_forward.w2": "down_proj",
+    "attention.q_layernorm": "q_norm", "attention.k_layernorm": "k_norm",
 }
 _LAYER_PARAM = re.compile(r"^model\.layers\.(\d+)\.(.+)\.(weight|bias)$")
 _TOP_PARAM = {"model.tok_embeddings.embedding_weight": "embedding", "model.norm_out.weight": "final_norm",
@@ -42,11 +45,19 @@ def param_block(ms_name: str) -> tuple[int | None, str]:
     raise KeyError(f"parameter {ms_name} belongs to no known block")
 
 
-def forward_slots(n_layers: int) -> list[tuple[int | None, str, str]]:
+def layer_blocks(qk_norm: bool = False) -> tuple[tuple[str, str], ...]:
+    """A layer's blocks in forward order; with ``qk_norm`` (Qwen3) the q/k norms follow v_proj."""
+    if not qk_norm:
+        return LAYER_BLOCKS
+    at = [b for b, _ in LAYER_BLOCKS].index("v_proj") + 1
+    return LAYER_BLOCKS[:at] + QK_NORM_BLOCKS + LAYER_BLOCKS[at:]
+
+
+def forward_slots(n_layers: int, qk_norm: bool = False) -> list[tuple[int | None, str, str]]:
     """(layer, block, kernel) of every forward tensor, in data-flow order."""
     out: list[tuple[int | None, str, str]] = [(None, b, k) for b, k in TOP_BEFORE]
     for i in range(n_layers):
-        out += [(i, b, k) for b, k in LAYER_BLOCKS]
+        out += [(i, b, k) for b, k in layer_blocks(qk_norm)]
     return out + [(None, b, k) for b, k in TOP_AFTER]
 
 
@@ -55,7 +66,8 @@ class Order:
     gradients, ``param(name)`` / ``update(name)`` for parameter gradients and AdamW updates."""
 
     def __init__(self, n_layers: int, param_names: list[str]):
-        fwd = forward_slots(n_layers)
+        fwd = forward_slots(n_layers, qk_norm=any(".attention.q_layernorm." in n for n in param_names))
+        self.slots = fwd
         owned: dict[tuple[int | None, str], list[str]] = {}
         for n in param_names:
             owned.setdefault(param_block(n), []).append(n)

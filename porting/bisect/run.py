@@ -121,7 +121,7 @@ class Comparator:
 
     def unobserved(self, n_layers: int) -> None:
         """Rows for blocks the MindSpore side never produced (a fused kernel computes them inside)."""
-        for layer, block, k in blocks.forward_slots(n_layers):
+        for layer, block, k in self.order.slots:
             for phase in ("forward", "backward"):
                 if (phase, layer, block) in self.rows or (phase, block) == ("backward", "loss"):
                     continue

@@ -51,6 +51,9 @@ def instrumented(model, record: Record) -> Iterator[None]:
                            (f.gate_proj, "gate_proj"), (f.up_proj, "up_proj"), (f.down_proj, "down_proj"),
                            (layer, "output")):
             handles.append(mod.register_forward_hook(_out(record, i, block)))
+        if hasattr(a, "q_norm"):   # Qwen3's per-head q/k norms
+            handles += [a.q_norm.register_forward_hook(_out(record, i, "q_norm")),
+                        a.k_norm.register_forward_hook(_out(record, i, "k_norm"))]
         handles.append(a.o_proj.register_forward_pre_hook(_in(record, i, "attention")))
         handles.append(f.down_proj.register_forward_pre_hook(_in(record, i, "swiglu")))
         handles.append(a.register_forward_pre_hook(lambda mod, inp, i=i: state.__setitem__("layer", i)))

@@ -57,6 +57,9 @@ def instrumented(model, record: Record) -> Iterator[None]:
                             (a.wv, "v_proj"), (a.wo, "o_proj"), (layer.ffn_norm, "mlp_norm"),
                             (f.w1, "gate_proj"), (f.w3, "up_proj"), (f.w2, "down_proj"), (layer, "output")):
             handles.append(cell.register_forward_hook(_out(record, i, block)))
+        if a.qk_norm:   # Qwen3's per-head q/k norms
+            handles += [a.q_layernorm.register_forward_hook(_out(record, i, "q_norm")),
+                        a.k_layernorm.register_forward_hook(_out(record, i, "k_norm"))]
         handles.append(a.wo.register_forward_pre_hook(_in(record, i, "attention")))
         handles.append(f.w2.register_forward_pre_hook(_in(record, i, "swiglu")))
         patched.append(a)
