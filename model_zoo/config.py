@@ -20,7 +20,17 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "
                  "qwen3": "Qwen3ForCausalLM"}
 SUPPORTED_MODEL_TYPES = tuple(ARCHITECTURES)
 SUPPORTED_ARCHITECTURES = tuple(ARCHITECTURES.values())
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "dynamic", "longrope")
+# rope_type -> the keys transformers' initialiser reads (model_zoo/rope.py), required then optional.
+ROPE_KEYS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "default": ((), ()),
+    "linear": (("factor",), ()),
+    "llama3": (("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"), ()),
+    "yarn": (("original_max_position_embeddings",),
+             ("factor", "attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim", "truncate")),
+    "dynamic": (("factor",), ()),
+    "longrope": (("short_factor", "long_factor", "original_max_position_embeddings"), ("factor", "attention_factor")),
+}
 SUPPORTED_ACTIVATIONS = ("silu",)
 
 MAX_CONFIG_JSON_BYTES = 1 << 20   # an HF config.json is a few KB; the largest seen are tens of KB
@@ -121,7 +131,7 @@ class LlamaConfig:
                                                     and 0 < self.sliding_window <= SIZE_LIMITS["max_position_embeddings"][0]):
             out.append(f"sliding_window: found {self.sliding_window!r}, expected null or a positive integer up to "
                        f"{SIZE_LIMITS['max_position_embeddings'][0]:,}")
-        out.extend(_rope_scaling_problems(self.rope_scaling))
+        out.extend(_rope_scaling_problems(self.rope_scaling, self.head_dim))
         return out
 
     def validate(self) -> None:
@@ -137,6 +147,15 @@ class LlamaConfig:
     @property
     def kv_size(self) -> int:
         return self.num_key_value_heads * self.head_dim
+
+    @property
+    def longest_sequence(self) -> int:
+        """The longest sequence the config is made for: max_position_embeddings, or for dynamic NTK RoPE
+        (whose max_position_embeddings is the original context it stretches) that times its factor."""
+        rs = self.rope_scaling or {}
+        if rs.get("rope_type") == "dynamic":
+            return int(self.max_position_embeddings * rs["factor"])
+        return self.max_position_embeddings
 
     def num_parameters(self) -> int:
         h, i, v = self.hidden_size, self.intermediate_size, self.vocab_size
@@ -193,6 +212,13 @@ class LlamaConfig:
             extra = {k: v for k, v in rope_params.items() if k != "rope_theta"}
             rope_scaling = extra or rope_scaling
         rope_scaling = _normalise_rope_scaling(rope_scaling)
+        if rope_scaling and rope_scaling.get("rope_type") in ("llama3", "yarn", "longrope"):
+            # transformers' standardize_rope_params: a top-level original_max_position_embeddings (Phi-3 saves
+            # it there) wins, else the rope dict's own, else max_position_embeddings
+            if "original_max_position_embeddings" in raw:
+                rope_scaling["original_max_position_embeddings"] = raw["original_max_position_embeddings"]
+            else:
+                rope_scaling.setdefault("original_max_position_embeddings", raw.get("max_position_embeddings", 2048))
         if model_type == "qwen2":
             qkv_bias, o_bias = True, False
         else:
@@ -272,29 +298,42 @@ def _normalise_rope_scaling(rs: Any) -> dict[str, Any] | None:
     rs = dict(rs)
     kind = rs.pop("rope_type", None) or rs.pop("type", None) or "default"
     rs.pop("type", None)
+    if rs.get("partial_rotary_factor") == 1.0:   # transformers 5 writes the full rotation explicitly (Phi-3)
+        del rs["partial_rotary_factor"]
     if kind == "default" and not rs:
         return None
     return {"rope_type": kind, **rs}
 
 
-def _rope_scaling_problems(rs: dict[str, Any] | None) -> list[str]:
+def _rope_scaling_problems(rs: dict[str, Any] | None, head_dim: int) -> list[str]:
     if rs is None:
         return []
     if not isinstance(rs, dict):
         return [f"rope_scaling: found {rs!r}, expected a mapping with rope_type"]
     kind = rs.get("rope_type")
-    if kind == "dynamic":
-        return ["rope_scaling: rope_type 'dynamic' (NTK scaling recomputed per sequence length) is not "
-                "supported; supported: " + ", ".join(SUPPORTED_ROPE_TYPES) +
-                ". Remove rope_scaling to train within max_position_embeddings"]
     if kind not in SUPPORTED_ROPE_TYPES:
         return [f"rope_scaling: rope_type {kind!r} is not supported; supported: {', '.join(SUPPORTED_ROPE_TYPES)}"]
-    need = {"linear": ("factor",),
-            "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}
-    out = [f"rope_scaling.{k}: missing, required for rope_type {kind!r}" for k in need.get(kind, ()) if k not in rs]
+    need, may = ROPE_KEYS[kind]
+    out = [f"rope_scaling.{k}: missing, required for rope_type {kind!r}" for k in need if k not in rs]
+    unknown = sorted(set(rs) - set(need) - set(may) - {"rope_type"})
+    if unknown:
+        extra = " (a partial rotation: only part of each head rotated)" if "partial_rotary_factor" in unknown else ""
+        out.append(f"rope_scaling: {', '.join(unknown)} not supported for rope_type {kind!r}{extra}; "
+                   f"expected {', '.join(need + may) or 'no other keys'}")
     factor = rs.get("factor")
-    if "factor" in rs and not (isinstance(factor, (int, float)) and factor >= 1 and math.isfinite(factor)):
+    if factor is not None and not (_number(factor) and factor >= 1):
         out.append(f"rope_scaling.factor: found {factor!r}, expected a number >= 1")
+    orig = rs.get("original_max_position_embeddings")
+    if orig is not None and not (isinstance(orig, int) and not isinstance(orig, bool) and 0 < orig <= 1 << 24):
+        out.append(f"rope_scaling.original_max_position_embeddings: found {orig!r}, expected a positive integer")
+    for k in ("attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim"):
+        if rs.get(k) is not None and not (_number(rs[k]) and rs[k] > 0):
+            out.append(f"rope_scaling.{k}: found {rs[k]!r}, expected a positive number")
+    for k in ("short_factor", "long_factor"):
+        v = rs.get(k)
+        if v is not None and not (isinstance(v, list) and len(v) == head_dim // 2 and all(_number(x) and x > 0 for x in v)):
+            out.append(f"rope_scaling.{k}: expected {head_dim // 2} positive numbers (head_dim / 2), found "
+                       f"{len(v) if isinstance(v, list) else type(v).__name__}")
     return out
 
 

@@ -18,7 +18,7 @@ import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 from mindspore.common.initializer import Normal, initializer
 
-from model_zoo import kernels, parallel
+from model_zoo import kernels, parallel, rope
 from model_zoo.config import LlamaConfig, divisibility_problems
 from model_zoo.cpu_cells import CpuCausalAttention, CpuPackedAttention, CpuRope
 from model_zoo.errors import ConfigError
@@ -313,6 +313,18 @@ class LlamaForCausalLM(nn.Cell):
         self._rope_len = cfg.max_position_embeddings
         cos, sin = kernels.rope_tables(cfg, self._rope_len)
         self.rope_cos, self.rope_sin = Tensor(cos), Tensor(sin)
+        # dynamic / longrope: a call longer than this takes the frequencies of its own length (model_zoo/rope.py)
+        self.rope_threshold = rope.threshold(cfg) or 0
+        self.rope_args = rope.call_args(cfg)   # plain values: a graph resolves them, not the config dataclass
+
+    def rope_for(self, s: int) -> tuple[Tensor, Tensor]:
+        """cos and sin of positions 0..s-1 for a call over ``s`` positions. Past a length-dependent type's
+        threshold the table of that length is computed from the config (a constant of a graph: ``s`` is
+        static there, and MindSpore folds the NumPy call when it compiles)."""
+        if self.rope_threshold and s > self.rope_threshold:
+            cos, sin = rope.call_tables(self.rope_args, s)
+            return Tensor(cos), Tensor(sin)
+        return self.rope_cos[:s], self.rope_sin[:s]
 
     def logits(self, hidden: Tensor) -> Tensor:
         b, s, h = hidden.shape
@@ -327,16 +339,14 @@ class LlamaForCausalLM(nn.Cell):
         s = input_ids.shape[1]
         if self.window and s > self.window:  # compile-time check (static shapes); message: decode._check_length
             raise ValueError("sequence length exceeds the model's sliding_window; use shorter sequences")
-        if positions is None:
-            cos, sin = self.rope_cos[:s], self.rope_sin[:s]
-        else:   # RoPE at each example's own positions: (B, S, D)
-            cos, sin = ops.gather(self.rope_cos, positions, 0), ops.gather(self.rope_sin, positions, 0)
+        cos, sin = self.rope_for(s)
+        if positions is not None:   # RoPE at each example's own positions: (B, S, D)
+            cos, sin = ops.gather(cos, positions, 0), ops.gather(sin, positions, 0)
         return self.logits(self.model(input_ids, cos, sin, segment_ids, seq_ends))
 
     def hidden_states(self, input_ids: Tensor) -> list[Tensor]:
         """Embeddings, then each layer's output, the last one after the final norm (HF's layout)."""
-        s = input_ids.shape[1]
-        cos, sin = self.rope_cos[:s], self.rope_sin[:s]
+        cos, sin = self.rope_for(input_ids.shape[1])
         x = self.model.tok_embeddings(input_ids)
         out = [x]
         for layer in self.model.layers:

@@ -129,7 +129,7 @@ def check_parity(hf_dir: str | Path, *, dtype: str = "float32", batch: int = 2, 
         raise ConfigError(f"--dtype {dtype!r}: expected one of {', '.join(TOLERANCES)}")
     hf_dir = Path(hf_dir)
     cfg = LlamaConfig.from_hf(hf_dir)
-    seq = min(seq, cfg.max_position_embeddings)
+    seq = min(seq, cfg.longest_sequence)
     ids = probe_ids(cfg.vocab_size, batch, seq, seed, cfg.bos_token_id)
     tol = TOLERANCES[dtype]
 

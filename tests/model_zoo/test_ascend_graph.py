@@ -12,6 +12,8 @@ raise fail) and then stops at CPU kernel selection; its numerics are the float16
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -178,6 +180,25 @@ def test_qwen3_fused_plan_trains_in_graph_mode_like_the_reference():
         m = build(QWEN3, compute_dtype="float16", device="Ascend")
     assert m.model.layers[0].attention.q_layernorm.rms_norm_op is GRAPH_KERNELS["rms_norm"]
     assert [r for r in m.kernel_report() if r.get("site")][0]["impl"] == "fused"
+
+
+def test_length_dependent_rope_past_its_context_compiles_to_the_pynative_tables():
+    """Dynamic NTK RoPE at 24 positions, past max_position_embeddings 16: the graph takes the tables of its
+    static length (NumPy folded at compile time) and gives PyNative's logits; the fused plan trains like
+    the reference there."""
+    cfg = dataclasses.replace(QWEN3, max_position_embeddings=16, rope_scaling={"rope_type": "dynamic", "factor": 4.0})
+    ids = _batches(1)[0]
+    model = build(cfg, device="CPU", seed=5)
+    graph = model(ids).asnumpy()
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    try:
+        eager = model(ids).asnumpy()
+    finally:
+        ms.set_context(mode=ms.GRAPH_MODE)
+    np.testing.assert_allclose(graph, eager, rtol=0, atol=1e-5)
+    (loss_f, norm_f, fin_f, _), (loss_r, norm_r, fin_r, _) = _fused_step(True, ids, cfg), _fused_step(False, ids, cfg)
+    assert fin_f and fin_r and loss_f == pytest.approx(loss_r, rel=FP16_LOSS_RTOL)
+    assert norm_f == pytest.approx(norm_r, rel=FP16_GRAD_RTOL)
 
 
 def test_the_stand_ins_are_what_the_model_calls():
