@@ -50,7 +50,9 @@ QWEN3_HF_TO_MS: dict[str, str] = {
 # HF keys that carry no weights (older checkpoints store RoPE's inverse frequencies).
 IGNORED_HF_KEYS = ("model.layers.{}.self_attn.rotary_emb.inv_freq",)
 
-NAME_MAPS = {"llama": LLAMA_HF_TO_MS, "mistral": LLAMA_HF_TO_MS, "qwen2": LLAMA_HF_TO_MS, "qwen3": QWEN3_HF_TO_MS}
+# phi3: the Llama map on the separate weights its fused qkv_proj / gate_up_proj are read as (converters/fused.py).
+NAME_MAPS = {"llama": LLAMA_HF_TO_MS, "mistral": LLAMA_HF_TO_MS, "qwen2": LLAMA_HF_TO_MS, "qwen3": QWEN3_HF_TO_MS,
+             "phi3": LLAMA_HF_TO_MS}
 
 
 def _check_one_to_one(m: dict[str, str]) -> None:

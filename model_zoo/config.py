@@ -1,7 +1,7 @@
 """Typed configuration of the Llama family, read from and written to HF ``config.json``.
 
-One dataclass covers Llama 1/2/3/3.1, CodeLlama, TinyLlama, Mistral, Qwen2 and Qwen3 dense: they differ
-only in fields (GQA, tied embeddings, RoPE scaling, q/k/v bias, head_dim, Qwen3's per-head q/k RMSNorm). Validation collects every
+One dataclass covers Llama 1/2/3/3.1, CodeLlama, TinyLlama, Mistral, Qwen2, Qwen3 dense and Phi-3/Phi-4:
+they differ only in fields (GQA, tied embeddings, RoPE scaling, q/k/v bias, head_dim, Qwen3's per-head q/k RMSNorm). Validation collects every
 problem and raises one :class:`ConfigError` that names each bad field.
 """
 
@@ -16,8 +16,9 @@ from model_zoo.errors import ConfigError
 from model_zoo.files import read_json_object
 
 # HF model_type -> how its attention biases are laid out. Anything else is refused with this list.
+# Phi-3/Phi-4 (phi3) are Llama-style with fused qkv_proj / gate_up_proj weights (converters/fused.py).
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                 "qwen3": "Qwen3ForCausalLM"}
+                 "qwen3": "Qwen3ForCausalLM", "phi3": "Phi3ForCausalLM"}
 SUPPORTED_MODEL_TYPES = tuple(ARCHITECTURES)
 SUPPORTED_ARCHITECTURES = tuple(ARCHITECTURES.values())
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "dynamic", "longrope")
@@ -80,6 +81,8 @@ class LlamaConfig:
     model_type: str = "llama"
     bos_token_id: int | None = 1
     eos_token_id: int | list[int] | None = 2
+    # transformers' nn.Embedding(padding_idx=pad_token_id): that row gets no gradient from the lookup
+    pad_token_id: int | None = dataclasses.field(default=None, compare=False)
     torch_dtype: str | None = dataclasses.field(default=None, compare=False)  # storage metadata only
 
     def __post_init__(self) -> None:
@@ -221,6 +224,8 @@ class LlamaConfig:
                 rope_scaling.setdefault("original_max_position_embeddings", raw.get("max_position_embeddings", 2048))
         if model_type == "qwen2":
             qkv_bias, o_bias = True, False
+        elif model_type == "phi3":   # Phi3Attention's projections have no bias
+            qkv_bias = o_bias = False
         else:
             qkv_bias = o_bias = bool(raw.get("attention_bias", False))
         sliding = raw.get("sliding_window")
@@ -249,6 +254,7 @@ class LlamaConfig:
             qk_norm=model_type == "qwen3",
             hidden_act=raw.get("hidden_act", "silu"), sliding_window=sliding, model_type=model_type,
             bos_token_id=raw.get("bos_token_id"), eos_token_id=raw.get("eos_token_id"),
+            pad_token_id=_pad_id(raw.get("pad_token_id"), raw["vocab_size"]),
             torch_dtype=raw.get("torch_dtype") or raw.get("dtype"),
         )
         try:
@@ -269,10 +275,14 @@ class LlamaConfig:
             "tie_word_embeddings": self.tie_word_embeddings, "hidden_act": self.hidden_act,
             "bos_token_id": self.bos_token_id, "eos_token_id": self.eos_token_id,
         }
+        if self.pad_token_id is not None:
+            d["pad_token_id"] = self.pad_token_id
         if self.model_type in ("qwen2", "qwen3"):
             d["use_sliding_window"] = self.sliding_window is not None
             d["sliding_window"] = self.sliding_window
-        if self.model_type == "qwen3":
+        if self.model_type == "phi3":   # no bias options (transformers' Phi3Config)
+            d["sliding_window"] = self.sliding_window
+        elif self.model_type == "qwen3":
             d["attention_bias"] = self.qkv_bias
             d["max_window_layers"] = self.num_hidden_layers
         elif self.model_type != "qwen2":
@@ -283,6 +293,13 @@ class LlamaConfig:
         if self.torch_dtype:
             d["torch_dtype"] = self.torch_dtype
         return d
+
+
+def _pad_id(v: Any, vocab: Any) -> int | None:
+    """pad_token_id as transformers' embedding uses it: an id inside the vocabulary, else none (a config may
+    name a pad id its embedding does not have; nn.Embedding would refuse it)."""
+    ok = isinstance(v, int) and not isinstance(v, bool) and isinstance(vocab, int) and 0 <= v < vocab
+    return v if ok else None
 
 
 def _number(v: Any) -> bool:

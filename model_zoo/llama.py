@@ -277,10 +277,19 @@ class LlamaModel(nn.Cell):
         self.layers = nn.CellList([DecoderLayer(cfg, plan, param_dtype, compute_dtype, tp)
                                    for _ in range(cfg.num_hidden_layers)])
         self.norm_out = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, param_dtype, plan.rmsnorm.impl)
+        self.pad_id = cfg.pad_token_id
+
+    def embed(self, ids: Tensor) -> Tensor:
+        """Token embeddings. With a pad_token_id, as transformers' nn.Embedding(padding_idx=pad_token_id):
+        the same values, but the pad row gets no gradient from the lookup (Phi-3's config sets 32000)."""
+        x = self.tok_embeddings(ids)
+        if self.pad_id is not None:
+            x = ops.select(ops.expand_dims(ids == self.pad_id, -1), ops.stop_gradient(x), x)
+        return x
 
     def construct(self, ids: Tensor, cos: Tensor, sin: Tensor, segment_ids: Tensor | None = None,
                   seq_ends: Tensor | None = None) -> Tensor:
-        x = self.tok_embeddings(ids)
+        x = self.embed(ids)
         for layer in self.layers:
             x = layer(x, cos, sin, segment_ids, seq_ends)
         return self.norm_out(x)
@@ -347,7 +356,7 @@ class LlamaForCausalLM(nn.Cell):
     def hidden_states(self, input_ids: Tensor) -> list[Tensor]:
         """Embeddings, then each layer's output, the last one after the final norm (HF's layout)."""
         cos, sin = self.rope_for(input_ids.shape[1])
-        x = self.model.tok_embeddings(input_ids)
+        x = self.model.embed(input_ids)
         out = [x]
         for layer in self.model.layers:
             x = layer(x, cos, sin)
