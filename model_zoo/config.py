@@ -12,13 +12,12 @@ import math
 from pathlib import Path
 from typing import Any, Mapping
 
+from model_zoo import families
 from model_zoo.errors import ConfigError
 from model_zoo.files import read_json_object
 
 # HF model_type -> how its attention biases are laid out. Anything else is refused with this list.
-# Phi-3/Phi-4 (phi3) are Llama-style with fused qkv_proj / gate_up_proj weights (converters/fused.py).
-ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                 "qwen3": "Qwen3ForCausalLM", "phi3": "Phi3ForCausalLM"}
+ARCHITECTURES = families.ARCHITECTURES   # model_type -> transformers' class, of every family port builds
 SUPPORTED_MODEL_TYPES = tuple(ARCHITECTURES)
 SUPPORTED_ARCHITECTURES = tuple(ARCHITECTURES.values())
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "dynamic", "longrope")
@@ -196,6 +195,9 @@ class LlamaConfig:
     def _from_raw(cls, raw: dict[str, Any], where: str) -> "LlamaConfig":
         model_type = raw.get("model_type")
         archs = raw.get("architectures") or []
+        why = families.differs(raw)   # MoE, hybrid or another attention / norm form: one line, before anything else
+        if why is not None:
+            raise families.refusal(where, raw, why)
         if model_type not in SUPPORTED_MODEL_TYPES:
             raise ConfigError(
                 f"{where}: unsupported architecture model_type={model_type!r} "

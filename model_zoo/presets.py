@@ -289,6 +289,12 @@ def known(name: str) -> bool:
     return builtin(name) or name in [e["name"] for e in user_entries()]
 
 
+def by_hf_repo(repo: str) -> str | None:
+    """The built-in name whose HF repo is ``repo`` (case-insensitive, as the Hub matches ids), or None."""
+    want = str(repo).strip().lower()
+    return next((p["name"] for p in PRESETS if p.get("hf_repo") and p["hf_repo"].lower() == want), None)
+
+
 def get(name: str) -> dict:
     """The entry for ``name`` (built-in or user); unknown names get the nearest names suggested."""
     if name in _BY_NAME:
