@@ -59,3 +59,16 @@ def test_port_ops_scan_traces_qwen3(tmp_path):
     scan = json.loads(r.stdout)
     assert scan["blocking"] == [] or scan["blocking"] == 0, scan["blocking"]
     assert any("rsqrt" in op["op"] for op in scan["ops"])   # the q/k norms' and layer norms' rsqrt
+
+
+def test_a_recipe_naming_the_hf_repo_id_plans_with_the_zoo_config():
+    """model.source: Qwen/Qwen3-8B, not in the local cache: the dry run plans with the zoo's copy of its
+    config.json (qwen3-8b), as it does for a zoo name; a Qwen3 MoE repo id is refused in one line."""
+    assert presets.by_hf_repo("qwen/QWEN3-8B") == "qwen3-8b" and presets.by_hf_repo("Qwen/Qwen3-30B-A3B") is None
+    r = port("train", "recipes/qwen3-8b-16die.yaml", "--dry-run", "--set", "model.source=Qwen/Qwen3-8B")
+    assert r.returncode == 0, r.stderr
+    assert "model: 8.191 B parameters" in r.stdout and "fits, margin" in r.stdout
+    assert "planned with the zoo's copy of its config.json (qwen3-8b)" in r.stdout + r.stderr
+    moe = port("train", "recipes/qwen3-8b-16die.yaml", "--dry-run", "--set", "model.source=Qwen/Qwen3-30B-A3B")
+    lines = [ln for ln in moe.stderr.splitlines() if ln.strip()]
+    assert moe.returncode == 2 and len(lines) == 1 and "mixture-of-experts" in lines[0] and "qwen3" in lines[0]
