@@ -42,7 +42,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as d:
         base, run = Path(d) / "base.json", Path(d) / "run"
         load0 = os.getloadavg()
-        port("baseline", "--recipe", args.recipe, *sets, "--out", str(base), "--threads", str(args.threads))
+        port("baseline", "run", "--recipe", args.recipe, *sets, "--out", str(base), "--threads", str(args.threads))
         port("train", args.recipe, *sets, "--run-dir", str(run))
         rep = json.loads(port("compare", str(base), str(run), "--json").stdout)
         load1 = os.getloadavg()

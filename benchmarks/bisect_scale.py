@@ -34,7 +34,7 @@ if {what!r} == "bisect":
     r = bisect({hf!r}, {ms!r}, batch={batch}, seq={seq})
     out = {{"verdict": r["verdict"], "rows": len(r["rows"]), "seconds": r["seconds"]}}
 else:
-    from porting.parity import check_parity
+    from porting.verify.parity import check_parity
     r = check_parity({hf!r}, ms_dir={ms!r}, batch={batch}, seq={seq}, grads=True, hidden_states=True)
     out = {{"passed": r["passed"], "seconds": r["seconds"]}}
 out["wall_s"] = round(time.perf_counter() - t0, 2)

@@ -88,7 +88,7 @@ ms.save_checkpoint(params, sys.argv[2] + "/model.ckpt")
 
 VERIFY = """
 import sys, json
-from porting.roundtrip import verify_checkpoint
+from porting.verify.roundtrip import verify_checkpoint
 rows = verify_checkpoint(sys.argv[1], sys.argv[2], roundtrip=sys.argv[3] == "1")
 assert all(r.passed for r in rows), rows
 print(json.dumps([(r.name, r.detail) for r in rows]))

@@ -130,31 +130,47 @@ def _find(pattern: str, text: str, default: str = "?") -> str:
     return m.group(1) if m else default
 
 
+def _report(text: str) -> dict:
+    """The JSON object `port verify --json` printed (the last line that starts one)."""
+    start = text.find("{")
+    return json.loads(text[start:]) if start >= 0 else {}
+
+
+def _checks(rep: dict) -> dict[str, dict]:
+    return {c["name"]: c for c in rep.get("checks", [])}
+
+
 def _round_trip(outs, work):
-    text = outs[-1][1]
-    ok = _all_ok(outs) and "roundtrip    ok" in text and "PASS" in text
-    return ok, _find(r"roundtrip\s+ok\s+(.*)", text)
-
-
-LOGITS, LOSS, IDS = r"(?m)^logits\s+(\S+)", r"(?m)^loss\s+([0-9][0-9.e+-]*)\s", r"ids (\d+x\d+)"
-GRAD_ROWS, GRAD_REL = r"(grad norms \(\d+ tensors\))", r"grad norms \(\d+ tensors\)\s+\S+\s+(\S+)"
+    rep = _report(outs[-1][1])
+    rows = _checks(rep)
+    ok = _all_ok(outs) and rep.get("passed") and rows.get("roundtrip", {}).get("passed")
+    return bool(ok), rows.get("roundtrip", {}).get("detail", "no roundtrip row")
 
 
 def _forward(outs, work):
-    text = outs[0][1]
-    numbers = f"logits max abs {_find(LOGITS, text)}, loss {_find(LOSS, text)} at {_find(IDS, text)}"
-    return _all_ok(outs) and "PASS" in text, numbers
+    rep = _report(outs[0][1])
+    rows = _checks(rep)
+    numbers = (f"logits max abs {rows['logits']['value']:.2e}, loss abs diff {rows['loss']['value']:.2e} at "
+               f"{rep['batch']}x{rep['seq']} ids") if "logits" in rows else "no parity rows"
+    return _all_ok(outs) and bool(rep.get("passed")), numbers
 
 
 def _grads(outs, work):
-    text = outs[0][1]
-    numbers = f"{_find(GRAD_ROWS, text)} max rel {_find(GRAD_REL, text)}; every layer's hidden state within 1e-4"
-    return _all_ok(outs) and "PASS" in text, numbers
+    rep = _report(outs[0][1])
+    rows = _checks(rep)
+    grad = next((r for n, r in rows.items() if n.startswith("grad norms")), None)
+    hidden = max((r["value"] for n, r in rows.items() if n.startswith("hidden[")), default=float("nan"))
+    numbers = (f"{grad['name']} max rel {grad['value']:.2e}; hidden states max abs {hidden:.2e}"
+               if grad else "no gradient rows")
+    return _all_ok(outs) and bool(rep.get("passed")), numbers
 
 
 def _generate(outs, work):
-    text = outs[0][1]
-    return _all_ok(outs) and "identical to HF generate" in text, _find(r"(greedy \d+ tokens.*)", text)
+    rep = _report(outs[0][1])
+    gen = rep.get("generation", {})
+    numbers = f"{gen.get('new_tokens')} greedy tokens ({gen.get('kv_cache')} KV cache): " + \
+        ("identical to HF generate" if gen.get("tokens_equal") else f"differ at token {gen.get('first_difference')}")
+    return _all_ok(outs) and bool(rep.get("passed")) and bool(gen.get("tokens_equal")), numbers
 
 
 def _baseline(outs, work):
@@ -224,16 +240,17 @@ def _preset_names(family: Family) -> list[str]:
 ROWS: tuple[Row, ...] = (
     Row("convert + round trip", False, lambda f, m, w: [
         ["convert", "--hf", str(m), "--out", str(w / "ms"), "-q"],
-        ["verify", "--hf", str(m), "--ms", str(w / "ms"), "--seq", "16"]], _round_trip),
-    Row("forward parity", False, lambda f, m, w: [["verify", "--hf", str(m), "--seq", str(f.seq)]], _forward),
+        ["verify", "--hf", str(m), "--ms", str(w / "ms"), "--seq", "16", "--json"]], _round_trip),
+    Row("forward parity", False, lambda f, m, w: [["verify", "--hf", str(m), "--seq", str(f.seq), "--json"]],
+        _forward),
     Row("gradient parity", False, lambda f, m, w: [
-        ["verify", "--hf", str(m), "--seq", str(f.seq), "--hidden-states", "--grads"]], _grads),
-    Row("generation (KV cache)", False, lambda f, m, w: [["verify", "--hf", str(m), "--seq", "8", "--generate", "40", "--cache", "dynamic"]],
-        _generate),
+        ["verify", "--hf", str(m), "--seq", str(f.seq), "--hidden-states", "--grads", "--json"]], _grads),
+    Row("generation (KV cache)", False, lambda f, m, w: [
+        ["verify", "--hf", str(m), "--seq", "8", "--generate", "40", "--cache", "dynamic", "--json"]], _generate),
     Row("910C plan of its recipes and sizes", False, lambda f, m, w: [
         ["train", recipe, "--dry-run", *(a for v in sets for a in ("--set", v))] for recipe, *sets in f.plans], _plans),
     Row("training vs the PyTorch baseline", True, lambda f, m, w: [
-        ["baseline", "--recipe", TINY, "--set", f"model.source={m}", "--set", "schedule.max_steps=6",
+        ["baseline", "run", "--recipe", TINY, "--set", f"model.source={m}", "--set", "schedule.max_steps=6",
          "--out", str(w / "base.json"), "--threads", "2"],
         ["train", TINY, "--set", f"model.source={m}", "--set", "schedule.max_steps=6", "--run-dir", str(w / "run")],
         ["compare", str(w / "base.json"), str(w / "run"), "--json"]], _baseline),

@@ -12,10 +12,10 @@ import errno
 import os
 import shutil
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterable, Iterator
 
-from model_zoo.errors import CheckpointError
-from model_zoo.files import swap_in
+from model_zoo.errors import CheckpointError, PortingError, one_line
+from model_zoo.files import MAX_JSON_BYTES, read_json_object, swap_in
 
 _TMP_TAG = ".port-tmp-"
 _OLD_TAG = ".port-old-"
@@ -23,13 +23,19 @@ DISK_FULL_ERRNOS = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT}
 
 
 def _pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` still runs. A zombie (killed, not yet reaped by its parent: a ``kill -9``
+    seen by a caller that has not waited) is dead: it writes nothing more, and its temporaries are stale."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[-1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return True
 
 
 def remove_stale(dest: Path) -> list[Path]:
@@ -46,15 +52,73 @@ def remove_stale(dest: Path) -> list[Path]:
 
 def check_destination(dest: Path, force: bool, protected: list[Path]) -> None:
     """Refuse a destination that is a file, a non-empty directory (unless ``force``), or holds or is inside
-    one of the ``protected`` inputs."""
-    if dest.exists() and not dest.is_dir():
-        raise CheckpointError(f"{dest}: exists and is a file; expected a directory path for --out")
-    for p in protected:
-        p = p.resolve()
-        if dest == p or dest in p.parents or p in dest.parents:
-            raise CheckpointError(f"{dest}: overlaps the input {p}; choose an --out outside the source directory")
-    if dest.is_dir() and any(dest.iterdir()) and not force:
-        raise CheckpointError(f"{dest}: exists and is not empty; pass --force to replace it, or choose another --out")
+    one of the ``protected`` inputs (:func:`check_out` without the port-wrote test, which the converter
+    makes itself with its companion files: ``converters.convert.check_replaceable``)."""
+    check_out(dest, inputs=protected, force=force, ours=lambda d: True)
+
+
+def check_out(dest: str | Path, *, inputs: Iterable[str | Path] = (), kind: str = "dir", force: bool | None = None,
+              ours: Callable[[Path], bool] | None = None, what: str = "an output port wrote",
+              error: type[PortingError] = CheckpointError) -> Path:
+    """The one rule for every ``--out`` of every command (and each side file a command writes beside it);
+    returns the resolved path. Refused, ``--force`` or not:
+
+    * a symbolic link (the path itself): port never writes through one;
+    * an input, a path inside an input directory, or a directory holding an input (compared resolved,
+      so ``x/../SRC`` and links name what they reach);
+    * for a directory output (``kind="dir"``): an existing file; a non-empty directory unless ``force``
+      and ``ours(dir)`` (its manifest says port wrote it); commands without ``--force`` (``force=None``)
+      take a new path or an empty directory only;
+    * for a file output (``kind="file"``): a directory; an existing file unless ``ours(file)`` (a file port
+      wrote of the same kind, such as an earlier baseline; never one of the user's).
+    """
+    p = Path(dest)
+    if p.is_symlink():
+        raise error(f"{_shown(p)}: is a symbolic link; pass --out a real path (port does not write through links)")
+    r = p.resolve()
+    for i in inputs:
+        i = Path(i).resolve()
+        if r == i or r in i.parents or i in r.parents:
+            raise error(f"{_shown(p)}: overlaps the input {_shown(i)}; choose an --out outside the inputs that "
+                        "does not hold them")
+    if not p.exists():
+        return r
+    if kind == "file":
+        if p.is_dir():
+            raise error(f"{_shown(p)}: is a directory; expected a file path for --out")
+        if p.is_file() and ours is not None and ours(p):
+            return r
+        raise error(f"{_shown(p)}: exists and is not {what}; port never overwrites a file it did not write: choose "
+                    "another --out or remove it yourself")
+    if not p.is_dir():
+        raise error(f"{_shown(p)}: exists and is a file; expected a directory path for --out")
+    if not any(p.iterdir()):
+        return r
+    if not force:
+        hint = "pass --force to replace it, or choose another --out" if force is not None else (
+            "port writes a new or empty directory only: choose another --out")
+        raise error(f"{_shown(p)}: exists and is not empty; {hint}")
+    if ours is None or not ours(p):
+        raise error(f"{_shown(p)}: exists, is not empty and is not {what}; --force replaces only directories port "
+                    "wrote. Remove it yourself or choose another --out")
+    return r
+
+
+def json_of_format(*formats: str) -> Callable[[Path], bool]:
+    """A test of :func:`check_out`: the file is a regular JSON object port wrote, of one of ``formats``."""
+    def test(p: Path) -> bool:
+        if p.is_symlink() or not p.is_file():
+            return False
+        try:
+            doc = read_json_object(p, max_bytes=MAX_JSON_BYTES)
+        except PortingError:
+            return False
+        return doc.get("format") in formats
+    return test
+
+
+def _shown(p: Path) -> str:
+    return one_line(p)
 
 
 def check_free_space(dest: Path, need_bytes: int) -> None:

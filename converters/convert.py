@@ -236,6 +236,7 @@ def execute(plan: ConversionLayout, out_dir: Path, *, force: bool = False,
     ``hash_source`` (``port convert --source-hash``)."""
     # Resolved before any check: `x/../SRC` and symlinks name the directory they reach, so the overlap
     # check below compares like with like and nothing (not even x/) is created for a refused --out.
+    atomic.check_out(out_dir, inputs=[plan.source.dir], force=force, ours=lambda d: True)   # a link is refused
     out_dir = Path(out_dir).resolve()
     atomic.check_destination(out_dir, force, [plan.source.dir])
     companions = _companions(plan)

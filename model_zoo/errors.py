@@ -9,6 +9,15 @@ line and exits non-zero.
 from __future__ import annotations
 
 
+def one_line(text: object) -> str:
+    """``text`` on one line: every character that is not printable (a newline, a carriage return, \\x85,
+    \\u2028, any control character) shown escaped, as Python writes it in a string literal. Used wherever text
+    from an input reaches a line port prints or writes (an error line, a YAML comment, a README), so it can
+    neither start a second line nor end the comment it is in."""
+    s = str(text)
+    return s if s.isprintable() else "".join(c if c.isprintable() else ascii(c)[1:-1] for c in s)
+
+
 class PortingError(Exception):
     """Base class of every error `port` raises on purpose."""
 

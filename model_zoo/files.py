@@ -42,10 +42,14 @@ def _bounded_int(text: str) -> int:
 
 
 def read_text(path: str | Path, *, what: str = "file", max_bytes: int = MAX_JSON_BYTES,
-              error: type[PortingError] = PortingError) -> str:
-    """The text of a regular file, refused (one line) when missing, too large, not a regular file, or
-    not UTF-8."""
+              error: type[PortingError] = PortingError, follow_links: bool = True) -> str:
+    """The text of a regular file (without a leading UTF-8 byte-order mark), refused (one line) when
+    missing, too large, not a regular file, or not UTF-8. ``follow_links=False``: a symbolic link is refused,
+    and the file is opened with ``O_NOFOLLOW`` (a link swapped in after the check is not followed either)."""
     p = Path(path)
+    if not follow_links and p.is_symlink():
+        raise error(f"{p}: the {what} is a symbolic link; port reads this file only as itself, never through a link "
+                    "(replace the link with the file)")
     try:
         st = p.stat()
     except FileNotFoundError:
@@ -59,13 +63,14 @@ def read_text(path: str | Path, *, what: str = "file", max_bytes: int = MAX_JSON
         raise error(f"{p}: the {what} is {st.st_size:,} bytes, more than the {max_bytes:,} allowed; "
                     f"this is not a {what} port can read")
     try:
-        raw = _read_at_most(p, max_bytes)
+        raw = _read_at_most(p, max_bytes, follow_links)
     except OSError as e:
         raise error(f"{p}: cannot read the {what} ({e.strerror}); check its permissions") from None
     if raw is None:
         raise error(f"{p}: the {what} grew past {max_bytes:,} bytes while being read")
     try:
-        return raw.decode("utf-8")
+        # a leading byte-order mark (Windows editors, Excel's "CSV UTF-8") is not text: "utf-8-sig" drops it
+        return raw.decode("utf-8-sig")
     except UnicodeDecodeError as e:
         raise error(f"{p}: the {what} is not valid UTF-8 (byte 0x{raw[e.start]:02x} at offset {e.start}); "
                     "save it as UTF-8") from None
@@ -74,12 +79,13 @@ def read_text(path: str | Path, *, what: str = "file", max_bytes: int = MAX_JSON
 READ_CHUNK = 1 << 20
 
 
-def _read_at_most(p: Path, max_bytes: int) -> bytes | None:
+def _read_at_most(p: Path, max_bytes: int, follow_links: bool = True) -> bytes | None:
     """The bytes of ``p``, or None once more than ``max_bytes`` were seen. Read in chunks: ``f.read(n)``
     allocates ``n`` bytes up front, so one read of a 16 GiB bound would ask for 16 GiB of address space
     whatever the file's size (a MemoryError under ``ulimit -v``)."""
     parts, total = [], 0
-    with open(p, "rb") as f:
+    flags = os.O_RDONLY | (0 if follow_links else os.O_NOFOLLOW)
+    with open(p, "rb", opener=lambda path, _: os.open(path, flags)) as f:
         while block := f.read(min(READ_CHUNK, max_bytes + 1 - total)):
             parts.append(block)
             total += len(block)

@@ -27,7 +27,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 import shutil
 import signal
 import subprocess
@@ -46,8 +45,11 @@ from model_zoo.errors import DiagnosticsError, PortingError
 from model_zoo.files import write_atomic
 from porting.cluster.preflight import free_port
 from porting.diagnostics.diagnose import diagnose
+from porting.launch.children import child_env, stop_group
 from porting.rundir import read_run
 from porting.train import load_recipe, plan_config, recipe_dict
+from porting.verify.stats import LAYOUT_TOLERANCES
+from porting.train.recipe.yaml_bounded import parse_value
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = ROOT / "porting" / "train" / "assets" / "tinystories_sample.txt"
@@ -56,8 +58,9 @@ REHEARSE_FILE = "rehearse.json"
 GLOBAL_BATCH = 4
 STEPS = 3
 SEQ = 64
-LOSS_ATOL = 1e-4      # fp32: TP/DP reductions only reorder sums (tests/train/test_tensor_parallel.py: 1e-5)
-GRAD_NORM_RTOL = 1e-3
+# The layout tolerances of port's one table (porting/verify/stats.py): fp32 TP/DP reductions only reorder sums.
+LOSS_ATOL = LAYOUT_TOLERANCES["loss_atol"]
+GRAD_NORM_RTOL = LAYOUT_TOLERANCES["grad_norm_rtol"]
 RUNGS = ("single", "parity", "node", "links", "two-nodes")
 
 
@@ -159,9 +162,7 @@ def _metrics(run_dir: Path) -> tuple[list[float], list[float], float | None]:
 def _run(argvs: list[list[str]], log: Path, timeout: float) -> tuple[list[int], str]:
     """Start every argv at once (each in its own process group), wait for all under one deadline; on the
     deadline, stop only those groups. Returns the exit codes (None: killed) and the tail of the output."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT) + (os.pathsep + os.environ["PYTHONPATH"]
-                                                    if os.environ.get("PYTHONPATH") else ""))
-    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+    env = child_env()
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "w", encoding="utf-8") as out:
         procs = [subprocess.Popen(a, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -174,8 +175,7 @@ def _run(argvs: list[list[str]], log: Path, timeout: float) -> tuple[list[int], 
                 codes.append(None)
         for p in procs:
             if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
+                stop_group(p, 30.0, signals=(signal.SIGKILL,), descendants_too=False)
     text = log.read_text(encoding="utf-8", errors="replace")
     return codes, text[-4000:]
 
@@ -298,13 +298,20 @@ def rehearse(recipe_path: str, out: Path, overrides: list[str] | None = None, *,
     """Run the ladder for ``recipe_path`` into ``out`` (a new folder); returns the rungs in order.
     ``extra`` are ``--set`` overrides given to every training rung (the rung's own recipe is the scaled
     one; use it to change what the rehearsal cannot infer, or to break a rung on purpose)."""
-    if out.exists():
-        raise RehearsalError(f"{out}: already exists; rehearse into a new folder (--out NEW_DIR)")
+    from converters.atomic import check_out
+
+    # the converters' rule: a new path or an empty directory (never a user's files, never a link)
+    check_out(out, inputs=[recipe_path], force=None, error=RehearsalError)
+    for item in extra or []:   # checked before anything runs: a bomb is named here, not in a rung's log
+        try:
+            parse_value(item.partition("=")[2], f"--rung-set {item.partition('=')[0]!r}")
+        except PortingError as e:
+            raise RehearsalError(str(e)) from None
     rec = load_recipe(recipe_path, list(overrides or []), check_files=False)
     cfg = _full_config(rec)
     ascend = _on_npu() and rec.cluster.device == "ascend"
     try:
-        out.mkdir(parents=True)
+        out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise RehearsalError(f"{out}: cannot create the rehearsal folder ({e.strerror}); choose another --out") from None
     small = scaled_config(cfg)

@@ -88,7 +88,7 @@ FAILS = {  # need a model, a GPU or cluster files this machine has not: (exit co
     "port verify --hf ./my-llama --ms ./my-llama-ms --no-roundtrip --rehash-source": (2, NO_DIR),
     "port ops scan --module mypkg.models:build   # factory returning (model, inputs)":
         (2, "cannot import mypkg.models"),
-    "port baseline --hf ./llama-7b --recipe recipes/7b-8card.yaml --device cuda --steps 20 --out llama7b_h200.json":
+    "port baseline run --hf ./llama-7b --recipe recipes/7b-8card.yaml --device cuda --steps 20 --out llama7b_h200.json":
         (2, "data.path: file not found: data/train.jsonl"),
     "port compare h200.json runs/7b --min-throughput-ratio 0.8 --max-memory-ratio 1.2": (2, "no such baseline file"),
     "port eval --hf ./my-llama --data held_out.jsonl --chat-template model --json": (2, NO_DIR),
@@ -100,12 +100,13 @@ FAILS = {  # need a model, a GPU or cluster files this machine has not: (exit co
     "port diagnose ./pasted_logs --rank-table rank_table.json   # socket peers mapped to ranks":
         (2, "pasted_logs: no such directory"),
     # a CUDA job's own files (tests/intake/ runs these commands on the real public fixtures)
-    "port baseline --import ./runs/events.out.tfevents.1700000000.host --loss-tag Loss/train --out cuda_base.json":
+    "port baseline import ./runs/events.out.tfevents.1700000000.host --loss-tag Loss/train --out cuda_base.json":
         (2, "cannot read the event file"),
-    "port baseline --import ./job/trainer_state.json --global-batch 64 --seq-length 2048 --out cuda_base.json":
+    "port baseline import ./job/trainer_state.json --global-batch 64 --seq-length 2048 --out cuda_base.json":
         (2, "trainer_state.json not found"),
-    "port ops scan --script ./train.py --script ./patches/ --json   # CUDA habits in scripts (parsed, never run)":
-        (2, "train.py: no such file or directory"),
+    "port ops lint ./train.py": (2, "train.py: no such file or directory"),
+    "port ops lint ./train.py ./patches/ --json": (2, "train.py: no such file or directory"),
+    "port ops lint ./job/ --out migration/script_scan.json": (2, "job: no such file or directory"),
     "port recipe import ./job/training_args.bin ./job/ds_z2_config.json --model llama2-7b --out recipe.yaml":
         (2, "training_args.bin not found"),
     "port recipe import ./job/llama3_full_sft.yaml --cluster atlas-800t-a3 --nodes 2 --data data/train.jsonl --out r.yaml":
@@ -124,16 +125,16 @@ FAILS = {  # need a model, a GPU or cluster files this machine has not: (exit co
 # What a few examples must print (beyond exiting 0).
 OUTPUT = {
     "port verify --hf stories260k --generate      # plus greedy text vs HF generate and the golden text":
-        "golden text: matches",
+        "ok      matches the model's golden continuation",
     "port compare base.json runs/tiny-cpu": "RESULT: PASS",
-    "port baseline --import runs/tiny-cpu/metrics.jsonl --global-batch 4 --out cuda.json && port compare cuda.json "
+    "port baseline import runs/tiny-cpu/metrics.jsonl --global-batch 4 --out cuda.json && port compare cuda.json "
     "runs/tiny-cpu --window 5": "RESULT: PASS",
     "port zoo show stories260k": '"hidden_size": 64',
 }
 # Run first, once, to make the work directory the other examples use (results checked there too);
 # the first is tests/conftest.py's `tiny_cpu_run`.
 SETUP = ("port train recipes/tiny-cpu.yaml",
-         "port baseline --recipe recipes/tiny-cpu.yaml --device cpu --out base.json --steps 8",
+         "port baseline run --recipe recipes/tiny-cpu.yaml --device cpu --out base.json --steps 8",
          "port ranktable gen --server node_0 --devices 0-7 --out rank_table.json",
          # each example's copy of the work directory then has its own registry naming my-llama
          "port zoo add my-llama --hf ./checkpoints/my-llama")

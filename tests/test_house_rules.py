@@ -5,11 +5,17 @@ A module may go over only by being named in ``LONG_MODULES`` with the reason, an
 in its docstring too (where a reader of the module sees it). ``PENDING_SPLIT`` names modules over the
 limit today that are being rewritten on other branches; an entry that is no longer over the limit
 fails the test, so the list cannot outlive its reason.
+
+Then the import graph (issue 20): packages import downwards, 0 cycles, the jobs of porting/train in order; and
+(issue 34) no two packages importing each other, one verification family, the launch wing's place, and one
+owner each of a child's environment, the process-group teardown, the decision on how a launch ended and the rank
+log's lines.
 """
 
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -19,7 +25,6 @@ MAX_FUNCTION_LINES = 80
 
 # module -> the sentence of its docstring that says why it is longer.
 LONG_MODULES: dict[str, str] = {
-    "porting/train/run/loop.py": "kept in one module of about 500 lines so one rank's life reads top to bottom",
 }
 # module -> what is to be done; each is over the limit and is being split where it is owned.
 PENDING_SPLIT: dict[str, str] = {
@@ -68,7 +73,7 @@ def test_no_function_over_the_line_limit():
 def test_the_checks_see_the_whole_tree():
     # the walk finds the packages' modules (a moved root would make every check above pass vacuously)
     mods = {_rel(p) for p in _modules()}
-    assert {"porting/roundtrip.py", "converters/convert.py", "model_zoo/files.py"} <= mods and len(mods) > 50
+    assert {"porting/verify/roundtrip.py", "converters/convert.py", "model_zoo/files.py"} <= mods and len(mods) > 50
 
 
 # --------------------------------------------------------------------------- the import graph (issue 20)
@@ -108,6 +113,7 @@ def _imports(tree: ast.AST, name: str, is_pkg: bool) -> list[tuple[str, int, boo
     return out
 
 
+@functools.lru_cache(maxsize=1)
 def import_graph() -> tuple[dict[str, set[str]], dict[str, list[tuple[str, int, bool]]]]:
     """The modules of the packages and, for each, the modules of the packages it imports (module-level and
     function-local imports both, TYPE_CHECKING ones too), and every import it makes (external ones as well)."""
@@ -260,3 +266,222 @@ def test_a_dry_run_plan_never_loads_mindspore():
                        cwd=ROOT, capture_output=True, text=True, timeout=300, env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert p.returncode == 0, p.stderr[-3000:]
     assert p.stdout.strip().splitlines()[-1] == "no mindspore", p.stdout[-2000:]
+
+
+# --------------------------------------------------------------------------- packages that import each other
+def _package(m: str) -> str:
+    """porting.<sub> for a module of porting (a root module is its own package), else the top package."""
+    parts = m.split(".")
+    return ".".join(parts[:2]) if parts[0] == "porting" and len(parts) > 1 else parts[0]
+
+
+# (package, package) -> what is being done; each pair imports each other today and is being untangled where it
+# is owned. A pair that no longer imports each other fails the test, so the list cannot outlive its reason.
+PENDING_PAIRS: dict[tuple[str, str], str] = {}   # porting.cluster <-> porting.train went with R1 (porting/launch/)
+
+
+def test_no_two_packages_import_each_other():
+    edges, _ = import_graph()
+    pkg_edges = {(_package(a), _package(b)) for a, bs in edges.items() for b in bs if _package(a) != _package(b)}
+    pairs = {tuple(sorted(e)) for e in pkg_edges if e[::-1] in pkg_edges}
+    assert ("porting.verify", "porting.train") not in pairs   # port eval's held-out loss lives in train/run/heldout.py
+    unexplained = sorted(pairs - set(PENDING_PAIRS))
+    assert not unexplained, f"packages that import each other: {unexplained}"
+    stale = sorted(set(PENDING_PAIRS) - pairs)
+    assert not stale, f"no longer importing each other: remove {stale} from PENDING_PAIRS"
+
+
+# --------------------------------------------------------------------------- one verification family (issue 34)
+# One HF loader (porting/verify/pair.py), one difference function and one tolerance table
+# (porting/verify/stats.py). Each scan below must find the one it protects, so it cannot pass vacuously.
+HF_LOADER = "porting/verify/pair.py"
+STATS = "porting/verify/stats.py"
+# module file name -> why it may load or compare on its own; keyed by file name so a move keeps the reason.
+OTHER_HF_LOADERS = {
+    "opscan.py": "`port ops scan` traces the aten ops of the user's model under the attention it is asked for: "
+                 "the model is the subject of the scan, not a reference",
+}
+OTHER_DIFFERENCES = {
+    "device_probe.py": "a device's health probe: a matmul on the device against NumPy, not the model against torch",
+    "smoke_collectives.py": "a collective's result against its closed form, not the model against torch",
+}
+_CLOSENESS = {"allclose", "isclose", "assert_allclose", "assert_close"}
+
+
+def _trees() -> list[tuple[str, ast.AST]]:
+    return [(_rel(p), ast.parse(p.read_text(encoding="utf-8"))) for p in _modules()]
+
+
+def _dotted(node: ast.AST) -> str:
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name):
+        parts.append(node.id)
+    return ".".join(reversed(parts))
+
+
+def _hf_model_loads(tree: ast.AST) -> list[int]:
+    """Lines that load an HF model's weights: ``<...CausalLM or AutoModel...>.from_pretrained(...)``, or pick
+    its attention (``attn_implementation=``)."""
+    out = []
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "from_pretrained":
+            owner = _dotted(n.func.value)
+            if "CausalLM" in owner or "AutoModel" in owner:
+                out.append(n.lineno)
+        if isinstance(n, ast.Call) and any(k.arg == "attn_implementation" for k in n.keywords):
+            out.append(n.lineno)
+    return out
+
+
+def test_one_hf_loader():
+    found = {m: lines for m, tree in _trees() if (lines := _hf_model_loads(tree))}
+    assert HF_LOADER in found, f"the scan no longer finds {HF_LOADER}'s from_pretrained"
+    others = {m: lines for m, lines in found.items() if m != HF_LOADER and Path(m).name not in OTHER_HF_LOADERS}
+    assert not others, (f"a second loader of an HF model: {others}; load it with porting.verify.pair.load_reference "
+                        "(or name the module in OTHER_HF_LOADERS with the reason)")
+
+
+def _differences(tree: ast.AST) -> list[int]:
+    """Lines that measure how far two arrays are apart: ``abs(a - b)`` on arrays (np/numpy/torch ``.abs``) or a
+    closeness test (``allclose``, ``isclose``, ``assert_allclose``, ``assert_close``) of NumPy or torch."""
+    out = []
+    for n in ast.walk(tree):
+        if not isinstance(n, ast.Call) or not isinstance(n.func, ast.Attribute):
+            continue
+        owner = _dotted(n.func.value).split(".")[0]
+        if owner not in ("np", "numpy", "torch"):
+            continue
+        if n.func.attr == "abs" and n.args and isinstance(n.args[0], ast.BinOp) and isinstance(n.args[0].op, ast.Sub):
+            out.append(n.lineno)
+        elif n.func.attr in _CLOSENESS:
+            out.append(n.lineno)
+    return out
+
+
+def test_one_difference_function():
+    found = {m: lines for m, tree in _trees() if (lines := _differences(tree))}
+    assert STATS in found, f"the scan no longer finds {STATS}'s difference"
+    others = {m: lines for m, lines in found.items() if m != STATS and Path(m).name not in OTHER_DIFFERENCES}
+    assert not others, (f"a second difference function: {others}; measure with porting.verify.stats.compare (or "
+                        "name the module in OTHER_DIFFERENCES with the reason)")
+
+
+def _tolerance_tables(tree: ast.AST) -> list[str]:
+    """Module-level names bound to a literal tolerance: a name with TOLERANCE in it, or ending in _ATOL, _RTOL
+    or _TOL (an alias of another module's value, ``LOSS_ATOL = LAYOUT_TOLERANCES[...]``, is not a table)."""
+    out = []
+    for n in tree.body:
+        targets = n.targets if isinstance(n, ast.Assign) else [n.target] if isinstance(n, ast.AnnAssign) else []
+        value = getattr(n, "value", None)
+        for t in targets:
+            name = t.id if isinstance(t, ast.Name) else ""
+            tolerance_like = "TOLERANCE" in name.upper() or name.upper().endswith(("_ATOL", "_RTOL", "_TOL"))
+            if tolerance_like and value is not None and not isinstance(value, (ast.Name, ast.Attribute, ast.Subscript)):
+                out.append(name)
+    return out
+
+
+def test_one_tolerance_table():
+    found = {m: names for m, tree in _trees() if (names := _tolerance_tables(tree))}
+    assert "TOLERANCES" in found.get(STATS, []), f"the scan no longer finds {STATS}'s TOLERANCES"
+    others = {m: names for m, names in found.items() if m != STATS}
+    assert not others, f"a second tolerance table: {others}; put it in {STATS}, beside the others, named for what it bounds"
+
+
+def test_the_verification_scans_find_a_planted_second_one():
+    planted = ast.parse("import numpy as np\nimport transformers\nPROBE_TOLERANCES = {'float32': 1e-4}\n"
+                        "LOSS_ATOL = 1e-3\nALIAS_RTOL = TABLE['rtol']\n"
+                        "m = transformers.AutoModelForCausalLM.from_pretrained('x', attn_implementation='sdpa')\n"
+                        "d = np.abs(a - b).max()\nok = np.allclose(a, b)\n")
+    assert _hf_model_loads(planted) == [6, 6]
+    assert sorted(_differences(planted)) == [7, 8]
+    assert _tolerance_tables(planted) == ["PROBE_TOLERANCES", "LOSS_ATOL"]
+
+
+# --------------------------------------------------------------------------- the launch wing (issue 34)
+# porting/launch/ starts, watches and stops processes, between the CLI and porting/train/: it imports the training
+# library and the run directory (and the packages below porting/), nothing else of porting; what sits above it
+# (`port diagnose`) is passed in. Nothing it imports imports it back.
+LAUNCH_MAY_IMPORT = ("porting.launch", "porting.train", "porting.rundir", "porting.env", "porting.model_paths")
+BELOW_LAUNCH = ("porting.train", "porting.rundir", "porting.env", "porting.model_paths")
+# The one owner of each job, and what finds a second one (an AST scan of porting/).
+CHILD_ENV_OWNER = "porting/launch/children.py"      # child_env(): the only copy of os.environ for a child
+TEARDOWN_OWNER = "porting/launch/children.py"       # signal_group()/stop_group(): the only os.killpg
+OUTCOME_OWNER = "porting/launch/outcome.py"         # launch_outcome(): the only reader of a launch's end
+RANKLOG_OWNER = "porting/rundir/ranklog.py"         # the rank log's lines, written and read
+RANKLOG_WORDS = ("saving checkpoint", "run finished: every file", "non-finite steps in", " INFO step ",
+                 " INFO checkpoint", r"\(pid (")
+
+
+def test_the_launch_wing_imports_only_what_is_below_it():
+    edges, _ = import_graph()
+    assert any(m.startswith("porting.launch.") for m in edges), "porting/launch/ is gone: update these rules"
+    up = sorted(f"{a} -> {b}" for a, bs in edges.items() if a.startswith("porting.launch") for b in bs
+                if b.startswith("porting") and not b.startswith(LAUNCH_MAY_IMPORT))
+    assert not up, f"porting/launch imports above it (pass the higher layer in instead, as supervise(diagnose=)): {up}"
+    back = sorted(f"{a} -> {b}" for a, bs in edges.items() if a.startswith(BELOW_LAUNCH) for b in bs
+                  if b.startswith("porting.launch"))
+    assert not back, f"a package below porting/launch imports it: {back}"
+
+
+def _is_os_environ(node: ast.AST) -> bool:
+    return isinstance(node, ast.Attribute) and node.attr == "environ" and isinstance(node.value, ast.Name) \
+        and node.value.id == "os"
+
+
+def _calls(tree: ast.AST):
+    return (n for n in ast.walk(tree) if isinstance(n, ast.Call))
+
+
+@functools.lru_cache(maxsize=1)
+def _porting_trees() -> tuple[tuple[str, ast.AST], ...]:
+    """(path, tree) of every module of porting/ (read once for the rules below)."""
+    return tuple((_rel(p), ast.parse(p.read_text(encoding="utf-8"))) for p in _modules()
+                 if p.relative_to(ROOT).parts[0] == "porting")
+
+
+def test_one_builder_of_a_childs_environment():
+    """dict(os.environ, ...), os.environ.copy() and {**os.environ} build a child's environment: only child_env."""
+    found = []
+    for rel, tree in _porting_trees():
+        for n in ast.walk(tree):
+            built = (isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "dict" and n.args
+                     and _is_os_environ(n.args[0])) or \
+                    (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "copy"
+                     and _is_os_environ(n.func.value)) or \
+                    (isinstance(n, ast.Dict) and any(k is None and _is_os_environ(v) for k, v in zip(n.keys, n.values)))
+            if built and rel != CHILD_ENV_OWNER:
+                found.append(f"{rel}:{n.lineno}")
+    assert not found, f"a second builder of a child's environment (use porting.launch.children.child_env): {found}"
+
+
+def test_one_teardown_of_a_process_group():
+    found = [f"{rel}:{c.lineno}" for rel, tree in _porting_trees() for c in _calls(tree)
+             if (isinstance(c.func, ast.Attribute) and c.func.attr == "killpg"
+                 or isinstance(c.func, ast.Name) and c.func.id == "killpg") and rel != TEARDOWN_OWNER]
+    assert not found, f"a second process-group teardown (use porting.launch.children.stop_group): {found}"
+
+
+def test_one_decision_on_a_launchs_end():
+    """Whether a launch finished (every rank's last line) and why it stopped (the non-finite stop line) are read by
+    launch_outcome alone, for the plain and the supervised launch."""
+    readers = ("all_finished", "stop_line")
+    found = [f"{rel}:{c.lineno}" for rel, tree in _porting_trees() for c in _calls(tree)
+             if (getattr(c.func, "attr", None) in readers or getattr(c.func, "id", None) in readers)
+             and rel not in (OUTCOME_OWNER, RANKLOG_OWNER)]
+    assert not found, f"a second decision on how a launch ended (use porting.launch.outcome.launch_outcome): {found}"
+
+
+def test_one_owner_of_the_rank_log():
+    """The lines of logs/rank_<r>.log that other processes read are spelled in porting/rundir/ranklog.py only."""
+    found = []
+    for rel, tree in _porting_trees():
+        if rel == RANKLOG_OWNER:
+            continue
+        for n in ast.walk(tree):
+            if isinstance(n, ast.Constant) and isinstance(n.value, str):
+                found += [f"{rel}:{n.lineno} {w!r}" for w in RANKLOG_WORDS if w in n.value]
+    assert not found, f"rank-log lines spelled outside {RANKLOG_OWNER} (write and read them through it): {found}"

@@ -2,14 +2,16 @@
 
 Order of the verdict: settings that differ first (a comparison across batch, sequence length or data
 is not like for like), then the loss curve per step, the probe-batch logits, throughput and memory.
-Tolerances depend on the precision both sides trained in (TOLERANCES, documented in docs/baseline.md);
-throughput and memory are reported as ratios and only fail when a bound is asked for.
+Tolerances depend on the precision both sides trained in (the training-curve tolerances of port's one
+table, :data:`porting.verify.stats.TRAINING_CURVE_TOLERANCES`, documented in docs/baseline.md); throughput
+and memory are reported as ratios and only fail when a bound is asked for. The verdict is a list of
+:class:`porting.verify.check.Check` rows (``checks``), the row every verification prints.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict
 from typing import Any, Callable
 
 import numpy as np
@@ -17,35 +19,11 @@ import numpy as np
 from model_zoo.errors import ConfigError
 from porting.baseline import arrays, schema
 from porting.rundir import RunRecords
+from porting.verify.check import Check, table
+from porting.verify.stats import CurveTolerances, compare as difference, curve_tolerances
 
-
-@dataclass(frozen=True)
-class Tolerances:
-    """A step passes when |loss_run - loss_base| <= loss_atol + loss_rtol * |loss_base|."""
-
-    loss_rtol: float
-    loss_atol: float
-    logits_atol: float                       # max |logit_run - logit_base| on the probe batch
-    min_throughput_ratio: float | None = None  # run / baseline tokens/s; None: report only
-    max_memory_ratio: float | None = None      # run / baseline peak; None: report only
-
-
-# Measured margins, see docs/baseline.md "Tolerances": fp32 both sides agree to ~1e-5 relative on
-# stories260K over 8 steps; the bounds leave room for longer runs and other BLAS libraries.
-TOLERANCES: dict[str, Tolerances] = {
-    "float32": Tolerances(loss_rtol=1e-3, loss_atol=1e-4, logits_atol=2e-2),
-    "bf16-mixed": Tolerances(loss_rtol=2e-2, loss_atol=1e-2, logits_atol=0.5),
-    "bfloat16": Tolerances(loss_rtol=3e-2, loss_atol=2e-2, logits_atol=1.0),
-    "float16": Tolerances(loss_rtol=2e-2, loss_atol=1e-2, logits_atol=0.5),
-}
 
 MODEL_KEYS = ("model_type", "num_parameters", "model_config_sha256")
-
-
-def tolerances_for(dtype: str, **override: float | None) -> Tolerances:
-    if dtype not in TOLERANCES:
-        raise ConfigError(f"baseline dtype {dtype!r} has no tolerances; known: {', '.join(TOLERANCES)}")
-    return replace(TOLERANCES[dtype], **{k: v for k, v in override.items() if v is not None})
 
 
 def _differs(a: Any, b: Any) -> bool:
@@ -70,7 +48,7 @@ def model_mismatch(base: dict[str, Any], run: dict[str, Any]) -> list[str]:
             if k in base and k in run and _differs(base[k], run[k])]
 
 
-def loss_curve(base_doc: dict, run: RunRecords, tol: Tolerances) -> dict[str, Any]:
+def loss_curve(base_doc: dict, run: RunRecords, tol: CurveTolerances) -> dict[str, Any]:
     base = dict(zip(base_doc["steps"]["step"], base_doc["steps"]["loss"]))
     base_gn = dict(zip(base_doc["steps"]["step"], base_doc["steps"]["grad_norm"]))
     rows, fails = [], []
@@ -101,7 +79,7 @@ def loss_curve(base_doc: dict, run: RunRecords, tol: Tolerances) -> dict[str, An
             "ok": bool(rows) and not fails}
 
 
-def probe(base_doc: dict, port_logits: np.ndarray | None, reason: str | None, tol: Tolerances) -> dict[str, Any]:
+def probe(base_doc: dict, port_logits: np.ndarray | None, reason: str | None, tol: CurveTolerances) -> dict[str, Any]:
     out: dict[str, Any] = {"after_step": base_doc["probe"].get("after_step"), "tolerance_max_abs": tol.logits_atol}
     if port_logits is None:
         return {**out, "available": False, "reason": reason, "ok": None}
@@ -109,11 +87,10 @@ def probe(base_doc: dict, port_logits: np.ndarray | None, reason: str | None, to
     if ref.shape != port_logits.shape:
         return {**out, "available": False, "ok": False,
                 "reason": f"probe logits shape {tuple(port_logits.shape)} vs baseline {tuple(ref.shape)}"}
-    diff = np.abs(port_logits.astype(np.float64) - ref.astype(np.float64))
+    d = difference(port_logits, ref)
     agree = float((port_logits.argmax(-1) == ref.argmax(-1)).mean())
-    mx = float(diff.max())
-    return {**out, "available": True, "source": reason, "max_abs_diff": mx, "mean_abs_diff": float(diff.mean()),
-            "argmax_agreement": agree, "ok": bool(np.isfinite(mx) and mx <= tol.logits_atol)}
+    return {**out, "available": True, "source": reason, "max_abs_diff": d.max_abs, "mean_abs_diff": d.mean_abs,
+            "argmax_agreement": agree, "ok": bool(np.isfinite(d.max_abs) and d.max_abs <= tol.logits_atol)}
 
 
 def _ratio(num: float | None, den: float | None) -> float | None:
@@ -133,7 +110,7 @@ def run_memory(run: RunRecords) -> tuple[float | None, str | None]:
     return None, None
 
 
-def throughput_and_memory(base_doc: dict, run: RunRecords, tol: Tolerances) -> dict[str, Any]:
+def throughput_and_memory(base_doc: dict, run: RunRecords, tol: CurveTolerances) -> dict[str, Any]:
     b_tps = base_doc["timing"].get("steady_tokens_per_s")
     r_tps = run.summary.steady_tokens_per_s if run.summary else None
     if r_tps is None:
@@ -163,7 +140,7 @@ def _same_memory_kind(base_kind: str | None, run_kind: str | None) -> bool:
     return (base_kind in host) == (run_kind in host) if base_kind and run_kind else False
 
 
-def compare(base_doc: dict, base_settings: dict, run: RunRecords, run_settings: dict, tol: Tolerances,
+def compare(base_doc: dict, base_settings: dict, run: RunRecords, run_settings: dict, tol: CurveTolerances,
             run_logits: Callable[[], tuple[np.ndarray | None, str]], allow_settings_mismatch: bool = False
             ) -> dict[str, Any]:
     """The full comparison; ``run_logits()`` gives the run's probe logits (or None) and where they came from."""
@@ -189,11 +166,33 @@ def compare(base_doc: dict, base_settings: dict, run: RunRecords, run_settings: 
         if tm[part]["ok"] is False:
             failures.append(f"{part} ratio {tm[part]['ratio_run_over_baseline']} outside the bound asked for")
     est = estimator_vs_baseline(base_doc, run)
+    checks = _checks(key_diff, loss, pr, tm, tol)
     return {"format": "port-compare", "format_version": 1, "estimator": est, "baseline": base_doc.get("_path"), "run": str(run.path),
             "run_notes": list(run.notes),
             "dtype": base_settings.get("dtype"), "tolerances": asdict(tol),
             "settings": {"differ": diff, "like_for_like": not key_diff},
-            "loss": loss, "probe": pr, **tm, "failures": failures, "ok": not failures}
+            "loss": loss, "probe": pr, **tm, "checks": [c.to_dict() for c in checks], "failures": failures,
+            "ok": not failures}
+
+
+def _checks(key_diff: list[dict], loss: dict, pr: dict, tm: dict, tol: CurveTolerances) -> list[Check]:
+    """The verdict as rows: settings, loss per step, and the probe, throughput and memory where they were checked
+    (a part with nothing to hold it to, such as throughput without --min-throughput-ratio, has no row)."""
+    rows = [Check.claim("settings like for like", not key_diff,
+                        "identical key settings" if not key_diff else "differ: " + ", ".join(d["key"] for d in key_diff)),
+            Check("loss per step", "steps_failing", len(loss["failing_steps"]), 0, loss["ok"],
+                  f"{loss['steps_compared']} step(s) compared, |diff| <= {tol.loss_atol:g} + {tol.loss_rtol:g} x |baseline|"
+                  + (f"; first failing {loss['failing_steps'][:5]}" if loss["failing_steps"] else ""))]
+    if pr["ok"] is not None:
+        rows.append(Check("probe logits", "max_abs", pr.get("max_abs_diff"), tol.logits_atol, pr["ok"],
+                          f"mean abs {pr['mean_abs_diff']:.3e}, argmax agreement {pr['argmax_agreement']:.1%}"
+                          if pr["available"] else str(pr.get("reason"))))
+    for part, key, bound, word in (("throughput", "min_ratio", "run/baseline tokens/s", "at least"),
+                                   ("memory", "max_ratio", "run/baseline peak", "at most")):
+        t = tm[part]
+        if t["ok"] is not None:
+            rows.append(Check(part, "ratio", t["ratio_run_over_baseline"], t[key], t["ok"], f"{bound}, {word} {t[key]:g}"))
+    return rows
 
 
 def estimator_vs_baseline(base_doc: dict, run: RunRecords) -> dict[str, Any] | None:
@@ -252,7 +251,7 @@ def run_compare(baseline_path: str, run_dir: str, *, allow_settings_mismatch: bo
         from porting.baseline import curve
 
         return curve.compare_imported(doc, run, rs, gate or curve.DEFAULTS, allow_settings_mismatch)
-    tol = tolerances_for(doc["settings"]["dtype"], **tol_override)
+    tol = curve_tolerances(doc["settings"]["dtype"], **tol_override)
     ids = np.asarray(doc["probe"]["input_ids"], dtype=np.int64)
     after = int(doc["probe"].get("after_step") or doc["steps"]["step"][-1])
 
@@ -324,5 +323,6 @@ def render(rep: dict[str, Any], max_rows: int = 20) -> str:
                      f"ratio {_fmt(est['ratio_total_over_measured_max'], '.2f')}")
     for note in rep.get("run_notes") or []:
         lines += ["", f"NOTE (run directory): {note}"]
+    lines += ["", table([Check.from_dict(c) for c in rep["checks"]])]
     lines += ["", "RESULT: " + ("PASS" if rep["ok"] else "FAIL: " + "; ".join(rep["failures"]))]
     return "\n".join(lines)

@@ -1,4 +1,4 @@
-"""The curve-level gate of `port compare` against an imported CUDA log (`port baseline --import`).
+"""The curve-level gate of `port compare` against an imported CUDA log (`port baseline import`).
 
 A log holds the loss every ``logging_steps`` (HF Trainer: the mean of the per-step losses since the last
 row), so the run's per-step losses are averaged over the same windows before anything is compared
@@ -29,26 +29,20 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any
 
 from model_zoo.errors import ConfigError
+from porting.verify.check import Check, table
+from porting.verify.stats import IMPORTED_CURVE_GATE, LR_RTOL, CurveGate
 
 SPIKE_HALF_WIDTH = 5
 SPIKE_MIN_REL = 0.05
 MAD_SCALE = 1.4826          # MAD of a normal distribution -> its standard deviation
-LR_RTOL = 1e-3              # learning rates printed with 4+ significant digits agree to this
-
-
-@dataclass(frozen=True)
-class Gate:
-    rtol: float = 0.01          # mean relative loss error, first steps and every window
-    first_steps: int = 100
-    window: int = 10            # logged points per window
-    spike_k: float = 5.0
-
-
-DEFAULTS = Gate()
+# The gate's numbers (and LR_RTOL, how closely logged learning rates must agree) live with every other
+# tolerance of port, in porting/verify/stats.py; Gate and DEFAULTS are their names here.
+Gate = CurveGate
+DEFAULTS = IMPORTED_CURVE_GATE
 
 
 def _mean(xs: list[float]) -> float:
@@ -189,7 +183,24 @@ def compare_imported(base: dict[str, Any], run, run_settings: dict[str, Any], g:
             "global_batch": {"baseline": base["settings"].get("global_batch"), "run": run_settings.get("global_batch")},
             "tokens": _tokens(points, base, run), "curve": res, "per_point": points, "notes": notes,
             "not_available": [f"{x}: not in the imported log" for x in ("probe logits", "throughput", "memory")],
-            "failures": failures, "ok": not failures and res["ok"]}
+            "checks": [c.to_dict() for c in _checks(unlike, res, g)], "failures": failures,
+            "ok": not failures and res["ok"]}
+
+
+def _checks(unlike: list[str], res: dict[str, Any], g: CurveGate) -> list[Check]:
+    """The gate's verdict as rows: like for like, the first steps, the windows, the spikes of each series."""
+    first = res["first_steps_mean_rel_diff"]
+    bad = [w for w in res["windows"] if not w["ok"]]
+    rows = [Check.claim("like for like", not unlike, "; ".join(unlike) or "same global batch and schedule")]
+    if first is not None:
+        rows.append(Check.within(f"first {g.first_steps} steps", "mean_rel", first, g.rtol, "mean relative loss error"))
+    rows.append(Check("loss windows", "windows_failing", len(bad), 0, bool(res["points"]) and not bad,
+                      f"{len(res['windows'])} window(s) of {g.window} logged points, mean relative error <= {g.rtol:g}"))
+    for name, sp in res["spikes"].items():
+        if sp["available"]:
+            rows.append(Check(f"{name} spikes", "spikes_run", sp["run"], sp["baseline"], sp["ok"],
+                              f"no more than the baseline's {sp['baseline']} (beyond {g.spike_k:g} x MAD)"))
+    return rows
 
 
 def _tokens(points: list[dict[str, Any]], base: dict[str, Any], run) -> dict[str, Any] | None:
@@ -222,6 +233,7 @@ def render_imported(rep: dict[str, Any]) -> str:
         lines.append(f"  {name} spikes: " + (f"baseline {s['baseline']} at {s['baseline_steps'][:6]}, run {s['run']} at "
                                              f"{s['run_steps'][:6]}" if s["available"] else "not logged on both sides"))
     lines += [f"  {n}" for n in rep["notes"] + rep["not_available"]]
+    lines += ["", table([Check.from_dict(c) for c in rep["checks"]])]
     lines += ["", "RESULT: " + ("PASS" if rep["ok"] else "FAIL: " + "; ".join(rep["failures"]))]
     return "\n".join(lines)
 

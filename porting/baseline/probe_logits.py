@@ -18,12 +18,9 @@ from porting.rundir import RunRecords
 def logits_from_hf(hf_dir: Path, ids: np.ndarray) -> np.ndarray:
     import mindspore as ms
 
-    from converters.loading import load_hf_dir
-    from model_zoo.config import LlamaConfig
-    from model_zoo.llama import build
+    from porting.verify.pair import load_zoo
 
-    model = build(LlamaConfig.from_hf(hf_dir), param_dtype="float32")
-    load_hf_dir(model, hf_dir)
+    model = load_zoo(hf_dir)
     model.set_train(False)
     return model(ms.Tensor(ids.astype(np.int32))).asnumpy().astype(np.float32)
 

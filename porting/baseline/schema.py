@@ -77,7 +77,7 @@ def problems(doc: Any) -> list[str]:
         return out
     out += _number_problems(doc)
     if "imported" in doc:
-        # `port baseline --import`: a CUDA run's own log (porting/intake/baseline_import.py) has the curve,
+        # `port baseline import`: a CUDA run's own log (porting/intake/baseline_import.py) has the curve,
         # never probe logits or the data hash; `port compare` checks the curve and names what is missing
         return out + _imported_problems(doc)
     for key in KEY_SETTINGS + ("steps",):
@@ -139,11 +139,28 @@ def _imported_problems(doc: dict[str, Any]) -> list[str]:
     out = [] if isinstance(imp, dict) else ["imported is not an object"]
     if not out:
         out += [f"missing imported.{k}" for k in ("from", "format", "contains", "lacks") if k not in imp]
+        out += _imported_field_problems(imp)
     steps = doc["steps"]["step"]
     if any(not isinstance(s, int) or isinstance(s, bool) for s in steps) or steps != sorted(set(steps)):
         out.append("steps.step must be increasing whole numbers")
     if "steps" not in doc["settings"]:
         out.append("missing settings.steps")
+    return out
+
+
+def _imported_field_problems(imp: dict[str, Any]) -> list[str]:
+    """The ``imported`` fields `port compare` computes with or prints: typed, as porting/intake writes them."""
+    out = []
+    iv = imp.get("logging_interval")
+    if iv is not None and (isinstance(iv, bool) or not isinstance(iv, int) or not 1 <= iv <= 10 ** 9):
+        out.append(f"imported.logging_interval is {str(iv)[:40]!r}, expected a whole number from 1 to 10^9 or null")
+    for key in ("contains", "lacks"):
+        v = imp.get(key, [])
+        if not isinstance(v, list) or len(v) > 64 or not all(isinstance(x, str) and len(x) <= 200 for x in v):
+            out.append(f"imported.{key} is {str(v)[:40]!r}, expected a list of names (strings)")
+    out += [f"imported.{k} is {str(imp[k])[:40]!r}, expected a string" for k in ("from", "format", "format_name",
+                                                                               "loss_is")
+            if k in imp and not isinstance(imp[k], str)]
     return out
 
 

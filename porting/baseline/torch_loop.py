@@ -83,14 +83,12 @@ TORCH_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "bf16-mixed": "flo
 
 
 def load_model(hf_dir: str, loop: LoopConfig):
-    """HF LlamaForCausalLM with the checkpoint's own weights (the port starts from the same file)."""
-    import torch
-    from transformers import AutoModelForCausalLM
-    from transformers.utils import logging as hf_logging
+    """HF LlamaForCausalLM with the checkpoint's own weights (the port starts from the same file), through
+    port's one HF loader; SDPA attention, as a user's CUDA fine-tune runs (porting/verify/pair.py says why
+    verification uses eager instead)."""
+    from porting.verify.pair import load_reference
 
-    hf_logging.disable_progress_bar()  # one stderr line per step is the baseline's own progress
-    model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=getattr(torch, TORCH_DTYPES[loop.dtype]),
-                                                 attn_implementation="sdpa", local_files_only=True)
+    model = load_reference(hf_dir, TORCH_DTYPES[loop.dtype], attention="sdpa")
     if loop.recompute:
         model.gradient_checkpointing_enable()
     return model.to(loop.device)

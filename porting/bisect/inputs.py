@@ -78,46 +78,19 @@ def config_notes(hf: LlamaConfig, ms: LlamaConfig, where: Path) -> list[str]:
             for k in hf.__dataclass_fields__ if k not in SHAPE_FIELDS and getattr(hf, k) != getattr(ms, k)]
 
 
-def load_ms_weights(model, w: MsWeights) -> None:
-    """Fill the zoo model: a conversion through the converters' loader, a `port train` checkpoint through
-    port train's own strict loader (every parameter and AdamW moment present with its shape; fp32 master
-    weights of a mixed-precision run allowed and not used)."""
-    from converters.loading import load_ms_dir
-
-    if w.kind == "convert":
-        _check_shapes(model, w.path)
-        load_ms_dir(model, w.path)
-        return
-    from porting.train.run import checkpoint as ckpt
-    from porting.train.run.step import AdamW
-
-    params = list(model.trainable_params())
-    opt = AdamW(params, (0.9, 0.999), 1e-8, 0.0)
-    ckpt.load(w.path, params + list(opt.m) + list(opt.v), allowed={f"master.{p.name}" for p in params})
-
-
-def _check_shapes(model, ms_dir: Path) -> None:
-    """Each stored tensor's shape against the model's (load_param_into_net would fail with a traceback)."""
-    from converters.sources import open_ms
-
-    params = {p.name: tuple(p.shape) for p in model.get_parameters()}
-    for f in open_ms(ms_dir).files:
-        for t in f.tensors:
-            if t.name in params and tuple(t.shape) != params[t.name]:
-                raise CheckpointError(f"{f.path}: tensor {t.name} has shape {list(t.shape)}, its config.json implies "
-                                      f"{list(params[t.name])}; the checkpoint does not match its config")
-
-
 def batch_ids(cfg: LlamaConfig, hf_dir: Path, *, ids: list[int] | None, data: str | None, batch: int, seq: int,
               seed: int) -> np.ndarray:
     """(batch, seq) token ids: given ids (one row), the first tokens of a text file (tokenized with the
     HF directory's tokenizer), or the seeded probe ids of `port verify`."""
-    from porting.parity import probe_ids
+    from porting.verify.parity import probe_ids
 
     if batch < 1 or seq < 2 or batch * seq > MAX_IDS:
         raise ConfigError(f"--batch {batch} x --seq {seq}: expected batch >= 1, seq >= 2 and at most {MAX_IDS} tokens")
     seq = min(seq, cfg.max_position_embeddings)
     if ids is not None:
+        if len(ids) > cfg.max_position_embeddings:   # checked before anything is allocated (issue 40)
+            raise ConfigError(f"--ids: {len(ids):,} ids, more than the model's max_position_embeddings "
+                              f"{cfg.max_position_embeddings:,} (config.json); pass at most that many")
         out = np.asarray([ids], np.int64)
         if out.shape[1] < 2 or out.size > MAX_IDS:
             raise ConfigError(f"--ids: {out.shape[1]} ids; expected 2 to {MAX_IDS}")

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import click
 
+from porting.verify.check import CELLS_HEADER, Check, cells
+
 _HEAD = f"  {'phase':8} {'layer':>5} {'block':20} {'kernel':16} {'max abs':>10} {'max rel':>10} {'cosine':>10} " \
-        f"{'nonfin':>6} {'measure':>10} {'tol':>8}  result"
+        f"{'nonfin':>6} {CELLS_HEADER}"
 
 
 def _num(v) -> str:
@@ -17,16 +19,15 @@ def _cos(v) -> str:
 
 
 def _line(r: dict, mark: str) -> str:
+    """Where the tensor sits and its statistics, then its verdict as the one result row's cells."""
     m = r["metrics"] or {}
     layer = "-" if r["layer"] is None else str(r["layer"])
     name = r["tensor"].split(" ")[-1]
     param = r["tensor"].startswith("AdamW") or name.endswith(("weight", "bias"))
     block = "param " + ".".join(name.split(".")[-2:]) if param else r["block"]
-    value = m.get(r["measure"])
-    result = "n/a" if not m else ("ok" if r["passed"] else "FAIL")
+    check = Check.from_dict({k: r[k] for k in ("name", "measure", "value", "tolerance", "passed", "detail")})
     return (f"{mark} {r['phase']:8} {layer:>5} {block[:20]:20} {r['kernel'][:16]:16} {_num(m.get('max_abs'))} "
-            f"{_num(m.get('max_rel'))} {_cos(m.get('cosine'))} {m.get('nonfinite_ms', '-'):>6} {_num(value)} "
-            f"{r['tolerance']:8.1e}  {result}" + (f"  ({r['note']})" if r.get("note") else ""))
+            f"{_num(m.get('max_rel'))} {_cos(m.get('cosine'))} {m.get('nonfinite_ms', '-'):>6} {cells(check, None if m else 'n/a')}")
 
 
 def _title(rep: dict) -> str:

@@ -4,12 +4,13 @@ from the same weights, every sub-block compared, the first divergent one named.
 The reference runs first: each tapped tensor and each parameter gradient is written to a temporary
 directory (``.npy``, read back memory-mapped) and the torch model is dropped, so peak memory is one
 framework's model and gradients, not two. The MindSpore run then compares each tensor the moment its
-hook sees it and keeps only the statistics (:mod:`porting.bisect.metrics`); full tensors are written
+hook sees it and keeps only the statistics (:mod:`porting.bisect.rows`); full tensors are written
 only for the layer named by ``dump_layer``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import io
 import shutil
@@ -21,8 +22,9 @@ from typing import Callable
 import numpy as np
 
 from model_zoo.errors import ConfigError, PortingError
-from porting.bisect import blocks, metrics
-from porting.bisect.metrics import Row
+from porting.bisect import blocks, rows as rowing
+from porting.bisect.rows import Row
+from porting.verify.stats import compare
 
 
 def slot_name(layer: int | None, block: str) -> str:
@@ -100,7 +102,7 @@ class Comparator:
                                    a, self.store.get(f"{phase}.{name}"))
 
     def record_param(self, name: str, a: np.ndarray, phase: str = "backward") -> None:
-        layer, block = blocks.param_block(name)
+        layer, block = blocks.param_block(name, self.order.model_type)
         pos = self.order.param(name) if phase == "backward" else self.order.update(name)
         tensor = f"d loss / d {name}" if phase == "backward" else f"AdamW update of {name}"
         key = "param." + name if phase == "backward" else "update." + name
@@ -108,7 +110,7 @@ class Comparator:
             self.kernels, layer, self.order.kernels[(layer, block)]), a, self.store.get(key))
 
     def _row(self, pos, phase, layer, block, tensor, kernel, a, ref) -> Row:
-        measure, tol = metrics.tolerance_for(self.dtype, phase, block)
+        measure, tol = rowing.tolerance_for(self.dtype, phase, block)
         if ref is None:
             return Row(pos, phase, layer, block, tensor, kernel, None, measure, tol, "not observed on the HF side")
         if tuple(ref.shape) != tuple(np.shape(a)):
@@ -117,7 +119,7 @@ class Comparator:
         if layer is not None and layer == self.dump_layer:
             self.dumped[f"ms/{phase}/{tensor}"] = np.array(a, np.float32)
             self.dumped[f"hf/{phase}/{tensor}"] = np.array(ref, np.float32)
-        return Row(pos, phase, layer, block, tensor, kernel, metrics.compare(a, ref), measure, tol)
+        return Row(pos, phase, layer, block, tensor, kernel, compare(a, ref), measure, tol)
 
     def unobserved(self, n_layers: int) -> None:
         """Rows for blocks the MindSpore side never produced (a fused kernel computes them inside)."""
@@ -125,7 +127,7 @@ class Comparator:
             for phase in ("forward", "backward"):
                 if (phase, layer, block) in self.rows or (phase, block) == ("backward", "loss"):
                     continue
-                measure, tol = metrics.tolerance_for(self.dtype, phase, block)
+                measure, tol = rowing.tolerance_for(self.dtype, phase, block)
                 self.rows[(phase, layer, block)] = Row(
                     self.order.key(phase, layer, block), phase, layer, block, slot_name(layer, block),
                     blocks.kernel_of(self.kernels, layer, k), None, measure, tol,
@@ -172,7 +174,7 @@ def compare_runs(hf_model, model, micro: list, total: int, dtype: str, *, dump_l
 
     cfg = model.config
     table = names.NAME_MAPS[cfg.model_type]
-    order = blocks.Order(cfg.num_hidden_layers, [p.name for p in model.trainable_params()])
+    order = blocks.Order(cfg.num_hidden_layers, [p.name for p in model.trainable_params()], cfg.model_type)
     comp = Comparator(None, order, blocks.kernel_names(model.kernel_report()), dtype, dump_layer)
     root = Path(tempfile.mkdtemp(prefix="port-bisect-"))
     try:
@@ -195,41 +197,37 @@ def bisect(hf_dir: str | Path, ms_src: str | Path, *, ids: list[int] | None = No
            kernels_override: dict | None = None, ms_hook: Callable | None = None) -> dict:
     """The bisection report (a dict; see docs/bisect.md). ``ms_hook(model)`` runs on the built and
     loaded MindSpore model before the run (a test hook: perturbations of one layer)."""
-    from model_zoo import LlamaConfig, build
     from porting.bisect import inputs
+    from porting.verify.pair import load_pair
 
-    if dtype not in metrics.TOLERANCES:
-        raise ConfigError(f"--dtype {dtype!r}: expected one of {', '.join(metrics.TOLERANCES)}")
-    hf_dir = Path(hf_dir)
-    cfg = LlamaConfig.from_hf(hf_dir)
+    pair = load_pair(hf_dir, dtype=dtype, kernels_override=kernels_override)
+    cfg = pair.cfg
     w = inputs.resolve_ms(ms_src, cfg)
     notes = inputs.config_notes(cfg, w.cfg, w.path)
     if dump_layer is not None and not 0 <= dump_layer < cfg.num_hidden_layers:
         raise ConfigError(f"--dump-layer {dump_layer}: expected 0 to {cfg.num_hidden_layers - 1}")
     dump = _dump_target(dump_dir, dump_layer)
-    batch_ids = inputs.batch_ids(cfg, hf_dir, ids=ids, data=data, batch=batch, seq=seq, seed=seed)
-    model = build(w.cfg, param_dtype=dtype, kernels_override=kernels_override)
-    inputs.load_ms_weights(model, w)
+    batch_ids = inputs.batch_ids(cfg, pair.hf_dir, ids=ids, data=data, batch=batch, seq=seq, seed=seed)
+    pair = dataclasses.replace(pair, weights=w.path, kind=w.kind)
+    model = pair.zoo(w.cfg)
     if ms_hook is not None:
         ms_hook(model)
-    from porting.parity import load_hf_reference
-
     micro = [(batch_ids, batch_ids)]
     total = batch_ids.shape[0] * (batch_ids.shape[1] - 1)
-    comp, out = compare_runs(lambda: load_hf_reference(hf_dir, dtype), model, micro, total, dtype,
+    comp, out = compare_runs(pair.reference, model, micro, total, dtype,
                              dump_layer=dump_layer)
     if dump is not None:
         _write_dump(dump, comp.dumped)
     rows = sorted(comp.rows.values(), key=lambda r: r.order)
-    return report(rows, nan_origin=nan_origin, hf_dir=str(hf_dir), ms=str(w.path), weights=w.kind, dtype=dtype,
+    return report(rows, nan_origin=nan_origin, hf_dir=str(pair.hf_dir), ms=str(w.path), weights=w.kind, dtype=dtype,
                   batch=list(batch_ids.shape), notes=notes, kernels=model.plan.as_dict(), **out,
                   dump=str(dump) if dump else None)
 
 
 def report(rows: list[Row], *, nan_origin: bool = False, **meta) -> dict:
     """The JSON report: meta, every row, ``first_divergent`` (and ``first_nonfinite``)."""
-    first = metrics.first_divergent(rows)
-    nan = metrics.first_divergent(rows, nan_origin=True)
+    first = rowing.first_divergent(rows)
+    nan = rowing.first_divergent(rows, nan_origin=True)
 
     def brief(r: Row | None) -> dict | None:
         if r is None:

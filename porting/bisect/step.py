@@ -1,4 +1,4 @@
-"""`port compare BASELINE RUNDIR --bisect`: the first step whose loss leaves the baseline's tolerance
+"""`port bisect --baseline BASELINE RUNDIR`: the first step whose loss leaves the baseline's tolerance
 (or turns non-finite), replayed on both sides from the run's own state, update included.
 
 The loss logged at step f is computed before step f's update, from the weights the first f-1 updates
@@ -82,9 +82,9 @@ def _hf_model(hf_dir: Path, weights: dict[str, np.ndarray], table: dict):
     import torch
 
     from converters import names
-    from porting.parity import load_hf_reference
+    from porting.verify.pair import load_reference
 
-    model = load_hf_reference(hf_dir, "float32").train()
+    model = load_reference(hf_dir, "float32").train()
     with torch.no_grad():
         for n, p in model.named_parameters():
             p.copy_(torch.from_numpy(weights[names.map_name(n, table)]))
@@ -157,8 +157,7 @@ def bisect_step(baseline_path: str, run_dir: str, *, allow_settings_mismatch: bo
                 **tol: float | None) -> dict:
     """The step-form report: `port compare`'s first failing step, the replayed step and its rows."""
     from converters import names
-    from converters.loading import load_hf_dir
-    from model_zoo import LlamaConfig, build
+    from model_zoo import LlamaConfig
     from porting.baseline import schema
     from porting.baseline.compare import run_compare
     from porting.bisect.run import compare_runs, report
@@ -166,7 +165,12 @@ def bisect_step(baseline_path: str, run_dir: str, *, allow_settings_mismatch: bo
     from porting.train import validate_recipe
     from porting.train.recipe.schedule import lr_at
     from porting.train.run.step import AdamW
+    from porting.verify.pair import build_zoo, load_zoo
 
+    if "imported" in schema.load(baseline_path):   # issue 40: was KeyError: 'loss'
+        raise ConfigError(f"{baseline_path}: an imported CUDA log (`port baseline --import`) holds the loss curve only, "
+                          "not the per-step state a replay needs; run `port compare` without --bisect for the curve "
+                          "gate, or bisect against a baseline measured with `port baseline --recipe`")
     rep = run_compare(baseline_path, run_dir, allow_settings_mismatch=allow_settings_mismatch, probe=False, **tol)
     f = first_failing_step(rep)
     head = {"baseline": str(baseline_path), "run": str(run_dir), "failing_steps": rep["loss"]["failing_steps"][:10]}
@@ -183,12 +187,11 @@ def bisect_step(baseline_path: str, run_dir: str, *, allow_settings_mismatch: bo
     cfg = LlamaConfig.from_hf(hf_dir)
     plan, base_total = _plans(recipe, base_recipe, hf_dir, run_doc, mpath)
     step = plan.step(k - 1, 0)
-    model = build(cfg, param_dtype="float32")
+    model = load_zoo(hf_dir, cfg=cfg) if k == 1 else build_zoo(cfg)
     params = list(model.trainable_params())
     o = recipe.optimizer
     opt = AdamW(params, tuple(o.betas), o.eps, o.weight_decay)
     if k == 1:
-        load_hf_dir(model, hf_dir)
         adam_t, state = 0, f"{hf_dir} (the run's initial weights, zero moments)"
     else:
         adam_t, state = _state(run.path, k, model, opt)

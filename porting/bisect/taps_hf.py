@@ -1,4 +1,5 @@
-"""Taps on HF ``transformers`` Llama modules (torch): the same blocks as :mod:`porting.bisect.taps_ms`.
+"""Taps on HF ``transformers`` Llama modules (torch): the same blocks as :mod:`porting.bisect.taps_ms`, on the
+modules :func:`porting.bisect.blocks.hooked` finds.
 
 Forward hooks (``register_forward_hook`` / ``register_forward_pre_hook``) on the modules; RoPE through
 the modeling module's ``apply_rotary_pos_emb``, replaced for the duration of the block (transformers
@@ -39,25 +40,16 @@ _in = functools.partial(blocks.in_hook, tap)     # (record, layer, block) -> for
 def instrumented(model, record: Record) -> Iterator[None]:
     """Inside the block every forward of the HF model records its sub-blocks (not the loss)."""
     handles = []
-    m = model.model
+    cfg = model.config
+    n = cfg.num_hidden_layers
+    outs, ins = blocks.hooked(model, cfg.model_type, 0, n)
     state = {"layer": 0}
-    handles.append(m.embed_tokens.register_forward_hook(_out(record, None, "embedding")))
-    handles.append(m.norm.register_forward_hook(_out(record, None, "final_norm")))
-    handles.append(model.lm_head.register_forward_hook(_out(record, None, "logits")))
-    for i, layer in enumerate(m.layers):
-        a, f = layer.self_attn, layer.mlp
-        for mod, block in ((layer.input_layernorm, "attention_norm"), (a.q_proj, "q_proj"), (a.k_proj, "k_proj"),
-                           (a.v_proj, "v_proj"), (a.o_proj, "o_proj"), (layer.post_attention_layernorm, "mlp_norm"),
-                           (f.gate_proj, "gate_proj"), (f.up_proj, "up_proj"), (f.down_proj, "down_proj"),
-                           (layer, "output")):
-            handles.append(mod.register_forward_hook(_out(record, i, block)))
-        if hasattr(a, "q_norm"):   # Qwen3's per-head q/k norms
-            handles += [a.q_norm.register_forward_hook(_out(record, i, "q_norm")),
-                        a.k_norm.register_forward_hook(_out(record, i, "k_norm"))]
-        handles.append(a.o_proj.register_forward_pre_hook(_in(record, i, "attention")))
-        handles.append(f.down_proj.register_forward_pre_hook(_in(record, i, "swiglu")))
+    handles += [mod.register_forward_hook(_out(record, i, block)) for i, block, mod in outs]
+    handles += [mod.register_forward_pre_hook(_in(record, i, block)) for i, block, mod in ins]
+    attention = [blocks.submodule(model, blocks.attention_path(cfg.model_type, 0).format(i)) for i in range(n)]
+    for i, a in enumerate(attention):
         handles.append(a.register_forward_pre_hook(lambda mod, inp, i=i: state.__setitem__("layer", i)))
-    module = sys.modules[type(m.layers[0].self_attn).__module__]
+    module = sys.modules[type(attention[0]).__module__]
     original = module.apply_rotary_pos_emb
 
     def rope(q, k, cos, sin, *args, **kwargs):

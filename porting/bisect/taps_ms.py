@@ -1,6 +1,7 @@
 """Taps on the zoo's MindSpore cells (PyNative): every sub-block's output and its true gradient.
 
-Forward: ``Cell.register_forward_hook`` on the cells that compute a block (``register_forward_pre_hook``
+Forward: ``Cell.register_forward_hook`` on the cells that compute a block, found by
+:func:`porting.bisect.blocks.hooked` from the converters' name map (``register_forward_pre_hook``
 where the tensor is a cell's input: attention's output is ``wo``'s input, SwiGLU's is ``w2``'s), and the
 attention cell's ``_rope`` wrapped on the instance (RoPE is a function or a CPU-kernel cell depending on
 the kernel plan; both go through ``_rope``). Backward: ``Tensor.register_hook`` on each tapped output,
@@ -48,20 +49,14 @@ def instrumented(model, record: Record) -> Iterator[None]:
     """Inside the block every forward of ``model`` records its sub-blocks through ``record``.
     The logits and the loss are tapped by the caller (they are the step function's own tensors)."""
     handles, patched = [], []
-    m = model.model
-    handles.append(m.tok_embeddings.register_forward_hook(_out(record, None, "embedding")))
-    handles.append(m.norm_out.register_forward_hook(_out(record, None, "final_norm")))
-    for i, layer in enumerate(m.layers):
-        a, f = layer.attention, layer.feed_forward
-        for cell, block in ((layer.attention_norm, "attention_norm"), (a.wq, "q_proj"), (a.wk, "k_proj"),
-                            (a.wv, "v_proj"), (a.wo, "o_proj"), (layer.ffn_norm, "mlp_norm"),
-                            (f.w1, "gate_proj"), (f.w3, "up_proj"), (f.w2, "down_proj"), (layer, "output")):
-            handles.append(cell.register_forward_hook(_out(record, i, block)))
-        if a.qk_norm:   # Qwen3's per-head q/k norms
-            handles += [a.q_layernorm.register_forward_hook(_out(record, i, "q_norm")),
-                        a.k_layernorm.register_forward_hook(_out(record, i, "k_norm"))]
-        handles.append(a.wo.register_forward_pre_hook(_in(record, i, "attention")))
-        handles.append(f.w2.register_forward_pre_hook(_in(record, i, "swiglu")))
+    cfg = model.config
+    n = cfg.num_hidden_layers
+    # the logits are the step function's own tensor (tapped by the caller); the zoo's tied head is no cell call
+    outs, ins = blocks.hooked(model, cfg.model_type, 1, n, skip=("logits",))
+    handles += [cell.register_forward_hook(_out(record, i, block)) for i, block, cell in outs]
+    handles += [cell.register_forward_pre_hook(_in(record, i, block)) for i, block, cell in ins]
+    for i in range(n):
+        a = blocks.submodule(model, blocks.attention_path(cfg.model_type, 1).format(i))
         patched.append(a)
         a._rope = _rope_tap(a._rope, record, i)
     try:

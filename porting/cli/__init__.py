@@ -12,7 +12,7 @@ import sys
 
 import click
 
-from model_zoo.errors import PortingError
+from model_zoo.errors import PortingError, one_line
 
 
 class PortGroup(click.Group):
@@ -24,7 +24,8 @@ class PortGroup(click.Group):
         except PortingError as e:
             if ctx.meta.get("port_debug") or os.environ.get("PORT_DEBUG"):
                 raise
-            click.echo(f"error: {e}", err=True)
+            # one line whatever the message holds: a file name with a newline cannot forge a second line
+            click.echo(f"error: {one_line(e)}", err=True)
             sys.exit(e.exit_code)
 
 

@@ -1,7 +1,8 @@
-"""`port baseline`: record the PyTorch/HF reference run of a recipe (loss, grad norm, probe logits,
-step time, peak memory by phase, versions) in one JSON file, for `port compare`; or, with ``--import``,
-turn a CUDA run's own loss log (trainer_state.json, trainer_log.jsonl, TensorBoard events, a CSV) into
-the same file (porting/intake/baseline_import.py)."""
+"""`port baseline run`: record the PyTorch/HF reference run of a recipe (loss, grad norm, probe logits, step time,
+peak memory by phase, versions) in one JSON file, for `port compare`; `port baseline import LOG`: turn a CUDA
+run's own loss log (trainer_state.json, trainer_log.jsonl, TensorBoard events, a CSV) into the same file
+(porting/intake/baseline_import.py). The one-verb spelling (`port baseline --recipe R`, `--import LOG`) still
+works, with a note."""
 
 from __future__ import annotations
 
@@ -9,58 +10,48 @@ import sys
 
 import click
 
-from model_zoo.errors import ConfigError
+from porting.cli._verbs import VerbGroup
 
 
-@click.command("baseline", epilog="""\b
+def _old_spelling(args: list[str]) -> tuple[list[str], str]:
+    if "--import" in args:
+        i = args.index("--import")
+        log = args[i + 1: i + 2]
+        rest = args[:i] + args[i + 2:]
+        return ["import", *log, *rest], "`port baseline --import LOG` is now `port baseline import LOG`"
+    return ["run", *args], "`port baseline --recipe R` is now `port baseline run --recipe R`"
+
+
+@click.group("baseline", cls=VerbGroup, old_spelling=_old_spelling, epilog="""\b
 Examples:
-  port baseline --recipe recipes/tiny-cpu.yaml --device cpu --out base.json --steps 8
-  port baseline --hf ./llama-7b --recipe recipes/7b-8card.yaml --device cuda --steps 20 --out llama7b_h200.json
-  port compare base.json runs/tiny-cpu
-  port baseline --import runs/tiny-cpu/metrics.jsonl --global-batch 4 --hf stories260k --out cuda.json
-  port baseline --import ./job/trainer_state.json --global-batch 64 --seq-length 2048 --out cuda_base.json
-  port baseline --import ./runs/events.out.tfevents.1700000000.host --loss-tag Loss/train --out cuda_base.json""")
-@click.option("--recipe", default=None, help="The `port train` recipe (YAML) whose data order, batching and optimizer to reproduce.")
-@click.option("--import", "import_log", default=None, metavar="LOG",
-              help="Import a CUDA run's loss log instead of running one: trainer_state.json, LLaMA-Factory "
-                   "trainer_log.jsonl, TensorBoard events.out.tfevents.*, or a CSV/JSONL of step,loss[,grad_norm,lr].")
+  port baseline run --recipe recipes/tiny-cpu.yaml --device cpu --out base.json --steps 8
+  port baseline import ./job/trainer_state.json --global-batch 64 --seq-length 2048 --out cuda_base.json
+  port compare base.json runs/tiny-cpu""")
+def command() -> None:
+    """The PyTorch reference a port run is compared with: run it, or import a CUDA run's loss log."""
+
+
+@command.command("run", epilog="""\b
+Examples:
+  port baseline run --recipe recipes/tiny-cpu.yaml --device cpu --out base.json --steps 8
+  port baseline run --hf ./llama-7b --recipe recipes/7b-8card.yaml --device cuda --steps 20 --out llama7b_h200.json
+  port compare base.json runs/tiny-cpu""")
+@click.option("--recipe", required=True,
+              help="The `port train` recipe (YAML) whose data order, batching and optimizer to reproduce.")
 @click.option("--out", required=True, help="Baseline file to write (JSON; written atomically).")
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
               help="Where PyTorch runs; cuda measures device memory, cpu measures host RSS.")
-@click.option("--hf", default=None, help="HF model directory or zoo name (default: the recipe's model.source; "
-                                         "with --import: the model the CUDA run trained, for its architecture facts).")
+@click.option("--hf", default=None, help="HF model directory or zoo name (default: the recipe's model.source).")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Recipe override, as for `port train`.")
 @click.option("--steps", type=int, default=None, help="Stop after N optimizer steps (default: the whole schedule).")
 @click.option("--probe-tokens", type=int, default=32, show_default=True, help="Length of the probe sequence.")
 @click.option("--timing-warmup", "timing_warmup", type=int, default=1, show_default=True,
               help="First steps timed apart from the steady state.")
 @click.option("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice).")
-@click.option("--global-batch", type=click.IntRange(1, 1 << 24), default=None,
-              help="With --import: sequences per optimizer step of the CUDA run (micro x accumulation x GPUs).")
-@click.option("--seq-length", type=click.IntRange(1, 1 << 24), default=None,
-              help="With --import: the CUDA run's max sequence length (cutoff_len, max_seq_length).")
-@click.option("--loss-tag", "loss_tag", default=None, metavar="TAG",
-              help="With --import of a TensorBoard file: the scalar tag that holds the training loss, when it is not "
-                   "one of the recognised names (train/loss, loss, train_loss, loss/train, lm loss).")
-@click.option("--dtype", type=click.Choice(["float32", "bf16-mixed", "bfloat16", "float16", "fp16-mixed"]), default=None,
-              help="With --import: the CUDA run's precision.")
-def command(recipe: str | None, import_log: str | None, out: str, device: str, hf: str | None,
-            overrides: tuple[str, ...], steps: int | None, probe_tokens: int, timing_warmup: int, threads: int | None,
-            global_batch: int | None, seq_length: int | None, dtype: str | None, loss_tag: str | None) -> None:
-    """Record a PyTorch + HF transformers baseline of RECIPE's first steps, or import a CUDA run's log."""
-    if bool(recipe) == bool(import_log):
-        raise ConfigError("port baseline: give exactly one of --recipe R (run the baseline) or --import LOG "
-                          "(a CUDA run's loss log)")
-    if loss_tag is not None and not import_log:
-        raise ConfigError("port baseline: --loss-tag names the loss scalar of a TensorBoard file given with --import LOG; "
-                          "drop it when running a baseline with --recipe")
-    if import_log:
-        from porting.intake.baseline_import import Stated, import_log as do_import, summary_line
-
-        stated = Stated(global_batch=global_batch, seq_length=seq_length, dtype=dtype, model=hf)
-        path, doc = do_import(import_log, out, stated, ["port"] + sys.argv[1:], loss_tag)
-        click.echo(summary_line(path, doc))
-        return
+def run_cmd(recipe: str, out: str, device: str, hf: str | None, overrides: tuple[str, ...], steps: int | None,
+            probe_tokens: int, timing_warmup: int, threads: int | None) -> None:
+    """Record a PyTorch + HF transformers baseline of RECIPE's first steps, on the identical batches."""
+    _check_out(out, recipe)
     from porting.baseline.memory import PHASES
     from porting.baseline.runner import BaselineRequest, run
 
@@ -75,3 +66,44 @@ def command(recipe: str | None, import_log: str | None, out: str, device: str, h
     final = f"{last:.6f}" if last is not None else "not finite"
     click.echo(f"wrote {res.path}: {len(res.losses)} steps, final loss {final}, {speed}, "
                f"peak {peaks} GiB fwd/bwd/opt ({res.memory_kind})")
+
+
+@command.command("import", epilog="""\b
+Examples:
+  port baseline import runs/tiny-cpu/metrics.jsonl --global-batch 4 --hf stories260k --out cuda.json
+  port baseline import ./job/trainer_state.json --global-batch 64 --seq-length 2048 --out cuda_base.json
+  port baseline import ./runs/events.out.tfevents.1700000000.host --loss-tag Loss/train --out cuda_base.json""")
+@click.argument("log")
+@click.option("--out", required=True, help="Baseline file to write (JSON; written atomically).")
+@click.option("--hf", default=None, help="The model the CUDA run trained (HF directory or zoo name), for its "
+                                         "architecture facts.")
+@click.option("--global-batch", type=click.IntRange(1, 1 << 24), default=None,
+              help="Sequences per optimizer step of the CUDA run (micro x accumulation x GPUs).")
+@click.option("--seq-length", type=click.IntRange(1, 1 << 24), default=None,
+              help="The CUDA run's max sequence length (cutoff_len, max_seq_length).")
+@click.option("--loss-tag", "loss_tag", default=None, metavar="TAG",
+              help="For a TensorBoard file: the scalar tag that holds the training loss, when it is not one of the "
+                   "recognised names (train/loss, loss, train_loss, loss/train, lm loss).")
+@click.option("--dtype", type=click.Choice(["float32", "bf16-mixed", "bfloat16", "float16", "fp16-mixed"]), default=None,
+              help="The CUDA run's precision.")
+def import_cmd(log: str, out: str, hf: str | None, global_batch: int | None, seq_length: int | None,
+               loss_tag: str | None, dtype: str | None) -> None:
+    """A CUDA run's own loss log as the baseline: trainer_state.json, LLaMA-Factory trainer_log.jsonl,
+    TensorBoard events.out.tfevents.*, or a CSV/JSONL of step,loss[,grad_norm,lr]."""
+    from porting.intake.baseline_import import Stated, import_log, summary_line
+
+    _check_out(out, log)
+    stated = Stated(global_batch=global_batch, seq_length=seq_length, dtype=dtype, model=hf)
+    path, doc = import_log(log, out, stated, ["port"] + sys.argv[1:], loss_tag)
+    click.echo(summary_line(path, doc))
+
+
+def _check_out(out: str, source: str) -> None:
+    """--out under port's one rule (converters.atomic.check_out): a new file, or a baseline port wrote; never
+    the recipe or log it reads."""
+    from converters.atomic import check_out, json_of_format
+    from model_zoo.errors import ConfigError
+    from porting.baseline.schema import FORMAT
+
+    check_out(out, kind="file", inputs=[source], ours=json_of_format(FORMAT), what="a baseline port wrote",
+              error=ConfigError)

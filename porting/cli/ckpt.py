@@ -54,7 +54,7 @@ def merge(checkpoint: str, out: str, model: str | None, force: bool):
 
     ck = _checkpoint(checkpoint)
     src = _model_dir(ck, model)
-    res = export_hf(ck, src if src is not None else ck, Path(out), command=sys.argv, force=force)
+    res = export_hf(ck, src if src is not None else ck, Path(out), command=sys.argv, force=force, user_out=True)
     click.echo(f"wrote {res} from {ck}" + ("" if src else " (no tokenizer files: pass --model)"))
 
 
@@ -71,7 +71,11 @@ def reshard(checkpoint: str, recipe: str, overrides: tuple[str, ...], out: str):
     from porting.train.run.ckpt_merge import reshard as do
     from porting.train import load_recipe
 
+    from converters.atomic import check_out, remove_stale
+
     ck = _checkpoint(checkpoint)
+    check_out(out, inputs=[ck], force=None)   # the converters' rule: new (or empty), never a link, never the input
+    remove_stale(Path(out))                   # temporaries of a killed earlier reshard to this --out
     rec = load_recipe(recipe, list(overrides), check_files=False)
     res = do(ck, rec, Path(out))
     click.echo(f"wrote {res}: world {rec.world_size}, tensor parallel {rec.parallel.tensor_parallel}, "

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 
 import click
 
@@ -14,8 +13,8 @@ Examples:
   port compare base.json runs/tiny-cpu --json > compare.json
   port compare h200.json runs/7b --min-throughput-ratio 0.8 --max-memory-ratio 1.2
   port compare base.json runs/other --allow-settings-mismatch
-  port baseline --import runs/tiny-cpu/metrics.jsonl --global-batch 4 --out cuda.json && port compare cuda.json runs/tiny-cpu --window 5
-  port compare base.json runs/tiny-cpu --bisect   # replay the first step beyond tolerance, update included""")
+  port baseline import runs/tiny-cpu/metrics.jsonl --global-batch 4 --out cuda.json && port compare cuda.json runs/tiny-cpu --window 5
+  port bisect --baseline base.json runs/tiny-cpu   # then: where the first step beyond tolerance parts""")
 @click.argument("baseline")
 @click.argument("rundir")
 @click.option("--json", "as_json", is_flag=True, help="Print the full comparison as JSON instead of the table.")
@@ -36,36 +35,36 @@ Examples:
 @click.option("--spike-k", type=click.FloatRange(0, min_open=True), default=None,
               help="Imported baseline: a spike is beyond k x MAD of its neighbours (default 5).")
 @click.option("--bisect", "bisect", is_flag=True,
-              help="Replay the first step beyond tolerance on both sides and name the layer, block and phase "
-                   "(forward, backward or the AdamW update) where they part (docs/bisect.md).")
+              help="Deprecated spelling of `port bisect --baseline BASELINE RUNDIR` (still works).")
 def command(baseline: str, rundir: str, as_json: bool, out: str | None, loss_rtol: float | None,
             loss_atol: float | None, logits_atol: float | None, min_throughput_ratio: float | None,
             max_memory_ratio: float | None, allow_settings_mismatch: bool, no_probe: bool, curve_rtol: float | None,
             first_steps: int | None, window: int | None, spike_k: float | None, bisect: bool) -> None:
     """Compare the port's run RUNDIR with the baseline file BASELINE (measured by `port baseline`, or a
-    CUDA run's log imported with `port baseline --import`: then the curve-level gate applies); with
-    --bisect, replay the first step beyond tolerance and name where the two sides part."""
-    import dataclasses
+    CUDA run's log imported with `port baseline import`: then the curve-level gate applies). Each check is
+    one row (name, measure, value, tolerance, result, detail); exit 1 when one fails."""
+    from converters.atomic import check_out, json_of_format
+    from model_zoo.errors import ConfigError
 
-    from model_zoo.files import write_atomic
-
+    if out:
+        # a new file may go into the run directory beside its evidence (as `ops lint --out RUNDIR/...`); an
+        # existing one only when it is a comparison port wrote, never the baseline or a run file
+        check_out(out, kind="file", inputs=[baseline], ours=json_of_format("port-compare", "port-bisect"),
+                  what="a comparison port wrote", error=ConfigError)
     if bisect:
-        from porting.bisect.render import render as render_bisect
-        from porting.bisect.step import bisect_step
+        from porting.cli.bisect import command as bisect_command
 
-        rep = bisect_step(baseline, rundir, allow_settings_mismatch=allow_settings_mismatch, loss_rtol=loss_rtol,
-                          loss_atol=loss_atol)
-        if out:
-            write_atomic(out, json.dumps(rep, indent=1) + "\n")
-        click.echo(json.dumps(rep, indent=1) if as_json else render_bisect(rep, color=sys.stdout.isatty()))
-        if rep["first_divergent"] is not None:
-            raise SystemExit(1)
+        click.echo("note: `port compare BASELINE RUNDIR --bisect` is now `port bisect --baseline BASELINE RUNDIR`; "
+                   "the old spelling will be removed in a later release", err=True)
+        ctx = click.get_current_context()
+        ctx.invoke(bisect_command, rundir=rundir, baseline=baseline, as_json=as_json, out=out,
+                   allow_settings_mismatch=allow_settings_mismatch, loss_rtol=loss_rtol, loss_atol=loss_atol)
         return
+    from model_zoo.files import write_atomic
     from porting.baseline.compare import render, run_compare
-    from porting.baseline.curve import DEFAULTS
+    from porting.verify.stats import curve_gate
 
-    given = {"rtol": curve_rtol, "first_steps": first_steps, "window": window, "spike_k": spike_k}
-    gate = dataclasses.replace(DEFAULTS, **{k: v for k, v in given.items() if v is not None})
+    gate = curve_gate(rtol=curve_rtol, first_steps=first_steps, window=window, spike_k=spike_k)
     rep = run_compare(baseline, rundir, allow_settings_mismatch=allow_settings_mismatch, probe=not no_probe, gate=gate,
                       loss_rtol=loss_rtol, loss_atol=loss_atol, logits_atol=logits_atol,
                       min_throughput_ratio=min_throughput_ratio, max_memory_ratio=max_memory_ratio)

@@ -33,6 +33,12 @@ def command(logdir: Path, as_json: bool, out: Path | None, world_size: int | Non
     from porting.diagnostics.diagnose import diagnose
     from porting.diagnostics.render import render_text, write_json
 
+    if out:   # the converters' rule: new, or a diagnosis port wrote; never a log or a file of the user's
+        from converters.atomic import check_out, json_of_format
+        from porting.diagnostics import DiagnosticsError
+
+        check_out(out, kind="file", inputs=[logdir] + ([rank_table] if rank_table else []),
+                  ours=json_of_format("port-diagnose"), what="a diagnosis port wrote", error=DiagnosticsError)
     result = diagnose(logdir, jobs=jobs, world_size=world_size, rank_table=rank_table)
     if out:
         write_json(result, out)

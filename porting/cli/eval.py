@@ -1,4 +1,5 @@
-"""`port eval`: mean token loss and perplexity on held-out data, zoo cell against HF transformers."""
+"""`port eval`: mean token loss and perplexity on held-out data, zoo cell against HF transformers (the library:
+:func:`porting.verify.evaluate.run_eval`)."""
 
 from __future__ import annotations
 
@@ -27,38 +28,14 @@ Examples:
 @click.option("--json", "as_json", is_flag=True, help="Print the whole report as JSON.")
 def command(hf_src, ms_dir, data_path, fmt, chat_template, max_seq_length, long_text, batch_size, reference,
             no_reference, as_json):
-    """Perplexity and mean token loss of a model on a data file, for the zoo cell and HF (parity)."""
-    from pathlib import Path
+    """Perplexity and mean token loss of a model on a data file, for the zoo cell and HF (parity); exit 1 when
+    the two mean losses differ by more than the float32 loss tolerance."""
+    from model_zoo.errors import VerificationError
+    from porting.verify.evaluate import render, run_eval
 
-    from pydantic import ValidationError
-
-    from model_zoo.errors import RecipeError, UnknownModelError
-    from porting.eval import eval_report
-    from porting.model_paths import resolve_hf
-    from porting.train.recipe.schema import DataSection
-
-    if bool(hf_src) == bool(ms_dir):
-        raise UnknownModelError("port eval: give exactly one of --hf MODEL or --ms DIR")
-    model_dir = resolve_hf(hf_src) if hf_src else Path(ms_dir)
-    if ms_dir and not model_dir.is_dir():
-        raise UnknownModelError(f"{model_dir}: no such directory; expected a `port convert --hf` output directory")
-    if ms_dir and not (model_dir / "config.json").is_file():
-        raise UnknownModelError(f"{model_dir}: no config.json; expected a `port convert --hf` output directory")
-    ref = None if no_reference else (resolve_hf(reference) if reference else (model_dir if hf_src else None))
-    try:
-        data = DataSection(path=data_path, format=fmt, chat_template=chat_template, max_seq_length=max_seq_length,
-                           long_text=long_text, shuffle=False)
-    except ValidationError as exc:
-        raise RecipeError(f"port eval: {exc.errors()[0]['loc'][0]}: {exc.errors()[0]['msg']}") from None
-    rep = eval_report(model_dir, "hf" if hf_src else "ms", data, batch_size, ref)
-    if as_json:
-        click.echo(json.dumps(rep, indent=1))
-        return
-    d, z = rep["data"], rep["zoo"]
-    click.echo(f"data {d['path']} ({d['format']}): {z['examples']} examples, {z['tokens']} scored tokens, "
-               f"{d['bad_rows']} malformed rows skipped, {d['truncated']} truncated")
-    click.echo(f"zoo cell (MindSpore)  mean loss {z['mean_loss']:.6f}  perplexity {z['perplexity']:.4f}")
-    if "hf" in rep:
-        h = rep["hf"]
-        click.echo(f"HF transformers       mean loss {h['mean_loss']:.6f}  perplexity {h['perplexity']:.4f}  "
-                   f"|diff| {rep['abs_diff_mean_loss']:.2e}")
+    rep = run_eval(hf=hf_src, ms=ms_dir, data_path=data_path, fmt=fmt, chat_template=chat_template,
+                   max_seq_length=max_seq_length, long_text=long_text, batch_size=batch_size, reference=reference,
+                   no_reference=no_reference)
+    click.echo(json.dumps(rep, indent=1) if as_json else render(rep))
+    if rep.get("passed") is False:
+        raise SystemExit(VerificationError.exit_code)

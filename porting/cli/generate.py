@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from porting.generate import CACHE_MODES
+from porting.verify.generation import CACHE_MODES
 
 
 @click.command("generate", epilog="""\b
@@ -20,7 +20,7 @@ Examples:
               help="KV cache mode (see `port verify --help`).")
 def command(hf_src: str, prompt: str, max_new_tokens: int, cache_mode: str) -> None:
     """Greedy-generate text with the MindSpore zoo cell."""
-    from porting.generate import generate_text
+    from porting.verify.generation import generate_text
     from porting.model_paths import resolve_hf
 
     click.echo(generate_text(resolve_hf(hf_src), prompt, max_new_tokens, cache=cache_mode).text)

@@ -20,14 +20,18 @@ Examples:
 @click.option("--data", default=None, help="The training data file for the recipe (default data/train.jsonl).")
 @click.option("--source-gpus", type=click.IntRange(1, 1 << 20), default=None,
               help="GPUs of the CUDA job, when no config says.")
+@click.option("--loss-tag", "loss_tag", default=None, metavar="TAG",
+              help="The TensorBoard scalar that holds the training loss, when the job's event file names it "
+                   "its own way (as `port baseline --import --loss-tag`).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
-def command(job_dir, out, cluster, nodes, model, data, source_gpus, as_json) -> None:
+def command(job_dir, out, cluster, nodes, model, data, source_gpus, loss_tag, as_json) -> None:
     """Import JOB_DIR's configs as a recipe, its loss log as a baseline and scan its scripts; write them with
     a README of the next commands into --out."""
     from porting.intake.job import run_intake
     from porting.intake.recipe_import import Target
 
-    s = run_intake(job_dir, out, Target(cluster=cluster, nodes=nodes, model=model, data=data, source_gpus=source_gpus))
+    s = run_intake(job_dir, out, Target(cluster=cluster, nodes=nodes, model=model, data=data, source_gpus=source_gpus),
+                   loss_tag)
     if as_json:
         click.echo(json.dumps(s, indent=1))
         return
@@ -36,5 +40,7 @@ def command(job_dir, out, cluster, nodes, model, data, source_gpus, as_json) -> 
                     f"baseline.json ({s['baseline']['points']} points)" if "baseline" in s else "no baseline",
                     f"script_scan.json ({s['scan']['findings']} CUDA habits)" if "scan" in s else "no scripts",
                     "README.md")))
+    from porting.intake.typed import name
+
     for n in s["notes"]:
-        click.echo(f"note: {n}", err=True)
+        click.echo(f"note: {name(n)}", err=True)   # one line each: a name holding a newline is shown escaped

@@ -86,10 +86,33 @@ def gen_cmd(servers, devices, device_ips, hccn, version, super_pod_size, out: Pa
     """Generate a rank table from servers and devices (device IPs given or read from hccn.conf)."""
     from porting.cluster import generate as rt
 
+    _check_out(out, [h.partition("=")[2] or h for h in hccn])
     entries = rt.servers_from_specs(servers, devices, device_ips, hccn)
     table = rt.generate(entries, version=version, super_pod_size=super_pod_size)
     _check_then_write(table, out, "generated",
                       f"version {version}, {len(entries)} server(s) x {len(entries[0]['devices'])} device(s)")
+
+
+def _is_rank_table(p: Path) -> bool:
+    """A rank table (HCCL's format has no room for a writer's mark): a JSON object with a version and a server
+    list. Only such a file is replaced; a config, a log or notes at --out never are."""
+    from model_zoo import files
+    from model_zoo.errors import PortingError
+
+    try:
+        doc = files.read_json_object(p, max_bytes=16 << 20)
+    except PortingError:
+        return False
+    return doc.get("version") in ("1.0", "1.2") and isinstance(doc.get("server_list"), list)
+
+
+def _check_out(out: Path, inputs: list) -> None:
+    """The converters' rule for ``--out``: a new path or an existing rank table, never an input, never a link,
+    never any other file."""
+    from converters.atomic import check_out
+    from porting.cluster import ranktable as rt
+
+    check_out(out, kind="file", inputs=inputs, ours=_is_rank_table, what="a rank table", error=rt.DiagnosticsError)
 
 
 def _check_then_write(table: dict, out: Path, what: str, summary: str) -> None:
@@ -117,5 +140,6 @@ def merge_cmd(files, out: Path) -> None:
     from porting.cluster import ranktable as rt
     from porting.cluster.generate import merge
 
+    _check_out(out, list(files))
     merged = merge([(str(f), rt.load(f)) for f in files])
     _check_then_write(merged, out, "merged", rt.summary(merged))

@@ -193,7 +193,7 @@ def diagnose(logdir: str | os.PathLike, jobs: int | None = None, world_size: int
                       next((sc.sched_first for sc in sched_scans if sc.sched_first is not None), None))
     verdict = finish(decide(views, sched, context))
     return {
-        "logdir": str(logdir), "files": len(scans), "files_read": len(readable),
+        "format": "port-diagnose", "logdir": str(logdir), "files": len(scans), "files_read": len(readable),
         "formats": dict(Counter(sc.kind for sc in readable)), "ranks_seen": len(views),
         **verdict.as_dict(),
         "scheduler": {"timed_out_ranks": sorted(set(sched.timed_out)), "first_timed_out": sched.first}

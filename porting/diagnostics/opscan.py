@@ -377,7 +377,8 @@ def scan(model, inputs: dict, *, source: str, device: str, torch_version: str | 
     rows = [classify(r, version) for r in ops.values()]
     rows.sort(key=lambda r: (STATUS_ORDER.index(r["status"]), r["op"]))
     counts = {s: sum(1 for r in rows if r["status"] == s) for s in STATUS_ORDER}
-    return {"source": source, "device": device, "torch": torch.__version__, "registry_version": version,
+    return {"format": "port-ops-scan", "source": source, "device": device, "torch": torch.__version__,
+            "registry_version": version,
             "registry_knows_version": version in known, "registry_versions": known,
             "phases_run": [p for p in PHASES if any(p in r["phases"] for r in rows)],
             "ops": rows, "counts": counts,

@@ -1,4 +1,4 @@
-"""`port baseline --import LOG`: a CUDA run's own loss log as a `port baseline` file.
+"""`port baseline import LOG`: a CUDA run's own loss log as a `port baseline` file.
 
 The document has the same format as the one `port baseline` measures (porting/baseline/schema.py),
 plus an ``imported`` section saying where it came from and what the log does and does not hold: a log
@@ -31,7 +31,7 @@ FORMAT_NAMES = {"hf-trainer-state": "HF transformers Trainer trainer_state.json 
 
 @dataclass(frozen=True)
 class Stated:
-    """What the user states about the CUDA run that its log does not (``port baseline --import`` options)."""
+    """What the user states about the CUDA run that its log does not (``port baseline import`` options)."""
 
     global_batch: int | None = None      # sequences per optimizer step
     seq_length: int | None = None        # max tokens per sequence

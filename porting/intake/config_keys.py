@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from porting.intake.typed import Flag, Num, Pair, Spec, Text
+
 # source key (dotted for nested) -> job field; the recipe key each field becomes is FIELD_TARGET
 FIELDS = {
     "per_device_train_batch_size": "micro_batch", "train_micro_batch_size_per_gpu": "micro_batch",
@@ -67,6 +69,31 @@ FIELD_TARGET = {
     "packing": "batching.packing", "group_by_length": "batching.bucketing.enabled",
     "stage": "(full fine-tuning of a causal LM: sft, pt)", "finetuning_type": "(full fine-tuning)",
     "distributed_type": "parallel (data parallel; ZeRO -> optimizer sharding)",
+}
+
+# each job field's type and range, stated once (porting/intake/typed.py applies them to every file's value).
+# Ranges are the recipe's own where the field becomes a recipe key (docs/promises.md 3.3), else what the source
+# type allows: HF TrainingArguments (logging/save/eval_steps are floats, a value below 1 a ratio of the
+# total steps; max_steps -1 means "from the epochs"; save_total_limit and ddp_timeout ints), DeepSpeed's
+# JSON (zero_optimization.stage 0..3; fp16.initial_scale_power an exponent of 2: the recipe's loss-scale init
+# is at most 2**32), LLaMA-Factory's val_size (a fraction, or a count of examples).
+_STEPS = Num(0, 1e9)
+TYPES: dict[str, Spec] = {
+    "micro_batch": Num(1, 65_536, whole=True), "grad_accum": Num(1, 65_536, whole=True),
+    "source_global_batch": Num(1, 1 << 24, whole=True), "source_gpus": Num(1, 1 << 20, whole=True),
+    "gpus_per_process": Num(0, 1024, whole=True), "source_nodes": Num(1, 4096, whole=True),
+    "lr": Num(0, 1e30, low_open=True), "beta1": Num(0, 1, high_open=True), "beta2": Num(0, 1, high_open=True),
+    "betas": Pair(Num(0, 1, high_open=True)), "eps": Num(0, 1, low_open=True), "weight_decay": Num(0, 10),
+    "grad_clip": Num(0, 1e6), "scheduler": Text(), "warmup_steps": Num(0, 1e9, whole=True),
+    "warmup_ratio": Num(0, 1), "epochs": Num(0, 1e6, low_open=True), "max_steps": Num(-1, 1e9, whole=True),
+    "seed": Num(0, 2 ** 32 - 1, whole=True), "bf16": Flag(), "fp16": Flag(), "mixed_precision": Text(),
+    "loss_scale": Num(0, 2 ** 32), "loss_scale_window": Num(1, 1e9, whole=True),
+    "initial_scale_power": Num(0, 32, whole=True), "recompute": Flag(), "optim": Text(),
+    "zero_stage": Num(0, 3, whole=True), "reduce_bucket_size": Num(0, 1e12), "model": Text(),
+    "dataset": Text(many=True), "template": Text(), "max_len": Num(8, 1_048_576, whole=True), "output_dir": Text(),
+    "logging_steps": _STEPS, "save_steps": _STEPS, "keep_last": Num(0, 1e6, whole=True), "report_to": Text(many=True),
+    "eval_split": Num(0, 1e9), "eval_steps": _STEPS, "timeout": Num(0, 1e12, whole=True), "packing": Flag(),
+    "group_by_length": Flag(), "stage": Text(), "finetuning_type": Text(), "distributed_type": Text(),
 }
 
 # optimizer names port trains with (torch AdamW semantics), from HF OptimizerNames and DeepSpeed types

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from porting.intake import IntakeError
+from porting.intake.typed import Num, typed
 
 MAX_POINTS = 1_000_000
 SERIES = ("loss", "grad_norm", "lr", "tokens")
@@ -63,29 +64,27 @@ class Curve:
         return 1 if not gaps and self.step == [1] else None
 
 
+# the typed reader's specs of a logged row (porting/intake/typed.py): a step is a whole number, a logged value
+# a number no logged loss, norm, rate or token count comes near (|x| <= 1e30)
+STEP = Num(1, 1e12, whole=True)
+VALUE = Num(-1e30, 1e30)
+
+
 def _step(v: Any, where: str) -> int:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v != int(v) or not 0 < v < 10 ** 12:
-        raise IntakeError(f"{where}: step is {v!r}, expected a whole number from 1 to 10^12")
-    return int(v)
+    return typed(v, STEP, where, "step", null=False)
 
 
 def _num(v: Any, where: str, key: str) -> float | None:
-    """A finite number, None for a missing value; a non-finite logged loss is kept as None (NaN in the curve)."""
+    """A finite number, None for a missing value; a non-finite logged value is kept as None (NaN in the
+    curve: a diverged run is compared, not refused). A CSV cell is text: a number written as text is read."""
     if v is None or v == "":
         return None
-    if isinstance(v, bool):
-        raise IntakeError(f"{where}: {key} is {v!r}, expected a number")
     if isinstance(v, str):
         try:
             v = float(v)
         except ValueError:
-            raise IntakeError(f"{where}: {key} is {v!r}, expected a number") from None
-    if not isinstance(v, (int, float)):
-        raise IntakeError(f"{where}: {key} is {type(v).__name__}, expected a number")
-    v = float(v)
-    if not math.isfinite(v):
+            pass   # the typed reader names it: found 'abc', expected a number
+    if isinstance(v, float) and not math.isfinite(v):
         return None
-    if abs(v) > 1e30:
-        raise IntakeError(f"{where}: {key} is {v:g}, beyond any logged {key} (|x| <= 1e30); the file was edited or "
-                          "is not a training log")
-    return v
+    out = typed(v, VALUE, where, key)
+    return None if out is None else float(out)

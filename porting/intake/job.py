@@ -14,12 +14,15 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 from pathlib import Path
 from typing import Any
 
+from converters import atomic
 from model_zoo import files
-from model_zoo.errors import PortingError
+from model_zoo.errors import PortingError, one_line
 from porting.intake import IntakeError
+from porting.intake.typed import name as shown
 from porting.intake.recipe_import import Target
 
 MAX_FILES = 5_000
@@ -45,8 +48,12 @@ def walk(root: Path) -> list[Path]:
     return out
 
 
-def pick_log(found: list[Path]) -> Path | None:
-    """The training log to import: trainer_state.json with the most steps, else the first of LOG_ORDER."""
+def pick_log(found: list[Path], events: bool = False) -> Path | None:
+    """The training log to import: trainer_state.json with the most steps, else the first of LOG_ORDER;
+    with ``events`` (a --loss-tag was given), the first TensorBoard event file when there is one."""
+    tb = [p for p in found if "tfevents" in p.name]
+    if events and tb:
+        return tb[0]
     states = [p for p in found if p.name == "trainer_state.json"]
     if states:
         def steps(p: Path) -> int:
@@ -80,20 +87,20 @@ def pick_configs(found: list[Path], notes: list[str]) -> list[Path]:
     return out
 
 
-def run_intake(src: str | Path, out: str | Path, target: Target) -> dict[str, Any]:
-    """Run the three imports on ``src`` and write the migration folder ``out``; the summary."""
-    from converters import atomic
+def run_intake(src: str | Path, out: str | Path, target: Target, loss_tag: str | None = None) -> dict[str, Any]:
+    """Run the three imports on ``src`` and write the migration folder ``out``; the summary. ``loss_tag``
+    names the loss scalar of a TensorBoard log (``port baseline --import --loss-tag``); a log port cannot
+    read (no loss it recognises, damaged) is a note, and the migration is made without a baseline."""
     from porting.intake import baseline_import, recipe_import, script_scan
 
     root, dest = Path(src), Path(out)
-    if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
-        raise IntakeError(f"{dest}: exists and is not an empty directory; port writes a new migration folder only: "
-                          "choose another --out")
     if dest.resolve() == root.resolve() or root.resolve() in dest.resolve().parents:
-        raise IntakeError(f"{dest}: inside the job folder {root}; choose an --out outside it")
+        raise IntakeError(f"{shown(dest)}: inside the job folder {shown(root)}; choose an --out outside it")
+    # the converters' rule: a new path or an empty directory, never a link, never holding the job
+    atomic.check_out(dest, inputs=[root], force=None, error=IntakeError)
     found = walk(root)
     notes: list[str] = []
-    configs, log = pick_configs(found, notes), pick_log(found)
+    configs, log = pick_configs(found, notes), pick_log(found, events=loss_tag is not None)
     scripts = [p for p in found if p.suffix == ".py"]
     summary: dict[str, Any] = {"format": "port-intake", "format_version": 1, "job": str(root), "out": str(dest),
                                "configs": [str(p) for p in configs], "log": str(log) if log else None,
@@ -106,9 +113,15 @@ def run_intake(src: str | Path, out: str | Path, target: Target) -> dict[str, An
                                  "blocking": [f"{r['key']}: {r['reason']}" for r in rep["blocking"]]}
         if log:
             stated = _stated(tmp / "recipe.yaml", rep, target)
-            _, doc = baseline_import.import_log(log, tmp / "baseline.json", stated, ["port", "intake", str(root)])
-            summary["baseline"] = {"points": len(doc["steps"]["step"]), "format": doc["imported"]["format_name"],
-                                   "lacks": doc["imported"]["lacks"]}
+            try:
+                _, doc = baseline_import.import_log(log, tmp / "baseline.json", stated, ["port", "intake", str(root)],
+                                                    loss_tag)
+            except IntakeError as e:   # as for configs: the rest of the migration is still made, with the reason
+                notes.append(f"not used as the loss log: {e}")
+                summary["log"] = None
+            else:
+                summary["baseline"] = {"points": len(doc["steps"]["step"]), "format": doc["imported"]["format_name"],
+                                       "lacks": doc["imported"]["lacks"]}
         scan = script_scan.scan([str(p) for p in scripts]) if scripts else None
         if scan is not None:
             files.write_atomic(tmp / "script_scan.json", json.dumps(scan, indent=1) + "\n", error=IntakeError)
@@ -134,34 +147,46 @@ def _stated(recipe_path: Path, rep: dict | None, target: Target):
 
 def readme(s: dict[str, Any], dest: Path) -> str:
     """What was found, what was made, and the commands to run next."""
-    lines = [f"# Migration of {s['job']}", "", "Made by `port intake`; `intake.json` has the same facts.", ""]
+    lines = [f"# Migration of {_line(s['job'])}", "", "Made by `port intake`; `intake.json` has the same facts.", ""]
     if "recipe" in s:
         r = s["recipe"]
         lines += ["## Recipe", f"`recipe.yaml` from {len(s['configs'])} config(s); every key and what it became: "
                   "`recipe.mapping.json`.", f"Global batch {r['global_batch']['value']} ({r['global_batch']['source']}) "
                   f"-> {r['global_batch']['target']}; {r['plan']['world_size']} devices, "
                   f"{r['plan']['memory_gib_per_device']:.1f} GiB per device planned.", ""]
-        lines += [f"- REFUSED (port cannot reproduce it): {b}" for b in r["blocking"]] + [""]
+        lines += [f"- REFUSED (port cannot reproduce it): {_line(b)}" for b in r["blocking"]] + [""]
     else:
         lines += ["## Recipe", "No training config found (training_args.bin, TrainingArguments/DeepSpeed JSON, "
                   "LLaMA-Factory/accelerate YAML): write one with `port recipe import` or by hand (recipes/).", ""]
     if "baseline" in s:
         b = s["baseline"]
-        lines += ["## Baseline", f"`baseline.json`: {b['points']} logged points of {s['log']} ({b['format']}); "
+        lines += ["## Baseline", f"`baseline.json`: {b['points']} logged points of {_line(s['log'])} ({b['format']}); "
                   f"it lacks {', '.join(b['lacks'])}.", ""]
     else:
-        lines += ["## Baseline", "No loss log found: record one with `port baseline --recipe recipe.yaml` on a CUDA machine.", ""]
+        lines += ["## Baseline", "No loss log found: record one with `port baseline run --recipe recipe.yaml` on a CUDA machine.", ""]
     if "scan" in s:
         c = s["scan"]
         lines += ["## Scripts", f"`script_scan.json`: {c['findings']} CUDA habit(s) in {c['files']} script(s): "
-                  + (", ".join(f"{k} {v}" for k, v in c["counts"].items()) or "none") + " (`port ops scan --script` prints the table).", ""]
-    d = dest
+                  + (", ".join(f"{k} {v}" for k, v in c["counts"].items()) or "none") + " (`port ops lint` prints the table).", ""]
+    # every value from the job (the model's path, the folders) is quoted for the shell: a folder named
+    # `m$(touch PWNED)` stays a name when the block is copied into a terminal
+    q = {k: shlex.quote(v) for k, v in (("model", str(s.get("recipe", {}).get("model", "MODEL_DIR"))),
+                                         ("recipe", f"{dest}/recipe.yaml"), ("base", f"{dest}/baseline.json"),
+                                         ("scan", f"{dest}/script_scan.json"))}
     lines += ["## Next", "```bash",
-              f"port convert --hf {s.get('recipe', {}).get('model', 'MODEL_DIR')} --out ./model-ms   # the checkpoint for MindSpore",
-              f"port train {d}/recipe.yaml --dry-run                   # memory by phase, the msrun commands",
-              f"port train {d}/recipe.yaml --run-dir runs/migrated",
-              f"port compare {d}/baseline.json runs/migrated            # the curve gate against the CUDA log",
-              f"cp {d}/script_scan.json runs/migrated/ && port report runs/migrated --baseline {d}/baseline.json",
+              f"port convert --hf {q['model']} --out ./model-ms   # the checkpoint for MindSpore",
+              f"port train {q['recipe']} --dry-run                   # memory by phase, the msrun commands",
+              f"port train {q['recipe']} --run-dir runs/migrated",
+              f"port compare {q['base']} runs/migrated            # the curve gate against the CUDA log",
+              f"cp {q['scan']} runs/migrated/ && port report runs/migrated --baseline {q['base']}",
               "```", ""]
-    lines += [f"- note: {n}" for n in s["notes"]]
+    lines += [f"- note: {_line(n)}" for n in s["notes"]]
     return "\n".join(lines) + "\n"
+
+
+def _line(text: str) -> str:
+    """A value from the job as Markdown text: one line, every Markdown character literal (the report's
+    escaping: a newline in a name cannot start a heading or a code block, a link cannot become live)."""
+    from porting.report.render import md_text
+
+    return md_text(one_line(text))

@@ -21,10 +21,12 @@ from pathlib import Path
 from model_zoo import files
 from porting.intake import IntakeError, tfevents
 from porting.intake.curve import SERIES, Curve, _num
+from porting.intake.typed import Num
 
 MAX_LOG_BYTES = 256 << 20      # 8,712 logged steps of a 3-epoch 7B run: 0.2 MB; a million points stay far below
 MAX_LINE_BYTES = 1 << 16
 MAX_DEPTH = 16                 # a trainer_state.json nests 3 levels
+SETTING = Num(0, 1e12)         # a setting a log states (steps, epochs, batch): finite, never a boolean
 
 
 
@@ -56,8 +58,8 @@ def read_trainer_state(path: Path) -> Curve:
         c.add(row.get("step"), where, loss=row.get("loss"), grad_norm=row.get("grad_norm"),
               lr=row.get("learning_rate"), tokens=row.get("num_input_tokens_seen"))
     for key, name in TRAINER_STATE_SETTINGS.items():
-        if isinstance(doc.get(key), (int, float)) and not isinstance(doc.get(key), bool):
-            c.recovered[name] = doc[key]
+        if (v := SETTING.check(doc.get(key))) is not None:   # the typed reader's rule; anything else is not recorded
+            c.recovered[name] = v
     return c
 
 
@@ -94,8 +96,8 @@ def read_jsonl(path: Path) -> Curve:
                 continue
             c.add(row.get("current_steps"), where, loss=row.get("loss"), grad_norm=row.get("grad_norm"),
                   lr=row.get("lr", row.get("learning_rate")), tokens=row.get("total_tokens"))
-            if isinstance(row.get("total_steps"), int):
-                c.recovered["max_steps"] = row["total_steps"]
+            if (v := SETTING.check(row.get("total_steps"))) is not None:
+                c.recovered["max_steps"] = v
         else:
             if "loss" not in row:
                 c.skipped["no loss"] = c.skipped.get("no loss", 0) + 1
@@ -111,7 +113,7 @@ def read_csv(path: Path) -> Curve:
     """A CSV with a header naming ``step`` and ``loss`` (optional ``grad_norm``, ``lr``, ``tokens``)."""
     text = _read(path, "training log (CSV)")
     csv.field_size_limit(MAX_LINE_BYTES)
-    reader = csv.reader(io.StringIO(text))
+    reader = csv.reader(io.StringIO(text), delimiter="\t" if path.name.lower().endswith(".tsv") else ",")
     try:
         header = [h.strip().lower() for h in next(reader)]
     except StopIteration:

@@ -15,15 +15,18 @@ from __future__ import annotations
 import io
 import pickletools
 import zipfile
+import zlib
 from pathlib import Path
 from typing import Any
 
 from model_zoo import files
 from porting.intake import IntakeError
+from porting.intake.typed import name
 
 MAX_BIN_BYTES = 1 << 20        # a TrainingArguments pickle is ~4 KB
 MAX_OPS = 200_000
-MAX_ITEMS = 100_000            # values built in all
+MAX_ITEMS = 100_000            # values built in all, every memo reference expanded (a TrainingArguments: ~300)
+MAX_DEPTH = 32                 # nesting of the value built (a TrainingArguments: 4 levels)
 
 ARGS_CLASSES = {
     ("transformers.training_args", "TrainingArguments"),
@@ -76,7 +79,8 @@ def _reduce(fn: Any, args: Any, where: str) -> Any:
         return args[0]
     if key == DEVICE and args and all(isinstance(a, (str, int)) for a in args):
         return ":".join(str(a) for a in args)
-    raise _refuse(where, f"a call of {fn.module}.{fn.name}{args!r:.60} (only enums and torch.device are rebuilt)")
+    kinds = ", ".join(type(a).__name__ for a in args[:4])   # never repr(args): a memo bomb expands when printed
+    raise _refuse(where, f"a call of {fn.module}.{fn.name}({kinds}) (only enums and torch.device are rebuilt)")
 
 
 def _pop_mark(stack: list) -> list:
@@ -93,6 +97,21 @@ SIMPLE = {"NONE": lambda a: None, "NEWTRUE": lambda a: True, "NEWFALSE": lambda 
 LITERALS = {"INT", "BININT", "BININT1", "BININT2", "LONG", "LONG1", "LONG4", "BINFLOAT", "FLOAT", "BINUNICODE",
             "SHORT_BINUNICODE", "BINUNICODE8", "UNICODE", "STRING", "BINSTRING", "SHORT_BINSTRING", "BINBYTES",
             "SHORT_BINBYTES", "BINBYTES8"}
+
+
+class _Tuple(tuple):
+    """A tuple that knows its nesting depth: a tuple is hashed and compared recursively in C (a dict key, a
+    SETITEM), so a 190,000-deep one would overflow the C stack (signal 11) before any Python bound ran."""
+
+    depth: int
+
+
+def _tuple(items: list, where: str) -> tuple:
+    t = _Tuple(items)
+    t.depth = 1 + max((x.depth for x in items if isinstance(x, _Tuple)), default=0)
+    if t.depth > MAX_DEPTH:
+        raise _refuse(where, f"tuples nested deeper than {MAX_DEPTH} levels")
+    return t
 
 
 def _step(name: str, arg: Any, stack: list, memo: dict, where: str) -> None:
@@ -123,12 +142,12 @@ def _step(name: str, arg: Any, stack: list, memo: dict, where: str) -> None:
         stack.append(_global(mod, attr, where))
     elif name in ("TUPLE", "LIST", "FROZENSET"):
         items = _pop_mark(stack)
-        stack.append(tuple(items) if name == "TUPLE" else list(items))
+        stack.append(_tuple(items, where) if name == "TUPLE" else list(items))
     elif name in ("TUPLE1", "TUPLE2", "TUPLE3"):
         n = int(name[-1])
         items = stack[-n:]
         del stack[-n:]
-        stack.append(tuple(items))
+        stack.append(_tuple(items, where))
     elif name == "DICT":
         items = _pop_mark(stack)
         stack.append(dict(zip(items[::2], items[1::2])))
@@ -180,6 +199,7 @@ def interpret(data: bytes, where: str) -> Any:
     except StopIteration:
         if len(stack) != 1:
             raise _refuse(where, "a pickle that does not end with one value") from None
+        _check_built(stack[0], where)
         return stack[0]
     except IntakeError:
         raise
@@ -187,6 +207,37 @@ def interpret(data: bytes, where: str) -> Any:
         raise IntakeError(f"{where}: not a readable pickle ({type(e).__name__}: {str(e)[:80]}); expected the "
                           "training_args.bin that transformers.Trainer saves") from None
     raise IntakeError(f"{where}: the pickle ends without STOP; the file is cut or not a pickle")
+
+
+def _check_built(value: Any, where: str) -> None:
+    """Refuse a value that contains itself, nests deeper than MAX_DEPTH, or holds more than MAX_ITEMS
+    values once every memo reference is expanded: a 411-byte pickle whose memo entries refer to each other
+    nine levels deep (a "billion laughs") is 9^9 values when copied or printed. The walk is iterative and
+    visits each container once (sizes memoised by identity), so it costs the pickle's own size."""
+    size: dict[int, int] = {}
+    depth: dict[int, int] = {}
+    stack: list[tuple[Any, bool]] = [(value, False)]
+    open_: set[int] = set()
+    while stack:
+        v, done = stack.pop()
+        kids = list(v.keys()) + list(v.values()) if isinstance(v, dict) else v if isinstance(v, (list, tuple)) else None
+        if kids is None:
+            continue
+        if done:
+            open_.discard(id(v))
+            size[id(v)] = min(MAX_ITEMS + 1, 1 + sum(size.get(id(k), 1) for k in kids))
+            depth[id(v)] = 1 + max((depth.get(id(k), 0) for k in kids), default=0)
+            if size[id(v)] > MAX_ITEMS or depth[id(v)] > MAX_DEPTH:
+                raise _refuse(where, f"memo references that expand to more than {MAX_ITEMS:,} values or nest deeper "
+                                     f"than {MAX_DEPTH} levels (a 'billion laughs' pickle)")
+            continue
+        if id(v) in open_:
+            raise _refuse(where, "a value that contains itself (memo references in a cycle)")
+        if id(v) in size:
+            continue
+        open_.add(id(v))
+        stack.append((v, True))
+        stack.extend((k, False) for k in kids)
 
 
 def read_training_args_bin(path: str | Path) -> dict[str, Any]:
@@ -198,22 +249,34 @@ def read_training_args_bin(path: str | Path) -> dict[str, Any]:
     if size > MAX_BIN_BYTES:
         raise IntakeError(f"{p}: {size:,} bytes, more than the {MAX_BIN_BYTES:,} a training_args.bin has; not one port reads")
     raw = files._read_at_most(p, MAX_BIN_BYTES) or b""
-    data, where = raw, str(p)
+    data, where = raw, name(p)
     if raw[:4] == b"PK\x03\x04":
-        try:
-            with zipfile.ZipFile(io.BytesIO(raw)) as z:
-                names = [i for i in z.infolist() if i.filename.endswith("/data.pkl") or i.filename == "data.pkl"]
-                if len(names) != 1 or names[0].file_size > MAX_BIN_BYTES:
-                    raise IntakeError(f"{p}: a zip without one small data.pkl; expected torch.save's format")
-                data, where = z.read(names[0]), f"{p}:{names[0].filename}"
-        except zipfile.BadZipFile as e:
-            raise IntakeError(f"{p}: a broken zip ({e}); copy training_args.bin again") from None
+        data, where = _zip_member(raw, name(p))
     value = interpret(data, where)
     if not isinstance(value, _Obj) or value.get("__class__", "").rsplit(".", 1)[-1] not in {c for _, c in ARGS_CLASSES}:
         raise IntakeError(f"{where}: holds {type(value).__name__}, not TrainingArguments; expected the "
                           "training_args.bin that transformers.Trainer saves")
     # private fields stay out (accelerate state), except _n_gpu: the GPUs of one process
     return {k: _plain(v) for k, v in value.items() if not k.startswith("_") or k in ("__class__", "_n_gpu")}
+
+
+def _zip_member(raw: bytes, where: str) -> tuple[bytes, str]:
+    """The one ``*/data.pkl`` of torch.save's zip; an encrypted member, a compression method zipfile does
+    not have, or a broken archive is one line (torch.save stores members uncompressed, never encrypted)."""
+    try:
+        with zipfile.ZipFile(io.BytesIO(raw)) as z:
+            names = [i for i in z.infolist() if i.filename.endswith("/data.pkl") or i.filename == "data.pkl"]
+            if len(names) != 1 or names[0].file_size > MAX_BIN_BYTES:
+                raise IntakeError(f"{where}: a zip without one small data.pkl; expected torch.save's format")
+            member = f"{where}:{name(names[0].filename)}"
+            if names[0].flag_bits & 0x1:
+                raise IntakeError(f"{member}: an encrypted zip member; torch.save never encrypts: copy "
+                                  "training_args.bin again from the run's output_dir")
+            return z.read(names[0]), member
+    except (zipfile.BadZipFile, NotImplementedError, RuntimeError, EOFError, OSError, zlib.error) as e:
+        raise IntakeError(f"{where}: a zip port cannot read ({type(e).__name__}: {name(str(e))[:80]}); "
+                          "expected torch.save's format (members stored, not encrypted): copy training_args.bin "
+                          "again") from None
 
 
 def _plain(v: Any, depth: int = 0) -> Any:

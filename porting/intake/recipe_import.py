@@ -21,8 +21,9 @@ from typing import Any
 import yaml
 
 from model_zoo import files
-from model_zoo.errors import PortingError
+from model_zoo.errors import PortingError, one_line
 from porting.intake import IntakeError, config_keys as K
+from porting.intake.typed import name as shown_name, shown, typed
 from porting.train import check_tensor_parallel, make_plan, plan_config, validate_recipe
 from porting.train.recipe.hardware import SERVERS
 from porting.train.recipe.yaml_bounded import load_yaml
@@ -59,7 +60,20 @@ class Job:
 
 
 def _short(v: Any) -> Any:
-    return v if isinstance(v, (int, float, bool, type(None))) or (isinstance(v, str) and len(v) < 120) else str(v)[:120]
+    """A config value as the mapping file records it: plain JSON (a finite number, a short string), else
+    its escaped text (a NaN, a 5,000-digit integer, a date or a nested section never breaks the JSON)."""
+    if v is None or isinstance(v, bool) or (isinstance(v, float) and math.isfinite(v)):
+        return v
+    if isinstance(v, int) and v.bit_length() <= 128:
+        return v
+    return v if isinstance(v, str) and len(v) < 120 else shown(v, 120)
+
+
+def comment(text: str) -> str:
+    """``text`` folded into one comment line of the YAML port writes: a newline (or any character that
+    breaks a line in YAML: \\r, \\x85, \\u2028) from a config value is shown escaped, so it cannot end the
+    comment and inject recipe keys."""
+    return "# " + one_line(text) + "\n"
 
 
 # ----------------------------------------------------------------------------------------- reading
@@ -74,6 +88,20 @@ def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def _check_names(doc: dict, where: str) -> None:
+    """Every key of every section is a setting name (a string): a YAML date, number or null as a key is one
+    line, never a crash in the key table."""
+    stack = [(doc, "")]
+    while stack:
+        d, prefix = stack.pop()
+        for k, v in d.items():
+            if not isinstance(k, str):
+                raise IntakeError(f"{where}: {prefix}key {shown(k)}: expected a setting name (a string); fix the key "
+                                  "in the file")
+            if isinstance(v, dict):
+                stack.append((v, f"{prefix}{shown_name(k)}."))
+
+
 def read_config(path: str | Path) -> tuple[str, dict[str, Any]]:
     """(kind, keys) of one config file; nested DeepSpeed/accelerate sections become dotted keys."""
     p = Path(path)
@@ -81,15 +109,16 @@ def read_config(path: str | Path) -> tuple[str, dict[str, Any]]:
         return "hf-training-args", read_training_args_bin(p)
     text = files.read_text(p, what="config", max_bytes=MAX_CONFIG_BYTES, error=IntakeError)
     if p.suffix == ".json":
-        doc = files.parse_json(text, where=str(p), what="config", max_depth=MAX_CONFIG_DEPTH, error=IntakeError)
+        doc = files.parse_json(text, where=shown_name(p), what="config", max_depth=MAX_CONFIG_DEPTH, error=IntakeError)
     elif p.suffix in (".yaml", ".yml"):
-        doc = load_yaml(text, str(p), what="config", error=IntakeError,
+        doc = load_yaml(text, shown_name(p), what="config", error=IntakeError,
                         hint="a training config is a small mapping; write it out without deep nesting or aliases")
     else:
         raise IntakeError(f"{p}: unknown config type; expected training_args.bin, a .json (TrainingArguments or DeepSpeed) "
                           "or a .yaml (LLaMA-Factory, accelerate or TrainingArguments)")
     if not isinstance(doc, dict):
         raise IntakeError(f"{p}: top level is {type(doc).__name__}, expected a mapping of settings")
+    _check_names(doc, shown_name(p))
     if any(k in doc for k in ("zero_optimization", "train_micro_batch_size_per_gpu", "zero_allow_untested_optimizer")):
         return "deepspeed", _flatten(doc)
     if any(k in doc for k in ("compute_environment", "distributed_type", "num_processes")):
@@ -124,6 +153,7 @@ def take(job: Job, file: str, key: str, value: Any) -> None:
     if value == "auto":
         job.row(file, key, value, "mapped", recipe_key=K.FIELD_TARGET[name], note="auto: taken from the other configs")
         return
+    value = typed(value, K.TYPES[name], shown_name(file), key)
     if name in job.fields and job.fields[name] != value and value is not None:
         job.row(file, key, value, "refused", blocking=False,
                 reason=f"conflicts with {job.origin[name]} = {job.fields[name]!r}, which is kept")
@@ -239,18 +269,22 @@ def base_recipe(job: Job, target: Target) -> dict[str, Any]:
         "memory": {"recompute": bool(job.get("recompute", False))},
         "parallel": {"optimizer_sharding": str(job.get("zero_stage", 0)) in ("1", "2", "3")},
         "cluster": {"server": target.cluster, "nodes": target.nodes},
-        "logging": {"every_steps": int(job.get("logging_steps") or 1), "tensorboard": "tensorboard" in report,
+        "logging": {"every_steps": _steps(job, "logging_steps", 1), "tensorboard": "tensorboard" in report,
                     "wandb": "wandb" in report},
-        "checkpointing": {"every_steps": int(job.get("save_steps") or 0), "keep_last": int(job.get("keep_last") or 2)},
+        "checkpointing": {"every_steps": _steps(job, "save_steps", 0), "keep_last": int(job.get("keep_last") or 2)},
         "seed": int(job.get("seed", 42)), "output_dir": f"runs/{out_name}",
     }
     if not job.get("max_len"):
         job.notes.append("no max sequence length in the configs (cutoff_len / max_seq_length); used 2048")
     if job.get("template"):
         rec["data"]["chat_template"] = "model"
-    if job.get("eval_split"):
-        rec["data"]["eval_split"] = float(job.get("eval_split"))
-        rec["data"]["eval_every_steps"] = int(job.get("eval_steps") or 0)
+    split = job.get("eval_split")
+    if split and split >= 1:   # LLaMA-Factory's val_size: a fraction, or a number of examples
+        job.notes.append(f"val_size {split}: a number of held-out examples; the recipe holds out a fraction "
+                         "(set data.eval_split by hand)")
+    elif split:
+        rec["data"]["eval_split"] = float(split)
+        rec["data"]["eval_every_steps"] = _steps(job, "eval_steps", 0)
     if job.get("packing"):
         rec["batching"] = {"packing": True}
     if str(job.get("zero_stage", 0)) in ("1", "2"):
@@ -265,6 +299,19 @@ def base_recipe(job: Job, target: Target) -> dict[str, Any]:
     elif t is not None:
         job.notes.append(f"ddp_timeout {t} s is beyond port's 1-day bound; cluster.cluster_time_out keeps its default")
     return rec
+
+
+def _steps(job: Job, field: str, default: int) -> int:
+    """An HF ``*_steps`` value as whole steps; below 1 HF reads it as a ratio of the total steps
+    (transformers TrainingArguments ``logging_steps``), which depends on the data: the default, with a note."""
+    v = job.get(field)
+    if not v:
+        return default
+    if v < 1:
+        job.notes.append(f"{field} {v}: a ratio of the total steps, which depend on the data; used {default} "
+                         "(set it by hand after `port train --dry-run`)")
+        return default
+    return int(v)
 
 
 # ----------------------------------------------------------------------------------------- layout
@@ -338,11 +385,17 @@ def fit(raw: dict[str, Any], gbs: int, job: Job, target: Target):
 # ----------------------------------------------------------------------------------------- whole import
 def import_configs(paths: list[str], out: str | Path, target: Target) -> dict[str, Any]:
     """Read every config, map every key, fit the target, write the recipe and its mapping; the report."""
+    from converters.atomic import check_out, json_of_format
+
     dst = Path(out)
-    if dst.exists():
-        raise IntakeError(f"{dst}: exists; port does not overwrite it: choose another --out or remove it")
+    # the recipe is never written over a file; its mapping (a side file) only over an earlier mapping
+    check_out(dst, kind="file", inputs=paths, what="a file port may replace (a recipe is written new)",
+              error=IntakeError)
+    check_out(dst.with_suffix(".mapping.json"), kind="file", inputs=paths, ours=json_of_format("port-recipe-import"),
+              what="a mapping `port recipe import` wrote", error=IntakeError)
     if not dst.parent.is_dir():
-        raise IntakeError(f"{dst}: folder {dst.parent} does not exist; create it or pick another --out")
+        raise IntakeError(f"{shown_name(dst)}: folder {shown_name(dst.parent)} does not exist; create it or pick "
+                          "another --out")
     if not paths:
         raise IntakeError("no CONFIG given; pass training_args.bin/.json/.yaml, a DeepSpeed JSON, an accelerate "
                           "config or a LLaMA-Factory YAML")
@@ -370,7 +423,7 @@ def import_configs(paths: list[str], out: str | Path, target: Target) -> dict[st
               "Every source key and what it became: " + dst.with_suffix(".mapping.json").name]
     header += [f"REFUSED (port cannot reproduce it): {r['key']} = {r['value']}: {r['reason']}" for r in rep["blocking"]]
     header += [f"note: {n}" for n in job.notes]
-    text = "".join(f"# {h}\n" for h in header) + yaml.safe_dump(raw, sort_keys=False)
+    text = "".join(comment(h) for h in header) + yaml.safe_dump(raw, sort_keys=False)
     import json
 
     files.write_atomic(dst.with_suffix(".mapping.json"), json.dumps(rep, indent=1) + "\n", error=IntakeError)
@@ -383,11 +436,11 @@ def render(rep: dict[str, Any]) -> str:
     for r in rep["keys"]:
         what = r.get("recipe_key") or r.get("reason", "")
         mark = "REFUSED" if r.get("blocking") else r["status"]
-        lines.append(f"{Path(r['file']).name + ':' + r['key']:<60} {mark:<8} {what[:110]}")
+        lines.append(f"{shown_name(Path(r['file']).name + ':' + r['key']):<60} {mark:<8} {shown_name(what[:110])}")
     g, p = rep["global_batch"], rep["plan"]
     lines += ["", f"global batch {g['value']} ({g['source']}) -> {g['target']}; {p['world_size']} devices, "
                   f"TP {p['tensor_parallel']} x DP {p['data_parallel']}, {p['memory_gib_per_device']:.1f} GiB per device"]
-    lines += [f"note: {n}" for n in rep["notes"]]
+    lines += [f"note: {shown_name(n)}" for n in rep["notes"]]
     n_map = sum(r["status"] == "mapped" for r in rep["keys"])
     lines.append(f"wrote {rep['recipe']}: {n_map} key(s) mapped, {len(rep['keys']) - n_map} refused "
                  f"({len(rep['blocking'])} that port cannot reproduce)")

@@ -1,4 +1,4 @@
-"""`port ops scan --script PATH...`: CUDA habits in training scripts, found with Python's ``ast`` only.
+"""`port ops lint PATH...`: CUDA habits in training scripts, found with Python's ``ast`` only.
 
 A script is parsed, never imported or run. Rules are data (porting/data/cuda_habits.yaml): each names
 the habit, what to do on Ascend and a source. Names are resolved through the script's own imports

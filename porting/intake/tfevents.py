@@ -121,17 +121,25 @@ def fields(buf: bytes) -> list[tuple[int, int, object]]:
     return out
 
 
+# TensorProto's value fields and the wire types protobuf may give them (tensor_content: bytes; float_val and
+# double_val: one fixed32/fixed64, or packed into bytes)
+TENSOR_WIRE = {4: (2,), 5: (5, 2), 6: (1, 2)}
+
+
 def _tensor_scalar(buf: bytes) -> float | None:
     dtype, vals = 1, []
     for num, wt, v in fields(buf):
+        if num in TENSOR_WIRE and wt not in TENSOR_WIRE[num]:
+            # a float field with another wire type (a varint where a float belongs) is not a TensorProto
+            raise ValueError(f"TensorProto field {num} with wire type {wt}, expected {TENSOR_WIRE[num]}")
         if num == 1 and wt == 0:
             dtype = v
-        elif num == 4 and wt == 2:
+        elif num == 4:
             vals.append(struct.unpack("<f" if dtype == 1 else "<d", v[:4 if dtype == 1 else 8])[0] if v else None)
         elif num == 5:
-            vals.append(struct.unpack("<f", v[:4])[0] if wt == 2 else struct.unpack("<f", v)[0])
+            vals.append(struct.unpack("<f", v[:4])[0])
         elif num == 6:
-            vals.append(struct.unpack("<d", v[:8])[0] if wt == 2 else struct.unpack("<d", v)[0])
+            vals.append(struct.unpack("<d", v[:8])[0])
     return vals[0] if len(vals) == 1 and dtype in (1, 2) else None
 
 
@@ -146,7 +154,9 @@ def _scalars(event: bytes) -> tuple[int, list[tuple[str, float]]]:
                     continue
                 tag, x = None, None
                 for fnum, fwt, f in fields(value):
-                    if fnum == 1 and fwt == 2:
+                    if fnum in (1, 2, 8) and fwt != {1: 2, 2: 5, 8: 2}[fnum]:
+                        raise ValueError(f"Summary.Value field {fnum} with wire type {fwt}")
+                    if fnum == 1:
                         tag = f.decode("utf-8", "replace")
                     elif fnum == 2 and fwt == 5:
                         x = struct.unpack("<f", f)[0]

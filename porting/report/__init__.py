@@ -130,7 +130,7 @@ def make_report(rundir: str | os.PathLike, out: str | os.PathLike | None = None,
     rows, diag = build_rows(run)
     rehearsal = rehearsal_rows(run)   # a `port rehearse` folder: its rungs fill the rows of each scale
     rows = merge(rows, rehearsal) if rehearsal else rows
-    rows = rows + incident_rows(run)   # a supervised run's incidents (porting/supervise.py)
+    rows = rows + incident_rows(run)   # a supervised run's incidents (porting/launch/supervise.py)
     base = load_baseline(run.path, baseline)
     svgs = plots(run, base)
     from porting.report import bisect_section

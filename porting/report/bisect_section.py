@@ -1,8 +1,8 @@
 """The `port report` section of a bisection: one acceptance row (where MindSpore and torch part, or
 that they do not) and a per-layer plot of the relative error, forward and backward.
 
-Evidence: ``RUNDIR/bisect.json`` (``port bisect ... --json > RUNDIR/bisect.json`` or ``port compare
-BASE RUNDIR --bisect --json > RUNDIR/bisect.json``), or the file ``port report --bisect FILE`` names.
+Evidence: ``RUNDIR/bisect.json`` (``port bisect ... --json > RUNDIR/bisect.json`` or ``port bisect
+--baseline BASE RUNDIR --json > RUNDIR/bisect.json``), or the file ``port report --bisect FILE`` names.
 Read bounded (:func:`model_zoo.files.read_json_object`); a file of another shape is one line.
 """
 

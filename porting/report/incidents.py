@@ -1,4 +1,4 @@
-"""Stability rows of `port report` for a supervised run (`port train --supervise`, porting/supervise.py): one
+"""Stability rows of `port report` for a supervised run (`port train --supervise`, porting/launch/supervise.py): one
 row per incident, from ``RUN/incidents.jsonl``: when, what was seen, the suspect, what was done, what was lost."""
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ from typing import Any
 from porting.report.rows import FAIL, INFO, Row
 from porting.rundir import RunRecords
 from model_zoo.files import read_text
-from porting.supervise import INCIDENTS_FILE, SuperviseError
+from porting.launch.supervise import SuperviseError
+from porting.rundir.paths import INCIDENTS_FILE
 
 
 def incident_rows(run: RunRecords) -> list[Row]:
@@ -40,10 +41,12 @@ def _when(at: Any) -> str:
 def read_incidents(run_dir: Path) -> list[dict[str, Any]]:
     """``RUN/incidents.jsonl`` (bounded); an unreadable line is skipped."""
     p = run_dir / INCIDENTS_FILE
-    if not p.is_file():
+    if not p.is_file() and not p.is_symlink():
         return []
     out = []
-    for line in read_text(p, what="incidents", max_bytes=16 << 20, error=SuperviseError).splitlines()[:10_000]:
+    # a link planted in the run may reach any file: refused, never followed (O_NOFOLLOW)
+    text = read_text(p, what="incidents", max_bytes=16 << 20, error=SuperviseError, follow_links=False)
+    for line in text.splitlines()[:10_000]:
         try:
             d = json.loads(line)
         except (ValueError, RecursionError):   # a damaged or planted line: skipped, as documented

@@ -34,9 +34,19 @@ def render_html(name: str, rows: list[Row], svgs: dict[str, str], notes: list[st
             + (f"<h2>Notes</h2><ul id=\"notes\">{items}</ul>" if items else "") + "</body></html>")
 
 
+# CommonMark: "any ASCII punctuation character may be backslash-escaped" and is then literal (spec 2.4).
+# These are the ones that open or close an inline construct (emphasis, code, a link or image's text,
+# strike-through, a table cell) or a heading; a link's target needs the text's brackets, so parentheses stay.
+# The three HTML ones are written as entities instead, as for HTML.
+MD_SPECIAL = frozenset("\\`*_[]#!|~")
+
+
 def md_text(s: str) -> str:
-    """Text safe in a Markdown table cell: HTML escaped, pipes escaped, one line."""
-    return html.escape(s, quote=False).replace("|", "\\|").replace("\r", " ").replace("\n", " ")
+    """Text safe in Markdown, as ``html.escape`` makes it safe in HTML: every Markdown character literal
+    (a run file's ``![x](https://host/p.png)`` is shown, never an image a viewer fetches; ``**``, ``#``,
+    ``[`` and ``|`` never format or break the table), HTML escaped, one line."""
+    out = "".join("\\" + c if c in MD_SPECIAL else c if c.isprintable() else " " for c in s)
+    return html.escape(out, quote=False)
 
 
 def md_code(s: str) -> str:

@@ -9,6 +9,7 @@ never as a pass.
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,9 @@ class Diagnosis:
 def _evidence(run: RunRecords, name: str) -> Any:
     """An optional evidence file beside the run (bounded read); unreadable: a note and None."""
     p = run.path / name
+    if p.is_symlink():   # a link planted in the run may reach any file: never followed, never shown
+        run.notes.append(f"{name}: a symbolic link, not followed (the report reads only the run's own files)")
+        return None
     if not p.exists():
         return None
     try:
@@ -84,6 +88,10 @@ def rows_correctness(run: RunRecords) -> list[Row]:
 
 
 def _parity_row(parity: Any) -> Row:
+    """The verdict of `port verify --json` and its rows (porting.verify.check.Check): every failed row, or
+    the row closest to its tolerance."""
+    from porting.verify.check import Check, brief
+
     item = "parity with HF (port verify)"
     if parity is None:
         return Row("correctness", item, MISSING, "no parity.json", "port verify --hf MODEL --json > RUNDIR/parity.json")
@@ -92,10 +100,17 @@ def _parity_row(parity: Any) -> Row:
         return Row("correctness", item, FAIL, f"invalid parity.json: 'passed' is {str(passed)[:40]!r} "
                    f"({type(passed).__name__}), expected true or false as `port verify --json` writes",
                    "parity.json")
-    checks = parity.get("checks") or parity.get("rows") or []
-    worst = max((c["max_abs"] for c in checks if isinstance(c, dict) and finite(c.get("max_abs"))), default=None)
-    return Row("correctness", item, PASS if passed else FAIL,
-               f"passed={passed}" + (f", worst max abs {worst:.2e}" if worst is not None else ""), "parity.json")
+    try:
+        checks = [Check.from_dict(c) for c in (parity.get("checks") or [])]
+    except ValueError as e:
+        return Row("correctness", item, FAIL, f"invalid parity.json: {e}; write it with port verify --json",
+                   "parity.json")
+    failed = [c for c in checks if not c.passed]
+    measured = [c for c in checks if c.value is not None and c.tolerance and math.isfinite(c.value)]
+    closest = max(measured, key=lambda c: c.value / c.tolerance, default=None)
+    shown = failed[:3] if failed else ([closest] if closest else [])
+    return Row("correctness", item, PASS if passed and not failed else FAIL,
+               f"passed={passed}, {len(checks)} check(s)" + "".join(f"; {brief(c)}" for c in shown), "parity.json")
 
 
 def rows_operators(run: RunRecords) -> list[Row]:
@@ -401,12 +416,12 @@ def diagnose_logs(run: RunRecords) -> Diagnosis | None:
 
 
 def _row_script_scan(run: RunRecords) -> Row:
-    """CUDA habits left in the team's training scripts (`port ops scan --script ... --out RUNDIR/script_scan.json`)."""
+    """CUDA habits left in the team's training scripts (`port ops lint ... --out RUNDIR/script_scan.json`)."""
     scan = _evidence(run, "script_scan.json")
-    item = "CUDA habits in the training scripts (port ops scan --script)"
+    item = "CUDA habits in the training scripts (port ops lint)"
     if not (isinstance(scan, dict) and isinstance(scan.get("findings"), list) and isinstance(scan.get("counts"), dict)):
         return Row("operators", item, MISSING, "no script_scan.json",
-                   "port ops scan --script TRAIN.py --out RUNDIR/script_scan.json")
+                   "port ops lint TRAIN.py --out RUNDIR/script_scan.json")
     n = len(scan["findings"])
     where = ", ".join(f"{f.get('file')}:{f.get('line')} {f.get('rule')}" for f in scan["findings"][:4] if isinstance(f, dict))
     return Row("operators", item, FAIL if n else PASS,

@@ -58,7 +58,7 @@ def _convert(src: Path, out: Path) -> subprocess.Popen:
 
 
 def test_kill_9_at_20_points_of_convert_leaves_nothing_or_a_verified_output(big_source, tmp_path):
-    from porting.roundtrip import verify_checkpoint
+    from porting.verify.roundtrip import verify_checkpoint
 
     before = _tree_sha(big_source)
     # The conversion takes ~0.25 s here; on a loaded machine one run can take twice another. The slowest of

@@ -202,3 +202,28 @@ def test_a_hostile_token_file_is_refused_in_one_line(tmp_path, monkeypatch, name
     assert time.monotonic() - t0 < 10
     after = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file() and not p.is_symlink()}
     assert after == before   # nothing written, changed or removed
+
+
+def test_the_digest_is_of_the_bytes_written_so_a_file_swapped_in_after_the_rename_is_refused(tmp_path, monkeypatch):
+    """The launcher digested the token file after renaming it into place: another process that replaced it in
+    that moment had its file trusted by every worker. The digest is now taken of the bytes port wrote, before
+    the rename; a process that swaps the file right after the rename (played here by the rename itself) is
+    refused by the reader."""
+    import model_zoo.files as files
+
+    real_replace = os.replace
+
+    def replace_then_swap(src, dst):
+        real_replace(src, dst)
+        if str(dst).endswith(FILE):
+            raw = bytearray(Path(dst).read_bytes())
+            raw[-40] ^= 1   # another process's file, the same size
+            Path(dst).write_bytes(bytes(raw))
+
+    run = tmp_path / "run"
+    run.mkdir()
+    monkeypatch.setattr(files.os, "replace", replace_then_swap)
+    value = token_file.write(run, _good(), IDENT)
+    monkeypatch.setattr(files.os, "replace", real_replace)
+    with pytest.raises(RecipeError, match="its sha256 is not the one the launcher wrote"):
+        token_file.read(value, run, IDENT)

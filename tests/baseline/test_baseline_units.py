@@ -60,10 +60,12 @@ def test_settings_diff_puts_key_settings_first():
 
 
 def test_tolerances_are_known_per_precision():
-    assert compare.tolerances_for("float32").loss_rtol == 1e-3
-    assert compare.tolerances_for("float32", loss_rtol=0.5).loss_rtol == 0.5
+    from porting.verify.stats import curve_tolerances
+
+    assert curve_tolerances("float32").loss_rtol == 1e-3
+    assert curve_tolerances("float32", loss_rtol=0.5).loss_rtol == 0.5
     with pytest.raises(ConfigError, match="no tolerances"):
-        compare.tolerances_for("int8")
+        curve_tolerances("int8")
 
 
 def test_loss_curve_fails_non_finite_steps_and_applies_the_bound(tmp_path):
@@ -72,7 +74,7 @@ def test_loss_curve_fails_non_finite_steps_and_applies_the_bound(tmp_path):
     doc = {"steps": {"step": [1, 2, 3, 4], "loss": [2.0, None, 1.5, 1.0], "grad_norm": [1.0, 1.0, 1.0, 1.0]}}
     run = RunRecords(tmp_path, None, [StepRecord(1, 2.0 + 2.0e-3), StepRecord(2, 1.8),
                                       StepRecord(3, float("nan")), StepRecord(4, 1.0 + 1.2e-3)])
-    tol = compare.Tolerances(loss_rtol=1e-3, loss_atol=1e-4, logits_atol=1.0)
+    tol = compare.CurveTolerances(loss_rtol=1e-3, loss_atol=1e-4, logits_atol=1.0)
     rep = compare.loss_curve(doc, run, tol)
     # step 1: 2e-3 <= 1e-4 + 2e-3 passes; step 4: 1.2e-3 > 1.1e-3 fails; null / NaN fail
     assert rep["failing_steps"] == [2, 3, 4] and rep["per_step"][0]["ok"]

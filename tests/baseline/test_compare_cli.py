@@ -31,7 +31,7 @@ def one_line_error(p: subprocess.CompletedProcess, *needles: str) -> str:
 def work(tmp_path_factory) -> dict[str, Path]:
     d = tmp_path_factory.mktemp("cmp")
     base, run = d / "base.json", d / "run"
-    p = port("baseline", "--recipe", RECIPE, *STEPS, "--out", str(base), "--threads", "2")
+    p = port("baseline", "run", "--recipe", RECIPE, *STEPS, "--out", str(base), "--threads", "2")
     assert p.returncode == 0, p.stderr[-3000:]
     p = port("train", RECIPE, *STEPS, "--run-dir", str(run))
     assert p.returncode == 0, p.stderr[-3000:]
@@ -75,7 +75,7 @@ def test_human_table_and_a_real_divergence_fails(work, tmp_path):
     assert ok.returncode == 0 and "settings: identical" in ok.stdout and "RESULT: PASS" in ok.stdout
     # A baseline trained with twice the learning rate: step 1 (before any update) agrees, then it must fail.
     other = tmp_path / "lr2.json"
-    p = port("baseline", "--recipe", RECIPE, *STEPS, "--set", "optimizer.lr=2e-3", "--steps", "3",
+    p = port("baseline", "run", "--recipe", RECIPE, *STEPS, "--set", "optimizer.lr=2e-3", "--steps", "3",
              "--out", str(other), "--threads", "2")
     assert p.returncode == 0, p.stderr[-2000:]
     bad = port("compare", str(other), str(work["run"]), "--json")
@@ -84,6 +84,9 @@ def test_human_table_and_a_real_divergence_fails(work, tmp_path):
     assert rep["loss"]["failing_steps"] == [2, 3] and rep["loss"]["per_step"][0]["ok"]
     assert [d["key"] for d in rep["settings"]["differ"]][:2] == ["steps", "lr"]
     assert rep["probe"]["available"] is False  # baseline probe is after step 3, the run kept step 6 only
+    # the verdict as the one result row: the probe was not checked, so it has no row
+    assert [(c["name"], c["value"], c["passed"]) for c in rep["checks"]] == [
+        ("settings like for like", None, True), ("loss per step", 2, False)], rep["checks"]
     table = port("compare", str(other), str(work["run"]))
     assert table.returncode == 1
     assert table.stdout.index("SETTINGS THAT DIFFER") < table.stdout.index("LOSS per step")
@@ -93,7 +96,7 @@ def test_human_table_and_a_real_divergence_fails(work, tmp_path):
 @pytest.mark.slow
 def test_different_batch_settings_are_said_first(work, tmp_path):
     other = tmp_path / "acc.json"
-    p = port("baseline", "--recipe", RECIPE, *STEPS, "--set", "batching.micro_batch_size=2",
+    p = port("baseline", "run", "--recipe", RECIPE, *STEPS, "--set", "batching.micro_batch_size=2",
              "--set", "batching.grad_accum_steps=2", "--steps", "2", "--out", str(other), "--threads", "2")
     assert p.returncode == 0, p.stderr[-2000:]
     one_line_error(port("compare", str(other), str(work["run"])),
@@ -104,7 +107,11 @@ def test_different_batch_settings_are_said_first(work, tmp_path):
     out = forced.stdout
     assert "SETTINGS THAT DIFFER (not like for like)" in out and out.index("micro_batch_size") < out.index("LOSS")
     # same examples per step (micro 2 x accum 2 == micro 4): the losses still agree; only the settings fail
-    assert "FAIL: settings differ: micro_batch_size, grad_accum_steps" in out and "  FAIL" not in out
+    assert "FAIL: settings differ: micro_batch_size, grad_accum_steps" in out
+    assert "  FAIL" not in out[out.index("LOSS per step"):out.index("PROBE")]
+    from porting.verify.check import Check, line
+
+    assert line(Check.claim("settings like for like", False, "differ: micro_batch_size, grad_accum_steps")) in out
 
 
 @pytest.mark.slow
@@ -153,12 +160,12 @@ def test_a_cut_metrics_line_is_counted_in_the_comparison(work, tmp_path):
 
 def test_baseline_bad_inputs_leave_no_file(tmp_path):
     out = tmp_path / "b.json"
-    one_line_error(port("baseline", "--recipe", RECIPE, "--device", "cuda", "--out", str(out)),
+    one_line_error(port("baseline", "run", "--recipe", RECIPE, "--device", "cuda", "--out", str(out)),
                    "--device cuda", "no CUDA device")
-    one_line_error(port("baseline", "--recipe", RECIPE, *STEPS, "--steps", "9", "--out", str(out)),
+    one_line_error(port("baseline", "run", "--recipe", RECIPE, *STEPS, "--steps", "9", "--out", str(out)),
                    "--steps 9", "only 6 optimizer steps")
-    one_line_error(port("baseline", "--recipe", str(tmp_path / "none.yaml"), "--out", str(out)),
+    one_line_error(port("baseline", "run", "--recipe", str(tmp_path / "none.yaml"), "--out", str(out)),
                    "none.yaml: recipe file not found")
-    one_line_error(port("baseline", "--recipe", RECIPE, "--out", str(tmp_path / "missing" / "b.json")),
+    one_line_error(port("baseline", "run", "--recipe", RECIPE, "--out", str(tmp_path / "missing" / "b.json")),
                    "does not exist")
     assert list(tmp_path.iterdir()) == []

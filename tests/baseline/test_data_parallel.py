@@ -28,7 +28,7 @@ def test_two_worker_run_matches_single_process_baseline(tmp_path):
                      timeout=900)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
     base = tmp_path / "dp.json"
-    p = port("baseline", "--recipe", RECIPE, *sets, "--out", str(base), "--threads", "2")
+    p = port("baseline", "run", "--recipe", RECIPE, *sets, "--out", str(base), "--threads", "2")
     assert p.returncode == 0, p.stderr[-3000:]
     doc = json.loads(base.read_text())
     assert doc["settings"]["world_size"] == 2 and doc["settings"]["global_batch"] == 8

@@ -1,4 +1,4 @@
-"""`port compare BASELINE RUNDIR --bisect` on real runs of recipes/tiny-cpu.yaml (stories260K): a run
+"""`port bisect --baseline BASELINE RUNDIR` on real runs of recipes/tiny-cpu.yaml (stories260K): a run
 given another learning rate from step 3 on is named at step 3, phase update; a run that did not keep
 the state the replay needs is refused with the recipe keys to set."""
 
@@ -34,7 +34,7 @@ def runs(tmp_path_factory) -> Path:
     after step 2 with lr 3e-3: step 3's update is the first to differ, step 4's loss the first to show it)."""
     work = tmp_path_factory.mktemp("step-bisect")
     (work / "recipes").symlink_to(ROOT / "recipes")
-    _port(work, "baseline", "--recipe", "recipes/tiny-cpu.yaml", "--device", "cpu", "--out", "base.json",
+    _port(work, "baseline", "run", "--recipe", "recipes/tiny-cpu.yaml", "--device", "cpu", "--out", "base.json",
           "--steps", "5", *SETS)
     _port(work, "train", "recipes/tiny-cpu.yaml", "--run-dir", "runs/same", *SETS)
     shutil.copytree(work / "runs" / "same", work / "runs" / "lr3")
@@ -52,11 +52,12 @@ def runs(tmp_path_factory) -> Path:
     return work
 
 
-def _compare(work: Path, run: str, *extra: str):
+def _compare(work: Path, run: str, *extra: str, old_spelling: bool = False):
     old = os.getcwd()
     os.chdir(work)
+    argv = ["compare", "base.json", run, "--bisect"] if old_spelling else ["bisect", "--baseline", "base.json", run]
     try:
-        return CliRunner().invoke(main, ["compare", "base.json", run, "--bisect", *extra])
+        return CliRunner().invoke(main, [*argv, *extra])
     finally:
         os.chdir(old)
 
@@ -82,6 +83,14 @@ def test_learning_rate_changed_from_step_3_is_named_as_step_3_update(runs):
 def test_a_run_within_tolerance_has_nothing_to_bisect(runs):
     res = _compare(runs, "runs/same")
     assert res.exit_code == 0 and "nothing to bisect" in res.output
+
+
+def test_the_old_spelling_still_works_with_one_deprecation_line(runs):
+    res = _compare(runs, "runs/lr3", "--json", old_spelling=True)
+    assert res.exit_code == 1 and json.loads(res.stdout)["first_divergent"]["phase"] == "update"
+    notes = [ln for ln in res.stderr.splitlines() if "--bisect" in ln]
+    assert notes == ["note: `port compare BASELINE RUNDIR --bisect` is now `port bisect --baseline BASELINE RUNDIR`; "
+                     "the old spelling will be removed in a later release"], res.stderr[-2000:]
 
 
 def test_missing_checkpoint_is_refused_with_the_recipe_keys(runs, tmp_path):

@@ -386,7 +386,7 @@ def test_out_under_a_file_is_a_one_line_error(tmp_path):
 
 
 def test_verify_checkpoint_on_a_missing_directory_reports_rows(tmp_path):
-    from porting.roundtrip import verify_checkpoint
+    from porting.verify.roundtrip import verify_checkpoint
 
     rows = verify_checkpoint(ROOT / "model_zoo" / "assets" / "stories260k", tmp_path / "nope")
     assert rows and not any(r.passed for r in rows)

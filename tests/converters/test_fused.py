@@ -41,7 +41,7 @@ def test_phi3_reads_as_separate_weights_at_byte_ranges_of_the_fused_ones(tmp_pat
 
 @pytest.mark.parametrize("dtype,shard", [("float32", None), ("bfloat16", "24KB")])
 def test_phi3_round_trip_is_bitwise_and_the_manifest_records_the_split(tmp_path, dtype, shard):
-    from porting.roundtrip import verify_checkpoint
+    from porting.verify.roundtrip import verify_checkpoint
 
     src = make_hf(tmp_path / "hf", "phi3", dtype, shard)
     ms_dir, back = tmp_path / "ms", tmp_path / "back"
@@ -90,7 +90,7 @@ def test_phi3_matches_transformers_past_its_original_context(tmp_path):
     import torch
     import transformers
 
-    from porting.parity import check_parity
+    from porting.verify.parity import check_parity
 
     cfg = transformers.Phi3Config(
         vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
@@ -101,7 +101,7 @@ def test_phi3_matches_transformers_past_its_original_context(tmp_path):
     torch.manual_seed(0)
     transformers.Phi3ForCausalLM(cfg).save_pretrained(tmp_path)
     assert json.loads((tmp_path / "config.json").read_text())["original_max_position_embeddings"] == 32
-    from porting.parity import probe_ids
+    from porting.verify.parity import probe_ids
 
     assert 3 in probe_ids(128, 2, 96, 3, 1)   # the pad id is in the probe: its row's gradient is compared
     report = check_parity(tmp_path, batch=2, seq=96, hidden_states=True, grads=True, seed=3)

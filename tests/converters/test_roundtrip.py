@@ -14,7 +14,7 @@ import pytest
 
 from converters import convert
 from converters.sources import MANIFEST, open_hf
-from porting.roundtrip import verify_checkpoint
+from porting.verify.roundtrip import verify_checkpoint
 from tests.converters.conftest import ARCHS
 from tests.helpers import port
 
@@ -145,7 +145,7 @@ def test_bin_source_sharded(hf_factory, tmp_path):
     assert hf_state(back) == hf_state(st)
     rows = {r.name: r for r in verify_checkpoint(src, ms_dir)}
     assert rows["ms-tensors"].passed and "bitwise" in rows["ms-tensors"].detail
-    assert rows["roundtrip"].numbers.get("skipped")  # .bin -> safetensors: file layout cannot match
+    assert rows["roundtrip"].detail.startswith("skipped:")  # .bin -> safetensors: file layout cannot match
 
 
 @pytest.mark.parametrize("src_dtype,target,torch_target", [("bfloat16", "fp32", "float32"),
@@ -170,7 +170,7 @@ def test_dtype_cast_matches_torch(hf_factory, tmp_path, src_dtype, target, torch
     rows = {r.name: r for r in verify_checkpoint(src, ms_dir)}
     assert rows["ms-tensors"].passed and "after the cast" in rows["ms-tensors"].detail
     widening = src_dtype == "bfloat16" and target == "fp32"
-    assert rows["roundtrip"].passed and bool(rows["roundtrip"].numbers.get("skipped")) != widening
+    assert rows["roundtrip"].passed and rows["roundtrip"].detail.startswith("skipped:") != widening
 
 
 def test_verify_detects_a_changed_tensor(hf_factory, tmp_path):
@@ -188,7 +188,7 @@ def test_verify_detects_a_changed_tensor(hf_factory, tmp_path):
     rows = {r.name: r for r in verify_checkpoint(src, ms_dir)}
     assert not rows["ms-tensors"].passed
     assert "model.layers.1.self_attn.k_proj.weight: bytes differ" in rows["ms-tensors"].detail
-    assert rows["ms-tensors"].numbers["mismatched"] == 1
+    assert (rows["ms-tensors"].measure, rows["ms-tensors"].value) == ("tensors_differing", 1)
     assert not rows["roundtrip"].passed and "model.layers.1.self_attn.k_proj.weight" in rows["roundtrip"].detail
     (ms_dir / "config.json").write_text(json.dumps({**json.loads((src / "config.json").read_text()),
                                                      "rms_norm_eps": 0.5}))

@@ -66,7 +66,9 @@ def write_run(root: Path, *, world: int = 2, nodes: int = 1, steps: int = 12, fa
     (root / "hf").mkdir()
     (root / "hf" / "config.json").write_text("{}")
     if with_evidence:
-        (root / "parity.json").write_text(json.dumps({"passed": True, "checks": [{"name": "logits", "max_abs": 2e-6}]}))
+        (root / "parity.json").write_text(json.dumps({"passed": True, "checks": [
+            {"name": "logits", "measure": "max_abs", "value": 2e-6, "tolerance": 1e-4, "passed": True,
+             "detail": "max rel 1.0e-03"}]}))
         (root / "ops_scan.json").write_text(json.dumps({"ops": [{"op": "aten::mm"}], "blocking": [],
                                                        "counts": {"registered": 1}}))
     return root
@@ -81,7 +83,8 @@ def test_complete_run_fills_every_area(tmp_path):
     rows = rows_by_item(res)
     assert {r.area for r in res.rows} == {"correctness", "operators", "stability", "communication",
                                                 "resources", "performance", "environment"}
-    assert rows["parity with HF (port verify)"]["status"] == "pass"
+    parity = rows["parity with HF (port verify)"]
+    assert parity["status"] == "pass" and "logits max abs 2.000e-06 (tolerance 1.0e-04) ok" in parity["value"], parity
     assert rows["training loss"]["status"] == "pass" and "->" in rows["training loss"]["value"]
     assert rows["torch_npu coverage (port ops scan)"]["status"] == "pass"
     assert rows["run at single-node multi-device"]["status"] == "pass"
@@ -296,6 +299,19 @@ def test_passed_must_be_a_real_bool(tmp_path, passed):
     (run / "parity.json").write_text(json.dumps({"passed": passed, "checks": [{"max_abs": "big"}]}))
     row = rows_by_item(make_report(run))["parity with HF (port verify)"]
     assert row["status"] == "fail" and row["value"].startswith("invalid parity.json: 'passed' is"), row
+
+
+def test_parity_rows_must_be_check_rows(tmp_path):
+    """A row of parity.json is the one result row `port verify --json` writes; another shape is invalid (a fail),
+    and a failed row is named even when the file says passed."""
+    run = write_run(tmp_path / "run")
+    (run / "parity.json").write_text(json.dumps({"passed": True, "checks": [{"max_abs": "big"}]}))
+    row = rows_by_item(make_report(run))["parity with HF (port verify)"]
+    assert row["status"] == "fail" and row["value"].startswith("invalid parity.json: check row field 'name'"), row
+    bad = {"name": "loss", "measure": "max_abs", "value": 0.5, "tolerance": 1e-5, "passed": False, "detail": ""}
+    (run / "parity.json").write_text(json.dumps({"passed": True, "checks": [bad]}))
+    row = rows_by_item(make_report(run, force=True))["parity with HF (port verify)"]
+    assert row["status"] == "fail" and "loss max abs 5.000e-01 (tolerance 1.0e-05) FAIL" in row["value"], row
 
 
 def test_markdown_escapes_html_like_the_html(tmp_path):

@@ -110,13 +110,20 @@ def test_public_tensorboard_file_imports_through_the_cli(tmp_path):
     from tests.helpers import port
 
     out = tmp_path / "cuda.json"
-    r = port("baseline", "--import", str(TB / "events.out.tfevents.strict.run_1"), "--loss-tag", "strict/foo",
+    r = port("baseline", "import", str(TB / "events.out.tfevents.strict.run_1"), "--loss-tag", "strict/foo",
              "--global-batch", "8", "--out", str(out), check=True)
     doc = json.loads(out.read_text())
     assert not schema.problems(doc) and doc["steps"]["step"][:2] == [5, 10] and len(doc["steps"]["loss"]) == 99
     assert doc["imported"]["format"] == "tensorboard" and doc["imported"]["recovered_settings"] == {"loss_tag": "strict/foo"}
-    r = port("baseline", "--recipe", TINY_RECIPE, "--loss-tag", "x", "--out", str(tmp_path / "b.json"))
-    assert r.returncode == 2 and "--loss-tag names the loss scalar" in r.stderr and not (tmp_path / "b.json").exists()
+    # the run verb has no --loss-tag (it belongs to import): click refuses it before anything runs
+    r = port("baseline", "run", "--recipe", TINY_RECIPE, "--loss-tag", "x", "--out", str(tmp_path / "b.json"))
+    assert r.returncode == 2 and "No such option '--loss-tag'" in r.stderr and not (tmp_path / "b.json").exists()
+    # the one-verb spelling still works, with a note naming the new one
+    old = tmp_path / "old.json"
+    r = port("baseline", "--import", str(TB / "events.out.tfevents.strict.run_1"), "--loss-tag", "strict/foo",
+             "--global-batch", "8", "--out", str(old), check=True)
+    assert "note: `port baseline --import LOG` is now `port baseline import LOG`" in r.stderr
+    assert json.loads(old.read_text())["steps"] == doc["steps"]
 
 
 def test_imported_file_is_a_baseline_saying_what_it_lacks(tmp_path):
@@ -193,6 +200,9 @@ def test_drift_of_one_and_a_half_percent_fails_naming_the_steps(hf_trainer_state
     assert not rep["ok"]
     assert any("steps 11-20" in f for f in rep["failures"]), rep["failures"]
     assert [w["ok"] for w in rep["curve"]["windows"]] == [True, False]
+    rows = {c["name"]: c for c in rep["checks"]}   # the gate's verdict as the one result row
+    assert rows["loss windows"]["value"] == 1 and not rows["loss windows"]["passed"]
+    assert rows["like for like"]["passed"] and all(r["passed"] for n, r in rows.items() if n != "loss windows")
 
 
 def test_doubled_spikes_fail_naming_the_step(hf_trainer_state, tiny_cpu_run, tmp_path):

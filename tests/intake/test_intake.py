@@ -50,6 +50,6 @@ def test_intake_refuses_a_non_empty_out_and_leaves_it(job, tmp_path):
     out = tmp_path / "mine"
     out.mkdir()
     (out / "keep.txt").write_text("x")
-    with pytest.raises(IntakeError, match="not an empty directory"):
+    with pytest.raises(IntakeError, match="exists and is not empty"):
         run_intake(job, out, Target(model="llama2-7b"))
     assert [p.name for p in out.iterdir()] == ["keep.txt"]

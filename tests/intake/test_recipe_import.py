@@ -92,7 +92,7 @@ def test_every_written_recipe_plans_with_port_train_dry_run(imported):
 def test_existing_out_is_not_overwritten(imported, tmp_path):
     out = tmp_path / "mine.yaml"
     out.write_text("model: {source: x}\n")
-    with pytest.raises(IntakeError, match="exists; port does not overwrite it"):
+    with pytest.raises(IntakeError, match="port never overwrites a file it did not write"):
         import_configs([str(CFG / "medical_full.yaml")], out, Target(model="qwen2.5-7b"))
     assert out.read_text() == "model: {source: x}\n"
 

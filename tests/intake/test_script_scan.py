@@ -1,4 +1,4 @@
-"""`port ops scan --script`: each CUDA habit of real public training scripts at its exact line; a clean
+"""`port ops lint`: each CUDA habit of real public training scripts at its exact line; a clean
 script reports nothing; the rules file is complete."""
 
 from __future__ import annotations
@@ -60,13 +60,14 @@ def test_aliases_and_every_rule_kind():
 def test_cli_json_and_report_row(tiny_cpu_run, tmp_path):
     import shutil
 
-    res = CliRunner().invoke(main, ["ops", "scan", "--script", str(S / "nanogpt_train.py"), "--json"])
+    res = CliRunner().invoke(main, ["ops", "lint", str(S / "nanogpt_train.py"), "--json"])
     assert res.exit_code == 0, res.output
     assert {(f["line"], f["rule"]) for f in json.loads(res.output)["findings"]} == NANOGPT
     run = tmp_path / "run"
     shutil.copytree(tiny_cpu_run, run)
+    # the old spelling still works, with a note naming the new verb
     res = CliRunner().invoke(main, ["ops", "scan", "--script", str(S), "--out", str(run / "script_scan.json")])
-    assert res.exit_code == 0
+    assert res.exit_code == 0 and "is now `port ops lint PATH...`" in res.stderr
     from porting.report.rows import rows_operators
     from porting.rundir import read_run
 

@@ -119,7 +119,7 @@ def _save(tmp_path, kind: str, model: str):
 @pytest.mark.parametrize("kind,model", [("yarn", "Qwen3Config"), ("dynamic", "LlamaConfig"),
                                         ("longrope", "Qwen2Config")])
 def test_whole_model_matches_hf_past_the_original_context(tmp_path, kind, model):
-    from porting.parity import check_parity
+    from porting.verify.parity import check_parity
 
     report = check_parity(_save(tmp_path, kind, model), batch=2, seq=96, hidden_states=True, grads=True)
     assert report["seq"] == 96 and report["passed"], report["checks"]
@@ -127,7 +127,7 @@ def test_whole_model_matches_hf_past_the_original_context(tmp_path, kind, model)
 
 @pytest.mark.parametrize("cache", ["static", "dynamic"])
 def test_generation_past_the_original_context_equals_hf_generate(tmp_path, cache):
-    from porting.cli.verify import run_generation_check
+    from porting.verify.generation import check_generation as run_generation_check
 
     res = run_generation_check(_save(tmp_path, "dynamic", "LlamaConfig"), 48, cache=cache)   # 49 > 32 positions
     assert res["tokens_equal"], (res["zoo_ids"], res["hf_ids"])

@@ -51,7 +51,7 @@ def test_qwen3_trains_like_its_pytorch_baseline(qwen3_dir, tmp_path):
     recipe = "recipes/tiny-cpu.yaml"
     sets = ("--set", f"model.source={qwen3_dir}", "--set", "schedule.max_steps=6")
     base, run = tmp_path / "base.json", tmp_path / "run"
-    p = port("baseline", "--recipe", recipe, *sets, "--out", str(base), "--threads", "2")
+    p = port("baseline", "run", "--recipe", recipe, *sets, "--out", str(base), "--threads", "2")
     assert p.returncode == 0, p.stderr[-3000:]
     p = port("train", recipe, *sets, "--run-dir", str(run))
     assert p.returncode == 0, p.stderr[-3000:]

@@ -14,6 +14,7 @@ variable (a multi-node command run by hand from ``--dry-run``) tokenises as befo
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import re
@@ -68,8 +69,12 @@ def write(run_dir: Path, data: TokenizedData, ident: dict, node: int = 0) -> str
              sources=np.fromiter((e.source for e in ex), np.int64, len(ex)),
              meta=np.frombuffer(meta.encode("utf-8"), np.uint8))
     path = Path(run_dir) / FILE.format(node=node)
-    write_atomic(path, buf.getvalue(), error=RecipeError)
-    return f"{sha256_file(path)}:{path.name}"
+    raw = buf.getvalue()
+    # digested before it is renamed into place: the digest is of the bytes port wrote, so a file swapped in
+    # after the rename (another process in the run directory) is refused by the workers, never trusted
+    digest = hashlib.sha256(raw).hexdigest()
+    write_atomic(path, raw, error=RecipeError)
+    return f"{digest}:{path.name}"
 
 
 def read(value: str, run_dir: Path, ident: dict) -> TokenizedData:

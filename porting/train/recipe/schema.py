@@ -21,7 +21,7 @@ from model_zoo.files import read_text
 from porting.train.recipe.checks import bool_where_number, template_problem
 from porting.train.recipe.hardware import MasterAddr, ascend_shapes, ascend_shapes_problem, derive_cluster
 from porting.train.recipe.nonfinite import NonfiniteSection
-from porting.train.recipe.yaml_bounded import load_yaml
+from porting.train.recipe.yaml_bounded import load_yaml, parse_value
 
 Dtype = Literal["float32", "bfloat16", "float16"]
 
@@ -344,14 +344,6 @@ def _format_errors(where: str, exc: ValidationError) -> str:
     return f"{where}: {len(parts)} problem(s): " + "; ".join(parts)
 
 
-def parse_value(text: str) -> Any:
-    """A --set value: YAML scalar/list syntax (3e-4, true, [1, 2], null), else the string."""
-    try:
-        return load_yaml(text, "--set")
-    except RecipeError:
-        return text
-
-
 def apply_overrides(raw: dict, overrides: list[str]) -> dict:
     """``key.path=value`` overrides applied to a raw recipe dict (a new dict is returned)."""
     out = copy.deepcopy(raw)
@@ -373,7 +365,7 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
                 break
             node = node.setdefault(p, {})
         else:
-            node[parts[-1]] = parse_value(value)
+            node[parts[-1]] = parse_value(value, f"--set {key.strip()}")
     if bad:
         raise RecipeError("; ".join(bad))
     return out

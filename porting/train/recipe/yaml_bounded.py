@@ -44,7 +44,25 @@ class _BoundedLoader(yaml.SafeLoader):
 
 
 class _YamlBound(Exception):
-    pass
+    def __init__(self, msg: str, node: yaml.Node | None = None):
+        super().__init__(msg)
+        self.node = node   # the value refused, so the message can name its key
+
+
+MAX_INT_DIGITS = 40   # as model_zoo.files for JSON: 2**128 has 39 digits; no count or size port reads comes near
+
+
+def _bounded_int(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> int:
+    """YAML integers, refused past ``MAX_INT_DIGITS`` digits before they are built: CPython raises a bare
+    ValueError past 4,300 digits, and a 400-digit count overflows every float it meets later."""
+    digits = sum(c.isalnum() for c in str(node.value))
+    if digits > MAX_INT_DIGITS:
+        raise _YamlBound(f"line {node.start_mark.line + 1}: an integer of {digits:,} digits, more than the "
+                         f"{MAX_INT_DIGITS} any count or size port reads can have", node)
+    return yaml.SafeLoader.construct_yaml_int(loader, node)
+
+
+_BoundedLoader.add_constructor("tag:yaml.org,2002:int", _bounded_int)
 
 
 def _expanded_nodes(node: yaml.Node, limit: int) -> int:
@@ -69,6 +87,24 @@ def _expanded_nodes(node: yaml.Node, limit: int) -> int:
     return sizes[id(node)]
 
 
+def _key_of(root: yaml.Node, target: yaml.Node) -> str | None:
+    """The dotted key path of ``target`` in the composed document (``optimizer.lr``, ``betas.0``)."""
+    stack: list[tuple[yaml.Node, str]] = [(root, "")]
+    seen: set[int] = set()
+    while stack:
+        n, path = stack.pop()
+        if n is target:
+            return path or None
+        if id(n) in seen:
+            continue
+        seen.add(id(n))
+        if isinstance(n, yaml.MappingNode):
+            stack.extend((v, f"{path}.{k.value}" if path else str(k.value)) for k, v in n.value)
+        elif isinstance(n, yaml.SequenceNode):
+            stack.extend((v, f"{path}.{i}" if path else str(i)) for i, v in enumerate(n.value))
+    return None
+
+
 def load_yaml(text: str, where: str, *, what: str = "recipe", error: type[PortingError] = RecipeError,
               hint: str = RECIPE_HINT) -> Any:
     """One YAML document of ``text`` (read from ``where``), bounded in depth, aliases and expanded size;
@@ -83,7 +119,10 @@ def load_yaml(text: str, where: str, *, what: str = "recipe", error: type[Portin
             raise _YamlBound(f"more than {MAX_YAML_NODES:,} values once aliases are expanded")
         return loader.construct_document(node)
     except _YamlBound as e:
-        raise error(f"{where}: refused: {e}; {hint}") from None
+        key = _key_of(node, e.node) if e.node is not None else None
+        err = error(f"{where}: refused: " + (f"{key}: " if key else "") + f"{e}; {hint}")
+        err.bound = True   # a bound, not a syntax error: a --set value is never taken as a string then
+        raise err from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f" at line {mark.line + 1}" if mark else ""
@@ -92,3 +131,14 @@ def load_yaml(text: str, where: str, *, what: str = "recipe", error: type[Portin
         raise error(f"{where}: refused: nesting too deep for a {what}") from None
     finally:
         loader.dispose()
+
+
+def parse_value(text: str, where: str = "--set") -> Any:
+    """A --set value: YAML scalar/list syntax (3e-4, true, [1, 2], null), else the string; a value past the
+    bounds (an alias bomb, a 5,000-digit integer) is refused, never kept as text (``where`` names the key)."""
+    try:
+        return load_yaml(text, where)
+    except RecipeError as e:
+        if getattr(e, "bound", False):
+            raise
+    return text

@@ -17,6 +17,7 @@ import os
 import shutil
 from pathlib import Path
 
+from converters import atomic
 from model_zoo.errors import CheckpointError
 from model_zoo.config import LlamaConfig
 from porting.env import versions
@@ -35,16 +36,30 @@ def _link_or_copy(src: Path, dst: Path) -> None:
         shutil.copyfile(src, dst)
 
 
+def _stage(out: Path) -> Path:
+    """The staging directory of the converter's source, named so ``converters.atomic.remove_stale`` finds it
+    once its process is gone (a ``kill -9`` mid-export leaves it; the next export to ``out`` removes it)."""
+    atomic.remove_stale(out)
+    stage = out.parent / f".{out.name}.port-tmp-source-{os.getpid()}"
+    shutil.rmtree(stage, ignore_errors=True)
+    return stage
+
+
 def export_hf(checkpoint: str | Path, model_dir: str | Path, out_dir: str | Path, *,
-              command: list[str] | None = None, force: bool = True) -> Path:
+              command: list[str] | None = None, force: bool = True, user_out: bool = False) -> Path:
     """Convert the training checkpoint directory ``checkpoint`` to an HF directory at ``out_dir``.
 
     ``model_dir`` is the HF directory the run started from: its config.json describes the architecture
     and its tokenizer files are carried over. ``out_dir`` is replaced (it is the run's own ``hf/``); with
-    ``force`` False (`port ckpt merge`) a non-empty ``out_dir`` is refused."""
-    from converters.convert import ms_to_hf  # deferred: the converter loads torch and MindSpore readers; export runs once, at the end
+    ``force`` False (`port ckpt merge`) a non-empty ``out_dir`` is refused. ``user_out`` (`port ckpt merge
+    --out`): the converters' rule for every --out first, with the checkpoint and the model directory as
+    inputs (a W that holds the run being merged is refused, --force or not)."""
+    from converters.convert import MANIFEST, ms_to_hf  # deferred: the converter loads torch and MindSpore readers; export runs once, at the end
 
     ckpt, model_dir, out = Path(checkpoint), Path(model_dir), Path(out_dir)
+    if user_out:
+        atomic.check_out(out, inputs=[ckpt, model_dir], force=force, ours=lambda d: (d / MANIFEST).is_file(),
+                         what="a `port convert` output")
     if (ckpt / "layout.json").is_file():   # per-rank format: the weights are assembled offline first
         return _export_ranks(ckpt, model_dir, out, command, force)
     weights = next((ckpt / n for n in (WEIGHTS_FILE, shard_file(0, 2)) if (ckpt / n).is_file()), None)
@@ -53,8 +68,7 @@ def export_hf(checkpoint: str | Path, model_dir: str | Path, out_dir: str | Path
                               "`port train` checkpoint to export")
     # The converter reads one MindSpore directory: the weights file, config.json and the tokenizer
     # files, gathered (hard links) in a staging directory beside the output and removed afterwards.
-    stage = out.parent / f".{out.name}-source.port-tmp-{os.getpid()}"
-    shutil.rmtree(stage, ignore_errors=True)
+    stage = _stage(out)
     try:
         stage.mkdir(parents=True)
         _link_or_copy(weights, stage / STAGED_WEIGHTS)
@@ -81,8 +95,7 @@ def _export_ranks(ckpt: Path, model_dir: Path, out: Path, command: list[str] | N
     from converters.convert import ms_to_hf  # deferred: the converter loads torch and MindSpore readers; export runs once, at the end
     from porting.train.run.ckpt_merge import write_weights  # deferred: only format-2 checkpoints need the offline merge
 
-    stage = out.parent / f".{out.name}-source.port-tmp-{os.getpid()}"
-    shutil.rmtree(stage, ignore_errors=True)
+    stage = _stage(out)
     try:
         stage.mkdir(parents=True)
         cfg = write_weights(ckpt, stage / "model.safetensors")

@@ -110,3 +110,14 @@ def report_bisect_file_missing(d):
     from tests.attacks.report.cases import run_dir
 
     return ["report", str(run_dir(d)), "--bisect", str(d / "nope.json"), "--out", str(d / "out")]
+
+
+@case("--ids: 60,000 ids, more than the model's max_position_embeddings 512", dest=None, timeout=60)
+def ids_60000_refused_against_max_position_embeddings(d):
+    """Was killed for memory (a 60,000 x 60,000 attention) instead of refused."""
+    return _bisect(d, I.ms(d), "--ids", " ".join(["1"] * 60_000))
+
+
+@case("--ids", "expected token ids", dest=None)
+def ids_past_int64(d):
+    return _bisect(d, d / "nope", "--ids", "1 2 " + "9" * 30)

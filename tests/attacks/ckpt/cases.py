@@ -6,6 +6,7 @@ is left as it was (outside ``dest`` for `port ckpt`, hashed before and after for
 from __future__ import annotations
 
 import hashlib
+import os
 import json
 from pathlib import Path
 
@@ -127,3 +128,36 @@ def merge_record_bucket_names_no_parameter(d):
     def fn(doc):
         doc["layout"].update(zero=1, buckets=[{"params": [10 ** 6], "padded": 1}])
     return _merge(d, lambda ck: _record(ck, fn))
+
+
+# -- issue 40: --out of `port ckpt` under the converters' rule; bounded recipes
+@case("overlaps the input", dest=None, timeout=120)
+def merge_force_into_a_port_folder_that_holds_the_run(d):
+    """W holds port_manifest.json (port wrote it) and the run being merged: `--force` deleted the whole run,
+    the source checkpoint included."""
+    w = d / "W"
+    ck = I.train_checkpoint(w / "run" / "checkpoints" / "step_2")
+    (w / "port_manifest.json").write_text("{}")
+    return ["ckpt", "merge", str(ck), "--out", str(w), "--force"]
+
+
+@case("overlaps the input", dest=None, timeout=120)
+def merge_out_inside_the_checkpoint(d):
+    ck = I.train_checkpoint(d / "ck" / "step_2")
+    return ["ckpt", "merge", str(ck), "--out", str(ck / "hf")]
+
+
+@case("is a symbolic link", dest=None, timeout=120)
+def reshard_out_is_a_link(d):
+    ck = I.train_checkpoint(d / "ck" / "step_2")
+    (d / "elsewhere").mkdir()
+    os.symlink(d / "elsewhere", d / "out")
+    return ["ckpt", "reshard", str(ck), "--to", str(I.recipe(d)), "--out", str(d / "out")]
+
+
+@case("recipe.yaml", "seed: line", "an integer of 5,000 digits", timeout=120)
+def reshard_to_a_recipe_with_a_5000_digit_integer(d):
+    ck = I.train_checkpoint(d / "ck" / "step_2")
+    r = I.recipe(d)
+    r.write_text(r.read_text().replace("seed: 0", "seed: " + "9" * 5000))
+    return ["ckpt", "reshard", str(ck), "--to", str(r), "--out", str(d / "out")]

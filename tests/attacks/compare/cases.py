@@ -57,3 +57,39 @@ def rundir_missing(d):
 def rundir_metrics_nested(d):
     return ["compare", str(_baseline(d, "{}")), str(run_dir(d, **{"metrics.jsonl": I.deep_json() + "\n"})),
             "--no-probe"]
+
+
+# -- issue 40: --out under the converters' rule (converters.atomic.check_out)
+@case("base.json", "overlaps the input", dest=None)
+def out_is_the_baseline_being_compared(d):
+    """`--out base.json` overwrote the baseline being compared."""
+    from tests.attacks.intake.cases_logs import _imported
+
+    return ["compare", str(_imported(d)), str(run_dir(d)), "--no-probe", "--out", str(d / "base.json")]
+
+
+@case("mine.json", "exists and is not a comparison port wrote", dest=None)
+def out_over_a_users_file(d):
+    from tests.attacks.intake.cases_logs import _imported
+
+    I.canary(d, "mine.json")
+    return ["compare", str(_imported(d)), str(run_dir(d)), "--no-probe", "--out", str(d / "mine.json")]
+
+
+@case("is a symbolic link", dest=None)
+def out_is_a_link_to_a_file_elsewhere(d):
+    from tests.attacks.intake.cases_logs import _imported
+
+    (d / "elsewhere").mkdir()
+    import os
+
+    os.symlink(I.canary(d / "elsewhere", "c.json"), d / "cmp.json")
+    return ["compare", str(_imported(d)), str(run_dir(d)), "--no-probe", "--out", str(d / "cmp.json")]
+
+
+@case("metrics.jsonl", "exists and is not a comparison port wrote", dest=None)
+def out_is_a_file_of_the_run(d):
+    from tests.attacks.intake.cases_logs import _imported
+
+    r = run_dir(d)
+    return ["compare", str(_imported(d)), str(r), "--no-probe", "--out", str(r / "metrics.jsonl")]

@@ -99,3 +99,19 @@ def one_8_mb_line_of_entity_tokens(d):
     (d / "logs").mkdir()
     (d / "logs" / "pasted.log").write_text("Device[1] lost heartbeat chipId:1 dst_rank[0] NPU 3; " * 160_000 + "\n")
     return ["diagnose", str(d / "logs")]
+
+
+# -- issue 40: --out under the converters' rule
+@case("worker_0.log", "overlaps the input", dest=None)
+def out_is_a_log_being_diagnosed(d):
+    (d / "logs").mkdir()
+    (d / "logs" / "worker_0.log").write_text("step 1 loss 2.0\n")
+    return ["diagnose", str(d / "logs"), "--out", str(d / "logs" / "worker_0.log")]
+
+
+@case("mine.json", "exists and is not a diagnosis port wrote", dest=None)
+def out_over_a_users_file(d):
+    (d / "logs").mkdir()
+    (d / "logs" / "worker_0.log").write_text("step 1 loss 2.0\n")
+    I.canary(d, "mine.json")
+    return ["diagnose", str(d / "logs"), "--out", str(d / "mine.json")]

@@ -93,14 +93,14 @@ def jsonl_steps_backward(d):
     return _import(d, p)
 
 
-@case("line 3: loss is 'abc', expected a number")
+@case("line 3: loss: found 'abc', expected a number")
 def csv_bad_loss(d):
     p = d / "log.csv"
     p.write_text("step,loss\n1,2.0\n2,abc\n")
     return _import(d, p)
 
 
-@case("--out is the log being imported")
+@case("overlaps the input")
 def out_is_the_log(d):
     p = d / "out" / "metrics.jsonl"
     p.parent.mkdir()
@@ -196,9 +196,12 @@ def intake_out_inside_job(d):
     return ["intake", str(job), "--out", str(job / "migration")]
 
 
-@case("exists and is not an empty directory", dest=None)
+@case("exists and is not empty", dest=None)
 def intake_out_not_empty(d):
     (d / "job").mkdir()
     (d / "mine").mkdir()
     (d / "mine" / "notes.txt").write_text("mine")
     return ["intake", str(d / "job"), "--out", str(d / "mine")]
+
+
+from tests.attacks.intake import cases_configs, cases_logs, cases_outs  # noqa: E402,F401  (register issue 40's cases)

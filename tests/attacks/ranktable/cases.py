@@ -94,3 +94,19 @@ def gen_out_under_proc(d):
     return ["ranktable", "gen", "--server", "node_0:10.0.0.1", "--devices", "0-1",
             "--device-ip", "node_0:0=192.168.1.8", "--device-ip", "node_0:1=192.168.1.9",
             "--out", "/proc/port-attack/rt.json"]
+
+
+# -- issue 40: --out under the converters' rule
+@case("a.json", "overlaps the input", dest=None)
+def merge_out_is_one_of_its_inputs(d):
+    """`merge a.json b.json --out a.json` replaced an input with the merge."""
+    return ["ranktable", "merge", str(_table(d, json.dumps(GOOD), "a.json")), str(_table(d, json.dumps(GOOD), "b.json")),
+            "--out", str(d / "a.json")]
+
+
+@case("rank_table.json", "exists and is not a rank table", dest=None)
+def gen_out_over_an_existing_table(d):
+    I.canary(d, "rank_table.json")
+    return ["ranktable", "gen", "--server", "node_0:10.0.0.1", "--devices", "0-1",
+            "--device-ip", "node_0:0=192.168.1.8", "--device-ip", "node_0:1=192.168.1.9",
+            "--out", str(d / "rank_table.json")]

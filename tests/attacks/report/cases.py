@@ -104,3 +104,54 @@ def metrics_with_non_finite_and_huge_float_losses(d):
                                  '{"step": 3, "loss": 1e308}\n{"step": 4, "loss": -1e308, "grad_norm": 1e308}\n'
                                  '{"step": 5, "loss": 1.5}\n')
     return ["report", str(r), "--out", str(d / "out")]
+
+
+# -- issue 40: Markdown escaped as HTML is, bounded reads, no link followed out of the run
+def _md_has_no_live_content(line: str, d: Path) -> None:
+    import re
+
+    md = (d / "out" / "report.md").read_text()
+    md = md.replace("![loss](loss.svg) ![step time](step_time.svg) ![memory](memory.svg)", "")   # port's own plots
+    assert "evil.example" in md, "the hostile text is shown (escaped), not dropped"
+    assert not re.search(r"(?<!\\)!\[", md) and not re.search(r"(?<!\\)\]\(https?://", md), md
+
+
+@case(dest="out", refusal=False, check=_md_has_no_live_content)
+def markdown_image_link_from_a_run_file(d):
+    """An image link in a run file was live Markdown in report.md (a viewer fetches the remote image)."""
+    r = run_dir(d, **{"ops_scan.json": json.dumps({"ops": [{"op": "x"}], "counts": {},
+                                                   "blocking": ["![x](https://evil.example/p.png) [y](https://evil.example)"]})})
+    return ["report", str(r), "--out", str(d / "out")]
+
+
+def _outside_not_shown(line: str, d: Path) -> None:
+    md = (d / "out" / "report.md").read_text() + (d / "out" / "report.json").read_text()
+    assert "OUTSIDE-SECRET" not in md, "a file outside the run was shown through a link"
+    assert "symbolic link" in md
+
+
+@case(dest="out", refusal=False, check=_outside_not_shown)
+def incidents_jsonl_is_a_link_to_a_file_outside_the_run(d):
+    import os
+
+    r = run_dir(d)
+    (d / "outside.jsonl").write_text(json.dumps({"n": 1, "kind": "OUTSIDE-SECRET", "action": "x"}) + "\n")
+    os.symlink(d / "outside.jsonl", r / "incidents.jsonl")
+    return ["report", str(r), "--out", str(d / "out")]
+
+
+@case(dest="out", refusal=False, check=_outside_not_shown)
+def evidence_file_is_a_link_to_a_file_outside_the_run(d):
+    import os
+
+    r = run_dir(d)
+    (d / "outside.json").write_text(json.dumps({"ops": [{"op": "x"}], "counts": {}, "blocking": ["OUTSIDE-SECRET"]}))
+    os.symlink(d / "outside.json", r / "ops_scan.json")
+    return ["report", str(r), "--out", str(d / "out")]
+
+
+@case(dest="out", refusal=False, check=_report_reads, timeout=20)
+def metrics_jsonl_sparse_2_gb(d):
+    r = run_dir(d)
+    I.big_sparse(r / "metrics.jsonl", 2 << 30)
+    return ["report", str(r), "--out", str(d / "out")]
