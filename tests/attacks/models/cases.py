@@ -122,3 +122,15 @@ def intake_hybrid_model_directory(d):
     job.mkdir()
     shutil.copy(FIX / "configs" / "lf_qwen3_full_sft.yaml", job / "sft.yaml")
     return ["intake", str(job), "--out", str(d / "out"), "--model", _config(d, "Qwen3_5TextConfig", head_dim=8)]
+
+
+@case("port bisect: phi3 checkpoints fuse q/k/v and gate/up", "port verify --hf DIR --hidden-states --grads")
+def bisect_fused_weights(d):
+    """A fused-weight checkpoint (Phi-3) converts and verifies, but bisect taps q/k/v one by one: refused."""
+    import torch
+    import transformers
+
+    m = d / "model"
+    torch.manual_seed(0)
+    transformers.Phi3ForCausalLM(transformers.Phi3Config(**SMALL, pad_token_id=0)).save_pretrained(m)
+    return ["bisect", "--hf", str(m), "--ms", str(m)]
