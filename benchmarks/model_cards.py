@@ -7,7 +7,7 @@
 Each family is checked at a small width with the ratios of a real config.json (heads to KV heads, head_dim
 to hidden / heads, intermediate to hidden, tied or not, its RoPE type and context ratio, its bias / norm /
 fused-weight form): a random-weight checkpoint written by transformers' own class for the family, with
-stories260K's real tokenizer (vocabulary 512). Every row runs the exact `port` command it shows, in a
+stories260K's real tokenizer (vocabulary 512; 576 for qwen2, whose tokenizer class adds a token). Every row runs the exact `port` command it shows, in a
 process of its own, and records its status, date, versions and numbers:
 
 convert + round trip, forward parity, gradient parity, generation (KV cache), a few training steps
@@ -68,7 +68,10 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
            "full causal attention, exact up to sliding_window (longer sequences are refused)"),
     Family("qwen2", "Qwen2Config", "Qwen/Qwen2.5-7B config.json (28 / 4 heads, head_dim 128, intermediate 5.29 x "
            "hidden, q/k/v bias, rope_theta 1e6)",
-           dict(hidden_size=112, num_attention_heads=7, num_key_value_heads=1, intermediate_size=592,
+           # vocabulary 576: transformers loads stories260K's tokenizer as Qwen2Tokenizer for model_type qwen2,
+           # which adds <|endoftext|> as id 512. 14 / 2 heads keeps 28 / 4's ratio and lets TP 2 divide both;
+           # intermediate 1184 = 224 x 18944 / 3584
+           dict(vocab_size=576, hidden_size=224, num_attention_heads=14, num_key_value_heads=2, intermediate_size=1184,
                 max_position_embeddings=256, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
            48, (("recipes/7b-8card.yaml", "model.source=qwen2.5-7b"),
                 ("recipes/13b-32card.yaml", "model.source=qwen2.5-14b")), "Qwen2 and Qwen2.5 (q/k/v bias, no o bias)"),
@@ -133,7 +136,8 @@ def _find(pattern: str, text: str, default: str = "?") -> str:
 def _report(text: str) -> dict:
     """The JSON object `port verify --json` printed (the last line that starts one)."""
     start = text.find("{")
-    return json.loads(text[start:]) if start >= 0 else {}
+    # raw_decode: warnings a library prints on stderr after the JSON (the runner joins both) are ignored
+    return json.JSONDecoder().raw_decode(text[start:])[0] if start >= 0 else {}
 
 
 def _checks(rep: dict) -> dict[str, dict]:
@@ -176,7 +180,7 @@ def _generate(outs, work):
 def _baseline(outs, work):
     if not _all_ok(outs):
         return False, "a command failed"
-    rep = json.loads(outs[-1][1])
+    rep = _report(outs[-1][1])
     loss = rep["loss"]
     return bool(rep["ok"]), (f"{loss['steps_compared']} steps, loss max abs diff {loss['max_abs_diff']:.2e}, grad norm "
                              f"max rel diff {loss['max_grad_norm_rel_diff']:.2e}, probe logits max abs "
@@ -297,7 +301,10 @@ def run_row(row: Row, family: Family, model: Path, work: Path,
         outs.append(runner(argv))
         if outs[-1][0] != 0:
             break
-    ok, numbers = row.judge(outs, work) if not outs or outs[-1][0] == 0 else (False, _last_error(outs))
+    try:
+        ok, numbers = row.judge(outs, work) if not outs or outs[-1][0] == 0 else (False, _last_error(outs))
+    except (ValueError, KeyError, TypeError, OSError) as e:   # output the row could not read: a failed row
+        ok, numbers = False, f"could not read the commands' output: {type(e).__name__}: {e}"[:300]
     return {"row": row.name, "status": "PASS" if ok else "FAIL", "numbers": numbers,
             "seconds": round(time.perf_counter() - t0, 1),
             "where": "real preset shapes (a plan)" if row.name.startswith("910C") else "small width (this family's ratios)",
@@ -365,15 +372,20 @@ def real_shape_rows(family: Family, work: Path, runner) -> list[dict]:
 
 
 # ---------------------------------------------------------------------------------------------- the card
+def _git(*args: str) -> str:
+    try:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
 def versions() -> dict[str, str]:
     from porting.env import versions as port_versions
 
     v = port_versions()
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                                timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        commit = ""
+    commit = _git("rev-parse", "--short", "HEAD")
+    if commit and _git("status", "--porcelain", "--untracked-files=no"):   # generated from uncommitted code: say so
+        commit += "+uncommitted"
     flat = v.get("packages", v) if isinstance(v, dict) else {}
     keep = {k: str(flat[k]) for k in ("mindspore", "torch", "transformers", "numpy") if k in flat}
     return {"port": commit or "unknown", **keep}
@@ -387,8 +399,9 @@ def render(family: Family, rows: list[dict], meta: dict) -> str:
              f"Generated by `python benchmarks/model_cards.py --family {family.name}` on {meta['date']} "
              f"({meta['cpu']}; {', '.join(f'{k} {v}' for k, v in meta['versions'].items())}). Do not edit by hand.",
              "", f"**Family**: `model_type: {family.name}` ({family.notes}).", "",
-             f"**Small width**: the ratios of {family.ratios_from}; 2 layers, vocabulary 512 (stories260K's real "
-             "tokenizer), random weights saved by transformers' own class, norm weights drawn around 1:", "",
+             f"**Small width**: the ratios of {family.ratios_from}; 2 layers, vocabulary "
+             f"{({**SMALL, **family.small})['vocab_size']} (stories260K's real tokenizer), random weights saved by "
+             "transformers' own class, norm weights drawn around 1:", "",
              "```json", json.dumps({**SMALL, **family.small}, sort_keys=True), "```", "",
              "**Presets** (`model_zoo/presets.py`, each citing its config.json): "
              + (", ".join(f"`{n}` ({presets.get(n)['hf_repo']}, {presets.config(n).num_parameters() / 1e9:.2f} B)"
