@@ -12,6 +12,7 @@ with a KV cache is :mod:`model_zoo.decode`, and the cells over port's CPU kernel
 
 from __future__ import annotations
 
+import contextlib
 from typing import Callable, Mapping
 
 import mindspore as ms
@@ -24,7 +25,7 @@ from model_zoo.cpu_cells import CpuCausalAttention, CpuPackedAttention, CpuRope
 from model_zoo.errors import ConfigError
 from model_zoo.fused_ops import FUSED_OPS, fused_ops_replaced  # noqa: F401 (the test hook, also as llama.*)
 from model_zoo.kernels import KernelSelection
-from model_zoo.linear import Linear
+from model_zoo.linear import Linear, deferred_parameters
 from model_zoo.norms import HeadNorm, RMSNorm, norm_for
 from model_zoo.parallel import TensorParallel
 
@@ -372,8 +373,9 @@ class LlamaForCausalLM(nn.Cell):
 
 def build(cfg: LlamaConfig, *, param_dtype: str = "float32", compute_dtype: str | None = None,
           kernels_override: Mapping[str, str] | None = None, device: str | None = None,
-          seed: int | None = 0, tp: TensorParallel | None = None) -> LlamaForCausalLM:
+          seed: int | None = 0, tp: TensorParallel | None = None, defer_init: bool = False) -> LlamaForCausalLM:
     """Build a randomly initialised model; load weights with converters or ``load_param_into_net``.
+    ``defer_init``: no weight is drawn (``model_zoo.linear.deferred_parameters``): the caller loads them all.
 
     ``tp`` (size > 1): this rank's tensor-parallel shard (:mod:`model_zoo.parallel`); heads, KV heads,
     the intermediate size and the vocabulary must divide by ``tp.size`` (ConfigError otherwise)."""
@@ -387,4 +389,5 @@ def build(cfg: LlamaConfig, *, param_dtype: str = "float32", compute_dtype: str 
         ms.set_seed(seed)
     plan = kernels.select_kernels(cfg, device=device, compute_dtype=compute_dtype or param_dtype,
                                   override=kernels_override)
-    return LlamaForCausalLM(cfg, plan, param_dtype=param_dtype, compute_dtype=compute_dtype, tp=tp)
+    with deferred_parameters() if defer_init else contextlib.nullcontext():
+        return LlamaForCausalLM(cfg, plan, param_dtype=param_dtype, compute_dtype=compute_dtype, tp=tp)

@@ -27,8 +27,10 @@ MAX_ENTITIES = 24        # entities kept per event
 
 @dataclasses.dataclass(frozen=True)
 class CauseClass:
+    """One fault of the cause model with its class's attributes (``name`` is the class, ``fault`` the fault
+    inside it; ``tier`` the fault's own rank in what causes what)."""
     name: str
-    tier: int
+    tier: float
     role: str
     kind: str
     label: str
@@ -37,6 +39,8 @@ class CauseClass:
     sources: tuple[str, ...]
     strong: re.Pattern | None
     weak: re.Pattern | None
+    fault: str = ""
+    family: str = ""
 
 
 def _rx(patterns: list[str]) -> re.Pattern | None:
@@ -44,36 +48,48 @@ def _rx(patterns: list[str]) -> re.Pattern | None:
 
 
 @lru_cache(maxsize=1)
-def model() -> tuple[tuple[CauseClass, ...], dict[str, str], dict[str, str]]:
-    """The classes in tier order, code -> class name (CANN codes and runtime return values), and what
-    the runtime return values mean."""
+def model() -> tuple[tuple[CauseClass, ...], dict[str, CauseClass], dict[str, str]]:
+    """Every fault of every class in tier order (a fault without a tier of its own takes its class's), code ->
+    the fault it is (CANN codes and runtime return values), and what the runtime return values mean."""
     data = load_yaml("cause_model.yaml")
-    classes, codes = [], {}
-    for c in sorted(data["classes"], key=lambda c: c["tier"]):
-        classes.append(CauseClass(c["name"], c["tier"], c["role"], c["kind"], c["label"], c["fix"],
-                                  tuple(c["identifiers"]), tuple(c["sources"]), _rx(c["patterns"]),
-                                  _rx(c.get("weak", []))))
-        for code in c["codes"]:
-            codes.setdefault(str(code), c["name"])
-    return tuple(classes), codes, {str(k): v for k, v in data.get("code_meanings", {}).items()}
+    faults, codes = [], {}
+    for c in data["classes"]:
+        for f in c["faults"]:
+            entry = CauseClass(c["name"], float(f.get("tier", c["tier"])), c["role"], c["kind"], c["label"],
+                               f.get("next", c["fix"]), tuple(c["identifiers"]),
+                               tuple(c["sources"]) + tuple(f.get("sources", ())), _rx(f.get("patterns", [])),
+                               _rx(f.get("weak", [])), f["name"], c.get("family", ""))
+            faults.append(entry)
+            for code in f.get("codes", []):
+                codes.setdefault(str(code), entry)
+    faults.sort(key=lambda x: x.tier)   # stable: within one tier, the file's order
+    return tuple(faults), codes, {str(k): v for k, v in data.get("code_meanings", {}).items()}
 
 
-def by_name(name: str) -> CauseClass:
-    return next(c for c in model()[0] if c.name == name)
+@lru_cache(maxsize=None)
+def class_tier(name: str) -> float:
+    """A class's own tier (the rank of an event known only by its class, e.g. from the error-code table)."""
+    return next(float(c["tier"]) for c in load_yaml("cause_model.yaml")["classes"] if c["name"] == name)
+
+
+@lru_cache(maxsize=None)
+def class_role(name: str) -> str | None:
+    """cause | consequence for a class of the model; None for a name it does not have."""
+    return next((c["role"] for c in load_yaml("cause_model.yaml")["classes"] if c["name"] == name), None)
 
 
 CODE_RE = re.compile(rb"(?<![A-Za-z0-9])(E[0-9A-Z]\d{4}|ERR\d{5})(?![0-9A-Za-z])|(?<![\d.x])(\d{6})(?![\d.])")
 
 
 def block_class(block: bytes) -> tuple[CauseClass, bool] | None:
-    """The most causal class the block's text or codes match; ``sure`` is False for a weak match."""
-    classes, codes, _ = model()
+    """The most causal fault the block's text or codes match; ``sure`` is False for a weak match."""
+    faults, codes, _ = model()
     text = block[:MAX_BLOCK_BYTES]
-    coded = {codes[c.decode()] for m in CODE_RE.finditer(text) for c in (m.group(1), m.group(2))
+    coded = {id(codes[c.decode()]) for m in CODE_RE.finditer(text) for c in (m.group(1), m.group(2))
              if c and c.decode() in codes}
     weak_hit = None
-    for c in classes:
-        if c.name in coded or (c.strong is not None and c.strong.search(text)):
+    for c in faults:
+        if id(c) in coded or (c.strong is not None and c.strong.search(text)):
             return c, True
         if weak_hit is None and c.weak is not None and c.weak.search(text):
             weak_hit = c
@@ -84,10 +100,17 @@ def block_class(block: bytes) -> tuple[CauseClass, bool] | None:
 ENTITY_RES: tuple[tuple[str, re.Pattern], ...] = (
     ("peer_rank", re.compile(rb"dst_rank\[(\d+)\]")),
     ("peer_rank", re.compile(rb"from \[(\d+)\] via c10d key-value store")),
-    ("peer_rank", re.compile(rb"role\[\d+\] rank\[(\d+)\]")),
+    # HCCL's "wait socket establish timeout, role[R] rank[N]": N is this process's own user rank (the src of its
+    # LINK_ERROR_INFO rows, hcclug_000050); the remote ends are in the rows (links.py)
+    ("rank", re.compile(rb"role\[\d+\] rank\[(\d+)\]")),
+    # CANN 9's heartbeat line (hcclug_000055): "local rank [IP/L]: crimer rank [IP/C] status[S] by informer rank
+    # [IP/I]": C is the culprit whatever the status, L the rank that printed it, I the one that saw it first
+    ("lost_rank", re.compile(rb"crimer rank ?\[[^/\]\s]*/(\d+)\]")),
+    ("rank", re.compile(rb"local rank ?\[[^/\]\s]*/(\d+)\]")),
+    ("informer", re.compile(rb"informer rank ?\[[^/\]\s]*/(\d+)\]")),
     ("lost_rank", re.compile(rb"rank \[[^/\]\s]*/(\d+)\] status\[LOST\]")),
     ("lost_rank", re.compile(rb"Cluster Exception Location\[IP/ID\]:\[[^/\]]*/(\d+)\]")),
-    ("peer_rank", re.compile(rb"remote rank\s*[:\[]+\s*(\d+)", re.I)),
+    ("peer_rank", re.compile(rb"remote rank\s*[:\[]+\s*(?!4294967295\b)(\d+)", re.I)),
     ("rank", re.compile(rb"RankID:(\d+)\)")),
     ("rank", re.compile(rb"\[(?:PG [^\]]*?)?Rank (\d+)\]")),
     ("rank", re.compile(rb"\[rank(\d+)\]:")),
@@ -102,13 +125,44 @@ ENTITY_RES: tuple[tuple[str, re.Pattern], ...] = (
     ("device", re.compile(rb"\bDevice\[(\d+)\]")),
     ("device", re.compile(rb"\bdevice\((\d+)\)")),
     ("device", re.compile(rb"\bdevId=(\d+)")),
+    ("device", re.compile(rb"\binvalid device=(\d+)")),            # "Set visible device failed, invalid device=1"
+    ("device", re.compile(rb"\(dev_id=(\d+)[;)]")),                # the driver's kernel log: "(dev_id=6; ret=-19)"
+    ("device", re.compile(rb"\bdevice_id: (\d+)")),
+    ("device", re.compile(rb"\b(?:open|set) device (\d+) failed")),
+    ("device", re.compile(rb"\bdevice\[(\d+)\]")),
+    ("device", re.compile(rb"\bDevice (\d+) \.\.\.")),
     ("chip", re.compile(rb"\bchipId:(\d+)")),
     ("die", re.compile(rb"\bdieId:(\d+)")),
     ("pid", re.compile(rb"\bPID:\s?(\d+)")),
     ("pid", re.compile(rb"^\[(\d+)\] \[\d{4}-\d\d-\d\d ", re.M)),     # torch_npu's "[pid] [time] torch.distributed:
     ("pid", re.compile(rb"\bpid=(\d+)")),
     ("nic_ip", re.compile(rb"(?:remote_ip_addr|localIpAddr|listen on ip)\[([\d.]+)\]")),
-    ("host", re.compile(rb"^((?![\w.]*(?:Error|Exception|Warning)\b)[A-Za-z][\w]*[-.][\w.-]*\w): ", re.M)),
+    ("host", re.compile(rb"^((?![\w.]*(?:Error|Exception|Warning)(?:\b|_))[A-Za-z][\w]*[-.][\w.-]*\w): ", re.M)),
+    # the remote end of an ERROR CQE (hccl guide: "remoteIP{server[S],deviceId[..],deviceIp[D]}") and of an EI0006
+    # link (CANN 8.5+: "fails to connect to dstRank (server S, device ID D)"): a host, from the line that says so
+    ("peer_host", re.compile(rb"remoteIP\{server\[([\d.]+)\]")),
+    ("peer_host", re.compile(rb"dstRank \(server ([\w.:-]+),")),
+    # EI0013's "Peer information: server B, device ID y, device IP b" (the local end is "Local information: ...")
+    ("peer_host", re.compile(rb"Peer information: server ([\w.:-]+),")),
+    # Ray names the node of a worker it lost or killed: "at node (ID: .., IP: A)", "Memory on the node (IP: A",
+    # "Worker IP address: A"
+    ("host", re.compile(rb"\bnode \((?:ID: \w+, )?IP: ([0-9.]+)")),
+    ("host", re.compile(rb"Worker IP address: ([0-9.]+)")),
+    # msrun's scheduler names the workers that stopped reporting: "Time out nodes are ['3']"
+    ("lost_rank", re.compile(rb"Time out nodes are \['(\d+)'")),
+    # the device's exception dump "DEVICE[0] PID[415]:" (upper case: the runtime's, not a log prefix)
+    ("device", re.compile(rb"\bDEVICE\[(\d+)\] PID\[")),
+    # the operator a failure names (compile, missing binary, dtype/shape, launch)
+    ("op", re.compile(rb"\(optype: \[(\w+)\]\)")),
+    ("op", re.compile(rb"Failed to compile node \[name:? ?(\w+)")),
+    ("op", re.compile(rb"No supported Ops kernel and engine are found for \[(\w+)\]")),
+    ("op", re.compile(rb"\bOp (\w+) does not")),
+    ("op", re.compile(rb"\bcall (aclnn\w+) failed")),
+    ("op", re.compile(rb"(?<![\w.])(aclnn\w+?)(?:GetWorkspaceSize)? failed")),
+    ("op", re.compile(rb"launch failed for (\w+)")),
+    ("op", re.compile(rb"OPS function error: (\w+), error code")),
+    ("op", re.compile(rb"Optype \[(\w+)\] of Ops kernel")),
+    ("op", re.compile(rb"available kernel info for: (\w+)")),
 )
 
 
@@ -144,13 +198,22 @@ def entities(block: bytes, first_line: int) -> list[dict]:
 # "[rank1]: ", a host tag "worker-1: ". A continuation is indented, or a CANN TraceBack / [Error] / code line.
 PREFIX_RE = re.compile(rb"(?:\([^)\n]{0,80}\) )*(?:(?:ERROR|INFO|WARNING|DEBUG) \d\d-\d\d [\d:]+ \[[^\]\n]{1,80}\] ?)?"
                        rb"(?:\[rank\d+\]: ?)?(?:(?![\w.]*(?:Error|Exception|Warning)\b)[A-Za-z]\w*[-.][\w.-]*\w: )?")
-CONT_RE = re.compile(rb"[ \t]+\S|TraceBack|\[Error\]|E[0-9A-Z]\d{4}[:\[ (]|\[PID: \d+\] \d{4}-")
+# npu-smi prints its driver failure as two lines ("DrvMngGetConsoleLogLevel failed." then "dcmi module ...")
+# A device error wrapped after "serial number is N." goes on with "there is a ... error"; the device's exception dump
+# goes on with "EXCEPTION STREAM:" and indented info lines.
+CONT_RE = re.compile(rb"[ \t]+\S|TraceBack|\[Error\]|E[0-9A-Z]\d{4}[:\[ (]|\[PID: \d+\] \d{4}-|dcmi mod|there is an? |"
+                     rb"EXCEPTION STREAM:")
 CONTEXT_LINES = 2        # lines before an error line read for entities only (a CANN headline's PID/device)
 OLD_KIND_CLASS = {"oom": "memory", "device": "device_fault", "config": "config", "operator": "operator_error",
                   "crash": "process_exit", "worker_exit": "process_exit", "comm_fault_report": "process_exit",
                   "comm_timeout": "collective_timeout", "cluster_abort": "watchdog_abort"}
-# HCCL's heartbeat reports are always about another rank (the one whose heartbeat stopped)
-HEARTBEAT_REPORT_RE = re.compile(rb"Heartbeat Lost Occurred|status\[LOST\]")
+# HCCL's heartbeat reports are always about another rank (the crimer: the one whose heartbeat stopped, that is
+# stuck, or whose link drops packets); the status of CANN 9's run-log line or the ExceptionType of the
+# "Cluster Exception Location" ERROR line (hcclug_000054/000055)
+HEARTBEAT_REPORT_RE = re.compile(rb"Heartbeat Lost Occurred|Stuck Occurred|Error cqe Occurred|status\[LOST\]|"
+                                 rb"crimer rank ?\[")
+HEARTBEAT_STATUS_RE = re.compile(rb"crimer rank ?\[[^\]]*\] ?status\[([A-Z][A-Z ]{1,24})\]|"
+                                 rb"ExceptionType:\[([^\]]{1,40})\]|status\[(LOST)\]")
 GENERIC_TIER = 8         # a Python exception or a bare error line: a cause, of no known class
 
 
@@ -205,21 +268,25 @@ def annotate(ev, buf: bytes, st: int, end: int, line0: int) -> None:
     lo = _context_start(buf, st)
     ev.entities = entities(block, line0) + [
         dict(x, context=True) for x in entities(buf[lo:st], line0 - buf.count(b"\n", lo, st))
-        if x["type"] != "host"]
+        if x["type"] not in ("host", "peer_host")]
     if found is None:
+        ev.fault = ""
         ev.cause = OLD_KIND_CLASS.get(ev.kind)
-        ev.tier = by_name(ev.cause).tier if ev.cause else GENERIC_TIER
+        ev.tier = class_tier(ev.cause) if ev.cause else GENERIC_TIER
         ev.sure = ev.cause is not None
         return
     cls, ev.sure = found
-    ev.cause, ev.tier = cls.name, cls.tier
+    ev.cause, ev.tier, ev.fault = cls.name, cls.tier, cls.fault
     lost = next((x["id"] for x in ev.entities if x["type"] == "lost_rank" and not x.get("context")), None)
     if lost is not None or HEARTBEAT_REPORT_RE.search(block):
-        # a report of a peer's loss (HCCL heartbeat): the lost rank is the suspect, this line its witness
+        # a report of a peer's loss (HCCL heartbeat): the crimer / located rank is the suspect, this line its witness
         ev.kind, ev.role = "comm_fault_report", "consequence"
         if lost is not None:
             ev.facts.setdefault("located_rank", lost)
-            ev.facts.setdefault("exception_type", "heartbeat status LOST")
+            st_m = HEARTBEAT_STATUS_RE.search(block)
+            status = next((g.decode() for g in st_m.groups() if g), "LOST") if st_m else "LOST"
+            ev.facts.setdefault("exception_type", status if status.endswith("Occurred") else f"heartbeat status {status}")
+            ev.facts["crimer"] = b"crimer rank" in block
         ev.fix = ev.fix or cls.fix
         return
     if not (ev.kind in ("crash", "worker_exit") and cls.name == "process_exit"):
@@ -249,8 +316,9 @@ def pick_cause(events: list, offset: float = 0.0):
     t0 = min(times) if times else None
     pool = [e for e in causes if e.ts is None or t0 is None or e.ts - offset - t0 <= WINDOW_S]
     real = [e for e in pool if e.kind != "error"] or pool
+    # within a second, an event whose block names its fault (aicpu, compile, ...) before one known by a code only
     return min(real, key=lambda e: (e.tier, e.ts is None, int(e.ts - offset) if e.ts is not None else 0,
-                                    e.source, e.line))
+                                    not e.fault, e.source, e.line))
 
 
 def codes_in(texts: list[str], limit: int = 8) -> list[str]:

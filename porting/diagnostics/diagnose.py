@@ -119,14 +119,18 @@ def _apply_offsets(readable: list[FileScan], views: dict[int | str, RankView], w
                             f"(estimated from steps finished together); times corrected")
 
 
-def _table_context(rank_table: str | os.PathLike | None) -> tuple[dict[str, int], tuple[tuple[int, ...], ...]]:
-    """The rank table's address -> rank map, and each server's rank ids (server_list order)."""
+def _table_context(rank_table: str | os.PathLike | None
+                   ) -> tuple[dict[str, int], tuple[tuple[int, ...], ...], dict[str, str]]:
+    """The rank table's address -> rank map, each server's rank ids (server_list order), and device IP -> the
+    server it is on (its host_ip, else its server_id): which host a link line's remote address is."""
     if rank_table is None:
-        return {}, ()
+        return {}, (), {}
     from porting.cluster import ranktable
 
     table = ranktable.parse(ranktable.load(rank_table))
-    return table.rank_of_ip(), tuple(tuple(sorted(d.rank_id for d in s.device)) for s in table.server_list)
+    hosts = {d.device_ip: str(s.host_ip or s.server_id) for s in table.server_list for d in s.device if d.device_ip}
+    return (table.rank_of_ip(), tuple(tuple(sorted(d.rank_id for d in s.device)) for s in table.server_list),
+            hosts)
 
 
 def _group_members(scans: list[FileScan]) -> dict[tuple[str, int], tuple[int, str]]:
@@ -166,7 +170,8 @@ def finish(v: Verdict) -> Verdict:
         cls = v.evidence[0].get("cause")
     if cls is None:
         cls = KIND_CLASS.get(v.reason_kind)
-    return dataclasses.replace(v, suspect=suspect, cause_class=cls)
+    fault = v.fault or ("waiter" if cls == "collective_timeout" else None)
+    return dataclasses.replace(v, suspect=suspect, cause_class=cls, fault=fault)
 
 
 def diagnose(logdir: str | os.PathLike, jobs: int | None = None, world_size: int | None = None,
@@ -175,7 +180,7 @@ def diagnose(logdir: str | os.PathLike, jobs: int | None = None, world_size: int
     ranks without any log count as silent (no output); with ``rank_table``, peer addresses in
     socket timeouts are mapped to ranks."""
     logdir = Path(logdir)
-    rank_of_ip, server_ranks = _table_context(rank_table)
+    rank_of_ip, server_ranks, host_of_ip = _table_context(rank_table)
     scans, walk_problems = scan_dir(logdir, jobs)
     readable = [sc for sc in scans if not sc.problem]
     warnings = _warnings(scans, walk_problems)
@@ -184,7 +189,7 @@ def diagnose(logdir: str | os.PathLike, jobs: int | None = None, world_size: int
                                f"({'; '.join(warnings[:3]) or 'all empty'}); check permissions and that "
                                f"these are text logs")
     ranks_from_pids(readable)
-    context = EvidenceContext(world_size, rank_of_ip, server_ranks, _group_members(readable))
+    context = EvidenceContext(world_size, rank_of_ip, server_ranks, _group_members(readable), host_of_ip)
     views = merge_ranks(readable)
     add_missing_ranks(views, world_size, warnings)
     _apply_offsets(readable, views, warnings)

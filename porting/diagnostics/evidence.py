@@ -24,6 +24,7 @@ import dataclasses
 from collections import Counter
 
 from porting.diagnostics.grammar import Event
+from porting.diagnostics.links import from_links
 from porting.diagnostics.outcome import Verdict
 from porting.diagnostics.ranks import RankView
 
@@ -40,6 +41,7 @@ class EvidenceContext:
     rank_of_ip: dict[str, int] = dataclasses.field(default_factory=dict)
     server_ranks: tuple[tuple[int, ...], ...] = ()
     group_members: dict[tuple[str, int], tuple[int, str]] = dataclasses.field(default_factory=dict)
+    host_of_ip: dict[str, str] = dataclasses.field(default_factory=dict)   # rank table: device/host IP -> server
 
 
 def global_from_local(facts: dict, ctx: EvidenceContext) -> tuple[int | None, str]:
@@ -110,31 +112,17 @@ def _from_seqnums(views: dict[int | str, RankView], ctx: EvidenceContext) -> Ver
 
 
 def _from_named_peers(views: dict[int | str, RankView], ctx: EvidenceContext) -> Verdict | None:
-    located: Counter = Counter()
     remote: Counter = Counter()
     groups: dict[int, tuple[str | None, int | None]] = {}
     sample: dict[int, Event] = {}
     for _v, e in _events(views):
-        if "located_rank" in e.facts:
-            located[e.facts["located_rank"]] += 1
-            sample.setdefault(e.facts["located_rank"], e)
-        elif e.facts.get("remote_rank") is not None:
+        # heartbeat reports (located / crimer ranks) are heartbeat.py's: decide() reads them first
+        if "located_rank" not in e.facts and e.facts.get("remote_rank") is not None:
             r = e.facts["remote_rank"]
             remote[r] += 1
             groups.setdefault(r, (e.facts.get("group"), e.facts.get("rank_size")))
             sample.setdefault(r, e)
     logged = {v.rank for v in views.values() if v.files}
-    if located:
-        # the earliest report first: a later loss can be the fallout of the first one
-        r = min(located, key=lambda k: (sample[k].ts is None, sample[k].ts or 0.0, -located[k]))
-        n, e = located[r], sample[r]
-        return Verdict(r, None, f"located: HCCL's heartbeat report names rank {r} "
-                                f"({e.facts.get('exception_type', 'exception')}, address {e.facts.get('located_ip')})",
-                       "comm_timeout", (e.as_dict(),), "high" if len(located) == 1 else "medium",
-                       f"HCCL's heartbeat report names rank {r} in {n} report(s)"
-                       + (f"; it also names rank(s) {sorted(set(located) - {r})[:8]} later" if len(located) > 1 else ""),
-                       (f"rank {r}'s log and plog: did its process exit (its last lines) or its network go down "
-                        f"(`hccn_tool -i N -link -g`)?",))
     if not remote:
         return None
     r, n = remote.most_common(1)[0]
@@ -221,7 +209,8 @@ def _from_peer_ranks(views: dict[int | str, RankView]) -> Verdict | None:
 
 def from_field_evidence(views: dict[int | str, RankView], ctx: EvidenceContext) -> Verdict | None:
     """The strongest suspect the timeout reports point at, or None when they name nobody."""
-    for finder in (lambda: _from_named_peers(views, ctx), lambda: _from_peer_ranks(views),
+    for finder in (lambda: from_links(views, ctx.host_of_ip), lambda: _from_named_peers(views, ctx),
+                   lambda: _from_peer_ranks(views),
                    lambda: _from_seqnums(views, ctx), lambda: _from_socket_peers(views, ctx)):
         found = finder()
         if found is not None:

@@ -14,6 +14,8 @@ from __future__ import annotations
 import re
 from typing import NamedTuple
 
+from porting.diagnostics.links import link_facts
+
 
 class FieldRule(NamedTuple):
     pattern: re.Pattern
@@ -45,7 +47,8 @@ FIELD_RULES: tuple[FieldRule, ...] = (
               "read the named rank's log first: ExceptionType says whether its process exited or its network "
               "went down"),
     FieldRule(re.compile(rb"client socket has (?:timed out|failed to connect)|Socket Timeout|"
-                         rb"wait socket establish timeout|Getting socket times out|connect[^\n]{0,40}timed? ?out",
+                         rb"wait socket establish timeout|Getting socket times out|connect[^\n]{0,40}timed? ?out|"
+                         rb"waitForInput: socket [^\n]{0,200}timed out",
                          re.I), "comm_timeout", "consequence",
               "socket/connect timeout: the peer never answered",
               "check the named peer is up and reachable (MASTER_ADDR/MASTER_PORT, firewall, HCCL_IF_IP); "
@@ -83,11 +86,23 @@ COMM_INIT_LITERAL = b"CommInit"
 # most bytes (lower-case starts cost 3x the CPU on the 4,096-rank benchmark, measured). Lines these
 # miss carry "ERR"/"Error" already: CANN "[ERROR]" lines, "...TimeoutErrorInfo]" device lines.
 FIELD_LITERALS = (b"Watchdog caught", b"Socket Timeout", b"[c10d]", b"(exitcode", b"Signal 9", b"Root Cause",
-                  b"Memory_Allocation", b"EI0", b"EJ0", b"EE", b"EL0", b"EZ9", b"E39", b"EH9", COMM_INIT_LITERAL,
+                  b"Memory_Allocation", b"EI0", b"EJ0", b"EE", b"EL0", b"E39", b"EH9", COMM_INIT_LITERAL,
                   # markerless fault texts of the cause model (issue 28): no [ERROR] prefix on these lines
                   # ("(chipId" for "The error from device(chipId:N": a "T" literal costs at every ISO timestamp)
                   b"NPU out of", b"Device[", b"(chipId", b"[LOST]", b"Heartbeat", b"Check failed",
-                  b"Received a dump", b"NCCL work")
+                  b"Received a dump", b"NCCL work",
+                  # issue 38's taxonomy: texts printed without an error marker (environment, operator build,
+                  # host memory, data pipeline, framework internals); "EZ" also takes EZ3003 and EZ1001
+                  b"EZ", b"DrvMng", b"Load dynamic library", b"Failed to compile", b"] is null", b"Worker timed out",
+                  b"DefaultCPUAllocator", b"CANN version", b"CCL watchdog thread", b"Failing at address",
+                  b"Failed to load",
+                  # the device's exception dump ("DEVICE[0] PID[415]:"), MindSpore's "Can not find any available kernel
+                  # info for: Op", msrun's "Time out nodes are ['3']"
+                  # (msrun's "Time out nodes are ['3']" is an ERROR line: "ERR" finds it; a "T" literal would cost at
+                  # every ISO timestamp, a new first byte at every filter hit: measured 0.3 ms per 1.15 MB log each)
+                  b"DEVICE[", b"Can not find any available kernel",
+                  # Ray's memory monitor ("Ray killed this worker") and absl's signal handler ("*** SIGSEGV received")
+                  b"Ray killed", b"SIGSEGV", b"SIGABRT")
 
 REPORTER_RES = (
     re.compile(rb"\[(?:PG [^\]]*?)?Rank (\d+)\]"),                # torch watchdog "[Rank 1]"
@@ -95,15 +110,20 @@ REPORTER_RES = (
     re.compile(rb"\[rank(\d+)\]:"),                               # torchrun prefixes
 )
 SEQ_RE = re.compile(rb"Work[HN]CCL\(SeqNum=(\d+), OpType=(\w+)")
+UNKNOWN_RANK = b"4294967295"
 REMOTE_RE = re.compile(rb"remote rank\s*:\s*\[\s*(\d+|unknown)\s*\]", re.I)
 GROUP_RE = re.compile(rb"group:\[([^\]]+)\]")
 RANK_SIZE_RE = re.compile(rb"rankSize\[(\d+)\]")
+# CANN 9's run-log heartbeat line (hcclug_000055): the crimer's address and rank, and the informer's rank
+CRIMER_RE = re.compile(rb"crimer rank ?\[([^/\]\s]*)/(\d+)\][^\n]*?(?:by informer rank ?\[[^/\]\s]*/(\d+)\])?")
 LOCATION_RE = re.compile(rb"Cluster Exception Location\[IP/ID\]:\[([^/\]]*)/(\d+)\][^\n]*?"
                          rb"(?:Discoverer:\[([^/\]]*)/(\d+)\])?[^\n]*?ExceptionType:\[([^\]]+)\]")
 PEER_RES = (
     re.compile(rb"trying to connect to \(([^,\s)]+), (\d+)\)"),            # c10d TCPStore
+    re.compile(rb"trying to connect to ([0-9a-fA-F.:]+?):(\d+)\b"),          # c10d rendezvous (host:port)
     re.compile(rb"failed to connect to \[?(?:::ffff:)?([0-9a-fA-F.:x*]+?)\]?:(\d+)"),
     re.compile(rb"remote IP\[?:?\s*\[?([0-9.]+)\]?", re.I),
+    re.compile(rb"waitForInput: socket [^\n]{0,160}?remote=\[(?:::ffff:)?([0-9a-fA-F.:]+?)\]:(\d+)"),  # TCPStore read
 )
 TORCHRUN_ROOT_RE = re.compile(rb"rank\s*:\s*(\d+) \(local_rank: (\d+)\)")
 # torch elastic's exit line names only the node-local rank: "failed (exitcode: -9) local_rank: 3 (pid: 407727)"
@@ -174,7 +194,8 @@ def line_facts(line: bytes) -> dict:
         out["seq"], out["op"] = int(m.group(1)), m.group(2).decode()
     m = REMOTE_RE.search(line)
     if m:
-        out["remote_rank"] = None if m.group(1).lower() == b"unknown" else int(m.group(1))
+        # HCCL prints an unknown remote as "unknown" or as (u32)-1 = 4294967295 (with "remote rank:[local]")
+        out["remote_rank"] = None if m.group(1).lower() == b"unknown" or m.group(1) == UNKNOWN_RANK else int(m.group(1))
     m = GROUP_RE.search(line)
     if m:
         out["group"] = m.group(1).decode("utf-8", "replace")
@@ -187,6 +208,12 @@ def line_facts(line: bytes) -> dict:
         out["exception_type"] = m.group(5).decode()
         if m.group(4):
             out["reporter"] = int(m.group(4))
+    if b"crimer" in line and (m := CRIMER_RE.search(line)):
+        out["located_ip"] = m.group(1).decode()
+        if m.group(3):
+            out["informer"] = int(m.group(3))
+    if (link := link_facts(line)) is not None:
+        out["link"] = link
     for rx in PEER_RES:
         m = rx.search(line)
         if m:

@@ -41,16 +41,36 @@ COLLECTIVE_RE = re.compile(
 COLLECTIVE_LITERALS = (b"AllReduce", b"AllGather", b"ReduceScatter", b"Broadcast", b"AllToAll")
 ERROR_LITERALS = (b"ERR", b"CRITICAL", b"EXCEPTION", b"Traceback", b"Error", b"Exception", b"OOM", b"\nE",
                   b"Killed", b"Segmentation fault", b"Aborted", b"Out of memory", b"Kill this process")
-# Error literals in one pass (the last collective of a chunk is found by reverse searches). A plain
-# alternation keeps the engine's first-character filter (named groups disable it: 10x slower, measured).
-ERROR_SCAN_RE = re.compile(b"|".join(re.escape(x) for x in ERROR_LITERALS + FIELD_LITERALS))
+
+
+def literal_alternation(literals) -> re.Pattern:
+    """One regex for many literals, grouped by first byte: ``E(?:RR|rror|I0|...)|C(?:...)|...``. The engine
+    tries a flat alternation's branches one by one at every byte its first-character filter lets through
+    (every newline, for "\nE"); grouped, it tries one branch per first byte. Only match starts are used,
+    and they are the same as the flat alternation's (issue 38: 5.1 -> 3.6 ms per 1.15 MB rank log)."""
+    groups: dict[bytes, list[bytes]] = {}
+    for x in literals:
+        groups.setdefault(x[:1], []).append(x[1:])
+    parts = []
+    for first, rests in groups.items():
+        rests = sorted(set(rests), key=len, reverse=True)
+        if b"" in rests or len(rests) == 1:
+            parts.append(re.escape(first + (b"" if b"" in rests else rests[0])))
+        else:
+            parts.append(re.escape(first) + b"(?:" + b"|".join(re.escape(r) for r in rests) + b")")
+    return re.compile(b"|".join(parts))
+
+
+# Error literals in one pass (the last collective of a chunk is found by reverse searches). Plain
+# alternations keep the engine's first-character filter (named groups disable it: 10x slower, measured).
+ERROR_SCAN_RE = literal_alternation(ERROR_LITERALS + FIELD_LITERALS)
 ASCEND_CODE_RE = re.compile(rb"(?<![A-Za-z0-9])(E[0-9A-Z]\d{4})(?![0-9A-Za-z])")
 TORCH_NPU_RE = re.compile(rb"\bERR(\d\d)(\d{3})\b")
 LEVEL_RE = re.compile(rb"^\[?(ERROR|CRITICAL|EXCEPTION|WARNING|INFO|DEBUG|TRACE|EVENT)\]?")
 PORT_LEVEL_RE = ranklog.DIAG_LEVEL   # `port train`'s rank logs (porting/rundir/ranklog.py owns their lines)
 EXC_LINE_RE = re.compile(rb"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit))(?::\s?(.*))?$")
 PID_RE = re.compile(rb"^\[[A-Z]+\]\s*[A-Z_]+\((\d+)[,:]", re.M)
-REMOTE_RANK_RE = re.compile(rb"remote rank\s*[:\[]+\s*(\d+)", re.I)
+REMOTE_RANK_RE = re.compile(rb"remote rank\s*[:\[]+\s*(?!4294967295\b)(\d+)", re.I)   # (u32)-1: unknown
 LOCATION_RE = re.compile(rb"Cluster Exception Location\[IP/ID\]:\[[^/\]]*/(\d+)\][^\n]*?ExceptionType:\[([^\]]+)\]")
 SCHED_TIMEOUT_RE = re.compile(rb"The node: (\d+) is timed out")
 SCHED_FIRST_RE = re.compile(rb"worker (\d+) is the first one timed out")
@@ -116,6 +136,7 @@ class Event:
     tier: int = 99                # that class's tier: lower is more causal
     sure: bool = True             # False when the class was named without the reason (a weak pattern)
     entities: list = dataclasses.field(default_factory=list)  # ranks/devices/hosts its block names, with lines
+    fault: str = ""               # the fault inside its class (cause_model.yaml faults: aicore, aicpu, ...), "" if none
 
     def as_dict(self, offset: float = 0.0) -> dict:
         # a shallow copy: dataclasses.asdict deep-copies every value, which was most of the parent's

@@ -21,12 +21,16 @@ class Verdict:
     collect_next: tuple[str, ...] = ()  # what to collect or set to be sure
     suspect: dict | None = None       # the entity named (suspect.py): rank, device, host, peer or file
     cause_class: str | None = None    # the cause model's class of the deciding event (cause_model.yaml)
+    fault: str | None = None          # the fault inside that class (aicore, aicpu, open, compile, lost, waiter, ...)
+    # culprit: a line says who failed (an error of its own, a crimer, a first exit); waiter: only timeouts, the
+    # suspect is at best whom someone waited for; inferred: named from others' timeouts and its own silence
+    role: str = "culprit"
 
     def as_dict(self) -> dict[str, Any]:
         return {"first_failing_rank": self.first_failing_rank, "last_step": self.last_step, "reason": self.reason,
                 "reason_kind": self.reason_kind, "confidence": self.confidence, "why": self.why,
                 "collect_next": list(self.collect_next), "evidence": list(self.evidence),
-                "suspect": self.suspect, "cause_class": self.cause_class}
+                "suspect": self.suspect, "cause_class": self.cause_class, "fault": self.fault, "role": self.role}
 
 
 @dataclasses.dataclass(frozen=True)

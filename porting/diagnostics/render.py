@@ -18,9 +18,11 @@ def render_text(d: dict, max_ranks: int = 32) -> str:
         out.append("FIRST FAILING RANK: none found")
     s = d.get("suspect")
     if s:
-        details = ", ".join(f"{k} {s[k]}" for k in ("device", "chip", "die", "pid", "nic_ip") if k in s)
+        details = ", ".join(f"{k} {s[k]}" for k in ("device", "chip", "die", "pid", "nic_ip", "op") if k in s)
         out.append(f"suspect: {s['text']}" + (f" ({details})" if details else "")
-                   + (f"   cause class: {d['cause_class']}" if d.get("cause_class") else ""))
+                   + (f"   cause class: {d['cause_class']}" if d.get("cause_class") else "")
+                   + (f" / {d['fault']}" if d.get("fault") else "")
+                   + (f"   ({d['role']})" if d.get("role") not in (None, "culprit", "none") else ""))
     out.append(f"reason: {d['reason']}")
     if d.get("why"):
         out.append(f"confidence: {d['confidence']} ({d['why']})")

@@ -223,6 +223,9 @@ class _Scanner:
         ev = Event(s.path, self._lineno(buf, st), ts, exact, kind, role, label,
                    clean(text).decode("utf-8", "replace"), code, blames, fix, facts)
         annotate(ev, buf, ast, aend, ev.line + buf.count(b"\n", st, ast))
+        if ev.kind == "exception" and ev.cause is None and [e for e in s.events[-4:] if e.kind == "comm_timeout"]:
+            # a traceback of no known class right after a timeout of the same process is that timeout's fallout
+            ev.kind, ev.role, ev.label = "comm_timeout", "consequence", "exception after a collective failure"
         s.events.append(ev)
 
     def _last_step(self, buf: bytes) -> None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 from porting.diagnostics.grammar import Event
 
 # classes whose cause is clear from the text alone, even when it names no rank or device
-FILE_OK = {"memory", "process_exit", "config", "address_port"}
+FILE_OK = {"memory", "host_oom", "process_exit", "config", "address_port"}
 PEER_CLASSES = {"nic_link_init", "socket_timeout", "collective_timeout"}
 
 
@@ -51,17 +51,29 @@ def entity_of(view, e: Event) -> dict:
         ents = [x for x in ents if not x.get("context")]   # the lines before it are another process's
     own_pid = _first(ents, ("pid",))
     pid = own_pid if own_pid is not None else _first(ents, ("pid",), True)
-    device = _first(ents, ("device", "chip"))
-    ctx_device = _first(ents, ("device", "chip"), True)
+    # the logical device where the block names one (device_id=2 beside "device(chipId:0,dieId:0)"): chip and die
+    # are the physical place, kept as details (issue 38: entities from the line that carries them)
+    device = _first(ents, ("device",))
+    device = device if device is not None else _first(ents, ("chip",))
+    ctx_device = _first(ents, ("device",), True)
+    ctx_device = ctx_device if ctx_device is not None else _first(ents, ("chip",), True)
     if device is None and ctx_device is None and pid is not None:
         ctx_device = _pid_devices(view).get(pid)
     extra = {k: v for k, v in (("pid", pid), ("chip", _first(ents, ("chip",))), ("die", _first(ents, ("die",))),
-                               ("nic_ip", _first(ents, ("nic_ip",)))) if v is not None}
+                               ("nic_ip", _first(ents, ("nic_ip",))),
+                               # the operator, from the block or the lines just before it ("call aclnnArange failed")
+                               ("op", _first(ents, ("op",)) if _first(ents, ("op",)) is not None
+                                else _first(ents, ("op",), True))) if v is not None}
     lost, peer = _first(ents, ("lost_rank",)), _first(ents, ("peer_rank",))
     if lost is not None:
         return {"entity": "rank", "id": lost, "text": f"rank {lost}", "via": "lost peer", **extra}
     if peer is not None and e.cause in PEER_CLASSES:
         return {"entity": "rank", "id": peer, "text": f"rank {peer}", "via": "peer", **extra}
+    # the remote end of a link a line names (an ERROR CQE's peer server, an EI0006 dstRank's server): the evidence
+    # is about that end, not the rank that printed it (issue 38: entities from the line that carries them)
+    peer_host = _first(ents, ("peer_host",))
+    if peer_host is not None and e.cause in PEER_CLASSES:
+        return {"entity": "host", "id": peer_host, "text": f"host {peer_host}", "via": "peer host", **extra}
     rank = view.rank if isinstance(view.rank, int) and view.rank_by_name else None
     for found in (lambda: _first(ents, ("rank",)), lambda: _first(ents, ("rank",), True),
                   # the rank a file's text names is this event's when one process wrote the file
@@ -70,12 +82,17 @@ def entity_of(view, e: Event) -> dict:
     if rank is None and device is None:
         rank = view.rank if isinstance(view.rank, int) else e.facts.get("reporter")
     dev = device if device is not None else ctx_device
+    if rank is not None and device is not None and e.cause == "device_fault":
+        # a fault of the NPU itself, on a line that names the device: the device is the suspect (its rank a detail;
+        # a "[rank0]:" prefix is the process that printed it, the device the one that failed)
+        return {"entity": "device", "id": device, "text": f"device {device}", "via": "device", "rank": rank, **extra}
     if rank is not None:
         return {"entity": "rank", "id": rank, "text": f"rank {rank}", "via": "rank",
                 **({"device": dev} if dev is not None else {}), **extra}
     if dev is not None:
         return {"entity": "device", "id": dev, "text": f"device {dev}", "via": "device", **extra}
     host = _first(ents, ("host",))
+    host = host if host is not None else _first(ents, ("peer_host",))
     if host is not None:
         return {"entity": "host", "id": host, "text": f"host {host}", "via": "host", **extra}
     return {"entity": "file", "id": e.source, "text": "file", "via": "file", **extra}
@@ -83,17 +100,33 @@ def entity_of(view, e: Event) -> dict:
 
 def describe(s: dict) -> str:
     """'device 3 (pid 45464)', 'rank 5 (device 5, pid 324)', 'file'."""
-    parts = [f"{k} {s[k]}" for k in ("device", "chip", "die", "pid", "nic_ip") if k in s
+    parts = [f"{k} {s[k]}" for k in ("device", "chip", "die", "pid", "nic_ip", "op") if k in s
              and not (k in ("device", "chip") and s["entity"] == "device" and s[k] == s["id"])]
     return s["text"] + (f" ({', '.join(parts)})" if parts else "")
+
+
+def _aliases(s: dict) -> set[str]:
+    """The names one suspect goes by: its text, and the rank / device it carries as a detail."""
+    out = {s["text"]}
+    if s.get("entity") == "device" and s.get("rank") is not None:
+        out.add(f"rank {s['rank']}")
+    if s.get("entity") == "rank" and s.get("device") is not None:
+        out.add(f"device {s['device']}")
+    return out
 
 
 def earned(view, e: Event, suspect: dict, competitors: list[tuple[object, Event]]) -> tuple[str, str, tuple[str, ...]]:
     """(confidence, why not higher, what to collect next) for a cause verdict."""
     short, collect = [], []
-    devices = {x["id"] for x in e.entities if x["type"] in ("device", "chip")}
+    logical = {x["id"] for x in e.entities if x["type"] == "device"}
+    chips = {x["id"] for x in e.entities if x["type"] == "chip"}
+    # a logical device and a different chip id may be one NPU (ASCEND_RT_VISIBLE_DEVICES renumbers), or two
+    devices = logical | chips if logical and chips - logical else logical or chips
     # a competitor that names no entity (the file) does not contradict the suspect
-    others = sorted({entity_of(v, x)["text"] for v, x in competitors} - {suspect["text"], "file"})
+    # one process names itself as a rank and as a device ("[rank1]:" beside "Device:1"): the same suspect
+    same = _aliases(suspect)
+    others = sorted({s2["text"] for s2 in (entity_of(v, x) for v, x in competitors)
+                     if s2["text"] != "file" and not _aliases(s2) & same})
     if not e.sure:
         short.append("the text names the failure's class but not its reason")
         collect.append("the full block of that error (CANN prints the reason in the indented lines below it)")
@@ -106,6 +139,10 @@ def earned(view, e: Event, suspect: dict, competitors: list[tuple[object, Event]
     if suspect.get("via") == "peer":
         short.append(f"only the reporting side names {suspect['text']}")
         collect.append(f"{suspect['text']}'s own log and plog")
+    if getattr(e, "fault", "") == "error_cqe":
+        short.append("an ERROR CQE says the link to the remote end failed: the network between the two ends, or the "
+                     "remote process")
+        collect.append("`hccn_tool -i <device> -link_stat -g` on both ends, and the remote end's own log")
     if len(devices) > 1:
         short.append(f"the block names devices {sorted(devices)}")
     if others:

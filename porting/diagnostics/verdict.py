@@ -9,12 +9,14 @@ scheduler's list of timed-out nodes names consequences, not necessarily the stal
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections import Counter
 
-from porting.diagnostics.causes import WINDOW_S, codes_in
+from porting.diagnostics.causes import WINDOW_S, class_role, codes_in
 from porting.diagnostics.grammar import Event, fmt_ts
 from porting.diagnostics.evidence import EvidenceContext, from_field_evidence, global_from_local
+from porting.diagnostics.heartbeat import from_heartbeat
 from porting.diagnostics.outcome import Scheduler, Verdict
 from porting.diagnostics.ranks import RankView, corrected, sort_key
 from porting.diagnostics.suspect import describe, earned, entity_of
@@ -67,15 +69,36 @@ def _competitors(real: list[RankView], first: RankView) -> list[tuple[RankView, 
     return out
 
 
+SPECIFIC = {"file": 0, "host": 1, "device": 2, "rank": 3}
+
+
+def _sharpest(view: RankView, e: Event, competitors: list[tuple[RankView, Event]]) -> dict:
+    """The event's suspect, or a sharper one named by another report of the same fault in the same window (CANN
+    prints one failure as several lines: the headline may name no device while the next line says device_id=2,
+    or name the chip while another line names the logical device)."""
+    s = entity_of(view, e)
+    chip_only = s["entity"] == "device" and "chip" in s and s.get("chip") == s["id"]
+    for v2, x in competitors:
+        if v2 is not view or x.cause != e.cause or (x.fault or e.fault) and x.fault != e.fault:
+            continue
+        s2 = entity_of(v2, x)
+        if SPECIFIC.get(s2["entity"], 0) > SPECIFIC.get(s["entity"], 0) or (
+                chip_only and s2["entity"] == "device" and s2.get("chip") != s2["id"]):
+            return dict(s2, **{k: s[k] for k in ("chip", "die") if k in s and k not in s2}, via=s2["via"] + " (same fault)")
+    return s
+
+
 def _from_causes(causes: list[RankView], ctx: EvidenceContext = EvidenceContext()) -> Verdict:
     real = [v for v in causes if v.first_cause.kind != "error"] or causes
     first = _earliest_caused(real)
     e = first.first_cause
     kind = CAUSE_KINDS.get(e.kind, "error")
-    s = entity_of(first, e)
+    s = _sharpest(first, e, _competitors(real, first))
     reason = f"{kind}: {e.text} ({e.source}:{e.line})"
     if e.facts.get("cause_text"):
         reason += f"; its block says: {e.facts['cause_text']}"
+    if s.get("op") and str(s["op"]).lower() not in reason.lower():
+        reason += f"; the operator: {s['op']}"
     if e.code:
         reason += f" [{e.code}: {e.label}]"
     if e.fix:
@@ -92,6 +115,9 @@ def _from_causes(causes: list[RankView], ctx: EvidenceContext = EvidenceContext(
         reason += note
         if mapped is not None:
             s = {"entity": "rank", "id": mapped, "text": f"rank {mapped}", "via": "local rank"}
+        else:   # the first failing local rank of the launch, named as such (its node is not in the log)
+            s = {"entity": "local_rank", "id": e.facts["local_rank"], "text": f"local rank {e.facts['local_rank']}",
+                 "via": "torchrun exit line"}
     if s["entity"] != "rank" or s["id"] != first.rank:
         reason += f"; suspect: {describe(s)}"
     sure, short, collect = ("high", "", ()) if root is not None else earned(first, e, s, _competitors(real, first))
@@ -130,8 +156,10 @@ def _single_waiter(v: RankView) -> Verdict:
     s = entity_of(v, e)
     who = (f"rank {v.rank}" if isinstance(v.rank, int) else
            describe(s) + f" (logging to {v.files[0]})" if s["entity"] != "file" else f"the process logging to {v.files[0]}")
-    reason = (f"waited: {who} timed out in a collective ({e.label}) and names no peer; the rank that did not "
-              f"arrive is not in these logs: {e.text[:160]}")
+    # issue 38's wording: who waited, and that the culprit is elsewhere (the rank that did not arrive)
+    reason = (f"waited: {s['text'] if s['entity'] != 'file' else who}; culprit not in this log: {who} timed out in a "
+              f"collective ({e.label}) and names no peer; the rank that did not arrive is not in these logs: "
+              f"{e.text[:160]}")
     if e.facts.get("cause_text"):
         reason += f"; its block says: {e.facts['cause_text'][:240]}"
     codes = codes_in([x.text + " " + x.facts.get("cause_text", "") for x in v.events])
@@ -212,15 +240,44 @@ def decide(views: dict[int | str, RankView], sched: Scheduler = Scheduler(),
     ranks = sorted(views.values(), key=lambda v: sort_key(v.rank))
     if not ranks:
         return Verdict(None, None, "no rank logs could be read", "no_output", (), "low")
+    crimer = from_heartbeat(views)   # HCCL's heartbeat names the culprit on every rank's log (heartbeat.py)
     causes = _cause_ranks(ranks)
     if causes:
-        return _from_causes(causes, context)
+        v = _from_causes(causes, context)
+        if crimer is None or (v.suspect or {}).get("id") == crimer.first_failing_rank:
+            return _settle(v)
+        other = describe(v.suspect) if v.suspect else v.first_failing_rank
+        return _settle(dataclasses.replace(crimer, why=crimer.why + f"; another log shows {v.cause_class or v.reason_kind} "
+                                                                    f"on {other}, which the heartbeat does not name"))
+    if crimer is not None:
+        return _settle(crimer)
     timed_out = [v for v in ranks if v.first_consequence is not None]
     if timed_out:
-        return from_field_evidence(views, context) or _from_timeouts(ranks, timed_out, sched)
+        return _settle(from_field_evidence(views, context) or _from_timeouts(ranks, timed_out, sched))
     if sched.timed_out:
-        return _from_scheduler(views, sched)
-    return _from_progress(ranks)
+        return _settle(_from_scheduler(views, sched))
+    return _settle(_from_progress(ranks))
+
+
+INFERRED_KINDS = ("stall", "lost", "no_output")
+
+
+def _settle(v: Verdict) -> Verdict:
+    """The verdict's fault and role, and a confidence its role allows. A culprit is named only when a line says
+    so (an error of its own, a crimer or located rank); timeouts alone say who waited, so a verdict built on
+    them is never high (issue 38): 'waiter' when they name at most whom they waited for, 'inferred' when a rank
+    is named from the others' timeouts and its own silence."""
+    ev = v.evidence[0] if v.evidence else {}
+    if v.reason_kind == "none":
+        return dataclasses.replace(v, role="none")
+    role_of_class = class_role(v.cause_class) if v.cause_class else None
+    if "located_rank" in ev.get("facts", {}) or (role_of_class or ev.get("role")) == "cause":
+        return dataclasses.replace(v, fault=v.fault or ev.get("fault") or None, role="culprit")
+    role = "inferred" if v.reason_kind in INFERRED_KINDS else "waiter"
+    fault = v.fault or ev.get("fault") or ("waiter" if v.cause_class == "collective_timeout" else None)
+    sure = "medium" if v.confidence == "high" else v.confidence
+    why = v.why + ("; not high: only timeouts here, which say who waited" if v.confidence == "high" else "")
+    return dataclasses.replace(v, fault=fault, role=role, confidence=sure, why=why)
 
 
 def rank_status(v: RankView, verdict_rank: int | str | None) -> str:

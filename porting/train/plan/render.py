@@ -47,7 +47,8 @@ def format_plan(plan: TrainPlan) -> str:
         lines += [f"  {i + 1}. {roofline.proposal_line(p)}" for i, p in enumerate(plan.proposals)]
     if plan.estimated_step:
         e = plan.estimated_step
-        lines.append(f"estimated step (roofline at the 910C peak, an estimate): {e['step_s']:.2f} s = compute "
+        lines.append(f"estimated step (roofline at the {plan.links.get('chip', '910C')} peak, an estimate): "
+                     f"{e['step_s']:.2f} s = compute "
                      f"{e['compute_s']:.2f} + optimizer {e['memory_s']:.2f} + communication {e['comm_s']:.2f} "
                      f"(TP {e['comm_tp_s']:.2f} at {plan.links['tp_bytes_per_s'] / 1e9:g} GB/s, {plan.links['intra_node']}; "
                      f"DP {e['comm_dp_s']:.2f} at {plan.links['dp_bytes_per_s'] / 1e9:g} GB/s, "
