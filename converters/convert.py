@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
-from converters import atomic, dtypes, names, shard_writer, tensor_writer
+from converters import atomic, dtypes, fused, names, shard_writer, tensor_writer
 from converters.layout import ConversionLayout, Direction, PlannedFile
 from converters.safetensors_io import OutTensor
 from converters.sources import (
@@ -146,6 +146,8 @@ def build_plan(src_dir: Path, direction: Direction, out_format: str = "safetenso
                     f"{f.path}: tensor {t.name}: shape {list(t.shape)} does not match config.json, which implies "
                     f"{list(shapes[t.name])}; the checkpoint and its config.json belong to different models"))
             planned.append((t, OutTensor(out_name, target or t.dtype, t.shape)))
+        if direction is MS_TO_HF and cfg.model_type in fused.FUSED:   # the separate weights join into HF's fused ones
+            planned = fused.fuse_planned(cfg, planned, OutTensor)
         meta = dict(layout.get("files", {}).get(f.name, {}).get("metadata") or direction.out_metadata)
         out_name = _out_file_name(f.name, direction, out_format, restored)
         if any(pf.out_name == out_name for pf in files):
@@ -250,7 +252,8 @@ def execute(plan: ConversionLayout, out_dir: Path, *, force: bool = False,
     with atomic.staged_dir(out_dir, force) as tmp:
         digests: dict[str, str | None] = {}
         records: list[dict] = []
-        if plan.source.kind == "safetensors" and plan.out_format == "safetensors":
+        gathered = any(isinstance(t, fused.FusedInfo) and not t.contiguous for pf in plan.files for t, _ in pf.tensors)
+        if plan.source.kind == "safetensors" and plan.out_format == "safetensors" and not gathered:
             digests, records, ways = _write_parallel(plan, tmp, out_dir, progress, compute)
         else:
             for pf in plan.files:
@@ -291,6 +294,7 @@ def execute(plan: ConversionLayout, out_dir: Path, *, force: bool = False,
                        "bytes_written_by": ways},
             "model_type": plan.cfg.model_type,
             "name_map": plan.direction.table(plan.cfg),
+            "fused": fused.manifest_entry(plan.cfg),   # how fused HF tensors split into the zoo's weights
             "tensors": records,
             "hf_layout": _hf_layout(plan),
             "versions": versions or {},

@@ -36,10 +36,23 @@ LLAMA_HF_TO_MS: dict[str, str] = {
 }
 LLAMA_MS_TO_HF: dict[str, str] = {v: k for k, v in LLAMA_HF_TO_MS.items()}
 
+# Qwen3 = the Llama map plus the per-head q/k RMSNorm. Their zoo names take MindSpore Transformers' leaf
+# names for these tensors (mindformers/models/qwen3/utils.py, Qwen3PreTrainedModel.weight_mapping:
+# '.self_attn.q_norm.' -> '.self_attention.q_layernorm.', '.self_attn.k_norm.' -> '.self_attention.k_layernorm.')
+# under the zoo's attention cell; the rest of that file's names are its Megatron-style GPTModel's
+# (decoder.layers.N.self_attention.linear_q), which the zoo's MindFormers-Llama names do not follow.
+QWEN3_HF_TO_MS: dict[str, str] = {
+    **LLAMA_HF_TO_MS,
+    "model.layers.{}.self_attn.q_norm.weight": "model.layers.{}.attention.q_layernorm.weight",
+    "model.layers.{}.self_attn.k_norm.weight": "model.layers.{}.attention.k_layernorm.weight",
+}
+
 # HF keys that carry no weights (older checkpoints store RoPE's inverse frequencies).
 IGNORED_HF_KEYS = ("model.layers.{}.self_attn.rotary_emb.inv_freq",)
 
-NAME_MAPS = {"llama": LLAMA_HF_TO_MS, "mistral": LLAMA_HF_TO_MS, "qwen2": LLAMA_HF_TO_MS}
+# phi3: the Llama map on the separate weights its fused qkv_proj / gate_up_proj are read as (converters/fused.py).
+NAME_MAPS = {"llama": LLAMA_HF_TO_MS, "mistral": LLAMA_HF_TO_MS, "qwen2": LLAMA_HF_TO_MS, "qwen3": QWEN3_HF_TO_MS,
+             "phi3": LLAMA_HF_TO_MS}
 
 
 def _check_one_to_one(m: dict[str, str]) -> None:
@@ -48,7 +61,8 @@ def _check_one_to_one(m: dict[str, str]) -> None:
         raise AssertionError(f"name map is not one-to-one: {dup}")
 
 
-_check_one_to_one(LLAMA_HF_TO_MS)
+for _table in NAME_MAPS.values():
+    _check_one_to_one(_table)
 
 
 def _pattern(template: str) -> re.Pattern:
@@ -82,6 +96,8 @@ def expected_hf_names(cfg: LlamaConfig) -> list[str]:
             out.append(p + f"self_attn.{proj}_proj.weight")
             if (proj != "o" and cfg.qkv_bias) or (proj == "o" and cfg.o_bias):
                 out.append(p + f"self_attn.{proj}_proj.bias")
+        if cfg.qk_norm:
+            out += [p + "self_attn.q_norm.weight", p + "self_attn.k_norm.weight"]
         out += [p + "post_attention_layernorm.weight"]
         for proj in ("gate", "up", "down"):
             out.append(p + f"mlp.{proj}_proj.weight")
@@ -129,6 +145,7 @@ def expected_hf_shapes(cfg: LlamaConfig) -> dict[str, tuple[int, ...]]:
         "self_attn.v_proj.bias": (cfg.kv_size,), "self_attn.o_proj.bias": (h,),
         "mlp.gate_proj.weight": (i, h), "mlp.up_proj.weight": (i, h), "mlp.down_proj.weight": (h, i),
         "mlp.gate_proj.bias": (i,), "mlp.up_proj.bias": (i,), "mlp.down_proj.bias": (h,),
+        "self_attn.q_norm.weight": (cfg.head_dim,), "self_attn.k_norm.weight": (cfg.head_dim,),
     }
     top = {"model.embed_tokens.weight": (v, h), "model.norm.weight": (h,), "lm_head.weight": (v, h)}
     out = {}

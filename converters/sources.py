@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 from typing import Callable, Iterator
 
-from converters import dtypes
+from converters import dtypes, fused
 from converters.safetensors_io import (
     CHUNK_BYTES,
     Header,
@@ -168,7 +168,9 @@ HF_LAYOUTS = [("model.safetensors.index.json", "model.safetensors", "safetensors
 
 
 def open_hf(d: Path) -> Source:
-    """The HF checkpoint in ``d`` (safetensors preferred over .bin when both are present)."""
+    """The HF checkpoint in ``d`` (safetensors preferred over .bin when both are present). A fused-weight
+    family's ``qkv_proj`` / ``gate_up_proj`` are shown as the separate weights they stack
+    (:func:`converters.fused.unfuse_tensors`)."""
     d = Path(d)
     for index_name, single, kind in HF_LAYOUTS:
         index = d / index_name
@@ -176,11 +178,28 @@ def open_hf(d: Path) -> Source:
             wm, meta = _read_index(index)
             files = [_READERS[kind](d, n) for n in _shard_names(index, wm)]
             _check_index_matches(index, wm, files)
-            return Source(kind, d, tuple(files), index_name, meta)
+            return _unfused(Source(kind, d, tuple(files), index_name, meta))
         if (d / single).is_file():
-            return Source(kind, d, (_READERS[kind](d, single),), None, None)
+            return _unfused(Source(kind, d, (_READERS[kind](d, single),), None, None))
     raise CheckpointError(f"{d}: no model.safetensors, model.safetensors.index.json, pytorch_model.bin or "
                           "pytorch_model.bin.index.json; expected an HF model directory (save_pretrained writes one)")
+
+
+def _unfused(src: Source) -> Source:
+    """``src`` with the fused tensors of its family (config.json's model_type) read as their parts."""
+    if not any(fused.parts_of_any(t.name) for f in src.files for t in f.tensors):
+        return src
+    from model_zoo.config import LlamaConfig
+
+    cfg = LlamaConfig.from_hf(src.dir)
+    if cfg.model_type not in fused.FUSED:
+        return src   # the coverage check names the tensors this family does not have
+    if src.kind != "safetensors":
+        raise CheckpointError(f"{src.dir}: a {cfg.model_type} checkpoint with fused weights in .bin files; port reads "
+                              "fused tensors from safetensors (byte ranges): re-save it with transformers' "
+                              "save_pretrained (safetensors is its default)")
+    files = tuple(dataclasses.replace(f, tensors=fused.unfuse_tensors(cfg, f.tensors, str(f.path))) for f in src.files)
+    return dataclasses.replace(src, files=files)
 
 
 def open_ms(d: Path) -> Source:

@@ -9,6 +9,7 @@ import shutil
 from pathlib import Path
 
 from converters import dtypes
+from converters.fused import FusedInfo, PartInfo
 from converters.layout import ConversionLayout, PlannedFile
 from converters.safetensors_io import OutTensor, TensorInfo, write_all
 from converters.sources import stream
@@ -16,23 +17,44 @@ from model_zoo.errors import CheckpointError
 
 
 def tensor_record(o: OutTensor, digest: str, file: str, src: TensorInfo, src_file: str) -> dict:
-    """The manifest's record of one output tensor and the source tensor it came from."""
-    return {"name": o.name, "shape": list(o.shape), "dtype": o.dtype, "sha256": digest, "file": file,
-            "source_name": src.name, "source_dtype": src.dtype, "source_file": src_file}
+    """The manifest's record of one output tensor and the source tensor it came from (a fused tensor's
+    rows, or the parts a fused tensor was joined from: converters/fused.py)."""
+    rec = {"name": o.name, "shape": list(o.shape), "dtype": o.dtype, "sha256": digest, "file": file,
+           "source_name": src.name, "source_dtype": src.dtype, "source_file": src_file}
+    if isinstance(src, PartInfo):
+        rec["source_fused"] = {"name": src.fused_name, "rows": list(src.rows)}
+    elif isinstance(src, FusedInfo):
+        rec["source_parts"] = [p.name for p in src.parts]
+    return rec
 
 
 def write_loaded(plan: ConversionLayout, pf: PlannedFile, out_path: Path, progress) -> list[dict]:
-    """A .bin / .ckpt source (tensors loaded by torch / MindSpore) -> safetensors, chunk by chunk."""
-    outs = {t.name: o for t, o in pf.tensors}
+    """A .bin / .ckpt source (tensors loaded by torch / MindSpore), or parts of a fused HF tensor stored
+    apart, -> safetensors, chunk by chunk; a fused tensor's parts are held until the last one is read."""
+    outs: dict[str, tuple[OutTensor, FusedInfo | None, int]] = {}
+    for t, o in pf.tensors:
+        for k, part in enumerate(t.parts if isinstance(t, FusedInfo) else (t,)):
+            outs[part.name] = (o, t if isinstance(t, FusedInfo) else None, k)
     tensor_hash: dict[str, object] = {}
+    held: dict[str, dict[int, list[bytes]]] = {}
     with open(out_path, "wb", buffering=0) as fo:
         write_all(fo, pf.header)
         for seg in stream(plan.source, pf.src):
             t = seg.tensor
             if t is not None and t.name in outs:
-                out = dtypes.cast_bytes(t.dtype, outs[t.name].dtype, seg.view)
-                tensor_hash.setdefault(t.name, hashlib.sha256()).update(out)
-                write_all(fo, out)
+                o, group, k = outs[t.name]
+                out = dtypes.cast_bytes(t.dtype, o.dtype, seg.view)
+                if group is None:
+                    tensor_hash.setdefault(t.name, hashlib.sha256()).update(out)
+                    write_all(fo, out)
+                else:
+                    parts = held.setdefault(o.name, {})
+                    parts.setdefault(k, []).append(bytes(out))
+                    if sum(len(c) for cs in parts.values() for c in cs) == o.nbytes:   # the last part is in
+                        data = b"".join(c for i in range(len(group.parts)) for c in parts.get(i, []))
+                        tensor_hash.setdefault(o.name, hashlib.sha256()).update(data)
+                        write_all(fo, data)
+                        del held[o.name]
             progress(seg.view.nbytes)
         size = fo.tell()
     if size != pf.out_bytes:

@@ -9,7 +9,8 @@ Three ways to keep the keys and values of past positions, all giving the same to
   and keys beyond ``pos`` are masked, so every step reuses one compiled graph (fastest).
 * ``"dynamic"``: the PyNative cache of :func:`forward_cached`, grown by concatenation,
   so every step has new shapes and runs op by op (the path the fused kernels' cache mode takes).
-* ``"none"``: the whole sequence recomputed every step (the plain forward, as a reference).
+* ``"none"``: the whole sequence recomputed every step (the plain forward, as a reference; with a
+  length-dependent RoPE every position takes the frequencies of the whole length, as HF without a cache).
 
 Ties in the argmax go to the lowest id, as ``torch.argmax`` (HF ``generate``) does.
 """
@@ -23,7 +24,7 @@ import mindspore as ms
 import numpy as np
 from mindspore import Tensor, nn, ops
 
-from model_zoo import kernels
+from model_zoo import kernels, rope
 from model_zoo.errors import ConfigError
 from model_zoo.llama import LlamaForCausalLM, repeat_kv
 
@@ -35,6 +36,18 @@ def _ensure_rope(model: LlamaForCausalLM, length: int) -> None:
         # Plain tensors, not Parameters: they are derived data and never saved in checkpoints.
         model.rope_cos, model.rope_sin = Tensor(cos), Tensor(sin)
         model._rope_len = length
+
+
+def _cached_rope(model: LlamaForCausalLM, start: int, s: int) -> tuple[Tensor, Tensor]:
+    """cos and sin of positions start..start+s-1 in a KV-cache call: a length-dependent RoPE (dynamic,
+    longrope) takes the frequencies of the whole length so far, as transformers' dynamic_rope_update does
+    (max(position_ids) + 1); the keys already cached keep the rotation they were stored with, as in HF."""
+    total = start + s
+    if model.rope_threshold and total > model.rope_threshold:
+        cos, sin = rope.rope_tables(model.config, total, total)
+        return Tensor(cos[start:]), Tensor(sin[start:])
+    _ensure_rope(model, total)
+    return model.rope_cos[start:total], model.rope_sin[start:total]
 
 
 def _check_length(model: LlamaForCausalLM, length: int) -> None:
@@ -53,8 +66,7 @@ def forward_cached(model: LlamaForCausalLM, input_ids: Tensor, cache: list | Non
     s = input_ids.shape[1]
     _check_length(model, start + s)
     kernels.check_attention_lengths(s, start + s)
-    _ensure_rope(model, start + s)
-    cos, sin = model.rope_cos[start:start + s], model.rope_sin[start:start + s]
+    cos, sin = _cached_rope(model, start, s)
     x = model.model.tok_embeddings(input_ids)
     new_cache = []
     for i, layer in enumerate(model.model.layers):
@@ -74,11 +86,13 @@ class StaticCacheDecoder(nn.Cell):
 
     def __init__(self, model: LlamaForCausalLM, max_len: int):
         super().__init__(auto_prefix=False)  # share the model's parameter names
-        _ensure_rope(model, max_len)
         self.model = model
         self.max_len = max_len
-        self.rope_cos = model.rope_cos
-        self.rope_sin = model.rope_sin
+        # Row p as a token-by-token decode rotates position p (length-dependent RoPE: the frequencies of
+        # p + 1 positions; equal to HF generate's when the prompt fits the original context, since HF rotates
+        # a whole prompt with the frequencies of its length).
+        cos, sin = rope.incremental_tables(model.config, max_len)
+        self.rope_cos, self.rope_sin = Tensor(cos), Tensor(sin)
 
     def construct(self, token: Tensor, pos: Tensor, k_cache: Tensor, v_cache: Tensor):
         """token (B, 1) int32; pos (1,) int32; caches (L, B, Nkv, max_len, D). Returns logits (B, V)

@@ -41,6 +41,7 @@ import numpy as np
 from model_zoo import cpu_kernels
 from model_zoo.config import LlamaConfig
 from model_zoo.errors import KernelError
+from model_zoo.rope import rope_tables  # noqa: F401 (kernels.rope_tables, where callers have always found it)
 
 KERNELS = ("attention", "rope", "rmsnorm", "swiglu")
 CPU_IMPL = "cpu"
@@ -117,13 +118,19 @@ class KernelSelection:
     device: str
     compute_dtype: str
     mindspeed_available: bool
+    qk_norm: bool = False   # Qwen3: the per-head q/k RMSNorm runs the RMSNorm choice too (one more row a layer)
 
     def choices(self) -> list[KernelChoice]:
         return [self.attention, self.rope, self.rmsnorm, self.swiglu]
 
     def rows(self, num_layers: int) -> list[dict]:
-        """One row per layer and kernel, then the final norm (model.kernel_report, `port ops zoo`)."""
-        rows = [c.row(i) for i in range(num_layers) for c in self.choices()]
+        """One row per layer and kernel (Qwen3: and one for the per-head q/k norms), then the final norm
+        (model.kernel_report, `port ops zoo`)."""
+        rows = []
+        for i in range(num_layers):
+            rows += [c.row(i) for c in self.choices()]
+            if self.qk_norm:
+                rows.append({**self.rmsnorm.row(i), "site": "q/k heads (q_layernorm, k_layernorm before RoPE)"})
         return rows + [self.rmsnorm.row("final")]
 
     def as_dict(self) -> dict:
@@ -267,7 +274,8 @@ def select_kernels(cfg: LlamaConfig, *, device: str | None = None, compute_dtype
                 why += " (falls back per call when batch >= 1000 or BNSD with B*N > 8*S and 32-byte-aligned head_dim)"
             picks[kernel] = KernelChoice(kernel, "fused", FUSED_OPS[kernel], why)
     return KernelSelection(attention=picks["attention"], rope=picks["rope"], rmsnorm=picks["rmsnorm"],
-                      swiglu=picks["swiglu"], device=device, compute_dtype=compute_dtype, mindspeed_available=mindspeed_available())
+                           swiglu=picks["swiglu"], device=device, compute_dtype=compute_dtype,
+                           mindspeed_available=mindspeed_available(), qk_norm=bool(getattr(cfg, "qk_norm", False)))
 
 
 def _cpu_choice(kernel: str, device: str, compute_dtype: str, forced: bool) -> KernelChoice:
@@ -343,31 +351,3 @@ def rope_fused_allowed(batch: int, heads: int, seq: int, head_dim: int, itemsize
         return False
     aligned = (head_dim * itemsize) % 32 == 0
     return not (batch * heads > 8 * seq and aligned)
-
-
-def rope_tables(cfg: LlamaConfig, length: int) -> tuple[np.ndarray, np.ndarray]:
-    """cos and sin of shape (length, head_dim) in float32, rotate-half layout (halves repeated).
-
-    Follows HF's rope init functions for 'default', 'linear' and 'llama3'.
-    """
-    d = cfg.head_dim
-    inv_freq = 1.0 / (cfg.rope_theta ** (np.arange(0, d, 2, dtype=np.int64).astype(np.float32) / d))
-    rs = cfg.rope_scaling or {}
-    kind = rs.get("rope_type", "default")
-    if kind == "linear":
-        inv_freq = inv_freq / float(rs["factor"])
-    elif kind == "llama3":
-        factor = float(rs["factor"])
-        low, high = float(rs["low_freq_factor"]), float(rs["high_freq_factor"])
-        old_len = float(rs["original_max_position_embeddings"])
-        low_wavelen, high_wavelen = old_len / low, old_len / high
-        wavelen = 2 * np.pi / inv_freq
-        scaled = np.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
-        smooth = (old_len / wavelen - low) / (high - low)
-        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
-        is_medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
-        inv_freq = np.where(is_medium, smoothed, scaled).astype(np.float32)
-    pos = np.arange(length, dtype=np.float32)
-    freqs = np.outer(pos, inv_freq.astype(np.float32))
-    emb = np.concatenate([freqs, freqs], axis=-1)
-    return np.cos(emb).astype(np.float32), np.sin(emb).astype(np.float32)

@@ -13,18 +13,20 @@ with a KV cache is :mod:`model_zoo.decode`, and the cells over port's CPU kernel
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, Iterator, Mapping
+from typing import Callable, Mapping
 
 import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
-from mindspore.common.initializer import Normal, One, initializer
+from mindspore.common.initializer import Normal, initializer
 
-from model_zoo import kernels, parallel
+from model_zoo import kernels, parallel, rope
 from model_zoo.config import LlamaConfig, divisibility_problems
-from model_zoo.cpu_cells import CpuCausalAttention, CpuPackedAttention, CpuRmsNorm, CpuRope
-from model_zoo.errors import ConfigError, KernelError
+from model_zoo.cpu_cells import CpuCausalAttention, CpuPackedAttention, CpuRope
+from model_zoo.errors import ConfigError
+from model_zoo.fused_ops import FUSED_OPS, fused_ops_replaced  # noqa: F401 (the test hook, also as llama.*)
 from model_zoo.kernels import KernelSelection
 from model_zoo.linear import Linear, deferred_parameters
+from model_zoo.norms import HeadNorm, RMSNorm, norm_for
 from model_zoo.parallel import TensorParallel
 
 _DTYPES = {"float32": ms.float32, "float16": ms.float16, "bfloat16": ms.bfloat16}
@@ -34,80 +36,12 @@ def ms_dtype(name: str) -> ms.Type:
     return _DTYPES[name]
 
 
-class RMSNorm(nn.Cell):
-    def __init__(self, dim: int, eps: float, param_dtype: ms.Type, impl: str):
-        super().__init__()
-        self.weight = Parameter(initializer(One(), (dim,), param_dtype), name="weight")
-        self.eps = eps
-        self.fused = impl == "fused"
-        # The op is taken from FUSED_OPS when the cell is built (the test hook, see FUSED_OPS).
-        self.rms_norm_op = FUSED_OPS["rms_norm"] if self.fused else None
-        self.cpu = CpuRmsNorm(eps) if impl == kernels.CPU_IMPL else None
-
-    def construct(self, x: Tensor) -> Tensor:
-        if self.fused:
-            # ops.rms_norm (MindSpore <= 2.10 signature, checked at plan time) returns (y, rstd).
-            return self.rms_norm_op(x, ops.cast(self.weight, x.dtype), self.eps)[0]
-        if self.cpu is not None and x.dtype == ms.float32 and self.weight.dtype == ms.float32:
-            return self.cpu(x, self.weight)
-        dtype = x.dtype
-        xf = ops.cast(x, ms.float32)
-        var = ops.mean(ops.square(xf), -1, keep_dims=True)
-        y = ops.cast(xf * ops.rsqrt(var + self.eps), dtype)
-        return ops.cast(self.weight, dtype) * y
-
-
-class _NormIntoTP(RMSNorm):
-    """Tensor parallel: an RMSNorm whose output enters the TP region (:class:`parallel.CopyToTP`, one
-    gradient AllReduce for all the column-parallel projections it feeds). Parameter names as RMSNorm."""
-
-    def __init__(self, dim: int, eps: float, param_dtype: ms.Type, impl: str, tp: TensorParallel):
-        super().__init__(dim, eps, param_dtype, impl)
-        self.copy = parallel.CopyToTP(tp)
-
-    def construct(self, x: Tensor) -> Tensor:
-        return self.copy(super().construct(x))
-
-
-def _norm(cfg: LlamaConfig, param_dtype: ms.Type, impl: str, tp: TensorParallel | None) -> RMSNorm:
-    if tp is None:
-        return RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, param_dtype, impl)
-    return _NormIntoTP(cfg.hidden_size, cfg.rms_norm_eps, param_dtype, impl, tp)
-
-
 def _column(tp: TensorParallel | None, *args) -> nn.Cell:
     return Linear(*args) if tp is None else parallel.ColumnParallelLinear(*args, tp=tp)
 
 
 def _row(tp: TensorParallel | None, *args) -> nn.Cell:
     return Linear(*args) if tp is None else parallel.RowParallelLinear(*args, tp=tp)
-
-
-# The fused Ascend entry points. Test hook: a test puts contract-enforcing stand-ins in their place
-# (tests/npu_models.py) with :func:`fused_ops_replaced`, or by setting items, BEFORE it builds a
-# model: each cell takes its op from this table when it is built, so in graph mode the op is a plain
-# function attribute of the cell and the product code path is the one that runs on Ascend.
-FUSED_OPS = {
-    "flash_attention_score": ops.flash_attention_score,
-    "rotary_position_embedding": getattr(ops, "rotary_position_embedding", None),
-    "rms_norm": ops.rms_norm,
-    "swiglu": getattr(ops, "swiglu", None),
-}
-
-
-@contextlib.contextmanager
-def fused_ops_replaced(replacements: Mapping[str, Callable]) -> Iterator[None]:
-    """Models built inside the block call ``replacements`` instead of the fused Ascend ops (tests only)."""
-    unknown = sorted(set(replacements) - set(FUSED_OPS))
-    if unknown:
-        raise KernelError(f"fused_ops_replaced: unknown op(s) {unknown}; expected some of {sorted(FUSED_OPS)}")
-    saved = dict(FUSED_OPS)
-    FUSED_OPS.update(replacements)
-    try:
-        yield
-    finally:
-        FUSED_OPS.clear()
-        FUSED_OPS.update(saved)
 
 
 def rotate_half(x: Tensor) -> Tensor:
@@ -200,10 +134,19 @@ class Attention(nn.Cell):
         self.wk = _column(tp, h, cfg.kv_size, cfg.qkv_bias, param_dtype, compute_dtype)
         self.wv = _column(tp, h, cfg.kv_size, cfg.qkv_bias, param_dtype, compute_dtype)
         self.wo = _row(tp, cfg.q_size, h, cfg.o_bias, param_dtype, compute_dtype)
+        # Qwen3: q/k RMSNorm per head before RoPE. Names from MindSpore Transformers' Qwen3
+        # (mindformers/models/qwen3/utils.py weight_mapping: self_attn.q_norm -> self_attention.q_layernorm).
+        self.qk_norm = cfg.qk_norm
+        if cfg.qk_norm:
+            self.q_layernorm = HeadNorm(cfg.head_dim, cfg.rms_norm_eps, param_dtype, plan.rmsnorm.impl, tp)
+            self.k_layernorm = HeadNorm(cfg.head_dim, cfg.rms_norm_eps, param_dtype, plan.rmsnorm.impl, tp)
 
-    def _heads(self, x: Tensor, n: int) -> Tensor:
+    def _heads(self, x: Tensor, n: int, norm: nn.Cell | None = None) -> Tensor:
         b, s, _ = x.shape
-        return ops.transpose(ops.reshape(x, (b, s, n, self.head_dim)), (0, 2, 1, 3))
+        x = ops.reshape(x, (b, s, n, self.head_dim))
+        if norm is not None:   # over head_dim, on the (B, S, N, D) view as transformers' Qwen3Attention
+            x = norm(x)
+        return ops.transpose(x, (0, 2, 1, 3))
 
     def _rope(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
         if self.cpu_rope is not None and x.dtype == ms.float32 and len(cos.shape) == 2:
@@ -211,8 +154,10 @@ class Attention(nn.Cell):
         return apply_rope(x, cos, sin, self.fused_rope, self.rope_op)
 
     def project(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        q = self._rope(self._heads(self.wq(x), self.n_heads), cos, sin)
-        k = self._rope(self._heads(self.wk(x), self.n_kv), cos, sin)
+        q_norm = self.q_layernorm if self.qk_norm else None
+        k_norm = self.k_layernorm if self.qk_norm else None
+        q = self._rope(self._heads(self.wq(x), self.n_heads, q_norm), cos, sin)
+        k = self._rope(self._heads(self.wk(x), self.n_kv, k_norm), cos, sin)
         v = self._heads(self.wv(x), self.n_kv)
         return q, k, v
 
@@ -298,9 +243,9 @@ class DecoderLayer(nn.Cell):
                  tp: TensorParallel | None = None):
         super().__init__()
         norm = plan.rmsnorm.impl
-        self.attention_norm = _norm(cfg, param_dtype, norm, tp)
+        self.attention_norm = norm_for(cfg, param_dtype, norm, tp)
         self.attention = Attention(cfg, plan, param_dtype, compute_dtype, tp)
-        self.ffn_norm = _norm(cfg, param_dtype, norm, tp)
+        self.ffn_norm = norm_for(cfg, param_dtype, norm, tp)
         self.feed_forward = FeedForward(cfg, param_dtype, compute_dtype, plan.swiglu.impl, tp)
 
     def construct(self, x: Tensor, cos: Tensor, sin: Tensor, segment_ids: Tensor | None = None,
@@ -333,10 +278,19 @@ class LlamaModel(nn.Cell):
         self.layers = nn.CellList([DecoderLayer(cfg, plan, param_dtype, compute_dtype, tp)
                                    for _ in range(cfg.num_hidden_layers)])
         self.norm_out = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, param_dtype, plan.rmsnorm.impl)
+        self.pad_id = cfg.pad_token_id
+
+    def embed(self, ids: Tensor) -> Tensor:
+        """Token embeddings. With a pad_token_id, as transformers' nn.Embedding(padding_idx=pad_token_id):
+        the same values, but the pad row gets no gradient from the lookup (Phi-3's config sets 32000)."""
+        x = self.tok_embeddings(ids)
+        if self.pad_id is not None:
+            x = ops.select(ops.expand_dims(ids == self.pad_id, -1), ops.stop_gradient(x), x)
+        return x
 
     def construct(self, ids: Tensor, cos: Tensor, sin: Tensor, segment_ids: Tensor | None = None,
                   seq_ends: Tensor | None = None) -> Tensor:
-        x = self.tok_embeddings(ids)
+        x = self.embed(ids)
         for layer in self.layers:
             x = layer(x, cos, sin, segment_ids, seq_ends)
         return self.norm_out(x)
@@ -369,6 +323,18 @@ class LlamaForCausalLM(nn.Cell):
         self._rope_len = cfg.max_position_embeddings
         cos, sin = kernels.rope_tables(cfg, self._rope_len)
         self.rope_cos, self.rope_sin = Tensor(cos), Tensor(sin)
+        # dynamic / longrope: a call longer than this takes the frequencies of its own length (model_zoo/rope.py)
+        self.rope_threshold = rope.threshold(cfg) or 0
+        self.rope_args = rope.call_args(cfg)   # plain values: a graph resolves them, not the config dataclass
+
+    def rope_for(self, s: int) -> tuple[Tensor, Tensor]:
+        """cos and sin of positions 0..s-1 for a call over ``s`` positions. Past a length-dependent type's
+        threshold the table of that length is computed from the config (a constant of a graph: ``s`` is
+        static there, and MindSpore folds the NumPy call when it compiles)."""
+        if self.rope_threshold and s > self.rope_threshold:
+            cos, sin = rope.call_tables(self.rope_args, s)
+            return Tensor(cos), Tensor(sin)
+        return self.rope_cos[:s], self.rope_sin[:s]
 
     def logits(self, hidden: Tensor) -> Tensor:
         b, s, h = hidden.shape
@@ -383,17 +349,15 @@ class LlamaForCausalLM(nn.Cell):
         s = input_ids.shape[1]
         if self.window and s > self.window:  # compile-time check (static shapes); message: decode._check_length
             raise ValueError("sequence length exceeds the model's sliding_window; use shorter sequences")
-        if positions is None:
-            cos, sin = self.rope_cos[:s], self.rope_sin[:s]
-        else:   # RoPE at each example's own positions: (B, S, D)
-            cos, sin = ops.gather(self.rope_cos, positions, 0), ops.gather(self.rope_sin, positions, 0)
+        cos, sin = self.rope_for(s)
+        if positions is not None:   # RoPE at each example's own positions: (B, S, D)
+            cos, sin = ops.gather(cos, positions, 0), ops.gather(sin, positions, 0)
         return self.logits(self.model(input_ids, cos, sin, segment_ids, seq_ends))
 
     def hidden_states(self, input_ids: Tensor) -> list[Tensor]:
         """Embeddings, then each layer's output, the last one after the final norm (HF's layout)."""
-        s = input_ids.shape[1]
-        cos, sin = self.rope_cos[:s], self.rope_sin[:s]
-        x = self.model.tok_embeddings(input_ids)
+        cos, sin = self.rope_for(input_ids.shape[1])
+        x = self.model.embed(input_ids)
         out = [x]
         for layer in self.model.layers:
             x = layer(x, cos, sin)

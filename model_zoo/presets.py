@@ -131,6 +131,29 @@ PRESETS: list[dict] = [
                      bos_token_id=128000, eos_token_id=128001)),
 ]
 
+# The released Qwen3 dense sizes: Qwen/Qwen3-{0.6B,1.7B,4B,8B,14B,32B} config.json (transformers 4.51.0;
+# model_type qwen3, head_dim 128, attention_bias false, rope_theta 1e6, max_position_embeddings 40960,
+# rms_norm_eps 1e-6, vocab 151936, bos 151643 <|endoftext|>, eos 151645 <|im_end|>, use_sliding_window false).
+_QWEN3 = dict(model_type="qwen3", vocab_size=151936, head_dim=128, num_key_value_heads=8, qk_norm=True,
+              max_position_embeddings=40960, rms_norm_eps=1e-6, rope_theta=1000000.0,
+              bos_token_id=151643, eos_token_id=151645)
+
+
+def _qwen3(size: str, hidden: int, inter: int, layers: int, heads: int, tied: bool) -> dict:
+    return dict(name=f"qwen3-{size.lower()}", hf_repo=f"Qwen/Qwen3-{size}",
+                config=dict(_QWEN3, hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
+                            num_attention_heads=heads, tie_word_embeddings=tied))
+
+
+PRESETS += [
+    _qwen3("0.6B", 1024, 3072, 28, 16, True),     # Qwen/Qwen3-0.6B config.json
+    _qwen3("1.7B", 2048, 6144, 28, 16, True),     # Qwen/Qwen3-1.7B config.json
+    _qwen3("4B", 2560, 9728, 36, 32, True),       # Qwen/Qwen3-4B config.json
+    _qwen3("8B", 4096, 12288, 36, 32, False),     # Qwen/Qwen3-8B config.json
+    _qwen3("14B", 5120, 17408, 40, 40, False),    # Qwen/Qwen3-14B config.json
+    _qwen3("32B", 5120, 25600, 64, 64, False),    # Qwen/Qwen3-32B config.json (q_size 8192 > hidden 5120)
+]
+
 _BY_NAME = {p["name"]: p for p in PRESETS}
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
@@ -264,6 +287,12 @@ def builtin(name: str) -> bool:
 def known(name: str) -> bool:
     """A built-in or user name (the registry is read only for names that are not built in)."""
     return builtin(name) or name in [e["name"] for e in user_entries()]
+
+
+def by_hf_repo(repo: str) -> str | None:
+    """The built-in name whose HF repo is ``repo`` (case-insensitive, as the Hub matches ids), or None."""
+    want = str(repo).strip().lower()
+    return next((p["name"] for p in PRESETS if p.get("hf_repo") and p["hf_repo"].lower() == want), None)
 
 
 def get(name: str) -> dict:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from model_zoo import presets
+from model_zoo import families, presets
 from model_zoo.errors import UnknownModelError
 
 
@@ -37,8 +37,9 @@ def resolve_hf(src: str | os.PathLike) -> Path:
         if not path.is_dir():
             raise UnknownModelError(f"{path}: is a file; expected an HF model directory holding config.json")
         return path
-    name = str(src)
+    name = presets.by_hf_repo(str(src)) or str(src)   # an HF repo id of a built-in size: that size
     if not presets.known(name):
+        families.check_repo_id(name)   # a well-known MoE / hybrid model named by repo id: why, in one line
         if os.sep in name or name.startswith("."):
             raise UnknownModelError(f"{path}: no such directory; expected an HF model directory or a zoo "
                                     f"name ({', '.join(presets.names())})")

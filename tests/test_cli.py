@@ -236,7 +236,8 @@ def test_zoo_list_and_show():
     by = {r["name"]: r for r in rows}
     assert {"llama-7b", "llama-13b", "llama2-7b", "llama2-13b", "codellama-7b", "llama3-8b", "llama3.1-8b",
             "tinyllama-1.1b", "mistral-7b", "qwen2-7b", "stories260k", "llama3.2-1b", "llama3.2-3b", "qwen2.5-7b",
-            "qwen2.5-14b", "deepseek-r1-distill-llama-8b"} == set(by)
+            "qwen2.5-14b", "deepseek-r1-distill-llama-8b", "qwen3-0.6b", "qwen3-1.7b", "qwen3-4b", "qwen3-8b",
+            "qwen3-14b", "qwen3-32b"} == set(by)
     assert by["llama-7b"]["params"] == 6_738_415_616
     show = json.loads(port("zoo", "show", "llama3.1-8b").stdout)
     assert show["config.json"]["rope_scaling"]["rope_type"] == "llama3"

@@ -22,6 +22,8 @@ LAYER_BLOCKS: tuple[tuple[str, str], ...] = (
     ("mlp_norm", "rmsnorm"), ("gate_proj", "matmul"), ("up_proj", "matmul"), ("swiglu", "swiglu"),
     ("down_proj", "matmul"), ("output", "-"),
 )
+# Qwen3's per-head q/k RMSNorm (before RoPE): blocks of their own after v_proj, in models whose name map has them.
+QK_NORM_BLOCKS: tuple[tuple[str, str], ...] = (("q_norm", "rmsnorm"), ("k_norm", "rmsnorm"))
 TOP_BEFORE = (("embedding", "gather"),)
 TOP_AFTER = (("final_norm", "rmsnorm"), ("logits", "matmul"), ("loss", "cross-entropy"))
 
@@ -36,6 +38,7 @@ MODULES: dict[str, str] = {
     "down_proj": "model.layers.{}.mlp.down_proj",
     "embedding": "model.embed_tokens", "final_norm": "model.norm", "logits": "lm_head",
 }
+OPTIONAL_MODULES = {"q_norm": "model.layers.{}.self_attn.q_norm", "k_norm": "model.layers.{}.self_attn.k_norm"}
 # Blocks seen as another block's input: attention's output is o_proj's input, SwiGLU's is down_proj's.
 INPUT_OF = {"attention": "o_proj", "swiglu": "down_proj"}
 _LAYER = "model.layers.{}"   # a decoder layer: its output is the block "output"
@@ -46,7 +49,8 @@ def module_paths(model_type: str) -> dict[str, tuple[str, str]]:
     """block -> (HF module path, zoo cell path), "{}" standing for the layer index; the layer itself under
     "output"."""
     table = names.NAME_MAPS[model_type]
-    out = {block: (hf, table[f"{hf}.weight"].rsplit(".", 1)[0]) for block, hf in MODULES.items()}
+    present = {**MODULES, **{b: hf for b, hf in OPTIONAL_MODULES.items() if f"{hf}.weight" in table}}
+    out = {block: (hf, table[f"{hf}.weight"].rsplit(".", 1)[0]) for block, hf in present.items()}
     layer = {ms.rsplit(".", 1)[0] for hf, ms in out.values() if hf.startswith(_LAYER + ".")}
     layer = {p[:p.index("{}") + 2] for p in layer}
     if len(layer) != 1:
@@ -103,11 +107,19 @@ def hooked(root, model_type: str, side: int, n_layers: int, skip: tuple[str, ...
     return outs, ins
 
 
-def forward_slots(n_layers: int) -> list[tuple[int | None, str, str]]:
+def layer_blocks(model_type: str | None = None) -> tuple[tuple[str, str], ...]:
+    """A layer's blocks in forward order; a model with per-head q/k norms (Qwen3) has them after v_proj."""
+    if model_type is None or "q_norm" not in module_paths(model_type):
+        return LAYER_BLOCKS
+    at = [b for b, _ in LAYER_BLOCKS].index("v_proj") + 1
+    return LAYER_BLOCKS[:at] + QK_NORM_BLOCKS + LAYER_BLOCKS[at:]
+
+
+def forward_slots(n_layers: int, model_type: str | None = None) -> list[tuple[int | None, str, str]]:
     """(layer, block, kernel) of every forward tensor, in data-flow order."""
     out: list[tuple[int | None, str, str]] = [(None, b, k) for b, k in TOP_BEFORE]
     for i in range(n_layers):
-        out += [(i, b, k) for b, k in LAYER_BLOCKS]
+        out += [(i, b, k) for b, k in layer_blocks(model_type)]
     return out + [(None, b, k) for b, k in TOP_AFTER]
 
 
@@ -116,7 +128,8 @@ class Order:
     gradients, ``param(name)`` / ``update(name)`` for parameter gradients and AdamW updates."""
 
     def __init__(self, n_layers: int, param_names: list[str], model_type: str):
-        fwd = forward_slots(n_layers)
+        fwd = forward_slots(n_layers, model_type)
+        self.slots = fwd
         self.model_type = model_type
         owned: dict[tuple[int | None, str], list[str]] = {}
         for n in param_names:

@@ -21,6 +21,7 @@ from typing import Callable
 
 import numpy as np
 
+from converters import fused
 from model_zoo.errors import ConfigError, PortingError
 from porting.bisect import blocks, rows as rowing
 from porting.bisect.rows import Row
@@ -123,7 +124,7 @@ class Comparator:
 
     def unobserved(self, n_layers: int) -> None:
         """Rows for blocks the MindSpore side never produced (a fused kernel computes them inside)."""
-        for layer, block, k in blocks.forward_slots(n_layers):
+        for layer, block, k in self.order.slots:
             for phase in ("forward", "backward"):
                 if (phase, layer, block) in self.rows or (phase, block) == ("backward", "loss"):
                     continue
@@ -202,6 +203,10 @@ def bisect(hf_dir: str | Path, ms_src: str | Path, *, ids: list[int] | None = No
 
     pair = load_pair(hf_dir, dtype=dtype, kernels_override=kernels_override)
     cfg = pair.cfg
+    if cfg.model_type in fused.FUSED:   # its HF modules compute q/k/v (and gate/up) in one matmul each
+        raise ConfigError(f"port bisect: {cfg.model_type} checkpoints fuse q/k/v and gate/up into one HF module "
+                          "each, which bisect cannot tap block by block; compare them with port verify --hf DIR "
+                          "--hidden-states --grads")
     w = inputs.resolve_ms(ms_src, cfg)
     notes = inputs.config_notes(cfg, w.cfg, w.path)
     if dump_layer is not None and not 0 <= dump_layer < cfg.num_hidden_layers:

@@ -199,7 +199,7 @@ def _global_batch(job: Job, target: Target) -> tuple[int, str]:
 
 
 def _model(job: Job, target: Target) -> str:
-    from model_zoo import presets
+    from model_zoo import families, presets
 
     src = target.model or job.get("model")
     if not src:
@@ -209,6 +209,8 @@ def _model(job: Job, target: Target) -> str:
         if repo and str(src).lower() == repo.lower():
             job.notes.append(f"model {src}: the zoo's {name}")
             return name
+    if not Path(str(src)).expanduser().exists():
+        families.check_repo_id(str(src))   # a well-known MoE / hybrid / other-attention model: one line
     return str(src)
 
 

@@ -37,7 +37,8 @@ def probe_ids(vocab: int, batch: int, seq: int, seed: int, bos: int | None) -> n
     return ids
 
 
-def hf_outputs(model, ids: np.ndarray, want_hidden: bool, want_grads: bool) -> dict:
+def hf_outputs(model, ids: np.ndarray, want_hidden: bool, want_grads: bool, split=None) -> dict:
+    """``split(name, grad)``: (name, array) pairs a fused HF gradient is compared as (converters/fused.py)."""
     import torch
 
     x = torch.tensor(ids, dtype=torch.long)
@@ -49,8 +50,10 @@ def hf_outputs(model, ids: np.ndarray, want_hidden: bool, want_grads: bool) -> d
         res["hidden"] = [h.detach().float().numpy() for h in out.hidden_states]
     if want_grads:
         out.loss.backward()
-        res["grad_norms"] = {n: float(p.grad.detach().double().norm()) for n, p in model.named_parameters()
-                             if p.grad is not None}
+        grads = [(n, p.grad.detach().double().numpy()) for n, p in model.named_parameters() if p.grad is not None]
+        if split is not None:
+            grads = [part for n, g in grads for part in split(n, g)]
+        res["grad_norms"] = {n: float(np.linalg.norm(g)) for n, g in grads}
     return res
 
 
@@ -88,12 +91,14 @@ def check_parity(hf_dir: str | Path, *, dtype: str = "float32", batch: int = 2, 
     """
     pair = load_pair(hf_dir, ms_dir, dtype=dtype, kernels_override=kernels_override)
     cfg = pair.cfg
-    seq = min(seq, cfg.max_position_embeddings)
+    seq = min(seq, cfg.longest_sequence)
     ids = probe_ids(cfg.vocab_size, batch, seq, seed, cfg.bos_token_id)
     tol = TOLERANCES[dtype]
 
     t0 = time.perf_counter()
-    ref = hf_outputs(pair.reference(), ids, hidden_states, grads)
+    from converters.fused import split_named
+
+    ref = hf_outputs(pair.reference(), ids, hidden_states, grads, split=lambda n, g: split_named(cfg, n, g))
     t_hf = time.perf_counter() - t0
     t0 = time.perf_counter()
     model = pair.zoo()

@@ -172,3 +172,24 @@ def test_cli_on_real_text_json(converted):
     assert rep["first_divergent"] is None and rep["batch"] == [2, 64] and rep["weights"] == "convert"
     assert set(rep["rows"][0]) >= {"phase", "layer", "block", "tensor", "kernel", "metrics", "measure", "tolerance"}
     assert rep["loss"]["hf"] < 3.0    # real text: the model knows it (about 1.3 nats/token)
+
+
+def test_qwen3_bisects_its_q_and_k_norm_blocks(tmp_path):
+    """Qwen3 (random weights saved by transformers): the per-head q/k norms are blocks of their own, clean
+    against HF, and a scaled k norm in layer 1 is named there, after q_norm and before k_rope."""
+    from converters import convert
+    from porting.bisect.run import bisect
+    from tests.converters.conftest import make_hf
+
+    hf = make_hf(tmp_path / "hf", "qwen3")
+    ms_dir = tmp_path / "ms0"
+    convert.hf_to_ms(hf, ms_dir)
+    rep = bisect(hf, ms_dir)
+    assert rep["first_divergent"] is None and rep["unobserved"] == 0, rep["verdict"]
+    blocks_1 = [r["block"] for r in rep["rows"] if r["layer"] == 1 and r["phase"] == "forward"]
+    assert blocks_1.index("v_proj") < blocks_1.index("q_norm") < blocks_1.index("k_norm") < blocks_1.index("q_rope")
+
+    def edit(t):
+        t[W.format(1, "attention.k_layernorm.weight")] = t[W.format(1, "attention.k_layernorm.weight")] * np.float32(1.01)
+    rep = bisect(hf, _copy(ms_dir, tmp_path, edit))
+    assert (rep["first_divergent"]["layer"], rep["first_divergent"]["block"]) == (1, "k_norm"), rep["first_divergent"]

@@ -22,6 +22,11 @@ ARCHS: dict[str, tuple[str, dict]] = {
                                  mlp_bias=True)),
     "mistral": ("mistral", dict(num_attention_heads=4, num_key_value_heads=2, sliding_window=64)),
     "qwen2": ("qwen2", dict(num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)),
+    # Qwen3: per-head q/k norms, head_dim (16) not hidden/heads (8), GQA
+    "qwen3": ("qwen3", dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16)),
+    "qwen3-tied": ("qwen3", dict(num_attention_heads=4, num_key_value_heads=1, head_dim=16, tie_word_embeddings=True)),
+    # Phi-3: fused qkv_proj / gate_up_proj (converters/fused.py); pad id 0 (its default 32000 is past this vocabulary)
+    "phi3": ("phi3", dict(num_attention_heads=4, num_key_value_heads=2, pad_token_id=0)),
 }
 
 
@@ -33,7 +38,9 @@ def make_hf(out: Path, arch: str, dtype: str = "float32", shard: str | None = No
     kind, extra = ARCHS[arch]
     cls = {"llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
            "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
-           "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM)}[kind]
+           "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+           "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
+           "phi3": (transformers.Phi3Config, transformers.Phi3ForCausalLM)}[kind]
     cfg = cls[0](vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
                  max_position_embeddings=128, **{"tie_word_embeddings": False, **extra})
     torch.manual_seed(seed)

@@ -12,6 +12,8 @@ raise fail) and then stops at CPU kernel selection; its numerics are the float16
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -49,14 +51,14 @@ def _batches(n: int) -> list[ms.Tensor]:
     return [ms.Tensor(rng.integers(0, CFG.vocab_size, (MICRO, SEQ)).astype(np.int32)) for _ in range(n)]
 
 
-def _model(fused: bool, compute: str, param: str = "float32"):
+def _model(fused: bool, compute: str, param: str = "float32", cfg: LlamaConfig = CFG):
     if not fused:
-        m = build(CFG, param_dtype=param, compute_dtype=compute, device="CPU", seed=5,
+        m = build(cfg, param_dtype=param, compute_dtype=compute, device="CPU", seed=5,
                   kernels_override={"attention": "reference", "rope": "reference", "rmsnorm": "reference"})
         assert not any(c.fused for c in m.plan.choices())
         return m
     with llama_mod.fused_ops_replaced(GRAPH_KERNELS):
-        m = build(CFG, param_dtype=param, compute_dtype=compute, device="Ascend", seed=5)
+        m = build(cfg, param_dtype=param, compute_dtype=compute, device="Ascend", seed=5)
     assert all(c.fused for c in m.plan.choices()), m.kernel_report()
     return m
 
@@ -69,8 +71,8 @@ def _rel(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-12))
 
 
-def _fused_step(fused: bool, batch: ms.Tensor):
-    model = _model(fused, "float16")
+def _fused_step(fused: bool, batch: ms.Tensor, cfg: LlamaConfig = CFG):
+    model = _model(fused, "float16", cfg=cfg)
     before = _weights(model)
     opt = train_step.AdamW(list(model.trainable_params()), (0.9, 0.95), 1e-8, 0.1)
     step = train_step.FusedTrainStep(model, opt, 1, 1.0)
@@ -155,6 +157,48 @@ def test_bfloat16_compute_graph_passes_the_front_end():
     # A CPU backend with bfloat16 kernels runs it: then the numbers must be right too.
     assert bool(finite.asnumpy())
     assert float(total.asnumpy()) / float(count.asnumpy()) == pytest.approx(np.log(CFG.vocab_size), rel=0.05)
+
+
+# Qwen3: per-head q/k RMSNorm (the fused rms_norm on (B, S, N, D) views), head_dim 32 with q_size 128 > hidden 64.
+QWEN3 = LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
+                    num_key_value_heads=2, head_dim=32, max_position_embeddings=64, model_type="qwen3", qk_norm=True)
+
+
+def test_qwen3_fused_plan_trains_in_graph_mode_like_the_reference():
+    """One FusedTrainStep (forward, backward, clip, AdamW in one graph, fp16) of Qwen3 with every kernel
+    fused, the q/k norms included, against the reference plan."""
+    batch = _batches(1)[0]
+    (loss_f, norm_f, fin_f, delta_f), (loss_r, norm_r, fin_r, delta_r) = (_fused_step(True, batch, QWEN3),
+                                                                          _fused_step(False, batch, QWEN3))
+    assert fin_f and fin_r
+    assert loss_f == pytest.approx(loss_r, rel=FP16_LOSS_RTOL)
+    assert norm_f == pytest.approx(norm_r, rel=FP16_GRAD_RTOL)
+    for k in ("model.layers.0.attention.q_layernorm.weight", "model.layers.1.attention.k_layernorm.weight"):
+        moved = np.abs(delta_r[k]) > 5e-4
+        assert moved.any() and np.mean(np.sign(delta_f[k][moved]) == np.sign(delta_r[k][moved])) > 0.97, k
+    with llama_mod.fused_ops_replaced(GRAPH_KERNELS):
+        m = build(QWEN3, compute_dtype="float16", device="Ascend")
+    assert m.model.layers[0].attention.q_layernorm.rms_norm_op is GRAPH_KERNELS["rms_norm"]
+    assert [r for r in m.kernel_report() if r.get("site")][0]["impl"] == "fused"
+
+
+def test_length_dependent_rope_past_its_context_compiles_to_the_pynative_tables():
+    """Dynamic NTK RoPE at 24 positions, past max_position_embeddings 16: the graph takes the tables of its
+    static length (NumPy folded at compile time) and gives PyNative's logits; the fused plan trains like
+    the reference there."""
+    cfg = dataclasses.replace(QWEN3, max_position_embeddings=16, rope_scaling={"rope_type": "dynamic", "factor": 4.0})
+    ids = _batches(1)[0]
+    model = build(cfg, device="CPU", seed=5)
+    graph = model(ids).asnumpy()
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    try:
+        eager = model(ids).asnumpy()
+    finally:
+        ms.set_context(mode=ms.GRAPH_MODE)
+    np.testing.assert_allclose(graph, eager, rtol=0, atol=1e-5)
+    (loss_f, norm_f, fin_f, _), (loss_r, norm_r, fin_r, _) = _fused_step(True, ids, cfg), _fused_step(False, ids, cfg)
+    assert fin_f and fin_r and loss_f == pytest.approx(loss_r, rel=FP16_LOSS_RTOL)
+    assert norm_f == pytest.approx(norm_r, rel=FP16_GRAD_RTOL)
 
 
 def test_the_stand_ins_are_what_the_model_calls():

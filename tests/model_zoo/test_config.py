@@ -80,9 +80,11 @@ def test_all_problems_reported_at_once(tmp_path):
         assert field in str(e.value)
 
 
-def test_dynamic_rope_refused_clearly():
-    with pytest.raises(ConfigError, match="'dynamic'.*not supported"):
-        LlamaConfig.from_hf({**BASE, "rope_scaling": {"type": "dynamic", "factor": 2.0}})
+def test_rope_scaling_missing_keys_named():
+    with pytest.raises(ConfigError, match="rope_scaling.factor: missing, required for rope_type 'dynamic'"):
+        LlamaConfig.from_hf({**BASE, "rope_scaling": {"type": "dynamic"}})
+    with pytest.raises(ConfigError, match="rope_type 'su' is not supported"):
+        LlamaConfig.from_hf({**BASE, "rope_scaling": {"type": "su", "factor": 2.0}})
     with pytest.raises(ConfigError, match="low_freq_factor: missing"):
         LlamaConfig.from_hf({**BASE, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}})
 

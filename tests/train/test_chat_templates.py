@@ -119,6 +119,10 @@ DROPS_REASONING = ("{% for m in messages %}{% if m['role'] == 'assistant' %}{% s
                    "{% if not loop.last %}{% set c = c.split('</think>')[-1] %}{% endif %}"
                    "{{ '<|Assistant|>' + c + '<|end|>' }}{% else %}{{ '<|User|>' + m['content'] }}{% endif %}"
                    "{% endfor %}{% if add_generation_prompt %}{{ '<|Assistant|>' }}{% endif %}")
+# A template that numbers each turn by how many follow it: no turn renders the same once more follow.
+COUNTS_DOWN = ("{% for m in messages %}{% if messages|length > 4 %}{{ (messages|length - loop.index0)|string }}"
+               "{% endif %}{{ '<' + m['role'] + '>' + m['content'] + '</s>' }}{% endfor %}"
+               "{% if add_generation_prompt %}{{ '<assistant>' }}{% endif %}")
 # A template whose generation prompt is not how it opens an assistant turn.
 WRONG_PROMPT = ("{% for m in messages %}{{ '<' + m['role'] + '>' + m['content'] + '</s>' }}{% endfor %}"
                 "{% if add_generation_prompt %}{{ '<bot>' }}{% endif %}")
@@ -128,11 +132,15 @@ def test_templates_that_cannot_be_masked_are_refused(tmp_path):
     tok = CT.build("qwen2")
     with pytest.raises(RecipeError, match=r"data.chat_template \(bad\): the template cannot be masked exactly"):
         TemplateRenderer(tok, WRONG_PROMPT, "bad")
-    r = TemplateRenderer(tok, DROPS_REASONING, "r1")   # plain turns are fine ...
     conv = Conversation((Turn("user", Q1, False), Turn("assistant", "<think>hm</think>" + A1, True),
                          Turn("user", Q2, False), Turn("assistant", A2, True)))
+    # reasoning dropped from history is masked as the whole conversation renders the turn (Qwen3 does this too)
+    text, spans = TemplateRenderer(tok, DROPS_REASONING, "r1").spans(conv)
+    assert [text[a:b] for a, b in spans] == [A1 + "<|end|>", A2 + "<|end|>"]
+    # a template that rewrites the earlier turns themselves cannot be masked
+    r = TemplateRenderer(tok, COUNTS_DOWN, "countdown")   # the probe's turns are fine ...
     with pytest.raises(RecipeError, match="not a prefix of the whole conversation"):
-        r.spans(conv)                                   # ... reasoning in history is not
+        r.spans(Conversation(conv.turns + (Turn("user", "more", False), Turn("assistant", "ok", True))))
     # through port train: one error line, the template named, nothing trained
     f = tmp_path / "bad.jinja"
     f.write_text(WRONG_PROMPT)
@@ -158,3 +166,70 @@ def test_template_choice_errors():
     llama = CT.build("llama3")
     td = tokenize_dataset(validate_recipe({**raw, "data": {**raw["data"], "chat_template": "builtin"}}).data, llama)
     assert "<|user|>" in llama.decode(td.examples[0].input_ids.tolist())
+
+
+# ------------------------------------------------------------------ Qwen3: thinking blocks, enable_thinking
+REASON = "<think>\nFirst, greet.\n</think>\n\n"
+
+
+@pytest.fixture(scope="module")
+def qwen3():
+    return CT.build("qwen3")
+
+
+def _qwen3_conv(reason_first: bool = False, reason_last: bool = False) -> Conversation:
+    return Conversation((Turn("system", SYSTEM, False), Turn("user", Q1, False),
+                         Turn("assistant", (REASON if reason_first else "") + A1, True), Turn("user", Q2, False),
+                         Turn("assistant", (REASON if reason_last else "") + A2, True)))
+
+
+@pytest.mark.parametrize("reason_first,reason_last,enable_thinking,want", [
+    # the last turn always gets a thinking block (empty without reasoning); earlier turns lose theirs
+    (False, False, None, ["Hi there<|im_end|>\n", "<think>\n\n</think>\n\n   I am an assistant   <|im_end|>\n"]),
+    (True, True, None, ["Hi there<|im_end|>\n",
+                        "<think>\nFirst, greet.\n</think>\n\n   I am an assistant   <|im_end|>\n"]),
+    # enable_thinking false: the generation prompt holds the empty thinking block, so it is prompt, not loss
+    (False, False, False, ["Hi there<|im_end|>\n", "   I am an assistant   <|im_end|>\n"]),
+    (False, False, True, ["Hi there<|im_end|>\n", "<think>\n\n</think>\n\n   I am an assistant   <|im_end|>\n"]),
+])
+def test_qwen3_masks_what_its_template_renders(qwen3, reason_first, reason_last, enable_thinking, want):
+    conv = _qwen3_conv(reason_first, reason_last)
+    r = TemplateRenderer(qwen3, qwen3.chat_template, "qwen3", enable_thinking)
+    text, spans = r.spans(conv)
+    kwargs = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
+    assert text == qwen3.apply_chat_template(conv.messages(), tokenize=False, **kwargs)   # HF's own rendering
+    assert [text[a:b] for a, b in spans] == want
+    # the generation prompt HF renders for the last reply is exactly the text before its learned range
+    prompt = qwen3.apply_chat_template(conv.messages()[:-1], tokenize=False, add_generation_prompt=True, **kwargs)
+    assert text[:spans[-1][0]] == prompt
+    ids, labels = r.encode(conv)
+    assert ids == qwen3(text, add_special_tokens=False)["input_ids"]
+    runs = [qwen3.decode(run, skip_special_tokens=False) for run in _runs(ids, labels)]
+    assert len(runs) == 2
+    for got, w in zip(runs, want):   # only edge whitespace merged into a prompt token may be left out
+        assert got in w and got.strip() == w.strip(), (got, w)
+    r.close()
+
+
+def test_qwen3_template_is_the_released_one(qwen3):
+    """The fixture is the hybrid-thinking template: one user/assistant pair renders as the Qwen3 release
+    documents it (an empty thinking block before the reply), and enable_thinking false prompts with it."""
+    msgs = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]
+    assert qwen3.apply_chat_template(msgs, tokenize=False) == \
+        "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\nHello<|im_end|>\n"
+    assert qwen3.apply_chat_template(msgs[:1], tokenize=False, add_generation_prompt=True, enable_thinking=False) \
+        .endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+
+
+def test_enable_thinking_reaches_the_template_from_the_recipe(qwen3, tmp_path):
+    rows = [{"messages": [{"role": "user", "content": Q1}, {"role": "assistant", "content": A1}]}]
+    p = tmp_path / "q.jsonl"
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    got = {}
+    for flag in (None, False):
+        raw = {"model": {"source": "stories260k"},
+               "data": {"path": str(p), "chat_template": "model", "enable_thinking": flag, "shuffle": False}}
+        e = tokenize_dataset(validate_recipe(raw).data, qwen3).examples[0]
+        got[flag] = qwen3.decode([t for t, l in zip(e.input_ids.tolist(), e.labels.tolist()) if l != IGNORE_INDEX],
+                                 skip_special_tokens=False)
+    assert got[None] == "<think>\n\n</think>\n\nHi there<|im_end|>\n" and got[False] == "Hi there<|im_end|>\n"

@@ -74,3 +74,17 @@ def test_dry_run_lists_every_term_with_formula_and_source():
         line = next(x for x in r.stdout.splitlines() if x.strip().startswith(name + " "))
         assert formula in line and source in line
     assert HCCL_DOC in r.stdout and "peak forward/backward" in r.stdout and "peak update" in r.stdout
+
+
+def test_qwen3_keeps_its_per_head_norm_outputs():
+    """Qwen3's q/k RMSNorm outputs (RoPE's inputs) are kept for backward: (q_size + kv_size) / tp a token a
+    layer more than the same shapes without the norms."""
+    import dataclasses
+
+    from model_zoo import presets
+    from porting.train.plan.memory import layer_activation_bytes
+
+    q3 = presets.config("qwen3-8b")
+    plain = dataclasses.replace(q3, model_type="llama", qk_norm=False)
+    extra = layer_activation_bytes(q3, 1, 4096, 2, True, tp=4) - layer_activation_bytes(plain, 1, 4096, 2, True, tp=4)
+    assert extra == 4096 * (32 * 128 + 8 * 128) / 4 * 2

@@ -14,10 +14,15 @@ How the mask is made exact: the whole conversation is rendered to one string and
 with (``<|eot_id|>``, ``<|im_end|>``, ``</s>``), but never the header that opens it. A token is in
 the loss when its character span lies inside such a range; a token that crosses a range's edge
 makes the row malformed (counted) unless its part of the range is whitespace (then it is left out),
-and the characters of the kept tokens are checked to equal the ranges less that whitespace. A template whose rendering of a conversation's beginning is not a prefix of the whole (one
-that drops earlier reasoning, say) cannot be masked this way and is refused when the run starts, and so is one whose generation prompt
-cannot be separated from the reply (no ``add_generation_prompt`` branch: the assistant header would be
-learned).
+and the characters of the kept tokens are checked to equal the ranges less that whitespace. A template
+that renders a finished turn differently once later turns follow (Qwen3 drops the thinking block of turns
+before the last user query) is masked on the WHOLE conversation's rendering of each turn: the reply and
+its close as they appear there, found by the worker (``template_worker.Worker.spans``); so the loss covers
+exactly what the template renders, Qwen3's ``<think>...</think>`` of the last turn included, and with
+``data.enable_thinking: false`` the empty thinking block its generation prompt adds is prompt, not loss.
+A template that rewrites earlier turns beyond that is refused when the run starts, and so is one whose
+generation prompt cannot be separated from the reply (no ``add_generation_prompt`` branch: the assistant
+header would be learned).
 
 Rendering runs in a bounded worker process (:mod:`porting.train.data.template_worker`: time, memory
 and output limits) and only the turns that start inside the kept ``max_seq_length`` tokens get their
@@ -28,6 +33,7 @@ amount of work for the kept window; the rendered text is cut before it is tokeni
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from model_zoo.errors import RecipeError
@@ -41,6 +47,11 @@ from porting.train.data.template_process import TemplateProcess, WorkerFailure
 MAX_ROW_CHARS = 16 << 20      # characters of one conversation's messages (the worker's output cap is 4x this)
 SPANS_PER_REQUEST = 16       # trained turns whose prefix renders one worker request checks
 CHAT_TEMPLATE_FILE = "chat_template.jinja"   # where transformers >= 4.50 saves a model's template
+
+
+# A reasoning block a template writes before the reply (Qwen3: an empty one on the last turn); it is the
+# model's output, so it may open a learned range, where an assistant header may not.
+_THINK_BLOCK = re.compile(r"^\s*<think>.*?</think>", re.S)
 
 
 class TemplateMaskError(RecipeError):
@@ -106,7 +117,7 @@ def max_token_chars(tokenizer) -> int:
 class TemplateRenderer:
     """Token ids and labels of a conversation rendered with one chat template (in a bounded worker)."""
 
-    def __init__(self, tokenizer, template: str, name: str):
+    def __init__(self, tokenizer, template: str, name: str, enable_thinking: bool | None = None):
         self.tok, self.template, self.name = tokenizer, template, name
         self.renders = 0
         if not getattr(tokenizer, "is_fast", False):
@@ -115,14 +126,17 @@ class TemplateRenderer:
         self.token_chars = max_token_chars(tokenizer)
         self.chars_per_token = 4.0   # grows to the largest ratio seen in a cut row (guesses the window's end)
         try:
-            self.proc = TemplateProcess(template, dict(getattr(tokenizer, "special_tokens_map", {}) or {}))
+            variables = dict(getattr(tokenizer, "special_tokens_map", {}) or {})
+            if enable_thinking is not None:   # as apply_chat_template(enable_thinking=...) passes it
+                variables["enable_thinking"] = enable_thinking
+            self.proc = TemplateProcess(template, variables)
             ids, labels, spans, text = self._encode(_PROBE, None)
         except TemplateMaskError:
             raise
         except (ValueError, WorkerFailure) as exc:
             raise self._refusal(exc) from None
         for t, (a, b) in zip(_PROBE.turns[1::2], spans):
-            if not text[a:b].lstrip().startswith(t.content):
+            if not _THINK_BLOCK.sub("", text[a:b], count=1).lstrip().startswith(t.content):
                 raise RecipeError(f"data.chat_template ({name}): the learned range of an assistant turn starts "
                                   f"with {text[a:b][:40]!r}, not with the reply: the template has no "
                                   "add_generation_prompt branch that renders the assistant header, so the header "
@@ -244,4 +258,5 @@ def renderer_for(fmt: str, data, tokenizer) -> TemplateRenderer | None:
     if fmt == "text" or (fmt == "alpaca" and data.chat_template in ("auto", "builtin")):
         return None
     template, source = choose_template(data, tokenizer, getattr(tokenizer, "name_or_path", None) or "the model")
-    return TemplateRenderer(tokenizer, template, source) if template is not None else None
+    return TemplateRenderer(tokenizer, template, source, getattr(data, "enable_thinking", None)) \
+        if template is not None else None

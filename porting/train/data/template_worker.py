@@ -202,22 +202,73 @@ class Worker:
         """Learned character ranges: turn i's are render(turns[:i+1]) less render(turns[:i], generation
         prompt), each checked to be a prefix of the whole; turns that start at or past ``limit`` are
         outside the kept tokens and are not rendered (so the work is bounded by the kept window, not by
-        the number of turns)."""
+        the number of turns).
+
+        A template may render a finished turn differently once a later user turn follows (Qwen3 drops the
+        thinking block of every assistant turn before the last user query, and closes an empty one in its
+        generation prompt when ``enable_thinking`` is false). The range is then the turn as the WHOLE
+        conversation renders it: it starts where the whole and the generation prompt part (never before
+        the end of the turns before it) and ends where the whole's text stops being the end of the turn
+        rendered last: the longest prefix of the whole from the start that is a suffix of that rendering
+        (the reply and its close, ``<|im_end|>\\n``, are the same in both)."""
         out = []
         for i in train:
             if roles[i] != "assistant":
                 return {"error": f"turn {i} ({roles[i]}) is marked for training, but with a chat template only "
                                  "assistant turns can be (use data.chat_template: builtin)", "kind": "row"}
             before = self.render(self.messages[:i], True)
-            if len(before) >= limit:
+            upto = None
+            if self.full.startswith(before):
+                start = len(before)
+            else:
+                upto = self.render(self.messages[:i + 1], False)
+                start = self._header_end(i, before, upto)
+                if start is None:
+                    return self._unmaskable(i)
+            if start >= limit:
                 break
-            upto = self.render(self.messages[:i + 1], False)
-            if not (self.full.startswith(upto) and upto.startswith(before)):
-                return {"error": f"its rendering of turns 0..{i} is not a prefix of the whole conversation (it "
-                                 "rewrites earlier turns, e.g. drops their reasoning, or opens assistant turns "
-                                 "differently from its generation prompt)", "kind": "mask"}
-            out.append([len(before), len(upto)])
+            upto = upto if upto is not None else self.render(self.messages[:i + 1], False)
+            if self.full.startswith(upto) and upto.startswith(before):
+                end = len(upto)
+            else:
+                done = len(self.render(self.messages[:i], False)) if i else 0
+                end = start + _suffix_prefix(upto[done:], self.full[start:start + len(upto) - done])
+                if end == start:
+                    return self._unmaskable(i)
+            out.append([start, end])
         return {"ok": out, "renders": self.renders}
+
+    def _header_end(self, i: int, before: str, upto: str) -> int | None:
+        """Where turn ``i``'s reply starts in the whole when the generation prompt is not a prefix of it:
+        the end of what they share, if the turns before ``i`` render unchanged and what the whole leaves
+        out of the generation prompt is what the template writes there when the turn is the last one
+        (Qwen3 with enable_thinking false: its empty thinking block); None otherwise."""
+        done = self.render(self.messages[:i], False) if i else ""
+        if not (self.full.startswith(done) and before.startswith(done)):
+            return None
+        n = len(done)
+        while n < len(before) and n < len(self.full) and before[n] == self.full[n]:
+            n += 1
+        return n if n > len(done) and upto.startswith(before) else None
+
+    @staticmethod
+    def _unmaskable(i: int) -> dict:
+        return {"error": f"its rendering of turns 0..{i} is not a prefix of the whole conversation and its turn "
+                         f"{i} cannot be found in it (it rewrites earlier turns beyond their thinking blocks, or "
+                         "opens assistant turns differently from its generation prompt)", "kind": "mask"}
+
+
+def _suffix_prefix(tail: str, text: str) -> int:
+    """The length of the longest prefix of ``text`` that is a suffix of ``tail`` (Knuth-Morris-Pratt's
+    failure function over text, then tail: linear in their lengths)."""
+    seq = list(text) + [None] + list(tail)   # None: a separator no character equals
+    fail = [0] * len(seq)
+    for k in range(1, len(seq)):
+        j = fail[k - 1]
+        while j and seq[k] != seq[j]:
+            j = fail[j - 1]
+        fail[k] = j + 1 if seq[k] == seq[j] else 0
+    return fail[-1]
 
 
 def _answer(worker: Worker | None, req: dict) -> tuple[Worker | None, dict]:

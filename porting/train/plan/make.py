@@ -224,11 +224,12 @@ def plan_config(recipe: Recipe) -> tuple[LlamaConfig, list[str]]:
     try:
         return LlamaConfig.from_hf(resolve_hf(recipe.model.source)), notes
     except UnknownModelError:
-        if not presets.known(recipe.model.source):
+        name = presets.by_hf_repo(recipe.model.source) or recipe.model.source   # a repo id of a built-in size
+        if not presets.known(name):
             raise
         notes.append(f"model.source {recipe.model.source}: checkpoint not in the local HF cache; planned with the "
-                     "zoo's copy of its config.json")
-        return presets.config(recipe.model.source), notes
+                     f"zoo's copy of its config.json ({name})")
+        return presets.config(name), notes
 
 
 def plan_run(recipe: Recipe, recipe_path: str, run_dir: str, overrides: list[str], resume: bool,

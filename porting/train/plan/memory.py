@@ -12,7 +12,8 @@ tokens, L = layers, tp = tensor parallel, dp = data parallel = world / tp):
   (each rank keeps the states of its flat shard).
 - activations (kept for backward, no recompute): per layer T x (4 h + (8 h + 4 i) / tp) x compute
   bytes (norm inputs/outputs replicated; q/k/v before and after RoPE, attention output, SwiGLU
-  gate/up/product split over tp); the reference attention (CPU) also keeps B x heads / tp x S^2 scores
+  gate/up/product split over tp; Qwen3 adds its per-head q/k norm outputs, (q_size + kv_size) / tp);
+  the reference attention (CPU) also keeps B x heads / tp x S^2 scores
   and probabilities in float32, the fused flash attention (Ascend) does not; plus fp32 vocab-parallel
   logits, log-softmax and their gradient, 3 x T x vocab / tp x 4; plus compute-dtype copies of the
   weights when they differ from the storage dtype.
@@ -79,6 +80,8 @@ def layer_activation_bytes(cfg: LlamaConfig, micro: int, seq: int, compute_bytes
     SwiGLU intermediates, 8 h + 4 i, are split over the heads and columns)."""
     tokens = micro * seq
     per_token = 4 * cfg.hidden_size + (8 * cfg.hidden_size + 4 * cfg.intermediate_size) / tp
+    if cfg.qk_norm:   # Qwen3: the per-head q/k RMSNorm outputs (RoPE's inputs), split over the heads
+        per_token += (cfg.q_size + cfg.kv_size) / tp
     out = tokens * per_token * compute_bytes
     if not fused_attention:
         out += micro * cfg.num_attention_heads * seq * seq * 8 / tp

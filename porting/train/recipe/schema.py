@@ -68,6 +68,7 @@ class DataSection(_Section):
                                   ".parquet file, or a HF datasets directory (save_to_disk); see docs/data.md")
     format: Literal["auto", "text", "alpaca", "chat", "sharegpt"] = "auto"
     chat_template: str = Field("auto", min_length=1, max_length=4096)  # auto | model[:NAME] | builtin | a Jinja file (docs/data.md)
+    enable_thinking: Optional[bool] = None   # the template's switch, as apply_chat_template passes it (docs/data.md)
     sharegpt: SharegptSection = SharegptSection()
     split: str = Field("train", min_length=1, max_length=256)  # the split of a datasets directory holding several
     eval_split: float = Field(0.0, ge=0, lt=1)   # fraction of examples held out, scored by `port train`
