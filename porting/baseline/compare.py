@@ -167,7 +167,13 @@ def compare(base_doc: dict, base_settings: dict, run: RunRecords, run_settings: 
             failures.append(f"{part} ratio {tm[part]['ratio_run_over_baseline']} outside the bound asked for")
     est = estimator_vs_baseline(base_doc, run)
     checks = _checks(key_diff, loss, pr, tm, tol)
+    from porting.baseline.profile import side_by_side
+
+    seq, batching = run_settings.get("seq_length") or 0, (run.manifest.recipe.get("batching", {}) if run.manifest else {})
+    run_tokens = batching.get("micro_batch_size", 0) * batching.get("grad_accum_steps", 0) * seq or None
     return {"format": "port-compare", "format_version": 1, "estimator": est, "baseline": base_doc.get("_path"), "run": str(run.path),
+            "breakdown": side_by_side(base_doc, run.path, (base_settings.get("global_batch") or 0) * seq or None,
+                                      run_tokens),
             "run_notes": list(run.notes),
             "dtype": base_settings.get("dtype"), "tolerances": asdict(tol),
             "settings": {"differ": diff, "like_for_like": not key_diff},
@@ -321,6 +327,9 @@ def render(rep: dict[str, Any], max_rows: int = 20) -> str:
                          f"ratio {_fmt(est['ratio_estimate_over_measured'][ph], '.2f')}")
         lines.append(f"  {'total':<10} estimate {est['estimate_total_gib']:>9.3f} GiB  measured max {est['measured_max_gib']:>5.3f} GiB  "
                      f"ratio {_fmt(est['ratio_total_over_measured_max'], '.2f')}")
+    from porting.baseline.profile import render_side_by_side
+
+    lines += render_side_by_side(rep.get("breakdown"))
     for note in rep.get("run_notes") or []:
         lines += ["", f"NOTE (run directory): {note}"]
     lines += ["", table([Check.from_dict(c) for c in rep["checks"]])]

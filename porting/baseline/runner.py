@@ -51,6 +51,7 @@ class BaselineRequest:
     timing_warmup_steps: int = 1
     threads: int | None = None
     command: tuple[str, ...] = ()
+    breakdown_every: int = 0           # torch.profiler on every N-th step (porting/baseline/profile.py)
 
 
 @dataclass(frozen=True)
@@ -197,6 +198,7 @@ def baseline_document(run: BaselineRun) -> dict[str, Any]:
                    "peak_gib": peaks, "estimator_check": est_check,
                    "note": ("torch.cuda.max_memory_allocated, reset before each phase" if meter_kind.startswith("cuda")
                             else "host resident set (whole process) high-water mark, reset before each phase")},
+        **({"breakdown": [b.to_dict() for b in res.breakdown]} if res.breakdown else {}),
         "probe": {"input_ids": run.probe.tolist(), "after_step": n, "source": "first row of step 1's first micro-batch",
                   "logits_initial": arrays.encode(res.probe_logits_initial),
                   "logits_final": arrays.encode(res.probe_logits_final)},
@@ -249,7 +251,7 @@ def run(req: BaselineRequest, log: Callable[[str], None] = lambda s: None) -> Ba
         raise ConfigError(f"--steps {n}: the recipe's schedule has only {plan.total_steps} optimizer steps; "
                           "raise schedule.max_steps (--set schedule.max_steps=N) or ask for fewer")
     loop = LoopConfig(device=req.device, dtype=LOOP_DTYPES[prec], timing_warmup_steps=req.timing_warmup_steps,
-                      recompute=recipe.memory.recompute, threads=req.threads)
+                      recompute=recipe.memory.recompute, threads=req.threads, breakdown_every=req.breakdown_every)
     from porting.baseline import torch_loop
 
     import torch
