@@ -38,6 +38,13 @@ from porting.train.plan.memory import MARGIN_GIB, estimate_memory, usable_hbm_gi
 from porting.train.recipe.schema import Recipe
 
 TFLOPS_PER_DIE = 390e12
+# Peak dense BF16/FP16 FLOP/s of one device (rank) by server. 910C: the figures above. 910B (Atlas 800T A2, one
+# device per chip): about 320 TFLOPS FP16, a public third-party figure
+# (https://boardor.com/blog/huawei-ascend-910b-outperforms-h20-910c-approaches-h100), not a Huawei data sheet;
+# its HBM and HCCS figures were not found in a source, so the 910C die's below stand for them (and say so).
+PEAK_FLOPS = {"atlas-800t-a3": (TFLOPS_PER_DIE, "910C die, public third-party figure"),
+              "atlas-800t-a2": (320e12, "910B, public third-party figure (boardor.com); HBM and links: 910C die figures"),
+              None: (TFLOPS_PER_DIE, "910C die (no cluster.server given), public third-party figure")}
 HBM_BYTES_PER_S = 1.6e12
 HCCS_BYTES_PER_S = 200e9      # per die, inside a server or a SuperPoD (module docstring)
 ROCE_BYTES_PER_S = {"atlas-800t-a3": 25e9, "atlas-800t-a2": 25e9, None: 25e9}   # per die, between servers
@@ -63,6 +70,13 @@ def links(recipe: Recipe) -> dict[str, Any]:
 
 
 
+def peak_flops(recipe: Recipe) -> tuple[float | None, str]:
+    """The device's peak FLOP/s for MFU and the roofline, and its source; None on a CPU."""
+    if recipe.cluster.device != "ascend":
+        return None, "a CPU has no peak figure here"
+    return PEAK_FLOPS.get(recipe.cluster.server, PEAK_FLOPS[None])
+
+
 def step_time(recipe: Recipe, cfg: LlamaConfig, layout: Layout | None = None) -> dict[str, float]:
     """Estimated seconds of one optimizer step on one rank, by part (see the module docstring)."""
     layout = layout or sharding.layout_for(recipe, cfg)
@@ -77,7 +91,8 @@ def step_time(recipe: Recipe, cfg: LlamaConfig, layout: Layout | None = None) ->
     wire = sharding.bytes_summary(sharding.collectives(recipe, cfg, layout=layout))
     link = links(recipe)
     tp_s, dp_s = wire["tp_wire_bytes"] / link["tp_bytes_per_s"], wire["dp_wire_bytes"] / link["dp_bytes_per_s"]
-    out = {"compute_s": flops / TFLOPS_PER_DIE, "memory_s": opt_bytes / HBM_BYTES_PER_S, "comm_s": tp_s + dp_s}
+    out = {"compute_s": flops / (peak_flops(recipe)[0] or TFLOPS_PER_DIE), "memory_s": opt_bytes / HBM_BYTES_PER_S,
+           "comm_s": tp_s + dp_s}
     out["step_s"] = sum(out.values())
     out["comm_tp_s"], out["comm_dp_s"] = tp_s, dp_s
     out["tokens_per_s"] = recipe.global_batch_size * seq / out["step_s"]
@@ -91,9 +106,10 @@ def _tp_options(recipe: Recipe, cfg: LlamaConfig) -> list[int]:
             and cfg.num_key_value_heads % t == 0 and cfg.vocab_size % t == 0]
 
 
-def proposals(recipe: Recipe, cfg: LlamaConfig) -> list[dict[str, Any]]:
+def proposals(recipe: Recipe, cfg: LlamaConfig, step_fn: Any = None) -> list[dict[str, Any]]:
     """Settings (TP, DP, sharding, recompute) that fit the usable HBM at the recipe's global batch
-    (micro-batch 1, accumulation to make up the rest), fastest first by :func:`step_time`."""
+    (micro-batch 1, accumulation to make up the rest), fastest first by :func:`step_time`, or by
+    ``step_fn(recipe, cfg, layout)`` (the calibrated estimate, porting/train/plan/calibrated.py)."""
     usable, world, gbs = usable_hbm_gib(recipe), recipe.world_size, recipe.global_batch_size
     out = []
     for tp in _tp_options(recipe, cfg):
@@ -110,7 +126,7 @@ def proposals(recipe: Recipe, cfg: LlamaConfig) -> list[dict[str, Any]]:
                 total = estimate_memory(cfg, alt, layout=layout)["total"]
                 if total > usable:
                     continue
-                t = step_time(alt, cfg, layout)
+                t = (step_fn or step_time)(alt, cfg, layout)
                 mine = (tp == recipe.parallel.tensor_parallel and shard == recipe.parallel.optimizer_sharding
                         and rc == recipe.memory.recompute and recipe.batching.micro_batch_size == 1)
                 out.append({"tensor_parallel": tp, "data_parallel": dp, "optimizer_sharding": shard, "recompute": rc,
@@ -130,7 +146,9 @@ def _yaml(v: Any) -> str:
 def proposal_line(p: dict[str, Any]) -> str:
     e = p["estimate"]
     mark = "(this recipe) " if p.get("this_recipe") else ""
+    comm = (f"[TP {e['comm_tp_s']:.2f}, DP {e['comm_dp_s']:.2f}], roofline at peak" if "comm_tp_s" in e
+            else "calibrated from measured pieces")
     return (f"{mark}TP {p['tensor_parallel']} x DP {p['data_parallel']}, sharding {p['optimizer_sharding']}, recompute "
             f"{p['recompute']}, micro 1 x accum {p['grad_accum_steps']}: {p['memory_gib']:.1f} GiB (margin "
             f"{p['margin_gib']:.1f}); estimated step {e['step_s']:.2f} s (compute {e['compute_s']:.2f} + optimizer "
-            f"{e['memory_s']:.2f} + comm {e['comm_s']:.2f} [TP {e['comm_tp_s']:.2f}, DP {e['comm_dp_s']:.2f}], roofline at peak) -> --set " + " --set ".join(p["set"]))
+            f"{e['memory_s']:.2f} + comm {e['comm_s']:.2f} {comm}) -> --set " + " --set ".join(p["set"]))
