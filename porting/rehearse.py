@@ -27,7 +27,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 import shutil
 import signal
 import subprocess
@@ -46,6 +45,7 @@ from model_zoo.errors import DiagnosticsError, PortingError
 from model_zoo.files import write_atomic
 from porting.cluster.preflight import free_port
 from porting.diagnostics.diagnose import diagnose
+from porting.launch.children import child_env, stop_group
 from porting.rundir import read_run
 from porting.train import load_recipe, plan_config, recipe_dict
 from porting.verify.stats import LAYOUT_TOLERANCES
@@ -163,9 +163,7 @@ def _metrics(run_dir: Path) -> tuple[list[float], list[float], float | None]:
 def _run(argvs: list[list[str]], log: Path, timeout: float) -> tuple[list[int], str]:
     """Start every argv at once (each in its own process group), wait for all under one deadline; on the
     deadline, stop only those groups. Returns the exit codes (None: killed) and the tail of the output."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT) + (os.pathsep + os.environ["PYTHONPATH"]
-                                                    if os.environ.get("PYTHONPATH") else ""))
-    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+    env = child_env()
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "w", encoding="utf-8") as out:
         procs = [subprocess.Popen(a, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -178,8 +176,7 @@ def _run(argvs: list[list[str]], log: Path, timeout: float) -> tuple[list[int], 
                 codes.append(None)
         for p in procs:
             if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
+                stop_group(p, 30.0, signals=(signal.SIGKILL,), descendants_too=False)
     text = log.read_text(encoding="utf-8", errors="replace")
     return codes, text[-4000:]
 

@@ -63,7 +63,7 @@ def _exit_status(code: object) -> int:
 
 
 def _close_training_loggers(before: set[str]) -> None:
-    """Close the handlers of the per-rank loggers a `port train` made (porting/train/loop.py `rank_logger`):
+    """Close the handlers of the per-rank loggers a `port train` made (porting/rundir/ranklog.py `open_log`):
     the process would close them at exit; here they would keep the run's log file open and a stream
     handler pointing at this call's closed stderr."""
     for name in set(logging.Logger.manager.loggerDict) - before:

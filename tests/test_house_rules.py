@@ -5,11 +5,17 @@ A module may go over only by being named in ``LONG_MODULES`` with the reason, an
 in its docstring too (where a reader of the module sees it). ``PENDING_SPLIT`` names modules over the
 limit today that are being rewritten on other branches; an entry that is no longer over the limit
 fails the test, so the list cannot outlive its reason.
+
+Then the import graph (issue 20): packages import downwards, 0 cycles, the jobs of porting/train in order; and
+(issue 34) no two packages importing each other, one verification family, the launch wing's place, and one
+owner each of a child's environment, the process-group teardown, the decision on how a launch ended and the rank
+log's lines.
 """
 
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -19,7 +25,6 @@ MAX_FUNCTION_LINES = 80
 
 # module -> the sentence of its docstring that says why it is longer.
 LONG_MODULES: dict[str, str] = {
-    "porting/train/run/loop.py": "kept in one module of about 500 lines so one rank's life reads top to bottom",
 }
 # module -> what is to be done; each is over the limit and is being split where it is owned.
 PENDING_SPLIT: dict[str, str] = {
@@ -108,6 +113,7 @@ def _imports(tree: ast.AST, name: str, is_pkg: bool) -> list[tuple[str, int, boo
     return out
 
 
+@functools.lru_cache(maxsize=1)
 def import_graph() -> tuple[dict[str, set[str]], dict[str, list[tuple[str, int, bool]]]]:
     """The modules of the packages and, for each, the modules of the packages it imports (module-level and
     function-local imports both, TYPE_CHECKING ones too), and every import it makes (external ones as well)."""
@@ -271,9 +277,7 @@ def _package(m: str) -> str:
 
 # (package, package) -> what is being done; each pair imports each other today and is being untangled where it
 # is owned. A pair that no longer imports each other fails the test, so the list cannot outlive its reason.
-PENDING_PAIRS: dict[tuple[str, str], str] = {
-    ("porting.cluster", "porting.train"): "process control moves into porting/launch/ (issue 34, R1)",
-}
+PENDING_PAIRS: dict[tuple[str, str], str] = {}   # porting.cluster <-> porting.train went with R1 (porting/launch/)
 
 
 def test_no_two_packages_import_each_other():
@@ -395,3 +399,89 @@ def test_the_verification_scans_find_a_planted_second_one():
     assert _hf_model_loads(planted) == [6, 6]
     assert sorted(_differences(planted)) == [7, 8]
     assert _tolerance_tables(planted) == ["PROBE_TOLERANCES", "LOSS_ATOL"]
+
+
+# --------------------------------------------------------------------------- the launch wing (issue 34)
+# porting/launch/ starts, watches and stops processes, between the CLI and porting/train/: it imports the training
+# library and the run directory (and the packages below porting/), nothing else of porting; what sits above it
+# (`port diagnose`) is passed in. Nothing it imports imports it back.
+LAUNCH_MAY_IMPORT = ("porting.launch", "porting.train", "porting.rundir", "porting.env", "porting.model_paths")
+BELOW_LAUNCH = ("porting.train", "porting.rundir", "porting.env", "porting.model_paths")
+# The one owner of each job, and what finds a second one (an AST scan of porting/).
+CHILD_ENV_OWNER = "porting/launch/children.py"      # child_env(): the only copy of os.environ for a child
+TEARDOWN_OWNER = "porting/launch/children.py"       # signal_group()/stop_group(): the only os.killpg
+OUTCOME_OWNER = "porting/launch/outcome.py"         # launch_outcome(): the only reader of a launch's end
+RANKLOG_OWNER = "porting/rundir/ranklog.py"         # the rank log's lines, written and read
+RANKLOG_WORDS = ("saving checkpoint", "run finished: every file", "non-finite steps in", " INFO step ",
+                 " INFO checkpoint", r"\(pid (")
+
+
+def test_the_launch_wing_imports_only_what_is_below_it():
+    edges, _ = import_graph()
+    assert any(m.startswith("porting.launch.") for m in edges), "porting/launch/ is gone: update these rules"
+    up = sorted(f"{a} -> {b}" for a, bs in edges.items() if a.startswith("porting.launch") for b in bs
+                if b.startswith("porting") and not b.startswith(LAUNCH_MAY_IMPORT))
+    assert not up, f"porting/launch imports above it (pass the higher layer in instead, as supervise(diagnose=)): {up}"
+    back = sorted(f"{a} -> {b}" for a, bs in edges.items() if a.startswith(BELOW_LAUNCH) for b in bs
+                  if b.startswith("porting.launch"))
+    assert not back, f"a package below porting/launch imports it: {back}"
+
+
+def _is_os_environ(node: ast.AST) -> bool:
+    return isinstance(node, ast.Attribute) and node.attr == "environ" and isinstance(node.value, ast.Name) \
+        and node.value.id == "os"
+
+
+def _calls(tree: ast.AST):
+    return (n for n in ast.walk(tree) if isinstance(n, ast.Call))
+
+
+@functools.lru_cache(maxsize=1)
+def _porting_trees() -> tuple[tuple[str, ast.AST], ...]:
+    """(path, tree) of every module of porting/ (read once for the rules below)."""
+    return tuple((_rel(p), ast.parse(p.read_text(encoding="utf-8"))) for p in _modules()
+                 if p.relative_to(ROOT).parts[0] == "porting")
+
+
+def test_one_builder_of_a_childs_environment():
+    """dict(os.environ, ...), os.environ.copy() and {**os.environ} build a child's environment: only child_env."""
+    found = []
+    for rel, tree in _porting_trees():
+        for n in ast.walk(tree):
+            built = (isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "dict" and n.args
+                     and _is_os_environ(n.args[0])) or \
+                    (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "copy"
+                     and _is_os_environ(n.func.value)) or \
+                    (isinstance(n, ast.Dict) and any(k is None and _is_os_environ(v) for k, v in zip(n.keys, n.values)))
+            if built and rel != CHILD_ENV_OWNER:
+                found.append(f"{rel}:{n.lineno}")
+    assert not found, f"a second builder of a child's environment (use porting.launch.children.child_env): {found}"
+
+
+def test_one_teardown_of_a_process_group():
+    found = [f"{rel}:{c.lineno}" for rel, tree in _porting_trees() for c in _calls(tree)
+             if (isinstance(c.func, ast.Attribute) and c.func.attr == "killpg"
+                 or isinstance(c.func, ast.Name) and c.func.id == "killpg") and rel != TEARDOWN_OWNER]
+    assert not found, f"a second process-group teardown (use porting.launch.children.stop_group): {found}"
+
+
+def test_one_decision_on_a_launchs_end():
+    """Whether a launch finished (every rank's last line) and why it stopped (the non-finite stop line) are read by
+    launch_outcome alone, for the plain and the supervised launch."""
+    readers = ("all_finished", "stop_line")
+    found = [f"{rel}:{c.lineno}" for rel, tree in _porting_trees() for c in _calls(tree)
+             if (getattr(c.func, "attr", None) in readers or getattr(c.func, "id", None) in readers)
+             and rel not in (OUTCOME_OWNER, RANKLOG_OWNER)]
+    assert not found, f"a second decision on how a launch ended (use porting.launch.outcome.launch_outcome): {found}"
+
+
+def test_one_owner_of_the_rank_log():
+    """The lines of logs/rank_<r>.log that other processes read are spelled in porting/rundir/ranklog.py only."""
+    found = []
+    for rel, tree in _porting_trees():
+        if rel == RANKLOG_OWNER:
+            continue
+        for n in ast.walk(tree):
+            if isinstance(n, ast.Constant) and isinstance(n.value, str):
+                found += [f"{rel}:{n.lineno} {w!r}" for w in RANKLOG_WORDS if w in n.value]
+    assert not found, f"rank-log lines spelled outside {RANKLOG_OWNER} (write and read them through it): {found}"

@@ -37,7 +37,7 @@ Examples:
               help="Multi-node recipes: run this node's msrun command on this machine.")
 @click.option("--supervise", is_flag=True,
               help="Watch every rank of this node; on a crash, hang or divergence keep the evidence in "
-                   "RUN/incidents/N, diagnose it and resume from the last checkpoint (porting/supervise.py).")
+                   "RUN/incidents/N, diagnose it and resume from the last checkpoint (porting/launch/supervise.py).")
 @click.option("--stall-timeout", type=click.FloatRange(1, 86_400), default=None,
               help="With --supervise: seconds without a log line before a rank counts as stalled "
                    "(default: from the plan's step time, under HCCL_EXEC_TIMEOUT).")
@@ -45,7 +45,7 @@ Examples:
               help="With --supervise: relaunches allowed before the run stops with its diagnosis.")
 @click.option("--shrink", is_flag=True,
               help="With --supervise: when a rank's device fails its probe after an incident, relaunch on the node's "
-                   "other devices with the same global batch (porting/shrink.py).")
+                   "other devices with the same global batch (porting/launch/shrink.py).")
 @click.option("--calibration", type=click.Path(file_okay=False), default=None, metavar="REHEARSAL",
               help="With --dry-run: predict the step from a `port rehearse` folder's measured pieces (its compute and "
                    "links rungs) instead of the roofline at peak, and rank layouts on them.")
@@ -89,6 +89,9 @@ def command(recipe: str, overrides: tuple[str, ...], dry_run: bool, as_json: boo
         T.check_fits(plan, recipe)
         return
     T.check_fits(plan, recipe)
+    from porting.train.run.faults import active
+
+    active()   # a test hook that does not parse is one line here, not one in every worker's log
     # before the preflight waits or a worker starts: a refusal is one line here, not in a worker log
     from porting.train.run.resume_check import check_run_dir
 
@@ -105,11 +108,11 @@ def command(recipe: str, overrides: tuple[str, ...], dry_run: bool, as_json: boo
                      + (("hf",) if rec.checkpointing.export_hf else ()))   # a file in the way, a full disk: now
     write_atomic(out / "plan.json", json.dumps(plan.to_dict(), indent=2), error=RecipeError)
     if supervise:
-        from porting.cli._supervised import run_supervised
+        from porting.launch.session import run_supervised
 
         run_supervised(rec, recipe, list(overrides), out, resume, launch_node, plan.to_dict(), stall_timeout,
                        max_restarts, preflight=None if no_preflight else lambda r: _preflight(r, out, launch_node or 0),
-                       shrink=shrink)
+                       diagnose=_diagnose, shrink=shrink)
         return
     if rec.world_size == 1:
         from porting.diagnostics.doctor import doctor_report
@@ -122,9 +125,16 @@ def command(recipe: str, overrides: tuple[str, ...], dry_run: bool, as_json: boo
             return
         click.echo(f"done: {res.steps_done} steps, final loss {res.last_loss:.4f}; run directory {out}")
         return
-    from porting.supervise import stop   # SIGINT/SIGTERM tear down msrun's group and every descendant of msrun
+    from porting.launch.msrun import launch_msrun
 
-    T.launch_msrun(rec, recipe, list(overrides), out, resume, launch_node, plan.launch.get("env", {}), stop=stop)
+    launch_msrun(rec, recipe, list(overrides), out, resume, launch_node, plan.launch.get("env", {}))
+
+
+def _diagnose(logs: Path, world: int) -> dict:
+    """`port diagnose` on a supervised incident's copied logs (the supervisor is below porting/diagnostics)."""
+    from porting.diagnostics.diagnose import diagnose
+
+    return diagnose(logs, jobs=1, world_size=world)
 
 
 def _preflight(rec: T.Recipe, out: Path, node_rank: int) -> None:

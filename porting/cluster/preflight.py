@@ -31,9 +31,11 @@ from typing import Callable
 from model_zoo.errors import DiagnosticsError
 from model_zoo.files import read_json_object, write_atomic
 from porting.cluster.smoke_shape import note_port, smoke_at_shape, waited_port, wants_smoke
+from porting.launch.children import child_env
+from porting.launch.msrun import launch_devices
+from porting.launch.proctable import descends, holds, is_worker, names_dir, node_of, process_table
 from porting.train.recipe.hardware import address_problem, check_node_rank
 from porting.train.recipe.schema import Recipe
-from porting.cluster.proctable import descends, holds, is_worker, names_dir, node_of, process_table
 
 OK, WARN, FAIL, INFO = "ok", "warn", "fail", "info"
 STALE_LAUNCHERS = ("msrun", "torchrun")   # argv[0] of a launcher
@@ -240,8 +242,7 @@ def smoke_allreduce(workers: int, port: int, timeout_s: float = 60.0, device: st
     if msrun is None:
         return _row("smoke all-reduce", FAIL, "msrun not found (it comes with mindspore); pip install mindspore")
     logdir = Path(tempfile.mkdtemp(prefix="port_smoke_"))
-    env = dict(os.environ, MS_CPU_COMM_OP_TIMEOUT="10", MS_NODE_TIMEOUT="10")
-    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+    env = child_env(overrides={"MS_CPU_COMM_OP_TIMEOUT": "10", "MS_NODE_TIMEOUT": "10"})
     cmd = [msrun, f"--worker_num={workers}", f"--local_worker_num={workers}", f"--master_port={port}",
            f"--log_dir={logdir}", "--join=True", f"--cluster_time_out={int(timeout_s)}",
            str(Path(__file__).with_name("smoke_allreduce.py")), device]
@@ -360,15 +361,6 @@ def check_stale_for_run(run_dir: Path, node_rank: int, devices: list[int] | None
     return _row("stale processes", FAIL, f"{len(found)} process(es) still running on {target}"
                 + (f" or NPU(s) {sorted(devices or ())} (HCCP then fails with EJ0001)" if nodes else "")
                 + f": {listing}; stop them (kill PID) or choose another --run-dir")
-
-
-def launch_devices(recipe: Recipe) -> list[int] | None:
-    """The NPUs this node's job opens: ASCEND_RT_VISIBLE_DEVICES, else 0..devices_per_node-1 (Ascend)."""
-    if recipe.cluster.device != "ascend":
-        return None
-    visible = os.environ.get("ASCEND_RT_VISIBLE_DEVICES", "")
-    ids = [int(v) for v in visible.split(",") if v.strip().isdigit()]
-    return ids or list(range(recipe.cluster.devices_per_node))
 
 
 def free_port() -> int:

@@ -22,8 +22,9 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from porting.launch.children import child_env
+from porting.launch.msrun import same_host_node_argv
 from porting.train.recipe.schema import Recipe
-from porting.train.run.launch import same_host_node_argv
 
 Explain = Callable[[Path, int], str]
 LINE = re.compile(r"smoke rank (\d+) node (\d+) group (\S+)(?: ranks (\S+))? op (.+?) "
@@ -151,9 +152,8 @@ def smoke_at_shape(recipe: Recipe, node_rank: int, timeout_s: float = 90.0, expl
     c = recipe.cluster
     check = "smoke collectives"
     logdir = Path(tempfile.mkdtemp(prefix=f"port_smoke_node{node_rank}_"))
-    env = dict(os.environ, MS_CPU_COMM_OP_TIMEOUT="15", MS_NODE_TIMEOUT="30", HCCL_CONNECT_TIMEOUT="120",
-               HCCL_EXEC_TIMEOUT="120")
-    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+    env = child_env(overrides={"MS_CPU_COMM_OP_TIMEOUT": "15", "MS_NODE_TIMEOUT": "30", "HCCL_CONNECT_TIMEOUT": "120",
+                               "HCCL_EXEC_TIMEOUT": "120"})
     if node_rank == 0 and port_check is not None and port_check(smoke_port(recipe))["status"] == "fail":
         return {"check": check, "status": "fail", "detail": f"port {smoke_port(recipe)} (cluster.master_port + 1, the "
                 "smoke test's scheduler) is in use on node 0; free it or choose another cluster.master_port"}

@@ -18,6 +18,7 @@ from functools import lru_cache
 from porting.diagnostics import load_yaml
 from porting.diagnostics.causes import block_class
 from porting.diagnostics.field import FIELD_LITERALS, field_rule
+from porting.rundir import ranklog
 
 MAX_LINE = 4096          # characters kept (and classified) of one line
 PROCESS_EXIT_TIER = 7    # documented faults up to process exits count even in INFO/WARNING lines
@@ -46,7 +47,7 @@ ERROR_SCAN_RE = re.compile(b"|".join(re.escape(x) for x in ERROR_LITERALS + FIEL
 ASCEND_CODE_RE = re.compile(rb"(?<![A-Za-z0-9])(E[0-9A-Z]\d{4})(?![0-9A-Za-z])")
 TORCH_NPU_RE = re.compile(rb"\bERR(\d\d)(\d{3})\b")
 LEVEL_RE = re.compile(rb"^\[?(ERROR|CRITICAL|EXCEPTION|WARNING|INFO|DEBUG|TRACE|EVENT)\]?")
-PORT_LEVEL_RE = re.compile(rb"\brank=\d+\s+(?:level=)?(ERROR|CRITICAL|WARNING|INFO)\b")
+PORT_LEVEL_RE = ranklog.DIAG_LEVEL   # `port train`'s rank logs (porting/rundir/ranklog.py owns their lines)
 EXC_LINE_RE = re.compile(rb"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit))(?::\s?(.*))?$")
 PID_RE = re.compile(rb"^\[[A-Z]+\]\s*[A-Z_]+\((\d+)[,:]", re.M)
 REMOTE_RANK_RE = re.compile(rb"remote rank\s*[:\[]+\s*(\d+)", re.I)
@@ -57,12 +58,12 @@ RANK_IN_CONTENT = (
     re.compile(rb"rankNum\[\d+\],\s*rank\[(\d+)\]"),           # HCCL SetupAgent / hcom init
     re.compile(rb"hcom init[^\n]*?rank\[(\d+)\]"),
     re.compile(rb"This node \d+ rank id: (\d+)"),              # MindSpore cluster PostProcess
-    re.compile(rb"(?:^|\s)rank=(\d+)\s"),                      # `port train`
+    ranklog.DIAG_RANK,                                         # `port train`
 )
 FILE_KINDS = (  # (kind, filename regex with the rank as group 1 where there is one)
     ("msrun_worker", re.compile(r"^worker_(\d+)\.log$")),
     ("msrun_scheduler", re.compile(r"^scheduler\.log$")),
-    ("port_rank", re.compile(r"^rank_(\d+)\.log$")),
+    ("port_rank", ranklog.LOG_NAME),
     ("plog", re.compile(r"^plog-(\d+)_\d+\.log$")),
     ("device_log", re.compile(r"^device-(\d+)_\d+\.log$")),
 )
@@ -225,7 +226,7 @@ def classify_line(line: bytes) -> tuple[str, str, str, str | None, tuple[int, ..
 MS_PREFIX_RE = re.compile(rb"^\[(\w+)\]\s*(\w+)\([^)]*\):\S+\s+\[([^\]:]+?)(?::(\d+))?\]\s*(?:\[?\d+\]?\s*)?")
 
 
-PORT_PREFIX_RE = re.compile(rb"^\d{4}-\d\d-\d\d[T ][\d:.,]+\s+rank=\d+\s+(?:level=)?(?:ERROR|CRITICAL|WARNING|INFO)?\s*")
+PORT_PREFIX_RE = ranklog.DIAG_PREFIX
 
 
 def clean(line: bytes) -> bytes:

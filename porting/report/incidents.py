@@ -1,4 +1,4 @@
-"""Stability rows of `port report` for a supervised run (`port train --supervise`, porting/supervise.py): one
+"""Stability rows of `port report` for a supervised run (`port train --supervise`, porting/launch/supervise.py): one
 row per incident, from ``RUN/incidents.jsonl``: when, what was seen, the suspect, what was done, what was lost."""
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ from typing import Any
 from porting.report.rows import FAIL, INFO, Row
 from porting.rundir import RunRecords
 from model_zoo.files import read_text
-from porting.supervise import INCIDENTS_FILE, SuperviseError
+from porting.launch.supervise import SuperviseError
+from porting.rundir.paths import INCIDENTS_FILE
 
 
 def incident_rows(run: RunRecords) -> list[Row]:

@@ -4,6 +4,7 @@
     RUN/
       manifest.json  metrics.jsonl  plan.json  rank_table.json   records (porting/rundir/records.py)
       logs/rank_<r>.log                                          each rank's log (porting/rundir/ranklog.py)
+      heartbeat/rank_<r>.json                                    each rank's phase and step (porting/rundir/heartbeat.py)
       checkpoints/step_<n>/                                      per-rank checkpoint of step n
       hf/                                                        the HF export
       tensorboard/                                               logging.tensorboard event files
@@ -62,6 +63,9 @@ class RunDir:
 
     def rank_log(self, rank: int) -> Path:
         return self.logs / rank_log_name(rank)
+
+    def heartbeat(self, rank: int) -> Path:
+        return self.path / "heartbeat" / f"rank_{rank}.json"
 
     # checkpoints and exports
     @property

@@ -5,8 +5,8 @@
   (MindSpore) and `port baseline` (PyTorch) consume (no MindSpore);
 - ``plan/``: layout arithmetic, memory, sharding, roofline, launch environment, the plan and its text
   (no MindSpore, no data);
-- ``run/``: the training loop, steps, ZeRO, checkpoints, export, watching, msrun launch: the only part
-  that imports MindSpore.
+- ``run/``: the training loop, steps, ZeRO, checkpoints, export, watching: the only part that imports
+  MindSpore. Starting, watching and stopping processes (msrun, the supervisor) is porting/launch/, above this.
 
 The names below are the face the CLI, the baseline and the benchmarks use. They are looked up on first
 use (PEP 562), so ``import porting.train`` loads nothing, and a dry run never loads MindSpore.
@@ -32,7 +32,6 @@ _FACE: dict[str, str] = {
     "format_plan": "porting.train.plan.render",
     "estimate_memory": "porting.train.plan.memory",
     "train": "porting.train.run.loop",
-    "launch_msrun": "porting.train.run.launch",
     "interrupted_saves": "porting.train.run.checkpoint",
 }
 __all__ = sorted(_FACE)

@@ -1,4 +1,4 @@
-"""Does the MindSpore cell match torch? One family of answers (docs/architecture-verify.md):
+"""Does the MindSpore cell match torch? One family of answers (docs/architecture.md, "How verification works"):
 
 - :mod:`~porting.verify.pair`: the HF reference and the zoo cell from one directory (the one HF loader);
 - :mod:`~porting.verify.stats`: the one difference function (``compare``) and the one tolerance table;

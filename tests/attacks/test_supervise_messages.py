@@ -1,4 +1,4 @@
-"""Hostile files in the exchange of a multi-node supervised run (porting/supervise_nodes.py): the supervisors
+"""Hostile files in the exchange of a multi-node supervised run (porting/launch/nodes.py): the supervisors
 read what the other nodes wrote in the shared run directory, so a damaged or planted message stops the run
 with one line naming the file, is bounded in size and depth, and never names a path outside the run
 directory. Also `port report`'s reading of RUN/incidents.jsonl."""
@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from porting.report.incidents import read_incidents
-from porting.supervise import Incident
-from porting.supervise_nodes import Peers, PeersError
+from porting.launch.nodes import Peers, PeersError
+from porting.launch.supervise import Incident
 from tests.attacks import inputs as I
 
 

@@ -6,11 +6,10 @@ import json
 
 import pytest
 
-from model_zoo.errors import PortingError
 from porting.report import make_report
 from porting.report.rows import comm_wait_row
 from porting.rundir import RunRecords, StepRecord, read_run
-from porting.train.run.commwait import DELAY_ENV, delay_for, sampled
+from porting.train.run.commwait import sampled
 from tests.train.conftest import FAST, TINY, free_port, metrics
 from tests.helpers import port_process
 
@@ -27,7 +26,7 @@ def _row(run_dir) -> dict:
 def test_a_slow_rank_shows_as_the_other_rank_waiting(tmp_path, monkeypatch):
     """Rank 1 sleeps before the timed all-reduce on every sampled step (the test-only knob): rank 0 waits
     about that long, rank 1 hardly at all, and `port report` names rank 1 as the one others wait for."""
-    monkeypatch.setenv(DELAY_ENV, f"1:{SLOW_S}")
+    monkeypatch.setenv("PORT_TEST_COMM_DELAY", f"1:{SLOW_S}")
     run = tmp_path / "slow"
     sets = ["cluster.devices_per_node=2", "schedule.max_steps=3", "logging.comm_sample_every=1",
             "checkpointing.every_steps=0", "batching.micro_batch_size=2", f"cluster.master_port={free_port()}"]
@@ -52,14 +51,6 @@ def test_a_slow_rank_shows_as_the_other_rank_waiting(tmp_path, monkeypatch):
 def test_sampled_steps_first_every_nth_and_last():
     assert [s for s in range(1, 26) if sampled(s, 10, 25)] == [1, 10, 20, 25]
     assert [s for s in range(1, 4) if sampled(s, 0, 3)] == [1, 3]
-
-
-def test_delay_knob_applies_to_its_rank_only_and_refuses_bad_values():
-    env = {DELAY_ENV: "1:0.25"}
-    assert delay_for(1, env) == 0.25 and delay_for(0, env) == 0.0 and delay_for(0, {}) == 0.0
-    for bad in ("0.5", "x:1", "1:-2", "1:1e9", "-1:0.5"):
-        with pytest.raises(PortingError, match=f"{DELAY_ENV}=.*expected RANK:SECONDS"):
-            delay_for(0, {DELAY_ENV: bad})
 
 
 def _records(tmp_path, waits: list[list[float]]) -> RunRecords:

@@ -225,13 +225,13 @@ def trainer():
     takes steps from every format."""
     import logging
 
-    from porting.train.run import loop, runtime
+    from porting.train.run import loop, runtime, setup
 
     r = _recipe(SHAREGPT, max_seq_length=256, long_text="truncate")
     r = validate_recipe({**r.model_dump(mode="json"), "batching": {"micro_batch_size": 2, "bucketing": {"enabled": False}},
                          "optimizer": {"lr": 1e-3}})
     runtime.configure_mindspore(r, False)
-    _, model = loop.build_model(r, EMBEDDED)
+    _, model = setup.build_model(r, EMBEDDED)
     return loop.Trainer(r, ROOT, 0, 1, model, EMBEDDED, None, logging.getLogger("test_formats")), r
 
 
@@ -255,7 +255,7 @@ def test_each_format_trains_on_stories260k(tok, trainer, tables, tmp_path, path,
     plan = build_plan(r, tok)
     step = plan.step(0, 0)
     assert {mb.shape for mb in step.micro_batches} == {(2, 256)} and step.global_tokens > 0
-    losses = [tr.run_step(step, 1e-3)["loss"] for _ in range(3)]   # the same batch three times: it is learned
+    losses = [tr.run_step(step, 1e-3).loss for _ in range(3)]   # the same batch three times: it is learned
     assert all(np.isfinite(losses)) and losses[-1] < losses[0], losses
 
 

@@ -15,17 +15,20 @@ import numpy as np
 import pytest
 
 from model_zoo.errors import RecipeError
+from porting.rundir import ranklog
 from porting.train.recipe.schema import apply_overrides, validate_recipe
 from porting.train.run import nonfinite
 from porting.train.run.nonfinite import SkipGuard
+from porting.train.run.step_result import StepResult
 from tests.helpers import port
 from tests.train.conftest import FAST, TINY
 
 RAW = {"model": {"source": "x"}, "data": {"path": "y"}}
 
 
-def _r(applied: bool, scale: float = 1.0) -> dict:
-    return {"applied": applied, "scale_used": scale, "loss": 1.0 if applied else math.nan, "grad_norm": math.nan}
+def _r(applied: bool, scale: float = 1.0) -> StepResult:
+    return StepResult(loss=1.0 if applied else math.nan, grad_norm=math.nan, finite=applied, applied=applied,
+                      scale_used=scale, step_time_s=0.1, compile=False, tokens=8)
 
 
 def test_the_caps_count_consecutive_and_total_non_finite_steps_and_name_the_window():
@@ -35,7 +38,7 @@ def test_the_caps_count_consecutive_and_total_non_finite_steps_and_name_the_wind
     assert g.after(4, _r(False), False) is None
     stop = g.after(5, _r(False), False)
     assert stop is not None and "4 non-finite steps in all (last window: steps 4..5)" in stop
-    assert "nonfinite.max_total_skips is 3" in stop and nonfinite.WINDOW.search(stop)
+    assert "nonfinite.max_total_skips is 3" in stop and ranklog.WINDOW.search(stop)
     g = SkipGuard(max_consecutive=1, max_total=100)
     g.after(7, _r(False), False)
     stop = g.after(8, _r(False), False)
@@ -63,35 +66,8 @@ def test_caps_and_windows_are_strict_in_the_recipe():
             validate_recipe(apply_overrides(RAW, [bad]), check_files=False)
 
 
-def test_the_test_hook_is_off_unless_set_and_refuses_what_it_cannot_parse():
-    assert nonfinite.parse_hook(None) is None and nonfinite.parse_hook("") is None
-    assert [math.isnan(nonfinite.poison(n, 1, nonfinite.parse_hook("3@1"))) for n in (2, 3, 4)] == [False, True, False]
-    assert nonfinite.poison(3, 0, nonfinite.parse_hook("3@1")) == 1.0   # another rank
-    assert [math.isnan(nonfinite.poison(n, 0, nonfinite.parse_hook("4-"))) for n in (3, 4, 9)] == [False, True, True]
-    assert math.isnan(nonfinite.poison(1, 5, nonfinite.parse_hook("*")))
-    assert [math.isnan(nonfinite.poison(n, 0, nonfinite.parse_hook("2,13"))) for n in (1, 2, 3, 13)] == \
-        [False, True, False, True]
-    for bad in ("x", "3@", "-3", "3;rm", "1e3"):
-        with pytest.raises(nonfinite.NonfiniteHookError, match=nonfinite.HOOK_ENV):
-            nonfinite.parse_hook(bad)
-
-
-def test_stop_line_reads_only_what_this_launch_logged(tmp_path):
-    logs = tmp_path / "logs"
-    logs.mkdir()
-    old = ("2026-01-01T00:00:00.000 rank=0 ERROR step 3: loss is nan (grad norm nan); 3 non-finite steps in a row "
-           "(steps 1..3), nonfinite.max_consecutive_skips is 2; their updates were not applied\n")
-    (logs / "rank_0.log").write_text(old)
-    assert nonfinite.stop_line(logs, {})[1] == (1, 3)
-    before = nonfinite.log_sizes(logs)
-    assert nonfinite.stop_line(logs, before) is None      # an earlier launch's line is not this launch's reason
-    with open(logs / "rank_0.log", "a") as f:
-        f.write("2026-01-01T00:00:01.000 rank=0 ERROR checkpoint: disk full\n")
-    assert nonfinite.stop_line(logs, {}) is None          # only the last error line counts
-
-
 def test_supervisor_rolls_back_once_past_a_window_then_stops():
-    from porting.supervise import Incident, Limits, _action
+    from porting.launch.supervise import Incident, Limits, _action
 
     def inc(n, window):
         return Incident(n=n, at=0.0, kind="diverged", seen="the launch exited with 3", step=window[1], verdict=None,
@@ -145,7 +121,7 @@ def test_a_non_finite_loss_with_finite_gradients_applies_nothing(model_dir):
 def _train(run: Path, *sets: str, hook: str) -> object:
     args = [a for s in sets for a in ("--set", s)]
     return port("train", str(TINY), "--run-dir", str(run), *FAST, "--set", "schedule.max_steps=4", *args,
-                env={nonfinite.HOOK_ENV: hook})
+                env={"PORT_TEST_NONFINITE": hook})
 
 
 # One skipped step keeps weights, masters and moments (checkpoints before and after equal): under msrun, where
@@ -185,7 +161,7 @@ def test_a_burst_past_the_cap_is_rolled_back_once_and_the_supervised_run_finishe
     run = tmp_path / "burst"
     sets = ["schedule.max_steps=8", "checkpointing.every_steps=2", "nonfinite.max_consecutive_skips=2"]
     r = port_process("train", str(TINY), "--run-dir", str(run), *FAST, *[a for s in sets for a in ("--set", s)],
-                     "--supervise", env={nonfinite.HOOK_ENV: "3,4,5"}, timeout=900)
+                     "--supervise", env={"PORT_TEST_NONFINITE": "3,4,5"}, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "1 restart(s)" in r.stdout
     incidents = [json.loads(ln) for ln in (run / "incidents.jsonl").read_text().splitlines()]

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import shutil
 import subprocess
 import sys
@@ -15,6 +14,7 @@ import sys
 import numpy as np
 import pytest
 
+from porting.rundir import ranklog
 from tests.helpers import port, port_process
 from tests.train.conftest import TINY, error_line, free_port, metrics
 
@@ -31,14 +31,14 @@ def _sets(settings: list[str]) -> list[str]:
 def trainer(model_dir, tmp_path_factory):
     """A Trainer of the 1-layer stories260K with bucketing and accumulation, before any step."""
     from porting.train.recipe.schema import load_recipe
-    from porting.train.run import loop
+    from porting.train.run import loop, setup
 
     recipe = load_recipe(TINY, [f"model.source={model_dir}", *BUCKETED])
     run = tmp_path_factory.mktemp("pre") / "run"
     log = logging.getLogger("test.precompile")
     grid = loop.grid_mod.make_grid(recipe, 0, 1)
     loop.configure_mindspore(recipe, False)
-    plan, _, model = loop._data_and_model(recipe, model_dir, grid, log, run)
+    plan, _, model = setup.data_and_model(recipe, model_dir, grid, log, run)
     return loop.Trainer(recipe, run, 0, 1, model, model_dir, plan, log, grid)
 
 
@@ -58,7 +58,7 @@ def test_precompile_compiles_every_shape_and_changes_no_weight(trainer):
     assert all(np.array_equal(a, b) for a, b in zip(before, after))
     for step in plan.steps():   # the steps find their graphs: none compiles
         r = trainer.run_step(step, 1e-3)
-        assert not r["compile"] and np.isfinite(r["loss"])
+        assert not r.compile and np.isfinite(r.loss)
     assert compiled_graphs(*trainer.cells) == report.graphs
 
 
@@ -118,8 +118,8 @@ def _rank_steps(run) -> dict[int, dict[int, tuple]]:
     out: dict[int, dict[int, tuple]] = {}
     for log in sorted((run / "logs").glob("rank_*.log")):
         rank = int(log.stem.split("_")[1])
-        for m in re.finditer(r" step (\d+)/\d+ loss .* shapes (\[[\d, ]*\]) graphs (\d+)", log.read_text()):
-            out.setdefault(rank, {})[int(m[1])] = (m[2], int(m[3]))
+        for s in ranklog.read_steps(log.read_text()):
+            out.setdefault(rank, {})[s.step] = (s.shapes, s.graphs)
     return out
 
 

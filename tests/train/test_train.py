@@ -16,10 +16,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from porting.rundir import ranklog
 from tests.train.conftest import FAST, ROOT, TINY, error_line, metrics
 from tests.helpers import port, port_process
 
-LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3} rank=0 ")
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +55,7 @@ def test_loss_falls_and_run_directory_contract(tiny_run):
     plan = json.loads((tiny_run / "plan.json").read_text())
     assert plan["memory_gib_by_phase"]["total"] > 0 and plan["global_batch"] == 4
     lines = (tiny_run / "logs" / "rank_0.log").read_text().splitlines()
-    assert lines and all(LOG_LINE.match(l) for l in lines)
+    assert lines and all(ranklog.LINE.match(l) and ranklog.LINE.match(l)[1] == "0" for l in lines)
     assert sorted(p.name for p in (tiny_run / "checkpoints").iterdir()) == ["step_10", "step_20"]
     # The HF export is a real HF checkpoint: transformers loads it, and it fits the data better than the
     # model it started from.

@@ -1,5 +1,5 @@
 """The launch of a multi-device run as data: the exact `msrun` command of every node (node_rank 0 hosts
-the scheduler at master_addr). ``porting.train.run.launch`` starts it; ``--dry-run`` prints it."""
+the scheduler at master_addr). ``porting.launch.msrun`` starts it; ``--dry-run`` prints it."""
 
 from __future__ import annotations
 

@@ -61,11 +61,11 @@ class StepSampler:
         self.prof_dir: Path | None = None
         self.problem: str | None = None
 
-    def around(self, step: int, run: Callable[[], dict], log: Any) -> dict:
-        """``run()`` (one training step, its result dict), sampled when it is due; the record logged."""
+    def around(self, step: int, run: Callable[[], Any], log: Any) -> Any:
+        """``run()`` (one training step, its StepResult), sampled when it is due; the record logged."""
         self.begin(step)
         r = run()
-        rec = self.end(step, bool(r.get("compile")))
+        rec = self.end(step, bool(r.compile))
         if rec is not None:
             log.info(f"breakdown step {step}: {json.dumps(rec.to_dict())[:600]}")
         return r

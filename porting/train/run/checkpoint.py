@@ -194,7 +194,7 @@ def save(root: Path, step: int, params: list, state: TrainState, keep_last: int,
     except (OSError, RuntimeError, ValueError) as exc:
         # Any rank that fails ends the save (rank 0 renames only after every rank passed the second barrier),
         # so whichever fails first removes the shared temporary directory; the launcher removes what a rank
-        # killed mid-save leaves (porting/train/run/launch.py).
+        # killed mid-save leaves (porting/launch/outcome.py).
         shutil.rmtree(tmp, ignore_errors=True)
         prev = latest(root)
         kept = f"; the previous checkpoint {prev[1]} is intact" if prev else ""

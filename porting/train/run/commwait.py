@@ -18,36 +18,17 @@ rank's wait at its own index (AllReduce only, which MindSpore's CPU backend has)
 into ``metrics.jsonl`` (``comm_wait_s``: its own; ``comm_wait_ranks_s``: every rank's); each rank logs
 its own in ``logs/rank_<r>.log``. A single process runs no collective and records nothing.
 
-Test-only knob: ``PORT_TEST_COMM_DELAY=RANK:SECONDS`` makes that rank sleep before the timed
-all-reduce on every sampled step, so the tests can show a slow rank. Nothing else reads it.
+Test hook: ``PORT_TEST_COMM_DELAY=RANK:SECONDS`` (porting/train/run/faults.py) makes that rank sleep before the
+timed all-reduce on every sampled step, so the tests can show a slow rank.
 """
 
 from __future__ import annotations
 
-import os
 import time
 
 import numpy as np
 
-from model_zoo.errors import PortingError
-
-DELAY_ENV = "PORT_TEST_COMM_DELAY"
-
-
-def delay_for(rank: int, environ: dict | None = None) -> float:
-    """Seconds this rank sleeps before the timed all-reduce (the test-only knob; 0 when unset)."""
-    raw = (environ if environ is not None else os.environ).get(DELAY_ENV, "").strip()
-    if not raw:
-        return 0.0
-    r, sep, s = raw.partition(":")
-    try:
-        slow_rank, seconds = int(r), float(s)
-    except ValueError:
-        slow_rank, seconds = -1, -1.0
-    if not sep or slow_rank < 0 or not 0 <= seconds <= 600:
-        raise PortingError(f"environment {DELAY_ENV}={raw[:40]!r}: expected RANK:SECONDS (e.g. 1:0.5, seconds "
-                           f"0..600); it is a test-only knob, unset it for real runs")
-    return seconds if slow_rank == rank else 0.0
+from porting.train.run import faults
 
 
 def sampled(step: int, every: int, total: int) -> bool:
@@ -61,7 +42,7 @@ class CommWait:
     def __init__(self, every: int, rank: int, world_size: int, total_steps: int):
         self.every, self.rank, self.world, self.total = every, rank, world_size, total_steps
         self.enabled = world_size > 1 and every > 0
-        self.delay = delay_for(rank) if self.enabled else 0.0
+        self.delay = faults.active().delay_for(rank) if self.enabled else 0.0
         if self.enabled:
             import mindspore as ms  # deferred: only an injected test delay needs the barrier cell
 

@@ -44,11 +44,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _exit(code: int) -> None:
-    """Test hook (off unless set): ``PORT_TEST_CRASH_AT_EXIT=RANK`` makes that rank's worker die by SIGSEGV
-    after its run ended, as MindSpore's teardown at exit sometimes does (porting/train/run/lifeline.py
+    """Test hook (off unless set): ``PORT_TEST_CRASH_AT_EXIT=RANK`` (porting/train/run/faults.py) makes that rank's
+    worker die by SIGSEGV after its run ended, as MindSpore's teardown at exit sometimes does (porting/rundir/ranklog.py
     FINISHED)."""
-    hook = os.environ.get("PORT_TEST_CRASH_AT_EXIT", "")
-    if code == 0 and hook and hook == os.environ.get("RANK_ID"):
+    from porting.train.run.faults import active  # deferred: sys.path holds the checkout only once main() ran
+
+    crash = active().crash_at_exit if code == 0 else None
+    if crash is not None and str(crash) == os.environ.get("RANK_ID"):
         sys.stdout.flush()
         sys.stderr.flush()
         os.kill(os.getpid(), signal.SIGSEGV)

@@ -1,5 +1,6 @@
 """`port train`: the recipe's non-finite step caps and data windows (porting/train/recipe/nonfinite.py): counts are
-strict bounded integers (a YAML `true` is not 1), windows are ordered, bounded pairs of steps."""
+strict bounded integers (a YAML `true` is not 1), windows are ordered, bounded pairs of steps; the test hook that
+injects non-finite steps, and the other fault hooks, refuse a value that does not parse in one line."""
 
 from __future__ import annotations
 
@@ -29,3 +30,21 @@ for _name, _key, _value, _expect in [
     ("unknown_key", "nonfinite.max_skips", 3, "nonfinite.max_skips: unknown key"),
 ]:
     _recipe_case(_name, _key, _value, _expect)
+
+
+# -- the fault-injection hooks (porting/train/run/faults.py, docs/test-hooks.md): a value that does not parse is one
+# line before the run directory is made or a worker starts
+def _hook_case(name: str, env: str, value: str):
+    def gen(d: Path) -> list[str]:
+        return ["train", str(I.recipe(d))]
+    gen.__name__ = name
+    globals()[name] = case(f"{env}=", "expected", "unset it for a real run", env={env: value})(gen)
+
+
+for _name, _env, _value in [
+    ("hook_nonfinite_shell", "PORT_TEST_NONFINITE", "3;rm -rf /"),
+    ("hook_comm_delay_huge", "PORT_TEST_COMM_DELAY", "1:1e9"),
+    ("hook_crash_rank_word", "PORT_TEST_CRASH_AT_EXIT", "rank1"),
+    ("hook_bad_devices_range", "PORT_TEST_BAD_DEVICES", "0-7"),
+]:
+    _hook_case(_name, _env, _value)

@@ -315,7 +315,7 @@ def parquet_row_bomb(d):
     return ["train", str(I.recipe(d, I.set_key("data.format", "text"), data=d / "rows.parquet"))]
 
 
-# -- --shrink (porting/shrink.py): refused before anything starts where it cannot work
+# -- --shrink (porting/launch/shrink.py): refused before anything starts where it cannot work
 @case("--shrink moves a supervised run onto fewer devices after a fault: add --supervise")
 def shrink_without_supervise(d):
     return ["train", str(I.recipe(d)), "--shrink"]

@@ -44,7 +44,7 @@ def test_two_node_ranks_equal_one_node_of_four_workers(tmp_path):
 
     penv = dict(os.environ, PYTHONPATH=str(ROOT), GLOG_v="3")
     # Node 1 on node 0's machine waits for node 0's scheduler and runs msrun with --join=False
-    # (porting.train.run.launch.same_host_node_argv), so its workers outlive its launcher: wait for node 0.
+    # (porting.launch.msrun.same_host_node_argv), so its workers outlive its launcher: wait for node 0.
     nodes = [subprocess.Popen([sys.executable, "-m", "porting", "train", str(TINY), "--run-dir", str(two), *args,
                                "--launch-node", str(n)], cwd=ROOT, env=penv, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for n in (0, 1)]

@@ -7,34 +7,28 @@ from __future__ import annotations
 import ipaddress
 import os
 import shlex
-import signal
 import shutil
 import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
-from typing import Callable
 
 import click
 import yaml
 
 from model_zoo.errors import PortingError, RecipeError
 from model_zoo.files import write_atomic
+from porting.launch import lifeline
+from porting.launch.children import child_env
+from porting.launch.outcome import launch_outcome, mark
 from porting.train.data import token_file
 from porting.train.plan.launch import msrun_commands
-from porting.train.run import lifeline
-from porting.train.run.checkpoint import interrupted_saves
-from porting.train.run.nonfinite import log_sizes, stop_line
 from porting.train.recipe.schema import Recipe, recipe_dict
 
 
 def launch_msrun(rec: Recipe, recipe_path: str, overrides: list[str], out: Path, resume: bool,
-                 launch_node: int | None, plan_env: dict | None = None,
-                 stop: Callable[[subprocess.Popen, float], None] | None = None) -> None:
+                 launch_node: int | None, plan_env: dict | None = None) -> None:
     """Run this node's msrun (or print every node's command when a multi-node recipe names no node).
-    msrun and its workers die with this process (porting/train/run/lifeline.py); ``stop`` tears them down
-    on SIGINT/SIGTERM."""
+    msrun and its workers die with this process (porting/launch/lifeline.py)."""
     if shutil.which("msrun") is None:
         raise PortingError("msrun not found on PATH; it comes with MindSpore (pip install mindspore) - "
                            "activate the environment that has it")
@@ -50,56 +44,45 @@ def launch_msrun(rec: Recipe, recipe_path: str, overrides: list[str], out: Path,
     argv, env = msrun_argv_env(rec, cmds, node, plan_env)
     env.update(token_file.for_workers(rec, out, node))   # tokenised here once, not once per worker
     click.echo(f"launching: {cmds[node]}", err=True)
-    before = log_sizes(out / "logs")
-    saves = set(interrupted_saves(out / "checkpoints"))
-    rc = lifeline.run_msrun(argv, env, stop or _stop_group)
-    per = rec.cluster.devices_per_node
-    if rc != 0 and lifeline.all_finished(out / "logs", before, range(node * per, (node + 1) * per)):
+    before = mark(out)
+    rc = lifeline.run_msrun(argv, env)
+    done = launch_outcome(out, before, rc, node_ranks(rec, node), clean=node == 0)
+    if done.crashed_at_exit:
         click.echo(f"warning: msrun exited with {rc} after every rank of this node had logged the end of its run "
                    f"(a worker crashed at exit, in MindSpore's teardown; {out}/logs/msrun/worker_*.log); the run's "
                    "files are complete", err=True)
-        rc = 0
-    if rc != 0:
-        if node == 0:   # this launch's own half-written saves (a disk that filled, a rank msrun killed mid-save);
-            # never an .old_step_* one: that is the previous copy of a step, moved aside by files.swap_in
-            for p in set(interrupted_saves(out / "checkpoints")) - saves:
-                if p.name.startswith(".tmp_step_"):
-                    shutil.rmtree(p, ignore_errors=True)
-        stopped = stop_line(out / "logs", before)   # the workers' own reason, when they stopped past the non-finite caps
-        if stopped is not None:
-            raise PortingError(f"msrun exited with {rc}: {stopped[0]}")
+    if not done.finished:
+        if done.stop is not None:   # the workers' own reason, when they stopped past the non-finite caps
+            raise PortingError(f"msrun exited with {rc}: {done.stop[0]}")
         raise PortingError(f"msrun exited with {rc}; see {out}/logs/rank_*.log and {out}/logs/msrun/worker_*.log "
                            "(scheduler.log names ranks that timed out)")
     click.echo(f"done: {rec.world_size} workers; run directory {out}")
 
 
-def msrun_argv_env(rec: Recipe, cmds: list[str], node: int, plan_env: dict | None) -> tuple[list[str], dict[str, str]]:
-    """The argv and environment of node ``node``'s msrun command (``cmds``: the plan's commands)."""
+def node_ranks(rec: Recipe, node: int) -> list[int]:
+    """The global ranks node ``node`` runs."""
+    per = rec.cluster.devices_per_node
+    return list(range(node * per, (node + 1) * per))
+
+
+def launch_devices(recipe: Recipe) -> list[int] | None:
+    """The NPUs this node's job opens: ASCEND_RT_VISIBLE_DEVICES, else 0..devices_per_node-1 (Ascend)."""
+    if recipe.cluster.device != "ascend":
+        return None
+    visible = os.environ.get("ASCEND_RT_VISIBLE_DEVICES", "")
+    ids = [int(v) for v in visible.split(",") if v.strip().isdigit()]
+    return ids or list(range(recipe.cluster.devices_per_node))
+
+
+def msrun_argv_env(rec: Recipe, cmds: list[str], node: int, plan_env: dict | None,
+                   extra: dict[str, str] | None = None) -> tuple[list[str], dict[str, str]]:
+    """The argv and environment of node ``node``'s msrun command (``cmds``: the plan's commands; ``plan_env``:
+    the plan's HCCL timeouts, where the user set none; ``extra``: the data's token file)."""
     if not 0 <= node < len(cmds):
         raise RecipeError(f"--launch-node {node}: the recipe has nodes 0..{len(cmds) - 1}")
     argv = same_host_node_argv(shlex.split(cmds[node]), node, rec.cluster)
-    env = dict(os.environ)
-    env.update({k: v for k, v in (plan_env or {}).items() if k not in os.environ})   # the plan's HCCL timeouts; the user's win
-    root = str(Path(__file__).resolve().parents[3])
-    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    # msrun starts the `python` found on PATH: put this interpreter's directory first.
-    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
-    env[lifeline.ENV] = lifeline.token()   # the workers exit by themselves once this process is gone
-    return argv, env
-
-
-def _stop_group(proc: subprocess.Popen, grace_s: float) -> None:
-    """Without the caller's teardown: msrun's own process group, SIGTERM then SIGKILL (the workers, in
-    sessions of their own, then exit through their lifeline)."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-            proc.wait(timeout=grace_s)
-            return
-        except (ProcessLookupError, PermissionError):
-            return
-        except subprocess.TimeoutExpired:
-            continue
+    # the workers exit by themselves once this process is gone (PORT_PARENT)
+    return argv, child_env(plan_env, extra, parent=True)
 
 
 def same_host_node_argv(argv: list[str], node: int, cluster) -> list[str]:

@@ -1,5 +1,5 @@
 """`port train --launch-node N --supervise` on two node ranks (loopback master, 2 msrun workers each, one shared
-run directory): the supervisors agree on an incident and relaunch together (porting/supervise_nodes.py)."""
+run directory): the supervisors agree on an incident and relaunch together (porting/launch/nodes.py)."""
 
 from __future__ import annotations
 
@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 
 from porting.rehearse import LOSS_ATOL
-from porting.supervise import Incident
-from porting.supervise_nodes import Peers, PeersError
+from porting.launch.nodes import Peers, PeersError
+from porting.launch.supervise import Incident
 from tests.helpers import port
 from tests.train.conftest import ROOT, TINY, free_port
-from tests.train.test_supervise import COMMON, _losses, _pid_at_step
+from tests.launch.test_supervise import COMMON, _losses, _pid_at_step
 
 NODES = [*[s for s in COMMON if not s.startswith(("cluster.devices_per_node", "schedule.max_steps"))],
          "cluster.nodes=2", "cluster.devices_per_node=2", "cluster.master_addr=127.0.0.1", "schedule.max_steps=6"]

@@ -1,4 +1,5 @@
-"""The processes `port train` starts die with it (porting/train/run/lifeline.py).
+"""The processes `port train` starts die with it (porting/launch/lifeline.py, the worker's side in
+porting/train/run/lifeline.py).
 
 Fast tests: the start-time token, a watcher that exits its process once the watched one is gone (also
 after ``kill -9``), a parent-death signal. Under real msrun (slow): ``kill -9`` of a 2-worker `port train`,
@@ -20,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from porting.rundir import ranklog
 from porting.train.run import lifeline
 from tests.train.conftest import TINY, free_port
 
@@ -90,7 +92,7 @@ def test_without_port_parent_nothing_is_watched():
 
 def test_parent_death_signal_reaches_a_grandchild_in_its_own_session():
     """The shape of port -> msrun: msrun in a new session with PDEATHSIG; its parent killed with -9."""
-    code = ("import signal, subprocess, sys, time; from porting.train.run import lifeline; import os; "
+    code = ("import signal, subprocess, sys, time; from porting.launch import lifeline; import os; "
             "c = subprocess.Popen(['sleep', '120'], start_new_session=True, preexec_fn=lifeline._die_with(os.getpid())); "
             "print(c.pid, flush=True); time.sleep(120)")
     parent = subprocess.Popen(PY + [code], stdout=subprocess.PIPE, text=True, env=_env())
@@ -103,9 +105,9 @@ def test_parent_death_signal_reaches_a_grandchild_in_its_own_session():
 
 def test_ctrl_c_stops_the_launched_group_and_exits_130(tmp_path):
     """run_msrun's teardown on SIGINT, on a stand-in launch (``sleep`` and its child in one session)."""
-    code = ("import subprocess, sys; from model_zoo.errors import PortingError; from porting.supervise import stop; "
-            "from porting.train.run import lifeline\n"
-            "try:\n    lifeline.run_msrun(['sh', '-c', 'sleep 300 & echo $! > ' + sys.argv[1] + '; wait'], {}, stop)\n"
+    code = ("import subprocess, sys; from model_zoo.errors import PortingError; "
+            "from porting.launch.children import stop_group; from porting.launch import lifeline\n"
+            "try:\n    lifeline.run_msrun(['sh', '-c', 'sleep 300 & echo $! > ' + sys.argv[1] + '; wait'], {}, stop_group)\n"
             "except PortingError as e:\n    print('error:', e, file=sys.stderr); sys.exit(e.exit_code)")
     pidfile = tmp_path / "sleep.pid"
     p = subprocess.Popen(PY + [code, str(pidfile)], env=_env(), stderr=subprocess.PIPE, text=True)
@@ -148,7 +150,7 @@ def _start_training(run: Path, **popen) -> tuple[subprocess.Popen, str, list[int
     while time.monotonic() < deadline:
         tok = tok or (lifeline.token(p.pid) if lifeline.start_time(p.pid) else None)
         log = run / "logs" / "rank_0.log"
-        if log.is_file() and " step 2/" in log.read_text(errors="replace"):
+        if log.is_file() and any(s.step >= 2 for s in ranklog.read_steps(log.read_text(errors="replace"))):
             break
         assert p.poll() is None, f"port train ended early ({p.returncode}): {p.stderr.read()[-2000:]}"
         time.sleep(0.5)
@@ -209,7 +211,8 @@ def test_kill_9_of_a_supervisor_ends_its_one_device_run(tmp_path):
                          cwd=ROOT, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, process_group=0)
     tok = lifeline.token(p.pid)
     deadline = time.monotonic() + 180
-    while not ((run / "logs" / "rank_0.log").is_file() and " step 2/" in (run / "logs" / "rank_0.log").read_text()):
+    log = run / "logs" / "rank_0.log"
+    while not (log.is_file() and any(s.step >= 2 for s in ranklog.read_steps(log.read_text(errors="replace")))):
         assert time.monotonic() < deadline and p.poll() is None, "the supervised run did not reach step 2"
         time.sleep(0.5)
     procs = _of_run(tok)
@@ -217,26 +220,6 @@ def test_kill_9_of_a_supervisor_ends_its_one_device_run(tmp_path):
     p.kill()
     p.wait()
     assert _gone_within(procs, 10) == [], _of_run(tok)
-
-
-def test_all_finished_reads_only_this_launchs_last_line(tmp_path):
-    """A launch has ended when every rank's log gained :data:`lifeline.FINISHED` as its last line after the
-    launch started (the sizes before it): an earlier launch's line, a later line, or a missing log do not count."""
-    logs = tmp_path / "logs"
-    logs.mkdir()
-    line = f"2026-12-03T10:00:00.000 rank=0 INFO {lifeline.FINISHED}\n"
-    (logs / "rank_0.log").write_text("step 1\n" + line)
-    (logs / "rank_1.log").write_text("step 1\n" + line)
-    assert lifeline.all_finished(logs, {}, [0, 1])
-    before = {p.name: p.stat().st_size for p in logs.glob("rank_*.log")}
-    assert not lifeline.all_finished(logs, before, [0, 1])            # the earlier launch's line
-    with open(logs / "rank_0.log", "a") as f:
-        f.write("step 2\n" + line)
-    assert not lifeline.all_finished(logs, before, [0, 1])            # rank 1 did not finish this launch
-    with open(logs / "rank_1.log", "a") as f:
-        f.write("step 2\n" + line + "a later line\n")
-    assert not lifeline.all_finished(logs, before, [0, 1])            # something came after it
-    assert not lifeline.all_finished(logs, {}, [0, 1, 2])             # no log for rank 2
 
 
 @pytest.mark.slow

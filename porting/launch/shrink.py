@@ -1,7 +1,7 @@
 """Shrink a supervised run onto the devices that remain: ``port train RECIPE --supervise --shrink``.
 
 After an incident that names a rank (its process died or stalled), the supervisor probes that rank's
-device in a process of its own (porting/cluster/device_probe.py: open the device, run a checked matmul,
+device in a process of its own (porting/launch/device_probe.py: open the device, run a checked matmul,
 under a deadline). Only when the probe fails, so the device itself is confirmed bad and relaunching on
 it would fail again, the run is re-planned on the node's other devices:
 
@@ -23,7 +23,6 @@ multi-node shrink needs every node relaunched together, which one node's supervi
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -31,6 +30,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from model_zoo.errors import PortingError, RecipeError
+from porting.launch.children import child_env
 
 PROBE_TIMEOUT_S = 180.0
 
@@ -48,19 +48,21 @@ class Shrunk:
 
 
 def probe(device: str, device_id: int, timeout_s: float = PROBE_TIMEOUT_S) -> str | None:
-    """None when device ``device_id`` answers the probe; else why it does not, in one line."""
-    argv = [sys.executable, "-m", "porting.cluster.device_probe", device, str(device_id)]
-    root = str(Path(__file__).resolve().parents[1])
-    env = dict(os.environ, PYTHONPATH=root + (os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else ""))
+    """None when device ``device_id`` answers the probe; else why it does not, in one line. A probe that cannot
+    run at all (exit 2: its command line or a test hook does not parse) says nothing about the device: PortingError."""
+    argv = [sys.executable, "-m", "porting.launch.device_probe", device, str(device_id)]
     try:
-        r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout_s)
+        r = subprocess.run(argv, env=child_env(), capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
         return f"device {device_id}: the probe did not finish in {timeout_s:.0f} s"
     if r.returncode == 0:
         return None
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     errors = [ln for ln in lines if ln.startswith("error: ")]
-    return (errors or lines or [f"device {device_id}: the probe exited with {r.returncode}"])[-1].removeprefix("error: ")
+    why = (errors or lines or [f"device {device_id}: the probe exited with {r.returncode}"])[-1].removeprefix("error: ")
+    if r.returncode == 2:
+        raise PortingError(f"the device probe could not run: {why}")
+    return why
 
 
 def derive(recipe: Any, devices: list[int], bad: set[int]) -> Shrunk:

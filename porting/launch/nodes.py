@@ -1,7 +1,7 @@
 """Several nodes under `port train --launch-node N --supervise`: the supervisors of one run agree on each
 incident and relaunch together.
 
-Each node's supervisor watches only its own ranks (porting/supervise.py), but a fault anywhere stops the
+Each node's supervisor watches only its own ranks (porting/launch/supervise.py), but a fault anywhere stops the
 whole job: the other nodes' ranks wait in a collective until they time out. So the supervisors talk through
 the run directory, which every node shares (the checkpoints are already read from it on resume):
 
@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from model_zoo.files import plain_name, read_json_object, read_text, write_atomic
-from porting.supervise import SuperviseError
+from porting.launch.supervise import SuperviseError
+from porting.rundir.paths import RunDir
 
 MAX_FILE = 1 << 20     # a message is a few hundred bytes; the bounds keep a damaged or planted one cheap
 MAX_DEPTH = 16
@@ -46,7 +47,7 @@ class Peers:
     """Node ``node`` of ``nodes``: its side of the exchange described in the module docstring."""
 
     def __init__(self, run_dir: Path, node: int, nodes: int, answer_s: float, poll_s: float = 0.5) -> None:
-        self.root, self.node, self.nodes = run_dir / "supervise", node, nodes
+        self.root, self.node, self.nodes = RunDir(run_dir).supervise(), node, nodes
         self.answer_s, self.poll_s = answer_s, poll_s
         self.started = time.time()
         self._session: Path | None = None

@@ -1,4 +1,4 @@
-"""`port train --supervise --shrink` (porting/shrink.py): a rank's device that fails its probe after an
+"""`port train --supervise --shrink` (porting/launch/shrink.py): a rank's device that fails its probe after an
 incident is left out, and the run resumes on the node's other devices with the same global batch, to the
 losses a run without the fault gives."""
 
@@ -14,11 +14,10 @@ import pytest
 from model_zoo.errors import RecipeError
 from porting import train as T
 from porting.rehearse import GRAD_NORM_RTOL, LOSS_ATOL
-from porting.shrink import derive, probe
-from porting.train.run.commwait import DELAY_ENV
+from porting.launch.shrink import derive, probe
 from tests.helpers import port
 from tests.train.conftest import TINY, free_port
-from tests.train.test_supervise import _start, signal_at_step
+from tests.launch.test_supervise import _start, signal_at_step
 
 SETS = ["data.max_seq_length=64", "batching.bucketing.enabled=false", "batching.micro_batch_size=1",
         "schedule.max_steps=4", "checkpointing.every_steps=2", "checkpointing.export_hf=false", "optimizer.lr=1e-4"]
@@ -68,11 +67,11 @@ def test_a_rank_on_a_bad_device_is_left_out_and_the_run_resumes_on_fewer(tmp_pat
     os.environ["PORT_TEST_BAD_DEVICES"] = "2"   # rank 2's device fails the supervisor's probe
     # Steps take ~0.1 s here: rank 0 waits 4 s in step 4's sampled all-reduce (commwait's test knob), so the
     # kill after step 3 lands before step 4's checkpoint and the shrunk relaunch has steps 3 and 4 to run.
-    os.environ[DELAY_ENV] = "0:4"
+    os.environ["PORT_TEST_COMM_DELAY"] = "0:4"
     try:
         p = _start(run, *sets, "--supervise", "--shrink", "--stall-timeout", "120")
     finally:
-        del os.environ["PORT_TEST_BAD_DEVICES"], os.environ[DELAY_ENV]
+        del os.environ["PORT_TEST_BAD_DEVICES"], os.environ["PORT_TEST_COMM_DELAY"]
     out, err = signal_at_step(p, run, 2, 3, signal.SIGKILL)
     assert p.returncode == 0, err[-3000:]
     inc = [json.loads(ln) for ln in (run / "incidents.jsonl").read_text().splitlines()]

@@ -1,13 +1,13 @@
-"""`port train --supervise` (porting/supervise.py) under real msrun workers on the CPU (4 on one node): rank 2
+"""`port train --supervise` (porting/launch/supervise.py) under real msrun workers on the CPU (4 on one node): rank 2
 killed with SIGKILL, and rank 1 frozen with SIGSTOP (a silent hang), are seen, kept as evidence, diagnosed, and the run
 resumes from its last checkpoint to the same losses and weights as an uninterrupted run; a fault that
-repeats at the same step stops the run with its diagnosis instead of looping."""
+repeats at the same step stops the run with its diagnosis instead of looping. The watch itself, with a clock the
+tests move: tests/launch/test_watch.py."""
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from porting.supervise import Limits, Watch, derive_limits
+from porting.rundir import ranklog
 from tests.helpers import port_process
 from tests.train.conftest import ROOT, TINY, free_port
 
@@ -42,9 +42,9 @@ def _pid_at_step(run: Path, rank: int, step: int, deadline: float) -> int:
     log = run / "logs" / f"rank_{rank}.log"
     while time.monotonic() < deadline:
         text = log.read_text() if log.exists() else ""
-        pid = re.search(rf"rank {rank} of \d+ \(pid (\d+)\)", text)
-        if pid and re.search(rf" step {step}/\d+ loss ", text):
-            return int(pid.group(1))
+        pid = ranklog.pid_of(text)
+        if pid is not None and any(s.step == step for s in ranklog.read_steps(text)):
+            return pid
         time.sleep(0.2)
     raise AssertionError(f"rank {rank} did not reach step {step}: {log.read_text() if log.exists() else 'no log'}")
 
@@ -136,88 +136,3 @@ def test_a_fault_that_repeats_stops_with_its_diagnosis(tmp_path):
     assert incidents[0]["action"].startswith("rolled back to the start") and incidents[0]["skip_window"] == [2, 2]
     assert incidents[1]["action"].startswith("stopped: non-finite steps again after the rollback (steps 3..3)")
     assert "loss is nan" in incidents[1]["seen"] and "loss is nan" in incidents[1]["verdict"]["reason"]
-
-
-def test_heartbeat_limits_come_from_the_plan_and_stay_under_hccl_exec_timeout():
-    plan = {"launch": {"env": {"HCCL_EXEC_TIMEOUT": "1836"}, "predicted_save_s": 10.6},
-            "estimated_step": {"step_s": 1.03}}
-    lim = derive_limits(plan, None, 3)
-    assert lim.stall_s < 1836 and lim.compile_s <= 1836 and lim.save_s >= 3 * 10.6
-    assert derive_limits(plan, 30.0, 1).stall_s == 30.0
-
-
-def test_watch_names_the_rank_whose_log_stopped_first_and_allows_a_save_its_time(tmp_path):
-    logs = tmp_path / "logs"
-    logs.mkdir()
-    for r in (0, 1):
-        (logs / f"rank_{r}.log").write_text(f"2026-01-01T00:00:00.000 rank={r} INFO step 1/9 loss 1.0\n")
-    w = Watch(logs, [0, 1], Limits(stall_s=0.3, compile_s=5, save_s=5, poll_s=0.05))
-    with open(logs / "rank_0.log", "a") as f:
-        f.write("2026-01-01T00:00:01.000 rank=0 INFO step 2/9 loss 1.0\n")
-        f.write("2026-01-01T00:00:01.000 rank=0 INFO saving checkpoint step_2\n")
-    assert w.poll() is None
-    with open(logs / "rank_1.log", "a") as f:
-        f.write("2026-01-01T00:00:01.000 rank=1 INFO step 2/9 loss 1.0\n")
-    assert w.poll() is None
-    time.sleep(0.5)
-    late = w.poll()
-    assert late is not None and late[:2] == (1, "stall") and "after step 2" in late[2]   # rank 0 is saving: its own limit
-
-
-def test_watch_sees_a_rank_whose_process_is_gone(tmp_path):
-    logs = tmp_path / "logs"
-    logs.mkdir()
-    gone = subprocess.Popen([sys.executable, "-c", "pass"])
-    gone.wait()
-    (logs / "rank_0.log").write_text(f"2026-01-01T00:00:00.000 rank=0 INFO rank 0 of 2 (pid {os.getpid()}): x\n")
-    (logs / "rank_1.log").write_text(f"2026-01-01T00:00:00.000 rank=1 INFO rank 1 of 2 (pid {gone.pid}): x\n"
-                                     "2026-01-01T00:00:00.000 rank=1 INFO step 3/9 loss 1.0\n")
-    w = Watch(logs, [0, 1], Limits(stall_s=60, compile_s=60, save_s=60))
-    w.beats[0].size = w.beats[1].size = 0      # read both logs from their start
-    late = w.poll()
-    assert late is not None and late[:2] == (1, "exit") and f"process {gone.pid} is gone (after step 3)" in late[2]
-
-
-def test_the_first_worker_msrun_reports_dead_is_the_suspect(tmp_path):
-    """msrun kills the other workers within half a second of the first death, so the supervisor reads
-    msrun's own line (as MindSpore 2.10's process_entity/_api.py prints it) and maps its pid to the rank."""
-    logs = tmp_path / "logs"
-    logs.mkdir()
-    for r, pid in ((0, 17591), (1, 17593)):
-        (logs / f"rank_{r}.log").write_text(f"2026-12-03T09:06:28.252 rank={r} INFO rank {r} of 2 (pid {pid}): x\n")
-    launch = tmp_path / "launch_1.log"
-    launch.write_text("[ERROR] ME(17546:1,MainProcess):2026-12-03-09:07:14.759.000 [mindspore/parallel/cluster/"
-                      "process_entity/_api.py:365] Worker process 17593 exit with exception. Error code: -9.\n"
-                      "[WARNING] ME(17546:1,MainProcess):2026-12-03-09:07:14.759.000 [mindspore/parallel/cluster/"
-                      "process_entity/_api.py:370] There's worker exits with exception, kill all other workers.\n")
-    w = Watch(logs, [0, 1], Limits())
-    w.beats[0].size = w.beats[1].size = 0
-    w.poll()
-    assert w.first_dead_by_msrun(launch) == (1, "msrun: rank 1's worker (pid 17593) exited with -9")
-
-
-def test_a_save_gets_its_predicted_time_and_a_save_that_hangs_is_named_as_such(tmp_path):
-    """Issue 26 part 3: while a rank's last line says a checkpoint save started, the heartbeat allows the plan's
-    predicted save time (x3 + 60 s), not the step limit; past it the stall is named as a hanging save."""
-    plan = {"launch": {"env": {"HCCL_EXEC_TIMEOUT": "1836"}, "predicted_save_s": 200.0},
-            "estimated_step": {"step_s": 1.0}}
-    lim = derive_limits(plan, 30.0, 1)
-    assert lim.stall_s == 30.0 and lim.save_s == 3 * 200.0 + 60   # a slow filesystem is not a step stall
-    logs = tmp_path / "logs"
-    logs.mkdir()
-    for r in (0, 1):
-        (logs / f"rank_{r}.log").write_text(f"2026-01-01T00:00:00.000 rank={r} INFO step 4/9 loss 1.0\n")
-    w = Watch(logs, [0, 1], Limits(stall_s=0.2, compile_s=5, save_s=0.8, poll_s=0.05))
-    for r in (0, 1):
-        with open(logs / f"rank_{r}.log", "a") as f:
-            f.write(f"2026-01-01T00:00:01.000 rank={r} INFO saving checkpoint step_4\n")
-    assert w.poll() is None
-    time.sleep(0.4)                       # past the step limit, inside the save's
-    assert w.poll() is None
-    with open(logs / "rank_0.log", "a") as f:   # rank 0's save ends; rank 1's never does
-        f.write("2026-01-01T00:00:02.000 rank=0 INFO checkpoint /run/checkpoints/step_4\n")
-    assert w.poll() is None and not w.beats[0].saving and w.beats[1].saving
-    time.sleep(0.6)
-    late = w.poll()
-    assert late is not None and late[:2] == (1, "stall"), late
-    assert "(saving a checkpoint; limit 1 s)" in late[2], late

@@ -1,6 +1,6 @@
-"""The process table as the preflight's stale-process check reads it (/proc): who runs what, from where, under
-which launcher and node rank, and which files each holds open. Every read is bounded and tolerant of a
-process that ends while it is read."""
+"""The process table (/proc): who runs what, from where, under which launcher and node rank, which files each
+holds open, which process descends from which, and in what state each is. The preflight's stale-process check and
+the supervisor read it. Every read is bounded and tolerant of a process that ends while it is read."""
 
 from __future__ import annotations
 
@@ -30,7 +30,8 @@ def process_table() -> dict[int, tuple[int, list[str], str]]:
 
 
 def is_worker(argv: list[str]) -> bool:
-    return any(a.endswith(os.path.join("porting", "train", "worker.py")) for a in argv[:3])
+    """An msrun worker of `port train` (porting/train/run/worker.py), by its command line."""
+    return any(a.endswith(os.path.join("porting", "train", "run", "worker.py")) for a in argv[:3])
 
 
 def node_of(argv: list[str]) -> int | None:
@@ -79,3 +80,23 @@ def holds(pid: int, match) -> bool:
         except OSError:
             continue
     return False
+
+
+def state(pid: int) -> str:
+    """The process state letter of /proc/<pid>/stat (R, S, D, T, Z...), '' when unknown or gone."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            return f.read().rsplit(") ", 1)[1][:1]
+    except (OSError, IndexError):
+        return ""
+
+
+def alive(pid: int) -> bool:
+    """The process exists and is not a zombie (a zombie child of an exited msrun is gone for our purpose)."""
+    return state(pid) not in ("Z", "")
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` in the process tree (its children, theirs, ...), by parent pid."""
+    table = process_table()
+    return sorted(p for p in table if p != pid and descends(p, {pid}, table))

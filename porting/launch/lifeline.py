@@ -1,0 +1,134 @@
+"""The processes `port train` starts die with it, whatever kills it: the launcher's side.
+
+msrun puts every worker in a session of its own (``subprocess.Popen(..., preexec_fn=os.setsid)`` in
+mindspore/parallel/cluster/process_entity/_api.py, ``_ComputeGraphNode.run``), so neither port's process
+group nor msrun's holds the workers, and a ``kill -9`` of port (or of its whole group) used to leave them
+training. Three layers, each enough for the common case, together enough for ``kill -9``:
+
+1. :func:`run_msrun` starts msrun in a new session (one process group: msrun, its scheduler, its ``tail``
+   processes) with a parent-death signal (``prctl(PR_SET_PDEATHSIG, SIGINT)``, prctl(2)): when port dies,
+   even by SIGKILL, the kernel sends msrun SIGINT, and msrun's own SIGINT handler (``join_processes``)
+   kills its workers' groups and the scheduler.
+2. Every process running ``worker.py`` watches port (``PORT_PARENT``, the worker's side:
+   porting/train/run/lifeline.py ``watch_parent``) and exits once port is gone.
+3. On SIGINT/SIGTERM port tears down what it started (the caller's ``stop``, porting/launch/children.py
+   ``stop_group``: msrun's group and msrun's descendants, SIGTERM then SIGKILL) and exits with one line.
+   Nothing port did not start is signalled.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import threading
+from typing import Callable, Mapping
+
+from model_zoo.errors import PortingError
+from porting.launch.children import signal_group, stop_group
+from porting.launch.proctable import process_table
+from porting.train.run.lifeline import ENV, token
+
+PR_SET_PDEATHSIG = 1           # linux/prctl.h
+PR_SET_CHILD_SUBREAPER = 36     # linux/prctl.h
+GRACE_S = 10.0
+
+
+class Interrupted(PortingError):
+    """`port train` was stopped by SIGINT or SIGTERM; what it started was stopped with it."""
+
+    def __init__(self, message: str, signum: int):
+        super().__init__(message)
+        self.exit_code = 128 + signum   # the shell's convention: 130 for SIGINT, 143 for SIGTERM
+
+
+def _prctl(option: int, value: int) -> bool:
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl(option, int(value), 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def parent_death_signal(sig: int) -> bool:
+    """Ask the kernel to send ``sig`` to this process when its parent thread exits (Linux; False elsewhere)."""
+    return _prctl(PR_SET_PDEATHSIG, sig)
+
+
+def _children() -> set[int]:
+    """This process's child pids."""
+    me = os.getpid()
+    return {pid for pid, (ppid, _, _) in process_table().items() if ppid == me}
+
+
+def _wait_detached_workers(msrun_pid: int, before: set[int], rc: int) -> int:
+    """msrun ``--join=False`` (a node rank > 0 on the loopback master's machine, porting/launch/msrun.py
+    ``same_host_node_argv``) returns once
+    its workers are started; they stay this node's job, so `port train` waits for them and returns the
+    first failing exit code. As a child subreaper (prctl(2) PR_SET_CHILD_SUBREAPER) this process inherits
+    them when msrun exits, so their exit codes are its to collect. msrun's own group (its ``tail -f`` log
+    followers) is stopped; the workers each run in a session of their own."""
+    signal_group(msrun_pid, signal.SIGTERM)
+    worst = rc
+    for pid in sorted(_children() - before):
+        try:
+            if os.getpgid(pid) == msrun_pid:   # a log follower of msrun's
+                os.waitpid(pid, 0)
+                continue
+            code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        except (ChildProcessError, ProcessLookupError):
+            continue
+        worst = worst or code
+    return worst
+
+
+def _die_with(parent: int) -> Callable[[], None]:
+    def preexec() -> None:   # runs in the child between fork and exec
+        parent_death_signal(signal.SIGINT)
+        if os.getppid() != parent:   # port died before the prctl: the signal will never come
+            os._exit(1)
+    return preexec
+
+
+def run_msrun(argv: list[str], env: Mapping[str, str],
+              stop: Callable[[subprocess.Popen, float], None] = stop_group) -> int:
+    """Run msrun (``argv``, with ``env``: :func:`porting.launch.children.child_env`'s) as laid out in the module
+    docstring; its exit code. SIGINT/SIGTERM ``stop`` it and everything it started, then raise
+    :class:`Interrupted`."""
+    env = dict(env, **{ENV: token()})
+    caught: list[int] = []
+
+    def on_signal(signum, frame) -> None:
+        caught.append(signum)
+        raise KeyboardInterrupt
+
+    main = threading.current_thread() is threading.main_thread()   # only the main thread may set handlers
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)} if main else {}
+    proc = None
+    detached = "--join=False" in argv
+    before = _children() if detached else set()
+    try:
+        if detached:
+            _prctl(PR_SET_CHILD_SUBREAPER, 1)
+        proc = subprocess.Popen(argv, env=env, start_new_session=True, preexec_fn=_die_with(os.getpid()))
+        rc = proc.wait()
+        return _wait_detached_workers(proc.pid, before, rc) if detached else rc
+    except KeyboardInterrupt:
+        signum = caught[0] if caught else signal.SIGINT
+        for s in old:   # a second Ctrl-C must not cut the teardown short
+            signal.signal(s, signal.SIG_IGN)
+        if proc is not None:
+            stop(proc, GRACE_S)
+        raise Interrupted(f"stopped by {signal.Signals(signum).name}: msrun (pid {proc.pid if proc else '-'}) and "
+                          "its workers were stopped; the run directory keeps its last complete checkpoint, "
+                          "continue with --resume", signum) from None
+    finally:
+        if detached:
+            for pid in _children() - before:   # interrupted while waiting: what msrun left is ours to stop
+                signal_group(pid, signal.SIGKILL)
+            _prctl(PR_SET_CHILD_SUBREAPER, 0)
+        for s, h in old.items():
+            signal.signal(s, h)

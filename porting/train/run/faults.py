@@ -1,0 +1,114 @@
+"""The fault-injection hooks, in one place: each a ``PORT_TEST_*`` environment variable, off unless set, for tests
+and rehearsals only. :data:`HOOKS` is the registry; :func:`active` parses every hook at once into a
+:class:`Faults`, which the code that injects reads; docs/test-hooks.md lists them (tests/train/test_faults.py
+checks the page against :data:`HOOKS`).
+
+A value that does not parse stops with one line naming the variable, the form expected and how to turn it off.
+A hook that is off costs nothing: the step reads ``Faults.nonfinite is None`` once and feeds the loss scale it
+always feeds (porting/train/run/loop.py), so a run without hooks computes exactly what it computed before.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from model_zoo.errors import PortingError
+
+
+@dataclass(frozen=True)
+class Hook:
+    env: str
+    form: str       # the value's form, with an example
+    effect: str     # what it does
+    where: str      # the module that injects it
+
+
+HOOKS: tuple[Hook, ...] = (
+    Hook("PORT_TEST_NONFINITE", "STEPS[@RANK]: STEPS is 3, 3,5, 4- (step 4 onwards) or * (every step), 1-based; "
+         "@1: rank 1 only, else every rank",
+         "the worker feeds a NaN loss scale into those steps, so that rank's gradients and, through the all-reduce, "
+         "every rank's gradient norm are NaN; the graph, the all-reduce and the skip are the real ones",
+         "porting/train/run/loop.py"),
+    Hook("PORT_TEST_COMM_DELAY", "RANK:SECONDS, seconds 0..600, e.g. 1:0.5",
+         "that rank sleeps before the timed all-reduce of every sampled step (a slow rank for the comm-wait "
+         "measure)", "porting/train/run/commwait.py"),
+    Hook("PORT_TEST_CRASH_AT_EXIT", "RANK, e.g. 1",
+         "that rank's msrun worker dies by SIGSEGV after its run ended, as MindSpore's teardown at exit sometimes "
+         "does (the launch must still count as finished)", "porting/train/run/worker.py"),
+    Hook("PORT_TEST_BAD_DEVICES", "ID[,ID...], e.g. 2,5",
+         "the device probe of those ids fails without touching the device (a CPU has no device that can break)",
+         "porting/launch/device_probe.py"),
+)
+_NONFINITE = re.compile(r"(\*|[0-9]+-|[0-9]+(?:,[0-9]+)*)(?:@([0-9]+))?")
+_INTS = re.compile(r"[0-9]+(?:,[0-9]+)*")
+
+
+class FaultHookError(PortingError):
+    """A ``PORT_TEST_*`` variable does not parse."""
+
+
+@dataclass(frozen=True)
+class Faults:
+    """The hooks that are on (all off: ``Faults()``)."""
+
+    nonfinite: tuple[str, int | None] | None = None   # (steps, only this rank or None)
+    comm_delay: tuple[int, float] | None = None       # (rank, seconds)
+    crash_at_exit: int | None = None                  # rank
+    bad_devices: frozenset[int] = field(default_factory=frozenset)
+
+    def nan_at(self, step_no: int, rank: int) -> bool:
+        """Whether rank ``rank``'s loss scale is NaN at step ``step_no`` (1-based)."""
+        if self.nonfinite is None:
+            return False
+        steps, only = self.nonfinite
+        if only is not None and only != rank:
+            return False
+        if steps == "*" or (steps.endswith("-") and step_no >= int(steps[:-1])):
+            return True
+        return not steps.endswith("-") and str(step_no) in steps.split(",")
+
+    def delay_for(self, rank: int) -> float:
+        """Seconds rank ``rank`` sleeps before the timed all-reduce (0.0: none)."""
+        return self.comm_delay[1] if self.comm_delay is not None and self.comm_delay[0] == rank else 0.0
+
+
+def _bad(env: str, value: str) -> FaultHookError:
+    hook = next(h for h in HOOKS if h.env == env)
+    return FaultHookError(f"{env}={value[:40]!r}: expected {hook.form}; it is a test hook, unset it for a real run")
+
+
+def parse(environ: Mapping[str, str]) -> Faults:
+    """Every hook of ``environ``; :class:`FaultHookError` for the first that does not parse."""
+    out: dict = {}
+    raw = {h.env: environ.get(h.env, "").strip() for h in HOOKS}
+    if v := raw["PORT_TEST_NONFINITE"]:
+        m = _NONFINITE.fullmatch(v)
+        if m is None:
+            raise _bad("PORT_TEST_NONFINITE", v)
+        out["nonfinite"] = (m.group(1), int(m.group(2)) if m.group(2) is not None else None)
+    if v := raw["PORT_TEST_COMM_DELAY"]:
+        r, sep, s = v.partition(":")
+        try:
+            rank, seconds = int(r), float(s)
+        except ValueError:
+            rank, seconds = -1, -1.0
+        if not sep or rank < 0 or not 0 <= seconds <= 600:
+            raise _bad("PORT_TEST_COMM_DELAY", v)
+        out["comm_delay"] = (rank, seconds)
+    if v := raw["PORT_TEST_CRASH_AT_EXIT"]:
+        if not _INTS.fullmatch(v) or "," in v:
+            raise _bad("PORT_TEST_CRASH_AT_EXIT", v)
+        out["crash_at_exit"] = int(v)
+    if v := raw["PORT_TEST_BAD_DEVICES"]:
+        if not _INTS.fullmatch(v):
+            raise _bad("PORT_TEST_BAD_DEVICES", v)
+        out["bad_devices"] = frozenset(int(x) for x in v.split(","))
+    return Faults(**out)
+
+
+def active() -> Faults:
+    """The hooks this process's environment turns on."""
+    return parse(os.environ)

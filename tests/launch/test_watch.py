@@ -1,0 +1,156 @@
+"""The supervisor's watch (porting/launch/watch.py): a heartbeat per rank with an allowance per phase, read with a
+clock the test moves, so every limit is checked at its exact second instead of racing real sleeps."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from porting.launch.proctable import state
+from porting.launch.watch import Limits, Watch, derive_limits
+from porting.rundir.heartbeat import Heartbeat
+
+LIMITS = Limits(stall_s=30, compile_s=100, save_s=60)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _setup(tmp_path, ranks=(0, 1), limits=LIMITS):
+    clock = Clock()
+    w = Watch(tmp_path, list(ranks), limits, now=clock)
+    return w, clock, {r: Heartbeat(tmp_path, r) for r in ranks}
+
+
+def test_heartbeat_limits_come_from_the_plan_and_stay_under_hccl_exec_timeout():
+    plan = {"launch": {"env": {"HCCL_EXEC_TIMEOUT": "1836"}, "predicted_save_s": 10.6},
+            "estimated_step": {"step_s": 1.03}}
+    lim = derive_limits(plan, None, 3)
+    assert lim.stall_s < 1836 and lim.compile_s <= 1836 and lim.save_s >= 3 * 10.6
+    assert derive_limits(plan, 30.0, 1).stall_s == 30.0
+
+
+def test_each_phase_has_its_allowance():
+    lim = Limits(stall_s=10, compile_s=20, save_s=30)
+    assert {p: lim.allowance(p) for p in ("setup", "compile", "restore", "step", "save", "finished")} == \
+        {"setup": 20, "compile": 20, "restore": 30, "step": 10, "save": 30, "finished": 30}
+
+
+def test_a_rank_is_late_only_past_its_phases_allowance_to_the_second(tmp_path):
+    w, clock, hb = _setup(tmp_path)
+    for r in (0, 1):
+        hb[r].beat("step", 1)
+    assert w.poll() is None
+    clock.t += 20
+    hb[0].beat("step", 2)
+    hb[0].beat("save", 2)           # rank 0 saves: 60 s allowed
+    hb[1].beat("step", 2)
+    assert w.poll() is None
+    clock.t += 30                   # exactly the step allowance: not late yet
+    assert w.poll() is None
+    clock.t += 1
+    assert w.poll() == (1, "stall", "rank 1: no heartbeat or log line for 31 s (after step 2; limit 30 s)")
+    hb[1].beat("step", 3)           # rank 1 beats again; rank 0's save is still inside its 60 s
+    assert w.poll() is None
+    clock.t += 30
+    assert w.poll() == (0, "stall", "rank 0: no heartbeat or log line for 61 s (saving a checkpoint; limit 60 s)")
+
+
+def test_before_its_first_beat_of_this_launch_a_rank_has_the_compile_allowance(tmp_path):
+    Heartbeat(tmp_path, 0).beat("step", 7)     # an earlier launch's record: not a beat of this launch
+    w, clock, _ = _setup(tmp_path, ranks=(0,))
+    clock.t += 100
+    assert w.poll() is None
+    clock.t += 1
+    assert w.poll() == (0, "stall", "rank 0: no heartbeat or log line for 101 s (compiling or before its first step; "
+                                    "limit 100 s)")
+    assert w.last_step() is None                # the earlier launch's step 7 is not this launch's
+
+
+def test_a_growing_log_is_a_sign_of_life_and_a_damaged_record_is_none(tmp_path):
+    w, clock, hb = _setup(tmp_path, ranks=(0,))
+    hb[0].beat("step", 1)
+    assert w.poll() is None
+    log = tmp_path / "logs" / "rank_0.log"
+    log.parent.mkdir()
+    for _ in range(3):
+        clock.t += 25
+        with open(log, "a") as f:
+            f.write("2026-01-01T00:00:00.000 rank=0 WARNING something\n")
+        assert w.poll() is None
+    (tmp_path / "heartbeat" / "rank_0.json").write_text('{"phase": "step", "step": 9')   # cut: no beat
+    clock.t += 31
+    late = w.poll()
+    assert late is not None and late[:2] == (0, "stall") and "after step 1;" in late[2]
+
+
+def test_watch_sees_a_rank_whose_process_is_gone(tmp_path):
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    w, clock, _ = _setup(tmp_path)
+    Heartbeat(tmp_path, 0).beat("setup")
+    Heartbeat(tmp_path, 1, pid=gone.pid).beat("step", 3)
+    assert w.poll() == (1, "exit", f"rank 1: its process {gone.pid} is gone (after step 3)")
+
+
+def test_a_stopped_process_is_named_while_the_others_wait(tmp_path):
+    """SIGSTOP freezes a rank without a trace in any log: the watch names it from its process state."""
+    frozen = subprocess.Popen(["sleep", "60"])
+    try:
+        os.kill(frozen.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 10   # the signal is delivered asynchronously: wait for the stopped state
+        while state(frozen.pid) != "T":
+            assert time.monotonic() < deadline, state(frozen.pid)
+            time.sleep(0.01)
+        w, clock, hb = _setup(tmp_path)
+        hb[0].beat("step", 4)
+        Heartbeat(tmp_path, 1, pid=frozen.pid).beat("step", 4)
+        assert w.poll() is None
+        clock.t += 31
+        rank, kind, what = w.poll()
+        assert (rank, kind) == (1, "stall") and what.endswith(f"its process {frozen.pid} is stopped (SIGSTOP or a "
+                                                              "debugger)"), what
+    finally:
+        frozen.kill()
+        frozen.wait()
+
+
+def test_the_first_worker_msrun_reports_dead_is_the_suspect(tmp_path):
+    """msrun kills the other workers within half a second of the first death, so the supervisor reads
+    msrun's own line (as MindSpore 2.10's process_entity/_api.py prints it) and maps its pid to the rank."""
+    w, _, _ = _setup(tmp_path)
+    for r, pid in ((0, 17591), (1, 17593)):
+        Heartbeat(tmp_path, r, pid=pid).beat("setup")
+    launch = tmp_path / "launch_1.log"
+    launch.write_text("[ERROR] ME(17546:1,MainProcess):2026-12-03-09:07:14.759.000 [mindspore/parallel/cluster/"
+                      "process_entity/_api.py:365] Worker process 17593 exit with exception. Error code: -9.\n"
+                      "[WARNING] ME(17546:1,MainProcess):2026-12-03-09:07:14.759.000 [mindspore/parallel/cluster/"
+                      "process_entity/_api.py:370] There's worker exits with exception, kill all other workers.\n")
+    w.poll()
+    assert w.first_dead_by_msrun(launch) == (1, "msrun: rank 1's worker (pid 17593) exited with -9")
+
+
+def test_a_save_gets_its_predicted_time_and_a_save_that_hangs_is_named_as_such(tmp_path):
+    """While a rank saves a checkpoint, the heartbeat allows the plan's predicted save time (x3 + 60 s), not the
+    step limit; past it the stall is named as a hanging save."""
+    plan = {"launch": {"env": {"HCCL_EXEC_TIMEOUT": "1836"}, "predicted_save_s": 200.0},
+            "estimated_step": {"step_s": 1.0}}
+    lim = derive_limits(plan, 30.0, 1)
+    assert lim.stall_s == 30.0 and lim.save_s == 3 * 200.0 + 60   # a slow filesystem is not a step stall
+    w, clock, hb = _setup(tmp_path, limits=lim)
+    for r in (0, 1):
+        hb[r].beat("save", 4)
+    assert w.poll() is None
+    clock.t += 600                      # far past the step limit, inside the save's
+    hb[0].beat("step", 4)               # rank 0's save ends; rank 1's never does
+    assert w.poll() is None
+    clock.t += 61                       # both are late now; rank 1 showed life first, so it stopped first
+    assert w.poll() == (1, "stall", "rank 1: no heartbeat or log line for 661 s (saving a checkpoint; limit 660 s)")
