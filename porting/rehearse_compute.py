@@ -17,8 +17,15 @@ column/row split gives each rank exactly that much matmul work), built twice, wi
 The difference of the two depths is one layer; what is left at depth 1 is the ends (embedding, final norm,
 LM head, loss) and the per-call overheads; the update's difference over the layers' parameters is its cost per
 parameter. On a CPU each msrun worker gets ``cpu_count // devices_per_node`` threads (porting/train/run/runtime.py),
-so the rung measures at every thread count a layout of the recipe's node gives its workers. Collectives are
-the ``links`` rung's. The figures go to ``calibration.json`` in the rehearsal folder.
+so the rung measures at every thread count a layout of the recipe's node gives its workers.
+
+Collectives as the step runs them: a recipe with more than one device per node also gets an msrun job of that
+many workers (``porting/train/run/collectives_worker.py SPEC OUT``) timing AllReduce and AllGather over
+the world group in graph mode, 8 chained in one compiled cell (the per-call cost, not a launch), at 1 KiB, 64 KiB, 512 KiB and 4 MiB per rank: the plan
+interpolates a call's time at its own size between them (a CPU's collective is not one latency plus one
+bandwidth: its cost per byte changes with the size). The
+``links`` rung's figures are PyNative calls (about 3x slower per call on the CPU, measured here), so the plan
+takes these first. The figures go to ``calibration.json`` in the rehearsal folder.
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ FILE = "calibration.json"
 FORMAT = "port-calibration/1"
 DEEP = 4
 REPEATS = 9
+COLLECTIVE_ELEMENTS = (256, 1 << 14, 1 << 17, 1 << 20)   # 1 KiB, 64 KiB, 512 KiB, 4 MiB of float32 per rank
 
 
 def tp_slice(cfg_hf: dict[str, Any], tp: int) -> dict[str, Any]:
@@ -84,11 +92,91 @@ def measure(recipe: Any, cfg: Any, out: Path, timeout: float, run: Callable) -> 
             why = "timed out" if codes == [None] else f"exit {codes[0]}"
             return "fail", f"{threads} thread(s): {why}: {tail.strip().splitlines()[-1][:300] if tail.strip() else ''}", doc
         doc["by_threads"][str(threads)] = json.loads(res.read_text(encoding="utf-8"))
+    if recipe.cluster.devices_per_node > 1:
+        status, detail, doc["collectives"] = collectives(recipe, out, timeout, run)
+        if status != "pass":
+            return status, detail, doc
     write_atomic(out / FILE, json.dumps(doc, indent=1))
     parts = "; ".join(f"{t} thread(s): layer forward+backward {v['layer_fb_s'] * 1e3:.1f} ms, ends "
                       f"{v['ends_fb_s'] * 1e3:.1f} ms, update {v['update_per_param_s'] * 1e9:.2f} ns/parameter"
                       for t, v in doc["by_threads"].items())
-    return "pass", f"{parts} (micro {doc['shape']['micro']} x seq {doc['shape']['seq']}); {FILE}", doc
+    colls = "; ".join(f"{op} of {v['ranks']}: " + ", ".join(f"{b >> 10} KiB {t:.2f} ms" for b, t in v["points_bytes_ms"])
+                      + " per call (graph mode)" for op, v in (doc.get("collectives") or {}).items())
+    return "pass", (f"{parts} (micro {doc['shape']['micro']} x seq {doc['shape']['seq']})"
+                    + (f"; {colls}" if colls else "") + f"; {FILE}"), doc
+
+
+def collectives(recipe: Any, out: Path, timeout: float, run: Callable) -> tuple[str, str, dict[str, Any]]:
+    """Graph-mode AllReduce and AllGather over the node's workers, under msrun (module docstring)."""
+    import shutil
+
+    from porting.cluster.preflight import free_port
+
+    n = recipe.cluster.devices_per_node
+    msrun = shutil.which("msrun", path=str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""))
+    if msrun is None:
+        return "fail", "msrun not found (it comes with MindSpore): no collectives measured", {}
+    res = out / "compute" / "collectives.json"
+    spec = out / "compute" / "collectives_spec.json"
+    spec.write_text(json.dumps({"device": recipe.cluster.device, "threads": max(1, (os.cpu_count() or 1) // n)}),
+                    encoding="utf-8")
+    argv = [msrun, f"--worker_num={n}", f"--local_worker_num={n}", f"--master_port={free_port()}",
+            f"--log_dir={out / 'compute' / 'msrun'}", "--join=True",
+            str(Path(__file__).resolve().parent / "train" / "run" / "collectives_worker.py"), str(spec), str(res)]
+    codes, tail = run([argv], out / "logs" / "compute_collectives.log", timeout)
+    if codes != [0] or not res.is_file():
+        return "fail", f"collectives under msrun: {'timed out' if codes == [None] else f'exit {codes[0]}'}", {}
+    return "pass", "", json.loads(res.read_text(encoding="utf-8"))
+
+
+def collectives_child(spec_path: str, out_path: str) -> None:
+    """One msrun worker: each collective 8 times in one graph, at 1 KiB and at 4 MiB; rank 0 writes the figures."""
+    import mindspore as ms
+    import numpy as np
+    from mindspore import nn, ops
+    from mindspore.communication import get_group_size, get_rank, init
+
+    spec = json.loads(Path(spec_path).read_text(encoding="utf-8"))
+    ms.set_context(mode=ms.GRAPH_MODE)
+    ms.set_device({"cpu": "CPU", "ascend": "Ascend"}[spec["device"]])
+    if spec["device"] == "cpu":
+        from mindspore.device_context.cpu.op_tuning import threads_num
+
+        threads_num(int(spec["threads"]))
+    init()
+    rank, n = get_rank(), get_group_size()
+
+    class Chain(nn.Cell):
+        def __init__(self, op):
+            super().__init__()
+            self.op = op
+
+        def construct(self, x):
+            for _ in range(8):
+                x = self.op(x)[: x.shape[0]] * 0.5
+            return x
+
+    out: dict[str, Any] = {}
+    for name, op in (("AllReduce", ops.AllReduce()), ("AllGather", ops.AllGather())):
+        points = []
+        for elements in COLLECTIVE_ELEMENTS:   # the buffer one rank passes in (its payload, for AllGather its piece)
+            cell, x = Chain(op), ms.Tensor(np.ones((elements,), np.float32))
+            per_call = _median_of(lambda: cell(x).asnumpy(), REPEATS) / 8
+            points.append([elements * 4 * (n if name == "AllGather" else 1), round(per_call * 1e3, 4)])
+        out[name] = {"ranks": n, "points_bytes_ms": points, "latency_ms": points[0][1], "graph_mode": True}
+    if rank == 0:
+        Path(out_path).write_text(json.dumps(out, indent=1), encoding="utf-8")
+
+
+def _median_of(fn: Callable[[], Any], repeats: int) -> float:
+    fn()
+    fn()
+    ts = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts)
 
 
 # ------------------------------------------------------------------------------------------ the child

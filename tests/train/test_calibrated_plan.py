@@ -69,18 +69,26 @@ def test_another_shape_is_scaled_by_its_flops(tmp_path):
     assert "scaled by FLOPs from hidden 64, seq 64" in e["how"]
 
 
-def test_collectives_take_the_links_rungs_latency_and_bandwidth(tmp_path):
+def test_collectives_take_the_graph_mode_calls_at_their_own_size_else_the_links_rung(tmp_path):
     rec, cfg = _recipe("cluster.devices_per_node=2", "parallel.tensor_parallel=2")
-    links = {"world AllReduce": {"ranks": 2, "bus_gb_s": 1.0, "latency_ms": 2.0}}
-    cal = _write(tmp_path, rec, cfg, links)
     layout = sharding.layout_for(rec, cfg)
-    e = calibrated.predict(rec, cfg, layout, cal)
     cols = sharding.collectives(rec, cfg, layout=layout)
-    assert cols and all(c.op == "AllReduce" for c in cols)
-    want = sum(c.count * 2e-3 + c.wire_bytes / 1e9 for c in cols)
+    assert cols and all(c.op == "AllReduce" and c.ranks == 2 for c in cols)
+    # the links rung alone (PyNative): 2 ms a call, and 4 MiB in 10 ms at 1 GB/s bus -> 1.25 GB/s beyond the latency
+    links = {"world AllReduce": {"ranks": 2, "ms": 10.0, "bus_gb_s": 1.0, "latency_ms": 2.0}}
+    cal = _write(tmp_path, rec, cfg, links)
+    e = calibrated.predict(rec, cfg, layout, cal)
+    assert e["comm_s"] == pytest.approx(sum(c.count * 2e-3 + c.wire_bytes / 1.25e9 for c in cols), abs=1e-4)
+    assert all("measured (world AllReduce, PyNative calls)" in s for s in e["comm_sources"])
+    # the compute rung's graph-mode calls win: 1 ms at 1 KiB, 41 ms at 4 MiB, linear between
+    doc = json.loads((tmp_path / "rh" / "calibration.json").read_text())
+    doc["collectives"] = {"AllReduce": {"ranks": 2, "points_bytes_ms": [[1024, 1.0], [4 << 20, 41.0]]}}
+    (tmp_path / "rh" / "calibration.json").write_text(json.dumps(doc))
+    e = calibrated.predict(rec, cfg, layout, calibrated.load(tmp_path / "rh"))
+    want = sum(c.count * (1.0 + 40.0 * (c.payload_bytes / c.count - 1024) / ((4 << 20) - 1024)) / 1e3 for c in cols)
     assert e["comm_s"] == pytest.approx(want, abs=1e-4)
-    assert all("measured (world AllReduce)" in s for s in e["comm_sources"])
-    assert "measured at 1 thread(s)" in e["how"] or os.cpu_count() == 1
+    assert all("measured in graph mode (AllReduce of 2" in s for s in e["comm_sources"])
+    assert calibrated.per_call_s([[1024, 1.0], [4 << 20, 41.0]], 10) == 1e-3   # never below the smallest call
 
 
 def test_the_dry_run_says_what_is_measured_and_shows_throughput_and_mfu(tmp_path):

@@ -9,8 +9,8 @@ size). For a recipe and layout::
 
     forward_backward = L x layer_fb x F_layer / F_layer(measured)  +  ends_fb x F_ends / F_ends(measured)
     update           = update_fixed + update_per_param x parameters this rank updates (its ZeRO shard)
-    communication    = sum over the plan's collectives (porting/train/plan/sharding.py) of
-                       count x latency(group, op) + wire bytes / bus bandwidth(group, op)
+    communication    = sum over the plan's collectives (porting/train/plan/sharding.py) of count x the measured
+                       time of one call of its size (the compute rung's graph-mode calls, interpolated)
     step             = grad_accum_steps x forward_backward + update + communication   (port's step does not
                        overlap communication with compute)
 
@@ -139,14 +139,33 @@ def _rates(cal: Calibration, recipe: Recipe) -> tuple[dict[str, float], str]:
         f"scaled from {near} to {want} thread(s) per worker"
 
 
-def _link(cal: Calibration, c: sharding.Collective) -> tuple[float, float, str]:
-    """(latency s, bus bytes/s, source) of a collective of the plan."""
+def per_call_s(points: list[list[float]], nbytes: float) -> float:
+    """Seconds of one call of ``nbytes`` from measured (bytes, ms) points: linear between the two around it,
+    the nearest segment's slope beyond them."""
+    pts = sorted((float(b), float(t)) for b, t in points)
+    if len(pts) == 1:
+        return pts[0][1] / 1e3
+    i = next((k for k in range(1, len(pts)) if nbytes <= pts[k][0]), len(pts) - 1)
+    (b0, t0), (b1, t1) = pts[i - 1], pts[i]
+    return max(t0 + (t1 - t0) * (nbytes - b0) / (b1 - b0), pts[0][1]) / 1e3
+
+
+def comm_time(cal: Calibration, c: sharding.Collective) -> tuple[float, str]:
+    """Seconds of one step's ``c`` and where the figure comes from: the compute rung's graph-mode calls of a
+    group of that size first (interpolated at the call's own size), else the links rung's PyNative calls
+    (latency at 1 KiB plus the 4 MiB bandwidth beyond it), else nothing measured (0)."""
+    g = (cal.doc.get("collectives") or {}).get("AllReduce" if c.op == "ReduceScatter" else c.op)
+    if isinstance(g, dict) and g.get("ranks") == c.ranks and g.get("points_bytes_ms"):
+        return (c.count * per_call_s(g["points_bytes_ms"], c.payload_bytes / max(c.count, 1)),
+                f"measured in graph mode ({c.op} of {c.ranks}, at {c.payload_bytes / max(c.count, 1) / 1024:.0f} KiB a call)")
     keys = [f"{c.group} {c.op}", f"world {c.op}"] + sorted(k for k in cal.links if k.endswith(" " + c.op))
     for k in keys:
         m = cal.links.get(k)
         if isinstance(m, dict) and m.get("ranks") == c.ranks and m.get("bus_gb_s"):
-            return (m.get("latency_ms") or 0.0) / 1e3, m["bus_gb_s"] * 1e9, f"measured ({k})"
-    return 0.0, 0.0, "not measured"
+            lat, ms = (m.get("latency_ms") or 0.0), m.get("ms") or 0.0
+            bus = m["bus_gb_s"] * (ms / (ms - lat) if ms > lat > 0 else 1.0) * 1e9
+            return c.count * lat / 1e3 + c.wire_bytes / bus, f"measured ({k}, PyNative calls)"
+    return 0.0, "not measured"
 
 
 def predict(recipe: Recipe, cfg: LlamaConfig, layout: Layout, cal: Calibration) -> dict[str, Any]:
@@ -170,10 +189,9 @@ def predict(recipe: Recipe, cfg: LlamaConfig, layout: Layout, cal: Calibration) 
     comm, sources = 0.0, []
     peak_links = roofline.links(recipe) if recipe.cluster.device == "ascend" else {}
     for c in sharding.collectives(recipe, cfg, layout=layout):
-        lat, bus, src = _link(cal, c)
-        if not bus and peak_links:
-            bus, src = peak_links[f"{c.group}_bytes_per_s"], "peak-based (roofline link figure)"
-        t = c.count * lat + (c.wire_bytes / bus if bus else 0.0)
+        t, src = comm_time(cal, c)
+        if src == "not measured" and peak_links:
+            t, src = c.wire_bytes / peak_links[f"{c.group}_bytes_per_s"], "peak-based (roofline link figure)"
         comm += t
         sources.append(f"{c.op} x{c.count} {c.group}: {t:.4f} s, {src}")
     step = compute + update_shown + comm
