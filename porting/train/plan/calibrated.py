@@ -232,7 +232,7 @@ def step_line(e: dict[str, Any], links: dict[str, Any]) -> list[str]:
                f"{e['load_avg_at_measurement']} when measured): {e['step_s']:.4f} s = compute {e['compute_s']:.4f} + "
                f"update {e['memory_s']:.4f} + communication {e['comm_s']:.4f} ({e['how']})"]
         return out + [f"  {s}" for s in e["comm_sources"]]
-    return [f"estimated step (roofline at the device's peak, an estimate, not calibrated: give --calibration "
+    return [f"estimated step (roofline at the {links.get('chip', '910C')} peak, an estimate, not calibrated: give --calibration "
             f"REHEARSAL for measured figures): {e['step_s']:.2f} s = compute {e['compute_s']:.2f} + optimizer "
             f"{e['memory_s']:.2f} + communication {e['comm_s']:.2f} (TP {e['comm_tp_s']:.2f} at "
             f"{links['tp_bytes_per_s'] / 1e9:g} GB/s, {links['intra_node']}; DP {e['comm_dp_s']:.2f} at "

@@ -38,13 +38,6 @@ from porting.train.plan.memory import MARGIN_GIB, estimate_memory, usable_hbm_gi
 from porting.train.recipe.schema import Recipe
 
 TFLOPS_PER_DIE = 390e12
-# Peak dense BF16/FP16 FLOP/s of one device (rank) by server. 910C: the figures above. 910B (Atlas 800T A2, one
-# device per chip): about 320 TFLOPS FP16, a public third-party figure
-# (https://boardor.com/blog/huawei-ascend-910b-outperforms-h20-910c-approaches-h100), not a Huawei data sheet;
-# its HBM and HCCS figures were not found in a source, so the 910C die's below stand for them (and say so).
-PEAK_FLOPS = {"atlas-800t-a3": (TFLOPS_PER_DIE, "910C die, public third-party figure"),
-              "atlas-800t-a2": (320e12, "910B, public third-party figure (boardor.com); HBM and links: 910C die figures"),
-              None: (TFLOPS_PER_DIE, "910C die (no cluster.server given), public third-party figure")}
 HBM_BYTES_PER_S = 1.6e12
 HCCS_BYTES_PER_S = 200e9      # per die, inside a server or a SuperPoD (module docstring)
 ROCE_BYTES_PER_S = {"atlas-800t-a3": 25e9, "atlas-800t-a2": 25e9, None: 25e9}   # per die, between servers
@@ -70,13 +63,6 @@ def links(recipe: Recipe) -> dict[str, Any]:
 
 
 
-def peak_flops(recipe: Recipe) -> tuple[float | None, str]:
-    """The device's peak FLOP/s for MFU and the roofline, and its source; None on a CPU."""
-    if recipe.cluster.device != "ascend":
-        return None, "a CPU has no peak figure here"
-    return PEAK_FLOPS.get(recipe.cluster.server, PEAK_FLOPS[None])
-
-
 def step_time(recipe: Recipe, cfg: LlamaConfig, layout: Layout | None = None) -> dict[str, float]:
     """Estimated seconds of one optimizer step on one rank, by part (see the module docstring)."""
     layout = layout or sharding.layout_for(recipe, cfg)
@@ -91,8 +77,7 @@ def step_time(recipe: Recipe, cfg: LlamaConfig, layout: Layout | None = None) ->
     wire = sharding.bytes_summary(sharding.collectives(recipe, cfg, layout=layout))
     link = links(recipe)
     tp_s, dp_s = wire["tp_wire_bytes"] / link["tp_bytes_per_s"], wire["dp_wire_bytes"] / link["dp_bytes_per_s"]
-    out = {"compute_s": flops / (peak_flops(recipe)[0] or TFLOPS_PER_DIE), "memory_s": opt_bytes / HBM_BYTES_PER_S,
-           "comm_s": tp_s + dp_s}
+    out = {"compute_s": flops / TFLOPS_PER_DIE, "memory_s": opt_bytes / HBM_BYTES_PER_S, "comm_s": tp_s + dp_s}
     out["step_s"] = sum(out.values())
     out["comm_tp_s"], out["comm_dp_s"] = tp_s, dp_s
     out["tokens_per_s"] = recipe.global_batch_size * seq / out["step_s"]
@@ -152,3 +137,12 @@ def proposal_line(p: dict[str, Any]) -> str:
             f"{p['recompute']}, micro 1 x accum {p['grad_accum_steps']}: {p['memory_gib']:.1f} GiB (margin "
             f"{p['margin_gib']:.1f}); estimated step {e['step_s']:.2f} s (compute {e['compute_s']:.2f} + optimizer "
             f"{e['memory_s']:.2f} + comm {e['comm_s']:.2f} {comm}) -> --set " + " --set ".join(p["set"]))
+
+
+def peak_flops(recipe: Recipe) -> tuple[float | None, str]:
+    """The device's peak FLOP/s the MFU of a plan is taken against (the roofline's own figure), and its source;
+    None on a CPU. The 910C die's for every Ascend server here: an A2 server's 910B figure belongs in the
+    roofline's per-server table (issue 35), and this returns that table's figure once it is there."""
+    if recipe.cluster.device != "ascend":
+        return None, "a CPU has no peak figure here"
+    return TFLOPS_PER_DIE, "910C die, public third-party figure (roofline.py)"
