@@ -100,3 +100,35 @@ def test_a_sampled_msrun_run_shows_each_ranks_breakdown_in_the_report(tmp_path):
     assert rows["slowest rank"].value.startswith("rank ")
     assert rows["exposed communication share"].status in ("pass", "warn")
     assert "MindSpeed-LLM" in rows["device free share (host + idle)"].value
+
+
+def test_report_names_the_slowest_rank_and_gates_both_shares(tmp_path):
+    """Rank 1 computes 80 ms where rank 0 computes 50 ms: rank 0 waits 30 ms in the all-reduce, so rank 1 is the
+    slowest; exposed communication 40% and free 10% of rank 0's step are both over MindSpeed-LLM's references."""
+    from porting.report.breakdown import breakdown_rows
+    from porting.rundir import read_run
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "manifest.json").write_text(json.dumps({"recipe": {}, "world_size": 2}))
+    (run / "metrics.jsonl").write_text(json.dumps({"step": 2, "loss": 1.0}) + "\n")
+    for rank, comp in ((0, 50), (1, 80)):
+        ks = [bd.Kernel("Default/MatMul-op0", 0, comp * MS), bd.Kernel("Default/AllReduce-op0", comp * MS, (90 - comp) * MS)]
+        bd.append(run, bd.from_timeline(2, rank, "mindspore-profiler", (0, 100 * MS), [("step", 0, 95 * MS)], ks))
+    rows = {r.item: r for r in breakdown_rows(read_run(run, strict=False))}
+    assert "compute 0.0500 s (50.0%) + exposed communication 0.0400 s (40.0%), of which waiting for other ranks " \
+           "0.0300 s" in rows["step breakdown rank 0"].value
+    assert rows["slowest rank"].value.startswith("rank 1: 0.1000 s of its own")
+    assert rows["exposed communication share"].status == "warn" and "40.0%" in rows["exposed communication share"].value
+    free = rows["device free share (host + idle)"]
+    assert free.status == "warn" and "10.0% of the step" in free.value and "MindSpeed-LLM" in free.value
+
+
+def test_report_says_what_to_run_when_nothing_was_sampled(tmp_path):
+    from porting.report.breakdown import breakdown_rows
+    from porting.rundir import read_run
+
+    (tmp_path / "manifest.json").write_text(json.dumps({"recipe": {}}))
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 1, "loss": 1.0}) + "\n")
+    (row,) = breakdown_rows(read_run(tmp_path, strict=False))
+    assert row.status == "missing" and "logging.breakdown_every" in row.evidence
