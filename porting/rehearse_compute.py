@@ -3,29 +3,31 @@ device, so `port train --dry-run --calibration REHEARSAL` predicts the step from
 (porting/train/plan/calibrated.py) instead of the roofline at peak.
 
 What it runs, in a child process per thread count (``python -m porting.rehearse_compute SPEC OUT``): the
-recipe's architecture at its hidden size, head dimension, sequence length, micro-batch and dtypes, sliced as one
+recipe's architecture at its hidden size, head dimension, sequence length and dtypes, sliced as one
 tensor-parallel rank holds it (heads, KV heads, intermediate size and vocabulary divided by TP; Megatron's
-column/row split gives each rank exactly that much matmul work), built twice, with 1 and with
-:data:`DEEP` decoder layers. For each it times, after a compile and a warm-up call, the median of
-:data:`REPEATS` calls of
+column/row split gives each rank exactly that much matmul work), built with 1 and with :data:`DEEP` decoder
+layers and fed micro-batches of the recipe's size and of twice it. For each model and size it times, after a
+compile and a warm-up call, the median of :data:`REPEATS` calls (all of them in turn, round by round) of
 
 * ``forward_backward``: a micro-batch turned into tensors and :class:`~porting.train.run.step.AccumGradStep`;
 * ``update``: the accumulated sums added on the host and :class:`~porting.train.run.step.ApplyStep` (clip, AdamW;
   world size 1, so no collective), its outputs read back;
 * ``fused``: :class:`~porting.train.run.step.FusedTrainStep` (the one-graph step of ``grad_accum_steps: 1``).
 
-The difference of the two depths is one layer; what is left at depth 1 is the ends (embedding, final norm,
-LM head, loss) and the per-call overheads; the update's difference over the layers' parameters is its cost per
-parameter. On a CPU each msrun worker gets ``cpu_count // devices_per_node`` threads (porting/train/run/runtime.py),
-so the rung measures at every thread count a layout of the recipe's node gives its workers.
+The plan (``calibrated.derive``) takes a layer as the difference of the depths and the ends (embedding, final norm,
+LM head, loss, per-call overheads) as what is left at depth 1, each as a fixed time plus a time per FLOP from the
+two micro-batch sizes (a CPU is faster per FLOP on larger matrices); the update's difference over the layers'
+parameters is its cost per parameter; the one-graph step's difference from forward+backward+update is what one
+graph saves. On a CPU each msrun worker gets ``cpu_count // devices_per_node`` threads
+(porting/train/run/runtime.py), so the rung measures at every thread count a layout of the recipe's node gives.
 
 Collectives as the step runs them: a recipe with more than one device per node also gets an msrun job of that
-many workers (``porting/train/run/collectives_worker.py SPEC OUT``) timing AllReduce and AllGather over
-the world group in graph mode, 8 chained in one compiled cell (the per-call cost, not a launch), at 1 KiB, 64 KiB, 512 KiB and 4 MiB per rank: the plan
-interpolates a call's time at its own size between them (a CPU's collective is not one latency plus one
-bandwidth: its cost per byte changes with the size). The
-``links`` rung's figures are PyNative calls (about 3x slower per call on the CPU, measured here), so the plan
-takes these first. The figures go to ``calibration.json`` in the rehearsal folder.
+many workers (``porting/train/run/collectives_worker.py SPEC OUT``) timing AllReduce and AllGather over the world
+group in graph mode, chained in one compiled cell (the per-call cost, not a launch: 8 calls up to 512 KiB, 2 of
+4 MiB and 16 MiB), at 1 KiB to 16 MiB per rank: the plan interpolates a call's time at its own size between them
+(a CPU's collective is not one latency plus one bandwidth: its cost per byte changes with the size). The ``links``
+rung's figures are PyNative calls (about 3x slower per call on the CPU, measured here), so the plan takes these
+first. The figures go to ``calibration.json`` in the rehearsal folder.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ FILE = "calibration.json"
 FORMAT = "port-calibration/1"
 DEEP = 4
 REPEATS = 9
-COLLECTIVE_ELEMENTS = (256, 1 << 14, 1 << 17, 1 << 20)   # 1 KiB, 64 KiB, 512 KiB, 4 MiB of float32 per rank
+COLLECTIVE_ELEMENTS = (256, 1 << 14, 1 << 17, 1 << 20, 1 << 22)   # 1 KiB .. 16 MiB of float32 per rank
 
 
 def tp_slice(cfg_hf: dict[str, Any], tp: int) -> dict[str, Any]:
@@ -65,8 +67,9 @@ def thread_counts(recipe: Any) -> list[int]:
 
 def spec_for(recipe: Any, cfg: Any, threads: int) -> dict[str, Any]:
     p, o = recipe.precision, recipe.optimizer
+    m = recipe.batching.micro_batch_size
     return {"config": tp_slice(cfg.to_hf(), recipe.parallel.tensor_parallel), "layers": [1, DEEP],
-            "micro": recipe.batching.micro_batch_size, "seq": recipe.data.max_seq_length,
+            "micros": [m, 2 * m], "seq": recipe.data.max_seq_length,
             "param_dtype": p.param_dtype, "compute_dtype": p.compute_dtype, "device": recipe.cluster.device,
             "threads": threads, "repeats": REPEATS, "grad_clip": o.grad_clip, "betas": list(o.betas), "eps": o.eps,
             "weight_decay": o.weight_decay, "seed": recipe.seed, "recompute": recipe.memory.recompute}
@@ -76,7 +79,7 @@ def measure(recipe: Any, cfg: Any, out: Path, timeout: float, run: Callable) -> 
     """(status, detail, calibration) of the rung; ``run(argvs, log, timeout)`` is rehearse.py's process runner."""
     from model_zoo.files import write_atomic
     from porting.env import cpu_model
-    from porting.train.plan.calibrated import shape_of
+    from porting.train.plan.calibrated import derive, shape_of
 
     doc: dict[str, Any] = {"format": FORMAT, "device": recipe.cluster.device, "cpu": cpu_model(),
                            "load_avg_1min": round(os.getloadavg()[0], 2), "shape": shape_of(recipe, cfg),
@@ -91,15 +94,17 @@ def measure(recipe: Any, cfg: Any, out: Path, timeout: float, run: Callable) -> 
         if codes != [0] or not res.is_file():
             why = "timed out" if codes == [None] else f"exit {codes[0]}"
             return "fail", f"{threads} thread(s): {why}: {tail.strip().splitlines()[-1][:300] if tail.strip() else ''}", doc
-        doc["by_threads"][str(threads)] = json.loads(res.read_text(encoding="utf-8"))
+        raw = json.loads(res.read_text(encoding="utf-8"))
+        doc["by_threads"][str(threads)] = {**derive(raw["points"], doc["shape"]), "threads": threads,
+                                           "points": raw["points"]}
     if recipe.cluster.devices_per_node > 1:
         status, detail, doc["collectives"] = collectives(recipe, out, timeout, run)
         if status != "pass":
             return status, detail, doc
     write_atomic(out / FILE, json.dumps(doc, indent=1))
-    parts = "; ".join(f"{t} thread(s): layer forward+backward {v['layer_fb_s'] * 1e3:.1f} ms, ends "
-                      f"{v['ends_fb_s'] * 1e3:.1f} ms, update {v['update_per_param_s'] * 1e9:.2f} ns/parameter"
-                      for t, v in doc["by_threads"].items())
+    parts = "; ".join(f"{t} thread(s): layer forward+backward {v['layer_fb_s'] * 1e3:.1f} ms ({v['layer_a_s'] * 1e3:.1f} ms "
+                      f"+ {v['layer_s_per_flop'] * 1e12:.1f} ms per TFLOP), ends {v['ends_fb_s'] * 1e3:.1f} ms, update "
+                      f"{v['update_per_param_s'] * 1e9:.2f} ns/parameter" for t, v in doc["by_threads"].items())
     colls = "; ".join(f"{op} of {v['ranks']}: " + ", ".join(f"{b >> 10} KiB {t:.2f} ms" for b, t in v["points_bytes_ms"])
                       + " per call (graph mode)" for op, v in (doc.get("collectives") or {}).items())
     return "pass", (f"{parts} (micro {doc['shape']['micro']} x seq {doc['shape']['seq']})"
@@ -147,12 +152,12 @@ def collectives_child(spec_path: str, out_path: str) -> None:
     rank, n = get_rank(), get_group_size()
 
     class Chain(nn.Cell):
-        def __init__(self, op):
+        def __init__(self, op, calls: int):
             super().__init__()
-            self.op = op
+            self.op, self.calls = op, calls
 
         def construct(self, x):
-            for _ in range(8):
+            for _ in range(self.calls):
                 x = self.op(x)[: x.shape[0]] * 0.5
             return x
 
@@ -160,8 +165,9 @@ def collectives_child(spec_path: str, out_path: str) -> None:
     for name, op in (("AllReduce", ops.AllReduce()), ("AllGather", ops.AllGather())):
         points = []
         for elements in COLLECTIVE_ELEMENTS:   # the buffer one rank passes in (its payload, for AllGather its piece)
-            cell, x = Chain(op), ms.Tensor(np.ones((elements,), np.float32))
-            per_call = _median_of(lambda: cell(x).asnumpy(), REPEATS) / 8
+            calls = 8 if elements <= 1 << 17 else 2   # enough calls to see past the launch, few of the large ones
+            cell, x = Chain(op, calls), ms.Tensor(np.ones((elements,), np.float32))
+            per_call = _median_of(lambda: cell(x).asnumpy(), REPEATS) / calls
             points.append([elements * 4 * (n if name == "AllGather" else 1), round(per_call * 1e3, 4)])
         out[name] = {"ranks": n, "points_bytes_ms": points, "latency_ms": points[0][1], "graph_mode": True}
     if rank == 0:
@@ -180,8 +186,9 @@ def _median_of(fn: Callable[[], Any], repeats: int) -> float:
 
 
 # ------------------------------------------------------------------------------------------ the child
-def _calls(spec: dict[str, Any], layers: int) -> tuple[dict[str, Callable[[], Any]], int]:
-    """The three timed calls of port's step cells at ``layers`` layers, and the model's parameter count."""
+def _calls(spec: dict[str, Any], layers: int) -> tuple[dict[tuple[str, int], Callable[[], Any]], int]:
+    """The timed calls of port's step cells at ``layers`` layers, for each micro-batch size of the spec (one graph
+    per input shape), and the model's parameter count."""
     import mindspore as ms
     import numpy as np
     from mindspore import ParameterTuple
@@ -203,44 +210,49 @@ def _calls(spec: dict[str, Any], layers: int) -> tuple[dict[str, Callable[[], An
     apply = S.ApplyStep(opt, buffers, 1, spec["grad_clip"])
     fused = S.FusedTrainStep(model, S.AdamW(params, **hyper), 1, spec["grad_clip"])
     rng = np.random.default_rng(0)
-    ids = rng.integers(3, cfg.vocab_size, (spec["micro"], spec["seq"]), dtype=np.int32)
     f32 = lambda x: ms.Tensor(np.float32(x))  # noqa: E731
-    scale, one, lr, bc = f32(1.0 / ids.size), f32(1.0), f32(1e-5), f32(0.5)
+    one, lr, bc = f32(1.0), f32(1e-5), f32(0.5)
     sums: list = []
+    calls: dict[tuple[str, int], Callable[[], Any]] = {}
+    for micro in spec["micros"]:
+        ids = rng.integers(3, cfg.vocab_size, (micro, spec["seq"]), dtype=np.int32)
+        scale = f32(1.0 / ids.size)
 
-    def forward_backward():   # as Trainer._step_cells: the batch to tensors, the accumulation cell
-        sums[:] = grad(ms.Tensor(ids), ms.Tensor(ids), scale)
-        sums[0].asnumpy()
+        def forward_backward(ids=ids, scale=scale):   # as Trainer._step_cells: the batch to tensors, the cell
+            sums[:] = grad(ms.Tensor(ids), ms.Tensor(ids), scale)
+            sums[0].asnumpy()
 
-    def update():             # the sums added on the host, the update cell, its outputs read back
-        local = ms.ops.stack(list(sums)).astype(ms.float64).astype(ms.float32)
-        for o in apply(local[0], local[1], one, lr, bc, bc):
-            o.asnumpy()
+        def update():   # the sums added on the host, the update cell, its outputs read back
+            local = ms.ops.stack(list(sums)).astype(ms.float64).astype(ms.float32)
+            for o in apply(local[0], local[1], one, lr, bc, bc):
+                o.asnumpy()
 
-    def fused_step():         # grad_accum_steps 1: the one-graph step
-        for o in fused(ms.Tensor(ids), ms.Tensor(ids), scale, one, lr, bc, bc):
-            o.asnumpy()
+        def fused_step(ids=ids, scale=scale):   # grad_accum_steps 1: the one-graph step
+            for o in fused(ms.Tensor(ids), ms.Tensor(ids), scale, one, lr, bc, bc):
+                o.asnumpy()
 
-    calls = {"forward_backward": forward_backward, "update": update, "fused": fused_step}
-    for fn in calls.values():   # compile, then warm up
+        calls.update({("forward_backward", micro): forward_backward, ("update", micro): update,
+                      ("fused", micro): fused_step})
+    for fn in calls.values():   # compile, then warm up (each update after the forward_backward of its size)
         fn()
         fn()
     return calls, int(sum(int(np.prod(p.shape)) for p in params))
 
 
-def _timed(spec: dict[str, Any]) -> dict[str, dict[str, float]]:
-    """Median seconds of each call at each depth, the depths' calls interleaved round by round so that a
-    machine whose load drifts weighs on both depths alike."""
+def _timed(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    """Median seconds of each call at each depth and micro-batch size, every call of every model taken in turn
+    round by round, so that a machine whose load drifts weighs on all of them alike."""
     built = {n: _calls(spec, n) for n in spec["layers"]}
-    times: dict[tuple[int, str], list[float]] = {}
+    times: dict[tuple[int, str, int], list[float]] = {}
     for _ in range(spec["repeats"]):
         for n, (calls, _params) in built.items():
-            for name, fn in calls.items():
+            for (name, micro), fn in calls.items():
                 t0 = time.perf_counter()
                 fn()
-                times.setdefault((n, name), []).append(time.perf_counter() - t0)
-    return {str(n): {**{f"{name}_s": statistics.median(times[(n, name)]) for name in calls},
-                     "parameters": params} for n, (calls, params) in built.items()}
+                times.setdefault((n, name, micro), []).append(time.perf_counter() - t0)
+    return [{"layers": n, "micro": m, "parameters": params,
+             **{f"{name}_s": statistics.median(times[(n, name, m)]) for name in ("forward_backward", "update", "fused")}}
+            for n, (_unused, params) in built.items() for m in spec["micros"]]
 
 
 def child(spec_path: str, out_path: str) -> None:
@@ -253,18 +265,7 @@ def child(spec_path: str, out_path: str) -> None:
         from mindspore.device_context.cpu.op_tuning import threads_num
 
         threads_num(int(spec["threads"]))
-    depths = _timed(spec)
-    lo, hi = (depths[str(n)] for n in spec["layers"])
-    dl = spec["layers"][1] - spec["layers"][0]
-    layer = (hi["forward_backward_s"] - lo["forward_backward_s"]) / dl
-    per_param = (hi["update_s"] - lo["update_s"]) / (hi["parameters"] - lo["parameters"])
-    fused_layer = (hi["fused_s"] - lo["fused_s"]) / dl
-    out = {"threads": spec["threads"], "depths": depths,
-           "layer_fb_s": layer, "ends_fb_s": lo["forward_backward_s"] - layer,
-           "update_per_param_s": per_param, "update_fixed_s": lo["update_s"] - per_param * lo["parameters"],
-           "fused_layer_s": fused_layer, "fused_ends_s": lo["fused_s"] - fused_layer,
-           "layer_parameters": (hi["parameters"] - lo["parameters"]) // dl, "ends_parameters": lo["parameters"]
-           - (hi["parameters"] - lo["parameters"]) // dl}
+    out = {"threads": spec["threads"], "points": _timed(spec)}
     Path(out_path).write_text(json.dumps(out, indent=1), encoding="utf-8")
 
 

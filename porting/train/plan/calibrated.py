@@ -7,18 +7,20 @@ tensor-parallel rank's slice, at 1 and 3 layers, at each thread count a worker o
 ``rehearse.json``'s ``links`` rung (each group's collective at a bandwidth-measuring and at a latency-measuring
 size). For a recipe and layout::
 
-    forward_backward = L x layer_fb x F_layer / F_layer(measured)  +  ends_fb x F_ends / F_ends(measured)
+    forward_backward = L x (layer_a + layer_per_flop x F_layer)  +  ends_a + ends_per_flop x F_ends
     update           = update_fixed + update_per_param x parameters this rank updates (its ZeRO shard)
     communication    = sum over the plan's collectives (porting/train/plan/sharding.py) of count x the measured
                        time of one call of its size (the compute rung's graph-mode calls, interpolated)
     step             = grad_accum_steps x forward_backward + update + communication   (port's step does not
                        overlap communication with compute)
 
-with ``grad_accum_steps: 1`` taking the one-graph step instead (``fused_layer``, ``fused_ends``: the update is
-inside). ``F`` are the FLOPs of that piece for one micro-batch on one rank (matmuls 6 x parameters x tokens,
-attention 12 x tokens x seq x heads x head_dim, both / TP; the LM head 6 x vocab x hidden x tokens / TP): a
-measured piece at another shape is scaled by its FLOPs, and the text says which figures are measured at this
-shape, which are scaled, and which are peak-based (no measurement: the roofline's, porting/train/plan/roofline.py).
+with ``grad_accum_steps: 1`` adding to the update what one graph saves against the two cells (measured at both
+depths). ``F`` are the FLOPs of that piece for one micro-batch on one rank (matmuls 6 x parameters x tokens,
+attention 12 x tokens x seq x heads x head_dim, both / TP, x 4/3 with recompute; the LM head 6 x vocab x hidden x
+tokens / TP); the fixed time and the time per FLOP of each piece come from the two micro-batch sizes the rung
+measures (:func:`derive`), so a piece at another shape follows its FLOPs without taking a CPU's better efficiency
+on larger matrices for none. The text says which figures are measured at this shape, which are carried to
+another, and which are peak-based (no measurement: the roofline's, porting/train/plan/roofline.py).
 
 Throughput and MFU: tokens/s per device = global batch x seq / step / world size; MFU = tokens/s per device x
 FLOPs per token / the device's peak, with FLOPs per token = 6 N + 12 L H Q T (N the parameters without the
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -82,6 +85,46 @@ def flops_per_token(cfg: LlamaConfig, seq: int) -> float:
     return 6 * n + 12 * cfg.num_hidden_layers * cfg.num_attention_heads * cfg.head_dim * seq
 
 
+def _affine(t0: float, f0: float, t1: float, f1: float) -> tuple[float, float]:
+    """(fixed s, s per FLOP) through two (time, FLOPs) points, kept to 0 <= fixed <= t0 (noise on a shared
+    machine can tilt two points the wrong way; then the piece is taken as proportional to its FLOPs)."""
+    per = (t1 - t0) / (f1 - f0) if f1 != f0 else 0.0
+    fixed = t0 - per * f0
+    if per <= 0 or not 0 <= fixed <= t0:
+        fixed = min(max(fixed, 0.0), t0) if per > 0 else 0.0
+        per = (t0 - fixed) / f0
+    return fixed, per
+
+
+def derive(points: list[dict[str, Any]], shape: dict[str, Any]) -> dict[str, float]:
+    """The pieces from the compute rung's timings (porting/rehearse_compute.py): each ``points`` entry is one model
+    depth and micro-batch size with its forward_backward_s, update_s, fused_s and parameters."""
+    at = {(p["layers"], p["micro"]): p for p in points}
+    depths = sorted({p["layers"] for p in points})
+    micros = sorted({p["micro"] for p in points})
+    lo, hi = depths[0], depths[-1]
+    dl = hi - lo
+
+    def piece(m):
+        layer = (at[(hi, m)]["forward_backward_s"] - at[(lo, m)]["forward_backward_s"]) / dl
+        return layer, at[(lo, m)]["forward_backward_s"] - lo * layer
+
+    (l0, e0), (l1, e1) = piece(micros[0]), piece(micros[-1])
+    s0, s1 = {**shape, "micro": micros[0]}, {**shape, "micro": micros[-1]}
+    la, lb = _affine(l0, layer_flops(s0), l1, layer_flops(s1))
+    ea, eb = _affine(max(e0, 0.0), ends_flops(s0), max(e1, 0.0), ends_flops(s1))
+    m = micros[0]
+    per_param = (at[(hi, m)]["update_s"] - at[(lo, m)]["update_s"]) / (at[(hi, m)]["parameters"] - at[(lo, m)]["parameters"])
+    per_param = max(per_param, 0.0)
+    fixed = max(statistics.fmean(at[(lo, mm)]["update_s"] for mm in micros) - per_param * at[(lo, m)]["parameters"], 0.0)
+    saved = {n: statistics.fmean(at[(n, mm)]["fused_s"] - at[(n, mm)]["forward_backward_s"] - at[(n, mm)]["update_s"]
+                                 for mm in micros) for n in (lo, hi)}
+    delta_layer = (saved[hi] - saved[lo]) / dl
+    return {"layer_fb_s": l0, "ends_fb_s": e0, "layer_a_s": la, "layer_s_per_flop": lb, "ends_a_s": ea,
+            "ends_s_per_flop": eb, "update_per_param_s": per_param, "update_fixed_s": fixed,
+            "fused_delta_layer_s": delta_layer, "fused_delta_fixed_s": saved[lo] - lo * delta_layer}
+
+
 # ------------------------------------------------------------------------------------------ the pieces
 @dataclass(frozen=True)
 class Calibration:
@@ -105,7 +148,8 @@ def load(folder: str | os.PathLike) -> Calibration:
         raise RecipeError(f"{p}: not a port calibration (format port-calibration/1 with shape and by_threads); "
                           "re-run `port rehearse` to write it")
     for t, v in doc["by_threads"].items():
-        keys = ("layer_fb_s", "ends_fb_s", "update_per_param_s", "update_fixed_s", "fused_layer_s", "fused_ends_s")
+        keys = ("layer_a_s", "layer_s_per_flop", "ends_a_s", "ends_s_per_flop", "update_per_param_s", "update_fixed_s",
+                "fused_delta_layer_s", "fused_delta_fixed_s")
         if not isinstance(v, dict) or not all(isinstance(v.get(k), (int, float)) for k in keys):
             raise RecipeError(f"{p}: by_threads.{t} lacks one of {', '.join(keys)} (numbers); re-run `port rehearse`")
     links: dict[str, Any] = {}
@@ -135,7 +179,7 @@ def _rates(cal: Calibration, recipe: Recipe) -> tuple[dict[str, float], str]:
         return by[str(want)], f"measured at {want} thread(s) per worker"
     near = min(by, key=lambda t: abs(int(t) - want))
     f = int(near) / want   # fewer threads: proportionally slower (a scaling, said as such)
-    return {k: v * f if k.endswith("_s") else v for k, v in by[near].items()}, \
+    return {k: v * f if k.endswith(("_s", "_per_flop")) else v for k, v in by[near].items()}, \
         f"scaled from {near} to {want} thread(s) per worker"
 
 
@@ -172,20 +216,22 @@ def predict(recipe: Recipe, cfg: LlamaConfig, layout: Layout, cal: Calibration) 
     """The calibrated step of ``recipe`` (module docstring), by part, with the source of each figure."""
     rates, where = _rates(cal, recipe)
     base, mine = cal.doc["shape"], shape_of(recipe, cfg)
-    rl, re_ = layer_flops(mine) / layer_flops(base), ends_flops(mine) / ends_flops(base)
-    scaled = "at this shape" if abs(rl - 1) < 1e-9 and abs(re_ - 1) < 1e-9 else \
-        f"scaled by FLOPs from hidden {base['hidden']}, seq {base['seq']}, micro {base['micro']}, TP {base['tp']}"
+    same = all(base.get(k) == mine.get(k) for k in ("hidden", "heads", "kv_heads", "head_dim", "intermediate",
+                                                     "vocab", "seq", "micro", "tp", "recompute"))
+    scaled = "at this shape" if same else \
+        f"a fixed time + a time per FLOP, measured at hidden {base['hidden']}, seq {base['seq']}, micro {base['micro']}" \
+        f" and {2 * base['micro']}, TP {base['tp']}"
     L, accum = cfg.num_hidden_layers, recipe.batching.grad_accum_steps
     shard = recipe.data_parallel_size if layout.sharded else 1
+    fb = (L * (rates["layer_a_s"] + rates["layer_s_per_flop"] * layer_flops(mine))
+          + rates["ends_a_s"] + rates["ends_s_per_flop"] * ends_flops(mine))
     update = rates["update_fixed_s"] + rates["update_per_param_s"] * layout.parameters / shard
-    if accum == 1:
-        fb = L * rates["fused_layer_s"] * rl + rates["fused_ends_s"] * re_
-        compute, update_shown = fb, 0.0
-        how = f"one-graph step (forward, backward and update) {where}, {scaled}"
+    if accum == 1:   # one graph: what it saves against the two cells, measured, added to the update
+        update = max(update + rates["fused_delta_fixed_s"] + L * rates["fused_delta_layer_s"], 0.0)
+        how = f"one-graph step: forward+backward and update {where}, {scaled}; one graph's saving measured"
     else:
-        fb = L * rates["layer_fb_s"] * rl + rates["ends_fb_s"] * re_
-        compute, update_shown = accum * fb, update
         how = f"{accum} x forward+backward {where}, {scaled}; update per parameter {where}"
+    compute = accum * fb
     comm, sources = 0.0, []
     peak_links = roofline.links(recipe) if recipe.cluster.device == "ascend" else {}
     for c in sharding.collectives(recipe, cfg, layout=layout):
@@ -194,9 +240,9 @@ def predict(recipe: Recipe, cfg: LlamaConfig, layout: Layout, cal: Calibration) 
             t, src = c.wire_bytes / peak_links[f"{c.group}_bytes_per_s"], "peak-based (roofline link figure)"
         comm += t
         sources.append(f"{c.op} x{c.count} {c.group}: {t:.4f} s, {src}")
-    step = compute + update_shown + comm
+    step = compute + update + comm
     return {"kind": "calibrated", "from": cal.where, "step_s": round(step, 4), "compute_s": round(compute, 4),
-            "memory_s": round(update_shown, 4), "comm_s": round(comm, 4), "how": how,
+            "memory_s": round(update, 4), "comm_s": round(comm, 4), "how": how,
             "comm_sources": sources, "measured_shape": base, "load_avg_at_measurement": cal.doc.get("load_avg_1min"),
             "tokens_per_s": round(recipe.global_batch_size * recipe.data.max_seq_length / step, 2) if step else None}
 
