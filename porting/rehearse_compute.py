@@ -44,7 +44,6 @@ FILE = "calibration.json"
 FORMAT = "port-calibration/1"
 DEEP = 4
 REPEATS = 9
-COLLECTIVE_ELEMENTS = (256, 1 << 14, 1 << 17, 1 << 20, 1 << 22)   # 1 KiB .. 16 MiB of float32 per rank
 
 
 def tp_slice(cfg_hf: dict[str, Any], tp: int) -> dict[str, Any]:
@@ -132,57 +131,6 @@ def collectives(recipe: Any, out: Path, timeout: float, run: Callable) -> tuple[
     if codes != [0] or not res.is_file():
         return "fail", f"collectives under msrun: {'timed out' if codes == [None] else f'exit {codes[0]}'}", {}
     return "pass", "", json.loads(res.read_text(encoding="utf-8"))
-
-
-def collectives_child(spec_path: str, out_path: str) -> None:
-    """One msrun worker: each collective 8 times in one graph, at 1 KiB and at 4 MiB; rank 0 writes the figures."""
-    import mindspore as ms
-    import numpy as np
-    from mindspore import nn, ops
-    from mindspore.communication import get_group_size, get_rank, init
-
-    spec = json.loads(Path(spec_path).read_text(encoding="utf-8"))
-    ms.set_context(mode=ms.GRAPH_MODE)
-    ms.set_device({"cpu": "CPU", "ascend": "Ascend"}[spec["device"]])
-    if spec["device"] == "cpu":
-        from mindspore.device_context.cpu.op_tuning import threads_num
-
-        threads_num(int(spec["threads"]))
-    init()
-    rank, n = get_rank(), get_group_size()
-
-    class Chain(nn.Cell):
-        def __init__(self, op, calls: int):
-            super().__init__()
-            self.op, self.calls = op, calls
-
-        def construct(self, x):
-            for _ in range(self.calls):
-                x = self.op(x)[: x.shape[0]] * 0.5
-            return x
-
-    out: dict[str, Any] = {}
-    for name, op in (("AllReduce", ops.AllReduce()), ("AllGather", ops.AllGather())):
-        points = []
-        for elements in COLLECTIVE_ELEMENTS:   # the buffer one rank passes in (its payload, for AllGather its piece)
-            calls = 8 if elements <= 1 << 17 else 2   # enough calls to see past the launch, few of the large ones
-            cell, x = Chain(op, calls), ms.Tensor(np.ones((elements,), np.float32))
-            per_call = _median_of(lambda: cell(x).asnumpy(), REPEATS) / calls
-            points.append([elements * 4 * (n if name == "AllGather" else 1), round(per_call * 1e3, 4)])
-        out[name] = {"ranks": n, "points_bytes_ms": points, "latency_ms": points[0][1], "graph_mode": True}
-    if rank == 0:
-        Path(out_path).write_text(json.dumps(out, indent=1), encoding="utf-8")
-
-
-def _median_of(fn: Callable[[], Any], repeats: int) -> float:
-    fn()
-    fn()
-    ts = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts)
 
 
 # ------------------------------------------------------------------------------------------ the child
