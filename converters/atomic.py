@@ -126,8 +126,9 @@ def check_free_space(dest: Path, need_bytes: int) -> None:
     probe = next(p for p in [dest.parent, *dest.parent.parents] if p.exists())
     free = shutil.disk_usage(probe).free
     if need_bytes > free:
-        raise CheckpointError(f"{dest.parent}: not enough free disk space: the output needs {need_bytes / 2**30:.2f} "
-                              f"GiB, {free / 2**30:.2f} GiB free; free space or choose --out on another disk")
+        raise CheckpointError(f"{dest.parent}: not enough free disk space: the output needs {need_bytes} bytes "
+                              f"({need_bytes / 2**30:.3g} GiB), {free} bytes free; free space or choose --out on "
+                              "another disk")
 
 
 @contextlib.contextmanager

@@ -18,7 +18,7 @@ Code paths: the sources are compiled once per instruction set into separate libr
 avx512, avx2, generic = the x86-64 baseline), each with the vector width of its ISA, and the one used
 is picked at run time: ``$PORT_CPU_ISA`` if set (tests and benchmarks force a path with it), else the
 best this CPU has (its /proc/cpuinfo flags). An AVX-512 tile compiled for AVX2 spills its accumulators
-and ran the attention 4-5x slower (issue 29). A library is compiled on first use with the system C++
+and ran the attention 4-5x slower (BENCHMARKS.md, "On an AVX2 CPU"). A library is compiled on first use with the system C++
 compiler (``$CXX`` or ``g++``) into a per-user cache, keyed by the source, the flags and the compiler,
 and reused after that. Where no compiler works, :func:`status` says why and the model keeps the
 reference attention (see :func:`model_zoo.kernels.select_kernels`).

@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import contextlib
+from typing import Iterator
+
 import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 from mindspore.common.initializer import Normal, Zero, initializer
@@ -33,3 +36,34 @@ class Linear(nn.Cell):
         if self.has_bias:
             y = y + ops.cast(self.bias, self.compute_dtype)
         return y
+
+
+@contextlib.contextmanager
+def deferred_parameters() -> Iterator[None]:
+    """Parameters made from an ``initializer`` inside the block hold no data until ``set_data`` gives them a
+    loaded checkpoint's values (or ``Cell.init_parameters_data()`` draws them, for what nothing loaded): no
+    host memory and no random draw for weights a checkpoint overwrites. It is the mechanism of MindSpore's
+    ``mindspore.nn.utils.no_init_parameters`` (mindspore/nn/utils/init.py sets ``Parameter.init_param =
+    False``; mindspore/common/parameter.py ``_get_parameter_new_args`` then skips ``init_data()``, which it
+    otherwise calls at once outside semi/auto parallel); that function is deprecated after 2.9, so the
+    class attribute it sets is set here."""
+    had = "init_param" in Parameter.__dict__
+    old = Parameter.__dict__.get("init_param")
+    Parameter.init_param = False
+    try:
+        yield
+    finally:
+        if had:
+            Parameter.init_param = old
+        else:
+            del Parameter.init_param
+
+
+def on_device(value: Tensor, name: str, requires_grad: bool = False) -> Parameter:
+    """A Parameter holding ``value`` (a tensor an op made on the device: ``ops.zeros``, a cast, a concat)
+    without a host copy. ``Parameter(tensor)`` copies the tensor through NumPy unless nothing else refers
+    to it (mindspore/common/parameter.py ``_get_parameter_new_args``: ``data.asnumpy()`` unless the
+    reference count is 4); a deferred parameter given the tensor by ``set_data`` takes it as it is."""
+    with deferred_parameters():
+        p = Parameter(initializer(Zero(), value.shape, value.dtype), name=name, requires_grad=requires_grad)
+    return p.set_data(value)

@@ -24,7 +24,7 @@ from model_zoo.config import LlamaConfig, divisibility_problems
 from model_zoo.cpu_cells import CpuCausalAttention, CpuPackedAttention, CpuRmsNorm, CpuRope
 from model_zoo.errors import ConfigError, KernelError
 from model_zoo.kernels import KernelSelection
-from model_zoo.linear import Linear
+from model_zoo.linear import Linear, deferred_parameters
 from model_zoo.parallel import TensorParallel
 
 _DTYPES = {"float32": ms.float32, "float16": ms.float16, "bfloat16": ms.bfloat16}
@@ -409,8 +409,9 @@ class LlamaForCausalLM(nn.Cell):
 
 def build(cfg: LlamaConfig, *, param_dtype: str = "float32", compute_dtype: str | None = None,
           kernels_override: Mapping[str, str] | None = None, device: str | None = None,
-          seed: int | None = 0, tp: TensorParallel | None = None) -> LlamaForCausalLM:
+          seed: int | None = 0, tp: TensorParallel | None = None, defer_init: bool = False) -> LlamaForCausalLM:
     """Build a randomly initialised model; load weights with converters or ``load_param_into_net``.
+    ``defer_init``: no weight is drawn (``model_zoo.linear.deferred_parameters``): the caller loads them all.
 
     ``tp`` (size > 1): this rank's tensor-parallel shard (:mod:`model_zoo.parallel`); heads, KV heads,
     the intermediate size and the vocabulary must divide by ``tp.size`` (ConfigError otherwise)."""
@@ -424,4 +425,5 @@ def build(cfg: LlamaConfig, *, param_dtype: str = "float32", compute_dtype: str 
         ms.set_seed(seed)
     plan = kernels.select_kernels(cfg, device=device, compute_dtype=compute_dtype or param_dtype,
                                   override=kernels_override)
-    return LlamaForCausalLM(cfg, plan, param_dtype=param_dtype, compute_dtype=compute_dtype, tp=tp)
+    with deferred_parameters() if defer_init else contextlib.nullcontext():
+        return LlamaForCausalLM(cfg, plan, param_dtype=param_dtype, compute_dtype=compute_dtype, tp=tp)

@@ -50,6 +50,7 @@ from porting.rundir import read_run
 from porting.train import load_recipe, plan_config, recipe_dict
 from porting.verify.stats import LAYOUT_TOLERANCES
 from porting.train.recipe.yaml_bounded import parse_value
+from porting.rundir.paths import RunDir
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = ROOT / "porting" / "train" / "assets" / "tinystories_sample.txt"
@@ -188,7 +189,7 @@ def _error_line(text: str) -> str:
 
 def _diagnose(run_dir: Path, world: int) -> dict[str, Any] | None:
     """`port diagnose` on a failed rung's logs (None where it left none)."""
-    logs = run_dir / "logs"
+    logs = RunDir(run_dir).logs
     if not logs.is_dir():
         return None
     try:
@@ -224,7 +225,7 @@ def _train_rung(rung: Rung, recipe: dict[str, Any], out: Path, extra: list[str],
     codes, tail = _run(argvs, out / "logs" / f"{rung.name}.log", timeout)
     rung.seconds = round(time.monotonic() - t0, 2)
     world = recipe["cluster"]["devices_per_node"] * nodes
-    if (run_dir / "metrics.jsonl").is_file():
+    if RunDir(run_dir).metrics.is_file():
         rung.losses, rung.grad_norms, rung.compile_s = _metrics(run_dir)
     if any(c != 0 for c in codes):
         rung.status = "fail"

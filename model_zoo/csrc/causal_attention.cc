@@ -35,7 +35,7 @@ using port_cpu::parallel_for;
 
 constexpr int64_t R = 8;  // query rows per block
 // Key columns per register tile: one vector of this build's ISA (cpu_common.h). A 16-wide tile on an
-// AVX2 build needs 16 ymm accumulators plus operands and spills (4-5x slower, issue 29).
+// AVX2 build needs 16 ymm accumulators plus operands and spills (4-5x slower; BENCHMARKS.md, "On an AVX2 CPU").
 constexpr int64_t JW = port_cpu::W;
 
 struct Dims {

@@ -29,11 +29,21 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import asdict
-from typing import Any
 
 from model_zoo.errors import ConfigError
-from porting.verify.check import Check, table
+from porting.baseline.comparison import (
+    CurveComparison,
+    rows as rows_as_written,
+    CurvePoint,
+    CurveSource,
+    GateResult,
+    GlobalBatch,
+    Spikes,
+    TokensSeen,
+    Window,
+)
+from porting.baseline.document import ImportedBaseline, Settings
+from porting.verify.check import Check
 from porting.verify.stats import IMPORTED_CURVE_GATE, LR_RTOL, CurveGate
 
 SPIKE_HALF_WIDTH = 5
@@ -49,13 +59,19 @@ def _mean(xs: list[float]) -> float:
     return sum(xs) / len(xs)
 
 
-def align(base: dict[str, Any], run_steps: list) -> tuple[list[dict[str, Any]], list[str]]:
+def _rel(b: float | None, r: float) -> float:
+    if b is None or r is None or not math.isfinite(r) or not math.isfinite(b) or b == 0:
+        return math.inf
+    return abs(r - b) / abs(b)
+
+
+def align(base: ImportedBaseline, run_steps: list) -> tuple[list[CurvePoint], list[str]]:
     """Baseline logged points with the run's values over the same steps (mean loss over each logging window)."""
     by_step = {r.step: r for r in run_steps}
-    steps, loss, gn, lr = (base["steps"][k] for k in ("step", "loss", "grad_norm", "lr"))
-    interval = base["imported"].get("logging_interval") or 1
+    st = base.steps
+    interval = base.imported.logging_interval or 1
     points, notes, prev = [], [], None
-    for i, s in enumerate(steps):
+    for i, s in enumerate(st.step):
         lo = (prev + 1) if prev is not None else max(1, s - interval + 1)
         prev = s
         window = [by_step.get(k) for k in range(lo, s + 1)]
@@ -63,36 +79,37 @@ def align(base: dict[str, Any], run_steps: list) -> tuple[list[dict[str, Any]], 
             continue
         losses = [w.loss for w in window]
         r_loss = _mean(losses) if all(v is not None and math.isfinite(v) for v in losses) else math.nan
-        points.append({"steps": [lo, s], "step": s, "baseline": loss[i], "run": r_loss,
-                       "grad_norm_baseline": gn[i], "grad_norm_run": window[-1].grad_norm,
-                       "lr_baseline": lr[i], "lr_run": window[-1].lr,
-                       "lr_run_next": by_step[s + 1].lr if s + 1 in by_step else None})
-    missing = len(steps) - len(points)
+        points.append(CurvePoint(steps=(lo, s), step=s, baseline=st.loss[i], run=r_loss,
+                                 grad_norm_baseline=st.grad_norm[i], grad_norm_run=window[-1].grad_norm,
+                                 lr_baseline=st.lr[i], lr_run=window[-1].lr,
+                                 lr_run_next=by_step[s + 1].lr if s + 1 in by_step else None,
+                                 rel_diff=_rel(st.loss[i], r_loss)))
+    missing = len(st.step) - len(points)
     if missing:
         notes.append(f"{missing} baseline point(s) past the run's last step or with steps the run did not log")
     return points, notes
 
 
-def like_for_like(base: dict[str, Any], run_settings: dict[str, Any], points: list[dict[str, Any]]) -> list[str]:
+def like_for_like(base: ImportedBaseline, run_settings: Settings, points: list[CurvePoint]) -> list[str]:
     """Why the two runs are not comparable (global batch, schedule); empty when they are."""
     out = []
-    gb = base["settings"].get("global_batch")
+    gb = base.settings.global_batch
     if gb is None:
         out.append("the imported baseline does not state its global batch; re-import with --global-batch N "
                    "(micro-batch x gradient accumulation x data-parallel ranks of the CUDA run)")
-    elif gb != run_settings.get("global_batch"):
-        out.append(f"global batch differs: baseline {gb} vs run {run_settings.get('global_batch')} sequences per step "
+    elif gb != run_settings.global_batch:
+        out.append(f"global batch differs: baseline {gb} vs run {run_settings.global_batch} sequences per step "
                    "(set the recipe's batching so micro x accumulation x data parallel matches, `port recipe import` does)")
     for p in points:
-        b = p["lr_baseline"]
-        if b is None or p["lr_run"] is None:
+        b = p.lr_baseline
+        if b is None or p.lr_run is None:
             continue
         # HF Trainer logs the rate after scheduler.step(), i.e. the next step's: either one may match
-        cands = [x for x in (p["lr_run"], p["lr_run_next"]) if x is not None]
-        if p["lr_run_next"] is None and not math.isclose(b, p["lr_run"], rel_tol=LR_RTOL, abs_tol=1e-12):
+        cands = [x for x in (p.lr_run, p.lr_run_next) if x is not None]
+        if p.lr_run_next is None and not math.isclose(b, p.lr_run, rel_tol=LR_RTOL, abs_tol=1e-12):
             continue   # the run's last step: the rate HF would log after it is not in the run's log
         if not any(math.isclose(b, x, rel_tol=LR_RTOL, abs_tol=1e-12) for x in cands):
-            out.append(f"learning-rate schedule differs at step {p['step']}: baseline {b:.6g} vs run "
+            out.append(f"learning-rate schedule differs at step {p.step}: baseline {b:.6g} vs run "
                        f"{' / '.join(f'{x:.6g}' for x in cands)} (check optimizer.lr, schedule.warmup_steps, "
                        "schedule.decay and the total steps)")
             break
@@ -116,127 +133,95 @@ def spikes(xs: list[float | None], k: float) -> list[int]:
     return out
 
 
-def _rel(p: dict[str, Any]) -> float:
-    b, r = p["baseline"], p["run"]
-    if b is None or r is None or not math.isfinite(r) or not math.isfinite(b) or b == 0:
-        return math.inf
-    return abs(r - b) / abs(b)
+def _spikes(points: list[CurvePoint], g: Gate, failures: list[str]) -> dict[str, Spikes]:
+    """Spikes of the loss and the grad norm on both sides; the run may not have more than the baseline."""
+    out = {}
+    for series, b, r in (("loss", [p.baseline for p in points], [p.run for p in points]),
+                         ("grad_norm", [p.grad_norm_baseline for p in points], [p.grad_norm_run for p in points])):
+        if all(v is None for v in b) or all(v is None for v in r):
+            out[series] = Spikes(available=False)
+            continue
+        bi, ri = spikes(b, g.spike_k), spikes(r, g.spike_k)
+        out[series] = Spikes(available=True, baseline=len(bi), run=len(ri),
+                             baseline_steps=tuple(points[i].step for i in bi),
+                             run_steps=tuple(points[i].step for i in ri), ok=len(ri) <= len(bi))
+        if len(ri) > len(bi):
+            extra = [points[i].step for i in ri if i not in bi]
+            failures.append(f"{series} spikes: run {len(ri)} vs baseline {len(bi)} (beyond {g.spike_k:g} x MAD), "
+                            f"extra at steps {', '.join(map(str, extra[:8]))}")
+    return out
 
 
-def gate(points: list[dict[str, Any]], g: Gate = DEFAULTS) -> dict[str, Any]:
+def gate(points: list[CurvePoint], g: Gate = DEFAULTS) -> GateResult:
     """The three checks on aligned points; each failure names its steps."""
-    for p in points:
-        p["rel_diff"] = _rel(p)
     failures: list[str] = []
-    first = [p for p in points if p["step"] <= g.first_steps]
-    first_mean = _mean([p["rel_diff"] for p in first]) if first else None
+    first = [p for p in points if p.step <= g.first_steps]
+    first_mean = _mean([p.rel_diff for p in first]) if first else None
     if first_mean is not None and not first_mean <= g.rtol:
         failures.append(f"first steps: mean relative loss error {first_mean:.2%} > {g.rtol:.2%} over steps "
-                        f"{first[0]['steps'][0]}-{first[-1]['step']}")
+                        f"{first[0].steps[0]}-{first[-1].step}")
     windows = []
     for i in range(0, len(points), g.window):
         w = points[i:i + g.window]
-        m = _mean([p["rel_diff"] for p in w])
-        windows.append({"steps": [w[0]["steps"][0], w[-1]["step"]], "mean_rel_diff": m, "ok": m <= g.rtol})
-    bad = [w for w in windows if not w["ok"]]
+        m = _mean([p.rel_diff for p in w])
+        windows.append(Window(steps=(w[0].steps[0], w[-1].step), mean_rel_diff=m, ok=m <= g.rtol))
+    bad = [w for w in windows if not w.ok]
     if bad:
         failures.append(f"loss mean relative error over {g.rtol:.2%} in {len(bad)} window(s): "
-                        + ", ".join(f"steps {w['steps'][0]}-{w['steps'][1]} ({w['mean_rel_diff']:.2%})" for w in bad[:5]))
-    spk = {}
-    for series in ("loss", "grad_norm"):
-        b = [p["baseline" if series == "loss" else "grad_norm_baseline"] for p in points]
-        r = [p["run" if series == "loss" else "grad_norm_run"] for p in points]
-        if all(v is None for v in b) or all(v is None for v in r):
-            spk[series] = {"available": False}
-            continue
-        bi, ri = spikes(b, g.spike_k), spikes(r, g.spike_k)
-        spk[series] = {"available": True, "baseline": len(bi), "run": len(ri),
-                       "baseline_steps": [points[i]["step"] for i in bi], "run_steps": [points[i]["step"] for i in ri],
-                       "ok": len(ri) <= len(bi)}
-        if len(ri) > len(bi):
-            extra = [points[i]["step"] for i in ri if i not in bi]
-            failures.append(f"{series} spikes: run {len(ri)} vs baseline {len(bi)} (beyond {g.spike_k:g} x MAD), "
-                            f"extra at steps {', '.join(map(str, extra[:8]))}")
-    finite = [p["rel_diff"] for p in points if math.isfinite(p["rel_diff"])]
-    return {"gate": asdict(g), "points": len(points), "first_steps_mean_rel_diff": first_mean,
-            "run_mean_rel_diff": _mean(finite) if finite else None, "max_rel_diff": max(finite, default=None),
-            "windows": windows, "spikes": spk, "failures": failures, "ok": bool(points) and not failures}
+                        + ", ".join(f"steps {w.steps[0]}-{w.steps[1]} ({w.mean_rel_diff:.2%})" for w in bad[:5]))
+    spk = _spikes(points, g, failures)
+    finite = [p.rel_diff for p in points if math.isfinite(p.rel_diff)]
+    return GateResult(gate=g, points=len(points), first_steps_mean_rel_diff=first_mean,
+                      run_mean_rel_diff=_mean(finite) if finite else None, max_rel_diff=max(finite, default=None),
+                      windows=tuple(windows), spikes=spk, failures=tuple(failures), ok=bool(points) and not failures)
 
 
-def compare_imported(base: dict[str, Any], run, run_settings: dict[str, Any], g: Gate = DEFAULTS,
-                     allow_settings_mismatch: bool = False) -> dict[str, Any]:
+def compare_imported(base: ImportedBaseline, base_path: str | None, run, run_settings: Settings, g: Gate = DEFAULTS,
+                     allow_settings_mismatch: bool = False) -> CurveComparison:
     """`port compare` of a run against an imported baseline: like-for-like first, then the curve gate."""
     points, notes = align(base, run.steps)
     if not points:
         raise ConfigError(f"{run.path}: no baseline step falls inside the run's logged steps (baseline logs steps "
-                          f"{base['steps']['step'][0]}..{base['steps']['step'][-1]}); run at least as many steps")
+                          f"{base.steps.step[0]}..{base.steps.step[-1]}); run at least as many steps")
     unlike = like_for_like(base, run_settings, points)
     if unlike and not allow_settings_mismatch:
         raise ConfigError(f"{run.path}: not comparable with the imported baseline: {'; '.join(unlike)}; or pass "
                           "--allow-settings-mismatch to compare anyway")
     res = gate(points, g)
-    failures = [f"not like for like: {u}" for u in unlike] + res["failures"]
-    imp = base["imported"]
-    return {"format": "port-compare", "format_version": 1, "kind": "imported", "baseline": base.get("_path"),
-            "run": str(run.path), "imported": {k: imp.get(k) for k in ("from", "format_name", "contains", "lacks",
-                                                                        "logging_interval", "loss_is")},
-            "global_batch": {"baseline": base["settings"].get("global_batch"), "run": run_settings.get("global_batch")},
-            "tokens": _tokens(points, base, run), "curve": res, "per_point": points, "notes": notes,
-            "not_available": [f"{x}: not in the imported log" for x in ("probe logits", "throughput", "memory")],
-            "checks": [c.to_dict() for c in _checks(unlike, res, g)], "failures": failures,
-            "ok": not failures and res["ok"]}
+    failures = tuple(f"not like for like: {u}" for u in unlike) + res.failures
+    imp = base.imported
+    return CurveComparison(
+        baseline=base_path, run=str(run.path),
+        imported=CurveSource(from_=imp.from_, format_name=imp.format_name, contains=imp.contains, lacks=imp.lacks,
+                             logging_interval=imp.logging_interval, loss_is=imp.loss_is),
+        global_batch=GlobalBatch(base.settings.global_batch, run_settings.global_batch),
+        tokens=_tokens(points, base, run), curve=res, per_point=tuple(points), notes=tuple(notes),
+        not_available=tuple(f"{x}: not in the imported log" for x in ("probe logits", "throughput", "memory")),
+        checks=_checks(unlike, res, g), failures=failures, ok=not failures and res.ok)
 
 
-def _checks(unlike: list[str], res: dict[str, Any], g: CurveGate) -> list[Check]:
+def _checks(unlike: list[str], res: GateResult, g: CurveGate) -> tuple[Check, ...]:
     """The gate's verdict as rows: like for like, the first steps, the windows, the spikes of each series."""
-    first = res["first_steps_mean_rel_diff"]
-    bad = [w for w in res["windows"] if not w["ok"]]
+    first = res.first_steps_mean_rel_diff
+    bad = [w for w in res.windows if not w.ok]
     rows = [Check.claim("like for like", not unlike, "; ".join(unlike) or "same global batch and schedule")]
     if first is not None:
         rows.append(Check.within(f"first {g.first_steps} steps", "mean_rel", first, g.rtol, "mean relative loss error"))
-    rows.append(Check("loss windows", "windows_failing", len(bad), 0, bool(res["points"]) and not bad,
-                      f"{len(res['windows'])} window(s) of {g.window} logged points, mean relative error <= {g.rtol:g}"))
-    for name, sp in res["spikes"].items():
-        if sp["available"]:
-            rows.append(Check(f"{name} spikes", "spikes_run", sp["run"], sp["baseline"], sp["ok"],
-                              f"no more than the baseline's {sp['baseline']} (beyond {g.spike_k:g} x MAD)"))
-    return rows
+    rows.append(Check("loss windows", "windows_failing", len(bad), 0, bool(res.points) and not bad,
+                      f"{len(res.windows)} window(s) of {g.window} logged points, mean relative error <= {g.rtol:g}"))
+    for name, sp in res.spikes.items():
+        if sp.available:
+            rows.append(Check(f"{name} spikes", "spikes_run", sp.run, sp.baseline, sp.ok,
+                              f"no more than the baseline's {sp.baseline} (beyond {g.spike_k:g} x MAD)"))
+    return rows_as_written(rows)
 
 
-def _tokens(points: list[dict[str, Any]], base: dict[str, Any], run) -> dict[str, Any] | None:
+def _tokens(points: list[CurvePoint], base: ImportedBaseline, run) -> TokensSeen | None:
     """Tokens seen by the last aligned step on both sides (HF counts padded input tokens, port real ones)."""
-    tok = dict(zip(base["steps"]["step"], base["steps"]["tokens"]))
-    last = points[-1]["step"]
+    tok = dict(zip(base.steps.step, base.steps.tokens))
+    last = points[-1].step
     b = tok.get(last)
     r = sum(x.tokens or 0 for x in run.steps if x.step <= last) or None
-    return None if b is None else {"step": last, "baseline": b, "run": r, "ratio_run_over_baseline": r / b if r and b else None}
-
-
-def render_imported(rep: dict[str, Any]) -> str:
-    c, imp = rep["curve"], rep["imported"]
-    g = c["gate"]
-    lines = [f"BASELINE imported from {imp['from']} ({imp['format_name']}); its loss is {imp['loss_is']}",
-             f"  has {', '.join(imp['contains'])}; lacks {', '.join(imp['lacks'])}",
-             f"GLOBAL BATCH baseline {rep['global_batch']['baseline']}  run {rep['global_batch']['run']}"]
-    if rep["tokens"]:
-        t = rep["tokens"]
-        lines.append(f"TOKENS by step {t['step']}: baseline {t['baseline']}  run {t['run']}")
-    lines += ["", f"CURVE GATE (mean relative loss error <= {g['rtol']:.2%}: first {g['first_steps']} steps and every "
-                  f"{g['window']} logged points; spikes beyond {g['spike_k']:g} x MAD no more than the baseline's)",
-              f"  {c['points']} aligned points; first steps {_pct(c['first_steps_mean_rel_diff'])}, whole run "
-              f"{_pct(c['run_mean_rel_diff'])}, worst point {_pct(c['max_rel_diff'])}"]
-    for w in c["windows"][:12]:
-        lines.append(f"  steps {w['steps'][0]:>6}-{w['steps'][1]:<6} mean rel {w['mean_rel_diff']:.3%}" + ("" if w["ok"] else "  FAIL"))
-    if len(c["windows"]) > 12:
-        lines.append(f"  ({len(c['windows']) - 12} more windows; --json has all)")
-    for name, s in c["spikes"].items():
-        lines.append(f"  {name} spikes: " + (f"baseline {s['baseline']} at {s['baseline_steps'][:6]}, run {s['run']} at "
-                                             f"{s['run_steps'][:6]}" if s["available"] else "not logged on both sides"))
-    lines += [f"  {n}" for n in rep["notes"] + rep["not_available"]]
-    lines += ["", table([Check.from_dict(c) for c in rep["checks"]])]
-    lines += ["", "RESULT: " + ("PASS" if rep["ok"] else "FAIL: " + "; ".join(rep["failures"]))]
-    return "\n".join(lines)
-
-
-def _pct(x: float | None) -> str:
-    return "-" if x is None else f"{x:.3%}"
+    if b is None:
+        return None
+    return TokensSeen(step=last, baseline=b, run=r, ratio_run_over_baseline=r / b if r and b else None)

@@ -146,12 +146,12 @@ def _summary(recs: list[bd.Breakdown], tokens: float | None) -> dict[str, Any]:
             "layers": {i: _mean(recs, lambda r, i=i: r.layers.get(i, {}).get("forward")) for i in layers}}
 
 
-def side_by_side(base_doc: dict, run_path: Any, base_tokens: float | None, run_tokens: float | None
+def side_by_side(raw: Any, run_path: Any, base_tokens: float | None, run_tokens: float | None
                  ) -> dict[str, Any] | None:
-    """The baseline's sampled steps and the run's (every rank, mean), per part and phase; None when either
-    has none. ``base_tokens``, ``run_tokens``: padded tokens one device processes per step (the baseline's one
-    device processes the global batch, a data-parallel rank its share)."""
-    raw = base_doc.get("breakdown")
+    """The baseline's sampled steps (``raw``: its file's ``breakdown`` list, or None) and the run's (every rank,
+    mean), per part and phase; None when either has none. ``base_tokens``, ``run_tokens``: padded tokens one
+    device processes per step (the baseline's one device processes the global batch, a data-parallel rank its
+    share)."""
     notes: list[str] = []
     base = []
     for i, d in enumerate((raw if isinstance(raw, list) else [])[:bd.MAX_SAMPLES * 4]):

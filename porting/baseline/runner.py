@@ -20,7 +20,8 @@ import numpy as np
 
 from model_zoo.errors import ConfigError
 from model_zoo.files import sha256_file
-from porting.baseline import arrays, schema, settings as settings_mod
+from porting.baseline import arrays, document, settings as settings_mod
+from porting.baseline.document import Memory, MeasuredBaseline, Probe, Steps
 from porting.baseline.memory import PHASES, PhaseMeter, meter_for
 from porting.baseline.torch_loop import LoopConfig, LoopResult, OptimConfig
 from porting.env import cpu_model, require_torch, versions
@@ -56,26 +57,26 @@ class BaselineRequest:
 
 @dataclass(frozen=True)
 class BaselineResult:
-    """What `port baseline` wrote: the file and its validated document (docs/baseline.md)."""
+    """What `port baseline` wrote: the file and its document (docs/baseline.md)."""
 
     path: Path
-    document: dict[str, Any]
+    document: MeasuredBaseline
 
     @property
-    def losses(self) -> list[float | None]:
-        return self.document["steps"]["loss"]
+    def losses(self) -> tuple[float | None, ...]:
+        return self.document.steps.loss
 
     @property
     def steady_tokens_per_s(self) -> float | None:
-        return self.document["timing"]["steady_tokens_per_s"]
+        return self.document.timing.steady_tokens_per_s
 
     @property
-    def peak_gib(self) -> dict[str, float]:
-        return self.document["memory"]["peak_gib"]
+    def peak_gib(self) -> dict[str, float | None]:
+        return self.document.memory.peak_gib or {}
 
     @property
-    def memory_kind(self) -> str:
-        return self.document["memory"]["kind"]
+    def memory_kind(self) -> str | None:
+        return self.document.memory.kind
 
 
 def file_digest(path: Path) -> tuple[str, str]:
@@ -142,8 +143,8 @@ def optim_config(recipe: Recipe, total_steps: int) -> OptimConfig:
                        weight_decay=o.weight_decay, grad_clip=o.grad_clip, no_decay=schedules.no_decay_rule(recipe))
 
 
-def _finite(xs: list[float]) -> list[float | None]:
-    return [x if math.isfinite(x) else None for x in xs]
+def _finite(xs: list[float]) -> tuple[float | None, ...]:
+    return tuple(x if math.isfinite(x) else None for x in xs)
 
 
 @dataclass(frozen=True)
@@ -161,7 +162,14 @@ class BaselineRun:
     started: str
 
 
-def baseline_document(run: BaselineRun) -> dict[str, Any]:
+def _steps(res: LoopResult) -> Steps:
+    return Steps(step=tuple(range(1, len(res.loss) + 1)), loss=_finite(res.loss), grad_norm=_finite(res.grad_norm),
+                 lr=tuple(res.lr), tokens=tuple(res.tokens), real_tokens=tuple(res.real_tokens),
+                 padded_tokens=tuple(res.padded_tokens), step_time_s=tuple(res.step_time_s), warmup=tuple(res.warmup),
+                 peak_memory_gib={p: tuple(res.peak_gib[p]) for p in PHASES})
+
+
+def baseline_document(run: BaselineRun) -> MeasuredBaseline:
     """The baseline file's content (docs/baseline.md, format ``port-baseline`` v1)."""
     import torch
 
@@ -172,7 +180,6 @@ def baseline_document(run: BaselineRun) -> dict[str, Any]:
 
     req, recipe, hf_dir, plan, loop, res = run.req, run.recipe, run.hf_dir, run.plan, run.loop, run.result
     meter_kind = run.meter.kind
-    rd = recipe_dict(recipe)
     model = settings_mod.model_info(hf_dir)
     peaks = {p: max(res.peak_gib[p]) for p in PHASES}
     est_check = estimate.check(estimate_memory(LlamaConfig.from_hf(hf_dir), recipe), peaks, recipe.memory.recompute,
@@ -180,43 +187,34 @@ def baseline_document(run: BaselineRun) -> dict[str, Any]:
     n = len(res.loss)
     ver = versions()
     ver["packages"]["torch"] = torch.__version__
-    return {
-        "format": schema.FORMAT, "format_version": schema.FORMAT_VERSION, "created": run.started,
-        "command": list(req.command), "device": device_info(req.device, req.threads), "versions": ver,
-        "model": {"hf_dir": str(hf_dir), **model, "weights": weights_fingerprint(hf_dir)},
-        "settings": settings_mod.from_recipe(recipe, plan.data.report.sha256, model, n),
-        "recipe": rd,
-        "data": {**plan.data.report.as_dict(), "batching": plan.describe()},
-        "steps": {
-            "step": list(range(1, n + 1)), "loss": _finite(res.loss), "grad_norm": _finite(res.grad_norm),
-            "lr": res.lr, "tokens": res.tokens, "real_tokens": res.real_tokens, "padded_tokens": res.padded_tokens,
-            "step_time_s": res.step_time_s, "warmup": res.warmup,
-            "peak_memory_gib": {p: res.peak_gib[p] for p in PHASES},
-        },
-        "timing": res.timing(),
-        "memory": {"kind": meter_kind, "per_phase": run.meter.per_phase, "unit": "GiB", "weights_gib": res.weights_gib,
-                   "peak_gib": peaks, "estimator_check": est_check,
-                   "note": ("torch.cuda.max_memory_allocated, reset before each phase" if meter_kind.startswith("cuda")
-                            else "host resident set (whole process) high-water mark, reset before each phase")},
-        **({"breakdown": [b.to_dict() for b in res.breakdown]} if res.breakdown else {}),
-        "probe": {"input_ids": run.probe.tolist(), "after_step": n, "source": "first row of step 1's first micro-batch",
-                  "logits_initial": arrays.encode(res.probe_logits_initial),
-                  "logits_final": arrays.encode(res.probe_logits_final)},
-        "loop": {"dtype": loop.dtype, "timing_warmup_steps": loop.timing_warmup_steps, "recompute": loop.recompute,
-                 "attention": "sdpa", "optimizer": "torch.optim.AdamW" + (" (fused)" if loop.device == "cuda" else ""),
-                 "loss": "sum of token cross-entropy / total target tokens of the step (all micro-batches, all ranks)",
-                 "grad_norm": "global L2 norm before clipping"},
-    }
+    note = ("torch.cuda.max_memory_allocated, reset before each phase" if meter_kind.startswith("cuda")
+            else "host resident set (whole process) high-water mark, reset before each phase")
+    return MeasuredBaseline(
+        created=run.started, command=tuple(req.command), device=device_info(req.device, req.threads), versions=ver,
+        model={"hf_dir": str(hf_dir), **model, "weights": weights_fingerprint(hf_dir)},
+        settings=settings_mod.from_recipe(recipe, plan.data.report.sha256, model, n), recipe=recipe_dict(recipe),
+        data={**plan.data.report.as_dict(), "batching": plan.describe()}, steps=_steps(res), timing=res.timing(),
+        memory=Memory(kind=meter_kind, per_phase=run.meter.per_phase, unit="GiB", weights_gib=res.weights_gib,
+                      peak_gib=peaks, estimator_check=est_check, note=note),
+        probe=Probe(input_ids=tuple(tuple(r) for r in run.probe.tolist()), after_step=n,
+                    source="first row of step 1's first micro-batch",
+                    logits_initial=arrays.encode(res.probe_logits_initial),
+                    logits_final=arrays.encode(res.probe_logits_final)),
+        loop={"dtype": loop.dtype, "timing_warmup_steps": loop.timing_warmup_steps, "recompute": loop.recompute,
+              "attention": "sdpa", "optimizer": "torch.optim.AdamW" + (" (fused)" if loop.device == "cuda" else ""),
+              "loss": "sum of token cross-entropy / total target tokens of the step (all micro-batches, all ranks)",
+              "grad_norm": "global L2 norm before clipping"},
+        breakdown=tuple(b.to_dict() for b in res.breakdown) if res.breakdown else None)
 
 
 def check_probe_size(probe_tokens: int, vocab_size: int) -> None:
     """Refuse a probe whose logits would make the file larger than `port compare` reads."""
     if probe_tokens < 2:
         raise ConfigError(f"--probe-tokens {probe_tokens}: expected at least 2")
-    most = int(schema.MAX_BYTES * 0.9 / (vocab_size * PROBE_BYTES_PER_LOGIT))
+    most = int(document.MAX_BYTES * 0.9 / (vocab_size * PROBE_BYTES_PER_LOGIT))
     if probe_tokens > most:
         raise ConfigError(f"--probe-tokens {probe_tokens}: the probe logits of a {vocab_size:,}-token vocabulary "
-                          f"would make the baseline file larger than the {schema.MAX_BYTES >> 20} MiB it may have; "
+                          f"would make the baseline file larger than the {document.MAX_BYTES >> 20} MiB it may have; "
                           f"use at most {most}")
 
 
@@ -270,8 +268,5 @@ def run(req: BaselineRequest, log: Callable[[str], None] = lambda s: None) -> Ba
     res = torch_loop.train(model, gathered_steps(plan, n), optim_config(recipe, plan.total_steps), loop, meter,
                            probe_ids=probe, on_step=on_step)
     doc = baseline_document(BaselineRun(req, recipe, hf_dir, plan, loop, meter, probe, res, started))
-    bad = schema.problems(doc)
-    if bad:  # our own output must satisfy the reader; a failure here is a bug, not bad input
-        raise RuntimeError(f"baseline document does not validate: {bad}")
-    schema.save(out, doc)
+    document.save(out, doc)   # checks that the reader reads what was built (a failure is a bug, not bad input)
     return BaselineResult(out, doc)

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from model_zoo.errors import ConfigError
+from porting.baseline.document import Settings
 
 if TYPE_CHECKING:
     from porting.train.recipe.schema import Recipe
@@ -43,23 +44,24 @@ def model_info(source: str | Path | dict[str, Any]) -> dict[str, Any]:
             "model_config_sha256": hashlib.sha256(json.dumps(arch, sort_keys=True).encode()).hexdigest()}
 
 
-def from_recipe(recipe: Recipe, data_sha256: str | None, model: dict[str, Any], steps: int) -> dict[str, Any]:
-    """The comparable settings of one side (see schema.KEY_SETTINGS / OTHER_SETTINGS)."""
+def from_recipe(recipe: Recipe, data_sha256: str | None, model: dict[str, Any], steps: int) -> Settings:
+    """The comparable settings of one side (see document.KEY_SETTINGS / OTHER_SETTINGS)."""
     b, o, d = recipe.batching, recipe.optimizer, recipe.data
-    return {
-        "global_batch": recipe.global_batch_size,
-        "seq_length": d.max_seq_length,
-        "micro_batch_size": b.micro_batch_size,
-        "grad_accum_steps": b.grad_accum_steps,
-        "world_size": recipe.world_size,
-        "dtype": precision(recipe),
-        "data_sha256": data_sha256,
-        "data_order": {"shuffle": d.shuffle, "bucketing": b.bucketing.model_dump(mode="json"),
-                       "format": d.format, "long_text": d.long_text},
-        "seed": recipe.seed,
-        "steps": int(steps),
-        **model,
-        "lr": o.lr, "betas": list(o.betas), "eps": o.eps, "weight_decay": o.weight_decay, "grad_clip": o.grad_clip,
-        "schedule": recipe.schedule.model_dump(mode="json"),
-        "recompute": recipe.memory.recompute,
-    }
+    return Settings(
+        global_batch=recipe.global_batch_size,
+        seq_length=d.max_seq_length,
+        micro_batch_size=b.micro_batch_size,
+        grad_accum_steps=b.grad_accum_steps,
+        world_size=recipe.world_size,
+        dtype=precision(recipe),
+        data_sha256=data_sha256,
+        data_order={"shuffle": d.shuffle, "bucketing": b.bucketing.model_dump(mode="json"),
+                    "format": d.format, "long_text": d.long_text},
+        seed=recipe.seed,
+        steps=int(steps),
+        model_type=model["model_type"], num_parameters=model["num_parameters"],
+        model_config_sha256=model["model_config_sha256"],
+        lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay, grad_clip=o.grad_clip,
+        schedule=recipe.schedule.model_dump(mode="json"),
+        recompute=recipe.memory.recompute,
+    )

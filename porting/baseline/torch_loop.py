@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 import numpy as np
 
 from model_zoo.labels import IGNORE_INDEX
+from porting.baseline.document import Timing
 from porting.baseline.memory import PHASES, PhaseMeter
 
 if TYPE_CHECKING:
@@ -63,7 +64,7 @@ class LoopResult:
     num_parameters: int = 0
     breakdown: list = field(default_factory=list)   # porting.rundir.breakdown.Breakdown of the sampled steps
 
-    def timing(self) -> dict:
+    def timing(self) -> Timing:
         """Warm-up steps (first ones, first sight of a shape) kept apart from the steady state."""
         idx = [i for i, w in enumerate(self.warmup) if not w]
         steady = [self.step_time_s[i] for i in idx]
@@ -72,13 +73,13 @@ class LoopResult:
         def rate(xs: list[int]) -> float | None:
             return sum(xs[i] for i in idx) / t if t > 0 else None
 
-        return {"warmup_steps": [i + 1 for i, w in enumerate(self.warmup) if w],
-                "warmup_step_time_s": [self.step_time_s[i] for i, w in enumerate(self.warmup) if w],
-                "steady_steps": len(idx),
-                "steady_step_time_s_median": statistics.median(steady) if steady else None,
-                "steady_tokens_per_s": rate(self.real_tokens),
-                "steady_loss_tokens_per_s": rate(self.tokens),
-                "steady_padded_tokens_per_s": rate(self.padded_tokens)}
+        return Timing(warmup_steps=tuple(i + 1 for i, w in enumerate(self.warmup) if w),
+                      warmup_step_time_s=tuple(self.step_time_s[i] for i, w in enumerate(self.warmup) if w),
+                      steady_steps=len(idx),
+                      steady_step_time_s_median=statistics.median(steady) if steady else None,
+                      steady_tokens_per_s=rate(self.real_tokens),
+                      steady_loss_tokens_per_s=rate(self.tokens),
+                      steady_padded_tokens_per_s=rate(self.padded_tokens))
 
 
 TORCH_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "bf16-mixed": "float32"}

@@ -10,6 +10,7 @@ import numpy as np
 
 from model_zoo.config import LlamaConfig
 from model_zoo.errors import CheckpointError, ConfigError
+from porting.rundir.paths import RunDir
 
 # Config fields that decide tensor shapes: a difference is refused (the two sides are not the same model).
 SHAPE_FIELDS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
@@ -32,7 +33,7 @@ class MsWeights:
 def _latest_checkpoint(run: Path) -> Path:
     from porting.train.run import checkpoint as ckpt
 
-    root = run / "checkpoints"
+    root = RunDir(run).checkpoints
     steps = sorted((int(m.group(1)), p) for p in (root.iterdir() if root.is_dir() else [])
                    if (m := ckpt.STEP_DIR.match(p.name)) and _is_train_checkpoint(p))
     if not steps:
@@ -57,7 +58,7 @@ def resolve_ms(ms: str | Path, hf_cfg: LlamaConfig) -> MsWeights:
     if not p.is_dir():
         raise CheckpointError(f"{p}: --ms expects a directory (a `port convert` output, a `port train` run "
                               "directory or one of its checkpoints/step_N); nothing is there")
-    if (p / "checkpoints").is_dir() or (p / "metrics.jsonl").is_file():
+    if RunDir(p).checkpoints.is_dir() or RunDir(p).metrics.is_file():
         p = _latest_checkpoint(p)
     if _is_train_checkpoint(p):
         return MsWeights("checkpoint", p, hf_cfg)
@@ -88,7 +89,7 @@ def batch_ids(cfg: LlamaConfig, hf_dir: Path, *, ids: list[int] | None, data: st
         raise ConfigError(f"--batch {batch} x --seq {seq}: expected batch >= 1, seq >= 2 and at most {MAX_IDS} tokens")
     seq = min(seq, cfg.max_position_embeddings)
     if ids is not None:
-        if len(ids) > cfg.max_position_embeddings:   # checked before anything is allocated (issue 40)
+        if len(ids) > cfg.max_position_embeddings:   # checked before anything is allocated
             raise ConfigError(f"--ids: {len(ids):,} ids, more than the model's max_position_embeddings "
                               f"{cfg.max_position_embeddings:,} (config.json); pass at most that many")
         out = np.asarray([ids], np.int64)

@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from model_zoo.errors import CheckpointError, ConfigError
+from porting.baseline.comparison import Comparison   # light: the result records of `port compare`
 
 
 def _recipe_at(run, k: int):
@@ -56,9 +57,9 @@ def _refuse_unreplayable(recipe, where: Path) -> None:
         raise ConfigError(f"{where}: this run cannot be replayed: " + "; ".join(why))
 
 
-def first_failing_step(rep: dict) -> int | None:
+def first_failing_step(rep: Comparison) -> int | None:
     """The first step of `port compare`'s loss curve beyond tolerance or non-finite (1-based), or None."""
-    fails = rep["loss"]["failing_steps"]
+    fails = rep.loss.failing_steps
     return int(fails[0]) if fails else None
 
 
@@ -158,7 +159,7 @@ def bisect_step(baseline_path: str, run_dir: str, *, allow_settings_mismatch: bo
     """The step-form report: `port compare`'s first failing step, the replayed step and its rows."""
     from converters import names
     from model_zoo import LlamaConfig
-    from porting.baseline import schema
+    from porting.baseline import document
     from porting.baseline.compare import run_compare
     from porting.bisect.run import compare_runs, report
     from porting.rundir import read_run
@@ -167,20 +168,25 @@ def bisect_step(baseline_path: str, run_dir: str, *, allow_settings_mismatch: bo
     from porting.train.run.step import AdamW
     from porting.verify.pair import build_zoo, load_zoo
 
-    if "imported" in schema.load(baseline_path):   # issue 40: was KeyError: 'loss'
+    base = document.load(baseline_path)
+    if not isinstance(base, document.MeasuredBaseline):   # an imported (log-only) baseline has no step to replay
         raise ConfigError(f"{baseline_path}: an imported CUDA log (`port baseline --import`) holds the loss curve only, "
                           "not the per-step state a replay needs; run `port compare` without --bisect for the curve "
                           "gate, or bisect against a baseline measured with `port baseline --recipe`")
+    if base.recipe is None:
+        raise ConfigError(f"{baseline_path}: holds no 'recipe' (the resolved recipe `port baseline run` writes), so "
+                          "the baseline's side of the step cannot be replayed; re-create it with `port baseline run`")
     rep = run_compare(baseline_path, run_dir, allow_settings_mismatch=allow_settings_mismatch, probe=False, **tol)
+    assert isinstance(rep, Comparison), "a measured baseline gives a per-step comparison"
     f = first_failing_step(rep)
-    head = {"baseline": str(baseline_path), "run": str(run_dir), "failing_steps": rep["loss"]["failing_steps"][:10]}
+    head = {"baseline": str(baseline_path), "run": str(run_dir), "failing_steps": list(rep.loss.failing_steps[:10])}
     if f is None:
         return {**head, "step": None, "mode": "divergence", "rows": [], "first_divergent": None, "first_nonfinite": None,
                 "verdict": "no step beyond tolerance: nothing to bisect"}
     k = max(f - 1, 1)
     run = read_run(run_dir)
     recipe, run_doc, mpath = _recipe_at(run, k)
-    base_recipe = validate_recipe(schema.load(baseline_path)["recipe"], str(baseline_path), None, check_files=False)
+    base_recipe = validate_recipe(base.recipe, str(baseline_path), None, check_files=False)
     for r, where in ((recipe, mpath), (base_recipe, Path(baseline_path))):
         _refuse_unreplayable(r, where)
     hf_dir = Path(run_doc["model"]["dir"])

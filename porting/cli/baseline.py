@@ -106,7 +106,7 @@ def _check_out(out: str, source: str) -> None:
     the recipe or log it reads."""
     from converters.atomic import check_out, json_of_format
     from model_zoo.errors import ConfigError
-    from porting.baseline.schema import FORMAT
+    from porting.baseline.document import FORMAT
 
     check_out(out, kind="file", inputs=[source], ours=json_of_format(FORMAT), what="a baseline port wrote",
               error=ConfigError)

@@ -90,9 +90,14 @@ def command(rundir: str | None, hf: str | None, ms: str | None, baseline: str | 
     mode = _mode(hf, ms, baseline, rundir, msprobe_mapping, data, ids)
     if mode == "mapping":
         from porting.bisect.msprobe import write_mapping
+        from porting.diagnostics.doctor import msprobe_note
+        from porting.env import package_version
         from porting.model_paths import resolve_hf
 
         click.echo(write_mapping(resolve_hf(hf), msprobe_mapping, msprobe_kind))
+        note = msprobe_note(package_version("mindspore"))   # msprobe's own version table (docs/versions.md)
+        if note:
+            click.echo(note, err=True)
         return
     from porting.bisect.render import render
 

@@ -17,17 +17,52 @@ def _checkpoint(path: str) -> Path:
     return p
 
 
-def _model_dir(ckdir: Path, model: str | None) -> Path | None:
-    """Where the tokenizer files come from: --model, else the model the run read (RUN/manifest.json)."""
+def _model_dir(ckdir: Path, model: str | None) -> tuple[Path | None, str]:
+    """Where the tokenizer files come from, and a note when none: --model; else the run's model
+    (RUN/manifest.json) when it is a zoo name (resolved by the registry) or a folder inside the run. A path
+    the manifest names outside the run is not followed (a file the checkpoint came with does not choose
+    what port reads)."""
     if model:
-        return Path(model)
-    manifest = ckdir.parent.parent / "manifest.json"
+        return Path(model), ""
+    run = ckdir.resolve().parent.parent
+    manifest = run / "manifest.json"
     if not manifest.is_file():
-        return None
+        return None, " (no tokenizer files: pass --model)"
+    from model_zoo import presets
     from porting.rundir import read_manifest
 
-    d = Path(read_manifest(manifest).model.dir)
-    return d if d.is_dir() else None
+    info = read_manifest(manifest).model
+    if info.source and presets.known(info.source) and "path" in presets.get(info.source):
+        return Path(presets.get(info.source)["path"]), ""
+    d = Path(info.dir).resolve() if info.dir else None
+    if d is not None and run in d.parents and d.is_dir():
+        return d, ""
+    return None, (f" (no tokenizer files: {manifest} names the model folder {str(info.dir)[:200]!r} outside the "
+                  "run, which port does not follow; pass --model DIR to copy them from it)")
+
+
+def _outputs(ck: Path, force: bool | None, *outs: Path | None) -> None:
+    """Every --out under the one rule (converters.atomic.check_out: a new or empty directory, or one port
+    wrote with --force; never a link, never inside the checkpoint or holding it), and never the run being
+    merged or a folder that holds it (RUN/hf is fine)."""
+    from converters.atomic import check_out, remove_stale
+    from converters.convert import MANIFEST
+    from model_zoo.errors import CheckpointError
+
+    run = ck.resolve().parent.parent
+    for out in outs:
+        if out is None:
+            continue
+        dest = check_out(out, inputs=[ck], force=force, what="a directory port wrote",
+                         ours=lambda d: (d / MANIFEST).is_file() or (d / "config.json").is_file())
+        if (run / "checkpoints").is_dir() and (dest == run or dest in run.parents):
+            raise CheckpointError(f"{out}: is or holds the run {run} being merged; choose an --out outside it "
+                                  "(RUN/hf is fine)")
+        remove_stale(out)   # temporaries a killed earlier command left for this --out
+
+
+def _stderr(line: str) -> None:
+    click.echo(line, err=True)
 
 
 @click.group("ckpt", epilog="""\b
@@ -41,21 +76,36 @@ def command():
 @command.command("merge", epilog="""\b
 Examples:
   port ckpt merge runs/tiny-cpu/checkpoints/step_20 --out tiny-hf
-  port ckpt merge runs/tiny-cpu/checkpoints/step_20 --out tiny-hf2 --model checkpoints/my-llama""")
+  port ckpt merge runs/tiny-cpu/checkpoints/step_20 --out tiny-hf2 --model checkpoints/my-llama
+  port ckpt merge runs/tiny-cpu/checkpoints/step_20 --ms tiny-ms --optimizer   # MindSpore names, + AdamW state""")
 @click.argument("checkpoint")
-@click.option("--out", required=True, help="The HF directory to write (must be absent or empty unless --force).")
-@click.option("--model", default=None, help="HF directory to take tokenizer files from (default: the run's model).")
-@click.option("--force", is_flag=True, help="Replace a non-empty --out directory.")
-def merge(checkpoint: str, out: str, model: str | None, force: bool):
-    """Write the full HF checkpoint (safetensors + config.json + port_manifest.json) of a training checkpoint."""
+@click.option("--out", default=None, help="The HF directory to write (must be absent or empty unless --force).")
+@click.option("--ms", "ms_out", default=None,
+              help="Also (or only) keep a MindSpore directory: MindSpore-named full weights (model.safetensors, "
+                   "loads with mindspore.load_checkpoint(format='safetensors')), config.json, tokenizer files.")
+@click.option("--optimizer", is_flag=True, help="With --ms: also write optimizer.safetensors (full fp32 adam_m., "
+                                                "adam_v., master. tensors) and optimizer.json.")
+@click.option("--model", default=None, help="HF directory to take tokenizer files from (default: the run's model "
+                                            "when it is a zoo name or inside the run).")
+@click.option("--force", is_flag=True, help="Replace a non-empty --out/--ms directory that port wrote.")
+def merge(checkpoint: str, out: str | None, ms_out: str | None, optimizer: bool, model: str | None, force: bool):
+    """Write the full HF checkpoint (safetensors + config.json + port_manifest.json) and/or a MindSpore
+    directory of a training checkpoint; one progress line per parameter group on stderr."""
     import sys
 
-    from porting.train.run.export import export_hf
+    from model_zoo.errors import ConfigError
+    from porting.train.run.export import merge as do
 
+    if out is None and ms_out is None:
+        raise ConfigError("port ckpt merge: pass --out HF_DIR, --ms MS_DIR or both")
+    if optimizer and ms_out is None:
+        raise ConfigError("port ckpt merge: --optimizer writes beside the MindSpore weights; pass --ms MS_DIR too")
     ck = _checkpoint(checkpoint)
-    src = _model_dir(ck, model)
-    res = export_hf(ck, src if src is not None else ck, Path(out), command=sys.argv, force=force, user_out=True)
-    click.echo(f"wrote {res} from {ck}" + ("" if src else " (no tokenizer files: pass --model)"))
+    hf, ms = (Path(out) if out else None), (Path(ms_out) if ms_out else None)
+    _outputs(ck, force, hf, ms)
+    src, note = _model_dir(ck, model)
+    res = do(ck, src, hf_out=hf, ms_out=ms, optimizer=optimizer, command=sys.argv, force=force, log=_stderr)
+    click.echo(f"wrote {' and '.join(str(r) for r in res)} from {ck}{note}")
 
 
 @command.command("reshard", epilog="""\b
@@ -71,12 +121,9 @@ def reshard(checkpoint: str, recipe: str, overrides: tuple[str, ...], out: str):
     from porting.train.run.ckpt_merge import reshard as do
     from porting.train import load_recipe
 
-    from converters.atomic import check_out, remove_stale
-
     ck = _checkpoint(checkpoint)
-    check_out(out, inputs=[ck], force=None)   # the converters' rule: new (or empty), never a link, never the input
-    remove_stale(Path(out))                   # temporaries of a killed earlier reshard to this --out
     rec = load_recipe(recipe, list(overrides), check_files=False)
-    res = do(ck, rec, Path(out))
+    _outputs(ck, None, Path(out))   # a new or empty directory only
+    res = do(ck, rec, Path(out), log=_stderr)
     click.echo(f"wrote {res}: world {rec.world_size}, tensor parallel {rec.parallel.tensor_parallel}, "
                f"optimizer sharding {rec.parallel.optimizer_sharding}")

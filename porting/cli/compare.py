@@ -61,15 +61,17 @@ def command(baseline: str, rundir: str, as_json: bool, out: str | None, loss_rto
                    allow_settings_mismatch=allow_settings_mismatch, loss_rtol=loss_rtol, loss_atol=loss_atol)
         return
     from model_zoo.files import write_atomic
-    from porting.baseline.compare import render, run_compare
+    from porting.baseline.compare import run_compare
+    from porting.baseline.render import render
     from porting.verify.stats import curve_gate
 
     gate = curve_gate(rtol=curve_rtol, first_steps=first_steps, window=window, spike_k=spike_k)
     rep = run_compare(baseline, rundir, allow_settings_mismatch=allow_settings_mismatch, probe=not no_probe, gate=gate,
                       loss_rtol=loss_rtol, loss_atol=loss_atol, logits_atol=logits_atol,
                       min_throughput_ratio=min_throughput_ratio, max_memory_ratio=max_memory_ratio)
+    text = json.dumps(rep.to_dict(), indent=1)
     if out:
-        write_atomic(out, json.dumps(rep, indent=1) + "\n")
-    click.echo(json.dumps(rep, indent=1) if as_json else render(rep))
-    if not rep["ok"]:
+        write_atomic(out, text + "\n")
+    click.echo(text if as_json else render(rep))
+    if not rep.ok:
         raise SystemExit(1)

@@ -9,8 +9,6 @@ from pathlib import Path
 import click
 
 from model_zoo.errors import PortingError, RecipeError
-from model_zoo.files import write_atomic
-from porting.rundir import check_side_paths
 from porting import train as T   # the face: names load on first use, a dry run never loads MindSpore
 
 
@@ -56,24 +54,21 @@ def command(recipe: str, overrides: tuple[str, ...], dry_run: bool, as_json: boo
             run_dir: str | None, launch_node: int | None, supervise: bool, stall_timeout: float | None,
             max_restarts: int, no_preflight: bool, shrink: bool, calibration: str | None) -> None:
     """Fine-tune the model of RECIPE (all weights) with the recipe's data, batching and parallelism."""
-    from model_zoo.config import LlamaConfig
-    from porting.model_paths import resolve_hf
-
-    # A dry run plans for a cluster, so the data and checkpoint may live only there: missing files
-    # become warnings. A real run needs both and refuses with every missing path at once.
     if shrink and not supervise:
         raise RecipeError("--shrink moves a supervised run onto fewer devices after a fault: add --supervise")
+    # A dry run plans for a cluster, so the data and checkpoint may live only there: missing files become
+    # warnings. A real run needs both and refuses with every missing path at once.
     rec = T.load_recipe(recipe, list(overrides), check_files=not dry_run)
     if shrink and rec.cluster.nodes > 1:
         raise RecipeError(f"--shrink relaunches one node's ranks on fewer devices; a {rec.cluster.nodes}-node run "
                           "would need every node relaunched together: drop --shrink")
     if launch_node is not None:   # before the preflight waits for node 0 or a worker starts
-        from porting.train.recipe.hardware import check_node_rank
+        T.check_node_rank(launch_node, rec.cluster.nodes, "--launch-node")
+    if rec.cluster.device == "ascend":   # an inference chip (310P/310B) stops here, dry run or not: one line
+        from porting.diagnostics.doctor import require_training_device
 
-        check_node_rank(launch_node, rec.cluster.nodes, "--launch-node")
+        require_training_device()
     out = Path(run_dir or rec.output_dir)
-    cfg, notes = T.plan_config(rec) if dry_run else (LlamaConfig.from_hf(resolve_hf(rec.model.source)), [])
-    T.check_tensor_parallel(rec, cfg, rec.model.source)   # before any worker starts: one line, no msrun
     cal = None
     if calibration is not None:
         if not dry_run:
@@ -81,53 +76,37 @@ def command(recipe: str, overrides: tuple[str, ...], dry_run: bool, as_json: boo
         from porting.train.plan.calibrated import load
 
         cal = load(calibration)
-    plan = T.make_plan(rec, cfg, recipe, str(out), list(overrides), resume, calibration=cal)
-    plan.warnings = notes + plan.warnings
+    plan, cfg = T.plan_run(rec, recipe, str(out), list(overrides), resume, dry_run, calibration=cal)
     if dry_run:
         plan.padding, padding_line = T.dry_run_padding(rec)   # padding of bucketing vs packing on the recipe's data
         click.echo(json.dumps(plan.to_dict(), indent=2) if as_json else T.format_plan(plan) + "\n" + padding_line)
         T.check_fits(plan, recipe)
         return
     T.check_fits(plan, recipe)
-    from porting.train.run.faults import active
+    from porting.launch import start
 
-    active()   # a test hook that does not parse is one line here, not one in every worker's log
-    # before the preflight waits or a worker starts: a refusal is one line here, not in a worker log
-    from porting.train.run.resume_check import check_run_dir
-
-    note = check_run_dir(out, resume, rec, cfg.to_hf())
+    preflight = None if no_preflight else (lambda r: _preflight(r, out, launch_node or 0))
+    only_prints = rec.cluster.nodes > 1 and launch_node is None   # node 0's launcher prints every node's command
+    note = start.prepare(rec, plan.to_dict(), out, resume=resume, model_config=cfg.to_hf(),
+                         preflight=None if only_prints else preflight)
     if note:
         click.echo(note, err=True)
-    from porting.train.run.execution import refuse_compile_cache   # deferred: loads MindSpore, a dry run never does
-
-    refuse_compile_cache(rec)   # before the run directory: MindSpore's cache would train on wrong weights
-    if not no_preflight and not (rec.cluster.nodes > 1 and launch_node is None):   # that only prints commands
-        _preflight(rec, out, launch_node or 0)
-    _make_run_dir(out)
-    check_side_paths(out, ("logs", "checkpoints") + (("tensorboard",) if rec.logging.tensorboard else ())
-                     + (("hf",) if rec.checkpointing.export_hf else ()))   # a file in the way, a full disk: now
-    write_atomic(out / "plan.json", json.dumps(plan.to_dict(), indent=2), error=RecipeError)
-    if supervise:
-        from porting.launch.session import run_supervised
-
-        run_supervised(rec, recipe, list(overrides), out, resume, launch_node, plan.to_dict(), stall_timeout,
-                       max_restarts, preflight=None if no_preflight else lambda r: _preflight(r, out, launch_node or 0),
-                       diagnose=_diagnose, shrink=shrink)
+    supervision = start.Supervision(stall_timeout, max_restarts, shrink, _diagnose) if supervise else None
+    res = start.start(rec, recipe, list(overrides), out, plan.to_dict(), resume=resume, launch_node=launch_node,
+                      supervision=supervision, preflight=preflight, doctor=_doctor, command=sys.argv)
+    if supervise or rec.world_size > 1:
         return
-    if rec.world_size == 1:
-        from porting.diagnostics.doctor import doctor_report
-        from porting.train.run.lifeline import watch_parent
-
-        watch_parent()   # started by a supervisor (PORT_PARENT): this run ends when the supervisor is gone
-        res = T.train(rec, out, resume=resume, command=sys.argv, doctor=doctor_report)
-        if res.steps_done == 0:   # resumed at its last step: there is no loss to report
-            click.echo(f"done: nothing to train, the run was already complete; run directory {out}")
-            return
-        click.echo(f"done: {res.steps_done} steps, final loss {res.last_loss:.4f}; run directory {out}")
+    if res.steps_done == 0:   # resumed at its last step: there is no loss to report
+        click.echo(f"done: nothing to train, the run was already complete; run directory {out}")
         return
-    from porting.launch.msrun import launch_msrun
+    click.echo(f"done: {res.steps_done} steps, final loss {res.last_loss:.4f}; run directory {out}")
 
-    launch_msrun(rec, recipe, list(overrides), out, resume, launch_node, plan.launch.get("env", {}))
+
+def _doctor() -> dict:
+    """The environment report a run's manifest keeps (`port doctor` is above porting/train and the launch wing)."""
+    from porting.diagnostics.doctor import doctor_report
+
+    return doctor_report()
 
 
 def _diagnose(logs: Path, world: int) -> dict:
@@ -147,14 +126,3 @@ def _preflight(rec: T.Recipe, out: Path, node_rank: int) -> None:
     if bad:
         raise PortingError(f"preflight: {bad[0]['check']}: {bad[0]['detail']} (or skip the check: --no-preflight)")
     click.echo("preflight: " + ", ".join(f"{c['check']} {c['status']}" for c in rep["checks"]), err=True)
-
-
-def _make_run_dir(out: Path) -> None:
-    """Create the run directory, or say in one line why it cannot be (a file in the way, read-only disk)."""
-    if out.exists() and not out.is_dir():
-        raise RecipeError(f"{out}: exists and is not a directory; choose another --run-dir (or output_dir)")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise RecipeError(f"{e.filename or out}: cannot create the run directory ({e.strerror}); choose a "
-                          "--run-dir on a writable disk") from None

@@ -12,7 +12,7 @@ Checks, each one row (ok / warn / fail / info) with what was found and how to fi
 * **env fingerprint**: each node writes its HCCL/Ascend knobs and versions to a shared directory;
   node 0 compares them (a knob that differs between nodes makes timeouts and links disagree);
 * **smoke all-reduce**: msrun runs one real AllReduce with a short timeout; a failure is diagnosed by
-  `port diagnose` (issue 12's grammar and verdict).
+  `port diagnose` (its grammar and verdict).
 """
 
 from __future__ import annotations
@@ -295,6 +295,10 @@ def run_preflight(recipe_path: str | os.PathLike, *, node_rank: int = 0, fingerp
                                     explain=explain))
     elif smoke:
         rows.append(_row("smoke all-reduce", INFO, "run on the master node (or fix the rows above first)"))
+    if smoke:   # the checkpoint filesystem's bandwidth, written as a save writes it
+        from porting.train.plan.fs_speed import doctor_row  # deferred: only a measuring preflight needs it
+
+        rows.append(doctor_row(recipe, Path(recipe.output_dir)))
     return {"recipe": str(recipe_path), "node_rank": node_rank, "master": f"{c.master_addr}:{c.master_port}",
             "world_size": recipe.world_size, "checks": rows, "ok": not any(r["status"] == FAIL for r in rows)}
 
@@ -326,8 +330,17 @@ def run_train_preflight(recipe: Recipe, run_dir: Path, node_rank: int = 0, smoke
         rows.append(check_rank_table(c.rank_table_file, c.nodes, c.devices_per_node))
     rows.append(check_stale_for_run(Path(run_dir), node_rank, launch_devices(recipe)))
     want_smoke = wants_smoke(recipe, smoke)
-    if want_smoke and c.nodes > 1 and not any(r["status"] == FAIL for r in rows):
-        rows.append(smoke_at_shape(recipe, node_rank, explain=explain, port_check=check_port_free))
+    # one node too when the run has groups (ZeRO's ReduceScatter/AllGather, TP): every collective it runs, on its
+    # groups, at its fused bucket's size (float32, the gradients' reduction dtype), before step 1 meets them
+    grouped = recipe.world_size > 1 and (recipe.parallel.optimizer_sharding or recipe.parallel.tensor_parallel > 1)
+    if want_smoke and (c.nodes > 1 or grouped) and not any(r["status"] == FAIL for r in rows):
+        from porting.train.plan.memory import fusion_buffer_bytes  # deferred: the plan's bucket size
+
+        # the bucket's size on one node and on Ascend (a CPU test of a multi-node shape keeps 1 MiB: 4 workers of
+        # 64 MiB collectives on two cores outlast the smoke test's timeout)
+        big = grouped and (c.nodes == 1 or c.device == "ascend")
+        rows.append(smoke_at_shape(recipe, node_rank, explain=explain, port_check=check_port_free,
+                                   elements=int(fusion_buffer_bytes(recipe)) // 4 if big else None))
     elif want_smoke and node_rank == 0 and c.devices_per_node > 1 and not any(r["status"] == FAIL for r in rows):
         rows.append(smoke_allreduce(c.devices_per_node if c.device == "ascend" else 2, free_port(),
                                     device="Ascend" if c.device == "ascend" else "CPU", explain=explain))

@@ -1,4 +1,4 @@
-"""The preflight's smoke test at the run's real shape (issue 22 part 5): every node starts its share of
+"""The preflight's smoke test at the run's real shape: every node starts its share of
 ``worker_num = nodes x devices_per_node`` workers under msrun, node 0 hosting the scheduler, so the
 cross-node links, the tensor-parallel and data-parallel groups and the collectives the step uses
 (porting/cluster/smoke_collectives.py) are exercised before step 1, each timed. A failure names the

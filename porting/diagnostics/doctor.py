@@ -16,6 +16,9 @@ from porting import env
 from porting.diagnostics import load_yaml
 
 OK, WARN, FAIL, INFO = "ok", "warn", "fail", "info"
+# pyproject.toml's requires-python (">=3.9,<3.13"); CI runs 3.11 (full suite, compatibility tier) and 3.12
+# (scripts/compat312.sh). tests/diagnostics/test_versions.py keeps the two equal.
+PYTHONS = ((3, 9), (3, 10), (3, 11), (3, 12))
 
 
 @lru_cache(maxsize=1)
@@ -78,6 +81,10 @@ def check_mindspore_cann(ms: str | None, cann: str | None, driver: str | None) -
            if p["supported"] else _check("mindspore range", WARN, f"MindSpore {ms} is outside the range port "
                                                                   f"supports ({p['supported_range']})")]
     row = p["row"]
+    if p["supported"] and not p["tested"] and row is not None:
+        out.append(_check("mindspore pairing", WARN, untested_line(ms, row)))
+    out += [_check("mindspore changes", INFO, f"MindSpore {c['since']}: {c['note']}; {c['port']} ({c['source']})")
+            for c in release_changes(ms)]
     if row is None:
         newest = compat_table()["mindspore"][0]["mindspore"]
         return out + [_check("mindspore/cann", INFO if cann is None else WARN,
@@ -99,6 +106,23 @@ def check_mindspore_cann(ms: str | None, cann: str | None, driver: str | None) -
     elif driver is not None:
         out.append(_check("cann/driver", OK, f"driver {driver}"))
     return out
+
+
+def untested_line(ms: str, row: dict) -> str:
+    """The one line for a supported MindSpore that no CI tier runs (manifest: doctor.untested_pairing)."""
+    where = "MindSpore Transformers' VERSION_MAP" if "VERSION_MAP" in row["source"] else row["source"]
+    return (f"untested pairing: MindSpore {ms} is paired with CANN {row['cann']} / HDK {row['driver']} ({where}), "
+            f"not run by port's CI")
+
+
+def release_changes(ms: str | None) -> list[dict]:
+    """compat.yaml's notes on what MindSpore releases change that port calls, for the releases up to ``ms``
+    that are newer than every tested one (a tested release already ran port's tests)."""
+    if not ms:
+        return []
+    newest = max(_version_key(t["mindspore"]) for t in compat_table()["tested"])
+    return [c for c in compat_table().get("mindspore_changes", [])
+            if newest < _version_key(c["since"]) <= _version_key(ms)]
 
 
 def _mindspore_for(cann: str) -> str:
@@ -126,6 +150,17 @@ def check_torch_npu(torch: str | None, torch_npu: str | None) -> list[dict]:
         return [_check("torch/torch_npu", FAIL, f"torch_npu {torch_npu} requires torch {_base(torch_npu)}, "
                                                 f"installed torch is {torch}")]
     return [_check("torch/torch_npu", OK, f"torch {torch} with torch_npu {torch_npu}")]
+
+
+def msprobe_note(ms: str | None) -> str | None:
+    """A warning when the installed MindSpore is not a release msprobe's own version table lists
+    (compat.yaml tools.msprobe); None when it is, or when MindSpore is not installed."""
+    tool = compat_table()["tools"]["msprobe"]
+    if not ms or _base(ms) in tool["mindspore"]:
+        return None
+    return (f"warning: msprobe's version table lists MindSpore {', '.join(tool['mindspore'])}; the installed "
+            f"MindSpore {ms} is not among them, so msprobe's MindSpore dump may not run ({tool['source']}); "
+            f"the mapping file itself does not depend on it")
 
 
 @lru_cache(maxsize=1)
@@ -187,16 +222,56 @@ def check_env(rows: list[dict]) -> list[dict]:
     return out
 
 
+def npu_chips(text: str) -> list[str]:
+    """The chip name of every device row of ``npu-smi info``'s table (``| 0     910B3    | OK ...``); an
+    Atlas A3 node lists each 910C die as its own row. Bounded: only the first 64 KiB are read."""
+    return [t for _, t in re.findall(r"^\|\s*(\d+)\s+(9\w+|Ascend\w*|310\w*)\s*\|", text[:65536], re.M)]
+
+
 def npu_status() -> dict:
     """NPU type and count from npu-smi when present."""
     text = env.npu_smi()
     if text is None:
         return {"present": False, "count": 0, "types": [], "detail": "no NPU: npu-smi not found or failed "
                 "(a CPU-only machine); Ascend kernels and HCCL cannot run here"}
-    chips = re.findall(r"^\|\s*(\d+)\s+(9\w+|Ascend\w*|310\w*)\s*\|", text, re.M)
-    types = sorted({t for _, t in chips})
+    chips = npu_chips(text)
+    types = sorted(set(chips))
     return {"present": True, "count": len(chips), "types": types,
             "detail": f"{len(chips)} NPU(s): {', '.join(types) or 'type not parsed'}"}
+
+
+def chip_family(name: str) -> dict | None:
+    """compat.yaml's ``devices`` row for an npu-smi chip name (first pattern that matches), else None."""
+    return next((d for d in compat_table()["devices"] if re.match(d["pattern"], name)), None)
+
+
+def training_device_check(types: list[str]) -> dict | None:
+    """FAIL when a chip of this node cannot train (310P/310B/310: inference only), naming the chip and what to
+    use instead; WARN for a chip compat.yaml does not know; None when every chip trains or there is no NPU."""
+    if not types:
+        return None
+    rows = {t: chip_family(t) for t in types}
+    bad = [t for t, r in rows.items() if r is not None and not r["train"]]
+    if bad:
+        t = bad[0]
+        return _check("npu training", FAIL, f"this node's NPU is {t}, an {rows[t]['family']} chip that cannot "
+                                            f"train; training needs {compat_table()['train_instead']}")
+    unknown = [t for t, r in rows.items() if r is None]
+    if unknown:
+        return _check("npu training", WARN, f"NPU {', '.join(unknown)} is not in port's device table (porting/data/"
+                                            f"compat.yaml devices); port targets 910B and 910C (Atlas A2/A3)")
+    return _check("npu training", OK, ", ".join(f"{t}: {rows[t]['family']}" for t in types))
+
+
+def require_training_device() -> None:
+    """`port train` on an Ascend recipe: stop before anything runs when this node's chips cannot train (one
+    line naming the chip and what to use instead). A machine without npu-smi (planning on a laptop) passes."""
+    text = env.npu_smi()
+    check = training_device_check(sorted(set(npu_chips(text)))) if text is not None else None
+    if check is not None and check["status"] == FAIL:
+        from model_zoo.errors import ConfigError
+
+        raise ConfigError(f"npu-smi: {check['detail']}")
 
 
 def doctor_report(environ: dict[str, str] | None = None) -> dict:
@@ -204,9 +279,12 @@ def doctor_report(environ: dict[str, str] | None = None) -> dict:
     v = env.versions()
     pk = v["packages"]
     npu = npu_status()
-    checks = [_check("python", OK if sys.version_info[:2] in ((3, 9), (3, 10), (3, 11)) else WARN,
-                     f"Python {v['python']} (supported 3.9-3.11)")]
+    checks = [_check("python", OK if sys.version_info[:2] in PYTHONS else WARN,
+                     f"Python {v['python']} (supported {'.'.join(map(str, PYTHONS[0]))}-"
+                     f"{'.'.join(map(str, PYTHONS[-1]))})")]
     checks.append(_check("npu", OK if npu["present"] else INFO, npu["detail"]))
+    train_check = training_device_check(npu["types"])
+    checks += [train_check] if train_check else []
     for name in ("mindspore", "transformers", "safetensors", "numpy"):
         checks.append(_check(name, OK if pk.get(name) else FAIL,
                              f"{name} {pk[name]}" if pk.get(name) else f"{name} is not installed; pip install {name}"))
@@ -221,9 +299,10 @@ def doctor_report(environ: dict[str, str] | None = None) -> dict:
                          else "MindSpeed not installed (optional; installed from source on Ascend machines)"))
     knobs = env_knobs(environ)
     checks += check_env(knobs)
+    untested = next((c["detail"] for c in checks if c["check"] == "mindspore pairing"), None)
     return {"versions": v, "firmware": env.firmware_version(), "npu": npu, "checks": checks, "env": knobs,
             "pairing": pairing(pk.get("mindspore"), v.get("cann"), v.get("ascend_driver")),
-            "ok": not any(c["status"] == FAIL for c in checks)}
+            "untested_pairing": untested, "ok": not any(c["status"] == FAIL for c in checks)}
 
 
 def render_text(rep: dict) -> str:

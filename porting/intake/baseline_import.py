@@ -1,6 +1,6 @@
 """`port baseline import LOG`: a CUDA run's own loss log as a `port baseline` file.
 
-The document has the same format as the one `port baseline` measures (porting/baseline/schema.py),
+The document has the same format as the one `port baseline` measures (porting/baseline/document.py),
 plus an ``imported`` section saying where it came from and what the log does and does not hold: a log
 has the loss (and maybe grad norm, lr, tokens) every ``logging_steps``, never probe logits, peak
 memory or the data hash, so `port compare` checks the curve (porting/baseline/curve.py) and says the
@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from model_zoo.files import sha256_file
-from porting.baseline import schema
+from porting.baseline import document
+from porting.baseline.document import Imported, ImportedBaseline, Memory, Probe, Settings, Steps, Timing
 from porting.baseline.memory import PHASES
 from porting.intake import IntakeError
 from porting.intake.curve import Curve
@@ -47,19 +48,21 @@ class Stated:
         return out
 
 
-def describe(c: Curve) -> dict[str, Any]:
-    """What the log holds and lacks, in words `port compare` and the README repeat."""
+def describe(c: Curve, stated: Stated) -> Imported:
+    """What the log holds and lacks, in words `port compare` and the README repeat, and what the user stated."""
     has = ["loss"] + [k for k in ("grad_norm", "lr", "tokens") if c.has(k)]
     lacks = [k for k in ("grad_norm", "lr", "tokens") if not c.has(k)] + list(NEVER_IN_A_LOG)
     interval = c.logging_interval
-    return {"contains": has, "lacks": lacks, "logging_interval": interval,
-            "loss_is": ("the mean of the per-step losses over each logging interval of "
-                        f"{interval} steps" if interval and interval > 1 else "the loss of each optimizer step"),
-            "skipped_rows": dict(c.skipped)}
+    return Imported(from_=str(c.path), format=c.fmt, format_name=FORMAT_NAMES[c.fmt], sha256=sha256_file(c.path),
+                    contains=tuple(has), lacks=tuple(lacks), logging_interval=interval,
+                    loss_is=("the mean of the per-step losses over each logging interval of "
+                             f"{interval} steps" if interval and interval > 1 else "the loss of each optimizer step"),
+                    skipped_rows=dict(c.skipped), recovered_settings=dict(c.recovered),
+                    stated_settings={k: v for k, v in vars(stated).items() if v is not None})
 
 
-def build(c: Curve, stated: Stated, command: list[str]) -> dict[str, Any]:
-    """The baseline document of curve ``c`` (schema.FORMAT, marked imported)."""
+def build(c: Curve, stated: Stated, command: list[str]) -> ImportedBaseline:
+    """The baseline document of curve ``c`` (document.FORMAT, marked imported)."""
     bad = stated.problems()
     if bad:
         raise IntakeError("; ".join(bad))
@@ -70,47 +73,35 @@ def build(c: Curve, stated: Stated, command: list[str]) -> dict[str, Any]:
         from porting.model_paths import resolve_hf
 
         model = {"hf_dir": str(stated.model), **model_info(resolve_hf(stated.model))}
-    settings: dict[str, Any] = {"steps": c.step[-1], **{k: v for k, v in model.items() if k != "hf_dir"}}
-    for key in ("global_batch", "seq_length", "dtype"):
-        if getattr(stated, key) is not None:
-            settings[key] = getattr(stated, key)
     lr = [v for v in c.lr if v is not None]
-    if lr:
-        settings["lr"] = max(lr)   # the peak of the logged schedule, as the recipe's optimizer.lr
-    nulls = [None] * n
-    return {
-        "format": schema.FORMAT, "format_version": schema.FORMAT_VERSION,
-        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "command": command,
-        "device": {"name": "the CUDA run of the imported log", "kind": f"imported {c.fmt}"},
-        "versions": {}, "model": model, "settings": settings,
-        "steps": {"step": list(c.step), "loss": list(c.loss), "grad_norm": list(c.grad_norm), "lr": list(c.lr),
-                  "tokens": list(c.tokens), "step_time_s": nulls, "peak_memory_gib": {p: list(nulls) for p in PHASES}},
-        "timing": {"steady_tokens_per_s": None}, "memory": {"kind": None, "peak_gib": None},
-        "probe": {"after_step": None, "note": "an imported log has no probe logits"},
-        "imported": {"from": str(c.path), "format": c.fmt, "format_name": FORMAT_NAMES[c.fmt],
-                     "sha256": sha256_file(c.path), **describe(c), "recovered_settings": dict(c.recovered),
-                     "stated_settings": {k: v for k, v in vars(stated).items() if v is not None}},
-    }
+    settings = Settings(steps=c.step[-1], **{k: v for k, v in model.items() if k != "hf_dir"},
+                        global_batch=stated.global_batch, seq_length=stated.seq_length, dtype=stated.dtype,
+                        lr=max(lr) if lr else None)   # the peak of the logged schedule, as the recipe's optimizer.lr
+    nulls = (None,) * n
+    steps = Steps(step=tuple(c.step), loss=tuple(c.loss), grad_norm=tuple(c.grad_norm), lr=tuple(c.lr),
+                  tokens=tuple(c.tokens), step_time_s=nulls, peak_memory_gib={p: nulls for p in PHASES})
+    return ImportedBaseline(
+        created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), command=tuple(command),
+        device={"name": "the CUDA run of the imported log", "kind": f"imported {c.fmt}"}, versions={}, model=model,
+        settings=settings, steps=steps, timing=Timing(), memory=Memory(),
+        probe=Probe(after_step=None, note="an imported log has no probe logits"), imported=describe(c, stated))
 
 
 def import_log(log: str | Path, out: str | Path, stated: Stated, command: list[str],
-               loss_tag: str | None = None) -> tuple[Path, dict[str, Any]]:
+               loss_tag: str | None = None) -> tuple[Path, ImportedBaseline]:
     """Read ``log``, write the baseline file ``out`` (atomically; never over the log itself); ``loss_tag``
     names a TensorBoard file's loss scalar."""
     src, dst = Path(log), Path(out)
     if dst.exists() and src.exists() and dst.resolve() == src.resolve():
         raise IntakeError(f"{dst}: --out is the log being imported; pick another file name")
     doc = build(read_log(src, loss_tag), stated, command)
-    bad = schema.problems(doc)
-    if bad:   # a bug, not bad input: the document port writes must be one port reads
-        raise IntakeError(f"{src}: the imported baseline does not validate ({'; '.join(bad)})")
-    schema.save(dst, doc)
+    document.save(dst, doc)   # checks that the reader reads what was built (a failure is a bug, not bad input)
     return dst, doc
 
 
-def summary_line(path: Path, doc: dict[str, Any]) -> str:
-    imp, steps = doc["imported"], doc["steps"]
-    finite = [v for v in steps["loss"] if v is not None]
-    return (f"wrote {path}: {len(steps['step'])} logged steps ({steps['step'][0]}..{steps['step'][-1]}, every "
-            f"{imp['logging_interval'] or 'irregular'}) from {imp['format_name']}; loss {finite[0]:.4f} -> {finite[-1]:.4f}; "
-            f"has {', '.join(imp['contains'])}; lacks {', '.join(imp['lacks'])}")
+def summary_line(path: Path, doc: ImportedBaseline) -> str:
+    imp, steps = doc.imported, doc.steps
+    finite = [v for v in steps.loss if v is not None]
+    return (f"wrote {path}: {len(steps.step)} logged steps ({steps.step[0]}..{steps.step[-1]}, every "
+            f"{imp.logging_interval or 'irregular'}) from {imp.format_name}; loss {finite[0]:.4f} -> {finite[-1]:.4f}; "
+            f"has {', '.join(imp.contains)}; lacks {', '.join(imp.lacks)}")

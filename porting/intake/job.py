@@ -120,8 +120,8 @@ def run_intake(src: str | Path, out: str | Path, target: Target, loss_tag: str |
                 notes.append(f"not used as the loss log: {e}")
                 summary["log"] = None
             else:
-                summary["baseline"] = {"points": len(doc["steps"]["step"]), "format": doc["imported"]["format_name"],
-                                       "lacks": doc["imported"]["lacks"]}
+                summary["baseline"] = {"points": len(doc.steps.step), "format": doc.imported.format_name,
+                                       "lacks": list(doc.imported.lacks)}
         scan = script_scan.scan([str(p) for p in scripts]) if scripts else None
         if scan is not None:
             files.write_atomic(tmp / "script_scan.json", json.dumps(scan, indent=1) + "\n", error=IntakeError)

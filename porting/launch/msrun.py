@@ -19,7 +19,7 @@ from model_zoo.errors import PortingError, RecipeError
 from model_zoo.files import write_atomic
 from porting.launch import lifeline
 from porting.launch.children import child_env
-from porting.launch.outcome import launch_outcome, mark
+from porting.launch.outcome import after_finished, launch_outcome, mark
 from porting.train.data import token_file
 from porting.train.plan.launch import msrun_commands
 from porting.train.recipe.schema import Recipe, recipe_dict
@@ -57,6 +57,7 @@ def launch_msrun(rec: Recipe, recipe_path: str, overrides: list[str], out: Path,
         raise PortingError(f"msrun exited with {rc}; see {out}/logs/rank_*.log and {out}/logs/msrun/worker_*.log "
                            "(scheduler.log names ranks that timed out)")
     click.echo(f"done: {rec.world_size} workers; run directory {out}")
+    after_finished(rec, out, node, click.echo)
 
 
 def node_ranks(rec: Recipe, node: int) -> list[int]:

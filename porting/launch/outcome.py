@@ -67,3 +67,14 @@ def launch_outcome(run_dir: Path, before: Mark, code: int | None, ranks: Iterabl
             shutil.rmtree(p, ignore_errors=True)
             removed.append(p)
     return Outcome(code, False, ranklog.stop_line(logs, before.sizes), tuple(removed))
+
+
+def after_finished(rec, run_dir: Path, node: int, echo) -> None:
+    """What a finished launch of more than one worker does once its workers have exited, on node 0 only: the HF
+    export the recipe asks for, merged from the per-rank checkpoint by this process (no worker holds memory or
+    waits in a collective any more; porting/train/run/export.py). The plain and the supervised launch call it."""
+    if node != 0 or rec.world_size == 1:
+        return
+    from porting.train.run.export import export_after_exit  # deferred: loads the checkpoint readers
+
+    export_after_exit(rec, run_dir, log=echo)

@@ -16,6 +16,7 @@ import click
 from model_zoo.errors import RecipeError
 from porting.launch.children import child_env
 from porting.launch.msrun import launch_devices, msrun_argv_env, node_ranks
+from porting.launch.outcome import after_finished
 from porting.launch.nodes import Peers
 from porting.launch.shrink import check_plan, confirm_bad, derive
 from porting.launch.supervise import Diagnose, Incident, launch_dir, supervise
@@ -115,3 +116,4 @@ def run_supervised(rec: Any, recipe_path: str, overrides: list[str], out: Path, 
                          extra={"rank_table": rec.cluster.rank_table_file, "recipe": recipe_path},
                          echo=lambda m: click.echo(m, err=True), shrink=s.shrink if shrink else None, peers=peers)
     click.echo(f"done: {s.rec.world_size} worker(s), {restarts} restart(s); run directory {out}")
+    after_finished(s.rec, out, node, click.echo)

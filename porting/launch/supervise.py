@@ -77,7 +77,7 @@ def snapshot(run_dir: Path, n: int | str, extra: dict[str, Any]) -> Path:
     dest.mkdir(parents=True, exist_ok=False)
     logs = rd.logs
     if logs.is_dir():
-        shutil.copytree(logs, dest / "logs", symlinks=True, ignore_dangling_symlinks=True)
+        shutil.copytree(logs, RunDir(dest).logs, symlinks=True, ignore_dangling_symlinks=True)
     plog = Path(os.environ.get("ASCEND_PROCESS_LOG_PATH", Path.home() / "ascend" / "log"))
     if plog.is_dir():
         shutil.copytree(plog, dest / "plog", symlinks=True, ignore_dangling_symlinks=True)
@@ -86,7 +86,7 @@ def snapshot(run_dir: Path, n: int | str, extra: dict[str, Any]) -> Path:
         shutil.copytree(launches, dest / "launch")
     table = extra.get("rank_table")
     if table and Path(table).is_file():
-        shutil.copyfile(table, dest / "rank_table.json")
+        shutil.copyfile(table, RunDir(dest).rank_table)
     env = {k: v for k, v in os.environ.items() if k.startswith(("HCCL_", "MS_", "ASCEND_", "GLOG_", "RANK"))}
     write_atomic(dest / "fingerprint.json", json.dumps({"versions": versions(), "env": env, **extra}, indent=2,
                                                        default=str), error=SuperviseError)
@@ -94,7 +94,7 @@ def snapshot(run_dir: Path, n: int | str, extra: dict[str, Any]) -> Path:
 
 
 def _verdict(diagnose: Diagnose, evidence: Path, world: int) -> dict[str, Any] | None:
-    logs = evidence / "logs"
+    logs = RunDir(evidence).logs
     if not logs.is_dir():
         return None
     try:

@@ -9,6 +9,8 @@ evidence files written next to it by other commands:
 * ``rank_table.json`` -- the rank table the run used (checked with ``port ranktable check`` rules)
 * ``baseline.json`` -- ``port baseline ... --out RUNDIR/baseline.json`` (or ``port report --baseline
   FILE``): its loss curve is drawn on the run's loss plot
+* ``compare.json`` -- ``port compare BASE RUNDIR --out RUNDIR/compare.json`` (or ``port report --compare
+  FILE``): a row with `port compare`'s verdict and its result rows (:mod:`porting.report.compare_section`)
 * ``bisect.json`` -- ``port bisect ... --json > RUNDIR/bisect.json`` (or ``port report --bisect FILE``):
   a row naming the first divergent layer and phase, and a per-layer error plot
   (:mod:`porting.report.bisect_section`)
@@ -25,6 +27,7 @@ import dataclasses
 import json
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from converters import atomic
 from model_zoo import files
@@ -36,6 +39,9 @@ from porting.report.breakdown import breakdown_rows
 from porting.report.incidents import incident_rows
 from porting.report.rows import Row, build_rows
 from porting.rundir import read_run
+
+if TYPE_CHECKING:
+    from porting.baseline.document import Baseline
 
 MARKER = ".port-report"            # identifies a directory `port report` wrote
 MARKER_BODY = {"tool": "port report", "format_version": 1}
@@ -109,22 +115,23 @@ def check_out(out: Path, run_dir: Path, force: bool) -> bool:
 BASELINE_FILE = "baseline.json"    # RUNDIR/baseline.json: a `port baseline` file drawn with the run's loss
 
 
-def load_baseline(run_dir: Path, baseline: str | os.PathLike | None) -> dict | None:
+def load_baseline(run_dir: Path, baseline: str | os.PathLike | None) -> Baseline | None:
     """The `port baseline` document to plot: ``baseline`` if given (it must load), else
     RUNDIR/baseline.json when it is there, else None."""
-    from porting.baseline import schema
+    from porting.baseline import document
 
     if baseline is not None:
-        return schema.load(baseline)
+        return document.load(baseline)
     p = run_dir / BASELINE_FILE
-    return schema.load(p) if p.is_file() and not p.is_symlink() else None
+    return document.load(p) if p.is_file() and not p.is_symlink() else None
 
 
 def make_report(rundir: str | os.PathLike, out: str | os.PathLike | None = None, *,
                 force: bool = False, baseline: str | os.PathLike | None = None,
-                bisect: str | os.PathLike | None = None) -> ReportResult:
+                bisect: str | os.PathLike | None = None, compare: str | os.PathLike | None = None) -> ReportResult:
     """Write report.html/.md/.json, the SVG plots and the marker into ``out`` (default RUNDIR/report);
-    the loss plot also shows ``baseline`` (a `port baseline` file; default RUNDIR/baseline.json)."""
+    the loss plot also shows ``baseline`` (a `port baseline` file; default RUNDIR/baseline.json), and ``compare``
+    (a `port compare --out` file; default RUNDIR/compare.json) adds its verdict's row."""
     run = read_run(rundir, strict=False)
     dest = Path(out) if out is not None else run.path / DEFAULT_DIR
     replace = check_out(dest, run.path, force)
@@ -135,8 +142,11 @@ def make_report(rundir: str | os.PathLike, out: str | os.PathLike | None = None,
     rows = rows + breakdown_rows(run)   # where each rank's step time goes (logging.breakdown_every)
     base = load_baseline(run.path, baseline)
     svgs = plots(run, base)
-    from porting.report import bisect_section
+    from porting.report import bisect_section, compare_section
 
+    cmp = compare_section.load_comparison(run.path, compare)
+    if cmp is not None:
+        rows.append(cmp if isinstance(cmp, Row) else compare_section.compare_row(*cmp))
     bis = bisect_section.load_bisect(run.path, bisect)
     if bis is not None:
         rows.append(bisect_section.bisect_row(*bis))

@@ -5,9 +5,13 @@ from the run is escaped."""
 from __future__ import annotations
 
 import html
+from typing import TYPE_CHECKING
 
 from porting.report.rows import PHASE_ORDER
 from porting.rundir import RunRecords, finite
+
+if TYPE_CHECKING:
+    from porting.baseline.document import Baseline
 
 
 COLOURS = ("#1f77b4", "#ff7f0e")   # this run, the baseline
@@ -99,18 +103,17 @@ def svg_bars(title: str, items: list[tuple[str, float]], *, unit: str, limit: fl
     return head + "".join(body) + "</svg>"
 
 
-def loss_series(run: RunRecords, baseline: dict | None) -> list[tuple[str, list[float], list[float]]]:
+def loss_series(run: RunRecords, baseline: Baseline | None) -> list[tuple[str, list[float], list[float]]]:
     """The run's loss per step (metrics.jsonl) and, with a baseline document, the baseline's (its
     ``steps.step`` / ``steps.loss`` arrays), labelled for the legend."""
     mine = ("this run (port train)", [r.step for r in run.steps], [r.loss for r in run.steps])
     if baseline is None:
         return [("", mine[1], mine[2])]
-    steps = baseline["steps"]
-    kind = str((baseline.get("device") or {}).get("kind") or "?")
-    return [mine, (f"baseline (PyTorch, {kind})", list(steps["step"]), list(steps["loss"]))]
+    steps = baseline.steps
+    return [mine, (f"baseline (PyTorch, {baseline.device_kind or '?'})", list(steps.step), list(steps.loss))]
 
 
-def plots(run: RunRecords, baseline: dict | None = None) -> dict[str, str]:
+def plots(run: RunRecords, baseline: Baseline | None = None) -> dict[str, str]:
     """The three plots of the report, by file name; ``baseline``: a loaded `port baseline` document."""
     xs = [r.step for r in run.steps]
     comp_idx = [i for i, r in enumerate(run.steps) if r.compile]

@@ -206,11 +206,11 @@ def rows_stability(run: RunRecords, diag: Diagnosis | None) -> list[Row]:
         else:
             out.append(Row("stability", f"run at {label}", MISSING,
                            f"this run is {scale or 'of unknown scale'}", "a separate run dir at that scale"))
-    ckdir = run.path / "checkpoints"
+    ckdir = run.dir.checkpoints
     ck = sorted(p.name for p in ckdir.glob("step_*")) if ckdir.is_dir() else []
     out.append(Row("stability", "checkpoints", PASS if ck else MISSING,
                    f"{len(ck)}: {', '.join(ck[-3:])}" if ck else "none", "checkpoints/"))
-    hf = run.path / "hf" / "config.json"
+    hf = run.dir.hf / "config.json"
     out.append(Row("stability", "HF export", PASS if hf.is_file() else MISSING,
                    "hf/config.json present" if hf.is_file() else "no hf/ export", "hf/"))
     return out
@@ -232,7 +232,7 @@ def _rank_table_row(path: Path, nodes: int | None, per: int | None) -> Row:
 def rows_communication(run: RunRecords, diag: Diagnosis | None) -> list[Row]:
     out = []
     nodes, per, world = cluster(run)
-    logs = run.path / "logs"
+    logs = run.dir.logs
     rank_logs = sorted(logs.glob("rank_*.log")) if logs.is_dir() else []
     if not rank_logs:
         out.append(Row("communication", "per-rank logs", MISSING, "no logs/rank_<r>.log", "logs/"))
@@ -242,7 +242,7 @@ def rows_communication(run: RunRecords, diag: Diagnosis | None) -> list[Row]:
         miss = sorted(set(want) - set(ranks))
         out.append(Row("communication", "per-rank logs", FAIL if miss else PASS,
                        f"{len(ranks)} rank log(s)" + (f"; missing ranks {miss[:8]}" if miss else ""), "logs/"))
-    rt_file = run.path / "rank_table.json"
+    rt_file = run.dir.rank_table
     if rt_file.is_file():
         out.append(_rank_table_row(rt_file, nodes, per))
     elif world is not None and world > 1:
@@ -382,6 +382,8 @@ def rows_environment(run: RunRecords) -> list[Row]:
         out.append(Row("environment", "doctor checks", FAIL if fails else PASS,
                        f"{len(fails)} failing: {fails[0].get('check')}" if fails else "no failing check",
                        "manifest.json doctor"))
+        if isinstance(doc.get("untested_pairing"), str):   # a MindSpore in range that no CI tier runs
+            out.append(Row("environment", "untested pairing", WARN, doc["untested_pairing"], "manifest.json doctor"))
     else:
         out.append(Row("environment", "doctor checks", MISSING, "manifest has versions only",
                        "porting.diagnostics.doctor.doctor_report() in the manifest"))
@@ -395,14 +397,14 @@ def _field(d: Any, key: str) -> Any:
 
 def diagnose_logs(run: RunRecords) -> Diagnosis | None:
     """`port diagnose` on the run's logs/ (None without logs); a refusal becomes a note."""
-    if not (run.path / "logs").is_dir():
+    if not run.dir.logs.is_dir():
         return None
     from porting.diagnostics import DiagnosticsError
     from porting.diagnostics.diagnose import diagnose
 
     world = cluster(run)[2]
     try:
-        d = diagnose(run.path / "logs", jobs=1, world_size=world)
+        d = diagnose(run.dir.logs, jobs=1, world_size=world)
     except DiagnosticsError as e:
         run.notes.append(f"logs/: {e}")
         return None

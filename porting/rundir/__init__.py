@@ -36,9 +36,10 @@ from porting.rundir.records import (
     SummaryRecord,
     finite,
 )
+from porting.rundir.paths import RunDir
 from porting.rundir.writer import MetricsWriter, check_side_paths, write_manifest
 
 __all__ = ["FORMAT_VERSION", "MANIFEST_FILE", "MAX_LINE_BYTES", "MAX_METRICS_BYTES", "MAX_RECORD_DEPTH",
            "METRICS_FILE", "PLAN_FILE", "Metrics", "MetricsWriter", "ModelInfo", "RunDirError", "RunManifest",
-           "RunRecords", "StepRecord", "SummaryRecord", "finite", "read_manifest", "read_metrics", "read_run",
+           "RunDir", "RunRecords", "StepRecord", "SummaryRecord", "finite", "read_manifest", "read_metrics", "read_run",
            "check_side_paths", "write_manifest"]

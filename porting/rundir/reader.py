@@ -23,6 +23,7 @@ from porting.rundir.records import (
     step_from,
     summary_from,
 )
+from porting.rundir.paths import RunDir
 
 
 @dataclass
@@ -129,6 +130,11 @@ class RunRecords:
     notes: list[str] = field(default_factory=list)
 
     @property
+    def dir(self) -> "RunDir":
+        """The run directory's paths (porting/rundir/paths.py)."""
+        return RunDir(self.path)
+
+    @property
     def last_step(self) -> int:
         return self.steps[-1].step if self.steps else 0
 
@@ -170,7 +176,7 @@ def read_run(path: str | os.PathLike, *, strict: bool = True) -> RunRecords:
         manifest = _tolerant(read_manifest, notes, run / MANIFEST_FILE)
         metrics = _tolerant(read_metrics, notes, run / METRICS_FILE)
         plan = _read_plan(run, notes)
-        if manifest is None and plan is None and metrics is None and not (run / "logs").is_dir():
+        if manifest is None and plan is None and metrics is None and not RunDir(run).logs.is_dir():
             raise RunDirError(f"{run}: not a run directory (no {MANIFEST_FILE}, {PLAN_FILE}, {METRICS_FILE} or "
                               f"logs/); run `port train RECIPE` first" + (f" ({notes[0]})" if notes else ""))
         metrics = metrics or Metrics(run / METRICS_FILE, [])

@@ -9,7 +9,7 @@ from typing import IO
 
 from model_zoo import files
 from porting.rundir.reader import read_metrics
-from porting.rundir.records import MANIFEST_FILE, METRICS_FILE, RunDirError, RunManifest, StepRecord, SummaryRecord
+from porting.rundir.records import MANIFEST_FILE, METRICS_FILE, PLAN_FILE, RunDirError, RunManifest, StepRecord, SummaryRecord
 
 
 def _dumps(rec: dict) -> str:
@@ -20,7 +20,7 @@ def _dumps(rec: dict) -> str:
 # What a run writes besides its records: a directory (created if absent) or a file, and what goes there.
 SIDE_DIRS = {"logs": "the rank logs", "checkpoints": "checkpoints", "tensorboard": "TensorBoard events",
              "hf": "the HF export"}
-SIDE_FILES = (MANIFEST_FILE, METRICS_FILE, "plan.json")
+SIDE_FILES = (MANIFEST_FILE, METRICS_FILE, PLAN_FILE)
 PROBE_BYTES = 1 << 16
 
 

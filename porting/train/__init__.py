@@ -27,6 +27,8 @@ _FACE: dict[str, str] = {
     "dry_run_padding": "porting.train.data.padding",
     "plan_config": "porting.train.plan.make",
     "make_plan": "porting.train.plan.make",
+    "plan_run": "porting.train.plan.make",
+    "check_node_rank": "porting.train.recipe.hardware",
     "check_fits": "porting.train.plan.make",
     "check_tensor_parallel": "porting.train.plan.make",
     "format_plan": "porting.train.plan.render",

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from model_zoo.errors import ConfigError
-from porting.baseline import arrays, compare, schema
+from porting.baseline import arrays, compare, document
 from porting.baseline.memory import HostRssMeter
 
 
@@ -44,19 +44,22 @@ def test_host_meter_sees_a_phase_peak_and_resets():
     assert after < during - 0.15, (during, after)
 
 
-def test_schema_lists_every_problem_at_once():
+def test_reader_lists_every_problem_at_once():
     bad = {"format": "other", "format_version": 9, "steps": {}}
-    probs = schema.problems(bad)
-    text = "; ".join(probs)
+    with pytest.raises(ConfigError) as e:
+        document.from_json(bad, "b.json")
+    text = str(e.value)
+    assert text.startswith("b.json: not a port-baseline v1 file: ") and "\n" not in text
     assert "format is 'other'" in text and "format_version is 9" in text and "missing key 'probe'" in text
 
 
 def test_settings_diff_puts_key_settings_first():
-    base = {"lr": 1e-3, "seq_length": 128, "seed": 0, "global_batch": 4}
-    run = {"lr": 2e-3, "seq_length": 256, "seed": 1, "global_batch": 4}
+    base = document.Settings(lr=1e-3, seq_length=128, seed=0, global_batch=4, betas=(0.9, 0.95))
+    run = document.Settings(lr=2e-3, seq_length=256, seed=1, global_batch=4, betas=(0.9, 0.999))
     diff = compare.settings_diff(base, run)
-    assert [d["key"] for d in diff] == ["seq_length", "seed", "lr"]
-    assert [d["key_setting"] for d in diff] == [True, True, False]
+    assert [d.key for d in diff] == ["seq_length", "seed", "lr", "betas"]
+    assert [d.key_setting for d in diff] == [True, True, False, False]
+    assert diff[-1].baseline == [0.9, 0.95]   # as the file has it (a list), for the JSON and the message
 
 
 def test_tolerances_are_known_per_precision():
@@ -71,14 +74,14 @@ def test_tolerances_are_known_per_precision():
 def test_loss_curve_fails_non_finite_steps_and_applies_the_bound(tmp_path):
     from porting.rundir import RunRecords, StepRecord
 
-    doc = {"steps": {"step": [1, 2, 3, 4], "loss": [2.0, None, 1.5, 1.0], "grad_norm": [1.0, 1.0, 1.0, 1.0]}}
+    steps = document.Steps(step=(1, 2, 3, 4), loss=(2.0, None, 1.5, 1.0), grad_norm=(1.0, 1.0, 1.0, 1.0))
     run = RunRecords(tmp_path, None, [StepRecord(1, 2.0 + 2.0e-3), StepRecord(2, 1.8),
                                       StepRecord(3, float("nan")), StepRecord(4, 1.0 + 1.2e-3)])
     tol = compare.CurveTolerances(loss_rtol=1e-3, loss_atol=1e-4, logits_atol=1.0)
-    rep = compare.loss_curve(doc, run, tol)
+    rep = compare.loss_curve(steps, run, tol)
     # step 1: 2e-3 <= 1e-4 + 2e-3 passes; step 4: 1.2e-3 > 1.1e-3 fails; null / NaN fail
-    assert rep["failing_steps"] == [2, 3, 4] and rep["per_step"][0]["ok"]
-    assert not rep["ok"] and rep["max_abs_diff"] == pytest.approx(2.0e-3)
+    assert rep.failing_steps == (2, 3, 4) and rep.per_step[0].ok
+    assert not rep.ok and rep.max_abs_diff == pytest.approx(2.0e-3)
 
 
 def test_weights_fingerprint_hashes_every_file_or_takes_the_recorded_digest(tmp_path):
@@ -125,7 +128,7 @@ def test_run_settings_read_the_manifest_recipe_with_the_strict_schema(tmp_path):
     got = compare.run_settings(run)
     assert got == settings.from_recipe(recipe, "ab", model, 1)
     # 4 devices, 2 tensor-parallel: 2 data-parallel ranks hold different micro-batches
-    assert got["global_batch"] == 2 * 3 * 2 and got["world_size"] == 4 and got["dtype"] == "float32"
+    assert got.global_batch == 2 * 3 * 2 and got.world_size == 4 and got.dtype == "float32"
     bad = recipe_dict(recipe)
     bad["optimizer"]["lr_typo"] = 1.0
     run = RunRecords(tmp_path, RunManifest(bad, ModelInfo(config=cfg)), steps)

@@ -17,7 +17,7 @@ def _rec(step: int, rank: int, source: str, compute_ms: int, wall_ms: int) -> bd
 
 def test_side_by_side_normalises_by_the_tokens_each_device_processes(tmp_path):
     # baseline: one device, the global batch of 4096 tokens, 400 ms compute of a 500 ms step
-    base = {"breakdown": [_rec(2, 0, "torch-profiler", 400, 500).to_dict()]}
+    base = [_rec(2, 0, "torch-profiler", 400, 500).to_dict()]
     # run: two data-parallel ranks, 2048 tokens each, 100 ms compute of a 150 ms step
     for rank in (0, 1):
         bd.append(tmp_path, _rec(2, rank, "mindspore-profiler", 100, 150))
@@ -30,8 +30,8 @@ def test_side_by_side_normalises_by_the_tokens_each_device_processes(tmp_path):
 
 
 def test_a_missing_or_bad_side_leaves_the_section_out_with_a_note(tmp_path):
-    assert side_by_side({}, tmp_path, 1, 1) is None
+    assert side_by_side(None, tmp_path, 1, 1) is None
     bd.append(tmp_path, _rec(2, 0, "mindspore-profiler", 100, 150))
-    sbs = side_by_side({"breakdown": [{"step": "x"}]}, tmp_path, 1, 1)
+    sbs = side_by_side([{"step": "x"}], tmp_path, 1, 1)
     assert "baseline" not in sbs and "missing key" in sbs["notes"][0]
     assert render_side_by_side(sbs)[0].startswith("NOTE (breakdown): baseline breakdown[0]")

@@ -44,6 +44,13 @@ def test_baseline_and_port_agree_in_fp32(work):
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     rep = json.loads(p.stdout)
     assert rep == json.loads((work["dir"] / "cmp.json").read_text())
+    # the file `port baseline run` wrote is its record byte for byte; the comparison reads back into its record
+    from porting.baseline import comparison, document
+    from porting.baseline.render import render
+
+    assert document.dumps(document.load(work["base"])) == work["base"].read_text()
+    table = port("compare", str(work["base"]), str(work["run"]))
+    assert table.stdout == render(comparison.from_json(rep, "cmp.json")) + "\n"
     assert rep["ok"] and rep["settings"]["differ"] == []
     loss = rep["loss"]
     assert loss["steps_compared"] == 6 and loss["failing_steps"] == []

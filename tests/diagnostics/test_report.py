@@ -343,24 +343,24 @@ def test_deep_manifest_is_a_note_in_the_report(tmp_path):
 
 # ------------------------------------------------------------------ the loss plot: the run and the baseline
 def write_baseline(path: Path, losses: list[float]) -> Path:
-    """A `port baseline` file (format port-baseline v1, every key its schema checks) with these losses."""
+    """A `port baseline` file (format port-baseline v1) with these losses, written by port's one writer."""
     import numpy as np
 
-    from porting.baseline import arrays, schema
+    from porting.baseline import arrays, document
     from porting.baseline.memory import PHASES
 
     n = len(losses)
-    steps = {"step": list(range(1, n + 1)), "loss": losses, "grad_norm": [0.5] * n, "lr": [1e-3] * n,
-             "tokens": [512] * n, "step_time_s": [0.1] * n, "peak_memory_gib": {p: [0.1] * n for p in PHASES}}
-    settings = {k: 1 for k in schema.KEY_SETTINGS + ("steps",)}
-    doc = {"format": schema.FORMAT, "format_version": schema.FORMAT_VERSION, "created": "2026-12-01T00:00:00",
-           "command": ["port", "baseline"], "device": {"kind": "cpu", "name": "test cpu"}, "versions": {},
-           "model": {}, "settings": settings, "steps": steps, "timing": {}, "memory": {},
-           "probe": {"input_ids": [[1, 2]], "logits_initial": arrays.encode(np.zeros((1, 2, 4), np.float32)),
-                     "logits_final": arrays.encode(np.zeros((1, 2, 4), np.float32))}}
-    assert not schema.problems(doc), schema.problems(doc)
-    schema.save(path, doc)
-    return path
+    steps = document.Steps(step=tuple(range(1, n + 1)), loss=tuple(losses), grad_norm=(0.5,) * n, lr=(1e-3,) * n,
+                           tokens=(512,) * n, step_time_s=(0.1,) * n, peak_memory_gib={p: (0.1,) * n for p in PHASES})
+    settings = document.Settings(global_batch=1, seq_length=2, micro_batch_size=1, grad_accum_steps=1, world_size=1,
+                                 dtype="float32", data_sha256="0" * 64, data_order={}, seed=1, steps=n)
+    logits = arrays.encode(np.zeros((1, 2, 4), np.float32))
+    doc = document.MeasuredBaseline(created="2026-12-01T00:00:00", command=("port", "baseline"),
+                                    device={"kind": "cpu", "name": "test cpu"}, versions={}, model={},
+                                    settings=settings, steps=steps, timing=document.Timing(), memory=document.Memory(),
+                                    probe=document.Probe(input_ids=((1, 2),), after_step=n, logits_initial=logits,
+                                                         logits_final=logits))
+    return document.save(path, doc)
 
 
 def _polylines(svg: str) -> dict[str, list[tuple[float, float]]]:

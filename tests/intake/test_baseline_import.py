@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from porting.baseline import compare as compare_mod, schema
+from porting.baseline import compare as compare_mod, document
+from porting.baseline.render import render
 from porting.baseline.curve import DEFAULTS, Gate, spikes
 from porting.intake import IntakeError
 from porting.intake.baseline_import import Stated, import_log
@@ -113,7 +114,7 @@ def test_public_tensorboard_file_imports_through_the_cli(tmp_path):
     r = port("baseline", "import", str(TB / "events.out.tfevents.strict.run_1"), "--loss-tag", "strict/foo",
              "--global-batch", "8", "--out", str(out), check=True)
     doc = json.loads(out.read_text())
-    assert not schema.problems(doc) and doc["steps"]["step"][:2] == [5, 10] and len(doc["steps"]["loss"]) == 99
+    assert not document.problems(doc) and doc["steps"]["step"][:2] == [5, 10] and len(doc["steps"]["loss"]) == 99
     assert doc["imported"]["format"] == "tensorboard" and doc["imported"]["recovered_settings"] == {"loss_tag": "strict/foo"}
     # the run verb has no --loss-tag (it belongs to import): click refuses it before anything runs
     r = port("baseline", "run", "--recipe", TINY_RECIPE, "--loss-tag", "x", "--out", str(tmp_path / "b.json"))
@@ -129,12 +130,13 @@ def test_public_tensorboard_file_imports_through_the_cli(tmp_path):
 def test_imported_file_is_a_baseline_saying_what_it_lacks(tmp_path):
     out, doc = import_log(LOGS / "luojiu_trainer_state.json", tmp_path / "b.json", Stated(global_batch=32),
                           ["port", "baseline"])
-    loaded = schema.load(out)
-    imp = loaded["imported"]
-    assert imp["format"] == "hf-trainer-state" and imp["logging_interval"] == 5
-    assert "probe logits" in imp["lacks"] and "grad_norm" in imp["lacks"] and imp["contains"] == ["loss", "lr"]
-    assert loaded["settings"]["global_batch"] == 32 and loaded["settings"]["steps"] == 8710
-    assert imp["recovered_settings"]["max_steps"] == 8712
+    loaded = document.load(out)
+    assert loaded == doc and out.read_text() == document.dumps(doc)
+    imp = loaded.imported
+    assert imp.format == "hf-trainer-state" and imp.logging_interval == 5
+    assert "probe logits" in imp.lacks and "grad_norm" in imp.lacks and imp.contains == ("loss", "lr")
+    assert loaded.settings.global_batch == 32 and loaded.settings.steps == 8710
+    assert imp.recovered_settings["max_steps"] == 8712
 
 
 # ------------------------------------------------------------------------------------- the gate
@@ -147,10 +149,10 @@ def hf_trainer_state(tmp_path_factory) -> Path:
 
     d = tmp_path_factory.mktemp("hf")
     res = run(BaselineRequest(recipe_path=str(TINY_RECIPE), out=str(d / "measured.json"), device="cpu"))
-    st = res.document["steps"]
-    state = TrainerState(global_step=len(st["step"]), max_steps=len(st["step"]), logging_steps=1, train_batch_size=4)
-    lr_next = st["lr"][1:] + [None]
-    for s, loss, gn, lr in zip(st["step"], st["loss"], st["grad_norm"], lr_next):
+    st = res.document.steps
+    state = TrainerState(global_step=len(st.step), max_steps=len(st.step), logging_steps=1, train_batch_size=4)
+    lr_next = st.lr[1:] + (None,)
+    for s, loss, gn, lr in zip(st.step, st.loss, st.grad_norm, lr_next):
         row = {"epoch": s / 4, "grad_norm": gn, "loss": round(loss, 4), "step": s}
         if lr is not None:
             row["learning_rate"] = lr
@@ -182,10 +184,10 @@ def _edit_run(run: Path, d: Path, edit) -> Path:
 def test_imported_hf_log_passes_against_the_same_recipe(hf_trainer_state, tiny_cpu_run, tmp_path):
     base = _imported(hf_trainer_state, tmp_path)
     rep = compare_mod.run_compare(str(base), str(tiny_cpu_run), gate=DEFAULTS)
-    assert rep["ok"], rep["failures"]
-    c = rep["curve"]
-    assert c["points"] == 20 and c["run_mean_rel_diff"] < 1e-3
-    assert "PASS" in compare_mod.render(rep)
+    assert rep.ok, rep.failures
+    c = rep.curve
+    assert c.points == 20 and c.run_mean_rel_diff < 1e-3
+    assert "PASS" in render(rep)
     from porting.report import make_report
 
     make_report(tiny_cpu_run, tmp_path / "report", baseline=base)   # both curves on one plot
@@ -197,12 +199,12 @@ def test_drift_of_one_and_a_half_percent_fails_naming_the_steps(hf_trainer_state
     base = _imported(hf_trainer_state, tmp_path)
     run = _edit_run(tiny_cpu_run, tmp_path, lambda s, x: x * 1.015 if s >= 11 else x)
     rep = compare_mod.run_compare(str(base), str(run), gate=DEFAULTS)
-    assert not rep["ok"]
-    assert any("steps 11-20" in f for f in rep["failures"]), rep["failures"]
-    assert [w["ok"] for w in rep["curve"]["windows"]] == [True, False]
-    rows = {c["name"]: c for c in rep["checks"]}   # the gate's verdict as the one result row
-    assert rows["loss windows"]["value"] == 1 and not rows["loss windows"]["passed"]
-    assert rows["like for like"]["passed"] and all(r["passed"] for n, r in rows.items() if n != "loss windows")
+    assert not rep.ok
+    assert any("steps 11-20" in f for f in rep.failures), rep.failures
+    assert [w.ok for w in rep.curve.windows] == [True, False]
+    rows = {c.name: c for c in rep.checks}   # the gate's verdict as the one result row
+    assert rows["loss windows"].value == 1 and not rows["loss windows"].passed
+    assert rows["like for like"].passed and all(r.passed for n, r in rows.items() if n != "loss windows")
 
 
 def test_doubled_spikes_fail_naming_the_step(hf_trainer_state, tiny_cpu_run, tmp_path):
@@ -215,12 +217,12 @@ def test_doubled_spikes_fail_naming_the_step(hf_trainer_state, tiny_cpu_run, tmp
     base = _imported(spiky, tmp_path)
     same = _edit_run(tiny_cpu_run, tmp_path / "a", lambda s, x: x * 3 if s == 8 else x)
     rep = compare_mod.run_compare(str(base), str(same), gate=DEFAULTS)
-    assert rep["ok"], rep["failures"]   # the same spike on both sides passes
-    assert rep["curve"]["spikes"]["loss"]["baseline_steps"] == [8]
+    assert rep.ok, rep.failures   # the same spike on both sides passes
+    assert rep.curve.spikes["loss"].baseline_steps == (8,)
     doubled = _edit_run(tiny_cpu_run, tmp_path / "b", lambda s, x: x * 3 if s in (8, 15) else x)
     rep = compare_mod.run_compare(str(base), str(doubled), gate=DEFAULTS)
-    assert not rep["ok"]
-    assert any("loss spikes: run 2 vs baseline 1" in f and "extra at steps 15" in f for f in rep["failures"]), rep["failures"]
+    assert not rep.ok
+    assert any("loss spikes: run 2 vs baseline 1" in f and "extra at steps 15" in f for f in rep.failures), rep.failures
 
 
 def test_other_global_batch_or_schedule_is_refused(hf_trainer_state, tiny_cpu_run, tmp_path):

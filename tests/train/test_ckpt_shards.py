@@ -127,7 +127,11 @@ def test_merge_loads_in_transformers_bitwise(runs, model_dir):
 
     root, _ = runs
     ck = root / "ref" / "checkpoints" / "step_4"
-    res = CliRunner().invoke(main, ["ckpt", "merge", str(ck), "--out", str(root / "hf")])
+    res = CliRunner().invoke(main, ["ckpt", "merge", str(ck), "--out", str(root / "hf0")])
+    # the run's model is a folder outside the run: the manifest's path is not followed (no tokenizer files)
+    assert res.exit_code == 0 and "pass --model DIR" in res.output, res.output
+    assert not (root / "hf0" / "tokenizer.json").exists()
+    res = CliRunner().invoke(main, ["ckpt", "merge", str(ck), "--out", str(root / "hf"), "--model", str(model_dir)])
     assert res.exit_code == 0, res.output
     assert (root / "hf" / "port_manifest.json").is_file() and (root / "hf" / "tokenizer.json").is_file()
     model = transformers.AutoModelForCausalLM.from_pretrained(str(root / "hf"), torch_dtype=torch.float32)
@@ -178,3 +182,116 @@ def test_reshard_to_dp2_zero_and_back_resumes_bitwise(runs):
             assert np.array_equal(a.full(kind, p.name), b.full(kind, p.name)), (kind, p.name)
     res = CliRunner().invoke(main, args + sets)   # never over an existing directory
     assert res.exit_code != 0 and "exists" in res.output
+
+
+@pytest.mark.parametrize("shape,axis", [((6, 8), 1), ((8, 6), 0), ((4, 8, 3), 1), ((2, 3, 8), 2), ((12,), None)])
+def test_range_mapping_equals_the_global_index_arrays(shape, axis):
+    """``ckpt_read._blocks`` (arithmetic) maps every element exactly as explicit global index arrays do, for
+    every pair of TP sizes and 40 random ranges on each side."""
+    from porting.train.run.ckpt_read import _blocks, _run
+
+    spec = ParamSpec("x", shape, axis, "F32")
+    full = np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape)
+    rng = np.random.default_rng(1)
+    row = int(np.prod(shape[axis:])) if axis is not None else full.size
+    for tp0, tp1 in [(1, 2), (2, 1), (2, 2), (2, 4), (4, 2), (1, 1)]:
+        if axis is None and (tp0, tp1) != (1, 1):
+            continue
+        for _ in range(40):
+            t0, t1 = int(rng.integers(tp0)), int(rng.integers(tp1))
+            old = split_shard(full, axis, t0, tp0).ravel()
+            new = split_shard(full, axis, t1, tp1).ravel()
+            a0, b0 = sorted(int(x) for x in rng.integers(0, old.size + 1, 2))
+            a1, b1 = sorted(int(x) for x in rng.integers(0, new.size + 1, 2))
+            if a0 == b0 or a1 == b1:
+                continue
+            got = np.full(b1 - a1, -1.0, np.float32)
+            have = (*_run(spec, axis, tp0, t0, row), a0, b0)
+            want = (*_run(spec, axis, tp1, t1, row), a1, b1)
+            for r, n, s, w in _blocks(have, want):
+                for k in range(r):
+                    got[w - a1 + k * want[0]:w - a1 + k * want[0] + n] = old[s + k * have[0]:s + k * have[0] + n]
+            both = np.intersect1d(old[a0:b0], new[a1:b1])   # the elements (unique values) both ranges hold
+            expect = np.where(np.isin(new[a1:b1], both), new[a1:b1], -1.0)
+            assert np.array_equal(got, expect), (shape, axis, tp0, tp1, t0, t1, (a0, b0), (a1, b1))
+
+
+@pytest.mark.slow
+def test_merge_ms_loads_strictly_into_the_zoo_cell_with_the_optimizer_state(runs, model_dir):
+    """`port ckpt merge --ms`: MindSpore-named full weights that ``mindspore.load_checkpoint`` +
+    ``load_param_into_net(strict_load=True)`` load into the zoo's cell with nothing missing or left over, and
+    the optimizer state beside them equals the checkpoint's, tensor by tensor."""
+    import mindspore as ms
+    from safetensors.numpy import load_file
+
+    from model_zoo.config import LlamaConfig
+    from model_zoo.llama import build
+    from porting.cli import main
+
+    root, _ = runs
+    ck = root / "ref" / "checkpoints" / "step_4"
+    out = root / "ms"
+    res = CliRunner().invoke(main, ["ckpt", "merge", str(ck), "--ms", str(out), "--optimizer",
+                                    "--model", str(model_dir), "--out", str(root / "hf_too")])
+    assert res.exit_code == 0, res.output
+    # both outputs from one assembly: the HF one converted from the MindSpore directory just written
+    assert (root / "hf_too" / "port_manifest.json").is_file() and (root / "hf_too" / "tokenizer.json").is_file()
+    assert "merge step_4: param layer 0:" in res.stderr   # one progress line per parameter group
+    assert {"model.safetensors", "config.json", "tokenizer.json", "optimizer.safetensors",
+            "optimizer.json"} <= {p.name for p in out.iterdir()}
+    net = build(LlamaConfig.from_hf(out))
+    loaded = ms.load_checkpoint(str(out / "model.safetensors"), format="safetensors")
+    not_loaded, unused = ms.load_param_into_net(net, loaded, strict_load=True)
+    assert not not_loaded and not unused, (not_loaded, unused)
+    src, _ = ckpt_read.open_checkpoint(ck)
+    for p in net.trainable_params():
+        assert np.array_equal(p.asnumpy(), src.full("param", p.name)), p.name
+    opt = load_file(str(out / "optimizer.safetensors"))
+    kinds = src.layout.kinds[1:]
+    assert set(opt) == {f"{k}.{p.name}" for k in kinds for p in src.layout.params}
+    for k in kinds:
+        for p in src.layout.params:
+            assert np.array_equal(opt[f"{k}.{p.name}"], src.full(k, p.name)), (k, p.name)
+    assert json.loads((out / "optimizer.json").read_text())["updates"] == 4
+
+
+def test_the_free_space_check_counts_bytes_not_rounded_gib(tmp_path):
+    """A need 64 MB above the free space is refused and named in bytes (it once read "0.00 GiB")."""
+    import shutil
+
+    from converters.atomic import check_free_space
+    from model_zoo.errors import CheckpointError
+
+    need = shutil.disk_usage(tmp_path).free + (64 << 20)   # a margin for other writers on this disk
+    with pytest.raises(CheckpointError, match=f"needs {need} bytes"):
+        check_free_space(tmp_path / "out", need)
+    check_free_space(tmp_path / "out", 1 << 20)
+
+
+def test_a_record_from_before_chunk_digests_is_checked_whole(tmp_path):
+    """layout.json written before per-chunk digests carries each file's whole sha256: it is still read, the
+    whole file is checked when first opened, and one flipped bit is refused."""
+    import hashlib
+
+    from model_zoo.errors import CheckpointError
+
+    truth = _truth()
+    saved = _layout(4, 2, True)
+    _write(tmp_path, saved, truth)
+    doc = json.loads((tmp_path / "layout.json").read_text())
+    for name, entry in doc["files"].items():
+        doc["files"][name] = {"rank": entry["rank"], "bytes": entry["bytes"],
+                              "sha256": hashlib.sha256((tmp_path / name).read_bytes()).hexdigest()}
+    (tmp_path / "layout.json").write_text(json.dumps(doc))
+    src, _ = ckpt_read.open_checkpoint(tmp_path)
+    assert np.array_equal(src.full("param", "wo"), truth["param", "wo"])
+    opened = [n for n in doc["files"] if n in src.files._fds]
+    assert opened and src.files.hashed_bytes == sum(doc["files"][n]["bytes"] for n in opened)   # each file it opened, whole
+    src.files.close()
+    raw = bytearray((tmp_path / "rank_00001.safetensors").read_bytes())
+    raw[-1] ^= 1
+    (tmp_path / "rank_00001.safetensors").write_bytes(bytes(raw))
+    src, _ = ckpt_read.open_checkpoint(tmp_path)
+    with pytest.raises(CheckpointError, match="rank_00001.safetensors: its sha256 differs"):
+        src.full("param", "emb")   # its TP slice 1 lives in rank 1: opening it checks the whole file
+    src.files.close()

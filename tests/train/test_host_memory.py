@@ -29,8 +29,10 @@ def test_the_plan_shows_host_ram_per_worker_and_node_and_the_save_inputs():
     text = format_plan(plan)
     assert f"{hm['worker_gib']:.2f} GiB per worker, {hm['node_gib']:.2f} GiB per node" in text
     launch = plan.launch
-    assert launch["predicted_save_s"] == pytest.approx(launch["checkpoint_bytes_per_rank"] / (0.25 * 2**30), abs=0.1)
-    assert "0.25 GiB/s (checkpointing.fs_gib_per_s)" in text
+    # the filesystem's bandwidth is shared: the whole checkpoint (every rank's bytes) goes through it
+    assert launch["predicted_save_s"] == pytest.approx(launch["checkpoint_bytes"] / (0.25 * 2**30), abs=0.1)
+    assert launch["checkpoint_bytes"] == pytest.approx(182e9, rel=0.05)   # 13B: 2 + 4 + 4 + 4 bytes a parameter
+    assert "0.25 GiB/s the filesystem's aggregate write bandwidth (checkpointing.fs_gib_per_s)" in text
 
 
 def test_a_node_over_host_memory_gib_is_refused_with_the_fix():
@@ -47,17 +49,33 @@ def test_a_node_over_host_memory_gib_is_refused_with_the_fix():
     assert msg.startswith("r.yaml: cluster.host_memory_gib:") and "optimizer_sharding" in msg and "\n" not in msg
 
 
-def test_zero_start_up_and_resume_never_hold_a_whole_fp32_shard():
-    """ZeRO builds and restores one bucket's shard at a time: the transient stays far below the rank's
-    whole fp32 shard of the model (what ``flat = [...]`` for every bucket at once used to cost)."""
+def test_zero_start_up_holds_nothing_on_the_host_and_resume_one_bucket_at_a_time():
+    """ZeRO's masters, m and v are made on the device (no host transient at start-up); a resume restores one
+    bucket's shard at a time: the transient stays far below the rank's whole fp32 shard of the model."""
     from porting.train.plan.comm import parameter_numels
 
     rec, cfg, plan = _plan("7b-8card.yaml", "parallel.optimizer_sharding=true")
-    whole_shard_gib = 4 * sum(parameter_numels(cfg, 1)) / rec.data_parallel_size / 2**30
-    param_gib = 4 * max(parameter_numels(cfg, 1)) / 2**30   # one fp32 parameter copy: the floor of any path
+    tp = rec.parallel.tensor_parallel
+    whole_shard_gib = 4 * sum(parameter_numels(cfg, tp)) / rec.data_parallel_size / 2**30
+    param_gib = 4 * max(parameter_numels(cfg, tp)) / 2**30   # one fp32 TP-local parameter: the floor of any path
     t = plan.host_memory["transients_gib"]
-    assert 0 < t["zero_start"] - param_gib < whole_shard_gib / 4, (t, whole_shard_gib)
+    assert set(t) == {"hf_load", "save", "resume"}
     assert 0 < t["resume"] - 2 * param_gib < whole_shard_gib / 4, (t, whole_shard_gib)
+
+
+def test_every_resident_term_of_the_13b_and_7b_nodes_is_counted():
+    """The Ascend worker: base, the weights' host copies (P_local x 2 bytes for bf16), the largest transient;
+    the node: 16 of them."""
+    from porting.train.plan.comm import parameter_numels
+
+    for name in ("13b-32card.yaml", "7b-8card.yaml"):
+        rec, cfg, plan = _plan(name)
+        hm = plan.host_memory
+        terms = hm["terms_gib"]
+        assert terms["weights_host"] == pytest.approx(
+            sum(parameter_numels(cfg, rec.parallel.tensor_parallel)) * 2 / 2**30, abs=1e-3)
+        assert hm["worker_gib"] == pytest.approx(sum(terms.values()), abs=2e-3)
+        assert hm["node_gib"] == pytest.approx(16 * hm["worker_gib"], rel=1e-3)
 
 
 @pytest.mark.parametrize("sets", [["cluster.devices_per_node=4", "parallel.optimizer_sharding=true"],

@@ -94,7 +94,7 @@ def test_every_shipped_recipe_plans_and_fits(recipe):
     assert f"global batch: {plan['global_batch']} = " in text.stdout and "DOES NOT FIT" not in text.stdout
 
 
-@pytest.mark.parametrize("name,nodes,world,tp", [("7b-8card", 1, 16, 1), ("7b-a2-8dev", 1, 8, 1),
+@pytest.mark.parametrize("name,nodes,world,tp", [("7b-8card", 1, 16, 2), ("7b-a2-8dev", 1, 8, 4),
                                                  ("13b-32card", 4, 64, 8)])
 def test_shipped_910c_recipes_fit(name, nodes, world, tp):
     r = port("train", f"recipes/{name}.yaml", "--dry-run", "--json")

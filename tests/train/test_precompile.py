@@ -51,9 +51,14 @@ def test_precompile_compiles_every_shape_and_changes_no_weight(trainer):
     shapes = plan.run_shapes()
     assert len(shapes) >= 2   # more than one bucket in these 4 steps
     before = [p.asnumpy().copy() for p in trainer.state_params + list(trainer.buffers)]
-    report = pre.precompile(trainer, shapes, plan.step(0, 0).micro_batches[0], None)
+    lines: list[str] = []
+    report = pre.precompile(trainer, shapes, plan.step(0, 0).micro_batches[0], None, lines.append)
     # one accumulation graph per shape, one update graph; nothing ran
     assert report.graphs == compiled_graphs(*trainer.cells) == len(shapes) + 1
+    # one log line per graph as it finishes: no silent window before step 1 (issue 35)
+    n = len(shapes) + 1
+    assert [ln.split(":")[1].strip() for ln in lines] == [f"graph {i} of {n}" for i in range(1, n + 1)]
+    assert all(f"shape {list(s)} in " in ln for s, ln in zip(shapes, lines)) and "the update" in lines[-1]
     after = [p.asnumpy() for p in trainer.state_params + list(trainer.buffers)]
     assert all(np.array_equal(a, b) for a, b in zip(before, after))
     for step in plan.steps():   # the steps find their graphs: none compiles
@@ -79,6 +84,18 @@ def test_a_run_with_mindspores_compile_cache_on_is_refused_before_anything_is_wr
     assert compile_cache_problem(recipe, {}) == ""
     assert "enable_compile_cache" in compile_cache_problem(recipe, {}, context_on=True)
     assert compile_cache_problem(load_recipe(TINY, ["execution=pynative"]), {"MS_COMPILER_CACHE_ENABLE": "1"}) == ""
+
+
+def test_the_compile_cache_is_off_on_ascend_unless_asked_for():
+    from porting.train.recipe.schema import load_recipe
+    from porting.train.run.precompile import cache_wanted
+    from tests.train.conftest import ROOT
+
+    def rec(*sets):
+        return load_recipe(ROOT / "recipes" / "13b-32card.yaml", list(sets), check_files=False)
+
+    assert not cache_wanted(rec()) and cache_wanted(rec("cluster.compile_cache=true"))
+    assert cache_wanted(load_recipe(TINY, [])) and not cache_wanted(load_recipe(TINY, ["cluster.compile_cache=false"]))
 
 
 def test_cache_key_follows_what_builds_the_graph():
@@ -190,3 +207,18 @@ def test_a_graph_that_does_not_compile_stops_before_step_1_naming_pynative():
         ms.set_context(mode=mode)
     assert "shape [(1, 16)] failed" in str(caught.value) and "--set execution=pynative" in str(caught.value)
     assert "\n" not in str(caught.value)
+
+
+@pytest.mark.slow
+def test_the_loss_sums_of_the_micro_batches_never_run_in_float64_on_the_device(trainer, monkeypatch):
+    """The accumulation path adds the micro-batches' loss sums in float64 on the host (exact, as before), never
+    with a float64 tensor op: CANN's float64 coverage is partial (issue 35)."""
+    import mindspore as ms
+
+    seen = []
+    astype = ms.Tensor.astype
+    monkeypatch.setattr(ms.Tensor, "astype", lambda self, dtype, *a, **k: (seen.append(dtype), astype(self, dtype, *a, **k))[1])
+    step = next(iter(trainer.plan.steps()))
+    assert len(step.micro_batches) > 1   # the accumulation path
+    r = trainer.run_step(step, 1e-3)
+    assert np.isfinite(r.loss) and ms.float64 not in seen, seen

@@ -235,4 +235,5 @@ def test_ascend_buckets_default_to_four_shapes_and_more_is_refused():
     assert validate_recipe(many, check_files=False).batching.packing
     cpu = {k: v for k, v in raw.items() if k != "cluster"}
     cpu["precision"] = {"param_dtype": "float32", "compute_dtype": "float32"}
+    cpu["parallel"] = {**raw["parallel"], "tensor_parallel": 1}   # one CPU device
     assert validate_recipe(cpu, check_files=False).batching.bucketing.max_shapes == 16

@@ -125,6 +125,8 @@ def test_tp2_with_resume_equals_one_device(tp2_resumed, one_device, model_dir):
     log0 = (run / "logs" / "rank_0.log").read_text()
     assert "tensor parallel 2" in log0 and "resumed from" in log0
     assert "row max by AllReduce SUM" in log0   # the CPU's emulation of AllReduce MAX ran
+    # the resume took its weights from its own checkpoint, one line per layer group (the HF files were not read)
+    assert "resume step_2 weights: layer 0:" in log0
 
 
 @pytest.fixture(scope="module")
@@ -144,6 +146,28 @@ def test_tp2_in_pynative_equals_one_device_in_graph_mode(tp2_pynative, one_devic
     _compare(tp2_pynative, one_device, model_dir)
     log0 = (tp2_pynative / "logs" / "rank_0.log").read_text()
     assert "tensor parallel 2" in log0 and "execution: pynative" in log0
+
+
+@pytest.fixture(scope="module")
+def tp2_recompute(model_dir, tmp_path_factory):
+    """TP=2 on 2 msrun workers in graph mode with memory.recompute: micro-batch 2 x 2 accumulation steps, 3 steps."""
+    run = tmp_path_factory.mktemp("tp2rc") / "run"
+    port_process("train", str(TINY), "--run-dir", str(run), *_args(_settings(
+        model_dir, "batching.micro_batch_size=2", "batching.grad_accum_steps=2", "cluster.devices_per_node=2",
+        "parallel.tensor_parallel=2", "schedule.max_steps=3", "memory.recompute=true",
+        f"cluster.master_port={free_port()}")), check=True, timeout=400)
+    return run
+
+
+@pytest.mark.msrun
+@pytest.mark.slow
+def test_tp2_with_recompute_equals_one_device_without_it(tp2_recompute, one_device, model_dir):
+    """Recompute (the decoder layers' activations rebuilt in backward) through the tensor-parallel cells in
+    graph mode gives the losses, gradient norms and weights of the plain 1-device run (issue 35)."""
+    _compare(tp2_recompute, one_device, model_dir)
+    log0 = (tp2_recompute / "logs" / "rank_0.log").read_text()
+    assert "tensor parallel 2" in log0 and "recompute their activations in backward" in log0
+    assert "execution: graph" in log0
 
 
 @pytest.mark.msrun

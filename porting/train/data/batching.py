@@ -19,7 +19,7 @@ How a step is made (per epoch):
    micro-batches ``r*accum .. r*accum+accum-1``. Every micro-batch of the step is padded to the smallest
    bucket length that holds the step's longest row: all data-parallel ranks (and all accumulation
    micro-batches) of one step have one shape, so no rank meets a new shape, and compiles, while the
-   others wait for it in the gradient all-reduce (issue 22: the waiting ranks time out).
+   others wait for it in the gradient all-reduce (the waiting ranks time out).
 So micro 1 x accum 4 and micro 4 x accum 1 see the same examples in each optimizer step, and
 2 workers x accum 1 see the same micro-batches as 1 worker x accum 2.
 

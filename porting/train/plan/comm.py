@@ -136,15 +136,28 @@ def checkpoint_bytes(recipe: Recipe, layout: Layout) -> float:
     return p * pb / dp + 8 * p / dp + masters
 
 
+def checkpoint_total_bytes(recipe: Recipe, layout: Layout) -> float:
+    """Bytes all ranks write together at a checkpoint: every tensor-parallel slice's weights, m, v and fp32
+    masters once (sharded over its data-parallel ranks, or written by data-parallel rank 0 alone)."""
+    p = float(layout.parameters)
+    pb = DTYPE_BYTES[recipe.precision.param_dtype]
+    return recipe.parallel.tensor_parallel * p * (pb + 8 + (4 if pb != 4 else 0))
+
+
 def save_seconds(recipe: Recipe, layout: Layout) -> float:
-    """Seconds the busiest rank takes to write its checkpoint file at the recipe's filesystem speed."""
-    return checkpoint_bytes(recipe, layout) / (recipe.checkpointing.fs_gib_per_s * (1 << 30))
+    """Seconds a checkpoint takes: all ranks write at once and share the filesystem, so the whole
+    checkpoint's bytes go through ``checkpointing.fs_gib_per_s``, the aggregate write bandwidth of the
+    filesystem the checkpoints live on (per cluster; porting/train/plan/fs_speed.py measures one node's).
+    Its default, 0.3 GiB/s, is conservative: a Huawei Cloud SFS Turbo "Performance" file system's documented
+    maximum is 350 MB/s (support.huaweicloud.com/intl/en-us/productdesc-sfsturbo/sfsturbo_01_0005.html);
+    SFS Capacity-Oriented gives 0.02 MB/s per GB of capacity + 100 MB/s, 2 GB/s at 100 TB (productdesc-sfs/sfs_01_0005.html)."""
+    return checkpoint_total_bytes(recipe, layout) / (recipe.checkpointing.fs_gib_per_s * (1 << 30))
 
 
 def hccl_env(recipe: Recipe, layout: Layout) -> dict:
     """HCCL timeouts that outlast a checkpoint save (ranks wait in a collective while one rank writes).
 
-    save_s = checkpoint_bytes / checkpointing.fs_gib_per_s (the recipe's; 0.5 GiB/s by default);
+    save_s = the checkpoint's bytes / checkpointing.fs_gib_per_s (aggregate; 0.3 GiB/s by default);
     HCCL_EXEC_TIMEOUT = max(1836, ceil(3 x save_s) + 600); HCCL_CONNECT_TIMEOUT = max(600, ceil(2 x save_s) + 120)
     (a resumed run connects after loading the same bytes).
     """
@@ -156,11 +169,12 @@ def hccl_env(recipe: Recipe, layout: Layout) -> dict:
 def launch_plan(recipe: Recipe, layout: Layout) -> dict:
     """The per-node environment of a multi-device run and how it was derived."""
     save_s = save_seconds(recipe, layout)
-    written = checkpoint_bytes(recipe, layout)
+    written, total = checkpoint_bytes(recipe, layout), checkpoint_total_bytes(recipe, layout)
     return {"env": hccl_env(recipe, layout), "predicted_save_s": round(save_s, 1),
-            "checkpoint_bytes_per_rank": int(written),
-            "formula": f"save_s = {written / (1 << 30):.2f} GiB the busiest rank writes / "
-                       f"{recipe.checkpointing.fs_gib_per_s:g} GiB/s (checkpointing.fs_gib_per_s); "
+            "checkpoint_bytes_per_rank": int(written), "checkpoint_bytes": int(total),
+            "formula": f"save_s = {total / (1 << 30):.2f} GiB all ranks write / "
+                       f"{recipe.checkpointing.fs_gib_per_s:g} GiB/s the filesystem's aggregate write bandwidth "
+                       "(checkpointing.fs_gib_per_s); "
                        "HCCL_EXEC_TIMEOUT = max(1836, ceil(3 save_s) + 600); "
                        "HCCL_CONNECT_TIMEOUT = max(600, ceil(2 save_s) + 120)",
             "same_on_every_node": list(SAME_ON_EVERY_NODE)}

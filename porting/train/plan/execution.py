@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Mapping
 
+from model_zoo.errors import PortingError
 from porting.train.recipe.schema import Recipe
 
 GRAPH, PYNATIVE = "graph", "pynative"
@@ -16,6 +17,13 @@ def describe(recipe: Recipe) -> str:
                 "step semantics as graph mode, slower per step on the CPU (BENCHMARKS.md)")
     return ("graph (the default): one compiled graph per input shape holds forward, backward, all-reduce, clip and "
             "AdamW; if the compile fails, --set execution=pynative runs the same step without it")
+
+
+class GraphCompileError(PortingError):
+    """The graph-mode step failed to compile or to run its first step of a shape, or cannot start (MindSpore's
+    process-wide compile cache is on)."""
+
+    exit_code = 1
 
 
 def compile_cache_problem(recipe: Recipe, environ: Mapping[str, str], context_on: bool = False) -> str:

@@ -1,33 +1,48 @@
 """Predicted peak host RAM of one `port train` worker and of one node, for the dry run.
 
-What a worker holds in host memory besides its device (an estimate, each term from the code path):
+Resident for the whole run, per worker (each term: formula, source):
 
-- ``base``: the process with MindSpore, CANN and the data plan loaded (HOST_BASE_GIB, an estimate:
-  ``benchmarks/checkpoint_scale.py`` measures the import baseline on the CPU);
-- ``device_state`` (CPU runs only): on the CPU backend the "device" memory (weights, gradients,
-  optimizer states, activations: porting/train/plan/memory.py) is host memory;
-- the largest transient of the start-up and checkpoint paths, which run one after another:
-  HF load (converters/loading.py) reads one tensor at a time, widened to fp32, and slices it for the
-  rank: the largest HF tensor in bf16 + fp32 + its fp32 slice; ZeRO start-up (porting/train/run/zero.py
-  ``_own_numpy``) builds this rank's range of one bucket at a time from one fp32 parameter copy;
-  a save (porting/train/run/ckpt_shards.py) copies one parameter to fp32 and slices it; a resume
-  (porting/train/run/ckpt_read.py) holds one bucket's shard (ZeRO) or one parameter (replicated) and the
-  piece being read.
+- ``base``: the process with Python, MindSpore and port's training loop imported. CPU: 0.40 GiB, the
+  RSS of ``import mindspore, porting.train.run.loop`` measured on this project's CPU machines
+  (benchmarks/host_rss_plan.py prints it; benchmarks/checkpoint_scale.py ``import_baseline``). Ascend:
+  3.0 GiB, an estimate of the same plus the CANN runtime's host side (no device measurement is held).
+- ``device_state`` (CPU only): the CPU backend's "device" memory is host memory, so the device plan's
+  peak (porting/train/plan/memory.py: weights, gradients, AdamW states, activations, copies) is resident.
+- ``weights_host`` (Ascend only): the HF load gives each weight to MindSpore as a host tensor
+  (converters/loading.py ``ms.Tensor(array)`` then ``Parameter.set_data``); the device copy is made when
+  the graph first runs and the host one is counted as kept (P_local x parameter bytes) until a device run
+  measures otherwise. Nothing else of the model or the optimizer is on the host: no weight is drawn
+  (model_zoo/linear.py ``deferred_parameters``), and the accumulation buffers, AdamW m and v and the fp32
+  masters are made on the device (porting/train/run/step.py, zero.py ``on_device``).
+- ``data``: the worker's token arrays, ``ids`` and ``labels`` int32 (porting/train/data/token_file.py
+  ``ARRAYS``: 8 bytes a token), the tokens estimated as the data file's bytes / 4 (about 4 characters a
+  token for English text with a Llama tokenizer; an estimate, 0 when the file is not where the plan runs).
 
-The node total is the worker's peak times the workers per node (``cluster.devices_per_node``): all
-workers start and save at the same time. A plan whose node total exceeds ``cluster.host_memory_gib``
-is refused with what to change.
+Transient, one at a time (the largest counts; they run one after another, before or between steps):
+the HF load (converters/loading.py ``read_slice``: this rank's slice of the largest tensor as read, widened
+to fp32, and the parameter-dtype copy given to MindSpore); a save (porting/train/run/ckpt_shards.py: one
+piece sliced on the device, as fp32 and as the bytes written); a resume (porting/train/run/ckpt_read.py:
+one ZeRO bucket's shard or one parameter, the piece read, and the tensor handed to the device).
+
+The node total is the worker's peak times the workers per node (``cluster.devices_per_node``): all workers
+start and save at the same time. A plan whose node total exceeds ``cluster.host_memory_gib`` is refused
+with what to change. Measured against real one-device runs at two widths (benchmarks/host_rss_plan.py,
+BENCHMARKS.md; tests/train/test_host_rss_measured.py).
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from model_zoo.config import LlamaConfig
 from model_zoo.errors import RecipeError
 from porting.train.plan.comm import parameter_numels
+from porting.train.plan.layout import DTYPE_BYTES
 from porting.train.plan.sharding import flat_buckets
 from porting.train.recipe.schema import Recipe
 
-HOST_BASE_GIB = 3.0
+HOST_BASE_GIB = {"cpu": 0.40, "ascend": 3.0}   # see the module docstring: CPU measured, Ascend an estimate
+DATA_BYTES_PER_FILE_BYTE = 2.0                  # 8 bytes a token (ids + labels, int32), ~4 characters a token
 GIB = float(1 << 30)
 
 
@@ -36,33 +51,50 @@ def _largest_param(cfg: LlamaConfig, tp: int) -> tuple[int, int]:
     return max(parameter_numels(cfg, 1)), max(parameter_numels(cfg, tp))
 
 
-def host_memory(recipe: Recipe, cfg: LlamaConfig, device_total_gib: float) -> dict:
-    """Per-worker peak and per-node total in GiB, with the terms and the formula."""
+def _data_bytes(recipe: Recipe) -> float:
+    try:
+        return DATA_BYTES_PER_FILE_BYTE * Path(recipe.data.path).stat().st_size
+    except (OSError, TypeError, ValueError):
+        return 0.0
+
+
+def transients(recipe: Recipe, cfg: LlamaConfig) -> dict[str, float]:
+    """Bytes of each start-up and checkpoint path's largest transient."""
     tp = recipe.parallel.tensor_parallel
     dp = recipe.data_parallel_size
-    zero = recipe.parallel.optimizer_sharding and dp > 1
-    full, local = _largest_param(cfg, tp)
-    bucket = 0.0
-    if zero:   # the largest bucket's shard (porting/train/plan/sharding.py flat_buckets, as zero.py forms them)
-        numels = parameter_numels(cfg, tp)
-        bucket = max(b.shard(dp) for b in flat_buckets(numels, 4, recipe.parallel.comm_fusion, dp))
-    load = full * (2 + 4) + local * 4                   # bf16 read, fp32 widened, fp32 slice
-    zero_start = 4 * bucket + 4 * local                 # one bucket's range, one fp32 parameter copy
-    save = 2 * 4 * local                                # fp32 copy of a parameter and its piece
-    resume = 4 * bucket + 2 * 4 * local                 # one bucket's shard (ZeRO), one parameter and its piece
-    transient = max(load, zero_start, save, resume) / GIB
-    device = device_total_gib if recipe.cluster.device == "cpu" else 0.0
-    worker = HOST_BASE_GIB + device + transient
+    _, local = _largest_param(cfg, tp)
+    pb = DTYPE_BYTES[recipe.precision.param_dtype]
+    piece = local
+    bucket = 0
+    if recipe.parallel.optimizer_sharding and dp > 1:   # the largest bucket's shard, as zero.py forms them
+        bucket = max(b.shard(dp) for b in flat_buckets(parameter_numels(cfg, tp), 4, recipe.parallel.comm_fusion, dp))
+        piece = min(local, bucket)
+    return {"hf_load": local * (2 + 4 + pb),            # the slice as read (bf16), widened, the parameter copy
+            "save": piece * (4 + pb),                   # one piece as fp32 and as the bytes written
+            "resume": 4 * bucket + local * (4 + 4 + pb)}  # a bucket's shard; a parameter, its piece, the tensor
+
+
+def host_memory(recipe: Recipe, cfg: LlamaConfig, device_total_gib: float) -> dict:
+    """Per-worker peak and per-node total in GiB, with the terms and the formula."""
+    dev = recipe.cluster.device
+    tp = recipe.parallel.tensor_parallel
+    base = HOST_BASE_GIB[dev]
+    device = device_total_gib if dev == "cpu" else 0.0
+    weights = 0.0 if dev == "cpu" else sum(parameter_numels(cfg, tp)) * DTYPE_BYTES[recipe.precision.param_dtype] / GIB
+    data = _data_bytes(recipe) / GIB
+    trans = transients(recipe, cfg)
+    transient = max(trans.values()) / GIB
+    worker = base + device + weights + data + transient
     node = worker * recipe.cluster.devices_per_node
     return {"worker_gib": round(worker, 3), "node_gib": round(node, 3),
-            "terms_gib": {"base": HOST_BASE_GIB, "device_state": round(device, 3),
-                          "largest_transient": round(transient, 3)},
-            "transients_gib": {k: round(v / GIB, 3) for k, v in
-                               (("hf_load", load), ("zero_start", zero_start), ("save", save), ("resume", resume))},
+            "terms_gib": {"base": base, "device_state": round(device, 3), "weights_host": round(weights, 3),
+                          "data": round(data, 3), "largest_transient": round(transient, 3)},
+            "transients_gib": {k: round(v / GIB, 3) for k, v in trans.items()},
             "limit_gib": recipe.cluster.host_memory_gib,
-            "formula": f"worker = {HOST_BASE_GIB} GiB base + device state (CPU only) + the largest transient of "
-                       "HF load, ZeRO start-up, save and resume (porting/train/plan/host_memory.py); node = worker x "
-                       f"{recipe.cluster.devices_per_node} workers"}
+            "formula": f"worker = {base} GiB base ({dev}) + device state (CPU: the device plan's peak) + the "
+                       "weights' host copies (Ascend: P_local x parameter bytes) + the token arrays (2 x the data "
+                       "file's bytes) + the largest transient of HF load, save and resume "
+                       f"(porting/train/plan/host_memory.py); node = worker x {recipe.cluster.devices_per_node} workers"}
 
 
 def check_host_memory(plan: dict, where: str) -> None:

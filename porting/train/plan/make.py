@@ -236,6 +236,22 @@ def plan_config(recipe: Recipe) -> tuple[LlamaConfig, list[str]]:
         return presets.config(recipe.model.source), notes
 
 
+def plan_run(recipe: Recipe, recipe_path: str, run_dir: str, overrides: list[str], resume: bool,
+             dry_run: bool, calibration: calibrated.Calibration | None = None) -> tuple[TrainPlan, LlamaConfig]:
+    """The plan `port train` prints or runs, and the model config it was made from. A dry run plans for a
+    cluster whose checkpoint may not be here (:func:`plan_config`: its notes become the plan's first warnings);
+    a real run plans from the checkpoint's own config.json. A model tensor parallel cannot split is one line
+    here, before any worker starts. ``calibration``: a rehearsal's measured pieces (:func:`make_plan`)."""
+    if dry_run:
+        cfg, notes = plan_config(recipe)
+    else:
+        cfg, notes = LlamaConfig.from_hf(resolve_hf(recipe.model.source)), []
+    check_tensor_parallel(recipe, cfg, recipe.model.source)
+    plan = make_plan(recipe, cfg, recipe_path, run_dir, overrides, resume, calibration=calibration)
+    plan.warnings = notes + plan.warnings
+    return plan, cfg
+
+
 def check_tensor_parallel(recipe: Recipe, cfg: LlamaConfig, model_dir: Path | str) -> None:
     """One RecipeError naming ``parallel.tensor_parallel`` when the model or the recipe cannot be split."""
     tp = recipe.parallel.tensor_parallel

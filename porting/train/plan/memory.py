@@ -29,7 +29,10 @@ Mixed precision, as Megatron / MindSpeed-LLM keep it (porting/train/run/step.py)
   param_dtype`` (Megatron's --grad-reduce-in-bf16), where AdamW casts each gradient to float32 as it applies it.
 - adamw_temporaries: the element-wise update's float32 m', v', p' and gradient of one parameter (of
   one bucket's shard when sharded) at a time (graph memory reuse frees them after each assign), 4 x 4.
-- the step's copies and buffers (issue 22), each with its formula and source in
+  Counted on the fused path too (float32 parameters without ZeRO, ``ops.AdamWeightDecay``): measured on
+  the CPU, its update phase grows with the width as the 4 x 4 term says (benchmarks/plan_memory_cpu.py,
+  planned / measured 0.67 without the term), so "in place" is not taken as "no working memory".
+- the step's copies and buffers, each with its formula and source in
   :mod:`porting.train.plan.memory_terms`: ``swiglu_concat`` (the fused SwiGLU's [w1; w3]),
   ``hccl_buffers`` (2 x HCCL_BUFFSIZE per communicator), ``apply_copy`` (ApplyStep's identity copy of
   the accumulation buffers), ``clip_gradients`` (the unscaled gradients held for the global norm),

@@ -1,5 +1,5 @@
 """Each term of the per-device memory plan: its formula and where the number comes from, and the four
-terms a training step holds beyond weights, gradients, states and activations (issue 22):
+terms a training step holds beyond weights, gradients, states and activations:
 
 - ``swiglu_concat``: the fused SwiGLU (Ascend, ``model_zoo/llama.py`` ``FeedForward.construct``) builds
   ``ops.cat((w1, w3))`` in the compute dtype every forward, a (2 i / tp) x h weight, and its MatMul keeps

@@ -1,7 +1,11 @@
-"""A roofline estimate of one optimizer step on Ascend 910C, and working settings ranked by it.
+"""A roofline estimate of one optimizer step on Ascend 910C (Atlas A3) or 910B (Atlas A2), and working settings
+ranked by it.
 
 Compute and memory (public, third-party figures for the 910C package of 2 dies: about 780 TFLOPS BF16,
-3.2 TB/s HBM): per die (one rank) 390 TFLOPS and 1.6 TB/s.
+3.2 TB/s HBM): per die (one rank) 390 TFLOPS and 1.6 TB/s. 910B (Atlas 800T A2, one device a rank): 328
+TFLOPS BF16 and an 8-device all-gather at 149 GB/s, third-party measurements (torch_npu matmul and
+all_gather benchmarks on a 910B server, github.com/gameofdimension/limulidae README, CANN 8.0.0.beta1); HBM
+1.6 TB/s taken as the 910C die's (no 910B figure with a source is held; the optimizer term is small).
 
 Links, per die, applied to each parallel group separately (:func:`links`):
 - inside a server: HCCS (Atlas 800T A3: two dies joined by SIO form a HiAM module, eight modules joined by
@@ -40,6 +44,13 @@ from porting.train.recipe.schema import Recipe
 TFLOPS_PER_DIE = 390e12
 HBM_BYTES_PER_S = 1.6e12
 HCCS_BYTES_PER_S = 200e9      # per die, inside a server or a SuperPoD (module docstring)
+# per server: (BF16 FLOP/s per device, HBM bytes/s, intra-server link bytes/s per device); module docstring
+DEVICE = {"atlas-800t-a2": (328e12, HBM_BYTES_PER_S, 149e9), None: (TFLOPS_PER_DIE, HBM_BYTES_PER_S, HCCS_BYTES_PER_S)}
+
+
+def device_figures(recipe: Recipe) -> tuple[float, float, float]:
+    """(FLOP/s, HBM bytes/s, intra-server link bytes/s) of one device of the recipe's server (910C unless A2)."""
+    return DEVICE.get(recipe.cluster.server, DEVICE[None])
 ROCE_BYTES_PER_S = {"atlas-800t-a3": 25e9, "atlas-800t-a2": 25e9, None: 25e9}   # per die, between servers
 TOP = 5
 
@@ -47,7 +58,7 @@ TOP = 5
 def links(recipe: Recipe) -> dict[str, Any]:
     """The link figure (bytes/s per die) each parallel group runs at, and where it comes from."""
     c = recipe.cluster
-    intra = c.intra_node_gb_s * 1e9 if c.intra_node_gb_s else HCCS_BYTES_PER_S
+    intra = c.intra_node_gb_s * 1e9 if c.intra_node_gb_s else device_figures(recipe)[2]
     if c.inter_node_gb_s:
         inter, how = c.inter_node_gb_s * 1e9, "cluster.inter_node_gb_s"
     elif c.superpod:
@@ -58,7 +69,8 @@ def links(recipe: Recipe) -> dict[str, Any]:
     return {"intra_node_bytes_per_s": intra, "inter_node_bytes_per_s": inter, "inter_node": how,
             "intra_node": "cluster.intra_node_gb_s" if c.intra_node_gb_s else "HCCS",
             "tp_bytes_per_s": intra, "dp_bytes_per_s": dp_link,
-            "dp_spans_nodes": c.nodes > 1, "source": "porting/train/plan/roofline.py module docstring"}
+            "dp_spans_nodes": c.nodes > 1, "chip": "910B" if c.server == "atlas-800t-a2" else "910C",
+            "source": "porting/train/plan/roofline.py module docstring"}
 
 
 
@@ -77,7 +89,8 @@ def step_time(recipe: Recipe, cfg: LlamaConfig, layout: Layout | None = None) ->
     wire = sharding.bytes_summary(sharding.collectives(recipe, cfg, layout=layout))
     link = links(recipe)
     tp_s, dp_s = wire["tp_wire_bytes"] / link["tp_bytes_per_s"], wire["dp_wire_bytes"] / link["dp_bytes_per_s"]
-    out = {"compute_s": flops / TFLOPS_PER_DIE, "memory_s": opt_bytes / HBM_BYTES_PER_S, "comm_s": tp_s + dp_s}
+    peak, hbm, _ = device_figures(recipe)
+    out = {"compute_s": flops / peak, "memory_s": opt_bytes / hbm, "comm_s": tp_s + dp_s}
     out["step_s"] = sum(out.values())
     out["comm_tp_s"], out["comm_dp_s"] = tp_s, dp_s
     out["tokens_per_s"] = recipe.global_batch_size * seq / out["step_s"]

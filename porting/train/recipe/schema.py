@@ -206,13 +206,14 @@ class ClusterSection(_Section):
     intra_node_gb_s: Optional[float] = Field(None, gt=0, le=10_000)
     inter_node_gb_s: Optional[float] = Field(None, gt=0, le=10_000)
     host_memory_gib: Optional[float] = Field(None, gt=0, le=65536.0)   # host RAM per node; the dry run refuses more (host_memory.py)
+    compile_cache: Optional[bool] = None   # None (auto): on for the CPU, off on Ascend (run/precompile.py)
 
 
 class CheckpointingSection(_Section):
     every_steps: int = Field(0, ge=0, le=BIG)   # 0: only at the end
     keep_last: int = Field(2, ge=1, le=1_000_000)
     export_hf: bool = True
-    fs_gib_per_s: float = Field(0.5, gt=0, le=1000.0)   # write speed one rank gets while all ranks save (comm.py)
+    fs_gib_per_s: float = Field(0.3, gt=0, le=1000.0)   # aggregate, all ranks share it (plan/comm.py save_seconds)
 
 
 class LoggingSection(_Section):

@@ -18,6 +18,7 @@ import json
 import os
 import re
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -290,7 +291,11 @@ def save_ranks(trainer: Any, root: Path, step: int) -> Path:
     written = []
 
     def write(tmp: Path) -> None:
+        t0 = time.perf_counter()
         written.append(write_rank(tmp, trainer.rank, live_pieces(trainer, layout)))
+        sec = time.perf_counter() - t0
+        trainer.log.info(f"checkpoint step {step}: rank_{trainer.rank:05d}.safetensors written, {written[-1]} bytes in "
+                         f"{sec:.1f} s ({written[-1] / max(sec, 1e-9) / 1e6:.0f} MB/s)")
 
     def finish(tmp: Path) -> int:
         write_record(tmp, layout, identity(trainer))

@@ -1,8 +1,14 @@
 """Offline work on per-rank checkpoints (porting/train/run/ckpt_shards.py), outside any training job.
 
 - :func:`write_weights`: the full model weights, one tensor at a time, as one MindSpore-named
-  safetensors file (what ``port convert --ms`` reads); ``port ckpt merge`` and the end-of-run HF export
-  (porting/train/run/export.py) convert it to HF with the converters, with ``port_manifest.json``.
+  safetensors file (the zoo's names, which are MindFormers' Llama names: converters/names.py; what
+  ``port convert --ms`` reads and ``mindspore.load_checkpoint(..., format="safetensors")`` loads);
+  ``port ckpt merge`` and the HF export (porting/train/run/export.py) convert it to HF with the
+  converters, with ``port_manifest.json``; ``port ckpt merge --ms DIR`` keeps it.
+- :func:`write_optimizer`: the optimizer state beside it (``optimizer.safetensors``: ``adam_m.<name>``,
+  ``adam_v.<name>``, ``master.<name>`` full fp32 tensors, and ``optimizer.json``), for a user who resumes
+  elsewhere. ``adam_m.``/``adam_v.`` are the prefixes MindSpore's own AdamWeightDecay gives its moments
+  (mindspore/nn/optim/adam.py ``clone(prefix="adam_m")``).
 - :func:`reshard`: the same state cut for another layout (DP, TP, ZeRO stage of another recipe),
   written as a complete checkpoint directory that ``port train --resume`` continues exactly.
 """
@@ -12,38 +18,84 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
 from converters import dtypes
+from converters.atomic import check_free_space
 from converters.safetensors_io import OutTensor, encode_header, write_all
 from model_zoo.errors import CheckpointError
 from porting.train.plan import sharding
 from porting.train.run.checkpoint import STATE_FILE, TrainState
-from porting.train.run.ckpt_read import open_checkpoint
-from porting.train.run.ckpt_shards import Layout, ParamSpec, owned, piece_key, write_rank, write_record
+from porting.train.run.ckpt_read import Progress, Source, group_of, open_checkpoint
+from porting.train.run.ckpt_shards import CODES, Layout, ParamSpec, owned, piece_key, write_rank, write_record
+
+Log = Callable[[str], None] | None
+OPTIMIZER_FILE, OPTIMIZER_RECORD = "optimizer.safetensors", "optimizer.json"
 
 
-def write_weights(ckdir: Path, out: Path) -> dict:
-    """Write the full weights of ``ckdir`` to ``out`` (safetensors, parameter names and dtypes as the
-    run holds them: bf16 stays bf16, bit for bit); returns the model's config.json from the record."""
-
-    src, ident = open_checkpoint(ckdir)
+def _config(ckdir: Path, ident: dict) -> dict:
     cfg = ident.get("model_config")
     if not isinstance(cfg, dict):
         raise CheckpointError(f"{ckdir / 'layout.json'}: key 'identity.model_config' is missing; the checkpoint "
                               "is damaged")
+    return cfg
+
+
+def _write_full(src: Source, out: Path, kinds: tuple[str, ...], log: Log, what: str) -> None:
+    """Every parameter's state of each kind, whole, into one safetensors file (``<kind>.<name>`` for the
+    optimizer kinds); one tensor in host memory at a time, one progress line per parameter group."""
     specs = src.layout.params
+    name = (lambda k, p: p.name if k == "param" else f"{k}.{p.name}")   # noqa: E731
+    code = (lambda k, p: p.dtype if k == "param" else "F32")            # noqa: E731
+    heads = [OutTensor(name(k, p), code(k, p), p.shape) for k in kinds for p in specs]
+    need = sum(p.local_numel(1) * CODES[code(k, p)] for k in kinds for p in specs)
+    check_free_space(out, need)
+    bar = Progress(log, what, lambda: src.files.bytes_read)
+    with open(out, "wb") as f:
+        write_all(f, encode_header(heads, {"format": "ms"}))
+        for k in kinds:
+            for p in specs:
+                bar.step(f"{k} {group_of(p.name)}")
+                full = np.ascontiguousarray(src.full(k, p.name), np.float32)
+                write_all(f, dtypes.cast_bytes("F32", code(k, p), memoryview(full).cast("B")))
+        bar.done()
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def write_weights(ckdir: Path, out: Path, log: Log = None) -> dict:
+    """Write the full weights of ``ckdir`` to ``out`` (safetensors, parameter names and dtypes as the
+    run holds them: bf16 stays bf16, bit for bit); returns the model's config.json from the record."""
+    src, ident = open_checkpoint(ckdir)
     try:
-        with open(out, "wb") as f:
-            write_all(f, encode_header([OutTensor(p.name, p.dtype, p.shape) for p in specs], {"format": "ms"}))
-            for p in specs:   # one full tensor in memory at a time
-                full = np.ascontiguousarray(src.full("param", p.name), np.float32)
-                write_all(f, dtypes.cast_bytes("F32", p.dtype, memoryview(full).cast("B")))
+        cfg = _config(ckdir, ident)
+        _write_full(src, out, ("param",), log, f"merge {ckdir.name}")
     finally:
         src.files.close()
     return cfg
+
+
+def write_optimizer(ckdir: Path, out_dir: Path, log: Log = None) -> Path:
+    """``optimizer.safetensors`` (full fp32 ``adam_m.<name>``, ``adam_v.<name>`` and, when the run keeps fp32
+    masters, ``master.<name>``) and ``optimizer.json`` (AdamW's hyper-parameters and update count, the step)."""
+    src, ident = open_checkpoint(ckdir)
+    try:
+        state = TrainState.read(ckdir / STATE_FILE)
+        _write_full(src, out_dir / OPTIMIZER_FILE, src.layout.kinds[1:], log, f"merge {ckdir.name} optimizer")
+    finally:
+        src.files.close()
+    opt = ((ident.get("recipe") or {}).get("optimizer") or {}) if isinstance(ident.get("recipe"), dict) else {}
+    doc = {"format": "port-optimizer/1", "algorithm": "AdamW (torch.optim.AdamW semantics, porting/train/run/step.py)",
+           "step": state.step, "updates": state.adam_t, "loss_scale": state.loss_scale,
+           "kinds": list(src.layout.kinds[1:]), "tensors": [p.name for p in src.layout.params],
+           "hyper": {k: opt.get(k) for k in ("lr", "betas", "eps", "weight_decay", "grad_clip")}}
+    (out_dir / OPTIMIZER_RECORD).write_text(json.dumps(doc, indent=1) + "\n")
+    return out_dir / OPTIMIZER_FILE
 
 
 def target_layout(old: Layout, recipe) -> Layout:
@@ -72,9 +124,26 @@ def target_layout(old: Layout, recipe) -> Layout:
     return Layout(recipe.world_size, tp, zero, old.masters, params, buckets)
 
 
-def reshard(ckdir: Path, recipe, out: Path) -> Path:
+RESHARD_THREADS = 2
+
+
+def _reshard_rank(src: Source, new: Layout, tmp: Path, r: int, log: Log) -> None:
+    """Write rank ``r``'s file of layout ``new``, each piece cut from the old checkpoint as it is written."""
+    t0, t = time.perf_counter(), r % new.tp
+    pieces = []
+    for kind, i, a, b in owned(new, r):
+        spec = new.params[i]
+        read = (lambda kind=kind, spec=spec, a=a, b=b: src.assemble(kind, spec.name, new.tp, t, a, b, spec.axis))
+        pieces.append((piece_key(kind, spec.name, t, a, b), spec.dtype if kind == "param" else "F32", b - a, read))
+    n = write_rank(tmp, r, pieces)
+    if log is not None and n:
+        sec = time.perf_counter() - t0
+        log(f"reshard: rank_{r:05d}.safetensors: {n} bytes written in {sec:.2f} s ({n / max(sec, 1e-9) / 1e6:.0f} MB/s)")
+
+
+def reshard(ckdir: Path, recipe, out: Path, log: Log = None) -> Path:
     """Write ``ckdir``'s state in ``recipe``'s layout to the new checkpoint directory ``out`` (refused when
-    it exists; built beside it and renamed into place whole)."""
+    it exists; built beside it and renamed into place whole); one log line per rank file written."""
 
     if out.exists():
         raise CheckpointError(f"{out}: exists; choose a new --out directory (port never overwrites it)")
@@ -87,17 +156,12 @@ def reshard(ckdir: Path, recipe, out: Path) -> Path:
                               "parallel); keep the global batch so the data order continues")
     tmp = out.parent / f".{out.name}.port-tmp-{os.getpid()}"
     try:
+        check_free_space(out, sum(e["bytes"] for e in src.files.table.values()))   # the same state, re-cut
         tmp.mkdir(parents=True)
-        for r in range(new.world):
-            t = r % new.tp
-            pieces = []
-            for kind, i, a, b in owned(new, r):
-                spec = new.params[i]
-                read = (lambda kind=kind, spec=spec, a=a, b=b, t=t:
-                        src.assemble(kind, spec.name, new.tp, t, a, b, spec.axis))
-                pieces.append((piece_key(kind, spec.name, t, a, b), spec.dtype if kind == "param" else "F32",
-                               b - a, read))
-            write_rank(tmp, r, pieces)
+        # two rank files at a time: reads, sha256 and writes release the GIL, so a second core is used
+        with ThreadPoolExecutor(max_workers=RESHARD_THREADS) as pool:
+            for _ in pool.map(lambda r: _reshard_rank(src, new, tmp, r, log), range(new.world)):
+                pass
         write_record(tmp, new, dict(ident, global_batch=recipe.global_batch_size))
         body = dict(state.to_dict(), world_size=new.world, shards=new.world)
         (tmp / STATE_FILE).write_text(json.dumps(body, indent=2))

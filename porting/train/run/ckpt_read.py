@@ -1,154 +1,159 @@
 """Reading a per-rank checkpoint (porting/train/run/ckpt_shards.py) into any layout, by byte ranges.
 
-:func:`read_record` checks ``layout.json`` (bounded, every key typed and ranged, every file name a
-plain ``rank_<r>.safetensors`` inside the checkpoint directory). :class:`RankFiles` reads byte ranges
-of rank files (each header once, validated by ``converters.safetensors_io.read_header``) and counts
-every byte it reads. :func:`assemble` cuts one flat range of one parameter's TP-local slice, in the
-new layout, out of the pieces of the old one: where both slices are contiguous in the full tensor
-(replicated, split along axis 0, or no tensor parallel on either side) by offsets alone; a row-parallel
-weight (split along axis 1) whose TP size changed through the pieces' global element indices.
+:func:`read_record` (porting/train/run/ckpt_record.py) checks and bounds ``layout.json``. :class:`RankFiles`
+reads byte ranges of rank files (opened without following a symbolic link; each header once, validated
+by ``converters.safetensors_io.read_header``), checks every chunk it reads against the sha256 the record
+holds for it before any byte is used, and counts every byte it reads. :func:`Source.assemble` cuts one
+flat range of one parameter's TP-local slice, in the new layout, out of the pieces of the old one by
+arithmetic: a TP slice of a tensor split along axis ``k`` is, row by row of the full tensor (a row: the
+elements of ``shape[k:]``), one run of ``row / tp`` elements at offset ``t * row / tp``; a piece is a flat
+range of such runs, so the overlap of a stored piece and a wanted range is at most four partial rows and
+two blocks of whole rows, each copied as one strided NumPy assignment (no per-element index arrays).
 """
 
 from __future__ import annotations
 
-import dataclasses
+import errno
+import hashlib
+import math
 import os
+import re
+import stat
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator
 
 import numpy as np
+from numpy.lib.stride_tricks import as_strided
 
 from mindspore import Tensor
 
 from converters import dtypes
 from converters.safetensors_io import read_header
-from model_zoo import files
 from model_zoo.errors import CheckpointError
-from porting.train.run.ckpt_shards import (CODES, FORMAT, LAYOUT_FILE, MAX_LAYOUT_BYTES, MAX_WORLD, RANK_FILE, Layout,
-                                           ParamSpec, identity, live_layout, needed, owned, piece_bytes, piece_key,
-                                           rss, zero_ranges)
+from porting.train.run.ckpt_record import read_record
+from porting.train.run.ckpt_shards import (CODES, Layout, ParamSpec, identity, live_layout, needed, owned_ranges,
+                                           piece_bytes, piece_key, rss, zero_ranges)
+
+__all__ = ["read_record", "open_checkpoint", "restore", "restore_weights", "full_state", "check_same_run", "Source",
+           "RankFiles"]
+_HASHERS = ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1))   # hashlib releases the GIL on large inputs
 
 
-def _int(doc: dict, key: str, where: str, low: int, high: int) -> int:
-    v = doc.get(key)
-    if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= high:
-        raise CheckpointError(f"{where}: key '{key}' is {str(v)[:40] if key in doc else 'missing'}, expected an "
-                              f"integer in [{low}, {high}]; the checkpoint is damaged, resume from another one")
-    return v
-
-
-def _param(raw: Any, where: str) -> ParamSpec:
-    ok = (isinstance(raw, dict) and isinstance(raw.get("name"), str) and 0 < len(raw["name"]) < 512
-          and isinstance(raw.get("shape"), list) and len(raw["shape"]) <= 8
-          and all(isinstance(d, int) and not isinstance(d, bool) and 0 < d < (1 << 40) for d in raw["shape"])
-          and raw.get("dtype") in CODES
-          and (raw.get("axis") is None or (isinstance(raw["axis"], int) and 0 <= raw["axis"] < len(raw["shape"]))))
-    if not ok:
-        raise CheckpointError(f"{where}: entry {str(raw)[:80]} is not {{name, shape, axis, dtype}}; the checkpoint "
-                              "is damaged, resume from another one")
-    return ParamSpec(raw["name"], tuple(raw["shape"]), raw["axis"], raw["dtype"])
-
-
-def _layout(doc: Any, where: str) -> Layout:
-    if not isinstance(doc, dict):
-        raise CheckpointError(f"{where}: key 'layout' is not an object; the checkpoint is damaged")
-    world, tp = _int(doc, "world", where, 1, MAX_WORLD), _int(doc, "tp", where, 1, MAX_WORLD)
-    zero = _int(doc, "zero", where, 0, 2)
-    if world % tp or not isinstance(doc.get("masters"), bool) or not isinstance(doc.get("params"), list) \
-            or not isinstance(doc.get("buckets"), list) or len(doc["params"]) > 100_000:
-        raise CheckpointError(f"{where}: layout world {world}, tp {tp}, masters, params or buckets malformed; the "
-                              "checkpoint is damaged, resume from another one")
-    params = tuple(_param(p, where) for p in doc["params"])
-    for p in params:
-        if p.axis is not None and p.shape[p.axis] % tp:
-            raise CheckpointError(f"{where}: {p.name} shape {list(p.shape)} does not split into tp {tp} on axis "
-                                  f"{p.axis}; the checkpoint is damaged")
-    buckets, seen = [], []
-    for b in doc["buckets"] if zero else []:
-        idx = b.get("params") if isinstance(b, dict) else None
-        if not isinstance(idx, list) or not all(isinstance(i, int) and 0 <= i < len(params) for i in idx):
-            raise CheckpointError(f"{where}: bucket {str(b)[:80]} names parameters outside the list; damaged")
-        n = sum(params[i].local_numel(tp) for i in idx)
-        padded = _int(b, "padded", where, n, n + world)
-        if padded % (world // tp):
-            raise CheckpointError(f"{where}: bucket padded {padded} is not a multiple of dp {world // tp}; damaged")
-        buckets.append((tuple(idx), padded))
-        seen += idx
-    if zero and sorted(seen) != list(range(len(params))):
-        raise CheckpointError(f"{where}: the buckets do not hold every parameter exactly once; damaged")
-    return Layout(world, tp, zero, doc["masters"], params, tuple(buckets))
-
-
-def read_record(ckdir: Path) -> tuple[Layout, dict, dict[str, dict]]:
-    """(layout, identity, files) of ``ckdir/layout.json``; every defect is one line naming the key."""
-    path = ckdir / LAYOUT_FILE
-    where = str(path)
-    doc = files.read_json_object(path, what="checkpoint layout record", max_bytes=MAX_LAYOUT_BYTES,
-                                 error=CheckpointError)
-    if doc.get("format") != FORMAT:
-        raise CheckpointError(f"{where}: key 'format' is {str(doc.get('format'))[:20]}, expected {FORMAT}; written "
-                              "by another port version")
-    layout = _layout(doc.get("layout"), where)
-    ident = doc.get("identity")
-    table = doc.get("files")
-    if not isinstance(ident, dict) or not isinstance(table, dict):
-        raise CheckpointError(f"{where}: keys 'identity' and 'files' must be objects; the checkpoint is damaged")
-    for name, entry in table.items():
-        m = RANK_FILE.match(name) if isinstance(name, str) else None
-        if m is None or not isinstance(entry, dict) or entry.get("rank") != int(m.group(1)):
-            raise CheckpointError(f"{where}: key 'files' names {str(name)[:80]!r}, expected rank_<5 digits>"
-                                  ".safetensors (a file inside the checkpoint directory) with its rank; refused")
-        _int(entry, "bytes", where, 8, 1 << 50)
-        if not (isinstance(entry.get("sha256"), str) and len(entry["sha256"]) == 64):
-            raise CheckpointError(f"{where}: {name}: key 'sha256' malformed; the checkpoint is damaged")
-    want = {f"rank_{r:05d}.safetensors" for r in range(layout.world) if owned(layout, r)}
-    if set(table) != want:
-        raise CheckpointError(f"{where}: key 'files' lists {sorted(table)[:4]}, the layout needs {sorted(want)[:4]}"
-                              "; the checkpoint is damaged, resume from another one")
-    return layout, ident, table
+def _sha(view: memoryview) -> str:
+    return hashlib.sha256(view).hexdigest()
 
 
 class RankFiles:
-    """Byte-range reads of a checkpoint's rank files, counted in ``bytes_read``."""
+    """Byte-range reads of a checkpoint's rank files, each chunk checked against its recorded sha256 before
+    use. ``bytes_read``: the bytes served (headers included); ``check_bytes``: the bytes read only to check a
+    chunk that a read touched in part (read again when a later read uses them); ``hashed_bytes``: every byte
+    checked (each chunk once)."""
 
-    def __init__(self, ckdir: Path, table: dict[str, dict]):
-        self.dir, self.table = ckdir, table
-        self.bytes_read = 0      # everything read, headers included
-        self.header_bytes = 0
+    def __init__(self, ckdir: Path, table: dict[str, dict], verify: bool = True):
+        self.dir, self.table, self.verify = ckdir, table, verify
+        self.bytes_read = self.header_bytes = self.check_bytes = self.hashed_bytes = 0
         self._heads: dict[str, dict] = {}
         self._fds: dict[str, int] = {}
+        self._good: dict[str, set[int]] = {}
+        self._lock = threading.RLock()   # readers on several threads (reshard): one open per file, exact counts
+
+    def _fd(self, name: str) -> int:
+        path = self.dir / name
+        try:
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise CheckpointError(f"{path}: is a symbolic link; a checkpoint's rank files are its own, refused "
+                                      "(copy the file itself into the checkpoint)") from None
+            raise CheckpointError(f"{path}: cannot read ({e.strerror}); the checkpoint is incomplete") from None
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size != self.table[name]["bytes"]:
+            os.close(fd)
+            raise CheckpointError(f"{path}: {info.st_size} bytes, the layout record says {self.table[name]['bytes']}"
+                                  "; the file is truncated or was changed, resume from another checkpoint")
+        return fd
 
     def _open(self, name: str) -> dict:
+        with self._lock:
+            return self._open_locked(name)
+
+    def _open_locked(self, name: str) -> dict:
         if name not in self._heads:
-            path = self.dir / name
-            try:
-                size = path.stat().st_size
-            except OSError as e:
-                raise CheckpointError(f"{path}: cannot read ({e.strerror}); the checkpoint is incomplete") from None
-            if size != self.table[name]["bytes"]:
-                raise CheckpointError(f"{path}: {size} bytes, the layout record says {self.table[name]['bytes']}; "
-                                      "the file is truncated or was changed, resume from another checkpoint")
-            head = read_header(path)
+            fd = self._fd(name)
+            self._fds[name], self._good[name] = fd, set()
+            entry = self.table[name]
+            if self.verify and "chunks" not in entry:   # a record from before chunk digests: the whole file
+                self._check_whole(name, fd, entry)
+            head = read_header(self.dir / name)
+            if os.stat(self.dir / name).st_ino != os.fstat(fd).st_ino:
+                raise CheckpointError(f"{self.dir / name}: was replaced while it was read; resume again")
+            self._fetch(name, 0, head.header_bytes)   # the header's own bytes are checked too
             self.bytes_read += head.header_bytes
             self.header_bytes += head.header_bytes
             self._heads[name] = head.by_name()
-            self._fds[name] = os.open(path, os.O_RDONLY)
         return self._heads[name]
+
+    def _check_whole(self, name: str, fd: int, entry: dict) -> None:
+        h, off = hashlib.sha256(), 0
+        while off < entry["bytes"]:
+            block = os.pread(fd, min(16 << 20, entry["bytes"] - off), off)
+            if not block:
+                break
+            h.update(block)
+            off += len(block)
+        self.check_bytes += off
+        self.hashed_bytes += off
+        if h.hexdigest() != entry["sha256"]:
+            raise CheckpointError(f"{self.dir / name}: its sha256 differs from the one layout.json records; the file "
+                                  "was changed or damaged after it was written, resume from another checkpoint")
+
+    def _fetch(self, name: str, begin: int, end: int) -> memoryview:
+        """Bytes [begin, end) of ``name``, every chunk they touch checked (once per file)."""
+        fd, entry = self._fds[name], self.table[name]
+        if end <= begin:
+            return memoryview(b"")
+        good = self._good[name]
+        chunk = entry.get("chunk_bytes", 0)
+        todo = [] if not (self.verify and chunk) else \
+            [k for k in range(begin // chunk, (end - 1) // chunk + 1) if k not in good]
+        lo, hi = (todo[0] * chunk, min(entry["bytes"], (todo[-1] + 1) * chunk)) if todo else (begin, end)
+        lo, hi = min(lo, begin), max(hi, end)
+        raw = os.pread(fd, hi - lo, lo)
+        if len(raw) != hi - lo:
+            raise CheckpointError(f"{self.dir / name}: short read at byte {lo}; the file is truncated")
+        view = memoryview(raw)
+        if todo:
+            parts = [view[k * chunk - lo:min(entry["bytes"], (k + 1) * chunk) - lo] for k in todo]
+            sums = list(_HASHERS.map(_sha, parts)) if len(parts) > 1 else [_sha(parts[0])]
+            for k, got in zip(todo, sums):
+                if got != entry["chunks"][k]:
+                    raise CheckpointError(
+                        f"{self.dir / name}: bytes {k * chunk}-{min(entry['bytes'], (k + 1) * chunk)} do not match "
+                        f"the sha256 layout.json records for chunk {k}; the file was changed or damaged after it "
+                        "was written, resume from another checkpoint")
+            with self._lock:
+                good.update(todo)
+                self.check_bytes += (hi - lo) - (end - begin)
+                self.hashed_bytes += sum(len(x) for x in parts)
+        return view[begin - lo:end - lo]
 
     def read(self, name: str, key: str, code: str, lo: int, hi: int) -> np.ndarray:
         """Elements [lo, hi) of the piece ``key`` of file ``name``, as float32."""
-
         info = self._open(name).get(key)
         size = CODES[code]
         if info is None or info.dtype != code or info.nbytes % size or not 0 <= lo <= hi <= info.nbytes // size:
-            raise CheckpointError(f"{self.dir / name}: tensor {key} is {'missing' if info is None else info.dtype + ' ' + str(list(info.shape))}"
-                                  f", the layout record needs {code} with elements [{lo}, {hi}); the checkpoint is "
-                                  "damaged or mismatched, resume from another one")
-        begin, n = info.begin + lo * size, (hi - lo) * size
-        raw = os.pread(self._fds[name], n, begin)
-        if len(raw) != n:
-            raise CheckpointError(f"{self.dir / name}: short read of {key}; the file is truncated")
-        self.bytes_read += n
+            found = "missing" if info is None else f"{info.dtype} {list(info.shape)}"
+            raise CheckpointError(f"{self.dir / name}: tensor {key} is {found}, the layout record needs {code} with "
+                                  f"elements [{lo}, {hi}); the checkpoint is damaged or mismatched, resume from "
+                                  "another one")
+        raw = self._fetch(name, info.begin + lo * size, info.begin + hi * size)
+        with self._lock:
+            self.bytes_read += len(raw)
+        if code == "F32":
+            return np.frombuffer(raw, "<f4")
         return dtypes.to_numpy_f32(code, raw, (hi - lo,))
 
     def close(self) -> None:
@@ -157,65 +162,83 @@ class RankFiles:
         self._fds.clear()
 
 
-def _span(spec: ParamSpec, tp: int, t: int, a: int, b: int) -> tuple[int, int] | None:
-    """Global flat range of local elements [a, b) of TP slice ``t``, or None where it is not contiguous."""
-    if spec.axis is None or tp == 1:
-        return a, b
-    if spec.axis == 0:
-        n = spec.local_numel(tp)
-        return t * n + a, t * n + b
-    return None
+def _run(spec: ParamSpec, axis: int | None, tp: int, t: int, row: int) -> tuple[int, int]:
+    """(run length, in-row offset) of TP slice ``t`` of ``tp`` split along ``axis`` in rows of ``row``."""
+    if axis is None or tp == 1:
+        return row, 0
+    return row // tp, t * (row // tp)
 
 
-def _global_index(spec: ParamSpec, tp: int, t: int, a: int, b: int) -> np.ndarray:
-    if spec.axis is None or tp == 1:
-        return np.arange(a, b, dtype=np.int64)
-    local = spec.local_shape(tp)
-    idx = list(np.unravel_index(np.arange(a, b, dtype=np.int64), local))
-    idx[spec.axis] = idx[spec.axis] + t * local[spec.axis]
-    return np.ravel_multi_index(idx, spec.shape)
+def _blocks(have: tuple[int, int, int, int], want: tuple[int, int, int, int]) -> Iterator[tuple[int, int, int, int]]:
+    """(rows, n, start in ``have``'s local range, start in ``want``'s) of every block the two share. Each side is
+    (run length L, in-row offset, a, b): its local element l sits in row l // L at in-row offset + l % L."""
+    (l0, f0, a0, b0), (l1, f1, a1, b1) = have, want
+    c0, c1 = max(f0, f1), min(f0 + l0, f1 + l1)
+    lo, hi = max(a0 // l0, a1 // l1), min((b0 - 1) // l0, (b1 - 1) // l1)
+    if c0 >= c1 or lo > hi:
+        return
+    prev = lo
+    for o in sorted({o for o in (a0 // l0, (b0 - 1) // l0, a1 // l1, (b1 - 1) // l1) if lo <= o <= hi}):
+        if prev < o:   # whole rows between the partial ones
+            yield o - prev, c1 - c0, prev * l0 + c0 - f0, prev * l1 + c0 - f1
+        s = max(c0, a0 - o * l0 + f0, a1 - o * l1 + f1)
+        e = min(c1, b0 - o * l0 + f0, b1 - o * l1 + f1)
+        if s < e:
+            yield 1, e - s, o * l0 + s - f0, o * l1 + s - f1
+        prev = o + 1
+    if prev <= hi:
+        yield hi + 1 - prev, c1 - c0, prev * l0 + c0 - f0, prev * l1 + c0 - f1
+
+
+def _copy(dst: np.ndarray, d: int, src: np.ndarray, s: int, rows: int, n: int, ls: int, ld: int) -> None:
+    if rows == 1:
+        dst[d:d + n] = src[s:s + n]
+        return
+    isz = src.itemsize
+    as_strided(dst[d:], (rows, n), (ld * isz, isz), writeable=True)[...] = \
+        as_strided(src[s:], (rows, n), (ls * isz, isz), writeable=False)
 
 
 class Source:
     """An old checkpoint's pieces by (kind, parameter name): where each one is stored."""
 
-    def __init__(self, ckdir: Path, layout: Layout, table: dict[str, dict]):
-        self.layout, self.files = layout, RankFiles(ckdir, table)
+    def __init__(self, ckdir: Path, layout: Layout, table: dict[str, dict], verify: bool = True):
+        self.layout, self.files = layout, RankFiles(ckdir, table, verify)
         self.where: dict[tuple[str, str], list[tuple[str, int, int, int]]] = {}
-        for r in range(layout.world):
-            for kind, i, a, b in owned(layout, r):
-                self.where.setdefault((kind, layout.params[i].name), []).append(
-                    (f"rank_{r:05d}.safetensors", r % layout.tp, a, b))
+        for d, i, a, b in owned_ranges(layout):
+            for t in range(layout.tp):
+                for kind in layout.kinds:
+                    self.where.setdefault((kind, layout.params[i].name), []).append(
+                        (f"rank_{d * layout.tp + t:05d}.safetensors", t, a, b))
         self.specs = {p.name: p for p in layout.params}
 
     def assemble(self, kind: str, name: str, tp: int, t: int, a: int, b: int, axis: int | None = None) -> np.ndarray:
         """Local elements [a, b) of TP slice ``t`` of ``tp`` (split along ``axis``) of parameter ``name``'s
         state ``kind``, float32."""
         spec, old = self.specs[name], self.layout
-        new = dataclasses.replace(spec, axis=axis if tp > 1 else None)
+        new_axis = axis if tp > 1 else None
+        if new_axis is not None and old.tp > 1 and spec.axis not in (None, new_axis):
+            raise CheckpointError(f"{self.files.dir}: {name} is split along axis {spec.axis} in the checkpoint, "
+                                  f"along {new_axis} in this layout; resume with the model it was written with")
+        ax = new_axis if new_axis is not None else (spec.axis if old.tp > 1 else None)
+        row = math.prod(spec.shape[ax:]) if ax is not None else spec.local_numel(1)
+        want = (*_run(spec, new_axis, tp, t, row), a, b)
         code = spec.dtype if kind == "param" else "F32"
         out = np.empty(b - a, np.float32)
         filled = 0
-        want = _span(new, tp, t, a, b)
-        g_want = None
         for fname, t0, a0, b0 in self.where.get((kind, name), []):
             if spec.axis is None and t0 != t % old.tp:
                 continue   # replicated: every TP rank stored a copy; one is read
-            key = piece_key(kind, name, t0, a0, b0)
-            have = _span(spec, old.tp, t0, a0, b0)
-            if want is not None and have is not None:
-                lo, hi = max(want[0], have[0]), min(want[1], have[1])
-                if lo < hi:
-                    out[lo - want[0]:hi - want[0]] = self.files.read(fname, key, code, lo - have[0], hi - have[0])
-                    filled += hi - lo
+            have = (*_run(spec, spec.axis, old.tp, t0, row), a0, b0)
+            blocks = list(_blocks(have, want))
+            if not blocks:
                 continue
-            g_want = _global_index(new, tp, t, a, b) if g_want is None else g_want
-            _, iw, ih = np.intersect1d(g_want, _global_index(spec, old.tp, t0, a0, b0), assume_unique=True,
-                                       return_indices=True)
-            if len(ih):
-                lo = int(ih.min())
-                out[iw] = self.files.read(fname, key, code, lo, int(ih.max()) + 1)[ih - lo]
-                filled += len(iw)
+            lo = min(s for _, _, s, _ in blocks)
+            hi = max(s + (r - 1) * have[0] + n for r, n, s, _ in blocks)
+            piece = self.files.read(fname, piece_key(kind, name, t0, a0, b0), code, lo - a0, hi - a0)
+            for r, n, s, w in blocks:
+                _copy(out, w - a, piece, s - lo, r, n, have[0], want[0])
+                filled += r * n
         if filled != b - a:
             raise CheckpointError(f"{self.files.dir}: {kind} of {name} covers {filled} of the {b - a} elements this "
                                   "layout needs; the checkpoint is incomplete, resume from another one")
@@ -231,6 +254,41 @@ def open_checkpoint(ckdir: Path) -> tuple[Source, dict]:
     """The checkpoint's pieces and its identity record."""
     layout, ident, table = read_record(ckdir)
     return Source(ckdir, layout, table), ident
+
+
+_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+
+
+def group_of(name: str) -> str:
+    """The parameter group a progress line covers: a decoder layer, or the tensors outside the layers."""
+    m = _LAYER.search(name)
+    return f"layer {m.group(1)}" if m else "embedding" if "embedding" in name else "final norm and head"
+
+
+class Progress:
+    """One log line per parameter group (its tensors, bytes and seconds), so a long restore or merge is never
+    a silent window (a supervisor watching the log sees it move)."""
+
+    def __init__(self, log: Callable[[str], None] | None, what: str, counter: Callable[[], int]):
+        self.log, self.what, self.counter = log, what, counter
+        self.group: str | None = None
+        self.total_bytes, self.t_start = 0, time.perf_counter()
+
+    def step(self, group: str) -> None:
+        if group != self.group:
+            self.done()
+            self.group, self.n, self.b0, self.t0 = group, 0, self.counter(), time.perf_counter()
+        self.n += 1
+
+    def done(self) -> None:
+        if self.group is None:
+            return
+        nbytes, sec = self.counter() - self.b0, time.perf_counter() - self.t0
+        self.total_bytes += nbytes
+        if self.log is not None:
+            self.log(f"{self.what}: {self.group}: {self.n} tensor(s), {nbytes} bytes in {sec:.2f} s "
+                     f"({nbytes / max(sec, 1e-9) / 1e6:.0f} MB/s)")
+        self.group = None
 
 
 def _differs(a: Any, b: Any, path: str = "") -> str | None:
@@ -276,34 +334,40 @@ def check_identity(ckdir: Path, old: Layout, saved: dict, new: Layout, now: dict
 
 def restore(trainer, ckdir: Path) -> int:
     """Fill a running Trainer's weights and optimizer state from ``ckdir`` in its own layout (any saved
-    layout); returns the bytes this rank read (headers included)."""
-
-
+    layout); returns the bytes this rank read (headers included). One log line per parameter group."""
     src, saved = open_checkpoint(ckdir)
     new = live_layout(trainer)
     check_identity(ckdir, src.layout, saved, new, identity(trainer))
     tp, t, d = new.tp, trainer.grid.tp_rank, trainer.grid.dp_rank
     opt = trainer.optimizer
     states = {"master": opt.masters, "adam_m": opt.m, "adam_v": opt.v}
+    t0 = time.perf_counter()
     try:
+        bar = Progress(trainer.log.info, f"resume {ckdir.name} param", lambda: src.files.bytes_read)
         for i, p in enumerate(trainer.model.trainable_params()):
             spec = new.params[i]
+            bar.step(group_of(spec.name))
             arr = src.assemble("param", spec.name, tp, t, 0, spec.local_numel(tp), spec.axis)
-            arr = arr.reshape(spec.local_shape(tp))
-            p.set_data(Tensor(arr).astype(p.dtype))
+            p.set_data(Tensor(arr.reshape(spec.local_shape(tp))).astype(p.dtype))
+        bar.done()
         ranges = list(zero_ranges(new, d)) if new.zero else []
         for kind in new.kinds[1:]:
+            bar.what = f"resume {ckdir.name} {kind}"
             if new.zero:   # one bucket's shard in host memory at a time; the padding stays zero
                 for k, (_, padded) in enumerate(new.buckets):
+                    bar.step(f"bucket {k + 1} of {len(new.buckets)}")
                     buf = np.zeros(padded // new.dp, np.float32)
                     for _, i, a, b, pos in (x for x in ranges if x[0] == k):
                         spec = new.params[i]
                         buf[pos:pos + b - a] = src.assemble(kind, spec.name, tp, t, a, b, spec.axis)
                     states[kind][k].set_data(Tensor(buf))
+                bar.done()
                 continue
             for i, spec in enumerate(new.params):
+                bar.step(group_of(spec.name))
                 arr = src.assemble(kind, spec.name, tp, t, 0, spec.local_numel(tp), spec.axis)
                 states[kind][i].set_data(Tensor(arr.reshape(spec.local_shape(tp))))
+            bar.done()
     finally:
         src.files.close()
     shard = piece_bytes(new, needed(new, trainer.rank))
@@ -312,8 +376,38 @@ def restore(trainer, ckdir: Path) -> int:
     if (src.layout.world, src.layout.tp, src.layout.zero) != (new.world, new.tp, new.zero):
         peak += "; the layout changed: every piece was re-cut exactly for this one (same model, seed, recipe)"
     trainer.log.info(f"resume read {src.files.bytes_read} bytes of {ckdir} (this rank's shard {shard} bytes, "
-                     f"ratio {src.files.bytes_read / max(shard, 1):.3f}); saved layout world {src.layout.world} tp "
-                     f"{src.layout.tp} zero {src.layout.zero}, this run world {new.world} tp {new.tp} zero {new.zero}{peak}")
+                     f"ratio {src.files.bytes_read / max(shard, 1):.3f}) in {time.perf_counter() - t0:.1f} s; "
+                     f"{src.files.hashed_bytes} bytes checked against their chunks' sha256 ({src.files.check_bytes} "
+                     f"read only for the check); saved layout world {src.layout.world} tp {src.layout.tp} zero "
+                     f"{src.layout.zero}, this run world {new.world} tp {new.tp} zero {new.zero}{peak}")
+    return src.files.bytes_read
+
+
+def restore_weights(model, ckdir: Path, tp: int, tp_rank: int, log: Callable[[str], None] | None = None) -> int:
+    """A resume's weights straight from its per-rank checkpoint into a model built without them
+    (model_zoo.llama ``build(defer_init=True)``): the HF checkpoint is not read at all (at 13B TP 8, 3.3 GB
+    per rank from the shared filesystem that :func:`restore` would overwrite). Returns the bytes read; the
+    optimizer state and the identity checks follow in :func:`restore`."""
+    from model_zoo.parallel import shard_layout  # deferred: imports the parallel cells
+
+    src, _ = open_checkpoint(ckdir)
+    axes = shard_layout(model) if tp > 1 else {}
+    try:
+        bar = Progress(log, f"resume {ckdir.name} weights", lambda: src.files.bytes_read)
+        for p in model.trainable_params():
+            axis = axes.get(p.name)
+            full = tuple(n * tp if i == axis else n for i, n in enumerate(p.shape))
+            spec = src.specs.get(p.name)
+            if spec is None or spec.shape != full:
+                found = "missing" if spec is None else f"shape {list(spec.shape)}"
+                raise CheckpointError(f"{ckdir}: is a checkpoint of another model ({p.name}: {found}, this model "
+                                      f"{list(full)}); {SAME_RUN_FIX}")
+            bar.step(group_of(p.name))
+            arr = src.assemble("param", p.name, tp, tp_rank, 0, math.prod(p.shape), axis)
+            p.set_data(Tensor(arr.reshape(p.shape)).astype(p.dtype))
+        bar.done()
+    finally:
+        src.files.close()
     return src.files.bytes_read
 
 

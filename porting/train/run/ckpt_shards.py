@@ -25,8 +25,10 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import re
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -74,7 +76,7 @@ class ParamSpec:
         return tuple(s)
 
     def local_numel(self, tp: int) -> int:
-        return int(np.prod(self.local_shape(tp), dtype=np.int64))
+        return math.prod(self.local_shape(tp))   # Python integers: a hostile shape cannot wrap around
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,6 +116,47 @@ def zero_ranges(layout: Layout, d: int) -> Iterator[tuple[int, int, int, int, in
             if a < b:
                 yield k, i, a, b, off + a - lo
             off += numel
+
+
+def owned_ranges(layout: Layout) -> Iterator[tuple[int, int, int, int]]:
+    """(data-parallel rank, parameter, a, b) of every range any rank owns, in O(parameters + ranges): the
+    ranks of a bucket's parameter are found by division, not by walking every rank (a record of world
+    65,536 is answered as fast as one of world 8)."""
+    if not layout.zero:
+        yield from ((0, i, a, b) for i, a, b in _full(layout))
+        return
+    for idx, padded in layout.buckets:
+        n, off = padded // layout.dp, 0
+        for i in idx:
+            numel = layout.params[i].local_numel(layout.tp)
+            for d in range(off // n, (off + numel - 1) // n + 1):
+                yield d, i, max(d * n, off) - off, min((d + 1) * n, off + numel) - off
+            off += numel
+
+
+def count_ranges(layout: Layout) -> int:
+    """How many ranges :func:`owned_ranges` yields (arithmetic only: the bound checked before it runs)."""
+    if not layout.zero:
+        return len(layout.params)
+    total = 0
+    for idx, padded in layout.buckets:
+        n, off = padded // layout.dp, 0
+        for i in idx:
+            numel = layout.params[i].local_numel(layout.tp)
+            total += (off + numel - 1) // n - off // n + 1
+            off += numel
+    return total
+
+
+def owners(layout: Layout) -> list[int]:
+    """The ranks that write a rank file, in O(buckets): data-parallel rank d owns something when some
+    bucket's real elements (not its padding) reach its range."""
+    if not layout.zero:
+        dps = 1
+    else:
+        dps = max((-(-sum(layout.params[i].local_numel(layout.tp) for i in idx) // (padded // layout.dp))
+                   for idx, padded in layout.buckets), default=0)
+    return [d * layout.tp + t for d in range(min(dps, layout.dp)) for t in range(layout.tp)]
 
 
 def _full(layout: Layout) -> list[tuple[int, int, int]]:
@@ -190,9 +233,11 @@ def identity_of(recipe, cfg: dict[str, Any]) -> dict[str, Any]:
             "model_config": cfg, "recipe": rec}
 
 
-def _f32(p) -> np.ndarray:
-
-    return (p.astype(ms.float32) if p.dtype != ms.float32 else p).asnumpy().ravel()
+def _f32(p, a: int, b: int) -> np.ndarray:
+    """Elements [a, b) of ``p`` flattened, as float32 NumPy: sliced on the device before the copy to the
+    host, so a save holds one piece on the host, not the whole parameter."""
+    part = ms.ops.reshape(p, (-1,))[a:b]
+    return (part.astype(ms.float32) if part.dtype != ms.float32 else part).asnumpy()
 
 
 def live_pieces(trainer, layout: Layout) -> list[tuple[str, str, int, Callable[[], np.ndarray]]]:
@@ -206,38 +251,75 @@ def live_pieces(trainer, layout: Layout) -> list[tuple[str, str, int, Callable[[
     for kind, i, a, b in owned(layout, trainer.rank):
         spec = layout.params[i]
         if kind == "param":
-            read = (lambda p=params[i], a=a, b=b: _f32(p)[a:b])
+            read = (lambda p=params[i], a=a, b=b: _f32(p, a, b))
         elif layout.zero:
             k, pos = where[(i, a)]
-            read = (lambda s=states[kind][k], pos=pos, n=b - a: _f32(s)[pos:pos + n])
+            read = (lambda s=states[kind][k], pos=pos, n=b - a: _f32(s, pos, pos + n))
         else:
-            read = (lambda s=states[kind][i], a=a, b=b: _f32(s)[a:b])
+            read = (lambda s=states[kind][i], a=a, b=b: _f32(s, a, b))
         out.append((piece_key(kind, spec.name, t, a, b), spec.dtype if kind == "param" else "F32", b - a, read))
     return out
 
 
 # --------------------------------------------------------------------------- writing
+CHUNK_BYTES = 4 << 20   # a rank file is verified in sha256 chunks of this size (layout.json lists them)
+
+
+class ChunkDigests:
+    """sha256 of every ``CHUNK_BYTES`` chunk of a byte stream, fed in any pieces. A reader checks only the
+    chunks it reads (porting/train/run/ckpt_read.py ``RankFiles``), so a resume that reads 1/8 of a file
+    hashes 1/8 of it, while a flipped bit or a swapped file anywhere it reads is still refused."""
+
+    def __init__(self, chunk: int = CHUNK_BYTES):
+        self.chunk, self.done, self.digests = chunk, 0, []
+        self._h = hashlib.sha256()
+
+    def update(self, data: bytes | memoryview) -> None:
+        view = memoryview(data).cast("B")
+        while len(view):
+            take = min(len(view), self.chunk - self.done)
+            self._h.update(view[:take])
+            self.done, view = self.done + take, view[take:]
+            if self.done == self.chunk:
+                self.digests.append(self._h.hexdigest())
+                self._h, self.done = hashlib.sha256(), 0
+
+    def finish(self) -> list[str]:
+        if self.done:
+            self.digests.append(self._h.hexdigest())
+            self._h, self.done = hashlib.sha256(), 0
+        return self.digests
+
+
 def write_rank(tmp: Path, rank: int, pieces: list) -> int:
     """Write ``rank_<r>.safetensors`` (header first, then each piece as it is read) and its sidecar
-    ``.rank_<r>.json`` (bytes and sha256, for rank 0's record); fsynced. Returns the bytes written."""
+    ``.rank_<r>.json`` (bytes and the sha256 of every chunk, for rank 0's record); fsynced. Returns the
+    bytes written."""
 
     if not pieces:
         return 0
     path = tmp / rank_file(rank)
     head = encode_header([OutTensor(key, code, (n,)) for key, code, n, _ in pieces],
                          {"format": f"port-train-rank/{FORMAT}", "rank": str(rank)})
-    h = hashlib.sha256(head)
-    with open(path, "wb") as f:
+    h = ChunkDigests()
+    h.update(head)
+    # each piece is hashed on a second thread while it is written (hashlib and write() release the GIL)
+    with open(path, "wb") as f, ThreadPoolExecutor(max_workers=1) as hasher:
         write_all(f, head)
+        hashed = None
         for _, code, n, read in pieces:
             raw = dtypes.cast_bytes("F32", code, memoryview(np.ascontiguousarray(read(), np.float32)).cast("B"))
-            h.update(raw)
+            if hashed is not None:
+                hashed.result()   # one piece in flight: the digests stay in order, host memory one piece
+            hashed = hasher.submit(h.update, raw)
             write_all(f, raw)
+        if hashed is not None:
+            hashed.result()
         f.flush()
         os.fsync(f.fileno())
         size = f.tell()
     with open(tmp / f".rank_{rank:05d}.json", "w") as f:   # an OSError here fails the save like the file's
-        f.write(json.dumps({"bytes": size, "sha256": h.hexdigest()}))
+        f.write(json.dumps({"bytes": size, "chunk_bytes": h.chunk, "chunks": h.finish()}))
         f.flush()
         os.fsync(f.fileno())
     return size
@@ -245,12 +327,13 @@ def write_rank(tmp: Path, rank: int, pieces: list) -> int:
 
 def write_record(tmp: Path, layout: Layout, ident: dict[str, Any]) -> None:
     """Rank 0, after every rank wrote: gather the sidecars into ``layout.json`` (and remove them)."""
-    want = sorted({r for r in range(layout.world) if owned(layout, r)})
+    want = owners(layout)
     table = {}
     for r in want:
         side = tmp / f".rank_{r:05d}.json"
-        doc = files.read_json_object(side, what="rank file record", max_bytes=4096, error=CheckpointError)
-        table[rank_file(r)] = {"rank": r, "bytes": doc["bytes"], "sha256": doc["sha256"]}
+        doc = files.read_json_object(side, what="rank file record", max_bytes=MAX_LAYOUT_BYTES, error=CheckpointError)
+        table[rank_file(r)] = {"rank": r, "bytes": doc["bytes"], "chunk_bytes": doc["chunk_bytes"],
+                               "chunks": doc["chunks"]}
     body = {"format": FORMAT, "layout": layout.to_dict(), "identity": ident, "files": table}
     with open(tmp / LAYOUT_FILE, "w") as f:   # inside the temporary directory: its rename is the atomic step
         f.write(json.dumps(body, indent=1))

@@ -20,17 +20,10 @@ from typing import Any
 
 import mindspore as ms
 
-from model_zoo.errors import PortingError
 from porting.train.recipe.schema import Recipe
 
-from porting.train.plan.execution import GRAPH, PYNATIVE, compile_cache_problem  # noqa: F401
+from porting.train.plan.execution import GRAPH, PYNATIVE, GraphCompileError, compile_cache_problem  # noqa: F401
 from porting.train.plan.execution import describe  # noqa: F401  (the run logs it)
-
-
-class GraphCompileError(PortingError):
-    """The graph-mode step failed to compile or to run its first step of a shape."""
-
-    exit_code = 1
 
 
 def set_mode(recipe: Recipe) -> None:

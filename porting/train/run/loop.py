@@ -55,6 +55,7 @@ from porting.train.run.runtime import configure_mindspore
 from porting.train.run.step import compiled_graphs
 from porting.train.run.step_result import StepResult
 from porting.train.run.watch import Watch
+from porting.rundir.paths import RunDir
 
 
 class DivergenceError(PortingError):
@@ -167,14 +168,14 @@ class Trainer:
             mb = step.micro_batches[0]
             return call("step", self.fused, ms.Tensor(mb.input_ids), ms.Tensor(mb.labels), scale, unscale, *hyper,
                         *self.packed_inputs(mb))
-        # the micro-batches' sums stay on the device (no host sync per micro-batch) and are added once, in
-        # float64 (exact for these float32 values, so in any order): the logged loss is what the host's float64
-        # sum gave, bit for bit; a handful of launches a step, not one per micro-batch
+        # the micro-batches' sums stay on the device (no host sync per micro-batch), come to the host once a step
+        # and are added there in float64 (exact for these float32 values, so in any order; CANN's float64
+        # coverage is partial, so no float64 runs on the device)
         sums = [call("forward_backward", self.grad_step, ms.Tensor(mb.input_ids), ms.Tensor(mb.labels), scale,
                      *self.packed_inputs(mb)) for mb in step.micro_batches]
-        local = ms.ops.stack([v for pair in sums for v in pair]).reshape(-1, 2).astype(ms.float64).sum(0)
-        local = local.astype(ms.float32)
-        return call("update", self.apply, local[0], local[1], unscale, *hyper)
+        local = ms.ops.stack([v for pair in sums for v in pair]).asnumpy().reshape(-1, 2).astype(np.float64).sum(0)
+        return call("update", self.apply, ms.Tensor(np.float32(local[0])), ms.Tensor(np.float32(local[1])), unscale,
+                    *hyper)
 
     def state(self, step_done: int) -> ckpt.TrainState:
         return ckpt.TrainState(adam_t=self.adam_t, loss_scale=self.scaler.scale, good_steps=self.scaler.good,
@@ -236,7 +237,7 @@ def _finish(recipe: Recipe, trainer: Trainer, plan, records: list, metrics, mode
     """The final checkpoint, the summary record and the HF export, after the last step."""
     if plan.total_steps <= start:
         return
-    ck_root, log = run_dir / "checkpoints", rl.log
+    ck_root, log = RunDir(run_dir).checkpoints, rl.log
     rl.saving(plan.total_steps)   # every rank writes what it owns (porting/train/run/ckpt_shards.py)
     final = trainer.save(ck_root, plan.total_steps)
     rl.saved(plan.total_steps, final)
@@ -245,10 +246,12 @@ def _finish(recipe: Recipe, trainer: Trainer, plan, records: list, metrics, mode
     summary = summarize(records, plan, trainer.graphs, len(trainer.shapes_seen), compiled)
     metrics.summary(summary)
     log.info(f"summary: {json.dumps(summary.to_dict())}")
-    if recipe.checkpointing.export_hf:
+    if recipe.checkpointing.export_hf and trainer.world > 1:   # the launcher merges after the workers exit
+        log.info("HF export: made by the launcher once every worker has exited (porting/train/run/export.py "
+                 f"export_after_exit), or by hand: port ckpt merge {final} --out {RunDir(run_dir).hf}")
+    elif recipe.checkpointing.export_hf:
         rl.phase("save", plan.total_steps)   # the export writes the whole model again: a save's allowance
-
-        out = export_hf(final, model_dir, run_dir / "hf", command=list(command or sys.argv))
+        out = export_hf(final, model_dir, RunDir(run_dir).hf, command=list(command or sys.argv))
         log.info(f"HF export {out} (from {final}, with port_manifest.json)")
 
 
@@ -284,15 +287,16 @@ def train(recipe: Recipe, run_dir: str | Path, *, rank: int = 0, world_size: int
                f"{recipe.parallel.optimizer_sharding}; {grid.describe()}", distributed)
     setup.log_mode(recipe, grid, log)
     model_dir = resolve_hf(recipe.model.source)
-    plan, cfg, model = setup.data_and_model(recipe, model_dir, grid, log, run_dir)
+    last = ckpt.latest(RunDir(run_dir).checkpoints) if resume else None   # a per-rank one gives the weights itself
+    plan, cfg, model = setup.data_and_model(recipe, model_dir, grid, log, run_dir, last[1] if last and
+                                            (last[1] / ckpt.LAYOUT_FILE).is_file() else None)
     trainer = Trainer(recipe, run_dir, rank, world_size, model, model_dir, plan, log, grid)
-    ck_root = run_dir / "checkpoints"
+    ck_root = RunDir(run_dir).checkpoints
     for p in ckpt.interrupted_saves(ck_root) if rank == 0 else ():
         log.warning(f"{p}: left by an interrupted checkpoint save, never loaded; remove it to free the space")
-    start = 0
     if resume:
         rl.phase("restore")
-        start = _resume(trainer, ck_root, plan.total_steps, log)
+    start = _resume(trainer, ck_root, plan.total_steps, log) if resume else 0
     rl.phase("compile")
     compiled = pre.before_step_one(trainer, plan, cfg.to_hf(), start, compile_cache, log)   # every shape, every rank
     if rank == 0:

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from porting.rundir.ranklog import window_phrase
 from porting.train.run.step_result import StepResult
+from porting.rundir.paths import RunDir
 
 NONFINITE, OVERFLOW, WINDOW_SKIP = "nonfinite", "overflow", "data window"
 
@@ -76,7 +77,7 @@ def prior_skips(run_dir: Path, start: int) -> int:
     ``metrics.jsonl`` (rank 0 writes it into the shared run directory; every rank reads the same lines)."""
     from porting.rundir import read_metrics   # deferred: only a resumed run reads its metrics
 
-    path = run_dir / "metrics.jsonl"
+    path = RunDir(run_dir).metrics
     if not start or not path.is_file():
         return 0
     return sum(1 for r in read_metrics(path).steps if r.step <= start and r.skip_reason == NONFINITE)

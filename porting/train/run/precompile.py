@@ -1,6 +1,6 @@
 """Every graph of a run compiled before step 1, on every rank, with MindSpore's compile cache under the run.
 
-Why (issue 22): a graph-mode step compiles on the first call of each input shape. When one data-parallel
+Why: a graph-mode step compiles on the first call of each input shape. When one data-parallel
 rank meets a new shape at step N, it compiles while the others already wait in the gradient all-reduce,
 and on a busy machine (or with a 40-layer model on Ascend) they give up first (`HCCL_EXEC_TIMEOUT`; on
 the CPU the collective's own receive timeout) and the run dies. So:
@@ -121,6 +121,16 @@ def _entry_script_is_a_file() -> bool:
     return False
 
 
+def cache_wanted(recipe) -> bool:
+    """``cluster.compile_cache``: unset (auto), on for the CPU and off on Ascend. MindSpore documents
+    ``MS_COMPILER_CACHE_ENABLE`` as the cache of the front-end graphs (the backend, with its kernels, is
+    built again on Ascend: https://www.mindspore.cn/docs/en/r2.2/note/env_var_list.html), no device run has
+    compared losses with and without it, and a stale graph trains on wrong weights (see above); so on Ascend
+    it is off until the rehearsal's device rung compares them (docs/rundir.md). ``true`` turns it on."""
+    chosen = getattr(recipe.cluster, "compile_cache", None)
+    return chosen if chosen is not None else recipe.cluster.device == "cpu"
+
+
 def _scalar() -> ms.Tensor:
     return ms.Tensor(np.float32(0.0))   # the step's scalars (scale, lr, bias corrections) are float32 tensors
 
@@ -137,18 +147,25 @@ def cell_calls(trainer, template, shape: tuple[int, int]) -> list[tuple[object, 
     return [(trainer.grad_step, (ids, labels, _scalar(), *packed))]
 
 
-def precompile(trainer, shapes: list[tuple[int, int]], template, cache: Path | None) -> CompileReport:
-    """Compiles every step cell of ``trainer`` for every shape in ``shapes`` (nothing runs), the cache on."""
+def precompile(trainer, shapes: list[tuple[int, int]], template, cache: Path | None, log=None) -> CompileReport:
+    """Compiles every step cell of ``trainer`` for every shape in ``shapes`` (nothing runs), the cache on;
+    one log line per graph (its cell, shape and seconds) as it finishes, so the compiles before step 1 are
+    never a silent window (a 13B graph compiles for minutes on Ascend)."""
     t0 = time.perf_counter()
     calls = [(shape, call) for shape in shapes for call in cell_calls(trainer, template, shape)]
     if trainer.accum > 1:   # the update graph has no sequence dimension: one compile
-        calls.append((shapes[-1], (trainer.apply, tuple(_scalar() for _ in range(6)))))
+        calls.append((None, (trainer.apply, tuple(_scalar() for _ in range(6)))))
     with compile_cache(cache):
-        for shape, (cell, args) in calls:
+        for n, (shape, (cell, args)) in enumerate(calls, 1):
+            t1 = time.perf_counter()
             try:
                 cell.compile(*args)
             except (RuntimeError, TypeError, ValueError) as e:   # MindSpore's compile errors (run/execution.py)
-                raise execution.compile_failure(trainer.recipe, e, [shape]) from e
+                raise execution.compile_failure(trainer.recipe, e, [shape or shapes[-1]]) from e
+            if log is not None:
+                what = f"shape {list(shape)}" if shape else "the update (no sequence dimension)"
+                log(f"precompile: graph {n} of {len(calls)}: {type(cell).__name__} {what} in "
+                    f"{time.perf_counter() - t1:.1f} s")
     used = cache is not None and _cache_used[:1] == [cache]
     return CompileReport(tuple(shapes), compiled_graphs(*trainer.cells), round(time.perf_counter() - t0, 3),
                          str(cache) if used else None)
@@ -163,10 +180,10 @@ def before_step_one(trainer, plan, model_config: dict, start: int, cache_on: boo
     shapes = plan.run_shapes(start)
     template = plan.step(start, trainer.grid.dp_rank).micro_batches[0]
     cache = None
-    if cache_on:
+    if cache_on and cache_wanted(recipe):
         doc = recipe.model_dump(mode="json")
         cache = trainer.run_dir / CACHE_DIR / cache_key(doc, model_config, shapes, trainer.world)
-    report = precompile(trainer, shapes, template, cache)
+    report = precompile(trainer, shapes, template, cache, log.info)
     log.info(report.describe())
     if trainer.world > 1:   # step 1 starts when every rank has compiled: nobody waits in a gradient all-reduce
         trainer.barrier()

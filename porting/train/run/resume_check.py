@@ -27,6 +27,7 @@ from typing import Any
 
 from model_zoo.errors import CheckpointError, RecipeError
 from porting.train.run import checkpoint as ckpt
+from porting.rundir.paths import RunDir
 
 
 def _newest(root: Path) -> Path | None:
@@ -75,7 +76,7 @@ def check_run_dir(out: Path, resume: bool, recipe: Any, model_config: dict | Non
     """Refuse, in one line, a run directory this launch cannot start or continue exactly (see the module
     docstring); with ``--resume`` returns what the terminal should know (a layout change made exact).
     ``model_config``: the model's HF config, compared with the checkpoint's (None: not compared)."""
-    root = out / "checkpoints"
+    root = RunDir(out).checkpoints
     leftovers = set(ckpt.interrupted_saves(root))
     others = sorted(set(root.iterdir()) - leftovers) if root.is_dir() else []
     if not others:

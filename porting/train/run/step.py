@@ -22,9 +22,9 @@ keep their values) and the caller decides: lower the dynamic loss scale, count t
 from __future__ import annotations
 
 import mindspore as ms
-import numpy as np
 from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 
+from model_zoo.linear import on_device
 from model_zoo.loss import shifted_token_loss
 
 
@@ -146,14 +146,13 @@ class AdamW(nn.Cell):
         if self.rounder is not None and any(p.dtype != ms.float32 for p in params):
             raise ValueError("AdamW storage_dtype emulates a storage dtype on float32 parameters only")
         self.params = ParameterTuple(params)
-        self.m = ParameterTuple([Parameter(Tensor(np.zeros(p.shape, np.float32)), name=f"adam_m.{p.name}",
-                                           requires_grad=False) for p in params])
-        self.v = ParameterTuple([Parameter(Tensor(np.zeros(p.shape, np.float32)), name=f"adam_v.{p.name}",
-                                           requires_grad=False) for p in params])
+        # moments and masters made on the device (model_zoo/linear.py on_device): the host holds none of them
+        self.m = ParameterTuple([on_device(ops.zeros(p.shape, ms.float32), f"adam_m.{p.name}") for p in params])
+        self.v = ParameterTuple([on_device(ops.zeros(p.shape, ms.float32), f"adam_v.{p.name}") for p in params])
         low = self.rounder is not None or any(p.dtype != ms.float32 for p in params)
         self.use_masters = bool(master_weights and low)
-        self.masters = ParameterTuple([Parameter(Tensor(_as_f32(p)), name=f"master.{p.name}", requires_grad=False)
-                                       for p in params]) if self.use_masters else ParameterTuple([])
+        self.masters = ParameterTuple([on_device(_as_f32(p), f"master.{p.name}") for p in params]) \
+            if self.use_masters else ParameterTuple([])
         self.b1 = Tensor(betas[0], ms.float32)
         self.b2 = Tensor(betas[1], ms.float32)
         self.eps = Tensor(eps, ms.float32)
@@ -187,8 +186,9 @@ class AdamW(nn.Cell):
         return done
 
 
-def _as_f32(p: Parameter) -> np.ndarray:
-    return ops.cast(p, ms.float32).asnumpy() if p.dtype != ms.float32 else p.asnumpy().copy()
+def _as_f32(p: Parameter) -> Tensor:
+    """A float32 copy of ``p`` on the device (times 1 for a float32 one: a new tensor, never an alias)."""
+    return ops.cast(p, ms.float32) if p.dtype != ms.float32 else ops.mul(p, 1.0)
 
 
 class Barrier(nn.Cell):
@@ -371,10 +371,11 @@ def _zero_t(b):
 
 
 def accumulation_buffers(params: ParameterTuple, grad_fp32: bool = True) -> ParameterTuple:
-    """Zeroed gradient buffers: float32, or each parameter's dtype when ``grad_fp32`` is False."""
+    """Zeroed gradient buffers made on the device (model_zoo/linear.py ``on_device``: no NumPy array, no host
+    copy): float32, or each parameter's dtype when ``grad_fp32`` is False."""
     # zeros made in float32 and cast: MindSpore 2.7's CPU Zeros kernel has no bfloat16 output
-    return ParameterTuple([Parameter(Tensor(np.zeros(p.shape, np.float32)).astype(ms.float32 if grad_fp32 else p.dtype),
-                                     name=f"accum.{p.name}", requires_grad=False) for p in params])
+    return ParameterTuple([on_device(ops.zeros(p.shape, ms.float32).astype(ms.float32 if grad_fp32 else p.dtype),
+                                     f"accum.{p.name}") for p in params])
 
 
 def compiled_graphs(*cells: nn.Cell) -> int:

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import IO
 
 from model_zoo.errors import RecipeError
+from porting.rundir.paths import RunDir
 
 # metrics.jsonl key -> scalar tag
 SCALARS = {"loss": "train/loss", "lr": "train/lr", "grad_norm": "train/grad_norm",
@@ -46,7 +47,7 @@ class Watch:
             except ImportError:
                 raise RecipeError("logging.tensorboard: needs the tensorboardX package (pip install tensorboardX), "
                                   "or set logging.tensorboard=false") from None
-            self.tb = _events_writer(Path(run_dir) / "tensorboard")
+            self.tb = _events_writer(RunDir(run_dir).tensorboard)
         if logging_cfg.wandb:
             try:
                 import wandb  # deferred: optional logger, loaded only when logging.wandb is on
@@ -133,7 +134,7 @@ def read_scalars(run_dir: str | Path) -> dict[str, list[tuple[int, float]]]:
     from tensorboardX.record_writer import masked_crc32c  # deferred: optional logger (logging.tensorboard)
 
     out: dict[str, list[tuple[int, float]]] = {}
-    for f in sorted((Path(run_dir) / "tensorboard").glob("events.out.tfevents.*")):
+    for f in sorted(RunDir(run_dir).tensorboard.glob("events.out.tfevents.*")):
         raw = f.read_bytes()
         pos = 0
         while pos + 12 <= len(raw):

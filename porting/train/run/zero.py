@@ -13,8 +13,12 @@ norm is the square root of the all-reduced sum of the shards' squares (the paddi
 
 Tensor parallel: the optimizer runs over the data-parallel group (``group``; ``rank``, ``dp`` its
 coordinates) on this tensor-parallel rank's slices. ``tp_sharded`` flags the parameters split over
-the tensor-parallel group: a flat mask per bucket shard picks their squares, which are all-reduced
-over ``tp_group`` too, while the replicated ones (norms) count once. The updated shards are gathered
+the tensor-parallel group: their squares, summed over the runs of the bucket shard they fill (static
+slices: no per-element mask on the device, which at 13B TP 8 held 0.76 GiB), are all-reduced over
+``tp_group`` too, while the replicated ones (norms) count once.
+
+Every state is made on the device (``ops.zeros``, this rank's range of the bucket cut from the cast
+parameters), never as a NumPy array: the host holds none of it (model_zoo/linear.py ``on_device``). The updated shards are gathered
 by AllGather, or (``gather_native=False``: the CPU, whose AllGather works on the world group only) by
 an AllReduce of a zero buffer holding this rank's shard at its offset. State names carry both ranks
 (``adam_m.shard3.tp1.rank0``) so they are unique in the merged tensor-parallel checkpoint.
@@ -27,6 +31,7 @@ import numpy as np
 from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 from mindspore.communication import GlobalComm
 
+from model_zoo.linear import on_device
 from porting.train.plan import sharding
 from porting.train.plan.layout import DTYPE_BYTES, Bucket
 from porting.train.run.step import LossNet
@@ -56,14 +61,14 @@ class ShardedAdamW(nn.Cell):
         self.shapes = tuple(tuple(p.shape) for p in params)
         self.use_masters = bool(master_weights and any(p.dtype != ms.float32 for p in params))
         self.tag = f"rank{rank}" if tp_group is None else f"tp{tp_rank}.rank{rank}"
-        # this rank's range of each bucket only, one parameter at a time: never a full fp32 copy of the model
-        own = [self._own_numpy(params, b, rank * n, (rank + 1) * n) for b, n in zip(buckets, self.shard_sizes)]
-        zeros = lambda kind: ParameterTuple([Parameter(Tensor(np.zeros(n, np.float32)), requires_grad=False,  # noqa: E731
-                                                       name=f"{kind}.shard{k}.{self.tag}")
+        zeros = lambda kind: ParameterTuple([on_device(ops.zeros((n,), ms.float32), f"{kind}.shard{k}.{self.tag}")  # noqa: E731
                                              for k, n in enumerate(self.shard_sizes)])
         self.m, self.v = zeros("adam_m"), zeros("adam_v")
-        self.masters = ParameterTuple([Parameter(Tensor(o), name=f"master.shard{k}.{self.tag}", requires_grad=False)
-                                       for k, o in enumerate(own)]) if self.use_masters else ParameterTuple([])
+        # this rank's range of each bucket only, one parameter at a time: never a full fp32 copy of the model
+        self.masters = ParameterTuple([on_device(self._own(params, b, rank * n, (rank + 1) * n),
+                                                 f"master.shard{k}.{self.tag}")
+                                       for k, (b, n) in enumerate(zip(buckets, self.shard_sizes))]) \
+            if self.use_masters else ParameterTuple([])
         self.reduce_scatter = ops.ReduceScatter(ops.ReduceOp.SUM, group)
         self.allreduce = ops.AllReduce(ops.ReduceOp.SUM, group)
         if gather_native:
@@ -71,15 +76,26 @@ class ShardedAdamW(nn.Cell):
         self.tp_norm = tp_group is not None
         if self.tp_norm:
             self.tp_allreduce = ops.AllReduce(ops.ReduceOp.SUM, tp_group)
-            self.tp_masks = tuple(Tensor(self._tp_mask(b, tp_sharded)[rank * n:(rank + 1) * n])
-                                  for b, n in zip(buckets, self.shard_sizes))
+            self.tp_runs = tuple(self._tp_runs(b, tp_sharded, rank * n, (rank + 1) * n)
+                                 for b, n in zip(buckets, self.shard_sizes))
         self.b1, self.b2 = Tensor(betas[0], ms.float32), Tensor(betas[1], ms.float32)
         self.eps, self.wd = Tensor(eps, ms.float32), Tensor(weight_decay, ms.float32)
 
-    def _tp_mask(self, b: Bucket, tp_sharded: list[bool]) -> np.ndarray:
-        """1.0 where the bucket's flat elements belong to a tensor-parallel-sharded parameter."""
-        parts = [np.full(self.numels[i], 1.0 if tp_sharded[i] else 0.0, np.float32) for i in b.indices]
-        return np.concatenate(parts + [np.zeros(b.padded - b.numel, np.float32)])
+    def _tp_runs(self, b: Bucket, tp_sharded: list[bool], lo: int, hi: int) -> tuple[tuple, tuple]:
+        """(runs of TP-sharded elements, runs of replicated ones) of shard [lo, hi) of bucket ``b``, as
+        (start, end) positions in the shard, neighbours of one kind merged (the padding is in neither)."""
+        runs: tuple[list, list] = ([], [])
+        off = 0
+        for i in b.indices:
+            a, e = max(lo, off) - lo, min(hi, off + self.numels[i]) - lo
+            if a < e:
+                side = runs[0] if tp_sharded[i] else runs[1]
+                if side and side[-1][1] == a:
+                    side[-1] = (side[-1][0], e)
+                else:
+                    side.append((a, e))
+            off += self.numels[i]
+        return tuple(runs[0]), tuple(runs[1])
 
     def state_names(self, tp: int) -> set[str]:
         """The flat-shard state names of every (tensor-parallel, data-parallel) rank of this run."""
@@ -89,16 +105,15 @@ class ShardedAdamW(nn.Cell):
         return {f"{kind}.shard{k}.{tag}" for kind in kinds for k in range(len(self.shard_sizes)) for tag in tags}
 
     @staticmethod
-    def _own_numpy(params: list[Parameter], b: Bucket, lo: int, hi: int) -> np.ndarray:
-        """Elements [lo, hi) of the bucket's flat float32 buffer (zero padding past its end)."""
-        out = np.zeros(hi - lo, np.float32)
+    def _own(params: list[Parameter], b: Bucket, lo: int, hi: int) -> Tensor:
+        """Elements [lo, hi) of the bucket's flat float32 buffer (zero padding past its end), on the device."""
+        out = ops.zeros((hi - lo,), ms.float32)
         off = 0
         for i in b.indices:
             n = int(np.prod(params[i].shape))
             a, e = max(lo, off), min(hi, off + n)
             if a < e:
-                p = ops.cast(params[i], ms.float32) if params[i].dtype != ms.float32 else params[i]
-                out[a - lo:e - lo] = p.asnumpy().ravel()[a - off:e - off]
+                out[a - lo:e - lo] = ops.reshape(ops.cast(params[i], ms.float32), (-1,))[a - off:e - off]
             off += n
         return out
 
@@ -151,9 +166,10 @@ class ShardedAdamW(nn.Cell):
             gs += (g,)
             if self.tp_norm:
                 g2 = g * g
-                sharded = g2 * self.tp_masks[k]
-                sq_tp = sq_tp + sharded.sum()
-                sq = sq + (g2 - sharded).sum()
+                for a, e in self.tp_runs[k][0]:
+                    sq_tp = sq_tp + g2[a:e].sum()
+                for a, e in self.tp_runs[k][1]:
+                    sq = sq + g2[a:e].sum()
             else:
                 sq = sq + (g * g).sum()
         if self.tp_norm:

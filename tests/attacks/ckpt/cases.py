@@ -161,3 +161,176 @@ def reshard_to_a_recipe_with_a_5000_digit_integer(d):
     r = I.recipe(d)
     r.write_text(r.read_text().replace("seed: 0", "seed: " + "9" * 5000))
     return ["ckpt", "reshard", str(ck), "--to", str(r), "--out", str(d / "out")]
+
+
+# ------------------------------------------------------------------ issue 40: verified before use, bounded
+def _flip_a_bit(ck: Path) -> None:
+    """One bit of the last byte of rank_00000's data flipped; the size is kept."""
+    p = ck / RANK0
+    raw = bytearray(p.read_bytes())
+    raw[-1] ^= 0x01
+    p.write_bytes(bytes(raw))
+
+
+def _symlink_elsewhere(ck: Path) -> None:
+    """rank_00000 replaced by a link to a same-sized file outside the checkpoint (a copy with a flipped bit)."""
+    p = ck / RANK0
+    other = ck.parent.parent / "elsewhere.safetensors"
+    raw = bytearray(p.read_bytes())
+    raw[-1] ^= 0x01
+    other.write_bytes(bytes(raw))
+    p.unlink()
+    p.symlink_to(other)
+
+
+def _reshard(d: Path, damage) -> list[str]:
+    ck = I.train_checkpoint(d / "ck" / "step_2")
+    damage(ck)
+    return ["ckpt", "reshard", str(ck), "--to", str(I.recipe(d)), "--out", str(d / "out")]
+
+
+def _bisect_run(d: Path, damage) -> list[str]:
+    """`port bisect --ms RUNDIR`: the run's newest checkpoint is the damaged one."""
+    run = d / "run"
+    ck = I.train_checkpoint(run / "checkpoints" / "step_2")
+    (run / "metrics.jsonl").write_text("")
+    damage(ck)
+    return ["bisect", "--hf", str(I.hf(d)), "--ms", str(run), "--seq", "8"]
+
+
+FLIPPED = ("rank_00000.safetensors", "do not match the sha256 layout.json records")
+
+
+@case(*FLIPPED, timeout=120)
+def merge_rank_file_with_one_flipped_bit(d):
+    return _merge(d, _flip_a_bit)
+
+
+@case(*FLIPPED, timeout=120)
+def reshard_rank_file_with_one_flipped_bit(d):
+    return _reshard(d, _flip_a_bit)
+
+
+@case(*FLIPPED, timeout=120, check=_untouched)
+def resume_rank_file_with_one_flipped_bit(d):
+    return _resume(d, _flip_a_bit)
+
+
+@case(*FLIPPED, dest=None, timeout=120)
+def bisect_run_whose_rank_file_has_one_flipped_bit(d):
+    return _bisect_run(d, _flip_a_bit)
+
+
+@case("rank_00000.safetensors", "symbolic link", timeout=120)
+def merge_rank_file_is_a_symlink_to_a_same_sized_file(d):
+    return _merge(d, _symlink_elsewhere)
+
+
+@case("rank_00000.safetensors", "symbolic link", timeout=120)
+def reshard_rank_file_is_a_symlink_to_a_same_sized_file(d):
+    return _reshard(d, _symlink_elsewhere)
+
+
+@case("rank_00000.safetensors", "symbolic link", timeout=120, check=_untouched)
+def resume_rank_file_is_a_symlink_to_a_same_sized_file(d):
+    return _resume(d, _symlink_elsewhere)
+
+
+def _set_first_shape(shape: list[int]):
+    def fn(doc: dict) -> None:
+        doc["layout"]["params"][0]["shape"] = shape
+    return fn
+
+
+@case("layout.json", "more than 1099511627776", timeout=120)
+def merge_record_shape_of_2_64_elements(d):
+    return _merge(d, lambda ck: _record(ck, _set_first_shape([1 << 32, 1 << 32])))
+
+
+@case("layout.json", "is not {name, shape, axis, dtype}", timeout=120)
+def merge_record_shape_of_2_63_in_one_dimension(d):
+    return _merge(d, lambda ck: _record(ck, _set_first_shape([1 << 63])))
+
+
+def _huge_world(zero: int):
+    """The 138 KB record of issue 40: world 65,536 with 2,000 one-element parameters (ZeRO over every rank,
+    or replicated over 65,536 tensor-parallel ranks), rank_00000 the only file listed."""
+    def fn(doc: dict) -> None:
+        n = 2000
+        doc["layout"] = {"world": 65536, "tp": 1 if zero else 65536, "zero": zero, "masters": False,
+                         "params": [{"name": f"p{i}", "shape": [1], "axis": None, "dtype": "F32"} for i in range(n)],
+                         "buckets": [{"params": list(range(n)), "padded": 65536}] if zero else []}
+        doc["files"] = {RANK0: doc["files"][RANK0]}
+    return fn
+
+
+@case("layout.json", "the layout needs", timeout=10)
+def merge_record_world_65536_with_2000_parameters(d):
+    return _merge(d, lambda ck: _record(ck, _huge_world(1)))
+
+
+@case("layout.json", "pieces, more than", timeout=10)
+def merge_record_tp_65536_with_2000_parameters(d):
+    return _merge(d, lambda ck: _record(ck, _huge_world(0)))
+
+
+@case("layout.json", "the layout needs", timeout=10)
+def reshard_record_world_65536_with_2000_parameters(d):
+    return _reshard(d, lambda ck: _record(ck, _huge_world(1)))
+
+
+@case("layout.json", "the layout needs", timeout=120, check=_untouched)
+def resume_record_world_65536_with_2000_parameters(d):
+    return _resume(d, lambda ck: _record(ck, _huge_world(1)))
+
+
+@case("layout.json", "the layout needs", dest=None, timeout=60)
+def bisect_run_record_world_65536_with_2000_parameters(d):
+    return _bisect_run(d, lambda ck: _record(ck, _huge_world(1)))
+
+
+@case("layout.json", "is listed twice", timeout=120)
+def merge_record_two_parameters_with_one_name(d):
+    def fn(doc: dict) -> None:
+        doc["layout"]["params"][1]["name"] = doc["layout"]["params"][0]["name"]
+    return _merge(d, lambda ck: _record(ck, fn))
+
+
+def _no_outside_tokenizer(out: str, d: Path) -> None:
+    assert "outside the run" in out and "pass --model DIR" in out, out
+    assert not (d / "out" / "tokenizer.json").exists(), "a file from outside the run was copied"
+
+
+@case(refusal=False, timeout=120, check=_no_outside_tokenizer)
+def merge_manifest_model_dir_outside_the_run(d):
+    """RUN/manifest.json names a folder outside the run as the model: `port ckpt merge` without --model does
+    not read it (it writes the weights and says where tokenizer files would come from)."""
+    src = I.train_checkpoint(d / "trained")
+    run = d / "run"
+    ck = run / "checkpoints" / "step_2"
+    ck.parent.mkdir(parents=True)
+    src.rename(ck)
+    outside = I.hf(d, "outside")
+    (outside / "tokenizer.json").write_text('{"planted": true}')
+    import shutil
+
+    shutil.copyfile(I._trained().parent.parent / "manifest.json", run / "manifest.json")
+    doc = json.loads((run / "manifest.json").read_text())
+    doc["model"].update(source=str(outside), dir=str(outside))
+    (run / "manifest.json").write_text(json.dumps(doc))
+    return ["ckpt", "merge", str(ck), "--out", str(d / "out")]
+
+
+@case("disk full while writing", subprocess=True, fsize=200_000, timeout=120)
+def merge_ms_disk_fills_while_writing(d):
+    return ["ckpt", "merge", str(I.train_checkpoint(d / "ck" / "step_2")), "--ms", str(d / "out")]
+
+
+@case("cannot write the HF export", subprocess=True, fsize=200_000, timeout=120)
+def merge_hf_disk_fills_while_writing(d):
+    return ["ckpt", "merge", str(I.train_checkpoint(d / "ck" / "step_2")), "--out", str(d / "out")]
+
+
+@case("cannot write the resharded checkpoint", subprocess=True, fsize=200_000, timeout=120)
+def reshard_disk_fills_while_writing(d):
+    return _reshard(d, lambda ck: None)

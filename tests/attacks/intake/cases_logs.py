@@ -70,7 +70,8 @@ def _imported(d: Path, **imported) -> Path:
     from porting.intake.baseline_import import Stated, import_log
 
     p = d / "base.json"
-    _, doc = import_log(FIX / "logs" / "medical_trainer_log.jsonl", p, Stated(global_batch=4), ["port"])
+    _, base = import_log(FIX / "logs" / "medical_trainer_log.jsonl", p, Stated(global_batch=4), ["port"])
+    doc = base.to_dict()
     doc["imported"].update(imported)
     p.write_text(json.dumps(doc))
     return p

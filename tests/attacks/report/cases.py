@@ -155,3 +155,45 @@ def metrics_jsonl_sparse_2_gb(d):
     r = run_dir(d)
     I.big_sparse(r / "metrics.jsonl", 2 << 30)
     return ["report", str(r), "--out", str(d / "out")]
+
+
+# -- the comparison `port compare --out RUNDIR/compare.json` leaves for the report (porting/report/compare_section.py)
+def _comparison_invalid(line: str, d: Path) -> None:
+    md = (d / "run" / "report" / "report.md").read_text()
+    assert "invalid compare.json" in md and "baseline comparison (port compare) | **fail**" in md, md
+
+
+@case(dest="run/report", refusal=False, check=_comparison_invalid, timeout=30)
+def compare_json_nested_100000_levels(d):
+    return ["report", str(run_dir(d, **{"compare.json": I.deep_json()}))]
+
+
+@case(dest="run/report", refusal=False, check=_comparison_invalid, timeout=30)
+def compare_json_check_passed_is_the_string_true(d):
+    """A real comparison whose failed row says "passed": "true": shown as invalid, never as a pass."""
+    from tests.baseline.test_document import _measured
+
+    rep = _measured(d, 0.1).to_dict()
+    rep["checks"][1]["passed"] = "true"
+    rep["ok"] = True
+    return ["report", str(run_dir(d, **{"compare.json": json.dumps(rep)}))]
+
+
+@case(dest="out", refusal=False, check=_outside_not_shown)
+def compare_json_is_a_link_to_a_file_outside_the_run(d):
+    import os
+
+    r = run_dir(d)
+    (d / "outside.json").write_text(json.dumps({"format": "port-compare", "failures": ["OUTSIDE-SECRET"]}))
+    os.symlink(d / "outside.json", r / "compare.json")
+    return ["report", str(r), "--out", str(d / "out")]
+
+
+@case("base.json", "expected 'port-compare' version 1", "port compare BASELINE RUNDIR --out", dest=None)
+def compare_option_names_a_baseline_file(d):
+    import shutil
+
+    from tests.attacks.harness import ROOT
+
+    shutil.copy(ROOT / "tests" / "fixtures" / "baselines" / "imported_tensorboard.json", d / "base.json")
+    return ["report", str(run_dir(d)), "--compare", str(d / "base.json"), "--out", str(d / "out")]
