@@ -1,7 +1,7 @@
 """Does the calibrated plan predict `port train`'s step? (issue 39)
 
 One rehearsal (`port rehearse BASE --rungs links,compute`: port's step cells timed at BASE's shapes, the
-collectives of a 2-worker node timed at 4 MiB and 1 KiB) calibrates the plan; `port train --dry-run
+collectives of a 2-worker node timed in graph mode from 1 KiB to 16 MiB) calibrates the plan; `port train --dry-run
 --calibration` then predicts the steady step of recipes at OTHER shapes and layouts, and each is run for real
 (`port train`, msrun for DP 2 and TP 2): predicted / measured, target within 25 %.
 
