@@ -154,7 +154,7 @@ def side_by_side(raw: Any, run_path: Any, base_tokens: float | None, run_tokens:
     share)."""
     notes: list[str] = []
     base = []
-    for i, d in enumerate((raw if isinstance(raw, list) else [])[:bd.MAX_SAMPLES * 4]):
+    for i, d in enumerate((raw if isinstance(raw, (list, tuple)) else ())[:bd.MAX_SAMPLES * 4]):
         try:
             base.append(bd.from_dict(d, f"baseline breakdown[{i}]"))
         except bd.RunDirError as e:

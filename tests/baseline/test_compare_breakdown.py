@@ -17,7 +17,7 @@ def _rec(step: int, rank: int, source: str, compute_ms: int, wall_ms: int) -> bd
 
 def test_side_by_side_normalises_by_the_tokens_each_device_processes(tmp_path):
     # baseline: one device, the global batch of 4096 tokens, 400 ms compute of a 500 ms step
-    base = [_rec(2, 0, "torch-profiler", 400, 500).to_dict()]
+    base = (_rec(2, 0, "torch-profiler", 400, 500).to_dict(),)   # as MeasuredBaseline.breakdown holds it
     # run: two data-parallel ranks, 2048 tokens each, 100 ms compute of a 150 ms step
     for rank in (0, 1):
         bd.append(tmp_path, _rec(2, rank, "mindspore-profiler", 100, 150))
