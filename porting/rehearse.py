@@ -62,7 +62,7 @@ SEQ = 64
 # The layout tolerances of port's one table (porting/verify/stats.py): fp32 TP/DP reductions only reorder sums.
 LOSS_ATOL = LAYOUT_TOLERANCES["loss_atol"]
 GRAD_NORM_RTOL = LAYOUT_TOLERANCES["grad_norm_rtol"]
-RUNGS = ("single", "parity", "node", "links", "two-nodes")
+RUNGS = ("single", "parity", "node", "links", "compute", "two-nodes")
 
 
 class RehearsalError(PortingError):
@@ -83,6 +83,7 @@ class Rung:
     command: list[str] = dataclasses.field(default_factory=list)
     diagnosis: dict[str, Any] | None = None
     links: dict[str, Any] = dataclasses.field(default_factory=dict)   # the links rung's figures
+    calibration: dict[str, Any] = dataclasses.field(default_factory=dict)   # the compute rung's (calibration.json)
 
 
 def scaled_config(cfg: LlamaConfig) -> LlamaConfig:
@@ -249,6 +250,16 @@ def _links_rung(rung: Rung, recipe: dict[str, Any], out: Path, timeout: float) -
     rung.seconds = round(time.monotonic() - t0, 2)
 
 
+def _compute_rung(rung: Rung, rec: Any, cfg: LlamaConfig, out: Path, timeout: float) -> None:
+    """Port's step cells timed at the recipe's real shapes on one device (porting/rehearse_compute.py)."""
+    from porting.rehearse_compute import measure
+
+    t0 = time.monotonic()
+    rung.status, rung.detail, rung.calibration = measure(rec, cfg, out, timeout, _run)
+    rung.command = ["python", "-m", "porting.rehearse_compute", "SPEC", "OUT"]
+    rung.seconds = round(time.monotonic() - t0, 2)
+
+
 def _parity_rung(rung: Rung, model_dir: Path, out: Path, timeout: float) -> None:
     try:
         import torch  # noqa: F401  (deferred: the HF reference needs the torch extra)
@@ -288,6 +299,13 @@ def ladder(rec: Any, only: tuple[str, ...] = RUNGS) -> tuple[list[Rung], dict[st
             r.status, r.detail = "skip", "the recipe runs on one device: no parallel groups to rehearse"
         elif r.name == "two-nodes" and not multi_node:
             r.status, r.detail = "skip", "the recipe runs on one node"
+        elif r.name == "compute" and (rec.cluster.device == "ascend") != _on_npu():
+            r.status, r.detail = "skip", (f"the recipe runs on {rec.cluster.device} and this machine is "
+                                          f"{'an NPU' if _on_npu() else 'a CPU'}: its step pieces are measured on "
+                                          "the recipe's own device (rehearse there)")
+        elif r.name == "compute":
+            r.layout = (f"one device, the recipe's own shapes (one TP-{rec.parallel.tensor_parallel} rank's slice), "
+                        "port's step cells at 1 and 4 layers")
         elif r.name in plan:
             t, d, n = plan[r.name]
             r.layout = f"TP {t} x DP {d} on {n} node(s)"
@@ -326,6 +344,8 @@ def rehearse(recipe_path: str, out: Path, overrides: list[str] | None = None, *,
             continue
         if r.name == "parity":
             _parity_rung(r, model_dir, out, rung_timeout)
+        elif r.name == "compute":
+            _compute_rung(r, rec, cfg, out, rung_timeout)
         elif r.name == "links":
             t, d, _ = plan[r.name]
             _links_rung(r, rung_recipe(base, model_dir, out / "rungs" / r.name, tp=t, dp=d, nodes=1,

@@ -2,7 +2,8 @@
 them (porting/cluster/smoke_collectives.py, under msrun), each collective run at a size that measures
 bandwidth rather than latency, turned into bus bandwidth and set beside the per-die figures the plan's
 roofline uses (porting/train/plan/roofline.py ``links``), so a measured figure can replace a documented one
-(``cluster.intra_node_gb_s``, ``cluster.inter_node_gb_s``).
+(``cluster.intra_node_gb_s``, ``cluster.inter_node_gb_s``). Each collective is also timed at 1 KiB
+(``latency_ms``, its fixed cost), which the calibrated plan adds per call (porting/train/plan/calibrated.py).
 
 Bus bandwidth is nccl-tests' measure (github.com/NVIDIA/nccl-tests, doc/PERFORMANCE.md): the algorithm
 bandwidth S / t times the share of the data each rank's link carries, so it compares with the link's
@@ -25,6 +26,7 @@ from typing import Any
 
 ELEMENTS_CPU = 1 << 20     # 4 MiB of float32 per rank: past the CPU collectives' fixed cost, quick on 2 cores
 ELEMENTS_NPU = 1 << 26     # 256 MiB: the flat part of nccl-tests-style sweeps on a fast link
+ELEMENTS_LATENCY = 256     # 1 KiB: the collective's fixed cost (latency), for the calibrated plan's per-op term
 
 
 def bus_gb_s(op: str, ranks: int, bytes_per_rank: int, ms: float) -> float | None:
@@ -62,6 +64,10 @@ def measure(rec: Any, timeout_s: float) -> tuple[str, str, dict[str, Any]]:
         bw = bus_gb_s(op, sizes.get(group, 0), elements * 4, ms)
         measured[key] = {"ranks": sizes.get(group), "ms": round(ms, 3), "bytes_per_rank": elements * 4,
                          "bus_gb_s": None if bw is None else round(bw, 3)}
+    small = smoke_at_shape(rec, 0, timeout_s=timeout_s, elements=ELEMENTS_LATENCY) if row["status"] == "ok" else {}
+    for key, ms in (small.get("collectives") or {}).items():   # each collective's cost at 1 KiB: its latency
+        if key in measured:
+            measured[key]["latency_ms"] = round(ms, 3)
     plan = plan_links(rec)
     figures = {"tp_gb_s": plan["tp_bytes_per_s"] / 1e9, "dp_gb_s": plan["dp_bytes_per_s"] / 1e9,
                "intra_node": plan["intra_node"]}

@@ -39,7 +39,9 @@ def test_tiny_recipe_ladder_passes_and_the_report_reads_it(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     doc = json.loads((out / "rehearse.json").read_text())
     st = {g["name"]: g["status"] for g in doc["rungs"]}
-    assert st == {"single": "pass", "parity": "pass", "node": "skip", "links": "skip", "two-nodes": "skip"}
+    assert st == {"single": "pass", "parity": "pass", "node": "skip", "links": "skip", "compute": "pass",
+                  "two-nodes": "skip"}
+    assert (out / "calibration.json").is_file()   # the compute rung: the recipe's own shapes, on its own device
     single = doc["rungs"][0]
     assert len(single["losses"]) == 3 and single["compile_s"] is not None and single["compile_s"] > 0
     rep = port_process("report", str(out))
@@ -68,7 +70,8 @@ def test_13b_shape_tp2_dp2_zero_two_node_ranks_pass_and_agree(tmp_path):
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
     doc = json.loads((out / "rehearse.json").read_text())
     rungs = {g["name"]: g for g in doc["rungs"]}
-    assert all(g["status"] == "pass" for g in rungs.values()), rungs
+    assert all(g["status"] == "pass" for n, g in rungs.items() if n != "compute"), rungs
+    assert rungs["compute"]["status"] == "skip" and "measured on the recipe's own device" in rungs["compute"]["detail"]
     assert rungs["node"]["layout"] == "TP 2 x DP 2 on 1 node(s)" and rungs["two-nodes"]["layout"] == "TP 2 x DP 2 on 2 node(s)"
     for name in ("node", "two-nodes"):       # each step equal to the single device's within the stated tolerance
         for a, b in zip(rungs[name]["losses"], rungs["single"]["losses"]):

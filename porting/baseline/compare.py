@@ -39,6 +39,7 @@ from porting.baseline.document import (
     Settings,
     Steps,
 )
+from porting.baseline.profile import side_by_side
 from porting.rundir import RunRecords, StepRecord
 from porting.verify.check import Check
 from porting.verify.stats import CurveGate, CurveTolerances, compare as difference, curve_tolerances
@@ -185,10 +186,14 @@ def compare(base: MeasuredBaseline, base_path: str | None, run: RunRecords, run_
     for part, check in (("throughput", tput), ("memory", mem)):
         if check.ok is False:
             failures.append(f"{part} ratio {check.ratio_run_over_baseline} outside the bound asked for")
+    seq, batching = run_settings.seq_length or 0, (run.manifest.recipe.get("batching", {}) if run.manifest else {})
+    run_tokens = batching.get("micro_batch_size", 0) * batching.get("grad_accum_steps", 0) * seq or None
+    breakdown = side_by_side(base.breakdown, run.path, (base.settings.global_batch or 0) * seq or None, run_tokens)
     return Comparison(estimator=estimator_vs_baseline(base, run), baseline=base_path, run=str(run.path),
                       run_notes=tuple(run.notes), dtype=base.settings.dtype, tolerances=tol,
                       settings=SettingsCheck(diff, not key_diff), loss=loss, probe=pr, throughput=tput, memory=mem,
-                      checks=_checks(key_diff, loss, pr, tput, mem, tol), failures=tuple(failures), ok=not failures)
+                      checks=_checks(key_diff, loss, pr, tput, mem, tol), failures=tuple(failures), ok=not failures,
+                      breakdown=breakdown)
 
 
 def _checks(key_diff: list[SettingDiff], loss: LossCheck, pr: ProbeCheck, tput: ThroughputCheck, mem: MemoryCheck,

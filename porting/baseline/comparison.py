@@ -126,6 +126,7 @@ class Comparison:
     checks: tuple[Check, ...]
     failures: tuple[str, ...]
     ok: bool
+    breakdown: dict | None = None   # porting.baseline.profile.side_by_side: both sides' sampled step breakdowns
     format: str = FORMAT
     format_version: int = FORMAT_VERSION
 

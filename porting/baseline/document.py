@@ -186,6 +186,7 @@ class MeasuredBaseline(_Document):
     recipe: dict | None = None               # the resolved recipe (porting.train.recipe.recipe_dict)
     data: dict | None = None                 # the data report and batching
     loop: dict | None = None                 # how the torch side ran
+    breakdown: tuple[dict, ...] | None = None   # sampled steps' breakdowns (porting/baseline/profile.py)
     format: str = FORMAT
     format_version: int = FORMAT_VERSION
     extra: dict = field(default_factory=dict)
@@ -193,8 +194,10 @@ class MeasuredBaseline(_Document):
     def to_dict(self) -> dict[str, Any]:
         out = {**_head(self), "settings": typed.write(self.settings)}
         out.update({k: v for k, v in (("recipe", self.recipe), ("data", self.data)) if v is not None})
-        out.update(steps=typed.write(self.steps), timing=typed.write(self.timing), memory=typed.write(self.memory),
-                   probe=typed.write(self.probe))
+        out.update(steps=typed.write(self.steps), timing=typed.write(self.timing), memory=typed.write(self.memory))
+        if self.breakdown is not None:
+            out["breakdown"] = list(self.breakdown)
+        out["probe"] = typed.write(self.probe)
         if self.loop is not None:
             out["loop"] = self.loop
         return {**out, **self.extra}

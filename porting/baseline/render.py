@@ -8,6 +8,7 @@ from typing import Any
 
 from porting.baseline.comparison import AnyComparison, Comparison, CurveComparison
 from porting.baseline.memory import PHASES
+from porting.baseline.profile import render_side_by_side
 from porting.verify.check import table
 
 
@@ -85,6 +86,7 @@ def render_measured(rep: Comparison, max_rows: int = 20) -> str:
               + ("" if m.same_kind else "  [different kinds of memory: not like for like]")]
     if rep.estimator:
         lines += _estimate_lines(rep.estimator)
+    lines += render_side_by_side(rep.breakdown)
     for note in rep.run_notes:
         lines += ["", f"NOTE (run directory): {note}"]
     return "\n".join(lines)

@@ -52,6 +52,7 @@ class BaselineRequest:
     timing_warmup_steps: int = 1
     threads: int | None = None
     command: tuple[str, ...] = ()
+    breakdown_every: int = 0           # torch.profiler on every N-th step (porting/baseline/profile.py)
 
 
 @dataclass(frozen=True)
@@ -202,7 +203,8 @@ def baseline_document(run: BaselineRun) -> MeasuredBaseline:
         loop={"dtype": loop.dtype, "timing_warmup_steps": loop.timing_warmup_steps, "recompute": loop.recompute,
               "attention": "sdpa", "optimizer": "torch.optim.AdamW" + (" (fused)" if loop.device == "cuda" else ""),
               "loss": "sum of token cross-entropy / total target tokens of the step (all micro-batches, all ranks)",
-              "grad_norm": "global L2 norm before clipping"})
+              "grad_norm": "global L2 norm before clipping"},
+        breakdown=tuple(b.to_dict() for b in res.breakdown) if res.breakdown else None)
 
 
 def check_probe_size(probe_tokens: int, vocab_size: int) -> None:
@@ -247,7 +249,7 @@ def run(req: BaselineRequest, log: Callable[[str], None] = lambda s: None) -> Ba
         raise ConfigError(f"--steps {n}: the recipe's schedule has only {plan.total_steps} optimizer steps; "
                           "raise schedule.max_steps (--set schedule.max_steps=N) or ask for fewer")
     loop = LoopConfig(device=req.device, dtype=LOOP_DTYPES[prec], timing_warmup_steps=req.timing_warmup_steps,
-                      recompute=recipe.memory.recompute, threads=req.threads)
+                      recompute=recipe.memory.recompute, threads=req.threads, breakdown_every=req.breakdown_every)
     from porting.baseline import torch_loop
 
     import torch

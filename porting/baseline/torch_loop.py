@@ -44,6 +44,7 @@ class LoopConfig:
     timing_warmup_steps: int = 1   # first steps timed apart (allocator warm-up, CUDA kernels selection)
     recompute: bool = False        # HF gradient checkpointing
     threads: int | None = None     # torch CPU threads (None: torch's default)
+    breakdown_every: int = 0       # torch.profiler on every N-th step (porting/baseline/profile.py); 0: never
 
 
 @dataclass
@@ -61,6 +62,7 @@ class LoopResult:
     probe_logits_initial: np.ndarray | None = None
     probe_logits_final: np.ndarray | None = None
     num_parameters: int = 0
+    breakdown: list = field(default_factory=list)   # porting.rundir.breakdown.Breakdown of the sampled steps
 
     def timing(self) -> Timing:
         """Warm-up steps (first ones, first sight of a shape) kept apart from the steady state."""
@@ -161,24 +163,30 @@ def train(model, steps: Iterable[Sequence[MicroBatch]], opt: OptimConfig, loop: 
     res.weights_gib = meter.current_gib()
     sync = torch.cuda.synchronize if loop.device == "cuda" else (lambda: None)
     shapes_seen: set[tuple[int, ...]] = set()
+    from porting.baseline.profile import TorchSampler
+
+    sampler = TorchSampler(loop.breakdown_every, loop.device, loop.timing_warmup_steps,
+                           getattr(getattr(model, "model", None), "layers", None))
     for step, micro in enumerate(steps):
         total = sum(mb.tokens for mb in micro)
         if total == 0:
             raise ValueError(f"step {step}: no real target tokens in its {len(micro)} micro-batches")
         peaks = dict.fromkeys(PHASES, 0.0)
         sync()
+        profiled = sampler.begin(step)
         t0 = time.perf_counter()
         loss_sum = torch.zeros((), dtype=torch.float64, device=loop.device)
         for mb in micro:
             ids = torch.as_tensor(mb.input_ids, dtype=torch.long, device=loop.device)
             labels = torch.as_tensor(mb.labels, dtype=torch.long, device=loop.device)
             meter.reset()
-            with _autocast(loop):
+            with sampler.phase("forward"), _autocast(loop):
                 logits = model(input_ids=ids).logits
-            part = token_loss_sum(logits, labels)
+                part = token_loss_sum(logits, labels)
             peaks["forward"] = max(peaks["forward"], meter.peak_gib())
             meter.reset()
-            (part / total).backward()
+            with sampler.phase("backward"):
+                (part / total).backward()
             del logits
             peaks["backward"] = max(peaks["backward"], meter.peak_gib())
             loss_sum += part.detach().double()
@@ -187,20 +195,23 @@ def train(model, steps: Iterable[Sequence[MicroBatch]], opt: OptimConfig, loop: 
         for g in optimizer.param_groups:
             g["lr"] = lr
         max_norm = opt.grad_clip if opt.grad_clip else float("inf")
-        gnorm = torch.nn.utils.clip_grad_norm_(params, max_norm)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        with sampler.phase("optimizer"):
+            gnorm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
         peaks["optimizer"] = meter.peak_gib()
         loss = float(loss_sum.item()) / total
         sync()
         res.step_time_s.append(time.perf_counter() - t0)
+        if profiled:   # the profiler's overhead is in this step's time: kept apart from the steady state
+            res.breakdown.append(sampler.end(step))
         res.loss.append(loss)
         res.grad_norm.append(float(gnorm))
         res.lr.append(lr)
         res.tokens.append(total)
         res.real_tokens.append(int(sum(_real_tokens(mb) for mb in micro)))
         shapes = {tuple(mb.input_ids.shape) for mb in micro}
-        res.warmup.append(step < loop.timing_warmup_steps or not shapes <= shapes_seen)
+        res.warmup.append(step < loop.timing_warmup_steps or not shapes <= shapes_seen or profiled)
         shapes_seen |= shapes
         res.padded_tokens.append(int(sum(mb.input_ids.size for mb in micro)))
         for p in PHASES:

@@ -48,8 +48,11 @@ Examples:
 @click.option("--timing-warmup", "timing_warmup", type=int, default=1, show_default=True,
               help="First steps timed apart from the steady state.")
 @click.option("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice).")
+@click.option("--breakdown-every", type=click.IntRange(0, 1 << 30), default=0, show_default=True,
+              help="Profile every N-th step after the warm-up with torch.profiler (compute / host / idle per phase, "
+                   "at most 8 steps; those steps leave the steady timing); `port compare` sets it beside the run's.")
 def run_cmd(recipe: str, out: str, device: str, hf: str | None, overrides: tuple[str, ...], steps: int | None,
-            probe_tokens: int, timing_warmup: int, threads: int | None) -> None:
+            probe_tokens: int, timing_warmup: int, threads: int | None, breakdown_every: int) -> None:
     """Record a PyTorch + HF transformers baseline of RECIPE's first steps, on the identical batches."""
     _check_out(out, recipe)
     from porting.baseline.memory import PHASES
@@ -57,7 +60,7 @@ def run_cmd(recipe: str, out: str, device: str, hf: str | None, overrides: tuple
 
     req = BaselineRequest(recipe_path=recipe, out=out, device=device, hf=hf, overrides=overrides, steps=steps,
                           probe_tokens=probe_tokens, timing_warmup_steps=timing_warmup, threads=threads,
-                          command=tuple(["port"] + sys.argv[1:]))
+                          command=tuple(["port"] + sys.argv[1:]), breakdown_every=breakdown_every)
     res = run(req, log=lambda s: click.echo(s, err=True))
     tps = res.steady_tokens_per_s
     speed = f"steady {tps:.1f} tokens/s" if tps else "no steady step (all were warm-up: first step or new shape)"

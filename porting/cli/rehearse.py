@@ -21,7 +21,7 @@ Examples:
               help="Override a key of RECIPE before it is scaled (repeatable).")
 @click.option("--rung-set", "extra", multiple=True, metavar="KEY=VALUE",
               help="Override a key of every training rung's scaled recipe (repeatable).")
-@click.option("--rungs", default="single,parity,node,links,two-nodes", show_default=True,
+@click.option("--rungs", default="single,parity,node,links,compute,two-nodes", show_default=True,
               help="Comma-separated rungs to run, in ladder order.")
 @click.option("--dry-run", is_flag=True, help="Print the small model and each rung's layout; run nothing.")
 @click.option("--rung-timeout", default=600, show_default=True, type=click.IntRange(10, 86_400),

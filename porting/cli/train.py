@@ -22,6 +22,7 @@ Examples:
   port train recipes/tiny-cpu.yaml --resume                  # continue from the last checkpoint
   port train recipes/7b-8card.yaml --dry-run                 # plan, memory by phase, msrun command
   port train recipes/13b-32card.yaml --dry-run --json        # the plan as JSON
+  port train recipes/7b-8card.yaml --dry-run --calibration runs/rehearse-7b   # step from measured pieces
   port train recipes/13b-32card.yaml --launch-node 2         # run node 2's msrun command here
   port train recipes/tiny-cpu.yaml --set cluster.devices_per_node=2 --supervise   # watch, diagnose, resume""")
 @click.argument("recipe", type=click.Path(dir_okay=False))
@@ -45,12 +46,15 @@ Examples:
 @click.option("--shrink", is_flag=True,
               help="With --supervise: when a rank's device fails its probe after an incident, relaunch on the node's "
                    "other devices with the same global batch (porting/launch/shrink.py).")
+@click.option("--calibration", type=click.Path(file_okay=False), default=None, metavar="REHEARSAL",
+              help="With --dry-run: predict the step from a `port rehearse` folder's measured pieces (its compute and "
+                   "links rungs) instead of the roofline at peak, and rank layouts on them.")
 @click.option("--no-preflight", is_flag=True,
               help="Launch without the preflight (stale processes, master port/address, rank table; see "
                    "`port doctor --cluster`).")
 def command(recipe: str, overrides: tuple[str, ...], dry_run: bool, as_json: bool, resume: bool,
             run_dir: str | None, launch_node: int | None, supervise: bool, stall_timeout: float | None,
-            max_restarts: int, no_preflight: bool, shrink: bool) -> None:
+            max_restarts: int, no_preflight: bool, shrink: bool, calibration: str | None) -> None:
     """Fine-tune the model of RECIPE (all weights) with the recipe's data, batching and parallelism."""
     if shrink and not supervise:
         raise RecipeError("--shrink moves a supervised run onto fewer devices after a fault: add --supervise")
@@ -67,7 +71,14 @@ def command(recipe: str, overrides: tuple[str, ...], dry_run: bool, as_json: boo
 
         require_training_device()
     out = Path(run_dir or rec.output_dir)
-    plan, cfg = T.plan_run(rec, recipe, str(out), list(overrides), resume, dry_run)
+    cal = None
+    if calibration is not None:
+        if not dry_run:
+            raise RecipeError("--calibration predicts a step for the plan: add --dry-run")
+        from porting.train.plan.calibrated import load
+
+        cal = load(calibration)
+    plan, cfg = T.plan_run(rec, recipe, str(out), list(overrides), resume, dry_run, calibration=cal)
     if dry_run:
         plan.padding, padding_line = T.dry_run_padding(rec)   # padding of bucketing vs packing on the recipe's data
         timeouts = "\n" + hccl_timeouts.plan_line(os.environ, plan.launch["env"]) if plan.launch else ""

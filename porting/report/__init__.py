@@ -35,6 +35,7 @@ from model_zoo.errors import PortingError
 from porting.report.plots import plots
 from porting.report.render import render_html, render_md, render_text
 from porting.report.rehearsal import merge, rehearsal_rows
+from porting.report.breakdown import breakdown_rows
 from porting.report.incidents import incident_rows
 from porting.report.rows import Row, build_rows
 from porting.rundir import read_run
@@ -138,6 +139,7 @@ def make_report(rundir: str | os.PathLike, out: str | os.PathLike | None = None,
     rehearsal = rehearsal_rows(run)   # a `port rehearse` folder: its rungs fill the rows of each scale
     rows = merge(rows, rehearsal) if rehearsal else rows
     rows = rows + incident_rows(run)   # a supervised run's incidents (porting/launch/supervise.py)
+    rows = rows + breakdown_rows(run)   # where each rank's step time goes (logging.breakdown_every)
     base = load_baseline(run.path, baseline)
     svgs = plots(run, base)
     from porting.report import bisect_section, compare_section

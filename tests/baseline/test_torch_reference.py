@@ -90,3 +90,21 @@ def test_bf16_mixed_path_runs_and_stays_near_fp32(micro4, tmp_path):
     assert doc.settings.dtype == "bf16-mixed" and doc.loop["dtype"] == "bf16-mixed"
     assert doc.steps.loss[0] == pytest.approx(micro4.steps.loss[0], rel=2e-2)
     assert doc.steps.loss[0] != micro4.steps.loss[0]  # it really computed in bf16
+
+
+def test_profiled_steps_break_down_by_phase_and_layer_and_leave_the_steady_timing(tmp_path):
+    """--breakdown-every 2 on 4 steps (warm-up 1): steps 2 and 4 run under torch.profiler; their parts add
+    up, the three phases and the 5 decoder layers' forwards are there, and those steps are timed apart."""
+    req = runner.BaselineRequest(recipe_path=ROOT_RECIPE, out=str(tmp_path / "bd.json"), steps=4, threads=2,
+                                 overrides=("schedule.max_steps=4",), probe_tokens=16, breakdown_every=2)
+    doc = runner.run(req).document
+    recs = doc.breakdown
+    assert [r["step"] for r in recs] == [2, 4]
+    for r in recs:
+        assert r["source"] == "torch-profiler" and r["comm_s"] == 0
+        assert r["compute_s"] + r["host_s"] + r["idle_s"] == pytest.approx(r["wall_s"], abs=5e-6)
+        assert all(r["phases"][p] > 0 for p in ("forward", "backward", "optimizer"))
+        assert sorted(r["layers"], key=int) == ["0", "1", "2", "3", "4"]
+        assert sum(v["forward"] for v in r["layers"].values()) <= r["phases"]["forward"] + 1e-6
+    assert doc.steps.warmup == (True, True, False, True)
+    assert document.problems(doc.to_dict()) == []

@@ -15,7 +15,7 @@ from model_zoo.config import LlamaConfig, divisibility_problems
 from model_zoo import presets
 from model_zoo.errors import RecipeError, UnknownModelError
 from porting.model_paths import resolve_hf
-from porting.train.plan import comm, execution, roofline, sharding
+from porting.train.plan import calibrated, comm, execution, roofline, sharding
 from porting.train.plan.host_memory import check_host_memory, host_memory
 from porting.train.plan.launch import msrun_commands
 from porting.train.plan.memory import estimate_memory, usable_hbm_gib
@@ -126,7 +126,8 @@ class TrainPlan:
     collective_convention: str = ""
     suggestions: list[str] = field(default_factory=list)
     proposals: list[dict[str, Any]] = field(default_factory=list)
-    estimated_step: dict[str, float] = field(default_factory=dict)
+    estimated_step: dict[str, Any] = field(default_factory=dict)   # kind: roofline or calibrated (calibrated.py)
+    throughput: dict[str, Any] = field(default_factory=dict)       # tokens/s per device and MFU of that estimate
     links: dict[str, Any] = field(default_factory=dict)
     msrun_commands: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
@@ -140,10 +141,13 @@ class TrainPlan:
 
 
 def make_plan(recipe: Recipe, cfg: LlamaConfig, recipe_path: str, run_dir: str, overrides: list[str] | None = None,
-              resume: bool = False) -> TrainPlan:
+              resume: bool = False, calibration: calibrated.Calibration | None = None) -> TrainPlan:
     """The plan of a recipe: its :class:`~porting.train.plan.layout.Layout` is computed once and every part
-    of the plan is derived from it."""
+    of the plan is derived from it. ``calibration``: a rehearsal's measured pieces, for the step estimate and
+    the ranking of layouts (porting/train/plan/calibrated.py); without it the roofline (Ascend only)."""
     layout = sharding.layout_for(recipe, cfg)
+    est = calibrated.estimate(recipe, cfg, layout, calibration)
+    step_fn = (lambda r, c, lay: calibrated.predict(r, c, lay, calibration)) if calibration is not None else None
     choice = layout.choice
     mem = estimate_memory(cfg, recipe, zero_stage=choice.stage or None, layout=layout)
     usable = usable_hbm_gib(recipe)
@@ -168,8 +172,9 @@ def make_plan(recipe: Recipe, cfg: LlamaConfig, recipe_path: str, run_dir: str, 
         memory_gib_by_phase=mem, device_hbm_gib=recipe.cluster.device_hbm_gib, usable_hbm_gib=usable,
         margin_gib=round(usable - mem["total"], 3), fits=fits,
         suggestions=[] if fits else suggestions(cfg, recipe, usable),
-        proposals=roofline.proposals(recipe, cfg) if not fits or recipe.cluster.device == "ascend" else [],
-        estimated_step=roofline.step_time(recipe, cfg, layout) if recipe.cluster.device == "ascend" else {},
+        proposals=roofline.proposals(recipe, cfg, step_fn) if not fits or recipe.cluster.device == "ascend" or step_fn
+        else [],
+        estimated_step=est, throughput=calibrated.throughput(recipe, cfg, est),
         links=roofline.links(recipe) if recipe.cluster.device == "ascend" else {},
         msrun_commands=msrun_commands(recipe, recipe_path, run_dir, overrides, resume) if multi else [],
         warnings=plan_warnings(recipe, cfg, choice), execution=execution.describe(recipe),
@@ -233,17 +238,17 @@ def plan_config(recipe: Recipe) -> tuple[LlamaConfig, list[str]]:
 
 
 def plan_run(recipe: Recipe, recipe_path: str, run_dir: str, overrides: list[str], resume: bool,
-             dry_run: bool) -> tuple[TrainPlan, LlamaConfig]:
+             dry_run: bool, calibration: calibrated.Calibration | None = None) -> tuple[TrainPlan, LlamaConfig]:
     """The plan `port train` prints or runs, and the model config it was made from. A dry run plans for a
     cluster whose checkpoint may not be here (:func:`plan_config`: its notes become the plan's first warnings);
     a real run plans from the checkpoint's own config.json. A model tensor parallel cannot split is one line
-    here, before any worker starts."""
+    here, before any worker starts. ``calibration``: a rehearsal's measured pieces (:func:`make_plan`)."""
     if dry_run:
         cfg, notes = plan_config(recipe)
     else:
         cfg, notes = LlamaConfig.from_hf(resolve_hf(recipe.model.source)), []
     check_tensor_parallel(recipe, cfg, recipe.model.source)
-    plan = make_plan(recipe, cfg, recipe_path, run_dir, overrides, resume)
+    plan = make_plan(recipe, cfg, recipe_path, run_dir, overrides, resume, calibration=calibration)
     plan.warnings = notes + plan.warnings
     return plan, cfg
 

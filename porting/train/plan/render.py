@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from porting.train.plan import roofline
+from porting.train.plan import calibrated, roofline
 from porting.train.plan.make import TrainPlan
 from porting.train.plan.memory_terms import TERMS
 
@@ -43,16 +43,14 @@ def format_plan(plan: TrainPlan) -> str:
                      f"per node{limit} ({hm['formula']})")
     if plan.proposals:
         what = "layouts that fit" if plan.fits else "working settings"
-        lines.append(f"{what} at the same global batch, fastest first (roofline estimate, porting/train/plan/roofline.py):")
+        how = ("calibrated estimate, porting/train/plan/calibrated.py" if plan.estimated_step.get("kind") == "calibrated"
+               else "roofline estimate, porting/train/plan/roofline.py")
+        lines.append(f"{what} at the same global batch, fastest first ({how}):")
         lines += [f"  {i + 1}. {roofline.proposal_line(p)}" for i, p in enumerate(plan.proposals)]
     if plan.estimated_step:
-        e = plan.estimated_step
-        lines.append(f"estimated step (roofline at the {plan.links.get('chip', '910C')} peak, an estimate): "
-                     f"{e['step_s']:.2f} s = compute "
-                     f"{e['compute_s']:.2f} + optimizer {e['memory_s']:.2f} + communication {e['comm_s']:.2f} "
-                     f"(TP {e['comm_tp_s']:.2f} at {plan.links['tp_bytes_per_s'] / 1e9:g} GB/s, {plan.links['intra_node']}; "
-                     f"DP {e['comm_dp_s']:.2f} at {plan.links['dp_bytes_per_s'] / 1e9:g} GB/s, "
-                     f"{plan.links['inter_node'] if plan.links['dp_spans_nodes'] else plan.links['intra_node']})")
+        lines += calibrated.step_line(plan.estimated_step, plan.links)
+    if plan.throughput:
+        lines.append(calibrated.throughput_line(plan.throughput))
     lines += [f"warning: {w}" for w in plan.warnings]
     lines += _collective_lines(plan)
     ga = plan.gradient_allreduce

@@ -104,9 +104,10 @@ def _tp_options(recipe: Recipe, cfg: LlamaConfig) -> list[int]:
             and cfg.num_key_value_heads % t == 0 and cfg.vocab_size % t == 0]
 
 
-def proposals(recipe: Recipe, cfg: LlamaConfig) -> list[dict[str, Any]]:
+def proposals(recipe: Recipe, cfg: LlamaConfig, step_fn: Any = None) -> list[dict[str, Any]]:
     """Settings (TP, DP, sharding, recompute) that fit the usable HBM at the recipe's global batch
-    (micro-batch 1, accumulation to make up the rest), fastest first by :func:`step_time`."""
+    (micro-batch 1, accumulation to make up the rest), fastest first by :func:`step_time`, or by
+    ``step_fn(recipe, cfg, layout)`` (the calibrated estimate, porting/train/plan/calibrated.py)."""
     usable, world, gbs = usable_hbm_gib(recipe), recipe.world_size, recipe.global_batch_size
     out = []
     for tp in _tp_options(recipe, cfg):
@@ -123,7 +124,7 @@ def proposals(recipe: Recipe, cfg: LlamaConfig) -> list[dict[str, Any]]:
                 total = estimate_memory(cfg, alt, layout=layout)["total"]
                 if total > usable:
                     continue
-                t = step_time(alt, cfg, layout)
+                t = (step_fn or step_time)(alt, cfg, layout)
                 mine = (tp == recipe.parallel.tensor_parallel and shard == recipe.parallel.optimizer_sharding
                         and rc == recipe.memory.recompute and recipe.batching.micro_batch_size == 1)
                 out.append({"tensor_parallel": tp, "data_parallel": dp, "optimizer_sharding": shard, "recompute": rc,
@@ -143,7 +144,18 @@ def _yaml(v: Any) -> str:
 def proposal_line(p: dict[str, Any]) -> str:
     e = p["estimate"]
     mark = "(this recipe) " if p.get("this_recipe") else ""
+    comm = (f"[TP {e['comm_tp_s']:.2f}, DP {e['comm_dp_s']:.2f}], roofline at peak" if "comm_tp_s" in e
+            else "calibrated from measured pieces")
     return (f"{mark}TP {p['tensor_parallel']} x DP {p['data_parallel']}, sharding {p['optimizer_sharding']}, recompute "
             f"{p['recompute']}, micro 1 x accum {p['grad_accum_steps']}: {p['memory_gib']:.1f} GiB (margin "
             f"{p['margin_gib']:.1f}); estimated step {e['step_s']:.2f} s (compute {e['compute_s']:.2f} + optimizer "
-            f"{e['memory_s']:.2f} + comm {e['comm_s']:.2f} [TP {e['comm_tp_s']:.2f}, DP {e['comm_dp_s']:.2f}], roofline at peak) -> --set " + " --set ".join(p["set"]))
+            f"{e['memory_s']:.2f} + comm {e['comm_s']:.2f} {comm}) -> --set " + " --set ".join(p["set"]))
+
+
+def peak_flops(recipe: Recipe) -> tuple[float | None, str]:
+    """The device's peak FLOP/s the MFU of a plan is taken against (the roofline's own figure), and its source;
+    None on a CPU. The 910C die's for every Ascend server here: an A2 server's 910B figure belongs in the
+    roofline's per-server table (issue 35), and this returns that table's figure once it is there."""
+    if recipe.cluster.device != "ascend":
+        return None, "a CPU has no peak figure here"
+    return TFLOPS_PER_DIE, "910C die, public third-party figure (roofline.py)"

@@ -44,6 +44,7 @@ from porting.train.run import resume_check
 from porting.train.run import setup
 from porting.train.run import step as train_step
 from porting.train.run import zero
+from porting.train.run.breakdown import StepSampler
 from porting.train.run.commwait import CommWait
 from porting.train.run.export import export_hf
 from porting.train.run.grid import Grid
@@ -124,6 +125,7 @@ class Trainer:
         self.adam_t = 0           # optimizer updates applied (bias correction)
         self.faults = faults.active()   # test hooks (porting/train/run/faults.py), off unless set
         self.shapes_seen: set[tuple] = set()
+        self.sampler: StepSampler | None = None   # logging.breakdown_every: times the cells of a sampled step
 
     # -- one optimizer step
     def run_step(self, step: Step, lr: float) -> StepResult:
@@ -161,17 +163,19 @@ class Trainer:
 
     def _step_cells(self, step: Step, scale, unscale, hyper: tuple) -> tuple:
         ms = self.ms
+        call = self.sampler.call if self.sampler is not None else (lambda _name, fn, *a: fn(*a))
         if self.accum == 1:
             mb = step.micro_batches[0]
-            return self.fused(ms.Tensor(mb.input_ids), ms.Tensor(mb.labels), scale, unscale, *hyper,
-                              *self.packed_inputs(mb))
+            return call("step", self.fused, ms.Tensor(mb.input_ids), ms.Tensor(mb.labels), scale, unscale, *hyper,
+                        *self.packed_inputs(mb))
         # the micro-batches' sums stay on the device (no host sync per micro-batch), come to the host once a step
         # and are added there in float64 (exact for these float32 values, so in any order; CANN's float64
         # coverage is partial, so no float64 runs on the device)
-        sums = [self.grad_step(ms.Tensor(mb.input_ids), ms.Tensor(mb.labels), scale, *self.packed_inputs(mb))
-                for mb in step.micro_batches]
+        sums = [call("forward_backward", self.grad_step, ms.Tensor(mb.input_ids), ms.Tensor(mb.labels), scale,
+                     *self.packed_inputs(mb)) for mb in step.micro_batches]
         local = ms.ops.stack([v for pair in sums for v in pair]).asnumpy().reshape(-1, 2).astype(np.float64).sum(0)
-        return self.apply(ms.Tensor(np.float32(local[0])), ms.Tensor(np.float32(local[1])), unscale, *hyper)
+        return call("update", self.apply, ms.Tensor(np.float32(local[0])), ms.Tensor(np.float32(local[1])), unscale,
+                    *hyper)
 
     def state(self, step_done: int) -> ckpt.TrainState:
         return ckpt.TrainState(adam_t=self.adam_t, loss_scale=self.scaler.scale, good_steps=self.scaler.good,
@@ -290,10 +294,9 @@ def train(recipe: Recipe, run_dir: str | Path, *, rank: int = 0, world_size: int
     ck_root = RunDir(run_dir).checkpoints
     for p in ckpt.interrupted_saves(ck_root) if rank == 0 else ():
         log.warning(f"{p}: left by an interrupted checkpoint save, never loaded; remove it to free the space")
-    start = 0
     if resume:
         rl.phase("restore")
-        start = _resume(trainer, ck_root, plan.total_steps, log)
+    start = _resume(trainer, ck_root, plan.total_steps, log) if resume else 0
     rl.phase("compile")
     compiled = pre.before_step_one(trainer, plan, cfg.to_hf(), start, compile_cache, log)   # every shape, every rank
     if rank == 0:
@@ -308,10 +311,11 @@ def train(recipe: Recipe, run_dir: str | Path, *, rank: int = 0, world_size: int
     last_good, guard = ckpt.latest(ck_root), nonfinite.guard_for(recipe, run_dir, start)
     every = recipe.checkpointing.every_steps
     comm = CommWait(recipe.logging.comm_sample_every, rank, world_size, plan.total_steps)
+    trainer.sampler = sampler = StepSampler(recipe.logging, run_dir, rank, plan.total_steps)
     try:
         for step in plan.steps(grid.dp_rank, start):
             lr = lr_at(recipe, step.index, plan.total_steps)
-            r = _run_or_skip(trainer, step, lr, guard, last_good)
+            r = sampler.around(step.index + 1, lambda: _run_or_skip(trainer, step, lr, guard, last_good), log)
             last_loss = r.loss
             rec = step_record(step, r, lr, trainer.scaler.scale)
             if rank == 0:

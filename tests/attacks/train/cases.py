@@ -325,3 +325,33 @@ def shrink_without_supervise(d):
 def shrink_on_two_nodes(d):
     return ["train", str(I.recipe(d)), "--supervise", "--shrink", "--launch-node", "0", "--no-preflight",
             "--set", "cluster.nodes=2"]
+
+
+# -- --calibration REHEARSAL (porting/train/plan/calibrated.py load: a rehearsal folder's calibration.json)
+@case("--calibration predicts a step for the plan: add --dry-run")
+def calibration_without_dry_run(d):
+    (d / "cal").mkdir()
+    return ["train", str(I.recipe(d)), "--calibration", str(d / "cal")]
+
+
+def _calibration_case(name: str, write, *expect: str):
+    def gen(d: Path) -> list[str]:
+        (d / "cal").mkdir()
+        write(d, d / "cal" / "calibration.json")
+        return ["train", str(I.recipe(d)), "--dry-run", "--calibration", str(d / "cal")]
+    gen.__name__ = name
+    globals()[name] = case(*expect, timeout=60)(gen)
+
+
+_GOOD_CAL = {"format": "port-calibration/1", "shape": {}, "by_threads": {"2": {}}}
+_calibration_case("calibration_absent", lambda d, p: None, "no calibration.json there", "port rehearse RECIPE --out")
+_calibration_case("calibration_symlink_outside", lambda d, p: (d / "elsewhere.json").write_text("{}")
+                  or p.symlink_to(d / "elsewhere.json"), "no calibration.json there")
+_calibration_case("calibration_nested_100000", lambda d, p: p.write_text(I.deep_json()), "calibration.json")
+_calibration_case("calibration_not_utf8", lambda d, p: p.write_bytes(I.NOT_UTF8), "calibration.json")
+_calibration_case("calibration_2_mib", lambda d, p: p.write_text('{"x": "' + "a" * (2 << 20) + '"}'),
+                  "calibration.json")
+_calibration_case("calibration_other_format", lambda d, p: p.write_text(json.dumps({"format": "x"})),
+                  "not a port calibration")
+_calibration_case("calibration_pieces_not_numbers", lambda d, p: p.write_text(json.dumps(_GOOD_CAL)),
+                  "by_threads.2 lacks one of layer_a_s")

@@ -1,0 +1,221 @@
+"""The ``compute`` rung of `port rehearse`: port's own step cells timed at the recipe's real shapes on one
+device, so `port train --dry-run --calibration REHEARSAL` predicts the step from measured pieces
+(porting/train/plan/calibrated.py) instead of the roofline at peak.
+
+What it runs, in a child process per thread count (``python -m porting.rehearse_compute SPEC OUT``): the
+recipe's architecture at its hidden size, head dimension, sequence length and dtypes, sliced as one
+tensor-parallel rank holds it (heads, KV heads, intermediate size and vocabulary divided by TP; Megatron's
+column/row split gives each rank exactly that much matmul work), built with 1 and with :data:`DEEP` decoder
+layers and fed micro-batches of the recipe's size and of twice it. For each model and size it times, after a
+compile and a warm-up call, the median of :data:`REPEATS` calls (all of them in turn, round by round) of
+
+* ``forward_backward``: a micro-batch turned into tensors and :class:`~porting.train.run.step.AccumGradStep`;
+* ``update``: the accumulated sums added on the host and :class:`~porting.train.run.step.ApplyStep` (clip, AdamW;
+  world size 1, so no collective), its outputs read back;
+* ``fused``: :class:`~porting.train.run.step.FusedTrainStep` (the one-graph step of ``grad_accum_steps: 1``).
+
+The plan (``calibrated.derive``) takes a layer as the difference of the depths and the ends (embedding, final norm,
+LM head, loss, per-call overheads) as what is left at depth 1, each as a fixed time plus a time per FLOP from the
+two micro-batch sizes (a CPU is faster per FLOP on larger matrices); the update's difference over the layers'
+parameters is its cost per parameter; the one-graph step's difference from forward+backward+update is what one
+graph saves. On a CPU each msrun worker gets ``cpu_count // devices_per_node`` threads
+(porting/train/run/runtime.py), so the rung measures at every thread count a layout of the recipe's node gives.
+
+Collectives as the step runs them: a recipe with more than one device per node also gets an msrun job of that
+many workers (``porting/train/run/collectives_worker.py SPEC OUT``) timing AllReduce and AllGather over the world
+group in graph mode, chained in one compiled cell (the per-call cost, not a launch: 8 calls up to 512 KiB, 2 of
+4 MiB and 16 MiB), at 1 KiB to 16 MiB per rank: the plan interpolates a call's time at its own size between them
+(a CPU's collective is not one latency plus one bandwidth: its cost per byte changes with the size). The ``links``
+rung's figures are PyNative calls (about 3x slower per call on the CPU, measured here), so the plan takes these
+first. The figures go to ``calibration.json`` in the rehearsal folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+FILE = "calibration.json"
+FORMAT = "port-calibration/1"
+DEEP = 4
+REPEATS = 9
+
+
+def tp_slice(cfg_hf: dict[str, Any], tp: int) -> dict[str, Any]:
+    """config.json of the model one tensor-parallel rank computes (heads, KV heads, intermediate, vocab / tp)."""
+    c = dict(cfg_hf)
+    heads = int(c["num_attention_heads"])
+    c["head_dim"] = int(c.get("head_dim") or int(c["hidden_size"]) // heads)
+    c["num_attention_heads"] = heads // tp
+    c["num_key_value_heads"] = int(c.get("num_key_value_heads") or heads) // tp
+    c["intermediate_size"] = int(c["intermediate_size"]) // tp
+    c["vocab_size"] = int(c["vocab_size"]) // tp
+    return c
+
+
+def thread_counts(recipe: Any) -> list[int]:
+    """Threads a worker of this recipe's node gets on this CPU, alone and with the node's workers."""
+    n = os.cpu_count() or 1
+    return sorted({n, max(1, n // recipe.cluster.devices_per_node)}, reverse=True)
+
+
+def spec_for(recipe: Any, cfg: Any, threads: int) -> dict[str, Any]:
+    p, o = recipe.precision, recipe.optimizer
+    m = recipe.batching.micro_batch_size
+    return {"config": tp_slice(cfg.to_hf(), recipe.parallel.tensor_parallel), "layers": [1, DEEP],
+            "micros": [m, 2 * m], "seq": recipe.data.max_seq_length,
+            "param_dtype": p.param_dtype, "compute_dtype": p.compute_dtype, "device": recipe.cluster.device,
+            "threads": threads, "repeats": REPEATS, "grad_clip": o.grad_clip, "betas": list(o.betas), "eps": o.eps,
+            "weight_decay": o.weight_decay, "seed": recipe.seed, "recompute": recipe.memory.recompute}
+
+
+def measure(recipe: Any, cfg: Any, out: Path, timeout: float, run: Callable) -> tuple[str, str, dict[str, Any]]:
+    """(status, detail, calibration) of the rung; ``run(argvs, log, timeout)`` is rehearse.py's process runner."""
+    from model_zoo.files import write_atomic
+    from porting.env import cpu_model
+    from porting.train.plan.calibrated import derive, shape_of
+
+    doc: dict[str, Any] = {"format": FORMAT, "device": recipe.cluster.device, "cpu": cpu_model(),
+                           "load_avg_1min": round(os.getloadavg()[0], 2), "shape": shape_of(recipe, cfg),
+                           "by_threads": {}}
+    for threads in thread_counts(recipe):
+        spec = out / "compute" / f"spec_t{threads}.json"
+        res = out / "compute" / f"result_t{threads}.json"
+        spec.parent.mkdir(parents=True, exist_ok=True)
+        spec.write_text(json.dumps(spec_for(recipe, cfg, threads)), encoding="utf-8")
+        argv = [sys.executable, "-m", "porting.rehearse_compute", str(spec), str(res)]
+        codes, tail = run([argv], out / "logs" / f"compute_t{threads}.log", timeout)
+        if codes != [0] or not res.is_file():
+            why = "timed out" if codes == [None] else f"exit {codes[0]}"
+            return "fail", f"{threads} thread(s): {why}: {tail.strip().splitlines()[-1][:300] if tail.strip() else ''}", doc
+        raw = json.loads(res.read_text(encoding="utf-8"))
+        doc["by_threads"][str(threads)] = {**derive(raw["points"], doc["shape"]), "threads": threads,
+                                           "points": raw["points"]}
+    if recipe.cluster.devices_per_node > 1:
+        status, detail, doc["collectives"] = collectives(recipe, out, timeout, run)
+        if status != "pass":
+            return status, detail, doc
+    write_atomic(out / FILE, json.dumps(doc, indent=1))
+    parts = "; ".join(f"{t} thread(s): layer forward+backward {v['layer_fb_s'] * 1e3:.1f} ms ({v['layer_a_s'] * 1e3:.1f} ms "
+                      f"+ {v['layer_s_per_flop'] * 1e12:.1f} ms per TFLOP), ends {v['ends_fb_s'] * 1e3:.1f} ms, update "
+                      f"{v['update_per_param_s'] * 1e9:.2f} ns/parameter" for t, v in doc["by_threads"].items())
+    colls = "; ".join(f"{op} of {v['ranks']}: " + ", ".join(f"{b >> 10} KiB {t:.2f} ms" for b, t in v["points_bytes_ms"])
+                      + " per call (graph mode)" for op, v in (doc.get("collectives") or {}).items())
+    return "pass", (f"{parts} (micro {doc['shape']['micro']} x seq {doc['shape']['seq']})"
+                    + (f"; {colls}" if colls else "") + f"; {FILE}"), doc
+
+
+def collectives(recipe: Any, out: Path, timeout: float, run: Callable) -> tuple[str, str, dict[str, Any]]:
+    """Graph-mode AllReduce and AllGather over the node's workers, under msrun (module docstring)."""
+    import shutil
+
+    from porting.cluster.preflight import free_port
+
+    n = recipe.cluster.devices_per_node
+    msrun = shutil.which("msrun", path=str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""))
+    if msrun is None:
+        return "fail", "msrun not found (it comes with MindSpore): no collectives measured", {}
+    res = out / "compute" / "collectives.json"
+    spec = out / "compute" / "collectives_spec.json"
+    spec.write_text(json.dumps({"device": recipe.cluster.device, "threads": max(1, (os.cpu_count() or 1) // n)}),
+                    encoding="utf-8")
+    argv = [msrun, f"--worker_num={n}", f"--local_worker_num={n}", f"--master_port={free_port()}",
+            f"--log_dir={out / 'compute' / 'msrun'}", "--join=True",
+            str(Path(__file__).resolve().parent / "train" / "run" / "collectives_worker.py"), str(spec), str(res)]
+    codes, tail = run([argv], out / "logs" / "compute_collectives.log", timeout)
+    if codes != [0] or not res.is_file():
+        return "fail", f"collectives under msrun: {'timed out' if codes == [None] else f'exit {codes[0]}'}", {}
+    return "pass", "", json.loads(res.read_text(encoding="utf-8"))
+
+
+# ------------------------------------------------------------------------------------------ the child
+def _calls(spec: dict[str, Any], layers: int) -> tuple[dict[tuple[str, int], Callable[[], Any]], int]:
+    """The timed calls of port's step cells at ``layers`` layers, for each micro-batch size of the spec (one graph
+    per input shape), and the model's parameter count."""
+    import mindspore as ms
+    import numpy as np
+    from mindspore import ParameterTuple
+
+    from model_zoo.config import LlamaConfig
+    from model_zoo.llama import build
+    from porting.train.run import step as S
+
+    cfg = LlamaConfig.from_hf({**spec["config"], "num_hidden_layers": layers})
+    model = build(cfg, param_dtype=spec["param_dtype"], compute_dtype=spec["compute_dtype"], seed=spec["seed"])
+    if spec["recompute"]:
+        for layer in model.model.layers:
+            layer.recompute()
+    params = list(model.trainable_params())
+    hyper = dict(betas=tuple(spec["betas"]), eps=spec["eps"], weight_decay=spec["weight_decay"])
+    opt = S.AdamW(params, **hyper)
+    buffers = S.accumulation_buffers(ParameterTuple(params))
+    grad = S.AccumGradStep(model, opt.params, buffers)
+    apply = S.ApplyStep(opt, buffers, 1, spec["grad_clip"])
+    fused = S.FusedTrainStep(model, S.AdamW(params, **hyper), 1, spec["grad_clip"])
+    rng = np.random.default_rng(0)
+    f32 = lambda x: ms.Tensor(np.float32(x))  # noqa: E731
+    one, lr, bc = f32(1.0), f32(1e-5), f32(0.5)
+    sums: list = []
+    calls: dict[tuple[str, int], Callable[[], Any]] = {}
+    for micro in spec["micros"]:
+        ids = rng.integers(3, cfg.vocab_size, (micro, spec["seq"]), dtype=np.int32)
+        scale = f32(1.0 / ids.size)
+
+        def forward_backward(ids=ids, scale=scale):   # as Trainer._step_cells: the batch to tensors, the cell
+            sums[:] = grad(ms.Tensor(ids), ms.Tensor(ids), scale)
+            sums[0].asnumpy()
+
+        def update():   # the sums added on the host, the update cell, its outputs read back
+            local = ms.ops.stack(list(sums)).astype(ms.float64).astype(ms.float32)
+            for o in apply(local[0], local[1], one, lr, bc, bc):
+                o.asnumpy()
+
+        def fused_step(ids=ids, scale=scale):   # grad_accum_steps 1: the one-graph step
+            for o in fused(ms.Tensor(ids), ms.Tensor(ids), scale, one, lr, bc, bc):
+                o.asnumpy()
+
+        calls.update({("forward_backward", micro): forward_backward, ("update", micro): update,
+                      ("fused", micro): fused_step})
+    for fn in calls.values():   # compile, then warm up (each update after the forward_backward of its size)
+        fn()
+        fn()
+    return calls, int(sum(int(np.prod(p.shape)) for p in params))
+
+
+def _timed(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    """Median seconds of each call at each depth and micro-batch size, every call of every model taken in turn
+    round by round, so that a machine whose load drifts weighs on all of them alike."""
+    built = {n: _calls(spec, n) for n in spec["layers"]}
+    times: dict[tuple[int, str, int], list[float]] = {}
+    for _ in range(spec["repeats"]):
+        for n, (calls, _params) in built.items():
+            for (name, micro), fn in calls.items():
+                t0 = time.perf_counter()
+                fn()
+                times.setdefault((n, name, micro), []).append(time.perf_counter() - t0)
+    return [{"layers": n, "micro": m, "parameters": params,
+             **{f"{name}_s": statistics.median(times[(n, name, m)]) for name in ("forward_backward", "update", "fused")}}
+            for n, (_unused, params) in built.items() for m in spec["micros"]]
+
+
+def child(spec_path: str, out_path: str) -> None:
+    import mindspore as ms
+
+    spec = json.loads(Path(spec_path).read_text(encoding="utf-8"))
+    ms.set_context(mode=ms.GRAPH_MODE)
+    ms.set_device({"cpu": "CPU", "ascend": "Ascend"}[spec["device"]])
+    if spec["device"] == "cpu":
+        from mindspore.device_context.cpu.op_tuning import threads_num
+
+        threads_num(int(spec["threads"]))
+    out = {"threads": spec["threads"], "points": _timed(spec)}
+    Path(out_path).write_text(json.dumps(out, indent=1), encoding="utf-8")
+
+
+if __name__ == "__main__":
+    child(sys.argv[1], sys.argv[2])

@@ -1,0 +1,293 @@
+"""The step time predicted from measured pieces (`port train --dry-run --calibration REHEARSAL`), and the
+throughput and MFU every estimate is shown with.
+
+The pieces come from a `port rehearse` folder: ``calibration.json`` (its ``compute`` rung,
+porting/rehearse_compute.py: port's own step cells timed on one device at the recipe's shapes, one
+tensor-parallel rank's slice, at 1 and 3 layers, at each thread count a worker of the node gets) and
+``rehearse.json``'s ``links`` rung (each group's collective at a bandwidth-measuring and at a latency-measuring
+size). For a recipe and layout::
+
+    forward_backward = L x (layer_a + layer_per_flop x F_layer)  +  ends_a + ends_per_flop x F_ends
+    update           = update_fixed + update_per_param x parameters this rank updates (its ZeRO shard)
+    communication    = sum over the plan's collectives (porting/train/plan/sharding.py) of count x the measured
+                       time of one call of its size (the compute rung's graph-mode calls, interpolated)
+    step             = grad_accum_steps x forward_backward + update + communication   (port's step does not
+                       overlap communication with compute)
+
+with ``grad_accum_steps: 1`` adding to the update what one graph saves against the two cells (measured at both
+depths). ``F`` are the FLOPs of that piece for one micro-batch on one rank (matmuls 6 x parameters x tokens,
+attention 12 x tokens x seq x heads x head_dim, both / TP, x 4/3 with recompute; the LM head 6 x vocab x hidden x
+tokens / TP); the fixed time and the time per FLOP of each piece come from the two micro-batch sizes the rung
+measures (:func:`derive`), so a piece at another shape follows its FLOPs without taking a CPU's better efficiency
+on larger matrices for none. The text says which figures are measured at this shape, which are carried to
+another, and which are peak-based (no measurement: the roofline's, porting/train/plan/roofline.py).
+
+Throughput and MFU: tokens/s per device = global batch x seq / step / world size; MFU = tokens/s per device x
+FLOPs per token / the device's peak, with FLOPs per token = 6 N + 12 L H Q T (N the parameters without the
+embedding, L layers, H heads, Q head dimension, T the sequence length): PaLM's model FLOPs (Chowdhery et al.
+2022, appendix B), as torchtitan computes MFU (torchtitan/tools/utils.py ``get_num_flop_per_token``);
+recomputation is not counted (model FLOPs, not hardware FLOPs).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from model_zoo.config import LlamaConfig
+from model_zoo.errors import RecipeError
+from model_zoo import files
+from porting.train.plan import roofline, sharding
+from porting.train.plan.layout import Layout
+from porting.train.recipe.schema import Recipe
+
+FILE = "calibration.json"
+REHEARSE_FILE = "rehearse.json"
+MFU_FORMULA = ("MFU = tokens/s per device x (6 N + 12 L H Q T) / peak; N parameters without the embedding, L layers, "
+               "H heads, Q head dim, T sequence (PaLM appendix B, as torchtitan)")
+
+
+# ------------------------------------------------------------------------------------------ FLOPs
+def shape_of(recipe: Recipe, cfg: LlamaConfig) -> dict[str, Any]:
+    """What one rank's micro-batch computes: the shape the pieces are measured and scaled at."""
+    return {"hidden": cfg.hidden_size, "heads": cfg.num_attention_heads, "kv_heads": cfg.num_key_value_heads,
+            "head_dim": cfg.head_dim, "intermediate": cfg.intermediate_size, "vocab": cfg.vocab_size,
+            "layers": cfg.num_hidden_layers, "seq": recipe.data.max_seq_length,
+            "micro": recipe.batching.micro_batch_size, "tp": recipe.parallel.tensor_parallel,
+            "recompute": recipe.memory.recompute, "dtype": recipe.precision.compute_dtype}
+
+
+def layer_params(s: dict[str, Any]) -> int:
+    """Matmul parameters of one decoder layer (q, k, v, o, gate, up, down), whole (not per TP rank)."""
+    h, q, kv = s["hidden"], s["heads"] * s["head_dim"], s["kv_heads"] * s["head_dim"]
+    return h * q + 2 * h * kv + q * h + 3 * h * s["intermediate"]
+
+
+def layer_flops(s: dict[str, Any]) -> float:
+    """Forward + backward FLOPs of one layer on one rank for one micro-batch (x 4/3 with recompute)."""
+    tokens = s["micro"] * s["seq"]
+    f = (6 * layer_params(s) * tokens + 12 * tokens * s["seq"] * s["heads"] * s["head_dim"]) / s["tp"]
+    return f * (4 / 3 if s["recompute"] else 1.0)
+
+
+def ends_flops(s: dict[str, Any]) -> float:
+    """Forward + backward FLOPs of the LM head on one rank for one micro-batch."""
+    return 6 * s["vocab"] * s["hidden"] * s["micro"] * s["seq"] / s["tp"]
+
+
+def flops_per_token(cfg: LlamaConfig, seq: int) -> float:
+    """Model FLOPs per trained token (module docstring)."""
+    n = cfg.num_parameters() - cfg.vocab_size * cfg.hidden_size   # without the embedding
+    return 6 * n + 12 * cfg.num_hidden_layers * cfg.num_attention_heads * cfg.head_dim * seq
+
+
+def _affine(t0: float, f0: float, t1: float, f1: float) -> tuple[float, float]:
+    """(fixed s, s per FLOP) through two (time, FLOPs) points, kept to 0 <= fixed <= t0 (noise on a shared
+    machine can tilt two points the wrong way; then the piece is taken as proportional to its FLOPs)."""
+    per = (t1 - t0) / (f1 - f0) if f1 != f0 else 0.0
+    fixed = t0 - per * f0
+    if per <= 0 or not 0 <= fixed <= t0:
+        fixed = min(max(fixed, 0.0), t0) if per > 0 else 0.0
+        per = (t0 - fixed) / f0
+    return fixed, per
+
+
+def derive(points: list[dict[str, Any]], shape: dict[str, Any]) -> dict[str, float]:
+    """The pieces from the compute rung's timings (porting/rehearse_compute.py): each ``points`` entry is one model
+    depth and micro-batch size with its forward_backward_s, update_s, fused_s and parameters."""
+    at = {(p["layers"], p["micro"]): p for p in points}
+    depths = sorted({p["layers"] for p in points})
+    micros = sorted({p["micro"] for p in points})
+    lo, hi = depths[0], depths[-1]
+    dl = hi - lo
+
+    def piece(m):
+        layer = (at[(hi, m)]["forward_backward_s"] - at[(lo, m)]["forward_backward_s"]) / dl
+        return layer, at[(lo, m)]["forward_backward_s"] - lo * layer
+
+    (l0, e0), (l1, e1) = piece(micros[0]), piece(micros[-1])
+    s0, s1 = {**shape, "micro": micros[0]}, {**shape, "micro": micros[-1]}
+    la, lb = _affine(l0, layer_flops(s0), l1, layer_flops(s1))
+    ea, eb = _affine(max(e0, 0.0), ends_flops(s0), max(e1, 0.0), ends_flops(s1))
+    m = micros[0]
+    per_param = (at[(hi, m)]["update_s"] - at[(lo, m)]["update_s"]) / (at[(hi, m)]["parameters"] - at[(lo, m)]["parameters"])
+    per_param = max(per_param, 0.0)
+    fixed = max(statistics.fmean(at[(lo, mm)]["update_s"] for mm in micros) - per_param * at[(lo, m)]["parameters"], 0.0)
+    saved = {n: statistics.fmean(at[(n, mm)]["fused_s"] - at[(n, mm)]["forward_backward_s"] - at[(n, mm)]["update_s"]
+                                 for mm in micros) for n in (lo, hi)}
+    delta_layer = (saved[hi] - saved[lo]) / dl
+    return {"layer_fb_s": l0, "ends_fb_s": e0, "layer_a_s": la, "layer_s_per_flop": lb, "ends_a_s": ea,
+            "ends_s_per_flop": eb, "update_per_param_s": per_param, "update_fixed_s": fixed,
+            "fused_delta_layer_s": delta_layer, "fused_delta_fixed_s": saved[lo] - lo * delta_layer}
+
+
+# ------------------------------------------------------------------------------------------ the pieces
+@dataclass(frozen=True)
+class Calibration:
+    """A rehearsal folder's measured pieces."""
+
+    where: str
+    doc: dict[str, Any]
+    links: dict[str, Any]      # "group Op" -> {"ranks", "bus_gb_s", "latency_ms", ...} (the links rung)
+
+
+def load(folder: str | os.PathLike) -> Calibration:
+    """The pieces of a `port rehearse` folder; one RecipeError naming the file and what to run when absent."""
+    d = Path(folder)
+    p = d / FILE
+    if not p.is_file() or p.is_symlink():
+        raise RecipeError(f"--calibration {d}: no {FILE} there; run `port rehearse RECIPE --out {d}` (its compute "
+                          "rung writes it) or drop --calibration for the roofline estimate")
+    doc = files.read_json_object(p, what="calibration file", max_bytes=1 << 20)
+    if doc.get("format") != "port-calibration/1" or not isinstance(doc.get("by_threads"), dict) or not doc["by_threads"] \
+            or not isinstance(doc.get("shape"), dict):
+        raise RecipeError(f"{p}: not a port calibration (format port-calibration/1 with shape and by_threads); "
+                          "re-run `port rehearse` to write it")
+    for t, v in doc["by_threads"].items():
+        keys = ("layer_a_s", "layer_s_per_flop", "ends_a_s", "ends_s_per_flop", "update_per_param_s", "update_fixed_s",
+                "fused_delta_layer_s", "fused_delta_fixed_s")
+        if not isinstance(v, dict) or not all(isinstance(v.get(k), (int, float)) for k in keys):
+            raise RecipeError(f"{p}: by_threads.{t} lacks one of {', '.join(keys)} (numbers); re-run `port rehearse`")
+    links: dict[str, Any] = {}
+    r = d / REHEARSE_FILE
+    if r.is_file() and not r.is_symlink():
+        reh = files.read_json_object(r, what="rehearsal record", max_bytes=16 << 20)
+        for rung in reh.get("rungs") or []:
+            if isinstance(rung, dict) and rung.get("name") == "links" and rung.get("status") == "pass":
+                links = (rung.get("links") or {}).get("measured") or {}
+    return Calibration(str(d), doc, links if isinstance(links, dict) else {})
+
+
+def _threads(recipe: Recipe) -> int:
+    """Threads a CPU worker of this recipe runs on (porting/train/run/runtime.py)."""
+    n = os.cpu_count() or 1
+    return max(1, n // recipe.cluster.devices_per_node) if recipe.world_size > 1 else n
+
+
+def _rates(cal: Calibration, recipe: Recipe) -> tuple[dict[str, float], str]:
+    """The measured figures for this recipe's workers, and where they come from."""
+    by = cal.doc["by_threads"]
+    if recipe.cluster.device != "cpu":
+        t = next(iter(by))
+        return by[t], "measured on one device"
+    want = _threads(recipe)
+    if str(want) in by:
+        return by[str(want)], f"measured at {want} thread(s) per worker"
+    near = min(by, key=lambda t: abs(int(t) - want))
+    f = int(near) / want   # fewer threads: proportionally slower (a scaling, said as such)
+    return {k: v * f if k.endswith(("_s", "_per_flop")) else v for k, v in by[near].items()}, \
+        f"scaled from {near} to {want} thread(s) per worker"
+
+
+def per_call_s(points: list[list[float]], nbytes: float) -> float:
+    """Seconds of one call of ``nbytes`` from measured (bytes, ms) points: linear between the two around it,
+    the nearest segment's slope beyond them."""
+    pts = sorted((float(b), float(t)) for b, t in points)
+    if len(pts) == 1:
+        return pts[0][1] / 1e3
+    i = next((k for k in range(1, len(pts)) if nbytes <= pts[k][0]), len(pts) - 1)
+    (b0, t0), (b1, t1) = pts[i - 1], pts[i]
+    return max(t0 + (t1 - t0) * (nbytes - b0) / (b1 - b0), pts[0][1]) / 1e3
+
+
+def comm_time(cal: Calibration, c: sharding.Collective) -> tuple[float, str]:
+    """Seconds of one step's ``c`` and where the figure comes from: the compute rung's graph-mode calls of a
+    group of that size first (interpolated at the call's own size), else the links rung's PyNative calls
+    (latency at 1 KiB plus the 4 MiB bandwidth beyond it), else nothing measured (0)."""
+    g = (cal.doc.get("collectives") or {}).get("AllReduce" if c.op == "ReduceScatter" else c.op)
+    if isinstance(g, dict) and g.get("ranks") == c.ranks and g.get("points_bytes_ms"):
+        return (c.count * per_call_s(g["points_bytes_ms"], c.payload_bytes / max(c.count, 1)),
+                f"measured in graph mode ({c.op} of {c.ranks}, at {c.payload_bytes / max(c.count, 1) / 1024:.0f} KiB a call)")
+    keys = [f"{c.group} {c.op}", f"world {c.op}"] + sorted(k for k in cal.links if k.endswith(" " + c.op))
+    for k in keys:
+        m = cal.links.get(k)
+        if isinstance(m, dict) and m.get("ranks") == c.ranks and m.get("bus_gb_s"):
+            lat, ms = (m.get("latency_ms") or 0.0), m.get("ms") or 0.0
+            bus = m["bus_gb_s"] * (ms / (ms - lat) if ms > lat > 0 else 1.0) * 1e9
+            return c.count * lat / 1e3 + c.wire_bytes / bus, f"measured ({k}, PyNative calls)"
+    return 0.0, "not measured"
+
+
+def predict(recipe: Recipe, cfg: LlamaConfig, layout: Layout, cal: Calibration) -> dict[str, Any]:
+    """The calibrated step of ``recipe`` (module docstring), by part, with the source of each figure."""
+    rates, where = _rates(cal, recipe)
+    base, mine = cal.doc["shape"], shape_of(recipe, cfg)
+    same = all(base.get(k) == mine.get(k) for k in ("hidden", "heads", "kv_heads", "head_dim", "intermediate",
+                                                     "vocab", "seq", "micro", "tp", "recompute"))
+    scaled = "at this shape" if same else \
+        f"a fixed time + a time per FLOP, measured at hidden {base['hidden']}, seq {base['seq']}, micro {base['micro']}" \
+        f" and {2 * base['micro']}, TP {base['tp']}"
+    L, accum = cfg.num_hidden_layers, recipe.batching.grad_accum_steps
+    shard = recipe.data_parallel_size if layout.sharded else 1
+    fb = (L * (rates["layer_a_s"] + rates["layer_s_per_flop"] * layer_flops(mine))
+          + rates["ends_a_s"] + rates["ends_s_per_flop"] * ends_flops(mine))
+    update = rates["update_fixed_s"] + rates["update_per_param_s"] * layout.parameters / shard
+    if accum == 1:   # one graph: what it saves against the two cells, measured, added to the update
+        update = max(update + rates["fused_delta_fixed_s"] + L * rates["fused_delta_layer_s"], 0.0)
+        how = f"one-graph step: forward+backward and update {where}, {scaled}; one graph's saving measured"
+    else:
+        how = f"{accum} x forward+backward {where}, {scaled}; update per parameter {where}"
+    compute = accum * fb
+    comm, sources = 0.0, []
+    peak_links = roofline.links(recipe) if recipe.cluster.device == "ascend" else {}
+    for c in sharding.collectives(recipe, cfg, layout=layout):
+        t, src = comm_time(cal, c)
+        if src == "not measured" and peak_links:
+            t, src = c.wire_bytes / peak_links[f"{c.group}_bytes_per_s"], "peak-based (roofline link figure)"
+        comm += t
+        sources.append(f"{c.op} x{c.count} {c.group}: {t:.4f} s, {src}")
+    step = compute + update + comm
+    return {"kind": "calibrated", "from": cal.where, "step_s": round(step, 4), "compute_s": round(compute, 4),
+            "memory_s": round(update, 4), "comm_s": round(comm, 4), "how": how,
+            "comm_sources": sources, "measured_shape": base, "load_avg_at_measurement": cal.doc.get("load_avg_1min"),
+            "tokens_per_s": round(recipe.global_batch_size * recipe.data.max_seq_length / step, 2) if step else None}
+
+
+def estimate(recipe: Recipe, cfg: LlamaConfig, layout: Layout, cal: Calibration | None) -> dict[str, Any]:
+    """The plan's step estimate: calibrated when a rehearsal is given, else the roofline on Ascend (labelled
+    as such), else none (a CPU recipe has no peak figures)."""
+    if cal is not None:
+        return predict(recipe, cfg, layout, cal)
+    if recipe.cluster.device != "ascend":
+        return {}
+    return {"kind": "roofline", **roofline.step_time(recipe, cfg, layout)}
+
+
+def throughput(recipe: Recipe, cfg: LlamaConfig, est: dict[str, Any]) -> dict[str, Any]:
+    """tokens/s per device and MFU of an estimate (module docstring); {} without an estimate."""
+    if not est or not est.get("step_s"):
+        return {}
+    seq = recipe.data.max_seq_length
+    per_device = recipe.global_batch_size * seq / est["step_s"] / recipe.world_size
+    fpt = flops_per_token(cfg, seq)
+    peak, source = roofline.peak_flops(recipe)
+    return {"tokens_per_s_per_device": round(per_device, 1), "flops_per_token": fpt,
+            "model_tflops_per_device": round(per_device * fpt / 1e12, 3),
+            "mfu": round(per_device * fpt / peak, 4) if peak else None, "peak_tflops": peak / 1e12 if peak else None,
+            "peak_source": source, "formula": MFU_FORMULA}
+
+
+def step_line(e: dict[str, Any], links: dict[str, Any]) -> list[str]:
+    """The estimate as text lines, saying what kind of figure it is."""
+    if e.get("kind") == "calibrated":
+        out = [f"estimated step (calibrated from {e['from']}, measured pieces; machine load "
+               f"{e['load_avg_at_measurement']} when measured): {e['step_s']:.4f} s = compute {e['compute_s']:.4f} + "
+               f"update {e['memory_s']:.4f} + communication {e['comm_s']:.4f} ({e['how']})"]
+        return out + [f"  {s}" for s in e["comm_sources"]]
+    return [f"estimated step (roofline at the {links.get('chip', '910C')} peak, an estimate, not calibrated: give --calibration "
+            f"REHEARSAL for measured figures): {e['step_s']:.2f} s = compute {e['compute_s']:.2f} + optimizer "
+            f"{e['memory_s']:.2f} + communication {e['comm_s']:.2f} (TP {e['comm_tp_s']:.2f} at "
+            f"{links['tp_bytes_per_s'] / 1e9:g} GB/s, {links['intra_node']}; DP {e['comm_dp_s']:.2f} at "
+            f"{links['dp_bytes_per_s'] / 1e9:g} GB/s, "
+            f"{links['inter_node'] if links['dp_spans_nodes'] else links['intra_node']})"]
+
+
+def throughput_line(t: dict[str, Any]) -> str:
+    mfu = (f"MFU {t['mfu']:.1%} of {t['peak_tflops']:g} TFLOP/s ({t['peak_source']})" if t.get("mfu") is not None
+           else f"no peak figure for this device ({t['peak_source']})")
+    return (f"throughput: {t['tokens_per_s_per_device']:,.1f} tokens/s per device, {t['model_tflops_per_device']:g} "
+            f"model TFLOP/s per device, {mfu}; {t['flops_per_token'] / 1e9:.2f} GFLOP per token; {t['formula']}")

@@ -1,0 +1,169 @@
+"""The calibrated step estimate (porting/train/plan/calibrated.py): the arithmetic from measured pieces, the FLOP
+scaling to another shape, the collectives from the links rung, what the dry run says, and the compute rung of
+`port rehearse` writing real figures."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import pytest
+
+from model_zoo.errors import RecipeError
+from porting.train import load_recipe, make_plan, plan_config
+from porting.train.plan import calibrated, sharding
+from porting.train.plan.render import format_plan
+from tests.train.conftest import TINY
+
+# per micro-batch: a layer 0.1 s at micro 4 and 0.15 s at micro 8 (so 0.05 s fixed + the rest per FLOP), the ends
+# 0.05 s and 0.08 s; the update 0.01 s + 1e-8 s a parameter; one graph saves 2 ms + 1 ms a layer
+LAYER, ENDS = (0.10, 0.15), (0.05, 0.08)
+
+
+def _points(shape, depths=(1, 4)):
+    out = []
+    for m, layer, ends in ((shape["micro"], LAYER[0], ENDS[0]), (2 * shape["micro"], LAYER[1], ENDS[1])):
+        for n in depths:
+            params = 1000 + 500 * n
+            fb, up = n * layer + ends, 0.01 + 1e-8 * params
+            out.append({"layers": n, "micro": m, "parameters": params, "forward_backward_s": fb, "update_s": up,
+                        "fused_s": fb + up - 0.002 - 0.001 * n})
+    return out
+
+
+def _write(tmp_path, rec, cfg, links=None, threads=None):
+    d = tmp_path / "rh"
+    d.mkdir()
+    shape = calibrated.shape_of(rec, cfg)
+    by = {str(t): calibrated.derive(_points(shape), shape) for t in (threads or {os.cpu_count() or 1, 1})}
+    (d / "calibration.json").write_text(json.dumps({"format": "port-calibration/1", "device": "cpu",
+                                                    "load_avg_1min": 1.0, "shape": shape, "by_threads": by}))
+    if links is not None:
+        (d / "rehearse.json").write_text(json.dumps({"rungs": [{"name": "links", "status": "pass",
+                                                                "links": {"measured": links}}]}))
+    return calibrated.load(d)
+
+
+def _recipe(*sets):
+    rec = load_recipe(str(TINY), ["data.max_seq_length=64", *sets], check_files=False)
+    return rec, plan_config(rec)[0]
+
+
+def test_derive_splits_each_piece_into_a_fixed_time_and_a_time_per_flop():
+    rec, cfg = _recipe("batching.grad_accum_steps=2")
+    shape = calibrated.shape_of(rec, cfg)
+    d = calibrated.derive(_points(shape), shape)
+    f4, f8 = calibrated.layer_flops(shape), calibrated.layer_flops({**shape, "micro": 8})
+    assert d["layer_s_per_flop"] == pytest.approx(0.05 / (f8 - f4)) and d["layer_a_s"] == pytest.approx(0.1 - 0.05 * f4 / (f8 - f4))
+    assert d["update_per_param_s"] == pytest.approx(1e-8) and d["update_fixed_s"] == pytest.approx(0.01)
+    assert d["fused_delta_layer_s"] == pytest.approx(-0.001) and d["fused_delta_fixed_s"] == pytest.approx(-0.002)
+    # two points tilted the wrong way (noise): the piece is taken as proportional to its FLOPs
+    assert calibrated._affine(0.2, 1.0, 0.1, 2.0) == (0.0, 0.2)
+
+
+def test_same_shape_is_the_measured_pieces_times_the_counts(tmp_path):
+    rec, cfg = _recipe("batching.grad_accum_steps=2")
+    cal = _write(tmp_path, rec, cfg)
+    layout = sharding.layout_for(rec, cfg)
+    e = calibrated.predict(rec, cfg, layout, cal)
+    L = cfg.num_hidden_layers
+    assert e["compute_s"] == pytest.approx(2 * (L * 0.1 + 0.05), abs=1e-4)
+    assert e["memory_s"] == pytest.approx(0.01 + 1e-8 * layout.parameters, abs=1e-4)
+    assert e["comm_s"] == 0 and "at this shape" in e["how"]
+    frec, fcfg = _recipe("batching.micro_batch_size=8")   # one graph, twice the micro-batch: the measured 2x point
+    flay = sharding.layout_for(frec, fcfg)
+    fused = calibrated.predict(frec, fcfg, flay, cal)
+    assert fused["compute_s"] == pytest.approx(L * 0.15 + 0.08, abs=1e-4)
+    assert fused["memory_s"] == pytest.approx(0.01 + 1e-8 * flay.parameters - 0.002 - 0.001 * L, abs=1e-4)
+
+
+def test_another_shape_follows_its_flops_from_the_fixed_time(tmp_path):
+    rec, cfg = _recipe("batching.grad_accum_steps=2")
+    cal = _write(tmp_path, rec, cfg)
+    long, lcfg = _recipe("batching.grad_accum_steps=2", "data.max_seq_length=128")
+    e = calibrated.predict(long, lcfg, sharding.layout_for(long, lcfg), cal)
+    shape, lshape = calibrated.shape_of(rec, cfg), calibrated.shape_of(long, lcfg)
+    h, q = cfg.hidden_size, cfg.num_attention_heads * cfg.head_dim
+    kv = cfg.num_key_value_heads * cfg.head_dim
+    p = h * q + 2 * h * kv + q * h + 3 * h * cfg.intermediate_size
+
+    def layer(micro, seq):   # 6 x parameters x tokens + 12 x tokens x seq x heads x head_dim
+        t = micro * seq
+        return 6 * p * t + 12 * t * seq * q
+
+    def ends(micro, seq):
+        return 6 * cfg.vocab_size * h * micro * seq
+
+    assert calibrated.layer_flops(lshape) == layer(4, 128) and calibrated.ends_flops(shape) == ends(4, 64)
+    lb = 0.05 / (layer(8, 64) - layer(4, 64))
+    eb = 0.03 / (ends(8, 64) - ends(4, 64))
+    want = 2 * (cfg.num_hidden_layers * (0.1 + lb * (layer(4, 128) - layer(4, 64))) + 0.05 + eb * (ends(4, 128) - ends(4, 64)))
+    assert e["compute_s"] == pytest.approx(want, abs=1e-4)
+    assert "measured at hidden 64, seq 64, micro 4 and 8" in e["how"]
+
+
+def test_collectives_take_the_graph_mode_calls_at_their_own_size_else_the_links_rung(tmp_path):
+    rec, cfg = _recipe("cluster.devices_per_node=2", "parallel.tensor_parallel=2")
+    layout = sharding.layout_for(rec, cfg)
+    cols = sharding.collectives(rec, cfg, layout=layout)
+    assert cols and all(c.op == "AllReduce" and c.ranks == 2 for c in cols)
+    # the links rung alone (PyNative): 2 ms a call, and 4 MiB in 10 ms at 1 GB/s bus -> 1.25 GB/s beyond the latency
+    links = {"world AllReduce": {"ranks": 2, "ms": 10.0, "bus_gb_s": 1.0, "latency_ms": 2.0}}
+    cal = _write(tmp_path, rec, cfg, links)
+    e = calibrated.predict(rec, cfg, layout, cal)
+    assert e["comm_s"] == pytest.approx(sum(c.count * 2e-3 + c.wire_bytes / 1.25e9 for c in cols), abs=1e-4)
+    assert all("measured (world AllReduce, PyNative calls)" in s for s in e["comm_sources"])
+    # the compute rung's graph-mode calls win: 1 ms at 1 KiB, 41 ms at 4 MiB, linear between
+    doc = json.loads((tmp_path / "rh" / "calibration.json").read_text())
+    doc["collectives"] = {"AllReduce": {"ranks": 2, "points_bytes_ms": [[1024, 1.0], [4 << 20, 41.0]]}}
+    (tmp_path / "rh" / "calibration.json").write_text(json.dumps(doc))
+    e = calibrated.predict(rec, cfg, layout, calibrated.load(tmp_path / "rh"))
+    want = sum(c.count * (1.0 + 40.0 * (c.payload_bytes / c.count - 1024) / ((4 << 20) - 1024)) / 1e3 for c in cols)
+    assert e["comm_s"] == pytest.approx(want, abs=1e-4)
+    assert all("measured in graph mode (AllReduce of 2" in s for s in e["comm_sources"])
+    assert calibrated.per_call_s([[1024, 1.0], [4 << 20, 41.0]], 10) == 1e-3   # never below the smallest call
+
+
+def test_the_dry_run_says_what_is_measured_and_shows_throughput_and_mfu(tmp_path):
+    rec, cfg = _recipe("batching.grad_accum_steps=2")
+    cal = _write(tmp_path, rec, cfg)
+    text = format_plan(make_plan(rec, cfg, str(TINY), str(tmp_path / "run"), calibration=cal))
+    assert "estimated step (calibrated from" in text and "measured pieces" in text
+    assert "tokens/s per device" in text and "6 N + 12 L H Q T" in text and "no peak figure" in text
+    ascend = load_recipe("recipes/7b-a2-8dev.yaml", [], check_files=False)
+    text = format_plan(make_plan(ascend, plan_config(ascend)[0], "r.yaml", str(tmp_path / "a")))
+    assert "peak, an estimate, not calibrated: give --calibration REHEARSAL" in text
+    assert "MFU" in text and "TFLOP/s (910" in text
+
+
+def test_a_folder_without_calibration_is_refused_with_what_to_run(tmp_path):
+    with pytest.raises(RecipeError, match=r"no calibration.json there; run `port rehearse RECIPE --out"):
+        calibrated.load(tmp_path)
+    (tmp_path / "calibration.json").write_text(json.dumps({"format": "port-calibration/1", "shape": {},
+                                                           "by_threads": {"2": {"layer_fb_s": "x"}}}))
+    with pytest.raises(RecipeError, match="lacks one of layer_a_s"):
+        calibrated.load(tmp_path)
+
+
+@pytest.mark.slow
+def test_the_compute_rung_times_ports_cells_at_the_recipes_shape(tmp_path):
+    """The rung's child on stories260K's shape (seq 64): one thread count (one worker), a positive time for every
+    cell at each depth and micro-batch, the pieces derived from those points, and the dry run reading the folder
+    back. No time is compared with another (a loaded machine may reorder them; speed is benchmarks/')."""
+    from porting.rehearse import _run
+    from porting.rehearse_compute import measure
+
+    rec, cfg = _recipe()
+    status, detail, doc = measure(rec, cfg, tmp_path, 600, _run)
+    assert status == "pass", detail
+    (t, v), = doc["by_threads"].items()
+    assert int(t) == (os.cpu_count() or 1)
+    at = {(p["layers"], p["micro"]): p for p in v["points"]}
+    assert sorted(at) == [(1, 4), (1, 8), (4, 4), (4, 8)]
+    assert all(p[f"{k}_s"] > 0 for p in at.values() for k in ("forward_backward", "update", "fused"))
+    assert at[(4, 4)]["parameters"] > at[(1, 4)]["parameters"] == at[(1, 8)]["parameters"]
+    assert {k: v[k] for k in calibrated.derive(v["points"], doc["shape"])} == calibrated.derive(v["points"], doc["shape"])
+    p = subprocess.run(["python", "-m", "porting", "train", str(TINY), "--set", "data.max_seq_length=64",
+                        "--dry-run", "--calibration", str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0 and "calibrated from" in p.stdout, p.stderr[-2000:]
