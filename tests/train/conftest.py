@@ -38,7 +38,7 @@ def metrics(run_dir: Path) -> tuple[list[dict], dict | None]:
 STORIES = ROOT / "model_zoo" / "assets" / "stories260k"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")   # shared by every file of a worker: built once per xdist worker
 def model_dir(tmp_path_factory):
     """stories260K's real weights, its first of 5 layers (a faster graph; 8 heads, 4 KV heads)."""
     import json
@@ -64,7 +64,7 @@ def small_settings(model_dir, *extra: str) -> list[str]:
             "optimizer.lr=1e-4", "checkpointing.every_steps=0", *extra]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")   # the one-device reference of the layout tests, read only
 def one_device(model_dir, tmp_path_factory):
     """The reference of those runs: 1 device in-process, micro-batch 2 x 2 accumulation steps, 3 steps."""
     from porting.train import train
