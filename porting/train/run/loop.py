@@ -192,16 +192,9 @@ class Trainer:
         return ckpt.save_ranks(self, root, done)
 
     def restore(self, path: Path) -> int:
-        if (path / "layout.json").is_file():   # per-rank format: this rank's share, in this run's layout
-            ckpt_read.restore(self, path)
-            st = ckpt.TrainState.read(path / ckpt.STATE_FILE)
-        elif self.grid.tp > 1:   # one full file: every rank takes its slices (and its own optimizer states)
-            args = grid_mod.restore_args(self.model, self.grid)
-            if self.zero is not None:   # ZeRO flat shards are kept as they are, one name per rank
-                args["allowed"] |= self.optimizer.state_names(self.grid.tp)
-            st = ckpt.load(path, self.state_params, 0, **args)
-        else:
-            st = ckpt.load(path, self.state_params, self.rank if self.shards > 1 else 0)
+        """This rank's share of the per-rank checkpoint ``path``, in this run's layout; the step to continue from."""
+        ckpt_read.restore(self, path)
+        st = ckpt.TrainState.read(path / ckpt.STATE_FILE)
         self.adam_t = st.adam_t
         self.scaler = LossScaler(self.recipe.precision.loss_scale, st)
         return st.next_step
@@ -283,9 +276,8 @@ def train(recipe: Recipe, run_dir: str | Path, *, rank: int = 0, world_size: int
                f"{recipe.parallel.optimizer_sharding}; {grid.describe()}", distributed)
     setup.log_mode(recipe, grid, log)
     model_dir = resolve_hf(recipe.model.source)
-    last = ckpt.latest(RunDir(run_dir).checkpoints) if resume else None   # a per-rank one gives the weights itself
-    plan, cfg, model = setup.data_and_model(recipe, model_dir, grid, log, run_dir, last[1] if last and
-                                            (last[1] / ckpt.LAYOUT_FILE).is_file() else None)
+    last = ckpt.latest(RunDir(run_dir).checkpoints) if resume else None   # the checkpoint gives the weights itself
+    plan, cfg, model = setup.data_and_model(recipe, model_dir, grid, log, run_dir, last[1] if last else None)
     trainer = Trainer(recipe, run_dir, rank, world_size, model, model_dir, plan, log, grid)
     ck_root = RunDir(run_dir).checkpoints
     for p in ckpt.interrupted_saves(ck_root) if rank == 0 else ():
