@@ -68,7 +68,7 @@ class Session:
 
     def latest_step(self) -> int | None:
         """The step of the last complete checkpoint (None: none yet)."""
-        from porting.train.run import checkpoint as ckpt   # deferred: the run side imports MindSpore
+        from porting.train.run import checkpoint as ckpt   # deferred: the checkpoint readers (NumPy, the recipe schema), only on a restart
 
         last = ckpt.latest(RunDir(self.out).checkpoints)
         return last[0] if last else None

@@ -28,8 +28,6 @@ from typing import Any, Callable, Iterator
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from mindspore import Tensor
-
 from converters import dtypes
 from converters.safetensors_io import read_header
 from model_zoo.errors import CheckpointError
@@ -335,6 +333,8 @@ def check_identity(ckdir: Path, old: Layout, saved: dict, new: Layout, now: dict
 def restore(trainer, ckdir: Path) -> int:
     """Fill a running Trainer's weights and optimizer state from ``ckdir`` in its own layout (any saved
     layout); returns the bytes this rank read (headers included). One log line per parameter group."""
+    from mindspore import Tensor  # deferred: the launcher checks a checkpoint without loading MindSpore
+
     src, saved = open_checkpoint(ckdir)
     new = live_layout(trainer)
     check_identity(ckdir, src.layout, saved, new, identity(trainer))
@@ -388,6 +388,8 @@ def restore_weights(model, ckdir: Path, tp: int, tp_rank: int, log: Callable[[st
     (model_zoo.llama ``build(defer_init=True)``): the HF checkpoint is not read at all (at 13B TP 8, 3.3 GB
     per rank from the shared filesystem that :func:`restore` would overwrite). Returns the bytes read; the
     optimizer state and the identity checks follow in :func:`restore`."""
+    from mindspore import Tensor  # deferred: the launcher checks a checkpoint without loading MindSpore
+
     from model_zoo.parallel import shard_layout  # deferred: imports the parallel cells
 
     src, _ = open_checkpoint(ckdir)

@@ -25,9 +25,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from converters.safetensors_io import read_header
 from model_zoo.errors import CheckpointError, RecipeError
-from porting.train.run import checkpoint as ckpt
 from porting.rundir.paths import RunDir
+from porting.train.run import checkpoint as ckpt
+from porting.train.run.ckpt_read import check_same_run, read_record
+from porting.train.run.ckpt_shards import identity_of
 
 
 def _newest(root: Path) -> Path | None:
@@ -39,9 +42,6 @@ def _newest(root: Path) -> Path | None:
 
 def validate(ckdir: Path) -> tuple[ckpt.TrainState, Any, dict]:
     """(state, layout, identity) of ``ckdir`` after the wholeness checks of the docstring."""
-    from converters.safetensors_io import read_header   # deferred: the CLI imports this module on every run
-    from porting.train.run.ckpt_read import read_record  # deferred: imports MindSpore, only a checkpoint needs it
-
     fix = ckpt.damaged_advice(ckdir)
     if not (ckdir / ckpt.STATE_FILE).is_file():
         raise CheckpointError(f"{ckdir}: has no {ckpt.STATE_FILE} (an incomplete or foreign directory); {fix}")
@@ -100,9 +100,6 @@ def check_continues(ckdir: Path, st: ckpt.TrainState, layout: Any, ident: dict, 
     if max_steps is not None and st.next_step > max_steps:
         raise CheckpointError(f"{ckdir / ckpt.STATE_FILE}: next_step {st.next_step} is beyond schedule.max_steps "
                               f"{max_steps}: nothing to continue; raise schedule.max_steps to train further")
-    from porting.train.run.ckpt_read import check_same_run  # deferred: imports MindSpore, only a checkpoint needs it
-    from porting.train.run.ckpt_shards import identity_of  # deferred: imports MindSpore, only a checkpoint needs it
-
     if model_config is not None:
         check_same_run(ckdir, ident, identity_of(recipe, model_config))
     tp = recipe.parallel.tensor_parallel
