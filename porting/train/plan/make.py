@@ -16,6 +16,7 @@ from model_zoo import presets
 from model_zoo.errors import RecipeError, UnknownModelError
 from porting.model_paths import resolve_hf
 from porting.train.plan import comm, execution, roofline, sharding
+from porting.train.plan.allowances import allowances, plan_shapes
 from porting.train.plan.host_memory import check_host_memory, host_memory
 from porting.train.plan.launch import msrun_commands
 from porting.train.plan.memory import estimate_memory, usable_hbm_gib
@@ -133,6 +134,7 @@ class TrainPlan:
     padding: dict[str, Any] | None = None   # --dry-run: padding of bucketing vs packing (packing.py)
     execution: str = ""                     # graph or pynative, and why (plan/execution.py)
     host_memory: dict[str, Any] = field(default_factory=dict)   # peak host RAM per worker and node (host_memory.py)
+    allowances: dict[str, Any] = field(default_factory=dict)    # the supervisor's, per phase (allowances.py)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form (``plan.json``, ``--dry-run --json``)."""
@@ -151,6 +153,7 @@ def make_plan(recipe: Recipe, cfg: LlamaConfig, recipe_path: str, run_dir: str, 
     b, multi = recipe.batching, recipe.world_size > 1
     tp, dp = recipe.parallel.tensor_parallel, recipe.data_parallel_size
     cols = sharding.collectives(recipe, cfg, choice, layout=layout)
+    step = roofline.step_time(recipe, cfg, layout) if recipe.cluster.device == "ascend" else {}
     return TrainPlan(
         model=ModelShape(cfg.num_parameters(), cfg.hidden_size, cfg.num_hidden_layers, cfg.vocab_size),
         device=recipe.cluster.device, nodes=recipe.cluster.nodes, devices_per_node=recipe.cluster.devices_per_node,
@@ -169,11 +172,12 @@ def make_plan(recipe: Recipe, cfg: LlamaConfig, recipe_path: str, run_dir: str, 
         margin_gib=round(usable - mem["total"], 3), fits=fits,
         suggestions=[] if fits else suggestions(cfg, recipe, usable),
         proposals=roofline.proposals(recipe, cfg) if not fits or recipe.cluster.device == "ascend" else [],
-        estimated_step=roofline.step_time(recipe, cfg, layout) if recipe.cluster.device == "ascend" else {},
+        estimated_step=step,
         links=roofline.links(recipe) if recipe.cluster.device == "ascend" else {},
         msrun_commands=msrun_commands(recipe, recipe_path, run_dir, overrides, resume) if multi else [],
         warnings=plan_warnings(recipe, cfg, choice), execution=execution.describe(recipe),
-        host_memory=host_memory(recipe, cfg, mem["total"]))
+        host_memory=host_memory(recipe, cfg, mem["total"]),
+        allowances=allowances(recipe, cfg, layout, plan_shapes(recipe), step_s=step.get("step_s")))
 
 
 def mixed_precision(recipe: Recipe) -> str:
