@@ -7,13 +7,14 @@ tests/train/test_ckpt_layouts.py's (DP 4 + ZeRO -> DP 2, TP 2 x DP 2 -> DP 4, un
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from pathlib import Path
 
 import pytest
 
 from tests.helpers import port
-from tests.train.conftest import TINY, error_line
+from tests.train.conftest import TINY, error_line, resume_reads
 
 
 @pytest.fixture()
@@ -142,7 +143,17 @@ def test_a_directory_without_a_layout_record_is_refused_naming_what_it_is(run):
         assert "expected a per-rank `port train` checkpoint: layout.json" in line, line
 
 
-def test_resuming_a_finished_run_says_so(run):
+def test_resuming_a_finished_run_says_so_and_reads_its_checkpoint_once(run):
+    """The resume still restores (then finds nothing to train); it reads its share of the checkpoint once: the
+    weights while the model is built, the optimizer state after, each parameter group once, the bytes read less
+    the headers equal to the shard (a one-device rank's shard is the whole checkpoint's data)."""
+    from porting.train.run.ckpt_shards import CODES
+
     r = _resume(run)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "nothing to train, the run was already complete" in r.stdout and "nan" not in r.stdout
+    read = resume_reads((run / "logs" / "rank_0.log").read_text())
+    assert read["how"].startswith("the weights while the model was built") and read["ratio"] < 1.01
+    layout = json.loads((run / "checkpoints" / "step_20" / "layout.json").read_text())["layout"]
+    data = sum(math.prod(p["shape"]) * (CODES[p["dtype"]] + 8) for p in layout["params"])   # the weight, m and v
+    assert read["shard"] == data and {k for k, _ in read["groups"]} == {"weights", "adam_m", "adam_v"}
