@@ -221,4 +221,4 @@ def test_the_loss_sums_of_the_micro_batches_never_run_in_float64_on_the_device(t
     step = next(iter(trainer.plan.steps()))
     assert len(step.micro_batches) > 1   # the accumulation path
     r = trainer.run_step(step, 1e-3)
-    assert np.isfinite(r["loss"]) and ms.float64 not in seen, seen
+    assert np.isfinite(r.loss) and ms.float64 not in seen, seen

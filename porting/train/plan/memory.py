@@ -28,8 +28,10 @@ Mixed precision, as Megatron / MindSpeed-LLM keep it (porting/train/run/step.py)
   grad_accum_steps > 1), as Megatron-LM forces for bf16; none with the opt-in ``grad_reduce_dtype:
   param_dtype`` (Megatron's --grad-reduce-in-bf16), where AdamW casts each gradient to float32 as it applies it.
 - adamw_temporaries: the element-wise update's float32 m', v', p' and gradient of one parameter (of
-  one bucket's shard when sharded) at a time (graph memory reuse frees them after each assign), 4 x 4;
-  none on the fused path (float32 parameters without ZeRO: ``ops.AdamWeightDecay`` works in place).
+  one bucket's shard when sharded) at a time (graph memory reuse frees them after each assign), 4 x 4.
+  Counted on the fused path too (float32 parameters without ZeRO, ``ops.AdamWeightDecay``): measured on
+  the CPU, its update phase grows with the width as the 4 x 4 term says (benchmarks/plan_memory_cpu.py,
+  planned / measured 0.67 without the term), so "in place" is not taken as "no working memory".
 - the step's copies and buffers, each with its formula and source in
   :mod:`porting.train.plan.memory_terms`: ``swiglu_concat`` (the fused SwiGLU's [w1; w3]),
   ``hccl_buffers`` (2 x HCCL_BUFFSIZE per communicator), ``apply_copy`` (ApplyStep's identity copy of
@@ -63,13 +65,6 @@ MARGIN_GIB = 4.0     # ZeRO stage 1 (fewer bytes) only when it leaves this much 
 WORKSPACE_GIB = {"ascend": 2.0, "cpu": 0.25}
 AUTO_FUSION_MB = 64
 RUNTIME_RESERVED_GIB = {"ascend": 6.0, "cpu": 0.0}   # 64 GB die -> 58 GB max_device_memory (MindFormers)
-
-
-def _fused_adamw(recipe: Recipe, sharded: bool) -> bool:
-    """step.AdamW's fused path (float32 parameters, no ZeRO, betas inside (0, 1)): MindSpore's
-    ``ops.AdamWeightDecay`` updates the parameter, m and v in place, so it keeps no temporaries."""
-    b1, b2 = recipe.optimizer.betas
-    return not sharded and recipe.precision.param_dtype == "float32" and 0.0 < b1 < 1.0 and 0.0 < b2 < 1.0
 
 
 def usable_hbm_gib(recipe: Recipe) -> float:
@@ -154,7 +149,7 @@ def estimate_memory(cfg: LlamaConfig, recipe: Recipe, zero_stage: int | None = N
         "optimizer_states": 2 * p * 4 / (dp if sharded else 1),
         "master_weights": p * 4 / (dp if sharded else 1) if low else 0.0,
         "gradients_fp32": p * 4 if low and grad_fp32 and accum == 1 else 0.0,
-        "adamw_temporaries": 0.0 if _fused_adamw(recipe, sharded) else 4 * largest * 4,
+        "adamw_temporaries": 4 * largest * 4,
         "activations": act, "activations_recompute": act_rc,
         "backward_working_set": layer_activation_bytes(cfg, micro, seq, cb, True, tp),
         "swiglu_concat": terms.swiglu_concat_bytes(cfg.num_hidden_layers, cfg.hidden_size, cfg.intermediate_size,
