@@ -271,7 +271,8 @@ def test_a_dry_run_plan_never_loads_mindspore():
 _LAUNCH_WITHOUT_MINDSPORE = """
 import shutil, sys, tempfile
 from pathlib import Path
-import porting.launch.start as start, porting.launch.msrun, porting.launch.session
+import porting.launch.start as start, porting.launch.msrun, porting.launch.session, porting.launch.supervise
+import porting.train.run.ckpt_read   # a worker's reader: MindSpore only inside restore and restore_weights
 from model_zoo.config import LlamaConfig
 from porting.model_paths import resolve_hf
 from porting.train.recipe.schema import load_recipe
@@ -292,9 +293,9 @@ shutil.rmtree(d)
 
 def test_the_launcher_never_loads_mindspore(tiny_cpu_run):
     """`port train` on more than one device only checks, writes the plan and waits for msrun's workers: the
-    launch wing imported, and the run-directory and resume checks run on a fresh and on a resumable run
-    directory (a real per-rank checkpoint, re-cut for another layout), in a fresh interpreter, never load
-    MindSpore (2-5 CPU-s a launch, BENCHMARKS.md)."""
+    launch wing (the supervisor and the checkpoint reader too) imported, and the run-directory and resume checks
+    run on a fresh and on a resumable run directory (a real per-rank checkpoint, re-cut for another layout), in a
+    fresh interpreter, never load MindSpore (2-5 CPU-s a launch, BENCHMARKS.md)."""
     import os
     import subprocess
     import sys
