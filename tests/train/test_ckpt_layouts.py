@@ -14,7 +14,6 @@ relative, weights 1e-5 absolute; the runs move the weights by more than 1e-4, so
 
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 
