@@ -268,6 +268,44 @@ def test_a_dry_run_plan_never_loads_mindspore():
     assert p.stdout.strip().splitlines()[-1] == "no mindspore", p.stdout[-2000:]
 
 
+_LAUNCH_WITHOUT_MINDSPORE = """
+import shutil, sys, tempfile
+from pathlib import Path
+import porting.launch.start as start, porting.launch.msrun, porting.launch.session, porting.launch.supervise
+import porting.train.run.ckpt_read   # a worker's reader: MindSpore only inside restore and restore_weights
+from model_zoo.config import LlamaConfig
+from porting.model_paths import resolve_hf
+from porting.train.recipe.schema import load_recipe
+from porting.train.run.resume_check import check_run_dir
+print("imports:", "mindspore" in sys.modules)
+rec = load_recipe("recipes/tiny-cpu.yaml", ["cluster.devices_per_node=2", "batching.micro_batch_size=2"])
+cfg = LlamaConfig.from_hf(resolve_hf(rec.model.source)).to_hf()
+d = Path(tempfile.mkdtemp())
+assert start.prepare(rec, {}, d / "fresh", resume=False, model_config=cfg, preflight=None) is None
+print("fresh:", "mindspore" in sys.modules)
+shutil.copytree(sys.argv[1], d / "old", ignore=shutil.ignore_patterns("hf"))
+assert "re-cut exactly" in check_run_dir(d / "old", True, rec, cfg)   # a resume in another layout: every check
+assert "re-cut exactly" in start.prepare(rec, {}, d / "old", resume=True, model_config=cfg, preflight=None)
+print("resumable:", "mindspore" in sys.modules)
+shutil.rmtree(d)
+"""
+
+
+def test_the_launcher_never_loads_mindspore(tiny_cpu_run):
+    """`port train` on more than one device only checks, writes the plan and waits for msrun's workers: the
+    launch wing (the supervisor and the checkpoint reader too) imported, and the run-directory and resume checks
+    run on a fresh and on a resumable run directory (a real per-rank checkpoint, re-cut for another layout), in a
+    fresh interpreter, never load MindSpore (2-5 CPU-s a launch, BENCHMARKS.md)."""
+    import os
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-c", _LAUNCH_WITHOUT_MINDSPORE, str(tiny_cpu_run)], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.stdout.split() == ["imports:", "False", "fresh:", "False", "resumable:", "False"], p.stdout[-2000:]
+
+
 # --------------------------------------------------------------------------- packages that import each other
 def _package(m: str) -> str:
     """porting.<sub> for a module of porting (a root module is its own package), else the top package."""

@@ -26,43 +26,22 @@ def logits_from_hf(hf_dir: Path, ids: np.ndarray) -> np.ndarray:
 
 
 def _logits_from_ckpt(ckpt_dir: Path, cfg_source, ids: np.ndarray) -> np.ndarray:
-    """Model parameters from a `port train` checkpoint (train_state.ckpt also holds AdamW moments)."""
+    """The model parameters of a per-rank `port train` checkpoint (porting/train/run/ckpt_shards.py; a directory
+    without its layout record is refused in one line by the reader), every tensor whole."""
     import mindspore as ms
 
     from model_zoo.config import LlamaConfig
     from model_zoo.errors import CheckpointError
     from model_zoo.llama import build
+    from porting.train.run.ckpt_read import full_state
 
-    if (ckpt_dir / "layout.json").is_file():   # per-rank checkpoint (porting/train/run/ckpt_shards.py)
-        from porting.train.run.ckpt_read import full_state
-
-        model = build(LlamaConfig.from_hf(cfg_source), param_dtype="float32")
-        state = full_state(ckpt_dir)
-        for p in model.get_parameters():
-            if p.name not in state or tuple(state[p.name].shape) != tuple(p.shape):
-                raise CheckpointError(f"{ckpt_dir}: {p.name} is missing or has another shape; expected a "
-                                      "checkpoint of this model")
-            p.set_data(ms.Tensor(state[p.name]).astype(p.dtype))
-        model.set_train(False)
-        return model(ms.Tensor(ids.astype(np.int32))).asnumpy().astype(np.float32)
-    files = sorted(ckpt_dir.glob("*.ckpt")) + sorted(ckpt_dir.glob("*.safetensors"))
-    if not files:
-        raise CheckpointError(f"{ckpt_dir}: no .ckpt or .safetensors file; expected a `port train` checkpoint")
+    state = full_state(ckpt_dir)
     model = build(LlamaConfig.from_hf(cfg_source), param_dtype="float32")
-    fmt = "safetensors" if files[0].suffix == ".safetensors" else "ckpt"
-    try:
-        state = ms.load_checkpoint(str(files[0]), format=fmt)
-    except (RuntimeError, ValueError, OSError) as e:
-        raise CheckpointError(f"{files[0]}: cannot be read ({str(e).splitlines()[0]})") from None
-    params = {p.name: p for p in model.get_parameters()}
-    missing = sorted(set(params) - set(state))
-    if missing:
-        raise CheckpointError(f"{files[0]}: lacks {len(missing)} of the model's parameters (first: "
-                              f"{', '.join(missing[:3])}); expected a checkpoint of this model")
-    for name, p in params.items():
-        if tuple(state[name].shape) != tuple(p.shape):
-            raise CheckpointError(f"{files[0]}: {name} has shape {tuple(state[name].shape)}, the model {tuple(p.shape)}")
-        p.set_data(state[name].astype(p.dtype))
+    for p in model.get_parameters():
+        if p.name not in state or tuple(state[p.name].shape) != tuple(p.shape):
+            raise CheckpointError(f"{ckpt_dir}: {p.name} is missing or has another shape; expected a "
+                                  "checkpoint of this model")
+        p.set_data(ms.Tensor(state[p.name]).astype(p.dtype))
     model.set_train(False)
     return model(ms.Tensor(ids.astype(np.int32))).asnumpy().astype(np.float32)
 

@@ -23,7 +23,7 @@ MAX_DATA_BYTES = 8 << 20
 @dataclasses.dataclass(frozen=True)
 class MsWeights:
     """Where the MindSpore side's weights come from: ``kind`` "convert" (a port convert directory, its
-    own config.json) or "checkpoint" (a port train ``train_state.ckpt``, the HF directory's config)."""
+    own config.json) or "checkpoint" (a per-rank `port train` checkpoint, the HF directory's config)."""
 
     kind: str
     path: Path
@@ -38,16 +38,16 @@ def _latest_checkpoint(run: Path) -> Path:
                    if (m := ckpt.STEP_DIR.match(p.name)) and _is_train_checkpoint(p))
     if not steps:
         raise CheckpointError(f"{run}: a run directory without checkpoints (no {root.name}/step_N/"
-                              f"{ckpt.WEIGHTS_FILE}); set checkpointing.every_steps in the recipe, or pass "
+                              f"{ckpt.LAYOUT_FILE}); set checkpointing.every_steps in the recipe, or pass "
                               "--ms a `port convert` output")
     return steps[-1][1]
 
 
 def _is_train_checkpoint(p: Path) -> bool:
-    """A `port train` checkpoint: per-rank format 2 (layout.json) or the earlier train_state.ckpt."""
+    """A per-rank `port train` checkpoint (its layout record, porting/train/run/ckpt_shards.py)."""
     from porting.train.run import checkpoint as ckpt  # deferred: the run side imports MindSpore
 
-    return (p / ckpt.LAYOUT_FILE).is_file() or (p / ckpt.WEIGHTS_FILE).is_file()
+    return (p / ckpt.LAYOUT_FILE).is_file()
 
 
 def resolve_ms(ms: str | Path, hf_cfg: LlamaConfig) -> MsWeights:
@@ -65,7 +65,7 @@ def resolve_ms(ms: str | Path, hf_cfg: LlamaConfig) -> MsWeights:
     if (p / "config.json").is_file():
         return MsWeights("convert", p, LlamaConfig.from_hf(p))
     raise CheckpointError(f"{p}: neither a `port convert` output (no config.json) nor a `port train` checkpoint "
-                          f"(no {ckpt.WEIGHTS_FILE}); pass --ms the directory port wrote")
+                          f"(no {ckpt.LAYOUT_FILE}); pass --ms the directory port wrote")
 
 
 def config_notes(hf: LlamaConfig, ms: LlamaConfig, where: Path) -> list[str]:

@@ -69,12 +69,12 @@ def _state(run_dir: Path, k: int, model, opt) -> tuple[int, str]:
 
     root = run_dir / "checkpoints"
     d = root / f"step_{k - 1}"
-    if not ((d / ckpt.WEIGHTS_FILE).is_file() or (d / ckpt.LAYOUT_FILE).is_file()):
+    if not (d / ckpt.LAYOUT_FILE).is_file():
         kept = [p.name for _, p in ckpt.checkpoint_dirs(root)] if root.is_dir() else []
         raise CheckpointError(f"{d}: not in the run (kept: {', '.join(kept) or 'none'}); replaying step {k} needs "
                               f"the state after step {k - 1}: set checkpointing.every_steps: 1 and "
                               f"checkpointing.keep_last >= {k} in the recipe and train again")
-    st = ckpt.load(d, list(model.trainable_params()) + list(opt.m) + list(opt.v))
+    st = ckpt.load_whole(d, list(model.trainable_params()) + list(opt.m) + list(opt.v))
     return st.adam_t, str(d)
 
 

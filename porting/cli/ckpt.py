@@ -8,12 +8,10 @@ import click
 
 
 def _checkpoint(path: str) -> Path:
-    from model_zoo.errors import CheckpointError
+    from porting.train.run.ckpt_record import require_layout
 
     p = Path(path)
-    if not (p / "layout.json").is_file():
-        raise CheckpointError(f"{p}: no layout.json; expected a per-rank `port train` checkpoint directory "
-                              "(RUN/checkpoints/step_N)")
+    require_layout(p)   # one line naming what the directory is and what a checkpoint holds
     return p
 
 

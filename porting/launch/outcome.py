@@ -44,7 +44,7 @@ class Outcome:
 
 
 def _interrupted(run_dir: Path) -> list[Path]:
-    from porting.train.run.checkpoint import interrupted_saves   # deferred: checkpoint.py imports MindSpore
+    from porting.train.run.checkpoint import interrupted_saves   # deferred: the checkpoint readers (NumPy, the recipe schema), only after a launch
 
     return interrupted_saves(RunDir(run_dir).checkpoints)
 

@@ -68,7 +68,7 @@ class Session:
 
     def latest_step(self) -> int | None:
         """The step of the last complete checkpoint (None: none yet)."""
-        from porting.train.run import checkpoint as ckpt   # deferred: the run side imports MindSpore
+        from porting.train.run import checkpoint as ckpt   # deferred: the checkpoint readers (NumPy, the recipe schema), only on a restart
 
         last = ckpt.latest(RunDir(self.out).checkpoints)
         return last[0] if last else None
@@ -108,8 +108,8 @@ def run_supervised(rec: Any, recipe_path: str, overrides: list[str], out: Path, 
     launch_dir(out, node).mkdir(parents=True, exist_ok=True)   # what each launch printed (msrun's own output)
     limits = derive_limits(plan, stall_timeout, max_restarts)
     click.echo(f"supervise: ranks {ranks[0]}..{ranks[-1]} of {rec.world_size}; stall after {limits.stall_s:.0f} s "
-               f"without a heartbeat ({limits.compile_s:.0f} s before the first step, {limits.save_s:.0f} s while "
-               f"saving); at most {limits.max_restarts} restart(s)", err=True)
+               f"without a heartbeat ({limits.compile_s:.0f} s before the first step, {limits.restore_s:.0f} s "
+               f"restoring, {limits.save_s:.0f} s while saving); at most {limits.max_restarts} restart(s)", err=True)
     peers = Peers(out, node, rec.cluster.nodes, answer_s=limits.stall_s + 60) if rec.cluster.nodes > 1 else None
     restarts = supervise(s.launch, out, ranks, rec.world_size, limits, s.latest_step, diagnose=diagnose,
                          preflight=None if preflight is None else lambda: preflight(s.rec), resume=resume,

@@ -8,16 +8,17 @@ shows none for its phase's allowance has stalled:
 phase                       allowance        why
 ==========================  ===============  ==================================================================
 setup, compile              ``compile_s``    data, model, every shape's graph compiled before step 1
-restore                     the larger of    a resume reads its checkpoint (a read as large as a save) before it
-                            compile_s and    compiles
-                            ``save_s``
+restore                     ``restore_s``    a resume reads its share of the checkpoint before it compiles
 step                        ``stall_s``      a step line every ``logging.every_steps``
 save                        ``save_s``       a slow filesystem is not a fault; a save that never ends is one
 finished                    ``save_s``       a rank that ended may wait at exit while rank 0 writes the HF export
 ==========================  ===============  ==================================================================
 
-All stay under ``HCCL_EXEC_TIMEOUT`` (:func:`derive_limits`), so the other ranks' evidence is still live when the
-supervisor looks. A rank whose process is gone, or stopped (SIGSTOP, a debugger) or in uninterruptible sleep,
+Each comes from the plan (``TrainPlan.allowances``, porting/train/plan/allowances.py: the graphs to compile, the
+bytes to restore and to save at the filesystem's measured speed, the estimated step), through
+:func:`derive_limits`; ``--stall-timeout`` sets the step's and is the least of every phase's. The step's stays
+under half of ``HCCL_EXEC_TIMEOUT``, so the other ranks' evidence is still live when the supervisor looks.
+A rank whose process is gone, or stopped (SIGSTOP, a debugger) or in uninterruptible sleep,
 is named from its pid. The watch reads time from ``now`` (default ``time.monotonic``): its tests move a clock
 instead of sleeping.
 """
@@ -46,27 +47,26 @@ class Limits:
     stall_s: float = 600.0
     compile_s: float = 1800.0
     save_s: float = 600.0
+    restore_s: float = 600.0
     max_restarts: int = 3
     poll_s: float = 1.0
     grace_s: float = 10.0
 
     def allowance(self, phase: str) -> float:
         """Seconds a rank in ``phase`` may go without a sign of life (the module docstring's table)."""
-        return {"setup": self.compile_s, "compile": self.compile_s, "restore": max(self.compile_s, self.save_s),
+        return {"setup": self.compile_s, "compile": self.compile_s, "restore": self.restore_s,
                 "save": self.save_s, "finished": self.save_s}.get(phase, self.stall_s)
 
 
 def derive_limits(plan: dict[str, Any], stall_s: float | None, max_restarts: int) -> Limits:
-    """Heartbeat limits from the plan: the step and save time it predicts, bounded below by generous floors
-    and above by half of HCCL_EXEC_TIMEOUT (so a stall is seen while the other ranks still wait)."""
-    env = (plan.get("launch") or {}).get("env") or {}
-    hccl = float(env.get("HCCL_EXEC_TIMEOUT", 1836))
-    step = float((plan.get("estimated_step") or {}).get("step_s") or 0.0)
-    save = float((plan.get("launch") or {}).get("predicted_save_s") or 0.0)
-    cap = max(60.0, hccl / 2)
-    stall = stall_s if stall_s is not None else min(cap, max(300.0, 20 * step))
-    return Limits(stall_s=stall, compile_s=max(stall, min(cap * 2, 1800.0)), save_s=max(stall, 3 * save + 60),
-                  max_restarts=max_restarts)
+    """The watch's allowances from the plan's (porting/train/plan/allowances.py, ``plan["allowances"]``);
+    ``stall_s`` (``--stall-timeout``) replaces the step's and no phase allows less."""
+    a = plan.get("allowances") or {}
+    if not a:
+        raise ValueError("a plan without 'allowances' (porting/train/plan/make.py make_plan writes them)")
+    stall = float(stall_s if stall_s is not None else a["step_s"])
+    return Limits(stall_s=stall, compile_s=max(stall, float(a["compile_s"])), save_s=max(stall, float(a["save_s"])),
+                  restore_s=max(stall, float(a["restore_s"])), max_restarts=max_restarts)
 
 
 @dataclasses.dataclass

@@ -95,7 +95,7 @@ def _load_train_checkpoint(model: LlamaForCausalLM, path: Path) -> None:
 
     params = list(model.trainable_params())
     opt = AdamW(params, (0.9, 0.999), 1e-8, 0.0)   # holds the moments the strict loader requires; not stepped
-    ckpt.load(path, params + list(opt.m) + list(opt.v), allowed={f"master.{p.name}" for p in params})
+    ckpt.load_whole(path, params + list(opt.m) + list(opt.v), allowed={f"master.{p.name}" for p in params})
 
 
 def _check_shapes(model: LlamaForCausalLM, ms_dir: Path) -> None:

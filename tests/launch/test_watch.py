@@ -30,18 +30,60 @@ def _setup(tmp_path, ranks=(0, 1), limits=LIMITS):
     return w, clock, {r: Heartbeat(tmp_path, r) for r in ranks}
 
 
-def test_heartbeat_limits_come_from_the_plan_and_stay_under_hccl_exec_timeout():
-    plan = {"launch": {"env": {"HCCL_EXEC_TIMEOUT": "1836"}, "predicted_save_s": 10.6},
-            "estimated_step": {"step_s": 1.03}}
-    lim = derive_limits(plan, None, 3)
-    assert lim.stall_s < 1836 and lim.compile_s <= 1836 and lim.save_s >= 3 * 10.6
-    assert derive_limits(plan, 30.0, 1).stall_s == 30.0
+def _recipe(name: str, *sets: str):
+    from porting.train import load_recipe
+    from tests.train.conftest import ROOT
+
+    return load_recipe(ROOT / "recipes" / name, list(sets), check_files=False)
+
+
+def _limits(name: str, *sets: str) -> tuple[dict, Limits]:
+    """The plan and the watch's limits of a real recipe (the dry run's planner: no MindSpore)."""
+    from porting.train import make_plan, plan_config
+
+    rec = _recipe(name, *sets)
+    cfg, _ = plan_config(rec)
+    plan = make_plan(rec, cfg, name, "runs/x").to_dict()
+    return plan, derive_limits(plan, None, 3)
+
+
+def test_heartbeat_limits_are_the_plan_s_allowances_and_the_step_s_stays_under_hccl_exec_timeout():
+    plan, lim = _limits("7b-8card.yaml")
+    a, hccl = plan["allowances"], float(plan["launch"]["env"]["HCCL_EXEC_TIMEOUT"])
+    assert (lim.compile_s, lim.restore_s, lim.save_s, lim.stall_s) == \
+        (a["compile_s"], a["restore_s"], a["save_s"], a["step_s"])
+    assert lim.stall_s <= hccl / 2 and lim.save_s < hccl   # HCCL's timeout is derived from the save: 3 x save + 600
+    assert a["graphs"] == 5 and a["shapes"] == 4           # 4 bucket shapes + the update graph (grad_accum_steps 4)
+    short = derive_limits(plan, 30.0, 1)                    # --stall-timeout: the step's, and no phase allows less
+    assert (short.stall_s, short.compile_s, short.save_s, short.max_restarts) == (30.0, lim.compile_s, lim.save_s, 1)
+    assert derive_limits(plan, 10 ** 6, 1).compile_s == 10 ** 6
+
+
+def test_a_slow_filesystem_or_many_shapes_raise_their_own_allowance_and_nothing_else():
+    """A 4x slower filesystem multiplies the restore and save allowances by 4 (7B: above their floors); 4 bucket
+    shapes instead of 1 multiply the allowance before step 1 by the graphs to compile (2 -> 5 with the update
+    graph); every other limit stays as it was."""
+    import dataclasses
+
+    base_plan, base = _limits("7b-8card.yaml", "batching.bucketing.max_shapes=1")
+    fs = base_plan["allowances"]["restore_s"], base_plan["allowances"]["save_s"]
+    gib = _recipe("7b-8card.yaml").checkpointing.fs_gib_per_s / 4
+    _, slow = _limits("7b-8card.yaml", "batching.bucketing.max_shapes=1", f"checkpointing.fs_gib_per_s={gib}")
+    _, shapes = _limits("7b-8card.yaml", "batching.bucketing.max_shapes=4")
+
+    def others(lim: Limits, *changed: str) -> dict:
+        return {k: v for k, v in dataclasses.asdict(lim).items() if k not in changed}
+
+    assert others(slow, "restore_s", "save_s") == others(base, "restore_s", "save_s")
+    assert abs(slow.restore_s - 4 * fs[0]) <= 4 and abs(slow.save_s - 4 * fs[1]) <= 4 and min(fs) > 120
+    assert others(shapes, "compile_s") == others(base, "compile_s")
+    assert base_plan["allowances"]["graphs"] == 2 and abs(shapes.compile_s - base.compile_s * 5 / 2) <= 3
 
 
 def test_each_phase_has_its_allowance():
-    lim = Limits(stall_s=10, compile_s=20, save_s=30)
+    lim = Limits(stall_s=10, compile_s=20, save_s=30, restore_s=40)
     assert {p: lim.allowance(p) for p in ("setup", "compile", "restore", "step", "save", "finished")} == \
-        {"setup": 20, "compile": 20, "restore": 30, "step": 10, "save": 30, "finished": 30}
+        {"setup": 20, "compile": 20, "restore": 40, "step": 10, "save": 30, "finished": 30}
 
 
 def test_a_rank_is_late_only_past_its_phases_allowance_to_the_second(tmp_path):
@@ -139,12 +181,11 @@ def test_the_first_worker_msrun_reports_dead_is_the_suspect(tmp_path):
 
 
 def test_a_save_gets_its_predicted_time_and_a_save_that_hangs_is_named_as_such(tmp_path):
-    """While a rank saves a checkpoint, the heartbeat allows the plan's predicted save time (x3 + 60 s), not the
-    step limit; past it the stall is named as a hanging save."""
-    plan = {"launch": {"env": {"HCCL_EXEC_TIMEOUT": "1836"}, "predicted_save_s": 200.0},
-            "estimated_step": {"step_s": 1.0}}
+    """While a rank saves a checkpoint, the heartbeat allows the plan's save allowance, not the step limit; past
+    it the stall is named as a hanging save."""
+    plan = {"allowances": {"compile_s": 120, "restore_s": 120, "save_s": 660, "step_s": 300}}
     lim = derive_limits(plan, 30.0, 1)
-    assert lim.stall_s == 30.0 and lim.save_s == 3 * 200.0 + 60   # a slow filesystem is not a step stall
+    assert lim.stall_s == 30.0 and lim.save_s == 660   # a slow filesystem is not a step stall
     w, clock, hb = _setup(tmp_path, limits=lim)
     for r in (0, 1):
         hb[r].beat("save", 4)

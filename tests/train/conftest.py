@@ -3,6 +3,7 @@ tests/helpers.py)."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 
@@ -23,6 +24,29 @@ def error_line(p: subprocess.CompletedProcess) -> str:
     lines = [ln for ln in p.stderr.splitlines() if ln.startswith("error:")]
     assert lines, f"no error line in stderr:\n{p.stderr[-2000:]}"
     return lines[-1]
+
+
+_GROUP = re.compile(r"resume (step_\d+) (\w+): (.+?): \d+ tensor\(s\), (\d+) bytes in")
+_SUMMARY = re.compile(r"resume read (\d+) bytes of \S+ \((.+?); (\d+) of them file headers; this rank's shard "
+                      r"(\d+) bytes, ratio ([\d.]+)\)")
+
+
+def resume_reads(log: str) -> dict:
+    """What one resume read, from a rank log's lines (porting/train/run/ckpt_read.py): every parameter group's
+    bytes by (kind, group), and the summary's total, header and shard bytes. Checks that the rank read its
+    shard once: the total less the headers is the shard exactly, every group was read once, and the groups'
+    bytes add up to the total (no read outside a logged group)."""
+    groups: dict[tuple[str, str], int] = {}
+    for _, kind, group, nbytes in _GROUP.findall(log):
+        assert (kind, group) not in groups, f"{kind} of {group} read twice"
+        groups[kind, group] = int(nbytes)
+    (summary,) = _SUMMARY.findall(log)   # one resume in this log
+    total, headers, shard = int(summary[0]), int(summary[2]), int(summary[3])
+    assert total - headers == shard, (total, headers, shard)
+    assert sum(groups.values()) == total, (sum(groups.values()), total)
+    assert ("param" in {k for k, _ in groups}) != ("weights" in {k for k, _ in groups}), "weights read twice"
+    return {"groups": groups, "total": total, "headers": headers, "shard": shard, "how": summary[1],
+            "ratio": float(summary[4])}
 
 
 def metrics(run_dir: Path) -> tuple[list[dict], dict | None]:

@@ -231,7 +231,7 @@ def trainer():
     r = validate_recipe({**r.model_dump(mode="json"), "batching": {"micro_batch_size": 2, "bucketing": {"enabled": False}},
                          "optimizer": {"lr": 1e-3}})
     runtime.configure_mindspore(r, False)
-    _, model = setup.build_model(r, EMBEDDED)
+    _, model, _ = setup.build_model(r, EMBEDDED)
     return loop.Trainer(r, ROOT, 0, 1, model, EMBEDDED, None, logging.getLogger("test_formats")), r
 
 

@@ -38,7 +38,7 @@ def trainer(model_dir, tmp_path_factory):
     log = logging.getLogger("test.precompile")
     grid = loop.grid_mod.make_grid(recipe, 0, 1)
     loop.configure_mindspore(recipe, False)
-    plan, _, model = setup.data_and_model(recipe, model_dir, grid, log, run)
+    plan, _, model, _ = setup.data_and_model(recipe, model_dir, grid, log, run)
     return loop.Trainer(recipe, run, 0, 1, model, model_dir, plan, log, grid)
 
 

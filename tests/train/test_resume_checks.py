@@ -7,13 +7,14 @@ tests/train/test_ckpt_layouts.py's (DP 4 + ZeRO -> DP 2, TP 2 x DP 2 -> DP 4, un
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from pathlib import Path
 
 import pytest
 
 from tests.helpers import port
-from tests.train.conftest import TINY, error_line
+from tests.train.conftest import TINY, error_line, resume_reads
 
 
 @pytest.fixture()
@@ -122,19 +123,37 @@ def test_a_layout_change_the_checkpoint_makes_exact_is_said(trained):
     assert check_run_dir(trained, True, load_recipe(TINY), cfg) is None   # same layout: nothing to say
 
 
-def test_a_single_file_checkpoint_continues_only_on_its_world_size_and_seed(tmp_path):
+def test_a_directory_without_a_layout_record_is_refused_naming_what_it_is(run):
+    """The single-file format of earlier builds (train_state.ckpt, no layout.json) is not read: one line names
+    what the directory holds and what a checkpoint is, with and without --resume, before any worker."""
     from model_zoo.errors import CheckpointError
     from porting.train.recipe.schema import load_recipe
-    from porting.train.run.checkpoint import TrainState
-    from porting.train.run.resume_check import check_continues
+    from porting.train.run.checkpoint import latest
+    from porting.train.run.resume_check import check_run_dir
 
-    rec = load_recipe(TINY, ["cluster.devices_per_node=2"])
-    st = TrainState(adam_t=2, loss_scale=1.0, good_steps=0, next_step=2, world_size=1, seed=0, step=2)
-    with pytest.raises(CheckpointError, match="written with world_size 1, this run has 2"):
-        check_continues(tmp_path / "step_2", st, None, None, rec, None)
+    ck = run / "checkpoints" / "step_20"
+    (ck / "layout.json").unlink()
+    (ck / "rank_00000.safetensors").rename(ck / "train_state.ckpt")
+    assert latest(run / "checkpoints")[1].name == "step_10"   # never taken for a complete checkpoint
+    for resume in (True, False):
+        with pytest.raises(CheckpointError) as e:
+            check_run_dir(run, resume, load_recipe(TINY))
+        line = str(e.value)
+        assert "\n" not in line and "step_20: holds train_state.ckpt and no layout.json" in line, line
+        assert "expected a per-rank `port train` checkpoint: layout.json" in line, line
 
 
-def test_resuming_a_finished_run_says_so(run):
+def test_resuming_a_finished_run_says_so_and_reads_its_checkpoint_once(run):
+    """The resume still restores (then finds nothing to train); it reads its share of the checkpoint once: the
+    weights while the model is built, the optimizer state after, each parameter group once, the bytes read less
+    the headers equal to the shard (a one-device rank's shard is the whole checkpoint's data)."""
+    from porting.train.run.ckpt_shards import CODES
+
     r = _resume(run)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "nothing to train, the run was already complete" in r.stdout and "nan" not in r.stdout
+    read = resume_reads((run / "logs" / "rank_0.log").read_text())
+    assert read["how"].startswith("the weights while the model was built") and read["ratio"] < 1.01
+    layout = json.loads((run / "checkpoints" / "step_20" / "layout.json").read_text())["layout"]
+    data = sum(math.prod(p["shape"]) * (CODES[p["dtype"]] + 8) for p in layout["params"])   # the weight, m and v
+    assert read["shard"] == data and {k for k, _ in read["groups"]} == {"weights", "adam_m", "adam_v"}

@@ -17,7 +17,6 @@ what 3 steps move the weights (checked).
 
 from __future__ import annotations
 
-import json
 import re
 
 import numpy as np
@@ -222,39 +221,3 @@ def test_grid_partitions_the_ranks_into_tensor_and_data_groups():
     assert tp_groups == {(0, 1, 2, 3), (4, 5, 6, 7)} and dp_groups == {(0, 4), (1, 5), (2, 6), (3, 7)}
     g = Grid(rank=6, world=world, tp=tp)
     assert (g.dp, g.dp_rank, g.tp_rank) == (2, 1, 2)
-
-
-def test_merge_keeps_zero_flat_shards_and_each_rank_loads_its_own(tmp_path):
-    """TP=2 x DP=2 with ZeRO: real rank files merged into one checkpoint; the weight is merged along its
-    split axis, every rank's flat optimizer shard is kept under its own name, and each rank loads back its
-    weight slice and its own shard (the other ranks' shards are allowed, not loaded)."""
-    import mindspore as ms
-    from mindspore import Parameter, Tensor
-
-    from porting.train.run import checkpoint as ckpt
-    from porting.train.run.grid import shard_fn
-
-    class _RowSplit(ms.nn.Cell):   # a cell whose weight ``w`` is split along axis 0, as parallel.py marks it
-        def __init__(self):
-            super().__init__()
-            self.tp_axes = {"w": 0}
-
-    full = np.arange(8 * 3, dtype=np.float32).reshape(8, 3)
-    shard = {(t, d): np.full(5, 10 * t + d, np.float32) for t in range(2) for d in range(2)}
-    for r in range(4):
-        t, d = r % 2, r // 2
-        ms.save_checkpoint([{"name": "w", "data": Tensor(full[4 * t:4 * (t + 1)])},
-                            {"name": f"adam_m.shard0.tp{t}.rank{d}", "data": Tensor(shard[t, d])}],
-                           str(tmp_path / ckpt.shard_file(r, 4)))
-    ckpt.merge_tensor_parallel(tmp_path, 4, 2, {"w": 0})
-    assert sorted(p.name for p in tmp_path.iterdir()) == [ckpt.WEIGHTS_FILE]
-    merged = ms.load_checkpoint(str(tmp_path / ckpt.WEIGHTS_FILE))
-    assert np.array_equal(merged["w"].asnumpy(), full)
-    assert all(np.array_equal(merged[f"adam_m.shard0.tp{t}.rank{d}"].asnumpy(), v) for (t, d), v in shard.items())
-    (tmp_path / ckpt.STATE_FILE).write_text(json.dumps(ckpt.TrainState(1, 1.0, 0, 1, 4, 0, 1).to_dict()))
-    names = {f"adam_m.shard0.tp{t}.rank{d}" for t in range(2) for d in range(2)}
-    for t, d in [(1, 0), (0, 1)]:
-        w = Parameter(Tensor(np.zeros((4, 3), np.float32)), name="w")
-        m = Parameter(Tensor(np.zeros(5, np.float32)), name=f"adam_m.shard0.tp{t}.rank{d}")
-        ckpt.load(tmp_path, [w, m], 0, allowed=names, shard=shard_fn(_RowSplit(), t, 2))
-        assert np.array_equal(w.asnumpy(), full[4 * t:4 * (t + 1)]) and np.array_equal(m.asnumpy(), shard[t, d])

@@ -57,6 +57,11 @@ def format_plan(plan: TrainPlan) -> str:
     if ga.get("allreduce_ops") and not plan.sharding.get("enabled"):
         lines.append(f"gradient all-reduce: {ga['gradients']} gradients in {ga['allreduce_ops']} AllReduce op(s), "
                      f"largest bucket {max(ga['bucket_mib'])} MiB ({ga['how']})")
+    if plan.allowances:
+        a = plan.allowances
+        lines.append(f"supervisor allowances without a sign of life (--supervise): before step 1 {a['compile_s']} s "
+                     f"({a['graphs']} graph(s), at most {a['shapes']} shape(s)), restore {a['restore_s']} s, save "
+                     f"{a['save_s']} s, step {a['step_s']} s ({a['formula']})")
     if plan.launch:
         lines.append("env on every node: " + " ".join(f"{k}={v}" for k, v in plan.launch["env"].items())
                      + f" (predicted checkpoint save {plan.launch['predicted_save_s']} s; {plan.launch['formula']})")

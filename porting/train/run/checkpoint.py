@@ -1,14 +1,13 @@
-"""Training checkpoints: MindSpore format, written atomically, the last K kept.
+"""Training checkpoints: the run directory's ``checkpoints/step_<n>/``, written atomically, the last K kept.
 
-``checkpoints/step_<n>/`` holds ``train_state.ckpt`` (model parameters and AdamW moments, names as in
-the cells) and ``state.json`` (step, loss scale, data position). A checkpoint directory is built under
-a temporary name and renamed into place only when every file is complete, so a crash or a full disk
-while saving leaves the previous checkpoints as they were.
-
-`port train` now writes per-rank checkpoints (format 2: porting/train/run/ckpt_shards.py, through
-:func:`save`'s ``write`` hook, in every layout); this module keeps the directory protocol (atomic
-swap, keep_last, completeness) and reads format 1 (``train_state.ckpt``, :func:`load` and
-:func:`merge_tensor_parallel`'s merged tensor-parallel file) for resuming older runs.
+A checkpoint is per-rank (porting/train/run/ckpt_shards.py): ``layout.json`` (the layout record: every
+piece of every tensor, the rank files' sizes and chunk digests, the run's identity), one
+``rank_<r>.safetensors`` per rank and ``state.json`` (step, loss scale, data position). This module keeps
+the directory protocol: :func:`save` builds a checkpoint under a temporary name and renames it into place
+only when every file is complete, so a crash or a full disk while saving leaves the previous checkpoints
+as they were; :func:`latest` finds the newest complete one; :func:`load_whole` reads one into a one-device
+model and optimizer. A directory without ``layout.json`` is not a checkpoint port reads: it is refused in one line
+(porting/train/run/ckpt_record.py ``require_layout``).
 """
 
 from __future__ import annotations
@@ -20,27 +19,17 @@ import re
 import shutil
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from model_zoo import files
 from model_zoo.errors import CheckpointError
 from porting.train.run.ckpt_read import full_state
 from porting.train.run.ckpt_shards import (LAYOUT_FILE, complete, identity, live_layout, live_pieces, needed, piece_bytes, rss,
                                             write_rank, write_record)
-from porting.train.run.grid import param_of
 
 STEP_DIR = re.compile(r"^step_(\d+)$")
 LEFTOVER_DIR = re.compile(r"^\.(tmp|old)_step_\d+(_\d+)?$")
 STATE_FILE = "state.json"
-WEIGHTS_FILE = "train_state.ckpt"
-# ZeRO's flat-shard states (porting/train/run/zero.py ShardedAdamW): adam_m.shard3.rank1, master.shard0.tp1.rank0
-FLAT_SHARD = re.compile(r"^(adam_m|adam_v|master)\.shard\d+\.(tp\d+\.)?rank\d+$")
-
-
-def shard_file(rank: int, shards: int) -> str:
-    """One file when optimizer states are replicated; one per rank when they are sharded."""
-    return WEIGHTS_FILE if shards == 1 else f"train_state.rank{rank}.ckpt"
-
 
 MAX_STATE_BYTES = 1 << 20
 # state.json's ranges: steps and updates as the recipe's (schema.BIG), ranks as the layout record's
@@ -117,17 +106,10 @@ class TrainState:
 
 
 def _complete(p: Path) -> bool:
-    """state.json and every weights file are there. A state.json that does not parse still counts (it
-    was renamed into place whole, so it is damaged, not partial): loading it names the bad key."""
-    if not (p / STATE_FILE).is_file():
-        return False
-    if (p / "layout.json").is_file():   # per-rank format (porting/train/run/ckpt_shards.py)
-        return complete(p)
-    try:
-        shards = int(json.loads((p / STATE_FILE).read_text(encoding="utf-8")).get("shards", 1))
-    except (OSError, ValueError, TypeError, AttributeError, RecursionError):
-        return (p / WEIGHTS_FILE).is_file() or (p / shard_file(0, 2)).is_file()
-    return shards >= 1 and all((p / shard_file(r, shards)).is_file() for r in range(min(shards, 4096)))
+    """state.json, the layout record and every rank file it lists are there (a state.json or record that does
+    not parse still counts: each was renamed into place whole, so it is damaged, not partial, and loading it
+    names the bad key). A directory without layout.json is not a checkpoint port reads."""
+    return (p / STATE_FILE).is_file() and (p / LAYOUT_FILE).is_file() and complete(p)
 
 
 def checkpoint_dirs(root: Path) -> list[tuple[int, Path]]:
@@ -155,18 +137,15 @@ def latest(root: Path) -> tuple[int, Path] | None:
     return dirs[-1] if dirs else None
 
 
-def save(root: Path, step: int, params: list, state: TrainState, keep_last: int, *, rank: int = 0, shards: int = 1,
-         barrier=None, merge=None, write=None) -> Path:
+def save(root: Path, step: int, state: TrainState, keep_last: int, *, write: Callable[[Path], None],
+         finish: Callable[[Path], int], rank: int = 0, shards: int = 1, barrier: Callable[[], None] | None = None
+         ) -> Path:
     """Write ``step_<step>`` atomically, then drop all but the newest ``keep_last``.
 
-    Sharded (``shards`` > 1): every rank writes its file into the same temporary directory, all meet at
-    ``barrier``, then rank 0 writes state.json and renames the directory into place. ``merge(tmp)``
-    (tensor parallel): rank 0 first turns the rank files into one full file (state.json says 1 shard).
-    ``write(tmp)`` writes this rank's file instead of ``params`` (the per-rank format, ckpt_shards.py); its
-    ``merge`` writes the layout record and returns the shard count for state.json.
+    Every rank's ``write(tmp)`` writes its own file into the same temporary directory, all meet at
+    ``barrier`` (``shards`` > 1), then rank 0's ``finish(tmp)`` writes the layout record and returns the
+    shard count, rank 0 writes state.json and renames the directory into place.
     """
-    import mindspore as ms  # deferred: the CLI's run-directory guard reads checkpoint names without loading MindSpore
-
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step_{step}"
     tmp = root / (f".tmp_step_{step}_{os.getpid()}" if shards == 1 else f".tmp_step_{step}")
@@ -176,16 +155,12 @@ def save(root: Path, step: int, params: list, state: TrainState, keep_last: int,
         if barrier is not None:
             barrier()
         tmp.mkdir(exist_ok=True)
-        if write is not None:
-            write(tmp)
-        else:
-            ms.save_checkpoint([{"name": p.name, "data": p} for p in params], str(tmp / shard_file(rank, shards)))
+        write(tmp)
         if barrier is not None:
             barrier()
         if rank != 0:
             return final
-        if merge is not None:
-            shards = merge(tmp) or 1
+        shards = finish(tmp) or 1
         body = json.dumps(dataclasses.replace(state, step=step, shards=shards).to_dict(), indent=2)
         with open(tmp / STATE_FILE, "w") as f:
             f.write(body)
@@ -206,19 +181,15 @@ def save(root: Path, step: int, params: list, state: TrainState, keep_last: int,
     return final
 
 
-def load(path: Path, params: list, rank: int = 0, *, shard=None, allowed: set[str] | None = None) -> TrainState:
-    """Load a checkpoint into ``params`` strictly (every name present, same shapes); returns state.json.
-
-    Tensor parallel: ``shard(name, full array)`` slices each full tensor for this rank, and ``allowed``
-    names the other tensors the full file may hold (other ranks' optimizer states)."""
-    import mindspore as ms  # deferred: the CLI's run-directory guard reads checkpoint names without loading MindSpore
+def load_whole(path: Path, params: list, *, allowed: set[str] | None = None) -> TrainState:
+    """Load a checkpoint, every tensor whole, into one device's ``params`` strictly (every name present, same
+    shapes); returns state.json. ``allowed``: the other tensors the checkpoint may hold (fp32 masters a
+    float32 model does not keep)."""
+    import mindspore as ms  # deferred: the launcher reads checkpoint names without loading MindSpore
 
     state = TrainState.read(path / STATE_FILE)
     try:
-        if (path / LAYOUT_FILE).is_file():   # per-rank format 2: every tensor whole (a one-device reader)
-            saved = {k: ms.Tensor(v) for k, v in full_state(path).items()}
-        else:
-            saved = ms.load_checkpoint(str(path / shard_file(rank, state.shards)))
+        saved = {k: ms.Tensor(v) for k, v in full_state(path).items()}
     except (OSError, RuntimeError, ValueError) as exc:
         raise CheckpointError(f"{path}: cannot read the checkpoint ({exc}); delete it to resume from an "
                               "earlier one") from None
@@ -231,57 +202,10 @@ def load(path: Path, params: list, rank: int = 0, *, shard=None, allowed: set[st
                               "resume with the same recipe and model")
     for name, p in by_name.items():
         t = saved[name]
-        if shard is not None:
-            t = ms.Tensor(shard(name, _numpy(t)))
         if tuple(t.shape) != tuple(p.shape):
             raise CheckpointError(f"{path}: {name} has shape {tuple(t.shape)}, the model needs {tuple(p.shape)}")
         p.set_data(t.astype(p.dtype))
     return state
-
-
-def _numpy(t):
-    """A checkpoint tensor as NumPy (bf16 through float32: NumPy 2 has no bfloat16)."""
-    import mindspore as ms  # deferred: the CLI's run-directory guard reads checkpoint names without loading MindSpore
-
-    return t.astype(ms.float32).asnumpy() if t.dtype == ms.bfloat16 else t.asnumpy()
-
-
-def merge_tensor_parallel(tmp: Path, world: int, tp: int, layout: dict[str, int]) -> None:
-    """Merge the ``world`` rank files in ``tmp`` into one full ``train_state.ckpt`` and remove them.
-
-    Rank r holds tensor-parallel slice ``r % tp`` (:mod:`porting.train.run.grid`); ``layout`` maps a parameter
-    name to its split axis (absent: replicated, tp rank 0's copy is kept). A tensor some ranks lack (an
-    optimizer state kept by its data-parallel owner only) is taken from the ranks that have it. ZeRO's
-    flat shards (porting/train/run/zero.py, named by tensor-parallel and data-parallel rank) are not parameter
-    slices: each is kept as it is under its own name, and the rank that owns it loads it back unsliced."""
-    import mindspore as ms  # deferred: the CLI's run-directory guard reads checkpoint names without loading MindSpore
-
-    from model_zoo.parallel import merge_shards  # deferred: imports MindSpore (see above)
-
-    files = [tmp / shard_file(r, world) for r in range(world)]
-    loaded = [ms.load_checkpoint(str(f)) for f in files]
-    names = list(dict.fromkeys(n for d in loaded for n in d))
-    out = []
-    for name in names:
-        if FLAT_SHARD.match(name):   # a ZeRO flat shard: one rank's own state, kept as it is
-            out.append({"name": name, "data": next(d[name] for d in loaded if name in d)})
-            continue
-        parts = []
-        for t in range(tp):
-            holder = next((d for r, d in enumerate(loaded) if r % tp == t and name in d), None)
-            if holder is None:
-                raise CheckpointError(f"{tmp}: {name} has no copy on tensor-parallel rank {t}")
-            parts.append(holder[name])
-        axis = layout.get(param_of(name))
-        if axis is None:
-            out.append({"name": name, "data": parts[0]})
-        else:
-            full = merge_shards([_numpy(p) for p in parts], axis)
-            out.append({"name": name, "data": ms.Tensor(full).astype(parts[0].dtype)})
-    ms.save_checkpoint(out, str(tmp / WEIGHTS_FILE))
-    del loaded
-    for f in files:
-        f.unlink()
 
 
 def save_ranks(trainer: Any, root: Path, step: int) -> Path:
@@ -303,8 +227,8 @@ def save_ranks(trainer: Any, root: Path, step: int) -> Path:
 
     barrier = trainer.barrier if trainer.world > 1 else None
     before = rss(reset_peak=True)
-    out = save(root, step, [], trainer.state(step), trainer.recipe.checkpointing.keep_last,
-                    rank=trainer.rank, shards=trainer.world, barrier=barrier, merge=finish, write=write)
+    out = save(root, step, trainer.state(step), trainer.recipe.checkpointing.keep_last, write=write, finish=finish,
+               rank=trainer.rank, shards=trainer.world, barrier=barrier)
     shard = piece_bytes(layout, needed(layout, trainer.rank))
     peak = rss()
     grew = f"; peak host RSS during the save +{peak[1] - before[0]} bytes" if peak and before else ""

@@ -28,8 +28,6 @@ from typing import Any, Callable, Iterator
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from mindspore import Tensor
-
 from converters import dtypes
 from converters.safetensors_io import read_header
 from model_zoo.errors import CheckpointError
@@ -332,42 +330,23 @@ def check_identity(ckdir: Path, old: Layout, saved: dict, new: Layout, now: dict
                               f"checkpoint, {'needed' if new.masters else 'not kept'} by this run; {fix}")
 
 
-def restore(trainer, ckdir: Path) -> int:
+def restore(trainer, ckdir: Path, opened: tuple[Source, dict] | None = None) -> int:
     """Fill a running Trainer's weights and optimizer state from ``ckdir`` in its own layout (any saved
-    layout); returns the bytes this rank read (headers included). One log line per parameter group."""
-    src, saved = open_checkpoint(ckdir)
-    new = live_layout(trainer)
-    check_identity(ckdir, src.layout, saved, new, identity(trainer))
-    tp, t, d = new.tp, trainer.grid.tp_rank, trainer.grid.dp_rank
-    opt = trainer.optimizer
-    states = {"master": opt.masters, "adam_m": opt.m, "adam_v": opt.v}
+    layout); returns the bytes this rank read (headers included). ``opened``: what :func:`restore_weights`
+    returned when the model was built from this checkpoint: the weights are in place, so only the optimizer
+    state is read, through the same open files (each header read and each chunk checked once, every byte of
+    the rank's share read once). One log line per parameter group, one summary line."""
+    src, saved = opened if opened is not None else open_checkpoint(ckdir)
+    if src.files.dir != ckdir:
+        raise ValueError(f"restore: the weights came from {src.files.dir}, not {ckdir}")
     t0 = time.perf_counter()
     try:
+        new = live_layout(trainer)
+        check_identity(ckdir, src.layout, saved, new, identity(trainer))
         bar = Progress(trainer.log.info, f"resume {ckdir.name} param", lambda: src.files.bytes_read)
-        for i, p in enumerate(trainer.model.trainable_params()):
-            spec = new.params[i]
-            bar.step(group_of(spec.name))
-            arr = src.assemble("param", spec.name, tp, t, 0, spec.local_numel(tp), spec.axis)
-            p.set_data(Tensor(arr.reshape(spec.local_shape(tp))).astype(p.dtype))
-        bar.done()
-        ranges = list(zero_ranges(new, d)) if new.zero else []
-        for kind in new.kinds[1:]:
-            bar.what = f"resume {ckdir.name} {kind}"
-            if new.zero:   # one bucket's shard in host memory at a time; the padding stays zero
-                for k, (_, padded) in enumerate(new.buckets):
-                    bar.step(f"bucket {k + 1} of {len(new.buckets)}")
-                    buf = np.zeros(padded // new.dp, np.float32)
-                    for _, i, a, b, pos in (x for x in ranges if x[0] == k):
-                        spec = new.params[i]
-                        buf[pos:pos + b - a] = src.assemble(kind, spec.name, tp, t, a, b, spec.axis)
-                    states[kind][k].set_data(Tensor(buf))
-                bar.done()
-                continue
-            for i, spec in enumerate(new.params):
-                bar.step(group_of(spec.name))
-                arr = src.assemble(kind, spec.name, tp, t, 0, spec.local_numel(tp), spec.axis)
-                states[kind][i].set_data(Tensor(arr.reshape(spec.local_shape(tp))))
-            bar.done()
+        if opened is None:
+            _fill(trainer.model.trainable_params(), src, new, trainer.grid.tp_rank, bar)
+        _fill_optimizer(trainer, src, new, bar)
     finally:
         src.files.close()
     shard = piece_bytes(new, needed(new, trainer.rank))
@@ -375,22 +354,66 @@ def restore(trainer, ckdir: Path) -> int:
     peak = f"; peak host RSS since start {mem[1]} bytes" if mem else ""
     if (src.layout.world, src.layout.tp, src.layout.zero) != (new.world, new.tp, new.zero):
         peak += "; the layout changed: every piece was re-cut exactly for this one (same model, seed, recipe)"
-    trainer.log.info(f"resume read {src.files.bytes_read} bytes of {ckdir} (this rank's shard {shard} bytes, "
-                     f"ratio {src.files.bytes_read / max(shard, 1):.3f}) in {time.perf_counter() - t0:.1f} s; "
-                     f"{src.files.hashed_bytes} bytes checked against their chunks' sha256 ({src.files.check_bytes} "
-                     f"read only for the check); saved layout world {src.layout.world} tp {src.layout.tp} zero "
-                     f"{src.layout.zero}, this run world {new.world} tp {new.tp} zero {new.zero}{peak}")
-    return src.files.bytes_read
+    f = src.files
+    when = "the weights while the model was built, then the optimizer state" if opened is not None else \
+        "weights and optimizer state"
+    trainer.log.info(f"resume read {f.bytes_read} bytes of {ckdir} ({when}; {f.header_bytes} of them file headers; "
+                     f"this rank's shard {shard} bytes, ratio {f.bytes_read / max(shard, 1):.3f}) in "
+                     f"{time.perf_counter() - t0:.1f} s; {f.hashed_bytes} bytes checked against their chunks' sha256 "
+                     f"({f.check_bytes} read only for the check); saved layout world {src.layout.world} tp "
+                     f"{src.layout.tp} zero {src.layout.zero}, this run world {new.world} tp {new.tp} zero "
+                     f"{new.zero}{peak}")
+    return f.bytes_read
 
 
-def restore_weights(model, ckdir: Path, tp: int, tp_rank: int, log: Callable[[str], None] | None = None) -> int:
+def _fill(params, src: Source, new: Layout, t: int, bar: Progress) -> None:
+    """Every weight of this rank's tensor-parallel slice ``t`` from ``src``, re-cut for ``new``."""
+    from mindspore import Tensor  # deferred: the launcher checks a checkpoint without loading MindSpore
+
+    for i, p in enumerate(params):
+        spec = new.params[i]
+        bar.step(group_of(spec.name))
+        arr = src.assemble("param", spec.name, new.tp, t, 0, spec.local_numel(new.tp), spec.axis)
+        p.set_data(Tensor(arr.reshape(spec.local_shape(new.tp))).astype(p.dtype))
+    bar.done()
+
+
+def _fill_optimizer(trainer, src: Source, new: Layout, bar: Progress) -> None:
+    """This rank's masters, m and v (its ZeRO share, or every tensor of its slice) from ``src``."""
+    from mindspore import Tensor  # deferred: the launcher checks a checkpoint without loading MindSpore
+
+    tp, t, d, opt = new.tp, trainer.grid.tp_rank, trainer.grid.dp_rank, trainer.optimizer
+    states = {"master": opt.masters, "adam_m": opt.m, "adam_v": opt.v}
+    ranges = list(zero_ranges(new, d)) if new.zero else []
+    for kind in new.kinds[1:]:
+        bar.what = f"resume {src.files.dir.name} {kind}"
+        if new.zero:   # one bucket's shard in host memory at a time; the padding stays zero
+            for k, (_, padded) in enumerate(new.buckets):
+                bar.step(f"bucket {k + 1} of {len(new.buckets)}")
+                buf = np.zeros(padded // new.dp, np.float32)
+                for _, i, a, b, pos in (x for x in ranges if x[0] == k):
+                    spec = new.params[i]
+                    buf[pos:pos + b - a] = src.assemble(kind, spec.name, tp, t, a, b, spec.axis)
+                states[kind][k].set_data(Tensor(buf))
+            bar.done()
+            continue
+        for i, spec in enumerate(new.params):
+            bar.step(group_of(spec.name))
+            arr = src.assemble(kind, spec.name, tp, t, 0, spec.local_numel(tp), spec.axis)
+            states[kind][i].set_data(Tensor(arr.reshape(spec.local_shape(tp))))
+        bar.done()
+
+
+def restore_weights(model, ckdir: Path, tp: int, tp_rank: int, log: Callable[[str], None] | None = None
+                    ) -> tuple[Source, dict]:
     """A resume's weights straight from its per-rank checkpoint into a model built without them
     (model_zoo.llama ``build(defer_init=True)``): the HF checkpoint is not read at all (at 13B TP 8, 3.3 GB
-    per rank from the shared filesystem that :func:`restore` would overwrite). Returns the bytes read; the
-    optimizer state and the identity checks follow in :func:`restore`."""
+    per rank from the shared filesystem). Returns the checkpoint still open: :func:`restore` reads the
+    optimizer state through it and checks the identity, and does not read the weights again."""
+    from mindspore import Tensor  # deferred: the launcher checks a checkpoint without loading MindSpore
     from model_zoo.parallel import shard_layout  # deferred: imports the parallel cells
 
-    src, _ = open_checkpoint(ckdir)
+    src, ident = open_checkpoint(ckdir)
     axes = shard_layout(model) if tp > 1 else {}
     try:
         bar = Progress(log, f"resume {ckdir.name} weights", lambda: src.files.bytes_read)
@@ -406,9 +429,10 @@ def restore_weights(model, ckdir: Path, tp: int, tp_rank: int, log: Callable[[st
             arr = src.assemble("param", p.name, tp, tp_rank, 0, math.prod(p.shape), axis)
             p.set_data(Tensor(arr.reshape(p.shape)).astype(p.dtype))
         bar.done()
-    finally:
+    except BaseException:
         src.files.close()
-    return src.files.bytes_read
+        raise
+    return src, ident
 
 
 def full_state(ckdir: Path) -> dict[str, np.ndarray]:

@@ -12,6 +12,8 @@ whole file's ``sha256``), which the reader (porting/train/run/ckpt_read.py) chec
 
 from __future__ import annotations
 
+import itertools
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -132,8 +134,36 @@ def _fits(layout: Layout, table: dict[str, dict], where: str) -> None:
                                   f"{entry['bytes']} bytes; {DAMAGED}")
 
 
+EXPECTED = ("expected a per-rank `port train` checkpoint: layout.json, one rank_<5 digits>.safetensors per rank "
+            "and state.json")
+LISTED = 64   # entries of a directory named in the refusal's reasoning, at most (a directory may be huge)
+
+
+def _holds(ckdir: Path) -> str:
+    """What a directory without a layout record is, from the names of its first entries."""
+    if not ckdir.is_dir():
+        return "does not exist" if not ckdir.exists() else "is not a directory"
+    with os.scandir(ckdir) as it:
+        names = sorted(e.name for e in itertools.islice(it, LISTED))
+    single = [n for n in names if n.endswith(".ckpt")]
+    if single:   # train_state.ckpt / train_state.rank<r>.ckpt: MindSpore .ckpt files, never written by this port
+        return (f"holds {single[0]} and no layout.json: a single-file MindSpore checkpoint (the format of earlier "
+                "port builds), which this port does not read")
+    return f"holds no layout.json ({', '.join(names[:4])[:160] or 'it is empty'})"
+
+
+def require_layout(ckdir: Path) -> None:
+    """Refuse in one line a directory that is not a per-rank checkpoint, naming what it is and what is expected."""
+    path = ckdir / LAYOUT_FILE
+    if path.is_file() or path.is_symlink():   # a link is refused by read_record, by name
+        return
+    raise CheckpointError(f"{ckdir}: {_holds(ckdir)}; {EXPECTED} (start a new run with --run-dir NEW_DIR, or "
+                          "pass the step_N directory of a run this port wrote)")
+
+
 def read_record(ckdir: Path) -> tuple[Layout, dict, dict[str, dict]]:
     """(layout, identity, files) of ``ckdir/layout.json``; every defect is one line naming the file and key."""
+    require_layout(ckdir)
     path = ckdir / LAYOUT_FILE
     where = str(path)
     if path.is_symlink():

@@ -34,8 +34,6 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-import mindspore as ms
-
 from converters import dtypes
 from converters.safetensors_io import OutTensor, encode_header, write_all
 from model_zoo import files
@@ -191,6 +189,7 @@ def piece_key(kind: str, name: str, t: int, a: int, b: int) -> str:
 
 # --------------------------------------------------------------------------- the live run's layout
 def _code(p) -> str:
+    import mindspore as ms  # deferred: the launcher reads checkpoints' records without loading MindSpore
 
     return {ms.float32: "F32", ms.bfloat16: "BF16", ms.float16: "F16"}[p.dtype]
 
@@ -236,6 +235,8 @@ def identity_of(recipe, cfg: dict[str, Any]) -> dict[str, Any]:
 def _f32(p, a: int, b: int) -> np.ndarray:
     """Elements [a, b) of ``p`` flattened, as float32 NumPy: sliced on the device before the copy to the
     host, so a save holds one piece on the host, not the whole parameter."""
+    import mindspore as ms  # deferred: the launcher reads checkpoints' records without loading MindSpore
+
     part = ms.ops.reshape(p, (-1,))[a:b]
     return (part.astype(ms.float32) if part.dtype != ms.float32 else part).asnumpy()
 

@@ -3,11 +3,9 @@
 The export is the same conversion `port convert --ms` does (``converters.convert.ms_to_hf``: the
 name-map registry, the coverage and shape checks, the staged output directory and
 ``port_manifest.json`` with every tensor's sha256 and the source checkpoint's digest), so `port
-verify` checks it like any other conversion. Its source is the run's last checkpoint: per-rank
-(format 2, porting/train/run/ckpt_shards.py) its full weights are assembled tensor by tensor offline
-(porting/train/run/ckpt_merge.py, `port ckpt merge`'s path); format 1 (``train_state.ckpt``) is read
-as it is, AdamW moments skipped by name (``converters.names.IGNORED_MS_PREFIXES``) and listed in the
-manifest.
+verify` checks it like any other conversion. Its source is the run's last checkpoint (per-rank,
+porting/train/run/ckpt_shards.py): its full weights are assembled tensor by tensor offline
+(porting/train/run/ckpt_merge.py, `port ckpt merge`'s path) into a staging directory the converter reads.
 """
 
 from __future__ import annotations
@@ -19,11 +17,9 @@ from pathlib import Path
 
 from converters import atomic
 from model_zoo.errors import CheckpointError
-from model_zoo.config import LlamaConfig
 from porting.env import versions
-from porting.train.run.checkpoint import WEIGHTS_FILE, shard_file
+from porting.train.run.ckpt_record import require_layout
 
-STAGED_WEIGHTS = "model.ckpt"   # the converter names its output after it: model.safetensors
 MS_WEIGHTS = "model.safetensors"   # the MindSpore-named full weights of a per-rank checkpoint
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "special_tokens_map.json",
                    "generation_config.json")
@@ -55,45 +51,20 @@ def export_hf(checkpoint: str | Path, model_dir: str | Path, out_dir: str | Path
     ``force`` False (`port ckpt merge`) a non-empty ``out_dir`` is refused. ``user_out`` (`port ckpt merge
     --out`): the converters' rule for every --out first, with the checkpoint and the model directory as
     inputs (a W that holds the run being merged is refused, --force or not)."""
-    from converters.convert import MANIFEST, ms_to_hf  # deferred: the converter loads torch and MindSpore readers; export runs once, at the end
+    from converters.convert import MANIFEST  # deferred: the converter loads torch and MindSpore readers; export runs once, at the end
 
     ckpt, model_dir, out = Path(checkpoint), Path(model_dir), Path(out_dir)
     if user_out:
         atomic.check_out(out, inputs=[ckpt, model_dir], force=force, ours=lambda d: (d / MANIFEST).is_file(),
                          what="a `port convert` output")
-    if (ckpt / "layout.json").is_file():   # per-rank format: the weights are assembled offline first
-        return _export_ranks(ckpt, model_dir, out, command, force, log)
-    weights = next((ckpt / n for n in (WEIGHTS_FILE, shard_file(0, 2)) if (ckpt / n).is_file()), None)
-    if weights is None:
-        raise CheckpointError(f"{ckpt}: no {WEIGHTS_FILE} or {shard_file(0, 2)}; expected a complete "
-                              "`port train` checkpoint to export")
-    # The converter reads one MindSpore directory: the weights file, config.json and the tokenizer
-    # files, gathered (hard links) in a staging directory beside the output and removed afterwards.
-    stage = _stage(out)
-    try:
-        stage.mkdir(parents=True)
-        _link_or_copy(weights, stage / STAGED_WEIGHTS)
-        cfg = LlamaConfig.from_hf(model_dir)
-        (stage / "config.json").write_text(json.dumps(cfg.to_hf(), indent=2) + "\n")
-        for name in TOKENIZER_FILES:
-            if (model_dir / name).is_file():
-                _link_or_copy(model_dir / name, stage / name)
-    except OSError as e:
-        shutil.rmtree(stage, ignore_errors=True)
-        raise CheckpointError(f"{e.filename or stage}: cannot prepare the HF export ({e.strerror}); the training "
-                              "checkpoints are intact") from None
-    try:
-        ms_to_hf(stage, out, force=True, versions=versions(), command=command,
-                 hash_source=True)  # the manifest names the checkpoint it was exported from by digest
-    finally:
-        shutil.rmtree(stage, ignore_errors=True)
-    return out
+    require_layout(ckpt)   # one line for a directory that is not a per-rank checkpoint, before anything is staged
+    return _export_ranks(ckpt, model_dir, out, command, force, log)
 
 
 def _export_ranks(ckpt: Path, model_dir: Path, out: Path, command: list[str] | None, force: bool,
                   log=None) -> Path:
     """A per-rank checkpoint (porting/train/run/ckpt_shards.py): its full weights written tensor by tensor
-    into a staging directory (porting/train/run/ckpt_merge.py), then the same conversion as above."""
+    into a staging directory (porting/train/run/ckpt_merge.py), then `port convert --ms`'s conversion."""
     from converters.convert import ms_to_hf  # deferred: the converter loads torch and MindSpore readers; export runs once, at the end
 
     stage = _stage(out)
@@ -112,7 +83,7 @@ def _export_ranks(ckpt: Path, model_dir: Path, out: Path, command: list[str] | N
 def _ms_files(ckpt: Path, model_dir: Path | None, into: Path, optimizer: bool, log) -> None:
     """What a MindSpore directory holds: the MindSpore-named full weights, config.json, the tokenizer files
     and, with ``optimizer``, the optimizer state (ckpt_merge.py ``write_optimizer``)."""
-    from porting.train.run.ckpt_merge import write_optimizer, write_weights  # deferred: only format 2 needs them
+    from porting.train.run.ckpt_merge import write_optimizer, write_weights  # deferred: the merge imports the checkpoint reader, only an export needs it
 
     cfg = write_weights(ckpt, into / MS_WEIGHTS, log)
     (into / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")

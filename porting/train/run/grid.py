@@ -59,7 +59,7 @@ def make_grid(recipe: Recipe, rank: int, world: int) -> Grid:
     tp = recipe.parallel.tensor_parallel
     if tp == 1:
         return Grid(rank, world)
-    from mindspore.communication import create_group  # deferred: checkpoint.py reads param_of without loading MindSpore
+    from mindspore.communication import create_group  # deferred: the grid arithmetic (Grid, tp_ranks) is read without MindSpore
 
     tp_group = f"tp_{tp_ranks(rank, tp)[0]}"
     create_group(tp_group, tp_ranks(rank, tp))
@@ -73,7 +73,7 @@ def make_grid(recipe: Recipe, rank: int, world: int) -> Grid:
 def shard_fn(model, tp_rank: int, tp: int):
     """``(name, full array) -> this rank's slice``: the loader's and the checkpoint's slicing of full tensors
     (AdamW states ``adam_m.<p>``, ``adam_v.<p>``, ``master.<p>`` sliced like ``<p>``)."""
-    from model_zoo.parallel import shard_layout, split_shard  # deferred: imports MindSpore; checkpoint.py reads param_of without it
+    from model_zoo.parallel import shard_layout, split_shard  # deferred: imports MindSpore; the grid arithmetic is read without it
 
     layout = shard_layout(model)
 
@@ -99,7 +99,7 @@ def param_of(name: str) -> str:
 
 def tensor_parallel(recipe: Recipe, grid: Grid | None):
     """The model's :class:`model_zoo.parallel.TensorParallel` for this rank, or None (no tensor parallel)."""
-    from model_zoo.parallel import TensorParallel  # deferred: imports MindSpore; checkpoint.py reads param_of without it
+    from model_zoo.parallel import TensorParallel  # deferred: imports MindSpore; the grid arithmetic is read without it
 
     if grid is None or grid.tp == 1:
         return None
@@ -115,18 +115,10 @@ def loss_note(recipe: Recipe, grid: Grid) -> str:
 
 def step_groups(model, grid: Grid) -> dict:
     """The training step's group arguments (porting/train/run/step.py ``_Update``) and the shard ``layout``."""
-    from model_zoo.parallel import shard_layout  # deferred: imports MindSpore; checkpoint.py reads param_of without it
+    from model_zoo.parallel import shard_layout  # deferred: imports MindSpore; the grid arithmetic is read without it
 
     if grid.tp == 1:
         return {}
     layout = shard_layout(model)
     return dict(dp_group=grid.dp_group, tp_group=grid.tp_group, layout=layout,
                 tp_sharded=[p.name in layout for p in model.trainable_params()])
-
-
-def restore_args(model, grid: Grid) -> dict:
-    """``checkpoint.load`` arguments that slice a full checkpoint for this rank; other ranks' optimizer
-    states (data-parallel owners) may be in it."""
-    names = {p.name for p in model.trainable_params()}
-    return {"shard": shard_fn(model, grid.tp_rank, grid.tp),
-            "allowed": names | {pre + n for pre in STATE_PREFIXES for n in names}}

@@ -195,17 +195,11 @@ class Trainer:
         """Every rank writes what it owns; rank 0 adds the layout record (no merge inside the job)."""
         return ckpt.save_ranks(self, root, done)
 
-    def restore(self, path: Path) -> int:
-        if (path / "layout.json").is_file():   # per-rank format: this rank's share, in this run's layout
-            ckpt_read.restore(self, path)
-            st = ckpt.TrainState.read(path / ckpt.STATE_FILE)
-        elif self.grid.tp > 1:   # one full file: every rank takes its slices (and its own optimizer states)
-            args = grid_mod.restore_args(self.model, self.grid)
-            if self.zero is not None:   # ZeRO flat shards are kept as they are, one name per rank
-                args["allowed"] |= self.optimizer.state_names(self.grid.tp)
-            st = ckpt.load(path, self.state_params, 0, **args)
-        else:
-            st = ckpt.load(path, self.state_params, self.rank if self.shards > 1 else 0)
+    def restore(self, path: Path, opened: tuple[ckpt_read.Source, dict] | None = None) -> int:
+        """This rank's share of the per-rank checkpoint ``path``, in this run's layout; the step to continue from.
+        ``opened``: ``path`` as the model's build left it, the weights read (setup.build_model)."""
+        ckpt_read.restore(self, path, opened)
+        st = ckpt.TrainState.read(path / ckpt.STATE_FILE)
         self.adam_t = st.adam_t
         self.scaler = LossScaler(self.recipe.precision.loss_scale, st)
         return st.next_step
@@ -255,13 +249,14 @@ def _finish(recipe: Recipe, trainer: Trainer, plan, records: list, metrics, mode
         log.info(f"HF export {out} (from {final}, with port_manifest.json)")
 
 
-def _resume(trainer: Trainer, ck_root: Path, total_steps: int, log: logging.Logger) -> int:
-    """Restore the newest complete checkpoint; the step to continue from."""
-    last = ckpt.latest(ck_root)
+def _resume(trainer: Trainer, last: tuple[int, Path] | None, ck_root: Path, total_steps: int, log: logging.Logger,
+            opened: tuple[ckpt_read.Source, dict] | None) -> int:
+    """Restore ``last``, the newest complete checkpoint (its weights already in the model when ``opened``); the
+    step to continue from."""
     if last is None:
         raise ckpt.CheckpointError(f"{ck_root}: --resume but no complete checkpoint there; run without --resume")
     resume_check.validate(last[1])   # whole, in range, not renamed or forged (the CLI checked it too)
-    start = trainer.restore(last[1])
+    start = trainer.restore(last[1], opened)
     if start > total_steps:
         raise ckpt.CheckpointError(f"{last[1]}: next_step {start} is beyond this run's {total_steps} steps; "
                                    "raise schedule.max_steps (or epochs) to train further")
@@ -287,16 +282,16 @@ def train(recipe: Recipe, run_dir: str | Path, *, rank: int = 0, world_size: int
                f"{recipe.parallel.optimizer_sharding}; {grid.describe()}", distributed)
     setup.log_mode(recipe, grid, log)
     model_dir = resolve_hf(recipe.model.source)
-    last = ckpt.latest(RunDir(run_dir).checkpoints) if resume else None   # a per-rank one gives the weights itself
-    plan, cfg, model = setup.data_and_model(recipe, model_dir, grid, log, run_dir, last[1] if last and
-                                            (last[1] / ckpt.LAYOUT_FILE).is_file() else None)
+    last = ckpt.latest(RunDir(run_dir).checkpoints) if resume else None   # the checkpoint gives the weights itself
+    plan, cfg, model, opened = setup.data_and_model(recipe, model_dir, grid, log, run_dir, last[1] if last else None)
     trainer = Trainer(recipe, run_dir, rank, world_size, model, model_dir, plan, log, grid)
     ck_root = RunDir(run_dir).checkpoints
     for p in ckpt.interrupted_saves(ck_root) if rank == 0 else ():
         log.warning(f"{p}: left by an interrupted checkpoint save, never loaded; remove it to free the space")
+    start = 0
     if resume:
         rl.phase("restore")
-    start = _resume(trainer, ck_root, plan.total_steps, log) if resume else 0
+        start = _resume(trainer, last, ck_root, plan.total_steps, log, opened)
     rl.phase("compile")
     compiled = pre.before_step_one(trainer, plan, cfg.to_hf(), start, compile_cache, log)   # every shape, every rank
     if rank == 0:

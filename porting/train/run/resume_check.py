@@ -7,14 +7,14 @@ one every rank would load, :func:`porting.train.run.checkpoint.latest`):
 
 * it is whole: ``state.json`` in range (:class:`~porting.train.run.checkpoint.TrainState`), its ``step``
   and ``next_step`` equal to the directory's ``n`` (a renamed directory, or one from another run, is
-  refused), and for the per-rank format (porting/train/run/ckpt_shards.py) the layout record, every rank
-  file of its size with a valid safetensors header (a truncated file), and ``state.json``'s
-  ``world_size``, ``shards`` and ``seed`` equal to the record's (a forged state);
+  refused), the layout record (porting/train/run/ckpt_shards.py; a directory without one is not a
+  checkpoint port reads, porting/train/run/ckpt_record.py ``require_layout``), every rank file of its
+  size with a valid safetensors header (a truncated file), and ``state.json``'s ``world_size``,
+  ``shards`` and ``seed`` equal to the record's (a forged state);
 * with ``--resume``, it is this run: same model, seed, global batch and recipe
   (:func:`porting.train.run.ckpt_read.check_same_run`), ``next_step`` within ``schedule.max_steps``; a
-  per-rank checkpoint written in another layout (world size, TP, ZeRO) is re-cut exactly (issue 21,
-  tests/train/test_ckpt_layouts.py compares the losses) and that is said; an older single-file
-  checkpoint continues only on its own world size and seed.
+  checkpoint written in another layout (world size, TP, ZeRO) is re-cut exactly
+  (tests/train/test_ckpt_layouts.py compares the losses) and that is said.
 
 A damaged newest checkpoint gets the same advice with and without ``--resume``
 (:func:`porting.train.run.checkpoint.damaged_advice`).
@@ -25,9 +25,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from converters.safetensors_io import read_header
 from model_zoo.errors import CheckpointError, RecipeError
-from porting.train.run import checkpoint as ckpt
 from porting.rundir.paths import RunDir
+from porting.train.run import checkpoint as ckpt
+from porting.train.run.ckpt_read import check_same_run, read_record
+from porting.train.run.ckpt_shards import identity_of
 
 
 def _newest(root: Path) -> Path | None:
@@ -37,11 +40,8 @@ def _newest(root: Path) -> Path | None:
     return max(dirs)[1] if dirs else None
 
 
-def validate(ckdir: Path) -> tuple[ckpt.TrainState, Any, dict | None]:
-    """(state, layout or None, identity or None) of ``ckdir`` after the wholeness checks of the docstring."""
-    from converters.safetensors_io import read_header   # deferred: the CLI imports this module on every run
-    from porting.train.run.ckpt_read import read_record  # deferred: imports MindSpore, only a checkpoint needs it
-
+def validate(ckdir: Path) -> tuple[ckpt.TrainState, Any, dict]:
+    """(state, layout, identity) of ``ckdir`` after the wholeness checks of the docstring."""
     fix = ckpt.damaged_advice(ckdir)
     if not (ckdir / ckpt.STATE_FILE).is_file():
         raise CheckpointError(f"{ckdir}: has no {ckpt.STATE_FILE} (an incomplete or foreign directory); {fix}")
@@ -50,11 +50,6 @@ def validate(ckdir: Path) -> tuple[ckpt.TrainState, Any, dict | None]:
     if st.step != n or st.next_step != n:
         raise CheckpointError(f"{ckdir / ckpt.STATE_FILE}: step {st.step}, next_step {st.next_step} in a directory "
                               f"named {ckdir.name}: renamed, or taken from another run; {fix}")
-    if not (ckdir / ckpt.LAYOUT_FILE).is_file():   # format 1: one file, or one per rank
-        missing = [f for f in (ckpt.shard_file(r, st.shards) for r in range(st.shards)) if not (ckdir / f).is_file()]
-        if missing:
-            raise CheckpointError(f"{ckdir}: {missing[0]} is missing ({len(missing)} file(s)); {fix}")
-        return st, None, None
     layout, ident, table = read_record(ckdir)
     for key, mine, theirs in (("world_size", st.world_size, layout.world), ("shards", st.shards, layout.world),
                               ("seed", st.seed, ident.get("seed"))):
@@ -98,22 +93,13 @@ def check_run_dir(out: Path, resume: bool, recipe: Any, model_config: dict | Non
     return check_continues(newest, st, layout, ident, recipe, model_config)
 
 
-def check_continues(ckdir: Path, st: ckpt.TrainState, layout: Any, ident: dict | None, recipe: Any,
+def check_continues(ckdir: Path, st: ckpt.TrainState, layout: Any, ident: dict, recipe: Any,
                     model_config: dict | None) -> str | None:
     """``ckdir`` continues ``recipe``'s run exactly, or one line why not; the note on a layout change."""
     max_steps = recipe.schedule.max_steps
     if max_steps is not None and st.next_step > max_steps:
         raise CheckpointError(f"{ckdir / ckpt.STATE_FILE}: next_step {st.next_step} is beyond schedule.max_steps "
                               f"{max_steps}: nothing to continue; raise schedule.max_steps to train further")
-    if layout is None:   # format 1 keeps no recipe: only what state.json says can be compared
-        for key, saved, now in (("world_size", st.world_size, recipe.world_size), ("seed", st.seed, recipe.seed)):
-            if saved != now:
-                raise CheckpointError(f"{ckdir}: written with {key} {saved}, this run has {now}; a single-file "
-                                      f"checkpoint continues exactly only with the same {key}: set it back")
-        return None
-    from porting.train.run.ckpt_read import check_same_run  # deferred: imports MindSpore, only a checkpoint needs it
-    from porting.train.run.ckpt_shards import identity_of  # deferred: imports MindSpore, only a checkpoint needs it
-
     if model_config is not None:
         check_same_run(ckdir, ident, identity_of(recipe, model_config))
     tp = recipe.parallel.tensor_parallel

@@ -26,8 +26,9 @@ from porting.train.run.grid import Grid
 
 
 def build_model(recipe: Recipe, model_dir: Path, grid: Grid | None = None, weights_from: Path | None = None, log=None):
-    """The model of ``model_dir`` with its HF weights, or a resume's from its per-rank checkpoint
-    ``weights_from`` (the HF checkpoint then is not read); with tensor parallel, this rank's shard of each."""
+    """(config, model, opened): the model of ``model_dir`` with its HF weights, or a resume's from its per-rank
+    checkpoint ``weights_from`` (the HF checkpoint then is not read; ``opened`` is that checkpoint, still open
+    for the optimizer state, ``ckpt_read.restore``; else None); with tensor parallel, this rank's shard of each."""
     cfg = LlamaConfig.from_hf(model_dir)
     if recipe.data.max_seq_length > cfg.max_position_embeddings:
         raise RecipeError(f"data.max_seq_length={recipe.data.max_seq_length} exceeds the model's "
@@ -37,14 +38,15 @@ def build_model(recipe: Recipe, model_dir: Path, grid: Grid | None = None, weigh
     tp = grid_mod.tensor_parallel(recipe, grid)
     model = build(cfg, param_dtype=recipe.precision.param_dtype, compute_dtype=recipe.precision.compute_dtype,
                   seed=recipe.seed, tp=tp, defer_init=True)   # no random draw: the HF load sets every weight
+    opened = None
     if weights_from is not None:
-        ckpt_read.restore_weights(model, weights_from, grid.tp if tp else 1, grid.tp_rank if tp else 0, log)
+        opened = ckpt_read.restore_weights(model, weights_from, grid.tp if tp else 1, grid.tp_rank if tp else 0, log)
     else:
         load_hf_dir(model, model_dir, shard=grid_mod.shard_fn(model, grid.tp_rank, grid.tp) if tp else None, log=log)
     if recipe.memory.recompute:
         for layer in model.model.layers:
             layer.recompute()
-    return cfg, model
+    return cfg, model, opened
 
 
 def join(recipe: Recipe, distributed: bool, rank: int, world_size: int) -> tuple[int, int]:
@@ -61,7 +63,8 @@ def join(recipe: Recipe, distributed: bool, rank: int, world_size: int) -> tuple
 
 def data_and_model(recipe: Recipe, model_dir: Path, grid: Grid, log: logging.Logger, run_dir: Path,
                    weights_from: Path | None = None):
-    """The batch schedule of the run's data and the model built from ``model_dir`` (both logged). Data is
+    """The batch schedule of the run's data and the model built from ``model_dir`` (both logged), and the
+    checkpoint the weights came from, still open (:func:`build_model`). Data is
     planned over the data-parallel ranks: the tensor-parallel ranks of one group see the same batches. An
     msrun worker reads the tokens its launcher wrote (porting/train/data/token_file.py) when told to."""
     launched = os.environ.get(token_file.ENV)
@@ -78,11 +81,11 @@ def data_and_model(recipe: Recipe, model_dir: Path, grid: Grid, log: logging.Log
         log.warning(f"malformed row skipped: {s}")
     log.info(f"{'packing' if plan.rows is not None else 'bucketing'}: shapes {plan.boundaries}; {plan.steps_per_epoch} "
              f"steps per epoch; {plan.total_steps} steps")
-    cfg, model = build_model(recipe, model_dir, grid, weights_from, log.info)
+    cfg, model, opened = build_model(recipe, model_dir, grid, weights_from, log.info)
     if recipe.memory.recompute:
         flagged = sum(1 for layer in model.model.layers if getattr(layer, "_has_config_recompute", False))
         log.info(f"recompute: {flagged} of {cfg.num_hidden_layers} decoder layers recompute their activations in backward")
-    return plan, cfg, model
+    return plan, cfg, model, opened
 
 
 def log_mode(recipe: Recipe, grid: Grid, log: logging.Logger) -> None:

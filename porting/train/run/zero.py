@@ -97,13 +97,6 @@ class ShardedAdamW(nn.Cell):
             off += self.numels[i]
         return tuple(runs[0]), tuple(runs[1])
 
-    def state_names(self, tp: int) -> set[str]:
-        """The flat-shard state names of every (tensor-parallel, data-parallel) rank of this run."""
-        kinds = ("adam_m", "adam_v") + (("master",) if self.use_masters else ())
-        tags = [f"rank{d}" for d in range(self.dp)] if not self.tp_norm else \
-            [f"tp{t}.rank{d}" for t in range(tp) for d in range(self.dp)]
-        return {f"{kind}.shard{k}.{tag}" for kind in kinds for k in range(len(self.shard_sizes)) for tag in tags}
-
     @staticmethod
     def _own(params: list[Parameter], b: Bucket, lo: int, hi: int) -> Tensor:
         """Elements [lo, hi) of the bucket's flat float32 buffer (zero padding past its end), on the device."""

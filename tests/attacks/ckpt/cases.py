@@ -334,3 +334,24 @@ def merge_hf_disk_fills_while_writing(d):
 @case("cannot write the resharded checkpoint", subprocess=True, fsize=200_000, timeout=120)
 def reshard_disk_fills_while_writing(d):
     return _reshard(d, lambda ck: None)
+
+
+# ------------------------------------------------------------------ a directory in the retired single-file format
+def _single_file(ck: Path) -> None:
+    """What an earlier port build wrote: train_state.ckpt beside state.json, no layout record, no rank files.
+    Its bytes are never opened (the refusal comes from the names), so a stand-in body is the honest input."""
+    (ck / "layout.json").unlink()
+    (ck / RANK0).unlink()
+    (ck / "train_state.ckpt").write_bytes(b"\x0a\x04name" + b"\0" * 60)
+
+
+@case("step_2", "holds train_state.ckpt and no layout.json", "expected a per-rank `port train` checkpoint",
+      timeout=120, check=_untouched)
+def resume_a_single_file_checkpoint(d):
+    return _resume(d, _single_file)
+
+
+@case("step_2", "holds train_state.ckpt and no layout.json", "expected a per-rank `port train` checkpoint",
+      timeout=120)
+def merge_a_single_file_checkpoint(d):
+    return _merge(d, _single_file)
