@@ -1,4 +1,4 @@
-"""Benchmark only (issue 29): `port train`'s step with every ``x @ W^T`` (the linear layers and the LM
+"""Benchmark only: `port train`'s step with every ``x @ W^T`` (the linear layers and the LM
 head, forward and backward) through numpy's bundled OpenBLAS instead of MindSpore's MatMul (oneDNN), as
 ``ops.Custom`` AOT kernels (benchmarks/csrc/blas_linear.cc); ``--variants one_blas`` of
 benchmarks/train_throughput.py runs it side by side with ``one``.

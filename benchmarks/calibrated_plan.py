@@ -1,4 +1,4 @@
-"""Does the calibrated plan predict `port train`'s step? (issue 39)
+"""Does the calibrated plan predict `port train`'s step?
 
 One rehearsal (`port rehearse BASE --rungs links,compute`: port's step cells timed at BASE's shapes, the
 collectives of a 2-worker node timed in graph mode from 1 KiB to 16 MiB) calibrates the plan; `port train --dry-run

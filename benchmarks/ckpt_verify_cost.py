@@ -1,4 +1,4 @@
-"""What checking rank files before use costs a restore (issue 40: per-chunk sha256 instead of whole files).
+"""What checking rank files before use costs a restore (per-chunk sha256 instead of whole files).
 
 On a real per-rank checkpoint (``--checkpoint``; benchmarks/ckpt_io_speed.py makes a 1.43 GB TP 2 x DP 2
 ZeRO-1 one, or any `port train` RUN/checkpoints/step_N), every rank of the checkpoint's own layout runs the

@@ -1,4 +1,4 @@
-"""How much of a training step is GEMM, and how fast each library runs those GEMMs (issue 29); the
+"""How much of a training step is GEMM, and how fast each library runs those GEMMs; the
 ``--part gemm`` of benchmarks/train_throughput.py.
 
 Per shape, on ONE core (torch, MindSpore, OpenBLAS and port's kernels all limited to one thread), the

@@ -3,7 +3,7 @@
 For each model (random-weight Llama, fp32, stories260K's tokenizer): the dry run's ``host_memory``
 (porting/train/plan/host_memory.py: worker figure and its terms), then a real `port train` of 2 steps
 with a final checkpoint, its peak RSS read by ``/usr/bin/time -f %M`` (the whole process: on one device the
-worker is the `port train` process itself). What must hold (issue 35): measured within 20% of the plan.
+worker is the `port train` process itself). What must hold: measured within 20% of the plan.
 
     python benchmarks/host_rss_plan.py                 # 2048 x 2 layers and 4096 x 1 layer, ~5 min
     python benchmarks/host_rss_plan.py --json out.json

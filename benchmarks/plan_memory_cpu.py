@@ -1,5 +1,5 @@
 """The memory plan's per-phase figures against measured memory of the same graphs on this CPU, at two
-model widths (issue 22 part 2).
+model widths.
 
 What is measured: MindSpore's own device-memory statistics read 0 on the CPU backend
 (``mindspore.runtime.max_memory_allocated`` counts the Ascend/GPU device pools only), so the CPU

@@ -1,4 +1,4 @@
-"""Compiles before step 1 (issue 22, part 4), side by side in one run: `port train` of an older checkout
+"""Compiles before step 1, side by side in one run: `port train` of an older checkout
 (``--before``: lazy compiles in the steps, a host sync per micro-batch) against this checkout (every shape
 compiled before step 1, sums kept on the device), and this checkout again with the compile cache a first
 run left (a rerun or a resume of the same recipe).

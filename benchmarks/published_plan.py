@@ -1,4 +1,4 @@
-"""The plan beside published throughput of the same models at the same sequence length (issue 39): a comparison,
+"""The plan beside published throughput of the same models at the same sequence length: a comparison,
 not a tuning target.
 
 For each published configuration: the figure, its source and layout as published, port's plan for the nearest

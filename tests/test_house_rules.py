@@ -1,4 +1,4 @@
-"""The size rules of the house (issue 14, "Done means"): no module of ``porting/``, ``model_zoo/`` or
+"""The size rules of the house ("Done means"): no module of ``porting/``, ``model_zoo/`` or
 ``converters/`` over ~450 lines and no function over ~80 lines, unless the module's docstring says why.
 
 A module may go over only by being named in ``LONG_MODULES`` with the reason, and that reason must be
@@ -6,7 +6,7 @@ in its docstring too (where a reader of the module sees it). ``PENDING_SPLIT`` n
 limit today that are being rewritten on other branches; an entry that is no longer over the limit
 fails the test, so the list cannot outlive its reason.
 
-Then the import graph (issue 20): packages import downwards, 0 cycles, the jobs of porting/train in order; and
+Then the import graph: packages import downwards, 0 cycles, the jobs of porting/train in order; and
 (issue 34) no two packages importing each other, one verification family, the launch wing's place, and one
 owner each of a child's environment, the process-group teardown, the decision on how a launch ended and the rank
 log's lines.
@@ -76,7 +76,7 @@ def test_the_checks_see_the_whole_tree():
     assert {"porting/verify/roundtrip.py", "converters/convert.py", "model_zoo/files.py"} <= mods and len(mods) > 50
 
 
-# --------------------------------------------------------------------------- the import graph (issue 20)
+# --------------------------------------------------------------------------- the import graph
 # Packages import downwards only: porting -> converters -> model_zoo.
 PACKAGE_ORDER = ("porting", "converters", "model_zoo")
 # Inside porting/train, each job imports only itself and the jobs after it (the face, porting/train/__init__.py,
@@ -329,7 +329,7 @@ def test_no_two_packages_import_each_other():
     assert not stale, f"no longer importing each other: remove {stale} from PENDING_PAIRS"
 
 
-# --------------------------------------------------------------------------- one verification family (issue 34)
+# --------------------------------------------------------------------------- one verification family
 # One HF loader (porting/verify/pair.py), one difference function and one tolerance table
 # (porting/verify/stats.py). Each scan below must find the one it protects, so it cannot pass vacuously.
 HF_LOADER = "porting/verify/pair.py"
@@ -439,7 +439,7 @@ def test_the_verification_scans_find_a_planted_second_one():
     assert _tolerance_tables(planted) == ["PROBE_TOLERANCES", "LOSS_ATOL"]
 
 
-# --------------------------------------------------------------------------- the launch wing (issue 34)
+# --------------------------------------------------------------------------- the launch wing
 # porting/launch/ starts, watches and stops processes, between the CLI and porting/train/: it imports the training
 # library and the run directory (and the packages below porting/), nothing else of porting; what sits above it
 # (`port diagnose`) is passed in. Nothing it imports imports it back.

@@ -87,11 +87,11 @@ COMM_INIT_LITERAL = b"CommInit"
 # miss carry "ERR"/"Error" already: CANN "[ERROR]" lines, "...TimeoutErrorInfo]" device lines.
 FIELD_LITERALS = (b"Watchdog caught", b"Socket Timeout", b"[c10d]", b"(exitcode", b"Signal 9", b"Root Cause",
                   b"Memory_Allocation", b"EI0", b"EJ0", b"EE", b"EL0", b"E39", b"EH9", COMM_INIT_LITERAL,
-                  # markerless fault texts of the cause model (issue 28): no [ERROR] prefix on these lines
+                  # markerless fault texts of the cause model: no [ERROR] prefix on these lines
                   # ("(chipId" for "The error from device(chipId:N": a "T" literal costs at every ISO timestamp)
                   b"NPU out of", b"Device[", b"(chipId", b"[LOST]", b"Heartbeat", b"Check failed",
                   b"Received a dump", b"NCCL work",
-                  # issue 38's taxonomy: texts printed without an error marker (environment, operator build,
+                  # the cause taxonomy's texts printed without an error marker (environment, operator build,
                   # host memory, data pipeline, framework internals); "EZ" also takes EZ3003 and EZ1001
                   b"EZ", b"DrvMng", b"Load dynamic library", b"Failed to compile", b"] is null", b"Worker timed out",
                   b"DefaultCPUAllocator", b"CANN version", b"CCL watchdog thread", b"Failing at address",

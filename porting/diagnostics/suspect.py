@@ -1,4 +1,4 @@
-"""The suspect a verdict names, and the confidence it has earned (issue 28).
+"""The suspect a verdict names, and the confidence it has earned.
 
 The suspect is the most specific entity the evidence supports: the peer when the event is about a peer
 (HCCL's heartbeat report names a lost rank; a transport or socket set-up names its destination rank),
@@ -52,7 +52,7 @@ def entity_of(view, e: Event) -> dict:
     own_pid = _first(ents, ("pid",))
     pid = own_pid if own_pid is not None else _first(ents, ("pid",), True)
     # the logical device where the block names one (device_id=2 beside "device(chipId:0,dieId:0)"): chip and die
-    # are the physical place, kept as details (issue 38: entities from the line that carries them)
+    # are the physical place, kept as details (entities from the line that carries them)
     device = _first(ents, ("device",))
     device = device if device is not None else _first(ents, ("chip",))
     ctx_device = _first(ents, ("device",), True)
@@ -70,7 +70,7 @@ def entity_of(view, e: Event) -> dict:
     if peer is not None and e.cause in PEER_CLASSES:
         return {"entity": "rank", "id": peer, "text": f"rank {peer}", "via": "peer", **extra}
     # the remote end of a link a line names (an ERROR CQE's peer server, an EI0006 dstRank's server): the evidence
-    # is about that end, not the rank that printed it (issue 38: entities from the line that carries them)
+    # is about that end, not the rank that printed it (entities from the line that carries them)
     peer_host = _first(ents, ("peer_host",))
     if peer_host is not None and e.cause in PEER_CLASSES:
         return {"entity": "host", "id": peer_host, "text": f"host {peer_host}", "via": "peer host", **extra}

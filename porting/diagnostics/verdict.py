@@ -156,7 +156,7 @@ def _single_waiter(v: RankView) -> Verdict:
     s = entity_of(v, e)
     who = (f"rank {v.rank}" if isinstance(v.rank, int) else
            describe(s) + f" (logging to {v.files[0]})" if s["entity"] != "file" else f"the process logging to {v.files[0]}")
-    # issue 38's wording: who waited, and that the culprit is elsewhere (the rank that did not arrive)
+    # the wording: who waited, and that the culprit is elsewhere (the rank that did not arrive)
     reason = (f"waited: {s['text'] if s['entity'] != 'file' else who}; culprit not in this log: {who} timed out in a "
               f"collective ({e.label}) and names no peer; the rank that did not arrive is not in these logs: "
               f"{e.text[:160]}")
@@ -265,7 +265,7 @@ INFERRED_KINDS = ("stall", "lost", "no_output")
 def _settle(v: Verdict) -> Verdict:
     """The verdict's fault and role, and a confidence its role allows. A culprit is named only when a line says
     so (an error of its own, a crimer or located rank); timeouts alone say who waited, so a verdict built on
-    them is never high (issue 38): 'waiter' when they name at most whom they waited for, 'inferred' when a rank
+    them is never high: 'waiter' when they name at most whom they waited for, 'inferred' when a rank
     is named from the others' timeouts and its own silence."""
     ev = v.evidence[0] if v.evidence else {}
     if v.reason_kind == "none":

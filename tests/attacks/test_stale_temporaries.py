@@ -1,5 +1,5 @@
 """``kill -9`` of `port intake`, `port ckpt merge` and `port ckpt reshard` while their hidden temporary
-folders exist; the next run to the same ``--out`` succeeds and removes them (issue 40; docs/promises.md 1.5).
+folders exist; the next run to the same ``--out`` succeeds and removes them (docs/promises.md 1.5).
 
 The kill lands when a temporary folder of the process is seen beside ``--out`` (polled), and the rerun
 starts before the killed process is reaped: a zombie's temporaries are stale too

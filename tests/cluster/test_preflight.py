@@ -1,4 +1,4 @@
-"""`port doctor --cluster RECIPE` (issue 12 item 4): each check catches its fault on real resources
+"""`port doctor --cluster RECIPE`: each check catches its fault on real resources
 (a socket really bound, a real process, a real rank table, two real fingerprints) and the smoke
 all-reduce runs under msrun on the CPU."""
 

@@ -1,4 +1,4 @@
-"""The preflight at the run's real shape (issue 22 part 5): two node ranks on loopback, 2 workers each,
+"""The preflight at the run's real shape: two node ranks on loopback, 2 workers each,
 TP 2 x DP 2; every node joins one msrun job of 4 workers that creates the TP and DP groups and runs
 and times the collectives on each (porting/cluster/smoke_shape.py). A recipe that differs between the
 nodes (node 1 without tensor parallel) is stopped before step 1, naming the node, group and collective."""

@@ -49,7 +49,7 @@ def test_ei0002_notify_timeout_is_a_consequence_naming_the_remote_rank(tmp_path,
     ev = [e for e in d["timeline"] if "EI0002" in e["text"]]
     assert ev and ev[0]["role"] == "consequence"
     assert row["status"] == "timed out (consequence)"
-    # the verdict names the remote rank the timeout waits for, not the file (issue 12)
+    # the verdict names the remote rank the timeout waits for, not the file
     assert d["first_failing_rank"] == 0 and "remote rank 0" in d["reason"] and d["confidence"] == "medium"
     assert any("remote rank 0" in c for c in d["collect_next"])
 

@@ -1,4 +1,4 @@
-"""`port diagnose` on hostile or odd input (issue 15): a FIFO named *.log, one huge line full of
+"""`port diagnose` on hostile or odd input: a FIFO named *.log, one huge line full of
 error words, UTF-16 logs. Each case checks the promise: it finishes, says what it skipped or how
 it read the file, and still finds the failure in the other files."""
 

@@ -139,7 +139,7 @@ def test_socket_peer_is_mapped_to_a_rank_through_the_rank_table(tmp_path):
     generate.write_table(table, rt)
     logs = one(tmp_path, FIELD / "opensora_667_c10d_failed_to_connect.log")
     d = diagnose(logs, rank_table=rt)
-    # a connect timeout says who waited; the address maps to rank 8, still a waiter's evidence (issue 38): medium
+    # a connect timeout says who waited; the address maps to rank 8, still a waiter's evidence: medium
     assert d["first_failing_rank"] == 8 and d["confidence"] == "medium" and d["role"] == "waiter"
     assert "the rank table maps to rank 8" in d["reason"]
     r = subprocess.run([sys.executable, "-m", "porting", "diagnose", str(logs), "--rank-table", str(rt), "--json"],

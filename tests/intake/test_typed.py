@@ -1,6 +1,6 @@
 """The one typed reader of imported config values (porting/intake/typed.py, config_keys.TYPES), walked over
 every key port maps: each wrong type, non-finite or oversized number, boolean-for-number, date and set is one
-IntakeError line naming the file and the key, what was found and what was expected (issue 40)."""
+IntakeError line naming the file and the key, what was found and what was expected."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`port train` under an address-space limit (``ulimit -v``) a couple of GiB above its real peak (issue 27):
+"""`port train` under an address-space limit (``ulimit -v``) a couple of GiB above its real peak:
 a bounded read used to ask for its whole 16 GiB bound up front and died with MemoryError under
 ``ulimit -v 8000000``. The tiny CPU run (stories260K) peaks at 3.4 GiB of address space on this machine
 reading text, 4.5 GiB reading Parquet with packing, TensorBoard and the HF export (VmPeak; MindSpore and

@@ -1,4 +1,4 @@
-"""The host-RAM plan held against a measurement (issue 35): the peak RSS of a real one-device `port train`
+"""The host-RAM plan held against a measurement: the peak RSS of a real one-device `port train`
 (2 steps and a final checkpoint) of a random-weight Llama at two widths, one of them 4096 hidden, is within
 20% of the dry run's worker figure (porting/train/plan/host_memory.py). benchmarks/host_rss_plan.py prints the
 same comparison with the terms."""

@@ -1,4 +1,4 @@
-"""The plan's I/O figures (issue 35): the filesystem's write bandwidth measured as a save uses it
+"""The plan's I/O figures: the filesystem's write bandwidth measured as a save uses it
 (porting/train/plan/fs_speed.py), and the supervisor's allowances derived from the graphs, the bytes to
 restore and that bandwidth (porting/train/plan/allowances.py)."""
 
@@ -108,7 +108,7 @@ def test_every_shipped_ascend_recipe_is_its_plans_fastest_fitting_layout(name):
 def test_the_single_node_preflight_runs_zeros_collectives_at_the_bucket_size(tmp_path):
     """One node, ZeRO over 2 workers: the preflight's smoke test runs the run's own collectives on its groups
     (ReduceScatter and AllGather, the CPU's emulations here) at the fused bucket's size, not one small
-    AllReduce, so step 1 is not the first to meet them (issue 35)."""
+    AllReduce, so step 1 is not the first to meet them."""
     from porting.cluster.preflight import run_train_preflight
     from porting.train import load_recipe
     from tests.train.conftest import TINY, free_port

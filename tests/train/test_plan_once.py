@@ -1,4 +1,4 @@
-"""The planner computes once (issue 20): one plan computes its layout (parameters, buckets, sharding choice)
+"""The planner computes once: one plan computes its layout (parameters, buckets, sharding choice)
 once and passes it on; a refused plan evaluates each candidate recipe (a remedy, a proposal) once.
 
 Counted by wrapping the functions at the names the planner really calls them by (the modules of
@@ -69,5 +69,5 @@ def test_a_refused_plan_evaluates_each_candidate_once(counted):
     assert counted["choose"] <= variants + 1, counted
     assert counted["parameter_numels"] == counted["choose"] + 1, counted
     assert counted["choose"] <= counted["estimate_memory"] <= 2 * counted["choose"], counted
-    # before the layout was computed once: 22 choices, 40 estimates, 62 parameter counts (issue 20)
+    # before the layout was computed once: 22 choices, 40 estimates, 62 parameter counts
     assert counted["choose"] <= 20 and counted["estimate_memory"] <= 32 and counted["parameter_numels"] <= 21, counted

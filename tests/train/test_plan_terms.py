@@ -1,4 +1,4 @@
-"""The memory plan counts what the step holds (issue 22 part 2): the fused SwiGLU's [w1; w3], HCCL's
+"""The memory plan counts what the step holds: the fused SwiGLU's [w1; w3], HCCL's
 2 x HCCL_BUFFSIZE per communicator, ApplyStep's identity copy, the clip's unscaled gradients and the
 ZeRO bucket buffers, each with its formula and source in the dry run."""
 

@@ -1,4 +1,4 @@
-"""Bounded, pre-paid compiles (issue 22, part 4): every shape compiled before step 1 on every rank, the
+"""Bounded, pre-paid compiles: every shape compiled before step 1 on every rank, the
 weights untouched by it, data-parallel ranks that never compile at different steps, down to the run that
 died before: TP 2 x DP 2, ZeRO-1, bucketed, on a busy machine (real msrun workers, real stories260K); the
 compile cache under the run, reused with the same losses, and a process-wide one refused."""
@@ -55,7 +55,7 @@ def test_precompile_compiles_every_shape_and_changes_no_weight(trainer):
     report = pre.precompile(trainer, shapes, plan.step(0, 0).micro_batches[0], None, lines.append)
     # one accumulation graph per shape, one update graph; nothing ran
     assert report.graphs == compiled_graphs(*trainer.cells) == len(shapes) + 1
-    # one log line per graph as it finishes: no silent window before step 1 (issue 35)
+    # one log line per graph as it finishes: no silent window before step 1
     n = len(shapes) + 1
     assert [ln.split(":")[1].strip() for ln in lines] == [f"graph {i} of {n}" for i in range(1, n + 1)]
     assert all(f"shape {list(s)} in " in ln for s, ln in zip(shapes, lines)) and "the update" in lines[-1]
@@ -213,7 +213,7 @@ def test_a_graph_that_does_not_compile_stops_before_step_1_naming_pynative():
 @pytest.mark.slow
 def test_the_loss_sums_of_the_micro_batches_never_run_in_float64_on_the_device(trainer, monkeypatch):
     """The accumulation path adds the micro-batches' loss sums in float64 on the host (exact, as before), never
-    with a float64 tensor op: CANN's float64 coverage is partial (issue 35)."""
+    with a float64 tensor op: CANN's float64 coverage is partial."""
     import mindspore as ms
 
     seen = []

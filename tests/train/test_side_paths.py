@@ -1,7 +1,7 @@
 """Where a run writes besides its records (logs/, checkpoints/, tensorboard/, hf/, manifest.json,
 metrics.jsonl, plan.json): a file, a directory or a link in the way, a read-only or a full disk is one line
 before a step runs; TensorBoard events that stop mid-run (a disk that fills) are one warning line at the
-end of a run that finished, never a traceback or a hang (issue 27)."""
+end of a run that finished, never a traceback or a hang."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """HF datasets directories and Parquet files (porting/train/data/tables.py): every file a directory names
 stays inside it and is covered by the run's data digest; what rows decode to is counted before anything
-is expanded (issue 27). Real files written by `datasets` and `pyarrow`; the hostile ones are in
+is expanded. Real files written by `datasets` and `pyarrow`; the hostile ones are in
 tests/attacks/datasets/."""
 
 from __future__ import annotations

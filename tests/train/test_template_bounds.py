@@ -1,4 +1,4 @@
-"""Chat templates bounded and read as transformers reads them (issue 27): the worker process's limits,
+"""Chat templates bounded and read as transformers reads them: the worker process's limits,
 named-template lists, templates that cannot be masked or do not compile, masking whose work does not
 grow with the number of turns beyond the kept window, relative template paths, and long rows cut
 before they are tokenised. The hostile cases through the CLI are tests/attacks/templates."""

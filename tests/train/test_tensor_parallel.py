@@ -162,7 +162,7 @@ def tp2_recompute(model_dir, tmp_path_factory):
 @pytest.mark.slow
 def test_tp2_with_recompute_equals_one_device_without_it(tp2_recompute, one_device, model_dir):
     """Recompute (the decoder layers' activations rebuilt in backward) through the tensor-parallel cells in
-    graph mode gives the losses, gradient norms and weights of the plain 1-device run (issue 35)."""
+    graph mode gives the losses, gradient norms and weights of the plain 1-device run."""
     _compare(tp2_recompute, one_device, model_dir)
     log0 = (tp2_recompute / "logs" / "rank_0.log").read_text()
     assert "tensor parallel 2" in log0 and "recompute their activations in backward" in log0

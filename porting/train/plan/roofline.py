@@ -155,7 +155,7 @@ def proposal_line(p: dict[str, Any]) -> str:
 def peak_flops(recipe: Recipe) -> tuple[float | None, str]:
     """The device's peak FLOP/s the MFU of a plan is taken against (the roofline's own figure), and its source;
     None on a CPU. The 910C die's for every Ascend server here: an A2 server's 910B figure belongs in the
-    roofline's per-server table (issue 35), and this returns that table's figure once it is there."""
+    roofline's per-server table, and this returns that table's figure once it is there."""
     if recipe.cluster.device != "ascend":
         return None, "a CPU has no peak figure here"
     return TFLOPS_PER_DIE, "910C die, public third-party figure (roofline.py)"

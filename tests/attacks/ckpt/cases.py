@@ -130,7 +130,7 @@ def merge_record_bucket_names_no_parameter(d):
     return _merge(d, lambda ck: _record(ck, fn))
 
 
-# -- issue 40: --out of `port ckpt` under the converters' rule; bounded recipes
+# -- --out of `port ckpt` under the converters' rule; bounded recipes
 @case("overlaps the input", dest=None, timeout=120)
 def merge_force_into_a_port_folder_that_holds_the_run(d):
     """W holds port_manifest.json (port wrote it) and the run being merged: `--force` deleted the whole run,
@@ -163,7 +163,7 @@ def reshard_to_a_recipe_with_a_5000_digit_integer(d):
     return ["ckpt", "reshard", str(ck), "--to", str(r), "--out", str(d / "out")]
 
 
-# ------------------------------------------------------------------ issue 40: verified before use, bounded
+# ------------------------------------------------------------------ verified before use, bounded
 def _flip_a_bit(ck: Path) -> None:
     """One bit of the last byte of rank_00000's data flipped; the size is kept."""
     p = ck / RANK0

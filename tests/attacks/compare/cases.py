@@ -59,7 +59,7 @@ def rundir_metrics_nested(d):
             "--no-probe"]
 
 
-# -- issue 40: --out under the converters' rule (converters.atomic.check_out)
+# -- --out under the converters' rule (converters.atomic.check_out)
 @case("base.json", "overlaps the input", dest=None)
 def out_is_the_baseline_being_compared(d):
     """`--out base.json` overwrote the baseline being compared."""

@@ -18,7 +18,7 @@ def _name(value):
     return gen
 
 
-# -- issue 15 #2: output names from port_manifest.json
+# -- output names from port_manifest.json
 @case("hf_layout.files['model.safetensors'].name", "'../X.safetensors'", "plain file name")
 def manifest_name_dotdot(d):
     return _name(lambda d: "../X.safetensors")(d)
@@ -114,7 +114,7 @@ def manifest_truncated(d):
     return ["convert", "--ms", str(m), "--out", str(d / "out")]
 
 
-# -- issue 15 #3: --out resolved before the overlap check
+# -- --out resolved before the overlap check
 @case("overlaps the input", dest=None)
 def out_dotdot_to_source_with_force(d):
     src = I.hf(d)
@@ -200,7 +200,7 @@ def out_under_proc(d):
     return ["convert", "--hf", str(src), "--out", "/proc/port-attack-out"]
 
 
-# -- hostile config.json (issue 15: non-UTF-8, num_hidden_layers 1e8 / 1e6)
+# -- hostile config.json (non-UTF-8, num_hidden_layers 1e8 / 1e6)
 def _cfg(**fields):
     def gen(d: Path) -> list[str]:
         src = I.edit_config(I.hf(d), **fields)
@@ -343,7 +343,7 @@ def disk_full_while_copying_a_companion(d):
     return ["convert", "--hf", str(src), "--out", str(d / "out"), "--quiet"]
 
 
-# -- issue 27: a file copied beside the weights is bounded before anything is written
+# -- a file copied beside the weights is bounded before anything is written
 @case("tokenizer.model", "bytes, more than the 268,435,456", "replace it with the model's own file")
 def companion_file_of_300_mb(d):
     src = I.hf(d)

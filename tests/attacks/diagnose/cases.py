@@ -101,7 +101,7 @@ def one_8_mb_line_of_entity_tokens(d):
     return ["diagnose", str(d / "logs")]
 
 
-# -- issue 40: --out under the converters' rule
+# -- --out under the converters' rule
 @case("worker_0.log", "overlaps the input", dest=None)
 def out_is_a_log_being_diagnosed(d):
     (d / "logs").mkdir()

@@ -1,5 +1,5 @@
 """`port recipe import` and `port intake` on configs with values of the wrong type, non-finite or oversized
-numbers, YAML dates and sets, hostile pickles and zips, and names that hold a newline (issue 40): one line
+numbers, YAML dates and sets, hostile pickles and zips, and names that hold a newline: one line
 naming the file, the key, what was found and what was expected; nothing written outside ``out``."""
 
 from __future__ import annotations

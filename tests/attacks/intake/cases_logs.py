@@ -1,4 +1,4 @@
-"""Imported logs and the curve gate (issue 40): a TensorBoard field of the wrong wire type and an imported
+"""Imported logs and the curve gate: a TensorBoard field of the wrong wire type and an imported
 baseline of the wrong types are one line; valid logs (a UTF-8 byte-order mark, tab-separated, every real
 event file the fixtures hold) and scripts with a byte-order mark are accepted."""
 

@@ -1,4 +1,4 @@
-"""Every --out of the import commands under the converters' rule (issue 40, `converters.atomic.check_out`): a
+"""Every --out of the import commands under the converters' rule (`converters.atomic.check_out`): a
 new path or a file port wrote of the same kind; never a file of the user's, never an input, never a link;
 a side file (`R.mapping.json` of `--out R.yaml`) is an output too."""
 

@@ -96,7 +96,7 @@ def gen_out_under_proc(d):
             "--out", "/proc/port-attack/rt.json"]
 
 
-# -- issue 40: --out under the converters' rule
+# -- --out under the converters' rule
 @case("a.json", "overlaps the input", dest=None)
 def merge_out_is_one_of_its_inputs(d):
     """`merge a.json b.json --out a.json` replaced an input with the merge."""

@@ -1,4 +1,4 @@
-"""`port report`: the report never deletes what it did not write (issue 15 #1), and hostile run files
+"""`port report`: the report never deletes what it did not write, and hostile run files
 are notes or one line, never a traceback. The --out fixes belong to the run-directory work."""
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ def metrics_with_non_finite_and_huge_float_losses(d):
     return ["report", str(r), "--out", str(d / "out")]
 
 
-# -- issue 40: Markdown escaped as HTML is, bounded reads, no link followed out of the run
+# -- Markdown escaped as HTML is, bounded reads, no link followed out of the run
 def _md_has_no_live_content(line: str, d: Path) -> None:
     import re
 

@@ -1,4 +1,4 @@
-"""Chat templates, tokeniser side files and `port eval` (issue 27): templates that loop or allocate
+"""Chat templates, tokeniser side files and `port eval`: templates that loop or allocate
 without bound, broken or unmaskable templates, named-template lists, oversized or special side files,
 and evaluation inputs that would tokenise without bound or index past a vocabulary."""
 

@@ -18,7 +18,7 @@ def _recipe_case(name: str, key: str, value, *expect: str):
     globals()[name] = case(*expect)(gen)
 
 
-# -- issue 15 #4: every number has a finite range
+# -- every number has a finite range
 INF, NAN = float("inf"), float("nan")
 for _name, _key, _value, _expect in [
     ("lr_inf", "optimizer.lr", INF, "optimizer.lr"),
@@ -59,7 +59,7 @@ for _name, _key, _value, _expect in [
     ("unknown_key", "optimizer.lr_warmup", 3, "optimizer.lr_warmup: unknown key"),
     ("execution_eager", "execution", "eager", "execution"),          # issue 23: graph | pynative only
     ("execution_a_list", "execution", ["graph", "pynative"], "execution"),
-    # -- issue 15: prompt_template with {nonexistent} or {0}
+    # -- prompt_template with {nonexistent} or {0}
     ("template_unknown_field", "data.prompt_template", "Q: {nonexistent}\nA:", "{nonexistent} is not a field"),
     ("template_positional", "data.prompt_template", "Q: {0}\nA:", "{0} is not a field"),
     ("template_empty_field", "data.prompt_template", "Q: {}\nA:", "{} is not a field"),

@@ -41,7 +41,7 @@ def _one(key, value, i=0):
     return edit
 
 
-# -- issue 15 #5: the per-tensor digests were never checked
+# -- the per-tensor digests were never checked
 _claim("zeroed_tensor_digests", _zero, "FAIL    claim 'tensor digests' failed", "47 of 47 tensor(s) do not match")
 _claim("zeroed_tensor_digests_with_roundtrip", _zero, "FAIL    claim 'tensor digests' failed", roundtrip=True)
 _claim("one_tensor_digest_changed", _one("sha256", "f" * 64, 5), "FAIL    claim 'tensor digests' failed", "1 of 47")
