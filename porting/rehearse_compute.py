@@ -154,7 +154,7 @@ def _calls(spec: dict[str, Any], layers: int) -> tuple[dict[tuple[str, int], Cal
     hyper = dict(betas=tuple(spec["betas"]), eps=spec["eps"], weight_decay=spec["weight_decay"])
     opt = S.AdamW(params, **hyper)
     buffers = S.accumulation_buffers(ParameterTuple(params))
-    grad = S.AccumGradStep(model, opt.params, buffers)
+    accumulate = S.AccumGradStep(model, opt.params, buffers)
     apply = S.ApplyStep(opt, buffers, 1, spec["grad_clip"])
     fused = S.FusedTrainStep(model, S.AdamW(params, **hyper), 1, spec["grad_clip"])
     rng = np.random.default_rng(0)
@@ -167,12 +167,12 @@ def _calls(spec: dict[str, Any], layers: int) -> tuple[dict[tuple[str, int], Cal
         scale = f32(1.0 / ids.size)
 
         def forward_backward(ids=ids, scale=scale):   # as Trainer._step_cells: the batch to tensors, the cell
-            sums[:] = grad(ms.Tensor(ids), ms.Tensor(ids), scale)
+            sums[:] = accumulate(ms.Tensor(ids), ms.Tensor(ids), scale)
             sums[0].asnumpy()
 
-        def update():   # the sums added on the host, the update cell, its outputs read back
-            local = ms.ops.stack(list(sums)).astype(ms.float64).astype(ms.float32)
-            for o in apply(local[0], local[1], one, lr, bc, bc):
+        def update():   # as Trainer: the sums to the host, added there in float64 (none on the device), the update
+            local = ms.ops.stack(list(sums)).asnumpy().astype(np.float64)
+            for o in apply(ms.Tensor(np.float32(local[0])), ms.Tensor(np.float32(local[1])), one, lr, bc, bc):
                 o.asnumpy()
 
         def fused_step(ids=ids, scale=scale):   # grad_accum_steps 1: the one-graph step

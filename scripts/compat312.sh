@@ -29,4 +29,4 @@ cd "$ROOT"
 python -c "import sys, mindspore, torch, transformers; print(f'py312 tier: Python {sys.version.split()[0]}, MindSpore \
 {mindspore.__version__}, torch {torch.__version__}, transformers {transformers.__version__}')"
 port verify --hf stories260k
-python -m pytest -q -rs -p no:cacheprovider -n "${PORT_TEST_WORKERS:-2}" --dist loadgroup -m compat "$@"
+python -m pytest -q -rs -p no:cacheprovider -n "${PORT_TEST_WORKERS:-4}" --dist loadgroup -m compat "$@"

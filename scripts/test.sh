@@ -9,8 +9,10 @@ command -v chromium >/dev/null 2>&1 || { [ "$(id -u)" = 0 ] && { apt-get update 
   || echo "note: chromium not installed; tests/report/test_report.py skips its browser check" >&2
 # Everything by default (CI): `-m "slow or not slow"` replaces pyproject's addopts (`pytest` alone is the fast tier,
 # `-m "not slow"`); a `-m` among the extra arguments replaces it in turn (README, BENCHMARKS.md).
-# Two xdist workers (PORT_TEST_WORKERS=0: one process); tests/conftest.py keeps msrun jobs and machine-wide
-# checks on one of them, each other file on one worker, and puts that serial group first
+# Four xdist workers on 2 cores (PORT_TEST_WORKERS=N sets them, 0: one process): the msrun tests wait on their
+# workers' start-up and on the scheduler, so two left the cores about 45% idle (BENCHMARKS.md, "Test suite");
+# tests/conftest.py keeps the machine-wide checks on one worker and each file on one worker, and puts the files
+# that start msrun jobs first
 # (--no-loadscope-reorder: xdist keeps that order instead of sorting groups by their number of tests).
-python -m pytest -q -rs -p no:cacheprovider -n "${PORT_TEST_WORKERS:-2}" --dist loadgroup --no-loadscope-reorder \
+python -m pytest -q -rs -p no:cacheprovider -n "${PORT_TEST_WORKERS:-4}" --dist loadgroup --no-loadscope-reorder \
   -m "slow or not slow" "$@"   # -rs: skip reasons

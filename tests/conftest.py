@@ -26,12 +26,12 @@ def _has_npu() -> bool:
     return shutil.which("npu-smi") is not None or Path("/dev/davinci0").exists()
 
 
-# scripts/test.sh runs the suite on two pytest-xdist workers (--dist loadgroup --no-loadscope-reorder).
+# scripts/test.sh runs the suite on four pytest-xdist workers (--dist loadgroup --no-loadscope-reorder).
 # Every file is a group of its own: its module-scoped fixtures (a training run, a conversion) are built once,
 # on one worker. The machine-wide checks (`port doctor`, the preflight checks, the help example that runs
 # `port doctor`: free ports, running training processes) share one group ("machine") and run one after
 # another. Files that start msrun jobs come first in the collection, so the longest chains start at once;
-# at most two msrun jobs run at a time (one per xdist worker), each on a master port of its own
+# at most four msrun jobs run at a time (one per xdist worker), each on a master port of its own
 # (tests/train/conftest.py free_port). pytest-xdist 3.8 reads the groups into the node ids through
 # `item._nodeid`, which pytest 9.2 no longer uses (every file's tests were spread over both workers and its
 # module fixtures built twice): pyproject.toml keeps pytest below 9.2, and this hook runs before xdist's.

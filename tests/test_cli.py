@@ -73,6 +73,8 @@ SHORT = {
 NOT_HERE = "is not in the local HF cache"
 NO_DIR = "no such directory"
 FAILS = {  # need a model, a GPU or cluster files this machine has not: (exit code, the documented error)
+    "port train recipes/7b-8card.yaml --dry-run --calibration runs/rehearse-7b   # step from measured pieces":
+        (2, "no calibration.json there; run `port rehearse RECIPE --out runs/rehearse-7b`"),
     "port convert --hf llama-7b --out ./llama-7b-ms": (2, NOT_HERE),
     "port convert --hf llama-7b --out ./llama-7b-ms --format ckpt": (2, NOT_HERE),
     "port verify --hf llama-7b --seq 16 --batch 1 # zoo name, found in the local HF cache": (2, NOT_HERE),
