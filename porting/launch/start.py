@@ -63,6 +63,9 @@ def start(rec: Recipe, recipe_path: str, overrides: list[str], out: Path, plan: 
     if supervision is not None:
         from porting.launch.session import run_supervised
 
+        # where the supervisor writes: real directories and files of the run or absent, never a link planted there
+        check_side_paths(out, ("incidents", "supervise"))
+
         return run_supervised(rec, recipe_path, overrides, out, resume, launch_node, plan, supervision.stall_timeout,
                               supervision.max_restarts, preflight=preflight, diagnose=supervision.diagnose,
                               shrink=supervision.shrink)

@@ -36,6 +36,7 @@ from porting.launch.outcome import Mark, Outcome, launch_outcome, mark
 from porting.launch.shrink import apply_shrink
 from porting.launch.watch import Limits, Watch
 from porting.rundir.paths import RunDir
+from porting.rundir.records import RunDirError
 
 EXIT_DIVERGED = 3        # port train's exit code for a non-finite loss (model_zoo/errors.py DivergenceError)
 Diagnose = Callable[[Path, int], dict]   # (rank logs, world size) -> `port diagnose`'s verdict
@@ -73,8 +74,15 @@ def snapshot(run_dir: Path, n: int | str, extra: dict[str, Any]) -> Path:
     rank's log and msrun's logs, CANN's plog directory where one exists, the rank table, and a fingerprint
     (versions and the HCCL/MindSpore environment)."""
     rd = RunDir(run_dir)
-    dest = rd.incidents / str(n)
-    dest.mkdir(parents=True, exist_ok=False)
+    if rd.incidents.is_symlink() or (rd.incidents.exists() and not rd.incidents.is_dir()):
+        raise RunDirError(f"{rd.incidents}: is not a directory of the run (a link or a file); the supervisor keeps "
+                          "each incident's evidence there: remove it")
+    rd.incidents.mkdir(exist_ok=True)
+    dest, k = rd.incidents / str(n), 1
+    while dest.exists() or dest.is_symlink():   # a number already there (planted, or an earlier session's): the next
+        k += 1
+        dest = rd.incidents / f"{n}.{k}"
+    dest.mkdir()
     logs = rd.logs
     if logs.is_dir():
         shutil.copytree(logs, RunDir(dest).logs, symlinks=True, ignore_dangling_symlinks=True)
@@ -83,7 +91,7 @@ def snapshot(run_dir: Path, n: int | str, extra: dict[str, Any]) -> Path:
         shutil.copytree(plog, dest / "plog", symlinks=True, ignore_dangling_symlinks=True)
     launches = rd.supervise()
     if launches.is_dir():   # msrun's own output, kept apart from the rank logs that port diagnose reads
-        shutil.copytree(launches, dest / "launch")
+        shutil.copytree(launches, dest / "launch", symlinks=True, ignore_dangling_symlinks=True)   # links not followed
     table = extra.get("rank_table")
     if table and Path(table).is_file():
         shutil.copyfile(table, RunDir(dest).rank_table)
@@ -295,5 +303,14 @@ def _who(inc: Incident) -> str:
 
 
 def _record(path: Path, inc: Incident) -> None:
-    with open(path, "a", encoding="utf-8") as f:
+    """One line appended to ``path``, opened without following a link planted in the run (O_NOFOLLOW) and only
+    under a real directory of it."""
+    if path.parent.is_symlink():
+        raise RunDirError(f"{path.parent}: is a link; the supervisor writes {path.name} only inside the run: remove it")
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    except OSError as e:
+        raise RunDirError(f"{path}: cannot be appended to ({e.strerror}; a link planted in the run is never "
+                          "followed): remove it") from None
+    with open(fd, "a", encoding="utf-8") as f:
         f.write(json.dumps(dataclasses.asdict(inc), default=str) + "\n")

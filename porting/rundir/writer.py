@@ -9,6 +9,7 @@ from typing import IO
 
 from model_zoo import files
 from porting.rundir.reader import read_metrics
+from porting.rundir.paths import INCIDENTS_FILE
 from porting.rundir.records import MANIFEST_FILE, METRICS_FILE, PLAN_FILE, RunDirError, RunManifest, StepRecord, SummaryRecord
 
 
@@ -19,8 +20,10 @@ def _dumps(rec: dict) -> str:
 
 # What a run writes besides its records: a directory (created if absent) or a file, and what goes there.
 SIDE_DIRS = {"logs": "the rank logs", "checkpoints": "checkpoints", "tensorboard": "TensorBoard events",
-             "hf": "the HF export"}
+             "hf": "the HF export", "incidents": "a supervised run's incident evidence",
+             "supervise": "the supervisor's launch logs"}
 SIDE_FILES = (MANIFEST_FILE, METRICS_FILE, PLAN_FILE)
+SIDE_FILES_OF = {"incidents": (INCIDENTS_FILE,)}   # written with a side directory: checked with it
 PROBE_BYTES = 1 << 16
 
 
@@ -29,7 +32,7 @@ def check_side_paths(run_dir: Path, dirs: tuple[str, ...]) -> None:
     files) is usable, else one RunDirError line. A side directory is a real directory or absent (never a
     file or a link out of the run directory), and a file is written there for real (a read-only or full
     disk is found now, not at the end of a finished run)."""
-    for name in SIDE_FILES:
+    for name in SIDE_FILES + tuple(f for d in dirs for f in SIDE_FILES_OF.get(d, ())):
         p = run_dir / name
         if p.is_symlink() or (p.exists() and not p.is_file()):
             raise RunDirError(f"{p}: exists and is not a regular file (a directory or a link); port writes {name} "

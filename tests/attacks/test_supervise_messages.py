@@ -78,3 +78,29 @@ def test_a_deep_or_broken_incident_line_is_skipped_by_the_report(tmp_path):
     good = json.dumps({"n": 1, "kind": "exit"})
     (tmp_path / "incidents.jsonl").write_text("\n".join([I.deep_json(), "{not json", good]) + "\n")
     assert read_incidents(tmp_path) == [{"n": 1, "kind": "exit"}]
+
+
+def test_an_incident_number_already_there_is_skipped_and_a_planted_link_is_not_written_through(tmp_path):
+    """`RUN/incidents/1` planted (or left by an earlier session): the snapshot takes the next free name instead of
+    crashing; `RUN/incidents.jsonl` a link to a file outside the run: refused in one line, the file unchanged."""
+    from porting.launch.supervise import _record, snapshot
+    from porting.rundir.records import RunDirError
+
+    run = tmp_path / "run"
+    (run / "logs").mkdir(parents=True)
+    (run / "logs" / "rank_0.log").write_text("step 1/2 loss 1.0\n")
+    (run / "incidents" / "1").mkdir(parents=True)
+    (run / "incidents" / "1" / "planted.txt").write_text("x")
+    dest = snapshot(run, 1, {})
+    assert dest == run / "incidents" / "1.2" and (dest / "logs" / "rank_0.log").is_file()
+    assert sorted(p.name for p in (run / "incidents" / "1").iterdir()) == ["planted.txt"]
+    outside = tmp_path / "outside.jsonl"
+    outside.write_text("mine\n")
+    (run / "incidents.jsonl").symlink_to(outside)
+    with pytest.raises(RunDirError, match="incidents.jsonl: cannot be appended to"):
+        _record(run / "incidents.jsonl", _incident())
+    assert outside.read_text() == "mine\n"
+    (run / "supervise").symlink_to(tmp_path, target_is_directory=True)
+    with pytest.raises(RunDirError, match="is a link"):
+        _record(run / "supervise" / "incidents_node1.jsonl", _incident())
+    assert not (tmp_path / "incidents_node1.jsonl").exists()

@@ -158,3 +158,25 @@ _fingerprint_case("fingerprint_versions_nested", '{"knobs": {}, "versions": {"ca
 _fingerprint_case("fingerprint_not_json", "{node 1", "node fingerprint")
 _fingerprint_case("fingerprint_a_list", "[1, 2]", "expected a JSON object")
 _fingerprint_case("fingerprint_nested_100000", I.deep_json(), "node fingerprint")
+
+
+# -- where a supervised run writes (RUN/incidents.jsonl, RUN/incidents/, RUN/supervise/): a link planted there
+# is refused before anything starts, and nothing outside the run is written through it
+def _planted_case(name: str, planted: str, target_is_dir: bool, *expect: str) -> None:
+    def gen(d: Path) -> list[str]:
+        outside = d / ("outside_dir" if target_is_dir else "outside.jsonl")
+        if target_is_dir:
+            outside.mkdir()
+            (outside / "keep.txt").write_text("the user's\n")
+        else:
+            outside.write_text('{"the user\'s": 1}\n')
+        (d / "out").mkdir()
+        (d / "out" / planted).symlink_to(outside)
+        return ["train", str(I.recipe(d, I.set_key("cluster.devices_per_node", 2))), "--supervise", "--no-preflight"]
+    gen.__name__ = name
+    globals()[name] = case(planted, *expect, timeout=60)(gen)
+
+
+_planted_case("supervise_incidents_jsonl_is_a_link_outside", "incidents.jsonl", False, "not a regular file")
+_planted_case("supervise_incidents_dir_is_a_link_outside", "incidents", True, "not a directory")
+_planted_case("supervise_supervise_dir_is_a_link_outside", "supervise", True, "not a directory")
