@@ -62,6 +62,16 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor, fused: bool, op: Callable | 
     return x * cos + rotate_half(x) * sin
 
 
+@ops.constexpr
+def _rope_tables_of_length(args: tuple, s: int) -> tuple[Tensor, Tensor]:
+    """cos and sin for a call over ``s`` positions past a length-dependent type's threshold (model_zoo/rope.py
+    call_tables), run by Python when a graph compiles (``s`` is static there) and held as constants:
+    ``ops.constexpr`` works on MindSpore 2.7, whose graph parser cannot run NumPy's operators on arrays
+    itself (its multitype ``div`` of a float by an ndarray raises), as on 2.10, which folds them."""
+    cos, sin = rope.call_tables(args, s)
+    return Tensor(cos), Tensor(sin)
+
+
 def _itemsize(dtype: ms.Type) -> int:
     return 4 if dtype == ms.float32 else 2
 
@@ -330,10 +340,9 @@ class LlamaForCausalLM(nn.Cell):
     def rope_for(self, s: int) -> tuple[Tensor, Tensor]:
         """cos and sin of positions 0..s-1 for a call over ``s`` positions. Past a length-dependent type's
         threshold the table of that length is computed from the config (a constant of a graph: ``s`` is
-        static there, and MindSpore folds the NumPy call when it compiles)."""
+        static there; :func:`_rope_tables_of_length`)."""
         if self.rope_threshold and s > self.rope_threshold:
-            cos, sin = rope.call_tables(self.rope_args, s)
-            return Tensor(cos), Tensor(sin)
+            return _rope_tables_of_length(self.rope_args, s)
         return self.rope_cos[:s], self.rope_sin[:s]
 
     def logits(self, hidden: Tensor) -> Tensor:
