@@ -99,10 +99,17 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
 def write_small(family: Family, out: Path, seed: int = 0) -> Path:
     """A random-weight checkpoint of ``family`` at the small width, written by transformers, with
     stories260K's tokenizer (norm weights drawn around 1 so a dropped norm shows)."""
+    import transformers
+
+    return write_random(getattr(transformers, family.hf_config)(**{**SMALL, **family.small}), out, seed)
+
+
+def write_random(cfg, out: Path, seed: int = 0) -> Path:
+    """A random-weight checkpoint of the transformers config ``cfg``, saved by transformers, norm weights drawn
+    around 1 (so a dropped or unsynchronised norm shows), with stories260K's tokenizer files."""
     import torch
     import transformers
 
-    cfg = getattr(transformers, family.hf_config)(**{**SMALL, **family.small})
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(cfg)
     with torch.no_grad():

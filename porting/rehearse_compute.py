@@ -170,9 +170,9 @@ def _calls(spec: dict[str, Any], layers: int) -> tuple[dict[tuple[str, int], Cal
             sums[:] = accumulate(ms.Tensor(ids), ms.Tensor(ids), scale)
             sums[0].asnumpy()
 
-        def update():   # as Trainer: the sums to the host, added there in float64 (none on the device), the update
-            local = ms.ops.stack(list(sums)).asnumpy().astype(np.float64)
-            for o in apply(ms.Tensor(np.float32(local[0])), ms.Tensor(np.float32(local[1])), one, lr, bc, bc):
+        def update():   # as Trainer: the sums read on the host (one micro-batch: nothing to add), the update
+            local = ms.ops.stack(list(sums)).asnumpy()
+            for o in apply(ms.Tensor(local[0]), ms.Tensor(local[1]), one, lr, bc, bc):
                 o.asnumpy()
 
         def fused_step(ids=ids, scale=scale):   # grad_accum_steps 1: the one-graph step

@@ -33,7 +33,7 @@ def _env(**extra: str) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(ROOT), "GLOG_v": "3", **extra}
 
 
-def _of_run_state(pid: int) -> str:
+def _proc_state(pid: int) -> str:
     """What /proc says of ``pid`` (its state and the signals it ignores), for a failure message."""
     try:
         lines = Path(f"/proc/{pid}/status").read_text().splitlines()
@@ -110,7 +110,7 @@ def test_parent_death_signal_reaches_a_grandchild_in_its_own_session():
     assert lifeline.start_time(sleeper) is not None
     parent.kill()
     parent.wait()
-    assert _gone_within([sleeper], 30) == [], _of_run_state(sleeper)   # dies of the SIGINT the kernel sent
+    assert _gone_within([sleeper], 30) == [], _proc_state(sleeper)   # dies of the SIGINT the kernel sent
 
 
 def test_ctrl_c_stops_the_launched_group_and_exits_130(tmp_path):

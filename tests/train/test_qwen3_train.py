@@ -10,35 +10,25 @@ head_dim 16 != hidden/heads 8, GQA 8/4) with stories260K's real tokenizer, on re
 from __future__ import annotations
 
 import json
-import shutil
 
 import numpy as np
 import pytest
 
+from benchmarks.model_cards import write_random
 from tests.helpers import port, port_process
-from tests.train.conftest import STORIES, TINY, free_port
+from tests.train.conftest import TINY, free_port
 from tests.train.conftest import small_settings as _settings
 from tests.train.test_tensor_parallel import _args, _compare
 
 
 def write_qwen3(out, seed: int = 0, layers: int = 2):
     """A random Qwen3 checkpoint written by transformers, with stories260K's tokenizer files."""
-    import torch
     import transformers
 
     cfg = transformers.Qwen3Config(vocab_size=512, hidden_size=64, intermediate_size=96, num_hidden_layers=layers,
                                    num_attention_heads=8, num_key_value_heads=4, head_dim=16,
                                    max_position_embeddings=256, bos_token_id=1, eos_token_id=2)
-    torch.manual_seed(seed)
-    model = transformers.Qwen3ForCausalLM(cfg)
-    with torch.no_grad():   # norms away from 1, so a dropped or unsynchronised norm shows
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.normal_(1.0, 0.1)
-    model.save_pretrained(out)
-    for name in ("tokenizer.json", "tokenizer.model", "tokenizer_config.json"):
-        shutil.copyfile(STORIES / name, out / name)
-    return out
+    return write_random(cfg, out, seed)
 
 
 @pytest.fixture(scope="module")
