@@ -128,15 +128,20 @@ def test_tp2_with_resume_equals_one_device(tp2_resumed, one_device, model_dir):
     assert "resume step_2 weights: layer 0:" in log0
 
 
-@pytest.fixture(scope="module")
-def tp2_pynative(model_dir, tmp_path_factory):
-    """TP=2 on 2 msrun workers in PyNative (execution=pynative): micro-batch 2 x 2 accumulation steps, 3 steps."""
-    run = tmp_path_factory.mktemp("tp2pyn") / "run"
+def _tp2_run(model_dir, tmp_path_factory, name: str, setting: str):
+    """TP=2 on 2 msrun workers with ``setting``: micro-batch 2 x 2 accumulation steps, 3 steps."""
+    run = tmp_path_factory.mktemp(name) / "run"
     port_process("train", str(TINY), "--run-dir", str(run), *_args(_settings(
         model_dir, "batching.micro_batch_size=2", "batching.grad_accum_steps=2", "cluster.devices_per_node=2",
-        "parallel.tensor_parallel=2", "schedule.max_steps=3", "execution=pynative",
+        "parallel.tensor_parallel=2", "schedule.max_steps=3", setting,
         f"cluster.master_port={free_port()}")), check=True, timeout=400)
     return run
+
+
+@pytest.fixture(scope="module")
+def tp2_pynative(model_dir, tmp_path_factory):
+    """TP=2 in PyNative (execution=pynative)."""
+    return _tp2_run(model_dir, tmp_path_factory, "tp2pyn", "execution=pynative")
 
 
 @pytest.mark.msrun
@@ -149,13 +154,8 @@ def test_tp2_in_pynative_equals_one_device_in_graph_mode(tp2_pynative, one_devic
 
 @pytest.fixture(scope="module")
 def tp2_recompute(model_dir, tmp_path_factory):
-    """TP=2 on 2 msrun workers in graph mode with memory.recompute: micro-batch 2 x 2 accumulation steps, 3 steps."""
-    run = tmp_path_factory.mktemp("tp2rc") / "run"
-    port_process("train", str(TINY), "--run-dir", str(run), *_args(_settings(
-        model_dir, "batching.micro_batch_size=2", "batching.grad_accum_steps=2", "cluster.devices_per_node=2",
-        "parallel.tensor_parallel=2", "schedule.max_steps=3", "memory.recompute=true",
-        f"cluster.master_port={free_port()}")), check=True, timeout=400)
-    return run
+    """TP=2 in graph mode with memory.recompute."""
+    return _tp2_run(model_dir, tmp_path_factory, "tp2rc", "memory.recompute=true")
 
 
 @pytest.mark.msrun
