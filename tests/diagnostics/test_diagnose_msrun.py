@@ -129,7 +129,9 @@ def test_real_port_train_job_with_a_frozen_rank(tmp_path):
     if not (ROOT / "porting" / "cli" / "train.py").is_file():
         pytest.skip("port train is not on this branch")
     run = tmp_path / "run"
-    env = dict(os.environ, MS_CPU_COMM_OP_TIMEOUT="8", MS_NODE_TIMEOUT="10")
+    # rank 1 also compiles 12 s "longer" than rank 0 (a test hook): more than the 8 s collective timeout, which a
+    # barrier inside the all-reduce would not survive (porting/train/run/ready.py)
+    env = dict(os.environ, MS_CPU_COMM_OP_TIMEOUT="8", MS_NODE_TIMEOUT="10", PORT_TEST_COMPILE_DELAY="1:12")
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
     stale = subprocess.Popen(["bash", "-c", f"exec -a msrun {sys.executable} -c 'import time; time.sleep(300)' "
                                             f"--log_dir={run}/logs/msrun"])
@@ -153,7 +155,16 @@ def test_real_port_train_job_with_a_frozen_rank(tmp_path):
                     os.kill(frozen, signal.SIGSTOP)
                     break
             time.sleep(0.05)
-        assert frozen, "rank 1 never logged its first step"
+        if not frozen:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+            out = proc.communicate()[0].decode(errors="replace")
+            logs = "".join(f"\n--- {p.name}\n" + p.read_text(errors="replace")[-1500:]
+                           for p in sorted((run / "logs").glob("rank_*.log")))
+            raise AssertionError(f"rank 1 never logged its first step\n{out[-3000:]}{logs}")
+        waited = [float(line.split("(waited ")[1].split(" s")[0]) for line in
+                  (run / "logs" / "rank_0.log").read_text().splitlines() if "every rank is ready (waited" in line]
+        assert waited and waited[0] >= 8.0, waited   # rank 0 waited out the late rank, past the collective timeout
         out, _ = proc.communicate(timeout=120)
     finally:
         stale.kill()

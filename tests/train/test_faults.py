@@ -24,7 +24,8 @@ def test_all_off_unless_set():
 
 def test_each_hook_parses_its_form():
     f = parse({"PORT_TEST_NONFINITE": "3@1", "PORT_TEST_COMM_DELAY": "1:0.25", "PORT_TEST_CRASH_AT_EXIT": "1",
-               "PORT_TEST_BAD_DEVICES": "2,5"})
+               "PORT_TEST_BAD_DEVICES": "2,5", "PORT_TEST_COMPILE_DELAY": "0:12"})
+    assert f.compile_delay_for(0) == 12.0 and f.compile_delay_for(1) == 0.0 and Faults().compile_delay_for(0) == 0.0
     assert [f.nan_at(n, 1) for n in (2, 3, 4)] == [False, True, False] and not f.nan_at(3, 0)   # rank 1 only
     assert f.delay_for(1) == 0.25 and f.delay_for(0) == 0.0
     assert f.crash_at_exit == 1 and f.bad_devices == {2, 5}
@@ -35,6 +36,7 @@ def test_each_hook_parses_its_form():
 
 @pytest.mark.parametrize("env,bad", [("PORT_TEST_NONFINITE", v) for v in ("x", "3@", "-3", "3;rm", "1e3", "３")]
                          + [("PORT_TEST_COMM_DELAY", v) for v in ("0.5", "x:1", "1:-2", "1:1e9", "-1:0.5")]
+                         + [("PORT_TEST_COMPILE_DELAY", v) for v in ("12", "1:x", "1:601")]
                          + [("PORT_TEST_CRASH_AT_EXIT", v) for v in ("x", "1,2", "-1", "²")]
                          + [("PORT_TEST_BAD_DEVICES", v) for v in ("2;5", "a", "2,,5", "-1")])
 def test_a_value_that_does_not_parse_is_one_line(env, bad):

@@ -35,6 +35,9 @@ HOOKS: tuple[Hook, ...] = (
     Hook("PORT_TEST_COMM_DELAY", "RANK:SECONDS, seconds 0..600, e.g. 1:0.5",
          "that rank sleeps before the timed all-reduce of every sampled step (a slow rank for the comm-wait "
          "measure)", "porting/train/run/commwait.py"),
+    Hook("PORT_TEST_COMPILE_DELAY", "RANK:SECONDS, seconds 0..600, e.g. 1:12",
+         "that rank sleeps after its compiles before step 1 (a rank whose graphs compile slower than the others' "
+         "for longer than the collective timeout)", "porting/train/run/precompile.py"),
     Hook("PORT_TEST_CRASH_AT_EXIT", "RANK, e.g. 1",
          "that rank's msrun worker dies by SIGSEGV after its run ended, as MindSpore's teardown at exit sometimes "
          "does (the launch must still count as finished)", "porting/train/run/worker.py"),
@@ -56,6 +59,7 @@ class Faults:
 
     nonfinite: tuple[str, int | None] | None = None   # (steps, only this rank or None)
     comm_delay: tuple[int, float] | None = None       # (rank, seconds)
+    compile_delay: tuple[int, float] | None = None    # (rank, seconds)
     crash_at_exit: int | None = None                  # rank
     bad_devices: frozenset[int] = field(default_factory=frozenset)
 
@@ -74,10 +78,25 @@ class Faults:
         """Seconds rank ``rank`` sleeps before the timed all-reduce (0.0: none)."""
         return self.comm_delay[1] if self.comm_delay is not None and self.comm_delay[0] == rank else 0.0
 
+    def compile_delay_for(self, rank: int) -> float:
+        """Seconds rank ``rank`` sleeps after its compiles before step 1 (0.0: none)."""
+        return self.compile_delay[1] if self.compile_delay is not None and self.compile_delay[0] == rank else 0.0
+
 
 def _bad(env: str, value: str) -> FaultHookError:
     hook = next(h for h in HOOKS if h.env == env)
     return FaultHookError(f"{env}={value[:40]!r}: expected {hook.form}; it is a test hook, unset it for a real run")
+
+
+def _rank_seconds(env: str, v: str) -> tuple[int, float]:
+    r, sep, s = v.partition(":")
+    try:
+        rank, seconds = int(r), float(s)
+    except ValueError:
+        rank, seconds = -1, -1.0
+    if not sep or rank < 0 or not 0 <= seconds <= 600:
+        raise _bad(env, v)
+    return rank, seconds
 
 
 def parse(environ: Mapping[str, str]) -> Faults:
@@ -89,15 +108,9 @@ def parse(environ: Mapping[str, str]) -> Faults:
         if m is None:
             raise _bad("PORT_TEST_NONFINITE", v)
         out["nonfinite"] = (m.group(1), int(m.group(2)) if m.group(2) is not None else None)
-    if v := raw["PORT_TEST_COMM_DELAY"]:
-        r, sep, s = v.partition(":")
-        try:
-            rank, seconds = int(r), float(s)
-        except ValueError:
-            rank, seconds = -1, -1.0
-        if not sep or rank < 0 or not 0 <= seconds <= 600:
-            raise _bad("PORT_TEST_COMM_DELAY", v)
-        out["comm_delay"] = (rank, seconds)
+    for env, key in (("PORT_TEST_COMM_DELAY", "comm_delay"), ("PORT_TEST_COMPILE_DELAY", "compile_delay")):
+        if v := raw[env]:
+            out[key] = _rank_seconds(env, v)
     if v := raw["PORT_TEST_CRASH_AT_EXIT"]:
         if not _INTS.fullmatch(v) or "," in v:
             raise _bad("PORT_TEST_CRASH_AT_EXIT", v)

@@ -48,8 +48,9 @@ from typing import Iterator
 import mindspore as ms
 import numpy as np
 
+from porting.train.plan.comm import HCCL_EXEC_FLOOR_S
 from porting.train.plan.execution import GRAPH
-from porting.train.run import execution
+from porting.train.run import execution, faults, ready
 from porting.train.run.step import compiled_graphs
 
 CACHE_DIR = "compile_cache"
@@ -186,6 +187,22 @@ def before_step_one(trainer, plan, model_config: dict, start: int, cache_on: boo
     report = precompile(trainer, shapes, template, cache, log.info)
     log.info(report.describe())
     if trainer.world > 1:   # step 1 starts when every rank has compiled: nobody waits in a gradient all-reduce
-        trainer.barrier()
-        log.info("precompile: every rank is ready")
+        if delay := faults.active().compile_delay_for(trainer.rank):   # test hook, off unless set
+            log.info(f"precompile: test hook PORT_TEST_COMPILE_DELAY: rank {trainer.rank} sleeps {delay:g} s")
+            time.sleep(delay)
+        workers = min(trainer.world, recipe.cluster.devices_per_node)
+        waited = ready.meet_node(trainer.run_dir, trainer.rank, workers, _wait_limit_s(), log.info)
+        trainer.barrier()   # across nodes (this node's ranks are all ready: run/ready.py)
+        if trainer.rank == 0:
+            ready.clear(trainer.run_dir)
+        log.info(f"precompile: every rank is ready (waited {waited:.1f} s for this node's others)")
     return report
+
+
+def _wait_limit_s() -> float:
+    """How long a compiled rank waits for its node's others: the collective timeout the plan gives a step on
+    Ascend (``HCCL_EXEC_TIMEOUT``, porting/train/plan/comm.py ``hccl_env``), at least its floor of 1836 s."""
+    try:
+        return max(float(HCCL_EXEC_FLOOR_S), float(os.environ.get("HCCL_EXEC_TIMEOUT", "0")))
+    except ValueError:
+        return float(HCCL_EXEC_FLOOR_S)

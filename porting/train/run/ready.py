@@ -1,0 +1,69 @@
+"""The ranks of one node meet after their compiles without a collective: a file per rank, polled.
+
+Why not only the all-reduce barrier: a rank that enters a collective waits there at most the collective's
+own timeout (the CPU's MCCL op timeout, about 30 s when ``MS_CPU_COMM_OP_TIMEOUT`` is unset; measured, see
+porting/data/env_knobs.yaml; ``HCCL_EXEC_TIMEOUT`` on Ascend). Graph compiles before step 1 are uneven
+across ranks (measured on 2 busy cores: 24.5 s on one rank of a 2048-wide TP 2 x DP 2 ZeRO-1 run and
+49-58 s on the other three), so the first rank to finish gave up in the barrier and the run died before
+step 1. Here each rank writes ``logs/.ready_<launch>/rank_<r>`` and waits for the node's other workers'
+files, with a log line every :data:`LOG_EVERY_S` (no silent window); the all-reduce barrier that follows
+then meets ranks that are all ready. ``<launch>`` is the worker's parent (the node's msrun process, pid
+and start time), so a relaunch never counts a dead launch's files. Across nodes the collective remains
+the barrier (each node's files are its own).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Callable
+
+from porting.train.plan.execution import GraphCompileError
+from porting.train.run.lifeline import token
+
+LOG_EVERY_S = 30.0
+POLL_S = 0.1
+PREFIX = ".ready_"
+
+
+def launch_dir(run_dir: Path) -> Path:
+    """This launch's folder of ready files (named by the worker's parent process)."""
+    return run_dir / "logs" / (PREFIX + token(os.getppid()).replace(":", "-"))
+
+
+def meet_node(run_dir: Path, rank: int, workers: int, limit_s: float, log: Callable[[str], None],
+              clock: Callable[[], float] = time.monotonic) -> float:
+    """Marks ``rank`` ready and waits until ``workers`` ranks of this launch are; the seconds waited.
+    Raises TrainError after ``limit_s`` with the count still missing."""
+    here = launch_dir(run_dir)
+    here.mkdir(parents=True, exist_ok=True)
+    mine = here / f"rank_{rank}"
+    tmp = here / f".rank_{rank}.tmp"
+    tmp.write_text(str(os.getpid()))
+    os.replace(tmp, mine)
+    t0 = clock()
+    said = t0
+    while True:
+        ready = sum(1 for p in here.iterdir() if p.name.startswith("rank_"))
+        if ready >= workers:
+            return clock() - t0
+        now = clock()
+        if now - t0 > limit_s:
+            raise GraphCompileError(f"rank {rank}: {ready} of {workers} ranks of this node finished compiling in "
+                             f"{limit_s:.0f} s ({here}); a rank is stuck compiling or died: see logs/rank_*.log")
+        if now - said >= LOG_EVERY_S:
+            said = now
+            log(f"precompile: rank {rank} compiled; waiting for the node's other ranks ({ready} of {workers} "
+                f"ready, {now - t0:.0f} s)")
+        time.sleep(POLL_S)
+
+
+def clear(run_dir: Path) -> None:
+    """Rank 0, after every rank passed the collective barrier: removes this launch's ready files, and those of
+    launches that died before removing theirs (``.ready_*`` folders port wrote under logs/)."""
+    logs = run_dir / "logs"
+    for p in logs.glob(PREFIX + "*"):
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)

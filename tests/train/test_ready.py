@@ -1,0 +1,55 @@
+"""The node's ranks meet after their compiles through files (porting/train/run/ready.py): real processes,
+children of one parent as msrun's workers are."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+RANK = """
+import sys, time
+from pathlib import Path
+from porting.train.run import ready
+run, rank, workers, sleep, limit = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5])
+time.sleep(sleep)
+try:
+    waited = ready.meet_node(run, rank, workers, limit, print)
+except Exception as e:
+    print(type(e).__name__, e)
+    sys.exit(3)
+print(f"waited {waited:.2f}")
+"""
+
+
+def _rank(run: Path, rank: int, workers: int, sleep: float, limit: float = 60.0) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", RANK, str(run), str(rank), str(workers), str(sleep), str(limit)],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def test_the_early_rank_waits_for_the_late_one_and_stale_launches_do_not_count(tmp_path):
+    stale = tmp_path / "logs" / ".ready_1-999"   # a dead launch's ready file: not this launch's
+    stale.mkdir(parents=True)
+    (stale / "rank_1").write_text("1")
+    t0 = time.monotonic()
+    early, late = _rank(tmp_path, 0, 2, 0.0), _rank(tmp_path, 1, 2, 4.0)
+    out0, out1 = early.communicate(timeout=60)[0], late.communicate(timeout=60)[0]
+    assert early.returncode == 0 and late.returncode == 0, (out0, out1)
+    waited0 = float(out0.split("waited ")[1])
+    assert waited0 >= 3.0 and time.monotonic() - t0 >= 4.0, out0   # rank 0 did not pass on the stale file
+    assert float(out1.split("waited ")[1]) < 1.0
+    dirs = sorted(p.name for p in (tmp_path / "logs").iterdir())
+    assert len(dirs) == 2 and ".ready_1-999" in dirs   # one folder for this launch (the test's pid), one stale
+    from porting.train.run import ready
+    ready.clear(tmp_path)
+    assert list((tmp_path / "logs").iterdir()) == []
+
+
+def test_a_rank_that_never_arrives_is_one_error_line_after_the_limit(tmp_path):
+    p = _rank(tmp_path, 0, 2, 0.0, limit=1.0)
+    out = p.communicate(timeout=60)[0]
+    assert p.returncode == 3
+    assert out.startswith("GraphCompileError rank 0: 1 of 2 ranks of this node finished compiling in 1 s") and \
+        "logs/rank_*.log" in out and out.count("\n") == 1, out
