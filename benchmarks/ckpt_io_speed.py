@@ -13,6 +13,7 @@ command runs once before it is timed; the best of ``--repeat`` is kept).
 
     python benchmarks/ckpt_io_speed.py                       # this checkout
     python benchmarks/ckpt_io_speed.py --code /tmp/old-port  # another checkout (the "before" figure)
+    python benchmarks/ckpt_io_speed.py --keep /tmp/ckw       # keep the checkpoints (reused by a rerun: profiling)
 """
 
 from __future__ import annotations
@@ -110,20 +111,25 @@ def main() -> None:
     ap.add_argument("--code", type=Path, default=ROOT, help="the checkout whose `port` is timed")
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--keep", type=Path, default=None,
+                    help="build the checkpoints in this folder and keep them (reused when already there: to profile)")
     args = ap.parse_args()
     from benchmarks.checkpoint_scale import MODELS, model_dir
 
     MODELS["wide"] = WIDE
-    work = Path(tempfile.mkdtemp(prefix="ckpt-io-"))
+    work = args.keep or Path(tempfile.mkdtemp(prefix="ckpt-io-"))
     recipe = args.code / "recipes" / "tiny-cpu.yaml"
     try:
-        wide = model_dir("wide", work)
-        port(args.code, "train", str(recipe), "--run-dir", str(work / "wide-run"),
-             *sets(COMMON + TP2_DP2 + [f"model.source={wide}", "schedule.max_steps=1", free_port()]))
-        port(args.code, "train", str(recipe), "--run-dir", str(work / "tiny-run"),
-             *sets(COMMON + ["schedule.max_steps=2"]))
+        work.mkdir(parents=True, exist_ok=True)
+        wide = work / "wide" if (work / "wide" / "config.json").is_file() else model_dir("wide", work)
         ck_wide = work / "wide-run" / "checkpoints" / "step_1"
         ck_tiny = work / "tiny-run" / "checkpoints" / "step_2"
+        if not ck_wide.is_dir():
+            port(args.code, "train", str(recipe), "--run-dir", str(work / "wide-run"),
+                 *sets(COMMON + TP2_DP2 + [f"model.source={wide}", "schedule.max_steps=1", free_port()]))
+        if not ck_tiny.is_dir():
+            port(args.code, "train", str(recipe), "--run-dir", str(work / "tiny-run"),
+                 *sets(COMMON + ["schedule.max_steps=2"]))
         size = sum(p.stat().st_size for p in ck_wide.iterdir())
         fixed = commands(args.code, ck_tiny, recipe, work, ["cluster.devices_per_node=1"], args.repeat)
         got = commands(args.code, ck_wide, recipe, work, TO_DP4 + [f"model.source={wide}"], args.repeat)
@@ -138,7 +144,8 @@ def main() -> None:
         if args.json:
             Path(args.json).write_text(json.dumps({"bytes": size, "load": load, "rows": rows}, indent=1))
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        if args.keep is None:
+            shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

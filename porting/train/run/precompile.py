@@ -39,7 +39,6 @@ import hashlib
 import importlib
 import json
 import os
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
