@@ -6,6 +6,7 @@ set -euo pipefail
 export PORT_VENV="$(cd "$(dirname "$0")/.." && pwd)/.venv-compat"
 export PORT_FRAMEWORK="$(cd "$(dirname "$0")" && pwd)/constraints-compat.txt"
 source "$(dirname "$0")/_venv.sh"
+source "$(dirname "$0")/_compile_cache.sh"
 cd "$ROOT"
 python -c "import mindspore, torch; print(f'compat tier: MindSpore {mindspore.__version__}, torch {torch.__version__}')"
 python -m pytest -q -rs -p no:cacheprovider -n "${PORT_TEST_WORKERS:-4}" --dist loadgroup -m compat "$@"

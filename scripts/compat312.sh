@@ -25,6 +25,7 @@ export PYTHON
 export PORT_VENV="$(cd "$here/.." && pwd)/.venv-py312"
 export PORT_FRAMEWORK="$here/constraints-py312.txt"
 source "$here/_venv.sh"
+source "$here/_compile_cache.sh"
 cd "$ROOT"
 python -c "import sys, mindspore, torch, transformers; print(f'py312 tier: Python {sys.version.split()[0]}, MindSpore \
 {mindspore.__version__}, torch {torch.__version__}, transformers {transformers.__version__}')"

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
 
 import numpy as np
 import pytest
@@ -112,19 +111,24 @@ def test_cache_key_follows_what_builds_the_graph():
 
 @pytest.mark.slow
 def test_compile_cache_is_written_under_the_run_and_reused_with_the_same_losses(model_dir, tmp_path):
-    """A run writes its compile cache under RUN/compile_cache; a second process with that cache loads the
-    graphs (MindSpore says so) and trains to the same losses, bit for bit. With accumulation: the loaded
+    """A run writes its compile cache under RUN/compile_cache and publishes it to PORT_COMPILE_CACHE_SHARED; a
+    second process in another run directory copies it into its own, loads the graphs (MindSpore says so) and
+    trains to the same losses, bit for bit. With accumulation: the loaded
     accumulation graph once trained on zeros (loss ln(vocab) at every step) while the model was only inside
     its grad_fn, not a sub-cell (run/step.py AccumGradStep)."""
-    first, second = tmp_path / "a", tmp_path / "b"
+    first, second, shared = tmp_path / "a", tmp_path / "b", tmp_path / "shared"
     args = ["train", str(TINY), *_sets([f"model.source={model_dir}", *BUCKETED])]
-    port_process(*args, "--run-dir", str(first), check=True, timeout=600)
+    env = {"PORT_COMPILE_CACHE_SHARED": str(shared)}   # this test's own, whatever the suite set
+    port_process(*args, "--run-dir", str(first), check=True, timeout=600, env=env)
     graphs = sorted(p.name for p in (first / "compile_cache").rglob("compile_cache_*.mindir"))
     assert len(graphs) == metrics(first)[1]["precompiled_graphs"] >= 3
-    (second / "compile_cache").parent.mkdir(parents=True)
-    shutil.copytree(first / "compile_cache", second / "compile_cache")
-    p = port_process(*args, "--run-dir", str(second), check=True, timeout=600, env={"GLOG_v": "2"})
-    assert "Use the compilation cache" in p.stderr
+    published = sorted(p.name for p in shared.rglob("compile_cache_*.mindir"))
+    assert published == graphs and len(list(shared.glob("*/rank_0/READY"))) == 1
+    # another run directory and another master port: the same graphs, copied from the shared folder into the run
+    p = port_process(*args, "--run-dir", str(second), "--set", "cluster.master_port=29555", check=True,
+                     timeout=600, env={**env, "GLOG_v": "2"})
+    assert "Use the compilation cache" in p.stderr and "copied from" in (second / "logs" / "rank_0.log").read_text()
+    assert sorted(p.name for p in (second / "compile_cache").rglob("compile_cache_*.mindir")) == graphs
     assert [s["loss"] for s in metrics(second)[0]] == [s["loss"] for s in metrics(first)[0]]
 
 

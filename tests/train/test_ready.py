@@ -13,10 +13,10 @@ RANK = """
 import sys, time
 from pathlib import Path
 from porting.train.run import ready
-run, rank, workers, sleep, limit = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5])
+run, rank, workers, sleep, limit, late = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5]), float(sys.argv[6])
 time.sleep(sleep)
 try:
-    waited = ready.meet_node(run, rank, workers, limit, print)
+    waited = ready.meet_node(run, rank, workers, limit, print, late_s=late)
 except Exception as e:
     print(type(e).__name__, e)
     sys.exit(3)
@@ -24,8 +24,9 @@ print(f"waited {waited:.2f}")
 """
 
 
-def _rank(run: Path, rank: int, workers: int, sleep: float, limit: float = 60.0) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", RANK, str(run), str(rank), str(workers), str(sleep), str(limit)],
+def _rank(run: Path, rank: int, workers: int, sleep: float, limit: float = 60.0, late: float = 0.0) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", RANK, str(run), str(rank), str(workers), str(sleep), str(limit),
+                             str(late)],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -53,3 +54,13 @@ def test_a_rank_that_never_arrives_is_one_error_line_after_the_limit(tmp_path):
     assert p.returncode == 3
     assert out.startswith("GraphCompileError rank 0: 1 of 2 ranks of this node finished compiling in 1 s") and \
         "logs/rank_*.log" in out and out.count("\n") == 1, out
+
+
+def test_a_late_rank_marks_itself_ready_that_long_after_the_others_whatever_their_start(tmp_path):
+    """The test hook's rank (PORT_TEST_COMPILE_DELAY) waits for the others first: rank 0, which starts 3 s after
+    it, still waits the full 2 s."""
+    late, early = _rank(tmp_path, 1, 2, 0.0, late=2.0), _rank(tmp_path, 0, 2, 3.0)
+    out1, out0 = late.communicate(timeout=60)[0], early.communicate(timeout=60)[0]
+    assert late.returncode == 0 and early.returncode == 0, (out0, out1)
+    assert "rank 1 is ready 2 s after the others" in out1
+    assert float(out0.split("waited ")[1]) >= 2.0, out0

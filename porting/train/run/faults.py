@@ -36,8 +36,9 @@ HOOKS: tuple[Hook, ...] = (
          "that rank sleeps before the timed all-reduce of every sampled step (a slow rank for the comm-wait "
          "measure)", "porting/train/run/commwait.py"),
     Hook("PORT_TEST_COMPILE_DELAY", "RANK:SECONDS, seconds 0..600, e.g. 1:12",
-         "that rank sleeps after its compiles before step 1 (a rank whose graphs compile slower than the others' "
-         "for longer than the collective timeout)", "porting/train/run/precompile.py"),
+         "that rank marks itself ready SECONDS after the node's other ranks did, once its compiles before step 1 "
+         "are done (a rank whose graphs compile longer than the collective timeout after the others')",
+         "porting/train/run/ready.py"),
     Hook("PORT_TEST_CRASH_AT_EXIT", "RANK, e.g. 1",
          "that rank's msrun worker dies by SIGSEGV after its run ended, as MindSpore's teardown at exit sometimes "
          "does (the launch must still count as finished)", "porting/train/run/worker.py"),

@@ -49,7 +49,7 @@ import numpy as np
 
 from porting.train.plan.comm import HCCL_EXEC_FLOOR_S
 from porting.train.plan.execution import GRAPH
-from porting.train.run import execution, faults, ready
+from porting.train.run import execution, faults, ready, shared_cache
 from porting.train.run.step import compiled_graphs
 
 CACHE_DIR = "compile_cache"
@@ -179,18 +179,22 @@ def before_step_one(trainer, plan, model_config: dict, start: int, cache_on: boo
         return None
     shapes = plan.run_shapes(start)
     template = plan.step(start, trainer.grid.dp_rank).micro_batches[0]
-    cache = None
+    cache = shared = None
     if cache_on and cache_wanted(recipe):
         doc = recipe.model_dump(mode="json")
         cache = trainer.run_dir / CACHE_DIR / cache_key(doc, model_config, shapes, trainer.world)
+        # PORT_COMPILE_CACHE_SHARED: another run's graphs of the same key (run/shared_cache.py)
+        shared = shared_cache.folder(cache_key(shared_cache.graph_doc(doc), model_config, shapes, trainer.world))
+        if shared_cache.adopt(shared, cache, trainer.rank):
+            log.info(f"precompile: compile cache of rank {trainer.rank} copied from {shared} (PORT_COMPILE_CACHE_SHARED)")
     report = precompile(trainer, shapes, template, cache, log.info)
     log.info(report.describe())
+    if report.cache_dir is not None and shared_cache.publish(shared, cache, trainer.rank):
+        log.info(f"precompile: compile cache of rank {trainer.rank} published to {shared} (PORT_COMPILE_CACHE_SHARED)")
     if trainer.world > 1:   # step 1 starts when every rank has compiled: nobody waits in a gradient all-reduce
-        if delay := faults.active().compile_delay_for(trainer.rank):   # test hook, off unless set
-            log.info(f"precompile: test hook PORT_TEST_COMPILE_DELAY: rank {trainer.rank} sleeps {delay:g} s")
-            time.sleep(delay)
+        late = faults.active().compile_delay_for(trainer.rank)   # test hook, off unless set
         workers = min(trainer.world, recipe.cluster.devices_per_node)
-        waited = ready.meet_node(trainer.run_dir, trainer.rank, workers, _wait_limit_s(), log.info)
+        waited = ready.meet_node(trainer.run_dir, trainer.rank, workers, _wait_limit_s(), log.info, late_s=late)
         trainer.barrier()   # across nodes (this node's ranks are all ready: run/ready.py)
         if trainer.rank == 0:
             ready.clear(trainer.run_dir)

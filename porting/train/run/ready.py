@@ -34,11 +34,19 @@ def launch_dir(run_dir: Path) -> Path:
 
 
 def meet_node(run_dir: Path, rank: int, workers: int, limit_s: float, log: Callable[[str], None],
-              clock: Callable[[], float] = time.monotonic) -> float:
+              clock: Callable[[], float] = time.monotonic, late_s: float = 0.0) -> float:
     """Marks ``rank`` ready and waits until ``workers`` ranks of this launch are; the seconds waited.
-    Raises TrainError after ``limit_s`` with the count still missing."""
+    Raises GraphCompileError after ``limit_s`` with the count still missing. ``late_s`` (the test hook
+    PORT_TEST_COMPILE_DELAY): this rank marks itself ready that long after the node's other ranks did, so each
+    of them waits at least ``late_s`` whatever the machine's load made of their compile times."""
     here = launch_dir(run_dir)
     here.mkdir(parents=True, exist_ok=True)
+    if late_s > 0:
+        deadline = clock() + limit_s
+        while _count(here) < workers - 1 and clock() < deadline:
+            time.sleep(POLL_S)
+        log(f"precompile: test hook PORT_TEST_COMPILE_DELAY: rank {rank} is ready {late_s:g} s after the others")
+        time.sleep(late_s)
     mine = here / f"rank_{rank}"
     tmp = here / f".rank_{rank}.tmp"
     tmp.write_text(str(os.getpid()))
@@ -46,7 +54,7 @@ def meet_node(run_dir: Path, rank: int, workers: int, limit_s: float, log: Calla
     t0 = clock()
     said = t0
     while True:
-        ready = sum(1 for p in here.iterdir() if p.name.startswith("rank_"))
+        ready = _count(here)
         if ready >= workers:
             return clock() - t0
         now = clock()
@@ -58,6 +66,10 @@ def meet_node(run_dir: Path, rank: int, workers: int, limit_s: float, log: Calla
             log(f"precompile: rank {rank} compiled; waiting for the node's other ranks ({ready} of {workers} "
                 f"ready, {now - t0:.0f} s)")
         time.sleep(POLL_S)
+
+
+def _count(here: Path) -> int:
+    return sum(1 for p in here.iterdir() if p.name.startswith("rank_"))
 
 
 def clear(run_dir: Path) -> None:
