@@ -103,17 +103,20 @@ def run_msrun(argv: list[str], env: Mapping[str, str],
 
     def on_signal(signum, frame) -> None:
         caught.append(signum)
-        raise KeyboardInterrupt
+        if proc is not None:   # before msrun is started (inside Popen) only noted: raised once it has a pid to stop
+            raise KeyboardInterrupt
 
+    proc = None
     main = threading.current_thread() is threading.main_thread()   # only the main thread may set handlers
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)} if main else {}
-    proc = None
     detached = "--join=False" in argv
     before = _children() if detached else set()
     try:
         if detached:
             _prctl(PR_SET_CHILD_SUBREAPER, 1)
         proc = subprocess.Popen(argv, env=env, start_new_session=True, preexec_fn=_die_with(os.getpid()))
+        if caught:   # a signal while msrun was being started (one CI run: its child ran on, nobody stopped it)
+            raise KeyboardInterrupt
         rc = proc.wait()
         return _wait_detached_workers(proc.pid, before, rc) if detached else rc
     except KeyboardInterrupt:

@@ -132,6 +132,30 @@ def test_ctrl_c_stops_the_launched_group_and_exits_130(tmp_path):
     assert _gone_within([child], 30) == []
 
 
+def test_ctrl_c_while_msrun_is_being_started_still_stops_what_started(tmp_path):
+    """A SIGINT that lands inside ``subprocess.Popen`` (its child already forked, Popen not yet returned: one CI run
+    sent it there under load) is noted and acted on once msrun has a pid: the stand-in's child is stopped and the
+    launch exits 130. The signal is sent from Popen's own ``_execute_child``, right after the child exists."""
+    code = ("import os, signal, subprocess, sys; from model_zoo.errors import PortingError; "
+            "from porting.launch.children import stop_group; from porting.launch import lifeline\n"
+            "class Started(subprocess.Popen):\n"
+            "    def _execute_child(self, *a, **k):\n"
+            "        super()._execute_child(*a, **k)\n"
+            "        os.kill(os.getpid(), signal.SIGINT)\n"
+            "subprocess.Popen = Started\n"
+            "try:\n    lifeline.run_msrun(['sh', '-c', 'sleep 300 & echo $! > ' + sys.argv[1] + '; wait'], {}, stop_group)\n"
+            "except PortingError as e:\n    print('error:', e, file=sys.stderr); sys.exit(e.exit_code)")
+    pidfile = tmp_path / "sleep.pid"
+    p = subprocess.Popen(PY + [code, str(pidfile)], env=_env(), stderr=subprocess.PIPE, text=True)
+    err = p.communicate(timeout=60)[1]
+    assert p.returncode == 130 and "stopped by SIGINT" in err and "Traceback" not in err, err
+    deadline = time.monotonic() + 5   # the shell may have been stopped before it wrote its child's pid
+    while not (pidfile.is_file() and pidfile.read_text().strip()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if pidfile.is_file() and pidfile.read_text().strip():
+        assert _gone_within([int(pidfile.read_text())], 30) == []
+
+
 # ------------------------------------------------------------------------------------------- msrun
 def _of_run(tok: str) -> list[int]:
     """Every live process whose environment carries this port's token (msrun, scheduler, workers)."""
