@@ -77,11 +77,16 @@ class Faults:
 
     def delay_for(self, rank: int) -> float:
         """Seconds rank ``rank`` sleeps before the timed all-reduce (0.0: none)."""
-        return self.comm_delay[1] if self.comm_delay is not None and self.comm_delay[0] == rank else 0.0
+        return _seconds_of(self.comm_delay, rank)
 
     def compile_delay_for(self, rank: int) -> float:
-        """Seconds rank ``rank`` sleeps after its compiles before step 1 (0.0: none)."""
-        return self.compile_delay[1] if self.compile_delay is not None and self.compile_delay[0] == rank else 0.0
+        """Seconds rank ``rank`` marks itself ready after the node's other ranks, before step 1 (0.0: none)."""
+        return _seconds_of(self.compile_delay, rank)
+
+
+def _seconds_of(hook: tuple[int, float] | None, rank: int) -> float:
+    """A (rank, seconds) hook's seconds for ``rank``: 0.0 when off or for another rank."""
+    return hook[1] if hook is not None and hook[0] == rank else 0.0
 
 
 def _bad(env: str, value: str) -> FaultHookError:

@@ -49,7 +49,7 @@ import numpy as np
 
 from porting.train.plan.comm import HCCL_EXEC_FLOOR_S
 from porting.train.plan.execution import GRAPH
-from porting.train.run import execution, faults, ready, shared_cache
+from porting.train.run import execution, ready, shared_cache
 from porting.train.run.step import compiled_graphs
 
 CACHE_DIR = "compile_cache"
@@ -192,7 +192,7 @@ def before_step_one(trainer, plan, model_config: dict, start: int, cache_on: boo
     if report.cache_dir is not None and shared_cache.publish(shared, cache, trainer.rank):
         log.info(f"precompile: compile cache of rank {trainer.rank} published to {shared} (PORT_COMPILE_CACHE_SHARED)")
     if trainer.world > 1:   # step 1 starts when every rank has compiled: nobody waits in a gradient all-reduce
-        late = faults.active().compile_delay_for(trainer.rank)   # test hook, off unless set
+        late = trainer.faults.compile_delay_for(trainer.rank)   # test hook, off unless set (read once by the Trainer)
         workers = min(trainer.world, recipe.cluster.devices_per_node)
         waited = ready.meet_node(trainer.run_dir, trainer.rank, workers, _wait_limit_s(), log.info, late_s=late)
         trainer.barrier()   # across nodes (this node's ranks are all ready: run/ready.py)

@@ -15,6 +15,7 @@ the barrier (each node's files are its own).
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import time
 from pathlib import Path
@@ -60,7 +61,7 @@ def meet_node(run_dir: Path, rank: int, workers: int, limit_s: float, log: Calla
         now = clock()
         if now - t0 > limit_s:
             raise GraphCompileError(f"rank {rank}: {ready} of {workers} ranks of this node finished compiling in "
-                             f"{limit_s:.0f} s ({here}); a rank is stuck compiling or died: see logs/rank_*.log")
+                                    f"{limit_s:.0f} s ({here}); a rank is stuck compiling or died: see logs/rank_*.log")
         if now - said >= LOG_EVERY_S:
             said = now
             log(f"precompile: rank {rank} compiled; waiting for the node's other ranks ({ready} of {workers} "
@@ -72,10 +73,15 @@ def _count(here: Path) -> int:
     return sum(1 for p in here.iterdir() if p.name.startswith("rank_"))
 
 
+_OURS = re.compile(r"\.?rank_[0-9]+(\.tmp)?")   # what meet_node writes in a launch's folder
+
+
 def clear(run_dir: Path) -> None:
     """Rank 0, after every rank passed the collective barrier: removes this launch's ready files, and those of
-    launches that died before removing theirs (``.ready_*`` folders port wrote under logs/)."""
+    launches that died before removing theirs: ``.ready_*`` folders under logs/ holding only ready files (a
+    folder with anything else in it is not port's and stays)."""
     logs = run_dir / "logs"
     for p in logs.glob(PREFIX + "*"):
-        if p.is_dir() and not p.is_symlink():
+        if p.is_dir() and not p.is_symlink() and all(_OURS.fullmatch(f.name) and f.is_file() and not f.is_symlink()
+                                                     for f in p.iterdir()):
             shutil.rmtree(p, ignore_errors=True)
