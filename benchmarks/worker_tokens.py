@@ -37,8 +37,8 @@ from porting.train.recipe.schema import validate_recipe
 from porting.train.data.batching import build_plan
 recipe = validate_recipe(json.loads({recipe!r}))
 if mode == "launcher":
-    from porting.train.data import token_file
-    print(json.dumps(token_file.for_workers(recipe, __import__("pathlib").Path(run))), file=sys.stderr)
+    from porting.train.data import token_cache
+    print(json.dumps(token_cache.for_workers(recipe, __import__("pathlib").Path(run))), file=sys.stderr)
 elif mode == "each":
     from porting.tokenizer import load_tokenizer
     plan = build_plan(recipe, load_tokenizer({model!r}), world)

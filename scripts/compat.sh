@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # The compatibility tier: the tests marked `compat` on the oldest supported MindSpore (2.7.2, with the CANN 8.5.0
 # pairing on Ascend), in .venv-compat (made once, like .venv: the framework first, then port, then a check that
-# pip kept the framework). Extra arguments go to pytest.
+# pip kept the framework). Extra arguments go to pytest; `--set-up-only` makes the venv and stops.
 set -euo pipefail
 export PORT_VENV="$(cd "$(dirname "$0")/.." && pwd)/.venv-compat"
 export PORT_FRAMEWORK="$(cd "$(dirname "$0")" && pwd)/constraints-compat.txt"
 source "$(dirname "$0")/_venv.sh"
-source "$(dirname "$0")/_compile_cache.sh"
+if [ "${1:-}" = "--set-up-only" ]; then exit 0; fi   # .ci/run makes the venv ahead, while the full suite runs
+source "$(dirname "$0")/_caches.sh"
 cd "$ROOT"
 python -c "import mindspore, torch; print(f'compat tier: MindSpore {mindspore.__version__}, torch {torch.__version__}')"
 python -m pytest -q -rs -p no:cacheprovider -n "${PORT_TEST_WORKERS:-4}" --dist loadgroup -m compat "$@"

@@ -3,7 +3,7 @@
 # 2.10.0 (its cp312 wheel) and the lowest torch and transformers in range (scripts/constraints-py312.txt), in
 # .venv-py312 (made once, like .venv-compat). Python 3.12 is `python3.12` where it runs, else pyenv's newest 3.12;
 # a machine without one skips the tier with a one-line reason. PYTHON=/path/to/python3.12 picks one. Extra
-# arguments go to pytest.
+# arguments go to pytest; `--set-up-only` makes the venv and stops.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 is312() { "$1" -c 'import sys; assert sys.version_info[:2] == (3, 12)' >/dev/null 2>&1; }
@@ -25,7 +25,8 @@ export PYTHON
 export PORT_VENV="$(cd "$here/.." && pwd)/.venv-py312"
 export PORT_FRAMEWORK="$here/constraints-py312.txt"
 source "$here/_venv.sh"
-source "$here/_compile_cache.sh"
+if [ "${1:-}" = "--set-up-only" ]; then exit 0; fi   # .ci/run makes the venv ahead, while the full suite runs
+source "$here/_caches.sh"
 cd "$ROOT"
 python -c "import sys, mindspore, torch, transformers; print(f'py312 tier: Python {sys.version.split()[0]}, MindSpore \
 {mindspore.__version__}, torch {torch.__version__}, transformers {transformers.__version__}')"

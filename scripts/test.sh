@@ -2,7 +2,7 @@
 # Run the test suite: sets up .venv on first use, then pytest. Extra arguments go to pytest.
 set -euo pipefail
 source "$(dirname "$0")/_venv.sh"
-source "$(dirname "$0")/_compile_cache.sh"
+source "$(dirname "$0")/_caches.sh"
 cd "$ROOT"
 # `port report`'s HTML is opened in headless Chromium by one test (skipped with a reason when absent)
 command -v chromium >/dev/null 2>&1 || { [ "$(id -u)" = 0 ] && { apt-get update -q >/dev/null 2>&1 || true; } \

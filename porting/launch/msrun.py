@@ -20,7 +20,7 @@ from model_zoo.files import write_atomic
 from porting.launch import lifeline
 from porting.launch.children import child_env
 from porting.launch.outcome import after_finished, launch_outcome, mark
-from porting.train.data import token_file
+from porting.train.data import token_cache
 from porting.train.plan.launch import msrun_commands
 from porting.train.recipe.schema import Recipe, recipe_dict
 
@@ -42,7 +42,7 @@ def launch_msrun(rec: Recipe, recipe_path: str, overrides: list[str], out: Path,
         return
     node = launch_node or 0
     argv, env = msrun_argv_env(rec, cmds, node, plan_env)
-    env.update(token_file.for_workers(rec, out, node))   # tokenised here once, not once per worker
+    env.update(token_cache.for_workers(rec, out, node))   # tokenised here once, not once per worker
     click.echo(f"launching: {cmds[node]}", err=True)
     before = mark(out)
     rc = lifeline.run_msrun(argv, env)

@@ -22,7 +22,7 @@ from porting.launch.shrink import check_plan, confirm_bad, derive
 from porting.launch.supervise import Diagnose, Incident, launch_dir, supervise
 from porting.launch.watch import derive_limits
 from porting.rundir.paths import RunDir
-from porting.train.data import token_file
+from porting.train.data import token_cache
 from porting.train.plan.launch import msrun_commands
 
 
@@ -52,7 +52,7 @@ class Session:
             env = child_env(overrides=self.env, parent=True)   # the child exits once this supervisor is gone
         else:
             if self.tokens is None:
-                self.tokens = token_file.for_workers(rec, self.out, self.node)
+                self.tokens = token_cache.for_workers(rec, self.out, self.node)
             cmds = msrun_commands(rec, self.recipe_path, str(self.out), sets, again)
             argv, env = msrun_argv_env(rec, cmds, self.node, self.plan_env, {**self.tokens, **self.env})
             if "--join=False" in argv:   # node k on the master's machine: msrun returns once its workers run

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from model_zoo.errors import RecipeError
-from porting.train.data import token_file
+from porting.train.data import token_cache, token_file
 from porting.train.data.batching import build_plan
 from porting.train.data.tokenise import tokenize_dataset
 from porting.train.recipe.schema import validate_recipe
@@ -55,8 +55,8 @@ def test_a_worker_reads_back_exactly_what_the_tokenizer_made(tmp_path, tok, alpa
 
 def test_for_workers_tokenises_the_recipes_data_into_the_run_directory(tmp_path, tok):
     r = _recipe(TEXT, max_seq_length=64)
-    env = token_file.for_workers(r, tmp_path)
-    assert token_file.for_workers(r, tmp_path, 3)[token_file.ENV].endswith(":data_tokens_node3.npz")   # a node's own
+    env = token_cache.for_workers(r, tmp_path)
+    assert token_cache.for_workers(r, tmp_path, 3)[token_file.ENV].endswith(":data_tokens_node3.npz")   # a node's own
     assert set(env) == {token_file.ENV} and env[token_file.ENV].endswith(":data_tokens_node0.npz")
     _same(tokenize_dataset(r.data, tok), token_file.read(env[token_file.ENV], tmp_path, token_file.identity(r, EMBEDDED)))
 

@@ -4,7 +4,8 @@ Without it every worker of a node loads the HF tokenizer (transformers, which im
 more peak host RAM per worker, measured by benchmarks/worker_tokens.py) and tokenises the whole dataset,
 the same work once per rank. Megatron-LM and MindSpeed-LLM tokenise once, ahead of training (Megatron-LM
 tools/preprocess_data.py, MindSpeed-LLM preprocess_data.py: an indexed binary dataset every rank maps);
-here the launcher does it for the run it starts, into ``RUN/data_tokens_node<N>.npz`` (N: its node).
+here the launcher does it for the run it starts (``token_cache.for_workers``, which can take the tokens from
+``PORT_TOKEN_CACHE``), into ``RUN/data_tokens_node<N>.npz`` (N: its node).
 
 The worker learns the file and its sha256 from :data:`ENV`, set by the launcher in the workers'
 environment; it reads nothing the digest does not match, the file must sit in its own run directory, and
@@ -26,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from model_zoo.errors import RecipeError
-from model_zoo.files import sha256_file, write_atomic
+from model_zoo.files import write_atomic
 from porting.train.data.examples import DataReport, Example, TokenizedData
 
 ENV = "PORT_TOKENS"            # "<sha256>:<file name in the run directory>"
@@ -43,21 +44,8 @@ def identity(recipe: Any, model_dir: Path) -> dict:
     return {"data": recipe.data.model_dump(mode="json"), "tokenizer": str(Path(model_dir).resolve())}
 
 
-def for_workers(recipe: Any, run_dir: Path, node: int = 0) -> dict[str, str]:
-    """Tokenise the run's data here, once, and return the environment entry (:data:`ENV`) of this node's
-    workers."""
-    from porting.model_paths import resolve_hf  # deferred: only a launch needs it
-    from porting.tokenizer import load_tokenizer  # deferred: transformers (and torch), see the module docstring
-    from porting.train.data.tokenise import tokenize_dataset  # deferred: as above
-
-    model_dir = resolve_hf(recipe.model.source)
-    data = tokenize_dataset(recipe.data, load_tokenizer(model_dir))
-    return {ENV: write(run_dir, data, identity(recipe, model_dir), node)}
-
-
-def write(run_dir: Path, data: TokenizedData, ident: dict, node: int = 0) -> str:
-    """Write ``data`` to ``run_dir/FILE`` (atomically) and return :data:`ENV`'s value for node ``node``'s
-    workers."""
+def encode(data: TokenizedData, ident: dict) -> bytes:
+    """The token file's bytes of ``data`` for the run identified by ``ident`` (:func:`identity`)."""
     ex = data.examples
     lengths = data.lengths
     offsets = np.zeros(len(ex) + 1, np.int64)
@@ -68,8 +56,18 @@ def write(run_dir: Path, data: TokenizedData, ident: dict, node: int = 0) -> str
              labels=np.concatenate([e.labels for e in ex]).astype(np.int32, copy=False), offsets=offsets,
              sources=np.fromiter((e.source for e in ex), np.int64, len(ex)),
              meta=np.frombuffer(meta.encode("utf-8"), np.uint8))
+    return buf.getvalue()
+
+
+def write(run_dir: Path, data: TokenizedData, ident: dict, node: int = 0) -> str:
+    """Write ``data`` to ``run_dir/FILE`` (atomically) and return :data:`ENV`'s value for node ``node``'s
+    workers."""
+    return write_raw(run_dir, encode(data, ident), node)
+
+
+def write_raw(run_dir: Path, raw: bytes, node: int = 0) -> str:
+    """Write a token file's bytes (:func:`encode`) to ``run_dir/FILE`` and return :data:`ENV`'s value."""
     path = Path(run_dir) / FILE.format(node=node)
-    raw = buf.getvalue()
     # digested before it is renamed into place: the digest is of the bytes port wrote, so a file swapped in
     # after the rename (another process in the run directory) is refused by the workers, never trusted
     digest = hashlib.sha256(raw).hexdigest()
@@ -90,13 +88,20 @@ def read(value: str, run_dir: Path, ident: dict) -> TokenizedData:
     size = path.stat().st_size
     if size > MAX_BYTES:
         raise RecipeError(f"{path}: {size:,} bytes, more than the {MAX_BYTES:,} a token file may have; {fix}")
-    if sha256_file(path) != digest:
+    raw = path.read_bytes()   # hashed and parsed from the same bytes: no swap between the check and the use
+    if hashlib.sha256(raw).hexdigest() != digest:
         raise RecipeError(f"{path}: its sha256 is not the one the launcher wrote (changed after the launch); {fix}")
+    return decode(path, raw, ident, fix)
+
+
+def decode(path: Path, raw: bytes, ident: dict, fix: str) -> TokenizedData:
+    """The examples in a token file's bytes ``raw`` (read from ``path``), checked against each other and
+    against ``ident``; one RecipeError line (ending with ``fix``) otherwise."""
     try:
-        with np.load(path, allow_pickle=False) as z:
+        with np.load(io.BytesIO(raw), allow_pickle=False) as z:
             arrays = {k: z[k] for k in z.files if k in ARRAYS}
             extra = sorted(set(z.files) - set(ARRAYS))
-    except (OSError, ValueError, zipfile.BadZipFile) as exc:
+    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
         raise RecipeError(f"{path}: not a token file ({exc}); {fix}") from None
     return _examples(path, arrays, extra, ident, fix)
 

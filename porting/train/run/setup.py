@@ -14,8 +14,7 @@ from converters.loading import load_hf_dir
 from model_zoo.config import LlamaConfig
 from model_zoo.errors import RecipeError
 from model_zoo.llama import build
-from porting.tokenizer import load_tokenizer
-from porting.train.data import token_file
+from porting.train.data import token_cache, token_file
 from porting.train.data.batching import build_plan
 from porting.train.plan.make import check_tensor_parallel
 from porting.train.recipe.schema import Recipe
@@ -66,17 +65,21 @@ def data_and_model(recipe: Recipe, model_dir: Path, grid: Grid, log: logging.Log
     """The batch schedule of the run's data and the model built from ``model_dir`` (both logged), and the
     checkpoint the weights came from, still open (:func:`build_model`). Data is
     planned over the data-parallel ranks: the tensor-parallel ranks of one group see the same batches. An
-    msrun worker reads the tokens its launcher wrote (porting/train/data/token_file.py) when told to."""
+    msrun worker reads the tokens its launcher wrote (porting/train/data/token_file.py) when told to; a
+    one-process run takes them from PORT_TOKEN_CACHE when set and holding them (token_cache.py)."""
     launched = os.environ.get(token_file.ENV)
     if launched:
         data = token_file.read(launched, run_dir, token_file.identity(recipe, model_dir))
         plan = build_plan(recipe, None, grid.dp, data=data)
+        origin = f"; tokenised once by the launcher ({launched.partition(':')[2]})"
     else:
-        plan = build_plan(recipe, load_tokenizer(model_dir), grid.dp)
-    rep, source = plan.data.report, (launched or "").partition(":")[2]
+        tokens = token_cache.tokenised(recipe, model_dir, log.warning)
+        plan = build_plan(recipe, None, grid.dp, data=tokens.data)
+        origin = f"; tokens from {tokens.origin}" if tokens.origin != "tokenised" else ""
+    rep = plan.data.report
     log.info(f"data {rep.path}: {rep.examples} examples from {rep.rows} rows, {rep.bad_rows} malformed rows "
              f"skipped, {rep.truncated} truncated, {rep.split_windows} extra windows; sha256 {rep.sha256[:12]}"
-             f"{f'; tokenised once by the launcher ({source})' if launched else ''}")
+             f"{origin}")
     for s in rep.bad_row_samples:
         log.warning(f"malformed row skipped: {s}")
     log.info(f"{'packing' if plan.rows is not None else 'bucketing'}: shapes {plan.boundaries}; {plan.steps_per_epoch} "
