@@ -57,7 +57,7 @@ class RankFiles:
         self._fds: dict[str, int] = {}
         self._good: dict[str, set[int]] = {}
         self._lock = threading.RLock()   # readers on several threads (reshard): one open per file, exact counts
-        self._tls = threading.local()    # one read buffer per thread, reused (see _fetch)
+        self._tls = threading.local()    # one read buffer per thread (_fetch)
 
     def _fd(self, name: str) -> int:
         path = self.dir / name
@@ -120,7 +120,10 @@ class RankFiles:
             [k for k in range(begin // chunk, (end - 1) // chunk + 1) if k not in good]
         lo, hi = (todo[0] * chunk, min(entry["bytes"], (todo[-1] + 1) * chunk)) if todo else (begin, end)
         lo, hi = min(lo, begin), max(hi, end)
-        view = self._buffer(hi - lo)
+        # this thread's buffer, reused (a fresh one faults every 4 KiB): valid until the thread's next read
+        if len(buf := getattr(self._tls, "buf", b"")) < hi - lo:
+            buf = self._tls.buf = bytearray(max(hi - lo, len(buf) * 3 // 2))
+        view = memoryview(buf)[:hi - lo]
         if os.preadv(fd, [view], lo) != hi - lo:
             raise CheckpointError(f"{self.dir / name}: short read at byte {lo}; the file is truncated")
         if todo:
@@ -138,19 +141,8 @@ class RankFiles:
                 self.hashed_bytes += sum(len(x) for x in parts)
         return view[begin - lo:end - lo]
 
-    def _buffer(self, n: int) -> memoryview:
-        """This thread's read buffer, at least ``n`` bytes, reused from read to read: a fresh buffer per read
-        costs a page fault per 4 KiB (measured: 1.06 CPU-s of system time per 352 MB written from fresh
-        16 MiB buffers, 0.09 s from one reused buffer; BENCHMARKS.md "Checkpoint I/O"). What a read returns
-        is valid until this thread's next read: :meth:`Source.assemble` copies each piece out at once."""
-        buf = getattr(self._tls, "buf", None)
-        if buf is None or len(buf) < n:
-            buf = self._tls.buf = bytearray(max(n, len(buf) * 3 // 2 if buf is not None else 0))
-        return memoryview(buf)[:n]
-
     def read(self, name: str, key: str, code: str, lo: int, hi: int) -> np.ndarray:
-        """Elements [lo, hi) of the piece ``key`` of file ``name``, as float32 (a view of this thread's read
-        buffer: valid until the thread's next read)."""
+        """Elements [lo, hi) of the piece ``key`` of file ``name``, as float32 (valid until this thread's next read)."""
         info = self._open(name).get(key)
         size = CODES[code]
         if info is None or info.dtype != code or info.nbytes % size or not 0 <= lo <= hi <= info.nbytes // size:
