@@ -9,11 +9,15 @@ workers; MindSpore is loaded by the workers. Two measurements, each in fresh pro
 * ``--full N``: the whole 2-worker command (the launcher, msrun and both workers: 3 optimizer steps of the tiny
   recipe) under ``/usr/bin/time -f "%e s %U user %S sys"``, N times, with the load average before each.
 
+``--token-cache``: each ``--full`` round runs the command twice, interleaved, without ``PORT_TOKEN_CACHE`` and
+with a warm one (porting/train/data/token_cache.py: the launcher then takes the tokens from the cache and
+never loads transformers and torch), so the two compare side by side at the same load.
+
 ``--tree DIR`` measures another checkout (an earlier commit in a ``git worktree``) with this interpreter,
 so a before/after pair runs on the same machine, interleaved. Each run picks a free msrun port (the recipe's
 8118 may be taken by another job on a shared machine); nothing else differs from the command in BENCHMARKS.md.
 
-Usage: python benchmarks/launcher_cpu.py [--tree DIR] [--repeat 3] [--full 3]
+Usage: python benchmarks/launcher_cpu.py [--tree DIR] [--repeat 3] [--full 3] [--token-cache]
 """
 
 from __future__ import annotations
@@ -61,21 +65,36 @@ def main() -> None:
     ap.add_argument("--tree", type=Path, default=ROOT, help="the checkout to measure (default: this one)")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--full", type=int, default=0, help="also run the whole 2-worker command this many times")
+    ap.add_argument("--token-cache", action="store_true",
+                    help="each --full round also with a warm PORT_TOKEN_CACHE, side by side")
     args = ap.parse_args()
     tree = args.tree.resolve()
     env = dict(os.environ, PYTHONPATH=str(tree), PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
     for i in range(args.repeat):
         out = subprocess.run([sys.executable, "-c", LAUNCHER], cwd=tree, env=env, capture_output=True, text=True)
         print(f"launcher {i + 1}: {(out.stdout or out.stderr).strip().splitlines()[-1]} (load {_load()})")
-    for i in range(args.full):
-        run = Path(tempfile.mkdtemp(prefix="port-launcher-cpu-")) / "run"
-        load = _load()
-        cmd = ["/usr/bin/time", "-f", "%e s %U user %S sys", sys.executable, "-m", "porting", *FULL,
-               "--set", f"cluster.master_port={_free_port()}", "--run-dir", str(run)]
-        p = subprocess.run(cmd, cwd=tree, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        print(f"full {i + 1}: exit {p.returncode}, {p.stderr.strip().splitlines()[-1]} (load before {load})")
-        shutil.rmtree(run.parent, ignore_errors=True)
+    cache = Path(tempfile.mkdtemp(prefix="port-token-cache-")) if args.token_cache else None
+    try:
+        if cache is not None:   # warm it: one run that tokenises and keeps the tokens
+            _full(tree, env, {"PORT_TOKEN_CACHE": str(cache)}, "warm-up (fills the cache)")
+        for i in range(args.full):
+            _full(tree, {k: v for k, v in env.items() if k != "PORT_TOKEN_CACHE"}, {}, f"full {i + 1}")
+            if cache is not None:
+                _full(tree, env, {"PORT_TOKEN_CACHE": str(cache)}, f"full {i + 1}, token cache")
+    finally:
+        if cache is not None:
+            shutil.rmtree(cache, ignore_errors=True)
 
+
+def _full(tree: Path, env: dict, extra: dict, label: str) -> None:
+    run = Path(tempfile.mkdtemp(prefix="port-launcher-cpu-")) / "run"
+    load = _load()
+    cmd = ["/usr/bin/time", "-f", "%e s %U user %S sys", sys.executable, "-m", "porting", *FULL,
+           "--set", f"cluster.master_port={_free_port()}", "--run-dir", str(run)]
+    p = subprocess.run(cmd, cwd=tree, env={**env, **extra}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                       text=True)
+    print(f"{label}: exit {p.returncode}, {p.stderr.strip().splitlines()[-1]} (load before {load})")
+    shutil.rmtree(run.parent, ignore_errors=True)
 
 if __name__ == "__main__":
     main()
