@@ -200,3 +200,28 @@ def plain_name(name: Any, *, where: str, key: str, error: type[PortingError] = P
         raise error(f"{where}: {key}: found {name!r}, expected a plain file name (no directory part, no '..'); "
                     "the file was edited or is not one port wrote")
     return name
+
+
+def _sync_file_range():
+    try:
+        import ctypes  # deferred: only a writer of large files needs it
+
+        fn = ctypes.CDLL(None, use_errno=True).sync_file_range
+    except (OSError, AttributeError):   # not Linux (or no such symbol): no early start, fsync does it all
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_SYNC_FILE_RANGE = _sync_file_range()
+_SYNC_FILE_RANGE_WRITE = 2   # <linux/fs.h>: start writeback of dirty pages in the range, do not wait
+
+
+def start_writeback(fd: int, offset: int, nbytes: int) -> None:
+    """Start writing bytes [offset, offset + nbytes) of ``fd`` to disk and return at once (Linux
+    ``sync_file_range(SYNC_FILE_RANGE_WRITE)``, sync_file_range(2)): the disk writes while the caller
+    prepares the next bytes, and the fsync at the end waits only for what is left. A hint: it makes nothing
+    durable (fsync still does) and a failure or a platform without it changes nothing."""
+    if _SYNC_FILE_RANGE is not None and nbytes > 0:
+        _SYNC_FILE_RANGE(fd, offset, nbytes, _SYNC_FILE_RANGE_WRITE)

@@ -264,6 +264,7 @@ def live_pieces(trainer, layout: Layout) -> list[tuple[str, str, int, Callable[[
 
 # --------------------------------------------------------------------------- writing
 CHUNK_BYTES = 4 << 20   # a rank file is verified in sha256 chunks of this size (layout.json lists them)
+WRITEBACK_BYTES = 32 << 20   # a rank file's disk write is started every this many bytes (files.start_writeback)
 
 
 class ChunkDigests:
@@ -307,13 +308,17 @@ def write_rank(tmp: Path, rank: int, pieces: list) -> int:
     # each piece is hashed on a second thread while it is written (hashlib and write() release the GIL)
     with open(path, "wb") as f, ThreadPoolExecutor(max_workers=1) as hasher:
         write_all(f, head)
-        hashed = None
+        hashed, started = None, 0
         for _, code, n, read in pieces:
             raw = dtypes.cast_bytes("F32", code, memoryview(np.ascontiguousarray(read(), np.float32)).cast("B"))
             if hashed is not None:
                 hashed.result()   # one piece in flight: the digests stay in order, host memory one piece
             hashed = hasher.submit(h.update, raw)
             write_all(f, raw)
+            if f.tell() - started >= WRITEBACK_BYTES:   # the disk writes while the next pieces are read
+                f.flush()
+                files.start_writeback(f.fileno(), started, f.tell() - started)
+                started = f.tell()
         if hashed is not None:
             hashed.result()
         f.flush()
