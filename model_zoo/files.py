@@ -13,6 +13,7 @@ imports keep going one way. Whole output *directories* are staged by ``converter
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -202,7 +203,10 @@ def plain_name(name: Any, *, where: str, key: str, error: type[PortingError] = P
     return name
 
 
+@functools.lru_cache(maxsize=None)
 def _sync_file_range():
+    """libc's sync_file_range, looked up on the first write that asks (not at import: every command imports
+    this module), or None."""
     try:
         import ctypes  # deferred: only a writer of large files needs it
 
@@ -214,7 +218,6 @@ def _sync_file_range():
     return fn
 
 
-_SYNC_FILE_RANGE = _sync_file_range()
 _SYNC_FILE_RANGE_WRITE = 2   # <linux/fs.h>: start writeback of dirty pages in the range, do not wait
 
 
@@ -223,5 +226,6 @@ def start_writeback(fd: int, offset: int, nbytes: int) -> None:
     ``sync_file_range(SYNC_FILE_RANGE_WRITE)``, sync_file_range(2)): the disk writes while the caller
     prepares the next bytes, and the fsync at the end waits only for what is left. A hint: it makes nothing
     durable (fsync still does) and a failure or a platform without it changes nothing."""
-    if _SYNC_FILE_RANGE is not None and nbytes > 0:
-        _SYNC_FILE_RANGE(fd, offset, nbytes, _SYNC_FILE_RANGE_WRITE)
+    fn = _sync_file_range() if nbytes > 0 else None
+    if fn is not None:
+        fn(fd, offset, nbytes, _SYNC_FILE_RANGE_WRITE)

@@ -108,7 +108,7 @@ def test_an_entry_past_the_size_bound_is_not_read(tmp_path, fresh, monkeypatch):
     _run(r, cache)
     monkeypatch.setattr(token_file, "MAX_BYTES", 1000)
     got, warnings = _run(r, cache)
-    _tokenised_again(got, warnings, tokens, "larger than 1,000 bytes")
+    _tokenised_again(got, warnings, tokens, "more than the 1,000 a token file may have")
 
 
 def test_a_cache_path_that_is_a_file_is_one_warning_and_the_file_is_kept(tmp_path, fresh):

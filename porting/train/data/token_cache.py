@@ -88,12 +88,19 @@ def _tokenizer_files(model_dir: Path) -> dict:
     return out
 
 
-def key(recipe: Any, model_dir: Path, ident: dict) -> str | None:
-    """The cache key of this run's tokens, or None when the data path does not exist (tokenising says why)."""
+def _data_digest(recipe: Any) -> str | None:
+    """sha256 of the run's data, or None when the data path does not exist (tokenising says why)."""
     path = Path(recipe.data.path)
-    if not (path.is_file() or path.is_dir()):
+    return data_sha256(path) if path.is_file() or path.is_dir() else None
+
+
+def key(recipe: Any, model_dir: Path, ident: dict, data_digest: str | None = None) -> str | None:
+    """The cache key of this run's tokens (``data_digest``: the data's sha256 when already taken), or None
+    when the data path does not exist."""
+    data_digest = data_digest or _data_digest(recipe)
+    if data_digest is None:
         return None
-    doc = {"format": token_file.FORMAT, "identity": ident, "data": data_sha256(path),
+    doc = {"format": token_file.FORMAT, "identity": ident, "data": data_digest,
            "tokenizer": _tokenizer_files(model_dir), "versions": _versions(), "port": _sources()}
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:32]
 
@@ -106,15 +113,10 @@ def lookup(root: Path, k: str, ident: dict, warn: Callable[[str], None]) -> Toke
         m = ENTRY.match(entry.name)
         if not m or m[1] != k:
             continue
+        fix = "port tokenises the data again"
         try:
-            if entry.is_symlink() or not entry.is_file():
-                raise RecipeError(f"{entry}: not a regular file")
-            if entry.stat().st_size > token_file.MAX_BYTES:
-                raise RecipeError(f"{entry}: larger than {token_file.MAX_BYTES:,} bytes")
-            raw = entry.read_bytes()
-            if hashlib.sha256(raw).hexdigest() != m[2]:
-                raise RecipeError(f"{entry}: its sha256 is not the one in its name (changed after it was written)")
-            data = token_file.decode(entry, raw, ident, fix="port tokenises the data again")
+            raw = token_file.checked_bytes(entry, m[2], "in its name (changed after it was written)", fix)
+            data = token_file.decode(entry, raw, ident, fix)
         except (OSError, RecipeError) as exc:
             warn(f"{ENV}: passed over {exc}")
             continue
@@ -138,14 +140,15 @@ def tokenised(recipe: Any, model_dir: Path, warn: Callable[[str], None], environ
     (transformers loaded only then) and kept in the cache when it is set."""
     ident = token_file.identity(recipe, model_dir)
     root = (os.environ if environ is None else environ).get(ENV, "").strip()
-    k = key(recipe, model_dir, ident) if root else None
+    digest = _data_digest(recipe) if root else None   # taken once: the key, and the data report on a miss
+    k = key(recipe, model_dir, ident, digest) if digest else None
     if k:
         hit = lookup(Path(root), k, ident, warn)
         if hit is not None:
             return hit
     from porting.tokenizer import load_tokenizer  # deferred: transformers (and torch), loaded on a miss only
 
-    data = tokenize_dataset(recipe.data, load_tokenizer(model_dir))
+    data = tokenize_dataset(recipe.data, load_tokenizer(model_dir), data_digest=digest)
     raw = token_file.encode(data, ident)
     if k:
         store(Path(root), k, raw, warn)

@@ -83,6 +83,13 @@ def read(value: str, run_dir: Path, ident: dict) -> TokenizedData:
                           "sets it for its workers; unset it to let each worker tokenise the data itself")
     path = Path(run_dir) / name
     fix = f"rerun `port train` (it writes {name} before it launches the workers)"
+    raw = checked_bytes(path, digest, "the launcher wrote (changed after the launch)", fix)
+    return decode(path, raw, ident, fix)
+
+
+def checked_bytes(path: Path, digest: str, whose: str, fix: str) -> bytes:
+    """The bytes of token file ``path``: a regular file (never a link) of at most :data:`MAX_BYTES` whose bytes
+    hash to ``digest`` (the one ``whose`` names); one RecipeError line (ending with ``fix``) otherwise."""
     if not path.is_file() or path.is_symlink():
         raise RecipeError(f"{path}: missing or not a regular file; {fix}")
     size = path.stat().st_size
@@ -90,8 +97,8 @@ def read(value: str, run_dir: Path, ident: dict) -> TokenizedData:
         raise RecipeError(f"{path}: {size:,} bytes, more than the {MAX_BYTES:,} a token file may have; {fix}")
     raw = path.read_bytes()   # hashed and parsed from the same bytes: no swap between the check and the use
     if hashlib.sha256(raw).hexdigest() != digest:
-        raise RecipeError(f"{path}: its sha256 is not the one the launcher wrote (changed after the launch); {fix}")
-    return decode(path, raw, ident, fix)
+        raise RecipeError(f"{path}: its sha256 is not the one {whose}; {fix}")
+    return raw
 
 
 def decode(path: Path, raw: bytes, ident: dict, fix: str) -> TokenizedData:

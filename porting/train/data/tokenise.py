@@ -197,10 +197,11 @@ def load_rows(data) -> tuple[Path, list[tuple[int, Any]], str]:
     return path, rows, "text" if path.suffix == ".txt" else formats.detect_format(rows, data)
 
 
-def tokenize_dataset(data, tokenizer) -> TokenizedData:
-    """All examples of ``data`` (a recipe's DataSection) tokenised with the model's tokenizer."""
+def tokenize_dataset(data, tokenizer, data_digest: str | None = None) -> TokenizedData:
+    """All examples of ``data`` (a recipe's DataSection) tokenised with the model's tokenizer
+    (``data_digest``: the data's sha256 when the caller already took it, tables.data_sha256)."""
     path, rows, fmt = load_rows(data)
-    report = DataReport(path=str(path), sha256=tables.data_sha256(path), format=fmt)
+    report = DataReport(path=str(path), sha256=data_digest or tables.data_sha256(path), format=fmt)
     examples = tokenize_rows(rows, fmt, data, tokenizer, report)
     if not examples:
         raise RecipeError(f"{path}: no usable example ({report.bad_rows} malformed of {report.rows} rows; "
