@@ -295,3 +295,28 @@ def test_a_record_from_before_chunk_digests_is_checked_whole(tmp_path):
     with pytest.raises(CheckpointError, match="rank_00001.safetensors: its sha256 differs"):
         src.full("param", "emb")   # its TP slice 1 lives in rank 1: opening it checks the whole file
     src.files.close()
+
+
+@pytest.mark.parametrize("slice_bytes", [3, 5, 1 << 20])
+def test_read_hashed_fills_the_view_and_hashes_exactly_the_listed_chunks(tmp_path, monkeypatch, slice_bytes):
+    """Slices smaller than, equal to and larger than a chunk, from an offset inside a chunk: the bytes read
+    are the file's, each listed chunk's digest is hashlib's over its bytes, unlisted chunks are not hashed."""
+    import hashlib
+    import os
+
+    from porting.train.run import ckpt_shards
+
+    monkeypatch.setattr(ckpt_shards, "SLICE_BYTES", slice_bytes)
+    data = bytes(range(256)) * 3 + b"tail"   # 772 bytes; chunk 5 bytes
+    path = tmp_path / "f.bin"
+    path.write_bytes(data)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        lo, hi = 10, 772                          # chunks 2..154, the last one 2 bytes long
+        view = memoryview(bytearray(hi - lo))
+        got = ckpt_shards.read_hashed(fd, view, lo, 5, [2, 3, 154])
+        assert bytes(view) == data[lo:hi]
+        assert got == {k: hashlib.sha256(data[k * 5:min(len(data), k * 5 + 5)]).hexdigest() for k in (2, 3, 154)}
+        assert ckpt_shards.read_hashed(fd, memoryview(bytearray(20)), 760, 5, []) is None   # past the end
+    finally:
+        os.close(fd)
