@@ -297,26 +297,24 @@ def test_a_record_from_before_chunk_digests_is_checked_whole(tmp_path):
     src.files.close()
 
 
-@pytest.mark.parametrize("slice_bytes", [3, 5, 1 << 20])
-def test_read_hashed_fills_the_view_and_hashes_exactly_the_listed_chunks(tmp_path, monkeypatch, slice_bytes):
-    """Slices smaller than, equal to and larger than a chunk, from an offset inside a chunk: the bytes read
-    are the file's, each listed chunk's digest is hashlib's over its bytes, unlisted chunks are not hashed."""
+
+@pytest.mark.parametrize("slice_bytes", [4099, 1 << 20])
+def test_a_rank_file_written_in_slices_has_the_chunk_digests_of_its_bytes(tmp_path, monkeypatch, slice_bytes):
+    """write_rank hashes each piece slice by slice (ckpt_shards.SLICE_BYTES) on its second thread: with slices
+    that straddle pieces and 4 MiB chunks (4,099 bytes) and with the real slices, the
+    sidecar's chunk digests are hashlib's over the file's own bytes, and the file is the pieces after its header."""
     import hashlib
-    import os
 
     from porting.train.run import ckpt_shards
 
     monkeypatch.setattr(ckpt_shards, "SLICE_BYTES", slice_bytes)
-    data = bytes(range(256)) * 3 + b"tail"   # 772 bytes; chunk 5 bytes
-    path = tmp_path / "f.bin"
-    path.write_bytes(data)
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        lo, hi = 10, 772                          # chunks 2..154, the last one 2 bytes long
-        view = memoryview(bytearray(hi - lo))
-        got = ckpt_shards.read_hashed(fd, view, lo, 5, [2, 3, 154])
-        assert bytes(view) == data[lo:hi]
-        assert got == {k: hashlib.sha256(data[k * 5:min(len(data), k * 5 + 5)]).hexdigest() for k in (2, 3, 154)}
-        assert ckpt_shards.read_hashed(fd, memoryview(bytearray(20)), 760, 5, []) is None   # past the end
-    finally:
-        os.close(fd)
+    rng = np.random.default_rng(0)
+    arrays = [rng.standard_normal(n).astype(np.float32) for n in (5, 700_001, 1, 900_000)]   # 6.4 MB
+    pieces = [(f"p{i}", "F32", len(a), lambda a=a: a) for i, a in enumerate(arrays)]
+    n = write_rank(tmp_path, 3, pieces)
+    data = (tmp_path / "rank_00003.safetensors").read_bytes()
+    side = json.loads((tmp_path / ".rank_00003.json").read_text())
+    chunk = ckpt_shards.CHUNK_BYTES
+    assert n == len(data) == side["bytes"] and side["chunk_bytes"] == chunk and len(side["chunks"]) == 2
+    assert side["chunks"] == [hashlib.sha256(data[i:i + chunk]).hexdigest() for i in range(0, len(data), chunk)]
+    assert data.endswith(b"".join(a.tobytes() for a in arrays))

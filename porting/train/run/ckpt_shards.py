@@ -265,9 +265,9 @@ def live_pieces(trainer, layout: Layout) -> list[tuple[str, str, int, Callable[[
 # --------------------------------------------------------------------------- writing
 CHUNK_BYTES = 4 << 20   # a rank file is verified in sha256 chunks of this size (layout.json lists them)
 WRITEBACK_BYTES = 32 << 20   # a rank file's disk write is started every this many bytes (files.start_writeback)
-# Rank files are hashed and copied in slices small enough to stay in a core's L2 cache (2 MiB on the Xeon of
-# BENCHMARKS.md "Checkpoint I/O"): a 1.43 GB reshard there takes 2.2-2.5 s with 1 MiB slices, 3.5-6.4 s with
-# 4 MiB slices and 4.4-7.5 s with whole pieces, the same bytes written.
+# A rank file is hashed and written in slices small enough to stay in a core's L2 cache (2 MiB a core on the
+# Xeon of BENCHMARKS.md "The first day of a 13B run"): an in-process reshard of a 1.43 GB checkpoint there took
+# 2.2-2.5 s with 1 MiB slices, 3.5-6.4 s with 4 MiB slices and 4.4-7.5 s with whole pieces, the same bytes.
 SLICE_BYTES = 1 << 20
 
 
@@ -275,25 +275,6 @@ def slices(data, size: int = SLICE_BYTES):
     """``data`` as consecutive byte views of at most ``size`` bytes."""
     view = memoryview(data).cast("B")
     return (view[i:i + size] for i in range(0, len(view), size))
-
-
-def read_hashed(fd: int, view: memoryview, offset: int, chunk: int, check: list[int]) -> dict[int, str] | None:
-    """Fill ``view`` with the file's bytes from ``offset``, slice by slice; each slice of a chunk listed in
-    ``check`` (chunk k: bytes [k * chunk, (k + 1) * chunk), each wholly inside the view) is hashed right after it
-    is read, while it is in cache. Returns each listed chunk's sha256, or None when the file ends early."""
-    digests = {k: hashlib.sha256() for k in check}
-    done = 0
-    while done < len(view):
-        at = offset + done
-        k = at // chunk if chunk else -1
-        stop = min(len(view), done + SLICE_BYTES, (k + 1) * chunk - offset if chunk else len(view))
-        part = view[done:stop]
-        if os.preadv(fd, [part], at) != len(part):
-            return None
-        if k in digests:
-            digests[k].update(part)
-        done = stop
-    return {k: h.hexdigest() for k, h in digests.items()}
 
 
 class ChunkDigests:
