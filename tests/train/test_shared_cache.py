@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 from porting.train.run import shared_cache as sc
 from porting.train.run.precompile import cache_key
 
@@ -58,3 +60,55 @@ def test_a_folder_without_ready_a_link_or_too_large_is_not_adopted(tmp_path, mon
     assert not sc.adopt(shared, own, 0) and not sc.publish(tmp_path / "s2", shared, 0)
     monkeypatch.setattr(sc, "MAX_BYTES", 1 << 20)
     assert sc.adopt(shared, own, 0) and not list(own.glob(".rank_*"))   # no temporary copy left behind
+
+
+def test_keyed_without_the_values_that_never_reach_a_graph():
+    doc = {"model": {"source": "/a/model"}, "output_dir": "/runs/a", "schedule": {"max_steps": 3},
+           "checkpointing": {"every_steps": 0}, "logging": {"every_steps": 1}, "seed": 0,
+           "cluster": {"master_port": 8118, "devices_per_node": 2}, "optimizer": {"grad_clip": 1.0}}
+    other = {"model": {"source": "/b/model"}, "output_dir": "/runs/b", "schedule": {"max_steps": 9},
+             "checkpointing": {"every_steps": 2}, "logging": {"every_steps": 5}, "seed": 0,
+             "cluster": {"master_port": 9000, "devices_per_node": 2}, "optimizer": {"grad_clip": 1.0}}
+    key = cache_key(sc.graph_doc(doc), {"hidden_size": 64}, [(1, 80)], 2)
+    assert key == cache_key(sc.graph_doc(other), {"hidden_size": 64}, [(1, 80)], 2)
+    assert doc["schedule"] == {"max_steps": 3} and doc["model"]["source"] == "/a/model"   # left as it was
+    for section, value in (("seed", 1), ("optimizer", {"grad_clip": 0.5})):
+        assert cache_key(sc.graph_doc(dict(doc, **{section: value})), {"hidden_size": 64}, [(1, 80)], 2) != key
+
+
+@pytest.mark.slow
+def test_a_graph_cached_with_other_weights_and_schedule_trains_as_a_fresh_compile(tmp_path):
+    """The key leaves out the model's directory and the schedule (NOT_GRAPH): a run of other weights and
+    another learning-rate schedule that adopts the first run's graphs gives the losses of its own fresh
+    compile, bit for bit."""
+    import numpy as np
+    from safetensors.numpy import load_file, save_file
+
+    from tests.helpers import port_process
+    from tests.train.conftest import STORIES, TINY, metrics
+
+    other = tmp_path / "other"
+    other.mkdir()
+    for f in STORIES.iterdir():
+        (other / f.name).write_bytes(f.read_bytes())
+    rng = np.random.default_rng(1)
+    w = load_file(str(STORIES / "model.safetensors"))
+    save_file({k: v + np.float32(0.01) * rng.standard_normal(v.shape, np.float32) for k, v in w.items()},
+              str(other / "model.safetensors"))
+    shared = tmp_path / "shared"
+    # two bucket shapes and 2 accumulation steps: the accumulation graph is the one a cache once broke
+    # (tests/train/test_precompile.py test_compile_cache_is_written_under_the_run_and_reused_with_the_same_losses)
+    common = ["batching.micro_batch_size=2", "batching.grad_accum_steps=2", "checkpointing.export_hf=false"]
+
+    def run(name, source, steps, cache):
+        sets = [a for s in common + [f"model.source={source}", f"schedule.max_steps={steps}"] for a in ("--set", s)]
+        port_process("train", str(TINY), "--run-dir", str(tmp_path / name), *sets, check=True, timeout=900,
+                     env={sc.ENV: str(cache) if cache else ""})
+        return [s["loss"] for s in metrics(tmp_path / name)[0]], (tmp_path / name / "logs" / "rank_0.log").read_text()
+
+    _, log_a = run("a", STORIES, 2, shared)
+    adopted, log_b = run("b", other, 3, shared)
+    fresh, log_c = run("c", other, 3, None)
+    assert "published to" in log_a and "copied from" in log_b and "PORT_COMPILE_CACHE_SHARED" not in log_c
+    assert "graphs for shapes [[2, 96], [2, 128]]" in log_b
+    assert len(adopted) == 3 and adopted == fresh, (adopted, fresh)

@@ -9,9 +9,16 @@ folder to ``DIR/<key>-<entry>/rank_<r>`` and a later run's rank with the same ke
 directory before it compiles, so MindSpore loads the graphs. What makes it safe:
 
 - the key is precompile's (every recipe value, the model's config, the shapes, the world size, the MindSpore
-  version and port's graph-building sources) without the values that cannot reach a graph: the master's
-  address and port; plus the entry script (MindSpore checks the sources its entry script imports:
-  a graph cached by an msrun worker is not offered to a single-process run);
+  version and port's graph-building sources) without the values that cannot reach a graph (:data:`NOT_GRAPH`),
+  plus the entry script (MindSpore checks the sources its entry script imports: a graph cached by an msrun
+  worker is not offered to a single-process run). Left out: the master's address and port; the model's
+  directory (its config is in the key; the weights are the run's own Parameters, loaded before the compile
+  and never taken from a cache: a run of other weights and another schedule that adopts a graph gives the
+  losses of its own fresh compile bit for bit, tests/train/test_shared_cache.py); the output directory; ``schedule`` (the
+  learning rate and the bias corrections are inputs of the update cell, run/step.py ``construct(grads, lr,
+  bc1, bc2, finite)``, computed on the host each step); ``checkpointing`` and ``logging`` (host-side; the
+  barrier and sampling graphs they add are compiled outside the cached block, run/precompile.py
+  ``compile_cache``);
 - MindSpore never writes into ``DIR``: a rank copies the published folder into its own run directory and the
   cache is used there as before (the copy is bounded: :data:`MAX_BYTES`; a cached graph holds the weights
   it was compiled with, 275 MB per rank for a 120 M-parameter model, so large models are not shared);
@@ -31,15 +38,19 @@ from pathlib import Path
 ENV = "PORT_COMPILE_CACHE_SHARED"
 READY = "READY"
 MAX_BYTES = 64 << 20            # per rank folder: a tiny model's graphs are about 0.5 MB
-NOT_GRAPH = (("cluster", "master_port"), ("cluster", "master_addr"))
+# recipe values that never reach a step graph: (section, key), or (section,) for the whole section or value
+NOT_GRAPH = (("cluster", "master_port"), ("cluster", "master_addr"), ("model", "source"), ("output_dir",),
+             ("schedule",), ("checkpointing",), ("logging",))
 
 
 def graph_doc(recipe_doc: dict) -> dict:
     """``recipe_doc`` without the values that never reach a graph (the shared key is taken over the rest)."""
     doc = {k: (dict(v) if isinstance(v, dict) else v) for k, v in recipe_doc.items()}
-    for section, key in NOT_GRAPH:
-        if isinstance(doc.get(section), dict):
-            doc[section].pop(key, None)
+    for path in NOT_GRAPH:
+        if len(path) == 1:
+            doc.pop(path[0], None)
+        elif isinstance(doc.get(path[0]), dict):
+            doc[path[0]].pop(path[1], None)
     return doc
 
 
