@@ -3,10 +3,10 @@
 Why: a graph-mode run compiles its step graphs before step 1 (porting/train/run/precompile.py), a few seconds
 per graph per rank on the CPU; a rerun of the same recipe in the same run directory loads them from
 ``RUN/compile_cache/<key>`` instead (8.0 -> 1.4 s, BENCHMARKS.md "Compiles before step 1"). Runs in *other*
-directories with the same graphs (a sweep over seeds or data, the rehearsal's rungs, the test suite's many
-runs of one recipe) compile them again. With this variable set, a rank that compiled fresh publishes its
-folder to ``DIR/<key>-<entry>/rank_<r>`` and a later run's rank with the same key copies it into its own run
-directory before it compiles, so MindSpore loads the graphs. What makes it safe:
+directories with the same graphs (a sweep over learning-rate schedules or step counts, the rehearsal's rungs,
+the test suite's many runs of one recipe) compile them again. With this variable set, a rank that compiled
+fresh publishes its folder to ``DIR/<key>-<entry>/rank_<r>`` and a later run's rank with the same key copies it
+into its own run directory before it compiles, so MindSpore loads the graphs. What makes it safe:
 
 - the key is precompile's (every recipe value, the model's config, the shapes, the world size, the MindSpore
   version and port's graph-building sources) without the values that cannot reach a graph (:data:`NOT_GRAPH`),
