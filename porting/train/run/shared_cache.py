@@ -14,11 +14,11 @@ into its own run directory before it compiles, so MindSpore loads the graphs. Wh
   worker is not offered to a single-process run). Left out: the master's address and port; the model's
   directory (its config is in the key; the weights are the run's own Parameters, loaded before the compile
   and never taken from a cache: a run of other weights and another schedule that adopts a graph gives the
-  losses of its own fresh compile bit for bit, tests/train/test_shared_cache.py); the output directory; ``schedule`` (the
-  learning rate and the bias corrections are inputs of the update cell, run/step.py ``construct(grads, lr,
-  bc1, bc2, finite)``, computed on the host each step); ``checkpointing`` and ``logging`` (host-side; the
-  barrier and sampling graphs they add are compiled outside the cached block, run/precompile.py
-  ``compile_cache``);
+  losses of its own fresh compile bit for bit, tests/train/test_shared_cache.py); the output directory;
+  ``schedule`` (the learning rate and the bias corrections are inputs of the update cell, run/step.py
+  ``construct(grads, lr, bc1, bc2, finite)``, computed on the host each step); ``checkpointing`` and
+  ``logging`` (host-side; the barrier and sampling graphs they add are compiled outside the cached block,
+  run/precompile.py ``compile_cache``);
 - MindSpore never writes into ``DIR``: a rank copies the published folder into its own run directory and the
   cache is used there as before (the copy is bounded: :data:`MAX_BYTES`; a cached graph holds the weights
   it was compiled with, 275 MB per rank for a 120 M-parameter model, so large models are not shared);
