@@ -297,17 +297,17 @@ def test_a_record_from_before_chunk_digests_is_checked_whole(tmp_path):
     src.files.close()
 
 
-
 @pytest.mark.parametrize("slice_bytes", [4099, 1 << 20])
 def test_a_rank_file_written_in_slices_has_the_chunk_digests_of_its_bytes(tmp_path, monkeypatch, slice_bytes):
     """write_rank hashes each piece slice by slice (ckpt_shards.SLICE_BYTES) on its second thread: with slices
-    that straddle pieces and 4 MiB chunks (4,099 bytes) and with the real slices, the
-    sidecar's chunk digests are hashlib's over the file's own bytes, and the file is the pieces after its header."""
+    that straddle pieces and 4 MiB chunks (4,099 bytes) and with the real slices, the sidecar's chunk digests
+    are hashlib's over the file's own bytes, and the file is the pieces after its header."""
     import hashlib
 
     from porting.train.run import ckpt_shards
 
     monkeypatch.setattr(ckpt_shards, "SLICE_BYTES", slice_bytes)
+    assert max(len(v) for v in ckpt_shards.slices(bytes(10_000))) == min(slice_bytes, 10_000)   # the size in use
     rng = np.random.default_rng(0)
     arrays = [rng.standard_normal(n).astype(np.float32) for n in (5, 700_001, 1, 900_000)]   # 6.4 MB
     pieces = [(f"p{i}", "F32", len(a), lambda a=a: a) for i, a in enumerate(arrays)]

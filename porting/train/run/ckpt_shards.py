@@ -271,9 +271,9 @@ WRITEBACK_BYTES = 32 << 20   # a rank file's disk write is started every this ma
 SLICE_BYTES = 1 << 20
 
 
-def slices(data, size: int = SLICE_BYTES):
-    """``data`` as consecutive byte views of at most ``size`` bytes."""
-    view = memoryview(data).cast("B")
+def slices(data):
+    """``data`` as consecutive byte views of at most :data:`SLICE_BYTES` bytes (read at each call)."""
+    view, size = memoryview(data).cast("B"), SLICE_BYTES
     return (view[i:i + size] for i in range(0, len(view), size))
 
 
@@ -315,7 +315,7 @@ def write_rank(tmp: Path, rank: int, pieces: list) -> int:
                          {"format": f"port-train-rank/{FORMAT}", "rank": str(rank)})
     h = ChunkDigests()
     h.update(head)
-    # each piece is hashed on a second thread while it is written (hashlib and write() release the GIL)
+    # each slice is hashed on a second thread while it is written (hashlib and write() release the GIL)
     with open(path, "wb") as f, ThreadPoolExecutor(max_workers=1) as hasher:
         write_all(f, head)
         hashed, started = None, 0
