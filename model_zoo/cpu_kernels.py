@@ -140,7 +140,19 @@ def status(isa: str | None = None) -> tuple[str | None, str]:
     isa = isa or selected_isa()
     if isa not in supported_isas():
         raise KernelError(f"port's {isa} CPU kernels cannot run on this CPU (it has {', '.join(supported_isas())})")
-    return _build(isa)
+    lib, why = _build(isa)
+    if lib is not None:
+        _HANDED_OUT.add(lib)
+    return lib, why
+
+
+_HANDED_OUT: set[str] = set()
+
+
+def handed_out() -> list[str]:
+    """The libraries :func:`status` gave this process (ops.Custom takes their paths, and a compiled graph keeps
+    them: a graph compile cache is only valid where the same files are, porting/train/run/precompile.py)."""
+    return sorted(_HANDED_OUT)
 
 
 @functools.lru_cache(maxsize=None)

@@ -77,22 +77,22 @@ def test_keyed_without_the_values_that_never_reach_a_graph():
 
 
 @pytest.mark.slow
-def test_a_graph_cached_with_other_weights_and_schedule_trains_as_a_fresh_compile(tmp_path):
+def test_a_graph_cached_with_other_weights_and_schedule_trains_as_a_fresh_compile(tmp_path, model_dir):
     """The key leaves out the model's directory and the schedule (NOT_GRAPH): a run of other weights and
     another learning-rate schedule that adopts the first run's graphs gives the losses of its own fresh
-    compile, bit for bit."""
+    compile, bit for bit. One layer of stories260K (tests/conftest.py model_dir)."""
     import numpy as np
     from safetensors.numpy import load_file, save_file
 
     from tests.helpers import port_process
-    from tests.train.conftest import STORIES, TINY, metrics
+    from tests.train.conftest import TINY, metrics
 
     other = tmp_path / "other"
     other.mkdir()
-    for f in STORIES.iterdir():
+    for f in model_dir.iterdir():
         (other / f.name).write_bytes(f.read_bytes())
     rng = np.random.default_rng(1)
-    w = load_file(str(STORIES / "model.safetensors"))
+    w = load_file(str(model_dir / "model.safetensors"))
     save_file({k: v + np.float32(0.01) * rng.standard_normal(v.shape, np.float32) for k, v in w.items()},
               str(other / "model.safetensors"))
     shared = tmp_path / "shared"
@@ -106,9 +106,46 @@ def test_a_graph_cached_with_other_weights_and_schedule_trains_as_a_fresh_compil
                      env={sc.ENV: str(cache) if cache else ""})
         return [s["loss"] for s in metrics(tmp_path / name)[0]], (tmp_path / name / "logs" / "rank_0.log").read_text()
 
-    _, log_a = run("a", STORIES, 2, shared)
+    _, log_a = run("a", model_dir, 2, shared)
     adopted, log_b = run("b", other, 3, shared)
     fresh, log_c = run("c", other, 3, None)
     assert "published to" in log_a and "copied from" in log_b and "PORT_COMPILE_CACHE_SHARED" not in log_c
     assert "graphs for shapes [[2, 96], [2, 128]]" in log_b
     assert len(adopted) == 3 and adopted == fresh, (adopted, fresh)
+
+
+def test_keyed_on_the_kernel_libraries_a_graph_loads(monkeypatch):
+    from model_zoo import cpu_kernels
+
+    monkeypatch.setattr(cpu_kernels, "_HANDED_OUT", {"/home/a/.cache/port/kernels/port_cpu_kernels-avx2-1.so"})
+    key = cache_key({"seed": 0}, {"hidden_size": 64}, [(1, 80)], 1)
+    monkeypatch.setattr(cpu_kernels, "_HANDED_OUT", {"/home/b/.cache/port/kernels/port_cpu_kernels-avx2-1.so"})
+    assert cache_key({"seed": 0}, {"hidden_size": 64}, [(1, 80)], 1) != key
+
+
+@pytest.mark.slow
+def test_a_graph_that_loads_a_removed_kernel_library_is_not_adopted(tmp_path, model_dir):
+    """A run's graphs hold the path of port's C++ kernel library (ops.Custom aot). A run whose kernels were built
+    in another folder, since removed, publishes; a run with the same recipe and its own kernel folder compiles
+    fresh and trains (a graph adopted across the two failed at step 1: "couldn't find the AOT binary file")."""
+    import shutil
+
+    from tests.helpers import port_process
+    from tests.train.conftest import TINY, metrics, small_settings
+
+    shared, kernels = tmp_path / "shared", tmp_path / "kernels"
+
+    def run(name, kernel_cache):
+        sets = [a for s in small_settings(model_dir, "schedule.max_steps=2", "checkpointing.export_hf=false")
+                for a in ("--set", s)]
+        p = port_process("train", str(TINY), "--run-dir", str(tmp_path / name), *sets, timeout=900,
+                         env={sc.ENV: str(shared), "PORT_KERNEL_CACHE": str(kernel_cache)})
+        assert p.returncode == 0, p.stderr[-3000:]
+        return [s["loss"] for s in metrics(tmp_path / name)[0]], (tmp_path / name / "logs" / "rank_0.log").read_text()
+
+    first, log_a = run("a", kernels / "a")
+    assert "published to" in log_a and list((kernels / "a").glob("port_cpu_kernels-*.so"))   # its graphs load it
+    shutil.rmtree(kernels / "a")
+    second, log_b = run("b", kernels / "b")
+    assert "copied from" not in log_b and "published to" in log_b
+    assert second == first

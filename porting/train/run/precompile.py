@@ -25,7 +25,8 @@ the CPU the collective's own receive timeout) and the run dies. So:
   only while precompile runs (a fixed order), only for a process's first run (MindSpore fixes the folder
   and goes on counting at the process's first cached compile: an in-process second run would not match),
   and ``<key>`` hashes everything that shapes the graphs: the recipe, the model's config, the shapes, the
-  world size, the MindSpore version and port's own graph-building sources (model_zoo/, porting/train/run/).
+  world size, the MindSpore version, port's own graph-building sources (model_zoo/, porting/train/run/) and
+  the paths of port's C++ CPU kernel libraries the graphs load (model_zoo/cpu_kernels.py ``handed_out``).
   A process-wide ``MS_COMPILER_CACHE_ENABLE`` set by the user (every graph, by order, one folder) is
   refused for that reason (porting/train/plan/execution.py). MindSpore binds a loaded graph to the cell's
   own parameters: a step cell must hold the model as a sub-cell (run/step.py AccumGradStep), or the cached
@@ -47,6 +48,7 @@ from typing import Iterator
 import mindspore as ms
 import numpy as np
 
+from model_zoo import cpu_kernels
 from porting.train.plan.comm import HCCL_EXEC_FLOOR_S
 from porting.train.plan.execution import GRAPH
 from porting.train.run import execution, ready, shared_cache
@@ -76,8 +78,10 @@ class CompileReport:
 
 def cache_key(recipe_doc: dict, model_config: dict, shapes: list[tuple[int, int]], world_size: int) -> str:
     """A digest of everything the step graphs are built from (the cache's correctness depends on it)."""
+    # a graph of port's C++ CPU kernels holds their library's path (ops.Custom aot): a cache of graphs that load
+    # a library elsewhere (another PORT_KERNEL_CACHE or HOME, one since removed) must not be taken
     doc = {"recipe": recipe_doc, "model": model_config, "shapes": [list(s) for s in shapes],
-           "world_size": world_size, "mindspore": ms.__version__}
+           "world_size": world_size, "mindspore": ms.__version__, "cpu_kernels": cpu_kernels.handed_out()}
     h = hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode())
     for folder in _SOURCES:
         for f in sorted((_ROOT / folder).rglob("*.py")):

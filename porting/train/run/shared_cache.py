@@ -9,7 +9,9 @@ fresh publishes its folder to ``DIR/<key>-<entry>/rank_<r>`` and a later run's r
 into its own run directory before it compiles, so MindSpore loads the graphs. What makes it safe:
 
 - the key is precompile's (every recipe value, the model's config, the shapes, the world size, the MindSpore
-  version and port's graph-building sources) without the values that cannot reach a graph (:data:`NOT_GRAPH`),
+  version, port's graph-building sources and the paths of the C++ kernel libraries a graph loads: a graph
+  compiled with ``PORT_KERNEL_CACHE`` or ``HOME`` elsewhere names a library that may be gone) without the
+  values that cannot reach a graph (:data:`NOT_GRAPH`),
   plus the entry script (MindSpore checks the sources its entry script imports: a graph cached by an msrun
   worker is not offered to a single-process run). Left out: the master's address and port; the model's
   directory (its config is in the key; the weights are the run's own Parameters, loaded before the compile
