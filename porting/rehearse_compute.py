@@ -112,12 +112,11 @@ def measure(recipe: Any, cfg: Any, out: Path, timeout: float, run: Callable) -> 
 
 def collectives(recipe: Any, out: Path, timeout: float, run: Callable) -> tuple[str, str, dict[str, Any]]:
     """Graph-mode AllReduce and AllGather over the node's workers, under msrun (module docstring)."""
-    import shutil
-
     from porting.cluster.preflight import free_port
+    from porting.launch.children import find_msrun
 
     n = recipe.cluster.devices_per_node
-    msrun = shutil.which("msrun", path=str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""))
+    msrun = find_msrun()
     if msrun is None:
         return "fail", "msrun not found (it comes with MindSpore): no collectives measured", {}
     res = out / "compute" / "collectives.json"

@@ -22,7 +22,6 @@ import os
 import shutil
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -32,7 +31,7 @@ from model_zoo.errors import DiagnosticsError
 from model_zoo.files import read_json_object, write_atomic
 from porting.cluster import hccl_timeouts
 from porting.cluster.smoke_shape import note_port, smoke_at_shape, waited_port, wants_smoke
-from porting.launch.children import child_env
+from porting.launch.children import child_env, find_msrun
 from porting.launch.msrun import launch_devices
 from porting.launch.proctable import descends, holds, is_worker, names_dir, node_of, process_table
 from porting.train.recipe.hardware import address_problem, check_node_rank
@@ -239,7 +238,7 @@ def smoke_allreduce(workers: int, port: int, timeout_s: float = 60.0, device: st
                     explain: Explain | None = None) -> dict:
     """msrun runs one real AllReduce on ``workers`` local workers; a failure comes with ``explain``'s
     diagnosis of its logs (the caller's: `port diagnose`, above this package)."""
-    msrun = shutil.which("msrun", path=str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""))
+    msrun = find_msrun()
     if msrun is None:
         return _row("smoke all-reduce", FAIL, "msrun not found (it comes with mindspore); pip install mindspore")
     logdir = Path(tempfile.mkdtemp(prefix="port_smoke_"))

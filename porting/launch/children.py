@@ -10,6 +10,7 @@ tests/test_house_rules.py finds a second builder (``dict(os.environ ...)``, ``os
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -21,6 +22,12 @@ from porting.launch.proctable import alive, descendants
 from porting.train.run import lifeline as worker_side
 
 ROOT = Path(__file__).resolve().parents[2]   # the checkout that holds porting/, converters/, model_zoo/
+
+
+def find_msrun() -> str | None:
+    """msrun as a child started with :func:`child_env` finds it: this interpreter's directory first, then ``PATH``
+    (a virtual environment used without activating it has msrun beside its python); None where there is none."""
+    return shutil.which("msrun", path=str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""))
 
 
 def child_env(defaults: Mapping[str, str] | None = None, overrides: Mapping[str, str] | None = None, *,

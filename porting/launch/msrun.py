@@ -7,7 +7,6 @@ from __future__ import annotations
 import ipaddress
 import os
 import shlex
-import shutil
 import socket
 import time
 from pathlib import Path
@@ -18,7 +17,7 @@ import yaml
 from model_zoo.errors import PortingError, RecipeError
 from model_zoo.files import write_atomic
 from porting.launch import lifeline
-from porting.launch.children import child_env
+from porting.launch.children import child_env, find_msrun
 from porting.launch.outcome import after_finished, launch_outcome, mark
 from porting.train.data import token_cache
 from porting.train.plan.launch import msrun_commands
@@ -29,9 +28,9 @@ def launch_msrun(rec: Recipe, recipe_path: str, overrides: list[str], out: Path,
                  launch_node: int | None, plan_env: dict | None = None) -> None:
     """Run this node's msrun (or print every node's command when a multi-node recipe names no node).
     msrun and its workers die with this process (porting/launch/lifeline.py)."""
-    if shutil.which("msrun") is None:
-        raise PortingError("msrun not found on PATH; it comes with MindSpore (pip install mindspore) - "
-                           "activate the environment that has it")
+    if find_msrun() is None:   # where the launched msrun is looked for: its environment's PATH (child_env)
+        raise PortingError("msrun not found on PATH or beside this python; it comes with MindSpore (pip install "
+                           "mindspore) - activate the environment that has it")
     # The launched command is exactly the one --dry-run prints; the resolved recipe is kept for the record.
     write_atomic(out / "recipe.yaml", yaml.safe_dump(recipe_dict(rec), sort_keys=False), error=RecipeError)
     cmds = msrun_commands(rec, recipe_path, str(out), overrides, resume)

@@ -9,6 +9,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from porting.launch.children import ROOT, child_env, stop_group
 from porting.launch.proctable import alive, descendants
 from porting.train.run import lifeline
@@ -73,3 +75,19 @@ def test_stop_group_escalates_to_sigkill():
     t0 = time.monotonic()
     stop_group(stubborn, 1.0)
     assert stubborn.returncode == -signal.SIGKILL and time.monotonic() - t0 < 10
+
+
+def test_msrun_is_found_beside_this_python_when_the_environment_is_not_activated(monkeypatch, tmp_path):
+    """A virtual environment used as `.venv/bin/port` without `activate`: msrun sits beside its python, not on
+    PATH. The launch looks where the launched child will (child_env puts this interpreter's folder first)."""
+    import shutil
+    from pathlib import Path
+
+    from porting.launch.children import find_msrun
+
+    beside = Path(sys.executable).parent / "msrun"
+    if not beside.is_file():
+        pytest.skip(f"no msrun beside {sys.executable} (MindSpore installed elsewhere)")
+    monkeypatch.setenv("PATH", str(tmp_path))   # nothing there
+    assert shutil.which("msrun") is None and find_msrun() == str(beside)
+    assert child_env()["PATH"].split(os.pathsep)[0] == str(beside.parent)
