@@ -53,7 +53,8 @@ def measure(rec: Any, timeout_s: float) -> tuple[str, str, dict[str, Any]]:
     from porting.train.plan.roofline import links as plan_links
 
     elements = ELEMENTS_NPU if rec.cluster.device == "ascend" else ELEMENTS_CPU
-    row = smoke_at_shape(rec, 0, timeout_s=timeout_s, elements=elements)
+    # one launch times both sizes: each collective at the bandwidth size, then at 1 KiB
+    row = smoke_at_shape(rec, 0, timeout_s=timeout_s, elements=(elements, ELEMENTS_LATENCY))
     tp, world = rec.parallel.tensor_parallel, rec.world_size
     sizes = {"world": world, "tp": tp, "dp": world // tp}
     measured: dict[str, Any] = {}
@@ -64,8 +65,8 @@ def measure(rec: Any, timeout_s: float) -> tuple[str, str, dict[str, Any]]:
         bw = bus_gb_s(op, sizes.get(group, 0), elements * 4, ms)
         measured[key] = {"ranks": sizes.get(group), "ms": round(ms, 3), "bytes_per_rank": elements * 4,
                          "bus_gb_s": None if bw is None else round(bw, 3)}
-    small = smoke_at_shape(rec, 0, timeout_s=timeout_s, elements=ELEMENTS_LATENCY) if row["status"] == "ok" else {}
-    for key, ms in (small.get("collectives") or {}).items():   # each collective's cost at 1 KiB: its latency
+    small = row["collectives_at"].get(ELEMENTS_LATENCY * 4, {}) if row["status"] == "ok" else {}
+    for key, ms in small.items():   # each collective's cost at 1 KiB: its latency
         if key in measured:
             measured[key]["latency_ms"] = round(ms, 3)
     plan = plan_links(rec)
@@ -97,6 +98,6 @@ def command_of(rec: Any, timeout_s: float, elements: int) -> list[str]:
     from porting.cluster.smoke_shape import launch_command
 
     try:
-        return launch_command(rec, 0, Path("LOGDIR"), timeout_s, elements)
+        return launch_command(rec, 0, Path("LOGDIR"), timeout_s, (elements, ELEMENTS_LATENCY))
     except FileNotFoundError:
         return []

@@ -15,6 +15,10 @@ one names the group and the collective (smoke_shape.py reads these lines):
 
     smoke rank R node N group G ranks A,B op OP start
     smoke rank R node N group G op OP ok 0.412 ms 1048576 bytes
+
+The fourth argument sets each collective's float32 count per rank; several, comma-separated, run every
+collective of a group at each size in turn within one launch (`port rehearse`'s links rung times the
+bandwidth size and the 1 KiB latency size together).
 """
 
 from __future__ import annotations
@@ -93,7 +97,7 @@ def main() -> int:
     from mindspore.communication import create_group, get_group_size, get_rank, init
 
     target, tp, node = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-    elements = int(sys.argv[4]) if len(sys.argv) > 4 else ELEMENTS
+    sizes = [int(e) for e in sys.argv[4].split(",")] if len(sys.argv) > 4 else [ELEMENTS]
     ms.set_context(mode=ms.PYNATIVE_MODE)
     ms.set_device(target)
     init()
@@ -106,14 +110,15 @@ def main() -> int:
             t0 = time.perf_counter()
             create_group(name, members)
             say(f"group {name} op create ok {(time.perf_counter() - t0) * 1e3:.3f} ms 0 bytes")
-        for op, (fn, check) in collectives(ms, ops, np, name, members, rank, target != "CPU", elements).items():
-            say(f"group {name} ranks {ranks} op {op} start")
-            try:
-                ms_taken = _timed(fn, check)
-            except Exception as e:   # the worker's own failure, named; the launcher reads it
-                say(f"group {name} op {op} FAILED: {type(e).__name__}: {str(e).strip().splitlines()[0][:300]}")
-                return 1
-            say(f"group {name} op {op} ok {ms_taken:.3f} ms {elements * 4} bytes")
+        for elements in sizes:
+            for op, (fn, check) in collectives(ms, ops, np, name, members, rank, target != "CPU", elements).items():
+                say(f"group {name} ranks {ranks} op {op} start")
+                try:
+                    ms_taken = _timed(fn, check)
+                except Exception as e:   # the worker's own failure, named; the launcher reads it
+                    say(f"group {name} op {op} FAILED: {type(e).__name__}: {str(e).strip().splitlines()[0][:300]}")
+                    return 1
+                say(f"group {name} op {op} ok {ms_taken:.3f} ms {elements * 4} bytes")
     print(f"rank {rank}/{world} step 1 loss 0.0 smoke collectives ok", flush=True)
     return 0
 

@@ -12,17 +12,16 @@ scheduler while it shuts down. Open both ports between the nodes.
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Callable
 
-from porting.launch.children import child_env
+from porting.cluster.smoke_collectives import ELEMENTS
+from porting.launch.children import child_env, find_msrun
 from porting.launch.msrun import same_host_node_argv
 from porting.train.recipe.schema import Recipe
 
@@ -60,9 +59,11 @@ def note_port(row: dict, recipe: Recipe, smoke: bool | None) -> dict:
 
 
 def launch_command(recipe: Recipe, node_rank: int, logdir: Path, timeout_s: float,
-                   elements: int | None = None) -> list[str]:
+                   elements: int | tuple[int, ...] | None = None) -> list[str]:
+    """msrun running smoke_collectives.py on this node's workers; ``elements``: each collective's float32 count
+    per rank, or several counts, each collective run at each in one launch."""
     c = recipe.cluster
-    msrun = shutil.which("msrun", path=str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""))
+    msrun = find_msrun()
     if msrun is None:
         raise FileNotFoundError("msrun")
     target = "CPU" if c.device == "cpu" else "Ascend"
@@ -70,7 +71,13 @@ def launch_command(recipe: Recipe, node_rank: int, logdir: Path, timeout_s: floa
             f"--master_addr={c.master_addr}", f"--master_port={smoke_port(recipe)}", f"--node_rank={node_rank}",
             f"--log_dir={logdir}", "--join=True", f"--cluster_time_out={int(timeout_s)}",
             str(Path(__file__).with_name("smoke_collectives.py")), target, str(recipe.parallel.tensor_parallel),
-            str(node_rank)] + ([str(elements)] if elements else [])
+            str(node_rank)] + ([",".join(map(str, _sizes(elements)))] if elements else [])
+
+
+def _sizes(elements: int | tuple[int, ...] | None) -> tuple[int, ...]:
+    if not elements:
+        return (ELEMENTS,)
+    return (elements,) if isinstance(elements, int) else tuple(elements)
 
 
 def read_worker_logs(logdir: Path) -> dict[int, dict]:
@@ -93,7 +100,7 @@ def read_worker_logs(logdir: Path) -> dict[int, dict]:
                 elif m[9] is not None:
                     r["failed"] = (group, op, m[9])
                 else:
-                    r["ok"][(group, op)] = float(m[7])
+                    r["ok"][(group, op, int(m[8]))] = float(m[7])
                     r["open"] = None
             elif DONE in line:
                 num = re.search(r"rank (\d+)/", line)
@@ -120,13 +127,15 @@ def diagnose(ranks: dict[int, dict], node_rank: int, local: int, per_node: int) 
     return None if missing <= 0 else f"node {node_rank}: {missing} of {local} worker(s) did not finish"
 
 
-def timings(ranks: dict[int, dict]) -> dict[str, float]:
-    """'group kind op' -> slowest median milliseconds over this node's ranks (tp_0, tp_2 -> tp)."""
+def timings(ranks: dict[int, dict], nbytes: int) -> dict[str, float]:
+    """'group kind op' -> slowest median milliseconds over this node's ranks (tp_0, tp_2 -> tp), of the
+    collectives run at ``nbytes`` per rank."""
     out: dict[str, float] = {}
     for r in ranks.values():
-        for (group, op), ms in r["ok"].items():
-            key = f"{group.split('_')[0]} {op}"
-            out[key] = max(out.get(key, 0.0), ms)
+        for (group, op, size), ms in r["ok"].items():
+            if size == nbytes:
+                key = f"{group.split('_')[0]} {op}"
+                out[key] = max(out.get(key, 0.0), ms)
     return out
 
 
@@ -148,7 +157,9 @@ def smoke_at_shape(recipe: Recipe, node_rank: int, timeout_s: float = 90.0, expl
     """This node's share of the real-shape smoke test; a preflight row (check, status, detail) plus
     ``collectives``: the slowest time of each (group, collective) on this node, in milliseconds.
     ``port_check`` (the preflight's ``check_port_free``) first checks the smoke port on node 0; ``elements``
-    sets each collective's float32 count per rank (default smoke_collectives.ELEMENTS, 1 MiB)."""
+    sets each collective's float32 count per rank (default smoke_collectives.ELEMENTS, 1 MiB); several counts run
+    in one launch, ``collectives`` then the first count's times and ``collectives_at`` every count's, by bytes
+    per rank."""
     c = recipe.cluster
     check = "smoke collectives"
     logdir = Path(tempfile.mkdtemp(prefix=f"port_smoke_node{node_rank}_"))
@@ -173,17 +184,19 @@ def smoke_at_shape(recipe: Recipe, node_rank: int, timeout_s: float = 90.0, expl
         rc = _await_workers(logdir, c.devices_per_node, timeout_s)
     ranks = read_worker_logs(logdir)
     why = diagnose(ranks, node_rank, c.devices_per_node, c.devices_per_node)
-    times = timings(ranks)
+    sizes = _sizes(elements)
+    at = {4 * e: timings(ranks, 4 * e) for e in sizes}
+    times = at[4 * sizes[0]]
     if rc == 0 and why is None:
         shutil.rmtree(logdir, ignore_errors=True)
         shape = (f"{recipe.world_size} worker(s), {c.nodes} node(s), TP {recipe.parallel.tensor_parallel} x DP "
                  f"{recipe.data_parallel_size}")
         listing = "; ".join(f"{k} {v:.2f} ms" for k, v in sorted(times.items()))
-        size = f"{(elements or 1 << 18) * 4 >> 20} MiB"
-        return {"check": check, "status": "ok", "collectives": times,
+        size = f"{sizes[0] * 4 >> 20} MiB"
+        return {"check": check, "status": "ok", "collectives": times, "collectives_at": at,
                 "detail": f"node {node_rank} of {shape}: every group's collectives agreed ({listing}; {size} each, "
                           f"slowest rank of this node)"}
     if why is None:
         why = explain(logdir, c.devices_per_node) if explain else "not diagnosed"
-    return {"check": check, "status": "fail", "collectives": times,
+    return {"check": check, "status": "fail", "collectives": times, "collectives_at": at,
             "detail": f"{why}; msrun exit {rc} (logs: {logdir}; `port diagnose {logdir}`)"}
