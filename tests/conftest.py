@@ -22,6 +22,28 @@ GOLDEN_TEXT = ("Once upon a time, there was a little girl named Lily. She loved 
 GOLDEN_FIRST_IDS = [403, 407, 261, 378, 432, 383, 286, 261, 376, 298]
 
 
+@pytest.fixture(scope="session")   # shared by every file of a worker: built once per xdist worker
+def model_dir(tmp_path_factory):
+    """stories260K's real weights, its first of 5 layers (8 heads, 4 KV heads): the model of the msrun tests whose
+    subject is a layout, a launch or a fault, not the depth. A graph of one layer compiles in about a third of the
+    time of all five (a TP 2 step graph: 3.3-4.3 s against 11.8-13.5 s on 4 workers, BENCHMARKS.md "Test suite")."""
+    import json
+    import shutil
+
+    from safetensors.numpy import load_file, save_file
+
+    out = tmp_path_factory.mktemp("stories1")
+    cfg = json.loads((EMBEDDED / "config.json").read_text())
+    cfg["num_hidden_layers"] = 1
+    (out / "config.json").write_text(json.dumps(cfg))
+    keep = {k: v for k, v in load_file(str(EMBEDDED / "model.safetensors")).items()
+            if not k.startswith("model.layers.") or int(k.split(".")[2]) < 1}
+    save_file(keep, str(out / "model.safetensors"))
+    for name in ("tokenizer.json", "tokenizer.model", "tokenizer_config.json"):
+        shutil.copyfile(EMBEDDED / name, out / name)
+    return out
+
+
 # MindSpore's cluster nodes send a heartbeat every MS_RETRY_INTERVAL_LOWER..UPPER seconds (3..5 by default,
 # MindSpore's mindspore/ccsrc/distributed/cluster/topology/compute_graph_node.cc ComputeGraphNode::Heartbeat;
 # the table of https://www.mindspore.cn/tutorials/zh-CN/r2.6.0rc1/parallel/dynamic_cluster.html), and a worker

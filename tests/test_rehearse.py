@@ -7,11 +7,14 @@ rungs; a rung broken on purpose stops the ladder with its reason and nothing aft
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 import pytest
 
 from model_zoo import presets
 from porting.rehearse import scaled_config
+from porting.train.plan import calibrated
 from tests.helpers import port_process
 from tests.train.conftest import ROOT, error_line
 
@@ -35,13 +38,28 @@ def test_the_small_model_keeps_the_familys_features(name):
 @pytest.mark.slow
 def test_tiny_recipe_ladder_passes_and_the_report_reads_it(tmp_path):
     out = tmp_path / "r"
-    r = port_process("rehearse", TINY, "--out", str(out), timeout=900)
+    # sequences of 64 (the compute rung times the recipe's own shape: half the work of the recipe's 128)
+    r = port_process("rehearse", TINY, "--out", str(out), "--set", "data.max_seq_length=64", timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     doc = json.loads((out / "rehearse.json").read_text())
     st = {g["name"]: g["status"] for g in doc["rungs"]}
     assert st == {"single": "pass", "parity": "pass", "node": "skip", "links": "skip", "compute": "pass",
                   "two-nodes": "skip"}
-    assert (out / "calibration.json").is_file()   # the compute rung: the recipe's own shapes, on its own device
+    # the compute rung: port's step cells at the recipe's own shapes, on its own device (porting/rehearse_compute.py):
+    # one thread count (one worker), a positive time for every cell at each depth and micro-batch, the pieces
+    # derived from those points, and the dry run reading the folder back. No time is compared with another (a
+    # loaded machine may reorder them; speed is benchmarks/')
+    cal = json.loads((out / "calibration.json").read_text())
+    (t, v), = cal["by_threads"].items()
+    assert int(t) == (os.cpu_count() or 1)
+    at = {(p["layers"], p["micro"]): p for p in v["points"]}
+    assert sorted(at) == [(1, 4), (1, 8), (4, 4), (4, 8)]
+    assert all(p[f"{k}_s"] > 0 for p in at.values() for k in ("forward_backward", "update", "fused"))
+    assert at[(4, 4)]["parameters"] > at[(1, 4)]["parameters"] == at[(1, 8)]["parameters"]
+    derived = calibrated.derive(v["points"], cal["shape"])
+    assert {k: v[k] for k in derived} == derived
+    dry = port_process("train", TINY, "--set", "data.max_seq_length=64", "--dry-run", "--calibration", str(out))
+    assert dry.returncode == 0 and "calibrated from" in dry.stdout, dry.stderr[-2000:]
     single = doc["rungs"][0]
     assert len(single["losses"]) == 3 and single["compile_s"] is not None and single["compile_s"] > 0
     rep = port_process("report", str(out))
@@ -82,10 +100,23 @@ def test_13b_shape_tp2_dp2_zero_two_node_ranks_pass_and_agree(tmp_path):
     links = rungs["links"]["links"]   # every group's collectives timed at 4 MiB per rank, as bus bandwidth
     assert {k.split(" ")[0] for k in links["measured"]} == {"world", "tp", "dp"}, links
     assert all(v["bus_gb_s"] > 0 and v["bytes_per_rank"] == 4 << 20 for v in links["measured"].values()), links
+    # and at 1 KiB, in the same launch (porting/rehearse_links.py): each collective's fixed cost
+    assert all(v["latency_ms"] > 0 for v in links["measured"].values()), links
+    assert rungs["links"]["command"][-1] == f"{4 << 18},256", rungs["links"]["command"]
     assert links["plan"]["tp_gb_s"] == 200.0 and "not a 910C link" in rungs["links"]["detail"]
     recipe = (out / "recipes" / "node.yaml").read_text()
     assert "optimizer_sharding: true" in recipe and "tensor_parallel: 2" in recipe
-    assert (out / "rungs" / "two-nodes" / "logs").is_dir()
+    # The two-nodes rung is `port train --launch-node N` on each node, the command a user runs on each node
+    # (loopback master; one run directory, the shared filesystem of a real cluster). Its layout is the node
+    # rung's, so each step equals the node rung's to 1e-6, not only the single device's tolerance.
+    for a, b in zip(rungs["two-nodes"]["losses"] + rungs["two-nodes"]["grad_norms"],
+                    rungs["node"]["losses"] + rungs["node"]["grad_norms"]):
+        assert abs(a - b) <= 1e-6, (rungs["two-nodes"], rungs["node"])
+    nodes_log = (out / "logs" / "two-nodes.log").read_text()
+    assert "--node_rank=0" in nodes_log and "--node_rank=1" in nodes_log   # each launched its own node's command
+    two = Path(rungs["two-nodes"]["run_dir"])
+    assert {p.name for p in (two / "logs" / "msrun").glob("worker_*.log")} == {f"worker_{i}.log" for i in range(4)}
+    assert {p.name for p in (two / "logs").glob("rank_*.log")} == {f"rank_{i}.log" for i in range(4)}
     md_run = port_process("report", str(out))
     assert md_run.returncode == 0
     md = (out / "report" / "report.md").read_text()

@@ -18,14 +18,14 @@ SHARDED = ["data.max_seq_length=64", "batching.bucketing.enabled=false", "checkp
            "parallel.optimizer_sharding=true"]
 
 
-def _args(steps: int) -> list[str]:
-    return [a for s in SHARDED + [f"schedule.max_steps={steps}", f"cluster.master_port={free_port()}"]
+def _args(steps: int, model_dir) -> list[str]:   # one layer of stories260K (tests/conftest.py model_dir)
+    return [a for s in SHARDED + [f"model.source={model_dir}", f"schedule.max_steps={steps}", f"cluster.master_port={free_port()}"]
             for a in ("--set", s)]
 
 
-def test_disk_full_during_a_sharded_checkpoint_keeps_the_previous_one(tmp_path):
+def test_disk_full_during_a_sharded_checkpoint_keeps_the_previous_one(tmp_path, model_dir):
     run = tmp_path / "zero1"
-    port_process("train", str(TINY), "--run-dir", str(run), *_args(2), check=True, timeout=400)
+    port_process("train", str(TINY), "--run-dir", str(run), *_args(2, model_dir), check=True, timeout=400)
     step2 = run / "checkpoints" / "step_2"
     before = {p.name: p.read_bytes() for p in step2.iterdir()}
     assert {"rank_00000.safetensors", "rank_00001.safetensors", "layout.json", "state.json"} == set(before)
@@ -35,7 +35,7 @@ def test_disk_full_during_a_sharded_checkpoint_keeps_the_previous_one(tmp_path):
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 
-    r = port_process("train", str(TINY), "--run-dir", str(run), *_args(4), "--resume", preexec_fn=full_disk,
+    r = port_process("train", str(TINY), "--run-dir", str(run), *_args(4, model_dir), "--resume", preexec_fn=full_disk,
                      timeout=400)
     assert r.returncode != 0, r.stdout[-2000:]
     errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]

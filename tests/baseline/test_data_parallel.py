@@ -20,8 +20,9 @@ RECIPE = "recipes/tiny-cpu.yaml"
 
 @pytest.mark.slow
 @pytest.mark.msrun
-def test_two_worker_run_matches_single_process_baseline(tmp_path):
-    sets = ["--set", "schedule.max_steps=3", "--set", "cluster.devices_per_node=2"]
+def test_two_worker_run_matches_single_process_baseline(tmp_path, model_dir):
+    # one layer of stories260K (tests/conftest.py model_dir): the gathering of both ranks' micro-batches is the subject
+    sets = ["--set", "schedule.max_steps=3", "--set", "cluster.devices_per_node=2", "--set", f"model.source={model_dir}"]
     run = tmp_path / "dp"
     # msrun's workers write to the launching process's own stdout/stderr: a process of its own
     p = port_process("train", RECIPE, *sets, "--set", f"cluster.master_port={free_port()}", "--run-dir", str(run),

@@ -36,15 +36,15 @@ def _node(run: Path, n: int, sets: list[str]) -> subprocess.Popen:
 
 @pytest.mark.msrun
 @pytest.mark.slow
-def test_a_rank_killed_on_node_1_relaunches_both_nodes_from_one_checkpoint(tmp_path):
+def test_a_rank_killed_on_node_1_relaunches_both_nodes_from_one_checkpoint(tmp_path, model_dir):
     ref = tmp_path / "one"   # the same global batch on one device: DP 4 x accumulation 2 = accumulation 8
-    one = [s for s in NODES if not s.startswith(("cluster.", "batching.grad_accum_steps"))]
+    one = [s for s in NODES if not s.startswith(("cluster.", "batching.grad_accum_steps"))] + [f"model.source={model_dir}"]
     r = port("train", str(TINY), "--run-dir", str(ref), *[a for s in [*one, "batching.grad_accum_steps=8"]
                                                            for a in ("--set", s)])
     assert r.returncode == 0, r.stderr[-3000:]
 
     run = tmp_path / "two"
-    sets = [*NODES, f"cluster.master_port={free_port()}"]
+    sets = [*NODES, f"model.source={model_dir}", f"cluster.master_port={free_port()}"]
     nodes = [_node(run, n, sets) for n in (0, 1)]
     try:
         os.kill(_pid_at_step(run, 2, 3, time.monotonic() + 600), signal.SIGKILL)   # rank 2 runs on node 1

@@ -56,14 +56,15 @@ def test_shrink_needs_supervise_and_one_node(tmp_path):
 
 @pytest.mark.msrun
 @pytest.mark.slow
-def test_a_rank_on_a_bad_device_is_left_out_and_the_run_resumes_on_fewer(tmp_path):
+def test_a_rank_on_a_bad_device_is_left_out_and_the_run_resumes_on_fewer(tmp_path, model_dir):
     # the reference: one device, accumulation 4 (the same 4 sequences per step as DP 4)
     ref = tmp_path / "one"
-    r = port("train", str(TINY), "--run-dir", str(ref), *[a for s in SETS + ["batching.grad_accum_steps=4"]
+    r = port("train", str(TINY), "--run-dir", str(ref), *[a for s in SETS + ["batching.grad_accum_steps=4", f"model.source={model_dir}"]
                                                           for a in ("--set", s)])
     assert r.returncode == 0, r.stderr[-3000:]
     run = tmp_path / "sup"
-    sets = [a for s in SETS + ["cluster.devices_per_node=4", f"cluster.master_port={free_port()}"] for a in ("--set", s)]
+    sets = [a for s in SETS + ["cluster.devices_per_node=4", f"model.source={model_dir}", f"cluster.master_port={free_port()}"]
+            for a in ("--set", s)]
     os.environ["PORT_TEST_BAD_DEVICES"] = "2"   # rank 2's device fails the supervisor's probe
     # Steps take ~0.1 s here: rank 0 waits 4 s in step 4's sampled all-reduce (commwait's test knob), so the
     # kill after step 3 lands before step 4's checkpoint and the shrunk relaunch has steps 3 and 4 to run.

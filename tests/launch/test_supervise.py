@@ -2,7 +2,7 @@
 killed with SIGKILL, and rank 1 frozen with SIGSTOP (a silent hang), are seen, kept as evidence, diagnosed, and the run
 resumes from its last checkpoint to the same losses and weights as an uninterrupted run; a fault that
 repeats at the same step stops the run with its diagnosis instead of looping. The watch itself, with a clock the
-tests move: tests/launch/test_watch.py."""
+tests move: tests/launch/test_watch.py. The model is one layer of stories260K (tests/conftest.py model_dir)."""
 
 from __future__ import annotations
 
@@ -27,8 +27,9 @@ COMMON = ["data.max_seq_length=64", "batching.bucketing.enabled=false", "batchin
 WORKERS = 4   # the issue's layout: 4 workers on one node
 
 
-def _sets(extra: list[str] = ()) -> list[str]:
-    return [a for s in [*COMMON, f"cluster.master_port={free_port()}", *extra] for a in ("--set", s)]
+def _sets(model_dir: Path, extra: list[str] = ()) -> list[str]:
+    return [a for s in [*COMMON, f"model.source={model_dir}", f"cluster.master_port={free_port()}", *extra]
+            for a in ("--set", s)]
 
 
 def _start(run: Path, *args: str) -> subprocess.Popen:
@@ -73,9 +74,9 @@ def _losses(run: Path) -> list[float]:
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory) -> Path:
+def uninterrupted(tmp_path_factory, model_dir) -> Path:
     run = tmp_path_factory.mktemp("sup") / "clean"
-    r = port_process("train", str(TINY), "--run-dir", str(run), *_sets(), timeout=900)
+    r = port_process("train", str(TINY), "--run-dir", str(run), *_sets(model_dir), timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     return run
 
@@ -99,9 +100,9 @@ def _check_recovered(run: Path, clean: Path, killed_rank: int, kind: str) -> Non
 
 @pytest.mark.msrun
 @pytest.mark.slow
-def test_a_killed_rank_is_diagnosed_and_the_run_resumes_to_the_same_weights(tmp_path, uninterrupted):
+def test_a_killed_rank_is_diagnosed_and_the_run_resumes_to_the_same_weights(tmp_path, uninterrupted, model_dir):
     run = tmp_path / "sup"
-    p = _start(run, *_sets(), "--supervise", "--stall-timeout", "120")
+    p = _start(run, *_sets(model_dir), "--supervise", "--stall-timeout", "120")
     out, err = signal_at_step(p, run, 2, 3, signal.SIGKILL)
     assert p.returncode == 0, err[-3000:]
     assert "1 restart(s)" in out, out
@@ -110,12 +111,12 @@ def test_a_killed_rank_is_diagnosed_and_the_run_resumes_to_the_same_weights(tmp_
 
 @pytest.mark.msrun
 @pytest.mark.slow
-def test_a_frozen_rank_is_seen_before_the_collective_timeout_and_the_run_resumes(tmp_path, uninterrupted):
+def test_a_frozen_rank_is_seen_before_the_collective_timeout_and_the_run_resumes(tmp_path, uninterrupted, model_dir):
     run = tmp_path / "sup"
     # saves at steps 4 and 8, the freeze after step 5: rank 1 stops inside a step, not in a save's barrier, where a
     # stop looks like a slow save for the save allowance and msrun's scheduler, which sees its heartbeat stop, ends
     # the job first (one CI run froze it at step 3 of saves every 2 steps and it had reached step 4's save)
-    p = _start(run, *_sets(["checkpointing.every_steps=4"]), "--supervise", "--stall-timeout", "20")
+    p = _start(run, *_sets(model_dir, ["checkpointing.every_steps=4"]), "--supervise", "--stall-timeout", "20")
     out, err = signal_at_step(p, run, 1, 5, signal.SIGSTOP)
     assert p.returncode == 0, err[-3000:]
     _check_recovered(run, uninterrupted, 1, "stall")
@@ -123,13 +124,13 @@ def test_a_frozen_rank_is_seen_before_the_collective_timeout_and_the_run_resumes
 
 
 @pytest.mark.slow
-def test_a_fault_that_repeats_stops_with_its_diagnosis(tmp_path):
+def test_a_fault_that_repeats_stops_with_its_diagnosis(tmp_path, model_dir):
     """One device (the supervised `port train` child, no msrun). A real divergence (lr 1e30: step 1 applies a huge
     update, every later loss is NaN) with no skips allowed:
     the supervisor rolls back once (no checkpoint yet: the start) skipping step 2's data, the fault comes back at
     step 3, and the run stops with its diagnosis instead of looping (5 restarts were allowed)."""
     run = tmp_path / "sup"
-    r = port_process("train", str(TINY), "--run-dir", str(run), *_sets(["optimizer.lr=1e30",
+    r = port_process("train", str(TINY), "--run-dir", str(run), *_sets(model_dir, ["optimizer.lr=1e30",
                      "nonfinite.max_consecutive_skips=0", "cluster.devices_per_node=1"]), "--supervise", "--max-restarts", "5", timeout=900)
     assert r.returncode != 0
     err = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]

@@ -62,26 +62,6 @@ def metrics(run_dir: Path) -> tuple[list[dict], dict | None]:
 STORIES = ROOT / "model_zoo" / "assets" / "stories260k"
 
 
-@pytest.fixture(scope="session")   # shared by every file of a worker: built once per xdist worker
-def model_dir(tmp_path_factory):
-    """stories260K's real weights, its first of 5 layers (a faster graph; 8 heads, 4 KV heads)."""
-    import json
-    import shutil
-
-    from safetensors.numpy import load_file, save_file
-
-    out = tmp_path_factory.mktemp("stories1")
-    cfg = json.loads((STORIES / "config.json").read_text())
-    cfg["num_hidden_layers"] = 1
-    (out / "config.json").write_text(json.dumps(cfg))
-    keep = {k: v for k, v in load_file(str(STORIES / "model.safetensors")).items()
-            if not k.startswith("model.layers.") or int(k.split(".")[2]) < 1}
-    save_file(keep, str(out / "model.safetensors"))
-    for name in ("tokenizer.json", "tokenizer.model", "tokenizer_config.json"):
-        shutil.copyfile(STORIES / name, out / name)
-    return out
-
-
 def small_settings(model_dir, *extra: str) -> list[str]:
     """--set values of the small exact runs on ``model_dir`` (tensor parallel, checkpoint layouts)."""
     return [f"model.source={model_dir}", "data.max_seq_length=64", "batching.bucketing.enabled=false",

@@ -72,14 +72,14 @@ def test_reader_skips_bad_lines_and_links_with_a_note(tmp_path):
 
 @pytest.mark.msrun
 @pytest.mark.slow
-def test_a_sampled_msrun_run_shows_each_ranks_breakdown_in_the_report(tmp_path):
+def test_a_sampled_msrun_run_shows_each_ranks_breakdown_in_the_report(tmp_path, model_dir):
     """Two data-parallel ranks, accumulation 2 (the forward/backward cell twice, then the update cell with the
     gradient all-reduce), steps 2..4 sampled with MindSpore's profiler: every rank's parts add up to its step
     and hold a collective; `port report` has a row per rank, names the slowest and gates both shares."""
     run = tmp_path / "bd"
     sets = ["cluster.devices_per_node=2", "schedule.max_steps=4", "logging.breakdown_every=1",
             "logging.comm_sample_every=0", "checkpointing.every_steps=0", "batching.micro_batch_size=1",
-            "batching.grad_accum_steps=2", f"cluster.master_port={free_port()}"]
+            "batching.grad_accum_steps=2", f"model.source={model_dir}", f"cluster.master_port={free_port()}"]
     port_process("train", str(TINY), "--run-dir", str(run), *FAST, *[a for s in sets for a in ("--set", s)],
                  check=True, timeout=600)
     recs = bd.read(run)

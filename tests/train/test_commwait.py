@@ -23,13 +23,14 @@ def _row(run_dir) -> dict:
 
 @pytest.mark.msrun
 @pytest.mark.slow
-def test_a_slow_rank_shows_as_the_other_rank_waiting(tmp_path, monkeypatch):
+def test_a_slow_rank_shows_as_the_other_rank_waiting(tmp_path, monkeypatch, model_dir):
     """Rank 1 sleeps before the timed all-reduce on every sampled step (the test-only knob): rank 0 waits
     about that long, rank 1 hardly at all, and `port report` names rank 1 as the one others wait for."""
     monkeypatch.setenv("PORT_TEST_COMM_DELAY", f"1:{SLOW_S}")
     run = tmp_path / "slow"
     sets = ["cluster.devices_per_node=2", "schedule.max_steps=3", "logging.comm_sample_every=1",
-            "checkpointing.every_steps=0", "batching.micro_batch_size=2", f"cluster.master_port={free_port()}"]
+            "checkpointing.every_steps=0", "batching.micro_batch_size=2", f"model.source={model_dir}",
+            f"cluster.master_port={free_port()}"]
     port_process("train", str(TINY), "--run-dir", str(run), *FAST, *[a for s in sets for a in ("--set", s)],
                  check=True, timeout=400)
     steps, _ = metrics(run)

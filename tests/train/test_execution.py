@@ -28,11 +28,13 @@ def _max_diff(a: dict, b: dict) -> float:
     return max(float(np.abs(a[k] - b[k]).max()) for k in a)
 
 
-def _train(run, *sets: str):
+def _train(run, model_dir, *sets: str):
+    """One layer of stories260K (tests/conftest.py model_dir): PyNative runs each op eagerly, so its cost grows
+    with the layers; the execution mode is the subject, not the depth."""
     from porting.train import train
     from porting.train import load_recipe
 
-    return train(load_recipe(TINY, COMMON + list(sets)), run, echo=False)
+    return train(load_recipe(TINY, COMMON + [f"model.source={model_dir}"] + list(sets)), run, echo=False)
 
 
 def _same_training(graph, pynative) -> None:
@@ -50,36 +52,34 @@ def _same_training(graph, pynative) -> None:
     ["batching.micro_batch_size=2", "batching.grad_accum_steps=2"],    # AccumGradStep + ApplyStep
     ["batching.packing=true", "batching.micro_batch_size=1", "batching.grad_accum_steps=2"],   # packed rows
 ], ids=["fused", "accumulation", "packing"])
-def test_pynative_trains_like_graph_mode(tmp_path, sets):
+def test_pynative_trains_like_graph_mode(tmp_path, sets, model_dir):
     sets = sets + ["schedule.max_steps=3", "checkpointing.every_steps=0"]
-    g = _train(tmp_path / "graph", *sets)
-    p = _train(tmp_path / "pynative", *sets, "execution=pynative")
+    g = _train(tmp_path / "graph", model_dir, *sets)
+    p = _train(tmp_path / "pynative", model_dir, *sets, "execution=pynative")
     _same_training(tmp_path / "graph", tmp_path / "pynative")
     assert g.compiled_graphs >= 1 and p.compiled_graphs == 0        # PyNative compiles no step graph
-    w0 = _weights_from_zoo()
+    w0 = _weights_from(model_dir)
     assert _max_diff(w0, _weights(tmp_path / "pynative")) > 1e-5     # it trained
     log = (tmp_path / "pynative" / "logs" / "rank_0.log").read_text()
     assert "execution: pynative (recipe: execution=pynative)" in log
 
 
-def _weights_from_zoo() -> dict:
+def _weights_from(model_dir) -> dict:
     from safetensors.numpy import load_file
 
-    from tests.train.conftest import ROOT
-
-    return load_file(str(ROOT / "model_zoo" / "assets" / "stories260k" / "model.safetensors"))
+    return load_file(str(model_dir / "model.safetensors"))
 
 
 @pytest.mark.slow
-def test_a_graph_run_resumes_in_pynative_on_the_same_curve(tmp_path):
+def test_a_graph_run_resumes_in_pynative_on_the_same_curve(tmp_path, model_dir):
     """A team whose graph compile starts failing (a CANN change) resumes the same run in PyNative."""
     sets = ["schedule.max_steps=4", "checkpointing.every_steps=2", "checkpointing.keep_last=2"]
-    _train(tmp_path / "graph", *sets)
+    _train(tmp_path / "graph", model_dir, *sets)
     shutil.copytree(tmp_path / "graph", tmp_path / "resumed", ignore=shutil.ignore_patterns("step_4", "hf"))
     from porting.train import train
     from porting.train import load_recipe
 
-    r = train(load_recipe(TINY, COMMON + sets + ["execution=pynative"]), tmp_path / "resumed", resume=True,
+    r = train(load_recipe(TINY, COMMON + [f"model.source={model_dir}"] + sets + ["execution=pynative"]), tmp_path / "resumed", resume=True,
               echo=False)
     assert r.steps_done == 2 and r.compiled_graphs == 0
     _same_training(tmp_path / "graph", tmp_path / "resumed")

@@ -12,11 +12,11 @@ from tests.train.conftest import TINY, free_port
 pytestmark = [pytest.mark.msrun, pytest.mark.slow]
 
 
-def test_two_workers_export_after_they_exit(tmp_path):
+def test_two_workers_export_after_they_exit(tmp_path, model_dir):
     run = tmp_path / "run"
     sets = ["data.max_seq_length=64", "batching.bucketing.enabled=false", "checkpointing.export_hf=true",
             "cluster.devices_per_node=2", "batching.micro_batch_size=1", "schedule.max_steps=2",
-            f"cluster.master_port={free_port()}"]
+            f"model.source={model_dir}", f"cluster.master_port={free_port()}"]
     r = port_process("train", str(TINY), "--run-dir", str(run), *[a for s in sets for a in ("--set", s)],
                      check=True, timeout=600)
     out = r.stdout

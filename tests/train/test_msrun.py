@@ -1,4 +1,5 @@
-"""Data parallel under real msrun workers: 2 workers equal 1 worker with 2 accumulation steps."""
+"""Data parallel under real msrun workers: 2 workers equal 1 worker with 2 accumulation steps. The model is one
+layer of stories260K (tests/conftest.py model_dir): the layout is the subject, not the depth."""
 
 from __future__ import annotations
 
@@ -17,21 +18,22 @@ COMMON = ["data.max_seq_length=64", "batching.bucketing.enabled=false", "batchin
 
 
 @pytest.fixture(scope="module")
-def one_worker_accum2(tmp_path_factory):
+def one_worker_accum2(tmp_path_factory, model_dir):
     """The reference: 1 worker, 2 accumulation steps of micro-batch 2, 3 steps (in-process)."""
     from porting.train.run.loop import train
     from porting.train.recipe.schema import load_recipe
 
     run = tmp_path_factory.mktemp("ref") / "one"
-    train(load_recipe(TINY, COMMON + ["batching.grad_accum_steps=2", "checkpointing.every_steps=0"]), run, echo=False)
+    train(load_recipe(TINY, COMMON + [f"model.source={model_dir}", "batching.grad_accum_steps=2",
+                                     "checkpointing.every_steps=0"]), run, echo=False)
     return run
 
 
 @pytest.mark.compat
-def test_two_msrun_workers_equal_one_worker_with_two_accumulation_steps(tmp_path, one_worker_accum2):
+def test_two_msrun_workers_equal_one_worker_with_two_accumulation_steps(tmp_path, one_worker_accum2, model_dir):
     from safetensors.numpy import load_file
 
-    common = COMMON + ["checkpointing.every_steps=0"]
+    common = COMMON + ["checkpointing.every_steps=0", f"model.source={model_dir}"]
     dp = tmp_path / "dp2"
     args = [a for s in common + ["cluster.devices_per_node=2", "batching.grad_accum_steps=1",
                                  f"cluster.master_port={free_port()}",
@@ -69,13 +71,13 @@ def test_two_msrun_workers_equal_one_worker_with_two_accumulation_steps(tmp_path
         assert want in next(r.value for r in rows if r.item == "communication wait")
 
 
-def test_two_pynative_msrun_workers_with_accumulation_equal_one_graph_worker(tmp_path, one_worker_accum2):
+def test_two_pynative_msrun_workers_with_accumulation_equal_one_graph_worker(tmp_path, one_worker_accum2, model_dir):
     """execution=pynative (porting/train/run/execution.py) under msrun: DP 2, each worker accumulating 2 micro-batches
     of 1, op by op, equals the graph-mode worker with 2 accumulation steps of 2 (same global batch of 4)."""
     from safetensors.numpy import load_file
 
     dp = tmp_path / "dp2_pynative"
-    settings = COMMON + ["checkpointing.every_steps=0", "cluster.devices_per_node=2", "batching.micro_batch_size=1",
+    settings = COMMON + [f"model.source={model_dir}", "checkpointing.every_steps=0", "cluster.devices_per_node=2", "batching.micro_batch_size=1",
                          "batching.grad_accum_steps=2", "execution=pynative", f"cluster.master_port={free_port()}"]
     port_process("train", str(TINY), "--run-dir", str(dp), *[a for s in settings for a in ("--set", s)], check=True,
          timeout=400)
@@ -89,13 +91,14 @@ def test_two_pynative_msrun_workers_with_accumulation_equal_one_graph_worker(tmp
     assert metrics(dp)[1]["compiled_graphs"] == 0
 
 
-def test_sharded_optimizer_states_under_msrun_resume_and_match_one_worker(tmp_path, one_worker_accum2):
+def test_sharded_optimizer_states_under_msrun_resume_and_match_one_worker(tmp_path, one_worker_accum2, model_dir):
     """ZeRO-1 over 2 msrun workers (AllReduce only) with gradient accumulation on each, checkpointed per
     rank and resumed, equals 1 worker."""
     from safetensors import safe_open
     from safetensors.numpy import load_file
 
-    common = [c for c in COMMON if not c.startswith("schedule.")] + ["checkpointing.every_steps=2"]
+    common = [c for c in COMMON if not c.startswith("schedule.")] + ["checkpointing.every_steps=2",
+                                                                     f"model.source={model_dir}"]
     run = tmp_path / "zero1"
     # micro 1 x accum 2 x 2 workers: accumulation inside data parallel, same global batch (4) as the reference
     sharded = common + ["cluster.devices_per_node=2", "batching.micro_batch_size=1", "batching.grad_accum_steps=2",

@@ -2,7 +2,7 @@
 (the PORT_TEST_NONFINITE test hook, porting/train/run/faults.py) reaches every rank through the gradient
 all-reduce, so every rank skips the same step; within the cap the run finishes, past it an unsupervised run
 stops with the reason in one line, and a supervised run rolls back once, skipping the window's data, then
-stops with the diagnosis when it recurs."""
+stops with the diagnosis when it recurs. The model is one layer of stories260K (tests/conftest.py model_dir)."""
 
 from __future__ import annotations
 
@@ -22,17 +22,18 @@ COMMON = ["data.max_seq_length=64", "batching.bucketing.enabled=false", "batchin
           "checkpointing.export_hf=false", "cluster.devices_per_node=2", "optimizer.lr=1e-4"]
 
 
-def _train(run, extra: list[str], hook: str, *flags: str):
-    sets = [a for s in [*COMMON, f"cluster.master_port={free_port()}", *extra] for a in ("--set", s)]
+def _train(run, model_dir, extra: list[str], hook: str, *flags: str):
+    sets = [a for s in [*COMMON, f"model.source={model_dir}", f"cluster.master_port={free_port()}", *extra]
+            for a in ("--set", s)]
     return port_process("train", str(TINY), "--run-dir", str(run), *sets, *flags, env={"PORT_TEST_NONFINITE": hook}, timeout=900)
 
 
-def test_a_nan_on_one_rank_is_skipped_by_every_rank_and_the_run_finishes(tmp_path):
+def test_a_nan_on_one_rank_is_skipped_by_every_rank_and_the_run_finishes(tmp_path, model_dir):
     from porting.train.run.checkpoint import TrainState
     from porting.train.run.ckpt_read import full_state
 
     run = tmp_path / "once"
-    r = _train(run, ["schedule.max_steps=4", "checkpointing.every_steps=1", "checkpointing.keep_last=10"], "3@1")
+    r = _train(run, model_dir, ["schedule.max_steps=4", "checkpointing.every_steps=1", "checkpointing.keep_last=10"], "3@1")
     assert r.returncode == 0, r.stderr[-3000:]
     steps, summary = metrics(run)
     assert summary is not None and [s.get("skip_reason") for s in steps] == [None, None, "nonfinite", None]
@@ -49,8 +50,8 @@ def test_a_nan_on_one_rank_is_skipped_by_every_rank_and_the_run_finishes(tmp_pat
     assert TrainState.read(run / "checkpoints" / "step_3" / "state.json").adam_t == 2   # no AdamW step either
 
 
-def test_nan_every_step_stops_an_unsupervised_run_past_the_cap_with_the_reason(tmp_path):
-    r = _train(tmp_path / "every", ["schedule.max_steps=6", "nonfinite.max_consecutive_skips=2"], "*")
+def test_nan_every_step_stops_an_unsupervised_run_past_the_cap_with_the_reason(tmp_path, model_dir):
+    r = _train(tmp_path / "every", model_dir, ["schedule.max_steps=6", "nonfinite.max_consecutive_skips=2"], "*")
     assert r.returncode != 0
     line = error_line(r)
     assert "msrun exited with" in line and "3 non-finite steps in a row (steps 1..3)" in line, line
@@ -58,9 +59,9 @@ def test_nan_every_step_stops_an_unsupervised_run_past_the_cap_with_the_reason(t
     assert not (tmp_path / "every" / "incidents.jsonl").exists()
 
 
-def test_nan_every_step_rolls_a_supervised_run_back_once_then_stops_with_the_diagnosis(tmp_path):
+def test_nan_every_step_rolls_a_supervised_run_back_once_then_stops_with_the_diagnosis(tmp_path, model_dir):
     run = tmp_path / "sup"
-    r = _train(run, ["schedule.max_steps=10", "checkpointing.every_steps=2", "nonfinite.max_consecutive_skips=2"],
+    r = _train(run, model_dir, ["schedule.max_steps=10", "checkpointing.every_steps=2", "nonfinite.max_consecutive_skips=2"],
                "3-", "--supervise", "--max-restarts", "5")
     assert r.returncode != 0
     line = error_line(r)

@@ -119,14 +119,14 @@ def test_a_run_whose_data_changed_tokenises_again(tmp_path):
     assert len(list(cache.iterdir())) == 2
 
 
-def test_port_train_twice_with_the_cache_gives_the_same_losses(tmp_path):
+def test_port_train_twice_with_the_cache_gives_the_same_losses(tmp_path, model_dir):
     from tests.helpers import port
 
     runs = []
     for name in ("a", "b"):
         run = tmp_path / name
         port("train", str(ROOT / "recipes" / "tiny-cpu.yaml"), "--run-dir", str(run), "--set", "schedule.max_steps=3",
-             "--set", "checkpointing.export_hf=false", env={token_cache.ENV: str(tmp_path / "cache")}, check=True)
+             "--set", "checkpointing.export_hf=false", "--set", f"model.source={model_dir}", env={token_cache.ENV: str(tmp_path / "cache")}, check=True)
         runs.append(run)
     logs = [(r / "logs" / "rank_0.log").read_text() for r in runs]
     assert f"tokens from {token_cache.ENV} " not in logs[0] and f"tokens from {token_cache.ENV} " in logs[1]

@@ -81,7 +81,7 @@ def _weights(run: Path) -> dict:
     return load_file(str(run / "hf" / "model.safetensors"))
 
 
-def test_micro_1_x_accum_4_equals_micro_4_x_accum_1(tmp_path):
+def test_micro_1_x_accum_4_equals_micro_4_x_accum_1(tmp_path, model_dir):
     from porting.train.run.loop import train
     from porting.train.recipe.schema import load_recipe
 
@@ -89,13 +89,13 @@ def test_micro_1_x_accum_4_equals_micro_4_x_accum_1(tmp_path):
     # (micro-batch 1 sums in another order than micro-batch 4) can move a weight by up to about lr; at 1e-3 one
     # CI run measured 2.6e-5. The gradient norms below catch a scaling error AdamW's invariance would hide.
     common = ["data.max_seq_length=64", "batching.bucketing.enabled=false", "schedule.max_steps=3",
-              "checkpointing.every_steps=0", "optimizer.lr=1e-4"]
+              "checkpointing.every_steps=0", "optimizer.lr=1e-4", f"model.source={model_dir}"]   # 1 layer
     a = train(load_recipe(TINY, common + ["batching.micro_batch_size=1", "batching.grad_accum_steps=4"]),
               tmp_path / "a", echo=False)
     b = train(load_recipe(TINY, common + ["batching.micro_batch_size=4", "batching.grad_accum_steps=1"]),
               tmp_path / "b", echo=False)
     wa, wb = _weights(tmp_path / "a"), _weights(tmp_path / "b")
-    w0 = _weights_from(ROOT / "model_zoo" / "assets" / "stories260k")
+    w0 = _weights_from(model_dir)
     moved = max(float(np.abs(wa[k] - w0[k]).max()) for k in wa)
     diff = max(float(np.abs(wa[k] - wb[k]).max()) for k in wa)
     assert moved > 1e-4 and diff < 1e-5, (moved, diff)
@@ -222,13 +222,14 @@ def test_full_disk_at_checkpoint_keeps_previous_checkpoint(tmp_path):
 
 
 @pytest.mark.slow
-def test_bucketed_alpaca_compiles_one_graph_per_shape(tmp_path, alpaca):
+def test_bucketed_alpaca_compiles_one_graph_per_shape(tmp_path, alpaca, model_dir):
     from porting.train.run.loop import train
     from porting.train.recipe.schema import load_recipe
 
     sets = [f"data.path={alpaca}", "data.format=alpaca", "data.long_text=truncate", "data.max_seq_length=128",
             "batching.micro_batch_size=4", "batching.bucketing.max_shapes=3", "schedule.max_steps=24",
-            "schedule.epochs=1", "checkpointing.every_steps=0", "checkpointing.export_hf=false"]
+            "schedule.epochs=1", "checkpointing.every_steps=0", "checkpointing.export_hf=false",
+            f"model.source={model_dir}"]   # one layer: a graph per shape is the subject, not the depth
     res = train(load_recipe(TINY, sets), tmp_path / "run", echo=False)
     steps, summary = metrics(tmp_path / "run")
     shapes = {w for s in steps for w in s["shapes"]}
@@ -252,14 +253,14 @@ def test_recompute_gives_the_same_training(tmp_path):
     assert "recompute: 5 of 5 decoder layers" in (tmp_path / "rc" / "logs" / "rank_0.log").read_text()
 
 
-def test_dynamic_loss_scaling_is_exact_then_skips_overflow_and_stops_at_scale_one(tmp_path):
+def test_dynamic_loss_scaling_is_exact_then_skips_overflow_and_stops_at_scale_one(tmp_path, model_dir):
     """The Ascend loss-scaling logic, run on the CPU in fp32: a power-of-two scale changes nothing;
     overflowing steps are skipped with the scale halved, and at scale 1 the run stops."""
     from porting.train.run.loop import train
     from porting.train.recipe.schema import load_recipe
 
     common = ["data.max_seq_length=64", "batching.bucketing.enabled=false", "schedule.max_steps=2",
-              "checkpointing.every_steps=0"]
+              "checkpointing.every_steps=0", f"model.source={model_dir}"]   # one layer
     train(load_recipe(TINY, common + ["precision.loss_scale.kind=dynamic", "precision.loss_scale.init=1024"]),
           tmp_path / "scaled", echo=False)
     train(load_recipe(TINY, common), tmp_path / "plain", echo=False)
