@@ -135,3 +135,32 @@ def test_bus_bandwidth_is_nccl_tests_measure():
     assert bus_gb_s("AllGather", 8, 10 ** 9, 1000.0) == pytest.approx(7.0)   # 8 GB gathered
     assert bus_gb_s("AllGather (AllReduce of zero-padded)", 2, 10 ** 9, 1000.0) == pytest.approx(2.0)
     assert bus_gb_s("AllReduce", 1, 10 ** 9, 1000.0) is None and bus_gb_s("create", 4, 0, 1.0) is None
+
+
+def test_compute_collectives_are_measured_when_rank_0_wrote_them_whatever_msrun_exited_with(tmp_path):
+    """The compute rung's collectives follow the launch's rule (porting/launch/outcome.py): rank 0 writes its points
+    after the last collective every rank ran, so a worker's exit seen late by msrun's scheduler (exit 1) does not
+    fail the rung; no points, or a file that does not parse, does; an earlier rehearsal's file is not read."""
+    from porting.rehearse_compute import collectives
+    from porting.train import load_recipe
+
+    rec = load_recipe(TINY, ["cluster.devices_per_node=2"])
+    (tmp_path / "compute").mkdir()
+    res = tmp_path / "compute" / "collectives.json"
+    points = {"AllReduce": {"ranks": 2, "points_bytes_ms": [[1024, 0.1]]}}
+
+    def launch(code, writes):
+        def run(argvs, log, timeout):   # the rehearsal's runner, in place of msrun: what rank 0 leaves and the exit
+            assert argvs[0][0].endswith("msrun") and not res.exists()
+            if writes is not None:
+                res.write_text(writes, encoding="utf-8")
+            return [code], ""
+        return run
+
+    assert collectives(rec, tmp_path, 60, launch(0, json.dumps(points))) == ("pass", "", points)
+    assert collectives(rec, tmp_path, 60, launch(1, json.dumps(points))) == \
+        ("pass", "msrun exit 1 after rank 0 wrote every measurement", points)
+    res.write_text(json.dumps(points), encoding="utf-8")   # an earlier rehearsal's
+    assert collectives(rec, tmp_path, 60, launch(1, None)) == ("fail", "collectives under msrun: exit 1", {})
+    assert collectives(rec, tmp_path, 60, launch(None, '{"AllReduce": ')) == \
+        ("fail", "collectives under msrun: timed out", {})
