@@ -93,7 +93,7 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-# PORT_TEST_CPU_LOG=FILE: one JSON line per test phase with its CPU seconds (this process plus every child it
+# PORT_TEST_CPU_LOG=FILE: one JSON line per test with its CPU seconds and end time (this process plus every child it
 # waited for: a `port train` and the msrun workers under it), appended by each xdist worker. CPU seconds hold
 # whatever else the machine runs, where wall seconds do not (benchmarks/suite_cpu.py sums them by file).
 _CPU_LOG = os.environ.get("PORT_TEST_CPU_LOG")
@@ -117,7 +117,8 @@ def pytest_runtest_protocol(item, nextitem):
     t0, c0 = time.monotonic(), _cpu_now()
     yield
     rec = {"test": item.nodeid.split("@")[0], "cpu_s": round(_cpu_now() - c0, 3),
-           "wall_s": round(time.monotonic() - t0, 3), "worker": os.environ.get("PYTEST_XDIST_WORKER", "main")}
+           "wall_s": round(time.monotonic() - t0, 3), "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"),
+           "end": round(time.time(), 3)}
     with open(_CPU_LOG, "a", encoding="utf-8") as f:
         f.write(json.dumps(rec) + "\n")
 

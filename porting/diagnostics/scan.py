@@ -106,7 +106,6 @@ def error_line_starts(buf: bytes, limit: int = MAX_ERROR_LINES) -> list[int]:
     once (the search resumes at its end), so a line with a million error words costs one pass."""
     starts: list[int] = []
     pos = lo = 0      # lo: the start of the line the search is in
-    n = len(buf)
     while len(starts) < limit:
         m = ERROR_SCAN_RE.search(buf, pos)
         if m is None:

@@ -102,7 +102,7 @@ def test_kill_9_at_20_points_of_convert_leaves_nothing_or_a_verified_output(big_
 # --------------------------------------------------------------------------------------------- train
 STEPS = 10
 TRAIN_SETS = ["--set", "data.max_seq_length=64", "--set", "batching.bucketing.enabled=false",
-              "--set", "checkpointing.export_hf=false", f"--set", f"schedule.max_steps={STEPS}",
+              "--set", "checkpointing.export_hf=false", "--set", f"schedule.max_steps={STEPS}",
               "--set", "checkpointing.every_steps=1", "--set", f"checkpointing.keep_last={STEPS}"]
 PHASES = ("in-step", "mid-save", "after-save")
 

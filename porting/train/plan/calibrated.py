@@ -31,7 +31,6 @@ recomputation is not counted (model FLOPs, not hardware FLOPs).
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 from dataclasses import dataclass

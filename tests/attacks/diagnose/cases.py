@@ -4,7 +4,6 @@ long lines, UTF-16) belong to the diagnostics work; these cases state the expect
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 from tests.attacks import inputs as I
 from tests.attacks.harness import case
