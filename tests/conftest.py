@@ -62,7 +62,7 @@ def _has_npu() -> bool:
 # Every file is a group of its own: its module-scoped fixtures (a training run, a conversion) are built once,
 # on one worker. The machine-wide checks (`port doctor`, the preflight checks, the help example that runs
 # `port doctor`: free ports, running training processes) share one group ("machine") and run one after
-# another. Files that start msrun jobs come first in the collection, so the longest chains start at once;
+# another. The longest files come first (LONG_FIRST below), then the other files that start msrun jobs;
 # at most four msrun jobs run at a time (one per xdist worker), each on a master port of its own
 # (tests/train/conftest.py free_port). pytest-xdist 3.8 reads the groups into the node ids through
 # `item._nodeid`, which pytest 9.2 no longer uses (every file's tests were spread over both workers and its
@@ -75,16 +75,37 @@ def _machine_wide(item, rel: str) -> bool:
     return rel in MACHINE_WIDE or f"{rel}::{item.originalname}" in MACHINE_WIDE
 
 
+# The longest groups start first, in pairs of one that keeps a core busy and one that mostly waits (a killed or
+# frozen rank's timeouts, msrun's scheduler, deadlines polled: 0.16-0.35 of a core over their wall time in a
+# clean-clone run against 0.56-0.67 for the busy ones, with four workers on two cores). Started together, as the
+# msrun-first order did, the waiting files left about 100 core-seconds idle in the suite's first 150 s, and
+# test_train.py, started last, ran alone for the last 50 s (BENCHMARKS.md "Test suite", the timeline of
+# PORT_TEST_CPU_LOG's end times). Only the order changes: a file missing here runs after these.
+BUSY_LONG = ("tests/test_rehearse.py", "tests/train/test_tensor_parallel.py", "tests/train/test_ckpt_layouts.py",
+             "tests/train/test_train.py", "tests/train/test_host_rss_measured.py", "tests/train/test_precompile.py",
+             "tests/test_model_cards.py", "tests/train/test_msrun.py")
+WAITING_LONG = ("tests/launch/test_supervise.py", "machine", "tests/launch/test_lifeline.py", "tests/attacks/test_kill9.py",
+                "tests/diagnostics/test_diagnose_msrun.py", "tests/launch/test_shrink.py", "tests/launch/test_nodes.py",
+                "tests/cluster/test_preflight_shape.py")
+LONG_FIRST = [g for pair in zip(BUSY_LONG, WAITING_LONG) for g in pair]
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     rel = {item.nodeid: Path(str(item.fspath)).resolve().relative_to(ROOT).as_posix() for item in items}
-    first = set()
+    group, first = {}, set()
     for item in items:
         wide = _machine_wide(item, rel[item.nodeid])
-        item.add_marker(pytest.mark.xdist_group("machine" if wide else rel[item.nodeid]))
+        group[item.nodeid] = "machine" if wide else rel[item.nodeid]
+        item.add_marker(pytest.mark.xdist_group(group[item.nodeid]))
         if "msrun" in item.keywords or wide:
-            first.add(rel[item.nodeid])
-    items.sort(key=lambda item: rel[item.nodeid] not in first)   # stable: files keep their order
+            first.add(group[item.nodeid])
+
+    def order(item) -> tuple[int, int]:
+        g = group[item.nodeid]
+        return (LONG_FIRST.index(g), 0) if g in LONG_FIRST else (len(LONG_FIRST), g not in first)
+
+    items.sort(key=order)   # stable: files keep their order within each rank
     if _has_npu():
         return
     skip = pytest.mark.skip(reason="needs a real Ascend NPU")
