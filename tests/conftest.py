@@ -22,17 +22,39 @@ GOLDEN_TEXT = ("Once upon a time, there was a little girl named Lily. She loved 
 GOLDEN_FIRST_IDS = [403, 407, 261, 378, 432, 383, 286, 261, 376, 298]
 
 
-@pytest.fixture(scope="session")   # shared by every file of a worker: built once per xdist worker
+def built_once(tmp_path_factory, name: str, build) -> Path:
+    """``build(folder)`` run once for the whole suite, not once per xdist worker: in the session's shared temporary
+    folder (the workers' own are inside it), under a lock, the other workers waiting for it and then reading the
+    same folder (read only: a test that changes it copies it first). A build that raised leaves nothing marked
+    built, and the next worker that asks builds it again (and fails the same way, in its own tests)."""
+    import fcntl
+
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    folder, done = root / f"shared-{name}", root / f"shared-{name}.built"
+    with open(root / f"shared-{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)   # released when the file closes
+        if not done.exists():
+            shutil.rmtree(folder, ignore_errors=True)   # what a failed build of this session left
+            folder.mkdir()
+            build(folder)
+            done.touch()
+    return folder
+
+
+@pytest.fixture(scope="session")   # shared by every file and every xdist worker: built once (built_once)
 def model_dir(tmp_path_factory):
     """stories260K's real weights, its first of 5 layers (8 heads, 4 KV heads): the model of the msrun tests whose
     subject is a layout, a launch or a fault, not the depth. A graph of one layer compiles in about a third of the
     time of all five (a TP 2 step graph: 3.3-4.3 s against 11.8-13.5 s on 4 workers, BENCHMARKS.md "Test suite")."""
+    return built_once(tmp_path_factory, "stories1", _first_layer)
+
+
+def _first_layer(out: Path) -> None:
     import json
-    import shutil
 
     from safetensors.numpy import load_file, save_file
 
-    out = tmp_path_factory.mktemp("stories1")
     cfg = json.loads((EMBEDDED / "config.json").read_text())
     cfg["num_hidden_layers"] = 1
     (out / "config.json").write_text(json.dumps(cfg))
@@ -41,7 +63,6 @@ def model_dir(tmp_path_factory):
     save_file(keep, str(out / "model.safetensors"))
     for name in ("tokenizer.json", "tokenizer.model", "tokenizer_config.json"):
         shutil.copyfile(EMBEDDED / name, out / name)
-    return out
 
 
 # MindSpore's cluster nodes send a heartbeat every MS_RETRY_INTERVAL_LOWER..UPPER seconds (3..5 by default,
@@ -222,17 +243,19 @@ def stories_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_cpu_run(tmp_path_factory) -> Path:
-    """The run directory of `port train recipes/tiny-cpu.yaml`, run once as a user runs it (the command as
-    written, in a directory of its own; in this process, tests/helpers.py), for the tests that read a
-    finished run: copy it to change it."""
+    """The run directory of `port train recipes/tiny-cpu.yaml`, run once for the suite as a user runs it (the command
+    as written, in a directory of its own; in the process of the worker that asks first, tests/helpers.py), for the
+    tests that read a finished run: copy it to change it."""
+    return built_once(tmp_path_factory, "tiny-cpu", _tiny_cpu) / "runs" / "tiny-cpu"
+
+
+def _tiny_cpu(work: Path) -> None:
     from tests.helpers import port
 
-    work = tmp_path_factory.mktemp("tiny-cpu")
     (work / "recipes").symlink_to(ROOT / "recipes")
     p = port("train", "recipes/tiny-cpu.yaml", cwd=work)
     assert p.returncode == 0, p.stderr[-3000:]
     assert "done: 20 steps" in p.stdout + p.stderr, p.stderr[-3000:]
-    return work / "runs" / "tiny-cpu"
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from porting.cluster.preflight import free_port  # noqa: F401 (the train tests import it from here)
-from tests.conftest import SHARED
+from tests.conftest import SHARED, built_once
 from tests.fixtures import alpaca_written
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -68,16 +68,17 @@ def small_settings(model_dir, *extra: str) -> list[str]:
             "optimizer.lr=1e-4", "checkpointing.every_steps=0", *extra]
 
 
-@pytest.fixture(scope="session")   # the one-device reference of the layout tests, read only
+@pytest.fixture(scope="session")   # the one-device reference of the layout tests, read only, built once (built_once)
 def one_device(model_dir, tmp_path_factory):
     """The reference of those runs: 1 device in-process, micro-batch 2 x 2 accumulation steps, 3 steps."""
     from porting.train import train
     from porting.train import load_recipe
 
-    run = tmp_path_factory.mktemp("tp1") / "run"
-    train(load_recipe(TINY, small_settings(model_dir, "batching.micro_batch_size=2", "batching.grad_accum_steps=2",
-                                           "schedule.max_steps=3")), run, echo=False)
-    return run
+    def build(folder: Path) -> None:
+        train(load_recipe(TINY, small_settings(model_dir, "batching.micro_batch_size=2", "batching.grad_accum_steps=2",
+                                               "schedule.max_steps=3")), folder / "run", echo=False)
+
+    return built_once(tmp_path_factory, "tp1", build) / "run"
 
 
 ALPACA_REAL = SHARED / "data/instruct/alpaca_en_demo.json"  # CC BY-NC: tests only, port does not ship it
