@@ -2,8 +2,8 @@
 its first layer; porting/train/run/ckpt_shards.py, ckpt_read.py).
 
 The reference is the uninterrupted run on 1 device in-process (micro-batch 2 x 2 accumulation steps,
-global batch 4, 3 steps): DP=2 and TP=2 x DP=2 equal it (tests/train/test_msrun.py,
-test_tensor_parallel.py). Each case saves at step 2 in one layout, then `port train --resume` runs step 3
+global batch 4, 3 steps): DP=2 equals it (tests/train/test_msrun.py), and so do the steps each case runs
+before its checkpoint (the TP=2 x DP=2 case is the suite's run of that layout with ZeRO-1). Each case saves at step 2 in one layout, then `port train --resume` runs step 3
 in another layout, and the losses of steps 1-3 and the final weights equal the reference:
 - DP=4 with ZeRO-1 -> DP=2 without optimizer sharding (a DP change and ZeRO-1 -> off);
 - TP=2 x DP=2 with ZeRO-1 -> TP=1 x DP=4 with ZeRO-1 (a TP change: row-parallel weights and every
@@ -89,6 +89,9 @@ def test_tp2_dp2_resumed_at_tp1_dp4_equals_the_uninterrupted_run(tp2dp2_to_dp4, 
     run, step2 = tp2dp2_to_dp4
     # a TP 2 x DP 2 ZeRO-1 checkpoint: one file per rank, no merged training state
     assert step2 == ["layout.json"] + [f"rank_{r:05d}.safetensors" for r in range(4)] + ["state.json"]
-    _compare(run, one_device, model_dir)
+    _compare(run, one_device, model_dir)   # steps 1-2 ran as TP 2 x DP 2 with ZeRO-1 on 4 workers, step 3 as DP 4
+    assert {p.name for p in (run / "logs").glob("rank_*.log")} == {f"rank_{i}.log" for i in range(4)}
+    log3 = (run / "logs" / "rank_3.log").read_text()
+    assert "data parallel 2 x tensor parallel 2" in log3   # the first launch's layout (test_tensor_parallel.py)
     assert all(x["how"].startswith("the weights while the model was built") for x in _reads(run, 4))
-    assert "saved layout world 4 tp 2 zero 1, this run world 4 tp 1 zero 1" in (run / "logs" / "rank_3.log").read_text()
+    assert "saved layout world 4 tp 2 zero 1, this run world 4 tp 1 zero 1" in log3
