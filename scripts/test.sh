@@ -12,8 +12,9 @@ command -v chromium >/dev/null 2>&1 || { [ "$(id -u)" = 0 ] && { apt-get update 
 # `-m "not slow"`); a `-m` among the extra arguments replaces it in turn (README, BENCHMARKS.md).
 # Four xdist workers on 2 cores (PORT_TEST_WORKERS=N sets them, 0: one process): the msrun tests wait on their
 # workers' start-up and on the scheduler, so two left the cores about 45% idle (BENCHMARKS.md, "Test suite");
-# tests/conftest.py keeps the machine-wide checks on one worker and each file on one worker, and puts the files
-# that start msrun jobs first
+# tests/conftest.py keeps the machine-wide checks on one worker and each file on one worker, starts the longest
+# files first (one that keeps a core busy beside one that mostly waits), then the other files that start msrun
+# jobs, and builds the read-only session runs once for all workers (built_once)
 # (--no-loadscope-reorder: xdist keeps that order instead of sorting groups by their number of tests).
 python -m pytest -q -rs -p no:cacheprovider -n "${PORT_TEST_WORKERS:-4}" --dist loadgroup --no-loadscope-reorder \
   -m "slow or not slow" "$@"   # -rs: skip reasons
