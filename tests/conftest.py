@@ -98,10 +98,11 @@ def _machine_wide(item, rel: str) -> bool:
 
 # The longest groups start first, in pairs of one that keeps a core busy and one that mostly waits (a killed or
 # frozen rank's timeouts, msrun's scheduler, deadlines polled: 0.16-0.35 of a core over their wall time in a
-# clean-clone run against 0.56-0.67 for the busy ones, with four workers on two cores). Started together, as the
-# msrun-first order did, the waiting files left about 100 core-seconds idle in the suite's first 150 s, and
-# test_train.py, started last, ran alone for the last 50 s (BENCHMARKS.md "Test suite", the timeline of
-# PORT_TEST_CPU_LOG's end times). Only the order changes: a file missing here runs after these.
+# clean-clone run against 0.56-0.67 for the busy ones, with four workers on two cores). The msrun-first order
+# started the waiting files together and test_train.py last, alone for its last 50 s (the timeline of
+# PORT_TEST_CPU_LOG's end times). The suite is CPU-bound (vmstat: the cores 0-4% idle), so the gain is small:
+# 908.5 -> 893.9 s like for like in .ci/run (BENCHMARKS.md "Test suite", 2026-12-05 06:45). Only the order
+# changes: a file missing here runs after these.
 BUSY_LONG = ("tests/test_rehearse.py", "tests/train/test_tensor_parallel.py", "tests/train/test_ckpt_layouts.py",
              "tests/train/test_train.py", "tests/train/test_host_rss_measured.py", "tests/train/test_precompile.py",
              "tests/test_model_cards.py", "tests/train/test_msrun.py")
@@ -126,7 +127,7 @@ def pytest_collection_modifyitems(config, items):
         g = group[item.nodeid]
         return (LONG_FIRST.index(g), 0) if g in LONG_FIRST else (len(LONG_FIRST), g not in first)
 
-    items.sort(key=order)   # stable: files keep their order within each rank
+    items.sort(key=order)   # stable: files of equal key keep their order
     if _has_npu():
         return
     skip = pytest.mark.skip(reason="needs a real Ascend NPU")

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
 import subprocess
 import tempfile
@@ -30,6 +29,7 @@ from typing import Callable
 from model_zoo.errors import DiagnosticsError
 from model_zoo.files import read_json_object, write_atomic
 from porting.cluster import hccl_timeouts
+from porting.cluster.smoke_shape import finished as smoke_finished
 from porting.cluster.smoke_shape import note_port, smoke_at_shape, waited_port, wants_smoke
 from porting.launch.children import child_env, find_msrun
 from porting.launch.msrun import launch_devices
@@ -256,8 +256,7 @@ def smoke_allreduce(workers: int, port: int, timeout_s: float = 60.0, device: st
 
 def allreduce_verdict(logdir: Path, workers: int, rc: int, explain: Explain | None = None) -> dict:
     """The smoke all-reduce's row: ok when every worker's log in ``logdir`` says it agreed, whatever msrun's exit
-    code ``rc`` (a worker's exit seen late by the scheduler fails msrun after the AllReduce answered; said in the
-    row, its logs kept, as porting/cluster/smoke_shape.py ``verdict`` and porting/launch/outcome.py decide)."""
+    code ``rc`` (porting/cluster/smoke_shape.py ``finished``)."""
     def agreed(r: int) -> bool:
         p = logdir / f"worker_{r}.log"
         if not p.is_file():
@@ -266,11 +265,8 @@ def allreduce_verdict(logdir: Path, workers: int, rc: int, explain: Explain | No
             return b"smoke all-reduce ok" in f.read(4 << 20)
 
     if all(agreed(r) for r in range(workers)):
-        late = "" if rc == 0 else (f"; msrun exited {rc} after every worker had finished (its scheduler saw a "
-                                   f"worker's exit late; logs: {logdir})")
-        if rc == 0:
-            shutil.rmtree(logdir, ignore_errors=True)
-        return _row("smoke all-reduce", OK, f"{workers} worker(s) under msrun agreed on one AllReduce{late}")
+        return _row("smoke all-reduce", OK, f"{workers} worker(s) under msrun agreed on one AllReduce"
+                                            f"{smoke_finished(rc, logdir)}")
     why = explain(logdir, workers) if explain else "not diagnosed (port diagnose LOG_DIR explains it)"
     return _row("smoke all-reduce", FAIL, f"the AllReduce under msrun failed; diagnosis: {why} (logs: {logdir})")
 

@@ -29,6 +29,7 @@ Explain = Callable[[Path, int], str]
 LINE = re.compile(r"smoke rank (\d+) node (\d+) group (\S+)(?: ranks (\S+))? op (.+?) "
                   r"(start|ok ([\d.]+) ms (\d+) bytes|FAILED: (.*))$")
 DONE = "smoke collectives ok"
+CHECK = "smoke collectives"   # the preflight row's name
 MAX_LOG_BYTES = 4 << 20
 
 
@@ -161,7 +162,7 @@ def smoke_at_shape(recipe: Recipe, node_rank: int, timeout_s: float = 90.0, expl
     in one launch, ``collectives`` then the first count's times and ``collectives_at`` every count's, by bytes
     per rank."""
     c = recipe.cluster
-    check = "smoke collectives"   # the row's name, as verdict() gives it
+    check = CHECK
     logdir = Path(tempfile.mkdtemp(prefix=f"port_smoke_node{node_rank}_"))
     env = child_env(overrides={"MS_CPU_COMM_OP_TIMEOUT": "15", "MS_NODE_TIMEOUT": "30", "HCCL_CONNECT_TIMEOUT": "120",
                                "HCCL_EXEC_TIMEOUT": "120"})
@@ -185,24 +186,30 @@ def smoke_at_shape(recipe: Recipe, node_rank: int, timeout_s: float = 90.0, expl
     return verdict(recipe, node_rank, rc, logdir, _sizes(elements), explain)
 
 
+def finished(rc: int, logdir: Path) -> str:
+    """For a smoke whose every worker logged its end: msrun's exit code ``rc`` does not decide, as for a training
+    launch (porting/launch/outcome.py). A worker whose exit reaches the scheduler late (past MS_NODE_TIMEOUT on a
+    loaded host) makes msrun exit 1 after every collective agreed: the row says so and the logs in ``logdir`` are
+    kept; with ``rc`` 0 they are removed. Returns what the row's detail adds ("" for ``rc`` 0)."""
+    if rc == 0:
+        shutil.rmtree(logdir, ignore_errors=True)
+        return ""
+    return (f"; msrun exited {rc} after every worker had finished (its scheduler saw a worker's exit late; "
+            f"logs: {logdir})")
+
+
 def verdict(recipe: Recipe, node_rank: int, rc: int, logdir: Path, sizes: tuple[int, ...],
             explain: Explain | None = None) -> dict:
     """The smoke row from this node's worker logs in ``logdir`` and msrun's exit code ``rc``: ok when every worker
     ran every collective and logged its end, whatever ``rc`` (removing ``logdir`` when ``rc`` is 0 too)."""
     c = recipe.cluster
-    check = "smoke collectives"
+    check = CHECK
     ranks = read_worker_logs(logdir)
     why = diagnose(ranks, node_rank, c.devices_per_node, c.devices_per_node)
     at = {4 * e: timings(ranks, 4 * e) for e in sizes}
     times = at[4 * sizes[0]]
     if why is None:   # every worker of this node ran every collective and logged its end (``diagnose``)
-        # msrun's exit code does not decide, as for a training launch (porting/launch/outcome.py): a worker whose
-        # exit reaches the scheduler late (past MS_NODE_TIMEOUT on a loaded host) makes msrun exit 1 after every
-        # collective agreed; said in the detail, the logs kept
-        late = "" if rc == 0 else (f"; msrun exited {rc} after every worker had finished (its scheduler saw a "
-                                   f"worker's exit late; logs: {logdir})")
-        if rc == 0:
-            shutil.rmtree(logdir, ignore_errors=True)
+        late = finished(rc, logdir)
         shape = (f"{recipe.world_size} worker(s), {c.nodes} node(s), TP {recipe.parallel.tensor_parallel} x DP "
                  f"{recipe.data_parallel_size}")
         listing = "; ".join(f"{k} {v:.2f} ms" for k, v in sorted(times.items()))
