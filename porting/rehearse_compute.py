@@ -127,7 +127,7 @@ def collectives(recipe: Any, out: Path, timeout: float, run: Callable) -> tuple[
     argv = [msrun, f"--worker_num={n}", f"--local_worker_num={n}", f"--master_port={free_port()}",
             f"--log_dir={out / 'compute' / 'msrun'}", "--join=True",
             str(Path(__file__).resolve().parent / "train" / "run" / "collectives_worker.py"), str(spec), str(res)]
-    res.unlink(missing_ok=True)   # an earlier rehearsal's points into this --out are not this launch's
+    res.unlink(missing_ok=True)   # only this launch's points count (port rehearse's --out is new: check_out)
     codes, tail = run([argv], out / "logs" / "compute_collectives.log", timeout)
     how = "timed out" if codes == [None] else f"exit {codes[0]}"
     try:   # rank 0 writes it after the last collective, which every rank ran (porting/train/run/collectives_worker.py)
