@@ -8,6 +8,9 @@ export PORT_FRAMEWORK="$(cd "$(dirname "$0")" && pwd)/constraints-compat.txt"
 source "$(dirname "$0")/_venv.sh"
 if [ "${1:-}" = "--set-up-only" ]; then exit 0; fi   # .ci/run makes the venv ahead, while the full suite runs
 source "$(dirname "$0")/_caches.sh"
+# MindSpore's default PyNative pipeline (asynchronous), as a user's `port` runs it; the full suite runs it
+# synchronously (tests/conftest.py says why)
+export MS_DEV_LAUNCH_BLOCKING="${MS_DEV_LAUNCH_BLOCKING:-0}"
 cd "$ROOT"
 python -c "import mindspore, torch; print(f'compat tier: MindSpore {mindspore.__version__}, torch {torch.__version__}')"
 python -m pytest -q -rs -p no:cacheprovider -n "${PORT_TEST_WORKERS:-4}" --dist loadgroup -m compat "$@"

@@ -27,6 +27,9 @@ export PORT_FRAMEWORK="$here/constraints-py312.txt"
 source "$here/_venv.sh"
 if [ "${1:-}" = "--set-up-only" ]; then exit 0; fi   # .ci/run makes the venv ahead, while the full suite runs
 source "$here/_caches.sh"
+# MindSpore's default PyNative pipeline (asynchronous), as a user's `port` runs it; the full suite runs it
+# synchronously (tests/conftest.py says why)
+export MS_DEV_LAUNCH_BLOCKING="${MS_DEV_LAUNCH_BLOCKING:-0}"
 cd "$ROOT"
 python -c "import sys, mindspore, torch, transformers; print(f'py312 tier: Python {sys.version.split()[0]}, MindSpore \
 {mindspore.__version__}, torch {torch.__version__}, transformers {transformers.__version__}')"

@@ -15,6 +15,16 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+# MindSpore's PyNative ops run synchronously in the suite (and in every `port` and msrun process it starts, which
+# inherit the variable), unless the caller chose: by default an op is queued to a worker thread and the Python
+# thread waits for the queue in a busy loop (mindspore/ccsrc/runtime/pipeline/async_rqueue.cc, AsyncRQueue::Wait:
+# `while (!tasks_queue_.IsEmpty()) {}`), the worker yielding in a loop between ops: two threads busy for one
+# op's work. Four xdist workers on 2 cores turned that into a third of the suite's CPU seconds in the PyNative
+# files (BENCHMARKS.md "Test suite", 2026-12-05: 253 -> 142 CPU-s for tests/verify, model_zoo, bisect and the
+# model cards; the same numbers bit for bit). MindSpore reads the variable when it is imported, so it is set
+# before any test module imports it. The compatibility tiers (scripts/compat.sh, compat312.sh) set it to 0 and
+# run MindSpore's default pipeline, as a user's `port` does.
+os.environ.setdefault("MS_DEV_LAUNCH_BLOCKING", "1")
 SHARED = Path(os.environ.get("PORT_SHARED", ROOT.parent / "shared"))
 EMBEDDED = ROOT / "model_zoo" / "assets" / "stories260k"
 GOLDEN_TEXT = ("Once upon a time, there was a little girl named Lily. She loved to play outside in the park. "
