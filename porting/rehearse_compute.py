@@ -96,11 +96,11 @@ def measure(recipe: Any, cfg: Any, out: Path, timeout: float, run: Callable) -> 
         raw = json.loads(res.read_text(encoding="utf-8"))
         doc["by_threads"][str(threads)] = {**derive(raw["points"], doc["shape"]), "threads": threads,
                                            "points": raw["points"]}
-    late = ""
+    note = ""   # collectives' detail: why they failed, or what a pass adds
     if recipe.cluster.devices_per_node > 1:
-        status, late, doc["collectives"] = collectives(recipe, out, timeout, run)
+        status, note, doc["collectives"] = collectives(recipe, out, timeout, run)
         if status != "pass":
-            return status, late, doc
+            return status, note, doc
     write_atomic(out / FILE, json.dumps(doc, indent=1))
     parts = "; ".join(f"{t} thread(s): layer forward+backward {v['layer_fb_s'] * 1e3:.1f} ms ({v['layer_a_s'] * 1e3:.1f} ms "
                       f"+ {v['layer_s_per_flop'] * 1e12:.1f} ms per TFLOP), ends {v['ends_fb_s'] * 1e3:.1f} ms, update "
@@ -108,7 +108,7 @@ def measure(recipe: Any, cfg: Any, out: Path, timeout: float, run: Callable) -> 
     colls = "; ".join(f"{op} of {v['ranks']}: " + ", ".join(f"{b >> 10} KiB {t:.2f} ms" for b, t in v["points_bytes_ms"])
                       + " per call (graph mode)" for op, v in (doc.get("collectives") or {}).items())
     return "pass", (f"{parts} (micro {doc['shape']['micro']} x seq {doc['shape']['seq']})"
-                    + (f"; {colls}" if colls else "") + (f" ({late})" if late else "") + f"; {FILE}"), doc
+                    + (f"; {colls}" if colls else "") + (f" ({note})" if note else "") + f"; {FILE}"), doc
 
 
 def collectives(recipe: Any, out: Path, timeout: float, run: Callable) -> tuple[str, str, dict[str, Any]]:

@@ -162,17 +162,16 @@ def smoke_at_shape(recipe: Recipe, node_rank: int, timeout_s: float = 90.0, expl
     in one launch, ``collectives`` then the first count's times and ``collectives_at`` every count's, by bytes
     per rank."""
     c = recipe.cluster
-    check = CHECK
     logdir = Path(tempfile.mkdtemp(prefix=f"port_smoke_node{node_rank}_"))
     env = child_env(overrides={"MS_CPU_COMM_OP_TIMEOUT": "15", "MS_NODE_TIMEOUT": "30", "HCCL_CONNECT_TIMEOUT": "120",
                                "HCCL_EXEC_TIMEOUT": "120"})
     if node_rank == 0 and port_check is not None and port_check(smoke_port(recipe))["status"] == "fail":
-        return {"check": check, "status": "fail", "detail": f"port {smoke_port(recipe)} (cluster.master_port + 1, the "
+        return {"check": CHECK, "status": "fail", "detail": f"port {smoke_port(recipe)} (cluster.master_port + 1, the "
                 "smoke test's scheduler) is in use on node 0; free it or choose another cluster.master_port"}
     try:
         cmd = launch_command(recipe, node_rank, logdir, timeout_s, elements)
     except FileNotFoundError:
-        return {"check": check, "status": "fail", "detail": "msrun not found (it comes with mindspore)"}
+        return {"check": CHECK, "status": "fail", "detail": "msrun not found (it comes with mindspore)"}
     # a node rank > 0 on the loopback master's own machine (a one-machine test of a multi-node shape):
     # msrun's extra scheduler cannot bind, so that node runs --join=False and its workers are awaited here
     cmd = same_host_node_argv(cmd, node_rank, c.model_copy(update={"master_port": smoke_port(recipe)}))
@@ -203,7 +202,6 @@ def verdict(recipe: Recipe, node_rank: int, rc: int, logdir: Path, sizes: tuple[
     """The smoke row from this node's worker logs in ``logdir`` and msrun's exit code ``rc``: ok when every worker
     ran every collective and logged its end, whatever ``rc`` (removing ``logdir`` when ``rc`` is 0 too)."""
     c = recipe.cluster
-    check = CHECK
     ranks = read_worker_logs(logdir)
     why = diagnose(ranks, node_rank, c.devices_per_node, c.devices_per_node)
     at = {4 * e: timings(ranks, 4 * e) for e in sizes}
@@ -214,10 +212,10 @@ def verdict(recipe: Recipe, node_rank: int, rc: int, logdir: Path, sizes: tuple[
                  f"{recipe.data_parallel_size}")
         listing = "; ".join(f"{k} {v:.2f} ms" for k, v in sorted(times.items()))
         size = f"{sizes[0] * 4 >> 20} MiB"
-        return {"check": check, "status": "ok", "collectives": times, "collectives_at": at,
+        return {"check": CHECK, "status": "ok", "collectives": times, "collectives_at": at,
                 "detail": f"node {node_rank} of {shape}: every group's collectives agreed ({listing}; {size} each, "
                           f"slowest rank of this node){late}"}
     if explain is not None and not any(r["failed"] or r["open"] for r in ranks.values()):
         why += f" ({explain(logdir, c.devices_per_node)})"   # no collective named: a worker that never started
-    return {"check": check, "status": "fail", "collectives": times, "collectives_at": at,
+    return {"check": CHECK, "status": "fail", "collectives": times, "collectives_at": at,
             "detail": f"{why}; msrun exit {rc} (logs: {logdir}; `port diagnose {logdir}`)"}
