@@ -93,7 +93,7 @@ def measure_here(width: int, phase: str, seq: int) -> float:
     from mindspore import ParameterTuple, Tensor
 
     from model_zoo.llama import build
-    from porting.train.run import step as train_step
+    from porting.train.run.step import cells as train_step
 
     ms.set_context(mode=ms.GRAPH_MODE)
     ms.set_device("CPU")

@@ -156,7 +156,7 @@ def _metrics(run_dir: Path) -> tuple[list[float], list[float], float | None]:
     losses = [r.loss for r in run.steps]
     norms = [r.grad_norm for r in run.steps]
     comp = [r.step_time_s for r in run.steps if r.compile]
-    if run.summary is not None and run.summary.precompile_s is not None:   # compiled before step 1 (run/precompile.py)
+    if run.summary is not None and run.summary.precompile_s is not None:   # compiled before step 1 (run/step/precompile.py)
         comp.append(run.summary.precompile_s)
     return losses, norms, (round(sum(comp), 3) if comp else None)
 

@@ -9,17 +9,17 @@ column/row split gives each rank exactly that much matmul work), built with 1 an
 layers and fed micro-batches of the recipe's size and of twice it. For each model and size it times, after a
 compile and a warm-up call, the median of :data:`REPEATS` calls (all of them in turn, round by round) of
 
-* ``forward_backward``: a micro-batch turned into tensors and :class:`~porting.train.run.step.AccumGradStep`;
-* ``update``: the accumulated sums added on the host and :class:`~porting.train.run.step.ApplyStep` (clip, AdamW;
+* ``forward_backward``: a micro-batch turned into tensors and :class:`~porting.train.run.step.cells.AccumGradStep`;
+* ``update``: the accumulated sums added on the host and :class:`~porting.train.run.step.cells.ApplyStep` (clip, AdamW;
   world size 1, so no collective), its outputs read back;
-* ``fused``: :class:`~porting.train.run.step.FusedTrainStep` (the one-graph step of ``grad_accum_steps: 1``).
+* ``fused``: :class:`~porting.train.run.step.cells.FusedTrainStep` (the one-graph step of ``grad_accum_steps: 1``).
 
 The plan (``calibrated.derive``) takes a layer as the difference of the depths and the ends (embedding, final norm,
 LM head, loss, per-call overheads) as what is left at depth 1, each as a fixed time plus a time per FLOP from the
 two micro-batch sizes (a CPU is faster per FLOP on larger matrices); the update's difference over the layers'
 parameters is its cost per parameter; the one-graph step's difference from forward+backward+update is what one
 graph saves. On a CPU each msrun worker gets ``cpu_count // devices_per_node`` threads
-(porting/train/run/runtime.py), so the rung measures at every thread count a layout of the recipe's node gives.
+(porting/train/run/step/runtime.py), so the rung measures at every thread count a layout of the recipe's node gives.
 
 Collectives as the step runs them: a recipe with more than one device per node also gets an msrun job of that
 many workers (``porting/train/run/collectives_worker.py SPEC OUT``) timing AllReduce and AllGather over the world
@@ -150,7 +150,7 @@ def _calls(spec: dict[str, Any], layers: int) -> tuple[dict[tuple[str, int], Cal
 
     from model_zoo.config import LlamaConfig
     from model_zoo.llama import build
-    from porting.train.run import step as S
+    from porting.train.run.step import cells as S
 
     cfg = LlamaConfig.from_hf({**spec["config"], "num_hidden_layers": layers})
     model = build(cfg, param_dtype=spec["param_dtype"], compute_dtype=spec["compute_dtype"], seed=spec["seed"])

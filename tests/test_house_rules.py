@@ -272,11 +272,11 @@ _LAUNCH_WITHOUT_MINDSPORE = """
 import shutil, sys, tempfile
 from pathlib import Path
 import porting.launch.start as start, porting.launch.msrun, porting.launch.session, porting.launch.supervise
-import porting.train.run.ckpt_read   # a worker's reader: MindSpore only inside restore and restore_weights
+import porting.train.run.checkpoint.read   # a worker's reader: MindSpore only inside restore and restore_weights
 from model_zoo.config import LlamaConfig
 from porting.model_paths import resolve_hf
 from porting.train.recipe.schema import load_recipe
-from porting.train.run.resume_check import check_run_dir
+from porting.train.run.checkpoint.resume_check import check_run_dir
 print("imports:", "mindspore" in sys.modules)
 rec = load_recipe("recipes/tiny-cpu.yaml", ["cluster.devices_per_node=2", "batching.micro_batch_size=2"])
 cfg = LlamaConfig.from_hf(resolve_hf(rec.model.source)).to_hf()

@@ -43,7 +43,7 @@ class Session:
     def launch(self, again: bool, windows: list[tuple[int, int]]) -> subprocess.Popen:
         """Start the next launch (``again``: with --resume), skipping the data of ``windows`` too."""
         rec = self.rec
-        # a non-finite rollback's data windows join the recipe's own (porting/train/run/nonfinite.py)
+        # a non-finite rollback's data windows join the recipe's own (porting/train/run/step/nonfinite.py)
         skip = [list(w) for w in rec.nonfinite.skip_steps] + [list(w) for w in windows]
         sets = [*self.overrides, *([f"nonfinite.skip_steps={json.dumps(skip)}"] if windows else [])]
         if rec.world_size == 1:   # one process: `port train` itself, without --supervise
@@ -68,7 +68,7 @@ class Session:
 
     def latest_step(self) -> int | None:
         """The step of the last complete checkpoint (None: none yet)."""
-        from porting.train.run import checkpoint as ckpt   # deferred: the checkpoint readers (NumPy, the recipe schema), only on a restart
+        from porting.train.run.checkpoint import save as ckpt   # deferred: the checkpoint readers (NumPy, the recipe schema), only on a restart
 
         last = ckpt.latest(RunDir(self.out).checkpoints)
         return last[0] if last else None

@@ -11,7 +11,7 @@ it would fail again, the run is re-planned on the node's other devices:
 - the new layout is planned and must fit the device memory like any recipe (``check_fits``);
 - the relaunch resumes the last complete checkpoint in the new layout: the per-rank checkpoint files
   (format 2) are read by byte range in any DP/TP/ZeRO layout, and the resume identity
-  (porting/train/run/ckpt_shards.py ``identity``: seed, global batch, model, every non-layout key) must
+  (porting/train/run/checkpoint/format.py ``identity``: seed, global batch, model, every non-layout key) must
   still match;
 - on Ascend the relaunch sees only the healthy dies (``ASCEND_RT_VISIBLE_DEVICES``), which its workers
   open as local devices 0..n-1.

@@ -38,12 +38,12 @@ def prepare(rec: Recipe, plan: dict, out: Path, *, resume: bool, model_config: d
     log: a test hook that does not parse, a run directory that cannot be resumed or would be overwritten,
     MindSpore's process-wide compile cache, the preflight, a side path in the way. Then the run directory and
     its plan.json. Returns the run-directory check's note (None when it has none)."""
-    from porting.train.run.resume_check import check_run_dir
+    from porting.train.run.checkpoint.resume_check import check_run_dir
 
     faults.active()
     note = check_run_dir(out, resume, rec, model_config)
     # the launcher's own MindSpore context is untouched, so the environment says all (the workers check the
-    # context too, porting/train/run/runtime.py)
+    # context too, porting/train/run/step/runtime.py)
     problem = compile_cache_problem(rec, os.environ)
     if problem:
         raise GraphCompileError(problem)

@@ -254,7 +254,7 @@ def _conclude(run_dir: Path, node: int, inc: Incident, echo: Callable[[str], Non
 
 
 def _nonfinite_window(inc: Incident, outcome: Outcome | None) -> None:
-    """A run stopped past its non-finite caps says so on every rank (porting/train/run/nonfinite.py): the
+    """A run stopped past its non-finite caps says so on every rank (porting/train/run/step/nonfinite.py): the
     window of steps it skipped, and the reason, become the incident's."""
     if outcome is not None and outcome.stop is not None:
         line, window = outcome.stop

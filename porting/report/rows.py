@@ -192,7 +192,7 @@ def rows_stability(run: RunRecords, diag: Diagnosis | None) -> list[Row]:
     total = _int((run.plan or {}).get("total_steps"))
     done = len(run.steps)
     completed = run.summary is not None
-    reasons = [r.skip_reason or "loss scale" for r in run.steps if r.skipped]   # porting/train/run/nonfinite.py
+    reasons = [r.skip_reason or "loss scale" for r in run.steps if r.skipped]   # porting/train/run/step/nonfinite.py
     skipped = f"{len(reasons)} skipped (" + ", ".join(f"{reasons.count(k)} {k}" for k in sorted(set(reasons))) + ")"
     out = []
     for label in ("1 device", "single-node multi-device", "multi-node"):
@@ -273,7 +273,7 @@ def _median(xs: list[float]) -> float:
 
 
 def comm_wait_row(run: RunRecords, world: int | None) -> Row:
-    """Per-rank wait in the timed all-reduce of sampled steps (porting/train/run/commwait.py): median and
+    """Per-rank wait in the timed all-reduce of sampled steps (porting/train/run/step/commwait.py): median and
     max per rank, and the rank the others wait for (the one last to arrive, whose own wait is least)."""
     item = "communication wait"
     if world == 1:
@@ -352,7 +352,7 @@ def rows_performance(run: RunRecords) -> list[Row]:
         ct = summary_ct if summary_ct is not None else (
             sum(max(0.0, c - (med or 0.0)) for c in comp) if comp else None)
         where = (f"before step 1 ({s.precompiled_graphs} graphs)" if s is not None and s.precompile_s is not None
-                 else f"over {len(comp)} step(s)")   # run/precompile.py compiles every shape before step 1
+                 else f"over {len(comp)} step(s)")   # run/step/precompile.py compiles every shape before step 1
         out.append(Row("performance", "compile vs steady", INFO,
                        (f"compile {ct:.2f} s {where}" if ct is not None else "no compile steps")
                        + (f"; steady {med:.3f} s/step" if med is not None else ""), "metrics.jsonl"))

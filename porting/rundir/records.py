@@ -173,7 +173,7 @@ class SummaryRecord:
     bucket_shapes: int | None = None
     padding_fraction: float | None = None
     final_loss: float | None = None
-    precompile_s: float | None = None   # compiling every shape before step 1 (porting/train/run/precompile.py)
+    precompile_s: float | None = None   # compiling every shape before step 1 (porting/train/run/step/precompile.py)
     precompiled_graphs: int | None = None
     format_version: int = FORMAT_VERSION
     extra: dict = field(default_factory=dict)

@@ -132,7 +132,7 @@ def test_real_port_train_job_with_a_frozen_rank(tmp_path):
         pytest.skip("port train is not on this branch")
     run = tmp_path / "run"
     # rank 1 also compiles 12 s "longer" than rank 0 (a test hook): more than the 8 s collective timeout, which a
-    # barrier inside the all-reduce would not survive (porting/train/run/ready.py)
+    # barrier inside the all-reduce would not survive (porting/train/run/step/ready.py)
     env = dict(os.environ, MS_CPU_COMM_OP_TIMEOUT="8", MS_NODE_TIMEOUT="10", PORT_TEST_COMPILE_DELAY="1:12")
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
     stale = subprocess.Popen(["bash", "-c", f"exec -a msrun {sys.executable} -c 'import time; time.sleep(300)' "

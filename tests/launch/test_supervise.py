@@ -62,7 +62,7 @@ def signal_at_step(p: subprocess.Popen, run: Path, rank: int, step: int, sig: in
 
 
 def _final_weights(run: Path) -> dict:
-    from porting.train.run.ckpt_read import full_state
+    from porting.train.run.checkpoint.read import full_state
 
     last = sorted((run / "checkpoints").glob("step_*"), key=lambda p: int(p.name.split("_")[1]))[-1]
     return full_state(last)

@@ -32,7 +32,7 @@ _SUMMARY = re.compile(r"resume read (\d+) bytes of \S+ \((.+?); (\d+) of them fi
 
 
 def resume_reads(log: str) -> dict:
-    """What one resume read, from a rank log's lines (porting/train/run/ckpt_read.py): every parameter group's
+    """What one resume read, from a rank log's lines (porting/train/run/checkpoint/read.py): every parameter group's
     bytes by (kind, group), and the summary's total, header and shard bytes. Checks that the rank read its
     shard once: the total less the headers is the shard exactly, every group was read once, and the groups'
     bytes add up to the total (no read outside a logged group)."""

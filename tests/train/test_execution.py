@@ -1,4 +1,4 @@
-"""PyNative as a first-class mode (recipe key ``execution``, porting/train/run/execution.py): the same step
+"""PyNative as a first-class mode (recipe key ``execution``, porting/train/run/step/execution.py): the same step
 cells run op by op. On the CPU both modes give the same losses and weights within float32 tolerance
 (one device here, with accumulation, packing and a resume across modes; DP 2 and TP 2 under msrun in
 tests/train/test_msrun.py and test_tensor_parallel.py); the plan says which mode runs; a graph compile
@@ -104,7 +104,7 @@ class _NotAGraph:
 def test_a_failing_graph_compile_names_the_pynative_fallback():
     import mindspore as ms
 
-    from porting.train.run import execution
+    from porting.train.run.step import execution
     from porting.train import load_recipe
 
     x = ms.Tensor(np.ones((2, 3), np.float32))
@@ -139,7 +139,7 @@ def test_the_plan_states_the_execution_mode_and_the_recipe_refuses_others():
 
 def test_an_older_mindspore_without_runtime_set_memory_caps_memory_the_older_way():
     """MindSpore before mindspore.runtime.set_memory: the run logs the fallback (a 'fallback:' warning), the cap still applies."""
-    from porting.train.run import execution
+    from porting.train.run.step import execution
     from porting.train import validate_recipe
 
     ascend = validate_recipe({"model": {"source": "llama-7b"}, "data": {"path": "x.jsonl"},

@@ -1,6 +1,6 @@
 """The dry run's host-RAM plan (porting/train/plan/host_memory.py) and the save-time inputs (porting/train/plan/comm.py):
 the numbers shown, the refusal past ``cluster.host_memory_gib``, and the bytes the plan says the busiest
-rank writes equal what the per-rank checkpoint layout (porting/train/run/ckpt_shards.py) makes it write."""
+rank writes equal what the per-rank checkpoint layout (porting/train/run/checkpoint/format.py) makes it write."""
 
 from __future__ import annotations
 
@@ -85,8 +85,8 @@ def test_planned_checkpoint_bytes_are_what_the_busiest_rank_writes(sets):
     from model_zoo.config import LlamaConfig
     from model_zoo.llama import build
     from porting.train.plan import comm, sharding
-    from porting.train.run.ckpt_merge import target_layout
-    from porting.train.run.ckpt_shards import Layout, ParamSpec, owned, piece_bytes
+    from porting.train.run.checkpoint.merge import target_layout
+    from porting.train.run.checkpoint.format import Layout, ParamSpec, owned, piece_bytes
     from porting.train import load_recipe
 
     cfg = LlamaConfig.from_hf(ROOT / "model_zoo" / "assets" / "stories260k")

@@ -24,7 +24,7 @@ from model_zoo.labels import IGNORE_INDEX
 from porting.train.data.examples import DataReport, Example, MicroBatch, TokenizedData
 from porting.train.data.tokenise import tokenize_dataset
 from porting.train.data import packing, padding
-from porting.train.run import step as train_step
+from porting.train.run.step import cells as train_step
 from porting.train.recipe.schema import validate_recipe
 from porting.tokenizer import load_tokenizer
 from tests.npu_models import GRAPH_KERNELS, NUMPY_KERNELS, KernelContractError

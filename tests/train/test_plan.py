@@ -173,7 +173,7 @@ def test_multi_node_run_prints_the_command_of_each_node(tmp_path):
 def test_memory_budget_is_applied_on_ascend_only(monkeypatch):
     import mindspore as ms
 
-    from porting.train.run.runtime import apply_memory_budget
+    from porting.train.run.step.runtime import apply_memory_budget
 
     calls = []
     monkeypatch.setattr(ms.runtime, "set_memory", lambda **kw: calls.append(kw))

@@ -35,7 +35,7 @@ def test_loss_falls_and_run_directory_contract(tiny_run):
         assert key in steps[0], key
     first, last = np.mean([s["loss"] for s in steps[:4]]), np.mean([s["loss"] for s in steps[-4:]])
     assert last < 0.6 * first, (first, last)
-    # every shape compiled before step 1 (porting/train/run/precompile.py): no step compiles, the time is kept apart
+    # every shape compiled before step 1 (porting/train/run/step/precompile.py): no step compiles, the time is kept apart
     assert not any(s["compile"] for s in steps) and summary["precompile_s"] > 0
     assert summary["compile_time_s"] >= summary["precompile_s"] and summary["steady_tokens_per_s"] > 0
     assert summary["compiled_graphs"] == summary["shapes_seen"] <= summary["bucket_shapes"]
@@ -140,7 +140,7 @@ def test_kill_9_then_resume_continues_the_same_curve(tmp_path):
     a, b = _curve(ref), _curve(run)
     assert sorted(b) == sorted(a) == list(range(1, 31))
     assert max(abs(a[k] - b[k]) for k in a) == 0.0, "resume must be bit-exact"
-    from porting.train.run.ckpt_read import full_state
+    from porting.train.run.checkpoint.read import full_state
 
     ca, cb = (full_state(r / "checkpoints" / "step_30") for r in (ref, run))
     assert set(ca) == set(cb) and any(k.startswith("adam_m.") for k in ca)   # weights and AdamW states

@@ -4,10 +4,10 @@
 (porting/launch/watch.py ``derive_limits``); nothing else decides them.
 
 Between two log lines a worker does one of (each logs a line when it ends):
-- compile one graph before step 1 (porting/train/run/precompile.py: one line per graph);
-- restore one parameter group (porting/train/run/ckpt_read.py ``Progress``: one line per decoder layer, per
+- compile one graph before step 1 (porting/train/run/step/precompile.py: one line per graph);
+- restore one parameter group (porting/train/run/checkpoint/read.py ``Progress``: one line per decoder layer, per
   ZeRO bucket of each optimizer state);
-- write its rank file (porting/train/run/checkpoint.py ``save_ranks``: one line per rank file);
+- write its rank file (porting/train/run/checkpoint/save.py ``save_ranks``: one line per rank file);
 - run one step.
 ``line_s`` is the longest of these, with a factor for a slow day, not their sum: the silent windows are one
 graph, one group or one file long. The watch allows each phase its total instead (``compile_s``: all

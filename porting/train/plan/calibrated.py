@@ -162,7 +162,7 @@ def load(folder: str | os.PathLike) -> Calibration:
 
 
 def _threads(recipe: Recipe) -> int:
-    """Threads a CPU worker of this recipe runs on (porting/train/run/runtime.py)."""
+    """Threads a CPU worker of this recipe runs on (porting/train/run/step/runtime.py)."""
     n = os.cpu_count() or 1
     return max(1, n // recipe.cluster.devices_per_node) if recipe.world_size > 1 else n
 

@@ -126,7 +126,7 @@ def fusion_plan(recipe: Recipe, cfg: LlamaConfig, grad_bytes: list[int] | None =
 
 
 def checkpoint_bytes(recipe: Recipe, layout: Layout) -> float:
-    """Bytes the busiest rank writes at a checkpoint (porting/train/run/ckpt_shards.py ``owned``): its share
+    """Bytes the busiest rank writes at a checkpoint (porting/train/run/checkpoint/format.py ``owned``): its share
     of its tensor-parallel slice's weights, AdamW m and v and fp32 masters: a 1/dp share of each when
     sharded, all of them on data-parallel rank 0 when not."""
     p = float(layout.parameters)   # this rank's tensor-parallel slice

@@ -13,15 +13,15 @@ Resident for the whole run, per worker (each term: formula, source):
   the graph first runs and the host one is counted as kept (P_local x parameter bytes) until a device run
   measures otherwise. Nothing else of the model or the optimizer is on the host: no weight is drawn
   (model_zoo/linear.py ``deferred_parameters``), and the accumulation buffers, AdamW m and v and the fp32
-  masters are made on the device (porting/train/run/step.py, zero.py ``on_device``).
+  masters are made on the device (porting/train/run/step/cells.py, zero.py ``on_device``).
 - ``data``: the worker's token arrays, ``ids`` and ``labels`` int32 (porting/train/data/token_file.py
   ``ARRAYS``: 8 bytes a token), the tokens estimated as the data file's bytes / 4 (about 4 characters a
   token for English text with a Llama tokenizer; an estimate, 0 when the file is not where the plan runs).
 
 Transient, one at a time (the largest counts; they run one after another, before or between steps):
 the HF load (converters/loading.py ``read_slice``: this rank's slice of the largest tensor as read, widened
-to fp32, and the parameter-dtype copy given to MindSpore); a save (porting/train/run/ckpt_shards.py: one
-piece sliced on the device, as fp32 and as the bytes written); a resume (porting/train/run/ckpt_read.py:
+to fp32, and the parameter-dtype copy given to MindSpore); a save (porting/train/run/checkpoint/format.py: one
+piece sliced on the device, as fp32 and as the bytes written); a resume (porting/train/run/checkpoint/read.py:
 one ZeRO bucket's shard or one parameter, the piece read, and the tensor handed to the device).
 
 The node total is the worker's peak times the workers per node (``cluster.devices_per_node``): all workers

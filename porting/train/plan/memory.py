@@ -22,7 +22,7 @@ tokens, L = layers, tp = tensor parallel, dp = data parallel = world / tp):
 - comm_buffers: two fused all-reduce buffers (comm_fusion size, 64 MB for auto) when dp > 1 and the
   optimizer is not sharded.
 - workspace: runtime and collective workspace, 2 GiB on Ascend, 0.25 GiB on CPU (assumed).
-Mixed precision, as Megatron / MindSpeed-LLM keep it (porting/train/run/step.py):
+Mixed precision, as Megatron / MindSpeed-LLM keep it (porting/train/run/step/cells.py):
 - master_weights: float32 copies of bf16/fp16 parameters, P x 4, sharded like the AdamW states.
 - gradients_fp32: gradients are all-reduced, clipped and applied in float32 by default: a float32
   copy P x 4 of bf16/fp16 gradients (the accumulation buffers already are float32 when

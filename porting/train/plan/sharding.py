@@ -1,6 +1,6 @@
 """Optimizer sharding (ZeRO) and the collectives of one training step, as the plan states them.
 
-Sharded optimizer (Megatron's distributed optimizer; porting/train/run/zero.py builds it):
+Sharded optimizer (Megatron's distributed optimizer; porting/train/run/step/zero.py builds it):
 - the gradients of a bucket of parameters (buckets follow ``parallel.comm_fusion``, as the fused
   all-reduce does) are flattened, padded to a multiple of the data-parallel size and reduce-scattered:
   each data-parallel rank gets the summed gradient of its flat 1/dp shard;

@@ -18,9 +18,9 @@ from porting import rundir
 from porting.env import versions
 from porting.train.data.batching import BatchSchedule, Step
 from porting.train.recipe.schema import Recipe, recipe_dict
-from porting.train.run.commwait import CommWait
-from porting.train.run.nonfinite import WINDOW_SKIP
-from porting.train.run.step_result import StepResult
+from porting.train.run.step.commwait import CommWait
+from porting.train.run.step.nonfinite import WINDOW_SKIP
+from porting.train.run.step.result import StepResult
 
 
 def host_rss_gib() -> float | None:
@@ -59,7 +59,7 @@ def comm_record(rec: rundir.StepRecord, comm: CommWait, log: logging.Logger) -> 
 def summarize(records: list[rundir.StepRecord], plan: BatchSchedule, graphs: int, shapes_seen: int,
               compiled=None) -> rundir.SummaryRecord:
     """The summary line: steady speed apart from the compiles (before step 1 and any step's excess over the
-    steady median). ``compiled``: precompile's report (porting/train/run/precompile.py), or None."""
+    steady median). ``compiled``: precompile's report (porting/train/run/step/precompile.py), or None."""
     steady = [r for r in records if not r.compile and r.skip_reason != WINDOW_SKIP]   # those ran nothing
     comp = [r for r in records if r.compile]
     med = float(np.median([r.step_time_s for r in steady])) if steady else 0.0

@@ -1,9 +1,9 @@
-"""Offline work on per-rank checkpoints (porting/train/run/ckpt_shards.py), outside any training job.
+"""Offline work on per-rank checkpoints (porting/train/run/checkpoint/format.py), outside any training job.
 
 - :func:`write_weights`: the full model weights, one tensor at a time, as one MindSpore-named
   safetensors file (the zoo's names, which are MindFormers' Llama names: converters/names.py; what
   ``port convert --ms`` reads and ``mindspore.load_checkpoint(..., format="safetensors")`` loads);
-  ``port ckpt merge`` and the HF export (porting/train/run/export.py) convert it to HF with the
+  ``port ckpt merge`` and the HF export (porting/train/run/checkpoint/export.py) convert it to HF with the
   converters, with ``port_manifest.json``; ``port ckpt merge --ms DIR`` keeps it.
 - :func:`write_optimizer`: the optimizer state beside it (``optimizer.safetensors``: ``adam_m.<name>``,
   ``adam_v.<name>``, ``master.<name>`` full fp32 tensors, and ``optimizer.json``), for a user who resumes
@@ -30,9 +30,9 @@ from converters.atomic import check_free_space
 from converters.safetensors_io import OutTensor, encode_header, write_all
 from model_zoo.errors import CheckpointError
 from porting.train.plan import sharding
-from porting.train.run.checkpoint import STATE_FILE, TrainState
-from porting.train.run.ckpt_read import Progress, Source, group_of, open_checkpoint
-from porting.train.run.ckpt_shards import CODES, Layout, ParamSpec, owned, piece_key, write_rank, write_record
+from porting.train.run.checkpoint.save import STATE_FILE, TrainState
+from porting.train.run.checkpoint.read import Progress, Source, group_of, open_checkpoint
+from porting.train.run.checkpoint.format import CODES, Layout, ParamSpec, owned, piece_key, write_rank, write_record
 
 Log = Callable[[str], None] | None
 OPTIMIZER_FILE, OPTIMIZER_RECORD = "optimizer.safetensors", "optimizer.json"
@@ -90,7 +90,7 @@ def write_optimizer(ckdir: Path, out_dir: Path, log: Log = None) -> Path:
     finally:
         src.files.close()
     opt = ((ident.get("recipe") or {}).get("optimizer") or {}) if isinstance(ident.get("recipe"), dict) else {}
-    doc = {"format": "port-optimizer/1", "algorithm": "AdamW (torch.optim.AdamW semantics, porting/train/run/step.py)",
+    doc = {"format": "port-optimizer/1", "algorithm": "AdamW (torch.optim.AdamW semantics, porting/train/run/step/cells.py)",
            "step": state.step, "updates": state.adam_t, "loss_scale": state.loss_scale,
            "kinds": list(src.layout.kinds[1:]), "tensors": [p.name for p in src.layout.params],
            "hyper": {k: opt.get(k) for k in ("lr", "betas", "eps", "weight_decay", "grad_clip")}}

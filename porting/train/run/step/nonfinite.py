@@ -5,7 +5,7 @@ went non-finite, which a supervisor (porting/launch/supervise.py) rolls back fro
 stop's reason names the window in the rank log's words (porting/rundir/ranklog.py ``window_phrase``), which the
 launch outcome reads back (porting/launch/outcome.py).
 
-The skip itself happens inside the step's graph (porting/train/run/step.py): AdamW's masters, moments and
+The skip itself happens inside the step's graph (porting/train/run/step/cells.py): AdamW's masters, moments and
 parameters keep their values when the all-reduced gradient norm or the all-reduced loss is not finite, so
 every rank skips the same step. Megatron-LM does the same for a step whose gradients overflow
 (megatron/core/optimizer/optimizer.py, MixedPrecisionOptimizer.step: found_inf returns before the update;
@@ -23,7 +23,7 @@ import dataclasses
 from pathlib import Path
 
 from porting.rundir.ranklog import window_phrase
-from porting.train.run.step_result import StepResult
+from porting.train.run.step.result import StepResult
 from porting.rundir.paths import RunDir
 
 NONFINITE, OVERFLOW, WINDOW_SKIP = "nonfinite", "overflow", "data window"
