@@ -61,7 +61,7 @@ ROWS = [
 def plan_row(overrides: list[str]) -> dict:
     rec = load_recipe(A2, overrides, check_files=False)
     cfg = plan_config(rec)[0]
-    p = make_plan(rec, cfg, A2, "/tmp/port-published-plan")
+    p = make_plan(rec, cfg, "/tmp/port-published-plan")
     e = p.estimated_step
     seq_tokens = rec.global_batch_size * rec.data.max_seq_length / rec.world_size
     # the same roofline at the 910B's figures: compute x 390/328, in-server collectives x 200/149

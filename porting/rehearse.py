@@ -45,6 +45,7 @@ from model_zoo.errors import DiagnosticsError, PortingError
 from model_zoo.files import write_atomic
 from porting.cluster.preflight import free_port
 from porting.diagnostics.diagnose import diagnose
+from porting.launch import lifeline
 from porting.launch.children import child_env, stop_group
 from porting.rundir import read_run
 from porting.train import load_recipe, plan_config, recipe_dict
@@ -164,11 +165,10 @@ def _metrics(run_dir: Path) -> tuple[list[float], list[float], float | None]:
 def _run(argvs: list[list[str]], log: Path, timeout: float) -> tuple[list[int], str]:
     """Start every argv at once (each in its own process group), wait for all under one deadline; on the
     deadline, stop only those groups. Returns the exit codes (None: killed) and the tail of the output."""
-    env = child_env()
+    env = child_env(parent=True)   # each child (a `port train`, the compute rung) dies with this process
     log.parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "w", encoding="utf-8") as out:
-        procs = [subprocess.Popen(a, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-                 for a in argvs]
+    with open(log, "wb") as out:
+        procs = [lifeline.start(a, env, out) for a in argvs]
         deadline, codes = time.monotonic() + timeout, []
         for p in procs:
             try:

@@ -1,5 +1,5 @@
 """The ``links`` rung of `port rehearse`: the node rung's TP and DP groups made as the training step makes
-them (porting/cluster/smoke_collectives.py, under msrun), each collective run at a size that measures
+them (porting/launch/workers/smoke_collectives.py, under msrun), each collective run at a size that measures
 bandwidth rather than latency, turned into bus bandwidth and set beside the per-die figures the plan's
 roofline uses (porting/train/plan/roofline.py ``links``), so a measured figure can replace a documented one
 (``cluster.intra_node_gb_s``, ``cluster.inter_node_gb_s``). Each collective is also timed at 1 KiB

@@ -142,7 +142,7 @@ def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
         index[v] = low[v] = len(index)
         stack.append(v)
         on.add(v)
-        for w in sorted(edges[v]):
+        for w in sorted(edges.get(v, ())):
             if w not in index:
                 visit(w)
                 low[v] = min(low[v], low[w])
@@ -247,7 +247,7 @@ import porting.train.recipe.schema, porting.train.recipe.schedule
 rec = T.load_recipe(sys.argv[1], ["parallel.tensor_parallel=1"], check_files=False)   # refused: every planner path
 cfg, notes = T.plan_config(rec)
 T.check_tensor_parallel(rec, cfg, rec.model.source)
-plan = T.make_plan(rec, cfg, sys.argv[1], "runs/x", [])
+plan = T.make_plan(rec, cfg, "runs/x")
 plan.padding, line = T.dry_run_padding(rec)
 text = T.format_plan(plan)
 assert not plan.fits and plan.proposals and "msrun" in text, text
@@ -274,6 +274,8 @@ from pathlib import Path
 import porting.launch.start as start, porting.launch.msrun, porting.launch.session, porting.launch.supervise
 import porting.train.run.checkpoint.read   # a worker's reader: MindSpore only inside restore and restore_weights
 from model_zoo.config import LlamaConfig
+from porting.job import Hooks, Job
+from porting.launch.options import Launch
 from porting.model_paths import resolve_hf
 from porting.train.recipe.schema import load_recipe
 from porting.train.run.checkpoint.resume_check import check_run_dir
@@ -281,11 +283,12 @@ print("imports:", "mindspore" in sys.modules)
 rec = load_recipe("recipes/tiny-cpu.yaml", ["cluster.devices_per_node=2", "batching.micro_batch_size=2"])
 cfg = LlamaConfig.from_hf(resolve_hf(rec.model.source)).to_hf()
 d = Path(tempfile.mkdtemp())
-assert start.prepare(rec, {}, d / "fresh", resume=False, model_config=cfg, preflight=None) is None
+hooks = Hooks(doctor=dict, diagnose=lambda logs, world: {}, explain=lambda logs, workers: "")
+assert start.prepare(Job.of(rec, d / "fresh"), Launch(), hooks)[1] is None
 print("fresh:", "mindspore" in sys.modules)
 shutil.copytree(sys.argv[1], d / "old", ignore=shutil.ignore_patterns("hf"))
 assert "re-cut exactly" in check_run_dir(d / "old", True, rec, cfg)   # a resume in another layout: every check
-assert "re-cut exactly" in start.prepare(rec, {}, d / "old", resume=True, model_config=cfg, preflight=None)
+assert "re-cut exactly" in start.prepare(Job.of(rec, d / "old"), Launch(resume=True), hooks)[1]
 print("resumable:", "mindspore" in sys.modules)
 shutil.rmtree(d)
 """
@@ -316,6 +319,31 @@ def _package(m: str) -> str:
 # (package, package) -> what is being done; each pair imports each other today and is being untangled where it
 # is owned. A pair that no longer imports each other fails the test, so the list cannot outlive its reason.
 PENDING_PAIRS: dict[tuple[str, str], str] = {}   # porting.cluster <-> porting.train went with R1 (porting/launch/)
+
+
+def _package_edges(edges: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The import graph between packages of porting/ (and the top packages), module-level and function-local."""
+    out: dict[str, set[str]] = {}
+    for a, bs in edges.items():
+        for b in bs:
+            if _package(a) != _package(b):
+                out.setdefault(_package(a), set()).add(_package(b))
+    return out
+
+
+def test_no_loop_between_packages_of_any_length():
+    """The pair rule below sees two packages that import each other; a loop through three or more (train ->
+    diagnostics -> cluster -> launch -> train, before the job document) is invisible to it. Every strongly connected
+    set of packages is one such loop, whatever its length."""
+    loops = _cycles(_package_edges(import_graph()[0]))
+    assert not loops, f"packages that import each other through a loop: {loops}"
+
+
+def test_the_package_loop_rule_finds_a_planted_loop_of_three():
+    planted = {"porting.a.x": {"porting.b.y"}, "porting.b.y": {"porting.c.z"}, "porting.c.z": {"porting.a.w"},
+               "porting.a.w": set(), "porting.d.q": {"porting.a.x"}}
+    assert _cycles(_package_edges(planted)) == [["porting.a", "porting.b", "porting.c"]]
+    assert not any(len(c) == 2 for c in _cycles(_package_edges(planted)))   # no pair: the pair rule alone misses it
 
 
 def test_no_two_packages_import_each_other():
@@ -443,8 +471,9 @@ def test_the_verification_scans_find_a_planted_second_one():
 # porting/launch/ starts, watches and stops processes, between the CLI and porting/train/: it imports the training
 # library and the run directory (and the packages below porting/), nothing else of porting; what sits above it
 # (`port diagnose`) is passed in. Nothing it imports imports it back.
-LAUNCH_MAY_IMPORT = ("porting.launch", "porting.train", "porting.rundir", "porting.env", "porting.model_paths")
-BELOW_LAUNCH = ("porting.train", "porting.rundir", "porting.env", "porting.model_paths")
+LAUNCH_MAY_IMPORT = ("porting.launch", "porting.job", "porting.train", "porting.rundir", "porting.env",
+                     "porting.model_paths")
+BELOW_LAUNCH = ("porting.job", "porting.train", "porting.rundir", "porting.env", "porting.model_paths")
 # The one owner of each job, and what finds a second one (an AST scan of porting/).
 CHILD_ENV_OWNER = "porting/launch/children.py"      # child_env(): the only copy of os.environ for a child
 TEARDOWN_OWNER = "porting/launch/children.py"       # signal_group()/stop_group(): the only os.killpg

@@ -367,7 +367,7 @@ def fit(raw: dict[str, Any], gbs: int, job: Job, target: Target):
                     check_tensor_parallel(rec, cfg, rec.model.source)
                 except PortingError:
                     break
-                plan = make_plan(rec, cfg, "RECIPE.yaml", rec.output_dir)
+                plan = make_plan(rec, cfg, rec.output_dir)
                 tried.append(f"TP {tp} x DP {dp} (sharding {shard}, recompute {recompute}): "
                              f"{plan.memory_gib_by_phase['total']:.1f} GiB")
                 if plan.fits:

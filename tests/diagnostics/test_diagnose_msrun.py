@@ -110,7 +110,7 @@ def _worker_pid(run: Path, rank: int) -> int | None:
             continue
         try:
             cmd = (d / "cmdline").read_bytes().split(b"\0")
-            if not any(c.endswith(b"worker.py") for c in cmd) or str(run).encode() not in b" ".join(cmd):
+            if not any(c.endswith(b"workers/train.py") for c in cmd) or str(run).encode() not in b" ".join(cmd):
                 continue
             env = (d / "environ").read_bytes().split(b"\0")
         except OSError:

@@ -30,7 +30,7 @@ def _recipe(*extra: str):
 def test_derive_keeps_the_global_batch_and_the_tensor_parallel():
     s = derive(_recipe("cluster.devices_per_node=4"), [0, 1, 2, 3], {2})
     assert (s.tensor_parallel, s.data_parallel, s.grad_accum_steps, s.devices) == (1, 2, 2, [0, 1])
-    assert s.overrides == ["cluster.devices_per_node=2", "batching.grad_accum_steps=2"] and "global batch 4 kept" in s.text
+    assert s.values == {"cluster.devices_per_node": 2, "batching.grad_accum_steps": 2} and "global batch 4 kept" in s.text
     s = derive(_recipe("cluster.devices_per_node=4", "batching.grad_accum_steps=3"), [0, 1, 2, 3], {0})
     assert (s.data_parallel, s.grad_accum_steps, s.devices) == (3, 4, [1, 2, 3])   # 12 sequences: DP 3 x 4
     s = derive(_recipe("cluster.devices_per_node=4", "parallel.tensor_parallel=2"), [4, 5, 6, 7], {5})

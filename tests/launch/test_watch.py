@@ -43,7 +43,7 @@ def _limits(name: str, *sets: str) -> tuple[dict, Limits]:
 
     rec = _recipe(name, *sets)
     cfg, _ = plan_config(rec)
-    plan = make_plan(rec, cfg, name, "runs/x").to_dict()
+    plan = make_plan(rec, cfg, "runs/x").to_dict()
     return plan, derive_limits(plan, None, 3)
 
 

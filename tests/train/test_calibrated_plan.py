@@ -127,11 +127,11 @@ def test_collectives_take_the_graph_mode_calls_at_their_own_size_else_the_links_
 def test_the_dry_run_says_what_is_measured_and_shows_throughput_and_mfu(tmp_path):
     rec, cfg = _recipe("batching.grad_accum_steps=2")
     cal = _write(tmp_path, rec, cfg)
-    text = format_plan(make_plan(rec, cfg, str(TINY), str(tmp_path / "run"), calibration=cal))
+    text = format_plan(make_plan(rec, cfg, str(tmp_path / "run"), calibration=cal))
     assert "estimated step (calibrated from" in text and "measured pieces" in text
     assert "tokens/s per device" in text and "6 N + 12 L H Q T" in text and "no peak figure" in text
     ascend = load_recipe("recipes/7b-a2-8dev.yaml", [], check_files=False)
-    text = format_plan(make_plan(ascend, plan_config(ascend)[0], "r.yaml", str(tmp_path / "a")))
+    text = format_plan(make_plan(ascend, plan_config(ascend)[0], str(tmp_path / "a")))
     assert "peak, an estimate, not calibrated: give --calibration REHEARSAL" in text
     assert "MFU" in text and "TFLOP/s (910" in text
 

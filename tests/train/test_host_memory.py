@@ -16,7 +16,7 @@ def _plan(name: str, *sets: str):
 
     rec = load_recipe(ROOT / "recipes" / name, list(sets), check_files=False)
     cfg, _ = plan_config(rec)
-    return rec, cfg, make_plan(rec, cfg, name, "runs/x")
+    return rec, cfg, make_plan(rec, cfg, "runs/x")
 
 
 def test_the_plan_shows_host_ram_per_worker_and_node_and_the_save_inputs():

@@ -48,7 +48,7 @@ def test_plan_global_batch_and_sharding():
     r = _recipe(batching={"micro_batch_size": 1, "grad_accum_steps": 4}, cluster={"devices_per_node": 8},
                 parallel={"optimizer_sharding": True, "zero_stage": 1},
                 precision={"param_dtype": "bfloat16", "compute_dtype": "bfloat16"}, memory={"recompute": True})
-    plan = make_plan(r, presets.config("llama2-7b"), "recipes/x.yaml", "runs/x")
+    plan = make_plan(r, presets.config("llama2-7b"), "runs/x")
     assert plan.global_batch == 32 and plan.world_size == 8
     mem = plan.memory_gib_by_phase
     from porting.train.plan.memory_terms import TERMS
@@ -63,11 +63,13 @@ def test_plan_global_batch_and_sharding():
 
 def test_msrun_command_per_node():
     r = _recipe(cluster={"nodes": 4, "devices_per_node": 8, "master_addr": "10.0.0.1", "master_port": 9000})
-    cmds = msrun_commands(r, "recipes/13b.yaml", "runs/13b", ["optimizer.lr=1e-5"])
+    cmds = msrun_commands(r, "runs/13b")
     assert len(cmds) == 4
     for i, c in enumerate(cmds):
         assert "--worker_num=32" in c and "--local_worker_num=8" in c and f"--node_rank={i}" in c
-        assert "--master_addr=10.0.0.1" in c and "--master_port=9000" in c and "--set optimizer.lr=1e-5" in c
+        assert "--master_addr=10.0.0.1" in c and "--master_port=9000" in c
+        # a worker reads the run's job document, never the recipe file or --set strings (porting/job/)
+        assert c.endswith("workers/train.py --run-dir runs/13b") and "--recipe" not in c and "--set" not in c
 
 
 def test_dry_run_refuses_plan_that_does_not_fit_with_remedies():

@@ -84,7 +84,7 @@ def test_a2_plans_are_costed_with_910b_figures():
 
     rec, cfg, layout = _plan("7b-a2-8dev.yaml")
     assert roofline.device_figures(rec) == (328e12, 1.6e12, 149e9)
-    plan = make_plan(rec, cfg, "7b-a2-8dev.yaml", "runs/x")
+    plan = make_plan(rec, cfg, "runs/x")
     assert plan.links["chip"] == "910B" and plan.links["tp_bytes_per_s"] == 149e9
     assert "roofline at the 910B peak" in format_plan(plan)
     best = [p for p in plan.proposals if p["with_margin"]][0]
@@ -98,7 +98,7 @@ def test_every_shipped_ascend_recipe_is_its_plans_fastest_fitting_layout(name):
     from porting.train import make_plan
 
     rec, cfg, _ = _plan(name)
-    plan = make_plan(rec, cfg, name, "runs/x")
+    plan = make_plan(rec, cfg, "runs/x")
     best = [p for p in plan.proposals if p["with_margin"]][0]   # 4 GiB to spare, as the recipes' comments say
     assert best["this_recipe"], (name, best["set"])
 

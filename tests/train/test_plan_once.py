@@ -41,7 +41,7 @@ def counted(monkeypatch) -> Counter:
 def _plan(overrides: list[str]):
     rec = load_recipe(RECIPE, overrides, check_files=False)
     cfg, _ = make.plan_config(rec)
-    return make.make_plan(rec, cfg, RECIPE, "runs/x", overrides)
+    return make.make_plan(rec, cfg, "runs/x")
 
 
 def test_a_fitting_plan_computes_its_layout_once(counted):

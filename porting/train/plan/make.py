@@ -141,9 +141,22 @@ class TrainPlan:
         """The JSON form (``plan.json``, ``--dry-run --json``)."""
         return dataclasses.asdict(self)
 
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any]) -> "TrainPlan":
+        """The plan :meth:`to_dict` wrote (the job document's, porting/job/): every field by name, the records
+        rebuilt; a missing or unknown key raises KeyError/TypeError, which the reader turns into one line."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(doc) - names)
+        if unknown:
+            raise TypeError(f"unknown plan key(s) {unknown[:5]}")
+        d = dict(doc)
+        d["model"] = ModelShape(**d["model"])
+        d["collectives"] = [Collective(**c) for c in d.get("collectives") or []]
+        return cls(**d)
 
-def make_plan(recipe: Recipe, cfg: LlamaConfig, recipe_path: str, run_dir: str, overrides: list[str] | None = None,
-              resume: bool = False, calibration: calibrated.Calibration | None = None) -> TrainPlan:
+
+def make_plan(recipe: Recipe, cfg: LlamaConfig, run_dir: str, resume: bool = False,
+              calibration: calibrated.Calibration | None = None) -> TrainPlan:
     """The plan of a recipe: its :class:`~porting.train.plan.layout.Layout` is computed once and every part
     of the plan is derived from it. ``calibration``: a rehearsal's measured pieces, for the step estimate and
     the ranking of layouts (porting/train/plan/calibrated.py); without it the roofline (Ascend only)."""
@@ -178,7 +191,7 @@ def make_plan(recipe: Recipe, cfg: LlamaConfig, recipe_path: str, run_dir: str, 
         else [],
         estimated_step=est, throughput=calibrated.throughput(recipe, cfg, est),
         links=roofline.links(recipe) if recipe.cluster.device == "ascend" else {},
-        msrun_commands=msrun_commands(recipe, recipe_path, run_dir, overrides, resume) if multi else [],
+        msrun_commands=msrun_commands(recipe, run_dir, resume) if multi else [],
         warnings=plan_warnings(recipe, cfg, choice), execution=execution.describe(recipe),
         host_memory=host_memory(recipe, cfg, mem["total"]),
         allowances=allowances(recipe, cfg, layout, plan_shapes(recipe), step_s=est.get("step_s")))
@@ -240,8 +253,8 @@ def plan_config(recipe: Recipe) -> tuple[LlamaConfig, list[str]]:
         return presets.config(name), notes
 
 
-def plan_run(recipe: Recipe, recipe_path: str, run_dir: str, overrides: list[str], resume: bool,
-             dry_run: bool, calibration: calibrated.Calibration | None = None) -> tuple[TrainPlan, LlamaConfig]:
+def plan_run(recipe: Recipe, run_dir: str, resume: bool, dry_run: bool,
+             calibration: calibrated.Calibration | None = None) -> tuple[TrainPlan, LlamaConfig]:
     """The plan `port train` prints or runs, and the model config it was made from. A dry run plans for a
     cluster whose checkpoint may not be here (:func:`plan_config`: its notes become the plan's first warnings);
     a real run plans from the checkpoint's own config.json. A model tensor parallel cannot split is one line
@@ -251,7 +264,7 @@ def plan_run(recipe: Recipe, recipe_path: str, run_dir: str, overrides: list[str
     else:
         cfg, notes = LlamaConfig.from_hf(resolve_hf(recipe.model.source)), []
     check_tensor_parallel(recipe, cfg, recipe.model.source)
-    plan = make_plan(recipe, cfg, recipe_path, run_dir, overrides, resume, calibration=calibration)
+    plan = make_plan(recipe, cfg, run_dir, resume, calibration=calibration)
     plan.warnings = notes + plan.warnings
     return plan, cfg
 

@@ -41,7 +41,7 @@ HOOKS: tuple[Hook, ...] = (
          "porting/train/run/step/ready.py"),
     Hook("PORT_TEST_CRASH_AT_EXIT", "RANK, e.g. 1",
          "that rank's msrun worker dies by SIGSEGV after its run ended, as MindSpore's teardown at exit sometimes "
-         "does (the launch must still count as finished)", "porting/train/run/worker.py"),
+         "does (the launch must still count as finished)", "porting/launch/workers/train.py"),
     Hook("PORT_TEST_BAD_DEVICES", "ID[,ID...], e.g. 2,5",
          "the device probe of those ids fails without touching the device (a CPU has no device that can break)",
          "porting/launch/device_probe.py"),

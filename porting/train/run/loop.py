@@ -1,7 +1,7 @@
 """The training run: one rank's loop, from a validated recipe to checkpoints, metrics and an HF export.
 
 World size 1 runs in the calling process; more ranks run this same function inside `msrun` workers
-(:mod:`porting.train.run.worker`). Every rank logs to ``logs/rank_<r>.log``; rank 0 writes
+(porting/launch/workers/train.py). Every rank logs to ``logs/rank_<r>.log``; rank 0 writes
 ``metrics.jsonl``, ``manifest.json``, checkpoints and the HF export. Tensor parallel's pieces (the rank
 grid, its groups, slicing and merging) live in :mod:`porting.train.run.step.grid`; what stays here is the loop
 and its Trainer (with ZeRO's and packing's inputs); what a rank builds before step 1 is
@@ -19,7 +19,6 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import mindspore as ms
 import numpy as np
@@ -50,7 +49,7 @@ from porting.train.run.checkpoint.export import export_hf
 from porting.train.run.step.grid import Grid
 from porting.train.run.heldout import eval_record
 from porting.train.run.step.loss_scale import LossScaler
-from porting.train.run.records import comm_record, run_manifest, step_record, summarize
+from porting.train.run.records import Provenance, comm_record, run_manifest, step_record, summarize
 from porting.train.run.step.runtime import configure_mindspore
 from porting.train.run.step.cells import compiled_graphs
 from porting.train.run.step.result import StepResult
@@ -227,7 +226,7 @@ def _run_or_skip(trainer: Trainer, step: Step, lr: float, guard: nonfinite.SkipG
 
 
 def _finish(recipe: Recipe, trainer: Trainer, plan, records: list, metrics, model_dir: Path, run_dir: Path,
-            start: int, command: list[str] | None, rl: ranklog.RankLog, compiled: pre.CompileReport | None) -> None:
+            start: int, command: tuple[str, ...], rl: ranklog.RankLog, compiled: pre.CompileReport | None) -> None:
     """The final checkpoint, the summary record and the HF export, after the last step."""
     if plan.total_steps <= start:
         return
@@ -245,7 +244,7 @@ def _finish(recipe: Recipe, trainer: Trainer, plan, records: list, metrics, mode
                  f"export_after_exit), or by hand: port ckpt merge {final} --out {RunDir(run_dir).hf}")
     elif recipe.checkpointing.export_hf:
         rl.phase("save", plan.total_steps)   # the export writes the whole model again: a save's allowance
-        out = export_hf(final, model_dir, RunDir(run_dir).hf, command=list(command or sys.argv))
+        out = export_hf(final, model_dir, RunDir(run_dir).hf, command=list(command))
         log.info(f"HF export {out} (from {final}, with port_manifest.json)")
 
 
@@ -264,16 +263,16 @@ def _resume(trainer: Trainer, last: tuple[int, Path] | None, ck_root: Path, tota
     return start
 
 
-def train(recipe: Recipe, run_dir: str | Path, *, rank: int = 0, world_size: int = 1, resume: bool = False,
-          distributed: bool = False, command: list[str] | None = None, echo: bool = True,
-          doctor: Callable[[], dict] | None = None, compile_cache: bool = True) -> RunResult:
-    """Run (or resume) the fine-tune of ``recipe`` on this rank; returns when the last step is done.
-    ``doctor`` makes the environment report manifest.json keeps (the caller's: `port doctor` is above
-    porting/train); rank 0 calls it once. ``compile_cache``: run/step/precompile.py's, under RUN/compile_cache."""
+def train(recipe: Recipe, run_dir: str | Path, *, resume: bool = False, distributed: bool = False,
+          echo: bool = True, provenance: Provenance | None = None) -> RunResult:
+    """Run (or resume) the fine-tune of ``recipe`` on this rank; returns when the last step is done. A `port train`
+    rank gets ``recipe`` from the run's job document (porting/launch/workers/train.py); ``provenance`` is what
+    manifest.json records of it (the command, the launcher's environment report, the document)."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
+    prov = provenance or Provenance(tuple(sys.argv))
     configure_mindspore(recipe, distributed)
-    rank, world_size = setup.join(recipe, distributed, rank, world_size)
+    rank, world_size = setup.join(recipe, distributed, 0, 1)
     log = ranklog.open_log(run_dir, rank, echo and rank == 0)
     rl = ranklog.RankLog(log, Heartbeat(run_dir, rank))   # the lines others read, and the heartbeat beside them
     grid = grid_mod.make_grid(recipe, rank, world_size)
@@ -293,9 +292,9 @@ def train(recipe: Recipe, run_dir: str | Path, *, rank: int = 0, world_size: int
         rl.phase("restore")
         start = _resume(trainer, last, ck_root, plan.total_steps, log, opened)
     rl.phase("compile")
-    compiled = pre.before_step_one(trainer, plan, cfg.to_hf(), start, compile_cache, log)   # every shape, every rank
+    compiled = pre.before_step_one(trainer, plan, cfg.to_hf(), start, True, log)   # every shape, every rank
     if rank == 0:
-        rundir.write_manifest(run_dir, run_manifest(recipe, model_dir, cfg, plan, world_size, command, start, doctor),
+        rundir.write_manifest(run_dir, run_manifest(recipe, model_dir, cfg, plan, world_size, start, prov),
                               resume_step=start if resume else 0)
     watch = Watch(recipe.logging, run_dir, plan.total_steps, start, recipe.model_dump(mode="json")) if rank == 0 else None
     metrics = rundir.MetricsWriter(run_dir, keep_through_step=start) if rank == 0 else None
@@ -333,7 +332,7 @@ def train(recipe: Recipe, run_dir: str | Path, *, rank: int = 0, world_size: int
                 path = trainer.save(ck_root, done)
                 last_good = (done, path)
                 rl.saved(done, path)
-        _finish(recipe, trainer, plan, records, metrics, model_dir, run_dir, start, command, rl, compiled)
+        _finish(recipe, trainer, plan, records, metrics, model_dir, run_dir, start, prov.command, rl, compiled)
     except PortingError as exc:
         rl.failed(str(exc))
         raise
