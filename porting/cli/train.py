@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -80,8 +81,9 @@ def command(recipe: str, overrides: tuple[str, ...], dry_run: bool, as_json: boo
         cal = load(calibration)
     plan, cfg = T.plan_run(rec, recipe, str(out), list(overrides), resume, dry_run, calibration=cal)
     if dry_run:
-        plan.padding, padding_line = T.dry_run_padding(rec)   # padding of bucketing vs packing on the recipe's data
-        timeouts = "\n" + hccl_timeouts.plan_line(os.environ, plan.launch["env"]) if plan.launch else ""
+        padding, padding_line = T.dry_run_padding(rec)   # padding of bucketing vs packing on the recipe's data
+        plan = dataclasses.replace(plan, padding=padding)
+        timeouts = "\n" + hccl_timeouts.plan_line(os.environ, plan.launch.env) if plan.launch else ""
         click.echo(json.dumps(plan.to_dict(), indent=2) if as_json else T.format_plan(plan) + timeouts + "\n" + padding_line)
         T.check_fits(plan, recipe)
         return
@@ -90,12 +92,12 @@ def command(recipe: str, overrides: tuple[str, ...], dry_run: bool, as_json: boo
 
     preflight = None if no_preflight else (lambda r: _preflight(r, out, launch_node or 0))
     only_prints = rec.cluster.nodes > 1 and launch_node is None   # node 0's launcher prints every node's command
-    note = start.prepare(rec, plan.to_dict(), out, resume=resume, model_config=cfg.to_hf(),
+    note = start.prepare(rec, plan, out, resume=resume, model_config=cfg.to_hf(),
                          preflight=None if only_prints else preflight)
     if note:
         click.echo(note, err=True)
     supervision = start.Supervision(stall_timeout, max_restarts, shrink, _diagnose) if supervise else None
-    res = start.start(rec, recipe, list(overrides), out, plan.to_dict(), resume=resume, launch_node=launch_node,
+    res = start.start(rec, recipe, list(overrides), out, plan, resume=resume, launch_node=launch_node,
                       supervision=supervision, preflight=preflight, doctor=_doctor, command=sys.argv)
     if supervise or rec.world_size > 1:
         return

@@ -9,7 +9,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 import click
 
@@ -24,13 +24,15 @@ from porting.launch.watch import derive_limits
 from porting.rundir.paths import RunDir
 from porting.train.data import token_cache
 from porting.train.plan.launch import msrun_commands
+from porting.train.plan.make import TrainPlan
+from porting.train.recipe.schema import Recipe
 
 
 @dataclasses.dataclass
 class Session:
     """One node's supervised launches of one run."""
 
-    rec: Any                          # the recipe the next launch runs (a shrink replaces it)
+    rec: Recipe                       # the recipe the next launch runs (a shrink replaces it)
     recipe_path: str
     out: Path
     node: int
@@ -93,20 +95,20 @@ class Session:
         return list(range(self.rec.world_size)), self.rec.world_size, f"{'; '.join(bad.values())}: {s.text}"
 
 
-def run_supervised(rec: Any, recipe_path: str, overrides: list[str], out: Path, resume: bool,
-                   launch_node: int | None, plan: dict[str, Any], stall_timeout: float | None, max_restarts: int,
-                   preflight: Callable[[Any], None] | None, diagnose: Diagnose, shrink: bool = False) -> None:
+def run_supervised(rec: Recipe, recipe_path: str, overrides: list[str], out: Path, resume: bool,
+                   launch_node: int | None, plan: TrainPlan, stall_timeout: float | None, max_restarts: int,
+                   preflight: Callable[[Recipe], None] | None, diagnose: Diagnose, shrink: bool = False) -> None:
     """``preflight(recipe)`` runs before every relaunch (with the shrunk recipe after a shrink); ``diagnose(logs,
     world)`` is `port diagnose`, the caller's (it sits above this package)."""
     if rec.cluster.nodes > 1 and launch_node is None:
         raise RecipeError(f"--supervise watches one node's launch; a {rec.cluster.nodes}-node recipe needs "
                           "--launch-node N on each node (each node's supervisor watches its own ranks)")
     node = launch_node or 0
-    s = Session(rec, recipe_path, out, node, plan.get("launch", {}).get("env", {}), list(overrides),
+    s = Session(rec, recipe_path, out, node, plan.launch.env if plan.launch else {}, list(overrides),
                 devices=launch_devices(rec) or list(range(rec.cluster.devices_per_node)))
     ranks = node_ranks(rec, node)
     launch_dir(out, node).mkdir(parents=True, exist_ok=True)   # what each launch printed (msrun's own output)
-    limits = derive_limits(plan, stall_timeout, max_restarts)
+    limits = derive_limits(plan.allowances, stall_timeout, max_restarts)
     click.echo(f"supervise: ranks {ranks[0]}..{ranks[-1]} of {rec.world_size}; stall after {limits.stall_s:.0f} s "
                f"without a heartbeat ({limits.compile_s:.0f} s before the first step, {limits.restore_s:.0f} s "
                f"restoring, {limits.save_s:.0f} s while saving); at most {limits.max_restarts} restart(s)", err=True)

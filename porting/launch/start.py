@@ -18,6 +18,7 @@ from model_zoo.errors import RecipeError
 from model_zoo.files import write_atomic
 from porting.rundir import RunDir, check_side_paths
 from porting.train.plan.execution import GraphCompileError, compile_cache_problem
+from porting.train.plan.make import TrainPlan
 from porting.train.recipe.schema import Recipe
 from porting.train.run import faults
 
@@ -32,7 +33,7 @@ class Supervision:
     diagnose: Callable[[Path, int], dict]
 
 
-def prepare(rec: Recipe, plan: dict, out: Path, *, resume: bool, model_config: dict,
+def prepare(rec: Recipe, plan: TrainPlan, out: Path, *, resume: bool, model_config: dict,
             preflight: Callable[[Recipe], None] | None) -> str | None:
     """Every refusal that can come before a worker starts, each one line here instead of one in every worker's
     log: a test hook that does not parse, a run directory that cannot be resumed or would be overwritten,
@@ -52,11 +53,11 @@ def prepare(rec: Recipe, plan: dict, out: Path, *, resume: bool, model_config: d
     _make_run_dir(out)
     check_side_paths(out, ("logs", "checkpoints") + (("tensorboard",) if rec.logging.tensorboard else ())
                      + (("hf",) if rec.checkpointing.export_hf else ()))   # a file in the way, a full disk: now
-    write_atomic(RunDir(out).plan, json.dumps(plan, indent=2), error=RecipeError)
+    write_atomic(RunDir(out).plan, json.dumps(plan.to_dict(), indent=2), error=RecipeError)
     return note
 
 
-def start(rec: Recipe, recipe_path: str, overrides: list[str], out: Path, plan: dict, *, resume: bool,
+def start(rec: Recipe, recipe_path: str, overrides: list[str], out: Path, plan: TrainPlan, *, resume: bool,
           launch_node: int | None, supervision: Supervision | None, preflight: Callable[[Recipe], None] | None,
           doctor: Callable[[], dict], command: list[str]):
     """The launch: the supervised session, one device in this process (its RunResult), or this node's msrun."""
@@ -77,7 +78,7 @@ def start(rec: Recipe, recipe_path: str, overrides: list[str], out: Path, plan: 
         return train(rec, out, resume=resume, command=command, doctor=doctor)
     from porting.launch.msrun import launch_msrun
 
-    return launch_msrun(rec, recipe_path, overrides, out, resume, launch_node, plan.get("launch", {}).get("env", {}))
+    return launch_msrun(rec, recipe_path, overrides, out, resume, launch_node, plan.launch.env if plan.launch else {})
 
 
 def _make_run_dir(out: Path) -> None:
