@@ -69,9 +69,9 @@ def measure(rec: Any, timeout_s: float) -> tuple[str, str, dict[str, Any]]:
     for key, ms in small.items():   # each collective's cost at 1 KiB: its latency
         if key in measured:
             measured[key]["latency_ms"] = round(ms, 3)
-    plan = plan_links(rec)
-    figures = {"tp_gb_s": plan["tp_bytes_per_s"] / 1e9, "dp_gb_s": plan["dp_bytes_per_s"] / 1e9,
-               "intra_node": plan["intra_node"]}
+    assumed = plan_links(rec)
+    figures = {"tp_gb_s": assumed.tp_bytes_per_s / 1e9, "dp_gb_s": assumed.dp_bytes_per_s / 1e9,
+               "intra_node": assumed.intra_node}
     doc = {"measured": measured, "plan": figures, "elements": elements}
     if row["status"] != "ok":
         return "fail", row["detail"], doc

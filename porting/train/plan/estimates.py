@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from porting.train.plan.records import OMIT
+from model_zoo.typed import spec
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -16,7 +16,7 @@ class RooflineStep:
     """Seconds of one optimizer step on one rank at the hardware's peak, by part (roofline.py module docstring)."""
 
     # "roofline" as the plan's estimate; absent from a proposal's (plan.json has always written it so)
-    kind: Literal["roofline"] | None = field(default=None, metadata=OMIT)
+    kind: Literal["roofline"] | None = spec(None, omit_none=True)
     compute_s: float
     memory_s: float
     comm_s: float
@@ -31,7 +31,7 @@ class CalibratedStep:
     """The step predicted from a rehearsal's measured pieces, by part, with the source of each figure."""
 
     kind: Literal["calibrated"]
-    from_: str                                       # the rehearsal folder
+    from_: str = field(metadata={"key": "from"})     # the rehearsal folder
     step_s: float
     compute_s: float
     memory_s: float                                  # the update

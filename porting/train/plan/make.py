@@ -12,18 +12,18 @@ from pathlib import Path
 from typing import Any, Callable
 
 from model_zoo.config import LlamaConfig, divisibility_problems
-from model_zoo import presets
-from model_zoo.errors import RecipeError, UnknownModelError
+from model_zoo import presets, typed
+from model_zoo.errors import ConfigError, RecipeError, UnknownModelError
+from model_zoo.typed import spec
 from porting.model_paths import resolve_hf
 from porting.train.data.padding import PaddingChoices
-from porting.train.plan import calibrated, comm, execution, records, roofline, sharding
+from porting.train.plan import calibrated, comm, execution, roofline, sharding
 from porting.train.plan.allowances import Allowances, allowances, plan_shapes
 from porting.train.plan.estimates import StepEstimate
 from porting.train.plan.host_memory import HostMemory, check_host_memory, host_memory
 from porting.train.plan.launch import msrun_commands
 from porting.train.plan.memory import MemoryByPhase, estimate_memory, usable_hbm_gib
 from porting.train.plan.layout import ShardingChoice, ShardingPlan
-from porting.train.plan.records import EMPTY
 from porting.train.plan.sharding import Collective, CollectiveBytes
 from porting.train.recipe import hardware
 from porting.train.recipe.schema import CommFusionSection, PrecisionSection, Recipe
@@ -98,7 +98,7 @@ class ModelShape:
 class TrainPlan:
     """What `port train --dry-run` prints and ``plan.json`` holds (:meth:`to_dict`; :meth:`from_dict` reads it back).
     Every part is a record made where it is computed; the field order is plan.json's key order. A new term is a
-    field here (or in its record) and nothing else: :mod:`porting.train.plan.records` writes and reads it."""
+    field here (or in its record) and nothing else: :mod:`model_zoo.typed` writes and reads it."""
     model: ModelShape
     device: str
     nodes: int
@@ -117,7 +117,7 @@ class TrainPlan:
     optimizer_sharding: bool
     comm_fusion: CommFusionSection              # the recipe's parallel.comm_fusion
     gradient_allreduce: comm.GradientAllreduce
-    launch: comm.LaunchPlan | None = field(default=None, metadata=EMPTY)   # None on one device
+    launch: comm.LaunchPlan | None = spec(None, empty_none=True)   # None on one device
     memory_gib_by_phase: MemoryByPhase
     device_hbm_gib: float
     usable_hbm_gib: float
@@ -133,9 +133,9 @@ class TrainPlan:
     suggestions: tuple[str, ...] = ()
     proposals: tuple[roofline.Proposal, ...] = ()
     # roofline (Ascend) or calibrated (--calibration); None on a CPU without a calibration
-    estimated_step: StepEstimate | None = field(default=None, metadata=EMPTY)
-    throughput: calibrated.Throughput | None = field(default=None, metadata=EMPTY)   # of that estimate
-    links: roofline.Links | None = field(default=None, metadata=EMPTY)               # Ascend only
+    estimated_step: StepEstimate | None = spec(None, empty_none=True)
+    throughput: calibrated.Throughput | None = spec(None, empty_none=True)   # of that estimate
+    links: roofline.Links | None = spec(None, empty_none=True)               # Ascend only
     msrun_commands: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
     padding: PaddingChoices | None = None   # --dry-run: padding of bucketing vs packing (data/padding.py)
@@ -145,16 +145,21 @@ class TrainPlan:
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form (``plan.json``, ``--dry-run --json``)."""
-        return records.dump(self)
+        return typed.write(self)
 
     @classmethod
     def from_dict(cls, doc: Any, source: str = "plan") -> "TrainPlan":
-        """The plan :meth:`to_dict` wrote, its records rebuilt; PlanFormatError in one line naming ``source`` and the
-        key when ``doc`` is not one (a missing, unknown or mistyped key)."""
-        try:
-            return records.build(cls, doc)
-        except records.PlanFormatError as e:
-            raise records.PlanFormatError(f"{source}: {e}") from None
+        """The plan :meth:`to_dict` wrote, its records rebuilt (:mod:`model_zoo.typed`, strict: port writes and reads
+        it itself); one ConfigError line naming ``source`` and every missing, unknown or mistyped key otherwise."""
+        if not isinstance(doc, dict):
+            raise ConfigError(f"{source}: top level is {type(doc).__name__}, expected an object (a plan port wrote)")
+        out: list[str] = []
+        typed.problems(cls, doc, "", out, strict=True)
+        if out:
+            raise ConfigError(f"{source}: not a plan this port writes: {'; '.join(out[:6])}"
+                              + (f" (and {len(out) - 6} more)" if len(out) > 6 else "")
+                              + "; plan it again with `port train RECIPE --dry-run`")
+        return typed.build(cls, doc, strict=True)
 
 
 def make_plan(recipe: Recipe, cfg: LlamaConfig, recipe_path: str, run_dir: str, overrides: list[str] | None = None,
