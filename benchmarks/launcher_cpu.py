@@ -41,10 +41,13 @@ from pathlib import Path
 import porting.launch.start as start, porting.launch.msrun, porting.launch.session
 from model_zoo.config import LlamaConfig
 from porting.model_paths import resolve_hf
+from porting.train.plan.make import make_plan
 from porting.train.recipe.schema import load_recipe
 rec = load_recipe("recipes/tiny-cpu.yaml", ["cluster.devices_per_node=2"])
-cfg = LlamaConfig.from_hf(resolve_hf(rec.model.source)).to_hf()
-start.prepare(rec, {}, Path(tempfile.mkdtemp()) / "fresh", resume=False, model_config=cfg, preflight=None)
+model = LlamaConfig.from_hf(resolve_hf(rec.model.source))
+out = Path(tempfile.mkdtemp()) / "fresh"
+start.prepare(rec, make_plan(rec, model, "recipes/tiny-cpu.yaml", str(out)), out, resume=False,
+              model_config=model.to_hf(), preflight=None)
 ru = resource.getrusage(resource.RUSAGE_SELF)
 print(f"{ru.ru_utime + ru.ru_stime:.2f} CPU-s, mindspore loaded: {'mindspore' in sys.modules}")
 """

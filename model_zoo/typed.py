@@ -153,8 +153,10 @@ def check(v: Any, tp: Any, where: str, meta: dict, out: list[str], strict: bool 
         else:
             out.append(_is(where, v, "an object" + or_null))
     elif sh.kind == "union":
-        if _arm(v, sh.inner, strict) is None:
-            out.append(_is(where, v, _words(sh.inner, meta) + or_null))
+        near = _nearest(v, sh.inner, where, strict)
+        if near is not None:   # the nearest type's own problems, unless it is the value itself that fits none
+            nested = [p for p in near if not p.startswith(f"{where} is ")]
+            out += nested or [_is(where, v, _words(sh.inner, meta) + or_null)]
     elif sh.kind == "list":
         if isinstance(v, list):
             _check_list(v, sh.elem, where, meta, out, strict)
@@ -180,6 +182,18 @@ def _arm(v: Any, union: Any, strict: bool) -> Any:
         if not found:
             return a
     return None
+
+
+def _nearest(v: Any, union: Any, where: str, strict: bool) -> list[str] | None:
+    """None when ``v`` fits a type of ``A | B``; else the problems of the type it comes nearest (fewest)."""
+    best: list[str] | None = None
+    for a in typing.get_args(union):
+        found: list[str] = []
+        check(v, a, where, {}, found, strict)
+        if not found:
+            return None
+        best = found if best is None or len(found) < len(best) else best
+    return best
 
 
 def _first_line(e: ValueError) -> str:

@@ -31,6 +31,7 @@ from typing import Any, Callable
 
 from model_zoo.errors import PortingError, RecipeError
 from porting.launch.children import child_env
+from porting.train.recipe.schema import Recipe
 
 PROBE_TIMEOUT_S = 180.0
 
@@ -65,7 +66,7 @@ def probe(device: str, device_id: int, timeout_s: float = PROBE_TIMEOUT_S) -> st
     return why
 
 
-def derive(recipe: Any, devices: list[int], bad: set[int]) -> Shrunk:
+def derive(recipe: Recipe, devices: list[int], bad: set[int]) -> Shrunk:
     """The layout on ``devices`` minus ``bad`` with the recipe's global batch, or RecipeError saying why none."""
     tp = recipe.parallel.tensor_parallel
     micro = recipe.batching.micro_batch_size
@@ -84,7 +85,7 @@ def derive(recipe: Any, devices: list[int], bad: set[int]) -> Shrunk:
     return Shrunk(overrides, use, tp, dp, accum, text)
 
 
-def check_plan(recipe: Any, recipe_path: str, out: Path, overrides: list[str]) -> None:
+def check_plan(recipe: Recipe, recipe_path: str, out: Path, overrides: list[str]) -> None:
     """The shrunk layout planned like any recipe: RecipeError (one line) when it does not fit."""
     from model_zoo.config import LlamaConfig
     from porting import train as T
@@ -100,7 +101,7 @@ def check_plan(recipe: Any, recipe_path: str, out: Path, overrides: list[str]) -
         raise RecipeError(f"cannot shrink: the layout on fewer devices does not fit: {e}") from None
 
 
-def confirm_bad(recipe: Any, devices: list[int], suspect_local: int) -> dict[int, str]:
+def confirm_bad(recipe: Recipe, devices: list[int], suspect_local: int) -> dict[int, str]:
     """{device: why} of the suspect's device when its probe fails, else {}."""
     d = devices[suspect_local]
     why = probe(recipe.cluster.device, d)
