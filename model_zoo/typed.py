@@ -28,6 +28,8 @@ import types
 import typing
 from typing import Any, Collection
 
+from model_zoo.errors import PortingError
+
 _NONE = type(None)
 
 
@@ -103,7 +105,7 @@ def _shape(tp: Any) -> _Shape:
     if inner is Any:
         return _Shape(inner, nullable, "any")
     if isinstance(inner, type) and "from_dict" in vars(inner) and "to_dict" in vars(inner):
-        return _Shape(inner, nullable, "self")   # reads itself (from_dict raising ValueError), writes itself
+        return _Shape(inner, nullable, "self")   # reads itself (from_dict raising ValueError or a PortingError), writes itself
     if isinstance(inner, type) and hasattr(inner, "model_validate") and hasattr(inner, "model_dump"):
         return _Shape(inner, nullable, "model")  # a pydantic model: its own validation (ValidationError is a ValueError)
     if dataclasses.is_dataclass(inner):
@@ -145,7 +147,7 @@ def check(v: Any, tp: Any, where: str, meta: dict, out: list[str], strict: bool 
     elif sh.kind in ("self", "model"):
         try:
             sh.inner.from_dict(v) if sh.kind == "self" else sh.inner.model_validate(v)
-        except ValueError as e:
+        except (ValueError, PortingError) as e:   # a record that reads itself may refuse as port does (the plan)
             out.append(f"{where}: {_first_line(e)}")
     elif sh.kind == "record":
         if isinstance(v, dict):

@@ -105,3 +105,21 @@ def test_the_report_takes_a_refused_plan_json_as_a_note(ascend, tmp_path):
     bad = RunRecords(tmp_path, None, [], plan=doc)
     assert read_plan(bad) is None and bad.notes[0].startswith("plan.json: not a plan this port writes: missing "
                                                               "memory_gib_by_phase.weights")
+
+
+def test_a_record_that_holds_the_plan_reads_it_through_from_dict(ascend):
+    """A document that holds a plan (the job's, porting/job/) reads it with the same reader: the plan's own
+    from_dict, its problems collected with the holder's."""
+    from model_zoo import typed
+
+    @dataclasses.dataclass(frozen=True)
+    class Holder:
+        revision: int
+        plan: TrainPlan
+
+    doc = {"revision": 1, "plan": json.loads(json.dumps(ascend.to_dict()))}
+    assert typed.build(Holder, doc, strict=True) == Holder(1, ascend) and typed.write(Holder(1, ascend)) == doc
+    doc["plan"]["launch"]["env"]["HCCL_EXEC_TIMEOUT"] = 5
+    out: list[str] = []
+    typed.problems(Holder, doc, "", out, strict=True)
+    assert len(out) == 1 and out[0].startswith("plan: plan: not a plan this port writes: launch.env.HCCL_EXEC_TIMEOUT")

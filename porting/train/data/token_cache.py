@@ -33,7 +33,7 @@ import sys
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 from model_zoo.errors import RecipeError
 from model_zoo.files import sha256_file, write_atomic

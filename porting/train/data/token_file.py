@@ -22,7 +22,6 @@ import re
 import zipfile
 from dataclasses import fields
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
