@@ -257,9 +257,11 @@ def predict(recipe: Recipe, cfg: LlamaConfig, layout: Layout, cal: Calibration) 
         comm += t
         sources.append(f"{c.op} x{c.count} {c.group}: {t:.4f} s, {src}")
     step = compute + update + comm
-    return CalibratedStep("calibrated", cal.where, round(step, 4), round(compute, 4), round(update, 4), round(comm, 4),
-                          how, tuple(sources), base, cal.doc.get("load_avg_1min"),
-                          round(recipe.global_batch_size * recipe.data.max_seq_length / step, 2) if step else None)
+    return CalibratedStep(
+        kind="calibrated", from_=cal.where, step_s=round(step, 4), compute_s=round(compute, 4),
+        memory_s=round(update, 4), comm_s=round(comm, 4), how=how, comm_sources=tuple(sources), measured_shape=base,
+        load_avg_at_measurement=cal.doc.get("load_avg_1min"),
+        tokens_per_s=round(recipe.global_batch_size * recipe.data.max_seq_length / step, 2) if step else None)
 
 
 def estimate(recipe: Recipe, cfg: LlamaConfig, layout: Layout, cal: Calibration | None) -> StepEstimate | None:
@@ -293,9 +295,10 @@ def throughput(recipe: Recipe, cfg: LlamaConfig, est: StepEstimate | None) -> Th
     per_device = recipe.global_batch_size * seq / est.step_s / recipe.world_size
     fpt = flops_per_token(cfg, seq)
     peak, source = roofline.peak_flops(recipe)
-    return Throughput(round(per_device, 1), fpt, round(per_device * fpt / 1e12, 3),
-                      round(per_device * fpt / peak, 4) if peak else None, peak / 1e12 if peak else None, source,
-                      MFU_FORMULA)
+    return Throughput(tokens_per_s_per_device=round(per_device, 1), flops_per_token=fpt,
+                      model_tflops_per_device=round(per_device * fpt / 1e12, 3),
+                      mfu=round(per_device * fpt / peak, 4) if peak else None,
+                      peak_tflops=peak / 1e12 if peak else None, peak_source=source, formula=MFU_FORMULA)
 
 
 def step_line(e: StepEstimate, links: roofline.Links | None) -> list[str]:

@@ -132,8 +132,9 @@ def fusion_plan(recipe: Recipe, cfg: LlamaConfig, grad_bytes: list[int] | None =
     sizes = grad_bytes if grad_bytes is not None else gradient_sizes(cfg)
     buckets = gradient_buckets(sizes, cf) if recipe.world_size > 1 else []
     return GradientAllreduce(
-        len(sizes), len(buckets), tuple(round(sum(sizes[i] for i in b) / (1 << 20), 3) for b in buckets),
-        "backend AllReduceFusion pass, configured by set_auto_parallel_context(comm_fusion=...) in DATA_PARALLEL"
+        gradients=len(sizes), allreduce_ops=len(buckets),
+        bucket_mib=tuple(round(sum(sizes[i] for i in b) / (1 << 20), 3) for b in buckets),
+        how="backend AllReduceFusion pass, configured by set_auto_parallel_context(comm_fusion=...) in DATA_PARALLEL"
         if cf.enabled else "fusion off: one AllReduce per gradient")
 
 
@@ -194,10 +195,11 @@ def launch_plan(recipe: Recipe, layout: Layout) -> LaunchPlan:
     """The per-node environment of a multi-device run and how it was derived."""
     save_s = save_seconds(recipe, layout)
     written, total = checkpoint_bytes(recipe, layout), checkpoint_total_bytes(recipe, layout)
-    return LaunchPlan(hccl_env(recipe, layout), round(save_s, 1), int(written), int(total),
-                      f"save_s = {total / (1 << 30):.2f} GiB all ranks write / "
-                      f"{recipe.checkpointing.fs_gib_per_s:g} GiB/s the filesystem's aggregate write bandwidth "
-                      "(checkpointing.fs_gib_per_s); "
-                      "HCCL_EXEC_TIMEOUT = max(1836, ceil(3 save_s) + 600); "
-                      "HCCL_CONNECT_TIMEOUT = max(600, ceil(2 save_s) + 120)",
-                      SAME_ON_EVERY_NODE)
+    return LaunchPlan(env=hccl_env(recipe, layout), predicted_save_s=round(save_s, 1),
+                      checkpoint_bytes_per_rank=int(written), checkpoint_bytes=int(total),
+                      formula=f"save_s = {total / (1 << 30):.2f} GiB all ranks write / "
+                              f"{recipe.checkpointing.fs_gib_per_s:g} GiB/s the filesystem's aggregate write bandwidth "
+                              "(checkpointing.fs_gib_per_s); "
+                              "HCCL_EXEC_TIMEOUT = max(1836, ceil(3 save_s) + 600); "
+                              "HCCL_CONNECT_TIMEOUT = max(600, ceil(2 save_s) + 120)",
+                      same_on_every_node=SAME_ON_EVERY_NODE)

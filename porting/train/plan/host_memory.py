@@ -120,13 +120,15 @@ def host_memory(recipe: Recipe, cfg: LlamaConfig, device_total_gib: float) -> Ho
     worker = base + device + weights + data + transient
     node = worker * recipe.cluster.devices_per_node
     return HostMemory(
-        round(worker, 3), round(node, 3),
-        HostTerms(base, round(device, 3), round(weights, 3), round(data, 3), round(transient, 3)),
-        Transients(**{k: round(v / GIB, 3) for k, v in trans.items()}), recipe.cluster.host_memory_gib,
-        f"worker = {base} GiB base ({dev}) + device state (CPU: the device plan's peak) + the "
-        "weights' host copies (Ascend: P_local x parameter bytes) + the token arrays (2 x the data "
-        "file's bytes) + the largest transient of HF load, save and resume "
-        f"(porting/train/plan/host_memory.py); node = worker x {recipe.cluster.devices_per_node} workers")
+        worker_gib=round(worker, 3), node_gib=round(node, 3),
+        terms_gib=HostTerms(base=base, device_state=round(device, 3), weights_host=round(weights, 3),
+                            data=round(data, 3), largest_transient=round(transient, 3)),
+        transients_gib=Transients(**{k: round(v / GIB, 3) for k, v in trans.items()}),
+        limit_gib=recipe.cluster.host_memory_gib,
+        formula=f"worker = {base} GiB base ({dev}) + device state (CPU: the device plan's peak) + the "
+                "weights' host copies (Ascend: P_local x parameter bytes) + the token arrays (2 x the data "
+                "file's bytes) + the largest transient of HF load, save and resume "
+                f"(porting/train/plan/host_memory.py); node = worker x {recipe.cluster.devices_per_node} workers")
 
 
 def check_host_memory(hm: HostMemory, where: str) -> None:

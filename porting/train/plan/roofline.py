@@ -110,9 +110,11 @@ def links(recipe: Recipe) -> Links:
     else:
         inter, how = ROCE_BYTES_PER_S.get(c.server, ROCE_BYTES_PER_S[None]), "RoCE, one port per chip"
     dp_link = inter if c.nodes > 1 else intra
-    return Links(intra, inter, how, "cluster.intra_node_gb_s" if c.intra_node_gb_s else "HCCS", intra, dp_link,
-                 c.nodes > 1, "910B" if c.server == "atlas-800t-a2" else "910C",
-                 "porting/train/plan/roofline.py module docstring")
+    return Links(intra_node_bytes_per_s=intra, inter_node_bytes_per_s=inter, inter_node=how,
+                 intra_node="cluster.intra_node_gb_s" if c.intra_node_gb_s else "HCCS", tp_bytes_per_s=intra,
+                 dp_bytes_per_s=dp_link, dp_spans_nodes=c.nodes > 1,
+                 chip="910B" if c.server == "atlas-800t-a2" else "910C",
+                 source="porting/train/plan/roofline.py module docstring")
 
 
 
@@ -169,9 +171,11 @@ def proposals(recipe: Recipe, cfg: LlamaConfig, step_fn: StepFn | None = None) -
                 t = (step_fn or step_time)(alt, cfg, layout)
                 mine = (tp == recipe.parallel.tensor_parallel and shard == recipe.parallel.optimizer_sharding
                         and rc == recipe.memory.recompute and recipe.batching.micro_batch_size == 1)
-                out.append(Proposal(tp, dp, shard, rc, 1, gbs // dp, total, round(usable - total, 2),
-                                    usable - total >= MARGIN_GIB, mine, t.step_s, t,
-                                    tuple(f"{k}={_yaml(v)}" for k, v in sets.items() if v is not None)))
+                out.append(Proposal(
+                    tensor_parallel=tp, data_parallel=dp, optimizer_sharding=shard, recompute=rc, micro_batch_size=1,
+                    grad_accum_steps=gbs // dp, memory_gib=total, margin_gib=round(usable - total, 2),
+                    with_margin=usable - total >= MARGIN_GIB, this_recipe=mine, estimated_step_s=t.step_s, estimate=t,
+                    set=tuple(f"{k}={_yaml(v)}" for k, v in sets.items() if v is not None)))
     out.sort(key=lambda p: (p.estimated_step_s, -p.margin_gib))
     return tuple(out[:TOP])
 

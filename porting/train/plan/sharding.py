@@ -164,4 +164,5 @@ class CollectiveBytes:
 def bytes_summary(cols: list[Collective]) -> CollectiveBytes:
     """Payload and wire bytes per step per rank, in total and by group."""
     wire = lambda g: sum(c.wire_bytes for c in cols if c.group == g)  # noqa: E731
-    return CollectiveBytes(sum(c.payload_bytes for c in cols), sum(c.wire_bytes for c in cols), wire("dp"), wire("tp"))
+    return CollectiveBytes(payload_bytes=sum(c.payload_bytes for c in cols), wire_bytes=sum(c.wire_bytes for c in cols),
+                           dp_wire_bytes=wire("dp"), tp_wire_bytes=wire("tp"))
