@@ -43,6 +43,7 @@ from model_zoo.config import LlamaConfig
 from porting.job import Hooks, Job
 from porting.launch.options import Launch
 from porting.model_paths import resolve_hf
+from porting.train.plan.make import make_plan
 from porting.train.recipe.schema import load_recipe
 rec = load_recipe("recipes/tiny-cpu.yaml", ["cluster.devices_per_node=2"])
 cfg = LlamaConfig.from_hf(resolve_hf(rec.model.source)).to_hf()

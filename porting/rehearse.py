@@ -51,6 +51,7 @@ from porting.rundir import read_run
 from porting.train import load_recipe, plan_config, recipe_dict
 from porting.verify.stats import LAYOUT_TOLERANCES
 from porting.train.recipe.yaml_bounded import parse_value
+from porting.train.recipe.schema import Recipe
 from porting.rundir.paths import RunDir
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -250,7 +251,7 @@ def _links_rung(rung: Rung, recipe: dict[str, Any], out: Path, timeout: float) -
     rung.seconds = round(time.monotonic() - t0, 2)
 
 
-def _compute_rung(rung: Rung, rec: Any, cfg: LlamaConfig, out: Path, timeout: float) -> None:
+def _compute_rung(rung: Rung, rec: Recipe, cfg: LlamaConfig, out: Path, timeout: float) -> None:
     """Port's step cells timed at the recipe's real shapes on one device (porting/rehearse_compute.py)."""
     from porting.rehearse_compute import measure
 
@@ -278,7 +279,7 @@ def _parity_rung(rung: Rung, model_dir: Path, out: Path, timeout: float) -> None
         rung.status, rung.detail = "pass", "logits, loss and gradient norms within port verify's fp32 tolerances"
 
 
-def _layout(recipe: Any) -> tuple[int, int, bool]:
+def _layout(recipe: Recipe) -> tuple[int, int, bool]:
     """The rehearsal's TP (the recipe's, at most 2), DP (2 when the recipe has data parallel, else 1), and
     whether its recipe spans nodes."""
     tp = 2 if recipe.parallel.tensor_parallel > 1 else 1
@@ -286,7 +287,7 @@ def _layout(recipe: Any) -> tuple[int, int, bool]:
     return tp, dp, recipe.cluster.nodes > 1
 
 
-def ladder(rec: Any, only: tuple[str, ...] = RUNGS) -> tuple[list[Rung], dict[str, tuple[int, int, int]]]:
+def ladder(rec: Recipe, only: tuple[str, ...] = RUNGS) -> tuple[list[Rung], dict[str, tuple[int, int, int]]]:
     """The rungs for a validated recipe, each with its layout or the reason it is skipped, and the
     (TP, DP, nodes) of each training rung."""
     tp, dp, multi_node = _layout(rec)
@@ -373,7 +374,7 @@ def _pass_detail(r: Rung, ref: Rung) -> str:
     return what
 
 
-def _full_config(rec: Any) -> LlamaConfig:
+def _full_config(rec: Recipe) -> LlamaConfig:
     """The recipe model's architecture, from its checkpoint where it is here, else the zoo's copy."""
     cfg, _ = plan_config(rec)
     return cfg

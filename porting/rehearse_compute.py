@@ -40,7 +40,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:   # hints only: the rung's own process imports what it runs
+    from model_zoo.config import LlamaConfig
     from porting.train.recipe.schema import Recipe
 
 FILE = "calibration.json"
@@ -61,13 +62,13 @@ def tp_slice(cfg_hf: dict[str, Any], tp: int) -> dict[str, Any]:
     return c
 
 
-def thread_counts(recipe: Any) -> list[int]:
+def thread_counts(recipe: Recipe) -> list[int]:
     """Threads a worker of this recipe's node gets on this CPU, alone and with the node's workers."""
     n = os.cpu_count() or 1
     return sorted({n, max(1, n // recipe.cluster.devices_per_node)}, reverse=True)
 
 
-def spec_for(recipe: Any, cfg: Any, threads: int) -> dict[str, Any]:
+def spec_for(recipe: Recipe, cfg: LlamaConfig, threads: int) -> dict[str, Any]:
     p, o = recipe.precision, recipe.optimizer
     m = recipe.batching.micro_batch_size
     return {"config": tp_slice(cfg.to_hf(), recipe.parallel.tensor_parallel), "layers": [1, DEEP],
@@ -77,7 +78,7 @@ def spec_for(recipe: Any, cfg: Any, threads: int) -> dict[str, Any]:
             "weight_decay": o.weight_decay, "seed": recipe.seed, "recompute": recipe.memory.recompute}
 
 
-def measure(recipe: Any, cfg: Any, out: Path, timeout: float, run: Callable) -> tuple[str, str, dict[str, Any]]:
+def measure(recipe: Recipe, cfg: LlamaConfig, out: Path, timeout: float, run: Callable) -> tuple[str, str, dict[str, Any]]:
     """(status, detail, calibration) of the rung; ``run(argvs, log, timeout)`` is rehearse.py's process runner."""
     from model_zoo.files import write_atomic
     from porting.env import cpu_model

@@ -239,7 +239,7 @@ def _modules_source(m: str) -> str:
 
 
 _DRY_RUN_WITHOUT_MINDSPORE = """
-import sys
+import dataclasses, sys
 import porting.train as T
 import porting.train.data.batching, porting.train.data.padding, porting.train.data.packing, porting.train.data.chat
 import porting.train.plan.make, porting.train.plan.render, porting.train.plan.launch, porting.train.plan.roofline
@@ -248,8 +248,8 @@ rec = T.load_recipe(sys.argv[1], ["parallel.tensor_parallel=1"], check_files=Fal
 cfg, notes = T.plan_config(rec)
 T.check_tensor_parallel(rec, cfg, rec.model.source)
 plan = T.make_plan(rec, cfg, "runs/x")
-plan.padding, line = T.dry_run_padding(rec)
-text = T.format_plan(plan)
+padding, line = T.dry_run_padding(rec)
+text = T.format_plan(dataclasses.replace(plan, padding=padding))
 assert not plan.fits and plan.proposals and "msrun" in text, text
 print("mindspore loaded" if "mindspore" in sys.modules else "no mindspore")
 """
@@ -277,11 +277,13 @@ from model_zoo.config import LlamaConfig
 from porting.job import Hooks, Job
 from porting.launch.options import Launch
 from porting.model_paths import resolve_hf
+from porting.train.plan.make import make_plan
 from porting.train.recipe.schema import load_recipe
 from porting.train.run.checkpoint.resume_check import check_run_dir
 print("imports:", "mindspore" in sys.modules)
 rec = load_recipe("recipes/tiny-cpu.yaml", ["cluster.devices_per_node=2", "batching.micro_batch_size=2"])
-cfg = LlamaConfig.from_hf(resolve_hf(rec.model.source)).to_hf()
+model = LlamaConfig.from_hf(resolve_hf(rec.model.source))
+cfg = model.to_hf()
 d = Path(tempfile.mkdtemp())
 hooks = Hooks(doctor=dict, diagnose=lambda logs, world: {}, explain=lambda logs, workers: "")
 assert start.prepare(Job.of(rec, d / "fresh"), Launch(), hooks)[1] is None
@@ -552,3 +554,67 @@ def test_one_owner_of_the_rank_log():
             if isinstance(n, ast.Constant) and isinstance(n.value, str):
                 found += [f"{rel}:{n.lineno} {w!r}" for w in RANKLOG_WORDS if w in n.value]
     assert not found, f"rank-log lines spelled outside {RANKLOG_OWNER} (write and read them through it): {found}"
+
+
+# --------------------------------------------------------------------------- typed recipes and plans
+# A recipe or a plan travels between packages as its record (porting.train.recipe.schema.Recipe,
+# porting.train.plan.make.TrainPlan, or what it really is: a BatchSchedule), never as Any or unannotated; the plan's
+# parts are records too, not dicts read by string keys (issue 46).
+TYPED_NAMES = ("recipe", "rec", "plan")
+
+
+def _loose_parameters(source: str, where: str) -> list[str]:
+    """Every parameter named in TYPED_NAMES without an annotation or annotated Any."""
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            a = node.args
+            for arg in a.posonlyargs + a.args + a.kwonlyargs + [x for x in (a.vararg, a.kwarg) if x]:
+                hint = ast.unparse(arg.annotation).strip("'\"") if arg.annotation else None
+                if arg.arg in TYPED_NAMES and (hint is None or hint in ("Any", "typing.Any")) \
+                        and not isinstance(node, ast.Lambda):
+                    out.append(f"{where}:{node.lineno} {node.name}({arg.arg}: {hint})")
+    return out
+
+
+def _loose_hints(cls: type, seen: set[type]) -> list[str]:
+    """Where the plan's record tree holds Any or a bare dict/list (a pydantic recipe section ends the walk)."""
+    import dataclasses
+    import typing
+
+    out = []
+    seen.add(cls)
+    for name, hint in typing.get_type_hints(cls).items():
+        todo = [hint]
+        while todo:
+            h = todo.pop()
+            args = typing.get_args(h)
+            if h is typing.Any or h in (dict, list) or (typing.get_origin(h) is dict and typing.Any in args):
+                out.append(f"{cls.__name__}.{name}: {hint}")
+                continue
+            if dataclasses.is_dataclass(h) and h not in seen:
+                out += _loose_hints(h, seen)
+            todo += [a for a in args if a is not Ellipsis]
+    return out
+
+
+def test_recipes_and_plans_are_typed():
+    bad = []
+    for p in _modules():
+        if _rel(p).startswith("porting/"):
+            bad += _loose_parameters(p.read_text(encoding="utf-8"), _rel(p))
+    assert not bad, f"recipe/rec/plan parameters untyped or typed Any (type them Recipe, TrainPlan, ...): {bad}"
+    planted = "def f(recipe, plan: Any, rec: 'Any', *, recipe2, rec3: Recipe):\n    g = lambda rec: rec\n"
+    assert [b.split(" ", 1)[1] for b in _loose_parameters(planted, "x.py")] == [
+        "f(recipe: None)", "f(plan: Any)", "f(rec: Any)"]
+
+    from porting.train.plan.make import TrainPlan
+
+    loose = _loose_hints(TrainPlan, set())
+    assert not loose, f"the plan holds untyped parts (make them records): {loose}"
+    import dataclasses
+    import typing
+
+    inner = dataclasses.make_dataclass("Inner", [("terms", dict)])
+    planted = dataclasses.make_dataclass("Planted", [("x", dict[str, typing.Any]), ("y", int), ("z", inner | None)])
+    assert _loose_hints(planted, set()) == ["Planted.x: dict[str, typing.Any]", "Inner.terms: <class 'dict'>"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -78,8 +79,9 @@ def command(recipe: str, overrides: tuple[str, ...], dry_run: bool, as_json: boo
 
             cal = load(calibration)
         plan, _ = T.plan_run(rec, str(out), resume, dry_run, calibration=cal)
-        plan.padding, padding_line = T.dry_run_padding(rec)   # padding of bucketing vs packing on the recipe's data
-        timeouts = "\n" + hccl_timeouts.plan_line(os.environ, plan.launch["env"]) if plan.launch else ""
+        padding, padding_line = T.dry_run_padding(rec)   # padding of bucketing vs packing on the recipe's data
+        plan = dataclasses.replace(plan, padding=padding)
+        timeouts = "\n" + hccl_timeouts.plan_line(os.environ, plan.launch.env) if plan.launch else ""
         click.echo(json.dumps(plan.to_dict(), indent=2) if as_json else T.format_plan(plan) + timeouts + "\n" + padding_line)
         T.check_fits(plan, recipe)
         return

@@ -179,7 +179,7 @@ def _from_dict(doc: dict[str, Any], run: RunDir, n: int, path: Path) -> Job:
         src = doc["source"]
         source = Source(str(src["recipe_path"]), str(src["recipe_sha256"]), tuple(str(o) for o in src["overrides"]),
                         tuple(str(c) for c in src["command"]))
-        plan = TrainPlan.from_dict(doc["plan"])
+        plan = TrainPlan.from_dict(doc["plan"], f"{path}: plan")
     except (KeyError, TypeError, ValueError) as e:
         raise JobError(f"{path}: {type(e).__name__} reading 'start', 'source' or 'plan' ({str(e)[:120]}); the job "
                        "document is damaged") from None

@@ -25,7 +25,7 @@ def training_job(job: Job, node: int, resume: bool, extra: dict[str, str] | None
     if not 0 <= node < job.recipe.cluster.nodes:
         raise RecipeError(f"--launch-node {node}: the recipe has nodes 0..{job.recipe.cluster.nodes - 1}")
     spec = train_spec(job.recipe, job.run.path, node, worker_args(job.run.path, resume, job.revision))
-    return MsrunJob.make("training", spec, defaults=job.plan.launch.get("env", {}), overrides=extra)
+    return MsrunJob.make("training", spec, defaults=job.plan.launch.env if job.plan.launch else {}, overrides=extra)
 
 
 def launch_msrun(job: Job, node: int | None, resume: bool) -> bool:

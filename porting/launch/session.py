@@ -98,7 +98,7 @@ def run_supervised(job: Job, hooks: Hooks, launch: Launch) -> int:
                 devices=launch_devices(rec) or list(range(rec.cluster.devices_per_node)))
     ranks = node_ranks(rec, node)
     launch_dir(job.run.path, node).mkdir(parents=True, exist_ok=True)   # what each launch printed (msrun's own output)
-    limits = derive_limits(job.plan.to_dict(), sup.stall_timeout, sup.max_restarts)
+    limits = derive_limits(job.plan.allowances, sup.stall_timeout, sup.max_restarts)
     click.echo(f"supervise: ranks {ranks[0]}..{ranks[-1]} of {rec.world_size}; stall after {limits.stall_s:.0f} s "
                f"without a heartbeat ({limits.compile_s:.0f} s before the first step, {limits.restore_s:.0f} s "
                f"restoring, {limits.save_s:.0f} s while saving); at most {limits.max_restarts} restart(s)", err=True)

@@ -44,11 +44,12 @@ def _known(cls: type) -> set[str]:
     return {f.name for f in dataclasses.fields(cls)} - {"extra"}
 
 
-def _asdict(rec: Any) -> dict[str, Any]:
-    """A record as written: known fields that are set, then the unknown keys it was read with."""
-    out = {f.name: getattr(rec, f.name) for f in dataclasses.fields(rec) if f.name != "extra"}
+def _asdict(record: Any) -> dict[str, Any]:
+    """A record (a dataclass with ``extra``) as written: known fields that are set, then the unknown keys it was
+    read with."""
+    out = {f.name: getattr(record, f.name) for f in dataclasses.fields(record) if f.name != "extra"}
     out = {k: (list(v) if isinstance(v, tuple) else v) for k, v in out.items() if v is not None}
-    return {**out, **rec.extra}
+    return {**out, **record.extra}
 
 
 # ------------------------------------------------------------------------------------------ records

@@ -225,7 +225,7 @@ def _run_or_skip(trainer: Trainer, step: Step, lr: float, guard: nonfinite.SkipG
     return r
 
 
-def _finish(recipe: Recipe, trainer: Trainer, plan, records: list, metrics, model_dir: Path, run_dir: Path,
+def _finish(recipe: Recipe, trainer: Trainer, plan: BatchSchedule, records: list, metrics, model_dir: Path, run_dir: Path,
             start: int, command: tuple[str, ...], rl: ranklog.RankLog, compiled: pre.CompileReport | None) -> None:
     """The final checkpoint, the summary record and the HF export, after the last step."""
     if plan.total_steps <= start:

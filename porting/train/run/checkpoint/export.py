@@ -19,6 +19,7 @@ from converters import atomic
 from model_zoo.errors import CheckpointError
 from porting.env import versions
 from porting.train.run.checkpoint.record import require_layout
+from porting.train.recipe.schema import Recipe
 
 MS_WEIGHTS = "model.safetensors"   # the MindSpore-named full weights of a per-rank checkpoint
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "special_tokens_map.json",
@@ -94,7 +95,7 @@ def _ms_files(ckpt: Path, model_dir: Path | None, into: Path, optimizer: bool, l
         write_optimizer(ckpt, into, log)
 
 
-def export_after_exit(recipe, run_dir: Path, log=None, command: list[str] | None = None) -> Path | None:
+def export_after_exit(recipe: Recipe, run_dir: Path, log=None, command: list[str] | None = None) -> Path | None:
     """The HF export of a multi-worker run, made by the launcher once msrun's workers have exited (none is
     made inside the job: there rank 0 would assemble every tensor from every rank file while the other
     workers had gone, for minutes at 13B): ``port ckpt merge``'s path from the run's newest checkpoint

@@ -38,7 +38,7 @@ from converters import dtypes
 from converters.safetensors_io import OutTensor, encode_header, write_all
 from model_zoo import files
 from model_zoo.errors import CheckpointError
-from porting.train.recipe.schema import recipe_dict
+from porting.train.recipe.schema import Recipe, recipe_dict
 
 FORMAT = 2
 LAYOUT_FILE = "layout.json"
@@ -218,7 +218,7 @@ def identity(trainer) -> dict[str, Any]:
     return identity_of(trainer.recipe, trainer.model.config.to_hf())
 
 
-def identity_of(recipe, cfg: dict[str, Any]) -> dict[str, Any]:
+def identity_of(recipe: Recipe, cfg: dict[str, Any]) -> dict[str, Any]:
     """:func:`identity` from the recipe and the model's HF config (what `port train` checks before launch)."""
     rec = recipe_dict(recipe)
     for key in LAYOUT_KEYS:

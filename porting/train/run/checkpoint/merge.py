@@ -30,6 +30,7 @@ from converters.atomic import check_free_space
 from converters.safetensors_io import OutTensor, encode_header, write_all
 from model_zoo.errors import CheckpointError
 from porting.train.plan import sharding
+from porting.train.recipe.schema import Recipe
 from porting.train.run.checkpoint.save import STATE_FILE, TrainState
 from porting.train.run.checkpoint.read import Progress, Source, group_of, open_checkpoint
 from porting.train.run.checkpoint.format import CODES, Layout, ParamSpec, owned, piece_key, write_rank, write_record
@@ -98,7 +99,7 @@ def write_optimizer(ckdir: Path, out_dir: Path, log: Log = None) -> Path:
     return out_dir / OPTIMIZER_FILE
 
 
-def target_layout(old: Layout, recipe) -> Layout:
+def target_layout(old: Layout, recipe: Recipe) -> Layout:
     """The layout a recipe's run would have, for the model of ``old`` (the buckets as zero.py forms them)."""
 
     tp = recipe.parallel.tensor_parallel
@@ -160,7 +161,7 @@ def _reshard_rank(src: Source, new: Layout, tmp: Path, r: int, log: Log) -> None
         log(f"reshard: rank_{r:05d}.safetensors: {n} bytes written in {sec:.2f} s ({n / max(sec, 1e-9) / 1e6:.0f} MB/s)")
 
 
-def reshard(ckdir: Path, recipe, out: Path, log: Log = None) -> Path:
+def reshard(ckdir: Path, recipe: Recipe, out: Path, log: Log = None) -> Path:
     """Write ``ckdir``'s state in ``recipe``'s layout to the new checkpoint directory ``out`` (refused when
     it exists; built beside it and renamed into place whole); one log line per rank file written."""
 

@@ -51,6 +51,8 @@ import numpy as np
 from model_zoo import cpu_kernels
 from porting.train.plan.comm import HCCL_EXEC_FLOOR_S
 from porting.train.plan.execution import GRAPH
+from porting.train.data.batching import BatchSchedule
+from porting.train.recipe.schema import Recipe
 from porting.train.run.step import execution
 from porting.train.run.step import ready
 from porting.train.run.step import shared_cache
@@ -127,7 +129,7 @@ def _entry_script_is_a_file() -> bool:
     return False
 
 
-def cache_wanted(recipe) -> bool:
+def cache_wanted(recipe: Recipe) -> bool:
     """``cluster.compile_cache``: unset (auto), on for the CPU and off on Ascend. MindSpore documents
     ``MS_COMPILER_CACHE_ENABLE`` as the cache of the front-end graphs (the backend, with its kernels, is
     built again on Ascend: https://www.mindspore.cn/docs/en/r2.2/note/env_var_list.html), no device run has
@@ -177,7 +179,7 @@ def precompile(trainer, shapes: list[tuple[int, int]], template, cache: Path | N
                          str(cache) if used else None)
 
 
-def before_step_one(trainer, plan, model_config: dict, start: int, cache_on: bool, log) -> CompileReport | None:
+def before_step_one(trainer, plan: BatchSchedule, model_config: dict, start: int, cache_on: bool, log) -> CompileReport | None:
     """Compiles the shapes of steps ``start ..`` on this rank (the cache under ``RUN/compile_cache`` when
     ``cache_on``), logs it, and meets the other ranks; None in PyNative mode or with no step left."""
     recipe = trainer.recipe
