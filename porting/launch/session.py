@@ -20,7 +20,7 @@ from porting.launch.msrun import launch_devices, node_ranks, training_job
 from porting.launch.nodes import Peers
 from porting.launch.shrink import check_plan, confirm_bad, derive
 from porting.launch.options import Launch
-from porting.launch.supervise import Incident, launch_dir, supervise
+from porting.launch.supervise import Incident, Supervised, launch_dir, supervise
 from porting.launch.watch import derive_limits
 from porting.train.data import token_cache
 from porting.train.plan.launch import WORKER_SCRIPT, worker_args
@@ -104,7 +104,8 @@ def run_supervised(job: Job, hooks: Hooks, launch: Launch) -> int:
                f"restoring, {limits.save_s:.0f} s while saving); at most {limits.max_restarts} restart(s)", err=True)
     peers = Peers(job.run.path, node, rec.cluster.nodes, answer_s=limits.stall_s + 60) if rec.cluster.nodes > 1 else None
     pre = hooks.preflight
-    return supervise(s.launch, job.run.path, ranks, rec.world_size, limits, s.latest_step, diagnose=hooks.diagnose,
-                     preflight=None if pre is None else lambda: pre(s.job, node), resume=launch.resume,
-                     extra={"rank_table": rec.cluster.rank_table_file, "job": str(job.run.path / "job.json")},
-                     echo=lambda m: click.echo(m, err=True), shrink=s.shrink if sup.shrink else None, peers=peers)
+    target = Supervised(s.launch, s.latest_step, ranks, rec.world_size, hooks.diagnose,
+                        preflight=None if pre is None else lambda: pre(s.job, node),
+                        shrink=s.shrink if sup.shrink else None, peers=peers,
+                        extra={"rank_table": rec.cluster.rank_table_file, "job": str(job.run.path / "job.json")})
+    return supervise(target, job.run.path, limits, resume=launch.resume, echo=lambda m: click.echo(m, err=True))

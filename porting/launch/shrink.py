@@ -40,7 +40,7 @@ PROBE_TIMEOUT_S = 180.0
 class Shrunk:
     """The layout a shrink relaunches with."""
 
-    values: dict[str, int]      # {"section.key": value} set on the job's recipe (its next revision)
+    values: dict[str, int | None]   # {"section.key": value} set on the job's recipe (its next revision)
     devices: list[int]          # the node's devices the relaunch uses (local ids)
     tensor_parallel: int
     data_parallel: int
@@ -77,7 +77,14 @@ def derive(recipe: Recipe, devices: list[int], bad: set[int]) -> Shrunk:
         raise RecipeError(f"cannot shrink: {len(left)} device(s) remain, fewer than tensor_parallel {tp}")
     accum = glob // (dp * micro)
     use = left[:dp * tp]
-    values = {"cluster.devices_per_node": dp * tp, "batching.grad_accum_steps": accum}
+    n, dies = dp * tp, recipe.cluster.dies_per_chip or 1
+    # the job's recipe holds the derived hardware shape (chips x dies = devices, a server preset): the shrunk node
+    # is n devices of the same dies where whole chips remain, else n single devices (a die left alone)
+    values: dict[str, int | None] = {"cluster.devices_per_node": n, "batching.grad_accum_steps": accum,
+                                     "cluster.chips_per_node": n // dies if n % dies == 0 else n,
+                                     "cluster.dies_per_chip": dies if n % dies == 0 else 1}
+    if recipe.cluster.server is not None:
+        values["cluster.server"] = None   # no longer the whole server the preset describes
     if recipe.parallel.data_parallel is not None:
         values["parallel.data_parallel"] = dp
     text = (f"shrunk to {dp * tp} device(s) {use} (TP {tp} x DP {dp}, micro-batch {micro} x accumulation {accum}: "
