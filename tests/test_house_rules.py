@@ -618,3 +618,43 @@ def test_recipes_and_plans_are_typed():
     inner = dataclasses.make_dataclass("Inner", [("terms", dict)])
     planted = dataclasses.make_dataclass("Planted", [("x", dict[str, typing.Any]), ("y", int), ("z", inner | None)])
     assert _loose_hints(planted, set()) == ["Planted.x: dict[str, typing.Any]", "Inner.terms: <class 'dict'>"]
+
+
+# --------------------------------------------------------------------------- the seam from the command to a rank
+SEAM = ("porting/job", "porting/launch", "porting/cli/train.py", "porting/cli/_hooks.py", "porting/launch/workers/train.py")
+MAX_SEAM_PARAMETERS = 6
+
+
+def _wide_signatures(paths: list[Path]) -> list[str]:
+    """Functions with more than MAX_SEAM_PARAMETERS parameters (self/cls not counted); a click command (one parameter
+    per option: the CLI's parse itself) and the other workers' internals (below the seam: msrun's side) excepted."""
+    out = []
+    for path in paths:
+        if path.parent.name == "workers" and path.name != "train.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            if any("command" in ast.unparse(d) for d in node.decorator_list):
+                continue
+            a = node.args
+            n = len([x for x in a.posonlyargs + a.args + a.kwonlyargs if x.arg not in ("self", "cls")])
+            n += bool(a.vararg) + bool(a.kwarg)
+            if n > MAX_SEAM_PARAMETERS:
+                where = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path.name
+                out.append(f"{where}:{node.lineno} {node.name} ({n})")
+    return out
+
+
+def test_no_signature_between_the_command_and_a_rank_takes_more_than_six_parameters(tmp_path):
+    """Between `port train` and a rank the records travel (Job, Hooks, Launch, Supervised, Provenance), not long
+    parameter lists (issue 46: start, run_supervised and supervise took 11, 12 and 14)."""
+    paths = sorted({p for s in SEAM for p in ((ROOT / s).rglob("*.py") if (ROOT / s).is_dir() else [ROOT / s])})
+    loop = ROOT / "porting" / "train" / "run" / "loop.py"
+    train = next(n for n in ast.parse(loop.read_text()).body if isinstance(n, ast.FunctionDef) and n.name == "train")
+    assert len(train.args.args) + len(train.args.kwonlyargs) <= MAX_SEAM_PARAMETERS, "the rank's train()"
+    assert len(paths) > 10 and not _wide_signatures(paths), _wide_signatures(paths)
+    planted = tmp_path / "planted_wide.py"
+    planted.write_text("def start(a, b, c, d, e, f, g):\n    pass\n")
+    assert _wide_signatures([planted]) == ["planted_wide.py:1 start (7)"]
+

@@ -174,7 +174,7 @@ def supervise(target: Supervised, run_dir: Path, limits: Limits, *, resume: bool
     while True:
         before = mark(run_dir)
         run = Launch(launch(resume, windows), before, Watch(run_dir, ranks, limits, now), now())
-        fault = _watch(run, run_dir, ranks, limits, peers, restarts, node)
+        fault = _watch(run, run_dir, ranks, limits, peers, restarts)
         if fault is None:
             if run.outcome is not None and run.outcome.crashed_at_exit:
                 echo(f"supervise: the launch exited with {run.outcome.code} after every rank had logged the end of "
@@ -212,10 +212,11 @@ def supervise(target: Supervised, run_dir: Path, limits: Limits, *, resume: bool
         resume = ck is not None
 
 
-def _watch(run: Launch, run_dir: Path, ranks: list[int], limits: Limits, peers: Any, restarts: int,
-           node: int) -> tuple[str, str, int | None] | None:
+def _watch(run: Launch, run_dir: Path, ranks: list[int], limits: Limits, peers: Any,
+           restarts: int) -> tuple[str, str, int | None] | None:
     """Poll the launch until it finishes (None) or a fault is seen: (kind, what was seen, the rank seen go).
     ``run.outcome`` is decided as soon as the launch has exited, or a rank's process is gone."""
+    node = peers.node if peers is not None else 0
     while True:
         code, late = run.proc.poll(), None
         if code is None:
