@@ -86,9 +86,10 @@ class Session:
         return list(range(job.recipe.world_size)), job.recipe.world_size, f"{'; '.join(bad.values())}: {s.text}"
 
 
-def run_supervised(job: Job, hooks: Hooks, launch: Launch) -> int:
-    """Supervise this node's launches of ``job`` until it finishes; the restarts made. ``hooks.preflight`` runs
-    before every relaunch (with the shrunk job after a shrink); ``hooks.diagnose`` is `port diagnose`."""
+def run_supervised(job: Job, hooks: Hooks, launch: Launch) -> tuple[int, Job]:
+    """Supervise this node's launches of ``job`` until it finishes; the restarts made and the job revision the last
+    launch ran (a shrink's). ``hooks.preflight`` runs before every relaunch (with the shrunk job after a shrink);
+    ``hooks.diagnose`` is `port diagnose`."""
     rec, sup = job.recipe, launch.supervision
     if rec.cluster.nodes > 1 and launch.node is None:
         raise RecipeError(f"--supervise watches one node's launch; a {rec.cluster.nodes}-node recipe needs "
@@ -108,4 +109,5 @@ def run_supervised(job: Job, hooks: Hooks, launch: Launch) -> int:
                         preflight=None if pre is None else lambda: pre(s.job, node),
                         shrink=s.shrink if sup.shrink else None, peers=peers,
                         extra={"rank_table": rec.cluster.rank_table_file, "job": str(job.run.path / "job.json")})
-    return supervise(target, job.run.path, limits, resume=launch.resume, echo=lambda m: click.echo(m, err=True))
+    restarts = supervise(target, job.run.path, limits, resume=launch.resume, echo=lambda m: click.echo(m, err=True))
+    return restarts, s.job

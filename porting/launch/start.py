@@ -93,7 +93,8 @@ def run(job: Job, hooks: Hooks, launch: Launch) -> Result:
     if launch.supervision is not None:
         from porting.launch.session import run_supervised
 
-        res = Result(True, job.recipe.world_size, restarts=run_supervised(job, hooks, launch))
+        restarts, job = run_supervised(job, hooks, launch)   # the revision the last launch ran (a shrink's)
+        res = Result(True, job.recipe.world_size, restarts=restarts)
     elif job.recipe.world_size == 1:
         from porting.launch.workers.train import run_rank
 
