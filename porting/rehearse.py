@@ -228,7 +228,8 @@ def _parity_rung(rung: Rung, model_dir: Path, out: Path, timeout: float) -> None
     except ImportError:
         rung.status, rung.detail = "skip", "torch is not installed (pip install 'port[torch]'): no HF reference"
         return
-    argv = [sys.executable, "-m", "porting", "verify", "--hf", str(model_dir), "--grads"]
+    # at the rungs' own length: a length-dependent RoPE whose small original context they pass is compared there
+    argv = [sys.executable, "-m", "porting", "verify", "--hf", str(model_dir), "--grads", "--seq", str(SEQ)]
     rung.command = ["port", *argv[3:]]
     t0 = time.monotonic()
     codes, tail = _run([argv], out / "logs" / "parity.log", timeout)
