@@ -83,16 +83,16 @@ def resolve(raw: dict[str, Any], model_type: str, where: str, defaults: dict[str
         raise ConfigError(f"{where}: rope_parameters: found {str(rp_raw)[:80]!r}, expected a mapping with rope_type "
                           "(or null)")
     rp = rp_raw or {}
-    theta = rp.get("rope_theta", raw.get("rope_theta", defaults.get("rope_theta", 10000.0)))
+    top_theta = raw.get("rope_theta", defaults.get("rope_theta", 10000.0))
+    theta = rp.get("rope_theta", top_theta)
     if rs_raw not in (None, {}) and rp:
-        same = normalise(rs_raw, model_type) == normalise(rp, model_type) and (
-            "rope_theta" not in rp or rp["rope_theta"] == raw.get("rope_theta", defaults.get("rope_theta")))
+        same = normalise(rs_raw, model_type) == normalise(rp, model_type) and rp.get("rope_theta", top_theta) == top_theta
         if not same:
             raise ConfigError(f"{where}: both rope_scaling ({str(rs_raw)[:120]}) and rope_parameters "
                               f"({str(rp_raw)[:120]}) are set and differ; transformers 5.x takes rope_scaling "
                               "(4.x knows only rope_scaling) while the key a 5.x save writes is rope_parameters: "
                               "remove the one you did not mean")
-        theta = raw.get("rope_theta", defaults.get("rope_theta", 10000.0))
+        theta = top_theta
     source = rs_raw if rs_raw not in (None, {}) else rp
     partial = _partial(source if isinstance(source, dict) else {}, raw, where)
     scaling = normalise(source, model_type)

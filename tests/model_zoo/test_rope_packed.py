@@ -3,14 +3,15 @@ rotation, all against transformers itself (5.x, installed).
 
 * Packed rows (documents shorter than the original context of 64 inside rows of 160, and a batch where one
   document passes it): the zoo's logits equal HF's, given the same position ids (HF's ``dynamic_rope_update``
-  takes ``max(position_ids) + 1``; its mask keeps documents apart from the ids), for longrope, dynamic NTK,
-  YaRN and Phi-3's longrope with a partial rotation; the row length's tables (what the zoo used before) are
-  shown to differ, so the comparison can fail.
+  takes ``max(position_ids) + 1``; its mask keeps documents apart from the ids), for every RoPE type the zoo
+  takes (longrope, dynamic NTK, YaRN, linear, llama3; Phi-3's default and longrope with a partial rotation);
+  the row length's tables (what the zoo used before) are shown to differ, so the comparison can fail.
 * Buckets: the torch baseline's model (porting/verify/pair.py ``load_reference``) gives each call the
   frequencies of its own length, as the zoo does, when a shorter bucket past the original context follows a
   longer one; a raw HF model, which keeps the longer length's frequencies, is shown to differ.
-* Partial rotation: Phi-3 with ``partial_rotary_factor`` 0.75 matches HF past the original context; the same
-  key on Llama is refused by name; the real Phi-4-mini config reads with 96 of 128 dimensions rotated.
+* Partial rotation: Phi-3 with ``partial_rotary_factor`` 0.75 matches HF past the original context, forward,
+  backward and in a KV-cache generation; the same key on Llama is refused by name; the real Phi-4-mini
+  config reads with 96 of 128 dimensions rotated.
 """
 
 from __future__ import annotations
@@ -38,6 +39,13 @@ KINDS = {
                                     rope_parameters={"rope_type": "dynamic", "factor": 4.0})),
     "yarn": ("Qwen3Config", dict(head_dim=16, max_position_embeddings=256, rope_parameters={
         "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": ORIGINAL})),
+    # length-independent types: the packed rows gather from one table (the same at any length)
+    "linear": ("MistralConfig", dict(head_dim=16, max_position_embeddings=256, sliding_window=None,
+                                     rope_parameters={"rope_type": "linear", "factor": 4.0})),
+    "llama3": ("LlamaConfig", dict(head_dim=16, max_position_embeddings=256, rope_parameters={
+        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": ORIGINAL})),
+    "phi3-partial-default": ("Phi3Config", dict(max_position_embeddings=256, partial_rotary_factor=0.75)),
     # Phi-4-mini's shape: 3/4 of each head rotated (12 of 16: six factors per list), longrope, top-level original
     "phi3-partial-longrope": ("Phi3Config", dict(max_position_embeddings=256, original_max_position_embeddings=ORIGINAL,
                                                  partial_rotary_factor=0.75, rope_scaling={
@@ -68,12 +76,18 @@ def saved(tmp_path_factory):
     return out
 
 
+_ZOO: dict = {}
+
+
 def _zoo(d):
+    """The zoo cell of ``d`` with its weights, built once per directory (the tests only run it forward)."""
     from converters.loading import load_hf_dir
 
-    model = build(LlamaConfig.from_hf(d), device="CPU")
-    load_hf_dir(model, d)
-    return model
+    if str(d) not in _ZOO:
+        model = build(LlamaConfig.from_hf(d), device="CPU")
+        load_hf_dir(model, d)
+        _ZOO[str(d)] = model
+    return _ZOO[str(d)]
 
 
 def _packed(docs_rows: list[list[int]]):
@@ -190,6 +204,23 @@ def test_partial_rotation_matches_transformers_past_the_original_context(saved):
     assert LlamaConfig.from_hf(d).rotary_dim == 12
     report = check_parity(d, batch=2, seq=96, hidden_states=True, grads=True)
     assert report["passed"], report["checks"]
+
+
+def test_generation_with_a_partial_rotation_past_the_original_context_equals_hf_generate(saved):
+    """A 60-token prompt and 10 greedy tokens with the KV cache: the cache passes the original 64 mid-way."""
+    import torch
+
+    from model_zoo.decode import greedy
+    from porting.verify.pair import load_reference, load_zoo
+
+    hf, d = saved["phi3-partial-longrope"]
+    # seed 10: HF's top two logits differ by at least 0.02 at every step (no near-tie decides a token)
+    prompt = np.random.default_rng(10).integers(3, BASE["vocab_size"], 60).tolist()
+    ours = greedy(load_zoo(d), prompt, 10, cache="static")   # its own cell: decoding grows the model's tables
+    with torch.no_grad():
+        ref = load_reference(d).generate(torch.tensor([prompt]), max_new_tokens=10, min_new_tokens=10,
+                                         do_sample=False, pad_token_id=0)[0, 60:].tolist()
+    assert ours == ref
 
 
 def test_the_real_phi4_mini_config_rotates_96_of_128_dimensions():
