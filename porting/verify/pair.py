@@ -75,8 +75,10 @@ def per_call_rope(model: Any) -> int:
 
 
 def _reset_dynamic_rope(module: Any, args: Any) -> None:
-    # the state transformers' own reset restores (modeling_rope_utils.dynamic_rope_update, 4.56 and 5.x)
-    module.register_buffer("inv_freq", module.original_inv_freq, persistent=False)
+    # the state transformers' own reset restores (modeling_rope_utils.dynamic_rope_update, 4.56 and 5.x); 4.56
+    # keeps original_inv_freq as a plain attribute, which model.to(device) does not move
+    original = module.original_inv_freq.to(module.inv_freq.device)
+    module.register_buffer("inv_freq", original, persistent=False)
     module.max_seq_len_cached = module.original_max_seq_len
 
 
