@@ -72,20 +72,21 @@ def test_the_small_model_of_each_rope_family_matches_transformers(name, tmp_path
 
 @pytest.mark.slow
 def test_a_phi4_mini_recipe_rehearses_packed_past_its_original_context(tmp_path):
-    """The real Phi-4-mini config.json (partial rotation, 48-entry longrope lists) at 8,192 tokens, packed:
-    port train on one device compiles and trains the small model with the long factors on each batch's longest
-    document, and port verify matches transformers at the rungs' length."""
+    """The real Phi-4-mini config.json (partial rotation, 48-entry longrope lists) at 8,192 tokens, packed: the
+    single rung (port train on one device) compiles and trains the small model with the long factors on each
+    batch's longest document. (Its parity rung's check is the test above, on the same small model.)"""
     (tmp_path / "phi4").mkdir()
     (tmp_path / "phi4" / "config.json").write_text(PHI4_MINI.read_text())
-    r = port_process("rehearse", TINY, "--out", str(tmp_path / "r"), "--rungs", "single,parity",
+    r = port_process("rehearse", TINY, "--out", str(tmp_path / "r"), "--rungs", "single",
                      "--set", f"model.source={tmp_path / 'phi4'}", "--set", "data.max_seq_length=8192",
                      "--set", "batching.packing=true", "--set", "batching.bucketing.enabled=false", timeout=900)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     doc = json.loads((tmp_path / "r" / "rehearse.json").read_text())
-    st = {g["name"]: g["status"] for g in doc["rungs"]}
-    assert st["single"] == "pass" and st["parity"] == "pass", doc["rungs"]
+    single = doc["rungs"][0]
+    assert single["name"] == "single" and single["status"] == "pass" and len(single["losses"]) == 3, doc["rungs"]
     small = json.loads((tmp_path / "r" / "model" / "config.json").read_text())
     assert small["partial_rotary_factor"] == 0.75 and len(small["rope_scaling"]["long_factor"]) == 6
+    assert small["rope_scaling"]["original_max_position_embeddings"] < 64   # the rung's rows pass it
 
 
 @pytest.mark.parametrize("name", ["llama2-13b", "llama3-8b", "qwen2-7b", "llama3.2-1b"])
