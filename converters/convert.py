@@ -157,6 +157,8 @@ def build_plan(src_dir: Path, direction: Direction, out_format: str = "safetenso
                                  f.header_bytes if direction.align_headers else None))
     missing = sorted(set(shapes) - seen)
     if missing or unexpected:
+        if direction is HF_TO_MS:   # name the tensors the file holds (Phi-3: qkv_proj), not the parts read from them
+            missing, unexpected = fused.stored_names(cfg, missing), fused.stored_names(cfg, unexpected)
         raise names.coverage_error(str(src_dir), missing, unexpected)
     if problems:  # all of them in one line, the first ones in full
         more = f" (+{len(problems) - 3} more)" if len(problems) > 3 else ""

@@ -227,9 +227,9 @@ def plan_warnings(recipe: Recipe, cfg: LlamaConfig, choice: ShardingChoice) -> l
         w.append("parallel.optimizer_sharding on the CPU: MindSpore's CPU collectives have no working ReduceScatter (a "
                  "stub in MCCL, no CPU kernel), so the gradients are all-reduced and sliced (emulation: twice the wire "
                  "bytes of the Ascend path)")
-    if recipe.data.max_seq_length > cfg.max_position_embeddings:
-        w.append(f"data.max_seq_length={recipe.data.max_seq_length} exceeds the model's max_position_embeddings="
-                 f"{cfg.max_position_embeddings}")
+    if recipe.data.max_seq_length > cfg.longest_sequence:   # dynamic NTK: max_position_embeddings x factor
+        w.append(f"data.max_seq_length={recipe.data.max_seq_length} exceeds the model's longest sequence "
+                 f"{cfg.longest_sequence} (max_position_embeddings={cfg.max_position_embeddings})")
     if recipe.cluster.device == "ascend" and recipe.precision.compute_dtype == "float16" \
             and recipe.precision.loss_scale.kind == "none":
         w.append("precision: float16 compute without loss scaling underflows gradients; set "
