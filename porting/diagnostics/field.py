@@ -165,10 +165,28 @@ def comm_inits(buf: bytes) -> list[tuple[str, int, int]]:
 RANK_PREFIX_RE = re.compile(rb"^(?:\[\d+\] |\S+ \[std(?:err|out)\] |\(\w+ pid=\d+\) )?\[rank(\d+)\]:", re.M)
 
 
-def root_cause_rank(following: bytes) -> int | None:
-    """torchrun's 'Root Cause (first observed failure)' block names the rank a few lines below."""
-    m = TORCHRUN_ROOT_RE.search(following[:1024])
-    return int(m.group(1)) if m else None
+# the fields of torch elastic's failure summary under "Root Cause (first observed failure):" (torch.distributed.elastic
+# multiprocessing errors: time, host, rank, exitcode with its pid, error_file, traceback)
+ROOT_HOST_RE = re.compile(rb"^\s{0,8}host\s{0,8}: ([\w.-]{1,253})\s*$", re.M)
+ROOT_EXIT_RE = re.compile(rb"^\s{0,8}exitcode\s{0,8}: (-?\d{1,4}) \(pid: (\d{1,10})\)", re.M)
+ROOT_SIGNAL_RE = re.compile(rb"Signal (\d{1,2}) \((SIG[A-Z]{2,6})\) received by PID")
+
+
+def root_cause(following: bytes) -> dict:
+    """torchrun's 'Root Cause (first observed failure)' block, a few lines below: its rank, and where they say
+    so its host, exit code, pid and signal (``rank`` missing when the block names none)."""
+    block = following[:1024]
+    m = TORCHRUN_ROOT_RE.search(block)
+    if m is None:
+        return {}
+    out: dict = {"rank": int(m.group(1))}
+    if (h := ROOT_HOST_RE.search(block)) is not None:
+        out["host"] = h.group(1).decode()
+    if (x := ROOT_EXIT_RE.search(block)) is not None:
+        out["exitcode"], out["pid"] = int(x.group(1)), int(x.group(2))
+    if (g := ROOT_SIGNAL_RE.search(block)) is not None:
+        out["signal"] = f"{g.group(2).decode()} ({g.group(1).decode()})"
+    return out
 
 
 def field_rule(line: bytes) -> FieldRule | None:

@@ -19,8 +19,10 @@ from collections import Counter
 from typing import Iterator
 
 from porting.diagnostics.causes import annotate
+from porting.diagnostics.tail import TAIL_BYTES, read_tail
+from porting.rundir import ranklog
 from porting.diagnostics.field import (COMM_INIT_LITERAL, REPORTER_RES, WORLD_GROUPS, comm_inits, launch_layout, line_facts,
-                                       prefixed_ranks, root_cause_rank, split_by_rank_prefix)
+                                       prefixed_ranks, root_cause, split_by_rank_prefix)
 from porting.diagnostics.grammar import (ASCEND_CODE_RE, COLLECTIVE_RE, EXC_LINE_RE, MAX_LINE, PID_RE,
                                          ERROR_SCAN_RE, SCHED_FIRST_RE, SCHED_TIMEOUT_RE, STEP_RE, TORCH_NPU_RE,
                                          TS_RE, Event, classify_file, classify_line, clean, error_table,
@@ -64,6 +66,8 @@ class FileScan:
     layout: dict = dataclasses.field(default_factory=dict)   # node_rank / nproc_per_node the text shows
     comm_inits: list[tuple[str, int, int]] = dataclasses.field(default_factory=list)  # HCCL (group, rank, size)
     rank_from_name: bool = False   # rank read from the file name, not from a line's text
+    unclassified: list[tuple[int, str]] = dataclasses.field(default_factory=list)  # failure lines of no class (tail.py)
+    save_part: tuple[int, str, float | None] | None = None   # `port train`'s last save part: (step, part, time)
 
 
 def _line_bounds(buf: bytes, pos: int) -> tuple[int, int]:
@@ -134,6 +138,8 @@ class _Scanner:
         self.consumed_upto = 0    # offset in the chunk below which lines were already turned into events
         self._count_at = (0, 0)   # (offset, newlines before it) in the current chunk
         self._chunk_lines = 0     # newlines in the current chunk
+        self.tail = b""           # the file's last TAIL_BYTES so far, from a line start (tail.py reads it at the end)
+        self.tail_line0 = 1       # the number of the tail's first line
 
     def chunk(self, buf: bytes) -> None:
         s = self.s
@@ -153,6 +159,8 @@ class _Scanner:
             if st >= self.consumed_upto:
                 self._error_line(buf, st)
         self._last_step(buf)
+        if s.kind == "port_rank" and (p := buf.rfind(b": save phase ")) >= 0:
+            self._save_part(buf, p)
         last_coll = -1
         for lit in COLLECTIVE_LITERALS:   # each later search only looks after the best hit so far
             last_coll = max(last_coll, buf.rfind(lit, last_coll + 1))
@@ -168,6 +176,15 @@ class _Scanner:
                 s.last_ts = t
                 self.carry_ts = t
         self.line_base += self._chunk_lines
+        self._keep_tail(buf)
+
+    def _keep_tail(self, buf: bytes) -> None:
+        keep = buf[-TAIL_BYTES:] if len(buf) >= TAIL_BYTES else (self.tail + buf)[-TAIL_BYTES:]
+        if len(keep) < len(self.tail) + len(buf):   # cut to a line start
+            keep = keep[keep.find(b"\n") + 1:]
+        self.tail = keep
+        # the line after the last newline is line_base + 1; keep's first line is that many newlines before it
+        self.tail_line0 = self.line_base + 1 - keep.count(b"\n")
 
     def _lineno(self, buf: bytes, st: int) -> int:
         """1-based line number of offset ``st``; counted on from the previous call (starts only grow)."""
@@ -217,8 +234,8 @@ class _Scanner:
         facts = line_facts(line)
         if "local_rank" in facts:
             facts.update(s.layout)   # what maps it to a global rank, when the log shows the layout
-        if line.startswith(b"Root Cause (first observed failure)") and (r := root_cause_rank(buf[end:])) is not None:
-            facts["root_cause_rank"] = r
+        if line.startswith(b"Root Cause (first observed failure)") and (root := root_cause(buf[end:])):
+            facts.update({f"root_cause_{k}": v for k, v in root.items()})
         ev = Event(s.path, self._lineno(buf, st), ts, exact, kind, role, label,
                    clean(text).decode("utf-8", "replace"), code, blames, fix, facts)
         annotate(ev, buf, ast, aend, ev.line + buf.count(b"\n", st, ast))
@@ -260,6 +277,13 @@ class _Scanner:
                 break
         if samples:
             s.step_samples = (s.step_samples + samples[::-1])[-STEP_SAMPLES:]
+
+    def _save_part(self, buf: bytes, pos: int) -> None:
+        """The last part of a checkpoint save this rank announced (porting/rundir/ranklog.py ``save_part_line``)."""
+        st, end = _line_bounds(buf, pos)
+        m = ranklog.DIAG_SAVE_PART.search(buf, max(0, st - 1), min(end + 1, st + MAX_LINE))
+        if m and m.group(2).decode() in ranklog.SAVE_PARTS:
+            self.s.save_part = (int(m.group(1)), m.group(2).decode(), _ts_before(buf, st)[0])
 
     def _last_collective(self, buf: bytes, pos: int) -> None:
         st, end = _line_bounds(buf, pos)
@@ -360,6 +384,8 @@ def _scan_chunks(scan: FileScan, chunks: Iterator[bytes]) -> None:
         scan.truncated = True
         sc.chunk(pending)
     scan.lines = sc.line_base + (1 if scan.truncated else 0)
+    if sc.tail:
+        read_tail(scan, sc.tail, sc.tail_line0)
 
 
 def _split_parts(scan: FileScan, data: bytes) -> list[FileScan]:

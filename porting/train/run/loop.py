@@ -285,6 +285,7 @@ def train(recipe: Recipe, run_dir: str | Path, *, rank: int = 0, world_size: int
     last = ckpt.latest(RunDir(run_dir).checkpoints) if resume else None   # the checkpoint gives the weights itself
     plan, cfg, model, opened = setup.data_and_model(recipe, model_dir, grid, log, run_dir, last[1] if last else None)
     trainer = Trainer(recipe, run_dir, rank, world_size, model, model_dir, plan, log, grid)
+    trainer.save_part = rl.save_part   # each part of a save on the rank log and heartbeat (checkpoint.save_ranks)
     ck_root = RunDir(run_dir).checkpoints
     for p in ckpt.interrupted_saves(ck_root) if rank == 0 else ():
         log.warning(f"{p}: left by an interrupted checkpoint save, never loaded; remove it to free the space")
