@@ -114,56 +114,56 @@ def block_class(block: bytes) -> tuple[CauseClass, bool] | None:
 
 # (entity type, regex with the value as group 1, how sure a peer is: "named" by a report, else "reported")
 ENTITY_RES: tuple[tuple[str, re.Pattern], ...] = (
-    ("peer_rank", re.compile(rb"dst_rank\[(\d+)\]")),
-    ("peer_rank", re.compile(rb"from \[(\d+)\] via c10d key-value store")),
+    ("peer_rank", re.compile(rb"dst_rank\[(\d{1,9})(?!\d)\]")),
+    ("peer_rank", re.compile(rb"from \[(\d{1,9})(?!\d)\] via c10d key-value store")),
     # HCCL's "wait socket establish timeout, role[R] rank[N]": N is this process's own user rank (the src of its
     # LINK_ERROR_INFO rows, hcclug_000050); the remote ends are in the rows (links.py)
-    ("rank", re.compile(rb"role\[\d+\] rank\[(\d+)\]")),
+    ("rank", re.compile(rb"role\[\d+\] rank\[(\d{1,9})(?!\d)\]")),
     # CANN 9's heartbeat line (hcclug_000055): "local rank [IP/L]: crimer rank [IP/C] status[S] by informer rank
     # [IP/I]": C is the culprit whatever the status, L the rank that printed it, I the one that saw it first
-    ("lost_rank", re.compile(rb"crimer rank ?\[[^/\]\s]*/(\d+)\]")),
-    ("rank", re.compile(rb"local rank ?\[[^/\]\s]*/(\d+)\]")),
-    ("informer", re.compile(rb"informer rank ?\[[^/\]\s]*/(\d+)\]")),
-    ("lost_rank", re.compile(rb"rank \[[^/\]\s]*/(\d+)\] status\[LOST\]")),
-    ("lost_rank", re.compile(rb"Cluster Exception Location\[IP/ID\]:\[[^/\]]*/(\d+)\]")),
-    ("peer_rank", re.compile(rb"remote rank\s*[:\[]+\s*(?!4294967295\b)(\d+)", re.I)),
+    ("lost_rank", re.compile(rb"crimer rank ?\[[^/\]\s]*/(\d{1,9})(?!\d)\]")),
+    ("rank", re.compile(rb"local rank ?\[[^/\]\s]*/(\d{1,9})(?!\d)\]")),
+    ("informer", re.compile(rb"informer rank ?\[[^/\]\s]*/(\d{1,9})(?!\d)\]")),
+    ("lost_rank", re.compile(rb"rank \[[^/\]\s]*/(\d{1,9})(?!\d)\] status\[LOST\]")),
+    ("lost_rank", re.compile(rb"Cluster Exception Location\[IP/ID\]:\[[^/\]]*/(\d{1,9})(?!\d)\]")),
+    ("peer_rank", re.compile(rb"remote rank\s*[:\[]+\s*(?!4294967295\b)(\d{1,9})(?!\d)", re.I)),
     # HCCL's "Transport init error! createLink para:rank[7]-localUserrank[7]-localIpAddr[HOST/DEV],
     # remoteRank[15]-remoteUserrank[15]-remoteIpAddr[HOST/DEV]" (the guide: [hostIp/deviceId] of each end)
-    ("peer_rank", re.compile(rb"remoteUserrank\[(\d+)\]")),
+    ("peer_rank", re.compile(rb"remoteUserrank\[(\d{1,9})(?!\d)\]")),
     ("peer_host", re.compile(rb"remoteIpAddr\[([\w.:-]{1,64})/\d+\]")),
-    ("rank", re.compile(rb"RankID:(\d+)\)")),
-    ("rank", re.compile(rb"\[(?:PG [^\]]*?)?Rank (\d+)\]")),
-    ("rank", re.compile(rb"\[rank(\d+)\]:")),
-    ("rank", re.compile(rb"^\[(\d+)\] is setting up", re.M)),
-    ("rank", re.compile(rb"(?<![\w\[])\[(\d+)\] is setting up")),
-    ("rank", re.compile(rb"(?:fail(?:ed)?|error)[^\n]{0,40}?\brank[:=]\s?(\d+)\b", re.I)),
+    ("rank", re.compile(rb"RankID:(\d{1,9})(?!\d)\)")),
+    ("rank", re.compile(rb"\[(?:PG [^\]]*?)?Rank (\d{1,9})(?!\d)\]")),
+    ("rank", re.compile(rb"\[rank(\d{1,9})(?!\d)\]:")),
+    ("rank", re.compile(rb"^\[(\d{1,9})(?!\d)\] is setting up", re.M)),
+    ("rank", re.compile(rb"(?<![\w\[])\[(\d{1,9})(?!\d)\] is setting up")),
+    ("rank", re.compile(rb"(?:fail(?:ed)?|error)[^\n]{0,40}?\brank[:=]\s?(\d{1,9})(?!\d)\b", re.I)),
     # Megatron's checks name the global rank first: "Rank 11: found NaN ...", "Rank 13, node N, device 5, ..."
-    ("rank", re.compile(rb"\bRank (\d+)(?::|, node) ")),
-    ("device", re.compile(rb"\bNPU (\d+);")),
-    ("device", re.compile(rb"\bDevice:(\d+)")),
-    ("device", re.compile(rb"\bdevice_id[:=](\d+)")),
-    ("device", re.compile(rb"\bdeviceId[:=](\d+)")),
-    ("device", re.compile(rb"\brealDeviceId:(\d+)")),
-    ("device", re.compile(rb"\bDevice\[(\d+)\]")),
-    ("device", re.compile(rb"\bdevice\((\d+)\)")),
-    ("device", re.compile(rb"\bdevId=(\d+)")),
-    ("device", re.compile(rb"\binvalid device=(\d+)")),            # "Set visible device failed, invalid device=1"
-    ("device", re.compile(rb"\(dev_id=(\d+)[;)]")),                # the driver's kernel log: "(dev_id=6; ret=-19)"
-    ("device", re.compile(rb"\bdevice_id: (\d+)")),
-    ("device", re.compile(rb"\b(?:open|set) device (\d+) failed")),
-    ("device", re.compile(rb"\bdevice\[(\d+)\]")),
-    ("device", re.compile(rb"\bDevice (\d+) \.\.\.")),
+    ("rank", re.compile(rb"\bRank (\d{1,9})(?!\d)(?::|, node) ")),
+    ("device", re.compile(rb"\bNPU (\d{1,9})(?!\d);")),
+    ("device", re.compile(rb"\bDevice:(\d{1,9})(?!\d)")),
+    ("device", re.compile(rb"\bdevice_id[:=](\d{1,9})(?!\d)")),
+    ("device", re.compile(rb"\bdeviceId[:=](\d{1,9})(?!\d)")),
+    ("device", re.compile(rb"\brealDeviceId:(\d{1,9})(?!\d)")),
+    ("device", re.compile(rb"\bDevice\[(\d{1,9})(?!\d)\]")),
+    ("device", re.compile(rb"\bdevice\((\d{1,9})(?!\d)\)")),
+    ("device", re.compile(rb"\bdevId=(\d{1,9})(?!\d)")),
+    ("device", re.compile(rb"\binvalid device=(\d{1,9})(?!\d)")),            # "Set visible device failed, invalid device=1"
+    ("device", re.compile(rb"\(dev_id=(\d{1,9})(?!\d)[;)]")),                # the driver's kernel log: "(dev_id=6; ret=-19)"
+    ("device", re.compile(rb"\bdevice_id: (\d{1,9})(?!\d)")),
+    ("device", re.compile(rb"\b(?:open|set) device (\d{1,9})(?!\d) failed")),
+    ("device", re.compile(rb"\bdevice\[(\d{1,9})(?!\d)\]")),
+    ("device", re.compile(rb"\bDevice (\d{1,9})(?!\d) \.\.\.")),
     # device names a framework prints beside its error: llama.cpp's CANN back end ("current device: 0, in function
     # ..."), Megatron's checks ("..., Device: 3", "Rank 13, node N, device 5, iteration 1"), torch's "npu:3"
-    ("device", re.compile(rb"\bcurrent device: (\d+)")),
-    ("device", re.compile(rb"\bDevice: (\d+)\b")),
-    ("device", re.compile(rb", device (\d+), iteration")),
-    ("device", re.compile(rb"\bnpu:(\d+)\b")),
-    ("chip", re.compile(rb"\bchipId:(\d+)")),
-    ("die", re.compile(rb"\bdieId:(\d+)")),
-    ("pid", re.compile(rb"\bPID:\s?(\d+)")),
-    ("pid", re.compile(rb"^\[(\d+)\] \[\d{4}-\d\d-\d\d ", re.M)),     # torch_npu's "[pid] [time] torch.distributed:
-    ("pid", re.compile(rb"\bpid=(\d+)")),
+    ("device", re.compile(rb"\bcurrent device: (\d{1,9})(?!\d)")),
+    ("device", re.compile(rb"\bDevice: (\d{1,9})(?!\d)\b")),
+    ("device", re.compile(rb", device (\d{1,9})(?!\d), iteration")),
+    ("device", re.compile(rb"\bnpu:(\d{1,9})(?!\d)\b")),
+    ("chip", re.compile(rb"\bchipId:(\d{1,9})(?!\d)")),
+    ("die", re.compile(rb"\bdieId:(\d{1,9})(?!\d)")),
+    ("pid", re.compile(rb"\bPID:\s?(\d{1,9})(?!\d)")),
+    ("pid", re.compile(rb"^\[(\d{1,9})(?!\d)\] \[\d{4}-\d\d-\d\d ", re.M)),     # torch_npu's "[pid] [time] torch.distributed:
+    ("pid", re.compile(rb"\bpid=(\d{1,9})(?!\d)")),
     ("nic_ip", re.compile(rb"(?:remote_ip_addr|localIpAddr|listen on ip)\[([\d.]+)\]")),
     # a host tag ("worker-1: ..."), not a program's name before the dynamic loader's "error while loading shared
     # libraries" ("npu-smi: error while ...")
@@ -184,9 +184,9 @@ ENTITY_RES: tuple[tuple[str, re.Pattern], ...] = (
     ("host", re.compile(rb"\bray::[\w.]{1,120}\(\) \(pid=\d+, ip=([\w.-]{1,120})")),
     ("host", re.compile(rb"^\s{0,8}host\s{0,8}: ([\w.-]{1,253})\s*$", re.M)),
     # msrun's scheduler names the workers that stopped reporting: "Time out nodes are ['3']"
-    ("lost_rank", re.compile(rb"Time out nodes are \['(\d+)'")),
+    ("lost_rank", re.compile(rb"Time out nodes are \['(\d{1,9})(?!\d)'")),
     # the device's exception dump "DEVICE[0] PID[415]:" (upper case: the runtime's, not a log prefix)
-    ("device", re.compile(rb"\bDEVICE\[(\d+)\] PID\[")),
+    ("device", re.compile(rb"\bDEVICE\[(\d{1,9})(?!\d)\] PID\[")),
     # the operator a failure names (compile, missing binary, dtype/shape, launch)
     ("op", re.compile(rb"\(optype: \[(\w+)\]\)")),
     ("op", re.compile(rb"Failed to compile node \[name:? ?(\w+)")),
@@ -336,7 +336,7 @@ def annotate(ev, buf: bytes, st: int, end: int, line0: int) -> None:
         if lost is not None:
             ev.facts.setdefault("located_rank", lost)
             st_m = HEARTBEAT_STATUS_RE.search(block)
-            status = next((g.decode() for g in st_m.groups() if g), "LOST") if st_m else "LOST"
+            status = next((g.decode("utf-8", "replace") for g in st_m.groups() if g), "LOST") if st_m else "LOST"
             ev.facts.setdefault("exception_type", status if status.endswith("Occurred") else f"heartbeat status {status}")
             ev.facts["crimer"] = b"crimer rank" in block
         ev.fix = ev.fix or cls.fix

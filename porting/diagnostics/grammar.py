@@ -29,7 +29,7 @@ PROCESS_EXIT_TIER = 7    # documented faults up to process exits count even in I
 TS_RE = re.compile(rb"(\d{4})-(\d\d)-(\d\d)[T -](\d\d):(\d\d):(\d\d)(?:[.:,](\d{1,3}))?")
 # A progress line: "step N" / "step=N" / "step: N" / "step:[ N/M]" with a loss on the same line
 # (MindSpore LossMonitor, MindFormers, `port train`, plain prints). "stalling at step 3" is not progress.
-STEP_RE = re.compile(rb"\bstep\b\s*[:=]?\s*\[?\s*(\d+)(?:\s*/\s*\d+)?\]?[^\n]*?\bloss\b", re.I)
+STEP_RE = re.compile(rb"\bstep\b\s*[:=]?\s*\[?\s*(\d{1,9})(?!\d)(?:\s*/\s*\d+)?\]?[^\n]*?\bloss\b", re.I)
 COLLECTIVE_RE = re.compile(
     rb"(?:Entry-)?(?:Hcom)?(AllReduce|AllGather|ReduceScatter|Broadcast|AllToAllv?|Barrier|"
     rb"all_reduce|all_gather|reduce_scatter|broadcast|barrier)\b[^\n]*?(?:tag\[([^\]]+)\])?", re.I)
@@ -71,25 +71,25 @@ PORT_LEVEL_RE = ranklog.DIAG_LEVEL   # `port train`'s rank logs (porting/rundir/
 # "RuntimeError: ...", and a wrapper that names the exception it carries: Ray's
 # "ray.exceptions.RayTaskError(ActorDiedError): ray::TaskRunner.run() (pid=.., ip=..)"
 EXC_LINE_RE = re.compile(rb"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit)(?:\([\w.]{1,80}\))?)(?::\s?(.*))?$")
-PID_RE = re.compile(rb"^\[[A-Z]+\]\s*[A-Z_]+\((\d+)[,:]", re.M)
-REMOTE_RANK_RE = re.compile(rb"remote rank\s*[:\[]+\s*(?!4294967295\b)(\d+)", re.I)   # (u32)-1: unknown
-LOCATION_RE = re.compile(rb"Cluster Exception Location\[IP/ID\]:\[[^/\]]*/(\d+)\][^\n]*?ExceptionType:\[([^\]]+)\]")
-SCHED_TIMEOUT_RE = re.compile(rb"The node: (\d+) is timed out")
-SCHED_FIRST_RE = re.compile(rb"worker (\d+) is the first one timed out")
+PID_RE = re.compile(rb"^\[[A-Z]+\]\s*[A-Z_]+\((\d{1,9})(?!\d)[,:]", re.M)
+REMOTE_RANK_RE = re.compile(rb"remote rank\s*[:\[]+\s*(?!4294967295\b)(\d{1,9})(?!\d)", re.I)   # (u32)-1: unknown
+LOCATION_RE = re.compile(rb"Cluster Exception Location\[IP/ID\]:\[[^/\]]*/(\d{1,9})(?!\d)\][^\n]*?ExceptionType:\[([^\]]+)\]")
+SCHED_TIMEOUT_RE = re.compile(rb"The node: (\d{1,9})(?!\d) is timed out")
+SCHED_FIRST_RE = re.compile(rb"worker (\d{1,9})(?!\d) is the first one timed out")
 RANK_IN_CONTENT = (
-    re.compile(rb"rankNum\[\d+\],\s*rank\[(\d+)\]"),           # HCCL SetupAgent / hcom init
-    re.compile(rb"hcom init[^\n]*?rank\[(\d+)\]"),
-    re.compile(rb"This node \d+ rank id: (\d+)"),              # MindSpore cluster PostProcess
+    re.compile(rb"rankNum\[\d+\],\s*rank\[(\d{1,9})(?!\d)\]"),           # HCCL SetupAgent / hcom init
+    re.compile(rb"hcom init[^\n]*?rank\[(\d{1,9})(?!\d)\]"),
+    re.compile(rb"This node \d+ rank id: (\d{1,9})(?!\d)"),              # MindSpore cluster PostProcess
     ranklog.DIAG_RANK,                                         # `port train`
 )
 FILE_KINDS = (  # (kind, filename regex with the rank as group 1 where there is one)
-    ("msrun_worker", re.compile(r"^worker_(\d+)\.log$")),
+    ("msrun_worker", re.compile(r"^worker_([0-9]{1,9})\.log$")),
     ("msrun_scheduler", re.compile(r"^scheduler\.log$")),
     ("port_rank", ranklog.LOG_NAME),
-    ("plog", re.compile(r"^plog-(\d+)_\d+\.log$")),
-    ("device_log", re.compile(r"^device-(\d+)_\d+\.log$")),
+    ("plog", re.compile(r"^plog-([0-9]{1,9})_[0-9]+\.log$")),
+    ("device_log", re.compile(r"^device-([0-9]{1,9})_[0-9]+\.log$")),
 )
-PATH_RANK_RE = re.compile(r"(?:^|[_/\-])rank[_\-]?(\d+)(?:[_/\-]|$)")
+PATH_RANK_RE = re.compile(r"(?:^|[_/\-])rank[_\-]?([0-9]{1,9})(?:[_/\-]|$)")
 
 # Event classification: first matching rule wins. kind, role, label.
 CLASS_RULES: tuple[tuple[re.Pattern, str, str, str], ...] = (
@@ -246,7 +246,7 @@ def classify_line(line: bytes) -> tuple[str, str, str, str | None, tuple[int, ..
     return (*GENERIC_ERROR, code, blames, "")
 
 
-MS_PREFIX_RE = re.compile(rb"^\[(\w+)\]\s*(\w+)\([^)]*\):\S+\s+\[([^\]:]+?)(?::(\d+))?\]\s*(?:\[?\d+\]?\s*)?")
+MS_PREFIX_RE = re.compile(rb"^\[(\w+)\]\s*(\w+)\([^)]*\):\S+\s+\[([^\]:]+?)(?::(\d{1,9})(?!\d))?\]\s*(?:\[?\d+\]?\s*)?")
 
 
 PORT_PREFIX_RE = ranklog.DIAG_PREFIX

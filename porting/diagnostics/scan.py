@@ -34,6 +34,7 @@ MAX_EVENTS_PER_FILE = 24  # error events kept per file (the first ones; the rest
 STEP_SAMPLES = 32        # last step timestamps kept per file for clock-skew estimation
 MAX_SPLIT_BYTES = 256 << 20  # a [rankN]:-prefixed file up to this size is split per rank in memory
 MAX_COMM_INITS = 256      # communicator set-up lines kept per file (one per group a process joins)
+WORLD_RE = re.compile(rb" INFO rank \d{1,9} of (\d{1,9}) \(pid \d{1,10}\)")   # ranklog.pid_line, read in a file's head
 BINARY_FRACTION = 0.05   # control bytes (not tab/newline/CR/ESC) above this share of the head = binary
 _TEXT_BYTES = bytes([9, 10, 13, 27]) + bytes(range(32, 127)) + bytes(range(128, 256))
 
@@ -68,6 +69,7 @@ class FileScan:
     rank_from_name: bool = False   # rank read from the file name, not from a line's text
     unclassified: list[tuple[int, str]] = dataclasses.field(default_factory=list)  # failure lines of no class (tail.py)
     save_part: tuple[int, str, float | None] | None = None   # `port train`'s last save part: (step, part, time)
+    world: int | None = None     # the job's size a `port train` rank log states ("rank R of W (pid P)")
 
 
 def _line_bounds(buf: bytes, pos: int) -> tuple[int, int]:
@@ -204,6 +206,10 @@ class _Scanner:
         if COMM_INIT_LITERAL in line and len(s.comm_inits) < MAX_COMM_INITS:
             s.comm_inits += comm_inits(line)[:MAX_COMM_INITS - len(s.comm_inits)]
         if not is_error_line(line):
+            if end - st > MAX_LINE and ERROR_SCAN_RE.search(buf, st + MAX_LINE, end) and len(s.unclassified) < 4:
+                # its error text lies past the bytes a line is classified on: said, never "no failure found" over it
+                s.unclassified.append((self._lineno(buf, st), f"a line of {end - st} bytes whose error text lies "
+                                       f"past the first {MAX_LINE} bytes read: {clean(line[:160]).decode('utf-8', 'replace')}"))
             return
         s.error_lines += 1
         for c in ASCEND_CODE_RE.findall(line):
@@ -356,7 +362,9 @@ def _identify(scan: FileScan, rel: str, head: bytes) -> None:
         named = {int(m.group(1)) for rx in REPORTER_RES for m in rx.finditer(head)}
         if len(named) == 1:
             scan.rank = named.pop()
-    pm = re.match(r"^(?:plog|device)-(\d+)_", os.path.basename(rel))
+    if scan.kind == "port_rank" and (w := WORLD_RE.search(head)) is not None:
+        scan.world = int(w.group(1))
+    pm = re.match(r"^(?:plog|device)-([0-9]{1,9})_", os.path.basename(rel))
     pc = PID_RE.search(head) if b"[" in head else None   # the multi-line regex costs a pass
     scan.pid = int(pm.group(1)) if pm else (int(pc.group(1)) if pc else None)
 

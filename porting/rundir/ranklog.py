@@ -44,7 +44,7 @@ from porting.rundir.paths import RunDir, rank_log_name
 # mindspore.communication.release() left the scheduler timing the workers out), so the launcher reads
 # this line instead: a launch whose ranks all logged it finished its run, whatever msrun's exit code.
 FINISHED = "run finished: every file of this rank is written"
-LOG_NAME = re.compile(r"^rank_(\d+)\.log$")
+LOG_NAME = re.compile(r"^rank_([0-9]{1,9})\.log$")   # ASCII digits: int() would take any script's
 STOP_TAIL = 64 << 10       # bytes of each log the stop line is looked for in
 FINISHED_TAIL = 4096       # bytes of each log its last line is looked for in
 
@@ -63,7 +63,7 @@ ERROR_MARK = " ERROR "
 # module's lines and also the ``YYYY-MM-DD HH:MM:SS`` and ``level=`` spellings of hand-made logs.
 DIAG_PREFIX = re.compile(rb"^\d{4}-\d\d-\d\d[T ][\d:.,]+\s+rank=\d+\s+(?:level=)?(?:ERROR|CRITICAL|WARNING|INFO)?\s*")
 DIAG_LEVEL = re.compile(rb"\brank=\d+\s+(?:level=)?(ERROR|CRITICAL|WARNING|INFO)\b")
-DIAG_RANK = re.compile(rb"(?:^|\s)rank=(\d+)\s")
+DIAG_RANK = re.compile(rb"(?:^|\s)rank=(\d{1,9})\s")
 DIAG_SAVE_PART = re.compile(SAVE_PART.pattern.encode())
 # The parts of a checkpoint save, in order (porting/train/run/checkpoint.py ``save``): every rank meets the others
 # ("wait"), writes its own file ("write"), meets them again once it is written ("barrier"); rank 0 then writes the
