@@ -19,6 +19,7 @@ import re
 from functools import lru_cache
 
 from porting.diagnostics import load_yaml
+from porting.diagnostics.anchors import anchors, cased
 
 MAX_BLOCK_LINES = 16     # continuation lines joined to an error line
 MAX_BLOCK_BYTES = 8192   # bytes of a block classified (the line itself is cut at grammar.MAX_LINE)
@@ -47,44 +48,6 @@ class CauseClass:
 
 def _rx(patterns: list[str]) -> re.Pattern | None:
     return re.compile("|".join(f"(?:{p})" for p in patterns).encode(), re.I | re.M) if patterns else None
-
-
-def _literal_run(items) -> bytes:
-    """The longest run of literal characters in a parsed sequence (lower-case), b"" when it has none."""
-    from porting.diagnostics._sre import LITERAL, SUBPATTERN
-
-    best, run = b"", b""
-    for op, av in items:
-        if op is LITERAL and av < 128:
-            run += bytes([av]).lower()
-            continue
-        best, run = max(best, run, key=len), b""
-        if op is SUBPATTERN and len(av[-1]) and all(o is LITERAL for o, _ in av[-1]):
-            run = bytes(a for _, a in av[-1] if a < 128).lower()
-    return max(best, run, key=len)
-
-
-def anchors(patterns: list[str]) -> tuple[bytes, ...] | None:
-    """Literals one of which every match of ``patterns`` contains (lower-case), or None when some alternative has no
-    literal of 3 bytes or more: a substring test on the lower-cased block then skips a pattern that cannot match,
-    which keeps a long line full of words cheap (a case-insensitive search costs about 0.2 ms per 4 KiB each)."""
-    from porting.diagnostics._sre import BRANCH, SUBPATTERN, parse
-
-    out = []
-    for p in patterns:
-        items = list(parse(p))
-        alts = [items]
-        if len(items) == 1 and items[0][0] is SUBPATTERN:
-            items = list(items[0][1][-1])
-            alts = [items]
-        if len(items) == 1 and items[0][0] is BRANCH:
-            alts = [list(b) for b in items[0][1][1]]
-        for alt in alts:
-            lit = _literal_run(alt)
-            if len(lit) < 3:
-                return None
-            out.append(lit)
-    return tuple(dict.fromkeys(out)) if out else None
 
 
 @lru_cache(maxsize=1)
@@ -256,23 +219,8 @@ def _entity_table() -> tuple[tuple[str, re.Pattern, tuple[bytes, ...] | None, bo
         icase = bool(rx.flags & re.I)
         lits = anchors([rx.pattern.decode()])
         if lits is not None and not icase:   # anchors() folds case: keep the literal as the regex spells it
-            lits = _cased(rx.pattern.decode(), lits)
+            lits = cased(rx.pattern.decode(), lits)
         out.append((kind, rx, lits, icase))
-    return tuple(out)
-
-
-def _cased(pattern: str, lits: tuple[bytes, ...]) -> tuple[bytes, ...] | None:
-    """The case-folded anchors of a case-sensitive pattern, as the pattern spells them (None when one is not found
-    verbatim: then the regex always runs)."""
-    from porting.diagnostics._sre import LITERAL, parse
-
-    spelled = bytes(av for op, av in parse(pattern) if op is LITERAL and av < 128)
-    out = []
-    for x in lits:
-        i = spelled.lower().find(x)
-        if i < 0:
-            return None
-        out.append(spelled[i:i + len(x)])
     return tuple(out)
 
 

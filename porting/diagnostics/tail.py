@@ -13,8 +13,9 @@ keeps it at the engine's per-byte floor; that misses two things a failed run say
   WARNING line, is kept as an *unclassified* failure line, so that "no failure found" is never said over it.
 
 Only the last :data:`TAIL_BYTES` of a file are read (the whole of a pasted excerpt; where a run ends, in a long
-log), and the second pass runs only where it can change the verdict: on a tail that holds ``nan``/``inf``, or in a
-file with no error line of its own (two literal searches of the tail otherwise, measured 0.06 ms per 64 KiB).
+log), and only where it can change the verdict: a tail that holds ``nan``/``inf``, or a file with no error line of its
+own; any other file costs two literal searches of its tail (the 1,024-rank scale benchmark: 5.5-5.6 CPU-s before and
+after, BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -55,16 +56,6 @@ QUIET_RE = re.compile(rb"^\W{0,3}(?:\d{4}-\d\d-\d\d[T ][\d:.,]{8,12}\s{1,3}(?:ra
                       rb"(?:INFO|DEBUG|TRACE|WARNING|WARN|NOTICE)\b|^[IW]\d{4} ")
 
 
-def _lines(buf: bytes):
-    """(start, end) of every line of ``buf``."""
-    pos = 0
-    while pos < len(buf):
-        end = buf.find(b"\n", pos)
-        end = len(buf) if end < 0 else end
-        yield pos, end
-        pos = end + 1
-
-
 def _numerical(fault: str):
     faults = model()[0]
     return next(c for c in faults if c.name == "numerical" and c.fault == fault)
@@ -97,12 +88,12 @@ class Tail:
 
     def read(self) -> None:
         buf = self.buf
-        nonfinite = any(x in buf for x in NONFINITE)
-        if nonfinite or not self.scan.events:
-            self._metrics()
-            self._lower_case_lines()
-        elif b"loss" in buf:
-            self._metrics()   # a divergence spike prints finite numbers
+        # a file whose own errors already explain it and whose tail holds no non-finite value costs two literal
+        # searches: a divergence spike or a lower-case error line matter where nothing else is said
+        if self.scan.events and not any(x in buf for x in NONFINITE):
+            return
+        self._metrics()
+        self._lower_case_lines()
 
     def _event(self, st: int, end: int, lineno: int, kind: str = "", fault: str = "", sure: bool = True,
                facts: dict | None = None) -> Event | None:
@@ -132,38 +123,45 @@ class Tail:
         """The first non-finite loss and gradient norm, and the first divergence spike of the losses before them."""
         first: dict[str, tuple] = {}
         counts = {"loss": 0, "grad": 0}
-        losses: list[tuple[float, int, int, int]] = []   # (value, start, end, line number)
-        lineno = self.line0
-        n = 0
-        for st, end in _lines(self.buf):
-            if n < MAX_METRICS and (b"oss" in self.buf[st:end] or b"norm" in self.buf[st:end]):
-                for m in METRIC_RE.finditer(self.buf, st, min(end, st + MAX_LINE)):
-                    n += 1
-                    which = "grad" if b"norm" in m.group("name").lower() else "loss"
-                    raw = m.group("val").lower()
-                    if raw.lstrip(b"+-").startswith((b"nan", b"inf")):
-                        counts[which] += 1
-                        first.setdefault(which, (st, end, lineno, m.group("name").decode(), raw.decode()))
-                    elif which == "loss" and "loss" not in first:
-                        losses.append((float(raw), st, end, lineno))
-            lineno += 1
+        losses: list[tuple[float, int]] = []   # (value, offset)
+        for n, m in enumerate(METRIC_RE.finditer(self.buf)):
+            if n >= MAX_METRICS:
+                break
+            which = "grad" if b"norm" in m.group("name").lower() else "loss"
+            raw = m.group("val").lower()
+            if raw.lstrip(b"+-").startswith((b"nan", b"inf")):
+                counts[which] += 1
+                first.setdefault(which, (m.start(), m.group("name").decode(), raw.decode()))
+            elif which == "loss" and "loss" not in first:
+                losses.append((float(raw), m.start()))
         for which, fault in (("loss", "nonfinite_loss"), ("grad", "nonfinite_grad")):
             if which in first:
-                st, end, ln, name, raw = first[which]
+                pos, name, raw = first[which]
+                st, end = self._line_at(pos)
                 # one non-finite gradient norm alone is weak: a dynamic loss scale skips such a step and goes on
                 sure = which == "loss" or counts[which] >= 2 or "loss" in first
-                self._event(st, end, ln, fault=fault, sure=sure,
+                self._event(st, end, self._lineno(st), fault=fault, sure=sure,
                             facts={"metric": name, "value": raw, "step": _step_of(self.buf[st:end]),
                                    "nonfinite_lines": counts[which]})
         self._spike(losses)
 
-    def _spike(self, losses: list[tuple[float, int, int, int]]) -> None:
+    def _line_at(self, pos: int) -> tuple[int, int]:
+        st = self.buf.rfind(b"\n", 0, pos) + 1
+        end = self.buf.find(b"\n", pos)
+        return st, len(self.buf) if end < 0 else end
+
+    def _lineno(self, st: int) -> int:
+        return self.line0 + self.buf.count(b"\n", 0, st)
+
+    def _spike(self, losses: list[tuple[float, int]]) -> None:
         for i in range(2, len(losses)):
-            before = [v for v, *_ in losses[max(0, i - SPIKE_WINDOW):i]]
-            med = statistics.median(before)
-            v, st, end, ln = losses[i]
+            v, pos = losses[i]
+            if v < SPIKE_FACTOR * min(x for x, _ in losses[max(0, i - SPIKE_WINDOW):i]):
+                continue   # below 10x the smallest before it, so below 10x their median: no median to take
+            med = statistics.median(x for x, _ in losses[max(0, i - SPIKE_WINDOW):i])
             if med > 0 and v >= SPIKE_FACTOR * med:
-                self._event(st, end, ln, fault="divergence", sure=False,
+                st, end = self._line_at(pos)
+                self._event(st, end, self._lineno(st), fault="divergence", sure=False,
                             facts={"metric": "loss", "value": f"{v:g}", "median_before": round(med, 6),
                                    "step": _step_of(self.buf[st:end])})
                 return

@@ -81,7 +81,7 @@ class _Beat:
 
     def doing(self) -> str:
         if self.phase == "save" and self.part in SAVE_PARTS:
-            return f"saving checkpoint step {self.step}: {SAVE_PARTS[self.part]}"
+            return f"in checkpoint step {self.step}'s save: {SAVE_PARTS[self.part]}"
         return DOING.get(self.phase) or f"after step {self.step}"
 
     def waits(self) -> bool:

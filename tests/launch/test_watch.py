@@ -212,7 +212,7 @@ def test_in_a_save_the_rank_still_writing_is_named_not_the_ranks_waiting_at_its_
     assert w.poll() is None
     clock.t += 61
     rank, kind, what = w.poll()
-    assert (rank, kind) == (1, "stall") and "saving checkpoint step 4: writing its own file" in what
+    assert (rank, kind) == (1, "stall") and "in checkpoint step 4's save: writing its own file" in what
     assert what.endswith("while rank(s) [0] reached the save's barrier and wait for it")
     clock.t += 100   # rank 0's beat is now the older one, and still it is not named: it waits
     assert w.poll()[0] == 1

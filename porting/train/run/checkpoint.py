@@ -216,13 +216,12 @@ def load_whole(path: Path, params: list, *, allowed: set[str] | None = None) -> 
     return state
 
 
-def save_ranks(trainer: Any, root: Path, step: int) -> Path:
+def save_ranks(trainer: Any, root: Path, step: int, announce: Callable[[int, str], None] | None = None) -> Path:
     """Every rank writes its own file into the temporary directory; rank 0 writes the record and
-    renames the directory into place (:func:`save`: the atomic swap)."""
+    renames the directory into place (:func:`save`: the atomic swap). ``announce(step, part)`` says each part of the
+    save as it begins (its rank-log line and heartbeat)."""
     layout = live_layout(trainer)
     written = []
-
-    announce = getattr(trainer, "save_part", None)   # the rank log's save_part (loop.py); None in a bare trainer
 
     def write(tmp: Path) -> None:
         if (late := trainer.faults.save_delay_for(trainer.rank)) > 0:   # test hook, off unless set (faults.py)

@@ -191,9 +191,10 @@ class Trainer:
         """Graphs compiled so far by this rank's step cells."""
         return compiled_graphs(*self.cells)
 
-    def save(self, root: Path, done: int) -> Path:
-        """Every rank writes what it owns; rank 0 adds the layout record (no merge inside the job)."""
-        return ckpt.save_ranks(self, root, done)
+    def save(self, root: Path, done: int, announce: Callable[[int, str], None] | None = None) -> Path:
+        """Every rank writes what it owns; rank 0 adds the layout record (no merge inside the job). ``announce(step,
+        part)``: each part of the save on the rank log and heartbeat (ranklog.RankLog.save_part)."""
+        return ckpt.save_ranks(self, root, done, announce)
 
     def restore(self, path: Path, opened: tuple[ckpt_read.Source, dict] | None = None) -> int:
         """This rank's share of the per-rank checkpoint ``path``, in this run's layout; the step to continue from.
@@ -233,7 +234,7 @@ def _finish(recipe: Recipe, trainer: Trainer, plan, records: list, metrics, mode
         return
     ck_root, log = RunDir(run_dir).checkpoints, rl.log
     rl.saving(plan.total_steps)   # every rank writes what it owns (porting/train/run/ckpt_shards.py)
-    final = trainer.save(ck_root, plan.total_steps)
+    final = trainer.save(ck_root, plan.total_steps, rl.save_part)
     rl.saved(plan.total_steps, final)
     if trainer.rank != 0:
         return
@@ -285,7 +286,6 @@ def train(recipe: Recipe, run_dir: str | Path, *, rank: int = 0, world_size: int
     last = ckpt.latest(RunDir(run_dir).checkpoints) if resume else None   # the checkpoint gives the weights itself
     plan, cfg, model, opened = setup.data_and_model(recipe, model_dir, grid, log, run_dir, last[1] if last else None)
     trainer = Trainer(recipe, run_dir, rank, world_size, model, model_dir, plan, log, grid)
-    trainer.save_part = rl.save_part   # each part of a save on the rank log and heartbeat (checkpoint.save_ranks)
     ck_root = RunDir(run_dir).checkpoints
     for p in ckpt.interrupted_saves(ck_root) if rank == 0 else ():
         log.warning(f"{p}: left by an interrupted checkpoint save, never loaded; remove it to free the space")
@@ -331,7 +331,7 @@ def train(recipe: Recipe, run_dir: str | Path, *, rank: int = 0, world_size: int
             done = step.index + 1
             if every and done % every == 0 and done < plan.total_steps:
                 rl.saving(done)   # a supervisor allows a save its own time (porting/launch/watch.py)
-                path = trainer.save(ck_root, done)
+                path = trainer.save(ck_root, done, rl.save_part)
                 last_good = (done, path)
                 rl.saved(done, path)
         _finish(recipe, trainer, plan, records, metrics, model_dir, run_dir, start, command, rl, compiled)
