@@ -155,7 +155,7 @@ def explain_failure(log_dir: Path, workers: int) -> str:
 
 KIND_CLASS = {"oom": "memory", "device_error": "device_fault", "operator_error": "operator_error", "config": "config",
               "crash": "process_exit", "worker_exit": "process_exit", "comm_init": "comm_init",
-              "exception": None, "lost": "process_exit"}
+              "exception": None, "lost": "process_exit", "numerical": "numerical"}
 
 
 def finish(v: Verdict) -> Verdict:

@@ -25,7 +25,7 @@ from porting.diagnostics.suspect import describe, earned, entity_of
 HCCL_CALL_RE = re.compile(r"\bHccl[A-Z]\w+, error code is|HCCL function error")
 CAUSE_KINDS = {"oom": "oom", "exception": "exception", "crash": "crash", "device": "device_error",
                "config": "config", "operator": "operator_error", "worker_exit": "worker_exit",
-               "comm_init": "comm_init"}
+               "comm_init": "comm_init", "numerical": "numerical"}
 
 
 def _cause_ranks(ranks: list[RankView]) -> list[RankView]:
@@ -95,7 +95,7 @@ def _from_causes(causes: list[RankView], ctx: EvidenceContext = EvidenceContext(
     e = first.first_cause
     kind = CAUSE_KINDS.get(e.kind, "error")
     s = _sharpest(first, e, _competitors(real, first))
-    reason = f"{kind}: {e.text} ({e.source}:{e.line})"
+    reason = f"{kind}: {e.text} ({e.source}:{e.line})" + _numbers(e, first)
     if e.facts.get("cause_text"):
         reason += f"; its block says: {e.facts['cause_text']}"
     if s.get("op") and str(s["op"]).lower() not in reason.lower():
@@ -134,6 +134,19 @@ def _from_causes(causes: list[RankView], ctx: EvidenceContext = EvidenceContext(
            + (f"; not high: {short}" if short else ""))
     cause, fault = ("process_exit", "signal") if signal else (e.cause, e.fault or None)
     return Verdict(rank, first.last_step, reason, kind, (e.as_dict(first.offset),), sure, why, collect, s, cause, fault)
+
+
+def _numbers(e: Event, v: RankView) -> str:
+    """Where a numerical fault began, as the metric lines say it (tail.py's facts)."""
+    f = e.facts
+    if e.cause != "numerical" or "metric" not in f:
+        return ""
+    where = (f" at step {f['step']}" if f.get("step") is not None else "") + (
+        f" on rank {v.rank}" if isinstance(v.rank, int) else "")
+    if e.fault == "divergence":
+        return f"; a divergence spike{where}: loss {f['value']} against a median of {f.get('median_before')} before it"
+    lines = f.get("nonfinite_lines", 1)
+    return f"; the first non-finite {f['metric']} ({f['value']}){where}, {lines} line(s) with a non-finite {f['metric']}"
 
 
 def _root_cause(f: dict) -> tuple[str, dict]:
