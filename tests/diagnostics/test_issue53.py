@@ -13,12 +13,14 @@ import re
 from pathlib import Path
 
 import pytest
+import yaml
 
 from porting.diagnostics import load_yaml
 from porting.diagnostics.diagnose import diagnose
 from porting.rundir import ranklog
 
 FIELD = Path(__file__).with_name("fixtures") / "field"
+EXPECTED = yaml.safe_load((FIELD / "expected.yaml").read_text())
 STEP = dict(lr=1e-3, tokens_per_s=1000.0, step_time_s=0.1, padding=0.0, compile=False, shapes=(64,), graphs=1,
             skip_reason=None)
 
@@ -211,7 +213,4 @@ def test_every_new_class_and_fault_is_sourced_with_a_next_action():
 def test_each_shape_of_the_issue_has_real_tuning_excerpts(shape):
     """Issue 53's done-criterion, on its tuning set: every shape has public excerpts (or port's own runs), and
     test_field_logs.py holds each to its expected suspect and class."""
-    import yaml
-
-    expected = yaml.safe_load((FIELD / "expected.yaml").read_text())
-    assert [n for n, w in expected.items() if w.get("split") == "tune53" and w.get("shape") == shape], shape
+    assert [n for n, w in EXPECTED.items() if w.get("split") == "tune53" and w.get("shape") == shape], shape
