@@ -2,7 +2,7 @@
 
 For each (model, layout): `port train` runs 1 step and saves (every rank writes its own file), then
 `port train --resume` restores it (no further step: only the start-up and the restore run). From every
-rank's log (porting/train/run/ckpt_shards.py, ckpt_read.py) it reports, each divided by that rank's shard
+rank's log (porting/train/run/checkpoint/format.py, ckpt_read.py) it reports, each divided by that rank's shard
 (the bytes of its TP slice of the weights plus its share of fp32 masters and AdamW m and v):
 - bytes written at the save;
 - bytes read on resume (headers included);
@@ -71,7 +71,7 @@ def model_dir(name: str, out: Path) -> Path:
 
 def import_baseline() -> int:
     """RSS of a process that imported MindSpore and port's training loop (what every worker starts from)."""
-    code = ("import mindspore, porting.train.run.loop, porting.train.run.ckpt_read, re;"
+    code = ("import mindspore, porting.train.run.loop, porting.train.run.checkpoint.read, re;"
             "print(re.search(r'VmRSS:\\s+(\\d+)', open('/proc/self/status').read()).group(1))")
     p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True,
                        env=dict(os.environ, PYTHONPATH=str(ROOT), GLOG_v="3"))

@@ -1,14 +1,14 @@
 """Index cost of restoring and merging a synthetic 13B per-rank checkpoint (TP 8 x DP 8, ZeRO-1), per rank.
 
 The layout is the one `port train recipes/13b-32card.yaml` writes (Llama-2-13B, bf16 parameters with fp32
-masters and AdamW m and v, the recipe's flat buckets; porting/train/run/ckpt_merge.py ``target_layout``). No
+masters and AdamW m and v, the recipe's flat buckets; porting/train/run/checkpoint/merge.py ``target_layout``). No
 rank file exists: ``RankFiles.read`` is replaced by a stand-in that returns the right number of elements
 (the real index code runs: ``Source.assemble`` with every piece lookup, range mapping and copy), so what is
 timed is the CPU work between the reads, the part that does not shrink with a faster filesystem.
 
 Three scenarios, each the calls the real code makes:
 - same-layout resume: rank 0 of TP 8 x DP 8 reads its TP-local weights and its ZeRO share of masters, m, v
-  (porting/train/run/ckpt_read.py ``restore``);
+  (porting/train/run/checkpoint/read.py ``restore``);
 - TP 8 -> TP 4 (x DP 16, ZeRO-1): rank 0 of the new layout, the same calls;
 - full merge: every parameter whole (``port ckpt merge``, ckpt_merge.py ``write_weights``).
 
@@ -38,8 +38,8 @@ def layouts(layers: int):
     """(TP 8 x DP 8 layout, TP 4 x DP 16 layout) of Llama-2-13B with ``layers`` layers."""
     from model_zoo import presets
     from porting.train import load_recipe
-    from porting.train.run.ckpt_merge import target_layout
-    from porting.train.run.ckpt_shards import Layout, ParamSpec
+    from porting.train.run.checkpoint.merge import target_layout
+    from porting.train.run.checkpoint.format import Layout, ParamSpec
 
     cfg = presets.config("llama2-13b")
     h, i, v = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
@@ -79,7 +79,7 @@ class StubFiles:
 
 
 def source(layout):
-    from porting.train.run import ckpt_read
+    from porting.train.run.checkpoint import read as ckpt_read
 
     src = ckpt_read.Source.__new__(ckpt_read.Source)
     table = {f"rank_{r:05d}.safetensors": {} for r in range(layout.world)}
@@ -93,7 +93,7 @@ def source(layout):
 
 def resume_calls(src, new, rank: int) -> float:
     """Seconds of the calls ``restore`` makes for ``rank`` of layout ``new``."""
-    from porting.train.run.ckpt_shards import zero_ranges
+    from porting.train.run.checkpoint.format import zero_ranges
 
     t0 = time.perf_counter()
     tp, t, d = new.tp, rank % new.tp, rank // new.tp

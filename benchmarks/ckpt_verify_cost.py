@@ -2,7 +2,7 @@
 
 On a real per-rank checkpoint (``--checkpoint``; benchmarks/ckpt_io_speed.py makes a 1.43 GB TP 2 x DP 2
 ZeRO-1 one, or any `port train` RUN/checkpoints/step_N), every rank of the checkpoint's own layout runs the
-reads a same-layout resume makes (porting/train/run/ckpt_read.py ``restore``'s calls: its TP-local weights
+reads a same-layout resume makes (porting/train/run/checkpoint/read.py ``restore``'s calls: its TP-local weights
 and its ZeRO share of the optimizer state), with the chunk check on and off. Reported per rank: the bytes it
 uses, the bytes the chunk check hashes (every chunk it touches, once), the bytes a whole-file check would
 hash (every file it touches, whole), and the seconds each way (page cache warm: the first pass is discarded).
@@ -23,8 +23,8 @@ sys.path.insert(0, str(ROOT))
 
 
 def rank_pass(ck: Path, rank: int, verify: bool) -> dict:
-    from porting.train.run import ckpt_read
-    from porting.train.run.ckpt_shards import zero_ranges
+    from porting.train.run.checkpoint import read as ckpt_read
+    from porting.train.run.checkpoint.format import zero_ranges
 
     layout, _, table = ckpt_read.read_record(ck)
     src = ckpt_read.Source(ck, layout, table, verify)
@@ -50,7 +50,7 @@ def main() -> None:
     ap.add_argument("--checkpoint", type=Path, required=True)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
-    from porting.train.run.ckpt_record import read_record
+    from porting.train.run.checkpoint.record import read_record
 
     layout, _, _ = read_record(args.checkpoint)
     rows = []

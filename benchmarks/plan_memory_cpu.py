@@ -71,9 +71,9 @@ def planned_mib(width: int, seq: int) -> dict[str, float]:
     from porting.train.plan.memory_terms import RESIDENT
 
     m = estimate_memory(config(width, seq), recipe(seq))
-    resident = sum(m[k] for k in RESIDENT)
-    return {"forward_backward": (m["peak_forward_backward"] - resident) * 1024,
-            "apply": (m["peak_apply"] - resident) * 1024}
+    resident = sum(m.term(k) for k in RESIDENT)
+    return {"forward_backward": (m.peak_forward_backward - resident) * 1024,
+            "apply": (m.peak_apply - resident) * 1024}
 
 
 def _status() -> dict[str, int]:
@@ -93,7 +93,7 @@ def measure_here(width: int, phase: str, seq: int) -> float:
     from mindspore import ParameterTuple, Tensor
 
     from model_zoo.llama import build
-    from porting.train.run import step as train_step
+    from porting.train.run.step import cells as train_step
 
     ms.set_context(mode=ms.GRAPH_MODE)
     ms.set_device("CPU")

@@ -91,7 +91,7 @@ def make_ms_step(cfg_d: dict, b: int, s: int, fused: bool = True, override: dict
 
     from model_zoo.config import LlamaConfig
     from model_zoo.llama import build
-    from porting.train.run import step as train_step
+    from porting.train.run.step import cells as train_step
 
     ms.set_context(mode=ms.GRAPH_MODE)
     ms.set_device("CPU")

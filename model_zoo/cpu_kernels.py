@@ -151,7 +151,7 @@ _HANDED_OUT: set[str] = set()
 
 def handed_out() -> list[str]:
     """The libraries :func:`status` gave this process (ops.Custom takes their paths, and a compiled graph keeps
-    them: a graph compile cache is only valid where the same files are, porting/train/run/precompile.py)."""
+    them: a graph compile cache is only valid where the same files are, porting/train/run/step/precompile.py)."""
     return sorted(_HANDED_OUT)
 
 

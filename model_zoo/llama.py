@@ -327,7 +327,7 @@ class LlamaForCausalLM(nn.Cell):
             self.logits_matmul = ops.MatMul(transpose_b=True)
         else:
             self.logits_matmul = parallel.ParallelLogits(tp)
-            # The training step's loss on vocab-sharded logits (porting/train/run/step.py LossNet looks for it).
+            # The training step's loss on vocab-sharded logits (porting/train/run/step/cells.py LossNet looks for it).
             self.parallel_loss = parallel.VocabParallelTokenLoss(tp, cfg.vocab_size)
         # RoPE tables, plain tensors (derived data, never saved); generation grows them (model_zoo.decode).
         self._rope_len = cfg.max_position_embeddings

@@ -45,11 +45,13 @@ from model_zoo.errors import DiagnosticsError, PortingError
 from model_zoo.files import write_atomic
 from porting.cluster.preflight import free_port
 from porting.diagnostics.diagnose import diagnose
+from porting.launch import lifeline
 from porting.launch.children import child_env, stop_group
 from porting.rundir import read_run
 from porting.train import load_recipe, plan_config, recipe_dict
 from porting.verify.stats import LAYOUT_TOLERANCES
 from porting.train.recipe.yaml_bounded import parse_value
+from porting.train.recipe.schema import Recipe
 from porting.rundir.paths import RunDir
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -156,7 +158,7 @@ def _metrics(run_dir: Path) -> tuple[list[float], list[float], float | None]:
     losses = [r.loss for r in run.steps]
     norms = [r.grad_norm for r in run.steps]
     comp = [r.step_time_s for r in run.steps if r.compile]
-    if run.summary is not None and run.summary.precompile_s is not None:   # compiled before step 1 (run/precompile.py)
+    if run.summary is not None and run.summary.precompile_s is not None:   # compiled before step 1 (run/step/precompile.py)
         comp.append(run.summary.precompile_s)
     return losses, norms, (round(sum(comp), 3) if comp else None)
 
@@ -164,11 +166,10 @@ def _metrics(run_dir: Path) -> tuple[list[float], list[float], float | None]:
 def _run(argvs: list[list[str]], log: Path, timeout: float) -> tuple[list[int], str]:
     """Start every argv at once (each in its own process group), wait for all under one deadline; on the
     deadline, stop only those groups. Returns the exit codes (None: killed) and the tail of the output."""
-    env = child_env()
+    env = child_env(parent=True)   # each child (a `port train`, the compute rung) dies with this process
     log.parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "w", encoding="utf-8") as out:
-        procs = [subprocess.Popen(a, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-                 for a in argvs]
+    with open(log, "wb") as out:
+        procs = [lifeline.start(a, env, out) for a in argvs]
         deadline, codes = time.monotonic() + timeout, []
         for p in procs:
             try:
@@ -250,7 +251,7 @@ def _links_rung(rung: Rung, recipe: dict[str, Any], out: Path, timeout: float) -
     rung.seconds = round(time.monotonic() - t0, 2)
 
 
-def _compute_rung(rung: Rung, rec: Any, cfg: LlamaConfig, out: Path, timeout: float) -> None:
+def _compute_rung(rung: Rung, rec: Recipe, cfg: LlamaConfig, out: Path, timeout: float) -> None:
     """Port's step cells timed at the recipe's real shapes on one device (porting/rehearse_compute.py)."""
     from porting.rehearse_compute import measure
 
@@ -278,7 +279,7 @@ def _parity_rung(rung: Rung, model_dir: Path, out: Path, timeout: float) -> None
         rung.status, rung.detail = "pass", "logits, loss and gradient norms within port verify's fp32 tolerances"
 
 
-def _layout(recipe: Any) -> tuple[int, int, bool]:
+def _layout(recipe: Recipe) -> tuple[int, int, bool]:
     """The rehearsal's TP (the recipe's, at most 2), DP (2 when the recipe has data parallel, else 1), and
     whether its recipe spans nodes."""
     tp = 2 if recipe.parallel.tensor_parallel > 1 else 1
@@ -286,7 +287,7 @@ def _layout(recipe: Any) -> tuple[int, int, bool]:
     return tp, dp, recipe.cluster.nodes > 1
 
 
-def ladder(rec: Any, only: tuple[str, ...] = RUNGS) -> tuple[list[Rung], dict[str, tuple[int, int, int]]]:
+def ladder(rec: Recipe, only: tuple[str, ...] = RUNGS) -> tuple[list[Rung], dict[str, tuple[int, int, int]]]:
     """The rungs for a validated recipe, each with its layout or the reason it is skipped, and the
     (TP, DP, nodes) of each training rung."""
     tp, dp, multi_node = _layout(rec)
@@ -373,7 +374,7 @@ def _pass_detail(r: Rung, ref: Rung) -> str:
     return what
 
 
-def _full_config(rec: Any) -> LlamaConfig:
+def _full_config(rec: Recipe) -> LlamaConfig:
     """The recipe model's architecture, from its checkpoint where it is here, else the zoo's copy."""
     cfg, _ = plan_config(rec)
     return cfg

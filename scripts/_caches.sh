@@ -1,6 +1,6 @@
 # Sourced by the test scripts: the caches a suite run's many `port train` runs share, each a fresh folder per
 # suite run removed at its end, unless the caller set one (docs/rundir.md):
-# - PORT_COMPILE_CACHE_SHARED (porting/train/run/shared_cache.py): runs of the same recipe in different run
+# - PORT_COMPILE_CACHE_SHARED (porting/train/run/step/shared_cache.py): runs of the same recipe in different run
 #   directories load the graphs the first compiled;
 # - PORT_TOKEN_CACHE (porting/train/data/token_cache.py): runs of the same data and tokenizer take the tokens
 #   the first made, without loading transformers (about 3 CPU-s per launch, BENCHMARKS.md "Test suite").

@@ -137,10 +137,13 @@ def test_bus_bandwidth_is_nccl_tests_measure():
     assert bus_gb_s("AllReduce", 1, 10 ** 9, 1000.0) is None and bus_gb_s("create", 4, 0, 1.0) is None
 
 
-def test_compute_collectives_are_measured_when_rank_0_wrote_them_whatever_msrun_exited_with(tmp_path):
+def test_compute_collectives_are_measured_when_rank_0_wrote_them_whatever_msrun_exited_with(tmp_path, monkeypatch):
     """The compute rung's collectives follow the launch's rule (porting/launch/outcome.py): rank 0 writes its points
     after the last collective every rank ran, so a worker's exit seen late by msrun's scheduler (exit 1) does not
-    fail the rung; no points, or a file that does not parse, does; an earlier rehearsal's file is not read."""
+    fail the rung; no points, or a file that does not parse, does; an earlier rehearsal's file is not read. The
+    job is the one launcher's (porting/launch/jobs.py), of kind "rehearsal collectives"; its run is what msrun's
+    rank 0 would leave and its exit."""
+    from porting.launch.jobs import Ended, MsrunJob
     from porting.rehearse_compute import collectives
     from porting.train import load_recipe
 
@@ -150,17 +153,20 @@ def test_compute_collectives_are_measured_when_rank_0_wrote_them_whatever_msrun_
     points = {"AllReduce": {"ranks": 2, "points_bytes_ms": [[1024, 0.1]]}}
 
     def launch(code, writes):
-        def run(argvs, log, timeout):   # the rehearsal's runner, in place of msrun: what rank 0 leaves and the exit
-            assert argvs[0][0].endswith("msrun") and not res.exists()
+        def run(job, timeout_s=None, output=None):
+            assert job.kind == "rehearsal collectives" and job.spec.script.name == "collectives.py"
+            assert not res.exists()
             if writes is not None:
                 res.write_text(writes, encoding="utf-8")
-            return [code], ""
-        return run
+            return Ended(code, 0.0)
+        monkeypatch.setattr(MsrunJob, "run", run)
 
-    assert collectives(rec, tmp_path, 60, launch(0, json.dumps(points))) == ("pass", "", points)
-    assert collectives(rec, tmp_path, 60, launch(1, json.dumps(points))) == \
-        ("pass", "msrun exit 1 after rank 0 wrote every measurement", points)
+    launch(0, json.dumps(points))
+    assert collectives(rec, tmp_path, 60) == ("pass", "", points)
+    launch(1, json.dumps(points))
+    assert collectives(rec, tmp_path, 60) == ("pass", "msrun exit 1 after rank 0 wrote every measurement", points)
     res.write_text(json.dumps(points), encoding="utf-8")   # an earlier rehearsal's
-    assert collectives(rec, tmp_path, 60, launch(1, None)) == ("fail", "collectives under msrun: exit 1", {})
-    assert collectives(rec, tmp_path, 60, launch(None, '{"AllReduce": ')) == \
-        ("fail", "collectives under msrun: timed out", {})
+    launch(1, None)
+    assert collectives(rec, tmp_path, 60) == ("fail", "collectives under msrun: exit 1", {})
+    launch(None, '{"AllReduce": ')
+    assert collectives(rec, tmp_path, 60) == ("fail", "collectives under msrun: timed out", {})

@@ -220,19 +220,16 @@ def estimator_vs_baseline(base: MeasuredBaseline, run: RunRecords) -> dict[str, 
     """The run's dry-run memory estimate (plan.json) against the baseline's measured phase peaks."""
     from porting.baseline import estimate
 
+    from porting.train.plan.make import TrainPlan
+
     p = run.path / "plan.json"
     if run.plan is None:
         if p.exists():   # present but unreadable: the reader's note says why
             raise ConfigError(f"{p}: unreadable plan ({'; '.join(n for n in run.notes if n.startswith(p.name))}); "
                               "expected the memory_gib_by_phase that `port train` writes")
         return None
-    plan = run.plan
-    try:
-        est = plan["memory_gib_by_phase"]
-        recompute = bool(plan.get("recompute", False))
-        return estimate.check(est, base.memory.peak_gib, recompute, base.memory.kind or "?")
-    except (KeyError, TypeError) as e:
-        raise ConfigError(f"{p}: unreadable plan ({e!r}); expected the memory_gib_by_phase that `port train` writes") from None
+    plan = TrainPlan.from_dict(run.plan, str(p))   # one line naming the key when it is not a plan port wrote
+    return estimate.check(plan.memory_gib_by_phase, base.memory.peak_gib, plan.recompute, base.memory.kind or "?")
 
 
 def run_settings(run: RunRecords) -> Settings:

@@ -10,7 +10,7 @@ Two kinds, as the baseline file has two (:mod:`porting.baseline.document`):
 Both carry the verdict as the one result row of every verification (``checks``:
 :class:`porting.verify.check.Check`), the failures in words and ``ok``. `port compare` prints them
 (:mod:`porting.baseline.render`) or writes :meth:`to_dict` as JSON (``--json``, ``--out``); `port report` reads
-that file back with :func:`from_json` (the reading rules of :mod:`porting.baseline.typed`: every key's type
+that file back with :func:`from_json` (the reading rules of :mod:`model_zoo.typed`: every key's type
 checked, every problem in one line).
 """
 
@@ -19,8 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Union
 
-from porting.baseline import typed
-from porting.baseline.typed import spec
+from model_zoo import typed
+from model_zoo.typed import spec
 from porting.verify.check import Check
 from porting.verify.stats import CurveGate, CurveTolerances
 

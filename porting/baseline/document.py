@@ -9,7 +9,7 @@ Two kinds of document share the format (docs/baseline.md has every field):
   never has probe logits or the data hash, so `port compare` checks the curve (:mod:`porting.baseline.curve`).
 
 Each is a frozen dataclass of typed sub-records (:class:`Settings`, :class:`Steps`, :class:`Timing`,
-:class:`Memory`, :class:`Probe`, :class:`Imported`) read with :mod:`porting.baseline.typed`: :func:`load` (or
+:class:`Memory`, :class:`Probe`, :class:`Imported`) read with :mod:`model_zoo.typed`: :func:`load` (or
 :func:`from_json`) checks every key at once and raises one ConfigError naming the file and each bad key; unknown
 keys are kept and written back. :func:`save` writes the document whole or not at all (temporary file, then rename),
 and only a document this reader reads. A document read and written again is the same file, byte for byte.
@@ -22,11 +22,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Union
 
+from model_zoo import typed
 from model_zoo.errors import ConfigError
 from model_zoo.files import read_json, write_atomic
-from porting.baseline import arrays, typed
+from model_zoo.typed import spec
+from porting.baseline import arrays
 from porting.baseline.memory import PHASES
-from porting.baseline.typed import spec
 
 FORMAT = "port-baseline"
 FORMAT_VERSION = 1

@@ -26,14 +26,14 @@ def logits_from_hf(hf_dir: Path, ids: np.ndarray) -> np.ndarray:
 
 
 def _logits_from_ckpt(ckpt_dir: Path, cfg_source, ids: np.ndarray) -> np.ndarray:
-    """The model parameters of a per-rank `port train` checkpoint (porting/train/run/ckpt_shards.py; a directory
+    """The model parameters of a per-rank `port train` checkpoint (porting/train/run/checkpoint/format.py; a directory
     without its layout record is refused in one line by the reader), every tensor whole."""
     import mindspore as ms
 
     from model_zoo.config import LlamaConfig
     from model_zoo.errors import CheckpointError
     from model_zoo.llama import build
-    from porting.train.run.ckpt_read import full_state
+    from porting.train.run.checkpoint.read import full_state
 
     state = full_state(ckpt_dir)
     model = build(LlamaConfig.from_hf(cfg_source), param_dtype="float32")

@@ -31,7 +31,7 @@ class MsWeights:
 
 
 def _latest_checkpoint(run: Path) -> Path:
-    from porting.train.run import checkpoint as ckpt
+    from porting.train.run.checkpoint import save as ckpt
 
     root = RunDir(run).checkpoints
     steps = sorted((int(m.group(1)), p) for p in (root.iterdir() if root.is_dir() else [])
@@ -44,15 +44,15 @@ def _latest_checkpoint(run: Path) -> Path:
 
 
 def _is_train_checkpoint(p: Path) -> bool:
-    """A per-rank `port train` checkpoint (its layout record, porting/train/run/ckpt_shards.py)."""
-    from porting.train.run import checkpoint as ckpt  # deferred: the run side imports MindSpore
+    """A per-rank `port train` checkpoint (its layout record, porting/train/run/checkpoint/format.py)."""
+    from porting.train.run.checkpoint import save as ckpt  # deferred: the run side imports MindSpore
 
     return (p / ckpt.LAYOUT_FILE).is_file()
 
 
 def resolve_ms(ms: str | Path, hf_cfg: LlamaConfig) -> MsWeights:
     """The MindSpore weights behind ``--ms`` (one-line CheckpointError when it is none of the three)."""
-    from porting.train.run import checkpoint as ckpt
+    from porting.train.run.checkpoint import save as ckpt
 
     p = Path(ms)
     if not p.is_dir():

@@ -8,7 +8,7 @@ start from the run's checkpoint after k-1 steps (``checkpoints/step_<k-1>``: wei
 step count; for k = 1 the run's initial weights and zero moments), run step k's micro-batches, taken
 from the run's recipe through `port train`'s own data plan (:func:`porting.train.data.batching.build_plan`),
 forward and backward, then the update: on the MindSpore side port's own clipping and AdamW
-(:class:`porting.train.run.step._Update`, :class:`porting.train.run.step.AdamW`) at the learning rate the run's
+(:class:`porting.train.run.step.cells._Update`, :class:`porting.train.run.step.cells.AdamW`) at the learning rate the run's
 recipe gives step k; on the reference side torch's ``clip_grad_norm_`` and ``torch.optim.AdamW`` with
 the same moments at the learning rate the baseline's recipe gives it (the baseline's own loop,
 :mod:`porting.baseline.torch_loop`). Every forward activation, activation gradient, parameter gradient
@@ -28,6 +28,7 @@ import numpy as np
 
 from model_zoo.errors import CheckpointError, ConfigError
 from porting.baseline.comparison import Comparison   # light: the result records of `port compare`
+from porting.train.recipe.schema import Recipe
 
 
 def _recipe_at(run, k: int):
@@ -45,7 +46,7 @@ def _recipe_at(run, k: int):
     return validate_recipe(doc.get("recipe"), str(path), None, check_files=False), doc, path
 
 
-def _refuse_unreplayable(recipe, where: Path) -> None:
+def _refuse_unreplayable(recipe: Recipe, where: Path) -> None:
     why = []
     if recipe.cluster.nodes * recipe.cluster.devices_per_node > 1:
         why.append("it ran on several devices (replay runs one process; set cluster.devices_per_node: 1)")
@@ -65,7 +66,7 @@ def first_failing_step(rep: Comparison) -> int | None:
 
 def _state(run_dir: Path, k: int, model, opt) -> tuple[int, str]:
     """Load the state entering step k into ``model`` and ``opt``; (AdamW steps done, where from)."""
-    from porting.train.run import checkpoint as ckpt
+    from porting.train.run.checkpoint import save as ckpt
 
     root = run_dir / "checkpoints"
     d = root / f"step_{k - 1}"
@@ -118,13 +119,13 @@ def _torch_update(base_recipe, lr: float, adam_t: int, moments: dict, table: dic
     return update
 
 
-def _ms_update(recipe, opt, lr: float, adam_t: int):
-    """`port train`'s update of step k: port's clipping and AdamW (porting.train.run.step), at the run
+def _ms_update(recipe: Recipe, opt, lr: float, adam_t: int):
+    """`port train`'s update of step k: port's clipping and AdamW (porting.train.run.step.cells), at the run
     recipe's learning rate; per parameter after - before."""
     def update(params, grads) -> dict[str, np.ndarray]:
         import mindspore as ms
 
-        from porting.train.run.step import _Update
+        from porting.train.run.step.cells import _Update
 
         b1, b2 = recipe.optimizer.betas
         t = adam_t + 1
@@ -136,7 +137,7 @@ def _ms_update(recipe, opt, lr: float, adam_t: int):
     return update
 
 
-def _plans(recipe, base_recipe, hf_dir: Path, run_doc: dict, where: Path):
+def _plans(recipe: Recipe, base_recipe: Recipe, hf_dir: Path, run_doc: dict, where: Path):
     """`port train`'s data plan for the run's recipe (and the baseline recipe's step count)."""
     from porting.tokenizer import load_tokenizer
     from porting.train import build_plan
@@ -165,7 +166,7 @@ def bisect_step(baseline_path: str, run_dir: str, *, allow_settings_mismatch: bo
     from porting.rundir import read_run
     from porting.train import validate_recipe
     from porting.train.recipe.schedule import lr_at
-    from porting.train.run.step import AdamW
+    from porting.train.run.step.cells import AdamW
     from porting.verify.pair import build_zoo, load_zoo
 
     base = document.load(baseline_path)

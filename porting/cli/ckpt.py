@@ -8,7 +8,7 @@ import click
 
 
 def _checkpoint(path: str) -> Path:
-    from porting.train.run.ckpt_record import require_layout
+    from porting.train.run.checkpoint.record import require_layout
 
     p = Path(path)
     require_layout(p)   # one line naming what the directory is and what a checkpoint holds
@@ -92,7 +92,7 @@ def merge(checkpoint: str, out: str | None, ms_out: str | None, optimizer: bool,
     import sys
 
     from model_zoo.errors import ConfigError
-    from porting.train.run.export import merge as do
+    from porting.train.run.checkpoint.export import merge as do
 
     if out is None and ms_out is None:
         raise ConfigError("port ckpt merge: pass --out HF_DIR, --ms MS_DIR or both")
@@ -116,7 +116,7 @@ Examples:
 def reshard(checkpoint: str, recipe: str, overrides: tuple[str, ...], out: str):
     """Re-cut a checkpoint's weights, fp32 masters and AdamW moments for another layout; put it in a run's
     checkpoints/ as step_N and `port train --resume` continues exactly."""
-    from porting.train.run.ckpt_merge import reshard as do
+    from porting.train.run.checkpoint.merge import reshard as do
     from porting.train import load_recipe
 
     ck = _checkpoint(checkpoint)

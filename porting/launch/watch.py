@@ -29,12 +29,13 @@ import dataclasses
 import re
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 from porting.launch.proctable import alive, state
 from porting.rundir.heartbeat import read_beat
 from porting.rundir.paths import RunDir
 from porting.rundir.ranklog import SAVE_PARTS, read_tail
+from porting.train.plan.allowances import Allowances
 
 # msrun, when a worker dies: "Worker process 17593 exit with exception. Error code: -9." (then it kills the rest)
 WORKER_EXIT = re.compile(r"Worker process (\d+) exit with exception\. Error code: (-?\d+)")
@@ -58,15 +59,12 @@ class Limits:
                 "save": self.save_s, "finished": self.save_s}.get(phase, self.stall_s)
 
 
-def derive_limits(plan: dict[str, Any], stall_s: float | None, max_restarts: int) -> Limits:
-    """The watch's allowances from the plan's (porting/train/plan/allowances.py, ``plan["allowances"]``);
+def derive_limits(a: Allowances, stall_s: float | None, max_restarts: int) -> Limits:
+    """The watch's allowances from the plan's (porting/train/plan/allowances.py, ``TrainPlan.allowances``);
     ``stall_s`` (``--stall-timeout``) replaces the step's and no phase allows less."""
-    a = plan.get("allowances") or {}
-    if not a:
-        raise ValueError("a plan without 'allowances' (porting/train/plan/make.py make_plan writes them)")
-    stall = float(stall_s if stall_s is not None else a["step_s"])
-    return Limits(stall_s=stall, compile_s=max(stall, float(a["compile_s"])), save_s=max(stall, float(a["save_s"])),
-                  restore_s=max(stall, float(a["restore_s"])), max_restarts=max_restarts)
+    stall = float(stall_s if stall_s is not None else a.step_s)
+    return Limits(stall_s=stall, compile_s=max(stall, float(a.compile_s)), save_s=max(stall, float(a.save_s)),
+                  restore_s=max(stall, float(a.restore_s)), max_restarts=max_restarts)
 
 
 @dataclasses.dataclass

@@ -37,7 +37,7 @@ from porting.report.render import render_html, render_md, render_text
 from porting.report.rehearsal import merge, rehearsal_rows
 from porting.report.breakdown import breakdown_rows
 from porting.report.incidents import incident_rows
-from porting.report.rows import Row, build_rows
+from porting.report.rows import Row, build_rows, read_plan
 from porting.rundir import read_run
 
 if TYPE_CHECKING:
@@ -135,13 +135,14 @@ def make_report(rundir: str | os.PathLike, out: str | os.PathLike | None = None,
     run = read_run(rundir, strict=False)
     dest = Path(out) if out is not None else run.path / DEFAULT_DIR
     replace = check_out(dest, run.path, force)
-    rows, diag = build_rows(run)
+    plan = read_plan(run)
+    rows, diag = build_rows(run, plan)
     rehearsal = rehearsal_rows(run)   # a `port rehearse` folder: its rungs fill the rows of each scale
     rows = merge(rows, rehearsal) if rehearsal else rows
     rows = rows + incident_rows(run)   # a supervised run's incidents (porting/launch/supervise.py)
     rows = rows + breakdown_rows(run)   # where each rank's step time goes (logging.breakdown_every)
     base = load_baseline(run.path, baseline)
-    svgs = plots(run, base)
+    svgs = plots(run, base, plan)
     from porting.report import bisect_section, compare_section
 
     cmp = compare_section.load_comparison(run.path, compare)

@@ -9,7 +9,7 @@ NVIDIA's resiliency extension times a rank's named sections separately (nvidia-r
 
 - ``setup``: from the rank's start (data, model); before its first record the rank is in setup too;
 - ``restore``: a resume reading its checkpoint;
-- ``compile``: every shape compiled before step 1 (porting/train/run/precompile.py), until step 1 is logged;
+- ``compile``: every shape compiled before step 1 (porting/train/run/step/precompile.py), until step 1 is logged;
 - ``step``: training, ``step`` the last step logged (``logging.every_steps``, as the step lines);
 - ``save``: a checkpoint or the HF export being written, ``step`` its step, and ``part`` which part of it
   (porting/rundir/ranklog.py ``SAVE_PARTS``: "wait", "write", "barrier", "record", "done"); the record's ``time`` is

@@ -65,7 +65,7 @@ DIAG_PREFIX = re.compile(rb"^\d{4}-\d\d-\d\d[T ][\d:.,]+\s+rank=\d+\s+(?:level=)
 DIAG_LEVEL = re.compile(rb"\brank=\d+\s+(?:level=)?(ERROR|CRITICAL|WARNING|INFO)\b")
 DIAG_RANK = re.compile(rb"(?:^|\s)rank=(\d{1,9})\s")
 DIAG_SAVE_PART = re.compile(SAVE_PART.pattern.encode())
-# The parts of a checkpoint save, in order (porting/train/run/checkpoint.py ``save``): every rank meets the others
+# The parts of a checkpoint save, in order (porting/train/run/checkpoint/save.py ``save``): every rank meets the others
 # ("wait"), writes its own file ("write"), meets them again once it is written ("barrier"); rank 0 then writes the
 # layout record and state.json and renames the directory into place ("record"); "done" when its save returned. A rank
 # that stopped at "wait" or "barrier" waited for the others; one that stopped at "write" or "record" froze in its

@@ -34,7 +34,7 @@ _FACE: dict[str, str] = {
     "format_plan": "porting.train.plan.render",
     "estimate_memory": "porting.train.plan.memory",
     "train": "porting.train.run.loop",
-    "interrupted_saves": "porting.train.run.checkpoint",
+    "interrupted_saves": "porting.train.run.checkpoint.save",
 }
 __all__ = sorted(_FACE)
 

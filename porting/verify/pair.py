@@ -90,8 +90,8 @@ def load_zoo(cfg_dir: str | Path, weights: str | Path | None = None, *, kind: st
 
 
 def _load_train_checkpoint(model: LlamaForCausalLM, path: Path) -> None:
-    from porting.train.run import checkpoint as ckpt
-    from porting.train.run.step import AdamW
+    from porting.train.run.checkpoint import save as ckpt
+    from porting.train.run.step.cells import AdamW
 
     params = list(model.trainable_params())
     opt = AdamW(params, (0.9, 0.999), 1e-8, 0.0)   # holds the moments the strict loader requires; not stepped

@@ -110,7 +110,7 @@ PHASES = ("in-step", "mid-save", "after-save")
 def _train(run: Path, resume: bool) -> subprocess.Popen:
     argv = [sys.executable, "-m", "porting", "train", str(TINY_RECIPE), "--run-dir", str(run), *TRAIN_SETS]
     # every relaunch in one run directory finds its graphs in port's compile cache there (RUN/compile_cache,
-    # porting/train/run/precompile.py); a process-wide MS_COMPILER_CACHE_ENABLE is refused by port train
+    # porting/train/run/step/precompile.py); a process-wide MS_COMPILER_CACHE_ENABLE is refused by port train
     return subprocess.Popen(argv + (["--resume"] if resume else []), cwd=ROOT, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, env=_env())
 
@@ -145,7 +145,7 @@ def _points(rng: random.Random, n: int) -> list[tuple[int, str, float]]:
 
 
 def _final_state(run: Path) -> dict:
-    from porting.train.run.ckpt_read import full_state
+    from porting.train.run.checkpoint.read import full_state
 
     return full_state(run / "checkpoints" / f"step_{STEPS}")
 

@@ -1,11 +1,11 @@
-"""The precompile ready files (porting/train/run/ready.py): rank 0's cleanup removes only the ``logs/.ready_*``
+"""The precompile ready files (porting/train/run/step/ready.py): rank 0's cleanup removes only the ``logs/.ready_*``
 folders port wrote (ready files alone), never a folder of that name holding anything else, nor a link's target."""
 
 from __future__ import annotations
 
 import os
 
-from porting.train.run import ready
+from porting.train.run.step import ready
 
 
 def test_clear_removes_port_ready_folders_only(tmp_path):

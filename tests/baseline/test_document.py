@@ -21,6 +21,7 @@ from porting.baseline.render import render
 from porting.intake.baseline_import import Stated, import_log
 from porting.rundir import RunRecords, StepRecord
 from porting.verify.stats import curve_tolerances
+from tests.train.conftest import tiny_plan
 
 ROOT = Path(__file__).resolve().parents[2]
 FIX = ROOT / "tests" / "fixtures" / "baselines"
@@ -135,8 +136,7 @@ def test_the_writer_refuses_a_record_its_reader_would_not_read(tmp_path):
 def _run(tmp_path: Path, losses: list[float | None]) -> RunRecords:
     return RunRecords(tmp_path, None, [StepRecord(s, loss, grad_norm=1.0, tokens=100, step_time_s=0.5,
                                                   host_rss_peak_gib=0.5) for s, loss in enumerate(losses, 1)],
-                      plan={"memory_gib_by_phase": {"weights": 0.1, "gradients": 0.1, "optimizer_states": 0.2,
-                                                    "activations": 0.1, "activations_recompute": 0.0, "total": 0.6}})
+                      plan=tiny_plan().to_dict())
 
 
 def _measured(tmp_path: Path, nudge: float) -> comparison.Comparison:

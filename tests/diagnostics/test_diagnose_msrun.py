@@ -139,7 +139,7 @@ def frozen_saves(tmp_path_factory, model_dir):
     """Issue 53: two real 2-worker `port train` jobs, launched together, whose rank 1 is stopped (SIGSTOP) inside
     the step-2 checkpoint save while rank 0 waits at the save's barrier: one plain, one under `--supervise` (no
     restart). The plain one also has rank 1 compile 12 s "longer" than rank 0 (PORT_TEST_COMPILE_DELAY: more than
-    the 8 s collective timeout, which a barrier inside the all-reduce would not survive, porting/train/run/ready.py)
+    the 8 s collective timeout, which a barrier inside the all-reduce would not survive, porting/train/run/step/ready.py)
     and a left-over launcher naming its run directory, which `--no-preflight` launches past."""
     from porting.cluster import preflight
 

@@ -1,5 +1,5 @@
 """The Ascend kernel plan (every kernel fused) compiled in GRAPH_MODE on the CPU and trained through
-`port train`'s real step graphs (porting/train/run/step.py), with contract-enforcing stand-ins for the
+`port train`'s real step graphs (porting/train/run/step/cells.py), with contract-enforcing stand-ins for the
 fused ops (tests/npu_models.py GRAPH_KERNELS: flash attention, RoPE, RMSNorm, SwiGLU) put in place by the documented hook
 ``model_zoo.llama.fused_ops_replaced``. Loss, gradients and updated weights are compared with the
 reference kernel plan.
@@ -21,7 +21,7 @@ import mindspore as ms
 
 from model_zoo import LlamaConfig, build
 from model_zoo import llama as llama_mod
-from porting.train.run import step as train_step
+from porting.train.run.step import cells as train_step
 from tests.npu_models import GRAPH_KERNELS
 
 # head_dim 32 (a multiple of 16), GQA 4/2: every kernel's fused path is allowed.

@@ -34,7 +34,7 @@ def _f32(x: float) -> ms.Tensor:
 
 def _step(fused: bool, ids: ms.Tensor) -> tuple[float, float, dict]:
     from model_zoo import LlamaConfig, build, kernels
-    from porting.train.run import step as train_step
+    from porting.train.run.step import cells as train_step
 
     cfg = LlamaConfig(**CFG_KW)
     override = None if fused else {k: "reference" for k in kernels.KERNELS}

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from porting import rundir as rd
-from porting.train.run.checkpoint import TrainState
+from porting.train.run.checkpoint.save import TrainState
 from tests.train.conftest import FAST, TINY, error_line
 from tests.helpers import port
 
@@ -153,8 +153,8 @@ def test_hf_export_is_a_conversion_with_the_converters_manifest(real_run):
     assert man["output"]["files"] == ["model.safetensors"]
     assert {"config.json", "tokenizer.json", "tokenizer_config.json"} <= set(man["output"]["companion_files"])
     src = man["source"]["files"][0]
-    # the source is the final per-rank checkpoint's weights, assembled offline (porting/train/run/ckpt_merge.py)
-    from porting.train.run.ckpt_merge import write_weights
+    # the source is the final per-rank checkpoint's weights, assembled offline (porting/train/run/checkpoint/merge.py)
+    from porting.train.run.checkpoint.merge import write_weights
 
     staged = real_run.parent / "staged.safetensors"
     write_weights(real_run / "checkpoints" / "step_4", staged)

@@ -18,7 +18,7 @@ from mindspore import ParameterTuple  # noqa: E402
 
 from model_zoo import LlamaConfig, build  # noqa: E402
 from model_zoo import llama as llama_mod  # noqa: E402
-from porting.train.run import step as train_step  # noqa: E402
+from porting.train.run.step import cells as train_step  # noqa: E402
 from tests.npu_models import GRAPH_KERNELS  # noqa: E402
 
 CFG = LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=1,

@@ -10,7 +10,7 @@ import torch
 import mindspore as ms
 from mindspore import Parameter, Tensor
 
-from porting.train.run import step as train_step
+from porting.train.run.step import cells as train_step
 
 BETAS, EPS, WD = (0.9, 0.95), 1e-8, 0.1
 LRS = [1e-2, 5e-3, 0.0, 2e-3]  # lr 0 included: a warm-up step must leave the weights alone

@@ -1,4 +1,4 @@
-"""Where a step's time goes (porting/rundir/breakdown.py, porting/train/run/breakdown.py): the four parts from
+"""Where a step's time goes (porting/rundir/breakdown.py, porting/train/run/step/breakdown.py): the four parts from
 a kernel timeline, the wait split across ranks, the reader's bounds, and a real msrun run sampled with
 MindSpore's profiler, shown by `port report` per rank."""
 
@@ -10,7 +10,7 @@ import pytest
 
 from porting.report import make_report
 from porting.rundir import breakdown as bd
-from porting.train.run.breakdown import sampled
+from porting.train.run.step.breakdown import sampled
 from tests.train.conftest import FAST, TINY, free_port
 from tests.helpers import port_process
 

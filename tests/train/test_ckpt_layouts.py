@@ -1,5 +1,5 @@
 """Per-rank checkpoints resumed on another layout, under real msrun workers (fp32, stories260K cut to
-its first layer; porting/train/run/ckpt_shards.py, ckpt_read.py).
+its first layer; porting/train/run/checkpoint/format.py, ckpt_read.py).
 
 The reference is the uninterrupted run on 1 device in-process (micro-batch 2 x 2 accumulation steps,
 global batch 4, 3 steps): DP=2 equals it (tests/train/test_msrun.py), and so do the steps each case runs

@@ -1,4 +1,4 @@
-"""Per-rank checkpoints without msrun (porting/train/run/ckpt_shards.py, ckpt_read.py, ckpt_merge.py).
+"""Per-rank checkpoints without msrun (porting/train/run/checkpoint/format.py, ckpt_read.py, ckpt_merge.py).
 
 - Re-slicing: real rank files written for a TP 2 x DP 2 ZeRO layout of three tensors (one split along
   axis 0, one along axis 1, one replicated), read back in six other layouts: every rank's every range
@@ -18,8 +18,8 @@ import pytest
 from click.testing import CliRunner
 
 from model_zoo.parallel import split_shard
-from porting.train.run import ckpt_read
-from porting.train.run.ckpt_shards import (Layout, ParamSpec, needed, owned, piece_bytes, piece_key, write_rank,
+from porting.train.run.checkpoint import read as ckpt_read
+from porting.train.run.checkpoint.format import (Layout, ParamSpec, needed, owned, piece_bytes, piece_key, write_rank,
                                        write_record)
 
 SPECS = (ParamSpec("emb", (8, 6), 0, "F32"), ParamSpec("wo", (6, 8), 1, "BF16"), ParamSpec("norm", (6,), None, "F32"))
@@ -155,7 +155,7 @@ def load_file_np(path):
 @pytest.mark.slow
 def test_reshard_to_dp2_zero_and_back_resumes_bitwise(runs):
     from porting.cli import main
-    from porting.train.run.checkpoint import latest
+    from porting.train.run.checkpoint.save import latest
     from porting.train import train
     from porting.train import load_recipe
     from tests.train.conftest import TINY
@@ -188,7 +188,7 @@ def test_reshard_to_dp2_zero_and_back_resumes_bitwise(runs):
 def test_range_mapping_equals_the_global_index_arrays(shape, axis):
     """``ckpt_read._blocks`` (arithmetic) maps every element exactly as explicit global index arrays do, for
     every pair of TP sizes and 40 random ranges on each side."""
-    from porting.train.run.ckpt_read import _blocks, _run
+    from porting.train.run.checkpoint.read import _blocks, _run
 
     spec = ParamSpec("x", shape, axis, "F32")
     full = np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape)
@@ -304,7 +304,7 @@ def test_a_rank_file_written_in_slices_has_the_chunk_digests_of_its_bytes(tmp_pa
     are hashlib's over the file's own bytes, and the file is the pieces after its header."""
     import hashlib
 
-    from porting.train.run import ckpt_shards
+    from porting.train.run.checkpoint import format as ckpt_shards
 
     monkeypatch.setattr(ckpt_shards, "SLICE_BYTES", slice_bytes)
     assert max(len(v) for v in ckpt_shards.slices(bytes(10_000))) == min(slice_bytes, 10_000)   # the size in use

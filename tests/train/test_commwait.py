@@ -1,4 +1,4 @@
-"""Communication wait (porting/train/run/commwait.py) under real msrun workers, and the report's row for it."""
+"""Communication wait (porting/train/run/step/commwait.py) under real msrun workers, and the report's row for it."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from porting.report import make_report
 from porting.report.rows import comm_wait_row
 from porting.rundir import RunRecords, StepRecord, read_run
-from porting.train.run.commwait import sampled
+from porting.train.run.step.commwait import sampled
 from tests.train.conftest import FAST, TINY, free_port, metrics
 from tests.helpers import port_process
 

@@ -165,7 +165,7 @@ def test_data_parallel_ranks_of_one_step_share_one_shape(tok, alpaca):
 
 @pytest.mark.parametrize("start", [0, 3])
 def test_run_shapes_are_the_shapes_the_steps_use(tok, alpaca, start):
-    """What is compiled before step 1 (porting/train/run/precompile.py) is exactly what the steps from
+    """What is compiled before step 1 (porting/train/run/step/precompile.py) is exactly what the steps from
     ``start`` on use, over more than one epoch, and no more."""
     r = _recipe(alpaca, data={"max_seq_length": 512}, batching={"micro_batch_size": 2},
                 schedule={"epochs": 2})

@@ -1,4 +1,4 @@
-"""PyNative as a first-class mode (recipe key ``execution``, porting/train/run/execution.py): the same step
+"""PyNative as a first-class mode (recipe key ``execution``, porting/train/run/step/execution.py): the same step
 cells run op by op. On the CPU both modes give the same losses and weights within float32 tolerance
 (one device here, with accumulation, packing and a resume across modes; DP 2 and TP 2 under msrun in
 tests/train/test_msrun.py and test_tensor_parallel.py); the plan says which mode runs; a graph compile
@@ -104,7 +104,7 @@ class _NotAGraph:
 def test_a_failing_graph_compile_names_the_pynative_fallback():
     import mindspore as ms
 
-    from porting.train.run import execution
+    from porting.train.run.step import execution
     from porting.train import load_recipe
 
     x = ms.Tensor(np.ones((2, 3), np.float32))
@@ -130,16 +130,16 @@ def test_the_plan_states_the_execution_mode_and_the_recipe_refuses_others():
                         (["execution=pynative"], "execution: pynative (recipe: execution=pynative)")):
         recipe = load_recipe(TINY, sets)
         cfg, _ = plan_config(recipe)
-        text = format_plan(make_plan(recipe, cfg, str(TINY), "runs/x"))
+        text = format_plan(make_plan(recipe, cfg, "runs/x"))
         assert first in text
-    assert "--set execution=pynative" in format_plan(make_plan(load_recipe(TINY), cfg, str(TINY), "runs/x"))
+    assert "--set execution=pynative" in format_plan(make_plan(load_recipe(TINY), cfg, "runs/x"))
     with pytest.raises(RecipeError, match="execution"):
         load_recipe(TINY, ["execution=eager"])
 
 
 def test_an_older_mindspore_without_runtime_set_memory_caps_memory_the_older_way():
     """MindSpore before mindspore.runtime.set_memory: the run logs the fallback (a 'fallback:' warning), the cap still applies."""
-    from porting.train.run import execution
+    from porting.train.run.step import execution
     from porting.train import validate_recipe
 
     ascend = validate_recipe({"model": {"source": "llama-7b"}, "data": {"path": "x.jsonl"},

@@ -1,5 +1,5 @@
 """With world > 1 nothing is merged inside the job: the launcher makes the HF export once msrun's workers
-have exited (porting/train/run/export.py ``export_after_exit``), from the run's final per-rank checkpoint.
+have exited (porting/train/run/checkpoint/export.py ``export_after_exit``), from the run's final per-rank checkpoint.
 A real 2-worker run under msrun with ``checkpointing.export_hf: true``."""
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def test_two_workers_export_after_they_exit(tmp_path, model_dir):
 
     from converters import names
     from model_zoo.config import LlamaConfig
-    from porting.train.run import ckpt_read
+    from porting.train.run.checkpoint import read as ckpt_read
 
     cfg = LlamaConfig.from_hf(run / "hf")
     hf = load_file(str(run / "hf" / "model.safetensors"))

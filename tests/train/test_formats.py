@@ -225,7 +225,11 @@ def trainer():
     takes steps from every format."""
     import logging
 
-    from porting.train.run import loop, runtime, setup
+    from porting.train.run import loop
+
+    from porting.train.run.step import runtime
+
+    from porting.train.run.step import setup
 
     r = _recipe(SHAREGPT, max_seq_length=256, long_text="truncate")
     r = validate_recipe({**r.model_dump(mode="json"), "batching": {"micro_batch_size": 2, "bucketing": {"enabled": False}},

@@ -1,4 +1,4 @@
-"""fp32 master weights for bf16 parameters (porting/train/run/step.py AdamW), measured on the real
+"""fp32 master weights for bf16 parameters (porting/train/run/step/cells.py AdamW), measured on the real
 stories260K at lr 1e-5 through FusedTrainStep in GRAPH_MODE on the CPU.
 
 bf16 storage on the CPU: MindSpore's CPU backend has no bfloat16 Assign, so the parameters are held in
@@ -14,7 +14,7 @@ import pytest
 
 import mindspore as ms
 
-from porting.train.run import step as train_step
+from porting.train.run.step import cells as train_step
 
 ROOT_ASSET = "model_zoo/assets/stories260k"
 STEPS, MICRO, SEQ, LR = 30, 4, 64, 1e-5
@@ -122,11 +122,11 @@ def test_bf16_parameters_get_float32_masters():
 
 
 def test_sharded_bf16_parameters_keep_float32_master_shards():
-    """ZeRO (porting/train/run/zero.py): each rank's float32 master is its flat slice of the parameters."""
+    """ZeRO (porting/train/run/step/zero.py): each rank's float32 master is its flat slice of the parameters."""
     from mindspore import Parameter, Tensor
 
     from porting.train.plan import sharding
-    from porting.train.run import zero
+    from porting.train.run.step import zero
 
     rng = np.random.default_rng(0)
     params = [Parameter(Tensor(rng.standard_normal(s).astype(np.float32)).astype(ms.bfloat16), name=f"w{i}")

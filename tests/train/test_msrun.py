@@ -72,7 +72,7 @@ def test_two_msrun_workers_equal_one_worker_with_two_accumulation_steps(tmp_path
 
 
 def test_two_pynative_msrun_workers_with_accumulation_equal_one_graph_worker(tmp_path, one_worker_accum2, model_dir):
-    """execution=pynative (porting/train/run/execution.py) under msrun: DP 2, each worker accumulating 2 micro-batches
+    """execution=pynative (porting/train/run/step/execution.py) under msrun: DP 2, each worker accumulating 2 micro-batches
     of 1, op by op, equals the graph-mode worker with 2 accumulation steps of 2 (same global batch of 4)."""
     from safetensors.numpy import load_file
 

@@ -1,4 +1,4 @@
-"""Non-finite steps (porting/train/run/nonfinite.py): the update of a step whose loss or gradient is not finite
+"""Non-finite steps (porting/train/run/step/nonfinite.py): the update of a step whose loss or gradient is not finite
 is skipped in the graph (weights, masters and AdamW moments keep their values, the step's data is consumed),
 counted against the recipe's caps, and past them the run stops with one line naming the window; the caps are
 strict integers; the supervisor rolls back once past a window and stops if it recurs.
@@ -17,9 +17,9 @@ import pytest
 from model_zoo.errors import RecipeError
 from porting.rundir import ranklog
 from porting.train.recipe.schema import apply_overrides, validate_recipe
-from porting.train.run import nonfinite
-from porting.train.run.nonfinite import SkipGuard
-from porting.train.run.step_result import StepResult
+from porting.train.run.step import nonfinite
+from porting.train.run.step.nonfinite import SkipGuard
+from porting.train.run.step.result import StepResult
 from tests.helpers import port
 from tests.train.conftest import FAST, TINY
 
@@ -94,7 +94,7 @@ def test_a_non_finite_loss_with_finite_gradients_applies_nothing(model_dir):
 
     from converters.loading import load_hf_dir
     from model_zoo import LlamaConfig, build
-    from porting.train.run import step as train_step
+    from porting.train.run.step import cells as train_step
 
     cfg = LlamaConfig.from_hf(model_dir)
     model = build(cfg, param_dtype="float32", compute_dtype="float32", device="CPU", seed=0)

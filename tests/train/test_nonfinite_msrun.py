@@ -29,8 +29,8 @@ def _train(run, model_dir, extra: list[str], hook: str, *flags: str):
 
 
 def test_a_nan_on_one_rank_is_skipped_by_every_rank_and_the_run_finishes(tmp_path, model_dir):
-    from porting.train.run.checkpoint import TrainState
-    from porting.train.run.ckpt_read import full_state
+    from porting.train.run.checkpoint.save import TrainState
+    from porting.train.run.checkpoint.read import full_state
 
     run = tmp_path / "once"
     r = _train(run, model_dir, ["schedule.max_steps=4", "checkpointing.every_steps=1", "checkpointing.keep_last=10"], "3@1")

@@ -24,7 +24,7 @@ from model_zoo.labels import IGNORE_INDEX
 from porting.train.data.examples import DataReport, Example, MicroBatch, TokenizedData
 from porting.train.data.tokenise import tokenize_dataset
 from porting.train.data import packing, padding
-from porting.train.run import step as train_step
+from porting.train.run.step import cells as train_step
 from porting.train.recipe.schema import validate_recipe
 from porting.tokenizer import load_tokenizer
 from tests.npu_models import GRAPH_KERNELS, NUMPY_KERNELS, KernelContractError
@@ -115,8 +115,8 @@ def test_plan_packs_every_step_to_one_shape_and_reports_both_paddings(tok, alpac
     # at one static shape each, packing pads far less than padding every row to the longest example
     one = _recipe(alpaca_file, packing=True, bucketing={"max_shapes": 1})
     choices = padding.padding_choices(one, tok)
-    assert choices["packing"]["shapes"] == choices["bucketing"]["shapes"] == 1
-    assert choices["packing"]["padding_fraction"] < choices["bucketing"]["padding_fraction"] - 0.1
+    assert choices.packing.shapes == choices.bucketing.shapes == 1
+    assert choices.packing.padding_fraction < choices.bucketing.padding_fraction - 0.1
     _, line = padding.dry_run_padding(r)
     assert line.startswith("padding per epoch (using packing): bucketing ") and f"rows of {width} tokens" in line
 
@@ -337,6 +337,11 @@ def test_dry_run_prints_the_padding_of_both_choices():
     padding = json.loads(res.output)["padding"]
     assert padding["packing"]["shapes"] == 1 and padding["bucketing"]["real_tokens"] > 0
     assert padding["packing"]["segments_per_row"] >= 1
+    from porting.train.plan.make import TrainPlan   # the document reads back with its padding records
+
+    back = TrainPlan.from_dict(json.loads(res.output), "--dry-run --json")
+    assert back.padding is not None and back.padding.packing.shapes_list == tuple(padding["packing"]["shapes_list"])
+    assert json.dumps(back.to_dict(), indent=2) + "\n" == res.output
 
 
 def test_unused_slots_become_padding_segments_and_a_full_row_keeps_its_count():

@@ -28,7 +28,8 @@ def _sets(settings: list[str]) -> list[str]:
 def trainer(model_dir, tmp_path_factory):
     """A Trainer of the 1-layer stories260K with bucketing and accumulation, before any step."""
     from porting.train.recipe.schema import load_recipe
-    from porting.train.run import loop, setup
+    from porting.train.run import loop
+    from porting.train.run.step import setup
 
     recipe = load_recipe(TINY, [f"model.source={model_dir}", *BUCKETED])
     run = tmp_path_factory.mktemp("pre") / "run"
@@ -41,8 +42,8 @@ def trainer(model_dir, tmp_path_factory):
 
 @pytest.mark.slow
 def test_precompile_compiles_every_shape_and_changes_no_weight(trainer):
-    from porting.train.run import precompile as pre
-    from porting.train.run.step import compiled_graphs
+    from porting.train.run.step import precompile as pre
+    from porting.train.run.step.cells import compiled_graphs
 
     plan = trainer.plan
     shapes = plan.run_shapes()
@@ -85,7 +86,7 @@ def test_a_run_with_mindspores_compile_cache_on_is_refused_before_anything_is_wr
 
 def test_the_compile_cache_is_off_on_ascend_unless_asked_for():
     from porting.train.recipe.schema import load_recipe
-    from porting.train.run.precompile import cache_wanted
+    from porting.train.run.step.precompile import cache_wanted
     from tests.train.conftest import ROOT
 
     def rec(*sets):
@@ -98,7 +99,7 @@ def test_the_compile_cache_is_off_on_ascend_unless_asked_for():
 def test_cache_key_follows_what_builds_the_graph():
     """MindSpore's cache names graphs by compile order and loads a changed constant stale, so its folder is
     keyed by everything the graphs are built from."""
-    from porting.train.run.precompile import cache_key
+    from porting.train.run.step.precompile import cache_key
 
     base = ({"optimizer": {"grad_clip": 1.0}}, {"hidden_size": 64}, [(1, 80), (1, 128)], 4)
     key = cache_key(*base)
@@ -115,7 +116,7 @@ def test_compile_cache_is_written_under_the_run_and_reused_with_the_same_losses(
     second process in another run directory copies it into its own, loads the graphs (MindSpore says so) and
     trains to the same losses, bit for bit. With accumulation: the loaded
     accumulation graph once trained on zeros (loss ln(vocab) at every step) while the model was only inside
-    its grad_fn, not a sub-cell (run/step.py AccumGradStep)."""
+    its grad_fn, not a sub-cell (run/step/cells.py AccumGradStep)."""
     first, second, shared = tmp_path / "a", tmp_path / "b", tmp_path / "shared"
     args = ["train", str(TINY), *_sets([f"model.source={model_dir}", *BUCKETED])]
     env = {"PORT_COMPILE_CACHE_SHARED": str(shared)}   # this test's own, whatever the suite set
@@ -148,7 +149,7 @@ def test_tp2_dp2_zero1_bucketed_run_finishes_with_one_rank_compiling_past_the_co
     """The run that died at step 2 (one rank compiling a new shape, the others timing out in AllReduce), now
     with rank 2 finishing its compiles 20 s after the others (a test hook: the uneven compiles of four workers on
     two busy cores, measured 24.5 s against 49-58 s, made deterministic) and a collective timeout of 10 s: the
-    others wait for it outside the collective (run/ready.py), the run finishes, every rank compiled every shape
+    others wait for it outside the collective (run/step/ready.py), the run finishes, every rank compiled every shape
     before step 1, and no rank compiled afterwards. Micro-batch 2 (the recipe has 4) makes the steps change
     shape (96 and 128 tokens); with 4 every step of this data is 128 long since ranks share a shape. One layer of
     stories260K (model_dir): the layer count is not the subject, and each TP graph of all 5 took 3x the compile."""
@@ -188,8 +189,8 @@ def test_a_graph_that_does_not_compile_stops_before_step_1_naming_pynative():
     from mindspore import nn
 
     from porting.train.recipe.schema import load_recipe
-    from porting.train.run import execution
-    from porting.train.run import precompile as pre
+    from porting.train.run.step import execution
+    from porting.train.run.step import precompile as pre
 
     class DictKey(nn.Cell):
         def construct(self, x, *rest):

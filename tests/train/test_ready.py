@@ -1,4 +1,4 @@
-"""The node's ranks meet after their compiles through files (porting/train/run/ready.py): real processes,
+"""The node's ranks meet after their compiles through files (porting/train/run/step/ready.py): real processes,
 children of one parent as msrun's workers are."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[2]
 RANK = """
 import sys, time
 from pathlib import Path
-from porting.train.run import ready
+from porting.train.run.step import ready
 run, rank, workers, sleep, limit, late = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5]), float(sys.argv[6])
 time.sleep(sleep)
 try:
@@ -43,7 +43,7 @@ def test_the_early_rank_waits_for_the_late_one_and_stale_launches_do_not_count(t
     assert float(out1.split("waited ")[1]) < 1.0
     dirs = sorted(p.name for p in (tmp_path / "logs").iterdir())
     assert len(dirs) == 2 and ".ready_1-999" in dirs   # one folder for this launch (the test's pid), one stale
-    from porting.train.run import ready
+    from porting.train.run.step import ready
     ready.clear(tmp_path)
     assert list((tmp_path / "logs").iterdir()) == []
 

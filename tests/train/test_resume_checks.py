@@ -1,5 +1,5 @@
 """Resume refuses what it cannot continue exactly, in one line, before any worker starts
-(porting/train/run/resume_check.py), on the real run of recipes/tiny-cpu.yaml (stories260K, 20 steps,
+(porting/train/run/checkpoint/resume_check.py), on the real run of recipes/tiny-cpu.yaml (stories260K, 20 steps,
 per-rank checkpoints at steps 10 and 20; the suite's shared ``tiny_cpu_run``). Each case copies the run and damages, forges or mismatches one thing. A layout change that
 the per-rank checkpoint makes exact is said on the terminal; that the losses are then really equal is
 tests/train/test_ckpt_layouts.py's (DP 4 + ZeRO -> DP 2, TP 2 x DP 2 -> DP 4, under msrun)."""
@@ -114,7 +114,7 @@ def test_a_layout_change_the_checkpoint_makes_exact_is_said(trained):
     from model_zoo.config import LlamaConfig
     from porting.model_paths import resolve_hf
     from porting.train.recipe.schema import load_recipe
-    from porting.train.run.resume_check import check_run_dir
+    from porting.train.run.checkpoint.resume_check import check_run_dir
 
     rec = load_recipe(TINY, ["cluster.devices_per_node=2", "batching.micro_batch_size=2"])
     cfg = LlamaConfig.from_hf(resolve_hf(rec.model.source)).to_hf()
@@ -128,8 +128,8 @@ def test_a_directory_without_a_layout_record_is_refused_naming_what_it_is(run):
     what the directory holds and what a checkpoint is, with and without --resume, before any worker."""
     from model_zoo.errors import CheckpointError
     from porting.train.recipe.schema import load_recipe
-    from porting.train.run.checkpoint import latest
-    from porting.train.run.resume_check import check_run_dir
+    from porting.train.run.checkpoint.save import latest
+    from porting.train.run.checkpoint.resume_check import check_run_dir
 
     ck = run / "checkpoints" / "step_20"
     (ck / "layout.json").unlink()
@@ -147,7 +147,7 @@ def test_resuming_a_finished_run_says_so_and_reads_its_checkpoint_once(run):
     """The resume still restores (then finds nothing to train); it reads its share of the checkpoint once: the
     weights while the model is built, the optimizer state after, each parameter group once, the bytes read less
     the headers equal to the shard (a one-device rank's shard is the whole checkpoint's data)."""
-    from porting.train.run.ckpt_shards import CODES
+    from porting.train.run.checkpoint.format import CODES
 
     r = _resume(run)
     assert r.returncode == 0, r.stderr[-2000:]

@@ -1,4 +1,4 @@
-"""A compile cache shared by runs (PORT_COMPILE_CACHE_SHARED, porting/train/run/shared_cache.py): published
+"""A compile cache shared by runs (PORT_COMPILE_CACHE_SHARED, porting/train/run/step/shared_cache.py): published
 atomically per rank, copied into a run's own folder before it compiles, never read without READY, bounded."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from porting.train.run import shared_cache as sc
-from porting.train.run.precompile import cache_key
+from porting.train.run.step import shared_cache as sc
+from porting.train.run.step.precompile import cache_key
 
 
 def _graphs(own, rank, data=b"graph"):

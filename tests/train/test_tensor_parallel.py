@@ -195,7 +195,7 @@ def test_split_and_merge_are_inverse():
 
 
 def test_grid_partitions_the_ranks_into_tensor_and_data_groups():
-    from porting.train.run.grid import dp_ranks, Grid, tp_ranks
+    from porting.train.run.step.grid import dp_ranks, Grid, tp_ranks
 
     world, tp = 8, 4
     tp_groups = {tuple(tp_ranks(r, tp)) for r in range(world)}

@@ -23,8 +23,8 @@ from mindspore import ParameterTuple  # noqa: E402
 
 from model_zoo import LlamaConfig, build  # noqa: E402
 from model_zoo import llama as llama_mod  # noqa: E402
-from porting.train.run import step as train_step  # noqa: E402
-from porting.train.run import zero  # noqa: E402
+from porting.train.run.step import cells as train_step  # noqa: E402
+from porting.train.run.step import zero  # noqa: E402
 from porting.train.recipe.schema import validate_recipe  # noqa: E402
 from tests.npu_models import GRAPH_KERNELS  # noqa: E402
 

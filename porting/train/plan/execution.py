@@ -1,4 +1,4 @@
-"""The plan's word on how the step runs (recipe key ``execution``); the run side is porting/train/run/execution.py."""
+"""The plan's word on how the step runs (recipe key ``execution``); the run side is porting/train/run/step/execution.py."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def compile_cache_problem(recipe: Recipe, environ: Mapping[str, str], context_on
     (``MS_COMPILER_CACHE_ENABLE``, or ``set_context(enable_compile_cache=True)``: ``context_on``), or "".
     MindSpore names cached graphs by compile order and checks only its Python sources, so a changed recipe
     constant (a clip norm, a group) loads a stale graph (measured on 2.10); port turns the cache on itself
-    for the compiles before step 1, in a folder keyed by the recipe (porting/train/run/precompile.py)."""
+    for the compiles before step 1, in a folder keyed by the recipe (porting/train/run/step/precompile.py)."""
     value = environ.get("MS_COMPILER_CACHE_ENABLE", "")
     if recipe.execution != GRAPH or not (context_on or value.strip() not in ("", "0")):
         return ""

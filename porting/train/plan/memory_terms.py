@@ -12,11 +12,11 @@ terms a training step holds beyond weights, gradients, states and activations:
   https://www.hiascend.com/document/detail/en/canncommercial/850/commlib/hcclug/hcclug_000076.html).
   The communicators a run creates (:func:`communicators`): the world group (``init()``; the barrier and,
   without tensor parallel, the gradient reduction use it), and with tensor parallel the TP group and,
-  when dp > 1, the DP group (``porting/train/run/grid.py`` ``make_grid``). ZeRO runs on the DP group (or
+  when dp > 1, the DP group (``porting/train/run/step/grid.py`` ``make_grid``). ZeRO runs on the DP group (or
   the world group), so it adds none.
-- ``apply_copy``: ``ApplyStep`` (``porting/train/run/step.py``) reads the accumulation buffers through
+- ``apply_copy``: ``ApplyStep`` (``porting/train/run/step/cells.py``) reads the accumulation buffers through
   ``hyper_map(ops.identity, buffers)``: a full copy of every buffer (float32, or the ZeRO-2 shards).
-- ``zero_bucket_concat`` / ``zero_allgather``: the sharded optimizer (``porting/train/run/zero.py``)
+- ``zero_bucket_concat`` / ``zero_allgather``: the sharded optimizer (``porting/train/run/step/zero.py``)
   concatenates a bucket's gradients into one padded flat buffer before its reduce-scatter, and gathers
   a bucket's updated weights into one padded flat buffer before copying them back. Buckets run one after
   another (zero.py orders bucket k + 1 after bucket k with ``ops.depend``), so one bucket's concat and
@@ -36,14 +36,14 @@ HCCL_DOC = "https://www.hiascend.com/document/detail/en/canncommercial/850/comml
 # intermediate, B = the largest flat ZeRO bucket (padded elements).
 TERMS: dict[str, tuple[str, str]] = {
     "weights": ("P x pb", "model_zoo/llama.py parameters"),
-    "gradients": ("P x pb (the backward's outputs)", "porting/train/run/step.py LossNet grads"),
+    "gradients": ("P x pb (the backward's outputs)", "porting/train/run/step/cells.py LossNet grads"),
     "accumulation_buffers": ("P x ab when grad_accum_steps > 1 (/ dp with ZeRO-2)",
-                             "porting/train/run/step.py accumulation_buffers, zero.py shard_buffers"),
-    "optimizer_states": ("2 x P x 4 (AdamW m, v in float32; / dp sharded)", "porting/train/run/step.py AdamW"),
+                             "porting/train/run/step/cells.py accumulation_buffers, zero.py shard_buffers"),
+    "optimizer_states": ("2 x P x 4 (AdamW m, v in float32; / dp sharded)", "porting/train/run/step/cells.py AdamW"),
     "master_weights": ("P x 4 for bf16/fp16 parameters (/ dp sharded)", "Megatron-LM / MindSpeed-LLM mixed precision"),
     "gradients_fp32": ("P x 4 for bf16/fp16 gradients reduced in float32, one micro-batch per step",
-                       "porting/train/run/step.py _Update (Megatron-LM arguments.py: bf16 reduces in fp32)"),
-    "adamw_temporaries": ("4 x 4 x the largest parameter (or bucket shard)", "porting/train/run/step.py _adamw"),
+                       "porting/train/run/step/cells.py _Update (Megatron-LM arguments.py: bf16 reduces in fp32)"),
+    "adamw_temporaries": ("4 x 4 x the largest parameter (or bucket shard)", "porting/train/run/step/cells.py _adamw"),
     "activations": ("L x T x (4 h + (8 h + 4 i) / tp) x cb + logits 3 T V / tp x 4 (+ S^2 scores, reference "
                     "attention)", "porting/train/plan/memory.py module docstring"),
     "activations_recompute": ("L x T x h x cb + one layer's activations + logits", "memory.recompute"),
@@ -52,15 +52,15 @@ TERMS: dict[str, tuple[str, str]] = {
     "swiglu_concat": ("L x (2 i / tp) x h x cb, fused SwiGLU only (1 layer with recompute)",
                       "model_zoo/llama.py FeedForward.construct ops.cat((w1, w3)); MatMul keeps it for backward"),
     "clip_gradients": ("P x 4 (/ dp sharded): every unscaled float32 gradient, held until the global norm is known",
-                       "porting/train/run/step.py _Update.update (zero.py apply): clip needs the norm of all"),
+                       "porting/train/run/step/cells.py _Update.update (zero.py apply): clip needs the norm of all"),
     "apply_copy": ("the accumulation buffers again (ops.identity), grad_accum_steps > 1",
-                   "porting/train/run/step.py ApplyStep.construct"),
+                   "porting/train/run/step/cells.py ApplyStep.construct"),
     "comm_buffers": ("2 x fusion buffer (64 MB auto) when dp > 1 and not sharded",
                      "porting/train/plan/comm.py (MindSpore AllReduceFusion)"),
     "zero_bucket_concat": ("B x ab (+ B x ab emulated) + P / dp x ab reduced shards (ZeRO-2: in the accumulation graph)",
-                           "porting/train/run/zero.py ShardedAdamW.reduce"),
+                           "porting/train/run/step/zero.py ShardedAdamW.reduce"),
     "zero_allgather": ("B x pb (+ B x pb emulated) + B / dp x 4 updated shard",
-                       "porting/train/run/zero.py ShardedAdamW._update"),
+                       "porting/train/run/step/zero.py ShardedAdamW._update"),
     "hccl_buffers": (f"communicators x 2 x HCCL_BUFFSIZE ({HCCL_BUFFSIZE_MB} MB), Ascend, world > 1", HCCL_DOC),
     "workspace": ("2 GiB Ascend, 0.25 GiB CPU (assumed)", "porting/train/plan/memory.py WORKSPACE_GIB"),
 }

@@ -1,6 +1,6 @@
 """Optimizer sharding (ZeRO) and the collectives of one training step, as the plan states them.
 
-Sharded optimizer (Megatron's distributed optimizer; porting/train/run/zero.py builds it):
+Sharded optimizer (Megatron's distributed optimizer; porting/train/run/step/zero.py builds it):
 - the gradients of a bucket of parameters (buckets follow ``parallel.comm_fusion``, as the fused
   all-reduce does) are flattened, padded to a multiple of the data-parallel size and reduce-scattered:
   each data-parallel rank gets the summed gradient of its flat 1/dp shard;
@@ -151,9 +151,18 @@ def tp_collectives(recipe: Recipe, cfg: LlamaConfig) -> list[Collective]:
                 3 * accum * tokens * 4)]
 
 
-def bytes_summary(cols: list[Collective]) -> dict[str, int]:
+@dataclass(frozen=True)
+class CollectiveBytes:
+    """Payload and wire bytes per optimizer step per rank, in total and by group (plan.json ``collective_bytes``)."""
+
+    payload_bytes: int
+    wire_bytes: int
+    dp_wire_bytes: int
+    tp_wire_bytes: int
+
+
+def bytes_summary(cols: list[Collective]) -> CollectiveBytes:
     """Payload and wire bytes per step per rank, in total and by group."""
-    out = {"payload_bytes": sum(c.payload_bytes for c in cols), "wire_bytes": sum(c.wire_bytes for c in cols)}
-    for g in ("dp", "tp"):
-        out[f"{g}_wire_bytes"] = sum(c.wire_bytes for c in cols if c.group == g)
-    return out
+    wire = lambda g: sum(c.wire_bytes for c in cols if c.group == g)  # noqa: E731
+    return CollectiveBytes(payload_bytes=sum(c.payload_bytes for c in cols), wire_bytes=sum(c.wire_bytes for c in cols),
+                           dp_wire_bytes=wire("dp"), tp_wire_bytes=wire("tp"))

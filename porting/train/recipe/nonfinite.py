@@ -1,5 +1,5 @@
 """The recipe's ``nonfinite`` section: what a step with a non-finite loss or gradient does
-(porting/train/run/nonfinite.py). Its update is skipped and its data counted as consumed, up to these caps;
+(porting/train/run/step/nonfinite.py). Its update is skipped and its data counted as consumed, up to these caps;
 past them the run stops with the reason (a supervised run rolls back once first, porting/launch/supervise.py)."""
 
 from __future__ import annotations

@@ -207,7 +207,7 @@ class ClusterSection(_Section):
     intra_node_gb_s: Optional[float] = Field(None, gt=0, le=10_000)
     inter_node_gb_s: Optional[float] = Field(None, gt=0, le=10_000)
     host_memory_gib: Optional[float] = Field(None, gt=0, le=65536.0)   # host RAM per node; the dry run refuses more (host_memory.py)
-    compile_cache: Optional[bool] = None   # None (auto): on for the CPU, off on Ascend (run/precompile.py)
+    compile_cache: Optional[bool] = None   # None (auto): on for the CPU, off on Ascend (run/step/precompile.py)
 
 
 class CheckpointingSection(_Section):
@@ -224,10 +224,10 @@ class LoggingSection(_Section):
     wandb_project: str = Field("port", min_length=1, max_length=128)
     wandb_mode: Literal["offline", "online"] = "offline"
     progress: Literal["auto", "bar", "lines"] = "auto"   # auto: a bar with ETA when stderr is a terminal
-    comm_sample_every: int = Field(10, ge=0, le=BIG)  # communication wait measured every N steps (0: never); porting/train/run/commwait.py
+    comm_sample_every: int = Field(10, ge=0, le=BIG)  # communication wait measured every N steps (0: never); porting/train/run/step/commwait.py
     # where each rank's step time goes (compute / exposed communication / host / idle), every N-th step, at
     # most 8 steps a run; costs a device sync around each cell and a profiler analysis (~1 s on a CPU) per
-    # sampled step (porting/train/run/breakdown.py). 0: never
+    # sampled step (porting/train/run/step/breakdown.py). 0: never
     breakdown_every: int = Field(0, ge=0, le=BIG)
     breakdown_source: Literal["profiler", "timestamps"] = "profiler"   # timestamps: no profiler, no comm split
 
@@ -247,7 +247,7 @@ class Recipe(_Section):
     nonfinite: NonfiniteSection = NonfiniteSection()   # non-finite steps: skip caps (recipe/nonfinite.py)
     seed: int = Field(0, ge=0, le=2 ** 32 - 1)   # numpy and MindSpore seeds are 32-bit
     output_dir: str = "runs/train"
-    execution: Literal["graph", "pynative"] = "graph"   # MindSpore mode of the step (porting/train/run/execution.py)
+    execution: Literal["graph", "pynative"] = "graph"   # MindSpore mode of the step (porting/train/run/step/execution.py)
 
     @model_validator(mode="before")
     @classmethod

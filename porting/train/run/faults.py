@@ -34,18 +34,18 @@ HOOKS: tuple[Hook, ...] = (
          "porting/train/run/loop.py"),
     Hook("PORT_TEST_COMM_DELAY", "RANK:SECONDS, seconds 0..600, e.g. 1:0.5",
          "that rank sleeps before the timed all-reduce of every sampled step (a slow rank for the comm-wait "
-         "measure)", "porting/train/run/commwait.py"),
+         "measure)", "porting/train/run/step/commwait.py"),
     Hook("PORT_TEST_COMPILE_DELAY", "RANK:SECONDS, seconds 0..600, e.g. 1:12",
          "that rank marks itself ready SECONDS after the node's other ranks did, once its compiles before step 1 "
          "are done (a rank whose graphs compile longer than the collective timeout after the others')",
-         "porting/train/run/ready.py"),
+         "porting/train/run/step/ready.py"),
     Hook("PORT_TEST_SAVE_DELAY", "RANK:SECONDS, seconds 0..600, e.g. 1:30",
          "that rank sleeps SECONDS inside every checkpoint save, after its heartbeat says it is writing its file "
          "(a rank that freezes inside a save while the others wait at the save's barrier)",
-         "porting/train/run/checkpoint.py"),
+         "porting/train/run/checkpoint/save.py"),
     Hook("PORT_TEST_CRASH_AT_EXIT", "RANK, e.g. 1",
          "that rank's msrun worker dies by SIGSEGV after its run ended, as MindSpore's teardown at exit sometimes "
-         "does (the launch must still count as finished)", "porting/train/run/worker.py"),
+         "does (the launch must still count as finished)", "porting/launch/workers/train.py"),
     Hook("PORT_TEST_BAD_DEVICES", "ID[,ID...], e.g. 2,5",
          "the device probe of those ids fails without touching the device (a CPU has no device that can break)",
          "porting/launch/device_probe.py"),

@@ -1,11 +1,11 @@
 """The training run: one rank's loop, from a validated recipe to checkpoints, metrics and an HF export.
 
 World size 1 runs in the calling process; more ranks run this same function inside `msrun` workers
-(:mod:`porting.train.run.worker`). Every rank logs to ``logs/rank_<r>.log``; rank 0 writes
+(porting/launch/workers/train.py). Every rank logs to ``logs/rank_<r>.log``; rank 0 writes
 ``metrics.jsonl``, ``manifest.json``, checkpoints and the HF export. Tensor parallel's pieces (the rank
-grid, its groups, slicing and merging) live in :mod:`porting.train.run.grid`; what stays here is the loop
+grid, its groups, slicing and merging) live in :mod:`porting.train.run.step.grid`; what stays here is the loop
 and its Trainer (with ZeRO's and packing's inputs); what a rank builds before step 1 is
-:mod:`porting.train.run.setup`, what it records :mod:`porting.train.run.records`.
+:mod:`porting.train.run.step.setup`, what it records :mod:`porting.train.run.records`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import mindspore as ms
 import numpy as np
@@ -33,27 +32,27 @@ from porting.rundir.heartbeat import Heartbeat
 from porting.train.data.batching import BatchSchedule, Step
 from porting.train.recipe.schedule import lr_at
 from porting.train.recipe.schema import Recipe
-from porting.train.run import checkpoint as ckpt
-from porting.train.run import ckpt_read
-from porting.train.run import execution
+from porting.train.run.checkpoint import save as ckpt
+from porting.train.run.checkpoint import read as ckpt_read
+from porting.train.run.step import execution
 from porting.train.run import faults
-from porting.train.run import grid as grid_mod
-from porting.train.run import nonfinite
-from porting.train.run import precompile as pre
-from porting.train.run import resume_check
-from porting.train.run import setup
-from porting.train.run import step as train_step
-from porting.train.run import zero
-from porting.train.run.breakdown import StepSampler
-from porting.train.run.commwait import CommWait
-from porting.train.run.export import export_hf
-from porting.train.run.grid import Grid
+from porting.train.run.step import grid as grid_mod
+from porting.train.run.step import nonfinite
+from porting.train.run.step import precompile as pre
+from porting.train.run.checkpoint import resume_check
+from porting.train.run.step import setup
+from porting.train.run.step import cells as train_step
+from porting.train.run.step import zero
+from porting.train.run.step.breakdown import StepSampler
+from porting.train.run.step.commwait import CommWait
+from porting.train.run.checkpoint.export import export_hf
+from porting.train.run.step.grid import Grid
 from porting.train.run.heldout import eval_record
-from porting.train.run.loss_scale import LossScaler
-from porting.train.run.records import comm_record, run_manifest, step_record, summarize
-from porting.train.run.runtime import configure_mindspore
-from porting.train.run.step import compiled_graphs
-from porting.train.run.step_result import StepResult
+from porting.train.run.step.loss_scale import LossScaler
+from porting.train.run.records import Provenance, comm_record, run_manifest, step_record, summarize
+from porting.train.run.step.runtime import configure_mindspore
+from porting.train.run.step.cells import compiled_graphs
+from porting.train.run.step.result import StepResult
 from porting.train.run.watch import Watch
 from porting.rundir.paths import RunDir
 
@@ -145,7 +144,7 @@ class Trainer:
         t0 = time.perf_counter()
         try:
             total, count, norm, finite = self._step_cells(step, scale, unscale, hyper)
-        except (RuntimeError, TypeError, ValueError) as e:   # MindSpore's compile errors; see run/execution.py
+        except (RuntimeError, TypeError, ValueError) as e:   # MindSpore's compile errors; see run/step/execution.py
             failure = execution.compile_failure(self.recipe, e, sorted(new_shapes)) if new_shapes else None
             if failure is None:
                 raise
@@ -208,7 +207,7 @@ class Trainer:
 
 def _run_or_skip(trainer: Trainer, step: Step, lr: float, guard: nonfinite.SkipGuard, last_good) -> StepResult:
     """Run ``step``, or pass over it when its data is in a ``nonfinite.skip_steps`` window; count a skipped
-    update against the caps, and stop the run with the reason past them (porting/train/run/nonfinite.py)."""
+    update against the caps, and stop the run with the reason past them (porting/train/run/step/nonfinite.py)."""
     recipe, n = trainer.recipe, step.index + 1
     window = nonfinite.in_window(recipe, n)
     if window is not None:   # the data is consumed, nothing is computed: no loss, no update
@@ -227,13 +226,13 @@ def _run_or_skip(trainer: Trainer, step: Step, lr: float, guard: nonfinite.SkipG
     return r
 
 
-def _finish(recipe: Recipe, trainer: Trainer, plan, records: list, metrics, model_dir: Path, run_dir: Path,
-            start: int, command: list[str] | None, rl: ranklog.RankLog, compiled: pre.CompileReport | None) -> None:
+def _finish(recipe: Recipe, trainer: Trainer, plan: BatchSchedule, records: list, metrics, model_dir: Path, run_dir: Path,
+            start: int, command: tuple[str, ...], rl: ranklog.RankLog, compiled: pre.CompileReport | None) -> None:
     """The final checkpoint, the summary record and the HF export, after the last step."""
     if plan.total_steps <= start:
         return
     ck_root, log = RunDir(run_dir).checkpoints, rl.log
-    rl.saving(plan.total_steps)   # every rank writes what it owns (porting/train/run/ckpt_shards.py)
+    rl.saving(plan.total_steps)   # every rank writes what it owns (porting/train/run/checkpoint/format.py)
     final = trainer.save(ck_root, plan.total_steps, rl.save_part)
     rl.saved(plan.total_steps, final)
     if trainer.rank != 0:
@@ -242,11 +241,11 @@ def _finish(recipe: Recipe, trainer: Trainer, plan, records: list, metrics, mode
     metrics.summary(summary)
     log.info(f"summary: {json.dumps(summary.to_dict())}")
     if recipe.checkpointing.export_hf and trainer.world > 1:   # the launcher merges after the workers exit
-        log.info("HF export: made by the launcher once every worker has exited (porting/train/run/export.py "
+        log.info("HF export: made by the launcher once every worker has exited (porting/train/run/checkpoint/export.py "
                  f"export_after_exit), or by hand: port ckpt merge {final} --out {RunDir(run_dir).hf}")
     elif recipe.checkpointing.export_hf:
         rl.phase("save", plan.total_steps)   # the export writes the whole model again: a save's allowance
-        out = export_hf(final, model_dir, RunDir(run_dir).hf, command=list(command or sys.argv))
+        out = export_hf(final, model_dir, RunDir(run_dir).hf, command=list(command))
         log.info(f"HF export {out} (from {final}, with port_manifest.json)")
 
 
@@ -265,16 +264,16 @@ def _resume(trainer: Trainer, last: tuple[int, Path] | None, ck_root: Path, tota
     return start
 
 
-def train(recipe: Recipe, run_dir: str | Path, *, rank: int = 0, world_size: int = 1, resume: bool = False,
-          distributed: bool = False, command: list[str] | None = None, echo: bool = True,
-          doctor: Callable[[], dict] | None = None, compile_cache: bool = True) -> RunResult:
-    """Run (or resume) the fine-tune of ``recipe`` on this rank; returns when the last step is done.
-    ``doctor`` makes the environment report manifest.json keeps (the caller's: `port doctor` is above
-    porting/train); rank 0 calls it once. ``compile_cache``: run/precompile.py's, under RUN/compile_cache."""
+def train(recipe: Recipe, run_dir: str | Path, *, resume: bool = False, distributed: bool = False,
+          echo: bool = True, provenance: Provenance | None = None) -> RunResult:
+    """Run (or resume) the fine-tune of ``recipe`` on this rank; returns when the last step is done. A `port train`
+    rank gets ``recipe`` from the run's job document (porting/launch/workers/train.py); ``provenance`` is what
+    manifest.json records of it (the command, the launcher's environment report, the document)."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
+    prov = provenance or Provenance(tuple(sys.argv))
     configure_mindspore(recipe, distributed)
-    rank, world_size = setup.join(recipe, distributed, rank, world_size)
+    rank, world_size = setup.join(recipe, distributed, 0, 1)
     log = ranklog.open_log(run_dir, rank, echo and rank == 0)
     rl = ranklog.RankLog(log, Heartbeat(run_dir, rank))   # the lines others read, and the heartbeat beside them
     grid = grid_mod.make_grid(recipe, rank, world_size)
@@ -294,9 +293,9 @@ def train(recipe: Recipe, run_dir: str | Path, *, rank: int = 0, world_size: int
         rl.phase("restore")
         start = _resume(trainer, last, ck_root, plan.total_steps, log, opened)
     rl.phase("compile")
-    compiled = pre.before_step_one(trainer, plan, cfg.to_hf(), start, compile_cache, log)   # every shape, every rank
+    compiled = pre.before_step_one(trainer, plan, cfg.to_hf(), start, True, log)   # every shape, every rank
     if rank == 0:
-        rundir.write_manifest(run_dir, run_manifest(recipe, model_dir, cfg, plan, world_size, command, start, doctor),
+        rundir.write_manifest(run_dir, run_manifest(recipe, model_dir, cfg, plan, world_size, start, prov),
                               resume_step=start if resume else 0)
     watch = Watch(recipe.logging, run_dir, plan.total_steps, start, recipe.model_dump(mode="json")) if rank == 0 else None
     metrics = rundir.MetricsWriter(run_dir, keep_through_step=start) if rank == 0 else None
@@ -334,7 +333,7 @@ def train(recipe: Recipe, run_dir: str | Path, *, rank: int = 0, world_size: int
                 path = trainer.save(ck_root, done, rl.save_part)
                 last_good = (done, path)
                 rl.saved(done, path)
-        _finish(recipe, trainer, plan, records, metrics, model_dir, run_dir, start, command, rl, compiled)
+        _finish(recipe, trainer, plan, records, metrics, model_dir, run_dir, start, prov.command, rl, compiled)
     except PortingError as exc:
         rl.failed(str(exc))
         raise

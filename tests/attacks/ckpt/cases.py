@@ -1,4 +1,4 @@
-"""`port ckpt` and `port train --resume` on damaged per-rank checkpoints (porting/train/run/ckpt_shards.py):
+"""`port ckpt` and `port train --resume` on damaged per-rank checkpoints (porting/train/run/checkpoint/format.py):
 a truncated rank file, a layout record naming a file outside the directory, mismatched shapes, a
 checkpoint of another model, an oversized or malformed record. Each is one error line; the checkpoint
 is left as it was (outside ``dest`` for `port ckpt`, hashed before and after for `port train`)."""

@@ -1,5 +1,5 @@
 """Resume, launch arguments and the processes port starts: `port train --resume` on a forged,
-renamed, out-of-range or foreign per-rank checkpoint (porting/train/run/resume_check.py), node ranks
+renamed, out-of-range or foreign per-rank checkpoint (porting/train/run/checkpoint/resume_check.py), node ranks
 the recipe does not have, a master address no node can reach, and malformed node fingerprints in
 `port doctor --cluster`. Each is one error line before anything waits or a worker starts; the checkpoint
 a resume refuses is left as it was."""

@@ -352,3 +352,13 @@ _calibration_case("calibration_other_format", lambda d, p: p.write_text(json.dum
                   "not a port calibration")
 _calibration_case("calibration_pieces_not_numbers", lambda d, p: p.write_text(json.dumps(_GOOD_CAL)),
                   "by_threads.2 lacks one of layer_a_s")
+# the shape a prediction scales from, without its keys (a KeyError in the middle of the plan before), or a load that
+# is not a number (the plan repeats it)
+_PIECES = dict.fromkeys(("layer_a_s", "layer_s_per_flop", "ends_a_s", "ends_s_per_flop", "update_per_param_s",
+                         "update_fixed_s", "fused_delta_layer_s", "fused_delta_fixed_s"), 0.1)
+_calibration_case("calibration_shape_without_its_keys", lambda d, p: p.write_text(json.dumps(
+    {**_GOOD_CAL, "by_threads": {"2": _PIECES}, "shape": {"hidden": [64]}})), "calibration.json: shape must hold hidden")
+_calibration_case("calibration_load_not_a_number", lambda d, p: p.write_text(json.dumps(
+    {**_GOOD_CAL, "by_threads": {"2": _PIECES}, "load_avg_1min": "high",
+     "shape": dict.fromkeys(("hidden", "heads", "kv_heads", "head_dim", "intermediate", "vocab", "seq", "micro", "tp"),
+                            4) | {"recompute": False}})), "load_avg_1min: expected a number")

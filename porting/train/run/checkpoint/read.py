@@ -1,6 +1,6 @@
-"""Reading a per-rank checkpoint (porting/train/run/ckpt_shards.py) into any layout, by byte ranges.
+"""Reading a per-rank checkpoint (porting/train/run/checkpoint/format.py) into any layout, by byte ranges.
 
-:func:`read_record` (porting/train/run/ckpt_record.py) checks and bounds ``layout.json``. :class:`RankFiles`
+:func:`read_record` (porting/train/run/checkpoint/record.py) checks and bounds ``layout.json``. :class:`RankFiles`
 reads byte ranges of rank files (opened without following a symbolic link; each header once, validated
 by ``converters.safetensors_io.read_header``), checks every chunk it reads against the sha256 the record
 holds for it before any byte is used, and counts every byte it reads. :func:`Source.assemble` cuts one
@@ -31,8 +31,8 @@ from numpy.lib.stride_tricks import as_strided
 from converters import dtypes
 from converters.safetensors_io import read_header
 from model_zoo.errors import CheckpointError
-from porting.train.run.ckpt_record import read_record
-from porting.train.run.ckpt_shards import (CODES, Layout, ParamSpec, identity, live_layout, needed, owned_ranges,
+from porting.train.run.checkpoint.record import read_record
+from porting.train.run.checkpoint.format import (CODES, Layout, ParamSpec, identity, live_layout, needed, owned_ranges,
                                            piece_bytes, piece_key, rss, zero_ranges)
 
 __all__ = ["read_record", "open_checkpoint", "restore", "restore_weights", "full_state", "check_same_run", "Source",
@@ -311,7 +311,7 @@ SAME_RUN_FIX = ("resume with the recipe and model the checkpoint was written wit
 
 def check_same_run(ckdir: Path, saved: dict, now: dict) -> None:
     """Refuse in one line a checkpoint of another model, seed, global batch or recipe (``saved``: its
-    identity record; ``now``: this run's, :func:`porting.train.run.ckpt_shards.identity_of`)."""
+    identity record; ``now``: this run's, :func:`porting.train.run.checkpoint.format.identity_of`)."""
     if saved.get("model_config_sha256") != now["model_config_sha256"]:
         raise CheckpointError(f"{ckdir}: is a checkpoint of another model (config.json differs); {SAME_RUN_FIX}")
     what = _differs({k: saved.get(k) for k in ("seed", "global_batch", "recipe")},

@@ -1,13 +1,13 @@
 """Training checkpoints: the run directory's ``checkpoints/step_<n>/``, written atomically, the last K kept.
 
-A checkpoint is per-rank (porting/train/run/ckpt_shards.py): ``layout.json`` (the layout record: every
+A checkpoint is per-rank (porting/train/run/checkpoint/format.py): ``layout.json`` (the layout record: every
 piece of every tensor, the rank files' sizes and chunk digests, the run's identity), one
 ``rank_<r>.safetensors`` per rank and ``state.json`` (step, loss scale, data position). This module keeps
 the directory protocol: :func:`save` builds a checkpoint under a temporary name and renames it into place
 only when every file is complete, so a crash or a full disk while saving leaves the previous checkpoints
 as they were; :func:`latest` finds the newest complete one; :func:`load_whole` reads one into a one-device
 model and optimizer. A directory without ``layout.json`` is not a checkpoint port reads: it is refused in one line
-(porting/train/run/ckpt_record.py ``require_layout``).
+(porting/train/run/checkpoint/record.py ``require_layout``).
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from typing import Any, Callable
 
 from model_zoo import files
 from model_zoo.errors import CheckpointError
-from porting.train.run.ckpt_read import full_state
-from porting.train.run.ckpt_shards import (LAYOUT_FILE, complete, identity, live_layout, live_pieces, needed, piece_bytes, rss,
+from porting.train.run.checkpoint.read import full_state
+from porting.train.run.checkpoint.format import (LAYOUT_FILE, complete, identity, live_layout, live_pieces, needed, piece_bytes, rss,
                                             write_rank, write_record)
 
 STEP_DIR = re.compile(r"^step_(\d+)$")

@@ -14,7 +14,7 @@ class StepResult:
     ``finite``: the loss and the all-reduced gradient norm were finite; ``applied``: the update counted (a
     non-finite step, or an overflow under dynamic loss scaling, applies nothing); ``scale_used``: the loss scale
     the step ran with; ``compile``: the step compiled a graph (every shape should have been compiled before
-    step 1); ``skip_reason``: why the update was not applied (porting/train/run/nonfinite.py), None when it was.
+    step 1); ``skip_reason``: why the update was not applied (porting/train/run/step/nonfinite.py), None when it was.
     """
 
     loss: float

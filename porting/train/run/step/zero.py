@@ -34,7 +34,7 @@ from mindspore.communication import GlobalComm
 from model_zoo.linear import on_device
 from porting.train.plan import sharding
 from porting.train.plan.layout import DTYPE_BYTES, Bucket
-from porting.train.run.step import LossNet
+from porting.train.run.step.cells import LossNet
 from porting.train.recipe.schema import Recipe
 
 

@@ -1,13 +1,13 @@
-"""The layout record of a per-rank checkpoint (``layout.json``, porting/train/run/ckpt_shards.py), read and bounded.
+"""The layout record of a per-rank checkpoint (``layout.json``, porting/train/run/checkpoint/format.py), read and bounded.
 
 :func:`read_record` checks every key's type and range, and bounds the work the record can ask for before
 anything is allocated or looped over: the file's size (64 MiB), the world (2^16 ranks), the parameter
 count (100,000), each parameter's elements (2^40) and the model's (2^42), the number of stored pieces
-(2^20, counted by arithmetic: :func:`porting.train.run.ckpt_shards.count_ranges`), and the bytes the
+(2^20, counted by arithmetic: :func:`porting.train.run.checkpoint.format.count_ranges`), and the bytes the
 layout puts in each rank file against the size the record gives it (so no read is larger than a file
 on disk). Every file name is a plain ``rank_<r>.safetensors`` inside the checkpoint directory, and every
 rank file carries the sha256 of each of its chunks (``chunks``; a record written before them carries the
-whole file's ``sha256``), which the reader (porting/train/run/ckpt_read.py) checks before using a byte.
+whole file's ``sha256``), which the reader (porting/train/run/checkpoint/read.py) checks before using a byte.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any
 
 from model_zoo import files
 from model_zoo.errors import CheckpointError
-from porting.train.run.ckpt_shards import (CODES, FORMAT, LAYOUT_FILE, MAX_LAYOUT_BYTES, MAX_WORLD, RANK_FILE, Layout,
+from porting.train.run.checkpoint.format import (CODES, FORMAT, LAYOUT_FILE, MAX_LAYOUT_BYTES, MAX_WORLD, RANK_FILE, Layout,
                                            ParamSpec, count_ranges, owned_ranges, owners)
 
 MAX_PARAMS = 100_000

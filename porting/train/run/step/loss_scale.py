@@ -3,7 +3,7 @@ steps, as MindSpore's DynamicLossScaleUpdateCell and Megatron-LM's DynamicGradSc
 
 from __future__ import annotations
 
-from porting.train.run import checkpoint as ckpt
+from porting.train.run.checkpoint import save as ckpt
 
 
 class LossScaler:

@@ -5,7 +5,7 @@ went non-finite, which a supervisor (porting/launch/supervise.py) rolls back fro
 stop's reason names the window in the rank log's words (porting/rundir/ranklog.py ``window_phrase``), which the
 launch outcome reads back (porting/launch/outcome.py).
 
-The skip itself happens inside the step's graph (porting/train/run/step.py): AdamW's masters, moments and
+The skip itself happens inside the step's graph (porting/train/run/step/cells.py): AdamW's masters, moments and
 parameters keep their values when the all-reduced gradient norm or the all-reduced loss is not finite, so
 every rank skips the same step. Megatron-LM does the same for a step whose gradients overflow
 (megatron/core/optimizer/optimizer.py, MixedPrecisionOptimizer.step: found_inf returns before the update;
@@ -23,8 +23,9 @@ import dataclasses
 from pathlib import Path
 
 from porting.rundir.ranklog import window_phrase
-from porting.train.run.step_result import StepResult
+from porting.train.run.step.result import StepResult
 from porting.rundir.paths import RunDir
+from porting.train.recipe.schema import Recipe
 
 NONFINITE, OVERFLOW, WINDOW_SKIP = "nonfinite", "overflow", "data window"
 
@@ -66,7 +67,7 @@ class SkipGuard:
         return None
 
 
-def guard_for(recipe, run_dir: Path, start: int) -> SkipGuard:
+def guard_for(recipe: Recipe, run_dir: Path, start: int) -> SkipGuard:
     """The run's guard; a resumed run counts the non-finite steps its kept metrics record (through ``start``)."""
     nf = recipe.nonfinite
     return SkipGuard(nf.max_consecutive_skips, nf.max_total_skips, total=prior_skips(run_dir, start))
@@ -83,6 +84,6 @@ def prior_skips(run_dir: Path, start: int) -> int:
     return sum(1 for r in read_metrics(path).steps if r.step <= start and r.skip_reason == NONFINITE)
 
 
-def in_window(recipe, step_no: int) -> tuple[int, int] | None:
+def in_window(recipe: Recipe, step_no: int) -> tuple[int, int] | None:
     """The ``nonfinite.skip_steps`` window holding step ``step_no`` (1-based), else None."""
     return next(((a, b) for a, b in recipe.nonfinite.skip_steps if a <= step_no <= b), None)

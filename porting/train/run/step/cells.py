@@ -12,7 +12,7 @@ global_tokens`` (an input), so the summed gradients over micro-batches and ranks
 gradient of the step's mean token loss, whatever the lengths of the micro-batches.
 AdamW is written out to match ``torch.optim.AdamW`` term by term (the baseline compares against it).
 Mixed precision as Megatron / MindSpeed-LLM: bf16/fp16 parameters are the compute copy, AdamW keeps
-float32 master weights and moments (sharded with optimizer sharding: porting/train/run/zero.py), and gradients are all-reduced,
+float32 master weights and moments (sharded with optimizer sharding: porting/train/run/step/zero.py), and gradients are all-reduced,
 clipped and applied in float32 (``grad_fp32=False``: reduced in the parameter dtype, still applied to
 the float32 masters).
 When the gradients or the loss are not finite the update is skipped inside the graph (parameters and states
@@ -124,7 +124,7 @@ class AdamW(nn.Cell):
     is torch's p = p * (1 - lr * wd) - lr / (1 - beta1^t) * m / (sqrt(v) / s + eps). A step with a
     non-finite gradient applies nothing, on both paths.
 
-    Every rank holds every state here; optimizer sharding is :class:`porting.train.run.zero.ShardedAdamW`.
+    Every rank holds every state here; optimizer sharding is :class:`porting.train.run.step.zero.ShardedAdamW`.
 
     Master weights (Megatron / MindSpeed-LLM mixed precision): when the parameters are stored in
     bfloat16/float16, the update runs on float32 copies ``master.<param>`` (sharded with the moments:
@@ -240,7 +240,7 @@ class _Update(nn.Cell):
         super().__init__(auto_prefix=False)
         self.optimizer = optimizer
         self.grad_fp32 = grad_fp32
-        # ZeRO (porting/train/run/zero.py): the optimizer reduce-scatters, updates its shards and all-gathers;
+        # ZeRO (porting/train/run/step/zero.py): the optimizer reduce-scatters, updates its shards and all-gathers;
         # with stage 2 the accumulated buffers are already reduced shards.
         self.zero = getattr(optimizer, "stage", 0) > 0
         self.zero_reduced = getattr(optimizer, "stage", 0) == 2
@@ -358,7 +358,7 @@ class ApplyStep(_Update):
 def _poisoned(unscale: Tensor, total: Tensor) -> Tensor:
     """``unscale`` itself while the all-reduced loss is finite, NaN when it is not (0 * inf is NaN): a non-finite
     loss then makes the gradient norm non-finite, so the update is skipped on every path (ZeRO's too) exactly
-    like a non-finite gradient (porting/train/run/nonfinite.py)."""
+    like a non-finite gradient (porting/train/run/step/nonfinite.py)."""
     return unscale + 0.0 * total
 
 

@@ -2,7 +2,7 @@
 
 ``checkpoints/step_<n>/`` holds ``rank_<r:05d>.safetensors`` for every rank that owns state,
 ``layout.json`` (:class:`Layout` and the run's identity, written once by rank 0 after every rank has
-written) and ``state.json`` (:class:`porting.train.run.checkpoint.TrainState`: the step, AdamW's update
+written) and ``state.json`` (:class:`porting.train.run.checkpoint.save.TrainState`: the step, AdamW's update
 count, the loss scale; the data cursor is the step, since the data order is a function of the seed and
 the step). No rank reads another rank's file while training, and nothing is merged inside the job.
 
@@ -10,14 +10,14 @@ What a rank owns (:func:`owned`), in four kinds of state, each kept per paramete
 layout can be cut from it: ``param`` (the weight in its own dtype), ``master`` (fp32 master weights,
 when the parameters are bf16/fp16), ``adam_m`` and ``adam_v`` (fp32). A stored piece is a flat element
 range ``[a, b)`` of the tensor-parallel slice ``t`` of one parameter (its TP-local tensor in row-major
-order). With ZeRO (porting/train/run/zero.py) data-parallel rank ``d`` owns the range ``[d n, (d + 1) n)`` of
+order). With ZeRO (porting/train/run/step/zero.py) data-parallel rank ``d`` owns the range ``[d n, (d + 1) n)`` of
 each flat bucket (n = padded / dp) and so the pieces of the parameters that fall in it, for all four
 kinds (the weights too: the copy work spreads over the ranks); without ZeRO data-parallel rank 0 of
 each tensor-parallel slice owns everything. Megatron's ``fully_reshardable`` distributed-optimizer
 format makes the same choice of storing optimizer state per parameter rather than per flat bucket
 (NVIDIA/Megatron-LM megatron/core/optimizer/distrib_optimizer.py, ``sharded_state_dict``).
 
-Reading back (any layout) is :mod:`porting.train.run.ckpt_read`.
+Reading back (any layout) is :mod:`porting.train.run.checkpoint.read`.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from converters import dtypes
 from converters.safetensors_io import OutTensor, encode_header, write_all
 from model_zoo import files
 from model_zoo.errors import CheckpointError
-from porting.train.recipe.schema import recipe_dict
+from porting.train.recipe.schema import Recipe, recipe_dict
 
 FORMAT = 2
 LAYOUT_FILE = "layout.json"
@@ -50,7 +50,7 @@ CODES = {"F32": 4, "BF16": 2, "F16": 2}
 # Recipe keys that only say how the work is laid out (or how long and how loudly it runs): they may
 # change across a resume. Everything else must be equal, or the continued run is not the same run.
 # nonfinite: its caps and data windows decide what later steps do, never what a checkpoint holds (a supervised
-# rollback resumes with a new window, porting/train/run/nonfinite.py)
+# rollback resumes with a new window, porting/train/run/step/nonfinite.py)
 LAYOUT_KEYS = ("cluster", "parallel", "checkpointing", "logging", "model", "output_dir", "execution",
                "batching.micro_batch_size", "batching.grad_accum_steps", "schedule.max_steps", "nonfinite")
 
@@ -218,7 +218,7 @@ def identity(trainer) -> dict[str, Any]:
     return identity_of(trainer.recipe, trainer.model.config.to_hf())
 
 
-def identity_of(recipe, cfg: dict[str, Any]) -> dict[str, Any]:
+def identity_of(recipe: Recipe, cfg: dict[str, Any]) -> dict[str, Any]:
     """:func:`identity` from the recipe and the model's HF config (what `port train` checks before launch)."""
     rec = recipe_dict(recipe)
     for key in LAYOUT_KEYS:
@@ -279,7 +279,7 @@ def slices(data):
 
 class ChunkDigests:
     """sha256 of every ``CHUNK_BYTES`` chunk of a byte stream, fed in any pieces. A reader checks only the
-    chunks it reads (porting/train/run/ckpt_read.py ``RankFiles``), so a resume that reads 1/8 of a file
+    chunks it reads (porting/train/run/checkpoint/read.py ``RankFiles``), so a resume that reads 1/8 of a file
     hashes 1/8 of it, while a flipped bit or a swapped file anywhere it reads is still refused."""
 
     def __init__(self, chunk: int = CHUNK_BYTES):

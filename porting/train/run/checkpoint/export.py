@@ -4,8 +4,8 @@ The export is the same conversion `port convert --ms` does (``converters.convert
 name-map registry, the coverage and shape checks, the staged output directory and
 ``port_manifest.json`` with every tensor's sha256 and the source checkpoint's digest), so `port
 verify` checks it like any other conversion. Its source is the run's last checkpoint (per-rank,
-porting/train/run/ckpt_shards.py): its full weights are assembled tensor by tensor offline
-(porting/train/run/ckpt_merge.py, `port ckpt merge`'s path) into a staging directory the converter reads.
+porting/train/run/checkpoint/format.py): its full weights are assembled tensor by tensor offline
+(porting/train/run/checkpoint/merge.py, `port ckpt merge`'s path) into a staging directory the converter reads.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from pathlib import Path
 from converters import atomic
 from model_zoo.errors import CheckpointError
 from porting.env import versions
-from porting.train.run.ckpt_record import require_layout
+from porting.train.run.checkpoint.record import require_layout
+from porting.train.recipe.schema import Recipe
 
 MS_WEIGHTS = "model.safetensors"   # the MindSpore-named full weights of a per-rank checkpoint
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "special_tokens_map.json",
@@ -63,8 +64,8 @@ def export_hf(checkpoint: str | Path, model_dir: str | Path, out_dir: str | Path
 
 def _export_ranks(ckpt: Path, model_dir: Path, out: Path, command: list[str] | None, force: bool,
                   log=None) -> Path:
-    """A per-rank checkpoint (porting/train/run/ckpt_shards.py): its full weights written tensor by tensor
-    into a staging directory (porting/train/run/ckpt_merge.py), then `port convert --ms`'s conversion."""
+    """A per-rank checkpoint (porting/train/run/checkpoint/format.py): its full weights written tensor by tensor
+    into a staging directory (porting/train/run/checkpoint/merge.py), then `port convert --ms`'s conversion."""
     from converters.convert import ms_to_hf  # deferred: the converter loads torch and MindSpore readers; export runs once, at the end
 
     stage = _stage(out)
@@ -83,7 +84,7 @@ def _export_ranks(ckpt: Path, model_dir: Path, out: Path, command: list[str] | N
 def _ms_files(ckpt: Path, model_dir: Path | None, into: Path, optimizer: bool, log) -> None:
     """What a MindSpore directory holds: the MindSpore-named full weights, config.json, the tokenizer files
     and, with ``optimizer``, the optimizer state (ckpt_merge.py ``write_optimizer``)."""
-    from porting.train.run.ckpt_merge import write_optimizer, write_weights  # deferred: the merge imports the checkpoint reader, only an export needs it
+    from porting.train.run.checkpoint.merge import write_optimizer, write_weights  # deferred: the merge imports the checkpoint reader, only an export needs it
 
     cfg = write_weights(ckpt, into / MS_WEIGHTS, log)
     (into / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
@@ -94,13 +95,13 @@ def _ms_files(ckpt: Path, model_dir: Path | None, into: Path, optimizer: bool, l
         write_optimizer(ckpt, into, log)
 
 
-def export_after_exit(recipe, run_dir: Path, log=None, command: list[str] | None = None) -> Path | None:
+def export_after_exit(recipe: Recipe, run_dir: Path, log=None, command: list[str] | None = None) -> Path | None:
     """The HF export of a multi-worker run, made by the launcher once msrun's workers have exited (none is
     made inside the job: there rank 0 would assemble every tensor from every rank file while the other
     workers had gone, for minutes at 13B): ``port ckpt merge``'s path from the run's newest checkpoint
     into ``RUN/hf``. None when the recipe says ``checkpointing.export_hf: false`` or there is no checkpoint."""
     from porting.model_paths import resolve_hf  # deferred: resolving a zoo name reads the user registry
-    from porting.train.run.checkpoint import latest  # deferred: the launcher imports this module lazily too
+    from porting.train.run.checkpoint.save import latest  # deferred: the launcher imports this module lazily too
 
     if not recipe.checkpointing.export_hf:
         return None

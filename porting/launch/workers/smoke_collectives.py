@@ -1,13 +1,13 @@
 """The preflight's collective smoke test at the run's real shape, run by msrun on every worker of every
 node (porting/cluster/smoke_shape.py launches it): the world group, this rank's tensor-parallel and
-data-parallel groups made as ``porting/train/run/grid.py`` makes them (Megatron order: TP ranks are
+data-parallel groups made as ``porting/train/run/step/grid.py`` makes them (Megatron order: TP ranks are
 neighbours on one node), and on each group the collectives the training step runs, checked against
 their expected values and timed.
 
 On Ascend: AllReduce, ReduceScatter and AllGather on every group (HCCL). On the CPU (MindSpore's CPU
 collectives): AllReduce on every group and AllGather on the world group run natively; native
 ReduceScatter (no CPU kernel: a stub) and AllGather on a sub-group (the CPU's AllGather takes the world
-group only) are not run; their emulations, the ones the CPU training uses (porting/train/run/zero.py:
+group only) are not run; their emulations, the ones the CPU training uses (porting/train/run/step/zero.py:
 AllReduce + slice, AllReduce of a zero-padded buffer), run instead.
 
 Every collective is announced before it starts and confirmed after it ends, so a worker that stops in
@@ -33,7 +33,7 @@ REPEATS = 3
 
 def groups(rank: int, world: int, tp: int) -> list[tuple[str, list[int]]]:
     """(name, ranks) of every group this rank belongs to, in the order every rank creates them."""
-    from porting.train.run.grid import dp_ranks, tp_ranks
+    from porting.train.run.step.grid import dp_ranks, tp_ranks
 
     out = [("world", list(range(world)))]
     if tp > 1:

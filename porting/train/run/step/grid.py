@@ -114,7 +114,7 @@ def loss_note(recipe: Recipe, grid: Grid) -> str:
 
 
 def step_groups(model, grid: Grid) -> dict:
-    """The training step's group arguments (porting/train/run/step.py ``_Update``) and the shard ``layout``."""
+    """The training step's group arguments (porting/train/run/step/cells.py ``_Update``) and the shard ``layout``."""
     from model_zoo.parallel import shard_layout  # deferred: imports MindSpore; the grid arithmetic is read without it
 
     if grid.tp == 1:

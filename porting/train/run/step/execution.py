@@ -1,6 +1,6 @@
 """How the training step runs (recipe key ``execution``) and what the installed MindSpore lacks.
 
-- ``graph`` (default): each step cell of :mod:`porting.train.run.step` is compiled once per input shape into
+- ``graph`` (default): each step cell of :mod:`porting.train.run.step.cells` is compiled once per input shape into
   one graph (forward, backward, all-reduce, clip and AdamW together); on the CPU the fastest way
   (BENCHMARKS.md, "graph vs PyNative").
 - ``pynative``: the SAME cells run op by op (MindSpore's PYNATIVE_MODE), nothing is compiled, so a team

@@ -29,7 +29,7 @@ the CPU the collective's own receive timeout) and the run dies. So:
   the paths of port's C++ CPU kernel libraries the graphs load (model_zoo/cpu_kernels.py ``handed_out``).
   A process-wide ``MS_COMPILER_CACHE_ENABLE`` set by the user (every graph, by order, one folder) is
   refused for that reason (porting/train/plan/execution.py). MindSpore binds a loaded graph to the cell's
-  own parameters: a step cell must hold the model as a sub-cell (run/step.py AccumGradStep), or the cached
+  own parameters: a step cell must hold the model as a sub-cell (run/step/cells.py AccumGradStep), or the cached
   graph trains on zeros (measured: loss ln(vocab) at every step; tests/train/test_precompile.py).
 """
 
@@ -51,12 +51,16 @@ import numpy as np
 from model_zoo import cpu_kernels
 from porting.train.plan.comm import HCCL_EXEC_FLOOR_S
 from porting.train.plan.execution import GRAPH
-from porting.train.run import execution, ready, shared_cache
-from porting.train.run.step import compiled_graphs
+from porting.train.data.batching import BatchSchedule
+from porting.train.recipe.schema import Recipe
+from porting.train.run.step import execution
+from porting.train.run.step import ready
+from porting.train.run.step import shared_cache
+from porting.train.run.step.cells import compiled_graphs
 
 CACHE_DIR = "compile_cache"
 _CACHE_ENV = ("MS_COMPILER_CACHE_ENABLE", "MS_COMPILER_CACHE_PATH")
-_ROOT = Path(__file__).resolve().parents[3]
+_ROOT = Path(__file__).resolve().parents[4]
 _SOURCES = ("model_zoo", "porting/train/run")   # what builds the step graphs
 _cache_used: list[Path] = []                    # the folder this process's cached compiles went to
 
@@ -125,7 +129,7 @@ def _entry_script_is_a_file() -> bool:
     return False
 
 
-def cache_wanted(recipe) -> bool:
+def cache_wanted(recipe: Recipe) -> bool:
     """``cluster.compile_cache``: unset (auto), on for the CPU and off on Ascend. MindSpore documents
     ``MS_COMPILER_CACHE_ENABLE`` as the cache of the front-end graphs (the backend, with its kernels, is
     built again on Ascend: https://www.mindspore.cn/docs/en/r2.2/note/env_var_list.html), no device run has
@@ -164,7 +168,7 @@ def precompile(trainer, shapes: list[tuple[int, int]], template, cache: Path | N
             t1 = time.perf_counter()
             try:
                 cell.compile(*args)
-            except (RuntimeError, TypeError, ValueError) as e:   # MindSpore's compile errors (run/execution.py)
+            except (RuntimeError, TypeError, ValueError) as e:   # MindSpore's compile errors (run/step/execution.py)
                 raise execution.compile_failure(trainer.recipe, e, [shape or shapes[-1]]) from e
             if log is not None:
                 what = f"shape {list(shape)}" if shape else "the update (no sequence dimension)"
@@ -175,7 +179,7 @@ def precompile(trainer, shapes: list[tuple[int, int]], template, cache: Path | N
                          str(cache) if used else None)
 
 
-def before_step_one(trainer, plan, model_config: dict, start: int, cache_on: bool, log) -> CompileReport | None:
+def before_step_one(trainer, plan: BatchSchedule, model_config: dict, start: int, cache_on: bool, log) -> CompileReport | None:
     """Compiles the shapes of steps ``start ..`` on this rank (the cache under ``RUN/compile_cache`` when
     ``cache_on``), logs it, and meets the other ranks; None in PyNative mode or with no step left."""
     recipe = trainer.recipe
@@ -187,7 +191,7 @@ def before_step_one(trainer, plan, model_config: dict, start: int, cache_on: boo
     if cache_on and cache_wanted(recipe):
         doc = recipe.model_dump(mode="json")
         cache = trainer.run_dir / CACHE_DIR / cache_key(doc, model_config, shapes, trainer.world)
-        # PORT_COMPILE_CACHE_SHARED: another run's graphs of the same key (run/shared_cache.py)
+        # PORT_COMPILE_CACHE_SHARED: another run's graphs of the same key (run/step/shared_cache.py)
         shared = shared_cache.folder(cache_key(shared_cache.graph_doc(doc), model_config, shapes, trainer.world))
         if shared_cache.adopt(shared, cache, trainer.rank):
             log.info(f"precompile: compile cache of rank {trainer.rank} copied from {shared} (PORT_COMPILE_CACHE_SHARED)")
@@ -199,7 +203,7 @@ def before_step_one(trainer, plan, model_config: dict, start: int, cache_on: boo
         late = trainer.faults.compile_delay_for(trainer.rank)   # test hook, off unless set (read once by the Trainer)
         workers = min(trainer.world, recipe.cluster.devices_per_node)
         waited = ready.meet_node(trainer.run_dir, trainer.rank, workers, _wait_limit_s(), log.info, late_s=late)
-        trainer.barrier()   # across nodes (this node's ranks are all ready: run/ready.py)
+        trainer.barrier()   # across nodes (this node's ranks are all ready: run/step/ready.py)
         if trainer.rank == 0:
             ready.clear(trainer.run_dir)
         log.info(f"precompile: every rank is ready (waited {waited:.1f} s for this node's others)")

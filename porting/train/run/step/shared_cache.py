@@ -1,6 +1,6 @@
 """A compile cache shared by runs: ``PORT_COMPILE_CACHE_SHARED=DIR``, off unless set.
 
-Why: a graph-mode run compiles its step graphs before step 1 (porting/train/run/precompile.py), a few seconds
+Why: a graph-mode run compiles its step graphs before step 1 (porting/train/run/step/precompile.py), a few seconds
 per graph per rank on the CPU; a rerun of the same recipe in the same run directory loads them from
 ``RUN/compile_cache/<key>`` instead (8.0 -> 1.4 s, BENCHMARKS.md "Compiles before step 1"). Runs in *other*
 directories with the same graphs (a sweep over learning-rate schedules or step counts, the rehearsal's rungs,
@@ -17,10 +17,10 @@ into its own run directory before it compiles, so MindSpore loads the graphs. Wh
   directory (its config is in the key; the weights are the run's own Parameters, loaded before the compile
   and never taken from a cache: a run of other weights and another schedule that adopts a graph gives the
   losses of its own fresh compile bit for bit, tests/train/test_shared_cache.py); the output directory;
-  ``schedule`` (the learning rate and the bias corrections are inputs of the update cell, run/step.py
+  ``schedule`` (the learning rate and the bias corrections are inputs of the update cell, run/step/cells.py
   ``construct(grads, lr, bc1, bc2, finite)``, computed on the host each step); ``checkpointing`` and
   ``logging`` (host-side; the barrier and sampling graphs they add are compiled outside the cached block,
-  run/precompile.py ``compile_cache``);
+  run/step/precompile.py ``compile_cache``);
 - MindSpore never writes into ``DIR``: a rank copies the published folder into its own run directory and the
   cache is used there as before (the copy is bounded: :data:`MAX_BYTES`; a cached graph holds the weights
   it was compiled with, 275 MB per rank for a 120 M-parameter model, so large models are not shared);

@@ -1,9 +1,9 @@
-"""Offline work on per-rank checkpoints (porting/train/run/ckpt_shards.py), outside any training job.
+"""Offline work on per-rank checkpoints (porting/train/run/checkpoint/format.py), outside any training job.
 
 - :func:`write_weights`: the full model weights, one tensor at a time, as one MindSpore-named
   safetensors file (the zoo's names, which are MindFormers' Llama names: converters/names.py; what
   ``port convert --ms`` reads and ``mindspore.load_checkpoint(..., format="safetensors")`` loads);
-  ``port ckpt merge`` and the HF export (porting/train/run/export.py) convert it to HF with the
+  ``port ckpt merge`` and the HF export (porting/train/run/checkpoint/export.py) convert it to HF with the
   converters, with ``port_manifest.json``; ``port ckpt merge --ms DIR`` keeps it.
 - :func:`write_optimizer`: the optimizer state beside it (``optimizer.safetensors``: ``adam_m.<name>``,
   ``adam_v.<name>``, ``master.<name>`` full fp32 tensors, and ``optimizer.json``), for a user who resumes
@@ -30,9 +30,10 @@ from converters.atomic import check_free_space
 from converters.safetensors_io import OutTensor, encode_header, write_all
 from model_zoo.errors import CheckpointError
 from porting.train.plan import sharding
-from porting.train.run.checkpoint import STATE_FILE, TrainState
-from porting.train.run.ckpt_read import Progress, Source, group_of, open_checkpoint
-from porting.train.run.ckpt_shards import CODES, Layout, ParamSpec, owned, piece_key, write_rank, write_record
+from porting.train.recipe.schema import Recipe
+from porting.train.run.checkpoint.save import STATE_FILE, TrainState
+from porting.train.run.checkpoint.read import Progress, Source, group_of, open_checkpoint
+from porting.train.run.checkpoint.format import CODES, Layout, ParamSpec, owned, piece_key, write_rank, write_record
 
 Log = Callable[[str], None] | None
 OPTIMIZER_FILE, OPTIMIZER_RECORD = "optimizer.safetensors", "optimizer.json"
@@ -90,7 +91,7 @@ def write_optimizer(ckdir: Path, out_dir: Path, log: Log = None) -> Path:
     finally:
         src.files.close()
     opt = ((ident.get("recipe") or {}).get("optimizer") or {}) if isinstance(ident.get("recipe"), dict) else {}
-    doc = {"format": "port-optimizer/1", "algorithm": "AdamW (torch.optim.AdamW semantics, porting/train/run/step.py)",
+    doc = {"format": "port-optimizer/1", "algorithm": "AdamW (torch.optim.AdamW semantics, porting/train/run/step/cells.py)",
            "step": state.step, "updates": state.adam_t, "loss_scale": state.loss_scale,
            "kinds": list(src.layout.kinds[1:]), "tensors": [p.name for p in src.layout.params],
            "hyper": {k: opt.get(k) for k in ("lr", "betas", "eps", "weight_decay", "grad_clip")}}
@@ -98,7 +99,7 @@ def write_optimizer(ckdir: Path, out_dir: Path, log: Log = None) -> Path:
     return out_dir / OPTIMIZER_FILE
 
 
-def target_layout(old: Layout, recipe) -> Layout:
+def target_layout(old: Layout, recipe: Recipe) -> Layout:
     """The layout a recipe's run would have, for the model of ``old`` (the buckets as zero.py forms them)."""
 
     tp = recipe.parallel.tensor_parallel
@@ -160,7 +161,7 @@ def _reshard_rank(src: Source, new: Layout, tmp: Path, r: int, log: Log) -> None
         log(f"reshard: rank_{r:05d}.safetensors: {n} bytes written in {sec:.2f} s ({n / max(sec, 1e-9) / 1e6:.0f} MB/s)")
 
 
-def reshard(ckdir: Path, recipe, out: Path, log: Log = None) -> Path:
+def reshard(ckdir: Path, recipe: Recipe, out: Path, log: Log = None) -> Path:
     """Write ``ckdir``'s state in ``recipe``'s layout to the new checkpoint directory ``out`` (refused when
     it exists; built beside it and renamed into place whole); one log line per rank file written."""
 

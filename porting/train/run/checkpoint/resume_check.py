@@ -3,21 +3,21 @@
 A run directory with checkpoints is continued only with ``--resume``, and only from a checkpoint that
 continues this run exactly. Everything here runs before msrun, so a refusal is one line on the terminal,
 not a worker's traceback with the reason in its log. What is checked, on the newest ``step_<n>`` (the
-one every rank would load, :func:`porting.train.run.checkpoint.latest`):
+one every rank would load, :func:`porting.train.run.checkpoint.save.latest`):
 
-* it is whole: ``state.json`` in range (:class:`~porting.train.run.checkpoint.TrainState`), its ``step``
+* it is whole: ``state.json`` in range (:class:`~porting.train.run.checkpoint.save.TrainState`), its ``step``
   and ``next_step`` equal to the directory's ``n`` (a renamed directory, or one from another run, is
-  refused), the layout record (porting/train/run/ckpt_shards.py; a directory without one is not a
-  checkpoint port reads, porting/train/run/ckpt_record.py ``require_layout``), every rank file of its
+  refused), the layout record (porting/train/run/checkpoint/format.py; a directory without one is not a
+  checkpoint port reads, porting/train/run/checkpoint/record.py ``require_layout``), every rank file of its
   size with a valid safetensors header (a truncated file), and ``state.json``'s ``world_size``,
   ``shards`` and ``seed`` equal to the record's (a forged state);
 * with ``--resume``, it is this run: same model, seed, global batch and recipe
-  (:func:`porting.train.run.ckpt_read.check_same_run`), ``next_step`` within ``schedule.max_steps``; a
+  (:func:`porting.train.run.checkpoint.read.check_same_run`), ``next_step`` within ``schedule.max_steps``; a
   checkpoint written in another layout (world size, TP, ZeRO) is re-cut exactly
   (tests/train/test_ckpt_layouts.py compares the losses) and that is said.
 
 A damaged newest checkpoint gets the same advice with and without ``--resume``
-(:func:`porting.train.run.checkpoint.damaged_advice`).
+(:func:`porting.train.run.checkpoint.save.damaged_advice`).
 """
 
 from __future__ import annotations
@@ -28,9 +28,10 @@ from typing import Any
 from converters.safetensors_io import read_header
 from model_zoo.errors import CheckpointError, RecipeError
 from porting.rundir.paths import RunDir
-from porting.train.run import checkpoint as ckpt
-from porting.train.run.ckpt_read import check_same_run, read_record
-from porting.train.run.ckpt_shards import identity_of
+from porting.train.recipe.schema import Recipe
+from porting.train.run.checkpoint import save as ckpt
+from porting.train.run.checkpoint.read import check_same_run, read_record
+from porting.train.run.checkpoint.format import identity_of
 
 
 def _newest(root: Path) -> Path | None:
@@ -67,7 +68,7 @@ def validate(ckdir: Path) -> tuple[ckpt.TrainState, Any, dict]:
     return st, layout, ident
 
 
-def check_run_dir(out: Path, resume: bool, recipe: Any, model_config: dict | None = None) -> str | None:
+def check_run_dir(out: Path, resume: bool, recipe: Recipe, model_config: dict | None = None) -> str | None:
     """Refuse, in one line, a run directory this launch cannot start or continue exactly (see the module
     docstring); with ``--resume`` returns what the terminal should know (a layout change made exact).
     ``model_config``: the model's HF config, compared with the checkpoint's (None: not compared)."""
@@ -93,7 +94,7 @@ def check_run_dir(out: Path, resume: bool, recipe: Any, model_config: dict | Non
     return check_continues(newest, st, layout, ident, recipe, model_config)
 
 
-def check_continues(ckdir: Path, st: ckpt.TrainState, layout: Any, ident: dict, recipe: Any,
+def check_continues(ckdir: Path, st: ckpt.TrainState, layout: Any, ident: dict, recipe: Recipe,
                     model_config: dict | None) -> str | None:
     """``ckdir`` continues ``recipe``'s run exactly, or one line why not; the note on a layout change."""
     max_steps = recipe.schedule.max_steps

@@ -18,10 +18,10 @@ from porting.train.data import token_cache, token_file
 from porting.train.data.batching import build_plan
 from porting.train.plan.make import check_tensor_parallel
 from porting.train.recipe.schema import Recipe
-from porting.train.run import ckpt_read
-from porting.train.run import execution
-from porting.train.run import grid as grid_mod
-from porting.train.run.grid import Grid
+from porting.train.run.checkpoint import read as ckpt_read
+from porting.train.run.step import execution
+from porting.train.run.step import grid as grid_mod
+from porting.train.run.step.grid import Grid
 
 
 def build_model(recipe: Recipe, model_dir: Path, grid: Grid | None = None, weights_from: Path | None = None, log=None):

@@ -46,7 +46,7 @@ class CommWait:
         if self.enabled:
             import mindspore as ms  # deferred: only an injected test delay needs the barrier cell
 
-            from porting.train.run.step import Barrier  # deferred: step.py imports MindSpore; only an injected delay needs it
+            from porting.train.run.step.cells import Barrier  # deferred: step.py imports MindSpore; only an injected delay needs it
 
             self.ms = ms
             self.cell = Barrier()     # an all-reduce (sum) of its input
