@@ -182,12 +182,18 @@ def env_knobs(environ: dict[str, str] | None = None) -> list[dict]:
     return rows
 
 
+def _integer(val: object) -> int | None:
+    """``val`` as an integer when it is one written in ASCII digits (an optional minus), else None."""
+    text = str(val).strip() if val is not None else ""
+    return int(text) if re.fullmatch(r"-?[0-9]{1,18}", text) else None
+
+
 def _knob_problem(knob: dict, val: str | None) -> str | None:
     if val is None:
         return None
     kind = knob["type"]
-    if kind == "int" and not re.fullmatch(r"-?\d+", val.strip()):
-        return f"{knob['name']}={val!r} is not an integer"
+    if kind == "int" and _integer(val) is None:   # ASCII digits: int() and \d take any script's ("١٢٠" is 120)
+        return f"{knob['name']}={val!r} is not an integer (ASCII digits 0-9)"
     if kind == "list" and val.strip() and not all(re.fullmatch(r"[\w.]+:[\w.]+", p.strip())
                                                   for p in val.split(",") if p.strip()):
         return f"{knob['name']}={val!r}: expected comma-separated key:value pairs"
@@ -200,9 +206,9 @@ def check_env(rows: list[dict]) -> list[dict]:
     out = [_check(f"env {r['name']}", FAIL, r["problem"]) for r in rows if r["problem"]]
     by = {r["name"]: r for r in rows}
     try:
-        conn = int(by["HCCL_CONNECT_TIMEOUT"]["in_effect"])
-        exe = int(by["HCCL_EXEC_TIMEOUT"]["in_effect"])
-        if exe != 0 and conn >= exe:
+        conn = _integer(by["HCCL_CONNECT_TIMEOUT"]["in_effect"])
+        exe = _integer(by["HCCL_EXEC_TIMEOUT"]["in_effect"])
+        if conn is not None and exe is not None and exe != 0 and conn >= exe:
             out.append(_check("env HCCL timeouts", WARN, f"HCCL_CONNECT_TIMEOUT {conn} >= HCCL_EXEC_TIMEOUT {exe}; "
                                                           f"the HCCL guide advises connect < exec so the first error "
                                                           f"is reported by the right rank"))

@@ -18,6 +18,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass
+from typing import Callable
 from pathlib import Path
 
 import mindspore as ms
@@ -190,9 +191,10 @@ class Trainer:
         """Graphs compiled so far by this rank's step cells."""
         return compiled_graphs(*self.cells)
 
-    def save(self, root: Path, done: int) -> Path:
-        """Every rank writes what it owns; rank 0 adds the layout record (no merge inside the job)."""
-        return ckpt.save_ranks(self, root, done)
+    def save(self, root: Path, done: int, announce: Callable[[int, str], None] | None = None) -> Path:
+        """Every rank writes what it owns; rank 0 adds the layout record (no merge inside the job). ``announce(step,
+        part)``: each part of the save on the rank log and heartbeat (ranklog.RankLog.save_part)."""
+        return ckpt.save_ranks(self, root, done, announce)
 
     def restore(self, path: Path, opened: tuple[ckpt_read.Source, dict] | None = None) -> int:
         """This rank's share of the per-rank checkpoint ``path``, in this run's layout; the step to continue from.
@@ -232,7 +234,7 @@ def _finish(recipe: Recipe, trainer: Trainer, plan: BatchSchedule, records: list
         return
     ck_root, log = RunDir(run_dir).checkpoints, rl.log
     rl.saving(plan.total_steps)   # every rank writes what it owns (porting/train/run/checkpoint/format.py)
-    final = trainer.save(ck_root, plan.total_steps)
+    final = trainer.save(ck_root, plan.total_steps, rl.save_part)
     rl.saved(plan.total_steps, final)
     if trainer.rank != 0:
         return
@@ -329,7 +331,7 @@ def train(recipe: Recipe, run_dir: str | Path, *, resume: bool = False, distribu
             done = step.index + 1
             if every and done % every == 0 and done < plan.total_steps:
                 rl.saving(done)   # a supervisor allows a save its own time (porting/launch/watch.py)
-                path = trainer.save(ck_root, done)
+                path = trainer.save(ck_root, done, rl.save_part)
                 last_good = (done, path)
                 rl.saved(done, path)
         _finish(recipe, trainer, plan, records, metrics, model_dir, run_dir, start, prov.command, rl, compiled)
