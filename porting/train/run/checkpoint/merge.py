@@ -1,10 +1,12 @@
 """Offline work on per-rank checkpoints (porting/train/run/checkpoint/format.py), outside any training job.
 
-- :func:`write_weights`: the full model weights, one tensor at a time, as one MindSpore-named
-  safetensors file (the zoo's names, which are MindFormers' Llama names: converters/names.py; what
-  ``port convert --ms`` reads and ``mindspore.load_checkpoint(..., format="safetensors")`` loads);
-  ``port ckpt merge`` and the HF export (porting/train/run/checkpoint/export.py) convert it to HF with the
-  converters, with ``port_manifest.json``; ``port ckpt merge --ms DIR`` keeps it.
+- :class:`Whole`: each parameter's state whole, in its own dtype, one tensor in host memory at a time: what
+  ``port ckpt merge`` and the HF export (porting/train/run/checkpoint/export.py) stream through the converters'
+  name map into the HF file in one pass (converters/streamed.py).
+- :func:`write_weights`: the full model weights as one MindSpore-named safetensors file (the zoo's names,
+  which are MindFormers' Llama names: converters/names.py; what ``port convert --ms`` reads and
+  ``mindspore.load_checkpoint(..., format="safetensors")`` loads): ``port ckpt merge --ms DIR`` (with
+  ``--out`` too, the export writes the same file in its pass).
 - :func:`write_optimizer`: the optimizer state beside it (``optimizer.safetensors``: ``adam_m.<name>``,
   ``adam_v.<name>``, ``master.<name>`` full fp32 tensors, and ``optimizer.json``), for a user who resumes
   elsewhere. ``adam_m.``/``adam_v.`` are the prefixes MindSpore's own AdamWeightDecay gives its moments
@@ -25,20 +27,20 @@ from typing import Callable
 
 import numpy as np
 
-from converters import dtypes
 from converters.atomic import check_free_space
 from converters.safetensors_io import OutTensor, encode_header, write_all
 from model_zoo.errors import CheckpointError
 from porting.train.plan import sharding
 from porting.train.run.checkpoint.save import STATE_FILE, TrainState
-from porting.train.run.checkpoint.read import Progress, Source, group_of, open_checkpoint
+from porting.train.run.checkpoint.read import NATIVE, Progress, Source, group_of, open_checkpoint
 from porting.train.run.checkpoint.format import CODES, Layout, ParamSpec, owned, piece_key, write_rank, write_record
 
 Log = Callable[[str], None] | None
 OPTIMIZER_FILE, OPTIMIZER_RECORD = "optimizer.safetensors", "optimizer.json"
 
 
-def _config(ckdir: Path, ident: dict) -> dict:
+def config_of(ckdir: Path, ident: dict) -> dict:
+    """The model's config.json, as the checkpoint's identity record holds it."""
     cfg = ident.get("model_config")
     if not isinstance(cfg, dict):
         raise CheckpointError(f"{ckdir / 'layout.json'}: key 'identity.model_config' is missing; the checkpoint "
@@ -46,23 +48,43 @@ def _config(ckdir: Path, ident: dict) -> dict:
     return cfg
 
 
+class Whole:
+    """Each parameter's ``kind`` state whole, in its own dtype (bf16 bit for bit, no float32 round trip), into one
+    buffer reused for every tensor (a fresh one per tensor costs a page fault per 4 KiB): a call returns its
+    bytes, valid until the next call. ``bar``: one progress line per parameter group."""
+
+    def __init__(self, src: Source, kind: str, bar: Progress):
+        self.src, self.kind, self.bar = src, kind, bar
+        self.buf = np.empty(0, np.uint8)
+
+    def code(self, spec: ParamSpec) -> str:
+        return spec.dtype if self.kind == "param" else "F32"
+
+    def __call__(self, name: str) -> memoryview:
+        spec = self.src.specs[name]
+        code = self.code(spec)
+        n = spec.local_numel(1) * CODES[code]
+        if self.buf.nbytes < n:
+            self.buf = np.empty(n, np.uint8)
+        self.bar.step(f"{self.kind} {group_of(name)}")
+        full = self.src.full(self.kind, name, out=self.buf[:n].view(NATIVE[code]), native=True)
+        return memoryview(full.reshape(-1)).cast("B")
+
+
 def _write_full(src: Source, out: Path, kinds: tuple[str, ...], log: Log, what: str) -> None:
     """Every parameter's state of each kind, whole, into one safetensors file (``<kind>.<name>`` for the
     optimizer kinds); one tensor in host memory at a time, one progress line per parameter group."""
     specs = src.layout.params
-    name = (lambda k, p: p.name if k == "param" else f"{k}.{p.name}")   # noqa: E731
-    code = (lambda k, p: p.dtype if k == "param" else "F32")            # noqa: E731
-    heads = [OutTensor(name(k, p), code(k, p), p.shape) for k in kinds for p in specs]
-    need = sum(p.local_numel(1) * CODES[code(k, p)] for k in kinds for p in specs)
-    check_free_space(out, need)
     bar = Progress(log, what, lambda: src.files.bytes_read)
+    readers = [Whole(src, k, bar) for k in kinds]
+    heads = [OutTensor(p.name if r.kind == "param" else f"{r.kind}.{p.name}", r.code(p), p.shape)
+             for r in readers for p in specs]
+    check_free_space(out, sum(t.nbytes for t in heads))
     with open(out, "wb") as f:
         write_all(f, encode_header(heads, {"format": "ms"}))
-        for k in kinds:
+        for r in readers:
             for p in specs:
-                bar.step(f"{k} {group_of(p.name)}")
-                full = np.ascontiguousarray(src.full(k, p.name), np.float32)
-                write_all(f, dtypes.cast_bytes("F32", code(k, p), memoryview(full).cast("B")))
+                write_all(f, r(p.name))
         bar.done()
         f.flush()
         os.fsync(f.fileno())
@@ -73,7 +95,7 @@ def write_weights(ckdir: Path, out: Path, log: Log = None) -> dict:
     run holds them: bf16 stays bf16, bit for bit); returns the model's config.json from the record."""
     src, ident = open_checkpoint(ckdir)
     try:
-        cfg = _config(ckdir, ident)
+        cfg = config_of(ckdir, ident)
         _write_full(src, out, ("param",), log, f"merge {ckdir.name}")
     finally:
         src.files.close()

@@ -36,8 +36,9 @@ from porting.train.run.checkpoint.format import (CODES, Layout, ParamSpec, ident
                                            piece_bytes, piece_key, rss, zero_ranges)
 
 __all__ = ["read_record", "open_checkpoint", "restore", "restore_weights", "full_state", "check_same_run", "Source",
-           "RankFiles"]
+           "RankFiles", "NATIVE"]
 _HASHERS = ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1))   # hashlib releases the GIL on large inputs
+NATIVE = {"F32": np.dtype("<f4"), "BF16": np.dtype("<u2"), "F16": np.dtype("<f2")}   # own dtype (bf16: its bits)
 
 
 def _sha(view: memoryview) -> str:
@@ -141,8 +142,9 @@ class RankFiles:
                 self.hashed_bytes += sum(len(x) for x in parts)
         return view[begin - lo:end - lo]
 
-    def read(self, name: str, key: str, code: str, lo: int, hi: int) -> np.ndarray:
-        """Elements [lo, hi) of the piece ``key`` of file ``name``, as float32 (valid until this thread's next read)."""
+    def read(self, name: str, key: str, code: str, lo: int, hi: int, native: bool = False) -> np.ndarray:
+        """Elements [lo, hi) of the piece ``key`` of file ``name``, as float32 (``native``: in their own dtype,
+        :data:`NATIVE`); valid until this thread's next read."""
         info = self._open(name).get(key)
         size = CODES[code]
         if info is None or info.dtype != code or info.nbytes % size or not 0 <= lo <= hi <= info.nbytes // size:
@@ -153,8 +155,8 @@ class RankFiles:
         raw = self._fetch(name, info.begin + lo * size, info.begin + hi * size)
         with self._lock:
             self.bytes_read += len(raw)
-        if code == "F32":
-            return np.frombuffer(raw, "<f4")
+        if code == "F32" or native:
+            return np.frombuffer(raw, NATIVE[code])
         return dtypes.to_numpy_f32(code, raw, (hi - lo,))
 
     def close(self) -> None:
@@ -214,9 +216,9 @@ class Source:
         self.specs = {p.name: p for p in layout.params}
 
     def assemble(self, kind: str, name: str, tp: int, t: int, a: int, b: int, axis: int | None = None,
-                 out: np.ndarray | None = None) -> np.ndarray:
-        """Local elements [a, b) of TP slice ``t`` of ``tp`` (split along ``axis``) of parameter ``name``'s
-        state ``kind``, float32; written into ``out`` (float32, at least b - a elements) when given."""
+                 out: np.ndarray | None = None, native: bool = False) -> np.ndarray:
+        """Local elements [a, b) of TP slice ``t`` of ``tp`` (split along ``axis``) of parameter ``name``'s state
+        ``kind``, float32 (``native``: its own dtype); into ``out`` (that dtype, >= b - a elements) when given."""
         spec, old = self.specs[name], self.layout
         new_axis = axis if tp > 1 else None
         if new_axis is not None and old.tp > 1 and spec.axis not in (None, new_axis):
@@ -226,7 +228,7 @@ class Source:
         row = math.prod(spec.shape[ax:]) if ax is not None else spec.local_numel(1)
         want = (*_run(spec, new_axis, tp, t, row), a, b)
         code = spec.dtype if kind == "param" else "F32"
-        out = np.empty(b - a, np.float32) if out is None else out[:b - a]
+        out = np.empty(b - a, NATIVE[code] if native else np.float32) if out is None else out[:b - a]
         filled = 0
         for fname, t0, a0, b0 in self.where.get((kind, name), []):
             if spec.axis is None and t0 != t % old.tp:
@@ -237,7 +239,7 @@ class Source:
                 continue
             lo = min(s for _, _, s, _ in blocks)
             hi = max(s + (r - 1) * have[0] + n for r, n, s, _ in blocks)
-            piece = self.files.read(fname, piece_key(kind, name, t0, a0, b0), code, lo - a0, hi - a0)
+            piece = self.files.read(fname, piece_key(kind, name, t0, a0, b0), code, lo - a0, hi - a0, native)
             for r, n, s, w in blocks:
                 _copy(out, w - a, piece, s - lo, r, n, have[0], want[0])
                 filled += r * n
@@ -246,10 +248,10 @@ class Source:
                                   "layout needs; the checkpoint is incomplete, resume from another one")
         return out
 
-    def full(self, kind: str, name: str) -> np.ndarray:
-        """The whole (unsharded) tensor, float32."""
+    def full(self, kind: str, name: str, out: np.ndarray | None = None, native: bool = False) -> np.ndarray:
+        """The whole (unsharded) tensor, float32 (``native``, ``out``: as :meth:`assemble`)."""
         spec = self.specs[name]
-        return self.assemble(kind, name, 1, 0, 0, spec.local_numel(1)).reshape(spec.shape)
+        return self.assemble(kind, name, 1, 0, 0, spec.local_numel(1), None, out, native).reshape(spec.shape)
 
 
 def open_checkpoint(ckdir: Path) -> tuple[Source, dict]:
@@ -268,8 +270,7 @@ def group_of(name: str) -> str:
 
 
 class Progress:
-    """One log line per parameter group (its tensors, bytes and seconds), so a long restore or merge is never
-    a silent window (a supervisor watching the log sees it move)."""
+    """One log line per parameter group (tensors, bytes, seconds): a long restore or merge is never silent."""
 
     def __init__(self, log: Callable[[str], None] | None, what: str, counter: Callable[[], int]):
         self.log, self.what, self.counter = log, what, counter
@@ -440,8 +441,7 @@ def restore_weights(model, ckdir: Path, tp: int, tp_rank: int, log: Callable[[st
 
 
 def full_state(ckdir: Path) -> dict[str, np.ndarray]:
-    """Every state tensor whole, as one device holds it: ``<param>`` (float32 view of its dtype),
-    ``master.<param>``, ``adam_m.<param>``, ``adam_v.<param>`` (for tests and small models: all in memory)."""
+    """Every state tensor whole, float32: ``<param>``, ``master.<param>``, ``adam_m.<param>``, ``adam_v.<param>``."""
     src, _ = open_checkpoint(ckdir)
     try:
         return {(p.name if kind == "param" else f"{kind}.{p.name}"): src.full(kind, p.name)
