@@ -42,7 +42,9 @@ from model_zoo.errors import CheckpointError
 # Bytes hashed twice and written per step: small enough to stay in a core's L2 cache between the three uses
 # (porting/train/run/checkpoint/format.py SLICE_BYTES measured 1 MiB best for the same hash-and-write).
 SLICE_BYTES = 1 << 20
-Read = Callable[[TensorInfo], memoryview]   # a source tensor's whole bytes, valid until the next call
+# A source tensor's whole bytes. Called on a thread of its own, one tensor ahead of the one being written, in the
+# source's order: a view must stay valid until the call after the next returns (two buffers in turn).
+Read = Callable[[TensorInfo], memoryview]
 
 
 def described(where: Path, name: str, tensors: Sequence[OutTensor], metadata: dict[str, str] | None,
@@ -101,10 +103,13 @@ def _stream(pf: PlannedFile, header: bytes, read: Read, path: Path, shown: Path,
     digests: list[str | None] = [None] * len(pf.tensors)
     held: dict[int, dict[int, bytes]] = {}
     source = hashlib.sha256(header)
-    with _Files(path, shown, copy) as out, ThreadPoolExecutor(max_workers=1) as second:
+    tensors = pf.src.tensors
+    with _Files(path, shown, copy) as out, ThreadPoolExecutor(1) as second, ThreadPoolExecutor(1) as ahead:
         out.write(out_head, 0, header)
-        for t in pf.src.tensors:
-            view = read(t)
+        coming = ahead.submit(read, tensors[0]) if tensors else None
+        for i, t in enumerate(tensors):   # tensor i is hashed and written while tensor i + 1 is read
+            view = coming.result()
+            coming = ahead.submit(read, tensors[i + 1]) if i + 1 < len(tensors) else None
             if view.nbytes != t.nbytes:
                 raise CheckpointError(f"{pf.src.path}: tensor {t.name}: {view.nbytes} bytes handed over, "
                                       f"{t.nbytes} expected; the source changed while it was read")

@@ -21,7 +21,7 @@ from converters import atomic
 from model_zoo.errors import CheckpointError, PortingError
 from porting.env import versions
 from porting.train.run.checkpoint.format import LAYOUT_FILE
-from porting.train.run.checkpoint.record import require_layout
+from porting.train.run.checkpoint.record import read_record, require_layout
 
 MS_WEIGHTS = "model.safetensors"   # the MindSpore-named full weights of a per-rank checkpoint
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "special_tokens_map.json",
@@ -86,12 +86,12 @@ def stream_hf(ckpt: Path, model_dir: Path | None, out: Path, *, command: list[st
     """The HF directory ``out`` from the per-rank checkpoint ``ckpt`` in one pass (converters/streamed.py), with
     ``model_dir``'s tokenizer files; ``copy``: also the MindSpore-named weights file there. Returns the model's
     config.json (from the checkpoint's record)."""
-    from converters import streamed  # deferred: export runs once, at the end
-    from converters.convert import MS_TO_HF, plan_source
-    from converters.safetensors_io import OutTensor
-    from model_zoo.config import LlamaConfig
-    from porting.train.run.checkpoint.merge import Whole, config_of
-    from porting.train.run.checkpoint.read import Progress, open_checkpoint
+    from converters import streamed  # deferred: the launcher imports this module; an export runs once, at the end
+    from converters.convert import MS_TO_HF, plan_source  # deferred: as above
+    from converters.safetensors_io import OutTensor  # deferred: as above
+    from model_zoo.config import LlamaConfig  # deferred: as above
+    from porting.train.run.checkpoint.merge import Whole, config_of  # deferred: the merge and the reader, only an export
+    from porting.train.run.checkpoint.read import Progress, open_checkpoint  # deferred: as above
 
     src, ident = open_checkpoint(ckpt)
     try:
@@ -144,7 +144,7 @@ def merge(ckpt: Path, model_dir: Path | None, *, hf_out: Path | None, ms_out: Pa
     ``mindspore.load_checkpoint(..., format="safetensors")`` + ``load_param_into_net(strict_load=True)`` load
     into the zoo cell, config.json, tokenizer files, optionally the optimizer state) and/or the HF directory
     ``hf_out``, both from one pass over the rank files. Each output is staged and renamed whole."""
-    from porting.train.run.checkpoint.merge import config_of, write_optimizer, write_weights  # deferred: the reader
+    from porting.train.run.checkpoint.merge import config_of, write_optimizer, write_weights  # deferred: as in stream_hf
 
     check_apart(hf_out, ms_out)
     if ms_out is None:
@@ -152,8 +152,6 @@ def merge(ckpt: Path, model_dir: Path | None, *, hf_out: Path | None, ms_out: Pa
             return []
         stream_hf(ckpt, model_dir if model_dir is not None else ckpt, hf_out, command=command, force=force, log=log)
         return [hf_out]
-    from porting.train.run.checkpoint.record import read_record
-
     with atomic.staged_dir(ms_out, force) as tmp:   # the small files and the optimizer first: the weights' pass
         cfg = config_of(ckpt, read_record(ckpt)[1])  # renames the HF directory into place, the MindSpore one next
         (tmp / "config.json").write_bytes(_config_text(cfg))

@@ -30,7 +30,6 @@ import numpy as np
 from converters.atomic import check_free_space
 from converters.safetensors_io import OutTensor, encode_header, write_all
 from model_zoo.errors import CheckpointError
-from porting.train.plan import sharding
 from porting.train.run.checkpoint.save import STATE_FILE, TrainState
 from porting.train.run.checkpoint.read import NATIVE, Progress, Source, group_of, open_checkpoint
 from porting.train.run.checkpoint.format import CODES, Layout, ParamSpec, owned, piece_key, write_rank, write_record
@@ -48,26 +47,42 @@ def config_of(ckdir: Path, ident: dict) -> dict:
     return cfg
 
 
+class _Slot:
+    """One tensor's buffers: ``buf`` for the bytes read (porting/train/run/checkpoint/read.py ``RankFiles``),
+    ``out`` for a tensor assembled from several pieces; reused, so no page is faulted in twice."""
+
+    def __init__(self):
+        self.buf = bytearray()
+        self.out = np.empty(0, np.uint8)
+
+
 class Whole:
-    """Each parameter's ``kind`` state whole, in its own dtype (bf16 bit for bit, no float32 round trip), into one
-    buffer reused for every tensor (a fresh one per tensor costs a page fault per 4 KiB): a call returns its
-    bytes, valid until the next call. ``bar``: one progress line per parameter group."""
+    """Each parameter's ``kind`` state whole, in its own dtype (bf16 bit for bit, no float32 round trip). A call
+    returns its bytes, valid until the call after the next (two buffers in turn, so the next tensor can be read
+    on another thread while this one is written); at most one call at a time. A tensor stored as one piece (no
+    TP split, within one ZeRO shard: most of them) is the bytes as read, checked against their chunks' sha256,
+    without a copy. ``bar``: one progress line per parameter group."""
 
     def __init__(self, src: Source, kind: str, bar: Progress):
         self.src, self.kind, self.bar = src, kind, bar
-        self.buf = np.empty(0, np.uint8)
+        self.slots, self.turn = (_Slot(), _Slot()), 0
 
     def code(self, spec: ParamSpec) -> str:
         return spec.dtype if self.kind == "param" else "F32"
 
     def __call__(self, name: str) -> memoryview:
-        spec = self.src.specs[name]
-        code = self.code(spec)
-        n = spec.local_numel(1) * CODES[code]
-        if self.buf.nbytes < n:
-            self.buf = np.empty(n, np.uint8)
+        spec, slot = self.src.specs[name], self.slots[self.turn]
+        self.turn ^= 1
+        code, n = self.code(spec), spec.local_numel(1)
         self.bar.step(f"{self.kind} {group_of(name)}")
-        full = self.src.full(self.kind, name, out=self.buf[:n].view(NATIVE[code]), native=True)
+        tp = self.src.layout.tp
+        stored = [w for w in self.src.where.get((self.kind, name), []) if spec.axis is None or tp == 1]
+        if stored and stored[0][1:] == (0, 0, n):   # one piece: TP slice 0 (replicated or no TP), elements [0, n)
+            key = piece_key(self.kind, name, 0, 0, n)
+            return memoryview(self.src.files.read(stored[0][0], key, code, 0, n, True, slot)).cast("B")
+        if slot.out.nbytes < n * CODES[code]:
+            slot.out = np.empty(n * CODES[code], np.uint8)
+        full = self.src.full(self.kind, name, out=slot.out[:n * CODES[code]].view(NATIVE[code]), native=True)
         return memoryview(full.reshape(-1)).cast("B")
 
 
@@ -140,6 +155,8 @@ def target_layout(old: Layout, recipe) -> Layout:
         low = prec.grad_reduce_dtype != "float32"
         gb = 4 if not low else {"float32": 4, "bfloat16": 2, "float16": 2}[prec.param_dtype]
         numels = [p.local_numel(tp) for p in params]
+        from porting.train.plan import sharding  # deferred: the plan loads the recipe schema; a merge needs neither
+
         bs = sharding.flat_buckets(numels, gb, recipe.parallel.comm_fusion, dp)
         buckets = tuple((tuple(b.indices), b.padded) for b in bs)
         zero = 2 if recipe.parallel.zero_stage == 2 and recipe.batching.grad_accum_steps > 1 else 1

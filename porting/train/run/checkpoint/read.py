@@ -54,9 +54,7 @@ class RankFiles:
     def __init__(self, ckdir: Path, table: dict[str, dict], verify: bool = True):
         self.dir, self.table, self.verify = ckdir, table, verify
         self.bytes_read = self.header_bytes = self.check_bytes = self.hashed_bytes = 0
-        self._heads: dict[str, dict] = {}
-        self._fds: dict[str, int] = {}
-        self._good: dict[str, set[int]] = {}
+        self._heads, self._fds, self._good = {}, {}, {}   # by file: header, descriptor, chunks checked
         self._lock = threading.RLock()   # readers on several threads (reshard): one open per file, exact counts
         self._tls = threading.local()    # one read buffer per thread (_fetch)
 
@@ -110,8 +108,8 @@ class RankFiles:
             raise CheckpointError(f"{self.dir / name}: its sha256 differs from the one layout.json records; the file "
                                   "was changed or damaged after it was written, resume from another checkpoint")
 
-    def _fetch(self, name: str, begin: int, end: int) -> memoryview:
-        """Bytes [begin, end) of ``name``, every chunk they touch checked (once per file)."""
+    def _fetch(self, name: str, begin: int, end: int, slot: Any = None) -> memoryview:
+        """Bytes [begin, end) of ``name``, every chunk they touch checked (once per file), in ``slot.buf``."""
         fd, entry = self._fds[name], self.table[name]
         if end <= begin:
             return memoryview(b"")
@@ -121,9 +119,9 @@ class RankFiles:
             [k for k in range(begin // chunk, (end - 1) // chunk + 1) if k not in good]
         lo, hi = (todo[0] * chunk, min(entry["bytes"], (todo[-1] + 1) * chunk)) if todo else (begin, end)
         lo, hi = min(lo, begin), max(hi, end)
-        # this thread's buffer, reused (a fresh one faults every 4 KiB): valid until the thread's next read
-        if len(buf := getattr(self._tls, "buf", b"")) < hi - lo:
-            buf = self._tls.buf = bytearray(max(hi - lo, len(buf) * 3 // 2))
+        # this thread's buffer (or the caller's), reused (a fresh one faults every 4 KiB): valid until its next read
+        if len(buf := getattr(slot := slot or self._tls, "buf", b"")) < hi - lo:
+            buf = slot.buf = bytearray(max(hi - lo, len(buf) * 3 // 2))
         view = memoryview(buf)[:hi - lo]
         if os.preadv(fd, [view], lo) != hi - lo:
             raise CheckpointError(f"{self.dir / name}: short read at byte {lo}; the file is truncated")
@@ -142,9 +140,10 @@ class RankFiles:
                 self.hashed_bytes += sum(len(x) for x in parts)
         return view[begin - lo:end - lo]
 
-    def read(self, name: str, key: str, code: str, lo: int, hi: int, native: bool = False) -> np.ndarray:
+    def read(self, name: str, key: str, code: str, lo: int, hi: int, native: bool = False, slot: Any = None
+             ) -> np.ndarray:
         """Elements [lo, hi) of the piece ``key`` of file ``name``, as float32 (``native``: in their own dtype,
-        :data:`NATIVE`); valid until this thread's next read."""
+        :data:`NATIVE`); valid until this thread's next read (or ``slot``'s: an object whose ``buf`` is used)."""
         info = self._open(name).get(key)
         size = CODES[code]
         if info is None or info.dtype != code or info.nbytes % size or not 0 <= lo <= hi <= info.nbytes // size:
@@ -152,7 +151,7 @@ class RankFiles:
             raise CheckpointError(f"{self.dir / name}: tensor {key} is {found}, the layout record needs {code} with "
                                   f"elements [{lo}, {hi}); the checkpoint is damaged or mismatched, resume from "
                                   "another one")
-        raw = self._fetch(name, info.begin + lo * size, info.begin + hi * size)
+        raw = self._fetch(name, info.begin + lo * size, info.begin + hi * size, slot)
         with self._lock:
             self.bytes_read += len(raw)
         if code == "F32" or native:
