@@ -26,6 +26,7 @@ import argparse
 import hashlib
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -69,15 +70,18 @@ def port(code: Path, *args: str, timeout: int = 1800) -> None:
         raise SystemExit(f"port {' '.join(args[:3])} ({code}) failed:\n{p.stderr[-3000:]}")
 
 
-def timed(argv: list[str], cwd: Path | None = None, code: Path | None = None) -> float:
-    """Seconds of ``argv`` then ``sync``."""
-    env = dict(os.environ, PYTHONPATH=str(code), GLOG_v="3") if code else None
-    t0 = time.perf_counter()
+def timed(argv: list[str], cwd: Path | None = None, code: Path | None = None) -> tuple[float, float]:
+    """(seconds of ``argv`` then ``sync``, CPU seconds of ``argv``). Python runs as from an install: its bytecode
+    is cached (PYTHONDONTWRITEBYTECODE, set where this was first run, would compile port's modules every time)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env.update({"PYTHONPATH": str(code), "GLOG_v": "3"} if code else {})
+    c0, t0 = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
     p = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True)
+    c1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     if p.returncode != 0:
         raise SystemExit(f"{' '.join(argv[:4])} failed:\n{p.stderr[-3000:]}")
     subprocess.run(["sync"], check=True)
-    return time.perf_counter() - t0
+    return time.perf_counter() - t0, c1.ru_utime + c1.ru_stime - c0.ru_utime - c0.ru_stime
 
 
 def build(work: Path) -> dict[str, Path]:
@@ -128,30 +132,42 @@ def same_output(a: Path, b: Path) -> str:
 
 
 def measure(ck: Path, old: Path, work: Path, rounds: int) -> dict:
-    """Interleaved rounds of cp -r, new merge, old merge (each + sync); the first round warms the cache."""
+    """Interleaved rounds of cp -r, new merge, old merge (each + sync); the first round warms the cache and
+    keeps both merges' outputs (at the same --out path, so the recorded commands match) to compare."""
     out = work / "out"
-    runs = {"cp -r": [], "merge (one pass)": [], "merge (base)": []}
-    argv = [sys.executable, "-m", "porting", "ckpt", "merge", str(ck), "--out", str(out)]
-    same = None
+    codes = {"cp -r": None, "one pass": ROOT, "base": old}
+    runs: dict[str, list] = {k: [] for k in codes}
+    merge = [sys.executable, "-m", "porting", "ckpt", "merge", str(ck), "--out", str(out)]
     for r in range(rounds + 1):
-        for what in runs:
+        for what, code in codes.items():
             shutil.rmtree(out, ignore_errors=True)
             subprocess.run(["sync"], check=True)
-            if what == "cp -r":
-                s = timed(["cp", "-r", str(ck), str(out)])
-            else:
-                code = ROOT if what == "merge (one pass)" else old
-                s = timed(argv, cwd=code, code=code)
-                if r == 0:   # the outputs, kept to compare (same --out path, so the command matches)
-                    shutil.copytree(out, work / what.split("(")[1].rstrip(")").replace(" ", "-"), dirs_exist_ok=True)
+            argv = ["cp", "-r", str(ck), str(out)] if code is None else merge
+            s = timed(argv, cwd=code, code=code)
             if r:
                 runs[what].append(s)
-    same = same_output(work / "one-pass", work / "base")
-    shutil.rmtree(out, ignore_errors=True)
-    for d in ("one-pass", "base"):
-        shutil.rmtree(work / d, ignore_errors=True)
+            elif code is not None:
+                shutil.rmtree(work / what, ignore_errors=True)
+                out.rename(work / what)
+    same = same_output(work / "one pass", work / "base")
+    for d in (out, work / "one pass", work / "base"):
+        shutil.rmtree(d, ignore_errors=True)
     size = sum(p.stat().st_size for p in ck.iterdir())
-    return {"bytes": size, "seconds": {k: sorted(v) for k, v in runs.items()}, "identical": same == "", "diff": same}
+    return {"bytes": size, "runs": runs, "identical": same == "", "diff": same}
+
+
+def summary(name: str, r: dict) -> str:
+    """Per round: each merge's seconds over that round's cp -r (the same load); best and median over rounds."""
+    runs = r["runs"]
+    med = (lambda xs: sorted(xs)[len(xs) // 2])  # noqa: E731
+    cp = [s for s, _ in runs["cp -r"]]
+    parts = [f"{name:5} {r['bytes'] / 1e9:.2f} GB: cp -r + sync {min(cp):.2f} s (median {med(cp):.2f})"]
+    for what in ("one pass", "base"):
+        secs = [s for s, _ in runs[what]]
+        ratio = [s / c for s, c in zip(secs, cp)]
+        parts.append(f"{what} {min(secs):.2f} s (median {med(secs):.2f}, {med([c for _, c in runs[what]]):.2f} "
+                     f"CPU-s), x cp per round: best {min(ratio):.2f}, median {med(ratio):.2f}")
+    return "; ".join(parts) + f"; outputs {'byte-identical' if r['identical'] else 'DIFFER: ' + r['diff']}"
 
 
 def main() -> None:
@@ -169,17 +185,10 @@ def main() -> None:
         cks = build(work)
         rows = {name: measure(ck, old, work, args.rounds) for name, ck in cks.items()}
         cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?")
-        print(f"{cpu}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}; base {args.base}; best of "
-              f"{args.rounds} (median in brackets), each + sync")
+        print(f"{cpu}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f} at the end; base {args.base}; "
+              f"{args.rounds} rounds")
         for name, r in rows.items():
-            best = {k: v[0] for k, v in r["seconds"].items()}
-            med = {k: v[len(v) // 2] for k, v in r["seconds"].items()}
-            cp = best["cp -r"]
-            print(f"  {name:5} {r['bytes'] / 1e9:.2f} GB: cp -r {cp:.2f} s [{med['cp -r']:.2f}]; one pass "
-                  f"{best['merge (one pass)']:.2f} s [{med['merge (one pass)']:.2f}] = "
-                  f"{best['merge (one pass)'] / cp:.2f}x cp; base {best['merge (base)']:.2f} s "
-                  f"[{med['merge (base)']:.2f}] = {best['merge (base)'] / cp:.2f}x cp; outputs "
-                  f"{'byte-identical' if r['identical'] else 'DIFFER: ' + r['diff']}")
+            print("  " + summary(name, r))
         if args.json:
             Path(args.json).write_text(json.dumps({"cpu": cpu, "base": args.base, "rows": rows}, indent=1))
         if not all(r["identical"] for r in rows.values()):

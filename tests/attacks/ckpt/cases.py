@@ -345,12 +345,15 @@ def _neither_written(line: str, d: Path) -> None:
     assert not [p.name for p in (d / "out").iterdir()], "a temporary was left"
 
 
-@case("disk full while writing", subprocess=True, fsize=200_000, timeout=120, check=_neither_written)
-def merge_hf_and_ms_disk_fills_in_their_one_pass(d):
-    """Both from one pass: a full disk there leaves neither (the MindSpore one is renamed in after the HF one)."""
+@case(*FLIPPED, timeout=120, check=_neither_written)
+def merge_hf_and_ms_refused_in_their_one_pass(d):
+    """Both from one pass, refused inside it (config.json and the tokenizer files of --ms already staged): neither
+    is left (the MindSpore directory is renamed in only after the HF one)."""
     ck = I.train_checkpoint(d / "ck" / "step_2")
+    _flip_a_bit(ck)
     (d / "out").mkdir()
-    return ["ckpt", "merge", str(ck), "--out", str(d / "out" / "hf"), "--ms", str(d / "out" / "ms")]
+    return ["ckpt", "merge", str(ck), "--out", str(d / "out" / "hf"), "--ms", str(d / "out" / "ms"),
+            "--model", str(I.EMBEDDED)]
 
 
 def _nothing_written(line: str, d: Path) -> None:
