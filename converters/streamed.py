@@ -37,11 +37,13 @@ from converters.layout import ConversionLayout, PlannedFile
 from converters.safetensors_io import OutTensor, TensorInfo, encode_header
 from converters.sources import Source, SourceFile
 from converters.tensor_writer import tensor_record
+from model_zoo import files
 from model_zoo.errors import CheckpointError
 
 # Bytes hashed twice and written per step: small enough to stay in a core's L2 cache between the three uses
 # (porting/train/run/checkpoint/format.py SLICE_BYTES measured 1 MiB best for the same hash-and-write).
 SLICE_BYTES = 1 << 20
+WRITEBACK_BYTES = 32 << 20   # as porting/train/run/checkpoint/format.py's rank files: model_zoo.files.start_writeback
 # A source tensor's whole bytes. Called on a thread of its own, one tensor ahead of the one being written, in the
 # source's order: a view must stay valid until the call after the next returns (two buffers in turn).
 Read = Callable[[TensorInfo], memoryview]
@@ -162,6 +164,7 @@ class _Files:
     def __init__(self, path: Path, shown: Path, copy: Path | None):
         self.shown, self.copy_path = shown, copy
         self.fd = self.copy_fd = -1
+        self.started: dict[int, list[int]] = {}   # fd -> [bytes whose disk write was started, bytes written]
         try:
             self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
             if copy is not None:
@@ -182,10 +185,21 @@ class _Files:
 
     def pwrite(self, data: memoryview, offset: int) -> None:
         _all(lambda v, done: os.pwrite(self.fd, v, offset + done), data, self.shown)
+        self._written(self.fd, offset + data.nbytes)
 
     def append_copy(self, data: memoryview) -> None:
         if self.copy_fd >= 0:
             _all(lambda v, done: os.write(self.copy_fd, v), data, self.copy_path)
+            self._written(self.copy_fd, self.started.get(self.copy_fd, [0, 0])[1] + data.nbytes)
+
+    def _written(self, fd: int, end: int) -> None:
+        """Start the disk write of every WRITEBACK_BYTES written (outputs are written in offset order): the
+        disk works while the next tensors are hashed, and a later fsync or sync waits only for the rest."""
+        mark = self.started.setdefault(fd, [0, 0])
+        mark[1] = max(mark[1], end)
+        if mark[1] - mark[0] >= WRITEBACK_BYTES:
+            files.start_writeback(fd, mark[0], mark[1] - mark[0])
+            mark[0] = mark[1]
 
     def finish(self, size: int) -> None:
         """Check the output's size; the copy is made durable (the MindSpore directory a user keeps)."""
