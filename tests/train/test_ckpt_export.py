@@ -146,3 +146,42 @@ def _sizes(path: Path) -> list[dict]:
     from converters.safetensors_io import read_header
 
     return [{"name": t.name, "nbytes": t.nbytes} for t in read_header(path).tensors]
+
+
+def _rechunk(ck: Path, chunk: int) -> None:
+    """The record's chunk digests recomputed for ``chunk``-byte chunks (real digests of the real bytes)."""
+    doc = json.loads((ck / "layout.json").read_text())
+    for name, entry in doc["files"].items():
+        raw = (ck / name).read_bytes()
+        entry.update(chunk_bytes=chunk, chunks=[hashlib.sha256(raw[i:i + chunk]).hexdigest()
+                                                for i in range(0, len(raw), chunk)])
+    (ck / "layout.json").write_text(json.dumps(doc))
+
+
+def test_pieces_read_into_place_across_chunk_edges_are_checked(tmp_path):
+    """Chunks of 4,099 bytes (odd, so every piece starts and ends inside one): each weight is read straight into
+    its place with the chunk bytes around it beside it, and every chunk is checked whole. The export equals the
+    one at the writer's 4 MiB chunks; one flipped bit inside a weight, or in a chunk's part outside it, is refused."""
+    from model_zoo.errors import CheckpointError
+    from porting.train.run.checkpoint import export
+
+    ck, _ = _checkpoint(tmp_path / "ck", "llama")
+    export.merge(ck, None, hf_out=tmp_path / "a", ms_out=None)
+    _rechunk(ck, 4099)
+    export.merge(ck, None, hf_out=tmp_path / "b", ms_out=None)
+    assert (tmp_path / "a" / "model.safetensors").read_bytes() == (tmp_path / "b" / "model.safetensors").read_bytes()
+    from converters.safetensors_io import read_header
+
+    rank0 = ck / "rank_00000.safetensors"
+    weights = [t for t in read_header(rank0).tensors if t.name.startswith("param/")]
+    after = max(t.end for t in weights)   # the first byte after the weights: in the chunk of their last bytes
+    assert after % 4099 and after < rank0.stat().st_size
+    for at in (weights[1].begin + weights[1].nbytes // 2, after):
+        raw = bytearray(rank0.read_bytes())
+        raw[at] ^= 1
+        rank0.write_bytes(bytes(raw))
+        with pytest.raises(CheckpointError, match="do not match the sha256 layout.json records"):
+            export.merge(ck, None, hf_out=tmp_path / "c", ms_out=None)
+        raw[at] ^= 1
+        rank0.write_bytes(bytes(raw))
+    assert not (tmp_path / "c").exists()

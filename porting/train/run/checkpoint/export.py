@@ -91,7 +91,8 @@ def stream_hf(ckpt: Path, model_dir: Path | None, out: Path, *, command: list[st
     from converters.safetensors_io import OutTensor  # deferred: as above
     from model_zoo.config import LlamaConfig  # deferred: as above
     from porting.train.run.checkpoint.merge import Whole, config_of  # deferred: the merge and the reader, only an export
-    from porting.train.run.checkpoint.read import Progress, open_checkpoint  # deferred: as above
+    from porting.train.run.checkpoint.progress import Progress  # deferred: as above
+    from porting.train.run.checkpoint.read import open_checkpoint  # deferred: as above
 
     src, ident = open_checkpoint(ckpt)
     try:

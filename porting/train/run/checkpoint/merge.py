@@ -31,7 +31,8 @@ from converters.atomic import check_free_space
 from converters.safetensors_io import OutTensor, encode_header, write_all
 from model_zoo.errors import CheckpointError
 from porting.train.run.checkpoint.save import STATE_FILE, TrainState
-from porting.train.run.checkpoint.read import NATIVE, Progress, Source, group_of, open_checkpoint
+from porting.train.run.checkpoint.progress import Progress, group_of
+from porting.train.run.checkpoint.read import NATIVE, Source, open_checkpoint
 from porting.train.run.checkpoint.format import CODES, Layout, ParamSpec, owned, piece_key, write_rank, write_record
 
 Log = Callable[[str], None] | None
@@ -48,8 +49,8 @@ def config_of(ckdir: Path, ident: dict) -> dict:
 
 
 class _Slot:
-    """One tensor's buffers: ``buf`` for the bytes read (porting/train/run/checkpoint/read.py ``RankFiles``),
-    ``out`` for a tensor assembled from several pieces; reused, so no page is faulted in twice."""
+    """One tensor's buffers, reused (a fresh one faults every page in again): ``out`` for the tensor, ``buf``
+    for the rest of the rank-file chunks a read checks around it (porting/train/run/checkpoint/read.py)."""
 
     def __init__(self):
         self.buf = bytearray()
@@ -59,9 +60,10 @@ class _Slot:
 class Whole:
     """Each parameter's ``kind`` state whole, in its own dtype (bf16 bit for bit, no float32 round trip). A call
     returns its bytes, valid until the call after the next (two buffers in turn, so the next tensor can be read
-    on another thread while this one is written); at most one call at a time. A tensor stored as one piece (no
-    TP split, within one ZeRO shard: most of them) is the bytes as read, checked against their chunks' sha256,
-    without a copy. ``bar``: one progress line per parameter group."""
+    on another thread while this one is written); at most one call at a time. Without a TP split (or for a
+    replicated tensor) its stored pieces are flat ranges of it, read straight into place (ZeRO's shards of a
+    tensor from two ranks too), every chunk checked against its sha256 (no copy after the read); a TP-split one
+    is re-joined row by row (``Source.full``). ``bar``: one progress line per parameter group."""
 
     def __init__(self, src: Source, kind: str, bar: Progress):
         self.src, self.kind, self.bar = src, kind, bar
@@ -74,16 +76,24 @@ class Whole:
         spec, slot = self.src.specs[name], self.slots[self.turn]
         self.turn ^= 1
         code, n = self.code(spec), spec.local_numel(1)
+        size = CODES[code]
         self.bar.step(f"{self.kind} {group_of(name)}")
-        tp = self.src.layout.tp
-        stored = [w for w in self.src.where.get((self.kind, name), []) if spec.axis is None or tp == 1]
-        if stored and stored[0][1:] == (0, 0, n):   # one piece: TP slice 0 (replicated or no TP), elements [0, n)
-            key = piece_key(self.kind, name, 0, 0, n)
-            return memoryview(self.src.files.read(stored[0][0], key, code, 0, n, True, slot)).cast("B")
-        if slot.out.nbytes < n * CODES[code]:
-            slot.out = np.empty(n * CODES[code], np.uint8)
-        full = self.src.full(self.kind, name, out=slot.out[:n * CODES[code]].view(NATIVE[code]), native=True)
-        return memoryview(full.reshape(-1)).cast("B")
+        if slot.out.nbytes < n * size:
+            slot.out = np.empty(n * size, np.uint8)
+        out = memoryview(slot.out)[:n * size]
+        if spec.axis is not None and self.src.layout.tp > 1:
+            self.src.full(self.kind, name, out=slot.out[:n * size].view(NATIVE[code]), native=True)
+            return out
+        filled = 0
+        for fname, t, a, b in self.src.where.get((self.kind, name), []):
+            if t == 0:   # replicated across TP ranks: slice 0's copy
+                key = piece_key(self.kind, name, t, a, b)
+                self.src.files.read(fname, key, code, 0, b - a, True, slot, out[a * size:b * size])
+                filled += b - a
+        if filled != n:
+            raise CheckpointError(f"{self.src.files.dir}: {self.kind} of {name} covers {filled} of its {n} elements; "
+                                  "the checkpoint is incomplete, resume from another one")
+        return out
 
 
 def _write_full(src: Source, out: Path, kinds: tuple[str, ...], log: Log, what: str) -> None:

@@ -17,7 +17,6 @@ import errno
 import hashlib
 import math
 import os
-import re
 import stat
 import threading
 import time
@@ -31,6 +30,7 @@ from numpy.lib.stride_tricks import as_strided
 from converters import dtypes
 from converters.safetensors_io import read_header
 from model_zoo.errors import CheckpointError
+from porting.train.run.checkpoint.progress import Progress, group_of
 from porting.train.run.checkpoint.record import read_record
 from porting.train.run.checkpoint.format import (CODES, Layout, ParamSpec, identity, live_layout, needed, owned_ranges,
                                            piece_bytes, piece_key, rss, zero_ranges)
@@ -41,8 +41,21 @@ _HASHERS = ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1))   # hashl
 NATIVE = {"F32": np.dtype("<f4"), "BF16": np.dtype("<u2"), "F16": np.dtype("<f2")}   # own dtype (bf16: its bits)
 
 
-def _sha(view: memoryview) -> str:
-    return hashlib.sha256(view).hexdigest()
+def _sha(views: list[memoryview]) -> str:
+    h = hashlib.sha256()
+    for v in views:
+        h.update(v)
+    return h.hexdigest()
+
+
+def _segments(bufs: list[memoryview], lo: int, a: int, b: int) -> list[memoryview]:
+    """The views of bytes [a, b) of a read at file offset ``lo`` that filled ``bufs`` in turn."""
+    out = []
+    for v in bufs:
+        if a < lo + v.nbytes and b > lo:
+            out.append(v[max(a - lo, 0):min(b - lo, v.nbytes)])
+        lo += v.nbytes
+    return out
 
 
 class RankFiles:
@@ -108,8 +121,9 @@ class RankFiles:
             raise CheckpointError(f"{self.dir / name}: its sha256 differs from the one layout.json records; the file "
                                   "was changed or damaged after it was written, resume from another checkpoint")
 
-    def _fetch(self, name: str, begin: int, end: int, slot: Any = None) -> memoryview:
-        """Bytes [begin, end) of ``name``, every chunk they touch checked (once per file), in ``slot.buf``."""
+    def _fetch(self, name: str, begin: int, end: int, slot: Any = None, into: memoryview | None = None) -> memoryview:
+        """Bytes [begin, end) of ``name``, every chunk they touch checked (once per file), in ``slot.buf``; with
+        ``into`` (end - begin bytes), read straight there (the rest of the chunks around it into ``slot.buf``)."""
         fd, entry = self._fds[name], self.table[name]
         if end <= begin:
             return memoryview(b"")
@@ -123,10 +137,11 @@ class RankFiles:
         if len(buf := getattr(slot := slot or self._tls, "buf", b"")) < hi - lo:
             buf = slot.buf = bytearray(max(hi - lo, len(buf) * 3 // 2))
         view = memoryview(buf)[:hi - lo]
-        if os.preadv(fd, [view], lo) != hi - lo:
+        bufs = [view] if into is None else [view[:begin - lo], into, view[begin - lo:hi - end + begin - lo]]
+        if os.preadv(fd, bufs, lo) != hi - lo:
             raise CheckpointError(f"{self.dir / name}: short read at byte {lo}; the file is truncated")
         if todo:
-            parts = [view[k * chunk - lo:min(entry["bytes"], (k + 1) * chunk) - lo] for k in todo]
+            parts = [_segments(bufs, lo, k * chunk, min(entry["bytes"], (k + 1) * chunk)) for k in todo]
             sums = list(_HASHERS.map(_sha, parts)) if len(parts) > 1 else [_sha(parts[0])]
             for k, got in zip(todo, sums):
                 if got != entry["chunks"][k]:
@@ -137,13 +152,14 @@ class RankFiles:
             with self._lock:
                 good.update(todo)
                 self.check_bytes += (hi - lo) - (end - begin)
-                self.hashed_bytes += sum(len(x) for x in parts)
-        return view[begin - lo:end - lo]
+                self.hashed_bytes += sum(len(x) for p in parts for x in p)
+        return view[begin - lo:end - lo] if into is None else into
 
-    def read(self, name: str, key: str, code: str, lo: int, hi: int, native: bool = False, slot: Any = None
-             ) -> np.ndarray:
+    def read(self, name: str, key: str, code: str, lo: int, hi: int, native: bool = False, slot: Any = None,
+             into: memoryview | None = None) -> np.ndarray:
         """Elements [lo, hi) of the piece ``key`` of file ``name``, as float32 (``native``: in their own dtype,
-        :data:`NATIVE`); valid until this thread's next read (or ``slot``'s: an object whose ``buf`` is used)."""
+        :data:`NATIVE`); valid until this thread's next read (or ``slot``'s: an object whose ``buf`` is used).
+        ``into``: a buffer of their bytes to read them into, without a copy (with ``native``)."""
         info = self._open(name).get(key)
         size = CODES[code]
         if info is None or info.dtype != code or info.nbytes % size or not 0 <= lo <= hi <= info.nbytes // size:
@@ -151,7 +167,9 @@ class RankFiles:
             raise CheckpointError(f"{self.dir / name}: tensor {key} is {found}, the layout record needs {code} with "
                                   f"elements [{lo}, {hi}); the checkpoint is damaged or mismatched, resume from "
                                   "another one")
-        raw = self._fetch(name, info.begin + lo * size, info.begin + hi * size, slot)
+        if into is not None and (not native or into.nbytes != (hi - lo) * size):
+            raise ValueError(f"read into {into.nbytes} bytes: {(hi - lo) * size} native bytes expected")
+        raw = self._fetch(name, info.begin + lo * size, info.begin + hi * size, slot, into)
         with self._lock:
             self.bytes_read += len(raw)
         if code == "F32" or native:
@@ -257,40 +275,6 @@ def open_checkpoint(ckdir: Path) -> tuple[Source, dict]:
     """The checkpoint's pieces and its identity record."""
     layout, ident, table = read_record(ckdir)
     return Source(ckdir, layout, table), ident
-
-
-_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
-
-
-def group_of(name: str) -> str:
-    """The parameter group a progress line covers: a decoder layer, or the tensors outside the layers."""
-    m = _LAYER.search(name)
-    return f"layer {m.group(1)}" if m else "embedding" if "embedding" in name else "final norm and head"
-
-
-class Progress:
-    """One log line per parameter group (tensors, bytes, seconds): a long restore or merge is never silent."""
-
-    def __init__(self, log: Callable[[str], None] | None, what: str, counter: Callable[[], int]):
-        self.log, self.what, self.counter = log, what, counter
-        self.group: str | None = None
-        self.total_bytes, self.t_start = 0, time.perf_counter()
-
-    def step(self, group: str) -> None:
-        if group != self.group:
-            self.done()
-            self.group, self.n, self.b0, self.t0 = group, 0, self.counter(), time.perf_counter()
-        self.n += 1
-
-    def done(self) -> None:
-        if self.group is None:
-            return
-        nbytes, sec = self.counter() - self.b0, time.perf_counter() - self.t0
-        self.total_bytes += nbytes
-        if self.log is not None:
-            self.log(f"{self.what}: {self.group}: {self.n} tensor(s), {nbytes} bytes in {sec:.2f} s "
-                     f"({nbytes / max(sec, 1e-9) / 1e6:.0f} MB/s)")
-        self.group = None
 
 
 def _differs(a: Any, b: Any, path: str = "") -> str | None:
