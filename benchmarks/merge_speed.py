@@ -9,8 +9,11 @@ weight from two rank files), one step of a random-weight Llama (fp32: weights, A
 
 Timed per round, in turn (the page cache warm: one round first, not counted), each followed by ``sync`` so the
 bytes are on disk as ``cp -r`` + ``sync``'s are: ``cp -r`` of the checkpoint; `port ckpt merge CK --out HF` of
-this checkout; the same command of the base commit. The command's own start-up (`port ckpt merge` of the
-stories260K checkpoint of a 2-step tiny run) is measured the same way and reported beside, not subtracted.
+this checkout; the same command of the base commit. Each merge is divided by its own round's ``cp -r`` (on a
+shared machine the load moves between rounds more than within one); the best and the median of those ratios
+are printed, with each command's CPU seconds. The command's own start-up (`port ckpt merge` of the stories260K
+checkpoint of a 2-step tiny run) is measured the same way and reported beside, not subtracted. Python runs
+with its bytecode cached, as from an install.
 The outputs of the two codes are compared file by file (sha256) and the manifests key by key, less
 ``created`` (a time), ``source.dir`` (the staging folder's name held the pid; now the checkpoint),
 ``output.bytes_written_by`` (copied in the kernel from the staged file before; written from user space now)
