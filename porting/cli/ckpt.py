@@ -88,7 +88,8 @@ Examples:
 @click.option("--force", is_flag=True, help="Replace a non-empty --out/--ms directory that port wrote.")
 def merge(checkpoint: str, out: str | None, ms_out: str | None, optimizer: bool, model: str | None, force: bool):
     """Write the full HF checkpoint (safetensors + config.json + port_manifest.json) and/or a MindSpore
-    directory of a training checkpoint; one progress line per parameter group on stderr."""
+    directory of a training checkpoint, both in one pass over its rank files (--out and --ms: two separate
+    directories); one progress line per parameter group on stderr."""
     import sys
 
     from model_zoo.errors import ConfigError
