@@ -63,11 +63,15 @@ class Whole:
     on another thread while this one is written); at most one call at a time. Without a TP split (or for a
     replicated tensor) its stored pieces are flat ranges of it, read straight into place (ZeRO's shards of a
     tensor from two ranks too), every chunk checked against its sha256 (no copy after the read); a TP-split one
-    is re-joined row by row (``Source.full``). ``bar``: one progress line per parameter group."""
+    is re-joined row by row (``Source.full``). Host memory: the two buffers, each the largest tensor's size (at
+    13B in bf16, 2 x 328 MB; the two passes held it in float32 and its cast). ``bar``: one progress line per group."""
 
     def __init__(self, src: Source, kind: str, bar: Progress):
         self.src, self.kind, self.bar = src, kind, bar
         self.slots, self.turn = (_Slot(), _Slot()), 0
+        most = max((p.local_numel(1) * CODES[self.code(p)] for p in src.layout.params), default=0)
+        for slot in self.slots:   # the largest tensor's size at once: no buffer is made again as tensors grow
+            slot.out = np.empty(most, np.uint8)
 
     def code(self, spec: ParamSpec) -> str:
         return spec.dtype if self.kind == "param" else "F32"
@@ -98,18 +102,19 @@ class Whole:
 
 def _write_full(src: Source, out: Path, kinds: tuple[str, ...], log: Log, what: str) -> None:
     """Every parameter's state of each kind, whole, into one safetensors file (``<kind>.<name>`` for the
-    optimizer kinds); one tensor in host memory at a time, one progress line per parameter group."""
+    optimizer kinds); one kind's buffers in host memory at a time, one progress line per parameter group."""
     specs = src.layout.params
     bar = Progress(log, what, lambda: src.files.bytes_read)
-    readers = [Whole(src, k, bar) for k in kinds]
-    heads = [OutTensor(p.name if r.kind == "param" else f"{r.kind}.{p.name}", r.code(p), p.shape)
-             for r in readers for p in specs]
+    heads = [OutTensor(p.name if k == "param" else f"{k}.{p.name}", p.dtype if k == "param" else "F32", p.shape)
+             for k in kinds for p in specs]
     check_free_space(out, sum(t.nbytes for t in heads))
     with open(out, "wb") as f:
         write_all(f, encode_header(heads, {"format": "ms"}))
-        for r in readers:
+        for k in kinds:
+            whole = Whole(src, k, bar)
             for p in specs:
-                write_all(f, r(p.name))
+                write_all(f, whole(p.name))
+            del whole
         bar.done()
         f.flush()
         os.fsync(f.fileno())
