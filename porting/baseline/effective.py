@@ -164,6 +164,10 @@ def table(cuda: Side, port: Side) -> tuple[SettingRow, ...]:
         else:
             equal = None if c.value is None or p.value is None else _same(c.value, p.value)
         effect = "" if equal else _warmup_effect(cuda, port) if key == "warmup_steps" else EFFECTS[key]
+        if key == "chat_template" and equal is False and "none" not in (c.value, p.value):
+            out.append(_row(key, label, c, p, None, "cannot be compared by name (each side names its own template): "
+                            "render one example on both sides and compare the tokens; if they differ: " + effect))
+            continue
         if equal is None:
             effect = "cannot be compared: " + ("the CUDA side's" if c.value is None else "port's") + \
                      " value is not in its files; if they differ: " + effect
@@ -176,17 +180,18 @@ def differing(rows: tuple[SettingRow, ...]) -> list[SettingRow]:
     return [r for r in rows if r.equal is False]
 
 
-def render(rows: tuple[SettingRow, ...], all_rows: bool = False) -> list[str]:
-    """The differing rows (or every row) as text lines; a count of the equal and the unknown ones after them."""
+def render(rows: tuple[SettingRow, ...], all_rows: bool = False, left: str = "CUDA") -> list[str]:
+    """The differing rows (or every row) as text lines, ``left`` naming the other side; a count of the equal and the
+    unknown ones in the header."""
     shown = list(rows) if all_rows else differing(rows)
     same = sum(r.equal is True for r in rows)
     unk = [r.setting for r in rows if r.equal is None]
-    head = (f"EFFECTIVE SETTINGS (baseline side | port side): {len(differing(rows))} differ, {same} equal, "
-            f"{len(unk)} not knowable from one side's files" + (f" ({', '.join(unk[:6])}{', ...' if len(unk) > 6 else ''})" if unk else ""))
+    head = (f"EFFECTIVE SETTINGS ({left} side | port side): {len(differing(rows))} differ, {same} equal, "
+            f"{len(unk)} not comparable from the files" + (f" ({', '.join(unk[:6])}{', ...' if len(unk) > 6 else ''})" if unk else ""))
     lines = [head]
     for r in shown:
         mark = {True: "=", False: "DIFFERS", None: "?"}[r.equal]
-        lines.append(f"  {mark:<7} {r.setting}: CUDA {r.cuda}  |  port {r.port}")
+        lines.append(f"  {mark:<7} {r.setting}: {left} {r.cuda}  |  port {r.port}")
         if r.effect:
             lines.append(f"          effect: {r.effect}")
     return lines
