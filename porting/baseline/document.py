@@ -324,6 +324,13 @@ def _value_problems(doc: dict[str, Any]) -> list[str]:
     imp = doc.get("imported", {})
     out += [f"imported.{k} is {str(imp[k])[:40]!r}, expected {_NAMES}" for k in ("contains", "lacks")
             if len(imp.get(k, ())) > MAX_NAMES or any(len(x) > MAX_NAME_CHARS for x in imp.get(k, ()))]
+    if imp.get("effective_settings") is not None:   # the CUDA side of the settings table (porting/intake/effective.py)
+        from porting.baseline.effective import side_from_dict
+
+        try:
+            side_from_dict(imp["effective_settings"], "imported.effective_settings")
+        except ValueError as e:
+            out.append(str(e))
     ev = doc.get("evaluation")
     if isinstance(ev, dict) and len(ev.get("step") or ()) != len(ev.get("loss") or ()):
         out.append("evaluation.step and evaluation.loss must be lists of the same length")

@@ -154,7 +154,9 @@ def _decay_equal(cuda: Side, port: Side) -> bool | None:
 
 def table(cuda: Side, port: Side) -> tuple[SettingRow, ...]:
     """One row per setting of :data:`SETTINGS`: both sides' values in words, equal or not (None: one side cannot be
-    known), and the expected effect of each difference (empty when equal)."""
+    known), and the expected effect of each difference (empty when equal); none when port's side recorded nothing."""
+    if not port:
+        return ()
     out = []
     for key, label in SETTINGS:
         c = cuda.get(key) or unknown("not recorded by this side")

@@ -99,19 +99,16 @@ def _template(r: Recipe, src: str) -> Fact:
 def determinism_fact(recipe_mode: str, switches: dict[str, Any] | None, src: str) -> Fact:
     """The determinism the run asked for and the switches its ranks recorded in force (manifest.json)."""
     if recipe_mode != "bitwise":
-        return Fact("off", "off (determinism: off)", f"{src}: determinism")
+        return Fact("default", "default (determinism: default: the kernels' own, non-deterministic where they are)",
+                    f"{src}: determinism")
     inforce = ", ".join(f"{k}={v}" for k, v in (switches or {}).items() if k != "refused")
     return Fact("bitwise", "bitwise" + (f": {inforce}" if inforce else " (switches not recorded)"),
                 f"{src}: determinism; manifest.json determinism")
 
 
-def run_side(run: Any) -> dict[str, Fact]:
-    """Port's side of a run directory as :func:`porting.rundir.read_run` read it."""
-    from porting.train.recipe.schema import validate_recipe
-
-    assert run.manifest is not None, "read_run(strict=True) reads the manifest"
-    src = "manifest.json recipe"
-    rec = validate_recipe(run.manifest.recipe, f"{run.path / 'manifest.json'}: recipe", check_files=False)
+def recipe_side(rec: Recipe, switches: dict[str, Any] | None = None,
+                src: str = "manifest.json recipe") -> dict[str, Fact]:
+    """Port's side of a resolved recipe, with the determinism switches its ranks recorded in force."""
     facts = _recipe_facts(rec, src)
     facts["loss_normalisation"] = Fact("global-token-mean", LOSS_WORDS["global-token-mean"],
                                        f"{CELLS} (scale = 1 / the step's target tokens)")
@@ -119,10 +116,18 @@ def run_side(run: Any) -> dict[str, Fact]:
     facts["data_order"] = Fact("port-permutation" + (f":{rec.seed}" if rec.data.shuffle else ":none"),
                                f"port's own permutation of seed {rec.seed}" if rec.data.shuffle else "file order",
                                "porting/train/data/batching.py plan_epoch")
-    recorded = getattr(run.manifest, "determinism", None) or run.manifest.extra.get("determinism")
-    facts["determinism"] = determinism_fact(getattr(rec, "determinism", "off"),
-                                            recorded if isinstance(recorded, dict) else None, src)
+    facts["determinism"] = determinism_fact(rec.determinism, switches, src)
     return facts
+
+
+def run_side(run: Any) -> dict[str, Fact]:
+    """Port's side of a run directory as :func:`porting.rundir.read_run` read it."""
+    from porting.train.recipe.schema import validate_recipe
+
+    if run.manifest is None:   # a run read without its manifest records no setting: no table
+        return {}
+    rec = validate_recipe(run.manifest.recipe, f"{run.path / 'manifest.json'}: recipe", check_files=False)
+    return recipe_side(rec, run.manifest.determinism)
 
 
 def baseline_side(recipe: dict | None, loop: dict | None, where: str) -> dict[str, Fact]:
@@ -149,5 +154,6 @@ def baseline_side(recipe: dict | None, loop: dict | None, where: str) -> dict[st
                                f"port's own permutation of seed {rec.seed}, the same steps as `port train`"
                                if rec.data.shuffle else "file order",
                                "porting/baseline/runner.py gathered_steps")
-    facts["determinism"] = Fact("off", "off (torch defaults)", "porting/baseline/runner.py")
+    facts["determinism"] = Fact("default", "default (torch's kernels, no deterministic algorithms)",
+                                "porting/baseline/runner.py")
     return facts

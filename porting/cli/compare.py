@@ -45,8 +45,9 @@ Examples:
               help="Steps the loss-weighted gate covers (default: every compared step).")
 @click.option("--eval-max", type=click.FloatRange(0, min_open=True), default=None,
               help="The field's gate: evaluation-loss relative error allowed (default 0.05).")
-@click.option("--throughput-min", type=click.FloatRange(0, min_open=True), default=None,
-              help="The field's gate: run/baseline tokens/s per device-equivalent at least this (default 0.7).")
+@click.option("--throughput-min", type=click.FloatRange(0), default=None,
+              help="The field's gate: run/baseline tokens/s per device-equivalent at least this (default 0.7; 0: "
+                   "report only, as on a CPU that is not the target).")
 @click.option("--baseline-devices", type=click.IntRange(1, 1 << 20), default=None,
               help="Imported baseline: the CUDA job's device count, where its files state none (throughput gate).")
 @click.option("--cuda-job", default=None, metavar="DIR",
@@ -91,9 +92,9 @@ def command(baseline: str, rundir: str, as_json: bool, out: str | None, loss_rto
                        weighted_steps=step_window(weighted_steps, "--weighted-steps"))
     side = None
     if cuda_job:
-        from porting.intake.effective import read_job
+        from porting.intake.job import read_cuda_job
 
-        side = read_job(cuda_job)
+        side = read_cuda_job(cuda_job)
     rep = run_compare(baseline, rundir, allow_settings_mismatch=allow_settings_mismatch, probe=not no_probe, gate=gate,
                       spec=spec, cuda_side=side, baseline_devices=baseline_devices,
                       loss_rtol=loss_rtol, loss_atol=loss_atol, logits_atol=logits_atol,

@@ -123,21 +123,6 @@ def read_files(configs: list[Path], log: Path | None = None, tokenizer_config: P
     return _facts(keys, tok, model, header, tokenizer_config, model_config, log)
 
 
-def read_job(folder: str | Path) -> dict[str, Fact]:
-    """The CUDA side of a job folder, found as `port intake` finds its files (porting/intake/job.py)."""
-    from porting.intake.job import pick_configs, pick_log, walk
-
-    found = walk(Path(folder))
-    notes: list[str] = []
-    first = {n: next((p for p in found if p.name == n), None) for n in ("tokenizer_config.json", "config.json")}
-    configs = pick_configs(found, notes)
-    if not configs:
-        raise IntakeError(f"{shown_name(folder)}: no training config (training_args.bin, TrainingArguments/DeepSpeed "
-                          "JSON, LLaMA-Factory/accelerate YAML) to read the CUDA job's settings from"
-                          + (f" ({notes[0]})" if notes else ""))
-    return read_files(configs, pick_log(found), first["tokenizer_config.json"], first["config.json"])
-
-
 def _facts(k: Keys, tok: dict, model: dict, header: dict, tok_path: Path | None, model_path: Path | None,
            log: Path | None) -> dict[str, Fact]:
     lf = "llamafactory" in k.kinds
@@ -165,11 +150,9 @@ def _facts(k: Keys, tok: dict, model: dict, header: dict, tok_path: Path | None,
     out["seed"] = k.fact("seed")
     out["data_order"] = _order(k)
     fd = k.fact("full_determinism")
-    out["determinism"] = Fact(None if fd.value is None else "bitwise" if fd.value else "off",
-                              fd.shown if fd.value is None else ("on (transformers enable_full_determinism)"
-                                                                 if fd.value else "off") + ("" if k.has("full_determinism")
-                                                                                            else " (the default)"),
-                              fd.source)
+    words = "on (transformers enable_full_determinism)" if fd.value else "default (no deterministic algorithms)"
+    out["determinism"] = fd if fd.value is None else Fact(
+        "bitwise" if fd.value else "default", words + ("" if k.has("full_determinism") else " (the default)"), fd.source)
     return out
 
 

@@ -132,6 +132,22 @@ def run_intake(src: str | Path, out: str | Path, target: Target, loss_tag: str |
     return summary
 
 
+def read_cuda_job(folder: str | Path) -> dict:
+    """The CUDA side of the settings table from a job folder, its files found as :func:`run_intake` finds them
+    (`port compare --cuda-job DIR`); one IntakeError line when it holds no training config."""
+    from porting.intake.effective import read_files
+
+    found = walk(Path(folder))
+    notes: list[str] = []
+    configs = pick_configs(found, notes)
+    if not configs:
+        raise IntakeError(f"{shown(Path(folder))}: no training config (training_args.bin, TrainingArguments/DeepSpeed "
+                          "JSON, LLaMA-Factory/accelerate YAML) to read the CUDA job's settings from"
+                          + (f"; {notes[0]}" if notes else ""))
+    first = {n: next((p for p in found if p.name == n), None) for n in ("tokenizer_config.json", "config.json")}
+    return read_files(configs, pick_log(found), first["tokenizer_config.json"], first["config.json"])
+
+
 def _cuda_side(found: list[Path], configs: list[Path], log: Path, notes: list[str]) -> dict | None:
     """The CUDA job's effective settings (porting/intake/effective.py) for the baseline's settings table; a file that
     cannot be read for them is a note, and the baseline is made without them."""
