@@ -152,8 +152,9 @@ def eval_row(base: list[tuple[int, float]], run: list[tuple[int, float]], thresh
                    f"step {s}: baseline {b:.5g}, run {r:.5g}; {len(common)} common evaluation step(s)", SOURCES["eval"])
 
 
-def throughput_row(t: Throughput, threshold: float) -> GateRow:
-    """Run over baseline tokens/s per device-equivalent; N/A where a side's tokens/s or device count is unknown."""
+def throughput_row(t: Throughput, threshold: float, judge: bool = True) -> GateRow:
+    """Run over baseline tokens/s per device-equivalent; N/A where a side's tokens/s or device count is unknown, or
+    (``judge`` False) where the run is not on the target: a CPU run's ratio is shown, not judged."""
     name = "throughput per device-equivalent"
     parts = {"baseline tokens/s": t.baseline_tokens_per_s, "baseline device count": t.baseline_devices,
              "run tokens/s": t.run_tokens_per_s, "run device count": t.run_devices}
@@ -168,7 +169,10 @@ def throughput_row(t: Throughput, threshold: float) -> GateRow:
                f"baseline {b:.4g} ({t.baseline_tokens_per_s:.4g} on {t.baseline_devices} x {t.baseline_device})")
     if t.baseline_device and "a100" not in t.baseline_device.lower():
         figures += f"; the 0.7x gate is set against an A100, this baseline ran on {t.baseline_device}"
-    return GateRow(name, ratio, threshold, ">=", _status(ratio, threshold, False),
+    if not judge:
+        figures = ("not judged: a CPU run is not the target, the gate holds an NPU against a GPU (pass "
+                   "--throughput-min to judge it); " + figures)
+    return GateRow(name, ratio, threshold, ">=", _status(ratio, threshold, False) if judge else NA,
                    figures + (f"; {t.note}" if t.note else ""), SOURCES["throughput"])
 
 
@@ -181,7 +185,8 @@ def verdict(pairs: Iterable[tuple[int, float | None, float | None]], spec: Field
             _loss_row("loss-weighted per-step relative error", "weighted", clean, spec.weighted_max,
                       spec.weighted_steps),
             eval_row(eval_base or [], eval_run or [], spec.eval_max),
-            throughput_row(throughput, spec.throughput_min))
+            throughput_row(throughput, spec.throughput_min,
+                           judge=spec.judge_cpu_throughput or not (throughput.run_device or "").startswith("CPU")))
     measured = any(r.status != NA for r in rows[:2])
     return FieldVerdict(gates=spec, rows=rows, ok=measured and all(r.status != FAIL for r in rows))
 

@@ -13,7 +13,7 @@ Examples:
   port compare base.json runs/tiny-cpu --json > compare.json
   port compare h200.json runs/7b --min-throughput-ratio 0.8 --max-memory-ratio 1.2
   port compare base.json runs/other --allow-settings-mismatch
-  port compare base.json runs/tiny-cpu --weighted-max 0.01 --weighted-steps 5:20 --throughput-min 0.8
+  port compare base.json runs/tiny-cpu --weighted-max 0.01 --weighted-steps 5:20
   port baseline import runs/tiny-cpu/metrics.jsonl --global-batch 4 --out cuda.json && port compare cuda.json runs/tiny-cpu --window 5
   port bisect --baseline base.json runs/tiny-cpu   # then: where the first step beyond tolerance parts""")
 @click.argument("baseline")
@@ -46,8 +46,8 @@ Examples:
 @click.option("--eval-max", type=click.FloatRange(0, min_open=True), default=None,
               help="The field's gate: evaluation-loss relative error allowed (default 0.05).")
 @click.option("--throughput-min", type=click.FloatRange(0), default=None,
-              help="The field's gate: run/baseline tokens/s per device-equivalent at least this (default 0.7; 0: "
-                   "report only, as on a CPU that is not the target).")
+              help="The field's gate: run/baseline tokens/s per device-equivalent at least this (default 0.7; judged "
+                   "on a CPU run only when given).")
 @click.option("--baseline-devices", type=click.IntRange(1, 1 << 20), default=None,
               help="Imported baseline: the CUDA job's device count, where its files state none (throughput gate).")
 @click.option("--cuda-job", default=None, metavar="DIR",
@@ -88,7 +88,8 @@ def command(baseline: str, rundir: str, as_json: bool, out: str | None, loss_rto
 
     gate = curve_gate(rtol=curve_rtol, first_steps=first_steps, window=window, spike_k=spike_k)
     spec = field_gates(mean_rel_max=mean_rel_max, weighted_max=weighted_max, eval_max=eval_max,
-                       throughput_min=throughput_min, mean_rel_steps=step_window(mean_rel_steps, "--mean-rel-steps"),
+                       throughput_min=throughput_min, judge_cpu_throughput=throughput_min is not None or None,
+                       mean_rel_steps=step_window(mean_rel_steps, "--mean-rel-steps"),
                        weighted_steps=step_window(weighted_steps, "--weighted-steps"))
     side = None
     if cuda_job:

@@ -91,6 +91,12 @@ def test_throughput_per_device_equivalent():
     assert "the 0.7x gate is set against an A100, this baseline ran on NVIDIA H200" in slow.figures
     unknown = gates.throughput_row(gates.Throughput(5000.0, None, "H200", 1200.0, 2, "die", "padded"), 0.7)
     assert unknown.status == "N/A" and "baseline device count" in unknown.figures
+    # a CPU run is not the target: the ratio is shown, judged only when the bound was asked for
+    cpu = gates.Throughput(1000.0, 1, "AMD EPYC", 300.0, 1, "CPU process")
+    shown = gates.verdict([(1, 2.0, 2.0)], FIELD_GATES, cpu).rows[3]
+    assert shown.status == "N/A" and shown.value == pytest.approx(0.3) and shown.figures.startswith("not judged")
+    asked = gates.verdict([(1, 2.0, 2.0)], field_gates(throughput_min=0.2, judge_cpu_throughput=True), cpu).rows[3]
+    assert asked.status == "PASS" and asked.threshold == 0.2
 
 
 def test_evaluation_gate_at_the_last_common_step():
