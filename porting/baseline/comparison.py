@@ -7,7 +7,9 @@ Two kinds, as the baseline file has two (:mod:`porting.baseline.document`):
 * :class:`CurveComparison` -- against an imported CUDA log (:func:`porting.baseline.curve.compare_imported`): the
   like-for-like checks, the aligned points and the curve gate.
 
-Both carry the verdict as the one result row of every verification (``checks``:
+Both carry the field's gates (``field``: :class:`FieldVerdict`, porting/baseline/gates.py) and both sides'
+effective settings (``settings_table``: :class:`SettingRow`, porting/baseline/effective.py), and
+the verdict as the one result row of every verification (``checks``:
 :class:`porting.verify.check.Check`), the failures in words and ``ok``. `port compare` prints them
 (:mod:`porting.baseline.render`) or writes :meth:`to_dict` as JSON (``--json``, ``--out``); `port report` reads
 that file back with :func:`from_json` (the reading rules of :mod:`model_zoo.typed`: every key's type
