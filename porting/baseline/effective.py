@@ -190,6 +190,8 @@ def render(rows: tuple[SettingRow, ...], all_rows: bool = False, left: str = "CU
     unk = [r.setting for r in rows if r.equal is None]
     head = (f"EFFECTIVE SETTINGS ({left} side | port side): {len(differing(rows))} differ, {same} equal, "
             f"{len(unk)} not comparable from the files" + (f" ({', '.join(unk[:6])}{', ...' if len(unk) > 6 else ''})" if unk else ""))
+    if rows and len(unk) == len(rows):
+        head += f"; the {left} side's settings were not read: make the baseline with `port intake`, or pass --cuda-job DIR"
     lines = [head]
     for r in shown:
         mark = {True: "=", False: "DIFFERS", None: "?"}[r.equal]
