@@ -135,6 +135,15 @@ class Probe:
         return arrays.decode(self.logits_final, "probe.logits_final")
 
 
+@dataclass(frozen=True)
+class Evaluation:
+    """The held-out loss a baseline logged (an imported log's eval rows): steps and losses of the same length."""
+
+    step: tuple[int, ...] = spec((), low=0)
+    loss: tuple[float | None, ...] = ()
+    source: str | None = spec(omit_none=True)
+
+
 _NAMES = "a list of names (strings)"
 
 
@@ -153,6 +162,8 @@ class Imported:
     skipped_rows: dict | None = spec(omit_none=True)
     recovered_settings: dict | None = spec(omit_none=True)
     stated_settings: dict | None = spec(omit_none=True)
+    # the CUDA job's effective settings as intake read them (porting/intake/effective.py; the settings table)
+    effective_settings: dict | None = spec(omit_none=True)
     extra: dict = field(default_factory=dict)
 
 
@@ -188,6 +199,7 @@ class MeasuredBaseline(_Document):
     data: dict | None = None                 # the data report and batching
     loop: dict | None = None                 # how the torch side ran
     breakdown: tuple[dict, ...] | None = None   # sampled steps' breakdowns (porting/baseline/profile.py)
+    evaluation: Evaluation | None = spec(omit_none=True)
     format: str = FORMAT
     format_version: int = FORMAT_VERSION
     extra: dict = field(default_factory=dict)
@@ -201,6 +213,8 @@ class MeasuredBaseline(_Document):
         out["probe"] = typed.write(self.probe)
         if self.loop is not None:
             out["loop"] = self.loop
+        if self.evaluation is not None:
+            out["evaluation"] = typed.write(self.evaluation)
         return {**out, **self.extra}
 
 
@@ -226,6 +240,7 @@ class ImportedBaseline(_Document):
     memory: Memory
     probe: Probe
     imported: Imported
+    evaluation: Evaluation | None = spec(omit_none=True)
     format: str = FORMAT
     format_version: int = FORMAT_VERSION
     extra: dict = field(default_factory=dict)
@@ -236,7 +251,10 @@ class ImportedBaseline(_Document):
                                                       order=_IMPORTED_SETTINGS + rest)}
         for key in ("steps", "timing", "memory", "probe"):
             out[key] = typed.write(getattr(self, key), only_set=True, always=_IMPORTED_ALWAYS[key])
-        return {**out, "imported": typed.write(self.imported), **self.extra}
+        out["imported"] = typed.write(self.imported)
+        if self.evaluation is not None:
+            out["evaluation"] = typed.write(self.evaluation)
+        return {**out, **self.extra}
 
 
 Baseline = Union[MeasuredBaseline, ImportedBaseline]
@@ -306,6 +324,16 @@ def _value_problems(doc: dict[str, Any]) -> list[str]:
     imp = doc.get("imported", {})
     out += [f"imported.{k} is {str(imp[k])[:40]!r}, expected {_NAMES}" for k in ("contains", "lacks")
             if len(imp.get(k, ())) > MAX_NAMES or any(len(x) > MAX_NAME_CHARS for x in imp.get(k, ()))]
+    if imp.get("effective_settings") is not None:   # the CUDA side of the settings table (porting/intake/effective.py)
+        from porting.baseline.effective import side_from_dict
+
+        try:
+            side_from_dict(imp["effective_settings"], "imported.effective_settings")
+        except ValueError as e:
+            out.append(str(e))
+    ev = doc.get("evaluation")
+    if isinstance(ev, dict) and len(ev.get("step") or ()) != len(ev.get("loss") or ()):
+        out.append("evaluation.step and evaluation.loss must be lists of the same length")
     if "imported" not in doc:
         for key in ("logits_initial", "logits_final"):
             try:

@@ -307,8 +307,31 @@ def doctor_report(environ: dict[str, str] | None = None) -> dict:
     checks += check_env(knobs)
     untested = next((c["detail"] for c in checks if c["check"] == "mindspore pairing"), None)
     return {"versions": v, "firmware": env.firmware_version(), "npu": npu, "checks": checks, "env": knobs,
+            "determinism": determinism_switches(environ, v.get("cann"), npu["present"]),
             "pairing": pairing(pk.get("mindspore"), v.get("cann"), v.get("ascend_driver")),
             "untested_pairing": untested, "ok": not any(c["status"] == FAIL for c in checks)}
+
+
+def determinism_switches(environ: dict[str, str] | None, cann: str | None, npu: bool) -> dict:
+    """The determinism switches in force in this environment (``determinism: bitwise`` sets the unset ones in each
+    rank and refuses a contradicting value: porting/train/recipe/determinism.py)."""
+    from porting.train.recipe.determinism import SWITCHES, cann_level
+
+    e = dict(os.environ if environ is None else environ)
+    device = "ascend" if npu else "cpu"
+    return {"switches": {s.name: e.get(s.name, "unset") for s in SWITCHES},
+            "undone": [s.name for s in SWITCHES if s.name in e and e[s.name] not in s.accepts],
+            "cann_batch_consistency": cann_level(cann, device)[1]}
+
+
+def determinism_line(d: dict | None) -> str:
+    """The switches line of `port doctor`."""
+    if not d:
+        return "determinism switches: not recorded"
+    sw = " ".join(f"{k}={v}" for k, v in d["switches"].items())
+    undone = f"; {', '.join(d['undone'])} set to a value determinism: bitwise refuses" if d["undone"] else ""
+    return (f"determinism switches in force: {sw}; CANN batch consistency: {d['cann_batch_consistency']}{undone} "
+            "(a `determinism: bitwise` recipe sets the unset ones and MindSpore's deterministic mode in each rank)")
 
 
 def render_text(rep: dict) -> str:
@@ -324,6 +347,6 @@ def render_text(rep: dict) -> str:
     for r in rep["env"]:
         shown = "unset" if r["in_effect"] is None else f"{r['in_effect']}{' ' + r['unit'] if r.get('unit') else ''}"
         out.append(f"  {'*' if r['set'] else ' '} {r['name']:<28} {shown:<14} {r['meaning']}")
-    out.append("")
+    out += ["", determinism_line(rep.get("determinism")), ""]
     out.append("result: " + ("ok" if rep["ok"] else "problems found (see [fail] above)"))
     return "\n".join(out)

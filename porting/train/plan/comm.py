@@ -23,6 +23,7 @@ from typing import Any
 
 from model_zoo.config import LlamaConfig
 from porting.train.plan.layout import DTYPE_BYTES, Bucket, Layout
+from porting.train.recipe.determinism import launch_env
 from porting.train.recipe.schema import CommFusionSection, Recipe
 
 THRESHOLD_UNIT_BYTES = 262144      # bytes per configured "MB" in the backend pass
@@ -195,7 +196,9 @@ def launch_plan(recipe: Recipe, layout: Layout) -> LaunchPlan:
     """The per-node environment of a multi-device run and how it was derived."""
     save_s = save_seconds(recipe, layout)
     written, total = checkpoint_bytes(recipe, layout), checkpoint_total_bytes(recipe, layout)
-    return LaunchPlan(env=hccl_env(recipe, layout), predicted_save_s=round(save_s, 1),
+    # determinism: bitwise adds its switches (HCCL_DETERMINISTIC, ...): every node exports the same
+    env = {**hccl_env(recipe, layout), **launch_env(recipe.determinism, recipe.cluster.device)}
+    return LaunchPlan(env=env, predicted_save_s=round(save_s, 1),
                       checkpoint_bytes_per_rank=int(written), checkpoint_bytes=int(total),
                       formula=f"save_s = {total / (1 << 30):.2f} GiB all ranks write / "
                               f"{recipe.checkpointing.fs_gib_per_s:g} GiB/s the filesystem's aggregate write bandwidth "

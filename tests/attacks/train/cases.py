@@ -59,6 +59,8 @@ for _name, _key, _value, _expect in [
     ("unknown_key", "optimizer.lr_warmup", 3, "optimizer.lr_warmup: unknown key"),
     ("execution_eager", "execution", "eager", "execution"),          # issue 23: graph | pynative only
     ("execution_a_list", "execution", ["graph", "pynative"], "execution"),
+    ("determinism_unknown_value", "determinism", "exact", "determinism: Input should be 'default' or 'bitwise'"),  # issue 49
+    ("determinism_a_bool", "determinism", True, "determinism"),
     # -- prompt_template with {nonexistent} or {0}
     ("template_unknown_field", "data.prompt_template", "Q: {nonexistent}\nA:", "{nonexistent} is not a field"),
     ("template_positional", "data.prompt_template", "Q: {0}\nA:", "{0} is not a field"),
@@ -362,3 +364,16 @@ _calibration_case("calibration_load_not_a_number", lambda d, p: p.write_text(jso
     {**_GOOD_CAL, "by_threads": {"2": _PIECES}, "load_avg_1min": "high",
      "shape": dict.fromkeys(("hidden", "heads", "kv_heads", "head_dim", "intermediate", "vocab", "seq", "micro", "tp"),
                             4) | {"recompute": False}})), "load_avg_1min: expected a number")
+
+
+# -- determinism: bitwise refuses what would undo it (issue 49), before anything starts
+@case("recipe.yaml", "HCCL_DETERMINISTIC='false' in the environment undoes determinism: bitwise",
+      env={"HCCL_DETERMINISTIC": "false"})
+def determinism_with_hccl_deterministic_false(d):
+    return ["train", str(I.recipe(d, I.set_key("determinism", "bitwise"))), "--run-dir", str(d / "out")]
+
+
+@case("recipe.yaml", "--shrink relaunches on fewer devices")
+def determinism_with_shrink(d):
+    return ["train", str(I.recipe(d, I.set_key("determinism", "bitwise"))), "--supervise", "--shrink",
+            "--run-dir", str(d / "out")]
