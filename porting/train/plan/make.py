@@ -270,6 +270,14 @@ def plan_run(recipe: Recipe, run_dir: str, resume: bool, dry_run: bool,
     else:
         cfg, notes = LlamaConfig.from_hf(resolve_hf(recipe.model.source)), []
     check_tensor_parallel(recipe, cfg, recipe.model.source)
+    if cfg.dropout:   # the zoo's cell has no dropout: training would differ from the HF model it claims to be
+        what = ", ".join(f"{k}={v:g}" for k, v in cfg.dropout)
+        line = (f"model {recipe.model.source}: config.json asks for training dropout ({what}), which port's cell does "
+                "not apply; set it to 0.0 in config.json (the released Llama, Mistral, Qwen and Phi-3 configs use 0.0) "
+                "or train the model elsewhere")
+        if not dry_run:
+            raise RecipeError(line)
+        notes.append(line)
     plan = make_plan(recipe, cfg, run_dir, resume, calibration=calibration)
     return dataclasses.replace(plan, warnings=tuple(notes) + plan.warnings), cfg
 

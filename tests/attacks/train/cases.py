@@ -254,6 +254,9 @@ _model_case("model_config_layers_1e8", lambda s: I.edit_config(s, num_hidden_lay
 _model_case("model_config_layers_1e6", lambda s: I.edit_config(s, num_hidden_layers=1_000_000),
             "num_hidden_layers: found 1,000,000")
 _model_case("model_config_nested", lambda s: (s / "config.json").write_text(I.deep_json()), "deeper than")
+# a key port does not implement is refused by name, never ignored: the zoo's cell has no dropout
+_model_case("model_config_attention_dropout", lambda s: I.edit_config(s, attention_dropout=0.1),
+            "config.json asks for training dropout (attention_dropout=0.1)")
 
 
 @case("model.source: directory not found")
