@@ -364,3 +364,17 @@ _calibration_case("calibration_load_not_a_number", lambda d, p: p.write_text(jso
                             4) | {"recompute": False}})), "load_avg_1min: found 'high', expected a load average")
 
 from tests.attacks.train import cases_calibration  # noqa: E402,F401  (register issue 51's calibration cases)
+
+
+# -- PORT_COMPILE_CACHE_SHARED (porting/train/run/step/shared_cache.py) that cannot be a folder: ignored silently
+# before (issue 51), one line before anything is written now (porting/train/plan/execution.py shared_cache_problem)
+@case("PORT_COMPILE_CACHE_SHARED=shared: not a folder", "unset it", env={"PORT_COMPILE_CACHE_SHARED": "shared"})
+def shared_compile_cache_names_a_file(d):
+    (d / "shared").write_text("a user's file")
+    return ["train", str(I.recipe(d))]
+
+
+@case("PORT_COMPILE_CACHE_SHARED=", "(10,000 characters): File name too long",
+      env={"PORT_COMPILE_CACHE_SHARED": "s" * 10_000})
+def shared_compile_cache_path_past_the_name_limit(d):
+    return ["train", str(I.recipe(d))]
