@@ -259,12 +259,13 @@ def _total_bounded(line: str, d: Path) -> None:
 
 
 @case(dest="out", refusal=False, check=_total_bounded, timeout=30)
-def breakdown_4096_files_of_16_mib(d):
-    """4,096 rank files of 16 MiB each (sparse, one record then NUL bytes) were each read whole: 64 GiB."""
+def breakdown_512_files_of_16_mib(d):
+    """Rank files of 16 MiB each (sparse, one record then NUL bytes) were each read whole, up to 4,096 of them
+    (64 GiB); 512 (8 GiB) show the total bound at a tenth of the case's cost."""
     r = run_dir(d)
     (r / "breakdown").mkdir()
     line = (json.dumps(_BD) + "\n").encode()
-    for rank in range(4096):
+    for rank in range(512):
         with open(r / "breakdown" / f"rank_{rank}.jsonl", "wb") as f:
             f.write(line.replace(b'"rank": 0', b'"rank": %d' % rank))
             f.truncate(16 << 20)
