@@ -3,8 +3,8 @@
 in the user's folder (issue 51). port's precompile (porting/train/run/step/precompile.py ``ir_dumps``) points it at
 ``RUN/logs/ir`` for its compiles, names the file in its one-line error, and leaves a value the user set alone.
 A real cell that graph mode refuses, compiled by the real precompile; the working directory is hashed before and
-after (tests/attacks/harness.py ``snapshot``). MindSpore 2.7.2 honours ``MS_OM_PATH`` the same way (measured; this
-file runs on the installed MindSpore)."""
+after (tests/attacks/harness.py ``snapshot``). MindSpore 2.7.2 honours ``MS_OM_PATH`` the same way: this file is
+in the compatibility tier (passed there: ``PYTHONPATH=. .venv-compat/bin/python -m pytest tests/attacks/test_ir_dumps.py``)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,8 @@ import numpy as np
 import pytest
 
 from tests.attacks.harness import TINY_RECIPE, changes, snapshot
+
+pytestmark = pytest.mark.compat   # MS_OM_PATH on the oldest MindSpore in range too (scripts/compat.sh: 2.7.2)
 
 
 def _failing_trainer(run_dir):

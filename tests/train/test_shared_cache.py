@@ -3,6 +3,7 @@ atomically per rank, copied into a run's own folder before it compiles, never re
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -121,6 +122,10 @@ def test_a_graph_cached_with_other_weights_and_schedule_trains_as_a_fresh_compil
     # the link was followed, its graphs adopted, and a run publishing there wrote through it): it must refuse the
     # link, compile fresh and leave the link's target as it was
     (name,) = [p.name for p in shared.iterdir()]
+    # the real published folder, offered to a run of another model (every step NaN when adopted, issue 51): refused
+    mine = json.loads((shared / name / "rank_0" / sc.READY).read_text())
+    other_model = sc.Identity(mine["key"], "0" * 64, mine["configuration"])
+    assert "another model" in sc.adopt(shared / name, tmp_path / "probe", 0, other_model)[1]
     linked = tmp_path / "linked"
     linked.mkdir()
     os.symlink(shared / name, linked / name)
