@@ -128,8 +128,9 @@ def ir_dumps(run_dir: Path | None) -> Iterator[Path | None]:
     analyze_fail.ir``, ``MS_OM_PATH`` defaulting to ``.`` (measured on 2.7.2 and 2.10.0: neither
     ``set_context(save_graphs_path=)`` nor ``MS_DEV_SAVE_GRAPHS_PATH`` moves it; ``MS_OM_PATH`` does, read at
     the moment of the dump, tests/attacks/test_ir_dumps.py); ``MS_DEV_SAVE_GRAPHS_PATH`` is where the graphs a
-    user asks for with ``MS_DEV_SAVE_GRAPHS`` go (default ``.``, mindspore/context.py ``save_graphs_path``). A
-    value the user set is kept; both are restored after the block."""
+    user asks for with ``MS_DEV_SAVE_GRAPHS`` go (default ``.``, mindspore/context.py ``save_graphs_path``; measured
+    honoured on 2.7.2 and 2.10.0: 103 and 107 files there, none in the working directory). A value the user set is
+    kept; both are restored after the block."""
     if run_dir is None:
         yield None
         return
