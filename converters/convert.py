@@ -17,6 +17,7 @@ import datetime as _dt
 import json
 import os
 import shutil
+import stat
 import sys
 import tempfile
 from pathlib import Path
@@ -247,6 +248,21 @@ def check_companions(paths: list[Path]) -> None:
                                   "own file or remove it from the source directory")
 
 
+def skipped_companions(src: Path) -> list[str]:
+    """One note for each companion file present in ``src`` but not a regular file (a FIFO, socket, device or a
+    folder): it is not copied, and never opened (a FIFO would block the copy), said instead of skipped silently."""
+    out = []
+    for n in COMPANION_FILES:
+        try:
+            mode = os.stat(src / n).st_mode
+        except OSError:
+            continue
+        if not stat.S_ISREG(mode):
+            what = "a FIFO" if stat.S_ISFIFO(mode) else "a folder" if stat.S_ISDIR(mode) else "not a regular file"
+            out.append(f"{src / n}: {what}, not copied beside the weights (copy the model's own {n} there)")
+    return out
+
+
 def execute(plan: ConversionLayout, out_dir: Path, *, force: bool = False,
             progress: Callable[[int], None] | None = None, versions: dict | None = None,
             command: list[str] | None = None, hash_source: bool = False) -> dict:
@@ -319,6 +335,7 @@ def finish(plan: ConversionLayout, out_dir: Path, tmp: Path, records: list[dict]
         "output": {"format": plan.out_format, "dtype": {v: k for k, v in dtypes.TARGETS.items()}[plan.target_dtype],
                    "files": [pf.out_name for pf in plan.files],
                    "companion_files": sorted(companions),
+                   "not_copied": skipped_companions(plan.source.dir),   # a FIFO tokenizer.json, said
                    # bytes copied inside the kernel vs written from user space (casts, other filesystems)
                    "bytes_written_by": ways},
         "model_type": plan.cfg.model_type,

@@ -197,8 +197,14 @@ def _knob_problem(knob: dict, val: str | None) -> str | None:
     if kind == "list" and val.strip() and not all(re.fullmatch(r"[\w.]+:[\w.]+", p.strip())
                                                   for p in val.split(",") if p.strip()):
         return f"{knob['name']}={val!r}: expected comma-separated key:value pairs"
-    if kind == "path" and not Path(os.path.expanduser(val)).exists():
-        return f"{knob['name']}={val!r}: no such file"
+    if kind == "path":
+        shown = val if len(val) <= 120 else f"{val[:60]}...({len(val):,} characters)"
+        try:
+            os.stat(os.path.expanduser(val))
+        except FileNotFoundError:
+            return f"{knob['name']}={shown!r}: no such file"
+        except (OSError, ValueError) as e:   # longer than the file-name limit, a NUL byte, no permission
+            return f"{knob['name']}={shown!r}: the path cannot be used ({getattr(e, 'strerror', None) or e})"
     return None
 
 
@@ -215,7 +221,7 @@ def check_env(rows: list[dict]) -> list[dict]:
     except (TypeError, ValueError):
         pass
     rt = by.get("RANK_TABLE_FILE", {}).get("value")
-    if rt and Path(rt).is_file():
+    if rt and not by["RANK_TABLE_FILE"]["problem"] and Path(rt).is_file():
         from porting.diagnostics import DiagnosticsError
         from porting.cluster import ranktable
 
@@ -345,7 +351,9 @@ def render_text(rep: dict) -> str:
         out.append(f"  [{c['status']:>4}] {c['check']:<22} {c['detail']}")
     out += ["", "environment (value in effect; * = set here, otherwise the documented default):"]
     for r in rep["env"]:
-        shown = "unset" if r["in_effect"] is None else f"{r['in_effect']}{' ' + r['unit'] if r.get('unit') else ''}"
+        val = r["in_effect"]
+        val = val if val is None or len(str(val)) <= 120 else f"{str(val)[:60]}...({len(str(val)):,} characters)"
+        shown = "unset" if val is None else f"{val}{' ' + r['unit'] if r.get('unit') else ''}"
         out.append(f"  {'*' if r['set'] else ' '} {r['name']:<28} {shown:<14} {r['meaning']}")
     out += ["", determinism_line(rep.get("determinism")), ""]
     out.append("result: " + ("ok" if rep["ok"] else "problems found (see [fail] above)"))

@@ -41,7 +41,7 @@ from typing import Any
 from model_zoo.config import LlamaConfig
 from model_zoo.errors import RecipeError
 from model_zoo import files
-from porting.train.plan import roofline, sharding
+from porting.train.plan import calibration_bounds as bounds, roofline, sharding
 from porting.train.plan.estimates import CalibratedStep, StepEstimate
 from porting.train.plan.layout import Layout
 from porting.train.recipe.schema import Recipe
@@ -137,7 +137,8 @@ class Calibration:
 
 
 def load(folder: str | os.PathLike) -> Calibration:
-    """The pieces of a `port rehearse` folder; one RecipeError naming the file and what to run when absent."""
+    """The pieces of a `port rehearse` folder, every figure checked against its bound (calibration_bounds.py: a
+    prediction only sees checked values); one RecipeError naming the file, the key and what to run otherwise."""
     d = Path(folder)
     p = d / FILE
     if not p.is_file() or p.is_symlink():
@@ -148,35 +149,23 @@ def load(folder: str | os.PathLike) -> Calibration:
             or not isinstance(doc.get("shape"), dict):
         raise RecipeError(f"{p}: not a port calibration (format port-calibration/1 with shape and by_threads); "
                           "re-run `port rehearse` to write it")
-    for t, v in doc["by_threads"].items():
-        keys = ("layer_a_s", "layer_s_per_flop", "ends_a_s", "ends_s_per_flop", "update_per_param_s", "update_fixed_s",
-                "fused_delta_layer_s", "fused_delta_fixed_s")
-        if not isinstance(v, dict) or not all(isinstance(v.get(k), (int, float)) for k in keys):
-            raise RecipeError(f"{p}: by_threads.{t} lacks one of {', '.join(keys)} (numbers); re-run `port rehearse`")
-    _check_shape(doc, p)
+    where = str(p)
+    checked = {"format": doc["format"], "by_threads": bounds.pieces(doc["by_threads"], where),
+               "shape": bounds.shape(doc["shape"], where),
+               "load_avg_1min": bounds.load_avg(doc.get("load_avg_1min"), where),
+               "collectives": bounds.collectives(doc.get("collectives"), where)}
     links: dict[str, Any] = {}
     r = d / REHEARSE_FILE
     if r.is_file() and not r.is_symlink():
         reh = files.read_json_object(r, what="rehearsal record", max_bytes=16 << 20)
-        for rung in reh.get("rungs") or []:
+        for rung in reh.get("rungs") if isinstance(reh.get("rungs"), list) else []:
             if isinstance(rung, dict) and rung.get("name") == "links" and rung.get("status") == "pass":
-                links = (rung.get("links") or {}).get("measured") or {}
-    return Calibration(str(d), doc, links if isinstance(links, dict) else {})
+                measured = (rung.get("links") or {}).get("measured") if isinstance(rung.get("links"), dict) else None
+                links = bounds.links(measured or {}, str(r))
+    return Calibration(str(d), checked, links)
 
 
-SHAPE_KEYS = ("hidden", "heads", "kv_heads", "head_dim", "intermediate", "vocab", "seq", "micro", "tp", "recompute")
-
-
-def _check_shape(doc: dict[str, Any], p: Path) -> None:
-    """The measured shape a prediction compares and scales from (:func:`shape_of`'s keys, scalars) and the load the
-    plan repeats: a calibration without them is refused here, not in the middle of a prediction."""
-    shape, load = doc["shape"], doc.get("load_avg_1min")
-    if len(shape) > 64 or not all(k in shape for k in SHAPE_KEYS) \
-            or not all(isinstance(v, (int, str)) for v in shape.values()):
-        raise RecipeError(f"{p}: shape must hold {', '.join(SHAPE_KEYS)} (numbers, true/false or a dtype name), as "
-                          "`port rehearse` writes it; re-run `port rehearse` to write it")
-    if load is not None and (isinstance(load, bool) or not isinstance(load, (int, float))):
-        raise RecipeError(f"{p}: load_avg_1min: expected a number, found {type(load).__name__}; re-run `port rehearse`")
+SHAPE_KEYS = bounds.SHAPE_INTS + ("recompute",)   # the measured shape a prediction compares and scales from
 
 
 def _threads(recipe: Recipe) -> int:
