@@ -3,7 +3,8 @@
 DP 2 on stories260K's first layer (tests/conftest.py ``model_dir``, 11 gradients), 20 steps, at two comm_fusion
 settings (off: 11 buckets; size 0.1: 5 buckets) in graph mode and in PyNative; tests/train/test_msrun.py adds the
 third size (size 1 and auto: 1 bucket) in both modes through its own launches. In graph mode the gradient
-AllReduces are read from the compiled step graph's IR (``instance name: bucket_sum``, MS_DEV_SAVE_GRAPHS); in
+AllReduces are read from the compiled step graph's IR (the AllReduces in the scope of the step's ``reducer``,
+MS_DEV_SAVE_GRAPHS); in
 PyNative from each rank's collective trace (PORT_TEST_COLLECTIVE_TRACE, porting/train/run/step/probes.py). Each
 must be the plan's buckets, in the plan's order, once a step. The losses must equal the path before port owned
 its buckets (MindSpore's gradient reducer, recorded on commit 1828555: tests/train/fixtures/dp2_losses.json, made
@@ -13,57 +14,29 @@ API refused (tests/conftest.py): every rank's start line says so."""
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import port, port_process
-from tests.train.conftest import TINY, free_port, metrics
+from tests.helpers import port_process
+from tests.train.conftest import TINY, free_port, graph_buckets, metrics, plan_of, traced_steps
 from tests.train.record_dp2_losses import SETTINGS, STEPS
 
 ROOT = Path(__file__).resolve().parents[2]
 REFERENCE = json.loads((ROOT / "tests/train/fixtures/dp2_losses.json").read_text())
 FUSION = {"off": ["parallel.comm_fusion.enabled=false"],
           "size": ["parallel.comm_fusion.allreduce_mode=size", "parallel.comm_fusion.allreduce_config=0.1"]}
-RUNS = [(mode, fusion) for mode in ("graph", "pynative") for fusion in FUSION]
 REFUSED = "test probe: static-graph parallel API refused (PORT_TEST_REFUSE_STATIC_PARALLEL)"
-_BUCKET_SUM = re.compile(r"= AllReduce\(.*\{instance name: bucket_sum\}.*\n.*?: \(<Tensor\[\w+\], \((\d+)\)>\)")
-
-
-def graph_buckets(ir_dir: Path) -> list[int]:
-    """The elements of every gradient-bucket AllReduce (port's ``bucket_sum``) of rank 0's compiled step graph,
-    in graph order (the graph_build dump with the most of them: the step, not the barrier's graph)."""
-    found = [[int(n) for n in _BUCKET_SUM.findall(f.read_text(errors="replace"))]
-             for f in sorted((ir_dir / "rank_0").glob("graph_build_*.ir"))]
-    assert any(found), f"no bucket_sum AllReduce in the compiled graphs under {ir_dir}"
-    return max(found, key=len)
-
-
-def traced_steps(trace: Path, buckets: int) -> list[list[tuple]]:
-    """Rank 0's PyNative collective trace cut into steps: per step, the gradient buckets' collectives (1-D, more
-    than 2 elements) and the scalar loss and token-count sums (shape []), in launch order, as (op, elements)."""
-    rows = [json.loads(line) for line in trace.read_text().splitlines()]
-    kept = [(r["op"], r["shape"][0] if r["shape"] else 0) for r in rows
-            if r["shape"] == [] or (len(r["shape"]) == 1 and r["shape"][0] > 2)]
-    per_step = buckets + 2
-    assert len(kept) % per_step == 0, kept[:20]
-    return [kept[i:i + per_step] for i in range(0, len(kept), per_step)]
-
-
 def dp2_args(model_dir, mode: str, extra: list[str]) -> list[str]:
     sets = SETTINGS + [f"model.source={model_dir}", f"execution={mode}", f"cluster.master_port={free_port()}", *extra]
     return [a for s in sets for a in ("--set", s)]
 
 
-def plan_of(args: list[str]) -> dict:
-    return json.loads(port("train", str(TINY), "--dry-run", "--json", *args, check=True).stdout)["gradient_allreduce"]
-
-
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory, model_dir):
+@pytest.fixture(scope="module", params=["graph", "pynative"])
+def runs(request, tmp_path_factory, model_dir):
+    """Both comm_fusion settings' runs of one execution mode: {(mode, fusion): (folder, the plan's buckets)}."""
     out = {}
-    for mode, fusion in RUNS:
+    for mode, fusion in ((request.param, f) for f in FUSION):
         run = tmp_path_factory.mktemp(f"cf_{mode}_{fusion}")
         args = dp2_args(model_dir, mode, FUSION[fusion])
         env = {"PORT_TEST_COLLECTIVE_TRACE": str(run / "trace")} if mode == "pynative" else {
@@ -76,9 +49,8 @@ def runs(tmp_path_factory, model_dir):
 
 @pytest.mark.msrun
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["graph", "pynative"])
-def test_one_collective_per_planned_bucket_and_the_losses_of_the_reducer(runs, mode):
-    counts = {}
+def test_one_collective_per_planned_bucket_and_the_losses_of_the_reducer(runs):
+    counts, (mode, _) = {}, next(iter(runs))
     for fusion in FUSION:
         run, plan = runs[mode, fusion]
         want = plan["bucket_numels"]

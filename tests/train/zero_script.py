@@ -33,7 +33,7 @@ from tests.npu_models import GRAPH_KERNELS  # noqa: E402
 CFG = LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=96, num_hidden_layers=1,
                   num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32)
 MICRO, SEQ, STEPS, ACCUM = 2, 16, 2, 2
-SPLITS = [4, 9]   # comm_fusion index mode: 3 flat buckets (parameters 0-4, 5-9, 10-11)
+SPLITS = [4, 9]   # comm_fusion index mode: 3 flat buckets, in backward order (parameters 11-10, 9-5, 4-0)
 
 
 def recipe(accum: int, stage: str | int = "auto", device: str = "ascend"):

@@ -67,7 +67,6 @@ class GradBuckets(nn.Cell):
                 off += self.numels[i]
         self.where = tuple(where[i] for i in range(len(params)))
         self.group = group
-        # the attribute names the primitive in the graph IR ("instance name: bucket_sum"), where tests count them
         self.bucket_sum = ops.AllReduce(ops.ReduceOp.SUM, group) if group else ops.AllReduce(ops.ReduceOp.SUM)
 
     def describe(self) -> str:
@@ -145,7 +144,7 @@ class OverlappedGradBuckets(GradBuckets):
                 st.missing[self._bucket_of[i]] -= 1
                 while st.next < len(self.bucket_idx) and st.missing[st.next] == 0:
                     self._launch(st, st.ready)
-            return None   # the gradient itself is left as it is
+            return grad   # unchanged (MindSpore asks a hook to return the gradient: Tensor.register_hook docs)
         return hook
 
     def _launch(self, st: _Backward, grads) -> None:
