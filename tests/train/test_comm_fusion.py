@@ -100,3 +100,39 @@ def test_the_refusal_raises_outside_mindspore_and_says_why():
         nn.DistributedGradReducer([], mean=False)
     assert probes.installed().startswith("; test probe: static-graph parallel API refused")
     assert ms.get_auto_parallel_context("parallel_mode") == "stand_alone"   # the getter is left alone
+
+
+def test_buckets_follow_the_backward_and_keep_comm_fusions_meaning():
+    """porting/train/plan/comm.py: the last parameter first; off one per gradient; index splits after the
+    parameters named (parameter order); size closes a bucket at the gradient that crosses N x 256 KiB, that
+    gradient inside; every parameter in exactly one bucket."""
+    from porting.train.plan import comm
+    from porting.train.recipe.schema import CommFusionSection as CF
+
+    unit = comm.THRESHOLD_UNIT_BYTES
+    sizes = [unit // 2, unit // 4, unit, unit // 4, unit // 4]   # bytes of parameters 0..4
+    assert comm.gradient_buckets(sizes, CF(enabled=False)) == [[4], [3], [2], [1], [0]]
+    assert comm.gradient_buckets(sizes, CF(allreduce_mode="index", allreduce_config=[1, 3])) == [[4], [3, 2], [1, 0]]
+    # from the end: 4 + 3 (0.5 units), then 2 takes it past 1 unit and closes it; then 1, 0 (0.75 units)
+    assert comm.gradient_buckets(sizes, CF(allreduce_mode="size", allreduce_config=1)) == [[4, 3, 2], [1, 0]]
+    assert comm.gradient_buckets(sizes, CF(allreduce_mode="size", allreduce_config=0.3)) == [[4, 3], [2], [1, 0]]
+    assert comm.gradient_buckets(sizes, CF()) == [[4, 3, 2, 1, 0]]   # auto: 64 units
+    numels = [s // 4 for s in sizes]
+    for cf in (CF(enabled=False), CF(allreduce_mode="size", allreduce_config=0.3), CF()):
+        bs = comm.flat_buckets(numels, 4, cf, 2)
+        assert sorted(i for b in bs for i in b.indices) == list(range(5))
+        assert all(b.numel == sum(numels[i] for i in b.indices) and b.padded % 2 == 0 for b in bs)
+
+
+def test_the_plan_states_the_buckets_and_the_exposed_communication_it_assumes():
+    from porting.train.plan import comm
+    from porting.train.recipe.schema import load_recipe
+
+    from model_zoo.config import LlamaConfig
+
+    cfg = LlamaConfig.from_hf(ROOT / "model_zoo" / "assets" / "stories260k")
+    one = comm.fusion_plan(load_recipe(TINY, []), cfg)
+    assert one["allreduce_ops"] == 0 and one["gradients"] == 47   # one rank: nothing reduced
+    two = comm.fusion_plan(load_recipe(TINY, ["cluster.devices_per_node=2", "parallel.comm_fusion.enabled=false"]), cfg)
+    assert two["allreduce_ops"] == 47 and two["bucket_params"][0] == [46] and two["bucket_params"][-1] == [0]
+    assert two["exposed_fraction"] == 1.0 and "no overlap" in two["exposed_source"]

@@ -69,12 +69,13 @@ def packed_one_device(model_dir, alpaca, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def packed_tp2_dp2_zero2(model_dir, alpaca, tmp_path_factory):
-    """Packed rows through TP=2 x DP=2 with ZeRO-2 (sharded accumulators), micro-batch 1 x 2 accumulation."""
+    """Packed rows through TP=2 x DP=2 with ZeRO-2 (sharded accumulators), micro-batch 1 x 2 accumulation, in
+    PyNative (ZeRO-2 in graph mode: tests/train/test_zero.py; issue 48's multi-worker tests in both modes)."""
     run = tmp_path_factory.mktemp("packedtp") / "run"
     port_process("train", str(TINY), "--run-dir", str(run), *_args(_settings(model_dir, *_packed(
         alpaca, "batching.micro_batch_size=1", "batching.grad_accum_steps=2", "cluster.devices_per_node=4",
         "parallel.tensor_parallel=2", "parallel.optimizer_sharding=true", "parallel.zero_stage=2",
-        f"cluster.master_port={free_port()}"))), check=True, timeout=600)
+        "execution=pynative", f"cluster.master_port={free_port()}"))), check=True, timeout=600)
     return run
 
 
@@ -171,7 +172,7 @@ def test_packed_rows_through_tp2_dp2_with_zero2_equal_one_device(packed_tp2_dp2_
     shapes = re.findall(r"packing: shapes \[(\d+)\]; (\d+) steps per epoch", log)
     assert shapes and shapes == re.findall(r"packing: shapes \[(\d+)\]; (\d+) steps per epoch", ref)
     assert int(shapes[0][0]) >= 256
-    assert "ZeRO-2" in log and "data parallel 2 x tensor parallel 2" in log
+    assert "ZeRO-2" in log and "data parallel 2 x tensor parallel 2" in log and "execution: pynative" in log
 
 
 def test_tensor_parallel_not_dividing_the_heads_is_refused_in_one_line(tmp_path):

@@ -2,15 +2,16 @@
 
 port owns its gradient buckets (issue 48): MindSpore retires static-graph distributed parallel after 2.11
 (the auto-parallel context, whose ``comm_fusion`` made MindSpore's AllReduceFusion pass bucket the all-reduces of
-``mindspore.nn``'s data-parallel gradient reducer; docs/versions.md), so the step cells (porting/train/run/step/buckets.py) flatten each
-bucket's gradients into one buffer and issue one collective per bucket themselves, in graph mode and PyNative:
-one AllReduce per bucket in data parallel, one reduce-scatter per bucket with optimizer sharding (ZeRO,
-porting/train/run/step/zero.py, built from these same buckets).
+``mindspore.nn``'s data-parallel gradient reducer; docs/versions.md), so the step cells
+(porting/train/run/step/buckets.py) flatten each bucket's gradients into one buffer and issue one collective per
+bucket themselves, in graph mode and PyNative: one AllReduce per bucket in data parallel, one reduce-scatter per
+bucket with optimizer sharding (ZeRO, porting/train/run/step/zero.py, built from these same buckets).
 
 - Order: buckets follow the backward, which produces the gradients from the last parameter to the first (the LM
-  head and final norm first, the embedding last): PyTorch DDP assigns buckets over ``reversed(model.parameters())``
-  (torch/nn/parallel/distributed.py, ``_build_params_for_reducer`` / ``compute_bucket_assignment_by_size``), and
-  Megatron-LM's ``_ParamAndGradBuffer`` walks ``reversed(params)`` "so that buckets are ordered in backprop order"
+  head and final norm first, the embedding last). PyTorch's DDP design note (docs/source/notes/ddp.rst): "Model
+  parameters are allocated into buckets in (roughly) the reverse order of Model.parameters() ... because DDP
+  expects gradients to become ready during the backward pass in approximately that order"; Megatron-LM's
+  ``_ParamAndGradBuffer`` walks ``params[::-1]`` "to roughly follow backprop order"
   (megatron/core/distributed/param_and_grad_buffer.py). A bucket's indices are listed in that order too.
 - ``comm_fusion`` keeps the meaning it had under MindSpore's pass (read in MindSpore 2.10's
   ``communication_op_fusion.cc`` and measured under msrun before this change, tests/train/test_comm_fusion.py):
@@ -44,6 +45,13 @@ def threshold_bytes(cf) -> float:
     """The bucket size of a ``size`` or ``auto`` comm_fusion setting, in bytes."""
     mb = AUTO_THRESHOLD if cf.allreduce_mode == "auto" else float(cf.allreduce_config)
     return mb * THRESHOLD_UNIT_BYTES
+
+
+def fusion_words(cf) -> str:
+    """The comm_fusion setting in a few words, for the rank log's start line."""
+    if not cf.enabled:
+        return "comm_fusion off: one bucket per gradient"
+    return f"comm_fusion {cf.allreduce_mode}" + (f" {cf.allreduce_config}" if cf.allreduce_config is not None else "")
 
 
 def gradient_buckets(grad_bytes: list[int], cf) -> list[list[int]]:

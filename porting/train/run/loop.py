@@ -41,6 +41,7 @@ from porting.train.run.step import grid as grid_mod
 from porting.train.run.step import nonfinite
 from porting.train.run.step import precompile as pre
 from porting.train.run.step import probes
+from porting.train.plan.comm import fusion_words
 from porting.train.run.checkpoint import resume_check
 from porting.train.run.step import setup
 from porting.train.run.step import cells as train_step
@@ -282,10 +283,9 @@ def train(recipe: Recipe, run_dir: str | Path, *, rank: int = 0, world_size: int
     log = ranklog.open_log(run_dir, rank, echo and rank == 0)
     rl = ranklog.RankLog(log, Heartbeat(run_dir, rank))   # the lines others read, and the heartbeat beside them
     grid = grid_mod.make_grid(recipe, rank, world_size)
-    cf = recipe.parallel.comm_fusion
-    rl.started(rank, world_size, os.getpid(), f"port's gradient buckets (comm_fusion "
-               f"{cf.allreduce_mode if cf.enabled else 'off'} {cf.allreduce_config if cf.enabled else ''}), optimizer "
-               f"sharding {recipe.parallel.optimizer_sharding}; {grid.describe()}{probes.installed()}", distributed)
+    rl.started(rank, world_size, os.getpid(), f"port's gradient buckets ({fusion_words(recipe.parallel.comm_fusion)}), "
+               f"optimizer sharding {recipe.parallel.optimizer_sharding}; {grid.describe()}{probes.installed()}",
+               distributed)
     setup.log_mode(recipe, grid, log)
     model_dir = resolve_hf(recipe.model.source)
     last = ckpt.latest(RunDir(run_dir).checkpoints) if resume else None   # the checkpoint gives the weights itself

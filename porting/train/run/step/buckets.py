@@ -19,7 +19,8 @@ the same numbers as summing each gradient, so the result equals the per-gradient
   asynchronously (``mindspore.mint.distributed.all_reduce(..., async_op=True)``, in 2.7 through 2.11; the
   ``comm_func`` form is deprecated since 2.9), while the backward goes on, as PyTorch DDP's reducer and
   Megatron-LM's ``overlap_grad_reduce`` do. Buckets are launched strictly in bucket order (a bucket complete early
-  waits for the ones before it), so every rank issues the same collectives in the same order. The step waits for
+  waits for the ones before it), so every rank issues the same collectives in the same order (PyTorch's DDP design
+  note: "always running allreduce in the bucket index order instead of actual bucket ready order"). The step waits for
   every handle after the backward. A bucket whose gradients never reached a hook (a parameter the loss does not
   use) is launched from the backward's output then.
 """
@@ -29,6 +30,7 @@ from __future__ import annotations
 import mindspore as ms
 from mindspore import Parameter, ops, nn
 from mindspore.communication import GlobalComm
+from mindspore.mint import distributed as mint_dist   # PyNative's async collectives, 2.7-2.11 (docs/versions.md)
 
 from porting.train.plan.comm import flat_buckets
 from porting.train.plan.layout import DTYPE_BYTES, Bucket
@@ -116,9 +118,6 @@ class OverlappedGradBuckets(GradBuckets):
 
     def __init__(self, params: list[Parameter], buckets: list[Bucket], dtype, group: str | None = None):
         super().__init__(params, buckets, dtype, group)
-        from mindspore.mint.distributed import all_reduce   # PyNative only; 2.7 through 2.11 (docs/versions.md)
-
-        self._all_reduce = all_reduce
         self._bucket_of = {i: k for k, idx in enumerate(self.bucket_idx) for i in idx}
         self._state = _Backward(self.bucket_idx)
         self.launched_in_backward = 0   # buckets the last step's hooks launched (the rest waited for its end)
@@ -153,7 +152,7 @@ class OverlappedGradBuckets(GradBuckets):
         the reduced buffer only, never the gradient the backward returned."""
         k = st.next
         flat = self._flat(grads, k)
-        handle = self._all_reduce(flat, group=self.group or GlobalComm.WORLD_COMM_GROUP, async_op=True)
+        handle = mint_dist.all_reduce(flat, group=self.group or GlobalComm.WORLD_COMM_GROUP, async_op=True)
         st.pending.append((flat, handle))
         for i in self.bucket_idx[k]:
             st.ready.pop(i, None)   # the bucket's buffer holds them now

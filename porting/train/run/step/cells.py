@@ -254,7 +254,7 @@ class _Update(nn.Cell):
             group = {} if dp_group is None else {"group": dp_group}
             if not self.zero:
                 # port's gradient buckets (run/step/buckets.py): the sum over the data-parallel ranks, as
-                # MindSpore's gradient reducer (mean=False) summed it; the loss scale already divides by the global tokens
+                # MindSpore's gradient reducer (mean=False) summed it; the loss scale divides by the global tokens
                 params = list(optimizer.params)
                 fusion = comm_fusion if comm_fusion is not None else CommFusionSection()
                 found, dtype = grad_buckets.buckets_for(params, fusion, grad_fp32)
@@ -306,7 +306,7 @@ class FusedTrainStep(_Update):
     def __init__(self, model: nn.Cell, optimizer: AdamW, world_size: int, grad_clip: float | None,
                  grad_fp32: bool = True, **groups):
         # PyNative: each gradient bucket's all-reduce starts during the backward (run/step/buckets.py)
-        overlap = ms.get_context("mode") == ms.PYNATIVE_MODE and groups.pop("overlap", True)
+        overlap = groups.pop("overlap", True) and ms.get_context("mode") == ms.PYNATIVE_MODE
         super().__init__(optimizer, world_size, grad_clip, grad_fp32, overlap=overlap, **groups)
         self.grad_fn = ops.value_and_grad(LossNet(model), None, optimizer.params, has_aux=True)
         if isinstance(getattr(self, "reducer", None), grad_buckets.OverlappedGradBuckets):

@@ -24,7 +24,12 @@ import json
 import os
 import re
 import sys
+import importlib
 from pathlib import Path
+
+import mindspore
+from mindspore import ops
+from mindspore.mint import distributed
 
 from model_zoo.errors import PortingError
 from porting.train.run.faults import Faults
@@ -47,16 +52,12 @@ def install(faults: Faults, rank: int | None) -> None:
 
 def installed() -> str:
     """The rank log's words for the probes in place in this process ("" when none)."""
-    import mindspore
-
     refused = any(getattr(getattr(mindspore.context, n), "port_refused", False) for n in dir(mindspore.context)
                   if _CONTEXT_CALL.match(n))
     return "; test probe: static-graph parallel API refused (PORT_TEST_REFUSE_STATIC_PARALLEL)" if refused else ""
 
 
 def _outside_mindspore(depth: int = 2) -> bool:
-    import mindspore
-
     caller = sys._getframe(depth).f_code.co_filename
     return not os.path.abspath(caller).startswith(os.path.dirname(os.path.abspath(mindspore.__file__)) + os.sep)
 
@@ -85,10 +86,6 @@ def _refusing_class(name: str, cls: type) -> type:
 
 def refuse_static_parallel() -> list[str]:
     """Patches the static-graph parallel API (module docstring); returns what it patched, ``module.name``."""
-    import importlib
-
-    import mindspore
-
     done = []
     for mod in (mindspore, mindspore.context):
         for name in filter(_CONTEXT_CALL.match, dir(mod)):
@@ -117,9 +114,6 @@ _FUNCTIONS = ("all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor")
 
 def trace_collectives(path: Path) -> None:
     """Appends one line per collective launched from Python to ``path`` (module docstring)."""
-    from mindspore import ops
-    from mindspore.mint import distributed
-
     path.parent.mkdir(parents=True, exist_ok=True)
     out = open(path, "a", buffering=1)   # one line at a time: a rank that dies keeps what it launched
 
