@@ -38,6 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 KINDS = ("overlapped", "after the backward", "no collective")
+WORKER_ENV = "GRAD_OVERLAP_WORKER"   # a worker's settings, JSON: msrun reads every --option after the script as its own
 
 
 def _cpu() -> str:
@@ -46,7 +47,7 @@ def _cpu() -> str:
     return f"{names[0] if names else 'unknown CPU'}, {os.cpu_count()} logical cores"
 
 
-def worker(args) -> None:
+def worker(args: argparse.Namespace) -> None:
     """One msrun worker: the three step cells, timed in turn."""
     import mindspore as ms
     import numpy as np
@@ -87,7 +88,7 @@ def worker(args) -> None:
             if rnd:   # round 0 warms every path up
                 times[kind].append(time.perf_counter() - t0)
     if rank == 0:
-        Path(args.worker).write_text(json.dumps({
+        Path(args.out).write_text(json.dumps({
             "times": times, "buckets": buckets.describe(), "launched_in_backward": buckets.launched_in_backward,
             "bucket_count": len(buckets.bucket_idx), "parameters": sum(int(p.size) for p in params)}))
 
@@ -97,21 +98,20 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--seq", type=int, default=256)
     ap.add_argument("--fusion-mb", type=float, default=0.0, help="comm_fusion size in 256 KiB units; 0: auto (64)")
-    ap.add_argument("--worker", help=argparse.SUPPRESS)
-    args = ap.parse_args()
-    if args.worker:
-        worker(args)
+    if os.environ.get(WORKER_ENV):
+        worker(argparse.Namespace(**json.loads(os.environ[WORKER_ENV])))
         return
+    args = ap.parse_args()
     from porting.cluster.preflight import free_port
 
     load = " ".join(Path("/proc/loadavg").read_text().split()[:3])
     with tempfile.TemporaryDirectory(prefix="grad_overlap.") as tmp:
         out = Path(tmp) / "result.json"
         env = {k: v for k, v in os.environ.items() if k != "MS_DEV_LAUNCH_BLOCKING"}
-        env.update(PYTHONPATH=str(ROOT), GLOG_v="3")
+        env.update(PYTHONPATH=str(ROOT), GLOG_v="3", **{WORKER_ENV: json.dumps(
+            {"out": str(out), "rounds": args.rounds, "seq": args.seq, "fusion_mb": args.fusion_mb})})
         cmd = ["msrun", "--worker_num=2", "--local_worker_num=2", f"--master_port={free_port()}",
-               f"--log_dir={tmp}/logs", "--join=True", __file__, "--worker", str(out), "--rounds", str(args.rounds),
-               "--seq", str(args.seq), "--fusion-mb", str(args.fusion_mb)]
+               f"--log_dir={tmp}/logs", "--join=True", __file__]
         p = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=3600)
         if p.returncode != 0 or not out.is_file():
             logs = "\n".join(f.read_text()[-2000:] for f in sorted(Path(tmp, "logs").glob("worker_*.log")))

@@ -32,7 +32,9 @@ def dp2_args(model_dir, mode: str, extra: list[str]) -> list[str]:
     return [a for s in sets for a in ("--set", s)]
 
 
-@pytest.fixture(scope="module", params=["graph", "pynative"])
+# PyNative's overlap also in the compatibility tier (MindSpore 2.7.2, scripts/compat.sh): its in-place all_reduce
+# once left a one-gradient bucket unreduced there and nowhere else (porting/train/run/step/buckets.py _launch)
+@pytest.fixture(scope="module", params=["graph", pytest.param("pynative", marks=pytest.mark.compat)])
 def runs(request, tmp_path_factory, model_dir):
     """Both comm_fusion settings' runs of one execution mode: {(mode, fusion): (folder, the plan's buckets)}."""
     out = {}

@@ -147,11 +147,14 @@ class OverlappedGradBuckets(GradBuckets):
         return hook
 
     def _launch(self, st: _Backward, grads) -> None:
-        """Bucket ``st.next``'s buffer made and its AllReduce started (in place, asynchronously). A bucket of one
-        gradient already in the reduction dtype reduces that gradient's own (flattened) storage: the step reads
-        the reduced buffer only, never the gradient the backward returned."""
+        """Bucket ``st.next``'s buffer made and its AllReduce started (in place, asynchronously)."""
         k = st.next
         flat = self._flat(grads, k)
+        if len(self.bucket_idx[k]) == 1:
+            # a buffer of its own: a one-gradient bucket's flat view shares the gradient's storage, and MindSpore
+            # 2.7.2's in-place all_reduce leaves such a view unreduced without an error (2.10 reduces it; measured
+            # under msrun on the CPU: tests/train/test_comm_fusion.py fails on 2.7.2 without this copy)
+            flat = flat.copy()
         handle = mint_dist.all_reduce(flat, group=self.group or GlobalComm.WORLD_COMM_GROUP, async_op=True)
         st.pending.append((flat, handle))
         for i in self.bucket_idx[k]:
