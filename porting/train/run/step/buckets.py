@@ -32,6 +32,7 @@ from mindspore import Parameter, ops, nn
 from mindspore.communication import GlobalComm
 from mindspore.mint import distributed as mint_dist   # PyNative's async collectives, 2.7-2.11 (docs/versions.md)
 
+from model_zoo.errors import RecipeError
 from porting.train.plan.comm import flat_buckets
 from porting.train.plan.layout import DTYPE_BYTES, Bucket
 
@@ -43,8 +44,9 @@ def buckets_for(params: list[Parameter], comm_fusion, grad_fp32: bool) -> tuple[
     parameters' own dtype (one dtype for all of them: a bucket is one buffer)."""
     dtypes = {p.dtype for p in params}
     if not grad_fp32 and len(dtypes) > 1:
-        raise ValueError(f"precision.grad_reduce_dtype: param_dtype needs one parameter dtype, found "
-                         f"{sorted(_NAMES.get(d, str(d)) for d in dtypes)}")
+        raise RecipeError(f"precision.grad_reduce_dtype: param_dtype reduces each gradient bucket in one dtype, but "
+                          f"the trainable parameters have {sorted(_NAMES.get(d, str(d)) for d in dtypes)}; set "
+                          "precision.grad_reduce_dtype: float32")
     dtype = ms.float32 if grad_fp32 else params[0].dtype
     numels = [int(p.size) for p in params]
     return flat_buckets(numels, DTYPE_BYTES[_NAMES[dtype]], comm_fusion, 1), dtype
