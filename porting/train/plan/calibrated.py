@@ -11,8 +11,8 @@ size). For a recipe and layout::
     update           = update_fixed + update_per_param x parameters this rank updates (its ZeRO shard)
     communication    = sum over the plan's collectives (porting/train/plan/sharding.py) of count x the measured
                        time of one call of its size (the compute rung's graph-mode calls, interpolated)
-    step             = grad_accum_steps x forward_backward + update + communication   (port's step does not
-                       overlap communication with compute)
+    step             = grad_accum_steps x forward_backward + update + communication   (no overlap assumed:
+                       the rehearsal times compute and collectives apart; comm.EXPOSED_SOURCE)
 
 with ``grad_accum_steps: 1`` adding to the update what one graph saves against the two cells (measured at both
 depths). ``F`` are the FLOPs of that piece for one micro-batch on one rank (matmuls 6 x parameters x tokens,
