@@ -114,6 +114,13 @@ def derive(points: list[dict[str, Any]], shape: dict[str, Any]) -> dict[str, flo
     s0, s1 = {**shape, "micro": micros[0]}, {**shape, "micro": micros[-1]}
     la, lb = _affine(l0, layer_flops(s0), l1, layer_flops(s1))
     ea, eb = _affine(max(e0, 0.0), ends_flops(s0), max(e1, 0.0), ends_flops(s1))
+    if eb <= 0:
+        # noise on a loaded machine left nothing for the ends (the deeper model's extra layers took all of the
+        # shallow one's time): the ends are matmuls too (embedding gather, lm_head, loss), so they take the layer's
+        # rate per FLOP rather than a zero the loader refuses (calibration_bounds: a zero time per FLOP)
+        ea, eb = 0.0, lb
+        e0 = lb * ends_flops(s0)
+    e0 = max(e0, 0.0)   # shown as measured: a noisy negative is shown as nothing
     m = micros[0]
     per_param = (at[(hi, m)]["update_s"] - at[(lo, m)]["update_s"]) / (at[(hi, m)]["parameters"] - at[(lo, m)]["parameters"])
     per_param = max(per_param, 0.0)
