@@ -275,8 +275,25 @@ def run(req: BaselineRequest, log: Callable[[str], None] = lambda s: None) -> Ba
         log(f"step {i + 1}/{n} loss {r.loss[-1]:.6f} grad_norm {r.grad_norm[-1]:.4f} lr {r.lr[-1]:.3g} "
             f"{r.step_time_s[-1]:.3f}s peak(fwd/bwd/opt) {peak} GiB")
 
-    res = torch_loop.train(model, gathered_steps(plan, n), optim_config(recipe, plan.total_steps), loop, meter,
-                           probe_ids=probe, on_step=on_step)
+    prints = _fingerprinter(model, plan, recipe, out, loop.dtype, log)
+    try:
+        res = torch_loop.train(model, gathered_steps(plan, n), optim_config(recipe, plan.total_steps), loop, meter,
+                               probe_ids=probe, on_step=on_step, prints=prints)
+    finally:
+        if prints is not None:
+            prints.close()
     doc = baseline_document(BaselineRun(req, recipe, hf_dir, plan, loop, meter, probe, res, started))
     document.save(out, doc)   # checks that the reader reads what was built (a failure is a bug, not bad input)
     return BaselineResult(out, doc)
+
+
+def _fingerprinter(model, plan: BatchSchedule, recipe: Recipe, out: Path, dtype: str, log: Callable[[str], None]):
+    """The fingerprint recorder when the recipe's ``logging.fingerprint_every`` or the plant hook asks for one
+    (porting/baseline/fingerprint_torch.py), else None."""
+    from porting.baseline.fingerprint_torch import TorchFingerprinter
+    from porting.train.run.faults import active
+
+    every, plant = recipe.logging.fingerprint_every, active().plant
+    if not every and plant is None:
+        return None
+    return TorchFingerprinter(model, plan.data.examples, every, plant, out, dtype, log)

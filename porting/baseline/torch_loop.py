@@ -146,15 +146,33 @@ def _autocast(loop: LoopConfig):
     return torch.autocast(loop.device, dtype=torch.bfloat16, enabled=loop.dtype == "bf16-mixed")
 
 
+class _NoPrints:
+    """No fingerprints: the loop's calls do nothing."""
+
+    def begin(self, step: int, micro) -> None:
+        pass
+
+    def gradients(self) -> None:
+        pass
+
+    def end(self) -> None:
+        pass
+
+
+_NO_PRINTS = _NoPrints()
+
+
 def train(model, steps: Iterable[Sequence[MicroBatch]], opt: OptimConfig, loop: LoopConfig,
           meter: PhaseMeter, probe_ids: np.ndarray | None = None,
-          on_step: Callable[[int, LoopResult], None] | None = None) -> LoopResult:
-    """Run every optimizer step of ``steps``; per-step loss (token mean), grad norm, lr, time, phase peaks."""
+          on_step: Callable[[int, LoopResult], None] | None = None, prints=None) -> LoopResult:
+    """Run every optimizer step of ``steps``; per-step loss (token mean), grad norm, lr, time, phase peaks.
+    ``prints``: the fingerprint recorder (porting/baseline/fingerprint_torch.py), or None."""
     import torch
 
     if loop.threads:
         torch.set_num_threads(loop.threads)
     res = LoopResult(num_parameters=sum(p.numel() for p in model.parameters()))
+    prints = prints if prints is not None else _NO_PRINTS
     if probe_ids is not None:
         res.probe_logits_initial = probe_logits(model, probe_ids, loop)
     model.train()
@@ -176,6 +194,7 @@ def train(model, steps: Iterable[Sequence[MicroBatch]], opt: OptimConfig, loop: 
         profiled = sampler.begin(step)
         t0 = time.perf_counter()
         loss_sum = torch.zeros((), dtype=torch.float64, device=loop.device)
+        prints.begin(step, micro)
         for mb in micro:
             ids = torch.as_tensor(mb.input_ids, dtype=torch.long, device=loop.device)
             labels = torch.as_tensor(mb.labels, dtype=torch.long, device=loop.device)
@@ -195,10 +214,12 @@ def train(model, steps: Iterable[Sequence[MicroBatch]], opt: OptimConfig, loop: 
         for g in optimizer.param_groups:
             g["lr"] = lr
         max_norm = opt.grad_clip if opt.grad_clip else float("inf")
+        prints.gradients()
         with sampler.phase("optimizer"):
             gnorm = torch.nn.utils.clip_grad_norm_(params, max_norm)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
+        prints.end()
         peaks["optimizer"] = meter.peak_gib()
         loss = float(loss_sum.item()) / total
         sync()

@@ -11,6 +11,7 @@
       data_tokens_node<k>.npz                                    the data tokenised once per launch, node k
       incidents.jsonl  incidents/<n>/                            a supervised run's incidents and evidence
       supervise/[node<k>/]                                       the supervisor's launch logs and exchange
+      fingerprints/rank_<r>.jsonl  diverge.json                  logging.fingerprint_every; port diverge's verdict
 
 Paths only: nothing here reads, creates or checks a file (the writer and reader do, with their rules).
 """
@@ -85,6 +86,18 @@ class RunDir:
 
     def tokens(self, node: int) -> Path:
         return self.path / f"data_tokens_node{node}.npz"
+
+    # fingerprints (porting/rundir/fingerprints.py) and `port diverge`'s verdict (porting/diverge/)
+    @property
+    def fingerprints(self) -> Path:
+        return self.path / "fingerprints"
+
+    def fingerprint_file(self, rank: int) -> Path:
+        return self.fingerprints / f"rank_{rank}.jsonl"
+
+    @property
+    def diverge(self) -> Path:
+        return self.path / "diverge.json"
 
     # a supervised run
     @property

@@ -230,6 +230,7 @@ class LoggingSection(_Section):
     # sampled step (porting/train/run/step/breakdown.py). 0: never
     breakdown_every: int = Field(0, ge=0, le=BIG)
     breakdown_source: Literal["profiler", "timestamps"] = "profiler"   # timestamps: no profiler, no comm split
+    fingerprint_every: int = Field(0, ge=0, le=BIG)   # port diverge's records every N steps, 0: never (docs/diverge.md)
 
 
 class Recipe(_Section):

@@ -10,6 +10,7 @@ always feeds (porting/train/run/loop.py), so a run without hooks computes exactl
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -59,7 +60,13 @@ HOOKS: tuple[Hook, ...] = (
          "every collective a rank launches from Python (PyNative: each call is one launch) is appended to "
          "DIR/rank_<r>.jsonl as {op, shape, group}: the PyNative op trace that counts the gradient buckets",
          "porting/train/run/step/probes.py"),
+    Hook("PORT_TEST_PLANT_DIVERGENCE", "STEP:HF_NAME:PHASE:RELATIVE, PHASE forward, gradient or update, "
+         "|RELATIVE| <= 1, e.g. 3:model.layers.1.mlp.up_proj.weight:gradient:0.01 (forward: HF_NAME model.layers.<i>)",
+         "that tensor (a decoder layer's output, a parameter's gradient or its update) is multiplied by 1+RELATIVE "
+         "at that 1-based step, on every rank: the divergence `port diverge` must name exactly",
+         "porting/train/run/fingerprint.py"),
 )
+_PLANT = re.compile(r"([0-9]{1,9}):([A-Za-z0-9_.]{1,200}):(forward|gradient|update):([-+0-9.eE]{1,24})")
 _NONFINITE = re.compile(r"(\*|[0-9]+-|[0-9]+(?:,[0-9]+)*)(?:@([0-9]+))?")
 _INTS = re.compile(r"[0-9]+(?:,[0-9]+)*")
 
@@ -80,6 +87,7 @@ class Faults:
     bad_devices: frozenset[int] = field(default_factory=frozenset)
     refuse_static_parallel: bool = False
     collective_trace: str | None = None               # the folder of the per-rank traces
+    plant: tuple[int, str, str, float] | None = None  # (step, HF name, phase, relative)
 
     def nan_at(self, step_no: int, rank: int) -> bool:
         """Whether rank ``rank``'s loss scale is NaN at step ``step_no`` (1-based)."""
@@ -155,7 +163,20 @@ def parse(environ: Mapping[str, str]) -> Faults:
         if not v.startswith("/") or len(v) > 4096 or "\n" in v:
             raise _bad("PORT_TEST_COLLECTIVE_TRACE", v)
         out["collective_trace"] = v
+    if v := raw["PORT_TEST_PLANT_DIVERGENCE"]:
+        out["plant"] = _plant(v)
     return Faults(**out)
+
+
+def _plant(v: str) -> tuple[int, str, str, float]:
+    m = _PLANT.fullmatch(v)
+    try:
+        rel = float(m.group(4)) if m else math.nan
+    except ValueError:
+        rel = math.nan
+    if m is None or int(m.group(1)) < 1 or not abs(rel) <= 1.0:
+        raise _bad("PORT_TEST_PLANT_DIVERGENCE", v)
+    return int(m.group(1)), m.group(2), m.group(3), rel
 
 
 def active() -> Faults:

@@ -37,6 +37,7 @@ from porting.train.run.checkpoint import save as ckpt
 from porting.train.run.checkpoint import read as ckpt_read
 from porting.train.run.step import execution
 from porting.train.run import faults
+from porting.train.run import fingerprint
 from porting.train.run.step import grid as grid_mod
 from porting.train.run.step import nonfinite
 from porting.train.run.step import precompile as pre
@@ -132,6 +133,7 @@ class Trainer:
         self.faults = faults.active()   # test hooks (porting/train/run/faults.py), off unless set
         self.shapes_seen: set[tuple] = set()
         self.sampler: StepSampler | None = None   # logging.breakdown_every: times the cells of a sampled step
+        self.prints = fingerprint.attach(self, self.faults, log)   # logging.fingerprint_every (None: off)
 
     # -- one optimizer step
     def run_step(self, step: Step, lr: float) -> StepResult:
@@ -149,6 +151,8 @@ class Trainer:
         self.shapes_seen |= new_shapes
         graphs = compiled_graphs(*self.cells)   # precompile made them all: a new one is a compile in the step
         t0 = time.perf_counter()
+        if self.prints is not None:
+            self.prints.begin(step)
         try:
             total, count, norm, finite = self._step_cells(step, scale, unscale, hyper)
         except (RuntimeError, TypeError, ValueError) as e:   # MindSpore's compile errors; see run/step/execution.py
@@ -158,6 +162,8 @@ class Trainer:
             raise failure from e
         loss_sum, n_tok = float(total.asnumpy()), float(count.asnumpy())
         norm_v, finite_v = float(norm.asnumpy()), bool(finite.asnumpy())
+        if self.prints is not None:   # its cost is in the step's time
+            self.prints.end()
         dt = time.perf_counter() - t0
         scale_used = self.scaler.scale
         applied = self.scaler.update(finite_v and math.isfinite(loss_sum))
@@ -271,6 +277,13 @@ def _resume(trainer: Trainer, last: tuple[int, Path] | None, ck_root: Path, tota
     return start
 
 
+def _close(*writers) -> None:
+    """Close the rank's writers that are open (None: not made on this rank)."""
+    for w in writers:
+        if w is not None:
+            w.close()
+
+
 def train(recipe: Recipe, run_dir: str | Path, *, resume: bool = False, distributed: bool = False,
           echo: bool = True, provenance: Provenance | None = None) -> RunResult:
     """Run (or resume) the fine-tune of ``recipe`` on this rank; returns when the last step is done. A `port train`
@@ -345,9 +358,6 @@ def train(recipe: Recipe, run_dir: str | Path, *, resume: bool = False, distribu
         rl.failed(str(exc))
         raise
     finally:
-        if metrics is not None:
-            metrics.close()
-        if watch is not None:
-            watch.close()
+        _close(trainer.prints, metrics, watch)
     rl.finished()   # the launcher's evidence that this rank's run ended (porting/launch/outcome.py)
     return RunResult(run_dir, len(records), last_loss, trainer.graphs, len(trainer.shapes_seen))

@@ -270,6 +270,7 @@ class _Update(nn.Cell):
         self.clip = grad_clip is not None
         self.max_norm = Tensor(grad_clip if grad_clip is not None else 1.0, ms.float32)
         self.hyper_map = ops.HyperMap()
+        self.grad_tap = None   # PyNative only: port diverge's fingerprints (porting/train/run/fingerprint.py)
 
     def update(self, grads, unscale: Tensor, lr: Tensor, bc1: Tensor, bc2: Tensor):
         # Gradients are all-reduced, unscaled, norm-clipped and applied in float32 whatever the
@@ -283,6 +284,8 @@ class _Update(nn.Cell):
         elif self.grad_fp32:
             grads = self.hyper_map(_to_f32, grads)
         grads = self.hyper_map(ops.partial(_mul, unscale), grads)
+        if self.grad_tap is not None:
+            grads = self.grad_tap(grads)
         squares = self.hyper_map(_square_sum, grads)
         if self.tp_norm:
             sharded = self.tp_allreduce(ops.addn(self.hyper_map(_masked, self.sharded_mask, squares)))

@@ -1,0 +1,238 @@
+"""Fingerprints of a run: per logical tensor and sampled step, statistics that compose across shards.
+
+Written by `port train` (``logging.fingerprint_every: N``, porting/train/run/fingerprint.py) into
+``RUN/fingerprints/rank_<r>.jsonl`` and by `port baseline run` (porting/baseline/fingerprint_torch.py) beside its
+file; read by `port diverge` (porting/diverge/). One JSON line per record, after one header line:
+
+    {"step": 3, "phase": "forward", "name": "model.layers.1", "count": 8192, "sum": ..., "sumsq": ...,
+     "maxabs": ..., "nonfinite": 0, "digest": "<16 hex digits>"}
+
+``phase``: ``batch`` (the step's input tokens: the data order), ``forward`` (a decoder layer's output on the real
+positions of every row), ``gradient`` (a parameter's gradient of the step's mean token loss, reduced over the data
+parallel ranks, before clipping) or ``update`` (parameter after the step minus before). ``name`` is the HF name
+(converters/names.py; ``model.layers.<i>`` for a layer's output), so a port run and its torch baseline line up.
+
+Why these statistics: count, sum, sum of squares and the maximum magnitude of a tensor are the sums (or maximum)
+of its shards' own, so a tensor-parallel slice, a data-parallel rank's rows or a ZeRO shard each write their own
+record and the reader adds them, with no gather in the run. The digest is the sum mod 2^64 of a per-element hash
+of (the element's float32 bits, its logical index): order-independent and additive the same way, so two runs
+whose digests agree hold the same bits at the same logical places (up to a 2^-64 collision), whatever their
+layout. Elements are hashed in float32 (exact for bfloat16 and float16 values). The hash is SplitMix64's
+finaliser (Steele, Lea, Flood, "Fast splittable pseudorandom number generators", OOPSLA 2014).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Iterable
+
+import numpy as np
+
+from model_zoo.errors import PortingError
+from model_zoo.files import parse_json, read_text
+
+VERSION = 1
+PHASES = ("batch", "forward", "gradient", "update")
+MAX_FILE_BYTES = 256 << 20      # one rank's file; the writer stops (and says so) before it
+MAX_LINE_BYTES = 4096
+CHUNK = 1 << 20                 # elements hashed at a time: constant memory for any tensor
+_M = 0xFFFFFFFFFFFFFFFF
+
+
+class FingerprintError(PortingError):
+    """A fingerprint file that cannot be read."""
+
+
+@dataclass(frozen=True)
+class Stat:
+    """One record's statistics; ``+`` composes two shards of one logical tensor."""
+
+    count: int
+    sum: float
+    sumsq: float
+    maxabs: float
+    nonfinite: int
+    digest: int
+
+    def __add__(self, o: "Stat") -> "Stat":
+        return Stat(self.count + o.count, self.sum + o.sum, self.sumsq + o.sumsq, max(self.maxabs, o.maxabs),
+                    self.nonfinite + o.nonfinite, (self.digest + o.digest) & _M)
+
+    def as_dict(self) -> dict:
+        return {"count": self.count, "sum": _num(self.sum), "sumsq": _num(self.sumsq), "maxabs": _num(self.maxabs),
+                "nonfinite": self.nonfinite, "digest": f"{self.digest:016x}"}
+
+
+EMPTY = Stat(0, 0.0, 0.0, 0.0, 0, 0)
+
+
+def _num(x: float) -> float | None:
+    return float(x) if math.isfinite(x) else None
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """SplitMix64's finaliser, element-wise on uint64 (wrapping arithmetic, as the reference C)."""
+    x = x + np.uint64(0x9E3779B97F4A7C15)
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def _digest(values: np.ndarray, index: np.ndarray) -> int:
+    bits = values.astype(np.float32).view(np.uint32).astype(np.uint64)
+    h = _mix((index.astype(np.uint64) << np.uint64(32)) ^ bits)
+    return int(h.sum(dtype=np.uint64))
+
+
+def stat_of(x: np.ndarray, index_of=None) -> Stat:
+    """The statistics of ``x`` (any float array). ``index_of(flat positions) -> logical indices`` places a shard
+    in its logical tensor; None: ``x`` is the whole tensor, its flat position is its index."""
+    flat = np.ascontiguousarray(x).reshape(-1)
+    total, sq, big, bad, dig = 0.0, 0.0, 0.0, 0, 0
+    for lo in range(0, flat.size, CHUNK):
+        part = flat[lo:lo + CHUNK].astype(np.float32)
+        pos = np.arange(lo, lo + part.size, dtype=np.int64)
+        dig = (dig + _digest(part, pos if index_of is None else index_of(pos))) & _M
+        fin = np.isfinite(part)
+        bad += int(part.size - fin.sum())
+        good = part[fin].astype(np.float64) if bad else part.astype(np.float64)
+        total += float(good.sum())
+        sq += float((good * good).sum())
+        big = max(big, float(np.abs(good).max()) if good.size else 0.0)
+    return Stat(int(flat.size), total, sq, big, bad, dig)
+
+
+def shard_index(local_shape: tuple[int, ...], full_shape: tuple[int, ...], axis: int, offset: int):
+    """``index_of`` for a contiguous slice along ``axis`` starting at ``offset`` (a tensor-parallel shard)."""
+    def index_of(pos: np.ndarray) -> np.ndarray:
+        coords = list(np.unravel_index(pos, local_shape))
+        coords[axis] = coords[axis] + offset
+        return np.ravel_multi_index(tuple(coords), full_shape)
+    return index_of
+
+
+def rows_stat(x: np.ndarray, lengths: Iterable[int]) -> Stat:
+    """The real positions of right-padded rows ``x`` (B, S, ...): row b's first ``lengths[b]`` positions, each
+    element indexed by (position, feature): rows are a multiset, so any split of the rows over data-parallel ranks
+    or micro-batches composes to the same record."""
+    out = EMPTY
+    for b, n in enumerate(lengths):
+        out = out + stat_of(x[b, :int(n)])
+    return out
+
+
+class Writer:
+    """One rank's fingerprint file: a header line, then one line per record, flushed per step; stops (with one
+    warning record) before ``MAX_FILE_BYTES``."""
+
+    def __init__(self, path: Path, header: dict, warn=None):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path, self.warn, self.full = path, warn or (lambda s: None), False
+        self.f: IO[str] = open(path, "w", encoding="utf-8")   # a new run's own file (a resume starts it again)
+        self.bytes = 0
+        self._line({"fingerprints": VERSION, **header})
+
+    def _line(self, obj: dict) -> None:
+        text = json.dumps(obj, separators=(",", ":")) + "\n"
+        if self.bytes + len(text) > MAX_FILE_BYTES - MAX_LINE_BYTES:
+            if not self.full:
+                self.full = True
+                self.f.write(json.dumps({"truncated": True}) + "\n")
+                self.warn(f"{self.path}: reached {MAX_FILE_BYTES >> 20} MiB; no more fingerprints are written")
+            return
+        self.f.write(text)
+        self.bytes += len(text)
+
+    def record(self, step: int, phase: str, name: str, stat: Stat) -> None:
+        self._line({"step": step, "phase": phase, "name": name, **stat.as_dict()})
+
+    def flush(self) -> None:
+        self.f.flush()
+
+    def close(self) -> None:
+        self.f.close()
+
+
+Key = tuple[int, str, str]   # (step, phase, name)
+
+
+@dataclass
+class Fingerprints:
+    """Every record of one run, composed over its files: ``stats[(step, phase, name)]``; ``headers`` one per
+    file; ``names[phase]`` in the order first written (the order of a step's forward, its parameters)."""
+
+    headers: list[dict]
+    stats: dict[Key, Stat]
+    names: dict[str, list[str]]
+    truncated: bool = False
+
+    @property
+    def steps(self) -> list[int]:
+        return sorted({k[0] for k in self.stats})
+
+
+def _stat_from(row: dict, where: str) -> Stat:
+    try:
+        vals = [row[k] for k in ("count", "sum", "sumsq", "maxabs", "nonfinite", "digest")]
+        c, s, q, m, n, d = vals
+        ok = (isinstance(c, int) and isinstance(n, int) and 0 <= c < 1 << 62 and 0 <= n <= c
+              and isinstance(d, str) and len(d) == 16
+              and all(v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)) for v in (s, q, m)))
+        if not ok:
+            raise ValueError
+        nan = float("nan")
+        return Stat(c, nan if s is None else float(s), nan if q is None else float(q),
+                    nan if m is None else float(m), n, int(d, 16))
+    except (KeyError, ValueError, TypeError):
+        raise FingerprintError(f"{where}: expected a fingerprint record (count, sum, sumsq, maxabs, nonfinite, "
+                               "digest of 16 hex digits); the file was edited or is not one port wrote") from None
+
+
+def read_file(path: Path, into: Fingerprints) -> None:
+    """Add one rank's file to ``into`` (bounded: ``MAX_FILE_BYTES``, ``MAX_LINE_BYTES`` a line)."""
+    text = read_text(path, what="fingerprint file", max_bytes=MAX_FILE_BYTES, error=FingerprintError,
+                     follow_links=False)
+    for i, line in enumerate(text.splitlines(), 1):
+        where = f"{path} line {i}"
+        if len(line) > MAX_LINE_BYTES:
+            raise FingerprintError(f"{where}: a line of {len(line):,} characters, more than {MAX_LINE_BYTES}; "
+                                   "not a fingerprint file port wrote")
+        row = parse_json(line, where=where, what="fingerprint line", max_depth=4, error=FingerprintError)
+        if not isinstance(row, dict):
+            raise FingerprintError(f"{where}: expected a JSON object")
+        if i == 1:
+            if row.get("fingerprints") != VERSION:
+                raise FingerprintError(f"{where}: expected the header {{\"fingerprints\": {VERSION}, ...}}; "
+                                       "not a fingerprint file of this port")
+            into.headers.append(row)
+            continue
+        if row.get("truncated") is True:
+            into.truncated = True
+            continue
+        step, phase, name = row.get("step"), row.get("phase"), row.get("name")
+        if not (isinstance(step, int) and 1 <= step < 1 << 40 and phase in PHASES and isinstance(name, str)
+                and 0 < len(name) <= 256):
+            raise FingerprintError(f"{where}: expected step (>= 1), phase (one of {', '.join(PHASES)}) and name")
+        key = (step, phase, name)
+        if key not in into.stats:
+            into.names.setdefault(phase, [])
+            if name not in into.names[phase]:
+                into.names[phase].append(name)
+        into.stats[key] = into.stats.get(key, EMPTY) + _stat_from(row, where)
+
+
+def read(folder: Path, max_files: int = 4096) -> Fingerprints:
+    """Every ``rank_<r>.jsonl`` of ``folder`` (a run's ``fingerprints/``), composed."""
+    files = sorted(p for p in folder.glob("rank_*.jsonl"))[:max_files + 1] if folder.is_dir() else []
+    if not files:
+        raise FingerprintError(f"{folder}: no fingerprint files (rank_<r>.jsonl); run with "
+                               "--set logging.fingerprint_every=N (port train, port baseline run)")
+    if len(files) > max_files:
+        raise FingerprintError(f"{folder}: more than {max_files} fingerprint files; not a run port wrote")
+    out = Fingerprints([], {}, {})
+    for p in files:
+        read_file(p, out)
+    return out

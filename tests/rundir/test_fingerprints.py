@@ -1,0 +1,104 @@
+"""The fingerprint records (porting/rundir/fingerprints.py): shards compose to the unsharded record without a gather,
+a changed bit or a moved element changes the digest, and the reader refuses what port did not write."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from porting.rundir import fingerprints as fp
+
+
+def _rng(*shape: int) -> np.ndarray:
+    return np.random.default_rng(7).standard_normal(shape).astype(np.float32)
+
+
+@pytest.mark.parametrize("axis", [0, 1])
+def test_tensor_parallel_shards_compose_to_the_whole_tensor(axis):
+    full = _rng(12, 10)
+    parts = np.split(full, 2, axis=axis)
+    composed = fp.EMPTY
+    for r, part in enumerate(parts):
+        composed = composed + fp.stat_of(part, fp.shard_index(part.shape, full.shape, axis, r * part.shape[axis]))
+    whole = fp.stat_of(full)
+    assert composed.count == whole.count and composed.digest == whole.digest
+    assert composed.maxabs == whole.maxabs and composed.nonfinite == 0
+    assert composed.sum == pytest.approx(whole.sum, rel=1e-12, abs=1e-12)
+    assert composed.sumsq == pytest.approx(whole.sumsq, rel=1e-12)
+    # a shard placed at the wrong offset is another tensor
+    wrong = fp.stat_of(parts[1], fp.shard_index(parts[1].shape, full.shape, axis, 0)) + fp.stat_of(
+        parts[0], fp.shard_index(parts[0].shape, full.shape, axis, parts[0].shape[axis]))
+    assert wrong.digest != whole.digest and wrong.sumsq == pytest.approx(whole.sumsq)
+
+
+def test_rows_split_over_ranks_compose_and_padding_is_not_counted():
+    x = _rng(4, 6, 3)
+    lengths = [6, 2, 5, 0]
+    whole = fp.rows_stat(x, lengths)
+    assert whole.count == sum(lengths) * 3
+    split = fp.rows_stat(x[2:], lengths[2:]) + fp.rows_stat(x[:2], lengths[:2])   # two data-parallel ranks
+    assert split.digest == whole.digest and split.count == whole.count
+    padded = x.copy()
+    padded[1, 3:] = 99.0   # the padding of row 1 changes nothing
+    assert fp.rows_stat(padded, lengths) == whole
+
+
+def test_one_flipped_bit_or_a_swap_changes_the_digest_not_the_moments():
+    x = _rng(64)
+    base = fp.stat_of(x)
+    flipped = x.copy()
+    flipped.view(np.uint32)[5] ^= 1   # the last mantissa bit of one element
+    assert fp.stat_of(flipped).digest != base.digest
+    swapped = x.copy()
+    swapped[[3, 9]] = swapped[[9, 3]]
+    s = fp.stat_of(swapped)
+    assert s.digest != base.digest and s.sumsq == pytest.approx(base.sumsq, rel=1e-12)
+
+
+def test_nonfinite_elements_are_counted_and_kept_out_of_the_sums():
+    x = np.array([1.0, np.nan, -2.0, np.inf], np.float32)
+    s = fp.stat_of(x)
+    assert (s.count, s.nonfinite, s.sum, s.sumsq, s.maxabs) == (4, 2, -1.0, 5.0, 2.0)
+
+
+def test_writer_and_reader_round_trip_and_compose_ranks(tmp_path):
+    folder = tmp_path / "fingerprints"
+    full = _rng(8, 4)
+    for r in range(2):
+        w = fp.Writer(folder / f"rank_{r}.jsonl", {"source": "port", "rank": r})
+        part = full[4 * r:4 * r + 4]
+        w.record(3, "gradient", "model.layers.0.mlp.up_proj.weight",
+                 fp.stat_of(part, fp.shard_index(part.shape, full.shape, 0, 4 * r)))
+        w.close()
+    got = fp.read(folder)
+    assert got.steps == [3] and len(got.headers) == 2
+    assert got.stats[(3, "gradient", "model.layers.0.mlp.up_proj.weight")].digest == fp.stat_of(full).digest
+
+
+@pytest.mark.parametrize("body,words", [
+    ('{"step": 1}\n', "expected the header"),
+    ('{"fingerprints": 1}\n{"step": 0, "phase": "update", "name": "x"}\n', "expected step (>= 1)"),
+    ('{"fingerprints": 1}\n{"step": 1, "phase": "collective", "name": "x"}\n', "phase (one of"),
+    ('{"fingerprints": 1}\n{"step": 1, "phase": "update", "name": "x", "count": 4, "sum": 0, "sumsq": 0, '
+     '"maxabs": 0, "nonfinite": 9, "digest": "00"}\n', "digest of 16 hex digits"),
+    ('{"fingerprints": 1}\n' + "x" * 5000 + "\n", "more than 4096"),
+])
+def test_the_reader_refuses_what_port_did_not_write_in_one_line(tmp_path, body, words):
+    (tmp_path / "rank_0.jsonl").write_text(body)
+    with pytest.raises(fp.FingerprintError) as e:
+        fp.read(tmp_path)
+    assert words in str(e.value) and "\n" not in str(e.value)
+
+
+def test_the_writer_stops_before_its_bound(tmp_path, monkeypatch):
+    monkeypatch.setattr(fp, "MAX_FILE_BYTES", 20_000)
+    warned = []
+    w = fp.Writer(tmp_path / "rank_0.jsonl", {}, warned.append)
+    for s in range(1, 200):
+        w.record(s, "update", "lm_head.weight", fp.stat_of(np.ones(3, np.float32)))
+    w.close()
+    text = (tmp_path / "rank_0.jsonl").read_text()
+    assert len(text) <= 20_000 and json.loads(text.splitlines()[-1]) == {"truncated": True} and len(warned) == 1
+    assert fp.read(tmp_path).truncated
