@@ -240,6 +240,9 @@ def run(req: BaselineRequest, log: Callable[[str], None] = lambda s: None) -> Ba
     if not out.parent.is_dir():
         raise ConfigError(f"--out {out}: folder {out.parent} does not exist; create it first")
     recipe = load_recipe(req.recipe_path, list(req.overrides))
+    from porting.train.run.faults import active
+
+    active()   # a test hook that does not parse is one line before anything runs (PORT_TEST_PLANT_DIVERGENCE)
     require_torch("port baseline")
     check_device(req.device)
     prec = settings_mod.precision(recipe)

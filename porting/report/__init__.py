@@ -14,6 +14,8 @@ evidence files written next to it by other commands:
 * ``bisect.json`` -- ``port bisect ... --json > RUNDIR/bisect.json`` (or ``port report --bisect FILE``):
   a row naming the first divergent layer and phase, and a per-layer error plot
   (:mod:`porting.report.bisect_section`)
+* ``diverge.json`` -- ``port diverge RUNDIR OTHER --out RUNDIR/diverge.json``: where this run and another part
+  (:mod:`porting.report.diverge_section`)
 
 Output (:mod:`porting.report.render`, :mod:`porting.report.plots`): ``report.html`` (inline SVG
 plots, no network), ``report.md``, ``report.json``, the SVGs and the marker file ``.port-report``,
@@ -146,7 +148,7 @@ def make_report(rundir: str | os.PathLike, out: str | os.PathLike | None = None,
     rows = rows + breakdown_rows(run)   # where each rank's step time goes (logging.breakdown_every)
     base = load_baseline(run.path, baseline)
     svgs = plots(run, base, plan)
-    from porting.report import bisect_section, compare_section
+    from porting.report import bisect_section, compare_section, diverge_section
 
     cmp = compare_section.load_comparison(run.path, compare)
     if cmp is not None:
@@ -156,6 +158,9 @@ def make_report(rundir: str | os.PathLike, out: str | os.PathLike | None = None,
     if bis is not None:
         rows.append(bisect_section.bisect_row(*bis))
         svgs["bisect.svg"] = bisect_section.bisect_svg(bis[0])
+    parted = diverge_section.diverge_row(run.path)   # RUNDIR/diverge.json: port diverge's verdict
+    if parted is not None:
+        rows.append(parted)
     res = ReportResult(dest, rows, run.notes, len(run.steps), diag.first_failing_rank if diag else None, screen)
     doc = {"format": "port-report", "format_version": 1, "rundir": str(run.path), **res.to_dict()}
     del doc["out"]

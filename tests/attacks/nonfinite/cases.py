@@ -48,5 +48,14 @@ for _name, _env, _value in [
     ("hook_bad_devices_range", "PORT_TEST_BAD_DEVICES", "0-7"),
     ("hook_refuse_static_parallel_word", "PORT_TEST_REFUSE_STATIC_PARALLEL", "yes"),
     ("hook_collective_trace_relative", "PORT_TEST_COLLECTIVE_TRACE", "../../etc/trace"),
+    ("hook_plant_divergence_no_phase", "PORT_TEST_PLANT_DIVERGENCE", "3:model.layers.1:0.01"),
+    ("hook_plant_divergence_huge", "PORT_TEST_PLANT_DIVERGENCE", "3:model.layers.1:forward:1e9"),
+    ("hook_plant_divergence_shell", "PORT_TEST_PLANT_DIVERGENCE", "3:$(rm -rf ~):update:0.1"),
 ]:
     _hook_case(_name, _env, _value)
+
+
+@case("PORT_TEST_PLANT_DIVERGENCE=", "expected", "unset it for a real run", dest=None,
+      env={"PORT_TEST_PLANT_DIVERGENCE": "step3:model.norm.weight:update:0.1"})
+def hook_plant_divergence_in_the_baseline(d):
+    return ["baseline", "run", "--recipe", str(I.recipe(d)), "--out", str(d / "base.json")]
