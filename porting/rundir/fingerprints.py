@@ -126,13 +126,23 @@ def rows_stat(x: np.ndarray, lengths: Iterable[int]) -> Stat:
 
 class Writer:
     """One rank's fingerprint file: a header line, then one line per record, flushed per step; stops (with one
-    warning record) before ``MAX_FILE_BYTES``."""
+    warning record) before ``MAX_FILE_BYTES``. ``fresh``: the file starts again (a baseline run); else a launch
+    appends after the earlier launches' lines with a header of its own (a resumed or relaunched run, whose
+    re-run steps replace the earlier records: :func:`read_file`). A file that is not a fingerprint file is never
+    written over."""
 
-    def __init__(self, path: Path, header: dict, warn=None):
+    def __init__(self, path: Path, header: dict, warn=None, fresh: bool = False):
         path.parent.mkdir(parents=True, exist_ok=True)
+        if path.is_symlink() or (path.exists() and not path.is_file()):
+            raise FingerprintError(f"{path}: exists and is not a regular file; port writes fingerprints only there")
+        if path.exists() and path.stat().st_size:
+            with open(path, encoding="utf-8", errors="replace") as f:
+                first = f.readline(MAX_LINE_BYTES)
+            if not first.startswith('{"fingerprints":'):
+                raise FingerprintError(f"{path}: exists and is not a fingerprint file port wrote; move it away")
         self.path, self.warn, self.full = path, warn or (lambda s: None), False
-        self.f: IO[str] = open(path, "w", encoding="utf-8")   # a new run's own file (a resume starts it again)
-        self.bytes = 0
+        self.f: IO[str] = open(path, "w" if fresh else "a", encoding="utf-8")
+        self.bytes = 0 if fresh else path.stat().st_size
         self._line({"fingerprints": VERSION, **header})
 
     def _line(self, obj: dict) -> None:
@@ -192,9 +202,12 @@ def _stat_from(row: dict, where: str) -> Stat:
 
 
 def read_file(path: Path, into: Fingerprints) -> None:
-    """Add one rank's file to ``into`` (bounded: ``MAX_FILE_BYTES``, ``MAX_LINE_BYTES`` a line)."""
+    """Add one rank's file to ``into`` (bounded: ``MAX_FILE_BYTES``, ``MAX_LINE_BYTES`` a line). A later launch's
+    record of a step replaces the earlier launch's (a resume re-runs the steps after its checkpoint)."""
     text = read_text(path, what="fingerprint file", max_bytes=MAX_FILE_BYTES, error=FingerprintError,
                      follow_links=False)
+    mine: dict[Key, Stat] = {}
+    launch: set[Key] = set()
     for i, line in enumerate(text.splitlines(), 1):
         where = f"{path} line {i}"
         if len(line) > MAX_LINE_BYTES:
@@ -203,25 +216,33 @@ def read_file(path: Path, into: Fingerprints) -> None:
         row = parse_json(line, where=where, what="fingerprint line", max_depth=4, error=FingerprintError)
         if not isinstance(row, dict):
             raise FingerprintError(f"{where}: expected a JSON object")
-        if i == 1:
+        if "fingerprints" in row or i == 1:
             if row.get("fingerprints") != VERSION:
                 raise FingerprintError(f"{where}: expected the header {{\"fingerprints\": {VERSION}, ...}}; "
                                        "not a fingerprint file of this port")
             into.headers.append(row)
+            launch = set()
             continue
         if row.get("truncated") is True:
             into.truncated = True
             continue
-        step, phase, name = row.get("step"), row.get("phase"), row.get("name")
-        if not (isinstance(step, int) and 1 <= step < 1 << 40 and phase in PHASES and isinstance(name, str)
-                and 0 < len(name) <= 256):
-            raise FingerprintError(f"{where}: expected step (>= 1), phase (one of {', '.join(PHASES)}) and name")
-        key = (step, phase, name)
-        if key not in into.stats:
-            into.names.setdefault(phase, [])
-            if name not in into.names[phase]:
-                into.names[phase].append(name)
-        into.stats[key] = into.stats.get(key, EMPTY) + _stat_from(row, where)
+        key, stat = _record(row, where)
+        if key not in launch:   # this launch's first record of the key replaces an earlier launch's
+            launch.add(key)
+            mine[key] = EMPTY
+        mine[key] = mine[key] + stat
+        if key[2] not in into.names.setdefault(key[1], []):
+            into.names[key[1]].append(key[2])
+    for key, stat in mine.items():
+        into.stats[key] = into.stats.get(key, EMPTY) + stat
+
+
+def _record(row: dict, where: str) -> tuple[Key, Stat]:
+    step, phase, name = row.get("step"), row.get("phase"), row.get("name")
+    if not (isinstance(step, int) and 1 <= step < 1 << 40 and phase in PHASES and isinstance(name, str)
+            and 0 < len(name) <= 256):
+        raise FingerprintError(f"{where}: expected step (>= 1), phase (one of {', '.join(PHASES)}) and name")
+    return (step, phase, name), _stat_from(row, where)
 
 
 def read(folder: Path, max_files: int = 4096) -> Fingerprints:

@@ -102,3 +102,27 @@ def test_the_writer_stops_before_its_bound(tmp_path, monkeypatch):
     text = (tmp_path / "rank_0.jsonl").read_text()
     assert len(text) <= 20_000 and json.loads(text.splitlines()[-1]) == {"truncated": True} and len(warned) == 1
     assert fp.read(tmp_path).truncated
+
+
+def test_a_resumed_launch_appends_and_its_rerun_steps_replace_the_earlier_records(tmp_path):
+    f = tmp_path / "rank_0.jsonl"
+    first, again = fp.stat_of(np.ones(4, np.float32)), fp.stat_of(np.full(4, 2.0, np.float32))
+    w = fp.Writer(f, {"launch": 1})
+    for step in (1, 2, 3):
+        w.record(step, "update", "model.norm.weight", first)
+    w.close()
+    w = fp.Writer(f, {"launch": 2})   # resumed from step 2's checkpoint: step 3 runs again
+    w.record(3, "update", "model.norm.weight", again)
+    w.close()
+    got = fp.read(tmp_path)
+    assert [h["launch"] for h in got.headers] == [1, 2]
+    assert got.stats[(2, "update", "model.norm.weight")] == first
+    assert got.stats[(3, "update", "model.norm.weight")] == again
+
+
+def test_the_writer_never_writes_over_a_file_port_did_not_write(tmp_path):
+    f = tmp_path / "rank_0.jsonl"
+    f.write_text("someone's notes\n")
+    with pytest.raises(fp.FingerprintError, match="not a fingerprint file port wrote"):
+        fp.Writer(f, {}, fresh=True)
+    assert f.read_text() == "someone's notes\n"

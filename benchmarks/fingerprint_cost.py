@@ -1,0 +1,112 @@
+"""What ``logging.fingerprint_every`` costs a step: `port train` with it 0, 1 and 10, side by side, at the 2048-wide
+shape, and the bytes it writes per sampled step.
+
+The model: a random-weight Llama 2048 wide x 2 layers (intermediate 5632, 16 heads, vocabulary 512: about 120 M
+parameters, the 2048-wide shape of benchmarks/pynative_pipeline.py and grad_overlap.py), written once as an HF
+checkpoint with stories260K's tokenizer; the data: recipes/tiny-cpu.yaml's text, ``data.max_seq_length`` 64, one
+padded shape, micro-batch 4, 1 device. Each round runs `port train` once per setting, in an order that rotates
+every round (a change in the machine's load hits all of them); a setting's step time is the median of its runs'
+``step_time_s`` (metrics.jsonl) after the first step. The fingerprint work (the host copies of the parameters,
+the hashes, the forward hooks) runs inside the timed step (porting/train/run/loop.py), so the ratio is its whole
+cost. With ``every 10`` the median step is an unsampled one; the mean over the steps is reported too (a 1-in-10
+sampled step included).
+
+    python benchmarks/fingerprint_cost.py                                  # PyNative, 2 rounds, 12 steps
+    python benchmarks/fingerprint_cost.py --execution graph --rounds 2 --json cost.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+EVERY = (0, 1, 10)
+
+
+def model_dir(work: Path) -> Path:
+    """The 2048-wide random-weight HF checkpoint with stories260K's tokenizer."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    src = ROOT / "model_zoo" / "assets" / "stories260k"
+    out = work / "llama2048"
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=512, hidden_size=2048, intermediate_size=5632, num_hidden_layers=2,
+                      num_attention_heads=16, num_key_value_heads=16, max_position_embeddings=256,
+                      tie_word_embeddings=False, bos_token_id=1, eos_token_id=2)
+    LlamaForCausalLM(cfg).save_pretrained(out, safe_serialization=True)
+    for name in ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "special_tokens_map.json"):
+        if (src / name).exists():
+            shutil.copyfile(src / name, out / name)
+    return out
+
+
+def launch(hf: Path, every: int, steps: int, execution: str, run: Path) -> dict:
+    sets = [f"model.source={hf}", "data.max_seq_length=64", "batching.bucketing.enabled=false",
+            "checkpointing.export_hf=false", "checkpointing.every_steps=0", f"schedule.max_steps={steps}",
+            f"execution={execution}", f"logging.fingerprint_every={every}", f"output_dir={run}"]
+    argv = [sys.executable, "-m", "porting", "train", str(ROOT / "recipes" / "tiny-cpu.yaml")]
+    for s in sets:
+        argv += ["--set", s]
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=3600, env={**os.environ, "GLOG_v": "3"})
+    if p.returncode:
+        raise SystemExit(f"every {every}: port train failed ({p.returncode}):\n{p.stderr[-3000:]}")
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    times = [r["step_time_s"] for r in rows if "step" in r and r.get("event") != "summary"][1:]
+    prints = sorted((run / "fingerprints").glob("rank_*.jsonl")) if every else []
+    size = sum(f.stat().st_size for f in prints)
+    sampled = steps // every if every else 0
+    return {"step_time_s": times, "fingerprint_bytes": size,
+            "bytes_per_sampled_step": round(size / sampled) if sampled else 0}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--execution", choices=("pynative", "graph"), default="pynative")
+    ap.add_argument("--json", type=Path, default=None)
+    a = ap.parse_args()
+    res: dict[int, list[dict]] = {e: [] for e in EVERY}
+    load = [os.getloadavg()[0]]
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="port-fpcost-") as tmp:
+        work = Path(tmp)
+        hf = model_dir(work)
+        for i in range(a.rounds):
+            order = EVERY[i % 3:] + EVERY[:i % 3]
+            for e in order:
+                res[e].append(launch(hf, e, a.steps, a.execution, work / f"e{e}-{i}"))
+                load.append(os.getloadavg()[0])
+    out = {"cpu": _cpu(), "execution": a.execution, "rounds": a.rounds, "steps": a.steps, "load_1min": load,
+           "wall_s": round(time.perf_counter() - t0, 1)}
+    for e in EVERY:
+        times = [t for r in res[e] for t in r["step_time_s"]]
+        out[f"every_{e}"] = {"median_step_s": statistics.median(times), "mean_step_s": statistics.fmean(times),
+                             "bytes_per_sampled_step": res[e][0]["bytes_per_sampled_step"]}
+    base = out["every_0"]
+    for e in EVERY[1:]:
+        out[f"every_{e}"]["ratio_median"] = out[f"every_{e}"]["median_step_s"] / base["median_step_s"]
+        out[f"every_{e}"]["ratio_mean"] = out[f"every_{e}"]["mean_step_s"] / base["mean_step_s"]
+    print(json.dumps(out, indent=1))
+    if a.json:
+        a.json.write_text(json.dumps(out, indent=1))
+
+
+def _cpu() -> str:
+    names = [ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+             if ln.startswith("model name")]
+    return f"{names[0] if names else 'unknown CPU'}, {os.cpu_count()} logical cores"
+
+
+if __name__ == "__main__":
+    main()
