@@ -74,17 +74,24 @@ def _num(x: float) -> float | None:
 
 
 def _mix(x: np.ndarray) -> np.ndarray:
-    """SplitMix64's finaliser, element-wise on uint64 (wrapping arithmetic, as the reference C)."""
-    x = x + np.uint64(0x9E3779B97F4A7C15)
-    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return x ^ (x >> np.uint64(31))
+    """SplitMix64's finaliser, element-wise on uint64 in place (wrapping arithmetic, as the reference C)."""
+    tmp = np.empty_like(x)
+    x += np.uint64(0x9E3779B97F4A7C15)
+    for shift, mul in ((30, 0xBF58476D1CE4E5B9), (27, 0x94D049BB133111EB)):
+        np.right_shift(x, np.uint64(shift), out=tmp)
+        x ^= tmp
+        x *= np.uint64(mul)
+    np.right_shift(x, np.uint64(31), out=tmp)
+    x ^= tmp
+    return x
 
 
 def _digest(values: np.ndarray, index: np.ndarray) -> int:
-    bits = values.astype(np.float32).view(np.uint32).astype(np.uint64)
-    h = _mix((index.astype(np.uint64) << np.uint64(32)) ^ bits)
-    return int(h.sum(dtype=np.uint64))
+    """Sum mod 2^64 of SplitMix64((logical index << 32) | float32 bits) over the elements."""
+    h = index.astype(np.uint64)   # a new array: the mix runs in place on it
+    h <<= np.uint64(32)
+    h |= values.view(np.uint32)
+    return int(_mix(h).sum(dtype=np.uint64))
 
 
 def stat_of(x: np.ndarray, index_of=None) -> Stat:
@@ -93,15 +100,18 @@ def stat_of(x: np.ndarray, index_of=None) -> Stat:
     flat = np.ascontiguousarray(x).reshape(-1)
     total, sq, big, bad, dig = 0.0, 0.0, 0.0, 0, 0
     for lo in range(0, flat.size, CHUNK):
-        part = flat[lo:lo + CHUNK].astype(np.float32)
+        part = np.ascontiguousarray(flat[lo:lo + CHUNK], dtype=np.float32)
         pos = np.arange(lo, lo + part.size, dtype=np.int64)
         dig = (dig + _digest(part, pos if index_of is None else index_of(pos))) & _M
-        fin = np.isfinite(part)
-        bad += int(part.size - fin.sum())
-        good = part[fin].astype(np.float64) if bad else part.astype(np.float64)
-        total += float(good.sum())
-        sq += float((good * good).sum())
-        big = max(big, float(np.abs(good).max()) if good.size else 0.0)
+        wide = part.astype(np.float64)
+        s, q = float(wide.sum()), float(np.dot(wide, wide))
+        if not math.isfinite(s + q):   # only then: count and leave out the non-finite elements
+            fin = np.isfinite(wide)
+            bad += int(part.size - fin.sum())
+            wide = wide[fin]
+            s, q = float(wide.sum()), float(np.dot(wide, wide))
+        total, sq = total + s, sq + q
+        big = max(big, float(np.abs(wide).max()) if wide.size else 0.0)
     return Stat(int(flat.size), total, sq, big, bad, dig)
 
 

@@ -42,10 +42,11 @@ def hf_names(model) -> list[str]:
     return out
 
 
-def _np(t) -> np.ndarray:
-    """A float32 host copy (NumPy has no bfloat16)."""
-    # a copy: a float32 tensor's asnumpy() may share the parameter's memory, which the step then overwrites
-    return np.array((t.astype(ms.float32) if t.dtype != ms.float32 else t).asnumpy(), copy=True)
+def _np(t, copy: bool = False) -> np.ndarray:
+    """``t`` on the host in float32 (NumPy has no bfloat16); ``copy``: its own memory (a float32 tensor's
+    asnumpy() may share the parameter's, which the step then overwrites)."""
+    host = (t.astype(ms.float32) if t.dtype != ms.float32 else t).asnumpy()
+    return np.array(host, copy=True) if copy else host
 
 
 def _lengths(mb, examples) -> list[int]:
@@ -120,7 +121,7 @@ class Fingerprinter:
                 tokens = tokens + fp.rows_stat(mb.input_ids.astype(np.float32), lens)
             self.writer.record(n, "batch", "input_ids", tokens)
         if (self.sampled and self.writes_params) or planting_update:
-            self.before = {i: _np(p) for i, p in enumerate(self.params)}
+            self.before = {i: _np(p, copy=True) for i, p in enumerate(self.params)}
 
     def end(self) -> None:
         """After the step: record (and plant) the updates, write this step's forward records."""
