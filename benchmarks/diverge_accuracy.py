@@ -16,6 +16,7 @@ The clean check: each pairing's two sides with nothing planted for ``--clean-ste
 
     python benchmarks/diverge_accuracy.py                       # 20 cases (12 steps) + clean checks (50 steps)
     python benchmarks/diverge_accuracy.py --pairings torch,graph --clean-steps 20 --json acc.json
+    python benchmarks/diverge_accuracy.py --scale 0.1 --clean-steps 0   # the same cases at a tenth (1e-3)
 """
 
 from __future__ import annotations
@@ -103,7 +104,7 @@ def diverge(a: Path, b: Path) -> dict:
     return json.loads(p.stdout)
 
 
-def planted(pairings: list[str], steps: int, work: Path) -> list[dict]:
+def planted(pairings: list[str], steps: int, work: Path, scale: float = 1.0) -> list[dict]:
     refs: dict[tuple, Path] = {}
 
     def ref(pairing: str, side: int) -> Path:
@@ -115,7 +116,7 @@ def planted(pairings: list[str], steps: int, work: Path) -> list[dict]:
 
     rows = []
     for i, (pairing, side, step, name, phase, rel) in enumerate(c for c in CASES if c[0] in pairings):
-        t0 = time.perf_counter()
+        t0, rel = time.perf_counter(), rel * scale
         idx = 0 if side == "a" else 1
         kind, sets = SIDES[pairing][idx]
         run = launch(kind, sets, steps, work / f"case-{i}", plant=f"{step}:{name}:{phase}:{rel}")
@@ -150,15 +151,16 @@ def main() -> None:
     ap.add_argument("--pairings", default="torch,graph,tp2,zero")
     ap.add_argument("--steps", type=int, default=12, help="steps of each planted case and its reference")
     ap.add_argument("--clean-steps", type=int, default=50, help="steps of the nothing-planted check (0: skip)")
+    ap.add_argument("--scale", type=float, default=1.0, help="every case's relative perturbation times this")
     ap.add_argument("--json", type=Path, default=None)
     a = ap.parse_args()
     pairings = a.pairings.split(",")
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="port-diverge-") as tmp:
-        rows = planted(pairings, a.steps, Path(tmp))
+        rows = planted(pairings, a.steps, Path(tmp), a.scale)
         nothing = clean(pairings, a.clean_steps, Path(tmp)) if a.clean_steps else {}
     hits = sum(r["hit"] for r in rows)
-    out = {"cpu": _cpu(), "hits": hits, "cases": len(rows), "by_pairing": {
+    out = {"cpu": _cpu(), "scale": a.scale, "hits": hits, "cases": len(rows), "by_pairing": {
         p: f"{sum(r['hit'] for r in rows if r['pairing'] == p)}/{sum(r['pairing'] == p for r in rows)}"
         for p in pairings}, "clean": nothing, "rows": rows, "wall_s": round(time.perf_counter() - t0, 1)}
     print(json.dumps({k: v for k, v in out.items() if k != "rows"}, indent=1))
