@@ -87,11 +87,11 @@ def _mix(x: np.ndarray) -> np.ndarray:
 
 
 def _digest(values: np.ndarray, index: np.ndarray) -> int:
-    """Sum mod 2^64 of SplitMix64((logical index << 32) | float32 bits) over the elements."""
-    h = index.astype(np.uint64)   # a new array: the mix runs in place on it
-    h <<= np.uint64(32)
-    h |= values.view(np.uint32)
-    return int(_mix(h).sum(dtype=np.uint64))
+    """Sum mod 2^64 of SplitMix64((logical index << 32) | float32 bits) over the elements; ``index`` uint64, owned
+    (the mix runs in place on it)."""
+    index <<= np.uint64(32)
+    index |= values.view(np.uint32)
+    return int(_mix(index).sum(dtype=np.uint64))
 
 
 def stat_of(x: np.ndarray, index_of=None) -> Stat:
@@ -101,8 +101,8 @@ def stat_of(x: np.ndarray, index_of=None) -> Stat:
     total, sq, big, bad, dig = 0.0, 0.0, 0.0, 0, 0
     for lo in range(0, flat.size, CHUNK):
         part = np.ascontiguousarray(flat[lo:lo + CHUNK], dtype=np.float32)
-        pos = np.arange(lo, lo + part.size, dtype=np.int64)
-        dig = (dig + _digest(part, pos if index_of is None else index_of(pos))) & _M
+        pos = np.arange(lo, lo + part.size, dtype=np.uint64)
+        dig = (dig + _digest(part, pos if index_of is None else index_of(pos.astype(np.int64)).astype(np.uint64))) & _M
         wide = part.astype(np.float64)
         s, q = float(wide.sum()), float(np.dot(wide, wide))
         if not math.isfinite(s + q):   # only then: count and leave out the non-finite elements
@@ -111,7 +111,8 @@ def stat_of(x: np.ndarray, index_of=None) -> Stat:
             wide = wide[fin]
             s, q = float(wide.sum()), float(np.dot(wide, wide))
         total, sq = total + s, sq + q
-        big = max(big, float(np.abs(wide).max()) if wide.size else 0.0)
+        if wide.size:
+            big = max(big, float(wide.max()), -float(wide.min()))
     return Stat(int(flat.size), total, sq, big, bad, dig)
 
 

@@ -84,7 +84,7 @@ class Fingerprinter:
                       "phases": self.phases()}
             self.writer = fp.Writer(RunDir(trainer.run_dir).fingerprint_file(grid.rank), header, log.warning)
         self._check_plant()
-        self.handles = self._hook_layers() if self.pynative and not self.recompute else []
+        self.handles: list = []   # the forward hooks, on a sampled (or the planted forward) step only
 
     def phases(self) -> list[str]:
         out = ["batch"]
@@ -115,6 +115,9 @@ class Fingerprinter:
         self.calls, self.acts = {}, {}
         self.lengths = [_lengths(mb, self.examples) for mb in step.micro_batches]
         planting_update = self.plant is not None and self.plant[0] == n and self.plant[2] == "update"
+        planting_forward = self.plant is not None and self.plant[0] == n and self.plant[2] == "forward"
+        if "forward" in self.phases() and ((self.sampled and self.writes_rows) or planting_forward):
+            self.handles = self._hook_layers()
         if self.sampled and self.writes_rows:
             tokens = fp.EMPTY
             for mb, lens in zip(step.micro_batches, self.lengths):
@@ -136,6 +139,7 @@ class Fingerprinter:
             if self.sampled and self.writes_params:
                 self._param("update", i, delta)
         self.before = {}
+        self._unhook()
         if self.sampled:
             for layer in sorted(self.acts):
                 self.writer.record(n, "forward", f"model.layers.{layer}", self.acts[layer])
@@ -185,9 +189,13 @@ class Fingerprinter:
             return output if planted else None
         return hook
 
-    def close(self) -> None:
+    def _unhook(self) -> None:
         for h in self.handles:
             h.remove()
+        self.handles = []
+
+    def close(self) -> None:
+        self._unhook()
         if self.writer is not None:
             self.writer.close()
 
