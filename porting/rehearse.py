@@ -50,6 +50,7 @@ from porting.verify.stats import LAYOUT_TOLERANCES
 from porting.train.recipe.yaml_bounded import parse_value
 from porting.train.recipe.schema import Recipe
 from porting.rundir.paths import RunDir
+from porting.rehearse_compute import tp_sizes
 from porting.rehearse_model import SEQ, scaled_config, write_scaled_model  # noqa: F401 (porting.rehearse.*)
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -268,8 +269,9 @@ def ladder(rec: Recipe, only: tuple[str, ...] = RUNGS) -> tuple[list[Rung], dict
                                           f"{'an NPU' if _on_npu() else 'a CPU'}: its step pieces are measured on "
                                           "the recipe's own device (rehearse there)")
         elif r.name == "compute":
-            r.layout = (f"one device, the recipe's own shapes (one TP-{rec.parallel.tensor_parallel} rank's slice), "
-                        "port's step cells at 1 and 4 layers")
+            r.layout = (f"one device, the recipe's own shapes (one TP rank's slice at TP "
+                        f"{', '.join(map(str, tp_sizes(rec, _full_config(rec))))}), port's step cells at 1 and 4 layers"
+                        + ("; its collectives on the node's groups" if rec.cluster.devices_per_node > 1 else ""))
         elif r.name in plan:
             t, d, n = plan[r.name]
             r.layout = f"TP {t} x DP {d} on {n} node(s)"

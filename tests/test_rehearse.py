@@ -230,9 +230,10 @@ def test_compute_collectives_are_measured_when_rank_0_wrote_them_whatever_msrun_
         monkeypatch.setattr(MsrunJob, "run", run)
 
     launch(0, json.dumps(points))
-    assert collectives(rec, tmp_path, 60) == ("pass", "", points)
+    assert collectives(rec, tmp_path, 60) == ("pass", "", {**points, "extrapolated": []})
     launch(1, json.dumps(points))
-    assert collectives(rec, tmp_path, 60) == ("pass", "msrun exit 1 after rank 0 wrote every measurement", points)
+    assert collectives(rec, tmp_path, 60) == ("pass", "msrun exit 1 after rank 0 wrote every measurement",
+                                              {**points, "extrapolated": []})
     res.write_text(json.dumps(points), encoding="utf-8")   # an earlier rehearsal's
     launch(1, None)
     assert collectives(rec, tmp_path, 60) == ("fail", "collectives under msrun: exit 1", {})

@@ -41,8 +41,8 @@ from typing import Any
 from model_zoo.config import LlamaConfig
 from model_zoo.errors import RecipeError
 from model_zoo import files
-from porting.train.plan import roofline, sharding
-from porting.train.plan.estimates import CalibratedStep, StepEstimate
+from porting.train.plan import comm_price, roofline, sharding
+from porting.train.plan.estimates import CalibratedStep, CommFigure, StepEstimate
 from porting.train.plan.layout import Layout
 from porting.train.recipe.schema import Recipe
 
@@ -148,11 +148,10 @@ def load(folder: str | os.PathLike) -> Calibration:
             or not isinstance(doc.get("shape"), dict):
         raise RecipeError(f"{p}: not a port calibration (format port-calibration/1 with shape and by_threads); "
                           "re-run `port rehearse` to write it")
-    for t, v in doc["by_threads"].items():
-        keys = ("layer_a_s", "layer_s_per_flop", "ends_a_s", "ends_s_per_flop", "update_per_param_s", "update_fixed_s",
-                "fused_delta_layer_s", "fused_delta_fixed_s")
-        if not isinstance(v, dict) or not all(isinstance(v.get(k), (int, float)) for k in keys):
-            raise RecipeError(f"{p}: by_threads.{t} lacks one of {', '.join(keys)} (numbers); re-run `port rehearse`")
+    for where, table in [("by_threads", doc["by_threads"])] + [
+            (f"by_tp.{k}", v) for k, v in _dict(doc.get("by_tp"), p, "by_tp").items()]:
+        _check_pieces(_dict(table, p, where), p, where)
+    _check_collectives(_dict(doc.get("collectives"), p, "collectives"), p)
     _check_shape(doc, p)
     links: dict[str, Any] = {}
     r = d / REHEARSE_FILE
@@ -162,6 +161,46 @@ def load(folder: str | os.PathLike) -> Calibration:
             if isinstance(rung, dict) and rung.get("name") == "links" and rung.get("status") == "pass":
                 links = (rung.get("links") or {}).get("measured") or {}
     return Calibration(str(d), doc, links if isinstance(links, dict) else {})
+
+
+PIECES = ("layer_a_s", "layer_s_per_flop", "ends_a_s", "ends_s_per_flop", "update_per_param_s", "update_fixed_s",
+          "fused_delta_layer_s", "fused_delta_fixed_s")
+KINDS = ("AllReduce", "ReduceScatter", "AllGather")
+
+
+def _dict(v: Any, p: Path, where: str) -> dict[str, Any]:
+    """``v`` when it is an object of at most 64 keys (absent: empty), else one RecipeError naming ``where``."""
+    if v is None:
+        return {}
+    if not isinstance(v, dict) or len(v) > 64:
+        raise RecipeError(f"{p}: {where}: expected an object of at most 64 keys, as `port rehearse` writes it; "
+                          "re-run `port rehearse`")
+    return v
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _check_pieces(table: dict[str, Any], p: Path, where: str) -> None:
+    """Each thread count (a whole number) with every piece a number."""
+    for t, v in table.items():
+        if not t.isdigit() or not isinstance(v, dict) or not all(_number(v.get(k)) for k in PIECES):
+            raise RecipeError(f"{p}: {where}.{t} lacks one of {', '.join(PIECES)} (numbers) or is not keyed by a "
+                              "thread count; re-run `port rehearse`")
+
+
+def _check_collectives(col: dict[str, Any], p: Path) -> None:
+    """The compute rung's collectives: ``measured`` {"OP@N": {"points_bytes_ms": [[bytes, ms], ...]}} (or an older
+    file's {"OP": {"ranks", "points_bytes_ms"}}), every point two non-negative numbers, at most 64 of them."""
+    entries = col.get("measured", {k: v for k, v in col.items() if k in KINDS})
+    for key, v in _dict(entries, p, "collectives.measured").items():
+        op, _, n = key.partition("@")
+        pts = v.get("points_bytes_ms") if isinstance(v, dict) else None
+        if op not in KINDS or (n and not n.isdigit()) or not isinstance(pts, list) or not 0 < len(pts) <= 64 \
+                or not all(isinstance(x, list) and len(x) == 2 and all(_number(y) and y >= 0 for y in x) for x in pts):
+            raise RecipeError(f"{p}: collectives: {key[:40]!r} is not a kind@group size with (bytes, ms) points "
+                              f"(kinds {', '.join(KINDS)}); re-run `port rehearse`")
 
 
 SHAPE_KEYS = ("hidden", "heads", "kv_heads", "head_dim", "intermediate", "vocab", "seq", "micro", "tp", "recompute")
@@ -185,54 +224,66 @@ def _threads(recipe: Recipe) -> int:
     return max(1, n // recipe.cluster.devices_per_node) if recipe.world_size > 1 else n
 
 
-def _rates(cal: Calibration, recipe: Recipe) -> tuple[dict[str, float], str]:
-    """The measured figures for this recipe's workers, and where they come from."""
-    by = cal.doc["by_threads"]
+def _table(cal: Calibration, tp: int) -> tuple[dict[str, Any], dict[str, Any], bool]:
+    """(the pieces by thread count, the shape they were measured at, whether at this TP): the compute rung
+    measures one TP rank's slice at every TP the plan ranks (``by_tp``) and the recipe's own (``by_threads``)."""
+    base = cal.doc["shape"]
+    other = (cal.doc.get("by_tp") or {}).get(str(tp))
+    if tp != base["tp"] and isinstance(other, dict):
+        return other, {**base, "tp": tp}, True
+    return cal.doc["by_threads"], base, tp == base["tp"]
+
+
+def _rates(cal: Calibration, recipe: Recipe) -> tuple[dict[str, float], dict[str, Any], str]:
+    """The measured figures for this recipe's workers, the shape they were measured at, and where they come from.
+    On a CPU whose node runs more worker threads than it has cores (4 workers x 1 thread on 2 cores) each worker
+    gets its share of the cores only: its times x threads x workers / cores (a scaling, said as such)."""
+    by, base, at_tp = _table(cal, recipe.parallel.tensor_parallel)
+    tp_note = f" at TP {base['tp']}" if at_tp else f" at TP {base['tp']} (no slice of TP {recipe.parallel.tensor_parallel} measured)"
     if recipe.cluster.device != "cpu":
         t = next(iter(by))
-        return by[t], "measured on one device"
-    want = _threads(recipe)
-    if str(want) in by:
-        return by[str(want)], f"measured at {want} thread(s) per worker"
-    near = min(by, key=lambda t: abs(int(t) - want))
-    f = int(near) / want   # fewer threads: proportionally slower (a scaling, said as such)
-    return {k: v * f if k.endswith(("_s", "_per_flop")) else v for k, v in by[near].items()}, \
-        f"scaled from {near} to {want} thread(s) per worker"
+        return by[t], base, "measured on one device" + tp_note
+    want, n = _threads(recipe), os.cpu_count() or 1
+    near = want if str(want) in by else min((int(t) for t in by), key=lambda t: abs(t - want))
+    f = near / want   # fewer threads: proportionally slower
+    busy = want * (recipe.cluster.devices_per_node if recipe.world_size > 1 else 1)
+    share = max(1.0, busy / n)
+    how = (f"measured at {want} thread(s) per worker" if near == want else
+           f"scaled from {near} to {want} thread(s) per worker") + tp_note
+    if share > 1:
+        how += f"; x {share:g}: {busy} worker threads share {n} cores"
+    rates = by[str(near)]
+    return ({k: v * f * share if k.endswith(("_s", "_per_flop")) else v for k, v in rates.items()}, base, how)
 
 
-def per_call_s(points: list[list[float]], nbytes: float) -> float:
-    """Seconds of one call of ``nbytes`` from measured (bytes, ms) points: linear between the two around it,
-    the nearest segment's slope beyond them."""
-    pts = sorted((float(b), float(t)) for b, t in points)
-    if len(pts) == 1:
-        return pts[0][1] / 1e3
-    i = next((k for k in range(1, len(pts)) if nbytes <= pts[k][0]), len(pts) - 1)
-    (b0, t0), (b1, t1) = pts[i - 1], pts[i]
-    return max(t0 + (t1 - t0) * (nbytes - b0) / (b1 - b0), pts[0][1]) / 1e3
+per_call_s = comm_price.per_call_s   # the interpolation of the compute rung's points (kept here: its tests call it)
 
 
-def comm_time(cal: Calibration, c: sharding.Collective) -> tuple[float, str]:
-    """Seconds of one step's ``c`` and where the figure comes from: the compute rung's graph-mode calls of a
-    group of that size first (interpolated at the call's own size), else the links rung's PyNative calls
-    (latency at 1 KiB plus the 4 MiB bandwidth beyond it), else nothing measured (0)."""
-    g = (cal.doc.get("collectives") or {}).get("AllReduce" if c.op == "ReduceScatter" else c.op)
-    if isinstance(g, dict) and g.get("ranks") == c.ranks and g.get("points_bytes_ms"):
-        return (c.count * per_call_s(g["points_bytes_ms"], c.payload_bytes / max(c.count, 1)),
-                f"measured in graph mode ({c.op} of {c.ranks}, at {c.payload_bytes / max(c.count, 1) / 1024:.0f} KiB a call)")
-    keys = [f"{c.group} {c.op}", f"world {c.op}"] + sorted(k for k in cal.links if k.endswith(" " + c.op))
-    for k in keys:
-        m = cal.links.get(k)
-        if isinstance(m, dict) and m.get("ranks") == c.ranks and m.get("bus_gb_s"):
-            lat, ms = (m.get("latency_ms") or 0.0), m.get("ms") or 0.0
-            bus = m["bus_gb_s"] * (ms / (ms - lat) if ms > lat > 0 else 1.0) * 1e9
-            return c.count * lat / 1e3 + c.wire_bytes / bus, f"measured ({k}, PyNative calls)"
-    return 0.0, "not measured"
+def comm_figures(recipe: Recipe, cfg: LlamaConfig, layout: Layout, cal: Calibration) -> tuple[CommFigure, ...]:
+    """Every collective of the step priced from the rehearsal (porting/train/plan/comm_price.py), each with where its
+    figure comes from; on Ascend a figure nothing measured is the roofline's peak link figure."""
+    ascend = recipe.cluster.device == "ascend"
+    peak_links = roofline.links(recipe) if ascend else None
+    out = []
+    for c in sharding.collectives(recipe, cfg, layout=layout):
+        peak = None
+        if peak_links is not None:
+            name = peak_links.inter_node if c.group == "dp" and peak_links.dp_spans_nodes else peak_links.intra_node
+            peak = (peak_links.bytes_per_s(c.group), name)
+        out.append(comm_price.price(c, cal.doc, cal.links, native_rs=sharding.has_reduce_scatter(recipe.cluster.device),
+                                    nodes=recipe.cluster.nodes, peak=peak))
+    return tuple(out)
 
 
 def predict(recipe: Recipe, cfg: LlamaConfig, layout: Layout, cal: Calibration) -> CalibratedStep:
     """The calibrated step of ``recipe`` (module docstring), by part, with the source of each figure."""
-    rates, where = _rates(cal, recipe)
-    base, mine = cal.doc["shape"], shape_of(recipe, cfg)
+    measured_on = cal.doc.get("device")
+    if measured_on is not None and measured_on != recipe.cluster.device:
+        raise RecipeError(f"--calibration {cal.where}: measured on {measured_on}, the recipe runs on "
+                          f"{recipe.cluster.device}; rehearse on the recipe's own device (`port rehearse RECIPE --out "
+                          "DIR` there) or drop --calibration for the roofline estimate")
+    rates, base, where = _rates(cal, recipe)
+    mine = shape_of(recipe, cfg)
     same = all(base.get(k) == mine.get(k) for k in SHAPE_KEYS)
     scaled = "at this shape" if same else \
         f"a fixed time + a time per FLOP, measured at hidden {base['hidden']}, seq {base['seq']}, micro {base['micro']}" \
@@ -248,20 +299,16 @@ def predict(recipe: Recipe, cfg: LlamaConfig, layout: Layout, cal: Calibration) 
     else:
         how = f"{accum} x forward+backward {where}, {scaled}; update per parameter {where}"
     compute = accum * fb
-    comm, sources = 0.0, []
-    peak_links = roofline.links(recipe) if recipe.cluster.device == "ascend" else None
-    for c in sharding.collectives(recipe, cfg, layout=layout):
-        t, src = comm_time(cal, c)
-        if src == "not measured" and peak_links is not None:
-            t, src = c.wire_bytes / peak_links.bytes_per_s(c.group), "peak-based (roofline link figure)"
-        comm += t
-        sources.append(f"{c.op} x{c.count} {c.group}: {t:.4f} s, {src}")
+    figures = comm_figures(recipe, cfg, layout, cal)
+    comm = sum(f.seconds for f in figures)
     step = compute + update + comm
     return CalibratedStep(
         kind="calibrated", from_=cal.where, step_s=round(step, 4), compute_s=round(compute, 4),
-        memory_s=round(update, 4), comm_s=round(comm, 4), how=how, comm_sources=tuple(sources), measured_shape=base,
-        load_avg_at_measurement=cal.doc.get("load_avg_1min"),
-        tokens_per_s=round(recipe.global_batch_size * recipe.data.max_seq_length / step, 2) if step else None)
+        memory_s=round(update, 4), comm_s=round(comm, 4), how=how,
+        comm_sources=tuple(f"{f.op} x{f.count} {f.group} of {f.ranks}: {f.seconds:.4f} s, {f.figure}" for f in figures),
+        measured_shape=base, load_avg_at_measurement=cal.doc.get("load_avg_1min"),
+        tokens_per_s=round(recipe.global_batch_size * recipe.data.max_seq_length / step, 2) if step else None,
+        comm_figures=figures)
 
 
 def estimate(recipe: Recipe, cfg: LlamaConfig, layout: Layout, cal: Calibration | None) -> StepEstimate | None:

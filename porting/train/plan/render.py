@@ -77,7 +77,14 @@ def _collective_lines(plan: TrainPlan) -> list[str]:
     out = [f"collectives per step per rank: payload {mib(cb.payload_bytes)}, wire {mib(cb.wire_bytes)} "
            f"(data parallel {mib(cb.dp_wire_bytes)}, tensor parallel {mib(cb.tp_wire_bytes)}); "
            + plan.collective_convention]
-    for c in plan.collectives:
+    est = plan.estimated_step
+    figures = est.comm_figures if est is not None and len(est.comm_figures) == len(plan.collectives) else ()
+    for i, c in enumerate(plan.collectives):
         out.append(f"  {c.op:<13} x{c.count:<5} {c.group} of {c.ranks:<3} payload {mib(c.payload_bytes):>14}  wire "
-                   f"{mib(c.wire_bytes):>14}  {c.purpose}")
+                   f"{mib(c.wire_bytes):>14}  {c.purpose}"
+                   + (f"; priced {figures[i].seconds:.4f} s: {figures[i].figure}" if figures else ""))
+    if figures:
+        kinds = sorted({f.basis for f in figures})
+        out.append(f"  collective figures: {', '.join(f'{sum(f.basis == k for f in figures)} {k}' for k in kinds)} "
+                   "(porting/train/plan/comm_price.py)")
     return out
