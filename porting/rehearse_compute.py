@@ -163,10 +163,11 @@ def _detail(doc: dict[str, Any], note: str) -> str:
             + (f"; graph mode: {colls}" if colls else "") + extra + (f" ({note})" if note else "") + f"; {FILE}")
 
 
-def collectives(recipe: Recipe, out: Path, timeout: float, cfg: LlamaConfig | None = None
-                ) -> tuple[str, str, dict[str, Any]]:
+def collectives(recipe: Recipe, out: Path, timeout: float, cfg: LlamaConfig | None = None,
+                elements: tuple[int, ...] = (), repeats: int = 0) -> tuple[str, str, dict[str, Any]]:
     """Graph-mode AllReduce, ReduceScatter and AllGather on groups of the recipe's TP and DP sizes that the node's
-    workers hold, under msrun (module docstring)."""
+    workers hold, under msrun (module docstring); ``elements`` / ``repeats``: other float32 counts per call and
+    timed calls than the worker's (a quicker look)."""
     from porting.cluster.preflight import free_port
     from porting.launch.jobs import WORKERS, MsrunJob, MsrunNotFound
     from porting.train.plan.launch import MsrunSpec
@@ -176,7 +177,7 @@ def collectives(recipe: Recipe, out: Path, timeout: float, cfg: LlamaConfig | No
     res = out / "compute" / "collectives.json"
     spec = out / "compute" / "collectives_spec.json"
     spec.write_text(json.dumps({"device": recipe.cluster.device, "threads": max(1, (os.cpu_count() or 1) // n),
-                                "sizes": held}), encoding="utf-8")
+                                "sizes": held, "elements": list(elements), "repeats": repeats}), encoding="utf-8")
     job = MsrunJob.make("rehearsal collectives", MsrunSpec(
         worker_num=n, local_worker_num=n, master_port=free_port(), log_dir=out / "compute" / "msrun",
         script=WORKERS / "collectives.py", args=(str(spec), str(res))))

@@ -167,3 +167,13 @@ def test_bad_collective_tables_are_one_line(tmp_path):
                       ({"measured": [1]}, "collectives.measured: expected an object")):
         with pytest.raises(RecipeError, match=says):
             _cal(tmp_path, rec, cfg, bad)
+
+
+def test_the_rehearsal_says_which_group_sizes_one_node_times_and_which_it_extrapolates():
+    """13B on 4 A3 nodes: one node of 16 holds groups of 2 to 16 (TP 8 and DP 8 among them); the DP 32 and 64 of
+    the TP 2 and TP 1 layouts the plan also ranks are extrapolated; the TP slices timed are every one it ranks."""
+    from porting.rehearse import plan_text
+
+    text = plan_text(str(ROOT / "recipes" / "13b-32card.yaml"))
+    assert ("one TP rank's slice at TP 8, 1, 2, 4), port's step cells at 1 and 4 layers; every collective kind on "
+            "groups of 2, 4, 8, 16 (the node's 16 workers), groups of 32, 64 extrapolated from them by the ring") in text

@@ -82,7 +82,8 @@ def kinds(native: bool, world_group: bool) -> dict[str, tuple[str, str]]:
             "AllGather": ("AllGather", "") if native or world_group else ("AllReduce of zero-padded", AG_EMULATED)}
 
 
-def time_group(native: bool, size: int, rank: int, world: int) -> dict[str, Any]:
+def time_group(native: bool, size: int, rank: int, world: int, counts: tuple[int, ...] = COLLECTIVE_ELEMENTS,
+               repeats: int = REPEATS) -> dict[str, Any]:
     """Every kind on this rank's group of ``size`` neighbouring ranks: {kind: {"ranks", "points_bytes_ms", ...}}."""
     first = rank // size * size
     kw: dict[str, str] = {} if size == world else {"group": f"rehearse_{size}_{first}"}
@@ -91,13 +92,13 @@ def time_group(native: bool, size: int, rank: int, world: int) -> dict[str, Any]
     out: dict[str, Any] = {}
     for name, (how, emulated) in kinds(native, size == world).items():
         points = []
-        for e in COLLECTIVE_ELEMENTS:   # the payload: AllReduce's and ReduceScatter's input, AllGather's output
+        for e in counts:   # the payload: AllReduce's and ReduceScatter's input, AllGather's output
             elements = e // size * size   # N equal chunks (a ReduceScatter's input, an AllGather's output)
             calls = 8 if elements <= 1 << 17 else 2   # enough calls to see past the launch, few of the large ones
             piece = elements // size if name == "AllGather" else elements   # what one rank passes in
             cell = Chain(how, calls, kw, size, rank - first, piece)
             x = ms.Tensor(np.ones((piece,), np.float32))
-            per_call = _median_of(lambda: cell(x).asnumpy(), REPEATS) / calls
+            per_call = _median_of(lambda: cell(x).asnumpy(), repeats) / calls
             points.append([piece * 4 * (size if name == "AllGather" else 1), round(per_call * 1e3, 4)])
         out[name] = {"ranks": size, "points_bytes_ms": points, "latency_ms": points[0][1], "graph_mode": True,
                      "runs": how, "emulated": emulated}
@@ -115,8 +116,10 @@ def collectives_child(spec_path: str, out_path: str) -> None:
     rank, world = get_rank(), get_group_size()
     sizes = sorted({int(s) for s in spec.get("sizes") or [world] if 2 <= int(s) <= world and world % int(s) == 0})
     out: dict[str, Any] = {}
+    counts = tuple(int(e) for e in spec.get("elements") or ()) or COLLECTIVE_ELEMENTS
+    repeats = int(spec.get("repeats") or REPEATS)
     for size in sizes:
-        for name, v in time_group(spec["device"] == "ascend", size, rank, world).items():
+        for name, v in time_group(spec["device"] == "ascend", size, rank, world, counts, repeats).items():
             out[f"{name}@{size}"] = v
     if rank == 0:
         doc = {"device": spec["device"], "workers": world, "sizes": sizes, "measured": out}
