@@ -84,6 +84,13 @@ def read_hf_state(hf_dir: str | Path) -> dict[str, np.ndarray]:
         return {n: _read(reader, n) for n in src.tensor_names()}
 
 
+def read_hf_tensors(hf_dir: str | Path, wanted: list[str]) -> dict[str, np.ndarray]:
+    """The named tensors of an HF directory, each read whole (a LoRA run's modules_to_save and biases)."""
+    src = open_hf(Path(hf_dir))
+    with TensorReader(src) as reader:
+        return {n: _read(reader, n) for n in wanted}
+
+
 def load_hf_dir(model, hf_dir: str | Path, shard=None, log=None) -> int:
     """Fill ``model`` from an HF directory, one tensor in memory at a time; returns the bytes read.
     ``shard(ms_name, array)`` (tensor parallel) returns this rank's slice of a full tensor; a model built

@@ -29,8 +29,6 @@ and updates, and what a checkpoint holds) is the adapters alone.
 
 from __future__ import annotations
 
-import dataclasses
-import math
 from typing import Iterable, Mapping
 
 import numpy as np
@@ -42,33 +40,7 @@ from mindspore.common.initializer import Zero, initializer
 from model_zoo import parallel
 from model_zoo.errors import ConfigError
 from model_zoo.linear import Linear
-
-MAX_RANK = 4096            # far past any published adapter (PEFT's examples: 4 to 256)
-
-
-@dataclasses.dataclass(frozen=True)
-class LoraSpec:
-    """The numbers of one LoRA adapter (PEFT ``LoraConfig``'s ``r``, ``lora_alpha``, ``lora_dropout``,
-    ``use_rslora``)."""
-
-    r: int
-    alpha: float
-    dropout: float = 0.0
-    use_rslora: bool = False
-
-    def __post_init__(self):
-        if isinstance(self.r, bool) or not isinstance(self.r, int) or not 1 <= self.r <= MAX_RANK:
-            raise ConfigError(f"LoRA r {self.r!r}: expected an integer in [1, {MAX_RANK}]")
-        if not (isinstance(self.alpha, (int, float)) and math.isfinite(self.alpha) and self.alpha > 0):
-            raise ConfigError(f"LoRA alpha {self.alpha!r}: expected a finite number > 0")
-        if not (isinstance(self.dropout, (int, float)) and 0.0 <= self.dropout < 1.0):
-            raise ConfigError(f"LoRA dropout {self.dropout!r}: expected a number in [0, 1)")
-
-    @property
-    def scaling(self) -> float:
-        """PEFT ``update_layer``: lora_alpha / sqrt(r) with use_rslora, else lora_alpha / r."""
-        return self.alpha / math.sqrt(self.r) if self.use_rslora else self.alpha / self.r
-
+from model_zoo.lora_spec import LoraSpec
 
 class LoraFactor(nn.Cell):
     """One LoRA matrix as a cell with one ``weight`` (PEFT's ``lora_A`` / ``lora_B`` are ``nn.Linear``s), so its
@@ -131,28 +103,6 @@ def apply_lora(model: nn.Cell, spec: LoraSpec, targets: Iterable[str], trainable
     return names
 
 
-def kaiming_bound(in_features: int) -> float:
-    """PEFT's ``nn.init.kaiming_uniform_(lora_A.weight, a=math.sqrt(5))`` bound: 1 / sqrt(fan_in)."""
-    gain = math.sqrt(2.0 / (1.0 + 5.0))
-    return gain * math.sqrt(3.0 / in_features)
-
-
-def draw_initial(shapes: Mapping[str, tuple[int, int]], seed: int) -> dict[str, np.ndarray]:
-    """The initial adapter of a run, drawn once in float32 by NumPy (the same numbers on every machine and
-    layout): for each ``lora_A`` name (sorted) U(-b, b) with PEFT's Kaiming bound over its full input width,
-    every ``lora_B`` zeros. ``shapes``: full (unsharded) shape by parameter name."""
-    rng = np.random.Generator(np.random.PCG64(seed))
-    out = {}
-    for name in sorted(shapes):
-        shape = tuple(shapes[name])
-        if ".lora_A." in name:
-            b = kaiming_bound(shape[1])
-            out[name] = rng.uniform(-b, b, size=shape).astype(np.float32)
-        else:
-            out[name] = np.zeros(shape, np.float32)
-    return out
-
-
 def adapter_shapes(model: nn.Cell) -> dict[str, tuple[int, int]]:
     """Full (unsharded) shape of every adapter parameter of a LoRA model, by name."""
     tp = getattr(model, "tp", None)
@@ -165,22 +115,23 @@ def adapter_shapes(model: nn.Cell) -> dict[str, tuple[int, int]]:
     return out
 
 
-def set_adapters(model: nn.Cell, values: Mapping[str, np.ndarray]) -> None:
-    """Set every adapter parameter from full (unsharded) float32 arrays, each cut to this rank's slice.
-    Every adapter must be given, each with its full shape (ConfigError otherwise)."""
+def set_values(model: nn.Cell, values: Mapping[str, np.ndarray]) -> None:
+    """Set parameters from full (unsharded) float32 arrays by zoo name, each cut to this rank's tensor-parallel
+    slice; every adapter must be among them (ConfigError otherwise), each with its full shape."""
     tp = getattr(model, "tp", None)
     axes = parallel.shard_layout(model) if tp is not None else {}
-    shapes = adapter_shapes(model)
-    missing = sorted(set(shapes) - set(values))
-    if missing:
-        raise ConfigError(f"LoRA: no initial value for {len(missing)} adapter(s): {missing[:3]}")
     params = {p.name: p for p in model.get_parameters()}
-    for name, shape in shapes.items():
-        full = np.asarray(values[name], np.float32)
-        if tuple(full.shape) != shape:
-            raise ConfigError(f"LoRA: {name} has shape {list(full.shape)}, the model needs {list(shape)}")
-        part = parallel.split_shard(full, axes.get(name), tp.rank, tp.size) if tp is not None else full
-        p = params[name]
+    missing = sorted(set(adapter_shapes(model)) - set(values))
+    unknown = sorted(set(values) - set(params))
+    if missing or unknown:
+        raise ConfigError(f"LoRA: no initial value for {missing[:3]}, no parameter {unknown[:3]} in the model")
+    for name, value in values.items():
+        p, axis = params[name], axes.get(name)
+        full = tuple(n * tp.size if i == axis else n for i, n in enumerate(p.shape)) if tp is not None else p.shape
+        arr = np.asarray(value, np.float32)
+        if tuple(arr.shape) != tuple(full):
+            raise ConfigError(f"LoRA: {name} has shape {list(arr.shape)}, the model needs {list(full)}")
+        part = parallel.split_shard(arr, axis, tp.rank, tp.size) if tp is not None else arr
         p.set_data(ms.Tensor(part).astype(p.dtype))
 
 

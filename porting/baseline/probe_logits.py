@@ -35,6 +35,12 @@ def _logits_from_ckpt(ckpt_dir: Path, cfg_source, ids: np.ndarray) -> np.ndarray
     from model_zoo.llama import build
     from porting.train.run.checkpoint.read import full_state
 
+    from porting.train.run import lora
+
+    if lora.checkpoint_recipe(ckpt_dir) is not None:   # adapters only: the base from the run's model.source
+        model = lora.model_from_checkpoint(ckpt_dir)
+        model.set_train(False)
+        return model(ms.Tensor(ids.astype(np.int32))).asnumpy().astype(np.float32)
     state = full_state(ckpt_dir)
     model = build(LlamaConfig.from_hf(cfg_source), param_dtype="float32")
     for p in model.get_parameters():
