@@ -80,39 +80,22 @@ def check_base(run_dir: Path, model_dir: Path) -> None:
                           "(model.source)")
 
 
-def checkpoint_recipe(ckdir: Path):
-    """(recipe, base model directory) of a LoRA run's per-rank checkpoint, or None for a full fine-tune's: the
-    recipe as its layout record keeps it (layout keys left out, their defaults stand), the base from ``lora_base``."""
-    from porting.train.recipe.schema import validate_recipe  # deferred: only the offline readers ask
-    from porting.train.run.checkpoint.record import read_record  # deferred: only the offline readers ask
-
-    _, ident, _ = read_record(Path(ckdir))
-    rec = ident.get("recipe") if isinstance(ident.get("recipe"), dict) else {}
-    if not rec.get("lora"):
-        return None
-    base = ident.get("lora_base")
-    if not isinstance(base, str):
-        raise RecipeError(f"{ckdir}/layout.json: a LoRA checkpoint without identity.lora_base (its frozen base)")
-    raw = {**rec, "model": {"source": base}}
-    return validate_recipe(raw, f"{ckdir}/layout.json: identity.recipe", check_files=False), Path(base)
-
-
-def model_from_checkpoint(ckdir: Path, model_dir: Path | None = None, dtype: str = "float32"):
-    """A LoRA run's model after ``ckdir``: the zoo cell (one device), its base from ``model_dir`` (default: the
-    record's ``lora_base``), the adapters (and modules_to_save, biases) from the checkpoint."""
+def model_from_checkpoint(ckdir: Path, model_dir: Path, dtype: str = "float32"):
+    """A LoRA run's model after ``ckdir``: the zoo cell (one device), its frozen base from the HF directory
+    ``model_dir`` (the caller's: a path in the checkpoint's record is never followed), the adapters (and
+    modules_to_save, biases) from the checkpoint, any layout."""
     from model_zoo.llama import build  # deferred: the cells
     from converters.loading import load_hf_dir  # deferred: the loader
+    from porting.train.run.checkpoint.lora_export import lora_recipe  # deferred: the offline readers
     from porting.train.run.checkpoint.read import full_state  # deferred: the checkpoint reader
 
-    found = checkpoint_recipe(ckdir)
-    if found is None:
-        raise RecipeError(f"{ckdir}: not a LoRA run's checkpoint")
-    recipe, base = found
-    base = Path(model_dir) if model_dir is not None else base
-    cfg = LlamaConfig.from_hf(base)
+    recipe = lora_recipe(Path(ckdir))
+    if recipe is None:
+        raise RecipeError(f"{ckdir}: not a LoRA run's checkpoint (its recipe has no lora section)")
+    cfg = LlamaConfig.from_hf(Path(model_dir))
     model = build(cfg, param_dtype=dtype, defer_init=True)
     attach(model, recipe, cfg)
-    load_hf_dir(model, base)
+    load_hf_dir(model, model_dir)
     state = full_state(Path(ckdir))
     zoo_lora.set_values(model, {p.name: state[p.name] for p in model.trainable_params()})
     return model

@@ -172,3 +172,13 @@ def _merge_file(path: Path, dst: Path, change: dict) -> set[str]:
         f_out.flush()
         os.fsync(f_out.fileno())
     return done
+
+
+def export_final(recipe, final: Path, model_dir: Path, run_dir: Path, log, command: list[str] | None = None) -> None:
+    """After a LoRA run's last checkpoint: ``RUN/adapter`` (PEFT) always, the merged ``RUN/hf`` when the recipe
+    exports HF (checkpointing.export_hf); both from ``final`` over the base ``model_dir``."""
+    out = export_adapter(final, model_dir, run_dir / adapter.ADAPTER_DIR, force=True)
+    log(f"LoRA adapter {out} (PEFT format: PeftModel.from_pretrained(base, '{out}'))")
+    if recipe.checkpointing.export_hf:
+        hf = merge_into_base(final, model_dir, run_dir / "hf", force=True, command=command)
+        log(f"HF export {hf}: the base with the adapter merged (from {final})")
