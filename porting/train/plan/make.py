@@ -16,6 +16,7 @@ from model_zoo import presets
 from model_zoo.errors import RecipeError, UnknownModelError
 from porting.model_paths import resolve_hf
 from porting.train.plan import calibrated, comm, execution, roofline, sharding
+from porting.train.plan import lora as lora_plan
 from porting.train.plan.allowances import allowances, plan_shapes
 from porting.train.plan.host_memory import check_host_memory, host_memory
 from porting.train.plan.launch import msrun_commands
@@ -136,6 +137,7 @@ class TrainPlan:
     execution: str = ""                     # graph or pynative, and why (plan/execution.py)
     host_memory: dict[str, Any] = field(default_factory=dict)   # peak host RAM per worker and node (host_memory.py)
     allowances: dict[str, Any] = field(default_factory=dict)    # the supervisor's, per phase (allowances.py)
+    training: str = ""                      # full fine-tuning or LoRA, and what trains (plan/lora.py describe)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form (``plan.json``, ``--dry-run --json``)."""
@@ -181,7 +183,8 @@ def make_plan(recipe: Recipe, cfg: LlamaConfig, recipe_path: str, run_dir: str, 
         msrun_commands=msrun_commands(recipe, recipe_path, run_dir, overrides, resume) if multi else [],
         warnings=plan_warnings(recipe, cfg, choice), execution=execution.describe(recipe),
         host_memory=host_memory(recipe, cfg, mem["total"]),
-        allowances=allowances(recipe, cfg, layout, plan_shapes(recipe), step_s=est.get("step_s")))
+        allowances=allowances(recipe, cfg, layout, plan_shapes(recipe), step_s=est.get("step_s")),
+        training=lora_plan.describe(recipe, layout))
 
 
 def mixed_precision(recipe: Recipe) -> str:
