@@ -236,11 +236,14 @@ def plan_config(recipe: Recipe) -> tuple[LlamaConfig, list[str]]:
         return LlamaConfig.from_hf(resolve_hf(recipe.model.source)), notes
     except UnknownModelError:
         name = presets.by_hf_repo(recipe.model.source) or recipe.model.source   # a repo id of a built-in size
-        if not presets.known(name):
+        variant = presets.variant_of(recipe.model.source) if not presets.known(name) else None
+        if not presets.known(name) and variant is None:
             raise
         notes.append(f"model.source {recipe.model.source}: checkpoint not in the local HF cache; planned with the "
-                     f"zoo's copy of its config.json ({name})")
-        return presets.config(name), notes
+                     + (f"zoo's copy of its config.json ({name})" if variant is None else
+                        f"config.json of {variant} ({presets.get(variant)['hf_repo']}), the base it is a variant of; "
+                        "its own config.json may differ (vocabulary, RoPE): plan again where the checkpoint is"))
+        return presets.config(variant or name), notes
 
 
 def plan_run(recipe: Recipe, recipe_path: str, run_dir: str, overrides: list[str], resume: bool,
