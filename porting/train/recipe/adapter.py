@@ -69,9 +69,11 @@ def initial_adapter(recipe, cfg: LlamaConfig) -> tuple[lora_names.Targets, dict[
     """(targets, PEFT key -> full float32 array) the run starts from: lora.init_from's tensors, or the draw
     (adapters only: modules_to_save and biases start from the base model's own values)."""
     lo = recipe.lora
-    if lo.init_from:
-        conf, found, tensors = peft_adapter.read_adapter(Path(lo.init_from), cfg)
+    if lo.init_from:   # its config agrees with the recipe before a weight is read
+        conf = peft_adapter.read_config(Path(lo.init_from))
+        found = lora_names.resolve(cfg, conf.target_modules, conf.modules_to_save, conf.bias)
         _agrees(recipe, cfg, conf, found, lo.init_from)
+        _, found, tensors = peft_adapter.read_adapter(Path(lo.init_from), cfg)
         return found, tensors
     t = targets(recipe, cfg)
     shapes = peft_adapter.expected_shapes(cfg, t, lo.r)
