@@ -24,7 +24,7 @@ def require_peft() -> None:
         import peft  # noqa: F401  (only its presence is checked here)
     except ImportError:
         raise ConfigError("a LoRA baseline trains the adapter with HF peft, which is not installed; "
-                          "pip install 'peft>=0.17' (or port[test])") from None
+                          "pip install 'port[lora]' (peft>=0.21)") from None
 
 
 def peft_model(model, recipe, hf_dir: Path):

@@ -46,6 +46,7 @@ CASES = {   # arch -> LoraConfig
 }
 
 
+@pytest.mark.compat   # the oldest MindSpore, and peft's floor with transformers' (scripts/constraints-py312.txt)
 @pytest.mark.parametrize("arch", sorted(CASES))
 def test_zoo_lora_equals_peft_forward_and_gradients(arch, tmp_path):
     import mindspore as ms
