@@ -96,13 +96,15 @@ def run_here(kind: str, width: int, layers: int, seq: int, steps: int) -> dict:
     args = (ids, ids, f32(1.0 / seq), f32(1.0), f32(1e-4), f32(0.1), f32(0.05))
     for _ in range(2):   # compile, then one warm step
         step(*args)[0].asnumpy()
-    times = []
+    times, cpu = [], []
     for _ in range(steps):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         step(*args)[0].asnumpy()
         times.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
     peak = (_rss()["VmHWM"] - before) / MIB
-    return {"step_s": statistics.median(times), "peak_mib": peak, "trainable": sum(int(p.size) for p in params)}
+    return {"step_s": statistics.median(times), "cpu_s": statistics.median(cpu), "peak_mib": peak,
+            "trainable": sum(int(p.size) for p in params)}
 
 
 def run(kind: str, width: int, layers: int, seq: int, steps: int) -> dict:
@@ -137,16 +139,19 @@ def main() -> int:
         print(json.dumps(run_here(kind, int(width), int(layers), int(seq), int(steps))))
         return 0
     out: dict = {"step": None, "memory": []}
-    timed: dict[str, list[float]] = {"full": [], "lora": []}
+    timed: dict[str, list[dict]] = {"full": [], "lora": []}
     for _ in range(0 if args.memory_only else args.rounds):
         for kind in ("full", "lora"):
-            timed[kind].append(run(kind, 2048, args.layers, args.seq, args.steps)["step_s"])
+            timed[kind].append(run(kind, 2048, args.layers, args.seq, args.steps))
     if not args.memory_only:
-        full, lo = statistics.median(timed["full"]), statistics.median(timed["lora"])
-        out["step"] = {"width": 2048, "layers": args.layers, "seq": args.seq, "full_s": timed["full"],
-                       "lora_s": timed["lora"], "ratio_lora_over_full": round(lo / full, 3)}
-        print(f"step at hidden 2048, {args.layers} layers, seq {args.seq}: full {full:.3f} s, LoRA {lo:.3f} s, "
-              f"LoRA / full {lo / full:.3f} (medians of {args.rounds} rounds x {args.steps} steps)")
+        med = {(k, m): statistics.median(r[m] for r in timed[k]) for k in timed for m in ("step_s", "cpu_s")}
+        out["step"] = {"width": 2048, "layers": args.layers, "seq": args.seq, "rounds": timed,
+                       "ratio_wall": round(med["lora", "step_s"] / med["full", "step_s"], 3),
+                       "ratio_cpu": round(med["lora", "cpu_s"] / med["full", "cpu_s"], 3)}
+        print(f"step at hidden 2048, {args.layers} layers, seq {args.seq} (medians of {args.rounds} rounds x "
+              f"{args.steps} steps): full {med['full', 'step_s']:.3f} s ({med['full', 'cpu_s']:.2f} CPU-s), LoRA "
+              f"{med['lora', 'step_s']:.3f} s ({med['lora', 'cpu_s']:.2f} CPU-s); LoRA / full {out['step']['ratio_wall']} "
+              f"wall, {out['step']['ratio_cpu']} CPU")
     for width in (int(w) for w in args.widths.split(",")):
         for kind in ("lora", "full"):
             m = run(kind, width, args.layers, 16, 1)["peak_mib"]

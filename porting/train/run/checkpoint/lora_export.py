@@ -33,6 +33,7 @@ from converters.sources import MANIFEST, open_hf
 from model_zoo.config import LlamaConfig
 from model_zoo.errors import CheckpointError
 from porting.train.recipe import adapter
+from porting.train.recipe.schema import validate_recipe
 from porting.train.run.checkpoint.read import open_checkpoint
 
 Log = Callable[[str], None] | None
@@ -42,8 +43,6 @@ COPIED = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer.
 
 def lora_recipe(ckdir: Path):
     """The recipe of a LoRA run's checkpoint (from its layout record; layout keys at their defaults), or None."""
-    from porting.train.recipe.schema import validate_recipe
-
     src, ident = open_checkpoint(Path(ckdir))
     src.files.close()
     rec = ident.get("recipe") if isinstance(ident.get("recipe"), dict) else {}
