@@ -11,7 +11,8 @@ stories260K's real tokenizer (vocabulary 512; 576 for qwen2, whose tokenizer cla
 process of its own, and records its status, date, versions and numbers:
 
 convert + round trip, forward parity, gradient parity, generation (KV cache), a few training steps
-against the PyTorch baseline on the same batches, bitwise resume, reshard resume (tensor parallel 2 ->
+against the PyTorch baseline on the same batches, a LoRA run against HF peft (the same batches, the same initial
+adapter; the trained adapters compared), bitwise resume, reshard resume (tensor parallel 2 ->
 data parallel 2 under msrun), tensor parallel 2 against 1 device (msrun), and the 910C plan of each
 preset on a shipped recipe. Real preset shapes: every preset is planned; presets that fit this machine
 (at most 2 B parameters) also convert and round-trip at their real shape (random bytes, bf16).
@@ -194,6 +195,26 @@ def _baseline(outs, work):
                              f"{rep['probe'].get('max_abs_diff', float('nan')):.2e}")
 
 
+def _lora(outs, work):
+    """The LoRA run against HF peft: `port compare`'s loss rows, and the trained adapters file against file."""
+    from safetensors.numpy import load_file
+
+    ok, numbers = _baseline(outs, work)
+    if not _all_ok(outs):
+        return ok, numbers
+    ours = load_file(str(work / "run" / "adapter" / "adapter_model.safetensors"))
+    theirs = load_file(str(work / "peft_adapter" / "adapter_model.safetensors"))
+    diff = max(float(abs(ours[k] - theirs[k]).max()) for k in ours) if ours.keys() == theirs.keys() else float("inf")
+    return ok and diff < 1e-5, (f"{numbers.split(', probe')[0]}; trained adapters ({len(ours)} tensors, PEFT's key "
+                                f"names) max abs diff {diff:.1e}")
+
+
+def _lora_args(family: Family) -> list[str]:
+    # Phi-3's fused qkv_proj / gate_up_proj are refused as LoRA targets (converters/lora_names.py): its other layers
+    targets = "[o_proj,down_proj]" if family.name == "phi3" else "all-linear"
+    return ["--set", "lora.r=8", "--set", "lora.alpha=16", "--set", f"lora.target_modules={targets}"]
+
+
 def _same_weights(a: Path, b: Path) -> tuple[bool, float]:
     from safetensors.numpy import load_file
 
@@ -269,6 +290,11 @@ ROWS: tuple[Row, ...] = (
         ["baseline", "run", "--recipe", TINY, *_baseline_args(m), "--out", str(w / "base.json"), "--threads", "2"],
         ["train", TINY, *_baseline_args(m), "--run-dir", str(w / "run")],
         ["compare", str(w / "base.json"), str(w / "run"), "--json"]], _baseline),
+    Row("LoRA vs the PEFT baseline", True, lambda f, m, w: [
+        ["baseline", "run", "--recipe", TINY, *_baseline_args(m), *_lora_args(f), "--out", str(w / "base.json"),
+         "--threads", "2", "--adapter-out", str(w / "peft_adapter")],
+        ["train", TINY, *_baseline_args(m), *_lora_args(f), "--run-dir", str(w / "run")],
+        ["compare", str(w / "base.json"), str(w / "run"), "--json"]], _lora),
     Row("bitwise resume", True, lambda f, m, w: [
         ["train", TINY, *_train_args(m, "schedule.max_steps=3"), "--run-dir", str(w / "straight")],
         ["train", TINY, *_train_args(m, "schedule.max_steps=2", "checkpointing.every_steps=2"),
