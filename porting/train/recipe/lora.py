@@ -11,6 +11,7 @@ reader (converters/peft_adapter.py). Without the section the run is a full fine-
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, Strict, field_validator
@@ -19,7 +20,7 @@ from porting.train.recipe.checks import bool_where_number
 
 MAX_RANK = 4096            # model_zoo/lora.py's bound
 MAX_ALPHA = 1e6            # converters/peft_adapter.py's bound
-Name = Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[A-Za-z0-9_.\-]+$")]
+NAME = re.compile(r"[A-Za-z0-9_.\-]{1,256}")   # a module name: letters, digits, _ . - (no pattern characters)
 
 
 class LoraSection(BaseModel):
@@ -29,14 +30,14 @@ class LoraSection(BaseModel):
     alpha: float = Field(16.0, gt=0, le=MAX_ALPHA)
     dropout: float = Field(0.0, ge=0, lt=1)
     # module names only: PEFT's string form is a regular expression, which port does not run (lora_names.py)
-    target_modules: Union[Literal["all-linear"], list[Name]] = Field(min_length=1, max_length=256)
+    target_modules: Union[Literal["all-linear"], list[str]] = Field(min_length=1, max_length=256)
     use_rslora: bool = False   # scaling alpha / sqrt(r) (Kalajdzievski 2023) instead of alpha / r
-    modules_to_save: list[Name] = Field(default_factory=list, max_length=256)   # trained whole, saved in the adapter
+    modules_to_save: list[str] = Field(default_factory=list, max_length=256)   # trained whole, saved in the adapter
     bias: Literal["none", "all", "lora_only"] = "none"
     init_from: Optional[str] = Field(None, min_length=1, max_length=4096)   # a PEFT adapter folder to start from
     # refused with the reason (accepted only off, so an imported config that names them says why)
     use_dora: bool = False
-    loraplus_lr_ratio: Optional[float] = None
+    loraplus_lr_ratio: Optional[float] = Field(None, gt=0, le=MAX_ALPHA)
 
     @field_validator("*", mode="before")
     @classmethod
@@ -45,6 +46,15 @@ class LoraSection(BaseModel):
         if bool_where_number(value, cls.model_fields[info.field_name].annotation):
             raise ValueError("expected a number, got a boolean (true/false); write the number itself")
         return value
+
+    @field_validator("target_modules", "modules_to_save")
+    @classmethod
+    def _module_names(cls, v):
+        bad = [n for n in ([] if isinstance(v, str) else v) if not NAME.fullmatch(n)]
+        if bad:
+            raise ValueError(f"{bad[0][:80]!r} is not a module name (letters, digits, _ . -, at most 256): port matches "
+                             "PEFT's names, not regular expressions; list the modules (q_proj, self_attn.o_proj)")
+        return v
 
     @field_validator("use_dora")
     @classmethod
