@@ -106,22 +106,18 @@ def test_a_lora_run_resumes_bitwise_and_its_checkpoints_hold_the_adapters_only(r
     assert (resumed / "hf" / "model.safetensors").read_bytes() == (reference / "hf" / "model.safetensors").read_bytes()
 
 
-def test_a_non_finite_lora_step_leaves_the_adapters_and_is_capped(model_dir, tmp_path, monkeypatch):
-    """PORT_TEST_NONFINITE at step 2 (porting/train/run/faults.py): the step's update is skipped (the adapters and
-    their AdamW state as after step 1) and counted; with max_consecutive_skips 0 the run stops with the reason."""
+def test_a_non_finite_lora_step_leaves_the_adapters_and_their_state(model_dir, tmp_path, monkeypatch):
+    """PORT_TEST_NONFINITE at step 2 (porting/train/run/faults.py): the step's update is skipped and counted, the
+    adapters and their AdamW state stay as after step 1 (the caps and the stop are the full fine-tune's path,
+    tests/train/test_nonfinite.py)."""
     from porting.train import load_recipe, train
-    from porting.train.run.loop import DivergenceError
+    from porting.train.run.checkpoint.read import full_state
 
     monkeypatch.setenv("PORT_TEST_NONFINITE", "2")
     sets = _settings(model_dir, "batching.micro_batch_size=2", "batching.grad_accum_steps=2", *LORA)
     train(load_recipe(TINY, [*sets, "schedule.max_steps=2", "checkpointing.every_steps=1"]), tmp_path / "skip",
           echo=False)
-    steps = metrics(tmp_path / "skip")[0]
-    assert [s.get("skipped", False) for s in steps] == [False, True]
-    from porting.train.run.checkpoint.read import full_state
-
+    assert [s.get("skipped", False) for s in metrics(tmp_path / "skip")[0]] == [False, True]
     one, two = (full_state(tmp_path / "skip" / "checkpoints" / f"step_{k}") for k in (1, 2))
     assert one.keys() == two.keys() and all(np.array_equal(one[k], two[k]) for k in one)
-    with pytest.raises(DivergenceError, match="non-finite"):
-        train(load_recipe(TINY, [*sets, "schedule.max_steps=2", "nonfinite.max_consecutive_skips=0"]),
-              tmp_path / "stop", echo=False)
+    assert all(".lora_" in k for k in one)
