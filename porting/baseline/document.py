@@ -77,7 +77,7 @@ class Settings:
     recompute: bool | None = None
     # LoRA (porting/train/recipe/adapter.py): r, alpha, dropout, use_rslora, targets, modules_to_save, bias and
     # the sha256 of the initial adapter's weights; null: a full fine-tune
-    adapter: dict | None = None
+    adapter: dict | None = spec(omit_none=True)
     extra: dict = field(default_factory=dict)
 
 
