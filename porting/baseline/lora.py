@@ -33,18 +33,14 @@ def peft_model(model, recipe, hf_dir: Path):
     require_peft()
     from peft import PeftModel
 
-    from converters import lora_names
-    from converters.loading import read_hf_tensors
+    from converters.loading import trained_base_values
     from porting.train.recipe import adapter
 
     cfg = LlamaConfig.from_hf(hf_dir)
     found, tensors = adapter.initial_adapter(recipe, cfg)
-    hf_of = {z: h for h, z in lora_names.ModuleTable.of(cfg).params.items()}
-    keys = found.keys()
-    missing = [k for k in found.trainable if k not in tensors]
-    base = read_hf_tensors(hf_dir, [hf_of[keys[k]] for k in missing])
     with tempfile.TemporaryDirectory(prefix="port-baseline-adapter-") as tmp:
-        sha = adapter.write_initial(Path(tmp), recipe, found, tensors, {k: base[hf_of[keys[k]]] for k in missing})
+        sha = adapter.write_initial(Path(tmp), recipe, found, tensors,
+                                    trained_base_values(hf_dir, cfg, found, tensors))
         pm = PeftModel.from_pretrained(model, tmp, is_trainable=True)
     return pm, sha
 

@@ -101,7 +101,8 @@ def test_llama_lora_matches_peft_step_for_step(tmp_path):
 
 def test_qwen3_rslora_matches_peft_step_for_step(tmp_path):
     hf = write_qwen3(tmp_path / "hf")
-    base, adapter, run = _pair(hf, tmp_path, "lora.use_rslora=true")
+    base, adapter, run = _pair(hf, tmp_path, "lora.use_rslora=true", "lora.modules_to_save=[input_layernorm,lm_head]")
     _check(base, adapter, run, hf)
     cfg = json.loads((run / "adapter" / "adapter_config.json").read_text())
     assert cfg["use_rslora"] is True and cfg["r"] == 8 and len(cfg["target_modules"]) == 14
+    assert cfg["modules_to_save"] == ["input_layernorm", "lm_head"]

@@ -81,10 +81,11 @@ def initial_adapter(recipe, cfg: LlamaConfig) -> tuple[lora_names.Targets, dict[
 
 
 def write_initial(folder: Path, recipe, found: lora_names.Targets, tensors: dict[str, np.ndarray],
-                  base: dict[str, np.ndarray] | None = None) -> str:
-    """The initial adapter as a PEFT folder (``base``: the modules_to_save / bias values of the base model, by
-    PEFT key, where the adapter does not hold them); returns the sha256 of its weights file."""
-    full = {**(base or {}), **tensors}
+                  base: dict[str, np.ndarray]) -> str:
+    """The initial adapter as a complete PEFT folder in ``folder`` (``base``: the modules_to_save and bias values
+    the adapter does not hold, read from the base model as PEFT copies them: converters/loading.py
+    ``trained_base_values``); returns the sha256 of its weights file."""
+    full = {**base, **tensors}
     peft_adapter.write_adapter(folder, adapter_config(recipe), found, {k: full[k] for k in found.keys()})
     return weights_sha256(folder)
 

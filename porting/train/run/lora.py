@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 from converters import lora_names
-from converters.loading import read_hf_tensors
+from converters.loading import trained_base_values
 from model_zoo import lora as zoo_lora
 from model_zoo.config import LlamaConfig
 from model_zoo.errors import RecipeError
@@ -49,13 +49,9 @@ def start(model, recipe, cfg: LlamaConfig, model_dir: Path, run_dir: Path | None
         return None
     from converters.atomic import staged_dir  # deferred: the staging rule is only needed by rank 0
 
-    hf_of = {z: h for h, z in lora_names.ModuleTable.of(cfg).params.items()}
-    base_keys = [k for k in found.trainable if k not in tensors]
-    base = read_hf_tensors(model_dir, [hf_of[keys[k]] for k in base_keys])
     out = run_dir / adapter.INIT_DIR
     with staged_dir(out, force=True) as tmp:
-        sha = adapter.write_initial(tmp, recipe, found, tensors,
-                                    {k: base[hf_of[keys[k]]] for k in base_keys})
+        sha = adapter.write_initial(tmp, recipe, found, tensors, trained_base_values(model_dir, cfg, found, tensors))
         files = sorted(p for p in Path(model_dir).iterdir() if p.suffix in (".safetensors", ".bin") and p.is_file())
         (tmp / "base.json").write_text(json.dumps({"source": str(model_dir), "files": [
             {"name": p.name, "bytes": p.stat().st_size} for p in files]}, indent=1) + "\n")
