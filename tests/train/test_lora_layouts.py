@@ -121,3 +121,31 @@ def test_a_non_finite_lora_step_leaves_the_adapters_and_their_state(model_dir, t
     one, two = (full_state(tmp_path / "skip" / "checkpoints" / f"step_{k}") for k in (1, 2))
     assert one.keys() == two.keys() and all(np.array_equal(one[k], two[k]) for k in one)
     assert all(".lora_" in k for k in one)
+
+
+def test_a_run_starts_from_a_peft_adapter_a_cuda_job_saved(model_dir, tmp_path):
+    """lora.init_from: an adapter PEFT itself saved (save_pretrained, lora_B non-zero) is the run's starting point:
+    RUN/adapter_init holds its tensors bit for bit, and the run trains on from them."""
+    import peft
+    import torch
+    from safetensors.numpy import load_file
+
+    from porting.train import load_recipe, train
+    from porting.verify.pair import load_reference
+
+    pm = peft.get_peft_model(load_reference(model_dir, "float32"), peft.LoraConfig(
+        r=8, lora_alpha=16, target_modules="all-linear", task_type="CAUSAL_LM"))
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for n, p in pm.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.05)
+    pm.save_pretrained(tmp_path / "cuda_adapter")
+    sets = _settings(model_dir, "batching.micro_batch_size=2", "batching.grad_accum_steps=2", *LORA,
+                     "schedule.max_steps=2", f"lora.init_from={tmp_path / 'cuda_adapter'}")
+    train(load_recipe(TINY, sets), tmp_path / "run", echo=False)
+    theirs = load_file(str(tmp_path / "cuda_adapter" / "adapter_model.safetensors"))
+    ours = load_file(str(tmp_path / "run" / "adapter_init" / "adapter_model.safetensors"))
+    assert ours.keys() == theirs.keys() and all(np.array_equal(ours[k], theirs[k]) for k in ours)
+    trained = _adapter(tmp_path / "run")
+    assert max(float(np.abs(trained[k] - theirs[k]).max()) for k in ours) > 1e-5   # and it trained from there
