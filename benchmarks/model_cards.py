@@ -195,6 +195,13 @@ def _baseline(outs, work):
                              f"{rep['probe'].get('max_abs_diff', float('nan')):.2e}")
 
 
+# The trained adapters' bound: a tenth of the recipe's lr (1e-3). AdamW moves an element by up to lr whatever its
+# gradient's size, so an element whose gradient is within rounding of zero (lora_A at the step after lora_B leaves
+# zero) is moved by rounding divided by eps (1e-8): measured 5.6e-05 on the Mistral shape, 1.8e-06 with eps 1e-6
+# (2026-12-07). tests/train/test_lora_train.py holds 1e-5 at its shapes (measured 2.5e-07 and 1.5e-06).
+LORA_ADAPTER_BOUND = 1e-4
+
+
 def _lora(outs, work):
     """The LoRA run against HF peft: `port compare`'s loss rows, and the trained adapters file against file."""
     from safetensors.numpy import load_file
@@ -205,8 +212,8 @@ def _lora(outs, work):
     ours = load_file(str(work / "run" / "adapter" / "adapter_model.safetensors"))
     theirs = load_file(str(work / "peft_adapter" / "adapter_model.safetensors"))
     diff = max(float(abs(ours[k] - theirs[k]).max()) for k in ours) if ours.keys() == theirs.keys() else float("inf")
-    return ok and diff < 1e-5, (f"{numbers.split(', probe')[0]}; trained adapters ({len(ours)} tensors, PEFT's key "
-                                f"names) max abs diff {diff:.1e}")
+    return ok and diff < LORA_ADAPTER_BOUND, (f"{numbers.split(', probe')[0]}; trained adapters ({len(ours)} tensors, "
+                                              f"PEFT's key names) max abs diff {diff:.1e} (bound {LORA_ADAPTER_BOUND:g})")
 
 
 def _lora_args(family: Family) -> list[str]:
