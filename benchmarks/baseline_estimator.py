@@ -22,12 +22,15 @@ Usage: python benchmarks/baseline_estimator.py [--json OUT]
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from porting.train.plan.memory import MemoryByPhase  # noqa: E402
 
 DATA = ROOT / "porting" / "baseline" / "data"
 FILES = {"bf16": DATA / "h200_hf_llama_baseline.json", "fp32-master": DATA / "h200_hf_llama_baseline_fp32master.json"}
@@ -59,7 +62,7 @@ def recipe_for(run: dict, variant: str):
     return validate_recipe(raw, "<h200 run>", check_files=False)
 
 
-def phases(est: dict, recompute: bool, states: float) -> dict[str, float]:
+def phases(est: MemoryByPhase, recompute: bool, states: float) -> dict[str, float]:
     from porting.baseline.estimate import phase_estimate
 
     return phase_estimate(est, recompute, states)
@@ -80,9 +83,9 @@ def check() -> list[dict]:
                                  f"{cfg.num_parameters()}: shapes differ")
             est = estimate_memory(cfg, recipe_for(run, variant))
             p = float(run["params"])
-            torch_states = 2 * p * 2 / GIB if variant == "bf16" else est["optimizer_states"]
+            torch_states = 2 * p * 2 / GIB if variant == "bf16" else est.optimizer_states
             measured = {ph: run[f"peak_{ph}_gib"] for ph in ("forward", "backward", "optimizer")}
-            raw_ph = phases(est, run["grad_checkpointing"], est["optimizer_states"])
+            raw_ph = phases(est, run["grad_checkpointing"], est.optimizer_states)
             lfl_ph = phases(est, run["grad_checkpointing"], torch_states)
             m_max = max(measured.values())
             rows.append({
@@ -91,11 +94,11 @@ def check() -> list[dict]:
                 "like_for_like_gib": {k: round(v, 3) for k, v in lfl_ph.items()},
                 "ratio_estimate_over_measured": {k: round(raw_ph[k] / measured[k], 3) for k in measured},
                 "ratio_like_for_like": {k: round(lfl_ph[k] / measured[k], 3) for k in measured},
-                "estimate_total_gib": est["total"], "workspace_gib": est["workspace"],
+                "estimate_total_gib": est.total, "workspace_gib": est.workspace,
                 "measured_max_gib": m_max,
-                "ratio_total_over_measured_max": round(est["total"] / m_max, 3),
+                "ratio_total_over_measured_max": round(est.total / m_max, 3),
                 "ratio_like_for_like_max": round(max(lfl_ph.values()) / m_max, 3),
-                "components_gib": est,
+                "components_gib": dataclasses.asdict(est),
             })
     return rows
 

@@ -40,6 +40,8 @@ sys.path.insert(0, str(ROOT))
 
 from model_zoo.config import LlamaConfig  # noqa: E402
 from porting.rehearse import SAMPLE, write_scaled_model  # noqa: E402
+from porting.train.plan.estimates import CalibratedStep  # noqa: E402
+from porting.train.plan.make import TrainPlan  # noqa: E402
 
 BASE_MODEL = dict(architectures=["LlamaForCausalLM"], model_type="llama", vocab_size=512, hidden_size=256,
                   intermediate_size=688, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4,
@@ -104,12 +106,14 @@ def port(*args: str, timeout: float = 1800) -> subprocess.CompletedProcess:
                           env=env, cwd=ROOT)
 
 
-def predicted(rec: Path, cal: Path) -> dict:
+def predicted(rec: Path, cal: Path) -> CalibratedStep:
     p = port("train", str(rec), "--dry-run", "--json", "--calibration", str(cal))
     if p.returncode:
         raise SystemExit(f"dry run of {rec} failed:\n{p.stderr[-2000:]}")
-    plan = json.loads(p.stdout)
-    return plan["estimated_step"]
+    est = TrainPlan.from_dict(json.loads(p.stdout), "--dry-run --json").estimated_step
+    if not isinstance(est, CalibratedStep):
+        raise SystemExit(f"dry run of {rec}: no calibrated estimate ({est!r})")
+    return est
 
 
 def measured(rec: Path, run: Path) -> float:
@@ -165,10 +169,10 @@ def main() -> None:
         est = predicted(rec, cal)
         l0 = wait_for_load(0 if a.recalibrate else a.max_load, a.wait_s)
         meas = measured(rec, out / "runs" / f"{name}-{int(time.time())}")
-        row = {"case": name, "what": what, "predicted_s": est["step_s"], "measured_s": meas,
-               "ratio": round(est["step_s"] / meas, 3), "load_at_calibration": est.get("load_avg_at_measurement"),
+        row = {"case": name, "what": what, "predicted_s": est.step_s, "measured_s": meas,
+               "ratio": round(est.step_s / meas, 3), "load_at_calibration": est.load_avg_at_measurement,
                "load_before": l0, "load_after": load(), "calibration": cal.name,
-               "parts": {k: est[k] for k in ("compute_s", "memory_s", "comm_s")}}
+               "parts": {"compute_s": est.compute_s, "memory_s": est.memory_s, "comm_s": est.comm_s}}
         rows.append(row)
         print(json.dumps(row), flush=True)
     (out / "results.json").write_text(json.dumps({"cpu": _cpu(), "rows": rows}, indent=1), encoding="utf-8")

@@ -48,8 +48,8 @@ def rows() -> list[dict]:
                         f"{recipe.data_parallel_size}, accum {recipe.batching.grad_accum_steps}, ZeRO-{choice.stage}",
                         "variant": label, "ops": sum(c.count for c in cols if c.group == "dp"),
                         "dp_payload_gib": round(sum(c.payload_bytes for c in cols if c.group == "dp") / 2**30, 2),
-                        "dp_wire_gib": round(s["dp_wire_bytes"] / 2**30, 2),
-                        "tp_wire_gib": round(s["tp_wire_bytes"] / 2**30, 2)})
+                        "dp_wire_gib": round(s.dp_wire_bytes / 2**30, 2),
+                        "tp_wire_gib": round(s.tp_wire_bytes / 2**30, 2)})
     return out
 
 

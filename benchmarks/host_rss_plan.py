@@ -12,6 +12,7 @@ worker is the `port train` process itself). What must hold: measured within 20% 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shutil
@@ -51,11 +52,13 @@ def measure(name: str, work: Path) -> dict:
     mdir = model_dir(name, work)
     recipe = str(ROOT / "recipes" / "tiny-cpu.yaml")
     sets = [a for s in SETS + [f"model.source={mdir}"] for a in ("--set", s)]
-    plan = json.loads(port("train", recipe, *sets, "--dry-run", "--json").stdout)["host_memory"]
+    from porting.train.plan.make import TrainPlan
+
+    hm = TrainPlan.from_dict(json.loads(port("train", recipe, *sets, "--dry-run", "--json").stdout)).host_memory
     run = port("train", recipe, *sets, "--run-dir", str(work / f"run-{len(list(work.iterdir()))}"), timed=True)
     peak = int(run.stderr.rsplit("PEAK_RSS_KIB", 1)[1].split()[0]) * 1024 / 2**30
-    return {"model": name, "plan_worker_gib": plan["worker_gib"], "measured_peak_gib": round(peak, 3),
-            "error": round(plan["worker_gib"] / peak - 1, 3), "terms_gib": plan["terms_gib"]}
+    return {"model": name, "plan_worker_gib": hm.worker_gib, "measured_peak_gib": round(peak, 3),
+            "error": round(hm.worker_gib / peak - 1, 3), "terms_gib": dataclasses.asdict(hm.terms_gib)}
 
 
 def main() -> None:

@@ -40,11 +40,15 @@ import resource, sys, tempfile
 from pathlib import Path
 import porting.launch.start as start, porting.launch.msrun, porting.launch.session
 from model_zoo.config import LlamaConfig
+from porting.job import Hooks, Job
+from porting.launch.options import Launch
 from porting.model_paths import resolve_hf
+from porting.train.plan.make import make_plan
 from porting.train.recipe.schema import load_recipe
 rec = load_recipe("recipes/tiny-cpu.yaml", ["cluster.devices_per_node=2"])
 cfg = LlamaConfig.from_hf(resolve_hf(rec.model.source)).to_hf()
-start.prepare(rec, {}, Path(tempfile.mkdtemp()) / "fresh", resume=False, model_config=cfg, preflight=None)
+hooks = Hooks(doctor=dict, diagnose=lambda logs, world: {}, explain=lambda logs, workers: "")
+start.prepare(Job.of(rec, Path(tempfile.mkdtemp()) / "fresh"), Launch(), hooks)
 ru = resource.getrusage(resource.RUSAGE_SELF)
 print(f"{ru.ru_utime + ru.ru_stime:.2f} CPU-s, mindspore loaded: {'mindspore' in sys.modules}")
 """

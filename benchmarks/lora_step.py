@@ -120,7 +120,7 @@ def run(kind: str, width: int, layers: int, seq: int, steps: int) -> dict:
 def planned_mib(kind: str, width: int, layers: int, seq: int) -> float:
     from porting.train.plan.memory import estimate_memory
 
-    return estimate_memory(config(width, layers, seq), recipe(seq, kind == "lora"))["total"] * 1024
+    return estimate_memory(config(width, layers, seq), recipe(seq, kind == "lora")).total * 1024
 
 
 def main() -> int:

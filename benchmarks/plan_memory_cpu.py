@@ -71,9 +71,9 @@ def planned_mib(width: int, seq: int) -> dict[str, float]:
     from porting.train.plan.memory_terms import RESIDENT
 
     m = estimate_memory(config(width, seq), recipe(seq))
-    resident = sum(m[k] for k in RESIDENT)
-    return {"forward_backward": (m["peak_forward_backward"] - resident) * 1024,
-            "apply": (m["peak_apply"] - resident) * 1024}
+    resident = sum(m.term(k) for k in RESIDENT)
+    return {"forward_backward": (m.peak_forward_backward - resident) * 1024,
+            "apply": (m.peak_apply - resident) * 1024}
 
 
 def _status() -> dict[str, int]:

@@ -61,13 +61,14 @@ ROWS = [
 def plan_row(overrides: list[str]) -> dict:
     rec = load_recipe(A2, overrides, check_files=False)
     cfg = plan_config(rec)[0]
-    p = make_plan(rec, cfg, A2, "/tmp/port-published-plan")
-    e = p.estimated_step
+    p = make_plan(rec, cfg, "/tmp/port-published-plan")
+    e, links, tput = p.estimated_step, p.links, p.throughput
+    assert e is not None and links is not None and tput is not None, "an Ascend plan has its roofline estimate"
     seq_tokens = rec.global_batch_size * rec.data.max_seq_length / rec.world_size
     # the same roofline at the 910B's figures: compute x 390/328, in-server collectives x 200/149
-    b_step = e["compute_s"] * 390e12 / B_PEAK + e["memory_s"] + e["comm_s"] * p.links["tp_bytes_per_s"] / B_LINK
-    return {"fits": p.fits, "total_gib": p.memory_gib_by_phase["total"], "step_s": e["step_s"],
-            "tps": p.throughput["tokens_per_s_per_device"], "tps_910b": seq_tokens / b_step}
+    b_step = e.compute_s * 390e12 / B_PEAK + e.memory_s + e.comm_s * links.tp_bytes_per_s / B_LINK
+    return {"fits": p.fits, "total_gib": p.memory_gib_by_phase.total, "step_s": e.step_s,
+            "tps": tput.tokens_per_s_per_device, "tps_910b": seq_tokens / b_step}
 
 
 def main() -> None:

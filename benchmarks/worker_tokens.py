@@ -1,7 +1,7 @@
 """The data phase of an msrun launch, side by side: every worker loads the HF tokenizer and tokenises the
 whole dataset (port before the token file) against the launcher tokenising once into RUN/data_tokens.npz
 and every worker reading it by digest (porting/train/data/token_file.py). Each worker is a real process
-that imports MindSpore first, as porting/train/run/worker.py does, then builds its batch schedule; the
+that imports MindSpore first, as porting/launch/workers/train.py does, then builds its batch schedule; the
 workers of one launch run at the same time. Reported: CPU seconds of the whole launch (launcher + workers),
 the peak RSS of one worker (VmHWM), and the wall time until the last worker has its schedule.
 

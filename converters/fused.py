@@ -178,3 +178,32 @@ def split_named(cfg, name: str, value: np.ndarray) -> list[tuple[str, np.ndarray
     if parts is None:
         return [(name, value)]
     return list(zip((p for p, _ in parts), split_rows(value, [r for _, r in parts])))
+
+
+def fuse_named(cfg, tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """``tensors`` (HF names, the zoo's separate weights) with every fused family's parts joined into the
+    tensor its HF checkpoint stores (the inverse of :func:`split_named` over a whole state dict)."""
+    out = dict(tensors)
+    for template, parts in FUSED.get(cfg.model_type, {}).items():
+        for layer in range(cfg.num_hidden_layers):
+            members = [p.replace("{}", str(layer)) for p, _ in parts]
+            if all(m in out for m in members):
+                out[template.replace("{}", str(layer))] = fuse_rows([out.pop(m) for m in members])
+    return out
+
+
+def stored_names(cfg, hf_names: Sequence[str]) -> list[str]:
+    """HF names as a fused family's checkpoint stores them: each separate part named by its fused tensor
+    (once), so an error lists the tensors the file has or should have, never the split ones it never holds."""
+    out: list[str] = []
+    for n in hf_names:
+        hit = _fused_of(cfg, n)
+        name = hit[0] if hit else n
+        if name not in out:
+            out.append(name)
+    return out
+
+
+def separate_parts(cfg, hf_names: Sequence[str]) -> list[str]:
+    """The names among ``hf_names`` that a fused family's checkpoint never holds (its parts stored apart)."""
+    return [n for n in hf_names if _fused_of(cfg, n) is not None]

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from converters import dtypes, names
+from converters import dtypes, fused, names
 from converters.lora_names import ModuleTable
 from converters.sources import TensorReader, open_hf, open_ms
 from model_zoo.errors import CheckpointError
@@ -26,8 +26,9 @@ _NP = {"F32": np.float32, "F16": np.float16}
 def _check_coverage(where: str, hf_names: list[str], cfg) -> None:
     expected = set(names.expected_hf_names(cfg))
     present = {n for n in hf_names if not names.is_ignored_hf(n)}
-    if present != expected:
-        raise names.coverage_error(where, sorted(expected - present), sorted(present - expected))
+    if present != expected:   # named as the file stores them (Phi-3: qkv_proj, not the parts read from it)
+        raise names.coverage_error(where, fused.stored_names(cfg, sorted(expected - present)),
+                                   fused.stored_names(cfg, sorted(present - expected)))
 
 
 def _array(code: str, raw: bytes, shape: tuple[int, ...]) -> np.ndarray:

@@ -186,14 +186,24 @@ def open_hf(d: Path) -> Source:
 
 
 def _unfused(src: Source) -> Source:
-    """``src`` with the fused tensors of its family (config.json's model_type) read as their parts."""
-    if not any(fused.parts_of_any(t.name) for f in src.files for t in f.tensors):
+    """``src`` with the fused tensors of its family (config.json's model_type) read as their parts. A fused
+    family's checkpoint holding the parts apart (Llama-style weights labelled phi3) is refused: transformers'
+    Phi3ForCausalLM cannot load it, so port converts none of it."""
+    has_fused = any(fused.parts_of_any(t.name) for f in src.files for t in f.tensors)
+    if not has_fused and not (src.dir / "config.json").is_file():
         return src
     from model_zoo.config import LlamaConfig
 
     cfg = LlamaConfig.from_hf(src.dir)
     if cfg.model_type not in fused.FUSED:
         return src   # the coverage check names the tensors this family does not have
+    apart = fused.separate_parts(cfg, [t.name for f in src.files for t in f.tensors])
+    if apart:
+        raise CheckpointError(f"{src.dir}: model_type {cfg.model_type!r} stores fused tensors ("
+                              f"{', '.join(t.replace('{}', 'N') for t in fused.FUSED[cfg.model_type])}), but the "
+                              f"checkpoint holds {len(apart)} separate one(s) such as {apart[0]}; transformers' "
+                              f"{cfg.model_type} model cannot load it. If these are Llama-style weights, set "
+                              "model_type to llama in config.json")
     if src.kind != "safetensors":
         raise CheckpointError(f"{src.dir}: a {cfg.model_type} checkpoint with fused weights in .bin files; port reads "
                               "fused tensors from safetensors (byte ranges): re-save it with transformers' "

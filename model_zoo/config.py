@@ -12,7 +12,7 @@ import math
 from pathlib import Path
 from typing import Any, Mapping
 
-from model_zoo import families
+from model_zoo import families, rope_config
 from model_zoo.errors import ConfigError
 from model_zoo.files import read_json_object
 
@@ -20,17 +20,8 @@ from model_zoo.files import read_json_object
 ARCHITECTURES = families.ARCHITECTURES   # model_type -> transformers' class, of every family port builds
 SUPPORTED_MODEL_TYPES = tuple(ARCHITECTURES)
 SUPPORTED_ARCHITECTURES = tuple(ARCHITECTURES.values())
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "dynamic", "longrope")
-# rope_type -> the keys transformers' initialiser reads (model_zoo/rope.py), required then optional.
-ROPE_KEYS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "default": ((), ()),
-    "linear": (("factor",), ()),
-    "llama3": (("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"), ()),
-    "yarn": (("original_max_position_embeddings",),
-             ("factor", "attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim", "truncate")),
-    "dynamic": (("factor",), ()),
-    "longrope": (("short_factor", "long_factor", "original_max_position_embeddings"), ("factor", "attention_factor")),
-}
+SUPPORTED_ROPE_TYPES = rope_config.SUPPORTED_ROPE_TYPES
+ROPE_KEYS = rope_config.ROPE_KEYS   # rope_type -> (required, optional) keys (model_zoo/rope_config.py)
 SUPPORTED_ACTIVATIONS = ("silu",)
 
 MAX_CONFIG_JSON_BYTES = 1 << 20   # an HF config.json is a few KB; the largest seen are tens of KB
@@ -50,7 +41,13 @@ SIZE_LIMITS: dict[str, tuple[int, str]] = {
     "max_position_embeddings": (1 << 24, "16M positions; the longest real context (Qwen2.5-1M) is ~1M"),
 }
 MAX_PARAMETERS = 4 * 10 ** 12   # 10x Llama 3.1 405B; the product of in-range sizes can still be absurd
-MAX_ROPE_THETA = 1e12           # Llama 3: 5e5, Qwen2.5-1M: 1e7
+MAX_ROPE_THETA = 1e12           # Llama 3: 5e5, Qwen2.5-1M: 1e7; above 1: a base of 1 or less has no decreasing
+                                # frequencies, and YaRN divides by its logarithm
+
+
+# Dropout probabilities transformers' configs of these families carry (LlamaConfig/MistralConfig/Qwen2Config/
+# Qwen3Config attention_dropout; Phi3Config resid_pdrop, embd_pdrop); applied in training only.
+DROPOUT_KEYS = ("attention_dropout", "resid_pdrop", "embd_pdrop")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,6 +65,9 @@ class LlamaConfig:
     rms_norm_eps: float = 1e-6
     rope_theta: float = 10000.0
     rope_scaling: dict[str, Any] | None = None
+    # the share of head_dim that RoPE rotates (Phi-4-mini 0.75; transformers' Phi3: the first
+    # int(head_dim * factor) dimensions, the rest passed through); other families rotate all of it
+    partial_rotary_factor: float = 1.0
     tie_word_embeddings: bool = False
     qkv_bias: bool = False  # bias on q/k/v projections (Qwen2, or Llama's attention_bias)
     o_bias: bool = False  # bias on the output projection (Llama's attention_bias only)
@@ -83,6 +83,9 @@ class LlamaConfig:
     # transformers' nn.Embedding(padding_idx=pad_token_id): that row gets no gradient from the lookup
     pad_token_id: int | None = dataclasses.field(default=None, compare=False)
     torch_dtype: str | None = dataclasses.field(default=None, compare=False)  # storage metadata only
+    # training-time dropout config.json asks for and the zoo's cell does not apply (it has no dropout): each
+    # (key, value) with a non-zero value; `port train` refuses them by name (porting/train/plan/make.py)
+    dropout: tuple[tuple[str, float], ...] = dataclasses.field(default=(), compare=False)
 
     def __post_init__(self) -> None:
         # Derived fields are filled in here so a preset can leave them out, as HF configs do.
@@ -126,14 +129,15 @@ class LlamaConfig:
             out.append(f"head_dim: found {self.head_dim}, expected an even number (RoPE rotates pairs)")
         if not (_number(self.rms_norm_eps) and 0 < self.rms_norm_eps < 1):
             out.append(f"rms_norm_eps: found {self.rms_norm_eps!r}, expected a small positive number below 1")
-        if not (_number(self.rope_theta) and 0 < self.rope_theta <= MAX_ROPE_THETA):
-            out.append(f"rope_theta: found {self.rope_theta!r}, expected a positive number up to {MAX_ROPE_THETA:g}")
+        if not (_number(self.rope_theta) and 1 < self.rope_theta <= MAX_ROPE_THETA):
+            out.append(f"rope_theta: found {self.rope_theta!r}, expected a number above 1, up to {MAX_ROPE_THETA:g}")
         if self.sliding_window is not None and not (isinstance(self.sliding_window, int)
                                                     and not isinstance(self.sliding_window, bool)
                                                     and 0 < self.sliding_window <= SIZE_LIMITS["max_position_embeddings"][0]):
             out.append(f"sliding_window: found {self.sliding_window!r}, expected null or a positive integer up to "
                        f"{SIZE_LIMITS['max_position_embeddings'][0]:,}")
-        out.extend(_rope_scaling_problems(self.rope_scaling, self.head_dim))
+        if not any(p.startswith(("rope_theta", "head_dim")) for p in out):   # the RoPE keys need both
+            out.extend(rope_config.problems(self))
         return out
 
     def validate(self) -> None:
@@ -149,6 +153,11 @@ class LlamaConfig:
     @property
     def kv_size(self) -> int:
         return self.num_key_value_heads * self.head_dim
+
+    @property
+    def rotary_dim(self) -> int:
+        """The dimensions of each head that RoPE rotates (transformers: ``int(head_dim * partial_rotary_factor)``)."""
+        return int(self.head_dim * self.partial_rotary_factor)
 
     @property
     def longest_sequence(self) -> int:
@@ -207,30 +216,17 @@ class LlamaConfig:
                                "num_attention_heads") if k not in raw]
         if missing:
             raise ConfigError(f"{where}: missing required field(s) {', '.join(missing)}")
-        # transformers >= 5 writes rope_parameters {rope_type, rope_theta, ...}; 4.x writes
-        # rope_theta plus rope_scaling {type|rope_type, factor, ...}.
-        rope_params = raw.get("rope_parameters")
-        rope_theta = raw.get("rope_theta")
-        rope_scaling = raw.get("rope_scaling")
-        if isinstance(rope_params, dict):
-            rope_theta = rope_params.get("rope_theta", rope_theta)
-            extra = {k: v for k, v in rope_params.items() if k != "rope_theta"}
-            rope_scaling = extra or rope_scaling
-        rope_scaling = _normalise_rope_scaling(rope_scaling)
-        if rope_scaling and rope_scaling.get("rope_type") in ("llama3", "yarn", "longrope"):
-            # transformers' standardize_rope_params: a top-level original_max_position_embeddings (Phi-3 saves
-            # it there) wins, else the rope dict's own, else max_position_embeddings
-            if "original_max_position_embeddings" in raw:
-                rope_scaling["original_max_position_embeddings"] = raw["original_max_position_embeddings"]
-            else:
-                rope_scaling.setdefault("original_max_position_embeddings", raw.get("max_position_embeddings", 2048))
+        # Keys config.json leaves out take the family's defaults, as transformers' config classes give them
+        # (families.DEFAULTS); the RoPE keys resolve as transformers resolves them (model_zoo/rope_config.py).
+        dflt = families.DEFAULTS[model_type]
+        rope_theta, rope_scaling, partial = rope_config.resolve(raw, model_type, where, dflt)
         if model_type == "qwen2":
             qkv_bias, o_bias = True, False
         elif model_type == "phi3":   # Phi3Attention's projections have no bias
             qkv_bias = o_bias = False
         else:
             qkv_bias = o_bias = bool(raw.get("attention_bias", False))
-        sliding = raw.get("sliding_window")
+        sliding = raw.get("sliding_window", dflt["sliding_window"])
         if model_type in ("qwen2", "qwen3") and not raw.get("use_sliding_window", False):
             sliding = None
         if model_type == "qwen3" and sliding is not None:
@@ -245,19 +241,22 @@ class LlamaConfig:
             vocab_size=raw["vocab_size"], hidden_size=raw["hidden_size"],
             intermediate_size=raw["intermediate_size"], num_hidden_layers=raw["num_hidden_layers"],
             num_attention_heads=raw["num_attention_heads"],
-            num_key_value_heads=raw.get("num_key_value_heads"),
-            head_dim=raw.get("head_dim"),
-            max_position_embeddings=raw.get("max_position_embeddings", 2048),
-            rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
+            num_key_value_heads=raw.get("num_key_value_heads", dflt["num_key_value_heads"]),
+            head_dim=raw.get("head_dim", dflt["head_dim"]),
+            max_position_embeddings=raw.get("max_position_embeddings", dflt["max_position_embeddings"]),
+            rms_norm_eps=raw.get("rms_norm_eps", dflt["rms_norm_eps"]),
             rope_theta=rope_theta if rope_theta is not None else 10000.0,
-            rope_scaling=rope_scaling,
+            rope_scaling=rope_scaling, partial_rotary_factor=partial,
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
             qkv_bias=qkv_bias, o_bias=o_bias, mlp_bias=bool(raw.get("mlp_bias", False)),
             qk_norm=model_type == "qwen3",
             hidden_act=raw.get("hidden_act", "silu"), sliding_window=sliding, model_type=model_type,
-            bos_token_id=raw.get("bos_token_id"), eos_token_id=raw.get("eos_token_id"),
-            pad_token_id=_pad_id(raw.get("pad_token_id"), raw["vocab_size"]),
+            bos_token_id=raw.get("bos_token_id", dflt["bos_token_id"]),
+            eos_token_id=raw.get("eos_token_id", dflt["eos_token_id"]),
+            pad_token_id=_pad_id(raw, dflt["pad_token_id"], where),
             torch_dtype=raw.get("torch_dtype") or raw.get("dtype"),
+            dropout=tuple((k, float(raw[k])) for k in DROPOUT_KEYS if isinstance(raw.get(k), (int, float))
+                          and not isinstance(raw.get(k), bool) and raw[k] != 0),
         )
         try:
             return cls(**kwargs)
@@ -277,13 +276,18 @@ class LlamaConfig:
             "tie_word_embeddings": self.tie_word_embeddings, "hidden_act": self.hidden_act,
             "bos_token_id": self.bos_token_id, "eos_token_id": self.eos_token_id,
         }
-        if self.pad_token_id is not None:
+        if self.pad_token_id is not None or self.model_type == "phi3":   # Phi3Config's default is 32000
             d["pad_token_id"] = self.pad_token_id
         if self.model_type in ("qwen2", "qwen3"):
             d["use_sliding_window"] = self.sliding_window is not None
             d["sliding_window"] = self.sliding_window
         if self.model_type == "phi3":   # no bias options (transformers' Phi3Config)
             d["sliding_window"] = self.sliding_window
+            d["partial_rotary_factor"] = self.partial_rotary_factor
+            # Phi3Config takes the top-level key over the rope dict's (default 4096 when absent)
+            original = (self.rope_scaling or {}).get("original_max_position_embeddings")
+            if original is not None:
+                d["original_max_position_embeddings"] = original
         elif self.model_type == "qwen3":
             d["attention_bias"] = self.qkv_bias
             d["max_window_layers"] = self.num_hidden_layers
@@ -297,63 +301,25 @@ class LlamaConfig:
         return d
 
 
-def _pad_id(v: Any, vocab: Any) -> int | None:
-    """pad_token_id as transformers' embedding uses it: an id inside the vocabulary, else none (a config may
-    name a pad id its embedding does not have; nn.Embedding would refuse it)."""
-    ok = isinstance(v, int) and not isinstance(v, bool) and isinstance(vocab, int) and 0 <= v < vocab
-    return v if ok else None
+def _pad_id(raw: dict[str, Any], default: int | None, where: str) -> int | None:
+    """pad_token_id as transformers' ``nn.Embedding(vocab_size, hidden, padding_idx=pad_token_id)`` takes it:
+    an id of the vocabulary, a negative one counted from its end (torch's rule), or none; anything else is
+    refused, as the embedding refuses it ("Padding_idx must be within num_embeddings")."""
+    v, vocab = raw.get("pad_token_id", default), raw.get("vocab_size")
+    if v is None or not (isinstance(vocab, int) and not isinstance(vocab, bool) and vocab > 0):
+        return None   # no pad id, or a vocab_size that validation names
+    if not isinstance(v, int) or isinstance(v, bool) or not -vocab <= v < vocab:
+        given = "" if "pad_token_id" in raw else f" (transformers' {ARCHITECTURES[raw['model_type']]} default, config.json has none)"
+        shown = v if isinstance(v, int) else str(v)[:40]
+        raise ConfigError(f"{where}: pad_token_id: found {shown!r}{given}, expected null or an id below "
+                          f"vocab_size={vocab} (transformers' nn.Embedding refuses a padding_idx outside the "
+                          "vocabulary); set pad_token_id in config.json")
+    return v % vocab
 
 
 def _number(v: Any) -> bool:
     """A finite int or float (not a bool: ``true`` is not an epsilon)."""
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def _normalise_rope_scaling(rs: Any) -> dict[str, Any] | None:
-    if rs is None:
-        return None
-    if not isinstance(rs, dict):
-        return {"rope_type": rs}  # refused by validation with the value shown
-    rs = dict(rs)
-    kind = rs.pop("rope_type", None) or rs.pop("type", None) or "default"
-    rs.pop("type", None)
-    if rs.get("partial_rotary_factor") == 1.0:   # transformers 5 writes the full rotation explicitly (Phi-3)
-        del rs["partial_rotary_factor"]
-    if kind == "default" and not rs:
-        return None
-    return {"rope_type": kind, **rs}
-
-
-def _rope_scaling_problems(rs: dict[str, Any] | None, head_dim: int) -> list[str]:
-    if rs is None:
-        return []
-    if not isinstance(rs, dict):
-        return [f"rope_scaling: found {rs!r}, expected a mapping with rope_type"]
-    kind = rs.get("rope_type")
-    if kind not in SUPPORTED_ROPE_TYPES:
-        return [f"rope_scaling: rope_type {kind!r} is not supported; supported: {', '.join(SUPPORTED_ROPE_TYPES)}"]
-    need, may = ROPE_KEYS[kind]
-    out = [f"rope_scaling.{k}: missing, required for rope_type {kind!r}" for k in need if k not in rs]
-    unknown = sorted(set(rs) - set(need) - set(may) - {"rope_type"})
-    if unknown:
-        extra = " (a partial rotation: only part of each head rotated)" if "partial_rotary_factor" in unknown else ""
-        out.append(f"rope_scaling: {', '.join(unknown)} not supported for rope_type {kind!r}{extra}; "
-                   f"expected {', '.join(need + may) or 'no other keys'}")
-    factor = rs.get("factor")
-    if factor is not None and not (_number(factor) and factor >= 1):
-        out.append(f"rope_scaling.factor: found {factor!r}, expected a number >= 1")
-    orig = rs.get("original_max_position_embeddings")
-    if orig is not None and not (isinstance(orig, int) and not isinstance(orig, bool) and 0 < orig <= 1 << 24):
-        out.append(f"rope_scaling.original_max_position_embeddings: found {orig!r}, expected a positive integer")
-    for k in ("attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim"):
-        if rs.get(k) is not None and not (_number(rs[k]) and rs[k] > 0):
-            out.append(f"rope_scaling.{k}: found {rs[k]!r}, expected a positive number")
-    for k in ("short_factor", "long_factor"):
-        v = rs.get(k)
-        if v is not None and not (isinstance(v, list) and len(v) == head_dim // 2 and all(_number(x) and x > 0 for x in v)):
-            out.append(f"rope_scaling.{k}: expected {head_dim // 2} positive numbers (head_dim / 2), found "
-                       f"{len(v) if isinstance(v, list) else type(v).__name__}")
-    return out
 
 
 def divisibility_problems(cfg, size: int) -> list[str]:

@@ -22,6 +22,25 @@ from model_zoo.errors import ConfigError
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "qwen3": "Qwen3ForCausalLM", "phi3": "Phi3ForCausalLM"}
 
+# model_type -> what transformers' config class gives a key config.json leaves out (the class's defaults in
+# transformers/models/<type>/configuration_<type>.py, the same in 4.56 and 5.x; a key not listed here has
+# the same default in every family: rope_theta 10000, tie_word_embeddings false, hidden_act silu).
+# num_key_value_heads None and head_dim None mean: num_attention_heads, and hidden_size / num_attention_heads.
+_LLAMA_IDS = dict(bos_token_id=1, eos_token_id=2, pad_token_id=None)
+_QWEN = dict(num_key_value_heads=32, max_position_embeddings=32768, rms_norm_eps=1e-6, bos_token_id=None,
+             eos_token_id=None, pad_token_id=None, use_sliding_window=False, sliding_window=4096, max_window_layers=28)
+DEFAULTS: dict[str, dict[str, Any]] = {
+    "llama": dict(_LLAMA_IDS, num_key_value_heads=None, head_dim=None, max_position_embeddings=2048,
+                  rms_norm_eps=1e-6, sliding_window=None),                                  # LlamaConfig
+    "mistral": dict(_LLAMA_IDS, num_key_value_heads=8, head_dim=None, max_position_embeddings=4096 * 32,
+                    rms_norm_eps=1e-6, sliding_window=4096),                                # MistralConfig
+    "qwen2": dict(_QWEN, head_dim=None),                                                    # Qwen2Config
+    "qwen3": dict(_QWEN, head_dim=128),                                                     # Qwen3Config
+    "phi3": dict(num_key_value_heads=None, head_dim=None, max_position_embeddings=4096, rms_norm_eps=1e-5,
+                 bos_token_id=1, eos_token_id=32000, pad_token_id=32000, sliding_window=None,
+                 original_max_position_embeddings=4096, partial_rotary_factor=1.0),        # Phi3Config
+}
+
 # model_type -> (what differs from the dense Llama family, the nearest family port supports)
 NOT_LLAMA: dict[str, tuple[str, str]] = {
     "qwen3_moe": ("a mixture-of-experts MLP (Qwen3MoeSparseMoeBlock: num_experts routed experts, "
@@ -68,6 +87,7 @@ NOT_LLAMA: dict[str, tuple[str, str]] = {
     "qwen2_vl": ("a vision tower and multimodal RoPE (mrope)", "qwen2 (its text tower, as a text model)"),
     "qwen2_5_vl": ("a vision tower and multimodal RoPE (mrope)", "qwen2 (its text tower, as a text model)"),
     "qwen3_vl": ("a vision tower and interleaved multimodal RoPE", "qwen3 (its text tower, as a text model)"),
+    "qwen3_vl_moe": ("a vision tower, interleaved multimodal RoPE and a mixture-of-experts MLP", "qwen3"),
 }
 # config.json keys that only a mixture-of-experts model has (transformers' MoE configs)
 MOE_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_intermediate_size", "num_experts_per_tok")
@@ -76,6 +96,11 @@ LINEAR_LAYERS = ("linear_attention", "mamba", "conv")
 # HF repo ids of well-known models that are not Llama-style (case-insensitive), for configs that name one
 REPO_IDS: tuple[tuple[re.Pattern, str], ...] = tuple((re.compile(p, re.I), t) for p, t in (
     (r"^Qwen/Qwen3-\d+(\.\d+)?B-A\d+(\.\d+)?B", "qwen3_moe"),            # Qwen3-30B-A3B, Qwen3-235B-A22B
+    (r"^Qwen/Qwen3-Coder-\d+(\.\d+)?B-A\d+(\.\d+)?B", "qwen3_moe"),      # Qwen3-Coder-30B-A3B, -480B-A35B
+    (r"^Qwen/Qwen3-VL-\d+(\.\d+)?B-A\d+(\.\d+)?B", "qwen3_vl_moe"),      # Qwen3-VL-30B-A3B, -235B-A22B
+    (r"^Qwen/Qwen3-VL-", "qwen3_vl"),                                   # Qwen3-VL-2B/4B/8B/32B
+    (r"^Qwen/Qwen2\.5-VL-", "qwen2_5_vl"),
+    (r"^Qwen/Qwen2-VL-", "qwen2_vl"),
     (r"^Qwen/Qwen3-Next-", "qwen3_next"),
     (r"^Qwen/Qwen3\.5-\d+(\.\d+)?B-A\d+(\.\d+)?B", "qwen3_5_moe"),
     (r"^Qwen/Qwen3\.5-", "qwen3_5"),

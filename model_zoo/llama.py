@@ -28,6 +28,7 @@ from model_zoo.kernels import KernelSelection
 from model_zoo.linear import Linear, deferred_parameters
 from model_zoo.norms import HeadNorm, RMSNorm, norm_for
 from model_zoo.parallel import TensorParallel
+from model_zoo.rope_packed import PackedRope
 
 _DTYPES = {"float32": ms.float32, "float16": ms.float16, "bfloat16": ms.bfloat16}
 
@@ -129,6 +130,7 @@ class Attention(nn.Cell):
         self.n_heads = cfg.num_attention_heads // ways
         self.n_kv = cfg.num_key_value_heads // ways
         self.head_dim = cfg.head_dim
+        self.rotary_dim = cfg.rotary_dim   # Phi-4-mini: 96 of 128 (partial_rotary_factor); the rest passes through
         self.n_rep = self.n_heads // self.n_kv
         self.scale = float(self.head_dim) ** -0.5
         self.fused_attention = plan.attention.fused
@@ -159,6 +161,11 @@ class Attention(nn.Cell):
         return ops.transpose(x, (0, 2, 1, 3))
 
     def _rope(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        if self.rotary_dim != self.head_dim:   # transformers' Phi3 apply_rotary_pos_emb: rotate, then pass the rest
+            return ops.cat((self._rotate(x[..., :self.rotary_dim], cos, sin), x[..., self.rotary_dim:]), -1)
+        return self._rotate(x, cos, sin)
+
+    def _rotate(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
         if self.cpu_rope is not None and x.dtype == ms.float32 and len(cos.shape) == 2:
             return self.cpu_rope(x, cos, sin)
         return apply_rope(x, cos, sin, self.fused_rope, self.rope_op)
@@ -339,6 +346,8 @@ class LlamaForCausalLM(nn.Cell):
         # dynamic / longrope: a call longer than this takes the frequencies of its own length (model_zoo/rope.py)
         self.rope_threshold = rope.threshold(cfg) or 0
         self.rope_args = rope.call_args(cfg)   # plain values: a graph resolves them, not the config dataclass
+        # packed rows past that threshold: the frequencies of the batch's longest document (model_zoo/rope_packed.py)
+        self.packed_rope = PackedRope(cfg) if self.rope_threshold else None
 
     def rope_for(self, s: int) -> tuple[Tensor, Tensor]:
         """cos and sin of positions 0..s-1 for a call over ``s`` positions. Past a length-dependent type's
@@ -361,8 +370,12 @@ class LlamaForCausalLM(nn.Cell):
         s = input_ids.shape[1]
         if self.window and s > self.window:  # compile-time check (static shapes); message: decode._check_length
             raise ValueError("sequence length exceeds the model's sliding_window; use shorter sequences")
-        cos, sin = self.rope_for(s)
-        if positions is not None:   # RoPE at each example's own positions: (B, S, D)
+        if positions is None:
+            cos, sin = self.rope_for(s)
+        elif self.packed_rope is not None and s > self.rope_threshold:   # length-dependent: in the graph
+            cos, sin = self.packed_rope(positions)
+        else:   # RoPE at each example's own positions: (B, S, D); every position is below s
+            cos, sin = self.rope_for(s)
             cos, sin = ops.gather(cos, positions, 0), ops.gather(sin, positions, 0)
         return self.logits(self.model(input_ids, cos, sin, segment_ids, seq_ends))
 

@@ -21,11 +21,19 @@ holds them against the installed transformers at lengths below and above the ori
   original context, ``long_factor`` beyond it, and the attention factor ``sqrt(1 + ln(factor) /
   ln(original_max_position_embeddings))``.
 
-Length dependence as HF applies it (``dynamic_rope_update``): ``dynamic`` and ``longrope`` take the
-frequencies of the call's length (HF: ``max(position_ids) + 1``, which is the sequence length for the
-unpacked rows the zoo's cells compare on). HF's dynamic type also keeps the largest length seen until a
-call shorter than the original context resets it; the zoo's tables are a function of the call only, so
-they equal a freshly loaded HF model's for every call and a KV-cache generation's at every step.
+Partial rotation (``partial_rotary_factor``, Phi-3's family only; model_zoo/rope_config.py): every type
+computes over the rotated dimensions ``int(head_dim * partial_rotary_factor)``, as transformers does, and the
+attention rotates those first dimensions of each head and passes the rest (llama.Attention._rope).
+
+Length dependence (transformers' ``dynamic_rope_update``): ``dynamic`` and ``longrope`` take the
+frequencies of the call's length, ``max(position_ids) + 1`` over the whole batch: the row length for
+unpacked rows, the longest document of the batch for packed rows (their position ids restart at 0 for each
+document, and padding sits at position 0: porting/train/data/packing.py). State: port's tables are a
+function of the call alone (the same frequencies whatever came before). HF's longrope is too; HF's dynamic
+type also keeps the largest length seen until a call shorter than the original context resets it, so a
+bucketed run whose shorter bucket follows a longer one differs from a raw HF run; the torch baseline
+(porting/baseline/torch_loop.py) resets that state before every forward so it computes port's function
+(docs/baseline.md). A KV-cache generation's step over positions 0..p equals a fresh call of p + 1.
 """
 
 from __future__ import annotations
@@ -37,6 +45,11 @@ import numpy as np
 
 # Types whose frequencies depend on the length of the call (transformers' dynamic_rope_update).
 LENGTH_DEPENDENT = ("dynamic", "longrope")
+
+
+def rotary_dim(cfg) -> int:
+    """The rotated dimensions of each head (transformers: ``int(head_dim * partial_rotary_factor)``)."""
+    return int(getattr(cfg, "rotary_dim", None) or cfg.head_dim)
 
 
 def _pow32(base: float, exponents: np.ndarray) -> np.ndarray:
@@ -111,9 +124,9 @@ def _longrope(rs: dict, base: float, dim: int, max_pos: int, seq_len: int | None
 
 
 def inv_freq(cfg, seq_len: int | None = None) -> tuple[np.ndarray, float]:
-    """(inverse frequencies (head_dim / 2,) float32, attention factor) of ``cfg``'s RoPE for a call over
+    """(inverse frequencies (rotary_dim / 2,) float32, attention factor) of ``cfg``'s RoPE for a call over
     ``seq_len`` positions (None: the model's initial frequencies, as transformers builds them)."""
-    d, base = cfg.head_dim, float(cfg.rope_theta)
+    d, base = rotary_dim(cfg), float(cfg.rope_theta)
     rs = cfg.rope_scaling or {}
     kind = rs.get("rope_type", "default")
     if kind == "yarn":
@@ -145,7 +158,7 @@ def threshold(cfg) -> int | None:
 
 
 def tables_from(inv: np.ndarray, attention: float, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """cos and sin (len(positions), head_dim) float32 in rotate-half layout, times the attention factor
+    """cos and sin (len(positions), rotary_dim) float32 in rotate-half layout, times the attention factor
     (transformers: ``emb.cos() * attention_scaling``)."""
     freqs = np.outer(positions.astype(np.float32), inv.astype(np.float32))
     emb = np.concatenate([freqs, freqs], axis=-1)
@@ -156,7 +169,7 @@ def tables_from(inv: np.ndarray, attention: float, positions: np.ndarray) -> tup
 
 
 def rope_tables(cfg, length: int, seq_len: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """cos and sin of positions 0..length-1, shape (length, head_dim) float32, rotate-half layout (halves
+    """cos and sin of positions 0..length-1, shape (length, rotary_dim) float32, rotate-half layout (halves
     repeated), for a call over ``seq_len`` positions (None: the initial frequencies; they matter only for
     the length-dependent types)."""
     inv, attention = inv_freq(cfg, seq_len)
@@ -180,12 +193,12 @@ def call_args(cfg) -> tuple:
     """What :func:`call_tables` needs of ``cfg``, as a tuple of plain values: a graph can hold it as a
     constant (MindSpore does not resolve a config dataclass attribute inside ``construct``)."""
     rs = tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in (cfg.rope_scaling or {}).items()))
-    return cfg.head_dim, float(cfg.rope_theta), cfg.max_position_embeddings, rs
+    return rotary_dim(cfg), float(cfg.rope_theta), cfg.max_position_embeddings, rs
 
 
 def call_tables(args: tuple, s: int) -> tuple[np.ndarray, np.ndarray]:
     """:func:`rope_tables` for a call over ``s`` positions, from :func:`call_args`."""
-    head_dim, theta, max_pos, rs = args
-    cfg = types.SimpleNamespace(head_dim=head_dim, rope_theta=theta, max_position_embeddings=max_pos,
+    dim, theta, max_pos, rs = args
+    cfg = types.SimpleNamespace(head_dim=dim, rope_theta=theta, max_position_embeddings=max_pos,
                                 rope_scaling={k: list(v) if isinstance(v, tuple) else v for k, v in rs})
     return rope_tables(cfg, s, s)

@@ -35,30 +35,28 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import yaml
-from safetensors.numpy import save_file
 
-from converters import names
 from model_zoo.config import LlamaConfig
 from model_zoo.errors import DiagnosticsError, PortingError
 from model_zoo.files import write_atomic
 from porting.cluster.preflight import free_port
 from porting.diagnostics.diagnose import diagnose
+from porting.launch import lifeline
 from porting.launch.children import child_env, stop_group
 from porting.rundir import read_run
 from porting.train import load_recipe, plan_config, recipe_dict
 from porting.verify.stats import LAYOUT_TOLERANCES
 from porting.train.recipe.yaml_bounded import parse_value
+from porting.train.recipe.schema import Recipe
 from porting.rundir.paths import RunDir
+from porting.rehearse_model import SEQ, scaled_config, write_scaled_model  # noqa: F401 (porting.rehearse.*)
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = ROOT / "porting" / "train" / "assets" / "tinystories_sample.txt"
-TOKENIZER_FROM = ROOT / "model_zoo" / "assets" / "stories260k"
 REHEARSE_FILE = "rehearse.json"
 GLOBAL_BATCH = 4
 STEPS = 3
-SEQ = 64
 # The layout tolerances of port's one table (porting/verify/stats.py): fp32 TP/DP reductions only reorder sums.
 LOSS_ATOL = LAYOUT_TOLERANCES["loss_atol"]
 GRAD_NORM_RTOL = LAYOUT_TOLERANCES["grad_norm_rtol"]
@@ -84,40 +82,6 @@ class Rung:
     diagnosis: dict[str, Any] | None = None
     links: dict[str, Any] = dataclasses.field(default_factory=dict)   # the links rung's figures
     calibration: dict[str, Any] = dataclasses.field(default_factory=dict)   # the compute rung's (calibration.json)
-
-
-def scaled_config(cfg: LlamaConfig) -> LlamaConfig:
-    """A small model of ``cfg``'s family: the same query-to-KV head grouping (2 KV heads so tensor
-    parallel 2 divides them), head_dim 16, the same MLP ratio, 2 layers, the packaged tokenizer's 512 ids;
-    RoPE (theta, scaling), tied embeddings, biases and norm epsilon kept."""
-    kv = cfg.num_key_value_heads or cfg.num_attention_heads
-    group = max(1, min(cfg.num_attention_heads // kv, 4))
-    heads, head_dim = 2 * group, 16
-    hidden = max(heads * head_dim, 32)
-    inter = max(16, int(round(hidden * cfg.intermediate_size / cfg.hidden_size / 16)) * 16)
-    return dataclasses.replace(cfg, vocab_size=512, hidden_size=hidden, intermediate_size=inter, num_hidden_layers=2,
-                               num_attention_heads=heads, num_key_value_heads=2, head_dim=head_dim,
-                               max_position_embeddings=max(256, 2 * SEQ), sliding_window=None,
-                               bos_token_id=1, eos_token_id=2, torch_dtype="float32")
-
-
-def write_scaled_model(cfg: LlamaConfig, out: Path, seed: int) -> None:
-    """config.json, seeded random float32 weights (normal 0.02, norms 1, biases 0) and the tokenizer."""
-    rng = np.random.default_rng(seed)
-    shapes = names.expected_hf_shapes(cfg)
-    tensors = {}
-    for n in names.expected_hf_names(cfg):
-        if n.endswith("norm.weight"):
-            tensors[n] = np.ones(shapes[n], np.float32)
-        elif n.endswith(".bias"):
-            tensors[n] = np.zeros(shapes[n], np.float32)
-        else:
-            tensors[n] = (rng.standard_normal(shapes[n]) * 0.02).astype(np.float32)
-    out.mkdir(parents=True)
-    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
-    (out / "config.json").write_text(json.dumps(cfg.to_hf(), indent=2), encoding="utf-8")
-    for f in ("tokenizer.json", "tokenizer.model", "tokenizer_config.json"):
-        shutil.copyfile(TOKENIZER_FROM / f, out / f)
 
 
 def rung_recipe(base: dict[str, Any], model_dir: Path, run_dir: Path, *, tp: int, dp: int, nodes: int,
@@ -164,11 +128,10 @@ def _metrics(run_dir: Path) -> tuple[list[float], list[float], float | None]:
 def _run(argvs: list[list[str]], log: Path, timeout: float) -> tuple[list[int], str]:
     """Start every argv at once (each in its own process group), wait for all under one deadline; on the
     deadline, stop only those groups. Returns the exit codes (None: killed) and the tail of the output."""
-    env = child_env()
+    env = child_env(parent=True)   # each child (a `port train`, the compute rung) dies with this process
     log.parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "w", encoding="utf-8") as out:
-        procs = [subprocess.Popen(a, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-                 for a in argvs]
+    with open(log, "wb") as out:
+        procs = [lifeline.start(a, env, out) for a in argvs]
         deadline, codes = time.monotonic() + timeout, []
         for p in procs:
             try:
@@ -250,7 +213,7 @@ def _links_rung(rung: Rung, recipe: dict[str, Any], out: Path, timeout: float) -
     rung.seconds = round(time.monotonic() - t0, 2)
 
 
-def _compute_rung(rung: Rung, rec: Any, cfg: LlamaConfig, out: Path, timeout: float) -> None:
+def _compute_rung(rung: Rung, rec: Recipe, cfg: LlamaConfig, out: Path, timeout: float) -> None:
     """Port's step cells timed at the recipe's real shapes on one device (porting/rehearse_compute.py)."""
     from porting.rehearse_compute import measure
 
@@ -266,7 +229,8 @@ def _parity_rung(rung: Rung, model_dir: Path, out: Path, timeout: float) -> None
     except ImportError:
         rung.status, rung.detail = "skip", "torch is not installed (pip install 'port[torch]'): no HF reference"
         return
-    argv = [sys.executable, "-m", "porting", "verify", "--hf", str(model_dir), "--grads"]
+    # at the rungs' own length: a length-dependent RoPE whose small original context they pass is compared there
+    argv = [sys.executable, "-m", "porting", "verify", "--hf", str(model_dir), "--grads", "--seq", str(SEQ)]
     rung.command = ["port", *argv[3:]]
     t0 = time.monotonic()
     codes, tail = _run([argv], out / "logs" / "parity.log", timeout)
@@ -278,7 +242,7 @@ def _parity_rung(rung: Rung, model_dir: Path, out: Path, timeout: float) -> None
         rung.status, rung.detail = "pass", "logits, loss and gradient norms within port verify's fp32 tolerances"
 
 
-def _layout(recipe: Any) -> tuple[int, int, bool]:
+def _layout(recipe: Recipe) -> tuple[int, int, bool]:
     """The rehearsal's TP (the recipe's, at most 2), DP (2 when the recipe has data parallel, else 1), and
     whether its recipe spans nodes."""
     tp = 2 if recipe.parallel.tensor_parallel > 1 else 1
@@ -286,7 +250,7 @@ def _layout(recipe: Any) -> tuple[int, int, bool]:
     return tp, dp, recipe.cluster.nodes > 1
 
 
-def ladder(rec: Any, only: tuple[str, ...] = RUNGS) -> tuple[list[Rung], dict[str, tuple[int, int, int]]]:
+def ladder(rec: Recipe, only: tuple[str, ...] = RUNGS) -> tuple[list[Rung], dict[str, tuple[int, int, int]]]:
     """The rungs for a validated recipe, each with its layout or the reason it is skipped, and the
     (TP, DP, nodes) of each training rung."""
     tp, dp, multi_node = _layout(rec)
@@ -333,7 +297,7 @@ def rehearse(recipe_path: str, out: Path, overrides: list[str] | None = None, *,
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise RehearsalError(f"{out}: cannot create the rehearsal folder ({e.strerror}); choose another --out") from None
-    small = scaled_config(cfg)
+    small = scaled_config(cfg, rec.data.max_seq_length)
     model_dir = out / "model"
     write_scaled_model(small, model_dir, seed=rec.seed)
     base = recipe_dict(rec)
@@ -373,7 +337,7 @@ def _pass_detail(r: Rung, ref: Rung) -> str:
     return what
 
 
-def _full_config(rec: Any) -> LlamaConfig:
+def _full_config(rec: Recipe) -> LlamaConfig:
     """The recipe model's architecture, from its checkpoint where it is here, else the zoo's copy."""
     cfg, _ = plan_config(rec)
     return cfg
@@ -421,7 +385,7 @@ def plan_text(recipe_path: str, overrides: list[str] | None = None, only: tuple[
     """What a rehearsal of ``recipe_path`` would run (``port rehearse --dry-run``): the small model and each
     rung's layout or why it is skipped. Writes nothing."""
     rec = load_recipe(recipe_path, list(overrides or []), check_files=False)
-    small = scaled_config(_full_config(rec))
+    small = scaled_config(_full_config(rec), rec.data.max_seq_length)
     rungs, _ = ladder(rec, only)
     where = "the NPU, the recipe's precision" if _on_npu() and rec.cluster.device == "ascend" else "the CPU, float32"
     lines = [f"small model of the family: hidden {small.hidden_size}, {small.num_hidden_layers} layers, "

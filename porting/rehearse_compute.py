@@ -22,7 +22,7 @@ graph saves. On a CPU each msrun worker gets ``cpu_count // devices_per_node`` t
 (porting/train/run/step/runtime.py), so the rung measures at every thread count a layout of the recipe's node gives.
 
 Collectives as the step runs them: a recipe with more than one device per node also gets an msrun job of that
-many workers (``porting/train/run/collectives_worker.py SPEC OUT``) timing AllReduce and AllGather over the world
+many workers (``porting/launch/workers/collectives.py SPEC OUT``) timing AllReduce and AllGather over the world
 group in graph mode, chained in one compiled cell (the per-call cost, not a launch: 8 calls up to 512 KiB, 2 of
 4 MiB and 16 MiB), at 1 KiB to 16 MiB per rank: the plan interpolates a call's time at its own size between them
 (a CPU's collective is not one latency plus one bandwidth: its cost per byte changes with the size). The ``links``
@@ -38,7 +38,11 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:   # hints only: the rung's own process imports what it runs
+    from model_zoo.config import LlamaConfig
+    from porting.train.recipe.schema import Recipe
 
 FILE = "calibration.json"
 FORMAT = "port-calibration/1"
@@ -58,13 +62,13 @@ def tp_slice(cfg_hf: dict[str, Any], tp: int) -> dict[str, Any]:
     return c
 
 
-def thread_counts(recipe: Any) -> list[int]:
+def thread_counts(recipe: Recipe) -> list[int]:
     """Threads a worker of this recipe's node gets on this CPU, alone and with the node's workers."""
     n = os.cpu_count() or 1
     return sorted({n, max(1, n // recipe.cluster.devices_per_node)}, reverse=True)
 
 
-def spec_for(recipe: Any, cfg: Any, threads: int) -> dict[str, Any]:
+def spec_for(recipe: Recipe, cfg: LlamaConfig, threads: int) -> dict[str, Any]:
     p, o = recipe.precision, recipe.optimizer
     m = recipe.batching.micro_batch_size
     return {"config": tp_slice(cfg.to_hf(), recipe.parallel.tensor_parallel), "layers": [1, DEEP],
@@ -74,7 +78,7 @@ def spec_for(recipe: Any, cfg: Any, threads: int) -> dict[str, Any]:
             "weight_decay": o.weight_decay, "seed": recipe.seed, "recompute": recipe.memory.recompute}
 
 
-def measure(recipe: Any, cfg: Any, out: Path, timeout: float, run: Callable) -> tuple[str, str, dict[str, Any]]:
+def measure(recipe: Recipe, cfg: LlamaConfig, out: Path, timeout: float, run: Callable) -> tuple[str, str, dict[str, Any]]:
     """(status, detail, calibration) of the rung; ``run(argvs, log, timeout)`` is rehearse.py's process runner."""
     from model_zoo.files import write_atomic
     from porting.env import cpu_model
@@ -98,7 +102,7 @@ def measure(recipe: Any, cfg: Any, out: Path, timeout: float, run: Callable) -> 
                                            "points": raw["points"]}
     note = ""   # collectives' detail: why they failed, or what a pass adds
     if recipe.cluster.devices_per_node > 1:
-        status, note, doc["collectives"] = collectives(recipe, out, timeout, run)
+        status, note, doc["collectives"] = collectives(recipe, out, timeout)
         if status != "pass":
             return status, note, doc
     write_atomic(out / FILE, json.dumps(doc, indent=1))
@@ -111,33 +115,34 @@ def measure(recipe: Any, cfg: Any, out: Path, timeout: float, run: Callable) -> 
                     + (f"; {colls}" if colls else "") + (f" ({note})" if note else "") + f"; {FILE}"), doc
 
 
-def collectives(recipe: Any, out: Path, timeout: float, run: Callable) -> tuple[str, str, dict[str, Any]]:
+def collectives(recipe: Recipe, out: Path, timeout: float) -> tuple[str, str, dict[str, Any]]:
     """Graph-mode AllReduce and AllGather over the node's workers, under msrun (module docstring)."""
     from porting.cluster.preflight import free_port
-    from porting.launch.children import find_msrun
+    from porting.launch.jobs import WORKERS, MsrunJob, MsrunNotFound
+    from porting.train.plan.launch import MsrunSpec
 
     n = recipe.cluster.devices_per_node
-    msrun = find_msrun()
-    if msrun is None:
-        return "fail", "msrun not found (it comes with MindSpore): no collectives measured", {}
     res = out / "compute" / "collectives.json"
     spec = out / "compute" / "collectives_spec.json"
     spec.write_text(json.dumps({"device": recipe.cluster.device, "threads": max(1, (os.cpu_count() or 1) // n)}),
                     encoding="utf-8")
-    argv = [msrun, f"--worker_num={n}", f"--local_worker_num={n}", f"--master_port={free_port()}",
-            f"--log_dir={out / 'compute' / 'msrun'}", "--join=True",
-            str(Path(__file__).resolve().parent / "train" / "run" / "collectives_worker.py"), str(spec), str(res)]
+    job = MsrunJob.make("rehearsal collectives", MsrunSpec(
+        worker_num=n, local_worker_num=n, master_port=free_port(), log_dir=out / "compute" / "msrun",
+        script=WORKERS / "collectives.py", args=(str(spec), str(res))))
     res.unlink(missing_ok=True)   # only this launch's points count (port rehearse's --out is new: check_out)
-    codes, tail = run([argv], out / "logs" / "compute_collectives.log", timeout)
-    how = "timed out" if codes == [None] else f"exit {codes[0]}"
-    try:   # rank 0 writes it after the last collective, which every rank ran (porting/train/run/collectives_worker.py)
+    try:
+        ended = job.run(timeout_s=timeout, output=out / "logs" / "compute_collectives.log")
+    except MsrunNotFound:
+        return "fail", "msrun not found (it comes with MindSpore): no collectives measured", {}
+    how = "timed out" if ended.timed_out else f"exit {ended.code}"
+    try:   # rank 0 writes it after the last collective, which every rank ran (porting/launch/workers/collectives.py)
         points = json.loads(res.read_text(encoding="utf-8")) if res.is_file() else None
     except (OSError, ValueError):
         points = None
     if points is None:
         return "fail", f"collectives under msrun: {how}", {}
     # measured: a worker's exit seen late by msrun's scheduler does not undo it (porting/launch/outcome.py's rule)
-    return "pass", "" if codes == [0] else f"msrun {how} after rank 0 wrote every measurement", points
+    return "pass", "" if ended.code == 0 else f"msrun {how} after rank 0 wrote every measurement", points
 
 
 # ------------------------------------------------------------------------------------------ the child

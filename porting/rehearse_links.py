@@ -1,5 +1,5 @@
 """The ``links`` rung of `port rehearse`: the node rung's TP and DP groups made as the training step makes
-them (porting/cluster/smoke_collectives.py, under msrun), each collective run at a size that measures
+them (porting/launch/workers/smoke_collectives.py, under msrun), each collective run at a size that measures
 bandwidth rather than latency, turned into bus bandwidth and set beside the per-die figures the plan's
 roofline uses (porting/train/plan/roofline.py ``links``), so a measured figure can replace a documented one
 (``cluster.intra_node_gb_s``, ``cluster.inter_node_gb_s``). Each collective is also timed at 1 KiB
@@ -22,7 +22,10 @@ collectives between processes, not HCCS or RoCE: they show that every group carr
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:   # hints only
+    from porting.train.recipe.schema import Recipe
 
 ELEMENTS_CPU = 1 << 20     # 4 MiB of float32 per rank: past the CPU collectives' fixed cost, quick on 2 cores
 ELEMENTS_NPU = 1 << 26     # 256 MiB: the flat part of nccl-tests-style sweeps on a fast link
@@ -47,7 +50,7 @@ def bus_gb_s(op: str, ranks: int, bytes_per_rank: int, ms: float) -> float | Non
     return moved / (ms / 1e3) * factor / 1e9
 
 
-def measure(rec: Any, timeout_s: float) -> tuple[str, str, dict[str, Any]]:
+def measure(rec: Recipe, timeout_s: float) -> tuple[str, str, dict[str, Any]]:
     """(status, detail, links) of the links rung for the node rung's recipe ``rec`` (one node)."""
     from porting.cluster.smoke_shape import smoke_at_shape
     from porting.train.plan.roofline import links as plan_links
@@ -69,9 +72,9 @@ def measure(rec: Any, timeout_s: float) -> tuple[str, str, dict[str, Any]]:
     for key, ms in small.items():   # each collective's cost at 1 KiB: its latency
         if key in measured:
             measured[key]["latency_ms"] = round(ms, 3)
-    plan = plan_links(rec)
-    figures = {"tp_gb_s": plan["tp_bytes_per_s"] / 1e9, "dp_gb_s": plan["dp_bytes_per_s"] / 1e9,
-               "intra_node": plan["intra_node"]}
+    assumed = plan_links(rec)
+    figures = {"tp_gb_s": assumed.tp_bytes_per_s / 1e9, "dp_gb_s": assumed.dp_bytes_per_s / 1e9,
+               "intra_node": assumed.intra_node}
     doc = {"measured": measured, "plan": figures, "elements": elements}
     if row["status"] != "ok":
         return "fail", row["detail"], doc
@@ -86,14 +89,14 @@ def measure(rec: Any, timeout_s: float) -> tuple[str, str, dict[str, Any]]:
     return "pass", f"bus bandwidth, {elements * 4 >> 20} MiB per rank: {listing}{use}", doc
 
 
-def recipe_of(path: Path) -> Any:
+def recipe_of(path: Path) -> Recipe:
     """The node rung's recipe as `port train` loads it."""
     from porting.train import load_recipe
 
     return load_recipe(str(path), [], check_files=False)
 
 
-def command_of(rec: Any, timeout_s: float, elements: int) -> list[str]:
+def command_of(rec: Recipe, timeout_s: float, elements: int) -> list[str]:
     """The msrun command the rung ran (its log folder a placeholder)."""
     from porting.cluster.smoke_shape import launch_command
 

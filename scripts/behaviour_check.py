@@ -41,7 +41,7 @@ TINY_RUN = ["--set", "schedule.max_steps=4", "--set", "checkpointing.every_steps
 def _normalise(text: str, root: Path) -> str:
     """The checkout's path varies; where a module sits inside ``porting/`` is not behaviour (a reshaping
     moves them), so the worker script reads <WORKER> and a module path in the text reads ``porting/NAME.py``."""
-    text = re.sub(re.escape(str(root)) + r"/porting/[\w/]*worker\.py", "<WORKER>", text)
+    text = re.sub(re.escape(str(root)) + r"/porting/(?:[\w/]*worker\.py|launch/workers/train\.py)", "<WORKER>", text)
     text = re.sub(r"porting/(?:[a-z_]+/)+([a-z_]+\.py)", r"porting/\1", text)
     return text.replace(str(root), "<ROOT>")
 

@@ -142,7 +142,7 @@ def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
         index[v] = low[v] = len(index)
         stack.append(v)
         on.add(v)
-        for w in sorted(edges[v]):
+        for w in sorted(edges.get(v, ())):
             if w not in index:
                 visit(w)
                 low[v] = min(low[v], low[w])
@@ -239,7 +239,7 @@ def _modules_source(m: str) -> str:
 
 
 _DRY_RUN_WITHOUT_MINDSPORE = """
-import sys
+import dataclasses, sys
 import porting.train as T
 import porting.train.data.batching, porting.train.data.padding, porting.train.data.packing, porting.train.data.chat
 import porting.train.plan.make, porting.train.plan.render, porting.train.plan.launch, porting.train.plan.roofline
@@ -247,9 +247,9 @@ import porting.train.recipe.schema, porting.train.recipe.schedule
 rec = T.load_recipe(sys.argv[1], ["parallel.tensor_parallel=1"], check_files=False)   # refused: every planner path
 cfg, notes = T.plan_config(rec)
 T.check_tensor_parallel(rec, cfg, rec.model.source)
-plan = T.make_plan(rec, cfg, sys.argv[1], "runs/x", [])
-plan.padding, line = T.dry_run_padding(rec)
-text = T.format_plan(plan)
+plan = T.make_plan(rec, cfg, "runs/x")
+padding, line = T.dry_run_padding(rec)
+text = T.format_plan(dataclasses.replace(plan, padding=padding))
 assert not plan.fits and plan.proposals and "msrun" in text, text
 print("mindspore loaded" if "mindspore" in sys.modules else "no mindspore")
 """
@@ -274,18 +274,23 @@ from pathlib import Path
 import porting.launch.start as start, porting.launch.msrun, porting.launch.session, porting.launch.supervise
 import porting.train.run.checkpoint.read   # a worker's reader: MindSpore only inside restore and restore_weights
 from model_zoo.config import LlamaConfig
+from porting.job import Hooks, Job
+from porting.launch.options import Launch
 from porting.model_paths import resolve_hf
+from porting.train.plan.make import make_plan
 from porting.train.recipe.schema import load_recipe
 from porting.train.run.checkpoint.resume_check import check_run_dir
 print("imports:", "mindspore" in sys.modules)
 rec = load_recipe("recipes/tiny-cpu.yaml", ["cluster.devices_per_node=2", "batching.micro_batch_size=2"])
-cfg = LlamaConfig.from_hf(resolve_hf(rec.model.source)).to_hf()
+model = LlamaConfig.from_hf(resolve_hf(rec.model.source))
+cfg = model.to_hf()
 d = Path(tempfile.mkdtemp())
-assert start.prepare(rec, {}, d / "fresh", resume=False, model_config=cfg, preflight=None) is None
+hooks = Hooks(doctor=dict, diagnose=lambda logs, world: {}, explain=lambda logs, workers: "")
+assert start.prepare(Job.of(rec, d / "fresh"), Launch(), hooks)[1] is None
 print("fresh:", "mindspore" in sys.modules)
 shutil.copytree(sys.argv[1], d / "old", ignore=shutil.ignore_patterns("hf"))
 assert "re-cut exactly" in check_run_dir(d / "old", True, rec, cfg)   # a resume in another layout: every check
-assert "re-cut exactly" in start.prepare(rec, {}, d / "old", resume=True, model_config=cfg, preflight=None)
+assert "re-cut exactly" in start.prepare(Job.of(rec, d / "old"), Launch(resume=True), hooks)[1]
 print("resumable:", "mindspore" in sys.modules)
 shutil.rmtree(d)
 """
@@ -316,6 +321,31 @@ def _package(m: str) -> str:
 # (package, package) -> what is being done; each pair imports each other today and is being untangled where it
 # is owned. A pair that no longer imports each other fails the test, so the list cannot outlive its reason.
 PENDING_PAIRS: dict[tuple[str, str], str] = {}   # porting.cluster <-> porting.train went with R1 (porting/launch/)
+
+
+def _package_edges(edges: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The import graph between packages of porting/ (and the top packages), module-level and function-local."""
+    out: dict[str, set[str]] = {}
+    for a, bs in edges.items():
+        for b in bs:
+            if _package(a) != _package(b):
+                out.setdefault(_package(a), set()).add(_package(b))
+    return out
+
+
+def test_no_loop_between_packages_of_any_length():
+    """The pair rule below sees two packages that import each other; a loop through three or more (train ->
+    diagnostics -> cluster -> launch -> train, before the job document) is invisible to it. Every strongly connected
+    set of packages is one such loop, whatever its length."""
+    loops = _cycles(_package_edges(import_graph()[0]))
+    assert not loops, f"packages that import each other through a loop: {loops}"
+
+
+def test_the_package_loop_rule_finds_a_planted_loop_of_three():
+    planted = {"porting.a.x": {"porting.b.y"}, "porting.b.y": {"porting.c.z"}, "porting.c.z": {"porting.a.w"},
+               "porting.a.w": set(), "porting.d.q": {"porting.a.x"}}
+    assert _cycles(_package_edges(planted)) == [["porting.a", "porting.b", "porting.c"]]
+    assert not any(len(c) == 2 for c in _cycles(_package_edges(planted)))   # no pair: the pair rule alone misses it
 
 
 def test_no_two_packages_import_each_other():
@@ -443,8 +473,9 @@ def test_the_verification_scans_find_a_planted_second_one():
 # porting/launch/ starts, watches and stops processes, between the CLI and porting/train/: it imports the training
 # library and the run directory (and the packages below porting/), nothing else of porting; what sits above it
 # (`port diagnose`) is passed in. Nothing it imports imports it back.
-LAUNCH_MAY_IMPORT = ("porting.launch", "porting.train", "porting.rundir", "porting.env", "porting.model_paths")
-BELOW_LAUNCH = ("porting.train", "porting.rundir", "porting.env", "porting.model_paths")
+LAUNCH_MAY_IMPORT = ("porting.launch", "porting.job", "porting.train", "porting.rundir", "porting.env",
+                     "porting.model_paths")
+BELOW_LAUNCH = ("porting.job", "porting.train", "porting.rundir", "porting.env", "porting.model_paths")
 # The one owner of each job, and what finds a second one (an AST scan of porting/).
 CHILD_ENV_OWNER = "porting/launch/children.py"      # child_env(): the only copy of os.environ for a child
 TEARDOWN_OWNER = "porting/launch/children.py"       # signal_group()/stop_group(): the only os.killpg
@@ -523,3 +554,107 @@ def test_one_owner_of_the_rank_log():
             if isinstance(n, ast.Constant) and isinstance(n.value, str):
                 found += [f"{rel}:{n.lineno} {w!r}" for w in RANKLOG_WORDS if w in n.value]
     assert not found, f"rank-log lines spelled outside {RANKLOG_OWNER} (write and read them through it): {found}"
+
+
+# --------------------------------------------------------------------------- typed recipes and plans
+# A recipe or a plan travels between packages as its record (porting.train.recipe.schema.Recipe,
+# porting.train.plan.make.TrainPlan, or what it really is: a BatchSchedule), never as Any or unannotated; the plan's
+# parts are records too, not dicts read by string keys (issue 46).
+TYPED_NAMES = ("recipe", "rec", "plan")
+
+
+def _loose_parameters(source: str, where: str) -> list[str]:
+    """Every parameter named in TYPED_NAMES without an annotation or annotated Any."""
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            a = node.args
+            for arg in a.posonlyargs + a.args + a.kwonlyargs + [x for x in (a.vararg, a.kwarg) if x]:
+                hint = ast.unparse(arg.annotation).strip("'\"") if arg.annotation else None
+                if arg.arg in TYPED_NAMES and (hint is None or hint in ("Any", "typing.Any")) \
+                        and not isinstance(node, ast.Lambda):
+                    out.append(f"{where}:{node.lineno} {node.name}({arg.arg}: {hint})")
+    return out
+
+
+def _loose_hints(cls: type, seen: set[type]) -> list[str]:
+    """Where the plan's record tree holds Any or a bare dict/list (a pydantic recipe section ends the walk)."""
+    import dataclasses
+    import typing
+
+    out = []
+    seen.add(cls)
+    for name, hint in typing.get_type_hints(cls).items():
+        todo = [hint]
+        while todo:
+            h = todo.pop()
+            args = typing.get_args(h)
+            if h is typing.Any or h in (dict, list) or (typing.get_origin(h) is dict and typing.Any in args):
+                out.append(f"{cls.__name__}.{name}: {hint}")
+                continue
+            if dataclasses.is_dataclass(h) and h not in seen:
+                out += _loose_hints(h, seen)
+            todo += [a for a in args if a is not Ellipsis]
+    return out
+
+
+def test_recipes_and_plans_are_typed():
+    bad = []
+    for p in _modules():
+        if _rel(p).startswith("porting/"):
+            bad += _loose_parameters(p.read_text(encoding="utf-8"), _rel(p))
+    assert not bad, f"recipe/rec/plan parameters untyped or typed Any (type them Recipe, TrainPlan, ...): {bad}"
+    planted = "def f(recipe, plan: Any, rec: 'Any', *, recipe2, rec3: Recipe):\n    g = lambda rec: rec\n"
+    assert [b.split(" ", 1)[1] for b in _loose_parameters(planted, "x.py")] == [
+        "f(recipe: None)", "f(plan: Any)", "f(rec: Any)"]
+
+    from porting.train.plan.make import TrainPlan
+
+    loose = _loose_hints(TrainPlan, set())
+    assert not loose, f"the plan holds untyped parts (make them records): {loose}"
+    import dataclasses
+    import typing
+
+    inner = dataclasses.make_dataclass("Inner", [("terms", dict)])
+    planted = dataclasses.make_dataclass("Planted", [("x", dict[str, typing.Any]), ("y", int), ("z", inner | None)])
+    assert _loose_hints(planted, set()) == ["Planted.x: dict[str, typing.Any]", "Inner.terms: <class 'dict'>"]
+
+
+# --------------------------------------------------------------------------- the seam from the command to a rank
+SEAM = ("porting/job", "porting/launch", "porting/cli/train.py", "porting/cli/_hooks.py", "porting/launch/workers/train.py")
+MAX_SEAM_PARAMETERS = 6
+
+
+def _wide_signatures(paths: list[Path]) -> list[str]:
+    """Functions with more than MAX_SEAM_PARAMETERS parameters (self/cls not counted); a click command (one parameter
+    per option: the CLI's parse itself) and the other workers' internals (below the seam: msrun's side) excepted."""
+    out = []
+    for path in paths:
+        if path.parent.name == "workers" and path.name != "train.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            if any("command" in ast.unparse(d) for d in node.decorator_list):
+                continue
+            a = node.args
+            n = len([x for x in a.posonlyargs + a.args + a.kwonlyargs if x.arg not in ("self", "cls")])
+            n += bool(a.vararg) + bool(a.kwarg)
+            if n > MAX_SEAM_PARAMETERS:
+                where = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path.name
+                out.append(f"{where}:{node.lineno} {node.name} ({n})")
+    return out
+
+
+def test_no_signature_between_the_command_and_a_rank_takes_more_than_six_parameters(tmp_path):
+    """Between `port train` and a rank the records travel (Job, Hooks, Launch, Supervised, Provenance), not long
+    parameter lists (issue 46: start, run_supervised and supervise took 11, 12 and 14)."""
+    paths = sorted({p for s in SEAM for p in ((ROOT / s).rglob("*.py") if (ROOT / s).is_dir() else [ROOT / s])})
+    loop = ROOT / "porting" / "train" / "run" / "loop.py"
+    train = next(n for n in ast.parse(loop.read_text()).body if isinstance(n, ast.FunctionDef) and n.name == "train")
+    assert len(train.args.args) + len(train.args.kwonlyargs) <= MAX_SEAM_PARAMETERS, "the rank's train()"
+    assert len(paths) > 10 and not _wide_signatures(paths), _wide_signatures(paths)
+    planted = tmp_path / "planted_wide.py"
+    planted.write_text("def start(a, b, c, d, e, f, g):\n    pass\n")
+    assert _wide_signatures([planted]) == ["planted_wide.py:1 start (7)"]
+

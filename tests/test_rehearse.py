@@ -12,13 +12,81 @@ from pathlib import Path
 
 import pytest
 
-from model_zoo import presets
-from porting.rehearse import scaled_config
+from model_zoo import LlamaConfig, presets
+from porting.rehearse import SEQ, scaled_config, write_scaled_model
 from porting.train.plan import calibrated
 from tests.helpers import port_process
 from tests.train.conftest import ROOT, error_line
 
 TINY = str(ROOT / "recipes" / "tiny-cpu.yaml")
+PHI4_MINI = ROOT / "tests" / "fixtures" / "model_configs" / "phi4_mini_instruct.json"
+
+
+def _phi3_128k_style() -> dict:
+    """Phi-3-mini-128k's shape (microsoft/Phi-3-mini-128k-instruct config.json: 32 heads of 96, longrope with
+    48-entry lists, original context 4,096 of 131,072, pad 32000); the factors are of the same form, not its own."""
+    return {"model_type": "phi3", "architectures": ["Phi3ForCausalLM"], "vocab_size": 32064, "hidden_size": 3072,
+            "intermediate_size": 8192, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32,
+            "max_position_embeddings": 131072, "original_max_position_embeddings": 4096, "rms_norm_eps": 1e-5,
+            "rope_theta": 10000.0, "sliding_window": 262144, "bos_token_id": 1, "eos_token_id": 32000,
+            "pad_token_id": 32000, "tie_word_embeddings": False,
+            "rope_scaling": {"type": "longrope", "short_factor": [1.0 + 0.002 * i for i in range(48)],
+                             "long_factor": [1.0 + 1.3 * i for i in range(48)]}}
+
+
+def _qwen3_yarn() -> dict:
+    """Qwen3-8B with the YaRN its model card gives for long context: factor 4 over an original 32,768, while
+    max_position_embeddings stays 40,960 (so the factor is not max / original)."""
+    return dict(presets.config("qwen3-8b").to_hf(), rope_scaling={
+        "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768})
+
+
+ROPE_FAMILIES = {"phi3-128k-style": _phi3_128k_style, "phi4-mini": lambda: json.loads(PHI4_MINI.read_text()),
+                 "qwen3-8b": lambda: presets.config("qwen3-8b").to_hf(), "qwen3-8b-yarn": _qwen3_yarn}
+
+
+@pytest.mark.parametrize("name", sorted(ROPE_FAMILIES))
+def test_the_small_model_of_each_rope_family_matches_transformers(name, tmp_path):
+    """The parity rung's check in this process, on the small model `port rehearse` writes: transformers reads its
+    config.json (Phi3Config refuses factor lists of the wrong length) and port verify passes at the rungs' length,
+    forward and backward. A recipe whose rows pass the original context gets a small model whose rows do too."""
+    import transformers
+
+    from porting.verify.parity import check_parity
+
+    full = LlamaConfig.from_hf(ROPE_FAMILIES[name]())
+    small = scaled_config(full, recipe_seq=8192)
+    assert not small.problems() and small.partial_rotary_factor == full.partial_rotary_factor
+    rs = small.rope_scaling or {}
+    if rs.get("rope_type") == "longrope":
+        assert len(rs["short_factor"]) == len(rs["long_factor"]) == small.rotary_dim // 2
+        assert rs["original_max_position_embeddings"] < SEQ   # the recipe's 8,192 passes 4,096: so do the rungs'
+        assert scaled_config(full, recipe_seq=2048).rope_scaling["original_max_position_embeddings"] > SEQ
+    if name == "qwen3-8b-yarn":
+        assert rs == {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}
+    write_scaled_model(small, tmp_path / "m", seed=0)
+    transformers.AutoConfig.from_pretrained(tmp_path / "m")
+    report = check_parity(tmp_path / "m", batch=2, seq=SEQ, grads=True)
+    assert report["seq"] == SEQ and report["passed"], report["checks"]
+
+
+@pytest.mark.slow
+def test_a_phi4_mini_recipe_rehearses_packed_past_its_original_context(tmp_path):
+    """The real Phi-4-mini config.json (partial rotation, 48-entry longrope lists) at 8,192 tokens, packed: the
+    single rung (port train on one device) compiles and trains the small model with the long factors on each
+    batch's longest document. (Its parity rung's check is the test above, on the same small model.)"""
+    (tmp_path / "phi4").mkdir()
+    (tmp_path / "phi4" / "config.json").write_text(PHI4_MINI.read_text())
+    r = port_process("rehearse", TINY, "--out", str(tmp_path / "r"), "--rungs", "single",
+                     "--set", f"model.source={tmp_path / 'phi4'}", "--set", "data.max_seq_length=8192",
+                     "--set", "batching.packing=true", "--set", "batching.bucketing.enabled=false", timeout=900)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    doc = json.loads((tmp_path / "r" / "rehearse.json").read_text())
+    single = doc["rungs"][0]
+    assert single["name"] == "single" and single["status"] == "pass" and len(single["losses"]) == 3, doc["rungs"]
+    small = json.loads((tmp_path / "r" / "model" / "config.json").read_text())
+    assert small["partial_rotary_factor"] == 0.75 and len(small["rope_scaling"]["long_factor"]) == 6
+    assert small["rope_scaling"]["original_max_position_embeddings"] < 64   # the rung's rows pass it
 
 
 @pytest.mark.parametrize("name", ["llama2-13b", "llama3-8b", "qwen2-7b", "llama3.2-1b"])
@@ -137,10 +205,13 @@ def test_bus_bandwidth_is_nccl_tests_measure():
     assert bus_gb_s("AllReduce", 1, 10 ** 9, 1000.0) is None and bus_gb_s("create", 4, 0, 1.0) is None
 
 
-def test_compute_collectives_are_measured_when_rank_0_wrote_them_whatever_msrun_exited_with(tmp_path):
+def test_compute_collectives_are_measured_when_rank_0_wrote_them_whatever_msrun_exited_with(tmp_path, monkeypatch):
     """The compute rung's collectives follow the launch's rule (porting/launch/outcome.py): rank 0 writes its points
     after the last collective every rank ran, so a worker's exit seen late by msrun's scheduler (exit 1) does not
-    fail the rung; no points, or a file that does not parse, does; an earlier rehearsal's file is not read."""
+    fail the rung; no points, or a file that does not parse, does; an earlier rehearsal's file is not read. The
+    job is the one launcher's (porting/launch/jobs.py), of kind "rehearsal collectives"; its run is what msrun's
+    rank 0 would leave and its exit."""
+    from porting.launch.jobs import Ended, MsrunJob
     from porting.rehearse_compute import collectives
     from porting.train import load_recipe
 
@@ -150,17 +221,20 @@ def test_compute_collectives_are_measured_when_rank_0_wrote_them_whatever_msrun_
     points = {"AllReduce": {"ranks": 2, "points_bytes_ms": [[1024, 0.1]]}}
 
     def launch(code, writes):
-        def run(argvs, log, timeout):   # the rehearsal's runner, in place of msrun: what rank 0 leaves and the exit
-            assert argvs[0][0].endswith("msrun") and not res.exists()
+        def run(job, timeout_s=None, output=None):
+            assert job.kind == "rehearsal collectives" and job.spec.script.name == "collectives.py"
+            assert not res.exists()
             if writes is not None:
                 res.write_text(writes, encoding="utf-8")
-            return [code], ""
-        return run
+            return Ended(code, 0.0)
+        monkeypatch.setattr(MsrunJob, "run", run)
 
-    assert collectives(rec, tmp_path, 60, launch(0, json.dumps(points))) == ("pass", "", points)
-    assert collectives(rec, tmp_path, 60, launch(1, json.dumps(points))) == \
-        ("pass", "msrun exit 1 after rank 0 wrote every measurement", points)
+    launch(0, json.dumps(points))
+    assert collectives(rec, tmp_path, 60) == ("pass", "", points)
+    launch(1, json.dumps(points))
+    assert collectives(rec, tmp_path, 60) == ("pass", "msrun exit 1 after rank 0 wrote every measurement", points)
     res.write_text(json.dumps(points), encoding="utf-8")   # an earlier rehearsal's
-    assert collectives(rec, tmp_path, 60, launch(1, None)) == ("fail", "collectives under msrun: exit 1", {})
-    assert collectives(rec, tmp_path, 60, launch(None, '{"AllReduce": ')) == \
-        ("fail", "collectives under msrun: timed out", {})
+    launch(1, None)
+    assert collectives(rec, tmp_path, 60) == ("fail", "collectives under msrun: exit 1", {})
+    launch(None, '{"AllReduce": ')
+    assert collectives(rec, tmp_path, 60) == ("fail", "collectives under msrun: timed out", {})

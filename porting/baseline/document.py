@@ -9,7 +9,7 @@ Two kinds of document share the format (docs/baseline.md has every field):
   never has probe logits or the data hash, so `port compare` checks the curve (:mod:`porting.baseline.curve`).
 
 Each is a frozen dataclass of typed sub-records (:class:`Settings`, :class:`Steps`, :class:`Timing`,
-:class:`Memory`, :class:`Probe`, :class:`Imported`) read with :mod:`porting.baseline.typed`: :func:`load` (or
+:class:`Memory`, :class:`Probe`, :class:`Imported`) read with :mod:`model_zoo.typed`: :func:`load` (or
 :func:`from_json`) checks every key at once and raises one ConfigError naming the file and each bad key; unknown
 keys are kept and written back. :func:`save` writes the document whole or not at all (temporary file, then rename),
 and only a document this reader reads. A document read and written again is the same file, byte for byte.
@@ -22,11 +22,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Union
 
+from model_zoo import typed
 from model_zoo.errors import ConfigError
 from model_zoo.files import read_json, write_atomic
-from porting.baseline import arrays, typed
+from model_zoo.typed import spec
+from porting.baseline import arrays
 from porting.baseline.memory import PHASES
-from porting.baseline.typed import spec
 
 FORMAT = "port-baseline"
 FORMAT_VERSION = 1
@@ -138,6 +139,15 @@ class Probe:
         return arrays.decode(self.logits_final, "probe.logits_final")
 
 
+@dataclass(frozen=True)
+class Evaluation:
+    """The held-out loss a baseline logged (an imported log's eval rows): steps and losses of the same length."""
+
+    step: tuple[int, ...] = spec((), low=0)
+    loss: tuple[float | None, ...] = ()
+    source: str | None = spec(omit_none=True)
+
+
 _NAMES = "a list of names (strings)"
 
 
@@ -156,6 +166,8 @@ class Imported:
     skipped_rows: dict | None = spec(omit_none=True)
     recovered_settings: dict | None = spec(omit_none=True)
     stated_settings: dict | None = spec(omit_none=True)
+    # the CUDA job's effective settings as intake read them (porting/intake/effective.py; the settings table)
+    effective_settings: dict | None = spec(omit_none=True)
     extra: dict = field(default_factory=dict)
 
 
@@ -191,6 +203,7 @@ class MeasuredBaseline(_Document):
     data: dict | None = None                 # the data report and batching
     loop: dict | None = None                 # how the torch side ran
     breakdown: tuple[dict, ...] | None = None   # sampled steps' breakdowns (porting/baseline/profile.py)
+    evaluation: Evaluation | None = spec(omit_none=True)
     format: str = FORMAT
     format_version: int = FORMAT_VERSION
     extra: dict = field(default_factory=dict)
@@ -204,6 +217,8 @@ class MeasuredBaseline(_Document):
         out["probe"] = typed.write(self.probe)
         if self.loop is not None:
             out["loop"] = self.loop
+        if self.evaluation is not None:
+            out["evaluation"] = typed.write(self.evaluation)
         return {**out, **self.extra}
 
 
@@ -229,6 +244,7 @@ class ImportedBaseline(_Document):
     memory: Memory
     probe: Probe
     imported: Imported
+    evaluation: Evaluation | None = spec(omit_none=True)
     format: str = FORMAT
     format_version: int = FORMAT_VERSION
     extra: dict = field(default_factory=dict)
@@ -239,7 +255,10 @@ class ImportedBaseline(_Document):
                                                       order=_IMPORTED_SETTINGS + rest)}
         for key in ("steps", "timing", "memory", "probe"):
             out[key] = typed.write(getattr(self, key), only_set=True, always=_IMPORTED_ALWAYS[key])
-        return {**out, "imported": typed.write(self.imported), **self.extra}
+        out["imported"] = typed.write(self.imported)
+        if self.evaluation is not None:
+            out["evaluation"] = typed.write(self.evaluation)
+        return {**out, **self.extra}
 
 
 Baseline = Union[MeasuredBaseline, ImportedBaseline]
@@ -310,6 +329,16 @@ def _value_problems(doc: dict[str, Any]) -> list[str]:
     imp = doc.get("imported", {})
     out += [f"imported.{k} is {str(imp[k])[:40]!r}, expected {_NAMES}" for k in ("contains", "lacks")
             if len(imp.get(k, ())) > MAX_NAMES or any(len(x) > MAX_NAME_CHARS for x in imp.get(k, ()))]
+    if imp.get("effective_settings") is not None:   # the CUDA side of the settings table (porting/intake/effective.py)
+        from porting.baseline.effective import side_from_dict
+
+        try:
+            side_from_dict(imp["effective_settings"], "imported.effective_settings")
+        except ValueError as e:
+            out.append(str(e))
+    ev = doc.get("evaluation")
+    if isinstance(ev, dict) and len(ev.get("step") or ()) != len(ev.get("loss") or ()):
+        out.append("evaluation.step and evaluation.loss must be lists of the same length")
     if "imported" not in doc:
         for key in ("logits_initial", "logits_final"):
             try:

@@ -206,8 +206,18 @@ def baseline_document(run: BaselineRun) -> MeasuredBaseline:
         loop={"dtype": loop.dtype, "timing_warmup_steps": loop.timing_warmup_steps, "recompute": loop.recompute,
               "attention": "sdpa", "optimizer": "torch.optim.AdamW" + (" (fused)" if loop.device == "cuda" else ""),
               "loss": "sum of token cross-entropy / total target tokens of the step (all micro-batches, all ranks)",
-              "grad_norm": "global L2 norm before clipping"},
+              "grad_norm": "global L2 norm before clipping",
+              # HF's LlamaForCausalLM applies config.json's attention_dropout in train mode (the settings table's row)
+              "attention_dropout": _attention_dropout(hf_dir)},
         breakdown=tuple(b.to_dict() for b in res.breakdown) if res.breakdown else None)
+
+
+def _attention_dropout(hf_dir: Path) -> float:
+    """config.json's attention_dropout, which HF applies in train mode (transformers' LlamaConfig default: 0.0)."""
+    from model_zoo.files import read_json
+
+    v = read_json(Path(hf_dir) / "config.json", what="model config").get("attention_dropout", 0.0)
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else 0.0
 
 
 def check_probe_size(probe_tokens: int, vocab_size: int) -> None:

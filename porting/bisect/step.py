@@ -28,6 +28,7 @@ import numpy as np
 
 from model_zoo.errors import CheckpointError, ConfigError
 from porting.baseline.comparison import Comparison   # light: the result records of `port compare`
+from porting.train.recipe.schema import Recipe
 
 
 def _recipe_at(run, k: int):
@@ -45,7 +46,7 @@ def _recipe_at(run, k: int):
     return validate_recipe(doc.get("recipe"), str(path), None, check_files=False), doc, path
 
 
-def _refuse_unreplayable(recipe, where: Path) -> None:
+def _refuse_unreplayable(recipe: Recipe, where: Path) -> None:
     why = []
     if recipe.cluster.nodes * recipe.cluster.devices_per_node > 1:
         why.append("it ran on several devices (replay runs one process; set cluster.devices_per_node: 1)")
@@ -119,7 +120,7 @@ def _torch_update(base_recipe, lr: float, adam_t: int, moments: dict, table: dic
     return update
 
 
-def _ms_update(recipe, opt, lr: float, adam_t: int):
+def _ms_update(recipe: Recipe, opt, lr: float, adam_t: int):
     """`port train`'s update of step k: port's clipping and AdamW (porting.train.run.step.cells), at the run
     recipe's learning rate; per parameter after - before."""
     def update(params, grads) -> dict[str, np.ndarray]:
@@ -137,7 +138,7 @@ def _ms_update(recipe, opt, lr: float, adam_t: int):
     return update
 
 
-def _plans(recipe, base_recipe, hf_dir: Path, run_doc: dict, where: Path):
+def _plans(recipe: Recipe, base_recipe: Recipe, hf_dir: Path, run_doc: dict, where: Path):
     """`port train`'s data plan for the run's recipe (and the baseline recipe's step count)."""
     from porting.tokenizer import load_tokenizer
     from porting.train import build_plan

@@ -93,11 +93,12 @@ Examples:
 def merge(checkpoint: str, out: str | None, ms_out: str | None, optimizer: bool, model: str | None, force: bool,
           adapter_only: bool):
     """Write the full HF checkpoint (safetensors + config.json + port_manifest.json) and/or a MindSpore
-    directory of a training checkpoint; one progress line per parameter group on stderr."""
+    directory of a training checkpoint, both in one pass over its rank files (--out and --ms: two separate
+    directories); one progress line per parameter group on stderr."""
     import sys
 
     from model_zoo.errors import ConfigError
-    from porting.train.run.checkpoint.export import merge as do
+    from porting.train.run.checkpoint.export import check_apart, merge as do
 
     if out is None and ms_out is None:
         raise ConfigError("port ckpt merge: pass --out HF_DIR, --ms MS_DIR or both")
@@ -105,6 +106,7 @@ def merge(checkpoint: str, out: str | None, ms_out: str | None, optimizer: bool,
         raise ConfigError("port ckpt merge: --optimizer writes beside the MindSpore weights; pass --ms MS_DIR too")
     ck = _checkpoint(checkpoint)
     hf, ms = (Path(out) if out else None), (Path(ms_out) if ms_out else None)
+    check_apart(hf, ms)   # before anything is written (issue 51: one folder for both was written, then refused)
     _outputs(ck, force, hf, ms)
     src, note = _model_dir(ck, model)
     from porting.train.run.checkpoint import lora_export

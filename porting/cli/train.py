@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from model_zoo.errors import PortingError, RecipeError
+from model_zoo.errors import RecipeError
 from porting.cluster import hccl_timeouts
 from porting import train as T   # the face: names load on first use, a dry run never loads MindSpore
 
@@ -64,6 +65,12 @@ def command(recipe: str, overrides: tuple[str, ...], dry_run: bool, as_json: boo
     if shrink and rec.cluster.nodes > 1:
         raise RecipeError(f"--shrink relaunches one node's ranks on fewer devices; a {rec.cluster.nodes}-node run "
                           "would need every node relaunched together: drop --shrink")
+    from porting.train.recipe.determinism import environment_conflicts, launch_problems
+
+    bad = launch_problems(rec.determinism, shrink) + environment_conflicts(rec.determinism, rec.cluster.device,
+                                                                           os.environ)
+    if bad:   # determinism: bitwise, refused before anything starts (porting/train/recipe/determinism.py)
+        raise RecipeError(f"{recipe}: determinism: bitwise: " + "; ".join(bad))
     if launch_node is not None:   # before the preflight waits for node 0 or a worker starts
         T.check_node_rank(launch_node, rec.cluster.nodes, "--launch-node")
     if rec.cluster.device == "ascend":   # an inference chip (310P/310B) stops here, dry run or not: one line
@@ -71,61 +78,33 @@ def command(recipe: str, overrides: tuple[str, ...], dry_run: bool, as_json: boo
 
         require_training_device()
     out = Path(run_dir or rec.output_dir)
-    cal = None
-    if calibration is not None:
-        if not dry_run:
-            raise RecipeError("--calibration predicts a step for the plan: add --dry-run")
-        from porting.train.plan.calibrated import load
-
-        cal = load(calibration)
-    plan, cfg = T.plan_run(rec, recipe, str(out), list(overrides), resume, dry_run, calibration=cal)
     if dry_run:
-        plan.padding, padding_line = T.dry_run_padding(rec)   # padding of bucketing vs packing on the recipe's data
-        timeouts = "\n" + hccl_timeouts.plan_line(os.environ, plan.launch["env"]) if plan.launch else ""
+        cal = None
+        if calibration is not None:
+            from porting.train.plan.calibrated import load
+
+            cal = load(calibration)
+        plan, _ = T.plan_run(rec, str(out), resume, dry_run, calibration=cal)
+        padding, padding_line = T.dry_run_padding(rec)   # padding of bucketing vs packing on the recipe's data
+        plan = dataclasses.replace(plan, padding=padding)
+        timeouts = "\n" + hccl_timeouts.plan_line(os.environ, plan.launch.env) if plan.launch else ""
         click.echo(json.dumps(plan.to_dict(), indent=2) if as_json else T.format_plan(plan) + timeouts + "\n" + padding_line)
         T.check_fits(plan, recipe)
         return
-    T.check_fits(plan, recipe)
+    if calibration is not None:
+        raise RecipeError("--calibration predicts a step for the plan: add --dry-run")
+    from porting.cli._hooks import hooks
+    from porting.job import Job, Source
+    from porting.job.spec import file_sha256
     from porting.launch import start
+    from porting.launch.options import Launch, Supervision
 
-    preflight = None if no_preflight else (lambda r: _preflight(r, out, launch_node or 0))
-    only_prints = rec.cluster.nodes > 1 and launch_node is None   # node 0's launcher prints every node's command
-    note = start.prepare(rec, plan.to_dict(), out, resume=resume, model_config=cfg.to_hf(),
-                         preflight=None if only_prints else preflight)
+    # the recipe is resolved here once: every rank, relaunch and shrink reads the job document written from it
+    job = Job.of(rec, out, Source(recipe, file_sha256(Path(recipe)), tuple(overrides), tuple(sys.argv)))
+    T.check_fits(job.plan, recipe)
+    launch = Launch(launch_node, resume, Supervision(stall_timeout, max_restarts, shrink) if supervise else None)
+    hk = hooks(preflight=not no_preflight)
+    job, note = start.prepare(job, launch, hk)
     if note:
         click.echo(note, err=True)
-    supervision = start.Supervision(stall_timeout, max_restarts, shrink, _diagnose) if supervise else None
-    res = start.start(rec, recipe, list(overrides), out, plan.to_dict(), resume=resume, launch_node=launch_node,
-                      supervision=supervision, preflight=preflight, doctor=_doctor, command=sys.argv)
-    if supervise or rec.world_size > 1:
-        return
-    if res.steps_done == 0:   # resumed at its last step: there is no loss to report
-        click.echo(f"done: nothing to train, the run was already complete; run directory {out}")
-        return
-    click.echo(f"done: {res.steps_done} steps, final loss {res.last_loss:.4f}; run directory {out}")
-
-
-def _doctor() -> dict:
-    """The environment report a run's manifest keeps (`port doctor` is above porting/train and the launch wing)."""
-    from porting.diagnostics.doctor import doctor_report
-
-    return doctor_report()
-
-
-def _diagnose(logs: Path, world: int) -> dict:
-    """`port diagnose` on a supervised incident's copied logs (the supervisor is below porting/diagnostics)."""
-    from porting.diagnostics.diagnose import diagnose
-
-    return diagnose(logs, jobs=1, world_size=world)
-
-
-def _preflight(rec: T.Recipe, out: Path, node_rank: int) -> None:
-    """porting/cluster/preflight.py's launch checks; the first failure stops the launch in one line."""
-    from porting.cluster.preflight import run_train_preflight
-    from porting.diagnostics.diagnose import explain_failure
-
-    rep = run_train_preflight(rec, out, node_rank, explain=explain_failure)
-    bad = [c for c in rep["checks"] if c["status"] == "fail"]
-    if bad:
-        raise PortingError(f"preflight: {bad[0]['check']}: {bad[0]['detail']} (or skip the check: --no-preflight)")
-    click.echo("preflight: " + ", ".join(f"{c['check']} {c['status']}" for c in rep["checks"]), err=True)
+    start.run(job, hk, launch)

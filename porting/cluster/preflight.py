@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -31,9 +30,10 @@ from model_zoo.files import read_json_object, write_atomic
 from porting.cluster import hccl_timeouts
 from porting.cluster.smoke_shape import finished as smoke_finished
 from porting.cluster.smoke_shape import note_port, smoke_at_shape, waited_port, wants_smoke
-from porting.launch.children import child_env, find_msrun
+from porting.launch.jobs import WORKERS, MsrunJob, MsrunNotFound
 from porting.launch.msrun import launch_devices
 from porting.launch.proctable import descends, holds, is_worker, names_dir, node_of, process_table
+from porting.train.plan.launch import MsrunSpec
 from porting.train.recipe.hardware import address_problem, check_node_rank
 from porting.train.recipe.schema import Recipe
 
@@ -238,20 +238,15 @@ def smoke_allreduce(workers: int, port: int, timeout_s: float = 60.0, device: st
                     explain: Explain | None = None) -> dict:
     """msrun runs one real AllReduce on ``workers`` local workers; a failure comes with ``explain``'s
     diagnosis of its logs (the caller's: `port diagnose`, above this package)."""
-    msrun = find_msrun()
-    if msrun is None:
-        return _row("smoke all-reduce", FAIL, "msrun not found (it comes with mindspore); pip install mindspore")
     logdir = Path(tempfile.mkdtemp(prefix="port_smoke_"))
-    env = child_env(overrides={"MS_CPU_COMM_OP_TIMEOUT": "10", "MS_NODE_TIMEOUT": "10"})
-    cmd = [msrun, f"--worker_num={workers}", f"--local_worker_num={workers}", f"--master_port={port}",
-           f"--log_dir={logdir}", "--join=True", f"--cluster_time_out={int(timeout_s)}",
-           str(Path(__file__).with_name("smoke_allreduce.py")), device]
+    spec = MsrunSpec(worker_num=workers, local_worker_num=workers, master_port=port, log_dir=logdir,
+                     script=WORKERS / "smoke_allreduce.py", args=(device,), cluster_time_out=int(timeout_s))
+    job = MsrunJob.make("smoke all-reduce", spec, overrides={"MS_CPU_COMM_OP_TIMEOUT": "10", "MS_NODE_TIMEOUT": "10"})
     try:
-        rc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s + 30,
-                            start_new_session=True).returncode
-    except subprocess.TimeoutExpired:
-        rc = -1
-    return allreduce_verdict(logdir, workers, rc, explain)
+        ended = job.run(timeout_s=timeout_s + 30, output=Path(os.devnull))
+    except MsrunNotFound:
+        return _row("smoke all-reduce", FAIL, "msrun not found (it comes with mindspore); pip install mindspore")
+    return allreduce_verdict(logdir, workers, -1 if ended.timed_out else ended.code, explain)
 
 
 def allreduce_verdict(logdir: Path, workers: int, rc: int, explain: Explain | None = None) -> dict:

@@ -1,7 +1,7 @@
 """The preflight's smoke test at the run's real shape: every node starts its share of
 ``worker_num = nodes x devices_per_node`` workers under msrun, node 0 hosting the scheduler, so the
 cross-node links, the tensor-parallel and data-parallel groups and the collectives the step uses
-(porting/cluster/smoke_collectives.py) are exercised before step 1, each timed. A failure names the
+(porting/launch/workers/smoke_collectives.py) are exercised before step 1, each timed. A failure names the
 node, the rank, the group and the collective it stopped in, read from this node's worker logs; what
 those logs cannot explain (a worker that never started) goes to ``explain`` (`port diagnose`).
 
@@ -12,17 +12,16 @@ scheduler while it shuts down. Open both ports between the nodes.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
-import subprocess
 import tempfile
-import time
 from pathlib import Path
 from typing import Callable
 
-from porting.cluster.smoke_collectives import ELEMENTS
-from porting.launch.children import child_env, find_msrun
-from porting.launch.msrun import same_host_node_argv
+from porting.launch.jobs import WORKERS, MsrunJob, MsrunNotFound
+from porting.launch.workers.smoke_collectives import ELEMENTS
+from porting.train.plan.launch import MsrunSpec, msrun_argv
 from porting.train.recipe.schema import Recipe
 
 Explain = Callable[[Path, int], str]
@@ -59,20 +58,23 @@ def note_port(row: dict, recipe: Recipe, smoke: bool | None) -> dict:
     return row
 
 
-def launch_command(recipe: Recipe, node_rank: int, logdir: Path, timeout_s: float,
-                   elements: int | tuple[int, ...] | None = None) -> list[str]:
+def smoke_spec(recipe: Recipe, node_rank: int, logdir: Path, timeout_s: float,
+               elements: int | tuple[int, ...] | None = None) -> MsrunSpec:
     """msrun running smoke_collectives.py on this node's workers; ``elements``: each collective's float32 count
     per rank, or several counts, each collective run at each in one launch."""
     c = recipe.cluster
-    msrun = find_msrun()
-    if msrun is None:
-        raise FileNotFoundError("msrun")
     target = "CPU" if c.device == "cpu" else "Ascend"
-    return [msrun, f"--worker_num={recipe.world_size}", f"--local_worker_num={c.devices_per_node}",
-            f"--master_addr={c.master_addr}", f"--master_port={smoke_port(recipe)}", f"--node_rank={node_rank}",
-            f"--log_dir={logdir}", "--join=True", f"--cluster_time_out={int(timeout_s)}",
-            str(Path(__file__).with_name("smoke_collectives.py")), target, str(recipe.parallel.tensor_parallel),
-            str(node_rank)] + ([",".join(map(str, _sizes(elements)))] if elements else [])
+    args = (target, str(recipe.parallel.tensor_parallel), str(node_rank)) + (
+        (",".join(map(str, _sizes(elements))),) if elements else ())
+    return MsrunSpec(worker_num=recipe.world_size, local_worker_num=c.devices_per_node, master_port=smoke_port(recipe),
+                     log_dir=logdir, script=WORKERS / "smoke_collectives.py", args=args, master_addr=c.master_addr,
+                     node_rank=node_rank, cluster_time_out=int(timeout_s))
+
+
+def launch_command(recipe: Recipe, node_rank: int, logdir: Path, timeout_s: float,
+                   elements: int | tuple[int, ...] | None = None) -> list[str]:
+    """The smoke's msrun command as a user would type it (a rehearsal's record)."""
+    return msrun_argv(smoke_spec(recipe, node_rank, logdir, timeout_s, elements))
 
 
 def _sizes(elements: int | tuple[int, ...] | None) -> tuple[int, ...]:
@@ -140,19 +142,6 @@ def timings(ranks: dict[int, dict], nbytes: int) -> dict[str, float]:
     return out
 
 
-def _await_workers(logdir: Path, local: int, timeout_s: float) -> int:
-    """0 when this node's workers all finished, 1 when one failed, -1 at the deadline (bounded)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        ranks = read_worker_logs(logdir)
-        if any(r["failed"] for r in ranks.values()):
-            return 1
-        if sum(1 for r in ranks.values() if r["done"]) >= local:
-            return 0
-        time.sleep(0.5)
-    return -1
-
-
 def smoke_at_shape(recipe: Recipe, node_rank: int, timeout_s: float = 90.0, explain: Explain | None = None,
                    port_check: Callable[[int], dict] | None = None, elements: int | None = None) -> dict:
     """This node's share of the real-shape smoke test; a preflight row (check, status, detail) plus
@@ -161,28 +150,18 @@ def smoke_at_shape(recipe: Recipe, node_rank: int, timeout_s: float = 90.0, expl
     sets each collective's float32 count per rank (default smoke_collectives.ELEMENTS, 1 MiB); several counts run
     in one launch, ``collectives`` then the first count's times and ``collectives_at`` every count's, by bytes
     per rank."""
-    c = recipe.cluster
     logdir = Path(tempfile.mkdtemp(prefix=f"port_smoke_node{node_rank}_"))
-    env = child_env(overrides={"MS_CPU_COMM_OP_TIMEOUT": "15", "MS_NODE_TIMEOUT": "30", "HCCL_CONNECT_TIMEOUT": "120",
-                               "HCCL_EXEC_TIMEOUT": "120"})
     if node_rank == 0 and port_check is not None and port_check(smoke_port(recipe))["status"] == "fail":
         return {"check": CHECK, "status": "fail", "detail": f"port {smoke_port(recipe)} (cluster.master_port + 1, the "
                 "smoke test's scheduler) is in use on node 0; free it or choose another cluster.master_port"}
-    try:
-        cmd = launch_command(recipe, node_rank, logdir, timeout_s, elements)
-    except FileNotFoundError:
+    job = MsrunJob.make("smoke collectives", smoke_spec(recipe, node_rank, logdir, timeout_s, elements),
+                        overrides={"MS_CPU_COMM_OP_TIMEOUT": "15", "MS_NODE_TIMEOUT": "30",
+                                   "HCCL_CONNECT_TIMEOUT": "120", "HCCL_EXEC_TIMEOUT": "120"})
+    try:   # a same-host node rank > 0 runs --join=False and its workers are awaited (porting/launch/jobs.py)
+        ended = job.run(timeout_s=timeout_s + 60, output=Path(os.devnull))
+    except MsrunNotFound:
         return {"check": CHECK, "status": "fail", "detail": "msrun not found (it comes with mindspore)"}
-    # a node rank > 0 on the loopback master's own machine (a one-machine test of a multi-node shape):
-    # msrun's extra scheduler cannot bind, so that node runs --join=False and its workers are awaited here
-    cmd = same_host_node_argv(cmd, node_rank, c.model_copy(update={"master_port": smoke_port(recipe)}))
-    try:
-        rc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s + 60,
-                            start_new_session=True).returncode
-    except subprocess.TimeoutExpired:
-        rc = -1
-    if "--join=False" in cmd:
-        rc = _await_workers(logdir, c.devices_per_node, timeout_s)
-    return verdict(recipe, node_rank, rc, logdir, _sizes(elements), explain)
+    return verdict(recipe, node_rank, -1 if ended.timed_out else ended.code, logdir, _sizes(elements), explain)
 
 
 def finished(rc: int, logdir: Path) -> str:

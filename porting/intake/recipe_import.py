@@ -369,9 +369,9 @@ def fit(raw: dict[str, Any], gbs: int, job: Job, target: Target):
                     check_tensor_parallel(rec, cfg, rec.model.source)
                 except PortingError:
                     break
-                plan = make_plan(rec, cfg, "RECIPE.yaml", rec.output_dir)
+                plan = make_plan(rec, cfg, rec.output_dir)
                 tried.append(f"TP {tp} x DP {dp} (sharding {shard}, recompute {recompute}): "
-                             f"{plan.memory_gib_by_phase['total']:.1f} GiB")
+                             f"{plan.memory_gib_by_phase.total:.1f} GiB")
                 if plan.fits:
                     if note:
                         job.notes.append(note)
@@ -418,7 +418,7 @@ def import_configs(paths: list[str], out: str | Path, target: Target) -> dict[st
            "model": raw["model"]["source"],
            "global_batch": {"value": gbs, "source": how, "target": plan.global_batch_formula},
            "plan": {"world_size": plan.world_size, "tensor_parallel": plan.tensor_parallel,
-                    "data_parallel": plan.data_parallel, "memory_gib_per_device": plan.memory_gib_by_phase["total"],
+                    "data_parallel": plan.data_parallel, "memory_gib_per_device": plan.memory_gib_by_phase.total,
                     "fits": plan.fits},
            "keys": job.rows, "blocking": [r for r in job.rows if r.get("blocking")], "notes": job.notes}
     header = [f"Imported by `port recipe import` from {', '.join(paths)}.",

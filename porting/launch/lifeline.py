@@ -24,7 +24,8 @@ import signal
 import subprocess
 import sys
 import threading
-from typing import Callable, Mapping
+import time
+from typing import IO, Callable, Mapping
 
 from model_zoo.errors import PortingError
 from porting.launch.children import signal_group, stop_group
@@ -64,7 +65,7 @@ def _children() -> set[int]:
     return {pid for pid, (ppid, _, _) in process_table().items() if ppid == me}
 
 
-def _wait_detached_workers(msrun_pid: int, before: set[int], rc: int) -> int:
+def _wait_detached_workers(msrun_pid: int, before: set[int], rc: int, deadline: float | None = None) -> int | None:
     """msrun ``--join=False`` (a node rank > 0 on the loopback master's machine, porting/launch/msrun.py
     ``same_host_node_argv``) returns once
     its workers are started; they stay this node's job, so `port train` waits for them and returns the
@@ -78,11 +79,26 @@ def _wait_detached_workers(msrun_pid: int, before: set[int], rc: int) -> int:
             if os.getpgid(pid) == msrun_pid:   # a log follower of msrun's
                 os.waitpid(pid, 0)
                 continue
-            code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+            status = _waitpid_until(pid, deadline)
         except (ChildProcessError, ProcessLookupError):
             continue
-        worst = worst or code
+        if status is None:   # the deadline: the caller stops what is left (run_msrun's finally)
+            return None
+        worst = worst or os.waitstatus_to_exitcode(status)
     return worst
+
+
+def _waitpid_until(pid: int, deadline: float | None) -> int | None:
+    """``pid``'s wait status, or None at ``deadline`` (monotonic; None: no deadline)."""
+    if deadline is None:
+        return os.waitpid(pid, 0)[1]
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return status
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.2)
 
 
 def _die_with(parent: int) -> Callable[[], None]:
@@ -93,12 +109,21 @@ def _die_with(parent: int) -> Callable[[], None]:
     return preexec
 
 
+def start(argv: list[str], env: Mapping[str, str], sink: IO[bytes] | None = None) -> subprocess.Popen:
+    """Start msrun (or the one process of a launch) in a session of its own that dies with this process (layer 1 of
+    the module docstring); its output to ``sink`` (None: this process's)."""
+    return subprocess.Popen(argv, env=dict(env, **{ENV: token()}), start_new_session=True,
+                            preexec_fn=_die_with(os.getpid()), stdout=sink,
+                            stderr=subprocess.STDOUT if sink is not None else None)
+
+
 def run_msrun(argv: list[str], env: Mapping[str, str],
-              stop: Callable[[subprocess.Popen, float], None] = stop_group) -> int:
+              stop: Callable[[subprocess.Popen, float], None] = stop_group, *, timeout_s: float | None = None,
+              output: IO[bytes] | None = None) -> int | None:
     """Run msrun (``argv``, with ``env``: :func:`porting.launch.children.child_env`'s) as laid out in the module
-    docstring; its exit code. SIGINT/SIGTERM ``stop`` it and everything it started, then raise
-    :class:`Interrupted`."""
-    env = dict(env, **{ENV: token()})
+    docstring; its exit code, or None when it ran past ``timeout_s`` and was stopped with everything it started.
+    SIGINT/SIGTERM ``stop`` it and everything it started, then raise :class:`Interrupted`. ``output``: where
+    msrun's own output goes (None: this process's)."""
     caught: list[int] = []
 
     def on_signal(signum, frame) -> None:
@@ -114,11 +139,16 @@ def run_msrun(argv: list[str], env: Mapping[str, str],
     try:
         if detached:
             _prctl(PR_SET_CHILD_SUBREAPER, 1)
-        proc = subprocess.Popen(argv, env=env, start_new_session=True, preexec_fn=_die_with(os.getpid()))
+        proc = start(argv, env, output)
         if caught:   # a signal while msrun was being started (one CI run: its child ran on, nobody stopped it)
             raise KeyboardInterrupt
-        rc = proc.wait()
-        return _wait_detached_workers(proc.pid, before, rc) if detached else rc
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        try:
+            rc = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            stop(proc, GRACE_S)
+            return None
+        return _wait_detached_workers(proc.pid, before, rc, deadline) if detached else rc
     except KeyboardInterrupt:
         signum = caught[0] if caught else signal.SIGINT
         for s in old:   # a second Ctrl-C must not cut the teardown short

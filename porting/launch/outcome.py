@@ -14,10 +14,11 @@ from __future__ import annotations
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable
 
 from porting.rundir import ranklog
 from porting.rundir.paths import RunDir
+from porting.train.recipe.schema import Recipe
 
 TMP_PREFIX = ".tmp_step_"
 
@@ -69,7 +70,7 @@ def launch_outcome(run_dir: Path, before: Mark, code: int | None, ranks: Iterabl
     return Outcome(code, False, ranklog.stop_line(logs, before.sizes), tuple(removed))
 
 
-def after_finished(rec, run_dir: Path, node: int, echo) -> None:
+def after_finished(rec: Recipe, run_dir: Path, node: int, echo: Callable[[str], None]) -> None:
     """What a finished launch of more than one worker does once its workers have exited, on node 0 only: the HF
     export the recipe asks for, merged from the per-rank checkpoint by this process (no worker holds memory or
     waits in a collective any more; porting/train/run/checkpoint/export.py). The plain and the supervised launch call it."""

@@ -30,8 +30,8 @@ def process_table() -> dict[int, tuple[int, list[str], str]]:
 
 
 def is_worker(argv: list[str]) -> bool:
-    """An msrun worker of `port train` (porting/train/run/worker.py), by its command line."""
-    return any(a.endswith(os.path.join("porting", "train", "run", "worker.py")) for a in argv[:3])
+    """A rank of `port train` (porting/launch/workers/train.py), by its command line."""
+    return any(a.endswith(os.path.join("porting", "launch", "workers", "train.py")) for a in argv[:3])
 
 
 def node_of(argv: list[str]) -> int | None:

@@ -26,11 +26,12 @@ from __future__ import annotations
 import subprocess
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable
 
 from model_zoo.errors import PortingError, RecipeError
+from porting.job import Job
 from porting.launch.children import child_env
+from porting.train.recipe.schema import Recipe
 
 PROBE_TIMEOUT_S = 180.0
 
@@ -39,7 +40,7 @@ PROBE_TIMEOUT_S = 180.0
 class Shrunk:
     """The layout a shrink relaunches with."""
 
-    overrides: list[str]        # --set values on top of the run's own
+    values: dict[str, int | None]   # {"section.key": value} set on the job's recipe (its next revision)
     devices: list[int]          # the node's devices the relaunch uses (local ids)
     tensor_parallel: int
     data_parallel: int
@@ -65,7 +66,7 @@ def probe(device: str, device_id: int, timeout_s: float = PROBE_TIMEOUT_S) -> st
     return why
 
 
-def derive(recipe: Any, devices: list[int], bad: set[int]) -> Shrunk:
+def derive(recipe: Recipe, devices: list[int], bad: set[int]) -> Shrunk:
     """The layout on ``devices`` minus ``bad`` with the recipe's global batch, or RecipeError saying why none."""
     tp = recipe.parallel.tensor_parallel
     micro = recipe.batching.micro_batch_size
@@ -76,31 +77,32 @@ def derive(recipe: Any, devices: list[int], bad: set[int]) -> Shrunk:
         raise RecipeError(f"cannot shrink: {len(left)} device(s) remain, fewer than tensor_parallel {tp}")
     accum = glob // (dp * micro)
     use = left[:dp * tp]
-    overrides = [f"cluster.devices_per_node={dp * tp}", f"batching.grad_accum_steps={accum}"]
+    n, dies = dp * tp, recipe.cluster.dies_per_chip or 1
+    # the job's recipe holds the derived hardware shape (chips x dies = devices, a server preset): the shrunk node
+    # is n devices of the same dies where whole chips remain, else n single devices (a die left alone)
+    values: dict[str, int | None] = {"cluster.devices_per_node": n, "batching.grad_accum_steps": accum,
+                                     "cluster.chips_per_node": n // dies if n % dies == 0 else n,
+                                     "cluster.dies_per_chip": dies if n % dies == 0 else 1}
+    if recipe.cluster.server is not None:
+        values["cluster.server"] = None   # no longer the whole server the preset describes
     if recipe.parallel.data_parallel is not None:
-        overrides.append(f"parallel.data_parallel={dp}")
+        values["parallel.data_parallel"] = dp
     text = (f"shrunk to {dp * tp} device(s) {use} (TP {tp} x DP {dp}, micro-batch {micro} x accumulation {accum}: "
             f"global batch {glob} kept) without device(s) {sorted(bad)}")
-    return Shrunk(overrides, use, tp, dp, accum, text)
+    return Shrunk(values, use, tp, dp, accum, text)
 
 
-def check_plan(recipe: Any, recipe_path: str, out: Path, overrides: list[str]) -> None:
-    """The shrunk layout planned like any recipe: RecipeError (one line) when it does not fit."""
-    from model_zoo.config import LlamaConfig
+def check_plan(job: Job) -> None:
+    """The shrunk job's plan holds like any recipe's: RecipeError (one line) when it does not fit."""
     from porting import train as T
-    from porting.model_paths import resolve_hf
 
-    rec = T.load_recipe(recipe_path, overrides, check_files=True)
-    cfg = LlamaConfig.from_hf(resolve_hf(rec.model.source))
-    T.check_tensor_parallel(rec, cfg, rec.model.source)
-    plan = T.make_plan(rec, cfg, recipe_path, str(out), overrides, True)
     try:
-        T.check_fits(plan, recipe_path)
+        T.check_fits(job.plan, str(job.run.path / "job.json"))
     except PortingError as e:
         raise RecipeError(f"cannot shrink: the layout on fewer devices does not fit: {e}") from None
 
 
-def confirm_bad(recipe: Any, devices: list[int], suspect_local: int) -> dict[int, str]:
+def confirm_bad(recipe: Recipe, devices: list[int], suspect_local: int) -> dict[int, str]:
     """{device: why} of the suspect's device when its probe fails, else {}."""
     d = devices[suspect_local]
     why = probe(recipe.cluster.device, d)

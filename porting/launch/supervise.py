@@ -138,18 +138,34 @@ class Launch:
     outcome: Outcome | None = None   # decided once its processes are gone (porting/launch/outcome.py)
 
 
-def supervise(launch: Callable[[bool, list[tuple[int, int]]], subprocess.Popen], run_dir: Path, ranks: list[int],
-              world: int, limits: Limits, latest_step: Callable[[], int | None], *, diagnose: Diagnose,
-              preflight: Callable[[], None] | None = None, resume: bool = False, extra: dict[str, Any] | None = None,
-              echo: Callable[[str], None] = print, shrink: Callable[[Incident], tuple[list[int], int, str] | None]
-              | None = None, peers: Any = None, now: Callable[[], float] = time.monotonic) -> int:
-    """Run ``launch(resume, skip_windows)`` until it finishes, recovering from faults (see the module docstring).
-    ``latest_step()`` is the step of the last complete checkpoint (None: none). ``diagnose(logs, world)`` is
-    `port diagnose` on an incident's copied logs. ``shrink(incident)``, when given, may move the next launch onto
-    fewer devices (porting/launch/shrink.py): it returns the new ranks, world size and what it did, or None to
-    relaunch as before. ``peers`` (porting/launch/nodes.Peers): this is one node's supervisor of several, which
-    report their faults to each other and relaunch on node 0's decision. ``now``: the watch's clock. Returns the
-    restarts made."""
+@dataclasses.dataclass(frozen=True)
+class Supervised:
+    """What the supervisor drives (porting/launch/session.py builds it): ``launch(resume, skip_windows)`` starts the
+    next launch; ``latest_step()`` is the step of the last complete checkpoint (None: none); ``diagnose(logs,
+    world)`` is `port diagnose` on an incident's copied logs (the CLI's hook); ``preflight()`` runs before a relaunch;
+    ``shrink(incident)``, when given, may move the next launch onto fewer devices (porting/launch/shrink.py): it
+    returns the new ranks, world size and what it did, or None to relaunch as before; ``peers``
+    (porting/launch/nodes.Peers): this is one node's supervisor of several, which report their faults to each other
+    and relaunch on node 0's decision; ``extra``: what each incident's fingerprint records beside the versions."""
+
+    launch: Callable[[bool, list[tuple[int, int]]], subprocess.Popen]
+    latest_step: Callable[[], int | None]
+    ranks: list[int]
+    world: int
+    diagnose: Diagnose
+    preflight: Callable[[], None] | None = None
+    shrink: Callable[[Incident], tuple[list[int], int, str] | None] | None = None
+    peers: Any = None   # porting.launch.nodes.Peers (which imports this module for SuperviseError)
+    extra: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def supervise(target: Supervised, run_dir: Path, limits: Limits, *, resume: bool = False,
+              echo: Callable[[str], None] = print, now: Callable[[], float] = time.monotonic) -> int:
+    """Run ``target``'s launches until one finishes, recovering from faults (see the module docstring); ``now``: the
+    watch's clock. Returns the restarts made."""
+    launch, latest_step, ranks, world = target.launch, target.latest_step, target.ranks, target.world
+    diagnose, preflight, shrink, peers, extra = (target.diagnose, target.preflight, target.shrink, target.peers,
+                                                 target.extra)
     node = peers.node if peers is not None else 0
     tag = f"-node{node}" if node else ""   # node k's own evidence and record, beside node 0's
     incidents: list[Incident] = []
@@ -158,7 +174,7 @@ def supervise(launch: Callable[[bool, list[tuple[int, int]]], subprocess.Popen],
     while True:
         before = mark(run_dir)
         run = Launch(launch(resume, windows), before, Watch(run_dir, ranks, limits, now), now())
-        fault = _watch(run, run_dir, ranks, limits, peers, restarts, node)
+        fault = _watch(run, run_dir, ranks, limits, peers, restarts)
         if fault is None:
             if run.outcome is not None and run.outcome.crashed_at_exit:
                 echo(f"supervise: the launch exited with {run.outcome.code} after every rank had logged the end of "
@@ -166,7 +182,7 @@ def supervise(launch: Callable[[bool, list[tuple[int, int]]], subprocess.Popen],
             return restarts
         inc = Incident(n=len(incidents) + 1, at=time.time(), kind=fault[0], seen=fault[1], step=run.watch.last_step(),
                        verdict=None, observed_rank=fault[2])
-        evidence = snapshot(run_dir, f"{inc.n}{tag}", {"seen": inc.seen, **(extra or {})})
+        evidence = snapshot(run_dir, f"{inc.n}{tag}", {"seen": inc.seen, **extra})
         inc.evidence = str(evidence.relative_to(run_dir))
         _nonfinite_window(inc, run.outcome)
         inc.verdict = _verdict(diagnose, evidence, world)
@@ -196,10 +212,11 @@ def supervise(launch: Callable[[bool, list[tuple[int, int]]], subprocess.Popen],
         resume = ck is not None
 
 
-def _watch(run: Launch, run_dir: Path, ranks: list[int], limits: Limits, peers: Any, restarts: int,
-           node: int) -> tuple[str, str, int | None] | None:
+def _watch(run: Launch, run_dir: Path, ranks: list[int], limits: Limits, peers: Any,
+           restarts: int) -> tuple[str, str, int | None] | None:
     """Poll the launch until it finishes (None) or a fault is seen: (kind, what was seen, the rank seen go).
     ``run.outcome`` is decided as soon as the launch has exited, or a rank's process is gone."""
+    node = peers.node if peers is not None else 0
     while True:
         code, late = run.proc.poll(), None
         if code is None:
@@ -237,7 +254,11 @@ def _first_dead(run: Launch, run_dir: Path, node: int, fault: tuple[str, str, in
 
 def _name_suspect(inc: Incident) -> None:
     named = (inc.verdict or {}).get("first_failing_rank")
-    inc.suspect = inc.observed_rank if inc.observed_rank is not None else named if isinstance(named, int) else None
+    named = named if isinstance(named, int) else None
+    # the first process to exit can be one that waited and gave up (a frozen rank never exits; msrun kills it last):
+    # a diagnosis that names its culprit with high confidence (a rank frozen inside a save) wins over an observed exit
+    sure = named is not None and inc.kind == "exit" and (inc.verdict or {}).get("confidence") == "high"
+    inc.suspect = named if sure else inc.observed_rank if inc.observed_rank is not None else named
     inc.suspect = None if inc.skip_window is not None else inc.suspect   # every rank saw the same values
 
 

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from porting.report.rows import PHASE_ORDER
 from porting.rundir import RunRecords, finite
+from porting.train.plan.make import TrainPlan
 
 if TYPE_CHECKING:
     from porting.baseline.document import Baseline
@@ -113,20 +114,20 @@ def loss_series(run: RunRecords, baseline: Baseline | None) -> list[tuple[str, l
     return [mine, (f"baseline (PyTorch, {baseline.device_kind or '?'})", list(steps.step), list(steps.loss))]
 
 
-def plots(run: RunRecords, baseline: Baseline | None = None) -> dict[str, str]:
-    """The three plots of the report, by file name; ``baseline``: a loaded `port baseline` document."""
+def plots(run: RunRecords, baseline: Baseline | None = None, plan: TrainPlan | None = None) -> dict[str, str]:
+    """The three plots of the report, by file name; ``baseline``: a loaded `port baseline` document; ``plan``: the
+    run's plan (porting/report/rows.py ``read_plan``)."""
     xs = [r.step for r in run.steps]
     comp_idx = [i for i, r in enumerate(run.steps) if r.compile]
-    mem = (run.plan or {}).get("memory_gib_by_phase")
-    mem = mem if isinstance(mem, dict) else {}
-    bars = [(k, mem[k]) for k in PHASE_ORDER if finite(mem.get(k))]
-    if finite(mem.get("total")):
-        bars.append(("total", mem["total"]))
+    mem = plan.memory_gib_by_phase if plan is not None else None
+    bars = [(k, mem.term(k)) for k in PHASE_ORDER if finite(mem.term(k))] if mem is not None else []
+    if mem is not None and finite(mem.total):
+        bars.append(("total", mem.total))
     for key in ("device_peak_gib", "host_rss_gib"):
         vals = [getattr(r, key) for r in run.steps if finite(getattr(r, key))]
         if vals:
             bars.append((f"measured {key.replace('_gib', '')}", max(vals)))
-    hbm = (run.plan or {}).get("device_hbm_gib")
+    hbm = plan.device_hbm_gib if plan is not None else None
     return {
         "loss.svg": svg_lines("Loss" if baseline is None else "Loss: this run and the baseline",
                               loss_series(run, baseline), ylabel="loss"),

@@ -14,8 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from model_zoo import files
-from model_zoo.errors import PortingError
+from model_zoo.errors import ConfigError, PortingError
 from porting.rundir import RunRecords, finite
+from porting.rundir.records import PLAN_FILE
+from porting.train.plan.make import TrainPlan
 
 PASS, FAIL, INFO, MISSING, WARN = "pass", "fail", "info", "missing", "warn"
 STATUSES = (PASS, FAIL, WARN, INFO, MISSING)
@@ -43,6 +45,17 @@ class Diagnosis:
     ranks_seen: int
     rank_last_steps: tuple[int, ...]
     warnings: tuple[str, ...]
+
+
+def read_plan(run: RunRecords) -> TrainPlan | None:
+    """The run's plan.json as the typed plan (``TrainPlan.from_dict``); one it refuses is a note and no plan."""
+    if run.plan is None:
+        return None
+    try:
+        return TrainPlan.from_dict(run.plan, PLAN_FILE)
+    except ConfigError as e:
+        run.notes.append(str(e))
+        return None
 
 
 def _evidence(run: RunRecords, name: str) -> Any:
@@ -127,15 +140,8 @@ def rows_operators(run: RunRecords) -> list[Row]:
         out.append(Row("operators", "torch_npu coverage (port ops scan)", MISSING, "no ops_scan.json",
                        "port ops scan --hf MODEL --out RUNDIR/ops_scan.json"))
     out.append(_row_script_scan(run))
-    kernels = (run.plan or {}).get("kernels")
-    if isinstance(kernels, dict) and kernels:
-        ks = kernels.get("kernels", kernels)
-        desc = ", ".join(f"{k}={v.get('impl') if isinstance(v, dict) else v}" for k, v in ks.items())
-        out.append(Row("operators", "MindSpore kernel plan", INFO, desc, "plan.json"))
-    else:
-        derived = _derived_kernel_plan(run)
-        out.append(derived or Row("operators", "MindSpore kernel plan", MISSING, "no kernel plan recorded",
-                                  "port ops zoo --hf MODEL --device Ascend"))
+    out.append(_derived_kernel_plan(run) or Row("operators", "MindSpore kernel plan", MISSING,
+                                                "no kernel plan recorded", "port ops zoo --hf MODEL --device Ascend"))
     return out
 
 
@@ -169,19 +175,19 @@ def _int(x: Any) -> int | None:
     return x if isinstance(x, int) and not isinstance(x, bool) else None
 
 
-def cluster(run: RunRecords) -> tuple[int | None, int | None, int | None]:
+def cluster(run: RunRecords, plan: TrainPlan | None) -> tuple[int | None, int | None, int | None]:
     """(nodes, devices per node, world size) from the manifest (or the plan)."""
     cl = _rec(run).get("cluster") or {}
     nodes = _int(cl.get("nodes"))
     per = _int(cl.get("devices_per_node", cl.get("cards_per_node")))
-    world = (run.manifest.world_size if run.manifest else None) or _int((run.plan or {}).get("world_size"))
+    world = (run.manifest.world_size if run.manifest else None) or (plan.world_size if plan else None)
     if world is None and nodes is not None and per is not None:
         world = nodes * per
     return nodes, per, world
 
 
-def rows_stability(run: RunRecords, diag: Diagnosis | None) -> list[Row]:
-    nodes, per, world = cluster(run)
+def rows_stability(run: RunRecords, diag: Diagnosis | None, plan: TrainPlan | None) -> list[Row]:
+    nodes, per, world = cluster(run, plan)
     scale = None
     if world == 1:
         scale = "1 device"
@@ -189,7 +195,6 @@ def rows_stability(run: RunRecords, diag: Diagnosis | None) -> list[Row]:
         scale = "multi-node"
     elif world is not None and world > 1:
         scale = "single-node multi-device"
-    total = _int((run.plan or {}).get("total_steps"))
     done = len(run.steps)
     completed = run.summary is not None
     reasons = [r.skip_reason or "loss scale" for r in run.steps if r.skipped]   # porting/train/run/step/nonfinite.py
@@ -199,8 +204,7 @@ def rows_stability(run: RunRecords, diag: Diagnosis | None) -> list[Row]:
         if scale == label:
             ok = completed and not (diag and diag.first_failing_rank is not None)
             out.append(Row("stability", f"run at {label}", PASS if ok else FAIL,
-                           f"{done} step(s)" + (f" of {total}" if total else "")
-                           + (", finished" if completed else ", no summary (did not finish)")
+                           f"{done} step(s)" + (", finished" if completed else ", no summary (did not finish)")
                            + (f", {skipped}" if reasons else ""),
                            "metrics.jsonl, manifest.json"))
         else:
@@ -229,9 +233,9 @@ def _rank_table_row(path: Path, nodes: int | None, per: int | None) -> Row:
                if errs else "every documented rule holds", "rank_table.json")
 
 
-def rows_communication(run: RunRecords, diag: Diagnosis | None) -> list[Row]:
+def rows_communication(run: RunRecords, diag: Diagnosis | None, plan: TrainPlan | None) -> list[Row]:
     out = []
-    nodes, per, world = cluster(run)
+    nodes, per, world = cluster(run, plan)
     logs = run.dir.logs
     rank_logs = sorted(logs.glob("rank_*.log")) if logs.is_dir() else []
     if not rank_logs:
@@ -308,16 +312,15 @@ def comm_wait_row(run: RunRecords, world: int | None) -> Row:
                f"{last[slow]} of {len(sampled)} sampled step(s); others' median wait {_median(others):.4f} s)", where)
 
 
-def rows_resources(run: RunRecords) -> list[Row]:
+def rows_resources(run: RunRecords, plan: TrainPlan | None) -> list[Row]:
     out = []
-    mem = (run.plan or {}).get("memory_gib_by_phase")
-    hbm = (run.plan or {}).get("device_hbm_gib")
-    if isinstance(mem, dict) and finite(mem.get("total")):
-        fits = finite(hbm) and mem["total"] <= hbm
-        parts = ", ".join(f"{k} {mem[k]:.2f}" for k in PHASE_ORDER if finite(mem.get(k)))
+    if plan is not None and finite(plan.memory_gib_by_phase.total):
+        mem, hbm = plan.memory_gib_by_phase, plan.device_hbm_gib
+        fits = finite(hbm) and mem.total <= hbm
+        parts = ", ".join(f"{k} {mem.term(k):.2f}" for k in PHASE_ORDER if finite(mem.term(k)))
         out.append(Row("resources", "peak memory by phase (plan estimate)",
                        (PASS if fits else FAIL) if finite(hbm) else INFO,
-                       f"total {mem['total']:.2f} GiB" + (f" of {hbm:.0f} GiB HBM" if finite(hbm) else "")
+                       f"total {mem.total:.2f} GiB" + (f" of {hbm:.0f} GiB HBM" if finite(hbm) else "")
                        + f" ({parts})", "plan.json"))
     else:
         out.append(Row("resources", "peak memory by phase (plan estimate)", MISSING, "no memory_gib_by_phase",
@@ -395,14 +398,14 @@ def _field(d: Any, key: str) -> Any:
     return d.get(key) if isinstance(d, dict) else getattr(d, key, None)
 
 
-def diagnose_logs(run: RunRecords) -> Diagnosis | None:
+def diagnose_logs(run: RunRecords, plan: TrainPlan | None) -> Diagnosis | None:
     """`port diagnose` on the run's logs/ (None without logs); a refusal becomes a note."""
     if not run.dir.logs.is_dir():
         return None
     from porting.diagnostics import DiagnosticsError
     from porting.diagnostics.diagnose import diagnose
 
-    world = cluster(run)[2]
+    world = cluster(run, plan)[2]
     try:
         d = diagnose(run.dir.logs, jobs=1, world_size=world)
     except DiagnosticsError as e:
@@ -431,8 +434,10 @@ def _row_script_scan(run: RunRecords) -> Row:
                 + (f" (first: {where})" if where else "")) if n else "none found", "script_scan.json")
 
 
-def build_rows(run: RunRecords) -> tuple[list[Row], Diagnosis | None]:
-    diag = diagnose_logs(run)
-    rows = (rows_correctness(run) + rows_operators(run) + rows_stability(run, diag) + rows_communication(run, diag)
-            + rows_resources(run) + rows_performance(run) + rows_environment(run))
+def build_rows(run: RunRecords, plan: TrainPlan | None) -> tuple[list[Row], Diagnosis | None]:
+    """The rows of every area; ``plan``: the run's plan.json as :func:`read_plan` gives it."""
+    diag = diagnose_logs(run, plan)
+    rows = (rows_correctness(run) + rows_operators(run) + rows_stability(run, diag, plan)
+            + rows_communication(run, diag, plan) + rows_resources(run, plan) + rows_performance(run)
+            + rows_environment(run))
     return rows, diag

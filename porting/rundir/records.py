@@ -44,11 +44,12 @@ def _known(cls: type) -> set[str]:
     return {f.name for f in dataclasses.fields(cls)} - {"extra"}
 
 
-def _asdict(rec: Any) -> dict[str, Any]:
-    """A record as written: known fields that are set, then the unknown keys it was read with."""
-    out = {f.name: getattr(rec, f.name) for f in dataclasses.fields(rec) if f.name != "extra"}
+def _asdict(record: Any) -> dict[str, Any]:
+    """A record (a dataclass with ``extra``) as written: known fields that are set, then the unknown keys it was
+    read with."""
+    out = {f.name: getattr(record, f.name) for f in dataclasses.fields(record) if f.name != "extra"}
     out = {k: (list(v) if isinstance(v, tuple) else v) for k, v in out.items() if v is not None}
-    return {**out, **rec.extra}
+    return {**out, **record.extra}
 
 
 # ------------------------------------------------------------------------------------------ records
@@ -80,6 +81,8 @@ class RunManifest:
     command: tuple[str, ...] = ()
     started: str | None = None                    # ISO 8601, UTC
     resumed_from_step: int | None = None
+    job: str | None = None                        # the job document the ranks ran: "RUN/job.json revision N"
+    determinism: dict | None = None               # determinism: bitwise, the switches in force (run/step/deterministic.py)
     format_version: int = FORMAT_VERSION
     extra: dict = field(default_factory=dict)     # keys this version does not know, kept as read
 
@@ -102,7 +105,7 @@ class RunManifest:
                               f"{type(doc.get('recipe')).__name__}; is this a run directory of `port train`?")
         spec = {"model": (dict,), "versions": (dict,), "doctor": (dict,), "data": (dict,), "bucketing": (dict,),
                 "seed": (int,), "world_size": (int,), "command": (list,), "started": (str,),
-                "resumed_from_step": (int,)}
+                "resumed_from_step": (int,), "job": (str,), "determinism": (dict,)}
         problem = _type_problem(doc, spec, where) or _type_problem(doc.get("model") or {}, _MODEL_SPEC,
                                                                    f"{where}: model")
         if problem:
@@ -113,7 +116,8 @@ class RunManifest:
                    versions=doc.get("versions") or {}, doctor=doc.get("doctor"), data=doc.get("data") or {},
                    bucketing=doc.get("bucketing") or {}, seed=doc.get("seed"), world_size=doc.get("world_size"),
                    command=tuple(str(c) for c in doc.get("command") or ()), started=doc.get("started"),
-                   resumed_from_step=doc.get("resumed_from_step"), format_version=version,
+                   resumed_from_step=doc.get("resumed_from_step"), job=doc.get("job"),
+                   determinism=doc.get("determinism"), format_version=version,
                    extra={k: v for k, v in doc.items() if k not in known})
 
 

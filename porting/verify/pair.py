@@ -17,6 +17,10 @@ backends at run time by device, dtype and shape
 reference's rounding would depend on where it ran. Only the CUDA training baseline (`port baseline`,
 porting/baseline/torch_loop.py) asks for ``sdpa``: it measures the speed and memory a user's CUDA
 fine-tune has, not a reference's numbers.
+
+Dynamic NTK RoPE is made a function of each call (:func:`per_call_rope`), as the zoo computes it
+(model_zoo/rope.py): a raw transformers model keeps the longest length it has seen until a call shorter
+than the original context, so a batch would depend on the batches before it (docs/baseline.md).
 """
 
 from __future__ import annotations
@@ -53,7 +57,29 @@ def load_reference(hf_dir: str | Path, dtype: str = "float32", *, attention: str
     hf_logging.disable_progress_bar()  # port prints its own lines; the weights are local
     model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=getattr(torch, dtype), local_files_only=True,
                                                  attn_implementation=attention)
+    per_call_rope(model)
     return model.eval()
+
+
+def per_call_rope(model: Any) -> int:
+    """Make every dynamic-NTK rotary embedding of ``model`` start each call from its initial frequencies
+    (transformers' ``dynamic_rope_update`` then grows them to the call's own ``max(position_ids) + 1`` past
+    the original context, and keeps them below it): the frequencies of a call no longer depend on the calls
+    before it. A KV-cache generation is unchanged (its lengths only grow). Returns the modules changed."""
+    changed = 0
+    for m in model.modules():
+        if "dynamic" in str(getattr(m, "rope_type", "")) and hasattr(m, "original_inv_freq"):
+            m.register_forward_pre_hook(_reset_dynamic_rope)
+            changed += 1
+    return changed
+
+
+def _reset_dynamic_rope(module: Any, args: Any) -> None:
+    # the state transformers' own reset restores (modeling_rope_utils.dynamic_rope_update, 4.56 and 5.x); 4.56
+    # keeps original_inv_freq as a plain attribute, which model.to(device) does not move
+    original = module.original_inv_freq.to(module.inv_freq.device)
+    module.register_buffer("inv_freq", original, persistent=False)
+    module.max_seq_len_cached = module.original_max_seq_len
 
 
 def build_zoo(cfg: LlamaConfig, *, dtype: str = "float32", kernels_override: dict | None = None) -> LlamaForCausalLM:

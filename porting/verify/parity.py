@@ -92,6 +92,10 @@ def check_parity(hf_dir: str | Path, *, dtype: str = "float32", batch: int = 2, 
     pair = load_pair(hf_dir, ms_dir, dtype=dtype, kernels_override=kernels_override)
     cfg = pair.cfg
     seq = min(seq, cfg.longest_sequence)
+    if cfg.sliding_window and seq > cfg.sliding_window:   # the zoo's attention is full: equal within the window only
+        raise ConfigError(f"--seq {seq} is longer than the model's sliding_window={cfg.sliding_window}; port attends "
+                          "over the whole sequence, which equals sliding-window attention only within the window: "
+                          f"use --seq {cfg.sliding_window} or less")
     ids = probe_ids(cfg.vocab_size, batch, seq, seed, cfg.bos_token_id)
     tol = TOLERANCES[dtype]
 

@@ -72,7 +72,7 @@ def test_a_failed_collective_fails_the_row_naming_it_even_when_msrun_exited_0(tm
 def _allreduce_logs(tmp_path: Path, agreed: tuple[int, ...]) -> Path:
     d = tmp_path / "allreduce"
     d.mkdir()
-    for r in (0, 1):   # porting/cluster/smoke_allreduce.py's last line, as its workers print it
+    for r in (0, 1):   # porting/launch/workers/smoke_allreduce.py's last line, as its workers print it
         (d / f"worker_{r}.log").write_text("[WARNING] DISTRIBUTED ... BuildCluster] Cluster is successfully initialized.\n"
                                            + (f"rank {r}/2 step 1 loss 0.0 smoke all-reduce ok (3.0)\n" if r in agreed else ""))
     return d

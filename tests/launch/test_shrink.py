@@ -16,7 +16,7 @@ from porting import train as T
 from porting.rehearse import GRAD_NORM_RTOL, LOSS_ATOL
 from porting.launch.shrink import derive, probe
 from tests.helpers import port
-from tests.train.conftest import TINY, free_port
+from tests.train.conftest import ROOT, TINY, free_port
 from tests.launch.test_supervise import _start, signal_at_step
 
 SETS = ["data.max_seq_length=64", "batching.bucketing.enabled=false", "batching.micro_batch_size=1",
@@ -30,11 +30,19 @@ def _recipe(*extra: str):
 def test_derive_keeps_the_global_batch_and_the_tensor_parallel():
     s = derive(_recipe("cluster.devices_per_node=4"), [0, 1, 2, 3], {2})
     assert (s.tensor_parallel, s.data_parallel, s.grad_accum_steps, s.devices) == (1, 2, 2, [0, 1])
-    assert s.overrides == ["cluster.devices_per_node=2", "batching.grad_accum_steps=2"] and "global batch 4 kept" in s.text
+    assert s.values == {"cluster.devices_per_node": 2, "batching.grad_accum_steps": 2, "cluster.chips_per_node": 2,
+                        "cluster.dies_per_chip": 1} and "global batch 4 kept" in s.text
     s = derive(_recipe("cluster.devices_per_node=4", "batching.grad_accum_steps=3"), [0, 1, 2, 3], {0})
     assert (s.data_parallel, s.grad_accum_steps, s.devices) == (3, 4, [1, 2, 3])   # 12 sequences: DP 3 x 4
     s = derive(_recipe("cluster.devices_per_node=4", "parallel.tensor_parallel=2"), [4, 5, 6, 7], {5})
     assert (s.tensor_parallel, s.data_parallel, s.grad_accum_steps, s.devices) == (2, 1, 2, [4, 6])
+    # a job's recipe holds the derived hardware shape: the shrunk values make a recipe that validates, on an A3
+    # server preset (16 dies) too, whole chips kept where they remain
+    a3 = T.load_recipe(ROOT / "recipes" / "7b-8card.yaml", check_files=False)
+    for bad, devices in (({3}, 8), ({3, 4, 5}, 8)):
+        s = derive(a3, list(range(a3.cluster.devices_per_node)), bad)
+        shrunk = a3.with_overrides(s.values)
+        assert shrunk.cluster.devices_per_node == devices and shrunk.global_batch_size == a3.global_batch_size
     with pytest.raises(RecipeError, match="1 device\\(s\\) remain, fewer than tensor_parallel 2"):
         derive(_recipe("cluster.devices_per_node=2", "parallel.tensor_parallel=2"), [0, 1], {1})
 

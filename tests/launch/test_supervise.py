@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
 from porting.rundir import ranklog
 from tests.helpers import port_process
@@ -98,15 +99,40 @@ def _check_recovered(run: Path, clean: Path, killed_rank: int, kind: str) -> Non
         np.testing.assert_array_equal(a[k], b[k], err_msg=k)
 
 
+def _recipe_file(dest: Path, model_dir: Path) -> Path:
+    """tiny-cpu.yaml with COMMON and the model written into the file itself (no --set), its data path absolute."""
+    from porting.train.recipe.schema import apply_overrides
+
+    raw = yaml.safe_load(TINY.read_text())
+    raw["data"]["path"] = str((TINY.parent / raw["data"]["path"]).resolve())
+    dest.write_text(yaml.safe_dump(apply_overrides(raw, [*COMMON, f"model.source={model_dir}"]), sort_keys=False))
+    return dest
+
+
 @pytest.mark.msrun
 @pytest.mark.slow
 def test_a_killed_rank_is_diagnosed_and_the_run_resumes_to_the_same_weights(tmp_path, uninterrupted, model_dir):
-    run = tmp_path / "sup"
-    p = _start(run, *_sets(model_dir), "--supervise", "--stall-timeout", "120")
+    """Also: the user's recipe file is edited while the supervised run goes (max_steps, parallel, checkpointing); the
+    relaunch runs the job document written at the start (RUN/job.json), so its 10 steps, losses and weights still
+    equal the uninterrupted run's, and no second revision is written."""
+    run, recipe = tmp_path / "sup", _recipe_file(tmp_path / "recipe.yaml", model_dir)
+    env = dict(os.environ, PYTHONPATH=str(ROOT), GLOG_v="3")
+    p = subprocess.Popen([sys.executable, "-m", "porting", "train", str(recipe), "--run-dir", str(run), "--set",
+                          f"cluster.master_port={free_port()}", "--supervise", "--stall-timeout", "120"],
+                         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _pid_at_step(run, 0, 1, time.monotonic() + 600)   # the job was written before any rank started
+    raw = yaml.safe_load(recipe.read_text())
+    raw["schedule"]["max_steps"], raw["parallel"] = 4, {**raw.get("parallel", {}), "tensor_parallel": 2}
+    raw["checkpointing"]["every_steps"] = 3
+    recipe.write_text(yaml.safe_dump(raw, sort_keys=False))
     out, err = signal_at_step(p, run, 2, 3, signal.SIGKILL)
     assert p.returncode == 0, err[-3000:]
     assert "1 restart(s)" in out, out
     _check_recovered(run, uninterrupted, 2, "exit")
+    assert "(--resume) of job revision 1" in err and not (run / "job.2.json").exists(), err[-3000:]
+    job = json.loads((run / "job.json").read_text())
+    assert job["recipe"]["schedule"]["max_steps"] == 10 and job["recipe"]["parallel"]["tensor_parallel"] == 1
+    assert [p.name for p in sorted((run / "checkpoints").glob("step_*"))] == ["step_10", "step_8"]   # every 2, keep 2
 
 
 @pytest.mark.msrun

@@ -11,6 +11,8 @@ import time
 
 from porting.launch.proctable import state
 from porting.launch.watch import Limits, Watch, derive_limits
+from porting.train.plan.allowances import Allowances
+from porting.train.plan.make import TrainPlan
 from porting.rundir.heartbeat import Heartbeat
 
 LIMITS = Limits(stall_s=30, compile_s=100, save_s=60)
@@ -37,26 +39,26 @@ def _recipe(name: str, *sets: str):
     return load_recipe(ROOT / "recipes" / name, list(sets), check_files=False)
 
 
-def _limits(name: str, *sets: str) -> tuple[dict, Limits]:
+def _limits(name: str, *sets: str) -> tuple[TrainPlan, Limits]:
     """The plan and the watch's limits of a real recipe (the dry run's planner: no MindSpore)."""
     from porting.train import make_plan, plan_config
 
     rec = _recipe(name, *sets)
     cfg, _ = plan_config(rec)
-    plan = make_plan(rec, cfg, name, "runs/x").to_dict()
-    return plan, derive_limits(plan, None, 3)
+    plan = make_plan(rec, cfg, "runs/x")
+    return plan, derive_limits(plan.allowances, None, 3)
 
 
 def test_heartbeat_limits_are_the_plan_s_allowances_and_the_step_s_stays_under_hccl_exec_timeout():
     plan, lim = _limits("7b-8card.yaml")
-    a, hccl = plan["allowances"], float(plan["launch"]["env"]["HCCL_EXEC_TIMEOUT"])
-    assert (lim.compile_s, lim.restore_s, lim.save_s, lim.stall_s) == \
-        (a["compile_s"], a["restore_s"], a["save_s"], a["step_s"])
+    assert plan.launch is not None
+    a, hccl = plan.allowances, float(plan.launch.env["HCCL_EXEC_TIMEOUT"])
+    assert (lim.compile_s, lim.restore_s, lim.save_s, lim.stall_s) == (a.compile_s, a.restore_s, a.save_s, a.step_s)
     assert lim.stall_s <= hccl / 2 and lim.save_s < hccl   # HCCL's timeout is derived from the save: 3 x save + 600
-    assert a["graphs"] == 5 and a["shapes"] == 4           # 4 bucket shapes + the update graph (grad_accum_steps 4)
-    short = derive_limits(plan, 30.0, 1)                    # --stall-timeout: the step's, and no phase allows less
+    assert a.graphs == 5 and a.shapes == 4                 # 4 bucket shapes + the update graph (grad_accum_steps 4)
+    short = derive_limits(a, 30.0, 1)                       # --stall-timeout: the step's, and no phase allows less
     assert (short.stall_s, short.compile_s, short.save_s, short.max_restarts) == (30.0, lim.compile_s, lim.save_s, 1)
-    assert derive_limits(plan, 10 ** 6, 1).compile_s == 10 ** 6
+    assert derive_limits(a, 10 ** 6, 1).compile_s == 10 ** 6
 
 
 def test_a_slow_filesystem_or_many_shapes_raise_their_own_allowance_and_nothing_else():
@@ -66,7 +68,7 @@ def test_a_slow_filesystem_or_many_shapes_raise_their_own_allowance_and_nothing_
     import dataclasses
 
     base_plan, base = _limits("7b-8card.yaml", "batching.bucketing.max_shapes=1")
-    fs = base_plan["allowances"]["restore_s"], base_plan["allowances"]["save_s"]
+    fs = base_plan.allowances.restore_s, base_plan.allowances.save_s
     gib = _recipe("7b-8card.yaml").checkpointing.fs_gib_per_s / 4
     _, slow = _limits("7b-8card.yaml", "batching.bucketing.max_shapes=1", f"checkpointing.fs_gib_per_s={gib}")
     _, shapes = _limits("7b-8card.yaml", "batching.bucketing.max_shapes=4")
@@ -77,7 +79,7 @@ def test_a_slow_filesystem_or_many_shapes_raise_their_own_allowance_and_nothing_
     assert others(slow, "restore_s", "save_s") == others(base, "restore_s", "save_s")
     assert abs(slow.restore_s - 4 * fs[0]) <= 4 and abs(slow.save_s - 4 * fs[1]) <= 4 and min(fs) > 120
     assert others(shapes, "compile_s") == others(base, "compile_s")
-    assert base_plan["allowances"]["graphs"] == 2 and abs(shapes.compile_s - base.compile_s * 5 / 2) <= 3
+    assert base_plan.allowances.graphs == 2 and abs(shapes.compile_s - base.compile_s * 5 / 2) <= 3
 
 
 def test_each_phase_has_its_allowance():
@@ -183,8 +185,9 @@ def test_the_first_worker_msrun_reports_dead_is_the_suspect(tmp_path):
 def test_a_save_gets_its_predicted_time_and_a_save_that_hangs_is_named_as_such(tmp_path):
     """While a rank saves a checkpoint, the heartbeat allows the plan's save allowance, not the step limit; past
     it the stall is named as a hanging save."""
-    plan = {"allowances": {"compile_s": 120, "restore_s": 120, "save_s": 660, "step_s": 300}}
-    lim = derive_limits(plan, 30.0, 1)
+    a = Allowances(line_s=120, compile_s=120, restore_s=120, save_s=660, step_s=300, graphs=1, shapes=1,
+                   seconds_per_graph=10.0, formula="a save of 220 s, 3 x")
+    lim = derive_limits(a, 30.0, 1)
     assert lim.stall_s == 30.0 and lim.save_s == 660   # a slow filesystem is not a step stall
     w, clock, hb = _setup(tmp_path, limits=lim)
     for r in (0, 1):
@@ -195,3 +198,24 @@ def test_a_save_gets_its_predicted_time_and_a_save_that_hangs_is_named_as_such(t
     assert w.poll() is None
     clock.t += 61                       # both are late now; rank 1 showed life first, so it stopped first
     assert w.poll() == (1, "stall", "rank 1: no heartbeat or log line for 661 s (saving a checkpoint; limit 660 s)")
+
+
+def test_in_a_save_the_rank_still_writing_is_named_not_the_ranks_waiting_at_its_barrier(tmp_path):
+    """Issue 53: every rank's phase says "save" until the save ends; the part says who waits. Rank 0 reached the
+    save's barrier after rank 1 began writing, and stopped beating later: ordering by the last beat alone would name
+    rank 1 only by luck, ordering by step not at all (both at step 4)."""
+    w, clock, hb = _setup(tmp_path)
+    hb[0].beat("save", 4, part="wait")
+    hb[1].beat("save", 4, part="wait")
+    hb[1].beat("save", 4, part="write")   # rank 1 freezes here
+    assert w.poll() is None
+    clock.t += 5
+    hb[0].beat("save", 4, part="write")
+    hb[0].beat("save", 4, part="barrier")   # rank 0 is written and waits
+    assert w.poll() is None
+    clock.t += 61
+    rank, kind, what = w.poll()
+    assert (rank, kind) == (1, "stall") and "in checkpoint step 4's save: writing its own file" in what
+    assert what.endswith("while rank(s) [0] reached the save's barrier and wait for it")
+    clock.t += 100   # rank 0's beat is now the older one, and still it is not named: it waits
+    assert w.poll()[0] == 1

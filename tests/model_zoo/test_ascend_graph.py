@@ -235,6 +235,40 @@ def test_length_dependent_rope_past_its_context_compiles_to_the_pynative_tables(
     assert norm_f == pytest.approx(norm_r, rel=FP16_GRAD_RTOL)
 
 
+PHI3_PACKED = dataclasses.replace(CFG, model_type="phi3", max_position_embeddings=64, partial_rotary_factor=0.75,
+                                  rope_scaling={"rope_type": "longrope", "original_max_position_embeddings": 8,
+                                                "short_factor": [1.0 + 0.05 * i for i in range(12)],
+                                                "long_factor": [1.0 + 0.5 * i for i in range(12)]})
+
+
+@pytest.mark.slow   # two step graphs: ~15 s on an idle 2-core machine
+def test_packed_longrope_with_a_partial_rotation_trains_in_graph_mode_like_the_reference():
+    """Phi-4-mini's RoPE (longrope, 24 of 32 dimensions rotated) on packed rows whose longest document (11)
+    passes the original context (8): the frequencies picked in the graph from the positions (model_zoo/rope_packed.py),
+    the fused RoPE on the rotated slice and TND flash attention compile and train as the reference kernels do."""
+    from porting.train.data import packing
+    from porting.train.data.examples import DataReport, Example, TokenizedData
+
+    rng = np.random.default_rng(4)
+    ex = [Example(rng.integers(3, CFG.vocab_size, n).astype(np.int32), rng.integers(3, CFG.vocab_size, n)
+                  .astype(np.int32), i) for i, n in enumerate([7, 11, 5, 6, 4, 9])]
+    mb = packing.pack_micro_batch(TokenizedData(ex, DataReport("x", "0", "text"), 0), [[0, 1, 2], [3, 4, 5]],
+                                  packing.row_length(24, 3), 3)
+    assert int(mb.packed[0].max()) + 1 == 11 > 8
+
+    def one_step(fused: bool):
+        model = _model(fused, "float16", cfg=PHI3_PACKED)
+        opt = train_step.AdamW(list(model.trainable_params()), (0.9, 0.95), 1e-8, 0.1)
+        step = train_step.FusedTrainStep(model, opt, 1, 1.0)
+        total, count, norm, finite = step(ms.Tensor(mb.input_ids), ms.Tensor(mb.labels), _f32(1.0 / mb.tokens),
+                                          _f32(1.0), *(_f32(h) for h in HYPER), *train_step.packed_inputs(mb))
+        return float(total.asnumpy()) / float(count.asnumpy()), float(norm.asnumpy()), bool(finite.asnumpy())
+
+    (loss_f, norm_f, fin_f), (loss_r, norm_r, fin_r) = one_step(True), one_step(False)
+    assert fin_f and fin_r and loss_f == pytest.approx(loss_r, rel=FP16_LOSS_RTOL)
+    assert norm_f == pytest.approx(norm_r, rel=FP16_GRAD_RTOL)
+
+
 def test_the_stand_ins_are_what_the_model_calls():
     """The hook put the stand-ins into the cells (so the graphs above ran them), and restored the table."""
     model = _model(True, "float16")

@@ -143,11 +143,11 @@ def test_port_verify_at_a_length_past_the_original_context(tmp_path):
 
 @pytest.mark.parametrize("rope_scaling,message", [
     ({"type": "yarn", "factor": 4.0, "original_max_position_embeddings": "32"}, "expected a positive integer"),
-    ({"type": "yarn", "factor": 0.5, "original_max_position_embeddings": 32}, "expected a number >= 1"),
+    ({"type": "yarn", "factor": 0.5, "original_max_position_embeddings": 32}, r"expected a number in \[1, 1024\]"),
     ({"type": "longrope", "short_factor": [1.0], "long_factor": LONG, "original_max_position_embeddings": 32},
-     "short_factor: expected 16 positive numbers"),
+     "short_factor: found 1 numbers, expected 16"),
     ({"type": "dynamic"}, "rope_scaling.factor: missing"),
-    ({"type": "default", "partial_rotary_factor": 0.5}, "partial_rotary_factor not supported"),
+    ({"type": "default", "partial_rotary_factor": 0.5}, "partial_rotary_factor: found 0.5; transformers' llama"),
     ({"type": "yarn", "factor": 4.0, "beta_fast": -1}, "beta_fast: found -1"),
 ])
 def test_bad_rope_scaling_is_named(rope_scaling, message):

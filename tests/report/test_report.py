@@ -16,6 +16,8 @@ import pytest
 from porting.diagnostics.doctor import doctor_report
 from porting.report import ReportResult, make_report
 from porting.rundir import RunDirError
+from porting.train.plan.make import TrainPlan
+from tests.train.conftest import tiny_plan
 
 
 def _ts(t: float) -> str:
@@ -32,11 +34,7 @@ def write_run(root: Path, *, world: int = 2, nodes: int = 1, steps: int = 12, fa
                 "bucketing": {"shapes": [64, 128]}, "seed": 0, "world_size": world,
                 "command": ["port", "train", "recipes/tiny-cpu.yaml"], "started": "2026-11-30T01:00:00"}
     (root / "manifest.json").write_text(json.dumps(manifest))
-    plan = {"memory_gib_by_phase": {"weights": 0.5, "gradients": 0.5, "optimizer_states": 1.0, "activations": 2.0,
-                                    "activations_recompute": 0.0, "comm_buffers": 0.25, "workspace": 0.5,
-                                    "total": 4.75},
-            "device_hbm_gib": 64, "global_batch": 8, "total_steps": steps, "world_size": world}
-    (root / "plan.json").write_text(json.dumps(plan))
+    (root / "plan.json").write_text(json.dumps(_plan(world, nodes).to_dict()))
     t0 = 1_795_000_000.0
     lines = []
     for s in range(1, steps + 1):
@@ -74,6 +72,11 @@ def write_run(root: Path, *, world: int = 2, nodes: int = 1, steps: int = 12, fa
     return root
 
 
+def _plan(world: int, nodes: int) -> TrainPlan:
+    """The plan.json `port train` writes for the tiny recipe at that scale."""
+    return tiny_plan(f"cluster.nodes={nodes}", f"cluster.devices_per_node={world // nodes}")
+
+
 def rows_by_item(res: ReportResult) -> dict[str, dict]:
     return {r["item"]: r for r in res.to_dict()["rows"]}
 
@@ -92,7 +95,8 @@ def test_complete_run_fills_every_area(tmp_path):
     assert rows["per-rank logs"]["status"] == "pass" and "2 rank log(s)" in rows["per-rank logs"]["value"]
     assert rows["log diagnosis (port diagnose)"]["status"] == "pass"
     assert rows["peak memory by phase (plan estimate)"]["status"] == "pass"
-    assert "4.75 GiB of 64 GiB" in rows["peak memory by phase (plan estimate)"]["value"]
+    total = _plan(2, 1).memory_gib_by_phase.total
+    assert f"total {total:.2f} GiB of 64 GiB" in rows["peak memory by phase (plan estimate)"]["value"]
     assert "host_rss_gib 1.32" in rows["measured peak memory"]["value"]
     assert "2560.0 tokens/s" in rows["throughput (steady)"]["value"]
     assert "compile 3.00 s over 2 step(s); steady 0.200 s/step" == rows["compile vs steady"]["value"]

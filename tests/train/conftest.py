@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import subprocess
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -13,11 +14,23 @@ from porting.cluster.preflight import free_port  # noqa: F401 (the train tests i
 from tests.conftest import SHARED, built_once
 from tests.fixtures import alpaca_written
 
+if TYPE_CHECKING:
+    from porting.train.plan.make import TrainPlan
+
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "recipes" / "tiny-cpu.yaml"
 # Small and fast: one padded shape (one compiled graph), few steps, no HF export unless asked.
 FAST = ["--set", "data.max_seq_length=64", "--set", "batching.bucketing.enabled=false",
         "--set", "checkpointing.export_hf=false"]
+
+
+def tiny_plan(*sets: str) -> "TrainPlan":
+    """The dry-run plan of recipes/tiny-cpu.yaml with ``sets`` (--set values), as `port train` writes plan.json
+    from it: the real planner, no MindSpore, a few ms."""
+    from porting.train import load_recipe, make_plan, plan_config
+
+    rec = load_recipe(str(TINY), list(sets), check_files=False)
+    return make_plan(rec, plan_config(rec)[0], "runs/x")
 
 
 def error_line(p: subprocess.CompletedProcess) -> str:

@@ -12,6 +12,8 @@ import pytest
 from model_zoo.errors import RecipeError
 from porting.train import load_recipe, make_plan, plan_config
 from porting.train.plan import calibrated, sharding
+from porting.train.plan.estimates import CalibratedStep
+from porting.train.plan.make import TrainPlan
 from porting.train.plan.render import format_plan
 from tests.train.conftest import TINY
 
@@ -67,14 +69,14 @@ def test_same_shape_is_the_measured_pieces_times_the_counts(tmp_path):
     layout = sharding.layout_for(rec, cfg)
     e = calibrated.predict(rec, cfg, layout, cal)
     L = cfg.num_hidden_layers
-    assert e["compute_s"] == pytest.approx(2 * (L * 0.1 + 0.05), abs=1e-4)
-    assert e["memory_s"] == pytest.approx(0.01 + 1e-8 * layout.parameters, abs=1e-4)
-    assert e["comm_s"] == 0 and "at this shape" in e["how"]
+    assert e.compute_s == pytest.approx(2 * (L * 0.1 + 0.05), abs=1e-4)
+    assert e.memory_s == pytest.approx(0.01 + 1e-8 * layout.parameters, abs=1e-4)
+    assert e.comm_s == 0 and "at this shape" in e.how
     frec, fcfg = _recipe("batching.micro_batch_size=8")   # one graph, twice the micro-batch: the measured 2x point
     flay = sharding.layout_for(frec, fcfg)
     fused = calibrated.predict(frec, fcfg, flay, cal)
-    assert fused["compute_s"] == pytest.approx(L * 0.15 + 0.08, abs=1e-4)
-    assert fused["memory_s"] == pytest.approx(0.01 + 1e-8 * flay.parameters - 0.002 - 0.001 * L, abs=1e-4)
+    assert fused.compute_s == pytest.approx(L * 0.15 + 0.08, abs=1e-4)
+    assert fused.memory_s == pytest.approx(0.01 + 1e-8 * flay.parameters - 0.002 - 0.001 * L, abs=1e-4)
 
 
 def test_another_shape_follows_its_flops_from_the_fixed_time(tmp_path):
@@ -98,8 +100,8 @@ def test_another_shape_follows_its_flops_from_the_fixed_time(tmp_path):
     lb = 0.05 / (layer(8, 64) - layer(4, 64))
     eb = 0.03 / (ends(8, 64) - ends(4, 64))
     want = 2 * (cfg.num_hidden_layers * (0.1 + lb * (layer(4, 128) - layer(4, 64))) + 0.05 + eb * (ends(4, 128) - ends(4, 64)))
-    assert e["compute_s"] == pytest.approx(want, abs=1e-4)
-    assert "measured at hidden 64, seq 64, micro 4 and 8" in e["how"]
+    assert e.compute_s == pytest.approx(want, abs=1e-4)
+    assert "measured at hidden 64, seq 64, micro 4 and 8" in e.how
 
 
 def test_collectives_take_the_graph_mode_calls_at_their_own_size_else_the_links_rung(tmp_path):
@@ -111,27 +113,30 @@ def test_collectives_take_the_graph_mode_calls_at_their_own_size_else_the_links_
     links = {"world AllReduce": {"ranks": 2, "ms": 10.0, "bus_gb_s": 1.0, "latency_ms": 2.0}}
     cal = _write(tmp_path, rec, cfg, links)
     e = calibrated.predict(rec, cfg, layout, cal)
-    assert e["comm_s"] == pytest.approx(sum(c.count * 2e-3 + c.wire_bytes / 1.25e9 for c in cols), abs=1e-4)
-    assert all("measured (world AllReduce, PyNative calls)" in s for s in e["comm_sources"])
+    assert e.comm_s == pytest.approx(sum(c.count * 2e-3 + c.wire_bytes / 1.25e9 for c in cols), abs=1e-4)
+    assert all("measured (world AllReduce, PyNative calls)" in s for s in e.comm_sources)
     # the compute rung's graph-mode calls win: 1 ms at 1 KiB, 41 ms at 4 MiB, linear between
     doc = json.loads((tmp_path / "rh" / "calibration.json").read_text())
     doc["collectives"] = {"AllReduce": {"ranks": 2, "points_bytes_ms": [[1024, 1.0], [4 << 20, 41.0]]}}
     (tmp_path / "rh" / "calibration.json").write_text(json.dumps(doc))
     e = calibrated.predict(rec, cfg, layout, calibrated.load(tmp_path / "rh"))
     want = sum(c.count * (1.0 + 40.0 * (c.payload_bytes / c.count - 1024) / ((4 << 20) - 1024)) / 1e3 for c in cols)
-    assert e["comm_s"] == pytest.approx(want, abs=1e-4)
-    assert all("measured in graph mode (AllReduce of 2" in s for s in e["comm_sources"])
+    assert e.comm_s == pytest.approx(want, abs=1e-4)
+    assert all("measured in graph mode (AllReduce of 2" in s for s in e.comm_sources)
     assert calibrated.per_call_s([[1024, 1.0], [4 << 20, 41.0]], 10) == 1e-3   # never below the smallest call
 
 
 def test_the_dry_run_says_what_is_measured_and_shows_throughput_and_mfu(tmp_path):
     rec, cfg = _recipe("batching.grad_accum_steps=2")
     cal = _write(tmp_path, rec, cfg)
-    text = format_plan(make_plan(rec, cfg, str(TINY), str(tmp_path / "run"), calibration=cal))
+    plan = make_plan(rec, cfg, str(tmp_path / "run"), calibration=cal)
+    text = format_plan(plan)
     assert "estimated step (calibrated from" in text and "measured pieces" in text
+    back = TrainPlan.from_dict(json.loads(json.dumps(plan.to_dict())))   # plan.json reads back, "from" and all
+    assert back == plan and isinstance(back.estimated_step, CalibratedStep) and back.to_dict() == plan.to_dict()
     assert "tokens/s per device" in text and "6 N + 12 L H Q T" in text and "no peak figure" in text
     ascend = load_recipe("recipes/7b-a2-8dev.yaml", [], check_files=False)
-    text = format_plan(make_plan(ascend, plan_config(ascend)[0], "r.yaml", str(tmp_path / "a")))
+    text = format_plan(make_plan(ascend, plan_config(ascend)[0], str(tmp_path / "a")))
     assert "peak, an estimate, not calibrated: give --calibration REHEARSAL" in text
     assert "MFU" in text and "TFLOP/s (910" in text
 

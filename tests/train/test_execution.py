@@ -130,9 +130,9 @@ def test_the_plan_states_the_execution_mode_and_the_recipe_refuses_others():
                         (["execution=pynative"], "execution: pynative (recipe: execution=pynative)")):
         recipe = load_recipe(TINY, sets)
         cfg, _ = plan_config(recipe)
-        text = format_plan(make_plan(recipe, cfg, str(TINY), "runs/x"))
+        text = format_plan(make_plan(recipe, cfg, "runs/x"))
         assert first in text
-    assert "--set execution=pynative" in format_plan(make_plan(load_recipe(TINY), cfg, str(TINY), "runs/x"))
+    assert "--set execution=pynative" in format_plan(make_plan(load_recipe(TINY), cfg, "runs/x"))
     with pytest.raises(RecipeError, match="execution"):
         load_recipe(TINY, ["execution=eager"])
 

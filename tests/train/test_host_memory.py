@@ -4,6 +4,8 @@ rank writes equal what the per-rank checkpoint layout (porting/train/run/checkpo
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from model_zoo.errors import RecipeError
@@ -16,7 +18,7 @@ def _plan(name: str, *sets: str):
 
     rec = load_recipe(ROOT / "recipes" / name, list(sets), check_files=False)
     cfg, _ = plan_config(rec)
-    return rec, cfg, make_plan(rec, cfg, name, "runs/x")
+    return rec, cfg, make_plan(rec, cfg, "runs/x")
 
 
 def test_the_plan_shows_host_ram_per_worker_and_node_and_the_save_inputs():
@@ -24,14 +26,14 @@ def test_the_plan_shows_host_ram_per_worker_and_node_and_the_save_inputs():
 
     rec, cfg, plan = _plan("13b-32card.yaml", "checkpointing.fs_gib_per_s=0.25")
     hm = plan.host_memory
-    assert hm["node_gib"] == pytest.approx(hm["worker_gib"] * rec.cluster.devices_per_node, rel=1e-3)
-    assert hm["worker_gib"] > hm["terms_gib"]["base"]
+    assert hm.node_gib == pytest.approx(hm.worker_gib * rec.cluster.devices_per_node, rel=1e-3)
+    assert hm.worker_gib > hm.terms_gib.base
     text = format_plan(plan)
-    assert f"{hm['worker_gib']:.2f} GiB per worker, {hm['node_gib']:.2f} GiB per node" in text
+    assert f"{hm.worker_gib:.2f} GiB per worker, {hm.node_gib:.2f} GiB per node" in text
     launch = plan.launch
     # the filesystem's bandwidth is shared: the whole checkpoint (every rank's bytes) goes through it
-    assert launch["predicted_save_s"] == pytest.approx(launch["checkpoint_bytes"] / (0.25 * 2**30), abs=0.1)
-    assert launch["checkpoint_bytes"] == pytest.approx(182e9, rel=0.05)   # 13B: 2 + 4 + 4 + 4 bytes a parameter
+    assert launch.predicted_save_s == pytest.approx(launch.checkpoint_bytes / (0.25 * 2**30), abs=0.1)
+    assert launch.checkpoint_bytes == pytest.approx(182e9, rel=0.05)   # 13B: 2 + 4 + 4 + 4 bytes a parameter
     assert "0.25 GiB/s the filesystem's aggregate write bandwidth (checkpointing.fs_gib_per_s)" in text
 
 
@@ -39,7 +41,7 @@ def test_a_node_over_host_memory_gib_is_refused_with_the_fix():
     from porting.train import check_fits
 
     _, _, plan = _plan("13b-32card.yaml")
-    need = plan.host_memory["node_gib"]
+    need = plan.host_memory.node_gib
     _, _, ok = _plan("13b-32card.yaml", f"cluster.host_memory_gib={need * 1.01:.3f}")
     check_fits(ok, "r.yaml")
     _, _, tight = _plan("13b-32card.yaml", f"cluster.host_memory_gib={need / 2:.3f}")
@@ -58,9 +60,9 @@ def test_zero_start_up_holds_nothing_on_the_host_and_resume_one_bucket_at_a_time
     tp = rec.parallel.tensor_parallel
     whole_shard_gib = 4 * sum(parameter_numels(cfg, tp)) / rec.data_parallel_size / 2**30
     param_gib = 4 * max(parameter_numels(cfg, tp)) / 2**30   # one fp32 TP-local parameter: the floor of any path
-    t = plan.host_memory["transients_gib"]
-    assert set(t) == {"hf_load", "save", "resume"}
-    assert 0 < t["resume"] - 2 * param_gib < whole_shard_gib / 4, (t, whole_shard_gib)
+    t = plan.host_memory.transients_gib
+    assert {f.name for f in dataclasses.fields(t)} == {"hf_load", "save", "resume"}
+    assert 0 < t.resume - 2 * param_gib < whole_shard_gib / 4, (t, whole_shard_gib)
 
 
 def test_every_resident_term_of_the_13b_and_7b_nodes_is_counted():
@@ -71,11 +73,11 @@ def test_every_resident_term_of_the_13b_and_7b_nodes_is_counted():
     for name in ("13b-32card.yaml", "7b-8card.yaml"):
         rec, cfg, plan = _plan(name)
         hm = plan.host_memory
-        terms = hm["terms_gib"]
-        assert terms["weights_host"] == pytest.approx(
+        terms = hm.terms_gib
+        assert terms.weights_host == pytest.approx(
             sum(parameter_numels(cfg, rec.parallel.tensor_parallel)) * 2 / 2**30, abs=1e-3)
-        assert hm["worker_gib"] == pytest.approx(sum(terms.values()), abs=2e-3)
-        assert hm["node_gib"] == pytest.approx(16 * hm["worker_gib"], rel=1e-3)
+        assert hm.worker_gib == pytest.approx(sum(dataclasses.astuple(terms)), abs=2e-3)
+        assert hm.node_gib == pytest.approx(16 * hm.worker_gib, rel=1e-3)
 
 
 @pytest.mark.parametrize("sets", [["cluster.devices_per_node=4", "parallel.optimizer_sharding=true"],

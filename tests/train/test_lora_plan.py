@@ -32,12 +32,12 @@ def test_lora_trains_the_adapters_and_the_base_is_weights_only():
     assert lay.parameters == 32 * per_layer == 41_943_040   # PEFT's count for r 16 on all-linear
     assert lay.frozen == sum(parameter_numels(CFG)) and lay.lora == (16, 7)
     lo, full = estimate_memory(CFG, _recipe(True)), estimate_memory(CFG, _recipe(False))
-    assert lo["weights"] == pytest.approx(round((lay.frozen + lay.parameters) * 2 / GIB, 3), abs=1e-3)
+    assert lo.weights == pytest.approx(round((lay.frozen + lay.parameters) * 2 / GIB, 3), abs=1e-3)
     for term, per in (("gradients", 2), ("optimizer_states", 8), ("master_weights", 4), ("clip_gradients", 4)):
-        assert lo[term] == pytest.approx(round(lay.parameters * per / GIB, 3), abs=1e-3), term
-        assert full[term] > 100 * lo[term]
-    assert lo["activations"] >= full["activations"]   # the full run's, plus each adapter's x A^T
-    assert full["total"] - lo["total"] > 100   # GiB: the base's gradients, masters and AdamW states
+        assert getattr(lo, term) == pytest.approx(round(lay.parameters * per / GIB, 3), abs=1e-3), term
+        assert getattr(full, term) > 100 * getattr(lo, term)
+    assert lo.activations >= full.activations   # the full run's, plus each adapter's x A^T
+    assert full.total - lo.total > 100   # GiB: the base's gradients, masters and AdamW states
 
 
 def test_lora_tensor_parallel_split_and_step_estimate():

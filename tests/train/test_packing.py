@@ -115,8 +115,8 @@ def test_plan_packs_every_step_to_one_shape_and_reports_both_paddings(tok, alpac
     # at one static shape each, packing pads far less than padding every row to the longest example
     one = _recipe(alpaca_file, packing=True, bucketing={"max_shapes": 1})
     choices = padding.padding_choices(one, tok)
-    assert choices["packing"]["shapes"] == choices["bucketing"]["shapes"] == 1
-    assert choices["packing"]["padding_fraction"] < choices["bucketing"]["padding_fraction"] - 0.1
+    assert choices.packing.shapes == choices.bucketing.shapes == 1
+    assert choices.packing.padding_fraction < choices.bucketing.padding_fraction - 0.1
     _, line = padding.dry_run_padding(r)
     assert line.startswith("padding per epoch (using packing): bucketing ") and f"rows of {width} tokens" in line
 
@@ -337,6 +337,11 @@ def test_dry_run_prints_the_padding_of_both_choices():
     padding = json.loads(res.output)["padding"]
     assert padding["packing"]["shapes"] == 1 and padding["bucketing"]["real_tokens"] > 0
     assert padding["packing"]["segments_per_row"] >= 1
+    from porting.train.plan.make import TrainPlan   # the document reads back with its padding records
+
+    back = TrainPlan.from_dict(json.loads(res.output), "--dry-run --json")
+    assert back.padding is not None and back.padding.packing.shapes_list == tuple(padding["packing"]["shapes_list"])
+    assert json.dumps(back.to_dict(), indent=2) + "\n" == res.output
 
 
 def test_unused_slots_become_padding_segments_and_a_full_row_keeps_its_count():
@@ -348,10 +353,10 @@ def test_unused_slots_become_padding_segments_and_a_full_row_keeps_its_count():
     ids, labels, pos, seg, ends = packing.row_arrays(ex, [0, 1], width, 4, pad_id=0, base=100)
     assert ends == [105, 108, 109, 113]                       # two examples, then 1 and 4 padding tokens
     assert seg.tolist() == [0] * 5 + [1] * 3 + [2] + [3] * 4
-    assert pos.tolist() == [0, 1, 2, 3, 4, 0, 1, 2, 0, 0, 1, 2, 3]
+    assert pos.tolist() == [0, 1, 2, 3, 4, 0, 1, 2, 0, 0, 0, 0, 0]   # padding at 0: max + 1 is the longest example
     assert (labels[8:] == IGNORE_INDEX).all() and (ids[8:] == 0).all()
     _, labels, pos, seg, ends = packing.row_arrays(ex, [2, 3, 4, 5], width, 4, pad_id=0, base=0)
     assert ends == [2, 4, 6, 13] and seg.tolist() == [0, 0, 1, 1, 2, 2] + [3] * 7   # the last one takes the padding
-    assert pos.tolist()[6:] == list(range(7)) and (labels[8:] == IGNORE_INDEX).all()
+    assert pos.tolist()[6:] == [0, 1] + [0] * 5 and (labels[8:] == IGNORE_INDEX).all()
     with pytest.raises(RecipeError, match="more than data.max_seq_length=10"):
         packing.pack_rows(np.array([4, 11]), 10, 4, seed=0)

@@ -35,17 +35,17 @@ def test_allowances_follow_the_graphs_the_restore_bytes_and_the_filesystem():
 
     rec, cfg, layout = _plan("13b-32card.yaml")
     a = allowances(rec, cfg, layout, shapes=4)
-    assert a["graphs"] == 5   # 4 shapes + the update graph (grad_accum_steps 4)
-    assert a["save_s"] == pytest.approx(SLACK * save_seconds(rec, layout), abs=1)
+    assert a.graphs == 5   # 4 shapes + the update graph (grad_accum_steps 4)
+    assert a.save_s == pytest.approx(SLACK * save_seconds(rec, layout), abs=1)
     restore = rec.world_size * checkpoint_bytes(rec, layout) / (rec.checkpointing.fs_gib_per_s * 2**30)
-    assert a["restore_s"] == pytest.approx(SLACK * restore, abs=1)
+    assert a.restore_s == pytest.approx(SLACK * restore, abs=1)
     # a 4x faster filesystem shortens the save and restore allowances 4x (above the floor)
     fast = allowances(*_plan("13b-32card.yaml", f"checkpointing.fs_gib_per_s={4 * rec.checkpointing.fs_gib_per_s}"), 4)
-    assert fast["save_s"] == pytest.approx(max(FLOOR_S, a["save_s"] / 4), abs=1)
+    assert fast.save_s == pytest.approx(max(FLOOR_S, a.save_s / 4), abs=1)
     # a measured compile replaces the assumption, and a silent line never waits less than the floor
     measured = allowances(rec, cfg, layout, shapes=4, seconds_per_graph=10.0)
-    assert measured["compile_s"] == pytest.approx(max(FLOOR_S, SLACK * 5 * 10.0), abs=1)
-    assert measured["line_s"] >= FLOOR_S and "fs_gib_per_s" in measured["formula"]
+    assert measured.compile_s == pytest.approx(max(FLOOR_S, SLACK * 5 * 10.0), abs=1)
+    assert measured.line_s >= FLOOR_S and "fs_gib_per_s" in measured.formula
 
 
 def test_the_doctor_row_compares_the_measured_bandwidth_with_the_recipe(tmp_path):
@@ -84,11 +84,11 @@ def test_a2_plans_are_costed_with_910b_figures():
 
     rec, cfg, layout = _plan("7b-a2-8dev.yaml")
     assert roofline.device_figures(rec) == (328e12, 1.6e12, 149e9)
-    plan = make_plan(rec, cfg, "7b-a2-8dev.yaml", "runs/x")
-    assert plan.links["chip"] == "910B" and plan.links["tp_bytes_per_s"] == 149e9
+    plan = make_plan(rec, cfg, "runs/x")
+    assert plan.links.chip == "910B" and plan.links.tp_bytes_per_s == 149e9
     assert "roofline at the 910B peak" in format_plan(plan)
-    best = [p for p in plan.proposals if p["with_margin"]][0]
-    assert best["this_recipe"], best
+    best = [p for p in plan.proposals if p.with_margin][0]
+    assert best.this_recipe, best
     a3, _, _ = _plan("7b-8card.yaml")
     assert roofline.device_figures(a3)[0] == roofline.TFLOPS_PER_DIE
 
@@ -98,9 +98,9 @@ def test_every_shipped_ascend_recipe_is_its_plans_fastest_fitting_layout(name):
     from porting.train import make_plan
 
     rec, cfg, _ = _plan(name)
-    plan = make_plan(rec, cfg, name, "runs/x")
-    best = [p for p in plan.proposals if p["with_margin"]][0]   # 4 GiB to spare, as the recipes' comments say
-    assert best["this_recipe"], (name, best["set"])
+    plan = make_plan(rec, cfg, "runs/x")
+    best = [p for p in plan.proposals if p.with_margin][0]   # 4 GiB to spare, as the recipes' comments say
+    assert best.this_recipe, (name, best.set)
 
 
 @pytest.mark.slow

@@ -41,12 +41,12 @@ def counted(monkeypatch) -> Counter:
 def _plan(overrides: list[str]):
     rec = load_recipe(RECIPE, overrides, check_files=False)
     cfg, _ = make.plan_config(rec)
-    return make.make_plan(rec, cfg, RECIPE, "runs/x", overrides)
+    return make.make_plan(rec, cfg, "runs/x")
 
 
 def test_a_fitting_plan_computes_its_layout_once(counted):
     plan = _plan([])
-    assert plan.fits and plan.tensor_parallel == 8 and plan.sharding["stage"] == 1
+    assert plan.fits and plan.tensor_parallel == 8 and plan.sharding.stage == 1
     # the plan's own layout: one choice; memory once for the plan and once for the ZeRO-1 probe of
     # zero_stage: auto; parameters once for the layout and once for the all-reduce fusion table
     # (tensor parallel 1). On Ascend the plan also ranks the layouts that fit (porting/train/plan/roofline.py):

@@ -29,14 +29,14 @@ def test_swiglu_concat_is_every_layers_w1_w3_copy_in_the_compute_dtype():
     r = _recipe(cluster={"nodes": 8}, parallel={"tensor_parallel": 8})
     mem = estimate_memory(cfg, r)
     want = 40 * 2 * 13824 / 8 * 5120 * 2 / GIB            # the "about 1.4 GB at 13B TP 8"
-    assert mem["swiglu_concat"] == pytest.approx(want, abs=1e-3) and 1.3e9 < want * GIB < 1.5e9
+    assert mem.swiglu_concat == pytest.approx(want, abs=1e-3) and 1.3e9 < want * GIB < 1.5e9
     seven = estimate_memory(presets.config("llama2-7b"), _recipe(model={"source": "llama2-7b"}))
-    assert seven["swiglu_concat"] * GIB == pytest.approx(32 * 2 * 11008 * 4096 * 2, rel=1e-3)   # ~5.8 GB
+    assert seven.swiglu_concat * GIB == pytest.approx(32 * 2 * 11008 * 4096 * 2, rel=1e-3)   # ~5.8 GB
     rc = estimate_memory(cfg, _recipe(cluster={"nodes": 8}, parallel={"tensor_parallel": 8}, memory={"recompute": True}))
-    assert rc["swiglu_concat"] == pytest.approx(want / 40, abs=1e-3)   # only the recomputed layer's
+    assert rc.swiglu_concat == pytest.approx(want / 40, abs=1e-3)   # only the recomputed layer's
     cpu = estimate_memory(cfg, _recipe(cluster={"device": "cpu", "nodes": 8}, parallel={"tensor_parallel": 8},
                                        precision={"param_dtype": "float32", "compute_dtype": "float32"}))
-    assert cpu["swiglu_concat"] == 0.0                                 # the CPU runs the unfused SwiGLU
+    assert cpu.swiglu_concat == 0.0                                 # the CPU runs the unfused SwiGLU
 
 
 def test_hccl_buffers_count_every_communicator_the_layout_creates():
@@ -45,7 +45,7 @@ def test_hccl_buffers_count_every_communicator_the_layout_creates():
     assert communicators(64, 8) == ["world", "tensor parallel", "data parallel"]
     cfg = presets.config("llama2-13b")
     mem = estimate_memory(cfg, _recipe(cluster={"nodes": 8}, parallel={"tensor_parallel": 8}))
-    assert mem["hccl_buffers"] == pytest.approx(3 * 2 * 200 / 1024, abs=1e-3)   # 3 x 400 MB, about 1.2 GB
+    assert mem.hccl_buffers == pytest.approx(3 * 2 * 200 / 1024, abs=1e-3)   # 3 x 400 MB, about 1.2 GB
 
 
 def test_apply_copy_clip_and_zero_buckets_follow_the_layout():
@@ -55,16 +55,16 @@ def test_apply_copy_clip_and_zero_buckets_follow_the_layout():
     layout = sharding.layout_for(r, cfg)
     mem = estimate_memory(cfg, r, layout=layout)
     p = layout.parameters
-    assert mem["apply_copy"] == mem["accumulation_buffers"] == pytest.approx(p * 4 / GIB, abs=1e-3)
-    assert mem["clip_gradients"] == pytest.approx(p * 4 / 8 / GIB, abs=1e-3)
+    assert mem.apply_copy == mem.accumulation_buffers == pytest.approx(p * 4 / GIB, abs=1e-3)
+    assert mem.clip_gradients == pytest.approx(p * 4 / 8 / GIB, abs=1e-3)
     big = max(b.padded for b in layout.buckets)
     shards = sum(b.shard(8) for b in layout.buckets)
-    assert mem["zero_bucket_concat"] == pytest.approx((big + shards) * 4 / GIB, abs=1e-3)
-    assert mem["zero_allgather"] == pytest.approx((big * 2 + big / 8 * 4) / GIB, abs=1e-3)
+    assert mem.zero_bucket_concat == pytest.approx((big + shards) * 4 / GIB, abs=1e-3)
+    assert mem.zero_allgather == pytest.approx((big * 2 + big / 8 * 4) / GIB, abs=1e-3)
     # the update's peak holds them, the forward/backward's does not (ZeRO-1 reduces in the update)
-    assert mem["total"] == max(mem["peak_forward_backward"], mem["peak_apply"])
+    assert mem.total == max(mem.peak_forward_backward, mem.peak_apply)
     one = estimate_memory(cfg, r.with_overrides({"batching.grad_accum_steps": 1}), layout=layout)
-    assert one["apply_copy"] == 0.0
+    assert one.apply_copy == 0.0
 
 
 def test_dry_run_lists_every_term_with_formula_and_source():

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
 from porting.rundir import ranklog
 from tests.train.conftest import FAST, ROOT, TINY, error_line, metrics
@@ -136,7 +137,15 @@ def test_kill_9_then_resume_continues_the_same_curve(tmp_path):
     assert done < 30, "the run finished before it was killed; nothing to resume"
     refused = port("train", str(TINY), "--run-dir", str(run), *sets)
     assert refused.returncode == 2 and "--resume" in error_line(refused)
-    port("train", str(TINY), "--run-dir", str(run), *sets, "--resume", check=True)
+    # resumed from the user's recipe file, edited since the first launch (a key a resume may change): the difference
+    # is printed and written as the job's next revision, which the resumed ranks run (porting/job/)
+    edited = _edited_copy(TINY, tmp_path / "edited.yaml", checkpointing={"keep_last": 3})
+    resumed = port("train", str(edited), "--run-dir", str(run), *sets, "--resume", check=True)
+    assert ("the recipe differs from the run's job document (1 change(s): checkpointing.keep_last: 2 -> 3); "
+            "written as revision 2") in resumed.stderr, resumed.stderr[-3000:]
+    job2 = json.loads((run / "job.2.json").read_text())
+    assert job2["start"]["changes"] == ["checkpointing.keep_last: 2 -> 3"] and job2["recipe"]["checkpointing"]["keep_last"] == 3
+    assert json.loads((run / "job.json").read_text())["recipe"]["checkpointing"]["keep_last"] == 2   # never over it
     a, b = _curve(ref), _curve(run)
     assert sorted(b) == sorted(a) == list(range(1, 31))
     assert max(abs(a[k] - b[k]) for k in a) == 0.0, "resume must be bit-exact"
@@ -145,7 +154,19 @@ def test_kill_9_then_resume_continues_the_same_curve(tmp_path):
     ca, cb = (full_state(r / "checkpoints" / "step_30") for r in (ref, run))
     assert set(ca) == set(cb) and any(k.startswith("adam_m.") for k in ca)   # weights and AdamW states
     assert all(np.array_equal(ca[k], cb[k]) for k in ca)
-    assert (run / f"manifest_resume_{(done // 10) * 10}.json").is_file()
+    resumed_manifest = json.loads((run / f"manifest_resume_{(done // 10) * 10}.json").read_text())
+    assert resumed_manifest["job"] == f"{run / 'job.json'} revision 2"
+    assert len(list((run / "checkpoints").glob("step_*"))) == 3   # the revision's keep_last ran, not the first one's
+
+
+def _edited_copy(recipe: Path, dest: Path, **sections: dict) -> Path:
+    """``recipe`` with ``sections`` changed, its data path made absolute (the copy lives elsewhere)."""
+    raw = yaml.safe_load(recipe.read_text())
+    raw["data"]["path"] = str((recipe.parent / raw["data"]["path"]).resolve())
+    for name, values in sections.items():
+        raw[name] = {**raw.get(name, {}), **values}
+    dest.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return dest
 
 
 def test_a_kill_during_the_first_save_leaves_a_run_that_starts_over(tmp_path):

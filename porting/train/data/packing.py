@@ -2,7 +2,9 @@
 ``data.max_seq_length`` tokens instead of each being padded to a bucket length.
 
 A packed row keeps every example apart, so training on it equals training on the examples one by one:
-- position ids restart at 0 for each example (RoPE is taken at those positions);
+- position ids restart at 0 for each example (RoPE is taken at those positions), and padding sits at
+  position 0, so ``max(position ids) + 1`` is the longest example of the batch: the length from which a
+  length-dependent RoPE (dynamic, longrope) takes its frequencies, as transformers does (model_zoo/rope.py);
 - attention does not cross examples (per-row segment ids: a block-diagonal causal mask on the CPU;
   cumulative sequence ends for ``flash_attention_score``'s TND layout on Ascend);
 - the first token of each example has no label, so no position predicts across a boundary (in an
@@ -99,12 +101,10 @@ def row_arrays(examples: Sequence, row: Sequence[int], seq: int, slots: int, pad
                           "unused segments (rows must come from pack_rows)")
     for k in range(spare):   # padding: spare - 1 one-token segments, then the rest
         n = 1 if k < spare - 1 else seq - off
-        pos[off:off + n] = np.arange(n, dtype=np.int32)
-        seg[off:off + n] = len(row) + k
+        seg[off:off + n] = len(row) + k   # position 0 (never a target, never attended to by an example)
         off += n
         ends.append(base + off)
-    if spare == 0 and off < seq:   # the last example's segment takes the padding (never a target)
-        pos[off:] = np.arange(pos[off - 1] + 1, pos[off - 1] + 1 + seq - off, dtype=np.int32)
+    if spare == 0 and off < seq:   # the last example's segment takes the padding (never a target), at position 0
         seg[off:] = len(row) - 1
         ends[-1] = base + seq
     return ids, labels, pos, seg, ends

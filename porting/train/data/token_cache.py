@@ -33,7 +33,7 @@ import sys
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 from model_zoo.errors import RecipeError
 from model_zoo.files import sha256_file, write_atomic
@@ -41,6 +41,7 @@ from porting.train.data import token_file
 from porting.train.data.examples import TokenizedData
 from porting.train.data.tables import data_sha256
 from porting.train.data.tokenise import tokenize_dataset
+from porting.train.recipe.schema import Recipe
 
 ENV = "PORT_TOKEN_CACHE"
 ENTRY = re.compile(r"^([0-9a-f]{32})-([0-9a-f]{64})\.npz$")
@@ -88,13 +89,13 @@ def _tokenizer_files(model_dir: Path) -> dict:
     return out
 
 
-def _data_digest(recipe: Any) -> str | None:
+def _data_digest(recipe: Recipe) -> str | None:
     """sha256 of the run's data, or None when the data path does not exist (tokenising says why)."""
     path = Path(recipe.data.path)
     return data_sha256(path) if path.is_file() or path.is_dir() else None
 
 
-def key(recipe: Any, model_dir: Path, ident: dict, data_digest: str | None = None) -> str | None:
+def key(recipe: Recipe, model_dir: Path, ident: dict, data_digest: str | None = None) -> str | None:
     """The cache key of this run's tokens (``data_digest``: the data's sha256 when already taken), or None
     when the data path does not exist."""
     data_digest = data_digest or _data_digest(recipe)
@@ -135,7 +136,7 @@ def store(root: Path, k: str, raw: bytes, warn: Callable[[str], None]) -> None:
         warn(f"{ENV}: could not keep the tokens in {root} ({exc}); the run goes on without")
 
 
-def tokenised(recipe: Any, model_dir: Path, warn: Callable[[str], None], environ=None) -> Tokens:
+def tokenised(recipe: Recipe, model_dir: Path, warn: Callable[[str], None], environ=None) -> Tokens:
     """This run's tokens: from the cache when ``PORT_TOKEN_CACHE`` is set and holds them, else tokenised here
     (transformers loaded only then) and kept in the cache when it is set."""
     ident = token_file.identity(recipe, model_dir)
@@ -155,7 +156,7 @@ def tokenised(recipe: Any, model_dir: Path, warn: Callable[[str], None], environ
     return Tokens(data, raw, "tokenised")
 
 
-def for_workers(recipe: Any, run_dir: Path, node: int = 0, warn: Callable[[str], None] | None = None) -> dict[str, str]:
+def for_workers(recipe: Recipe, run_dir: Path, node: int = 0, warn: Callable[[str], None] | None = None) -> dict[str, str]:
     """Tokenise the run's data here, once, or take it from ``PORT_TOKEN_CACHE``, into the run directory's token
     file (:mod:`token_file`), and return the environment entry (:data:`token_file.ENV`) of this node's workers."""
     from porting.model_paths import resolve_hf  # deferred: only a launch needs it

@@ -22,13 +22,13 @@ import re
 import zipfile
 from dataclasses import fields
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from model_zoo.errors import RecipeError
 from model_zoo.files import write_atomic
 from porting.train.data.examples import DataReport, Example, TokenizedData
+from porting.train.recipe.schema import Recipe
 
 ENV = "PORT_TOKENS"            # "<sha256>:<file name in the run directory>"
 FILE = "data_tokens_node{node}.npz"   # one per node: nodes sharing a run directory never replace each other's
@@ -39,7 +39,7 @@ MAX_META_BYTES = 4 << 20       # the report and the data section: a few KB
 ARRAYS = {"ids": np.int32, "labels": np.int32, "offsets": np.int64, "sources": np.int64, "meta": np.uint8}
 
 
-def identity(recipe: Any, model_dir: Path) -> dict:
+def identity(recipe: Recipe, model_dir: Path) -> dict:
     """What the tokens depend on: the recipe's data section and the tokenizer's directory."""
     return {"data": recipe.data.model_dump(mode="json"), "tokenizer": str(Path(model_dir).resolve())}
 

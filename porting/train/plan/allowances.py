@@ -35,6 +35,7 @@ Inputs and their sources:
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from model_zoo.config import LlamaConfig
 from porting.train.plan.comm import checkpoint_bytes, hccl_env, save_seconds
@@ -46,6 +47,22 @@ SLACK = 3.0          # a slow day: 3x the prediction before a silent worker is c
 FLOOR_S = 120.0      # never less than two minutes of silence
 STEP_FACTOR = 20.0   # a logged step may take 20x its estimate (data stalls, a slow host) before it is a stall
 STEP_FLOOR_S = 300.0  # and never less than five minutes: CPU runs and unestimated plans
+
+
+@dataclass(frozen=True)
+class Allowances:
+    """Seconds without a sign of life the supervisor allows per line and per phase, each with the inputs and the
+    formula that gave it (plan.json ``allowances``; porting/launch/watch.py ``derive_limits`` reads them)."""
+
+    line_s: int
+    compile_s: int
+    restore_s: int
+    save_s: int
+    step_s: int
+    graphs: int
+    shapes: int
+    seconds_per_graph: float
+    formula: str
 
 
 def plan_shapes(recipe: Recipe) -> int:
@@ -66,7 +83,7 @@ def graph_count(recipe: Recipe, shapes: int) -> int:
 
 
 def allowances(recipe: Recipe, cfg: LlamaConfig, layout: Layout, shapes: int,
-               seconds_per_graph: float | None = None, step_s: float | None = None) -> dict:
+               seconds_per_graph: float | None = None, step_s: float | None = None) -> Allowances:
     """Per-line and per-phase allowances in seconds, each with the formula that gave it (``step_s``: the plan's
     estimated step, when it has one)."""
     per_graph = seconds_per_graph if seconds_per_graph is not None else \
@@ -82,12 +99,13 @@ def allowances(recipe: Recipe, cfg: LlamaConfig, layout: Layout, shapes: int,
     if recipe.world_size > 1:
         half = max(60.0, float(hccl_env(recipe, layout)["HCCL_EXEC_TIMEOUT"]) / 2)
         step, cap = min(step, half), f", at most HCCL_EXEC_TIMEOUT / 2 = {half:.0f} s"
-    return {"line_s": math.ceil(line), "compile_s": math.ceil(max(FLOOR_S, SLACK * graphs * per_graph)),
-            "restore_s": math.ceil(max(FLOOR_S, SLACK * restore_s)), "save_s": math.ceil(max(FLOOR_S, SLACK * save_s)),
-            "step_s": math.ceil(step), "graphs": graphs, "shapes": shapes, "seconds_per_graph": per_graph,
-            "formula": f"line = max({FLOOR_S:g}, {SLACK:g} x max(one graph {per_graph:.0f} s, one restored group "
-                       f"{group_s:.0f} s, the save {save_s:.0f} s)); compile = {SLACK:g} x {graphs} graphs x "
-                       f"{per_graph:.0f} s; restore = {SLACK:g} x world x shard bytes / fs_gib_per_s; save = "
-                       f"{SLACK:g} x checkpoint bytes / fs_gib_per_s; step = max({STEP_FLOOR_S:g}, "
-                       f"{STEP_FACTOR:g} x estimated step {step_s or 0.0:.2f} s){cap}; compile, restore and save at least "
-                       f"{FLOOR_S:g} s"}
+    return Allowances(
+        line_s=math.ceil(line), compile_s=math.ceil(max(FLOOR_S, SLACK * graphs * per_graph)),
+        restore_s=math.ceil(max(FLOOR_S, SLACK * restore_s)), save_s=math.ceil(max(FLOOR_S, SLACK * save_s)),
+        step_s=math.ceil(step), graphs=graphs, shapes=shapes, seconds_per_graph=per_graph,
+        formula=f"line = max({FLOOR_S:g}, {SLACK:g} x max(one graph {per_graph:.0f} s, one restored group "
+                f"{group_s:.0f} s, the save {save_s:.0f} s)); compile = {SLACK:g} x {graphs} graphs x "
+                f"{per_graph:.0f} s; restore = {SLACK:g} x world x shard bytes / fs_gib_per_s; save = "
+                f"{SLACK:g} x checkpoint bytes / fs_gib_per_s; step = max({STEP_FLOOR_S:g}, "
+                f"{STEP_FACTOR:g} x estimated step {step_s or 0.0:.2f} s){cap}; compile, restore and save at least "
+                f"{FLOOR_S:g} s")

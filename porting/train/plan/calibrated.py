@@ -31,6 +31,7 @@ recomputation is not counted (model FLOPs, not hardware FLOPs).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import statistics
 from dataclasses import dataclass
@@ -40,7 +41,8 @@ from typing import Any
 from model_zoo.config import LlamaConfig
 from model_zoo.errors import RecipeError
 from model_zoo import files
-from porting.train.plan import roofline, sharding
+from porting.train.plan import calibration_bounds as bounds, roofline, sharding
+from porting.train.plan.estimates import CalibratedStep, StepEstimate
 from porting.train.plan.layout import Layout
 from porting.train.recipe.schema import Recipe
 
@@ -135,7 +137,8 @@ class Calibration:
 
 
 def load(folder: str | os.PathLike) -> Calibration:
-    """The pieces of a `port rehearse` folder; one RecipeError naming the file and what to run when absent."""
+    """The pieces of a `port rehearse` folder, every figure checked against its bound (calibration_bounds.py: a
+    prediction only sees checked values); one RecipeError naming the file, the key and what to run otherwise."""
     d = Path(folder)
     p = d / FILE
     if not p.is_file() or p.is_symlink():
@@ -146,19 +149,23 @@ def load(folder: str | os.PathLike) -> Calibration:
             or not isinstance(doc.get("shape"), dict):
         raise RecipeError(f"{p}: not a port calibration (format port-calibration/1 with shape and by_threads); "
                           "re-run `port rehearse` to write it")
-    for t, v in doc["by_threads"].items():
-        keys = ("layer_a_s", "layer_s_per_flop", "ends_a_s", "ends_s_per_flop", "update_per_param_s", "update_fixed_s",
-                "fused_delta_layer_s", "fused_delta_fixed_s")
-        if not isinstance(v, dict) or not all(isinstance(v.get(k), (int, float)) for k in keys):
-            raise RecipeError(f"{p}: by_threads.{t} lacks one of {', '.join(keys)} (numbers); re-run `port rehearse`")
+    where = str(p)
+    checked = {"format": doc["format"], "by_threads": bounds.pieces(doc["by_threads"], where),
+               "shape": bounds.shape(doc["shape"], where),
+               "load_avg_1min": bounds.load_avg(doc.get("load_avg_1min"), where),
+               "collectives": bounds.collectives(doc.get("collectives"), where)}
     links: dict[str, Any] = {}
     r = d / REHEARSE_FILE
     if r.is_file() and not r.is_symlink():
         reh = files.read_json_object(r, what="rehearsal record", max_bytes=16 << 20)
-        for rung in reh.get("rungs") or []:
+        for rung in reh.get("rungs") if isinstance(reh.get("rungs"), list) else []:
             if isinstance(rung, dict) and rung.get("name") == "links" and rung.get("status") == "pass":
-                links = (rung.get("links") or {}).get("measured") or {}
-    return Calibration(str(d), doc, links if isinstance(links, dict) else {})
+                measured = (rung.get("links") or {}).get("measured") if isinstance(rung.get("links"), dict) else None
+                links = bounds.links(measured or {}, str(r))
+    return Calibration(str(d), checked, links)
+
+
+SHAPE_KEYS = bounds.SHAPE_INTS + ("recompute",)   # the measured shape a prediction compares and scales from
 
 
 def _threads(recipe: Recipe) -> int:
@@ -211,12 +218,11 @@ def comm_time(cal: Calibration, c: sharding.Collective) -> tuple[float, str]:
     return 0.0, "not measured"
 
 
-def predict(recipe: Recipe, cfg: LlamaConfig, layout: Layout, cal: Calibration) -> dict[str, Any]:
+def predict(recipe: Recipe, cfg: LlamaConfig, layout: Layout, cal: Calibration) -> CalibratedStep:
     """The calibrated step of ``recipe`` (module docstring), by part, with the source of each figure."""
     rates, where = _rates(cal, recipe)
     base, mine = cal.doc["shape"], shape_of(recipe, cfg)
-    same = all(base.get(k) == mine.get(k) for k in ("hidden", "heads", "kv_heads", "head_dim", "intermediate",
-                                                     "vocab", "seq", "micro", "tp", "recompute"))
+    same = all(base.get(k) == mine.get(k) for k in SHAPE_KEYS)
     scaled = "at this shape" if same else \
         f"a fixed time + a time per FLOP, measured at hidden {base['hidden']}, seq {base['seq']}, micro {base['micro']}" \
         f" and {2 * base['micro']}, TP {base['tp']}"
@@ -232,61 +238,76 @@ def predict(recipe: Recipe, cfg: LlamaConfig, layout: Layout, cal: Calibration) 
         how = f"{accum} x forward+backward {where}, {scaled}; update per parameter {where}"
     compute = accum * fb
     comm, sources = 0.0, []
-    peak_links = roofline.links(recipe) if recipe.cluster.device == "ascend" else {}
+    peak_links = roofline.links(recipe) if recipe.cluster.device == "ascend" else None
     for c in sharding.collectives(recipe, cfg, layout=layout):
         t, src = comm_time(cal, c)
-        if src == "not measured" and peak_links:
-            t, src = c.wire_bytes / peak_links[f"{c.group}_bytes_per_s"], "peak-based (roofline link figure)"
+        if src == "not measured" and peak_links is not None:
+            t, src = c.wire_bytes / peak_links.bytes_per_s(c.group), "peak-based (roofline link figure)"
         comm += t
         sources.append(f"{c.op} x{c.count} {c.group}: {t:.4f} s, {src}")
     step = compute + update + comm
-    return {"kind": "calibrated", "from": cal.where, "step_s": round(step, 4), "compute_s": round(compute, 4),
-            "memory_s": round(update, 4), "comm_s": round(comm, 4), "how": how,
-            "comm_sources": sources, "measured_shape": base, "load_avg_at_measurement": cal.doc.get("load_avg_1min"),
-            "tokens_per_s": round(recipe.global_batch_size * recipe.data.max_seq_length / step, 2) if step else None}
+    return CalibratedStep(
+        kind="calibrated", from_=cal.where, step_s=round(step, 4), compute_s=round(compute, 4),
+        memory_s=round(update, 4), comm_s=round(comm, 4), how=how, comm_sources=tuple(sources), measured_shape=base,
+        load_avg_at_measurement=cal.doc.get("load_avg_1min"),
+        tokens_per_s=round(recipe.global_batch_size * recipe.data.max_seq_length / step, 2) if step else None)
 
 
-def estimate(recipe: Recipe, cfg: LlamaConfig, layout: Layout, cal: Calibration | None) -> dict[str, Any]:
+def estimate(recipe: Recipe, cfg: LlamaConfig, layout: Layout, cal: Calibration | None) -> StepEstimate | None:
     """The plan's step estimate: calibrated when a rehearsal is given, else the roofline on Ascend (labelled
     as such), else none (a CPU recipe has no peak figures)."""
     if cal is not None:
         return predict(recipe, cfg, layout, cal)
     if recipe.cluster.device != "ascend":
-        return {}
-    return {"kind": "roofline", **roofline.step_time(recipe, cfg, layout)}
+        return None
+    return dataclasses.replace(roofline.step_time(recipe, cfg, layout), kind="roofline")
 
 
-def throughput(recipe: Recipe, cfg: LlamaConfig, est: dict[str, Any]) -> dict[str, Any]:
-    """tokens/s per device and MFU of an estimate (module docstring); {} without an estimate."""
-    if not est or not est.get("step_s"):
-        return {}
+@dataclass(frozen=True)
+class Throughput:
+    """tokens/s per device and MFU of a step estimate (module docstring; plan.json ``throughput``)."""
+
+    tokens_per_s_per_device: float
+    flops_per_token: float
+    model_tflops_per_device: float
+    mfu: float | None                # None: no peak figure for the device (a CPU)
+    peak_tflops: float | None
+    peak_source: str
+    formula: str
+
+
+def throughput(recipe: Recipe, cfg: LlamaConfig, est: StepEstimate | None) -> Throughput | None:
+    """tokens/s per device and MFU of an estimate (module docstring); None without an estimate."""
+    if est is None or not est.step_s:
+        return None
     seq = recipe.data.max_seq_length
-    per_device = recipe.global_batch_size * seq / est["step_s"] / recipe.world_size
+    per_device = recipe.global_batch_size * seq / est.step_s / recipe.world_size
     fpt = flops_per_token(cfg, seq)
     peak, source = roofline.peak_flops(recipe)
-    return {"tokens_per_s_per_device": round(per_device, 1), "flops_per_token": fpt,
-            "model_tflops_per_device": round(per_device * fpt / 1e12, 3),
-            "mfu": round(per_device * fpt / peak, 4) if peak else None, "peak_tflops": peak / 1e12 if peak else None,
-            "peak_source": source, "formula": MFU_FORMULA}
+    return Throughput(tokens_per_s_per_device=round(per_device, 1), flops_per_token=fpt,
+                      model_tflops_per_device=round(per_device * fpt / 1e12, 3),
+                      mfu=round(per_device * fpt / peak, 4) if peak else None,
+                      peak_tflops=peak / 1e12 if peak else None, peak_source=source, formula=MFU_FORMULA)
 
 
-def step_line(e: dict[str, Any], links: dict[str, Any]) -> list[str]:
-    """The estimate as text lines, saying what kind of figure it is."""
-    if e.get("kind") == "calibrated":
-        out = [f"estimated step (calibrated from {e['from']}, measured pieces; machine load "
-               f"{e['load_avg_at_measurement']} when measured): {e['step_s']:.4f} s = compute {e['compute_s']:.4f} + "
-               f"update {e['memory_s']:.4f} + communication {e['comm_s']:.4f} ({e['how']})"]
-        return out + [f"  {s}" for s in e["comm_sources"]]
-    return [f"estimated step (roofline at the {links.get('chip', '910C')} peak, an estimate, not calibrated: give --calibration "
-            f"REHEARSAL for measured figures): {e['step_s']:.2f} s = compute {e['compute_s']:.2f} + optimizer "
-            f"{e['memory_s']:.2f} + communication {e['comm_s']:.2f} (TP {e['comm_tp_s']:.2f} at "
-            f"{links['tp_bytes_per_s'] / 1e9:g} GB/s, {links['intra_node']}; DP {e['comm_dp_s']:.2f} at "
-            f"{links['dp_bytes_per_s'] / 1e9:g} GB/s, "
-            f"{links['inter_node'] if links['dp_spans_nodes'] else links['intra_node']})"]
+def step_line(e: StepEstimate, links: roofline.Links | None) -> list[str]:
+    """The estimate as text lines, saying what kind of figure it is (``links``: the roofline's, on Ascend)."""
+    if isinstance(e, CalibratedStep):
+        out = [f"estimated step (calibrated from {e.from_}, measured pieces; machine load "
+               f"{e.load_avg_at_measurement} when measured): {e.step_s:.4f} s = compute {e.compute_s:.4f} + "
+               f"update {e.memory_s:.4f} + communication {e.comm_s:.4f} ({e.how})"]
+        return out + [f"  {s}" for s in e.comm_sources]
+    assert links is not None, "a roofline estimate is made with the roofline's links (make_plan, Ascend)"
+    return [f"estimated step (roofline at the {links.chip} peak, an estimate, not calibrated: give --calibration "
+            f"REHEARSAL for measured figures): {e.step_s:.2f} s = compute {e.compute_s:.2f} + optimizer "
+            f"{e.memory_s:.2f} + communication {e.comm_s:.2f} (TP {e.comm_tp_s:.2f} at "
+            f"{links.tp_bytes_per_s / 1e9:g} GB/s, {links.intra_node}; DP {e.comm_dp_s:.2f} at "
+            f"{links.dp_bytes_per_s / 1e9:g} GB/s, "
+            f"{links.inter_node if links.dp_spans_nodes else links.intra_node})"]
 
 
-def throughput_line(t: dict[str, Any]) -> str:
-    mfu = (f"MFU {t['mfu']:.1%} of {t['peak_tflops']:g} TFLOP/s ({t['peak_source']})" if t.get("mfu") is not None
-           else f"no peak figure for this device ({t['peak_source']})")
-    return (f"throughput: {t['tokens_per_s_per_device']:,.1f} tokens/s per device, {t['model_tflops_per_device']:g} "
-            f"model TFLOP/s per device, {mfu}; {t['flops_per_token'] / 1e9:.2f} GFLOP per token; {t['formula']}")
+def throughput_line(t: Throughput) -> str:
+    mfu = (f"MFU {t.mfu:.1%} of {t.peak_tflops:g} TFLOP/s ({t.peak_source})" if t.mfu is not None
+           else f"no peak figure for this device ({t.peak_source})")
+    return (f"throughput: {t.tokens_per_s_per_device:,.1f} tokens/s per device, {t.model_tflops_per_device:g} "
+            f"model TFLOP/s per device, {mfu}; {t.flops_per_token / 1e9:.2f} GFLOP per token; {t.formula}")

@@ -18,11 +18,14 @@ under msrun in tests/train/test_comm_fusion.py):
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Any
 
 from model_zoo.config import LlamaConfig
 from porting.train.plan.layout import DTYPE_BYTES, Bucket, Layout
 from porting.train.plan.lora import shapes as lora_shapes
-from porting.train.recipe.schema import Recipe
+from porting.train.recipe.determinism import launch_env
+from porting.train.recipe.schema import CommFusionSection, Recipe
 
 THRESHOLD_UNIT_BYTES = 262144      # bytes per configured "MB" in the backend pass
 AUTO_THRESHOLD = 64                # MindSpore's auto mode
@@ -35,7 +38,7 @@ SAME_ON_EVERY_NODE = ("HCCL_CONNECT_TIMEOUT", "HCCL_EXEC_TIMEOUT", "HCCL_BUFFSIZ
                       "MS_WORKER_NUM (set by msrun from --worker_num)", "PYTHONPATH/port, MindSpore and CANN versions")
 
 
-def fusion_context(cf) -> dict:
+def fusion_context(cf: CommFusionSection) -> dict[str, Any]:
     """The `set_auto_parallel_context(comm_fusion=...)` value for the recipe's comm_fusion section."""
     if not cf.enabled:
         return {"openstate": False}
@@ -45,7 +48,7 @@ def fusion_context(cf) -> dict:
     return {"openstate": True, "allreduce": {"mode": cf.allreduce_mode, "config": config}}
 
 
-def gradient_buckets(grad_bytes: list[int], cf) -> list[list[int]]:
+def gradient_buckets(grad_bytes: list[int], cf: CommFusionSection) -> list[list[int]]:
     """Which gradients (by index, in graph order) share one fused AllReduce, as the backend pass
     forms them (see the module docstring). Fusion off: one AllReduce per gradient."""
     n = len(grad_bytes)
@@ -88,7 +91,7 @@ def parameter_numels(cfg: LlamaConfig, tp: int = 1) -> list[int]:
     return sizes
 
 
-def flat_buckets(numels: list[int], elem_bytes: int, cf, dp: int) -> list[Bucket]:
+def flat_buckets(numels: list[int], elem_bytes: int, cf: CommFusionSection, dp: int) -> list[Bucket]:
     """Buckets as the comm_fusion setting forms them (:func:`gradient_buckets` on the gradient bytes)."""
     out = []
     for idx in gradient_buckets([n * elem_bytes for n in numels], cf):
@@ -120,15 +123,26 @@ def gradient_sizes(cfg: LlamaConfig, tp: int = 1) -> list[int]:
     return [4 * s for s in parameter_numels(cfg, tp)]
 
 
-def fusion_plan(recipe: Recipe, cfg: LlamaConfig, grad_bytes: list[int] | None = None) -> dict:
+@dataclass(frozen=True)
+class GradientAllreduce:
+    """How the gradient all-reduce is bucketed (plan.json ``gradient_allreduce``)."""
+
+    gradients: int
+    allreduce_ops: int                 # 0 on one device
+    bucket_mib: tuple[float, ...]      # each fused AllReduce's MiB, in graph order
+    how: str
+
+
+def fusion_plan(recipe: Recipe, cfg: LlamaConfig, grad_bytes: list[int] | None = None) -> GradientAllreduce:
     """How the gradient all-reduce is bucketed, for the dry-run plan."""
     cf = recipe.parallel.comm_fusion
     sizes = grad_bytes if grad_bytes is not None else gradient_sizes(cfg)
     buckets = gradient_buckets(sizes, cf) if recipe.world_size > 1 else []
-    return {"gradients": len(sizes), "allreduce_ops": len(buckets),
-            "bucket_mib": [round(sum(sizes[i] for i in b) / (1 << 20), 3) for b in buckets],
-            "how": "backend AllReduceFusion pass, configured by set_auto_parallel_context(comm_fusion=...) "
-                   "in DATA_PARALLEL" if cf.enabled else "fusion off: one AllReduce per gradient"}
+    return GradientAllreduce(
+        gradients=len(sizes), allreduce_ops=len(buckets),
+        bucket_mib=tuple(round(sum(sizes[i] for i in b) / (1 << 20), 3) for b in buckets),
+        how="backend AllReduceFusion pass, configured by set_auto_parallel_context(comm_fusion=...) in DATA_PARALLEL"
+        if cf.enabled else "fusion off: one AllReduce per gradient")
 
 
 def checkpoint_bytes(recipe: Recipe, layout: Layout) -> float:
@@ -160,7 +174,7 @@ def save_seconds(recipe: Recipe, layout: Layout) -> float:
     return checkpoint_total_bytes(recipe, layout) / (recipe.checkpointing.fs_gib_per_s * (1 << 30))
 
 
-def hccl_env(recipe: Recipe, layout: Layout) -> dict:
+def hccl_env(recipe: Recipe, layout: Layout) -> dict[str, str]:
     """HCCL timeouts that outlast a checkpoint save (ranks wait in a collective while one rank writes).
 
     save_s = the checkpoint's bytes / checkpointing.fs_gib_per_s (aggregate; 0.3 GiB/s by default);
@@ -172,15 +186,29 @@ def hccl_env(recipe: Recipe, layout: Layout) -> dict:
             "HCCL_EXEC_TIMEOUT": str(max(HCCL_EXEC_FLOOR_S, math.ceil(3 * save_s) + 600))}
 
 
-def launch_plan(recipe: Recipe, layout: Layout) -> dict:
+@dataclass(frozen=True)
+class LaunchPlan:
+    """The per-node environment of a multi-device run and how it was derived (plan.json ``launch``)."""
+
+    env: dict[str, str]                # exported on every node (the user's own values win, porting/launch/)
+    predicted_save_s: float
+    checkpoint_bytes_per_rank: int     # the busiest rank's
+    checkpoint_bytes: int              # all ranks together
+    formula: str
+    same_on_every_node: tuple[str, ...]
+
+
+def launch_plan(recipe: Recipe, layout: Layout) -> LaunchPlan:
     """The per-node environment of a multi-device run and how it was derived."""
     save_s = save_seconds(recipe, layout)
     written, total = checkpoint_bytes(recipe, layout), checkpoint_total_bytes(recipe, layout)
-    return {"env": hccl_env(recipe, layout), "predicted_save_s": round(save_s, 1),
-            "checkpoint_bytes_per_rank": int(written), "checkpoint_bytes": int(total),
-            "formula": f"save_s = {total / (1 << 30):.2f} GiB all ranks write / "
-                       f"{recipe.checkpointing.fs_gib_per_s:g} GiB/s the filesystem's aggregate write bandwidth "
-                       "(checkpointing.fs_gib_per_s); "
-                       "HCCL_EXEC_TIMEOUT = max(1836, ceil(3 save_s) + 600); "
-                       "HCCL_CONNECT_TIMEOUT = max(600, ceil(2 save_s) + 120)",
-            "same_on_every_node": list(SAME_ON_EVERY_NODE)}
+    # determinism: bitwise adds its switches (HCCL_DETERMINISTIC, ...): every node exports the same
+    env = {**hccl_env(recipe, layout), **launch_env(recipe.determinism, recipe.cluster.device)}
+    return LaunchPlan(env=env, predicted_save_s=round(save_s, 1),
+                      checkpoint_bytes_per_rank=int(written), checkpoint_bytes=int(total),
+                      formula=f"save_s = {total / (1 << 30):.2f} GiB all ranks write / "
+                              f"{recipe.checkpointing.fs_gib_per_s:g} GiB/s the filesystem's aggregate write bandwidth "
+                              "(checkpointing.fs_gib_per_s); "
+                              "HCCL_EXEC_TIMEOUT = max(1836, ceil(3 save_s) + 600); "
+                              "HCCL_CONNECT_TIMEOUT = max(600, ceil(2 save_s) + 120)",
+                      same_on_every_node=SAME_ON_EVERY_NODE)

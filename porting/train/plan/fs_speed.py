@@ -17,6 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from porting.train.recipe.schema import Recipe
 BLOCK = 16 << 20
 MAX_BYTES_PER_PROCESS = 64 << 30
 
@@ -64,7 +65,7 @@ def measure_write_bandwidth(folder: Path, processes: int, bytes_per_process: int
         shutil.rmtree(work, ignore_errors=True)
 
 
-def doctor_row(recipe, folder: Path, bytes_per_process: int = 64 << 20) -> dict:
+def doctor_row(recipe: Recipe, folder: Path, bytes_per_process: int = 64 << 20) -> dict:
     """A `port doctor --cluster` row (porting/cluster/preflight.py's shape: check, status, detail): this node's
     aggregate write bandwidth into ``folder`` (the run's checkpoint filesystem: its nearest existing folder,
     nothing is created) from as many writers as the node runs workers, against the recipe's

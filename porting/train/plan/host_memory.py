@@ -32,6 +32,7 @@ BENCHMARKS.md; tests/train/test_host_rss_measured.py).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from model_zoo.config import LlamaConfig
@@ -44,6 +45,38 @@ from porting.train.recipe.schema import Recipe
 HOST_BASE_GIB = {"cpu": 0.40, "ascend": 3.0}   # see the module docstring: CPU measured, Ascend an estimate
 DATA_BYTES_PER_FILE_BYTE = 2.0                  # 8 bytes a token (ids + labels, int32), ~4 characters a token
 GIB = float(1 << 30)
+
+
+@dataclass(frozen=True)
+class HostTerms:
+    """GiB of each resident term of one worker and of its largest transient (the module docstring)."""
+
+    base: float
+    device_state: float
+    weights_host: float
+    data: float
+    largest_transient: float
+
+
+@dataclass(frozen=True)
+class Transients:
+    """GiB of each start-up and checkpoint path's largest transient (one at a time)."""
+
+    hf_load: float
+    save: float
+    resume: float
+
+
+@dataclass(frozen=True)
+class HostMemory:
+    """Predicted peak host RAM of one worker and one node (plan.json ``host_memory``)."""
+
+    worker_gib: float
+    node_gib: float
+    terms_gib: HostTerms
+    transients_gib: Transients
+    limit_gib: float | None            # cluster.host_memory_gib (None: not given, not checked)
+    formula: str
 
 
 def _largest_param(cfg: LlamaConfig, tp: int) -> tuple[int, int]:
@@ -74,7 +107,7 @@ def transients(recipe: Recipe, cfg: LlamaConfig) -> dict[str, float]:
             "resume": 4 * bucket + local * (4 + 4 + pb)}  # a bucket's shard; a parameter, its piece, the tensor
 
 
-def host_memory(recipe: Recipe, cfg: LlamaConfig, device_total_gib: float) -> dict:
+def host_memory(recipe: Recipe, cfg: LlamaConfig, device_total_gib: float) -> HostMemory:
     """Per-worker peak and per-node total in GiB, with the terms and the formula."""
     dev = recipe.cluster.device
     tp = recipe.parallel.tensor_parallel
@@ -86,23 +119,24 @@ def host_memory(recipe: Recipe, cfg: LlamaConfig, device_total_gib: float) -> di
     transient = max(trans.values()) / GIB
     worker = base + device + weights + data + transient
     node = worker * recipe.cluster.devices_per_node
-    return {"worker_gib": round(worker, 3), "node_gib": round(node, 3),
-            "terms_gib": {"base": base, "device_state": round(device, 3), "weights_host": round(weights, 3),
-                          "data": round(data, 3), "largest_transient": round(transient, 3)},
-            "transients_gib": {k: round(v / GIB, 3) for k, v in trans.items()},
-            "limit_gib": recipe.cluster.host_memory_gib,
-            "formula": f"worker = {base} GiB base ({dev}) + device state (CPU: the device plan's peak) + the "
-                       "weights' host copies (Ascend: P_local x parameter bytes) + the token arrays (2 x the data "
-                       "file's bytes) + the largest transient of HF load, save and resume "
-                       f"(porting/train/plan/host_memory.py); node = worker x {recipe.cluster.devices_per_node} workers"}
+    return HostMemory(
+        worker_gib=round(worker, 3), node_gib=round(node, 3),
+        terms_gib=HostTerms(base=base, device_state=round(device, 3), weights_host=round(weights, 3),
+                            data=round(data, 3), largest_transient=round(transient, 3)),
+        transients_gib=Transients(**{k: round(v / GIB, 3) for k, v in trans.items()}),
+        limit_gib=recipe.cluster.host_memory_gib,
+        formula=f"worker = {base} GiB base ({dev}) + device state (CPU: the device plan's peak) + the "
+                "weights' host copies (Ascend: P_local x parameter bytes) + the token arrays (2 x the data "
+                "file's bytes) + the largest transient of HF load, save and resume "
+                f"(porting/train/plan/host_memory.py); node = worker x {recipe.cluster.devices_per_node} workers")
 
 
-def check_host_memory(plan: dict, where: str) -> None:
+def check_host_memory(hm: HostMemory, where: str) -> None:
     """Refuse a plan whose node total exceeds ``cluster.host_memory_gib``, with the fix."""
-    limit = plan.get("limit_gib")
-    if limit is None or plan["node_gib"] <= limit:
+    limit = hm.limit_gib
+    if limit is None or hm.node_gib <= limit:
         return
     raise RecipeError(f"{where}: cluster.host_memory_gib: {limit:g} GiB per node, but the plan needs "
-                      f"{plan['node_gib']:.1f} GiB ({plan['worker_gib']:.2f} GiB per worker x workers per node); "
+                      f"{hm.node_gib:.1f} GiB ({hm.worker_gib:.2f} GiB per worker x workers per node); "
                       "change: parallel.optimizer_sharding=true or a larger parallel.tensor_parallel (smaller "
                       "shards), fewer cluster.devices_per_node, or raise cluster.host_memory_gib to the node's RAM")

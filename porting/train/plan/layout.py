@@ -8,6 +8,7 @@ buckets), :mod:`porting.train.plan.memory` (the ZeRO stage) and :mod:`porting.tr
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 # Bytes of one element of each dtype a recipe may name (parameters, compute, gradient reduction).
@@ -50,6 +51,17 @@ class ShardingChoice:
 
 
 NOT_SHARDED = ShardingChoice(False, 0, "", "not sharded")
+
+
+@dataclass(frozen=True)
+class ShardingPlan(ShardingChoice):
+    """The choice with its description, as the plan states it (plan.json ``sharding``)."""
+
+    how: str = ""
+
+    @classmethod
+    def of(cls, choice: ShardingChoice) -> "ShardingPlan":
+        return cls(**{f.name: getattr(choice, f.name) for f in dataclasses.fields(choice)}, how=choice.describe())
 
 
 @dataclass(frozen=True)

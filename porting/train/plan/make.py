@@ -7,24 +7,27 @@ refused with what to change.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 from model_zoo.config import LlamaConfig, divisibility_problems
-from model_zoo import presets
-from model_zoo.errors import RecipeError, UnknownModelError
+from model_zoo import presets, typed
+from model_zoo.errors import ConfigError, RecipeError, UnknownModelError
+from model_zoo.typed import spec
 from porting.model_paths import resolve_hf
+from porting.train.data.padding import PaddingChoices
 from porting.train.plan import calibrated, comm, execution, roofline, sharding
 from porting.train.plan import lora as lora_plan
-from porting.train.plan.allowances import allowances, plan_shapes
-from porting.train.plan.host_memory import check_host_memory, host_memory
+from porting.train.plan.allowances import Allowances, allowances, plan_shapes
+from porting.train.plan.estimates import StepEstimate
+from porting.train.plan.host_memory import HostMemory, check_host_memory, host_memory
 from porting.train.plan.launch import msrun_commands
-from porting.train.plan.memory import estimate_memory, usable_hbm_gib
-from porting.train.plan.layout import ShardingChoice
-from porting.train.plan.sharding import Collective
+from porting.train.plan.memory import MemoryByPhase, estimate_memory, usable_hbm_gib
+from porting.train.plan.layout import ShardingChoice, ShardingPlan
+from porting.train.plan.sharding import Collective, CollectiveBytes
 from porting.train.recipe import hardware
-from porting.train.recipe.schema import Recipe
+from porting.train.recipe.schema import CommFusionSection, PrecisionSection, Recipe
 
 
 # --------------------------------------------------------------------------- what to change
@@ -51,7 +54,7 @@ REMEDIES: list[Remedy] = [
 ]
 
 
-def _estimate(cfg: LlamaConfig, recipe: Recipe) -> dict[str, float]:
+def _estimate(cfg: LlamaConfig, recipe: Recipe) -> MemoryByPhase:
     """The memory of a candidate recipe, its layout computed once."""
     return estimate_memory(cfg, recipe, layout=sharding.layout_for(recipe, cfg))
 
@@ -63,15 +66,15 @@ def suggestions(cfg: LlamaConfig, recipe: Recipe, hbm: float) -> list[str]:
     for rem in REMEDIES:
         if not rem.applies(recipe):
             continue
-        total = _estimate(cfg, recipe.with_overrides(rem.overrides(recipe)))["total"]
+        total = _estimate(cfg, recipe.with_overrides(rem.overrides(recipe))).total
         out.append(f"{rem.change} -> {total:.1f} GiB" + (" (fits)" if total <= hbm else ""))
         combined = combined.with_overrides(rem.overrides(combined)) if rem.applies(combined) else combined
-    mem = _estimate(cfg, combined) if len(out) > 1 or not any("(fits)" in o for o in out) else {}
-    if len(out) > 1:
-        total = mem["total"]
+    mem = _estimate(cfg, combined) if len(out) > 1 or not any("(fits)" in o for o in out) else None
+    if mem is not None and len(out) > 1:
+        total = mem.total
         out.append(f"all of the above -> {total:.1f} GiB" + (" (fits)" if total <= hbm else ""))
-    if not any("(fits)" in o for o in out):
-        floor = sum(mem[k] for k in ("weights", "gradients", "optimizer_states", "master_weights", "gradients_fp32"))
+    if mem is not None and not any("(fits)" in o for o in out):
+        floor = sum(mem.term(k) for k in ("weights", "gradients", "optimizer_states", "master_weights", "gradients_fp32"))
         out.append(f"none of these alone fits: the parameters, their gradients, fp32 masters and AdamW states take "
                    f"{floor:.1f} GiB per device at tensor parallel {recipe.parallel.tensor_parallel}; see the proposed "
                    "(TP, DP, sharding, recompute) settings")
@@ -92,9 +95,11 @@ class ModelShape:
     vocab_size: int
 
 
-@dataclass
+@dataclass(frozen=True, kw_only=True)
 class TrainPlan:
-    """What `port train --dry-run` prints and ``plan.json`` holds (its :meth:`to_dict`)."""
+    """What `port train --dry-run` prints and ``plan.json`` holds (:meth:`to_dict`; :meth:`from_dict` reads it back).
+    Every part is a record made where it is computed; the field order is plan.json's key order. A new term is a
+    field here (or in its record) and nothing else: :mod:`model_zoo.typed` writes and reads it."""
     model: ModelShape
     device: str
     nodes: int
@@ -107,14 +112,14 @@ class TrainPlan:
     global_batch_formula: str
     max_tokens_per_step: int
     max_seq_length: int
-    precision: dict[str, Any]
+    precision: PrecisionSection                 # the recipe's, as resolved (loss_scale auto made concrete)
     mixed_precision: str
     recompute: bool
     optimizer_sharding: bool
-    comm_fusion: dict[str, Any]
-    gradient_allreduce: dict[str, Any]
-    launch: dict[str, Any]
-    memory_gib_by_phase: dict[str, float]
+    comm_fusion: CommFusionSection              # the recipe's parallel.comm_fusion
+    gradient_allreduce: comm.GradientAllreduce
+    launch: comm.LaunchPlan | None = spec(None, empty_none=True)   # None on one device
+    memory_gib_by_phase: MemoryByPhase
     device_hbm_gib: float
     usable_hbm_gib: float
     margin_gib: float
@@ -122,30 +127,45 @@ class TrainPlan:
     hardware: str = ""
     tensor_parallel: int = 1
     sequence_parallel: bool = False
-    sharding: dict[str, Any] = field(default_factory=dict)
-    collectives: list[Collective] = field(default_factory=list)
-    collective_bytes: dict[str, int] = field(default_factory=dict)
+    sharding: ShardingPlan
+    collectives: tuple[Collective, ...] = ()
+    collective_bytes: CollectiveBytes
     collective_convention: str = ""
-    suggestions: list[str] = field(default_factory=list)
-    proposals: list[dict[str, Any]] = field(default_factory=list)
-    estimated_step: dict[str, Any] = field(default_factory=dict)   # kind: roofline or calibrated (calibrated.py)
-    throughput: dict[str, Any] = field(default_factory=dict)       # tokens/s per device and MFU of that estimate
-    links: dict[str, Any] = field(default_factory=dict)
-    msrun_commands: list[str] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
-    padding: dict[str, Any] | None = None   # --dry-run: padding of bucketing vs packing (packing.py)
+    suggestions: tuple[str, ...] = ()
+    proposals: tuple[roofline.Proposal, ...] = ()
+    # roofline (Ascend) or calibrated (--calibration); None on a CPU without a calibration
+    estimated_step: StepEstimate | None = spec(None, empty_none=True)
+    throughput: calibrated.Throughput | None = spec(None, empty_none=True)   # of that estimate
+    links: roofline.Links | None = spec(None, empty_none=True)               # Ascend only
+    msrun_commands: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()
+    padding: PaddingChoices | None = None   # --dry-run: padding of bucketing vs packing (data/padding.py)
     execution: str = ""                     # graph or pynative, and why (plan/execution.py)
-    host_memory: dict[str, Any] = field(default_factory=dict)   # peak host RAM per worker and node (host_memory.py)
-    allowances: dict[str, Any] = field(default_factory=dict)    # the supervisor's, per phase (allowances.py)
+    host_memory: HostMemory                 # peak host RAM per worker and node (host_memory.py)
+    allowances: Allowances                  # the supervisor's, per phase (allowances.py)
     training: str = ""                      # full fine-tuning or LoRA, and what trains (plan/lora.py describe)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form (``plan.json``, ``--dry-run --json``)."""
-        return dataclasses.asdict(self)
+        return typed.write(self)
+
+    @classmethod
+    def from_dict(cls, doc: Any, source: str = "plan") -> "TrainPlan":
+        """The plan :meth:`to_dict` wrote, its records rebuilt (:mod:`model_zoo.typed`, strict: port writes and reads
+        it itself); one ConfigError line naming ``source`` and every missing, unknown or mistyped key otherwise."""
+        if not isinstance(doc, dict):
+            raise ConfigError(f"{source}: top level is {type(doc).__name__}, expected an object (a plan port wrote)")
+        out: list[str] = []
+        typed.problems(cls, doc, "", out, strict=True)
+        if out:
+            raise ConfigError(f"{source}: not a plan this port writes: {'; '.join(out[:6])}"
+                              + (f" (and {len(out) - 6} more)" if len(out) > 6 else "")
+                              + "; plan it again with `port train RECIPE --dry-run`")
+        return typed.build(cls, doc, strict=True)
 
 
-def make_plan(recipe: Recipe, cfg: LlamaConfig, recipe_path: str, run_dir: str, overrides: list[str] | None = None,
-              resume: bool = False, calibration: calibrated.Calibration | None = None) -> TrainPlan:
+def make_plan(recipe: Recipe, cfg: LlamaConfig, run_dir: str, resume: bool = False,
+              calibration: calibrated.Calibration | None = None) -> TrainPlan:
     """The plan of a recipe: its :class:`~porting.train.plan.layout.Layout` is computed once and every part
     of the plan is derived from it. ``calibration``: a rehearsal's measured pieces, for the step estimate and
     the ranking of layouts (porting/train/plan/calibrated.py); without it the roofline (Ascend only)."""
@@ -155,35 +175,34 @@ def make_plan(recipe: Recipe, cfg: LlamaConfig, recipe_path: str, run_dir: str, 
     choice = layout.choice
     mem = estimate_memory(cfg, recipe, zero_stage=choice.stage or None, layout=layout)
     usable = usable_hbm_gib(recipe)
-    fits = mem["total"] <= usable
-    b, multi = recipe.batching, recipe.world_size > 1
+    fits = mem.total <= usable
+    b, multi, ascend = recipe.batching, recipe.world_size > 1, recipe.cluster.device == "ascend"
     tp, dp = recipe.parallel.tensor_parallel, recipe.data_parallel_size
-    cols = sharding.collectives(recipe, cfg, choice, layout=layout)
+    cols = tuple(sharding.collectives(recipe, cfg, choice, layout=layout))
     return TrainPlan(
         model=ModelShape(cfg.num_parameters(), cfg.hidden_size, cfg.num_hidden_layers, cfg.vocab_size),
         device=recipe.cluster.device, nodes=recipe.cluster.nodes, devices_per_node=recipe.cluster.devices_per_node,
         world_size=recipe.world_size, data_parallel=dp, hardware=hardware.shape_line(recipe.cluster), tensor_parallel=tp,
         micro_batch_size=b.micro_batch_size, grad_accum_steps=b.grad_accum_steps, global_batch=recipe.global_batch_size,
         global_batch_formula=f"{b.micro_batch_size} micro x {b.grad_accum_steps} accum x {dp} DP",
-        sharding={**dataclasses.asdict(choice), "how": choice.describe()}, collectives=cols,
-        collective_bytes=sharding.bytes_summary(cols), collective_convention=COLLECTIVE_CONVENTION,
+        sharding=ShardingPlan.of(choice), collectives=cols,
+        collective_bytes=sharding.bytes_summary(list(cols)), collective_convention=COLLECTIVE_CONVENTION,
         max_tokens_per_step=recipe.global_batch_size * recipe.data.max_seq_length,
-        max_seq_length=recipe.data.max_seq_length, precision=recipe.precision.model_dump(mode="json"),
+        max_seq_length=recipe.data.max_seq_length, precision=recipe.precision.model_copy(deep=True),
         mixed_precision=mixed_precision(recipe), recompute=recipe.memory.recompute,
         optimizer_sharding=recipe.parallel.optimizer_sharding,
-        comm_fusion=recipe.parallel.comm_fusion.model_dump(mode="json"),
-        gradient_allreduce=comm.fusion_plan(recipe, cfg), launch=comm.launch_plan(recipe, layout) if multi else {},
+        comm_fusion=recipe.parallel.comm_fusion.model_copy(deep=True),
+        gradient_allreduce=comm.fusion_plan(recipe, cfg), launch=comm.launch_plan(recipe, layout) if multi else None,
         memory_gib_by_phase=mem, device_hbm_gib=recipe.cluster.device_hbm_gib, usable_hbm_gib=usable,
-        margin_gib=round(usable - mem["total"], 3), fits=fits,
-        suggestions=[] if fits else suggestions(cfg, recipe, usable),
-        proposals=roofline.proposals(recipe, cfg, step_fn) if not fits or recipe.cluster.device == "ascend" or step_fn
-        else [],
+        margin_gib=round(usable - mem.total, 3), fits=fits,
+        suggestions=() if fits else tuple(suggestions(cfg, recipe, usable)),
+        proposals=roofline.proposals(recipe, cfg, step_fn) if not fits or ascend or step_fn else (),
         estimated_step=est, throughput=calibrated.throughput(recipe, cfg, est),
-        links=roofline.links(recipe) if recipe.cluster.device == "ascend" else {},
-        msrun_commands=msrun_commands(recipe, recipe_path, run_dir, overrides, resume) if multi else [],
-        warnings=plan_warnings(recipe, cfg, choice), execution=execution.describe(recipe),
-        host_memory=host_memory(recipe, cfg, mem["total"]),
-        allowances=allowances(recipe, cfg, layout, plan_shapes(recipe), step_s=est.get("step_s")),
+        links=roofline.links(recipe) if ascend else None,
+        msrun_commands=tuple(msrun_commands(recipe, run_dir, resume)) if multi else (),
+        warnings=tuple(plan_warnings(recipe, cfg, choice)), execution=execution.describe(recipe),
+        host_memory=host_memory(recipe, cfg, mem.total),
+        allowances=allowances(recipe, cfg, layout, plan_shapes(recipe), step_s=est.step_s if est else None),
         training=lora_plan.describe(recipe, layout))
 
 
@@ -211,9 +230,9 @@ def plan_warnings(recipe: Recipe, cfg: LlamaConfig, choice: ShardingChoice) -> l
         w.append("parallel.optimizer_sharding on the CPU: MindSpore's CPU collectives have no working ReduceScatter (a "
                  "stub in MCCL, no CPU kernel), so the gradients are all-reduced and sliced (emulation: twice the wire "
                  "bytes of the Ascend path)")
-    if recipe.data.max_seq_length > cfg.max_position_embeddings:
-        w.append(f"data.max_seq_length={recipe.data.max_seq_length} exceeds the model's max_position_embeddings="
-                 f"{cfg.max_position_embeddings}")
+    if recipe.data.max_seq_length > cfg.longest_sequence:   # dynamic NTK: max_position_embeddings x factor
+        w.append(f"data.max_seq_length={recipe.data.max_seq_length} exceeds the model's longest sequence "
+                 f"{cfg.longest_sequence} (max_position_embeddings={cfg.max_position_embeddings})")
     if recipe.cluster.device == "ascend" and recipe.precision.compute_dtype == "float16" \
             and recipe.precision.loss_scale.kind == "none":
         w.append("precision: float16 compute without loss scaling underflows gradients; set "
@@ -246,8 +265,8 @@ def plan_config(recipe: Recipe) -> tuple[LlamaConfig, list[str]]:
         return presets.config(variant or name), notes
 
 
-def plan_run(recipe: Recipe, recipe_path: str, run_dir: str, overrides: list[str], resume: bool,
-             dry_run: bool, calibration: calibrated.Calibration | None = None) -> tuple[TrainPlan, LlamaConfig]:
+def plan_run(recipe: Recipe, run_dir: str, resume: bool, dry_run: bool,
+             calibration: calibrated.Calibration | None = None) -> tuple[TrainPlan, LlamaConfig]:
     """The plan `port train` prints or runs, and the model config it was made from. A dry run plans for a
     cluster whose checkpoint may not be here (:func:`plan_config`: its notes become the plan's first warnings);
     a real run plans from the checkpoint's own config.json. A model tensor parallel cannot split is one line
@@ -257,9 +276,16 @@ def plan_run(recipe: Recipe, recipe_path: str, run_dir: str, overrides: list[str
     else:
         cfg, notes = LlamaConfig.from_hf(resolve_hf(recipe.model.source)), []
     check_tensor_parallel(recipe, cfg, recipe.model.source)
-    plan = make_plan(recipe, cfg, recipe_path, run_dir, overrides, resume, calibration=calibration)
-    plan.warnings = notes + plan.warnings
-    return plan, cfg
+    if cfg.dropout:   # the zoo's cell has no dropout: training would differ from the HF model it claims to be
+        what = ", ".join(f"{k}={v:g}" for k, v in cfg.dropout)
+        line = (f"model {recipe.model.source}: config.json asks for training dropout ({what}), which port's cell does "
+                "not apply; set it to 0.0 in config.json (the released Llama, Mistral, Qwen and Phi-3 configs use 0.0) "
+                "or train the model elsewhere")
+        if not dry_run:
+            raise RecipeError(line)
+        notes.append(line)
+    plan = make_plan(recipe, cfg, run_dir, resume, calibration=calibration)
+    return dataclasses.replace(plan, warnings=tuple(notes) + plan.warnings), cfg
 
 
 def check_tensor_parallel(recipe: Recipe, cfg: LlamaConfig, model_dir: Path | str) -> None:
@@ -284,7 +310,7 @@ def check_fits(plan: TrainPlan, where: str) -> None:
     check_host_memory(plan.host_memory, where)
     if plan.fits:
         return
-    raise RecipeError(f"{where}: needs {plan.memory_gib_by_phase['total']:.1f} GiB per device, more than the "
+    raise RecipeError(f"{where}: needs {plan.memory_gib_by_phase.total:.1f} GiB per device, more than the "
                       f"{plan.device_hbm_gib:.0f} GiB of HBM allows ({plan.usable_hbm_gib:g} GiB usable, the rest "
                       "kept by the runtime); change: " + "; ".join(plan.suggestions)
                       + ("; fastest working setting (estimate): " + roofline.proposal_line(plan.proposals[0])

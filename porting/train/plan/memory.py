@@ -59,6 +59,8 @@ bf16 params and states, seq 4096, micro 1 peaks at 62.1 GiB without checkpointin
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from model_zoo.config import LlamaConfig
 from porting.train.plan import memory_terms as terms
 from porting.train.plan.comm import layout_shapes
@@ -70,6 +72,38 @@ MARGIN_GIB = 4.0     # ZeRO stage 1 (fewer bytes) only when it leaves this much 
 WORKSPACE_GIB = {"ascend": 2.0, "cpu": 0.25}
 AUTO_FUSION_MB = 64
 RUNTIME_RESERVED_GIB = {"ascend": 6.0, "cpu": 0.0}   # 64 GB die -> 58 GB max_device_memory (MindFormers)
+
+
+@dataclass(frozen=True)
+class MemoryByPhase:
+    """Per-device GiB of each term (:data:`memory_terms.TERMS` names them), the peak of each phase
+    and the ``total`` the run needs (plan.json ``memory_gib_by_phase``)."""
+
+    weights: float
+    gradients: float
+    accumulation_buffers: float
+    optimizer_states: float
+    master_weights: float
+    gradients_fp32: float
+    adamw_temporaries: float
+    activations: float
+    activations_recompute: float
+    backward_working_set: float
+    swiglu_concat: float
+    apply_copy: float
+    clip_gradients: float
+    comm_buffers: float
+    zero_bucket_concat: float
+    zero_allgather: float
+    hccl_buffers: float
+    workspace: float
+    peak_forward_backward: float
+    peak_apply: float
+    total: float
+
+    def term(self, name: str) -> float:
+        """One term by its name in :data:`memory_terms.TERMS`."""
+        return getattr(self, name)
 
 
 def usable_hbm_gib(recipe: Recipe) -> float:
@@ -117,7 +151,7 @@ def choose_zero_stage(cfg: LlamaConfig, recipe: Recipe, layout: Layout) -> tuple
         return 1, "one micro-batch per step: one reduce-scatter per step"
     if want != "auto":
         return int(want), f"parallel.zero_stage: {want}"
-    one = estimate_memory(cfg, recipe, zero_stage=1, layout=layout)["total"]
+    one = estimate_memory(cfg, recipe, zero_stage=1, layout=layout).total
     usable = usable_hbm_gib(recipe)
     if one <= usable - MARGIN_GIB:
         return 1, (f"accumulate then one reduce-scatter: {one:.1f} GiB fits {usable:g} GiB with {MARGIN_GIB:g} GiB "
@@ -127,7 +161,7 @@ def choose_zero_stage(cfg: LlamaConfig, recipe: Recipe, layout: Layout) -> tuple
 
 
 def estimate_memory(cfg: LlamaConfig, recipe: Recipe, zero_stage: int | None = None,
-                    layout: Layout | None = None) -> dict[str, float]:
+                    layout: Layout | None = None) -> MemoryByPhase:
     """Per-device memory in GiB by term (:data:`memory_terms.TERMS`), the peak of each phase of a step
     (``peak_forward_backward``, ``peak_apply``) and the ``total`` the run needs, the larger peak.
     ``zero_stage`` overrides the plan's choice; ``layout`` is the plan's (computed here when not given)."""
@@ -180,4 +214,4 @@ def estimate_memory(cfg: LlamaConfig, recipe: Recipe, zero_stage: int | None = N
     out["peak_apply"] = (sum(out[k] for k in terms.APPLY) + (out["gradients"] if accum == 1 else 0.0)
                          - (concat if scatter_each else 0.0))
     out["total"] = max(out["peak_forward_backward"], out["peak_apply"])
-    return {k: round(v / GIB, 3) for k, v in out.items()}
+    return MemoryByPhase(**{k: round(v / GIB, 3) for k, v in out.items()})

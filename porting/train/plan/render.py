@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from porting.train.plan import calibrated, roofline
+from porting.train.plan.estimates import CalibratedStep
 from porting.train.plan.make import TrainPlan
 from porting.train.plan.memory_terms import TERMS
 
@@ -16,9 +17,9 @@ def format_plan(plan: TrainPlan) -> str:
         + (" (no sequence parallel)" if plan.tensor_parallel > 1 and not plan.sequence_parallel else ""),
         f"global batch: {plan.global_batch} = {plan.global_batch_formula}; up to "
         f"{plan.max_tokens_per_step} tokens per step at seq {plan.max_seq_length}",
-        f"precision: params {prec['param_dtype']}, compute {prec['compute_dtype']}, "
-        f"loss scale {prec['loss_scale']['kind']}; recompute {plan.recompute}; "
-        f"optimizer sharding {plan.sharding.get('how', plan.optimizer_sharding)}",
+        f"precision: params {prec.param_dtype}, compute {prec.compute_dtype}, "
+        f"loss scale {prec.loss_scale.kind}; recompute {plan.recompute}; "
+        f"optimizer sharding {plan.sharding.how}",
         f"training: {plan.training}",
         f"mixed precision: {plan.mixed_precision}",
         f"execution: {plan.execution}",
@@ -28,45 +29,43 @@ def format_plan(plan: TrainPlan) -> str:
         used = ""
         if k == "activations" and plan.recompute or k == "activations_recompute" and not plan.recompute:
             used = "  (not used)"
-        lines.append(f"  {k:<22} {mem.get(k, 0.0):>9.2f}{used}  = {formula} [{source}]")
-    lines.append(f"  {'peak forward/backward':<22} {mem['peak_forward_backward']:>9.2f}  "
+        lines.append(f"  {k:<22} {mem.term(k):>9.2f}{used}  = {formula} [{source}]")
+    lines.append(f"  {'peak forward/backward':<22} {mem.peak_forward_backward:>9.2f}  "
                  f"(resident terms + activations + gradients + working set + SwiGLU copies; ZeRO-2: + bucket concat)")
-    lines.append(f"  {'peak update':<22} {mem['peak_apply']:>9.2f}  "
+    lines.append(f"  {'peak update':<22} {mem.peak_apply:>9.2f}  "
                  f"(resident terms + fp32 and clip gradients + apply copy + ZeRO buffers + AdamW temporaries)")
     verdict = "fits" if plan.fits else "DOES NOT FIT"
-    lines.append(f"  {'total (larger peak)':<22} {mem['total']:>9.2f} of {plan.usable_hbm_gib:g} GiB usable "
+    lines.append(f"  {'total (larger peak)':<22} {mem.total:>9.2f} of {plan.usable_hbm_gib:g} GiB usable "
                  f"({plan.device_hbm_gib:g} GiB HBM) per device: {verdict}, margin {plan.margin_gib:.2f} GiB")
     lines += [f"  change: {s}" for s in plan.suggestions]
     hm = plan.host_memory
-    if hm:
-        limit = f" of cluster.host_memory_gib {hm['limit_gib']:g}" if hm["limit_gib"] is not None else ""
-        lines.append(f"host RAM (predicted peak): {hm['worker_gib']:.2f} GiB per worker, {hm['node_gib']:.2f} GiB "
-                     f"per node{limit} ({hm['formula']})")
+    limit = f" of cluster.host_memory_gib {hm.limit_gib:g}" if hm.limit_gib is not None else ""
+    lines.append(f"host RAM (predicted peak): {hm.worker_gib:.2f} GiB per worker, {hm.node_gib:.2f} GiB "
+                 f"per node{limit} ({hm.formula})")
     if plan.proposals:
         what = "layouts that fit" if plan.fits else "working settings"
-        how = ("calibrated estimate, porting/train/plan/calibrated.py" if plan.estimated_step.get("kind") == "calibrated"
+        how = ("calibrated estimate, porting/train/plan/calibrated.py" if isinstance(plan.estimated_step, CalibratedStep)
                else "roofline estimate, porting/train/plan/roofline.py")
         lines.append(f"{what} at the same global batch, fastest first ({how}):")
         lines += [f"  {i + 1}. {roofline.proposal_line(p)}" for i, p in enumerate(plan.proposals)]
-    if plan.estimated_step:
+    if plan.estimated_step is not None:
         lines += calibrated.step_line(plan.estimated_step, plan.links)
-    if plan.throughput:
+    if plan.throughput is not None:
         lines.append(calibrated.throughput_line(plan.throughput))
     lines += [f"warning: {w}" for w in plan.warnings]
     lines += _collective_lines(plan)
     ga = plan.gradient_allreduce
-    if ga.get("allreduce_ops") and not plan.sharding.get("enabled"):
-        lines.append(f"gradient all-reduce: {ga['gradients']} gradients in {ga['allreduce_ops']} AllReduce op(s), "
-                     f"largest bucket {max(ga['bucket_mib'])} MiB ({ga['how']})")
-    if plan.allowances:
-        a = plan.allowances
-        lines.append(f"supervisor allowances without a sign of life (--supervise): before step 1 {a['compile_s']} s "
-                     f"({a['graphs']} graph(s), at most {a['shapes']} shape(s)), restore {a['restore_s']} s, save "
-                     f"{a['save_s']} s, step {a['step_s']} s ({a['formula']})")
-    if plan.launch:
-        lines.append("env on every node: " + " ".join(f"{k}={v}" for k, v in plan.launch["env"].items())
-                     + f" (predicted checkpoint save {plan.launch['predicted_save_s']} s; {plan.launch['formula']})")
-        lines.append("must match on every node: " + ", ".join(plan.launch["same_on_every_node"]))
+    if ga.allreduce_ops and not plan.sharding.enabled:
+        lines.append(f"gradient all-reduce: {ga.gradients} gradients in {ga.allreduce_ops} AllReduce op(s), "
+                     f"largest bucket {max(ga.bucket_mib)} MiB ({ga.how})")
+    a = plan.allowances
+    lines.append(f"supervisor allowances without a sign of life (--supervise): before step 1 {a.compile_s} s "
+                 f"({a.graphs} graph(s), at most {a.shapes} shape(s)), restore {a.restore_s} s, save "
+                 f"{a.save_s} s, step {a.step_s} s ({a.formula})")
+    if plan.launch is not None:
+        lines.append("env on every node: " + " ".join(f"{k}={v}" for k, v in plan.launch.env.items())
+                     + f" (predicted checkpoint save {plan.launch.predicted_save_s} s; {plan.launch.formula})")
+        lines.append("must match on every node: " + ", ".join(plan.launch.same_on_every_node))
     lines += [f"node {i}: {cmd}" for i, cmd in enumerate(plan.msrun_commands)]
     return "\n".join(lines)
 
@@ -76,8 +75,8 @@ def _collective_lines(plan: TrainPlan) -> list[str]:
         return []
     mib = lambda b: f"{b / (1 << 20):,.1f} MiB"  # noqa: E731
     cb = plan.collective_bytes
-    out = [f"collectives per step per rank: payload {mib(cb['payload_bytes'])}, wire {mib(cb['wire_bytes'])} "
-           f"(data parallel {mib(cb['dp_wire_bytes'])}, tensor parallel {mib(cb['tp_wire_bytes'])}); "
+    out = [f"collectives per step per rank: payload {mib(cb.payload_bytes)}, wire {mib(cb.wire_bytes)} "
+           f"(data parallel {mib(cb.dp_wire_bytes)}, tensor parallel {mib(cb.tp_wire_bytes)}); "
            + plan.collective_convention]
     for c in plan.collectives:
         out.append(f"  {c.op:<13} x{c.count:<5} {c.group} of {c.ranks:<3} payload {mib(c.payload_bytes):>14}  wire "

@@ -34,10 +34,12 @@ not to promise a step time.
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Callable
 
 from model_zoo.config import LlamaConfig
 from porting.train.plan import sharding
+from porting.train.plan.estimates import RooflineStep, StepEstimate
 from porting.train.plan.layout import Layout
 from porting.train.plan.memory import MARGIN_GIB, estimate_memory, usable_hbm_gib
 from porting.train.recipe.schema import Recipe
@@ -56,7 +58,49 @@ ROCE_BYTES_PER_S = {"atlas-800t-a3": 25e9, "atlas-800t-a2": 25e9, None: 25e9}   
 TOP = 5
 
 
-def links(recipe: Recipe) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Links:
+    """The link figure (bytes/s per die) each parallel group runs at, and where it comes from (plan.json ``links``)."""
+
+    intra_node_bytes_per_s: float
+    inter_node_bytes_per_s: float
+    inter_node: str                  # where the inter-node figure comes from
+    intra_node: str                  # where the intra-node figure comes from
+    tp_bytes_per_s: float
+    dp_bytes_per_s: float
+    dp_spans_nodes: bool
+    chip: str
+    source: str
+
+    def bytes_per_s(self, group: str) -> float:
+        """The figure of a collective's group (``tp`` or ``dp``, as :class:`sharding.Collective` names it)."""
+        return self.tp_bytes_per_s if group == "tp" else self.dp_bytes_per_s
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """One working setting at the recipe's global batch, with its memory and estimated step (plan.json
+    ``proposals``)."""
+
+    tensor_parallel: int
+    data_parallel: int
+    optimizer_sharding: bool
+    recompute: bool
+    micro_batch_size: int
+    grad_accum_steps: int
+    memory_gib: float
+    margin_gib: float
+    with_margin: bool                # leaves MARGIN_GIB of the usable HBM
+    this_recipe: bool
+    estimated_step_s: float
+    estimate: StepEstimate
+    set: tuple[str, ...]             # the --set overrides that give it
+
+
+StepFn = Callable[[Recipe, LlamaConfig, Layout], StepEstimate]
+
+
+def links(recipe: Recipe) -> Links:
     """The link figure (bytes/s per die) each parallel group runs at, and where it comes from."""
     c = recipe.cluster
     intra = c.intra_node_gb_s * 1e9 if c.intra_node_gb_s else device_figures(recipe)[2]
@@ -67,16 +111,16 @@ def links(recipe: Recipe) -> dict[str, Any]:
     else:
         inter, how = ROCE_BYTES_PER_S.get(c.server, ROCE_BYTES_PER_S[None]), "RoCE, one port per chip"
     dp_link = inter if c.nodes > 1 else intra
-    return {"intra_node_bytes_per_s": intra, "inter_node_bytes_per_s": inter, "inter_node": how,
-            "intra_node": "cluster.intra_node_gb_s" if c.intra_node_gb_s else "HCCS",
-            "tp_bytes_per_s": intra, "dp_bytes_per_s": dp_link,
-            "dp_spans_nodes": c.nodes > 1, "chip": "910B" if c.server == "atlas-800t-a2" else "910C",
-            "source": "porting/train/plan/roofline.py module docstring"}
+    return Links(intra_node_bytes_per_s=intra, inter_node_bytes_per_s=inter, inter_node=how,
+                 intra_node="cluster.intra_node_gb_s" if c.intra_node_gb_s else "HCCS", tp_bytes_per_s=intra,
+                 dp_bytes_per_s=dp_link, dp_spans_nodes=c.nodes > 1,
+                 chip="910B" if c.server == "atlas-800t-a2" else "910C",
+                 source="porting/train/plan/roofline.py module docstring")
 
 
 
 
-def step_time(recipe: Recipe, cfg: LlamaConfig, layout: Layout | None = None) -> dict[str, float]:
+def step_time(recipe: Recipe, cfg: LlamaConfig, layout: Layout | None = None) -> RooflineStep:
     """Estimated seconds of one optimizer step on one rank, by part (see the module docstring)."""
     layout = layout or sharding.layout_for(recipe, cfg)
     tp, dp = recipe.parallel.tensor_parallel, recipe.data_parallel_size
@@ -91,13 +135,13 @@ def step_time(recipe: Recipe, cfg: LlamaConfig, layout: Layout | None = None) ->
     opt_bytes = p_local * (2 * states + 2 + 4)
     wire = sharding.bytes_summary(sharding.collectives(recipe, cfg, layout=layout))
     link = links(recipe)
-    tp_s, dp_s = wire["tp_wire_bytes"] / link["tp_bytes_per_s"], wire["dp_wire_bytes"] / link["dp_bytes_per_s"]
+    tp_s, dp_s = wire.tp_wire_bytes / link.tp_bytes_per_s, wire.dp_wire_bytes / link.dp_bytes_per_s
     peak, hbm, _ = device_figures(recipe)
     out = {"compute_s": flops / peak, "memory_s": opt_bytes / hbm, "comm_s": tp_s + dp_s}
     out["step_s"] = sum(out.values())
     out["comm_tp_s"], out["comm_dp_s"] = tp_s, dp_s
     out["tokens_per_s"] = recipe.global_batch_size * seq / out["step_s"]
-    return {k: round(v, 4) for k, v in out.items()}
+    return RooflineStep(**{k: round(v, 4) for k, v in out.items()})
 
 
 def _tp_options(recipe: Recipe, cfg: LlamaConfig) -> list[int]:
@@ -107,7 +151,7 @@ def _tp_options(recipe: Recipe, cfg: LlamaConfig) -> list[int]:
             and cfg.num_key_value_heads % t == 0 and cfg.vocab_size % t == 0]
 
 
-def proposals(recipe: Recipe, cfg: LlamaConfig, step_fn: Any = None) -> list[dict[str, Any]]:
+def proposals(recipe: Recipe, cfg: LlamaConfig, step_fn: StepFn | None = None) -> tuple[Proposal, ...]:
     """Settings (TP, DP, sharding, recompute) that fit the usable HBM at the recipe's global batch
     (micro-batch 1, accumulation to make up the rest), fastest first by :func:`step_time`, or by
     ``step_fn(recipe, cfg, layout)`` (the calibrated estimate, porting/train/plan/calibrated.py)."""
@@ -124,35 +168,34 @@ def proposals(recipe: Recipe, cfg: LlamaConfig, step_fn: Any = None) -> list[dic
                         "batching.micro_batch_size": 1, "batching.grad_accum_steps": gbs // dp}
                 alt = recipe.with_overrides(sets)
                 layout = sharding.layout_for(alt, cfg)   # once per candidate, for its memory and its step time
-                total = estimate_memory(cfg, alt, layout=layout)["total"]
+                total = estimate_memory(cfg, alt, layout=layout).total
                 if total > usable:
                     continue
                 t = (step_fn or step_time)(alt, cfg, layout)
                 mine = (tp == recipe.parallel.tensor_parallel and shard == recipe.parallel.optimizer_sharding
                         and rc == recipe.memory.recompute and recipe.batching.micro_batch_size == 1)
-                out.append({"tensor_parallel": tp, "data_parallel": dp, "optimizer_sharding": shard, "recompute": rc,
-                            "micro_batch_size": 1, "grad_accum_steps": gbs // dp, "memory_gib": total,
-                            "margin_gib": round(usable - total, 2), "with_margin": usable - total >= MARGIN_GIB,
-                            "this_recipe": mine, "estimated_step_s": t["step_s"],
-                            "estimate": t, "set": [f"{k}={_yaml(v)}" for k, v in sets.items()
-                                                   if v is not None]})
-    out.sort(key=lambda p: (p["estimated_step_s"], -p["margin_gib"]))
-    return out[:TOP]
+                out.append(Proposal(
+                    tensor_parallel=tp, data_parallel=dp, optimizer_sharding=shard, recompute=rc, micro_batch_size=1,
+                    grad_accum_steps=gbs // dp, memory_gib=total, margin_gib=round(usable - total, 2),
+                    with_margin=usable - total >= MARGIN_GIB, this_recipe=mine, estimated_step_s=t.step_s, estimate=t,
+                    set=tuple(f"{k}={_yaml(v)}" for k, v in sets.items() if v is not None)))
+    out.sort(key=lambda p: (p.estimated_step_s, -p.margin_gib))
+    return tuple(out[:TOP])
 
 
-def _yaml(v: Any) -> str:
+def _yaml(v: int | bool | None) -> str:
     return str(v).lower() if isinstance(v, bool) else str(v)
 
 
-def proposal_line(p: dict[str, Any]) -> str:
-    e = p["estimate"]
-    mark = "(this recipe) " if p.get("this_recipe") else ""
-    comm = (f"[TP {e['comm_tp_s']:.2f}, DP {e['comm_dp_s']:.2f}], roofline at peak" if "comm_tp_s" in e
+def proposal_line(p: Proposal) -> str:
+    e = p.estimate
+    mark = "(this recipe) " if p.this_recipe else ""
+    comm = (f"[TP {e.comm_tp_s:.2f}, DP {e.comm_dp_s:.2f}], roofline at peak" if isinstance(e, RooflineStep)
             else "calibrated from measured pieces")
-    return (f"{mark}TP {p['tensor_parallel']} x DP {p['data_parallel']}, sharding {p['optimizer_sharding']}, recompute "
-            f"{p['recompute']}, micro 1 x accum {p['grad_accum_steps']}: {p['memory_gib']:.1f} GiB (margin "
-            f"{p['margin_gib']:.1f}); estimated step {e['step_s']:.2f} s (compute {e['compute_s']:.2f} + optimizer "
-            f"{e['memory_s']:.2f} + comm {e['comm_s']:.2f} {comm}) -> --set " + " --set ".join(p["set"]))
+    return (f"{mark}TP {p.tensor_parallel} x DP {p.data_parallel}, sharding {p.optimizer_sharding}, recompute "
+            f"{p.recompute}, micro 1 x accum {p.grad_accum_steps}: {p.memory_gib:.1f} GiB (margin "
+            f"{p.margin_gib:.1f}); estimated step {e.step_s:.2f} s (compute {e.compute_s:.2f} + optimizer "
+            f"{e.memory_s:.2f} + comm {e.comm_s:.2f} {comm}) -> --set " + " --set ".join(p.set))
 
 
 def peak_flops(recipe: Recipe) -> tuple[float | None, str]:

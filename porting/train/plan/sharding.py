@@ -151,9 +151,18 @@ def tp_collectives(recipe: Recipe, cfg: LlamaConfig) -> list[Collective]:
                 3 * accum * tokens * 4)]
 
 
-def bytes_summary(cols: list[Collective]) -> dict[str, int]:
+@dataclass(frozen=True)
+class CollectiveBytes:
+    """Payload and wire bytes per optimizer step per rank, in total and by group (plan.json ``collective_bytes``)."""
+
+    payload_bytes: int
+    wire_bytes: int
+    dp_wire_bytes: int
+    tp_wire_bytes: int
+
+
+def bytes_summary(cols: list[Collective]) -> CollectiveBytes:
     """Payload and wire bytes per step per rank, in total and by group."""
-    out = {"payload_bytes": sum(c.payload_bytes for c in cols), "wire_bytes": sum(c.wire_bytes for c in cols)}
-    for g in ("dp", "tp"):
-        out[f"{g}_wire_bytes"] = sum(c.wire_bytes for c in cols if c.group == g)
-    return out
+    wire = lambda g: sum(c.wire_bytes for c in cols if c.group == g)  # noqa: E731
+    return CollectiveBytes(payload_bytes=sum(c.payload_bytes for c in cols), wire_bytes=sum(c.wire_bytes for c in cols),
+                           dp_wire_bytes=wire("dp"), tp_wire_bytes=wire("tp"))

@@ -250,6 +250,7 @@ class Recipe(_Section):
     seed: int = Field(0, ge=0, le=2 ** 32 - 1)   # numpy and MindSpore seeds are 32-bit
     output_dir: str = "runs/train"
     execution: Literal["graph", "pynative"] = "graph"   # MindSpore mode of the step (porting/train/run/step/execution.py)
+    determinism: Literal["default", "bitwise"] = "default"   # bitwise: the same bits every launch (train/recipe/determinism.py)
 
     @model_validator(mode="before")
     @classmethod

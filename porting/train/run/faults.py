@@ -39,9 +39,13 @@ HOOKS: tuple[Hook, ...] = (
          "that rank marks itself ready SECONDS after the node's other ranks did, once its compiles before step 1 "
          "are done (a rank whose graphs compile longer than the collective timeout after the others')",
          "porting/train/run/step/ready.py"),
+    Hook("PORT_TEST_SAVE_DELAY", "RANK:SECONDS, seconds 0..600, e.g. 1:30",
+         "that rank sleeps SECONDS inside every checkpoint save, after its heartbeat says it is writing its file "
+         "(a rank that freezes inside a save while the others wait at the save's barrier)",
+         "porting/train/run/checkpoint/save.py"),
     Hook("PORT_TEST_CRASH_AT_EXIT", "RANK, e.g. 1",
          "that rank's msrun worker dies by SIGSEGV after its run ended, as MindSpore's teardown at exit sometimes "
-         "does (the launch must still count as finished)", "porting/train/run/worker.py"),
+         "does (the launch must still count as finished)", "porting/launch/workers/train.py"),
     Hook("PORT_TEST_BAD_DEVICES", "ID[,ID...], e.g. 2,5",
          "the device probe of those ids fails without touching the device (a CPU has no device that can break)",
          "porting/launch/device_probe.py"),
@@ -61,6 +65,7 @@ class Faults:
     nonfinite: tuple[str, int | None] | None = None   # (steps, only this rank or None)
     comm_delay: tuple[int, float] | None = None       # (rank, seconds)
     compile_delay: tuple[int, float] | None = None    # (rank, seconds)
+    save_delay: tuple[int, float] | None = None       # (rank, seconds)
     crash_at_exit: int | None = None                  # rank
     bad_devices: frozenset[int] = field(default_factory=frozenset)
 
@@ -82,6 +87,10 @@ class Faults:
     def compile_delay_for(self, rank: int) -> float:
         """Seconds rank ``rank`` marks itself ready after the node's other ranks, before step 1 (0.0: none)."""
         return _seconds_of(self.compile_delay, rank)
+
+    def save_delay_for(self, rank: int) -> float:
+        """Seconds rank ``rank`` sleeps inside each checkpoint save, writing its file (0.0: none)."""
+        return _seconds_of(self.save_delay, rank)
 
 
 def _seconds_of(hook: tuple[int, float] | None, rank: int) -> float:
@@ -114,7 +123,8 @@ def parse(environ: Mapping[str, str]) -> Faults:
         if m is None:
             raise _bad("PORT_TEST_NONFINITE", v)
         out["nonfinite"] = (m.group(1), int(m.group(2)) if m.group(2) is not None else None)
-    for env, key in (("PORT_TEST_COMM_DELAY", "comm_delay"), ("PORT_TEST_COMPILE_DELAY", "compile_delay")):
+    for env, key in (("PORT_TEST_COMM_DELAY", "comm_delay"), ("PORT_TEST_COMPILE_DELAY", "compile_delay"),
+                     ("PORT_TEST_SAVE_DELAY", "save_delay")):
         if v := raw[env]:
             out[key] = _rank_seconds(env, v)
     if v := raw["PORT_TEST_CRASH_AT_EXIT"]:

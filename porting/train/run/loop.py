@@ -1,7 +1,7 @@
 """The training run: one rank's loop, from a validated recipe to checkpoints, metrics and an HF export.
 
 World size 1 runs in the calling process; more ranks run this same function inside `msrun` workers
-(:mod:`porting.train.run.worker`). Every rank logs to ``logs/rank_<r>.log``; rank 0 writes
+(porting/launch/workers/train.py). Every rank logs to ``logs/rank_<r>.log``; rank 0 writes
 ``metrics.jsonl``, ``manifest.json``, checkpoints and the HF export. Tensor parallel's pieces (the rank
 grid, its groups, slicing and merging) live in :mod:`porting.train.run.step.grid`; what stays here is the loop
 and its Trainer (with ZeRO's and packing's inputs); what a rank builds before step 1 is
@@ -18,8 +18,8 @@ import os
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable
+from pathlib import Path
 
 import mindspore as ms
 import numpy as np
@@ -51,7 +51,7 @@ from porting.train.run.checkpoint.export import export_hf
 from porting.train.run.step.grid import Grid
 from porting.train.run.heldout import eval_record
 from porting.train.run.step.loss_scale import LossScaler
-from porting.train.run.records import comm_record, run_manifest, step_record, summarize
+from porting.train.run.records import Provenance, comm_record, run_manifest, step_record, summarize
 from porting.train.run.step.runtime import configure_mindspore
 from porting.train.run.step.cells import compiled_graphs
 from porting.train.run.step.result import StepResult
@@ -192,9 +192,10 @@ class Trainer:
         """Graphs compiled so far by this rank's step cells."""
         return compiled_graphs(*self.cells)
 
-    def save(self, root: Path, done: int) -> Path:
-        """Every rank writes what it owns; rank 0 adds the layout record (no merge inside the job)."""
-        return ckpt.save_ranks(self, root, done)
+    def save(self, root: Path, done: int, announce: Callable[[int, str], None] | None = None) -> Path:
+        """Every rank writes what it owns; rank 0 adds the layout record (no merge inside the job). ``announce(step,
+        part)``: each part of the save on the rank log and heartbeat (ranklog.RankLog.save_part)."""
+        return ckpt.save_ranks(self, root, done, announce)
 
     def restore(self, path: Path, opened: tuple[ckpt_read.Source, dict] | None = None) -> int:
         """This rank's share of the per-rank checkpoint ``path``, in this run's layout; the step to continue from.
@@ -227,14 +228,14 @@ def _run_or_skip(trainer: Trainer, step: Step, lr: float, guard: nonfinite.SkipG
     return r
 
 
-def _finish(recipe: Recipe, trainer: Trainer, plan, records: list, metrics, model_dir: Path, run_dir: Path,
-            start: int, command: list[str] | None, rl: ranklog.RankLog, compiled: pre.CompileReport | None) -> None:
+def _finish(recipe: Recipe, trainer: Trainer, plan: BatchSchedule, records: list, metrics, model_dir: Path, run_dir: Path,
+            start: int, command: tuple[str, ...], rl: ranklog.RankLog, compiled: pre.CompileReport | None) -> None:
     """The final checkpoint, the summary record and the HF export, after the last step."""
     if plan.total_steps <= start:
         return
     ck_root, log = RunDir(run_dir).checkpoints, rl.log
     rl.saving(plan.total_steps)   # every rank writes what it owns (porting/train/run/checkpoint/format.py)
-    final = trainer.save(ck_root, plan.total_steps)
+    final = trainer.save(ck_root, plan.total_steps, rl.save_part)
     rl.saved(plan.total_steps, final)
     if trainer.rank != 0:
         return
@@ -249,7 +250,7 @@ def _finish(recipe: Recipe, trainer: Trainer, plan, records: list, metrics, mode
                  f"export_after_exit), or by hand: port ckpt merge {final} --out {RunDir(run_dir).hf}")
     elif recipe.checkpointing.export_hf:
         rl.phase("save", plan.total_steps)   # the export writes the whole model again: a save's allowance
-        out = export_hf(final, model_dir, RunDir(run_dir).hf, command=list(command or sys.argv))
+        out = export_hf(final, model_dir, RunDir(run_dir).hf, command=list(command))
         log.info(f"HF export {out} (from {final}, with port_manifest.json)")
 
 
@@ -268,16 +269,16 @@ def _resume(trainer: Trainer, last: tuple[int, Path] | None, ck_root: Path, tota
     return start
 
 
-def train(recipe: Recipe, run_dir: str | Path, *, rank: int = 0, world_size: int = 1, resume: bool = False,
-          distributed: bool = False, command: list[str] | None = None, echo: bool = True,
-          doctor: Callable[[], dict] | None = None, compile_cache: bool = True) -> RunResult:
-    """Run (or resume) the fine-tune of ``recipe`` on this rank; returns when the last step is done.
-    ``doctor`` makes the environment report manifest.json keeps (the caller's: `port doctor` is above
-    porting/train); rank 0 calls it once. ``compile_cache``: run/step/precompile.py's, under RUN/compile_cache."""
+def train(recipe: Recipe, run_dir: str | Path, *, resume: bool = False, distributed: bool = False,
+          echo: bool = True, provenance: Provenance | None = None) -> RunResult:
+    """Run (or resume) the fine-tune of ``recipe`` on this rank; returns when the last step is done. A `port train`
+    rank gets ``recipe`` from the run's job document (porting/launch/workers/train.py); ``provenance`` is what
+    manifest.json records of it (the command, the launcher's environment report, the document)."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
+    prov = provenance or Provenance(tuple(sys.argv))
     configure_mindspore(recipe, distributed)
-    rank, world_size = setup.join(recipe, distributed, rank, world_size)
+    rank, world_size = setup.join(recipe, distributed, 0, 1)
     log = ranklog.open_log(run_dir, rank, echo and rank == 0)
     rl = ranklog.RankLog(log, Heartbeat(run_dir, rank))   # the lines others read, and the heartbeat beside them
     grid = grid_mod.make_grid(recipe, rank, world_size)
@@ -297,9 +298,9 @@ def train(recipe: Recipe, run_dir: str | Path, *, rank: int = 0, world_size: int
         rl.phase("restore")
         start = _resume(trainer, last, ck_root, plan.total_steps, log, opened)
     rl.phase("compile")
-    compiled = pre.before_step_one(trainer, plan, cfg.to_hf(), start, compile_cache, log)   # every shape, every rank
+    compiled = pre.before_step_one(trainer, plan, cfg.to_hf(), start, True, log)   # every shape, every rank
     if rank == 0:
-        rundir.write_manifest(run_dir, run_manifest(recipe, model_dir, cfg, plan, world_size, command, start, doctor),
+        rundir.write_manifest(run_dir, run_manifest(recipe, model_dir, cfg, plan, world_size, start, prov),
                               resume_step=start if resume else 0)
     watch = Watch(recipe.logging, run_dir, plan.total_steps, start, recipe.model_dump(mode="json")) if rank == 0 else None
     metrics = rundir.MetricsWriter(run_dir, keep_through_step=start) if rank == 0 else None
@@ -334,10 +335,10 @@ def train(recipe: Recipe, run_dir: str | Path, *, rank: int = 0, world_size: int
             done = step.index + 1
             if every and done % every == 0 and done < plan.total_steps:
                 rl.saving(done)   # a supervisor allows a save its own time (porting/launch/watch.py)
-                path = trainer.save(ck_root, done)
+                path = trainer.save(ck_root, done, rl.save_part)
                 last_good = (done, path)
                 rl.saved(done, path)
-        _finish(recipe, trainer, plan, records, metrics, model_dir, run_dir, start, command, rl, compiled)
+        _finish(recipe, trainer, plan, records, metrics, model_dir, run_dir, start, prov.command, rl, compiled)
     except PortingError as exc:
         rl.failed(str(exc))
         raise

@@ -10,7 +10,8 @@ import datetime as _dt
 import logging
 import sys
 from pathlib import Path
-from typing import Callable
+from dataclasses import dataclass
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -18,6 +19,7 @@ from porting import rundir
 from porting.env import versions
 from porting.train.data.batching import BatchSchedule, Step
 from porting.train.recipe.schema import Recipe, recipe_dict
+from porting.train.run.step import deterministic
 from porting.train.run.step.commwait import CommWait
 from porting.train.run.step.nonfinite import WINDOW_SKIP
 from porting.train.run.step.result import StepResult
@@ -76,13 +78,25 @@ def summarize(records: list[rundir.StepRecord], plan: BatchSchedule, graphs: int
         precompile_s=compiled.seconds if compiled else None, precompiled_graphs=compiled.graphs if compiled else None)
 
 
-def run_manifest(recipe: Recipe, model_dir: Path, cfg, plan: BatchSchedule, world_size: int,
-                 command: list[str] | None, start: int, doctor: Callable[[], dict] | None = None) -> rundir.RunManifest:
+@dataclass(frozen=True)
+class Provenance:
+    """What a rank records of where its run came from (the launcher's job document, porting/job/): the user's
+    command, the environment report the launcher took once, and which document the ranks ran."""
+
+    command: tuple[str, ...] = ()
+    environment: Mapping[str, Any] | None = None
+    job: str | None = None
+
+
+def run_manifest(recipe: Recipe, model_dir: Path, cfg, plan: BatchSchedule, world_size: int, start: int,
+                 prov: Provenance) -> rundir.RunManifest:
     """What this run is (manifest.json), as the run-directory format defines it."""
+    command = prov.command
     return rundir.RunManifest(
-        recipe=recipe_dict(recipe), versions=versions(), doctor=doctor() if doctor else None,
+        recipe=recipe_dict(recipe), versions=versions(),
+        doctor=dict(prov.environment) if prov.environment is not None else None,
         model=rundir.ModelInfo(source=recipe.model.source, dir=str(model_dir), config=cfg.to_hf(),
                                parameters=cfg.num_parameters()),
         data=plan.data.report.as_dict(), bucketing=plan.describe(), seed=recipe.seed, world_size=world_size,
         command=tuple(command or sys.argv), started=_dt.datetime.now(_dt.timezone.utc).isoformat(),
-        resumed_from_step=start or None)
+        resumed_from_step=start or None, job=prov.job, determinism=deterministic.in_force(recipe))

@@ -134,3 +134,6 @@ def bisect_fused_weights(d):
     torch.manual_seed(0)
     transformers.Phi3ForCausalLM(transformers.Phi3Config(**SMALL, pad_token_id=0)).save_pretrained(m)
     return ["bisect", "--hf", str(m), "--ms", str(m)]
+
+
+from tests.attacks.models import config_cases  # noqa: E402,F401 (issue 51's model configs, in this folder)

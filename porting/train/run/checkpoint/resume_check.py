@@ -28,6 +28,7 @@ from typing import Any
 from converters.safetensors_io import read_header
 from model_zoo.errors import CheckpointError, RecipeError
 from porting.rundir.paths import RunDir
+from porting.train.recipe.schema import Recipe
 from porting.train.run.checkpoint import save as ckpt
 from porting.train.run.checkpoint.read import check_same_run, read_record
 from porting.train.run.checkpoint.format import identity_of
@@ -67,7 +68,7 @@ def validate(ckdir: Path) -> tuple[ckpt.TrainState, Any, dict]:
     return st, layout, ident
 
 
-def check_run_dir(out: Path, resume: bool, recipe: Any, model_config: dict | None = None) -> str | None:
+def check_run_dir(out: Path, resume: bool, recipe: Recipe, model_config: dict | None = None) -> str | None:
     """Refuse, in one line, a run directory this launch cannot start or continue exactly (see the module
     docstring); with ``--resume`` returns what the terminal should know (a layout change made exact).
     ``model_config``: the model's HF config, compared with the checkpoint's (None: not compared)."""
@@ -93,7 +94,7 @@ def check_run_dir(out: Path, resume: bool, recipe: Any, model_config: dict | Non
     return check_continues(newest, st, layout, ident, recipe, model_config)
 
 
-def check_continues(ckdir: Path, st: ckpt.TrainState, layout: Any, ident: dict, recipe: Any,
+def check_continues(ckdir: Path, st: ckpt.TrainState, layout: Any, ident: dict, recipe: Recipe,
                     model_config: dict | None) -> str | None:
     """``ckdir`` continues ``recipe``'s run exactly, or one line why not; the note on a layout change."""
     max_steps = recipe.schedule.max_steps

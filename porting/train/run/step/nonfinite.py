@@ -25,6 +25,7 @@ from pathlib import Path
 from porting.rundir.ranklog import window_phrase
 from porting.train.run.step.result import StepResult
 from porting.rundir.paths import RunDir
+from porting.train.recipe.schema import Recipe
 
 NONFINITE, OVERFLOW, WINDOW_SKIP = "nonfinite", "overflow", "data window"
 
@@ -66,7 +67,7 @@ class SkipGuard:
         return None
 
 
-def guard_for(recipe, run_dir: Path, start: int) -> SkipGuard:
+def guard_for(recipe: Recipe, run_dir: Path, start: int) -> SkipGuard:
     """The run's guard; a resumed run counts the non-finite steps its kept metrics record (through ``start``)."""
     nf = recipe.nonfinite
     return SkipGuard(nf.max_consecutive_skips, nf.max_total_skips, total=prior_skips(run_dir, start))
@@ -83,6 +84,6 @@ def prior_skips(run_dir: Path, start: int) -> int:
     return sum(1 for r in read_metrics(path).steps if r.step <= start and r.skip_reason == NONFINITE)
 
 
-def in_window(recipe, step_no: int) -> tuple[int, int] | None:
+def in_window(recipe: Recipe, step_no: int) -> tuple[int, int] | None:
     """The ``nonfinite.skip_steps`` window holding step ``step_no`` (1-based), else None."""
     return next(((a, b) for a, b in recipe.nonfinite.skip_steps if a <= step_no <= b), None)

@@ -10,7 +10,7 @@ from mindspore.communication import init
 from mindspore.device_context.cpu.op_tuning import threads_num
 
 from porting.train.plan.comm import fusion_context
-from porting.train.run.step import execution
+from porting.train.run.step import deterministic, execution
 from porting.train.plan.memory import usable_hbm_gib
 from porting.train.recipe.schema import Recipe
 
@@ -28,6 +28,7 @@ def configure_mindspore(recipe: Recipe, distributed: bool) -> None:
     """The recipe's execution mode (graph or PyNative) on its device, the memory pool capped, and under msrun the collectives' init and
     the gradient all-reduce fusion of the recipe."""
     target = {"cpu": "CPU", "ascend": "Ascend"}[recipe.cluster.device]
+    deterministic.apply(recipe)   # determinism: bitwise, before the device and the collectives initialise
     execution.refuse_compile_cache(recipe)   # port keys MindSpore's compile cache itself (run/step/precompile.py)
     execution.set_mode(recipe)   # graph (default) or pynative: the same step cells either way
     # set_device may run once, before any kernel; a process that already runs on the target (a

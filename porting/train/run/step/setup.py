@@ -31,10 +31,10 @@ def build_model(recipe: Recipe, model_dir: Path, grid: Grid | None = None, weigh
     checkpoint ``weights_from`` (the HF checkpoint then is not read; ``opened`` is that checkpoint, still open
     for the optimizer state, ``ckpt_read.restore``; else None); with tensor parallel, this rank's shard of each."""
     cfg = LlamaConfig.from_hf(model_dir)
-    if recipe.data.max_seq_length > cfg.max_position_embeddings:
-        raise RecipeError(f"data.max_seq_length={recipe.data.max_seq_length} exceeds the model's "
-                          f"max_position_embeddings={cfg.max_position_embeddings} ({model_dir}/config.json); "
-                          f"set data.max_seq_length <= {cfg.max_position_embeddings}")
+    if recipe.data.max_seq_length > cfg.longest_sequence:   # dynamic NTK: max_position_embeddings x factor
+        raise RecipeError(f"data.max_seq_length={recipe.data.max_seq_length} exceeds the model's longest sequence "
+                          f"{cfg.longest_sequence} (max_position_embeddings={cfg.max_position_embeddings}, "
+                          f"{model_dir}/config.json); set data.max_seq_length <= {cfg.longest_sequence}")
     check_tensor_parallel(recipe, cfg, model_dir)
     tp = grid_mod.tensor_parallel(recipe, grid)
     model = build(cfg, param_dtype=recipe.precision.param_dtype, compute_dtype=recipe.precision.compute_dtype,

@@ -1,9 +1,9 @@
 """Entry point of one `msrun` worker of the compute rung's collective timing (porting/rehearse_compute.py):
-``msrun ... collectives_worker.py SPEC OUT``. Each collective is chained in one compiled cell (the per-call cost,
+``msrun ... collectives.py SPEC OUT``. Each collective is chained in one compiled cell (the per-call cost,
 not a launch: 8 calls up to 512 KiB, 2 of 4 MiB and 16 MiB), timed at 1 KiB to 16 MiB per rank; rank 0 writes
-(bytes, ms a call) points. A file of its own in this folder, and all of the worker here, because msrun runs a
-script path (a script in ``porting/`` itself would put that folder first on ``sys.path``, where
-``porting/bisect`` hides the standard library's ``bisect``) and porting.train must not import the rehearsal."""
+(bytes, ms a call) points. A script in porting/launch/workers/ with the other msrun entry points (msrun runs a
+script path; one in ``porting/`` itself would put that folder first on ``sys.path``, where ``porting/bisect``
+hides the standard library's ``bisect``), started by the one launcher (porting/launch/jobs.py)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,12 @@
-"""Entry point of one `msrun` worker: ``msrun ... worker.py --recipe R --run-dir D [--set k=v] [--resume]``.
+"""Entry point of one rank: ``msrun ... train.py --run-dir RUN [--revision N] [--resume]`` (or the same without
+msrun for a supervised one-device run).
 
-msrun starts this file with the ``python`` on PATH; each worker finds its rank through MindSpore's
-``init()`` and runs :func:`porting.train.run.loop.train`. Errors print one line and exit non-zero, which
-makes ``msrun --join=True`` stop the other workers. Every worker (and msrun's scheduler, which runs this
-script too) exits by itself once the `port` that launched it is gone (porting/train/run/lifeline.py).
+The rank reads the run's job document (``RUN/job.json`` or revision N, porting/job/): the recipe resolved once by
+`port train`, never the user's YAML file or a ``--set`` string, and runs :func:`porting.train.run.loop.train` on it.
+msrun starts this file with the ``python`` on PATH; each worker finds its rank through MindSpore's ``init()``.
+Errors print one line and exit non-zero, which makes ``msrun --join=True`` stop the other workers. Every worker
+(and msrun's scheduler, which runs this script too) exits by itself once the `port` that launched it is gone
+(porting/train/run/lifeline.py).
 """
 
 from __future__ import annotations
@@ -13,6 +16,20 @@ import os
 import signal
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from porting.job import Job
+    from porting.train.run.loop import RunResult
+
+
+def run_rank(job: Job, resume: bool, distributed: bool) -> RunResult:
+    """This rank's run of ``job`` (the one-device launch calls it in `port train`'s own process)."""
+    from porting.train.run.loop import train
+    from porting.train.run.records import Provenance
+
+    prov = Provenance(job.source.command, job.environment, f"{job.run.path / 'job.json'} revision {job.revision}")
+    return train(job.recipe, job.run.path, resume=resume, distributed=distributed, provenance=prov)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -23,20 +40,16 @@ def main(argv: list[str] | None = None) -> int:
 
     watch_parent()   # before anything slow: this process exits once the `port` that launched it is gone
     from model_zoo.errors import PortingError  # deferred: sys.path holds the checkout only from here
-    from porting.diagnostics.doctor import doctor_report  # deferred: sys.path holds the checkout only from here
-    from porting.train.recipe.schema import load_recipe  # deferred: sys.path holds the checkout only from here
-    from porting.train.run.loop import train  # deferred: sys.path holds the checkout only from here
+    from porting.job import Job  # deferred: sys.path holds the checkout only from here
 
     ap = argparse.ArgumentParser(prog="port-train-worker")
-    ap.add_argument("--recipe", required=True)
     ap.add_argument("--run-dir", required=True)
-    ap.add_argument("--set", action="append", default=[])
+    ap.add_argument("--revision", type=int, default=None)
     ap.add_argument("--resume", action="store_true")
     args = ap.parse_args(argv)
     try:
-        recipe = load_recipe(args.recipe, args.set)
-        train(recipe, args.run_dir, resume=args.resume, distributed=True,
-              command=[sys.executable, *sys.argv], echo=True, doctor=doctor_report)
+        job = Job.read(args.run_dir, args.revision)
+        run_rank(job, args.resume, distributed=job.recipe.world_size > 1)
     except PortingError as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return exc.exit_code
