@@ -47,4 +47,4 @@ def test_lora_tensor_parallel_split_and_step_estimate():
     row = 16 * (4096 // 2 + 4096 + 14336 // 2 + 4096)
     assert two.parameters == 32 * (col + row) and two.parameters > one.parameters / 2
     lo, full = step_time(_recipe(True), CFG), step_time(_recipe(False), CFG)
-    assert lo["compute_s"] < 0.75 * full["compute_s"] and lo["step_s"] < full["step_s"]
+    assert lo.compute_s < 0.75 * full.compute_s and lo.step_s < full.step_s
