@@ -13,10 +13,14 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from model_zoo.config import LlamaConfig
 from model_zoo.errors import ConfigError
 from porting.env import require_torch
+
+if TYPE_CHECKING:   # hints only
+    from porting.train.recipe.schema import Recipe
 
 
 def require_peft() -> None:
@@ -27,7 +31,7 @@ def require_peft() -> None:
                           "pip install 'port[lora]' (peft>=0.21)") from None
 
 
-def peft_model(model, recipe, hf_dir: Path):
+def peft_model(model, recipe: Recipe, hf_dir: Path):
     """(PeftModel over ``model`` holding the run's initial adapter, sha256 of that adapter's weights)."""
     require_torch("port baseline")
     require_peft()

@@ -13,12 +13,15 @@ no trainable parameter before it (the frozen layers below the first adapter): th
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
 from converters import lora_names, names
 from model_zoo.errors import CheckpointError
+
+if TYPE_CHECKING:   # hints only
+    from porting.train.recipe.schema import Recipe
 
 
 def key_of(hf_param: str) -> str:
@@ -32,7 +35,7 @@ def name_of(targets: lora_names.Targets, table: dict) -> Callable[[str], str]:
     return lambda n: keys.get(key_of(n)) or names.map_name(n, table)
 
 
-def zoo_model(recipe, cfg, hf_dir: Path, run_path: Path, k: int):
+def zoo_model(recipe: Recipe, cfg, hf_dir: Path, run_path: Path, k: int):
     """The run's LoRA model entering step k (for k = 1 its initial adapter, ``RUN/adapter_init``)."""
     from converters import peft_adapter
     from converters.loading import load_hf_dir
@@ -55,7 +58,7 @@ def zoo_model(recipe, cfg, hf_dir: Path, run_path: Path, k: int):
     return model
 
 
-def hf_model(recipe, hf_dir: Path, weights: dict[str, np.ndarray], targets: lora_names.Targets, table: dict):
+def hf_model(recipe: Recipe, hf_dir: Path, weights: dict[str, np.ndarray], targets: lora_names.Targets, table: dict):
     """HF transformers' model with PEFT's LoRA layers of the recipe, its trainable parameters the zoo's."""
     import torch
     from peft import LoraConfig, get_peft_model

@@ -16,6 +16,7 @@ import dataclasses
 
 from converters import lora_names, names
 from model_zoo.config import LlamaConfig
+from porting.train.recipe.schema import Recipe
 
 ROW_PARALLEL = ("attention.wo", "feed_forward.w2")        # model_zoo/llama.py _row
 VOCAB_PARALLEL = ("model.tok_embeddings.embedding_weight", "lm_head.weight")
@@ -46,7 +47,7 @@ def _split(zoo: str, shape: tuple[int, ...], tp: int) -> int:
     return n
 
 
-def shapes(recipe, cfg: LlamaConfig, tp: int = 1) -> LoraShapes:
+def shapes(recipe: Recipe, cfg: LlamaConfig, tp: int = 1) -> LoraShapes:
     """The trainable parameters of ``recipe``'s LoRA on one tensor-parallel rank of ``cfg``'s model."""
     lo = recipe.lora
     found = lora_names.resolve(cfg, lo.target_modules, tuple(lo.modules_to_save), lo.bias)
@@ -67,7 +68,7 @@ def shapes(recipe, cfg: LlamaConfig, tp: int = 1) -> LoraShapes:
 
 
 
-def describe(recipe, layout) -> str:
+def describe(recipe: Recipe, layout) -> str:
     """What the run trains, for the dry run's plan."""
     if recipe.lora is None:
         return "full fine-tuning: every weight trains (gradients, fp32 masters when bf16, AdamW states)"

@@ -21,12 +21,13 @@ from converters.peft_adapter import AdapterConfig
 from model_zoo.config import LlamaConfig
 from model_zoo.errors import RecipeError
 from model_zoo.lora_spec import LoraSpec, draw_initial
+from porting.train.recipe.schema import Recipe
 
 INIT_DIR = "adapter_init"      # RUN/adapter_init: the adapter a LoRA run started from
 ADAPTER_DIR = "adapter"        # RUN/adapter: the trained adapter (PEFT format)
 
 
-def adapter_config(recipe) -> AdapterConfig:
+def adapter_config(recipe: Recipe) -> AdapterConfig:
     """The recipe's ``lora`` section as a PEFT adapter config."""
     lo = recipe.lora
     targets = lo.target_modules if isinstance(lo.target_modules, str) else tuple(lo.target_modules)
@@ -34,12 +35,12 @@ def adapter_config(recipe) -> AdapterConfig:
                          tuple(lo.modules_to_save), lo.bias, recipe.model.source)
 
 
-def spec(recipe) -> LoraSpec:
+def spec(recipe: Recipe) -> LoraSpec:
     lo = recipe.lora
     return LoraSpec(lo.r, float(lo.alpha), float(lo.dropout), lo.use_rslora)
 
 
-def targets(recipe, cfg: LlamaConfig) -> lora_names.Targets:
+def targets(recipe: Recipe, cfg: LlamaConfig) -> lora_names.Targets:
     """The layers the recipe adapts in ``cfg``'s model and the parameters it trains (RecipeError naming the key)."""
     lo = recipe.lora
     try:
@@ -50,7 +51,7 @@ def targets(recipe, cfg: LlamaConfig) -> lora_names.Targets:
         raise RecipeError(str(e)) from None
 
 
-def _agrees(recipe, cfg: LlamaConfig, conf: AdapterConfig, found: lora_names.Targets, where: str) -> None:
+def _agrees(recipe: Recipe, cfg: LlamaConfig, conf: AdapterConfig, found: lora_names.Targets, where: str) -> None:
     """lora.init_from's config must be the recipe's: same numbers, same layers, same trained parameters."""
     mine = adapter_config(recipe)
     diffs = [f"{k} {getattr(conf, k)!r} (the recipe: {getattr(mine, k)!r})"
@@ -65,7 +66,7 @@ def _agrees(recipe, cfg: LlamaConfig, conf: AdapterConfig, found: lora_names.Tar
                           f"{'; '.join(diffs)}; write the section from it (port recipe import) or drop init_from")
 
 
-def initial_adapter(recipe, cfg: LlamaConfig) -> tuple[lora_names.Targets, dict[str, np.ndarray]]:
+def initial_adapter(recipe: Recipe, cfg: LlamaConfig) -> tuple[lora_names.Targets, dict[str, np.ndarray]]:
     """(targets, PEFT key -> full float32 array) the run starts from: lora.init_from's tensors, or the draw
     (adapters only: modules_to_save and biases start from the base model's own values)."""
     lo = recipe.lora
@@ -80,7 +81,7 @@ def initial_adapter(recipe, cfg: LlamaConfig) -> tuple[lora_names.Targets, dict[
     return t, draw_initial({k: shapes[k] for k in t.adapter_keys()}, recipe.seed)
 
 
-def write_initial(folder: Path, recipe, found: lora_names.Targets, tensors: dict[str, np.ndarray],
+def write_initial(folder: Path, recipe: Recipe, found: lora_names.Targets, tensors: dict[str, np.ndarray],
                   base: dict[str, np.ndarray]) -> str:
     """The initial adapter as a complete PEFT folder in ``folder`` (``base``: the modules_to_save and bias values
     the adapter does not hold, read from the base model as PEFT copies them: converters/loading.py

@@ -438,9 +438,8 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None, check_file
     recipe = validate_recipe(raw, str(p), p.parent.resolve(), check_files)
     # Make data/model paths absolute so workers started elsewhere (msrun) read the same files.
     named = recipe.data.chat_template.partition(":")[0] in ("auto", "model", "builtin")   # else a Jinja file
-    fields = [(recipe.data, "path"), (recipe.model, "source")] + ([] if named else [(recipe.data, "chat_template")])
-    if recipe.lora is not None and recipe.lora.init_from:   # a PEFT adapter folder (recipe/lora.py)
-        fields.append((recipe.lora, "init_from"))
+    fields = [(recipe.data, "path"), (recipe.model, "source")] + ([] if named else [(recipe.data, "chat_template")]) + (
+        [(recipe.lora, "init_from")] if recipe.lora is not None and recipe.lora.init_from else [])   # a PEFT folder
     for section, key in fields:
         found = resolve_path(getattr(section, key), p.parent.resolve())
         setattr(section, key, str(found.resolve()) if found.exists() else getattr(section, key))

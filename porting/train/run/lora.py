@@ -17,9 +17,10 @@ from model_zoo import lora as zoo_lora
 from model_zoo.config import LlamaConfig
 from model_zoo.errors import RecipeError
 from porting.train.recipe import adapter
+from porting.train.recipe.schema import Recipe
 
 
-def attach(model, recipe, cfg: LlamaConfig) -> lora_names.Targets:
+def attach(model, recipe: Recipe, cfg: LlamaConfig) -> lora_names.Targets:
     """The recipe's adapters on ``model`` (built, weights not yet loaded); every other weight frozen."""
     if recipe.lora.dropout > 0 and recipe.data.eval_split > 0:
         raise RecipeError(f"lora.dropout {recipe.lora.dropout:g} with data.eval_split: the held-out loss runs on the "
@@ -33,7 +34,7 @@ def attach(model, recipe, cfg: LlamaConfig) -> lora_names.Targets:
     return found
 
 
-def start(model, recipe, cfg: LlamaConfig, model_dir: Path, run_dir: Path | None, log) -> str | None:
+def start(model, recipe: Recipe, cfg: LlamaConfig, model_dir: Path, run_dir: Path | None, log) -> str | None:
     """Set the initial adapter on ``model`` (the base already loaded); rank 0 (``run_dir`` given) writes it as
     ``RUN/adapter_init/`` (PEFT format) and returns the sha256 of its weights."""
     found, tensors = adapter.initial_adapter(recipe, cfg)

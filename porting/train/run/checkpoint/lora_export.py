@@ -33,7 +33,7 @@ from converters.sources import MANIFEST, open_hf
 from model_zoo.config import LlamaConfig
 from model_zoo.errors import CheckpointError
 from porting.train.recipe import adapter
-from porting.train.recipe.schema import validate_recipe
+from porting.train.recipe.schema import Recipe, validate_recipe
 from porting.train.run.checkpoint.read import open_checkpoint
 
 Log = Callable[[str], None] | None
@@ -65,7 +65,7 @@ def identity_of_config(cfg: LlamaConfig) -> str:
     return hashlib.sha256(json.dumps(cfg.to_hf(), sort_keys=True).encode()).hexdigest()
 
 
-def _values(ckdir: Path, recipe, cfg: LlamaConfig) -> tuple[lora_names.Targets, dict[str, np.ndarray]]:
+def _values(ckdir: Path, recipe: Recipe, cfg: LlamaConfig) -> tuple[lora_names.Targets, dict[str, np.ndarray]]:
     """(targets, PEFT key -> full float32 array) of the checkpoint's adapter (masters when it keeps them)."""
     found = adapter.targets(recipe, cfg)
     src, ident = open_checkpoint(Path(ckdir))
@@ -101,7 +101,7 @@ def export_adapter(ckdir: Path, base: Path, out: Path, force: bool = False, log:
     return Path(out)
 
 
-def _merged(recipe, cfg: LlamaConfig, found: lora_names.Targets, tensors: dict[str, np.ndarray]) -> dict:
+def _merged(recipe: Recipe, cfg: LlamaConfig, found: lora_names.Targets, tensors: dict[str, np.ndarray]) -> dict:
     """HF tensor name -> its merged float32 value, for every tensor the adapter changes."""
     table = lora_names.ModuleTable.of(cfg)
     hf_of = {z: h for h, z in table.params.items()}
@@ -173,7 +173,7 @@ def _merge_file(path: Path, dst: Path, change: dict) -> set[str]:
     return done
 
 
-def export_final(recipe, final: Path, model_dir: Path, run_dir: Path, log, command: list[str] | None = None) -> None:
+def export_final(recipe: Recipe, final: Path, model_dir: Path, run_dir: Path, log, command: list[str] | None = None) -> None:
     """After a LoRA run's last checkpoint: ``RUN/adapter`` (PEFT) always, the merged ``RUN/hf`` when the recipe
     exports HF (checkpointing.export_hf); both from ``final`` over the base ``model_dir``."""
     out = export_adapter(final, model_dir, run_dir / adapter.ADAPTER_DIR, force=True)
