@@ -11,8 +11,8 @@ size). For a recipe and layout::
     update           = update_fixed + update_per_param x parameters this rank updates (its ZeRO shard)
     communication    = sum over the plan's collectives (porting/train/plan/sharding.py) of count x the measured
                        time of one call of its size (the compute rung's graph-mode calls, interpolated)
-    step             = grad_accum_steps x forward_backward + update + communication   (port's step does not
-                       overlap communication with compute)
+    step             = grad_accum_steps x forward_backward + update + communication   (no overlap assumed:
+                       the rehearsal times compute and collectives apart; comm.EXPOSED_SOURCE)
 
 with ``grad_accum_steps: 1`` adding to the update what one graph saves against the two cells (measured at both
 depths). ``F`` are the FLOPs of that piece for one micro-batch on one rank (matmuls 6 x parameters x tokens,
@@ -114,6 +114,13 @@ def derive(points: list[dict[str, Any]], shape: dict[str, Any]) -> dict[str, flo
     s0, s1 = {**shape, "micro": micros[0]}, {**shape, "micro": micros[-1]}
     la, lb = _affine(l0, layer_flops(s0), l1, layer_flops(s1))
     ea, eb = _affine(max(e0, 0.0), ends_flops(s0), max(e1, 0.0), ends_flops(s1))
+    if eb <= 0:
+        # noise on a loaded machine left nothing for the ends (the deeper model's extra layers took all of the
+        # shallow one's time): the ends are matmuls too (embedding gather, lm_head, loss), so they take the layer's
+        # rate per FLOP rather than a zero the loader refuses (calibration_bounds: a zero time per FLOP)
+        ea, eb = 0.0, lb
+        e0 = lb * ends_flops(s0)
+    e0 = max(e0, 0.0)   # shown as measured: a noisy negative is shown as nothing
     m = micros[0]
     per_param = (at[(hi, m)]["update_s"] - at[(lo, m)]["update_s"]) / (at[(hi, m)]["parameters"] - at[(lo, m)]["parameters"])
     per_param = max(per_param, 0.0)

@@ -192,7 +192,7 @@ def make_plan(recipe: Recipe, cfg: LlamaConfig, run_dir: str, resume: bool = Fal
         mixed_precision=mixed_precision(recipe), recompute=recipe.memory.recompute,
         optimizer_sharding=recipe.parallel.optimizer_sharding,
         comm_fusion=recipe.parallel.comm_fusion.model_copy(deep=True),
-        gradient_allreduce=comm.fusion_plan(recipe, cfg), launch=comm.launch_plan(recipe, layout) if multi else None,
+        gradient_allreduce=comm.fusion_plan(recipe, cfg, layout), launch=comm.launch_plan(recipe, layout) if multi else None,
         memory_gib_by_phase=mem, device_hbm_gib=recipe.cluster.device_hbm_gib, usable_hbm_gib=usable,
         margin_gib=round(usable - mem.total, 3), fits=fits,
         suggestions=() if fits else tuple(suggestions(cfg, recipe, usable)),

@@ -58,6 +58,9 @@ def format_plan(plan: TrainPlan) -> str:
     if ga.allreduce_ops and not plan.sharding.enabled:
         lines.append(f"gradient all-reduce: {ga.gradients} gradients in {ga.allreduce_ops} AllReduce op(s), "
                      f"largest bucket {max(ga.bucket_mib)} MiB ({ga.how})")
+    if ga.allreduce_ops and ga.exposed_fraction is not None:
+        lines.append(f"exposed communication the step estimate assumes: {ga.exposed_fraction:.0%} of the "
+                     f"collectives' time ({ga.exposed_source})")
     a = plan.allowances
     lines.append(f"supervisor allowances without a sign of life (--supervise): before step 1 {a.compile_s} s "
                  f"({a.graphs} graph(s), at most {a.shapes} shape(s)), restore {a.restore_s} s, save "

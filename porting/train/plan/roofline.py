@@ -26,7 +26,8 @@ Links, per die, applied to each parallel group separately (:func:`links`):
                                                    4 per frozen weight, no weight gradient)
     memory_s  = optimizer bytes read and written / 1.6 TB/s (weights, gradients, masters, m, v)
     comm_s    = TP wire bytes / intra-node link + DP wire bytes / (inter-node link when nodes > 1)
-    step_s    = compute_s + memory_s + comm_s     (port's step does not overlap communication)
+    step_s    = compute_s + memory_s + comm_s     (no overlap assumed: none is measured on the device;
+                                                   comm.EXPOSED_SOURCE)
 
 It is an estimate at the hardware's peak: real steps run at a fraction of it, so use it to rank settings,
 not to promise a step time.

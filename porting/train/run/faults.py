@@ -49,6 +49,16 @@ HOOKS: tuple[Hook, ...] = (
     Hook("PORT_TEST_BAD_DEVICES", "ID[,ID...], e.g. 2,5",
          "the device probe of those ids fails without touching the device (a CPU has no device that can break)",
          "porting/launch/device_probe.py"),
+    Hook("PORT_TEST_REFUSE_STATIC_PARALLEL", "1",
+         "MindSpore's static-graph distributed parallel API, which MindSpore retires after 2.11 (the auto-parallel "
+         "context's setter and resetter, nn's gradient reducers, mindspore.parallel.auto_parallel.AutoParallel), "
+         "raises when code outside MindSpore calls it: the proof that port's parallel runs do without it. On in "
+         "the whole test suite (tests/conftest.py), so every msrun test runs with it",
+         "porting/train/run/step/probes.py"),
+    Hook("PORT_TEST_COLLECTIVE_TRACE", "DIR, an absolute path, e.g. /tmp/trace",
+         "every collective a rank launches from Python (PyNative: each call is one launch) is appended to "
+         "DIR/rank_<r>.jsonl as {op, shape, group}: the PyNative op trace that counts the gradient buckets",
+         "porting/train/run/step/probes.py"),
 )
 _NONFINITE = re.compile(r"(\*|[0-9]+-|[0-9]+(?:,[0-9]+)*)(?:@([0-9]+))?")
 _INTS = re.compile(r"[0-9]+(?:,[0-9]+)*")
@@ -68,6 +78,8 @@ class Faults:
     save_delay: tuple[int, float] | None = None       # (rank, seconds)
     crash_at_exit: int | None = None                  # rank
     bad_devices: frozenset[int] = field(default_factory=frozenset)
+    refuse_static_parallel: bool = False
+    collective_trace: str | None = None               # the folder of the per-rank traces
 
     def nan_at(self, step_no: int, rank: int) -> bool:
         """Whether rank ``rank``'s loss scale is NaN at step ``step_no`` (1-based)."""
@@ -135,6 +147,14 @@ def parse(environ: Mapping[str, str]) -> Faults:
         if not _INTS.fullmatch(v):
             raise _bad("PORT_TEST_BAD_DEVICES", v)
         out["bad_devices"] = frozenset(int(x) for x in v.split(","))
+    if v := raw["PORT_TEST_REFUSE_STATIC_PARALLEL"]:
+        if v != "1":
+            raise _bad("PORT_TEST_REFUSE_STATIC_PARALLEL", v)
+        out["refuse_static_parallel"] = True
+    if v := raw["PORT_TEST_COLLECTIVE_TRACE"]:
+        if not v.startswith("/") or len(v) > 4096 or "\n" in v:
+            raise _bad("PORT_TEST_COLLECTIVE_TRACE", v)
+        out["collective_trace"] = v
     return Faults(**out)
 
 

@@ -41,6 +41,8 @@ from porting.train.run.checkpoint.lora_export import export_final as lora_export
 from porting.train.run.step import grid as grid_mod
 from porting.train.run.step import nonfinite
 from porting.train.run.step import precompile as pre
+from porting.train.run.step import probes
+from porting.train.plan.comm import fusion_words
 from porting.train.run.checkpoint import resume_check
 from porting.train.run.step import setup
 from porting.train.run.step import cells as train_step
@@ -95,6 +97,7 @@ class Trainer:
         grad_fp32 = recipe.precision.grad_reduce_dtype == "float32"
         groups = grid_mod.step_groups(model, grid)
         self.layout = groups.pop("layout", {})
+        groups["comm_fusion"] = recipe.parallel.comm_fusion   # port's gradient buckets (run/step/buckets.py)
         self.zero = None
         if world_size > 1:   # every rank writes its own checkpoint file, between two barriers
             self.barrier_cell = train_step.Barrier()
@@ -120,6 +123,9 @@ class Trainer:
             self.grad_step = train_step.AccumGradStep(model, self.optimizer.params, self.buffers)
             self.apply = train_step.ApplyStep(self.optimizer, self.buffers, dp, opt.grad_clip, grad_fp32, **groups)
             self.cells = [self.grad_step, self.apply]
+        reducer = getattr(self.cells[-1], "reducer", None)
+        if reducer is not None:
+            log.info(f"data parallel {dp}: {reducer.describe()}")
         # fp32 master weights (bf16/fp16 parameters) are optimizer state: saved and restored with m and v
         self.state_params = params + list(self.optimizer.masters) + list(self.optimizer.m) + list(self.optimizer.v)
         self.scaler = LossScaler(recipe.precision.loss_scale)
@@ -282,9 +288,9 @@ def train(recipe: Recipe, run_dir: str | Path, *, resume: bool = False, distribu
     log = ranklog.open_log(run_dir, rank, echo and rank == 0)
     rl = ranklog.RankLog(log, Heartbeat(run_dir, rank))   # the lines others read, and the heartbeat beside them
     grid = grid_mod.make_grid(recipe, rank, world_size)
-    rl.started(rank, world_size, os.getpid(), f"parallel_mode {ms.get_auto_parallel_context('parallel_mode')}, "
-               f"comm_fusion {ms.get_auto_parallel_context('comm_fusion')}, optimizer sharding "
-               f"{recipe.parallel.optimizer_sharding}; {grid.describe()}", distributed)
+    rl.started(rank, world_size, os.getpid(), f"port's gradient buckets ({fusion_words(recipe.parallel.comm_fusion)}), "
+               f"optimizer sharding {recipe.parallel.optimizer_sharding}; {grid.describe()}{probes.installed()}",
+               distributed)
     setup.log_mode(recipe, grid, log)
     model_dir = resolve_hf(recipe.model.source)
     last = ckpt.latest(RunDir(run_dir).checkpoints) if resume else None   # the checkpoint gives the weights itself
