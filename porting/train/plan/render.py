@@ -20,6 +20,7 @@ def format_plan(plan: TrainPlan) -> str:
         f"precision: params {prec.param_dtype}, compute {prec.compute_dtype}, "
         f"loss scale {prec.loss_scale.kind}; recompute {plan.recompute}; "
         f"optimizer sharding {plan.sharding.how}",
+        f"training: {plan.training}",
         f"mixed precision: {plan.mixed_precision}",
         f"execution: {plan.execution}",
         "memory per device (GiB):",
