@@ -108,6 +108,10 @@ BLOCKING = {
     "zero_optimization.offload_optimizer.device": "ZeRO offload of optimizer states to the CPU: port keeps them on the device (sharded over data-parallel ranks)",
     "zero_optimization.offload_param.device": "ZeRO-3 offload of parameters to the CPU: port keeps parameters on the device",
     "label_smoothing_factor": "label smoothing: port's loss is plain token cross-entropy",
+    # NEFTune adds uniform noise of alpha / sqrt(L x d) to the input embeddings every training step (transformers
+    # Trainer neftune_noise_alpha, Jain et al. 2023): the trained weights differ; port adds none (model_zoo/llama.py)
+    "neftune_noise_alpha": "NEFTune embedding noise: port adds no noise to the input embeddings; drop it from the job "
+                           "(the losses of the two sides would differ by the noise) or train it on the GPU",
 }
 # keys that do not change the trained weights (or port has its own way), by family
 NO_EFFECT_PREFIXES = {
@@ -129,7 +133,7 @@ NO_EFFECT_PREFIXES = {
                          "half_precision_backend", "fp16_backend", "fp16_opt_level", "__class__", "trust_remote_code",
                          "enable_cpu_affinity", "full_determinism", "auto_find_batch_size", "use_kt", "use_legacy",
                          "per_gpu_train_batch_size", "zero_allow_untested_optimizer", "downcast_bf16", "hf_hub_token",
-                         "optim_args", "neftune_noise_alpha", "average_tokens_across_devices", "restore_callback_states",
+                         "optim_args", "average_tokens_across_devices", "restore_callback_states",
                          "flash_attn", "enable_liger_kernel", "use_unsloth", "adafactor_", "torch_empty_cache_steps"),
     "communication tuning (MindSpore schedules overlap itself)": (
         "zero_optimization.allgather", "zero_optimization.overlap_comm", "zero_optimization.contiguous_gradients",

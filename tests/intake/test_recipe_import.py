@@ -134,3 +134,17 @@ def test_training_arguments_as_json_give_the_same_recipe(imported, tmp_path):
     want = yaml.safe_load(imported["hf-bin+ds-z2"][1].read_text())
     got = yaml.safe_load((tmp_path / "r.yaml").read_text())
     assert got == want and rep["configs"][str(tmp_path / "args.json")] == "hf-training-args"
+
+
+@pytest.mark.parametrize("alpha, blocks", [(5, True), (None, False), (0, False)])
+def test_neftune_noise_blocks_when_set(tmp_path, alpha, blocks):
+    """NEFTune adds noise to the input embeddings every step (transformers neftune_noise_alpha): the trained weights
+    differ, and port adds none, so a job that sets it is refused by name; unset (the real training_args.bin fixture
+    has None) or 0 is not used and passes."""
+    doc = yaml.safe_load((CFG / "lf_llama3_lora_sft.yaml").read_text())
+    doc["neftune_noise_alpha"] = alpha
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(doc))
+    rep = import_configs([str(tmp_path / "job.yaml")], tmp_path / "r.yaml", Target(model="llama3-8b", source_gpus=None))
+    row = {r["key"]: r for r in rep["keys"]}["neftune_noise_alpha"]
+    assert row["status"] == "refused" and row["blocking"] is blocks and "NEFTune" in row["reason"]
+    assert ({r["key"] for r in rep["blocking"]} == {"neftune_noise_alpha"}) is blocks
