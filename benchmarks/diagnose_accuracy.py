@@ -8,7 +8,11 @@ from before the cause model (no ``cause_class`` / ``suspect`` in the result) are
 ``reason_kind`` counts as right for every class it could stand for (OLD_KIND_CLASSES), and the suspect is
 read from ``first_failing_rank``.
 
-    python benchmarks/diagnose_accuracy.py [--json] [--show-misses] [--split heldout|tune|tune38|tune38b|tune38c|tune38d]
+    python benchmarks/diagnose_accuracy.py [--json] [--show-misses] [--split heldout|tune|tune38|...|tune53|heldout53]
+
+Issue 53's report is by shape (device, memory, link, heartbeat, install, operator, numerical, crash): an entry's
+``shape`` field, else the shape of its class (:data:`SHAPE_OF_CLASS`). An entry whose name ends in "/" is a
+directory of logs (a run's own ``logs/``), diagnosed as it is.
 """
 
 from __future__ import annotations
@@ -64,13 +68,29 @@ def class_ok(d: dict, want: str) -> bool:
     return want in OLD_KIND_CLASSES.get(d.get("reason_kind"), set())
 
 
+# issue 53's shapes, for entries without a `shape` of their own (a class's usual shape)
+SHAPE_OF_CLASS = {"device_fault": "device", "memory": "memory", "host_oom": "memory", "nic_link_init": "link",
+                  "socket_timeout": "link", "address_port": "link", "collective_timeout": "heartbeat",
+                  "watchdog_abort": "heartbeat", "comm_init": "link", "config": "install", "operator_error": "operator",
+                  "numerical": "numerical", "process_exit": "crash", "framework_internal": "crash",
+                  "data_starvation": "device"}
+SHAPES = ("device", "memory", "link", "heartbeat", "install", "operator", "numerical", "crash")
+
+
+def shape_of(want: dict) -> str:
+    return want.get("shape") or SHAPE_OF_CLASS.get(want.get("class", ""), "other")
+
+
 def score(name: str, want: dict) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         logs = Path(tmp) / "logs"
-        logs.mkdir()
-        # a neutral name: fixture names like "..._rank5_watchdog.log" would otherwise give the rank away
-        # (the file-name grammar reads "rank5" as the rank), which a pasted log does not have
-        shutil.copy(FIELD / name, logs / NEUTRAL)
+        if name.endswith("/"):   # a run's own log directory: its file names are part of what it says
+            shutil.copytree(FIELD / name, logs)
+        else:
+            logs.mkdir()
+            # a neutral name: fixture names like "..._rank5_watchdog.log" would otherwise give the rank away
+            # (the file-name grammar reads "rank5" as the rank), which a pasted log does not have
+            shutil.copy(FIELD / name, logs / NEUTRAL)
         d = diagnose(logs, jobs=1)
     got = suspect_of(d)
     reason = d.get("reason", "")
@@ -79,7 +99,8 @@ def score(name: str, want: dict) -> dict:
               "reason": all(k.lower() in reason.lower() for k in want.get("reason", [])),
               # issue 38: the fine-grained fault of the taxonomy, where the expectation names one
               "fault": "fault" not in want or d.get("fault") == want["fault"]}
-    return {"name": name, "split": want.get("split", "tune"), "kinds": want.get("kinds", []), **checks,
+    return {"name": name, "split": want.get("split", "tune"), "kinds": want.get("kinds", []), "shape": shape_of(want),
+            **checks,
             "pass": all(checks.values()), "no_failure_found": d.get("reason_kind") == "none",
             "want_fault": want.get("fault"),
             "got": {"suspect": got, "class": d.get("cause_class", d.get("reason_kind")), "fault": d.get("fault"),
@@ -90,7 +111,9 @@ SPLITS = (("heldout", "held-back, issue 28"),
           ("tune38", "issue 38's first held-back batch, tuned on since"),
           ("tune38b", "issue 38's second held-back batch, tuned on since"),
           ("tune38c", "issue 38's third held-back batch, tuned on since"),
-          ("tune38d", "issue 38's fourth held-back batch, tuned on since"), ("tune", "rest (tuned on)"))
+          ("tune38d", "issue 38's fourth held-back batch, tuned on since"), ("tune", "rest (tuned on)"),
+          ("tune53", "issue 53's tuning set"), ("heldout53", "issue 53's held-back batch (never tuned on)"))
+TUNING = ("tune", "tune38", "tune38b", "tune38c", "tune38d", "tune53")
 MEASURES = ("pass", "suspect", "class", "fault", "confidence", "reason")
 
 
@@ -106,6 +129,12 @@ def summary(rows: list[dict]) -> dict:
     for kind in ("consequence", "peer", "device", "markerless", "undetermined"):
         part = [r for r in rows if kind in r["kinds"]]
         out[f"kind:{kind}"] = {"n": len(part), "pass": sum(r["pass"] for r in part)}
+    for shape in SHAPES:
+        for group, splits in (("held-back", ("heldout53",)), ("all", None)):
+            part = [r for r in rows if r["shape"] == shape and (splits is None or r["split"] in splits)]
+            out[f"shape:{shape}:{group}"] = {"n": len(part), "pass": sum(r["pass"] for r in part),
+                                             "suspect_and_class": sum(r["suspect"] and r["class"] for r in part),
+                                             "no_failure_found": sum(r["no_failure_found"] for r in part)}
     for fault in sorted({r["want_fault"] for r in rows if r.get("want_fault")}):
         part = [r for r in rows if r.get("want_fault") == fault]
         out[f"fault:{fault}"] = {"n": len(part), "pass": sum(r["pass"] for r in part)}
@@ -135,9 +164,14 @@ def main() -> int:
               f"confidence {x['confidence']}, reason {x['reason']}; 'no failure found' {x['no_failure_found']}")
     print("by kind: " + ", ".join(f"{k[5:]} {v['pass']}/{v['n']}" for k, v in s.items() if k.startswith("kind:")))
     print("by fault: " + ", ".join(f"{k[6:]} {v['pass']}/{v['n']}" for k, v in s.items() if k.startswith("fault:")))
+    for group in ("all", "held-back"):
+        print(f"by shape ({group}; suspect and class / n, full pass, 'no failure found'): " + ", ".join(
+            f"{sh} {s[f'shape:{sh}:{group}']['suspect_and_class']}/{s[f'shape:{sh}:{group}']['n']} "
+            f"({s[f'shape:{sh}:{group}']['pass']}, {s[f'shape:{sh}:{group}']['no_failure_found']})"
+            for sh in SHAPES if s[f"shape:{sh}:{group}"]["n"]))
     if args.show_misses:
         for r in rows:
-            if not r["pass"] and r["split"] in ("tune", "tune38", "tune38b", "tune38c", "tune38d"):
+            if not r["pass"] and r["split"] in TUNING:
                 bad = [k for k in MEASURES[1:] if not r[k]]
                 print(f"MISS [{r['split']}] {r['name']}: {bad} got {r['got']}")
     return 0

@@ -17,6 +17,7 @@ import datetime as _dt
 import json
 import os
 import shutil
+import stat
 import sys
 import tempfile
 from pathlib import Path
@@ -28,6 +29,7 @@ from converters.safetensors_io import OutTensor
 from converters.sources import (
     MANIFEST,
     MS_INDEX,
+    Source,
     known_sha256,
     open_hf,
     open_ms,
@@ -102,23 +104,36 @@ def _hf_layout_from_manifest(ms_dir: Path) -> dict:
     return layout
 
 
-def build_plan(src_dir: Path, direction: Direction, out_format: str = "safetensors", dtype: str = "keep",
-               config: Path | None = None) -> ConversionLayout:
-    """Read headers, check coverage / shapes / dtypes, and decide every output file and tensor.
-    ``config`` is the config.json to use when ``src_dir`` has none (a MindSpore training checkpoint)."""
+def _check_choices(out_format: str, dtype: str) -> None:
     if out_format not in OUT_FORMATS:
         raise CheckpointError(f"--format {out_format!r}: expected one of {', '.join(OUT_FORMATS)}")
     if dtype not in dtypes.TARGETS:
         raise CheckpointError(f"--dtype {dtype!r}: expected one of {', '.join(dtypes.TARGETS)}")
+
+
+def build_plan(src_dir: Path, direction: Direction, out_format: str = "safetensors", dtype: str = "keep",
+               config: Path | None = None) -> ConversionLayout:
+    """Read headers, check coverage / shapes / dtypes, and decide every output file and tensor.
+    ``config`` is the config.json to use when ``src_dir`` has none (a MindSpore training checkpoint)."""
+    _check_choices(out_format, dtype)
     config = Path(config) if config is not None else src_dir / "config.json"
     if config.is_dir():
         config = config / "config.json"
     cfg = LlamaConfig.from_hf(config)
     source = direction.opener(src_dir)
+    layout = _hf_layout_from_manifest(src_dir) if direction is MS_TO_HF else {}
+    return plan_source(source, direction, cfg, out_format, dtype, layout, config)
+
+
+def plan_source(source: Source, direction: Direction, cfg: LlamaConfig, out_format: str = "safetensors",
+                dtype: str = "keep", layout: dict | None = None, config: Path | None = None) -> ConversionLayout:
+    """:func:`build_plan` of an opened ``source`` (also one that is not a file yet: converters/streamed.py);
+    ``layout``: the HF file names an MS manifest recorded, ``config``: the config.json copied beside the output."""
+    _check_choices(out_format, dtype)
+    src_dir, layout = source.dir, layout or {}
     table = direction.table(cfg)
     shapes = direction.expected_shapes(cfg)
     target = dtypes.TARGETS[dtype]
-    layout = _hf_layout_from_manifest(src_dir) if direction is MS_TO_HF else {}
     restored = {k: v["name"] for k, v in layout.get("files", {}).items() if v["name"].endswith(".safetensors")}
     seen: set[str] = set()
     unexpected: list[str] = []
@@ -219,12 +234,32 @@ def _companions(plan: ConversionLayout) -> list[Path]:
     d = plan.source.dir
     found = [d / n for n in COMPANION_FILES if n != "config.json" and (d / n).is_file()]
     out = ([plan.config_path] if plan.config_path else []) + found
-    for p in out:
+    check_companions(out)
+    return out
+
+
+def check_companions(paths: list[Path]) -> None:
+    """Refuse a file to copy beside the weights that is too big to be a config, tokenizer or licence."""
+    for p in paths:
         size = p.stat().st_size
         if size > MAX_COMPANION_BYTES:
             raise CheckpointError(f"{p}: {size:,} bytes, more than the {MAX_COMPANION_BYTES:,} a file copied beside "
                                   "the weights may have (config, tokenizer, licence); replace it with the model's "
                                   "own file or remove it from the source directory")
+
+
+def skipped_companions(src: Path) -> list[str]:
+    """One note for each companion file present in ``src`` but not a regular file (a FIFO, socket, device or a
+    folder): it is not copied, and never opened (a FIFO would block the copy), said instead of skipped silently."""
+    out = []
+    for n in COMPANION_FILES:
+        try:
+            mode = os.stat(src / n).st_mode
+        except OSError:
+            continue
+        if not stat.S_ISREG(mode):
+            what = "a FIFO" if stat.S_ISFIFO(mode) else "a folder" if stat.S_ISDIR(mode) else "not a regular file"
+            out.append(f"{src / n}: {what}, not copied beside the weights (copy the model's own {n} there)")
     return out
 
 
@@ -238,14 +273,8 @@ def execute(plan: ConversionLayout, out_dir: Path, *, force: bool = False,
     ``hash_source`` (``port convert --source-hash``)."""
     # Resolved before any check: `x/../SRC` and symlinks name the directory they reach, so the overlap
     # check below compares like with like and nothing (not even x/) is created for a refused --out.
-    atomic.check_out(out_dir, inputs=[plan.source.dir], force=force, ours=lambda d: True)   # a link is refused
-    out_dir = Path(out_dir).resolve()
-    atomic.check_destination(out_dir, force, [plan.source.dir])
     companions = _companions(plan)
-    check_replaceable(out_dir, force, companions)
-    need = sum(pf.out_bytes for pf in plan.files) + sum(p.stat().st_size for p in companions)
-    check_writable(out_dir)
-    atomic.check_free_space(out_dir, need)
+    out_dir = check_output(plan, out_dir, force, [plan.source.dir], companions)
     progress = progress or (lambda n: None)
     # digests the HF download tooling already recorded cost nothing: always used
     known = {pf.src.name: known_sha256(pf.src.path) for pf in plan.files}
@@ -273,36 +302,66 @@ def execute(plan: ConversionLayout, out_dir: Path, *, force: bool = False,
         src_files = []
         for pf in plan.files:
             digest, how = (digests.get(pf.src.name), "computed") if known[pf.src.name] is None else known[pf.src.name]
-            src_files.append({"name": pf.src.name, "bytes": pf.src.path.stat().st_size, "sha256": digest,
-                              "sha256_source": how if digest else None, "metadata": pf.src.metadata,
-                              "skipped_tensors": list(pf.skipped)})
-        for name, content in _index_files(plan, records).items():
-            _write_output(out_dir, tmp / name, lambda t, c=content: t.write_text(json.dumps(c, indent=2) + "\n"))
-        for p in companions:
-            _write_output(out_dir, tmp / ("config.json" if p == plan.config_path else p.name),
-                          lambda t, src=p: shutil.copyfile(src, t))
-        manifest = {
-            "tool": "port convert", "direction": plan.direction.name,
-            "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            "command": command or sys.argv,
-            "source": {"dir": str(plan.source.dir.absolute()), "format": plan.source.kind,
-                       "sha256_recorded": all(f["sha256"] for f in src_files),
-                       "index": plan.source.index_name, "files": src_files},
-            "output": {"format": plan.out_format, "dtype": {v: k for k, v in dtypes.TARGETS.items()}[plan.target_dtype],
-                       "files": [pf.out_name for pf in plan.files],
-                       "companion_files": sorted({"config.json" if p == plan.config_path else p.name
-                                                  for p in companions}),
-                       # bytes copied inside the kernel vs written from user space (casts, other filesystems)
-                       "bytes_written_by": ways},
-            "model_type": plan.cfg.model_type,
-            "name_map": plan.direction.table(plan.cfg),
-            "fused": fused.manifest_entry(plan.cfg),   # how fused HF tensors split into the zoo's weights
-            "tensors": records,
-            "hf_layout": _hf_layout(plan),
-            "versions": versions or {},
-        }
-        _write_output(out_dir, tmp / MANIFEST, lambda t: t.write_text(json.dumps(manifest, indent=1) + "\n"))
+            src_files.append(source_record(pf, pf.src.path.stat().st_size, digest, how))
+        named = {"config.json" if p == plan.config_path else p.name: p for p in companions}
+        manifest = finish(plan, out_dir, tmp, records, src_files, named, ways, command=command, versions=versions)
     return manifest
+
+
+def source_record(pf: PlannedFile, size: int, digest: str | None, how: str) -> dict:
+    """The manifest's record of one source file (its sha256 and how it is known, when it is)."""
+    return {"name": pf.src.name, "bytes": size, "sha256": digest, "sha256_source": how if digest else None,
+            "metadata": pf.src.metadata, "skipped_tensors": list(pf.skipped)}
+
+
+def finish(plan: ConversionLayout, out_dir: Path, tmp: Path, records: list[dict], src_files: list[dict],
+           companions: dict[str, Path | bytes], ways: dict | None, *, command: list[str] | None,
+           versions: dict | None) -> dict:
+    """After the weights: the index file(s), the companion files (``name``: a file to copy, or its bytes) and
+    ``port_manifest.json`` into the staging directory ``tmp``; returns the manifest (one writer of it for
+    every conversion, streamed or not: converters/streamed.py)."""
+    for name, content in _index_files(plan, records).items():
+        _write_output(out_dir, tmp / name, lambda t, c=content: t.write_text(json.dumps(c, indent=2) + "\n"))
+    for name, src in companions.items():
+        _write_output(out_dir, tmp / name, lambda t, src=src: t.write_bytes(src) if isinstance(src, bytes)
+                      else shutil.copyfile(src, t))
+    manifest = {
+        "tool": "port convert", "direction": plan.direction.name,
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "command": command or sys.argv,
+        "source": {"dir": str(plan.source.dir.absolute()), "format": plan.source.kind,
+                   "sha256_recorded": all(f["sha256"] for f in src_files),
+                   "index": plan.source.index_name, "files": src_files},
+        "output": {"format": plan.out_format, "dtype": {v: k for k, v in dtypes.TARGETS.items()}[plan.target_dtype],
+                   "files": [pf.out_name for pf in plan.files],
+                   "companion_files": sorted(companions),
+                   "not_copied": skipped_companions(plan.source.dir),   # a FIFO tokenizer.json, said
+                   # bytes copied inside the kernel vs written from user space (casts, other filesystems)
+                   "bytes_written_by": ways},
+        "model_type": plan.cfg.model_type,
+        "name_map": plan.direction.table(plan.cfg),
+        "fused": fused.manifest_entry(plan.cfg),   # how fused HF tensors split into the zoo's weights
+        "tensors": records,
+        "hf_layout": _hf_layout(plan),
+        "versions": versions or {},
+    }
+    _write_output(out_dir, tmp / MANIFEST, lambda t: t.write_text(json.dumps(manifest, indent=1) + "\n"))
+    return manifest
+
+
+def check_output(plan: ConversionLayout, out_dir: Path, force: bool, inputs: list[Path],
+                 companions: list[Path | bytes]) -> Path:
+    """Every check on ``out_dir`` before a byte is written (the --out rule, with ``inputs`` protected; --force
+    replaces only what port wrote; writable; room for the weights and ``companions``, files or their bytes);
+    returns it resolved."""
+    atomic.check_out(out_dir, inputs=inputs, force=force, ours=lambda d: True)   # a link is refused
+    out_dir = Path(out_dir).resolve()
+    check_replaceable(out_dir, force, [p for p in companions if isinstance(p, Path)])
+    need = sum(pf.out_bytes for pf in plan.files) + sum(len(p) if isinstance(p, bytes) else p.stat().st_size
+                                                        for p in companions)
+    check_writable(out_dir)
+    atomic.check_free_space(out_dir, need)
+    return out_dir
 
 
 def _write_output(out_dir: Path, tmp_file: Path, write: Callable[[Path], object]) -> None:

@@ -45,6 +45,11 @@ MAX_ROPE_THETA = 1e12           # Llama 3: 5e5, Qwen2.5-1M: 1e7; above 1: a base
                                 # frequencies, and YaRN divides by its logarithm
 
 
+# Dropout probabilities transformers' configs of these families carry (LlamaConfig/MistralConfig/Qwen2Config/
+# Qwen3Config attention_dropout; Phi3Config resid_pdrop, embd_pdrop); applied in training only.
+DROPOUT_KEYS = ("attention_dropout", "resid_pdrop", "embd_pdrop")
+
+
 @dataclasses.dataclass(frozen=True)
 class LlamaConfig:
     """Every number the zoo's Llama builder needs. Field names follow HF ``config.json``."""
@@ -78,6 +83,9 @@ class LlamaConfig:
     # transformers' nn.Embedding(padding_idx=pad_token_id): that row gets no gradient from the lookup
     pad_token_id: int | None = dataclasses.field(default=None, compare=False)
     torch_dtype: str | None = dataclasses.field(default=None, compare=False)  # storage metadata only
+    # training-time dropout config.json asks for and the zoo's cell does not apply (it has no dropout): each
+    # (key, value) with a non-zero value; `port train` refuses them by name (porting/train/plan/make.py)
+    dropout: tuple[tuple[str, float], ...] = dataclasses.field(default=(), compare=False)
 
     def __post_init__(self) -> None:
         # Derived fields are filled in here so a preset can leave them out, as HF configs do.
@@ -247,6 +255,8 @@ class LlamaConfig:
             eos_token_id=raw.get("eos_token_id", dflt["eos_token_id"]),
             pad_token_id=_pad_id(raw, dflt["pad_token_id"], where),
             torch_dtype=raw.get("torch_dtype") or raw.get("dtype"),
+            dropout=tuple((k, float(raw[k])) for k in DROPOUT_KEYS if isinstance(raw.get(k), (int, float))
+                          and not isinstance(raw.get(k), bool) and raw[k] != 0),
         )
         try:
             return cls(**kwargs)

@@ -7,6 +7,7 @@ import importlib.metadata
 import os
 import platform
 import re
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -24,14 +25,36 @@ def package_version(name: str) -> str | None:
         return None
 
 
-def _version_in(files: list[Path], pattern: str = r"[Vv]ersion\s*[=:]\s*([\w.\-]+)") -> str | None:
-    """The first version string found in the first of ``files`` that exists and holds one."""
+MAX_VERSION_FILE_BYTES = 64 << 10   # a version.cfg / version.info is a few hundred bytes; the version is at its top
+
+
+def _version_in(files: list[Path], pattern: str = r"[Vv]ersion\s*[=:]\s*([\w.\-]{1,64})") -> str | None:
+    """The first version string found in the first of ``files`` that is a readable regular file and holds one.
+    Only the first :data:`MAX_VERSION_FILE_BYTES` of a file are read (a 3 GB version.cfg took doctor and convert past
+    3 GB of memory); a path the system refuses (longer than the file-name limit, a FIFO, no permission) is
+    passed over like an absent one."""
     for p in files:
-        if p.is_file():
-            m = re.search(pattern, p.read_text(errors="replace"))
-            if m:
-                return m.group(1)
+        text = _head(p)
+        m = re.search(pattern, text) if text is not None else None
+        if m:
+            return m.group(1)
     return None
+
+
+def _head(p: Path) -> str | None:
+    """The first bytes of a regular file as text, or None; the open never blocks (O_NONBLOCK: a FIFO)."""
+    try:
+        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK)
+    except (OSError, ValueError):
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        return os.read(fd, MAX_VERSION_FILE_BYTES).decode("utf-8", errors="replace")
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def cann_version() -> str | None:
@@ -41,18 +64,20 @@ def cann_version() -> str | None:
 
 
 def driver_version() -> str | None:
-    return _version_in([Path("/usr/local/Ascend/driver/version.info")], r"Version\s*=\s*([\w.\-]+)")
+    return _version_in([Path("/usr/local/Ascend/driver/version.info")], r"Version\s*=\s*([\w.\-]{1,64})")
 
 
 def firmware_version() -> str | None:
     """Ascend firmware version from the install's version.info, when present."""
-    return _version_in([Path("/usr/local/Ascend/firmware/version.info")], r"Version\s*=\s*([\w.\-]+)")
+    return _version_in([Path("/usr/local/Ascend/firmware/version.info")], r"Version\s*=\s*([\w.\-]{1,64})")
 
 
 def cpu_model() -> str:
     """The CPU's model name (``/proc/cpuinfo``), else what ``platform`` knows."""
     try:
-        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:   # bounded: a few KB a core
+            lines = f.read(4 << 20).splitlines()
+        for line in lines:
             if line.startswith("model name"):
                 return line.split(":", 1)[1].strip()
     except OSError:

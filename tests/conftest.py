@@ -25,6 +25,10 @@ ROOT = Path(__file__).resolve().parent.parent
 # before any test module imports it. The compatibility tiers (scripts/compat.sh, compat312.sh) set it to 0 and
 # run MindSpore's default pipeline, as a user's `port` does.
 os.environ.setdefault("MS_DEV_LAUNCH_BLOCKING", "1")
+# The static-graph distributed parallel API MindSpore retires after 2.11 raises in every test, in this process and in
+# every `port` and msrun process it starts (they inherit the variable): the suite is the proof that port runs without
+# it (porting/train/run/step/probes.py; issue 48).
+os.environ.setdefault("PORT_TEST_REFUSE_STATIC_PARALLEL", "1")
 SHARED = Path(os.environ.get("PORT_SHARED", ROOT.parent / "shared"))
 EMBEDDED = ROOT / "model_zoo" / "assets" / "stories260k"
 GOLDEN_TEXT = ("Once upon a time, there was a little girl named Lily. She loved to play outside in the park. "

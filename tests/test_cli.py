@@ -115,6 +115,9 @@ FAILS = {  # need a model, a GPU or cluster files this machine has not: (exit co
         (2, "config not found"),
     "port recipe import ./job/args.json --source-gpus 8 --out r.yaml --json": (2, "config not found"),
     "port intake ./cuda_job --out ./migration --model llama2-7b": (2, "cuda_job: not a directory"),
+    # a LoRA run's checkpoint over an 8B base (tests/train/test_lora_train.py merges and exports real ones)
+    "port ckpt merge runs/lora/checkpoints/step_20 --out lora-adapter --adapter-only --model ./llama3-8b":
+        (2, "step_20: does not exist"),
     "port intake ./cuda_job --out ./migration --cluster atlas-800t-a3 --nodes 2 --source-gpus 8 --json":
         (2, "cuda_job: not a directory"),
     # the set-up table is one server of 8 devices: checked against a bigger cluster, it is refused

@@ -18,7 +18,7 @@ from typing import Any, Callable
 import numpy as np
 
 from model_zoo.errors import ConfigError
-from porting.baseline import comparison, document
+from porting.baseline import comparison, document, effective, gates, port_side
 from porting.baseline.comparison import (
     AnyComparison,
     Comparison,
@@ -42,7 +42,8 @@ from porting.baseline.document import (
 from porting.baseline.profile import side_by_side
 from porting.rundir import RunRecords, StepRecord
 from porting.verify.check import Check
-from porting.verify.stats import CurveGate, CurveTolerances, compare as difference, curve_tolerances
+from porting.verify.stats import FIELD_GATES, CurveGate, CurveTolerances, FieldGates, compare as difference, \
+    curve_tolerances
 
 
 MODEL_KEYS = ("model_type", "num_parameters", "model_config_sha256")
@@ -136,11 +137,7 @@ def run_memory(run: RunRecords) -> tuple[float | None, str | None]:
 def throughput_and_memory(base: MeasuredBaseline, run: RunRecords,
                           tol: CurveTolerances) -> tuple[ThroughputCheck, MemoryCheck]:
     b_tps = base.timing.steady_tokens_per_s
-    r_tps = run.summary.steady_tokens_per_s if run.summary else None
-    if r_tps is None:
-        steady = [r for r in run.steps if not r.compile and r.tokens and r.step_time_s]
-        if steady:
-            r_tps = sum(r.tokens for r in steady) / sum(r.step_time_s for r in steady)
+    r_tps = gates.run_tokens_per_s(run)
     tps_ratio = _ratio(r_tps, b_tps)
     b_mem = max((x for v in base.steps.peak_memory_gib.values() for x in v
                  if x is not None and math.isfinite(x)), default=None)
@@ -163,8 +160,9 @@ def _same_memory_kind(base_kind: str | None, run_kind: str | None) -> bool:
 
 def compare(base: MeasuredBaseline, base_path: str | None, run: RunRecords, run_settings: Settings,
             tol: CurveTolerances, run_logits: Callable[[], tuple[np.ndarray | None, str]],
-            allow_settings_mismatch: bool = False) -> Comparison:
-    """The full comparison; ``run_logits()`` gives the run's probe logits (or None) and where they came from."""
+            allow_settings_mismatch: bool = False, spec: FieldGates = FIELD_GATES) -> Comparison:
+    """The full comparison; ``run_logits()`` gives the run's probe logits (or None) and where they came from;
+    ``spec``: the field's gates (porting/baseline/gates.py), computed on the same steps."""
     diff = settings_diff(base.settings, run_settings)
     key_diff = [d for d in diff if d.key_setting]
     if key_diff and not allow_settings_mismatch:
@@ -186,6 +184,8 @@ def compare(base: MeasuredBaseline, base_path: str | None, run: RunRecords, run_
     for part, check in (("throughput", tput), ("memory", mem)):
         if check.ok is False:
             failures.append(f"{part} ratio {check.ratio_run_over_baseline} outside the bound asked for")
+    field = measured_verdict(base, run, loss, tput, spec)
+    failures += gates.failures(field)
     seq, batching = run_settings.seq_length or 0, (run.manifest.recipe.get("batching", {}) if run.manifest else {})
     run_tokens = batching.get("micro_batch_size", 0) * batching.get("grad_accum_steps", 0) * seq or None
     breakdown = side_by_side(base.breakdown, run.path, (base.settings.global_batch or 0) * seq or None, run_tokens)
@@ -193,7 +193,19 @@ def compare(base: MeasuredBaseline, base_path: str | None, run: RunRecords, run_
                       run_notes=tuple(run.notes), dtype=base.settings.dtype, tolerances=tol,
                       settings=SettingsCheck(diff, not key_diff), loss=loss, probe=pr, throughput=tput, memory=mem,
                       checks=_checks(key_diff, loss, pr, tput, mem, tol), failures=tuple(failures), ok=not failures,
-                      breakdown=breakdown)
+                      breakdown=breakdown, field=field,
+                      settings_table=effective.table(port_side.baseline_side(base.recipe, base.loop, str(base_path)),
+                                                     port_side.run_side(run)))
+
+
+def measured_verdict(base: MeasuredBaseline, run: RunRecords, loss: LossCheck, tput: ThroughputCheck,
+                     spec: FieldGates) -> comparison.FieldVerdict:
+    """The field's gates against a `port baseline` run: its per-step losses, its tokens/s on one device (the torch
+    loop runs every rank's micro-batches in one process, porting/baseline/runner.py), no evaluation loss."""
+    t = gates.Throughput(base.timing.steady_tokens_per_s, 1, base.device_name, tput.run_tokens_per_s,
+                         gates.run_devices(run), gates.run_device(run), "both sides count non-padding tokens")
+    return gates.verdict(((r.step, r.baseline, r.run) for r in loss.per_step), spec, t,
+                         eval_base=gates.eval_series(base.evaluation), eval_run=gates.run_eval(run))
 
 
 def _checks(key_diff: list[SettingDiff], loss: LossCheck, pr: ProbeCheck, tput: ThroughputCheck, mem: MemoryCheck,
@@ -249,12 +261,23 @@ def run_settings(run: RunRecords) -> Settings:
     else:
         raise ConfigError(f"{run.path / 'manifest.json'}: no model.config and no hf/config.json; cannot tell "
                           "which model the run trained")
-    return settings_mod.from_recipe(rec, data.get("sha256"), model, len(run.steps))
+    init = None
+    if rec.lora is not None:   # the run's initial adapter (porting/train/run/lora.py), held equal to the baseline's
+        from porting.train.recipe.adapter import INIT_DIR
+        from model_zoo.files import sha256_file
+
+        path = run.path / INIT_DIR / "adapter_model.safetensors"
+        init = sha256_file(path) if path.is_file() else None
+    return settings_mod.from_recipe(rec, data.get("sha256"), model, len(run.steps), init)
 
 
 def run_compare(baseline_path: str, run_dir: str, *, allow_settings_mismatch: bool = False,
-                probe: bool = True, gate: CurveGate | None = None, **tol_override: float | None) -> AnyComparison:
-    """`port compare BASELINE RUNDIR`: a measured baseline per step, an imported one by the curve gate."""
+                probe: bool = True, gate: CurveGate | None = None, spec: FieldGates = FIELD_GATES,
+                cuda_side: effective.Side | None = None, baseline_devices: int | None = None,
+                **tol_override: float | None) -> AnyComparison:
+    """`port compare BASELINE RUNDIR`: a measured baseline per step, an imported one by the curve gate; both with the
+    field's gates (``spec``) and the settings table (``cuda_side``: a CUDA job's settings read by intake, where the
+    imported baseline does not carry them; ``baseline_devices``: the CUDA job's device count where it states none)."""
     from porting.baseline import probe_logits
     from porting.rundir import read_run
 
@@ -269,7 +292,8 @@ def run_compare(baseline_path: str, run_dir: str, *, allow_settings_mismatch: bo
         from porting.baseline import curve
 
         return curve.compare_imported(base, str(baseline_path), run, rs, gate or curve.DEFAULTS,
-                                      allow_settings_mismatch)
+                                      allow_settings_mismatch, spec=spec, cuda_side=cuda_side,
+                                      baseline_devices=baseline_devices)
     tol = curve_tolerances(base.settings.dtype, **tol_override)
     ids = np.asarray(base.probe.input_ids, dtype=np.int64)
     after = int(base.probe.after_step or base.steps.step[-1])
@@ -279,4 +303,4 @@ def run_compare(baseline_path: str, run_dir: str, *, allow_settings_mismatch: bo
             return None, "skipped (--no-probe)"
         return probe_logits.run_probe_logits(run, ids, after)
 
-    return compare(base, str(baseline_path), run, rs, tol, probe_fn, allow_settings_mismatch)
+    return compare(base, str(baseline_path), run, rs, tol, probe_fn, allow_settings_mismatch, spec)

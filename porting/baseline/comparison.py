@@ -7,7 +7,9 @@ Two kinds, as the baseline file has two (:mod:`porting.baseline.document`):
 * :class:`CurveComparison` -- against an imported CUDA log (:func:`porting.baseline.curve.compare_imported`): the
   like-for-like checks, the aligned points and the curve gate.
 
-Both carry the verdict as the one result row of every verification (``checks``:
+Both carry the field's gates (``field``: :class:`FieldVerdict`, porting/baseline/gates.py) and both sides'
+effective settings (``settings_table``: :class:`SettingRow`, porting/baseline/effective.py), and
+the verdict as the one result row of every verification (``checks``:
 :class:`porting.verify.check.Check`), the failures in words and ``ok``. `port compare` prints them
 (:mod:`porting.baseline.render`) or writes :meth:`to_dict` as JSON (``--json``, ``--out``); `port report` reads
 that file back with :func:`from_json` (the reading rules of :mod:`model_zoo.typed`: every key's type
@@ -22,10 +24,48 @@ from typing import Any, Union
 from model_zoo import typed
 from model_zoo.typed import spec
 from porting.verify.check import Check
-from porting.verify.stats import CurveGate, CurveTolerances
+from porting.verify.stats import CurveGate, CurveTolerances, FieldGates
 
 FORMAT = "port-compare"
 FORMAT_VERSION = 1
+
+
+# ------------------------------------------------------------------------------- the field's verdict, both kinds
+@dataclass(frozen=True)
+class GateRow:
+    """One of the field's gates (porting/baseline/gates.py): the value, the bound it is held to, PASS, FAIL or N/A
+    (``status``; N/A says why in ``figures``), the numbers behind it and where the bound comes from."""
+
+    name: str
+    value: float | None
+    threshold: float
+    bound: str               # "<=" or ">="
+    status: str              # "PASS", "FAIL" or "N/A"
+    figures: str
+    source: str
+
+
+@dataclass(frozen=True)
+class FieldVerdict:
+    """The field's gates as a team signs them: every row PASS or N/A (and at least one loss gate measured) is ok."""
+
+    gates: FieldGates
+    rows: tuple[GateRow, ...]
+    ok: bool
+
+
+@dataclass(frozen=True)
+class SettingRow:
+    """One setting that moves a loss curve, as each side really ran it (porting/baseline/effective.py): ``equal`` is
+    None where one side's value cannot be known from its files; ``effect`` is the expected effect of a difference."""
+
+    setting: str
+    cuda: str
+    port: str
+    equal: bool | None
+    effect: str
+    cuda_source: str
+    port_source: str
 
 
 # ------------------------------------------------------------------------------- against a measured baseline
@@ -127,6 +167,8 @@ class Comparison:
     failures: tuple[str, ...]
     ok: bool
     breakdown: dict | None = None   # porting.baseline.profile.side_by_side: both sides' sampled step breakdowns
+    field: FieldVerdict | None = spec(omit_none=True)    # the field's gates (porting/baseline/gates.py)
+    settings_table: tuple[SettingRow, ...] = ()          # both sides' effective settings (porting/baseline/effective.py)
     format: str = FORMAT
     format_version: int = FORMAT_VERSION
 
@@ -227,6 +269,8 @@ class CurveComparison:
     checks: tuple[Check, ...]
     failures: tuple[str, ...]
     ok: bool
+    field: FieldVerdict | None = spec(omit_none=True)
+    settings_table: tuple[SettingRow, ...] = ()
     format: str = FORMAT
     format_version: int = FORMAT_VERSION
     kind: str = "imported"

@@ -31,8 +31,10 @@ import math
 import statistics
 
 from model_zoo.errors import ConfigError
+from porting.baseline import effective, gates, port_side
 from porting.baseline.comparison import (
     CurveComparison,
+    FieldVerdict,
     rows as rows_as_written,
     CurvePoint,
     CurveSource,
@@ -44,7 +46,7 @@ from porting.baseline.comparison import (
 )
 from porting.baseline.document import ImportedBaseline, Settings
 from porting.verify.check import Check
-from porting.verify.stats import IMPORTED_CURVE_GATE, LR_RTOL, CurveGate
+from porting.verify.stats import FIELD_GATES, IMPORTED_CURVE_GATE, LR_RTOL, CurveGate, FieldGates
 
 SPIKE_HALF_WIDTH = 5
 SPIKE_MIN_REL = 0.05
@@ -177,8 +179,11 @@ def gate(points: list[CurvePoint], g: Gate = DEFAULTS) -> GateResult:
 
 
 def compare_imported(base: ImportedBaseline, base_path: str | None, run, run_settings: Settings, g: Gate = DEFAULTS,
-                     allow_settings_mismatch: bool = False) -> CurveComparison:
-    """`port compare` of a run against an imported baseline: like-for-like first, then the curve gate."""
+                     allow_settings_mismatch: bool = False, *, spec: FieldGates = FIELD_GATES,
+                     cuda_side: effective.Side | None = None, baseline_devices: int | None = None) -> CurveComparison:
+    """`port compare` of a run against an imported baseline: like-for-like first, then the curve gate, the field's
+    gates on the same aligned points (``spec``) and the settings table (the CUDA side: ``cuda_side``, else what
+    intake stored in the baseline)."""
     points, notes = align(base, run.steps)
     if not points:
         raise ConfigError(f"{run.path}: no baseline step falls inside the run's logged steps (baseline logs steps "
@@ -188,16 +193,37 @@ def compare_imported(base: ImportedBaseline, base_path: str | None, run, run_set
         raise ConfigError(f"{run.path}: not comparable with the imported baseline: {'; '.join(unlike)}; or pass "
                           "--allow-settings-mismatch to compare anyway")
     res = gate(points, g)
-    failures = tuple(f"not like for like: {u}" for u in unlike) + res.failures
+    field = imported_verdict(base, run, points, spec, baseline_devices)
+    failures = tuple(f"not like for like: {u}" for u in unlike) + res.failures + tuple(gates.failures(field))
     imp = base.imported
+    lacking = ("probe logits", "memory") + (() if base.timing.steady_tokens_per_s else ("throughput",))
     return CurveComparison(
         baseline=base_path, run=str(run.path),
         imported=CurveSource(from_=imp.from_, format_name=imp.format_name, contains=imp.contains, lacks=imp.lacks,
                              logging_interval=imp.logging_interval, loss_is=imp.loss_is),
         global_batch=GlobalBatch(base.settings.global_batch, run_settings.global_batch),
         tokens=_tokens(points, base, run), curve=res, per_point=tuple(points), notes=tuple(notes),
-        not_available=tuple(f"{x}: not in the imported log" for x in ("probe logits", "throughput", "memory")),
-        checks=_checks(unlike, res, g), failures=failures, ok=not failures and res.ok)
+        not_available=tuple(f"{x}: not in the imported log" for x in lacking),
+        checks=_checks(unlike, res, g), failures=failures, ok=not failures and res.ok and field.ok, field=field,
+        settings_table=effective.table(cuda_side if cuda_side is not None else _stored_side(base),
+                                       port_side.run_side(run)))
+
+
+def _stored_side(base: ImportedBaseline) -> dict[str, effective.Fact]:
+    """The CUDA side intake stored in the baseline (``imported.effective_settings``); none for a bare log."""
+    doc = base.imported.effective_settings   # checked when the document was read (document._value_problems)
+    return effective.side_from_dict(doc, "imported.effective_settings") if doc is not None else {}
+
+
+def imported_verdict(base: ImportedBaseline, run, points: list[CurvePoint], spec: FieldGates,
+                     devices: int | None) -> FieldVerdict:
+    """The field's gates on the aligned points; the CUDA job's tokens/s as its log states it (all devices)."""
+    t = gates.Throughput(base.timing.steady_tokens_per_s, devices or base.settings.world_size, base.device_name,
+                         gates.run_tokens_per_s(run), gates.run_devices(run), gates.run_device(run),
+                         "the CUDA log counts input tokens (padding included unless include_num_input_tokens_seen: "
+                         "non_padding), port counts non-padding tokens")
+    return gates.verdict(((p.step, p.baseline, p.run) for p in points), spec, t,
+                         eval_base=gates.eval_series(base.evaluation), eval_run=gates.run_eval(run))
 
 
 def _checks(unlike: list[str], res: GateResult, g: CurveGate) -> tuple[Check, ...]:

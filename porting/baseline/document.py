@@ -37,7 +37,8 @@ MAX_BYTES = 512 << 20
 # Settings compared first by `port compare`, in this order: a comparison across any of them is not
 # like for like. Fields of Settings.
 KEY_SETTINGS = ("global_batch", "seq_length", "micro_batch_size", "grad_accum_steps", "world_size", "dtype",
-                "data_sha256", "data_order", "seed")
+                "data_sha256", "data_order", "seed", "adapter")
+OPTIONAL_KEY_SETTINGS = ("adapter",)   # absent from a document written before LoRA: a full fine-tune
 OTHER_SETTINGS = ("steps", "model_type", "num_parameters", "model_config_sha256", "lr", "betas", "eps",
                   "weight_decay", "grad_clip", "schedule", "recompute")
 # top-level key -> JSON type expected (both kinds)
@@ -75,6 +76,9 @@ class Settings:
     grad_clip: float | None = None           # null: no clipping
     schedule: dict | None = None
     recompute: bool | None = None
+    # LoRA (porting/train/recipe/adapter.py): r, alpha, dropout, use_rslora, targets, modules_to_save, bias and
+    # the sha256 of the initial adapter's weights; null: a full fine-tune
+    adapter: dict | None = spec(omit_none=True)
     extra: dict = field(default_factory=dict)
 
 
@@ -135,6 +139,15 @@ class Probe:
         return arrays.decode(self.logits_final, "probe.logits_final")
 
 
+@dataclass(frozen=True)
+class Evaluation:
+    """The held-out loss a baseline logged (an imported log's eval rows): steps and losses of the same length."""
+
+    step: tuple[int, ...] = spec((), low=0)
+    loss: tuple[float | None, ...] = ()
+    source: str | None = spec(omit_none=True)
+
+
 _NAMES = "a list of names (strings)"
 
 
@@ -153,6 +166,8 @@ class Imported:
     skipped_rows: dict | None = spec(omit_none=True)
     recovered_settings: dict | None = spec(omit_none=True)
     stated_settings: dict | None = spec(omit_none=True)
+    # the CUDA job's effective settings as intake read them (porting/intake/effective.py; the settings table)
+    effective_settings: dict | None = spec(omit_none=True)
     extra: dict = field(default_factory=dict)
 
 
@@ -188,6 +203,7 @@ class MeasuredBaseline(_Document):
     data: dict | None = None                 # the data report and batching
     loop: dict | None = None                 # how the torch side ran
     breakdown: tuple[dict, ...] | None = None   # sampled steps' breakdowns (porting/baseline/profile.py)
+    evaluation: Evaluation | None = spec(omit_none=True)
     format: str = FORMAT
     format_version: int = FORMAT_VERSION
     extra: dict = field(default_factory=dict)
@@ -201,6 +217,8 @@ class MeasuredBaseline(_Document):
         out["probe"] = typed.write(self.probe)
         if self.loop is not None:
             out["loop"] = self.loop
+        if self.evaluation is not None:
+            out["evaluation"] = typed.write(self.evaluation)
         return {**out, **self.extra}
 
 
@@ -226,6 +244,7 @@ class ImportedBaseline(_Document):
     memory: Memory
     probe: Probe
     imported: Imported
+    evaluation: Evaluation | None = spec(omit_none=True)
     format: str = FORMAT
     format_version: int = FORMAT_VERSION
     extra: dict = field(default_factory=dict)
@@ -236,7 +255,10 @@ class ImportedBaseline(_Document):
                                                       order=_IMPORTED_SETTINGS + rest)}
         for key in ("steps", "timing", "memory", "probe"):
             out[key] = typed.write(getattr(self, key), only_set=True, always=_IMPORTED_ALWAYS[key])
-        return {**out, "imported": typed.write(self.imported), **self.extra}
+        out["imported"] = typed.write(self.imported)
+        if self.evaluation is not None:
+            out["evaluation"] = typed.write(self.evaluation)
+        return {**out, **self.extra}
 
 
 Baseline = Union[MeasuredBaseline, ImportedBaseline]
@@ -285,7 +307,8 @@ def _missing(doc: dict[str, Any]) -> list[str]:
     if "imported" in doc:
         out = [f"missing imported.{k}" for k in ("from", "format", "contains", "lacks") if k not in doc["imported"]]
         return out + (["missing settings.steps"] if "steps" not in doc["settings"] else [])
-    return ([f"missing settings.{k}" for k in KEY_SETTINGS + ("steps",) if k not in doc["settings"]]
+    return ([f"missing settings.{k}" for k in KEY_SETTINGS + ("steps",)
+             if k not in doc["settings"] and k not in OPTIONAL_KEY_SETTINGS]
             + [f"missing probe.{k}" for k in ("input_ids", "logits_initial", "logits_final") if k not in doc["probe"]])
 
 
@@ -306,6 +329,16 @@ def _value_problems(doc: dict[str, Any]) -> list[str]:
     imp = doc.get("imported", {})
     out += [f"imported.{k} is {str(imp[k])[:40]!r}, expected {_NAMES}" for k in ("contains", "lacks")
             if len(imp.get(k, ())) > MAX_NAMES or any(len(x) > MAX_NAME_CHARS for x in imp.get(k, ()))]
+    if imp.get("effective_settings") is not None:   # the CUDA side of the settings table (porting/intake/effective.py)
+        from porting.baseline.effective import side_from_dict
+
+        try:
+            side_from_dict(imp["effective_settings"], "imported.effective_settings")
+        except ValueError as e:
+            out.append(str(e))
+    ev = doc.get("evaluation")
+    if isinstance(ev, dict) and len(ev.get("step") or ()) != len(ev.get("loss") or ()):
+        out.append("evaluation.step and evaluation.loss must be lists of the same length")
     if "imported" not in doc:
         for key in ("logits_initial", "logits_final"):
             try:

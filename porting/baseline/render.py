@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from porting.baseline import effective, gates
 from porting.baseline.comparison import AnyComparison, Comparison, CurveComparison
 from porting.baseline.memory import PHASES
 from porting.baseline.profile import render_side_by_side
@@ -25,9 +26,13 @@ def _pct(x: float | None) -> str:
 
 
 def render(rep: AnyComparison, max_rows: int = 20) -> str:
-    """The human table of either kind."""
+    """The human table of either kind: the settings that differ first (before any loss row), the field's gates, then
+    the comparison's own body, its result rows and the verdict."""
     body = render_imported(rep) if isinstance(rep, CurveComparison) else render_measured(rep, max_rows)
-    return "\n".join([body, "", table(list(rep.checks)), "",
+    left = "CUDA" if isinstance(rep, CurveComparison) else "baseline"
+    head = effective.render(rep.settings_table, left=left) + [""] if rep.settings_table else []
+    head += gates.render(rep.field) + [""] if rep.field is not None else []
+    return "\n".join([*head, body, "", table(list(rep.checks)), "",
                       "RESULT: " + ("PASS" if rep.ok else "FAIL: " + "; ".join(rep.failures))])
 
 

@@ -91,6 +91,8 @@ def command(hf_src: str | None, ms_src: Path | None, out: Path, out_format: str,
                                    command=["port", *sys.argv[1:]], hash_source=source_hash)
     finally:
         bar.close()
+    for note in convert.skipped_companions(plan.source.dir):   # said even with --quiet: a file is missing
+        click.echo(f"note: {note}", err=True)
     if not quiet:
         n = len(manifest["tensors"])
         size = sum(f["bytes"] for f in manifest["source"]["files"])

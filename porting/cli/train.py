@@ -65,6 +65,12 @@ def command(recipe: str, overrides: tuple[str, ...], dry_run: bool, as_json: boo
     if shrink and rec.cluster.nodes > 1:
         raise RecipeError(f"--shrink relaunches one node's ranks on fewer devices; a {rec.cluster.nodes}-node run "
                           "would need every node relaunched together: drop --shrink")
+    from porting.train.recipe.determinism import environment_conflicts, launch_problems
+
+    bad = launch_problems(rec.determinism, shrink) + environment_conflicts(rec.determinism, rec.cluster.device,
+                                                                           os.environ)
+    if bad:   # determinism: bitwise, refused before anything starts (porting/train/recipe/determinism.py)
+        raise RecipeError(f"{recipe}: determinism: bitwise: " + "; ".join(bad))
     if launch_node is not None:   # before the preflight waits for node 0 or a worker starts
         T.check_node_rank(launch_node, rec.cluster.nodes, "--launch-node")
     if rec.cluster.device == "ascend":   # an inference chip (310P/310B) stops here, dry run or not: one line

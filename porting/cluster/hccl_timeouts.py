@@ -32,10 +32,10 @@ def in_effect(env: Mapping[str, str], plan_env: Mapping[str, str] | None = None)
         for source, table in (("environment", env), ("plan", plan_env or {})):
             raw = table.get(name)
             if raw is not None and str(raw).strip():
-                try:
-                    out[name] = (int(str(raw).strip()), source)
-                except ValueError:
-                    out[name] = (None, source)
+                text = str(raw).strip()
+                # ASCII digits only: int() takes any script's digits ("١٢٠" is 120), HCCL does not
+                out[name] = (int(text) if text.isascii() and text.lstrip("-").isdigit() and len(text) <= 18 else None,
+                             source)
                 break
         else:
             out[name] = (HCCL_DEFAULTS[name], "HCCL default")

@@ -155,7 +155,7 @@ def explain_failure(log_dir: Path, workers: int) -> str:
 
 KIND_CLASS = {"oom": "memory", "device_error": "device_fault", "operator_error": "operator_error", "config": "config",
               "crash": "process_exit", "worker_exit": "process_exit", "comm_init": "comm_init",
-              "exception": None, "lost": "process_exit"}
+              "exception": None, "lost": "process_exit", "numerical": "numerical"}
 
 
 def finish(v: Verdict) -> Verdict:
@@ -172,6 +172,29 @@ def finish(v: Verdict) -> Verdict:
         cls = KIND_CLASS.get(v.reason_kind)
     fault = v.fault or ("waiter" if cls == "collective_timeout" else None)
     return dataclasses.replace(v, suspect=suspect, cause_class=cls, fault=fault)
+
+
+def outside_job(v: Verdict, world: int | None) -> Verdict:
+    """A verdict whose rank the job does not have (rank 7 of a 2-rank job: another job's log pasted in, a rank
+    numbered within a group, a damaged number) is never high: it says so, and what to collect."""
+    r = v.first_failing_rank
+    if not isinstance(r, int) or world is None or r < world:
+        return v
+    note = (f"rank {r} is outside the job ({world} rank(s): 0..{world - 1}); the text names a rank this job does not "
+            f"have (another job's log, a rank numbered within a communication group, a damaged number)")
+    return dataclasses.replace(v, confidence="low", reason=f"{v.reason}; {note}", why=f"{v.why}; not high: {note}",
+                               collect_next=tuple(v.collect_next) + (f"the logs of this job's ranks 0..{world - 1}, "
+                                                                     f"and which job rank {r} belongs to",))
+
+
+def _world(readable: list[FileScan], views: dict[int | str, RankView], given: int | None) -> int | None:
+    """The job's size: --world-size, else what its own logs say (`port train`'s "rank R of W", HCCL's rankSize of
+    the world group)."""
+    if given is not None:
+        return given
+    said = [sc.world for sc in readable if sc.world] + [e.facts["rank_size"] for v in views.values() for e in v.events
+                                                         if e.facts.get("rank_size") and not e.facts.get("group")]
+    return max(said) if said else None
 
 
 def diagnose(logdir: str | os.PathLike, jobs: int | None = None, world_size: int | None = None,
@@ -196,7 +219,7 @@ def diagnose(logdir: str | os.PathLike, jobs: int | None = None, world_size: int
     sched_scans = [sc for sc in readable if sc.kind == "msrun_scheduler"]
     sched = Scheduler(tuple(r for sc in sched_scans for r in sc.sched_timed_out),
                       next((sc.sched_first for sc in sched_scans if sc.sched_first is not None), None))
-    verdict = finish(decide(views, sched, context))
+    verdict = outside_job(finish(decide(views, sched, context)), _world(readable, views, world_size))
     return {
         "format": "port-diagnose", "logdir": str(logdir), "files": len(scans), "files_read": len(readable),
         "formats": dict(Counter(sc.kind for sc in readable)), "ranks_seen": len(views),

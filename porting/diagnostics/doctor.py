@@ -182,17 +182,29 @@ def env_knobs(environ: dict[str, str] | None = None) -> list[dict]:
     return rows
 
 
+def _integer(val: object) -> int | None:
+    """``val`` as an integer when it is one written in ASCII digits (an optional minus), else None."""
+    text = str(val).strip() if val is not None else ""
+    return int(text) if re.fullmatch(r"-?[0-9]{1,18}", text) else None
+
+
 def _knob_problem(knob: dict, val: str | None) -> str | None:
     if val is None:
         return None
     kind = knob["type"]
-    if kind == "int" and not re.fullmatch(r"-?\d+", val.strip()):
-        return f"{knob['name']}={val!r} is not an integer"
+    if kind == "int" and _integer(val) is None:   # ASCII digits: int() and \d take any script's ("١٢٠" is 120)
+        return f"{knob['name']}={val!r} is not an integer (ASCII digits 0-9)"
     if kind == "list" and val.strip() and not all(re.fullmatch(r"[\w.]+:[\w.]+", p.strip())
                                                   for p in val.split(",") if p.strip()):
         return f"{knob['name']}={val!r}: expected comma-separated key:value pairs"
-    if kind == "path" and not Path(os.path.expanduser(val)).exists():
-        return f"{knob['name']}={val!r}: no such file"
+    if kind == "path":
+        shown = val if len(val) <= 120 else f"{val[:60]}...({len(val):,} characters)"
+        try:
+            os.stat(os.path.expanduser(val))
+        except FileNotFoundError:
+            return f"{knob['name']}={shown!r}: no such file"
+        except (OSError, ValueError) as e:   # longer than the file-name limit, a NUL byte, no permission
+            return f"{knob['name']}={shown!r}: the path cannot be used ({getattr(e, 'strerror', None) or e})"
     return None
 
 
@@ -200,16 +212,16 @@ def check_env(rows: list[dict]) -> list[dict]:
     out = [_check(f"env {r['name']}", FAIL, r["problem"]) for r in rows if r["problem"]]
     by = {r["name"]: r for r in rows}
     try:
-        conn = int(by["HCCL_CONNECT_TIMEOUT"]["in_effect"])
-        exe = int(by["HCCL_EXEC_TIMEOUT"]["in_effect"])
-        if exe != 0 and conn >= exe:
+        conn = _integer(by["HCCL_CONNECT_TIMEOUT"]["in_effect"])
+        exe = _integer(by["HCCL_EXEC_TIMEOUT"]["in_effect"])
+        if conn is not None and exe is not None and exe != 0 and conn >= exe:
             out.append(_check("env HCCL timeouts", WARN, f"HCCL_CONNECT_TIMEOUT {conn} >= HCCL_EXEC_TIMEOUT {exe}; "
                                                           f"the HCCL guide advises connect < exec so the first error "
                                                           f"is reported by the right rank"))
     except (TypeError, ValueError):
         pass
     rt = by.get("RANK_TABLE_FILE", {}).get("value")
-    if rt and Path(rt).is_file():
+    if rt and not by["RANK_TABLE_FILE"]["problem"] and Path(rt).is_file():
         from porting.diagnostics import DiagnosticsError
         from porting.cluster import ranktable
 
@@ -301,8 +313,31 @@ def doctor_report(environ: dict[str, str] | None = None) -> dict:
     checks += check_env(knobs)
     untested = next((c["detail"] for c in checks if c["check"] == "mindspore pairing"), None)
     return {"versions": v, "firmware": env.firmware_version(), "npu": npu, "checks": checks, "env": knobs,
+            "determinism": determinism_switches(environ, v.get("cann"), npu["present"]),
             "pairing": pairing(pk.get("mindspore"), v.get("cann"), v.get("ascend_driver")),
             "untested_pairing": untested, "ok": not any(c["status"] == FAIL for c in checks)}
+
+
+def determinism_switches(environ: dict[str, str] | None, cann: str | None, npu: bool) -> dict:
+    """The determinism switches in force in this environment (``determinism: bitwise`` sets the unset ones in each
+    rank and refuses a contradicting value: porting/train/recipe/determinism.py)."""
+    from porting.train.recipe.determinism import SWITCHES, cann_level
+
+    e = dict(os.environ if environ is None else environ)
+    device = "ascend" if npu else "cpu"
+    return {"switches": {s.name: e.get(s.name, "unset") for s in SWITCHES},
+            "undone": [s.name for s in SWITCHES if s.name in e and e[s.name] not in s.accepts],
+            "cann_batch_consistency": cann_level(cann, device)[1]}
+
+
+def determinism_line(d: dict | None) -> str:
+    """The switches line of `port doctor`."""
+    if not d:
+        return "determinism switches: not recorded"
+    sw = " ".join(f"{k}={v}" for k, v in d["switches"].items())
+    undone = f"; {', '.join(d['undone'])} set to a value determinism: bitwise refuses" if d["undone"] else ""
+    return (f"determinism switches in force: {sw}; CANN batch consistency: {d['cann_batch_consistency']}{undone} "
+            "(a `determinism: bitwise` recipe sets the unset ones and MindSpore's deterministic mode in each rank)")
 
 
 def render_text(rep: dict) -> str:
@@ -316,8 +351,10 @@ def render_text(rep: dict) -> str:
         out.append(f"  [{c['status']:>4}] {c['check']:<22} {c['detail']}")
     out += ["", "environment (value in effect; * = set here, otherwise the documented default):"]
     for r in rep["env"]:
-        shown = "unset" if r["in_effect"] is None else f"{r['in_effect']}{' ' + r['unit'] if r.get('unit') else ''}"
+        val = r["in_effect"]
+        val = val if val is None or len(str(val)) <= 120 else f"{str(val)[:60]}...({len(str(val)):,} characters)"
+        shown = "unset" if val is None else f"{val}{' ' + r['unit'] if r.get('unit') else ''}"
         out.append(f"  {'*' if r['set'] else ' '} {r['name']:<28} {shown:<14} {r['meaning']}")
-    out.append("")
+    out += ["", determinism_line(rep.get("determinism")), ""]
     out.append("result: " + ("ok" if rep["ok"] else "problems found (see [fail] above)"))
     return "\n".join(out)

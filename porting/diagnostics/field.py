@@ -105,41 +105,41 @@ FIELD_LITERALS = (b"Watchdog caught", b"Socket Timeout", b"[c10d]", b"(exitcode"
                   b"Ray killed", b"SIGSEGV", b"SIGABRT")
 
 REPORTER_RES = (
-    re.compile(rb"\[(?:PG [^\]]*?)?Rank (\d+)\]"),                # torch watchdog "[Rank 1]"
-    re.compile(rb"RankID:(\d+)\)"),                               # torch_npu "(PID:2969, Device:0, RankID:101)"
-    re.compile(rb"\[rank(\d+)\]:"),                               # torchrun prefixes
+    re.compile(rb"\[(?:PG [^\]]*?)?Rank (\d{1,9})(?!\d)\]"),                # torch watchdog "[Rank 1]"
+    re.compile(rb"RankID:(\d{1,9})(?!\d)\)"),                               # torch_npu "(PID:2969, Device:0, RankID:101)"
+    re.compile(rb"\[rank(\d{1,9})(?!\d)\]:"),                               # torchrun prefixes
 )
-SEQ_RE = re.compile(rb"Work[HN]CCL\(SeqNum=(\d+), OpType=(\w+)")
+SEQ_RE = re.compile(rb"Work[HN]CCL\(SeqNum=(\d{1,9})(?!\d), OpType=(\w+)")
 UNKNOWN_RANK = b"4294967295"
-REMOTE_RE = re.compile(rb"remote rank\s*:\s*\[\s*(\d+|unknown)\s*\]", re.I)
+REMOTE_RE = re.compile(rb"remote rank\s*:\s*\[\s*(\d{1,9}(?!\d)|unknown)\s*\]", re.I)
 GROUP_RE = re.compile(rb"group:\[([^\]]+)\]")
-RANK_SIZE_RE = re.compile(rb"rankSize\[(\d+)\]")
+RANK_SIZE_RE = re.compile(rb"rankSize\[(\d{1,9})(?!\d)\]")
 # CANN 9's run-log heartbeat line (hcclug_000055): the crimer's address and rank, and the informer's rank
-CRIMER_RE = re.compile(rb"crimer rank ?\[([^/\]\s]*)/(\d+)\][^\n]*?(?:by informer rank ?\[[^/\]\s]*/(\d+)\])?")
-LOCATION_RE = re.compile(rb"Cluster Exception Location\[IP/ID\]:\[([^/\]]*)/(\d+)\][^\n]*?"
-                         rb"(?:Discoverer:\[([^/\]]*)/(\d+)\])?[^\n]*?ExceptionType:\[([^\]]+)\]")
+CRIMER_RE = re.compile(rb"crimer rank ?\[([^/\]\s]*)/(\d{1,9})(?!\d)\][^\n]*?(?:by informer rank ?\[[^/\]\s]*/(\d{1,9})(?!\d)\])?")
+LOCATION_RE = re.compile(rb"Cluster Exception Location\[IP/ID\]:\[([^/\]]*)/(\d{1,9})(?!\d)\][^\n]*?"
+                         rb"(?:Discoverer:\[([^/\]]*)/(\d{1,9})(?!\d)\])?[^\n]*?ExceptionType:\[([^\]]+)\]")
 PEER_RES = (
-    re.compile(rb"trying to connect to \(([^,\s)]+), (\d+)\)"),            # c10d TCPStore
-    re.compile(rb"trying to connect to ([0-9a-fA-F.:]+?):(\d+)\b"),          # c10d rendezvous (host:port)
-    re.compile(rb"failed to connect to \[?(?:::ffff:)?([0-9a-fA-F.:x*]+?)\]?:(\d+)"),
+    re.compile(rb"trying to connect to \(([^,\s)]+), (\d{1,9})(?!\d)\)"),            # c10d TCPStore
+    re.compile(rb"trying to connect to ([0-9a-fA-F.:]+?):(\d{1,9})(?!\d)\b"),          # c10d rendezvous (host:port)
+    re.compile(rb"failed to connect to \[?(?:::ffff:)?([0-9a-fA-F.:x*]+?)\]?:(\d{1,9})(?!\d)"),
     re.compile(rb"remote IP\[?:?\s*\[?([0-9.]+)\]?", re.I),
-    re.compile(rb"waitForInput: socket [^\n]{0,160}?remote=\[(?:::ffff:)?([0-9a-fA-F.:]+?)\]:(\d+)"),  # TCPStore read
+    re.compile(rb"waitForInput: socket [^\n]{0,160}?remote=\[(?:::ffff:)?([0-9a-fA-F.:]+?)\]:(\d{1,9})(?!\d)"),  # TCPStore read
 )
-TORCHRUN_ROOT_RE = re.compile(rb"rank\s*:\s*(\d+) \(local_rank: (\d+)\)")
+TORCHRUN_ROOT_RE = re.compile(rb"rank\s*:\s*(\d{1,9})(?!\d) \(local_rank: (\d{1,9})(?!\d)\)")
 # torch elastic's exit line names only the node-local rank: "failed (exitcode: -9) local_rank: 3 (pid: 407727)"
-LOCAL_RANK_RE = re.compile(rb"\blocal_rank: (\d+) \(pid: \d+\)")
+LOCAL_RANK_RE = re.compile(rb"\blocal_rank: (\d{1,9})(?!\d) \(pid: \d+\)")
 # How the launch was laid out, when the pasted text shows it: the torchrun/msrun command line, or
 # torch elastic's "Rendezvous complete for workers" block (group_rank=N, local_world_size=M).
-NODE_RANK_RE = re.compile(rb"(?:--node[_-]rank[= ]|\bgroup_rank=)(\d+)")
-NPROC_RE = re.compile(rb"(?:--nproc[_-]per[_-]node[= ]|--local_worker_num[= ]|\blocal_world_size=)(\d+)")
+NODE_RANK_RE = re.compile(rb"(?:--node[_-]rank[= ]|\bgroup_rank=)(\d{1,9})(?!\d)")
+NPROC_RE = re.compile(rb"(?:--nproc[_-]per[_-]node[= ]|--local_worker_num[= ]|\blocal_world_size=)(\d{1,9})(?!\d)")
 # HCCL communicator set-up lines of a CANN plog, as MindCluster FaultDiag (ascend_fd's plog parser)
 # documents them: "[HCCL_TRACE]HcclCommInitRootInfo success,take time [..]us, rankNum[S], rank[N],
 # rootInfo identifier[G], ..." and (CANN 8) "hcclCommInitInfo:commId[G], rank[N], totalRanks[S], ...":
 # this process is rank N of group G.
 COMM_INIT_RES = (
-    re.compile(rb"CommInitRootInfo success[^\n]{0,120}?rankNum\[(?P<size>\d+)\], ?rank\[(?P<rank>\d+)\]"
+    re.compile(rb"CommInitRootInfo success[^\n]{0,120}?rankNum\[(?P<size>\d{1,9})(?!\d)\], ?rank\[(?P<rank>\d{1,9})(?!\d)\]"
                rb"[^\n]{0,40}?identifier ?\[(?P<group>[^\]\n]{1,128})\]"),
-    re.compile(rb"hcclCommInitInfo:commId\[(?P<group>[^\]\n]{1,128})\], ?rank\[(?P<rank>\d+)\], ?totalRanks\[(?P<size>\d+)\]"),
+    re.compile(rb"hcclCommInitInfo:commId\[(?P<group>[^\]\n]{1,128})\], ?rank\[(?P<rank>\d{1,9})(?!\d)\], ?totalRanks\[(?P<size>\d{1,9})(?!\d)\]"),
 )
 WORLD_GROUPS = ("hccl_world_group",)   # MindSpore's GlobalComm.WORLD_COMM_GROUP on Ascend
 
@@ -162,13 +162,31 @@ def comm_inits(buf: bytes) -> list[tuple[str, int, int]]:
     return [(m.group("group").decode("utf-8", "replace"), int(m.group("rank")), int(m.group("size")))
             for rx in COMM_INIT_RES for m in rx.finditer(buf)]
 # "[rank3]:" at the start of a line, after a pasted line number ("[80746] ") or a launcher's tag
-RANK_PREFIX_RE = re.compile(rb"^(?:\[\d+\] |\S+ \[std(?:err|out)\] |\(\w+ pid=\d+\) )?\[rank(\d+)\]:", re.M)
+RANK_PREFIX_RE = re.compile(rb"^(?:\[\d+\] |\S+ \[std(?:err|out)\] |\(\w+ pid=\d+\) )?\[rank(\d{1,9})(?!\d)\]:", re.M)
 
 
-def root_cause_rank(following: bytes) -> int | None:
-    """torchrun's 'Root Cause (first observed failure)' block names the rank a few lines below."""
-    m = TORCHRUN_ROOT_RE.search(following[:1024])
-    return int(m.group(1)) if m else None
+# the fields of torch elastic's failure summary under "Root Cause (first observed failure):" (torch.distributed.elastic
+# multiprocessing errors: time, host, rank, exitcode with its pid, error_file, traceback)
+ROOT_HOST_RE = re.compile(rb"^\s{0,8}host\s{0,8}: ([\w.-]{1,253})\s*$", re.M)
+ROOT_EXIT_RE = re.compile(rb"^\s{0,8}exitcode\s{0,8}: (-?\d{1,4}) \(pid: (\d{1,10})\)", re.M)
+ROOT_SIGNAL_RE = re.compile(rb"Signal (\d{1,2}) \((SIG[A-Z]{2,6})\) received by PID")
+
+
+def root_cause(following: bytes) -> dict:
+    """torchrun's 'Root Cause (first observed failure)' block, a few lines below: its rank, and where they say
+    so its host, exit code, pid and signal (``rank`` missing when the block names none)."""
+    block = following[:1024]
+    m = TORCHRUN_ROOT_RE.search(block)
+    if m is None:
+        return {}
+    out: dict = {"rank": int(m.group(1))}
+    if (h := ROOT_HOST_RE.search(block)) is not None:
+        out["host"] = h.group(1).decode()
+    if (x := ROOT_EXIT_RE.search(block)) is not None:
+        out["exitcode"], out["pid"] = int(x.group(1)), int(x.group(2))
+    if (g := ROOT_SIGNAL_RE.search(block)) is not None:
+        out["signal"] = f"{g.group(2).decode()} ({g.group(1).decode()})"
+    return out
 
 
 def field_rule(line: bytes) -> FieldRule | None:
@@ -176,6 +194,11 @@ def field_rule(line: bytes) -> FieldRule | None:
         if rule.pattern.search(line):
             return rule
     return None
+
+
+def _text(raw: bytes, limit: int = 120) -> str:
+    """A captured field as text: any bytes, decoded with replacement, control characters shown as '?', bounded."""
+    return bytes(b if 32 <= b != 127 else 63 for b in raw[:limit]).decode("utf-8", "replace")
 
 
 def line_facts(line: bytes) -> dict:
@@ -198,18 +221,19 @@ def line_facts(line: bytes) -> dict:
         out["remote_rank"] = None if m.group(1).lower() == b"unknown" or m.group(1) == UNKNOWN_RANK else int(m.group(1))
     m = GROUP_RE.search(line)
     if m:
-        out["group"] = m.group(1).decode("utf-8", "replace")
+        out["group"] = _text(m.group(1))
     m = RANK_SIZE_RE.search(line)
     if m:
         out["rank_size"] = int(m.group(1))
     m = LOCATION_RE.search(line)
     if m:
-        out["located_rank"], out["located_ip"] = int(m.group(2)), m.group(1).decode()
-        out["exception_type"] = m.group(5).decode()
+        # an address or type of any bytes (a damaged or hostile log): decoded with replacement, shown on one line
+        out["located_rank"], out["located_ip"] = int(m.group(2)), _text(m.group(1))
+        out["exception_type"] = _text(m.group(5))
         if m.group(4):
             out["reporter"] = int(m.group(4))
     if b"crimer" in line and (m := CRIMER_RE.search(line)):
-        out["located_ip"] = m.group(1).decode()
+        out["located_ip"] = _text(m.group(1))
         if m.group(3):
             out["informer"] = int(m.group(3))
     if (link := link_facts(line)) is not None:

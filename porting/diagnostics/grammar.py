@@ -16,7 +16,7 @@ import time
 from functools import lru_cache
 
 from porting.diagnostics import load_yaml
-from porting.diagnostics.causes import block_class
+from porting.diagnostics.causes import PREFIX_RE, block_class
 from porting.diagnostics.field import FIELD_LITERALS, field_rule
 from porting.rundir import ranklog
 
@@ -29,7 +29,7 @@ PROCESS_EXIT_TIER = 7    # documented faults up to process exits count even in I
 TS_RE = re.compile(rb"(\d{4})-(\d\d)-(\d\d)[T -](\d\d):(\d\d):(\d\d)(?:[.:,](\d{1,3}))?")
 # A progress line: "step N" / "step=N" / "step: N" / "step:[ N/M]" with a loss on the same line
 # (MindSpore LossMonitor, MindFormers, `port train`, plain prints). "stalling at step 3" is not progress.
-STEP_RE = re.compile(rb"\bstep\b\s*[:=]?\s*\[?\s*(\d+)(?:\s*/\s*\d+)?\]?[^\n]*?\bloss\b", re.I)
+STEP_RE = re.compile(rb"\bstep\b\s*[:=]?\s*\[?\s*(\d{1,9})(?!\d)(?:\s*/\s*\d+)?\]?[^\n]*?\bloss\b", re.I)
 COLLECTIVE_RE = re.compile(
     rb"(?:Entry-)?(?:Hcom)?(AllReduce|AllGather|ReduceScatter|Broadcast|AllToAllv?|Barrier|"
     rb"all_reduce|all_gather|reduce_scatter|broadcast|barrier)\b[^\n]*?(?:tag\[([^\]]+)\])?", re.I)
@@ -68,26 +68,28 @@ ASCEND_CODE_RE = re.compile(rb"(?<![A-Za-z0-9])(E[0-9A-Z]\d{4})(?![0-9A-Za-z])")
 TORCH_NPU_RE = re.compile(rb"\bERR(\d\d)(\d{3})\b")
 LEVEL_RE = re.compile(rb"^\[?(ERROR|CRITICAL|EXCEPTION|WARNING|INFO|DEBUG|TRACE|EVENT)\]?")
 PORT_LEVEL_RE = ranklog.DIAG_LEVEL   # `port train`'s rank logs (porting/rundir/ranklog.py owns their lines)
-EXC_LINE_RE = re.compile(rb"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit))(?::\s?(.*))?$")
-PID_RE = re.compile(rb"^\[[A-Z]+\]\s*[A-Z_]+\((\d+)[,:]", re.M)
-REMOTE_RANK_RE = re.compile(rb"remote rank\s*[:\[]+\s*(?!4294967295\b)(\d+)", re.I)   # (u32)-1: unknown
-LOCATION_RE = re.compile(rb"Cluster Exception Location\[IP/ID\]:\[[^/\]]*/(\d+)\][^\n]*?ExceptionType:\[([^\]]+)\]")
-SCHED_TIMEOUT_RE = re.compile(rb"The node: (\d+) is timed out")
-SCHED_FIRST_RE = re.compile(rb"worker (\d+) is the first one timed out")
+# "RuntimeError: ...", and a wrapper that names the exception it carries: Ray's
+# "ray.exceptions.RayTaskError(ActorDiedError): ray::TaskRunner.run() (pid=.., ip=..)"
+EXC_LINE_RE = re.compile(rb"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit)(?:\([\w.]{1,80}\))?)(?::\s?(.*))?$")
+PID_RE = re.compile(rb"^\[[A-Z]+\]\s*[A-Z_]+\((\d{1,9})(?!\d)[,:]", re.M)
+REMOTE_RANK_RE = re.compile(rb"remote rank\s*[:\[]+\s*(?!4294967295\b)(\d{1,9})(?!\d)", re.I)   # (u32)-1: unknown
+LOCATION_RE = re.compile(rb"Cluster Exception Location\[IP/ID\]:\[[^/\]]*/(\d{1,9})(?!\d)\][^\n]*?ExceptionType:\[([^\]]+)\]")
+SCHED_TIMEOUT_RE = re.compile(rb"The node: (\d{1,9})(?!\d) is timed out")
+SCHED_FIRST_RE = re.compile(rb"worker (\d{1,9})(?!\d) is the first one timed out")
 RANK_IN_CONTENT = (
-    re.compile(rb"rankNum\[\d+\],\s*rank\[(\d+)\]"),           # HCCL SetupAgent / hcom init
-    re.compile(rb"hcom init[^\n]*?rank\[(\d+)\]"),
-    re.compile(rb"This node \d+ rank id: (\d+)"),              # MindSpore cluster PostProcess
+    re.compile(rb"rankNum\[\d+\],\s*rank\[(\d{1,9})(?!\d)\]"),           # HCCL SetupAgent / hcom init
+    re.compile(rb"hcom init[^\n]*?rank\[(\d{1,9})(?!\d)\]"),
+    re.compile(rb"This node \d+ rank id: (\d{1,9})(?!\d)"),              # MindSpore cluster PostProcess
     ranklog.DIAG_RANK,                                         # `port train`
 )
 FILE_KINDS = (  # (kind, filename regex with the rank as group 1 where there is one)
-    ("msrun_worker", re.compile(r"^worker_(\d+)\.log$")),
+    ("msrun_worker", re.compile(r"^worker_([0-9]{1,9})\.log$")),
     ("msrun_scheduler", re.compile(r"^scheduler\.log$")),
     ("port_rank", ranklog.LOG_NAME),
-    ("plog", re.compile(r"^plog-(\d+)_\d+\.log$")),
-    ("device_log", re.compile(r"^device-(\d+)_\d+\.log$")),
+    ("plog", re.compile(r"^plog-([0-9]{1,9})_[0-9]+\.log$")),
+    ("device_log", re.compile(r"^device-([0-9]{1,9})_[0-9]+\.log$")),
 )
-PATH_RANK_RE = re.compile(r"(?:^|[_/\-])rank[_\-]?(\d+)(?:[_/\-]|$)")
+PATH_RANK_RE = re.compile(r"(?:^|[_/\-])rank[_\-]?([0-9]{1,9})(?:[_/\-]|$)")
 
 # Event classification: first matching rule wins. kind, role, label.
 CLASS_RULES: tuple[tuple[re.Pattern, str, str, str], ...] = (
@@ -244,15 +246,35 @@ def classify_line(line: bytes) -> tuple[str, str, str, str | None, tuple[int, ..
     return (*GENERIC_ERROR, code, blames, "")
 
 
-MS_PREFIX_RE = re.compile(rb"^\[(\w+)\]\s*(\w+)\([^)]*\):\S+\s+\[([^\]:]+?)(?::(\d+))?\]\s*(?:\[?\d+\]?\s*)?")
+MS_PREFIX_RE = re.compile(rb"^\[(\w+)\]\s*(\w+)\([^)]*\):\S+\s+\[([^\]:]+?)(?::(\d{1,9})(?!\d))?\]\s*(?:\[?\d+\]?\s*)?")
 
 
 PORT_PREFIX_RE = ranklog.DIAG_PREFIX
 
 
+# C0 controls but tab, DEL, and the Unicode line and paragraph separators: a quoted log line holding "\r" or an
+# escape sequence would print over port's own lines in a terminal (issue 51: text in a file forging port's output)
+_CONTROL = bytes(range(0, 9)) + bytes(range(10, 32)) + b"\x7f"
+_VISIBLE = bytes.maketrans(_CONTROL, b"?" * len(_CONTROL))
+_SEPARATORS = (b"\xe2\x80\xa8", b"\xe2\x80\xa9", b"\xc2\x85")
+
+
+def visible(text: bytes) -> bytes:
+    """``text`` with every control character and line separator shown as '?' (it stays one line wherever printed)."""
+    text = text.translate(_VISIBLE)
+    for sep in _SEPARATORS:
+        if sep in text:
+            text = text.replace(sep, b"?")
+    return text
+
+
 def clean(line: bytes) -> bytes:
     """A log line without its level/pid/timestamp prefix ('MODULE file.cc:N message' for
-    MindSpore/CANN lines, the message for `port train` lines)."""
+    MindSpore/CANN lines, the message for `port train` lines), its control characters made visible."""
+    return visible(_strip_prefix(line))
+
+
+def _strip_prefix(line: bytes) -> bytes:
     pm = PORT_PREFIX_RE.match(line)
     if pm:
         return line[pm.end():].strip()
@@ -273,9 +295,11 @@ def is_error_line(line: bytes) -> bool:
     pl = PORT_LEVEL_RE.search(line)
     if pl:
         return pl.group(1) in (b"ERROR", b"CRITICAL")
-    if line.startswith(b"Traceback (most recent call last)"):
+    # a launcher's or logger's prefix ("[rank3]: ", "(Worker pid=9) ", "> " of a quoted paste) before a traceback
+    core = line[PREFIX_RE.match(line).end():] if line[:1] in b"([>" or b": " in line[:80] else line
+    if line.startswith(b"Traceback (most recent call last)") or core.startswith(b"Traceback (most recent call last)"):
         return True
-    if EXC_LINE_RE.match(line.strip()):
+    if EXC_LINE_RE.match(line.strip()) or (core is not line and EXC_LINE_RE.match(core.strip())):
         return True
     if ASCEND_CODE_RE.match(line.lstrip()) or TORCH_NPU_RE.search(line):
         return True

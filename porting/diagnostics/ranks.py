@@ -39,6 +39,8 @@ class RankView:
     status: str = ""
     events: list[Event] = dataclasses.field(default_factory=list)   # every kept event, in time order
     rank_by_name: bool = False   # the rank comes from a file name (worker_<r>.log), not from a line's text
+    unclassified: list[tuple[str, int, str]] = dataclasses.field(default_factory=list)  # (file, line, text), tail.py
+    save_part: tuple[int, str, float | None] | None = None   # `port train`: its last save part (step, part, time)
 
 
 
@@ -96,7 +98,9 @@ def merge_ranks(scans: Iterable[FileScan]) -> dict[int | str, RankView]:
             first_cause=pick_cause(events),
             first_consequence=next((e for e in events if e.role == "consequence"), None),
             error_lines=sum(sc.error_lines for sc in items), events=events,
-            rank_by_name=any(sc.rank_from_name for sc in items))
+            rank_by_name=any(sc.rank_from_name for sc in items),
+            unclassified=[(sc.path, ln, text) for sc in items for ln, text in sc.unclassified][:8],
+            save_part=next((sc.save_part for sc in items if sc.save_part is not None), None))
     return views
 
 

@@ -18,7 +18,8 @@ def render_text(d: dict, max_ranks: int = 32) -> str:
         out.append("FIRST FAILING RANK: none found")
     s = d.get("suspect")
     if s:
-        details = ", ".join(f"{k} {s[k]}" for k in ("device", "chip", "die", "pid", "nic_ip", "op") if k in s)
+        details = ", ".join(f"{k} {s[k]}" for k in ("device", "chip", "die", "host", "pid", "nic_ip", "op", "signal")
+                            if k in s and not (k == "host" and s.get("entity") == "host"))
         out.append(f"suspect: {s['text']}" + (f" ({details})" if details else "")
                    + (f"   cause class: {d['cause_class']}" if d.get("cause_class") else "")
                    + (f" / {d['fault']}" if d.get("fault") else "")

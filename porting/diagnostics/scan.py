@@ -19,8 +19,10 @@ from collections import Counter
 from typing import Iterator
 
 from porting.diagnostics.causes import annotate
+from porting.diagnostics.tail import TAIL_BYTES, read_tail
+from porting.rundir import ranklog
 from porting.diagnostics.field import (COMM_INIT_LITERAL, REPORTER_RES, WORLD_GROUPS, comm_inits, launch_layout, line_facts,
-                                       prefixed_ranks, root_cause_rank, split_by_rank_prefix)
+                                       prefixed_ranks, root_cause, split_by_rank_prefix)
 from porting.diagnostics.grammar import (ASCEND_CODE_RE, COLLECTIVE_RE, EXC_LINE_RE, MAX_LINE, PID_RE,
                                          ERROR_SCAN_RE, SCHED_FIRST_RE, SCHED_TIMEOUT_RE, STEP_RE, TORCH_NPU_RE,
                                          TS_RE, Event, classify_file, classify_line, clean, error_table,
@@ -32,6 +34,7 @@ MAX_EVENTS_PER_FILE = 24  # error events kept per file (the first ones; the rest
 STEP_SAMPLES = 32        # last step timestamps kept per file for clock-skew estimation
 MAX_SPLIT_BYTES = 256 << 20  # a [rankN]:-prefixed file up to this size is split per rank in memory
 MAX_COMM_INITS = 256      # communicator set-up lines kept per file (one per group a process joins)
+WORLD_RE = re.compile(rb" INFO rank \d{1,9} of (\d{1,9}) \(pid \d{1,10}\)")   # ranklog.pid_line, read in a file's head
 BINARY_FRACTION = 0.05   # control bytes (not tab/newline/CR/ESC) above this share of the head = binary
 _TEXT_BYTES = bytes([9, 10, 13, 27]) + bytes(range(32, 127)) + bytes(range(128, 256))
 
@@ -64,6 +67,9 @@ class FileScan:
     layout: dict = dataclasses.field(default_factory=dict)   # node_rank / nproc_per_node the text shows
     comm_inits: list[tuple[str, int, int]] = dataclasses.field(default_factory=list)  # HCCL (group, rank, size)
     rank_from_name: bool = False   # rank read from the file name, not from a line's text
+    unclassified: list[tuple[int, str]] = dataclasses.field(default_factory=list)  # failure lines of no class (tail.py)
+    save_part: tuple[int, str, float | None] | None = None   # `port train`'s last save part: (step, part, time)
+    world: int | None = None     # the job's size a `port train` rank log states ("rank R of W (pid P)")
 
 
 def _line_bounds(buf: bytes, pos: int) -> tuple[int, int]:
@@ -134,6 +140,8 @@ class _Scanner:
         self.consumed_upto = 0    # offset in the chunk below which lines were already turned into events
         self._count_at = (0, 0)   # (offset, newlines before it) in the current chunk
         self._chunk_lines = 0     # newlines in the current chunk
+        self.tail = b""           # the file's last TAIL_BYTES so far, from a line start (tail.py reads it at the end)
+        self.tail_line0 = 1       # the number of the tail's first line
 
     def chunk(self, buf: bytes) -> None:
         s = self.s
@@ -153,6 +161,8 @@ class _Scanner:
             if st >= self.consumed_upto:
                 self._error_line(buf, st)
         self._last_step(buf)
+        if s.kind == "port_rank" and (p := buf.rfind(b": save phase ")) >= 0:
+            self._save_part(buf, p)
         last_coll = -1
         for lit in COLLECTIVE_LITERALS:   # each later search only looks after the best hit so far
             last_coll = max(last_coll, buf.rfind(lit, last_coll + 1))
@@ -168,6 +178,15 @@ class _Scanner:
                 s.last_ts = t
                 self.carry_ts = t
         self.line_base += self._chunk_lines
+        self._keep_tail(buf)
+
+    def _keep_tail(self, buf: bytes) -> None:
+        keep = buf[-TAIL_BYTES:] if len(buf) >= TAIL_BYTES else (self.tail + buf)[-TAIL_BYTES:]
+        if len(keep) < len(self.tail) + len(buf):   # cut to a line start
+            keep = keep[keep.find(b"\n") + 1:]
+        self.tail = keep
+        # the line after the last newline is line_base + 1; keep's first line is that many newlines before it
+        self.tail_line0 = self.line_base + 1 - keep.count(b"\n")
 
     def _lineno(self, buf: bytes, st: int) -> int:
         """1-based line number of offset ``st``; counted on from the previous call (starts only grow)."""
@@ -187,6 +206,10 @@ class _Scanner:
         if COMM_INIT_LITERAL in line and len(s.comm_inits) < MAX_COMM_INITS:
             s.comm_inits += comm_inits(line)[:MAX_COMM_INITS - len(s.comm_inits)]
         if not is_error_line(line):
+            if end - st > MAX_LINE and ERROR_SCAN_RE.search(buf, st + MAX_LINE, end) and len(s.unclassified) < 4:
+                # its error text lies past the bytes a line is classified on: said, never "no failure found" over it
+                s.unclassified.append((self._lineno(buf, st), f"a line of {end - st} bytes whose error text lies "
+                                       f"past the first {MAX_LINE} bytes read: {clean(line[:160]).decode('utf-8', 'replace')}"))
             return
         s.error_lines += 1
         for c in ASCEND_CODE_RE.findall(line):
@@ -217,8 +240,8 @@ class _Scanner:
         facts = line_facts(line)
         if "local_rank" in facts:
             facts.update(s.layout)   # what maps it to a global rank, when the log shows the layout
-        if line.startswith(b"Root Cause (first observed failure)") and (r := root_cause_rank(buf[end:])) is not None:
-            facts["root_cause_rank"] = r
+        if line.startswith(b"Root Cause (first observed failure)") and (root := root_cause(buf[end:])):
+            facts.update({f"root_cause_{k}": v for k, v in root.items()})
         ev = Event(s.path, self._lineno(buf, st), ts, exact, kind, role, label,
                    clean(text).decode("utf-8", "replace"), code, blames, fix, facts)
         annotate(ev, buf, ast, aend, ev.line + buf.count(b"\n", st, ast))
@@ -260,6 +283,13 @@ class _Scanner:
                 break
         if samples:
             s.step_samples = (s.step_samples + samples[::-1])[-STEP_SAMPLES:]
+
+    def _save_part(self, buf: bytes, pos: int) -> None:
+        """The last part of a checkpoint save this rank announced (porting/rundir/ranklog.py ``save_part_line``)."""
+        st, end = _line_bounds(buf, pos)
+        m = ranklog.DIAG_SAVE_PART.search(buf, max(0, st - 1), min(end + 1, st + MAX_LINE))
+        if m and m.group(2).decode() in ranklog.SAVE_PARTS:
+            self.s.save_part = (int(m.group(1)), m.group(2).decode(), _ts_before(buf, st)[0])
 
     def _last_collective(self, buf: bytes, pos: int) -> None:
         st, end = _line_bounds(buf, pos)
@@ -332,7 +362,9 @@ def _identify(scan: FileScan, rel: str, head: bytes) -> None:
         named = {int(m.group(1)) for rx in REPORTER_RES for m in rx.finditer(head)}
         if len(named) == 1:
             scan.rank = named.pop()
-    pm = re.match(r"^(?:plog|device)-(\d+)_", os.path.basename(rel))
+    if scan.kind == "port_rank" and (w := WORLD_RE.search(head)) is not None:
+        scan.world = int(w.group(1))
+    pm = re.match(r"^(?:plog|device)-([0-9]{1,9})_", os.path.basename(rel))
     pc = PID_RE.search(head) if b"[" in head else None   # the multi-line regex costs a pass
     scan.pid = int(pm.group(1)) if pm else (int(pc.group(1)) if pc else None)
 
@@ -360,6 +392,8 @@ def _scan_chunks(scan: FileScan, chunks: Iterator[bytes]) -> None:
         scan.truncated = True
         sc.chunk(pending)
     scan.lines = sc.line_base + (1 if scan.truncated else 0)
+    if sc.tail:
+        read_tail(scan, sc.tail, sc.tail_line0)
 
 
 def _split_parts(scan: FileScan, data: bytes) -> list[FileScan]:

@@ -16,7 +16,7 @@ from __future__ import annotations
 from porting.diagnostics.grammar import Event
 
 # classes whose cause is clear from the text alone, even when it names no rank or device
-FILE_OK = {"memory", "host_oom", "process_exit", "config", "address_port"}
+FILE_OK = {"memory", "host_oom", "process_exit", "config", "address_port", "numerical"}
 PEER_CLASSES = {"nic_link_init", "socket_timeout", "collective_timeout"}
 
 
@@ -100,7 +100,7 @@ def entity_of(view, e: Event) -> dict:
 
 def describe(s: dict) -> str:
     """'device 3 (pid 45464)', 'rank 5 (device 5, pid 324)', 'file'."""
-    parts = [f"{k} {s[k]}" for k in ("device", "chip", "die", "pid", "nic_ip", "op") if k in s
+    parts = [f"{k} {s[k]}" for k in ("device", "chip", "die", "host", "pid", "nic_ip", "op", "signal") if k in s
              and not (k in ("device", "chip") and s["entity"] == "device" and s[k] == s["id"])]
     return s["text"] + (f" ({', '.join(parts)})" if parts else "")
 

@@ -17,6 +17,7 @@ from porting.diagnostics.causes import WINDOW_S, class_role, codes_in
 from porting.diagnostics.grammar import Event, fmt_ts
 from porting.diagnostics.evidence import EvidenceContext, from_field_evidence, global_from_local
 from porting.diagnostics.heartbeat import from_heartbeat
+from porting.diagnostics.ownrun import frozen_saver, scheduler_lost
 from porting.diagnostics.outcome import Scheduler, Verdict
 from porting.diagnostics.ranks import RankView, corrected, sort_key
 from porting.diagnostics.suspect import describe, earned, entity_of
@@ -24,7 +25,7 @@ from porting.diagnostics.suspect import describe, earned, entity_of
 HCCL_CALL_RE = re.compile(r"\bHccl[A-Z]\w+, error code is|HCCL function error")
 CAUSE_KINDS = {"oom": "oom", "exception": "exception", "crash": "crash", "device": "device_error",
                "config": "config", "operator": "operator_error", "worker_exit": "worker_exit",
-               "comm_init": "comm_init"}
+               "comm_init": "comm_init", "numerical": "numerical"}
 
 
 def _cause_ranks(ranks: list[RankView]) -> list[RankView]:
@@ -94,7 +95,7 @@ def _from_causes(causes: list[RankView], ctx: EvidenceContext = EvidenceContext(
     e = first.first_cause
     kind = CAUSE_KINDS.get(e.kind, "error")
     s = _sharpest(first, e, _competitors(real, first))
-    reason = f"{kind}: {e.text} ({e.source}:{e.line})"
+    reason = f"{kind}: {e.text} ({e.source}:{e.line})" + _numbers(e, first)
     if e.facts.get("cause_text"):
         reason += f"; its block says: {e.facts['cause_text']}"
     if s.get("op") and str(s["op"]).lower() not in reason.lower():
@@ -103,12 +104,13 @@ def _from_causes(causes: list[RankView], ctx: EvidenceContext = EvidenceContext(
         reason += f" [{e.code}: {e.label}]"
     if e.fix:
         reason += f"; fix: {e.fix}"
-    root = next((x.facts["root_cause_rank"] for x in first.events if "root_cause_rank" in x.facts), None)
+    rootf = next((x.facts for x in first.events if "root_cause_rank" in x.facts), None)
+    root = rootf["root_cause_rank"] if rootf else None
     rank = root if root is not None else (s["id"] if s["entity"] == "rank" else
                                           first.rank if isinstance(first.rank, int) else e.facts.get("reporter", first.rank))
     if root is not None:
-        reason += f"; torchrun's root cause (first observed failure) is rank {root}"
-        s = {"entity": "rank", "id": root, "text": f"rank {root}", "via": "torchrun root cause"}
+        said, s = _root_cause(rootf)
+        reason += f"; {said}"
     elif not isinstance(rank, int) and "local_rank" in e.facts:
         mapped, note = global_from_local(e.facts, ctx)
         rank = mapped if mapped is not None else rank
@@ -121,11 +123,44 @@ def _from_causes(causes: list[RankView], ctx: EvidenceContext = EvidenceContext(
     if s["entity"] != "rank" or s["id"] != first.rank:
         reason += f"; suspect: {describe(s)}"
     sure, short, collect = ("high", "", ()) if root is not None else earned(first, e, s, _competitors(real, first))
+    signal = s.get("signal") if root is not None else None
+    if signal:   # a launcher's signal says how the root cause's process ended, not why
+        sure, short = "medium", f"a signal ({signal}) says how rank {root}'s process ended, not why"
+        collect = (f"rank {root}'s own stderr just before the signal (the assert or exception that called abort), its "
+                   f"core dump, `dmesg` on {s.get('host', 'its host')}",)
     label = e.label if e.label.startswith(("a ", "an ", "the ")) else f"'{e.label}'"
     why = (f"its most causal event in the first incident is {label} ({e.cause or kind}), which no collective "
            f"timeout of its own preceded" + (f"; {len(real) - 1} other rank(s) failed too" if len(real) > 1 else "")
            + (f"; not high: {short}" if short else ""))
-    return Verdict(rank, first.last_step, reason, kind, (e.as_dict(first.offset),), sure, why, collect, s, e.cause)
+    cause, fault = ("process_exit", "signal") if signal else (e.cause, e.fault or None)
+    return Verdict(rank, first.last_step, reason, kind, (e.as_dict(first.offset),), sure, why, collect, s, cause, fault)
+
+
+def _numbers(e: Event, v: RankView) -> str:
+    """Where a numerical fault began, as the metric lines say it (tail.py's facts)."""
+    f = e.facts
+    if e.cause != "numerical" or "metric" not in f:
+        return ""
+    where = (f" at step {f['step']}" if f.get("step") is not None else "") + (
+        f" on rank {v.rank}" if isinstance(v.rank, int) else "")
+    if e.fault == "divergence":
+        return f"; a divergence spike{where}: loss {f['value']} against a median of {f.get('median_before')} before it"
+    lines = f.get("nonfinite_lines", 1)
+    return f"; the first non-finite {f['metric']} ({f['value']}){where}, {lines} line(s) with a non-finite {f['metric']}"
+
+
+def _root_cause(f: dict) -> tuple[str, dict]:
+    """What torchrun's failure summary says of its root cause (first observed failure): the sentence, the suspect."""
+    r = f["root_cause_rank"]
+    s = {"entity": "rank", "id": r, "text": f"rank {r}", "via": "torchrun root cause",
+         **{k: f[f"root_cause_{k}"] for k in ("host", "pid") if f"root_cause_{k}" in f}}
+    code = f.get("root_cause_exitcode")
+    if code is not None and code < 0 and code not in (-9, -15):
+        s["signal"] = f.get("root_cause_signal") or f"signal {-code}"
+    said = (f"torchrun's root cause (first observed failure) is rank {r}" + (f" on host {s['host']}" if "host" in s else "")
+            + (f" (pid {s['pid']})" if "pid" in s else "") + (f": exitcode {code}" if code is not None else "")
+            + (f", {s['signal']}" if "signal" in s else ""))
+    return said, s
 
 
 def _timeout_pool(ranks: list[RankView], timed_out: list[RankView], blames: Counter) -> tuple[list[RankView], str]:
@@ -145,7 +180,7 @@ def _scheduler_note(rank: int | str, sched: Scheduler) -> str:
     if not sched.timed_out:
         return ""
     if rank in sched.timed_out:
-        return "; msrun's scheduler also lost its heartbeat"
+        return scheduler_lost(rank, sched)
     return (f"; msrun's scheduler named rank(s) {sorted(set(sched.timed_out))} as timed out"
             + (f" (worker {sched.first} 'first')" if sched.first is not None else "") + ": those are consequences")
 
@@ -201,8 +236,11 @@ def _from_timeouts(ranks: list[RankView], timed_out: list[RankView], sched: Sche
         reason = f"{why}: first timeout {first.first_consequence.text[:200]}"
     reason += _scheduler_note(first.rank, sched)
     sure = "medium" if why == "stalled" or blames else "low"
+    # msrun's scheduler lost the silent rank's heartbeat: its process stopped, the others' timeouts waited for it
+    lost = why == "stalled" and first.rank in sched.timed_out
     return Verdict(first.rank, first.last_step, reason, "stall" if why == "stalled" else "comm_timeout", tuple(ev),
-                   sure, why, collect)
+                   sure, why + ("; msrun's scheduler lost its heartbeat" if lost else ""), collect,
+                   cause_class="process_exit" if lost else None, fault="lost" if lost else None)
 
 
 def _from_scheduler(views: dict[int | str, RankView], sched: Scheduler) -> Verdict:
@@ -216,7 +254,8 @@ def _from_scheduler(views: dict[int | str, RankView], sched: Scheduler) -> Verdi
               f"was killed, or its host was lost) and no rank logged an error of its own"
               + (f"; last progress step {step}" if step is not None else ""))
     return Verdict(pick, step, reason, "lost", (), "medium", "only msrun's scheduler saw it: its heartbeat stopped",
-                   (f"rank {pick}'s host: `dmesg` (OOM killer), and a py-spy dump if the process still exists",))
+                   (f"rank {pick}'s host: `dmesg` (OOM killer), and a py-spy dump if the process still exists",),
+                   cause_class="process_exit", fault="lost")
 
 
 def _from_progress(ranks: list[RankView]) -> Verdict:
@@ -230,8 +269,22 @@ def _from_progress(ranks: list[RankView]) -> Verdict:
                        f"no error logged (killed, hung outside collectives, or logs lost)", "no_output", (), "low",
                        "it has the lowest progress and nobody logged an error",
                        (f"rank {first.rank}'s host: `dmesg`, and its stderr if it was not in these logs",))
+    odd = [(v, f, ln, text) for v in ranks for f, ln, text in v.unclassified]
+    if odd:   # a failure the cause model has no class for: said as such, never "no failure found" over it
+        v, f, ln, text = odd[0]
+        rank = v.rank if isinstance(v.rank, int) else None
+        where = f"rank {rank}" if rank is not None else f"the process logging to {f}"
+        return Verdict(rank if rank is not None else f"file:{f}", v.last_step,
+                       f"unclassified failure: {text} ({f}:{ln}); no class of the cause model matches this line"
+                       + (f", and {len(odd) - 1} more line(s) like it" if len(odd) > 1 else ""), "unclassified", (),
+                       "low", f"the text holds a failure line ({f}:{ln}) but no error the cause model knows",
+                       (f"the lines around {f}:{ln} and the whole log of {where} (what failed before it)",
+                        "the job's launcher output (exit codes, signals)"),
+                       {"entity": "rank", "id": rank, "text": f"rank {rank}", "via": "unclassified line"}
+                       if rank is not None else {"entity": "file", "id": f, "text": "file", "via": "unclassified line"})
     return Verdict(None, None, "no failure found: no error lines and every rank reached the same progress", "none",
-                   (), "high", "no line of any file is an error, and every rank reached the same step")
+                   (), "high", "no line of any file is an error, exception, abort or non-finite value, and every "
+                   "rank reached the same step")
 
 
 def decide(views: dict[int | str, RankView], sched: Scheduler = Scheduler(),
@@ -240,6 +293,11 @@ def decide(views: dict[int | str, RankView], sched: Scheduler = Scheduler(),
     ranks = sorted(views.values(), key=lambda v: sort_key(v.rank))
     if not ranks:
         return Verdict(None, None, "no rank logs could be read", "no_output", (), "low")
+    saver = frozen_saver(views, sched)   # port's own runs: a rank frozen inside a save (ownrun.py)
+    if saver is not None:
+        v, found = saver
+        own = v.first_cause is not None and v.first_cause.kind != "error"
+        return _settle(_from_causes([v], context) if own else found)   # its own error says why, when it has one
     crimer = from_heartbeat(views)   # HCCL's heartbeat names the culprit on every rank's log (heartbeat.py)
     causes = _cause_ranks(ranks)
     if causes:
@@ -270,6 +328,8 @@ def _settle(v: Verdict) -> Verdict:
     ev = v.evidence[0] if v.evidence else {}
     if v.reason_kind == "none":
         return dataclasses.replace(v, role="none")
+    if v.reason_kind == "unclassified":   # a line of that process says it failed; what, no class says
+        return dataclasses.replace(v, role="culprit")
     role_of_class = class_role(v.cause_class) if v.cause_class else None
     if "located_rank" in ev.get("facts", {}) or (role_of_class or ev.get("role")) == "cause":
         return dataclasses.replace(v, fault=v.fault or ev.get("fault") or None, role="culprit")

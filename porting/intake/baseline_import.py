@@ -11,6 +11,7 @@ as stated; none is guessed.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,8 @@ from porting.baseline.document import Imported, ImportedBaseline, Memory, Probe,
 from porting.baseline.memory import PHASES
 from porting.intake import IntakeError
 from porting.intake.curve import Curve
+from porting.intake import log_facts
+from porting.intake.log_facts import LogFacts
 from porting.intake.logs import read_log
 
 NEVER_IN_A_LOG = ("probe logits", "peak memory by phase", "step time", "data sha256", "seed", "model config")
@@ -38,6 +41,7 @@ class Stated:
     seq_length: int | None = None        # max tokens per sequence
     dtype: str | None = None             # float32 | bf16-mixed | bfloat16 | float16 | fp16-mixed
     model: str | None = None             # HF directory or zoo name the run trained (architecture facts)
+    devices: int | None = None           # the CUDA job's devices (its throughput per device; the field's gate)
 
     def problems(self) -> list[str]:
         out = []
@@ -61,8 +65,11 @@ def describe(c: Curve, stated: Stated) -> Imported:
                     stated_settings={k: v for k, v in vars(stated).items() if v is not None})
 
 
-def build(c: Curve, stated: Stated, command: list[str]) -> ImportedBaseline:
-    """The baseline document of curve ``c`` (document.FORMAT, marked imported)."""
+def build(c: Curve, stated: Stated, command: list[str], extras: LogFacts | None = None,
+          effective: dict | None = None) -> ImportedBaseline:
+    """The baseline document of curve ``c`` (document.FORMAT, marked imported), with what else the log holds
+    (``extras``: its evaluation loss and throughput) and the CUDA job's effective settings as intake read them
+    (``effective``: porting/intake/effective.py, for the settings table of `port compare`)."""
     bad = stated.problems()
     if bad:
         raise IntakeError("; ".join(bad))
@@ -76,6 +83,7 @@ def build(c: Curve, stated: Stated, command: list[str]) -> ImportedBaseline:
     lr = [v for v in c.lr if v is not None]
     settings = Settings(steps=c.step[-1], **{k: v for k, v in model.items() if k != "hf_dir"},
                         global_batch=stated.global_batch, seq_length=stated.seq_length, dtype=stated.dtype,
+                        world_size=stated.devices,
                         lr=max(lr) if lr else None)   # the peak of the logged schedule, as the recipe's optimizer.lr
     nulls = (None,) * n
     steps = Steps(step=tuple(c.step), loss=tuple(c.loss), grad_norm=tuple(c.grad_norm), lr=tuple(c.lr),
@@ -83,18 +91,23 @@ def build(c: Curve, stated: Stated, command: list[str]) -> ImportedBaseline:
     return ImportedBaseline(
         created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), command=tuple(command),
         device={"name": "the CUDA run of the imported log", "kind": f"imported {c.fmt}"}, versions={}, model=model,
-        settings=settings, steps=steps, timing=Timing(), memory=Memory(),
-        probe=Probe(after_step=None, note="an imported log has no probe logits"), imported=describe(c, stated))
+        settings=settings, steps=steps, memory=Memory(),
+        timing=Timing(steady_tokens_per_s=extras.tokens_per_s if extras else None,
+                      extra={"tokens_per_s_source": extras.tokens_per_s_source} if extras and extras.tokens_per_s else {}),
+        probe=Probe(after_step=None, note="an imported log has no probe logits"),
+        imported=dataclasses.replace(describe(c, stated), effective_settings=effective),
+        evaluation=extras.evaluation if extras else None)
 
 
 def import_log(log: str | Path, out: str | Path, stated: Stated, command: list[str],
-               loss_tag: str | None = None) -> tuple[Path, ImportedBaseline]:
+               loss_tag: str | None = None, effective: dict | None = None) -> tuple[Path, ImportedBaseline]:
     """Read ``log``, write the baseline file ``out`` (atomically; never over the log itself); ``loss_tag``
-    names a TensorBoard file's loss scalar."""
+    names a TensorBoard file's loss scalar; ``effective``: the CUDA job's settings (`port intake`)."""
     src, dst = Path(log), Path(out)
     if dst.exists() and src.exists() and dst.resolve() == src.resolve():
         raise IntakeError(f"{dst}: --out is the log being imported; pick another file name")
-    doc = build(read_log(src, loss_tag), stated, command)
+    curve = read_log(src, loss_tag)
+    doc = build(curve, stated, command, log_facts.read(src), effective)
     document.save(dst, doc)   # checks that the reader reads what was built (a failure is a bug, not bad input)
     return dst, doc
 

@@ -29,7 +29,7 @@ MAX_FILES = 5_000
 MAX_DEPTH = 6
 LOG_ORDER = ("trainer_state.json", "trainer_log.jsonl", "tfevents", ".csv")
 NOT_CONFIGS = {"config.json", "generation_config.json", "tokenizer_config.json", "special_tokens_map.json",
-               "adapter_config.json", "all_results.json", "train_results.json", "eval_results.json",
+               "all_results.json", "train_results.json", "eval_results.json",
                "trainer_state.json", "preprocessor_config.json", "added_tokens.json", "tokenizer.json", "vocab.json"}
 
 
@@ -113,9 +113,10 @@ def run_intake(src: str | Path, out: str | Path, target: Target, loss_tag: str |
                                  "blocking": [f"{r['key']}: {r['reason']}" for r in rep["blocking"]]}
         if log:
             stated = _stated(tmp / "recipe.yaml", rep, target)
+            side = _cuda_side(found, configs, log, notes)
             try:
                 _, doc = baseline_import.import_log(log, tmp / "baseline.json", stated, ["port", "intake", str(root)],
-                                                    loss_tag)
+                                                    loss_tag, effective=side)
             except IntakeError as e:   # as for configs: the rest of the migration is still made, with the reason
                 notes.append(f"not used as the loss log: {e}")
                 summary["log"] = None
@@ -131,6 +132,36 @@ def run_intake(src: str | Path, out: str | Path, target: Target, loss_tag: str |
     return summary
 
 
+def read_cuda_job(folder: str | Path) -> dict:
+    """The CUDA side of the settings table from a job folder, its files found as :func:`run_intake` finds them
+    (`port compare --cuda-job DIR`); one IntakeError line when it holds no training config."""
+    from porting.intake.effective import read_files
+
+    found = walk(Path(folder))
+    notes: list[str] = []
+    configs = pick_configs(found, notes)
+    if not configs:
+        raise IntakeError(f"{shown(Path(folder))}: no training config (training_args.bin, TrainingArguments/DeepSpeed "
+                          "JSON, LLaMA-Factory/accelerate YAML) to read the CUDA job's settings from"
+                          + (f"; {notes[0]}" if notes else ""))
+    first = {n: next((p for p in found if p.name == n), None) for n in ("tokenizer_config.json", "config.json")}
+    return read_files(configs, pick_log(found), first["tokenizer_config.json"], first["config.json"])
+
+
+def _cuda_side(found: list[Path], configs: list[Path], log: Path, notes: list[str]) -> dict | None:
+    """The CUDA job's effective settings (porting/intake/effective.py) for the baseline's settings table; a file that
+    cannot be read for them is a note, and the baseline is made without them."""
+    from porting.baseline.effective import side_to_dict
+    from porting.intake.effective import read_files
+
+    first = {n: next((p for p in found if p.name == n), None) for n in ("tokenizer_config.json", "config.json")}
+    try:
+        return side_to_dict(read_files(configs, log, first["tokenizer_config.json"], first["config.json"]))
+    except PortingError as e:
+        notes.append(f"effective settings not read: {e}")
+        return None
+
+
 def _stated(recipe_path: Path, rep: dict | None, target: Target):
     """What the recipe knows of the CUDA run and its log does not: global batch, sequence length, precision."""
     import yaml
@@ -138,11 +169,12 @@ def _stated(recipe_path: Path, rep: dict | None, target: Target):
     from porting.intake.baseline_import import Stated
 
     if rep is None:
-        return Stated(model=target.model)
+        return Stated(model=target.model, devices=target.source_gpus)
     rec = yaml.safe_load(recipe_path.read_text())
     prec = (rec["precision"]["param_dtype"], rec["precision"]["compute_dtype"])
     dtype = {("bfloat16", "bfloat16"): "bfloat16", ("float16", "float16"): "float16"}.get(prec, "float32")
-    return Stated(global_batch=rep["global_batch"]["value"], seq_length=rec["data"]["max_seq_length"], dtype=dtype)
+    return Stated(global_batch=rep["global_batch"]["value"], seq_length=rec["data"]["max_seq_length"], dtype=dtype,
+                  devices=target.source_gpus)
 
 
 def readme(s: dict[str, Any], dest: Path) -> str:

@@ -254,7 +254,11 @@ def _first_dead(run: Launch, run_dir: Path, node: int, fault: tuple[str, str, in
 
 def _name_suspect(inc: Incident) -> None:
     named = (inc.verdict or {}).get("first_failing_rank")
-    inc.suspect = inc.observed_rank if inc.observed_rank is not None else named if isinstance(named, int) else None
+    named = named if isinstance(named, int) else None
+    # the first process to exit can be one that waited and gave up (a frozen rank never exits; msrun kills it last):
+    # a diagnosis that names its culprit with high confidence (a rank frozen inside a save) wins over an observed exit
+    sure = named is not None and inc.kind == "exit" and (inc.verdict or {}).get("confidence") == "high"
+    inc.suspect = named if sure else inc.observed_rank if inc.observed_rank is not None else named
     inc.suspect = None if inc.skip_window is not None else inc.suspect   # every rank saw the same values
 
 

@@ -34,7 +34,7 @@ from typing import Callable
 from porting.launch.proctable import alive, state
 from porting.rundir.heartbeat import read_beat
 from porting.rundir.paths import RunDir
-from porting.rundir.ranklog import read_tail
+from porting.rundir.ranklog import SAVE_PARTS, read_tail
 from porting.train.plan.allowances import Allowances
 
 # msrun, when a worker dies: "Worker process 17593 exit with exception. Error code: -9." (then it kills the rest)
@@ -79,6 +79,16 @@ class _Beat:
     phase: str = "setup"                # before its first record of this launch, a rank is in setup
     step: int | None = None
     pid: int | None = None
+    part: str | None = None             # the part of a save it is in (ranklog.SAVE_PARTS), None outside a save
+
+    def doing(self) -> str:
+        if self.phase == "save" and self.part in SAVE_PARTS:
+            return f"in checkpoint step {self.step}'s save: {SAVE_PARTS[self.part]}"
+        return DOING.get(self.phase) or f"after step {self.step}"
+
+    def waits(self) -> bool:
+        """At a save's barrier: it waits for the others, so it is not the rank that froze."""
+        return self.phase == "save" and self.part in ("wait", "barrier")
 
 
 class Watch:
@@ -117,8 +127,7 @@ class Watch:
         for r, b in self.beats.items():
             allowed = self.limits.allowance(b.phase)
             if not grew[r] and now - b.at > allowed:
-                what = DOING.get(b.phase) or f"after step {b.step}"
-                late.append((b.at, r, f"rank {r}: no heartbeat or log line for {now - b.at:.0f} s ({what}; limit "
+                late.append((b.at, r, f"rank {r}: no heartbeat or log line for {now - b.at:.0f} s ({b.doing()}; limit "
                                       f"{allowed:.0f} s)"))
         if not late:
             return None
@@ -128,8 +137,13 @@ class Watch:
             own = next((w for _, q, w in late if q == r), f"rank {r}: its heartbeat has stopped")
             return r, "stall", f"{own}; its process {self.beats[r].pid} is {how}"
         lowest = min(b.step or 0 for b in self.beats.values())
-        late.sort(key=lambda x: ((self.beats[x[1]].step or 0) != lowest, x[0]))   # behind first, then stopped first
+        # in a save, a rank at the barrier waits for the others: the one still in its own part froze; then behind
+        # first, then stopped first
+        late.sort(key=lambda x: (self.beats[x[1]].waits(), (self.beats[x[1]].step or 0) != lowest, x[0]))
         _, r, what = late[0]
+        waiting = sorted(q for q, b in self.beats.items() if q != r and b.waits())
+        if waiting and not self.beats[r].waits():
+            what += f", while rank(s) {waiting[:8]} reached the save's barrier and wait for it"
         return r, "stall", what
 
     def _stopped(self) -> list[tuple[int, str]]:
@@ -149,7 +163,7 @@ class Watch:
         rec = read_beat(self.run.heartbeat(r))
         beat = rec is not None and (rec.pid, rec.seq) != b.seen
         if beat:
-            b.seen, b.phase, b.pid = (rec.pid, rec.seq), rec.phase, rec.pid
+            b.seen, b.phase, b.pid, b.part = (rec.pid, rec.seq), rec.phase, rec.pid, rec.part
             b.step = rec.step if rec.step is not None else b.step
         if not beat and size == b.size:
             return False

@@ -38,6 +38,7 @@ from porting.report.rehearsal import merge, rehearsal_rows
 from porting.report.breakdown import breakdown_rows
 from porting.report.incidents import incident_rows
 from porting.report.rows import Row, build_rows, read_plan
+from porting.report.verdict_section import Verdict, verdict as first_screen
 from porting.rundir import read_run
 
 if TYPE_CHECKING:
@@ -59,13 +60,15 @@ class ReportResult:
     notes: list[str]
     steps: int
     first_failing_rank: int | None
+    verdict: Verdict | None = None   # the first screen (porting/report/verdict_section.py)
 
     def to_dict(self) -> dict:
-        return {"out": str(self.out), "rows": [dataclasses.asdict(r) for r in self.rows], "notes": self.notes,
+        return {"out": str(self.out), "verdict": self.verdict.to_dict() if self.verdict else None,
+                "rows": [dataclasses.asdict(r) for r in self.rows], "notes": self.notes,
                 "steps": self.steps, "first_failing_rank": self.first_failing_rank}
 
     def text(self) -> str:
-        return render_text(self.out, self.rows, self.notes)
+        return render_text(self.out, self.rows, self.notes, self.verdict)
 
 
 def is_report_dir(d: Path) -> bool:
@@ -148,17 +151,18 @@ def make_report(rundir: str | os.PathLike, out: str | os.PathLike | None = None,
     cmp = compare_section.load_comparison(run.path, compare)
     if cmp is not None:
         rows.append(cmp if isinstance(cmp, Row) else compare_section.compare_row(*cmp))
+    screen = first_screen(*cmp) if isinstance(cmp, tuple) else first_screen(None, None)
     bis = bisect_section.load_bisect(run.path, bisect)
     if bis is not None:
         rows.append(bisect_section.bisect_row(*bis))
         svgs["bisect.svg"] = bisect_section.bisect_svg(bis[0])
-    res = ReportResult(dest, rows, run.notes, len(run.steps), diag.first_failing_rank if diag else None)
+    res = ReportResult(dest, rows, run.notes, len(run.steps), diag.first_failing_rank if diag else None, screen)
     doc = {"format": "port-report", "format_version": 1, "rundir": str(run.path), **res.to_dict()}
     del doc["out"]
     with atomic.staged_dir(dest.absolute(), replace) as tmp:
-        (tmp / "report.html").write_text(render_html(run.path.name, rows, svgs, run.notes, len(run.steps)),
+        (tmp / "report.html").write_text(render_html(run.path.name, rows, svgs, run.notes, len(run.steps), screen),
                                          encoding="utf-8")
-        (tmp / "report.md").write_text(render_md(run.path.name, rows, run.notes), encoding="utf-8")
+        (tmp / "report.md").write_text(render_md(run.path.name, rows, run.notes, screen), encoding="utf-8")
         for name, svg in svgs.items():
             (tmp / name).write_text(svg, encoding="utf-8")
         (tmp / "report.json").write_text(json.dumps(doc, indent=2), encoding="utf-8")

@@ -18,12 +18,12 @@ def rehearsal_rows(run: RunRecords) -> list[Row] | None:
     doc = _evidence(run, "rehearse.json")
     if not isinstance(doc, dict) or not isinstance(doc.get("rungs"), list):
         return None
-    rungs = {r.get("name"): r for r in doc["rungs"] if isinstance(r, dict)}
+    rungs = _rungs(doc["rungs"], run.notes)
     out = []
     for name, label in SCALES.items():
         r = rungs.get(name) or {}
         status = STATUS.get(r.get("status"), MISSING if r.get("status") in (None, "not run") else INFO)
-        value = f"{r.get('status', 'absent')}: " + (f"[{r['layout']}] " if r.get("layout") else "") + str(r.get("detail", ""))
+        value = f"{r.get('status') or 'absent'}: " + (f"[{r['layout']}] " if r.get("layout") else "") + str(r.get("detail", ""))
         out.append(Row("stability", f"run at {label}", status, value, f"rehearse.json rung {name}"))
     for name, r in rungs.items():
         d = r.get("diagnosis")
@@ -44,6 +44,24 @@ def rehearsal_rows(run: RunRecords) -> list[Row] | None:
     out.append(Row("correctness", "rehearsal parity (forward and backward vs HF)",
                    STATUS.get(par.get("status"), MISSING if par.get("status") in (None, "not run") else INFO),
                    str(par.get("detail", "")), "rehearse.json rung parity"))
+    return out
+
+
+def _rungs(listed: list, notes: list[str]) -> dict[str, dict]:
+    """The rungs by name: a rung whose name is not a string is skipped, one whose status is not a string is shown
+    without one (as not run), each with a note; never a TypeError on a list where a name or status belongs."""
+    out: dict[str, dict] = {}
+    for i, r in enumerate(listed[:64]):
+        if not isinstance(r, dict):
+            continue
+        if not isinstance(r.get("name"), str):
+            notes.append(f"rehearse.json: rung {i + 1}: name {str(r.get('name'))[:40]!r} is not a string; skipped")
+            continue
+        if "status" in r and not isinstance(r["status"], str):
+            notes.append(f"rehearse.json: rung {r['name'][:40]!r}: status {str(r['status'])[:40]!r} is not a string; "
+                         "shown as not run")
+            r = {**r, "status": None}
+        out[r["name"]] = r
     return out
 
 

@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
@@ -36,6 +38,12 @@ MAX_SAMPLES = 8                   # sampled steps per run, per rank (each costs 
 MAX_COLLECTIVES = 4096            # collective durations kept per record (the wait split needs them in order)
 MAX_LAYERS = 512
 MAX_FILE_BYTES = 16 << 20
+MAX_LINE_BYTES = 1 << 20          # one record: 4,096 collectives and 512 layers are about 100 KB
+MAX_TOTAL_BYTES = 64 << 20        # every rank's file together, as `port report` reads them
+MAX_FILES = 4096                  # ranks read
+MAX_STEP_S = 86400.0              # a sampled step (and any one collective in it): at most a day
+MAX_STEP = 10 ** 12
+MAX_RANK = 1 << 20
 SOURCES = ("mindspore-profiler", "timestamps", "torch-profiler")
 PHASES = ("forward", "backward", "optimizer", "communication", "other")
 
@@ -229,10 +237,39 @@ def from_dict(doc: Any, where: str) -> Breakdown:
     nums += [s for v in (doc.get("layers") or {}).values() if isinstance(v, dict) for s in v.values()]
     if not all(finite(x) for x in nums) or len(doc.get("collectives_s") or []) > MAX_COLLECTIVES:
         raise RunDirError(f"{where}: times must be finite numbers of seconds (at most {MAX_COLLECTIVES} collectives)")
+    problem = _bounds_problem(doc)
+    if problem:
+        raise RunDirError(f"{where}: {problem}")
     keys = {f.name for f in dataclasses.fields(Breakdown)}
     vals = {k: doc[k] for k in keys if k in doc}
     vals["collectives_s"] = tuple(float(x) for x in doc.get("collectives_s") or ())
     return Breakdown(**vals)
+
+
+def _bounds_problem(doc: dict[str, Any]) -> str | None:
+    """What makes a record impossible, or None: the parts of a step are each 0 to its wall time and add up to it
+    (compute + exposed communication + host + idle, module docstring; a timestamps record: compute + host), each
+    phase, layer and the sampling cost 0 to its bound. docs/promises.md lists these bounds with their tests."""
+    wall = doc["wall_s"]
+    if not 0 < wall <= MAX_STEP_S:
+        return f"wall_s {wall:g}: expected above 0 and at most {MAX_STEP_S:g} s"
+    if not 0 <= doc["step"] <= MAX_STEP or not 0 <= doc["rank"] <= MAX_RANK:
+        return f"step {doc['step']} / rank {doc['rank']}: expected 0 to {MAX_STEP:g} / 0 to {MAX_RANK:,}"
+    tol = 1e-5 + 1e-3 * wall   # each part is rounded to 1e-6 s where it is written
+    parts = {k: doc[k] for k in ("compute_s", "comm_s", "host_s", "idle_s") if doc.get(k) is not None}
+    for k, v in list(parts.items()) + [(f"phases.{k}", v) for k, v in (doc.get("phases") or {}).items()] + [
+            (f"layers.{i}.{k}", v) for i, d in (doc.get("layers") or {}).items() if isinstance(d, dict) for k, v in d.items()]:
+        if not finite(v) or not 0 <= v <= wall + tol:
+            return f"{str(k)[:40]} {v:g}: expected 0 to the step's wall time {wall:g} s"
+    if abs(sum(parts.values()) - wall) > tol:
+        return (f"the parts ({', '.join(parts)}) add up to {sum(parts.values()):g} s, the step's wall time is {wall:g} s; "
+                "a record port writes has them add up")
+    if not all(0 <= x <= MAX_STEP_S for x in doc.get("collectives_s") or []) or doc.get("cost_s") is not None and \
+            not (finite(doc["cost_s"]) and 0 <= doc["cost_s"] <= MAX_STEP_S):
+        return f"collectives_s and cost_s: expected 0 to {MAX_STEP_S:g} s each"
+    if any(not isinstance(v, dict) for v in (doc.get("layers") or {}).values()):
+        return "layers: expected {layer: {phase: seconds}}"
+    return None
 
 
 def path_for(run_dir: Path, rank: int) -> Path:
@@ -249,23 +286,70 @@ def append(run_dir: Path, rec: Breakdown) -> Path:
 
 
 def read(run_dir: str | Path, notes: list[str] | None = None) -> dict[int, list[Breakdown]]:
-    """Every rank's sampled steps ({rank: [records]}); a bad line or file is skipped with a note."""
+    """Every rank's sampled steps ({rank: [records]}); a bad line or file is skipped with a note. Bounded: at most
+    :data:`MAX_FILES` files, :data:`MAX_FILE_BYTES` each, :data:`MAX_LINE_BYTES` a line, ``4 x MAX_SAMPLES`` lines a
+    file and :data:`MAX_TOTAL_BYTES` read in all (the rest skipped with a note); never through a link, never a FIFO."""
     d = Path(run_dir) / DIR
+    notes = notes if notes is not None else []
     out: dict[int, list[Breakdown]] = {}
     if d.is_symlink() or not d.is_dir():
         return out
-    for p in sorted(d.glob("rank_*.jsonl"))[:4096]:
-        m = re.fullmatch(r"rank_(\d{1,6})\.jsonl", p.name)
-        if not m or p.is_symlink() or not p.is_file():
-            continue
-        if p.stat().st_size > MAX_FILE_BYTES:
-            (notes if notes is not None else []).append(f"{p}: larger than {MAX_FILE_BYTES >> 20} MiB, not read")
-            continue
-        for i, line in enumerate(p.read_text(encoding="utf-8", errors="replace").splitlines()[:4 * MAX_SAMPLES], 1):
+    budget = [MAX_TOTAL_BYTES]
+    for rank, p in _rank_files(d):
+        if budget[0] <= 0:
+            notes.append(f"{d}: more than {MAX_TOTAL_BYTES >> 20} MiB of breakdown records; the rest not read")
+            break
+        for i, line in _lines(p, budget, notes):
             try:
                 rec = from_dict(json.loads(line), f"{p}: line {i}")
+                if rec.rank != rank:
+                    raise RunDirError(f"{p}: line {i}: rank {rec.rank} in the file of rank {rank}")
             except (ValueError, RecursionError, RunDirError) as e:
-                (notes if notes is not None else []).append(f"{p}: line {i} skipped ({str(e)[:160]})")
+                notes.append(f"{p}: line {i} skipped ({str(e)[:200]})")
                 continue
-            out.setdefault(int(m.group(1)), []).append(rec)
+            out.setdefault(rank, []).append(rec)
+    return out
+
+
+def _rank_files(d: Path) -> list[tuple[int, Path]]:
+    """(rank, path) of the first :data:`MAX_FILES` ``rank_<r>.jsonl`` names, by rank (a folder of a million names is
+    not listed whole)."""
+    found = []
+    with os.scandir(d) as it:
+        for n, e in enumerate(it):
+            m = re.fullmatch(r"rank_(\d{1,6})\.jsonl", e.name)
+            if m:
+                found.append((int(m.group(1)), d / e.name))
+            if n >= 16 * MAX_FILES:
+                break
+    return sorted(found)[:MAX_FILES]
+
+
+def _lines(p: Path, budget: list[int], notes: list[str]) -> list[tuple[int, str]]:
+    """The first ``4 x MAX_SAMPLES`` lines of a regular file, each at most :data:`MAX_LINE_BYTES`, charged to
+    ``budget``; none (with a note) for a link, a FIFO or a file past :data:`MAX_FILE_BYTES`."""
+    try:
+        fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as e:
+        notes.append(f"{p}: not read ({e.strerror})")
+        return []
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            notes.append(f"{p}: not a regular file, not read")
+            return []
+        if st.st_size > MAX_FILE_BYTES:
+            notes.append(f"{p}: larger than {MAX_FILE_BYTES >> 20} MiB, not read")
+            return []
+        out = []
+        for i in range(1, 4 * MAX_SAMPLES + 1):
+            raw = f.readline(min(MAX_LINE_BYTES + 1, max(budget[0], 0) + 1))
+            if not raw:
+                break
+            budget[0] -= len(raw)
+            if len(raw) > MAX_LINE_BYTES or budget[0] < 0:
+                notes.append(f"{p}: line {i} longer than {MAX_LINE_BYTES >> 20} MiB or past the "
+                             f"{MAX_TOTAL_BYTES >> 20} MiB read in all; the rest of the file not read")
+                break
+            out.append((i, raw.decode("utf-8", errors="replace")))
     return out

@@ -11,7 +11,9 @@ NVIDIA's resiliency extension times a rank's named sections separately (nvidia-r
 - ``restore``: a resume reading its checkpoint;
 - ``compile``: every shape compiled before step 1 (porting/train/run/step/precompile.py), until step 1 is logged;
 - ``step``: training, ``step`` the last step logged (``logging.every_steps``, as the step lines);
-- ``save``: a checkpoint or the HF export being written, ``step`` its step;
+- ``save``: a checkpoint or the HF export being written, ``step`` its step, and ``part`` which part of it
+  (porting/rundir/ranklog.py ``SAVE_PARTS``: "wait", "write", "barrier", "record", "done"); the record's ``time`` is
+  when that part began, so a rank at "barrier" says when it reached the barrier;
 - ``finished``: the run ended and every file of the rank is written.
 
 The rank writes a record at the moments it logs a line others read (porting/rundir/ranklog.py ``RankLog``), not
@@ -38,6 +40,7 @@ from typing import Callable
 from porting.rundir.paths import RunDir
 
 PHASES = ("setup", "restore", "compile", "step", "save", "finished")
+SAVE_PARTS = ("wait", "write", "barrier", "record", "done")   # ranklog.SAVE_PARTS says what each is
 MAX_BYTES = 4096
 
 
@@ -49,6 +52,7 @@ class Beat:
     pid: int
     time: float
     seq: int
+    part: str | None = None   # which part of a save (SAVE_PARTS); None outside a save
 
 
 class Heartbeat:
@@ -64,11 +68,13 @@ class Heartbeat:
         except OSError:   # a file in the way, a read-only disk: no heartbeat, the run goes on
             self.path = None
 
-    def beat(self, phase: str, step: int | None = None) -> Beat:
+    def beat(self, phase: str, step: int | None = None, part: str | None = None) -> Beat:
         if phase not in PHASES:
             raise ValueError(f"heartbeat phase {phase!r}: expected one of {', '.join(PHASES)}")
+        if part is not None and (phase != "save" or part not in SAVE_PARTS):
+            raise ValueError(f"heartbeat part {part!r}: expected one of {', '.join(SAVE_PARTS)} in phase save")
         self.seq += 1
-        b = Beat(self.rank, phase, step, self.pid, round(self.clock(), 3), self.seq)
+        b = Beat(self.rank, phase, step, self.pid, round(self.clock(), 3), self.seq, part)
         if self.path is not None:
             _replace(self.path, json.dumps(asdict(b)).encode())
         return b
@@ -108,4 +114,7 @@ def read_beat(path: Path) -> Beat | None:
         return None
     if not isinstance(d.get("time"), (int, float)) or isinstance(d.get("time"), bool):
         return None
-    return Beat(d["rank"], d["phase"], d["step"], d["pid"], float(d["time"]), d["seq"])
+    part = d.get("part")
+    if part is not None and (part not in SAVE_PARTS or d["phase"] != "save"):
+        return None
+    return Beat(d["rank"], d["phase"], d["step"], d["pid"], float(d["time"]), d["seq"], part)

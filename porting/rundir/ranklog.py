@@ -14,6 +14,7 @@ pid         ``rank R of W (pid P): ...`` (msrun workers)         tests that sign
 step        ``step N/T loss L lr ... graphs G``                  `port diagnose` (its last step), tests
 saving      ``saving checkpoint step_N``                         `port diagnose`; a reader of the log
 saved       ``checkpoint PATH``                                  a reader of the log
+save part   ``checkpoint step N: save phase P (what)``           `port diagnose` (which rank froze inside a save)
 stop        ``... K non-finite steps in a row (steps A..B) ...`` the launch outcome (porting/launch/outcome.py)
             at ERROR: the run stopped past its caps
 finished    :data:`FINISHED`, the rank's last line               the launch outcome: a crash at exit is no fault
@@ -43,7 +44,7 @@ from porting.rundir.paths import RunDir, rank_log_name
 # mindspore.communication.release() left the scheduler timing the workers out), so the launcher reads
 # this line instead: a launch whose ranks all logged it finished its run, whatever msrun's exit code.
 FINISHED = "run finished: every file of this rank is written"
-LOG_NAME = re.compile(r"^rank_(\d+)\.log$")
+LOG_NAME = re.compile(r"^rank_([0-9]{1,9})\.log$")   # ASCII digits: int() would take any script's
 STOP_TAIL = 64 << 10       # bytes of each log the stop line is looked for in
 FINISHED_TAIL = 4096       # bytes of each log its last line is looked for in
 
@@ -54,6 +55,7 @@ STEP = re.compile(r" INFO step (\d+)/(\d+) loss (\S+) lr (\S+) grad_norm (\S+) t
                   r"( \(compile\))? shapes \[([\d, ]*)\] graphs (\d+)(?: \(skipped: ([^)]*)\))?$", re.M)
 SAVING = re.compile(r" INFO saving checkpoint step_(\d+)$", re.M)
 SAVED = re.compile(r" INFO checkpoint (\S.*)$", re.M)
+SAVE_PART = re.compile(r" INFO checkpoint step (\d{1,9}): save phase (\w{1,16}) ", re.M)
 WINDOW = re.compile(r"non-finite steps in a row \(steps (\d+)\.\.(\d+)\)|non-finite steps in all \(last window: "
                     r"steps (\d+)\.\.(\d+)\)")
 ERROR_MARK = " ERROR "
@@ -61,7 +63,16 @@ ERROR_MARK = " ERROR "
 # module's lines and also the ``YYYY-MM-DD HH:MM:SS`` and ``level=`` spellings of hand-made logs.
 DIAG_PREFIX = re.compile(rb"^\d{4}-\d\d-\d\d[T ][\d:.,]+\s+rank=\d+\s+(?:level=)?(?:ERROR|CRITICAL|WARNING|INFO)?\s*")
 DIAG_LEVEL = re.compile(rb"\brank=\d+\s+(?:level=)?(ERROR|CRITICAL|WARNING|INFO)\b")
-DIAG_RANK = re.compile(rb"(?:^|\s)rank=(\d+)\s")
+DIAG_RANK = re.compile(rb"(?:^|\s)rank=(\d{1,9})\s")
+DIAG_SAVE_PART = re.compile(SAVE_PART.pattern.encode())
+# The parts of a checkpoint save, in order (porting/train/run/checkpoint/save.py ``save``): every rank meets the others
+# ("wait"), writes its own file ("write"), meets them again once it is written ("barrier"); rank 0 then writes the
+# layout record and state.json and renames the directory into place ("record"); "done" when its save returned. A rank
+# that stopped at "wait" or "barrier" waited for the others; one that stopped at "write" or "record" froze in its
+# own work.
+SAVE_PARTS = {"wait": "waiting for every rank before writing", "write": "writing its own file",
+              "barrier": "its file written, waiting at the barrier for the others",
+              "record": "writing the layout record and state.json", "done": "its save finished"}
 
 
 # -------------------------------------------------------------------------------- the writer
@@ -117,6 +128,10 @@ def saved_line(path: Path | str) -> str:
     return f"checkpoint {path}"
 
 
+def save_part_line(step: int, part: str) -> str:
+    return f"checkpoint step {step}: save phase {part} ({SAVE_PARTS[part]})"
+
+
 def window_phrase(count: int, first: int, last: int, in_a_row: bool) -> str:
     """The part of a non-finite stop that names its window (:data:`WINDOW` reads it back)."""
     if in_a_row:
@@ -152,6 +167,13 @@ class RankLog:
     def saving(self, step: int) -> None:
         self.log.info(saving_line(step))
         self._phase("save", step)
+
+    def save_part(self, step: int, part: str) -> None:
+        """A part of the save begins (:data:`SAVE_PARTS`): its line, and the heartbeat's ``part`` with its time, so
+        that a rank frozen inside the save is told from the ranks that wait for it at the barrier."""
+        self.log.info(save_part_line(step, part))
+        if self.beat is not None:
+            self.beat.beat("save", step, part=part)
 
     def saved(self, step: int, path: Path | str) -> None:
         self.log.info(saved_line(path))

@@ -82,6 +82,7 @@ class RunManifest:
     started: str | None = None                    # ISO 8601, UTC
     resumed_from_step: int | None = None
     job: str | None = None                        # the job document the ranks ran: "RUN/job.json revision N"
+    determinism: dict | None = None               # determinism: bitwise, the switches in force (run/step/deterministic.py)
     format_version: int = FORMAT_VERSION
     extra: dict = field(default_factory=dict)     # keys this version does not know, kept as read
 
@@ -104,7 +105,7 @@ class RunManifest:
                               f"{type(doc.get('recipe')).__name__}; is this a run directory of `port train`?")
         spec = {"model": (dict,), "versions": (dict,), "doctor": (dict,), "data": (dict,), "bucketing": (dict,),
                 "seed": (int,), "world_size": (int,), "command": (list,), "started": (str,),
-                "resumed_from_step": (int,), "job": (str,)}
+                "resumed_from_step": (int,), "job": (str,), "determinism": (dict,)}
         problem = _type_problem(doc, spec, where) or _type_problem(doc.get("model") or {}, _MODEL_SPEC,
                                                                    f"{where}: model")
         if problem:
@@ -115,7 +116,8 @@ class RunManifest:
                    versions=doc.get("versions") or {}, doctor=doc.get("doctor"), data=doc.get("data") or {},
                    bucketing=doc.get("bucketing") or {}, seed=doc.get("seed"), world_size=doc.get("world_size"),
                    command=tuple(str(c) for c in doc.get("command") or ()), started=doc.get("started"),
-                   resumed_from_step=doc.get("resumed_from_step"), job=doc.get("job"), format_version=version,
+                   resumed_from_step=doc.get("resumed_from_step"), job=doc.get("job"),
+                   determinism=doc.get("determinism"), format_version=version,
                    extra={k: v for k, v in doc.items() if k not in known})
 
 

@@ -12,7 +12,8 @@ The tolerances, all here (tests/test_house_rules.py finds a second table):
   dtype (README "Parity tolerances"; `port verify`, `port bisect`, `port eval`);
 - :data:`TRAINING_CURVE_TOLERANCES`: a port training run against a `port baseline` run of the same
   recipe, per step (`port compare`; docs/baseline.md "Tolerances"), and :data:`IMPORTED_CURVE_GATE`,
-  the curve-level gate against an imported CUDA log (porting/baseline/curve.py);
+  the curve-level gate against an imported CUDA log (porting/baseline/curve.py), and :data:`FIELD_GATES`, the
+  acceptance gates of the field that `port compare` and `port report` show first (porting/baseline/gates.py);
 - :data:`LAYOUT_TOLERANCES`: the same training run at another parallel layout (`port rehearse`).
 """
 
@@ -90,6 +91,38 @@ IMPORTED_CURVE_GATE = CurveGate()
 def curve_gate(**override: float | int | None) -> CurveGate:
     """The imported-curve gate with the given fields overridden (None: keep the default)."""
     return dataclasses.replace(IMPORTED_CURVE_GATE, **{k: v for k, v in override.items() if v is not None})
+
+
+@dataclasses.dataclass(frozen=True)
+class FieldGates:
+    """The acceptance gates teams sign a migrated fine-tune with (porting/baseline/gates.py computes them; docs/baseline.md
+    "The field's gates" defines each). A window is (first step, last step), both included; None: every compared step.
+
+    - ``mean_rel_max``: loss mean relative error <= 5%, the community task pool for NPU ports of training recipes
+      ("平均误差小于5%", verl-project/verl-ascend-recipe issues #14, #74 and siblings, 2026);
+    - ``weighted_max``: loss-weighted per-step relative error <= 2%, the gate of a Qwen3.5-35B-A3B LoRA port to 8 A3
+      against 8 H200 (ByteDance-Seed/VeOmni#1034: 1.063% measured);
+    - ``eval_max``: evaluation loss within 5%, the same task pool's "下游评测误差5%内" applied to the held-out loss;
+    - ``throughput_min``: tokens/s per device-equivalent >= 0.7x the baseline's, the task pool's "A2上达成A100的0.7倍以上"
+      (one 910C die counts as one A2 card: Huawei's ModelArts sizing guide, modelarts_llm_train_590604).
+    """
+
+    mean_rel_max: float = 0.05
+    mean_rel_steps: tuple[int, ...] | None = None
+    weighted_max: float = 0.02
+    weighted_steps: tuple[int, ...] | None = None
+    eval_max: float = 0.05
+    throughput_min: float = 0.7
+    # a run on the CPU is not the target: its throughput row is shown, judged only when the bound was asked for
+    judge_cpu_throughput: bool = False
+
+
+FIELD_GATES = FieldGates()
+
+
+def field_gates(**override: float | bool | tuple[int, ...] | None) -> FieldGates:
+    """The field's gates with the given fields overridden (None: keep the shipped default)."""
+    return dataclasses.replace(FIELD_GATES, **{k: v for k, v in override.items() if v is not None})
 
 
 LR_RTOL = 1e-3   # an imported log's learning rates, printed with 4+ significant digits, agree to this

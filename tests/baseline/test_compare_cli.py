@@ -63,6 +63,61 @@ def test_baseline_and_port_agree_in_fp32(work):
     est = rep["estimator"]  # the run's plan.json against the baseline's measured peaks (host RSS: indicative)
     assert est["comparable"] is False and est["measured_kind"] == "host_rss_hwm"
     assert est["estimate_total_gib"] > 0 and est["ratio_total_over_measured_max"] > 0
+    # the field's gates (issue 49): both loss gates measured on the 6 steps and passed; throughput per device
+    gates = {g["name"]: g for g in rep["field"]["rows"]}
+    for name in ("loss mean relative error", "loss-weighted per-step relative error"):
+        assert gates[name]["status"] == "PASS" and gates[name]["value"] < 1e-4 and "steps 1-6, 6 compared" in \
+            gates[name]["figures"]
+    tput = gates["throughput per device-equivalent"]   # shown on the CPU, judged only when asked for
+    assert tput["status"] == "N/A" and tput["value"] == pytest.approx(
+        rep["throughput"]["run_tokens_per_s"] / rep["throughput"]["baseline_tokens_per_s"])
+    assert "tokens/s per device (" in tput["figures"] and "on 1 x CPU process" in tput["figures"]
+    assert tput["figures"].startswith("not judged: a CPU run is not the target")
+    judged = port("compare", str(work["base"]), str(work["run"]), "--no-probe", "--json", "--throughput-min", "0.01")
+    row = {g["name"]: g for g in json.loads(judged.stdout)["field"]["rows"]}["throughput per device-equivalent"]
+    assert row["status"] == "PASS" and row["threshold"] == 0.01
+    assert gates["evaluation loss relative error"]["status"] == "N/A"
+    # the settings table: the torch baseline and the run of one recipe agree on every setting each side records
+    rows = {r["setting"]: r for r in rep["settings_table"]}
+    assert len(rows) == 23 and all(r["equal"] is True for r in rows.values()), \
+        [r for r in rows.values() if r["equal"] is not True]
+    assert table.stdout.index("EFFECTIVE SETTINGS") < table.stdout.index("THE FIELD'S GATES") < \
+        table.stdout.index("LOSS per step")
+
+
+@pytest.mark.slow
+def test_a_planted_3_percent_offset_fails_the_2_percent_gate_and_passes_the_5(work, tmp_path):
+    """A copy of the run whose metrics.jsonl losses are 3% higher (planted in the copy, not in port): the 5% mean
+    gate passes, the 2% loss-weighted gate fails, and `port report` shows that verdict first."""
+    run = tmp_path / "run"
+    shutil.copytree(work["run"], run)
+    lines = []
+    for ln in (run / "metrics.jsonl").read_text().splitlines():
+        d = json.loads(ln)
+        if d.get("loss") is not None and "step" in d:
+            d["loss"] *= 1.03
+        lines.append(json.dumps(d))
+    (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    p = port("compare", str(work["base"]), str(run), "--no-probe", "--json", "--out", str(run / "compare.json"))
+    assert p.returncode == 1, p.stderr[-2000:]
+    gates = {g["name"]: g for g in json.loads(p.stdout)["field"]["rows"]}
+    assert gates["loss mean relative error"]["status"] == "PASS"
+    assert gates["loss mean relative error"]["value"] == pytest.approx(0.03, rel=1e-3)
+    assert gates["loss-weighted per-step relative error"]["status"] == "FAIL"
+    assert gates["loss-weighted per-step relative error"]["value"] == pytest.approx(0.03, rel=1e-3)
+    assert port("compare", str(work["base"]), str(run), "--no-probe", "--weighted-max", "0.05",
+                "--loss-rtol", "0.05").returncode == 0   # the gate's bound is the user's to set
+    from porting.report import make_report
+
+    rep = make_report(run)
+    text = rep.text().splitlines()
+    assert text[0].startswith("VERDICT: FAIL") and "compare.json" in text[0]
+    assert text[1].split()[:4] == ["PASS", "loss", "mean", "relative"] and text[2].startswith("  FAIL loss-weighted")
+    md = (run / "report" / "report.md").read_text()
+    assert md.index("## Verdict: **FAIL**") < md.index("| area | item | status |")
+    html = (run / "report" / "report.html").read_text()
+    assert html.index('<section id="verdict">') < html.index('<table id="acceptance">')
+    assert json.loads((run / "report" / "report.json").read_text())["verdict"]["status"] == "FAIL"
 
 
 @pytest.mark.slow

@@ -134,7 +134,7 @@ def test_the_writer_refuses_a_record_its_reader_would_not_read(tmp_path):
 
 # ----------------------------------------------------------------------------------- the comparison
 def _run(tmp_path: Path, losses: list[float | None]) -> RunRecords:
-    return RunRecords(tmp_path, None, [StepRecord(s, loss, grad_norm=1.0, tokens=100, step_time_s=0.5,
+    return RunRecords(tmp_path, None, [StepRecord(s, loss, grad_norm=1.0, tokens=100, step_time_s=0.1,
                                                   host_rss_peak_gib=0.5) for s, loss in enumerate(losses, 1)],
                       plan=tiny_plan().to_dict())
 
@@ -161,8 +161,12 @@ def test_a_comparison_reads_back_from_its_json(tmp_path):
     assert ok.ok and ok.probe.available and ok.probe.max_abs_diff == pytest.approx(1e-3, rel=1e-3)
     assert [c.name for c in ok.checks] == ["settings like for like", "loss per step", "probe logits", "memory"]
     assert ok.estimator["measured_kind"] == "host_rss_hwm" and ok.loss.steps_compared == 3
+    # the field's gates (issue 49): no evaluation loss, and no manifest to count the run's devices: N/A
+    assert [r.status for r in ok.field.rows] == ["PASS", "PASS", "N/A", "N/A"]
     bad = _json_round_trip(_measured(tmp_path, 0.1))
-    assert not bad.ok and bad.loss.failing_steps == (3,) and bad.failures == ("loss outside tolerance at steps [3]",)
+    assert not bad.ok and bad.loss.failing_steps == (3,) and bad.failures[0] == "loss outside tolerance at steps [3]"
+    # 0.1 on one of three losses: 2.2% of the summed loss fails the 2% loss-weighted gate; the 5% mean gate passes
+    assert bad.failures[1].startswith("loss-weighted per-step relative error 2.2") and len(bad.failures) == 2
 
 
 def test_a_curve_comparison_reads_back_from_its_json(tmp_path):

@@ -3,7 +3,9 @@
 The fixture program (dp_fault_job.py) does a real AllReduce per step. Measured on 2 cores: with the
 defaults a stalled rank makes the job fail after ~75 s (the CPU collective times out after ~30 s,
 the scheduler declares the node lost ~30 s later); MS_CPU_COMM_OP_TIMEOUT=8 and MS_NODE_TIMEOUT=10
-bring it to ~30 s. Both jobs run concurrently to keep the module near 40 s.
+bring it to ~30 s. Both jobs run concurrently to keep the module near 40 s. Issue 53's two `port train` jobs (a rank frozen by
+SIGSTOP inside a checkpoint save, plain and under --supervise) run together too, in place of the earlier plain job
+that froze rank 1 after its first step.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -104,93 +107,110 @@ def test_raising_rank_is_the_cause_and_the_exception_is_quoted(jobs):
     assert "worker_1.log" in d["reason"]
 
 
-def _worker_pid(run: Path, rank: int) -> int | None:
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            cmd = (d / "cmdline").read_bytes().split(b"\0")
-            if not any(c.endswith(b"workers/train.py") for c in cmd) or str(run).encode() not in b" ".join(cmd):
-                continue
-            env = (d / "environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if f"RANK_ID={rank}".encode() in env:
-            return int(d.name)
+def _start_train(run: Path, model_dir: Path, env_extra: dict[str, str], *args: str) -> subprocess.Popen:
+    """A 2-worker `port train` of one stories260K layer (tests/conftest.py model_dir) saving every 2 steps."""
+    env = dict(os.environ, MS_CPU_COMM_OP_TIMEOUT="8", MS_NODE_TIMEOUT="10", **env_extra)
+    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+    sets = [f"output_dir={run}", f"model.source={model_dir}", "cluster.devices_per_node=2",
+            f"cluster.master_port={free_port()}", "schedule.max_steps=4", "checkpointing.every_steps=2",
+            "checkpointing.export_hf=false", "data.max_seq_length=64", "batching.bucketing.enabled=false"]
+    return subprocess.Popen([sys.executable, "-m", "porting", "train", "recipes/tiny-cpu.yaml", "--no-preflight",
+                             *[a for x in sets for a in ("--set", x)], *args],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _freeze_in_save(run: Path, proc: subprocess.Popen, deadline: float) -> int | None:
+    """SIGSTOP rank 1 once its heartbeat says it is writing its file inside a checkpoint save (PORT_TEST_SAVE_DELAY
+    holds it there); its pid, or None when it never got there."""
+    from porting.rundir.heartbeat import read_beat
+
+    hb = run / "heartbeat" / "rank_1.json"
+    while time.monotonic() < deadline and proc.poll() is None:
+        beat = read_beat(hb)
+        if beat is not None and beat.phase == "save" and beat.part == "write":
+            os.kill(beat.pid, signal.SIGSTOP)
+            return beat.pid
+        time.sleep(0.05)
     return None
 
 
-def test_real_port_train_job_with_a_frozen_rank(tmp_path):
-    """A real 2-worker `port train` job (msrun) where rank 1 is frozen with SIGSTOP after its first
-    step: rank 0 times out in AllReduce, msrun stops the job, and diagnose names rank 1. A left-over
-    launcher naming the run directory would stop the launch in the preflight: `--no-preflight` launches."""
-    import signal
-
+@pytest.fixture(scope="module")
+def frozen_saves(tmp_path_factory, model_dir):
+    """Issue 53: two real 2-worker `port train` jobs, launched together, whose rank 1 is stopped (SIGSTOP) inside
+    the step-2 checkpoint save while rank 0 waits at the save's barrier: one plain, one under `--supervise` (no
+    restart). The plain one also has rank 1 compile 12 s "longer" than rank 0 (PORT_TEST_COMPILE_DELAY: more than
+    the 8 s collective timeout, which a barrier inside the all-reduce would not survive, porting/train/run/step/ready.py)
+    and a left-over launcher naming its run directory, which `--no-preflight` launches past."""
     from porting.cluster import preflight
 
-    if not (ROOT / "porting" / "cli" / "train.py").is_file():
-        pytest.skip("port train is not on this branch")
-    run = tmp_path / "run"
-    # rank 1 also compiles 12 s "longer" than rank 0 (a test hook): more than the 8 s collective timeout, which a
-    # barrier inside the all-reduce would not survive (porting/train/run/step/ready.py)
-    env = dict(os.environ, MS_CPU_COMM_OP_TIMEOUT="8", MS_NODE_TIMEOUT="10", PORT_TEST_COMPILE_DELAY="1:12")
-    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+    base = tmp_path_factory.mktemp("saves")
+    plain, sup = base / "plain", base / "sup"
     stale = subprocess.Popen(["bash", "-c", f"exec -a msrun {sys.executable} -c 'import time; time.sleep(300)' "
-                                            f"--log_dir={run}/logs/msrun"])
-    deadline = time.monotonic() + 5
-    while preflight.check_stale_for_run(run, 0)["status"] != "fail" and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert preflight.check_stale_for_run(run, 0)["status"] == "fail"   # the preflight would refuse
-    proc = subprocess.Popen([sys.executable, "-m", "porting", "train", "recipes/tiny-cpu.yaml", "--set",
-                             f"output_dir={run}", "--set", "cluster.devices_per_node=2",
-                             "--set", f"cluster.master_port={free_port()}", "--no-preflight"],
-                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            start_new_session=True)
-    frozen = None
+                                            f"--log_dir={plain}/logs/msrun"])
+    procs, frozen, out = {}, [], {}
     try:
-        deadline = time.monotonic() + 120
-        log1 = run / "logs" / "rank_1.log"
-        while time.monotonic() < deadline and proc.poll() is None:
-            if log1.is_file() and " step 1/" in log1.read_text(errors="replace"):
-                frozen = _worker_pid(run, 1)
-                if frozen:
-                    os.kill(frozen, signal.SIGSTOP)
-                    break
+        deadline = time.monotonic() + 5
+        while preflight.check_stale_for_run(plain, 0)["status"] != "fail" and time.monotonic() < deadline:
             time.sleep(0.05)
-        if not frozen:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-            out = proc.communicate()[0].decode(errors="replace")
-            logs = "".join(f"\n--- {p.name}\n" + p.read_text(errors="replace")[-1500:]
-                           for p in sorted((run / "logs").glob("rank_*.log")))
-            raise AssertionError(f"rank 1 never logged its first step\n{out[-3000:]}{logs}")
-        waited = [float(line.split("(waited ")[1].split(" s")[0]) for line in
-                  (run / "logs" / "rank_0.log").read_text().splitlines() if "every rank is ready (waited" in line]
-        assert waited and waited[0] >= 8.0, waited   # rank 0 waited out the late rank, past the collective timeout
-        out, _ = proc.communicate(timeout=120)
+        assert preflight.check_stale_for_run(plain, 0)["status"] == "fail"   # the preflight would refuse
+        procs["plain"] = _start_train(plain, model_dir, {"PORT_TEST_COMPILE_DELAY": "1:12", "PORT_TEST_SAVE_DELAY": "1:60"})
+        procs["sup"] = _start_train(sup, model_dir, {"PORT_TEST_SAVE_DELAY": "1:60"}, "--supervise", "--max-restarts",
+                                    "0", "--stall-timeout", "5")
+        deadline = time.monotonic() + 200
+        for name, run in (("plain", plain), ("sup", sup)):
+            pid = _freeze_in_save(run, procs[name], deadline)
+            if pid is None:
+                procs[name].kill()
+                logs = "".join(f"\n--- {p.name}\n" + p.read_text(errors="replace")[-1500:]
+                               for p in sorted((run / "logs").glob("rank_*.log")))
+                raise AssertionError(f"{name}: rank 1 never reached its save's write\n"
+                                     f"{procs[name].communicate()[0].decode(errors='replace')[-3000:]}{logs}")
+            frozen.append(pid)
+        for name, p in procs.items():
+            out[name] = (p.communicate(timeout=150)[0].decode(errors="replace"), p.returncode)
     finally:
         stale.kill()
         stale.wait()
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
-        if frozen:
+        for p in procs.values():
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.communicate()
+        for pid in frozen:
             try:
-                os.kill(frozen, signal.SIGKILL)
+                os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-    assert proc.returncode != 0, out.decode(errors="replace")[-2000:]
-    assert b"launching: msrun" in out and b"preflight" not in out
-    last1 = max(int(line.split(" step ")[1].split("/")[0]) for line in log1.read_text().splitlines()
-                if " INFO step " in line)
-    d = diagnose_cli_args(run / "logs", "--world-size", "2")
-    # "stall" when rank 0 logged its AllReduce timeout or the cluster's kill, "lost" when msrun's
-    # scheduler (which lost rank 1's heartbeat) stopped the job first: both name rank 1
-    assert d["first_failing_rank"] == 1 and d["last_step"] == last1 and d["reason_kind"] in ("stall", "lost")
+    return {"plain": plain, "sup": sup}, out
+
+
+def _named_the_frozen_saver(d: dict) -> None:
+    assert d["first_failing_rank"] == 1 and d["last_step"] == 2, d["reason"]
+    assert (d["cause_class"], d["fault"], d["confidence"]) == ("process_exit", "stuck", "high"), (d["reason"], d["why"])
+    assert "frozen in a save" in d["reason"] and "writing its own file" in d["reason"]
     rows = {r["rank"]: r for r in d["ranks"]}
-    assert rows[0]["status"] != "first failure" and rows[0]["last_step"] >= last1
-    assert d["scheduler"] is not None  # scheduler.log was read (which ranks it names depends on timing)
-    assert d["formats"]["port_rank"] == 2 and d["formats"]["msrun_worker"] == 2
+    assert rows[0]["status"] != "first failure" and rows[0]["last_step"] == 2
+
+
+def test_a_rank_frozen_inside_a_save_is_named_not_the_rank_waiting_at_its_barrier(frozen_saves):
+    runs, out = frozen_saves
+    text, code = out["plain"]
+    assert code != 0 and "launching: msrun" in text and "preflight" not in text, text[-2000:]
+    waited = [float(line.split("(waited ")[1].split(" s")[0]) for line in
+              (runs["plain"] / "logs" / "rank_0.log").read_text().splitlines() if "every rank is ready (waited" in line]
+    assert waited and waited[0] >= 8.0, waited   # rank 0 waited out the late rank, past the collective timeout
+    d = diagnose_cli_args(runs["plain"] / "logs", "--world-size", "2")
+    _named_the_frozen_saver(d)
+    assert d["scheduler"] is not None and d["formats"]["port_rank"] == 2 and d["formats"]["msrun_worker"] == 2
+
+
+def test_under_supervise_the_frozen_saver_is_the_incident_s_suspect_and_its_evidence_names_it(frozen_saves):
+    runs, out = frozen_saves
+    text, code = out["sup"]
+    assert code != 0 and "supervised run stopped after incident 1" in text, text[-2000:]
+    incidents = [json.loads(ln) for ln in (runs["sup"] / "incidents.jsonl").read_text().splitlines()]
+    assert len(incidents) == 1 and incidents[0]["suspect"] == 1, incidents
+    assert incidents[0]["verdict"]["first_failing_rank"] == 1 and "frozen in a save" in incidents[0]["verdict"]["reason"]
+    _named_the_frozen_saver(diagnose_cli_args(runs["sup"] / incidents[0]["evidence"] / "logs", "--world-size", "2"))
 
 
 def diagnose_cli_args(logdir: Path, *extra: str) -> dict:

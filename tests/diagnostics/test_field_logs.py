@@ -36,16 +36,20 @@ def one(tmp_path: Path, src: Path) -> Path:
 
 def test_corpus_is_complete_and_sourced():
     files = sorted(p.name for p in FIELD.glob("*.log"))
-    assert len(files) >= 80 and set(files) == set(EXPECTED)
+    runs = sorted(p.name + "/" for p in FIELD.iterdir() if p.is_dir())   # a run's own log directory
+    assert len(files) >= 80 and set(files) | set(runs) == set(EXPECTED)
     readme = (FIELD / "README.md").read_text()
     for name in files:
         head = (FIELD / name).read_text().splitlines()[0]
         assert head.startswith("# source: https://"), name
         assert f"`{name}`" in readme, name
+    for name in runs:   # port's own runs: described in the README, the logs as port and msrun wrote them
+        assert f"`{name}`" in readme and any((FIELD / name).glob("rank_*.log")), name
     assert sum(w.get("split") == "heldout" for w in EXPECTED.values()) >= 20
 
 
-TUNED = sorted(n for n, w in EXPECTED.items() if w.get("split", "tune") in ("tune", "tune38", "tune38b", "tune38c", "tune38d"))
+TUNED = sorted(n for n, w in EXPECTED.items()
+               if w.get("split", "tune") in ("tune", "tune38", "tune38b", "tune38c", "tune38d", "tune53"))
 # tuning excerpts the model does not get right, kept visible rather than dropped (the expectation was written
 # before the tool ran; a miss is not edited away). Each is a strict xfail: fixing one fails the test, so the
 # fix shows and the entry is removed. paddle_72458: its EE1001 line names the class with a documented code, so
@@ -69,8 +73,9 @@ KNOWN_MISSES = {
 
 @pytest.fixture(scope="module")
 def scored() -> dict[str, dict]:
-    """Every corpus excerpt diagnosed once (under a neutral file name), scored as the benchmark does."""
-    return {name: score(name, want) for name, want in EXPECTED.items()}
+    """Every corpus excerpt diagnosed once (under a neutral file name), scored as the benchmark does; issue 53's
+    held-back batch is scored by the benchmark's runs only (BENCHMARKS.md), never read here."""
+    return {name: score(name, want) for name, want in EXPECTED.items() if want.get("split") != "heldout53"}
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=KNOWN_MISSES[n]))

@@ -209,3 +209,24 @@ def test_a_save_gets_its_predicted_time_and_a_save_that_hangs_is_named_as_such(t
     assert w.poll() is None
     clock.t += 61                       # both are late now; rank 1 showed life first, so it stopped first
     assert w.poll() == (1, "stall", "rank 1: no heartbeat or log line for 661 s (saving a checkpoint; limit 660 s)")
+
+
+def test_in_a_save_the_rank_still_writing_is_named_not_the_ranks_waiting_at_its_barrier(tmp_path):
+    """Issue 53: every rank's phase says "save" until the save ends; the part says who waits. Rank 0 reached the
+    save's barrier after rank 1 began writing, and stopped beating later: ordering by the last beat alone would name
+    rank 1 only by luck, ordering by step not at all (both at step 4)."""
+    w, clock, hb = _setup(tmp_path)
+    hb[0].beat("save", 4, part="wait")
+    hb[1].beat("save", 4, part="wait")
+    hb[1].beat("save", 4, part="write")   # rank 1 freezes here
+    assert w.poll() is None
+    clock.t += 5
+    hb[0].beat("save", 4, part="write")
+    hb[0].beat("save", 4, part="barrier")   # rank 0 is written and waits
+    assert w.poll() is None
+    clock.t += 61
+    rank, kind, what = w.poll()
+    assert (rank, kind) == (1, "stall") and "in checkpoint step 4's save: writing its own file" in what
+    assert what.endswith("while rank(s) [0] reached the save's barrier and wait for it")
+    clock.t += 100   # rank 0's beat is now the older one, and still it is not named: it waits
+    assert w.poll()[0] == 1

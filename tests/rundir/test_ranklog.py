@@ -158,3 +158,29 @@ def test_the_logger_is_one_per_run_and_rank(tmp_path):
         for h in list(log.handlers):
             log.removeHandler(h)
             h.close()
+
+
+def test_each_part_of_a_save_is_a_line_and_a_heartbeat_part(tmp_path):
+    """Issue 53: the save's parts (wait, write, barrier, record, done) are lines `port diagnose` reads and the
+    heartbeat's ``part``, with the time each began; a part outside a save, or one port does not write, reads as no
+    beat."""
+    log = ranklog.open_log(tmp_path, 1, echo=False)
+    rl = ranklog.RankLog(log, Heartbeat(tmp_path, 1))
+    rl.saving(6)
+    for part in ("wait", "write", "barrier"):
+        rl.save_part(6, part)
+    beat = read_beat(tmp_path / "heartbeat" / "rank_1.json")
+    assert (beat.phase, beat.step, beat.part) == ("save", 6, "barrier")
+    for h in list(log.handlers):
+        log.removeHandler(h)
+        h.close()
+    text = (tmp_path / "logs" / "rank_1.log").read_text()
+    assert [(m[1], m[2]) for m in ranklog.SAVE_PART.finditer(text)] == [("6", "wait"), ("6", "write"), ("6", "barrier")]
+    assert [m[2] for m in ranklog.DIAG_SAVE_PART.finditer(text.encode())][-1] == b"barrier"
+    with pytest.raises(ValueError):
+        Heartbeat(tmp_path, 2).beat("step", 3, part="write")
+    planted = tmp_path / "heartbeat" / "rank_3.json"
+    for part in ("sleep", ["write"], 7):
+        planted.write_text(json.dumps({"rank": 3, "phase": "save", "step": 1, "pid": 9, "time": 1.0, "seq": 1,
+                                       "part": part}))
+        assert read_beat(planted) is None

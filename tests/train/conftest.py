@@ -3,6 +3,7 @@ tests/helpers.py)."""
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 from pathlib import Path
@@ -105,3 +106,41 @@ def alpaca(tmp_path_factory) -> Path:
     if ALPACA_REAL.exists():
         return ALPACA_REAL
     return alpaca_written.write(tmp_path_factory.mktemp("alpaca"))
+
+
+# --------------------------------------------------------------------------- gradient buckets (issue 48)
+_SHAPE = re.compile(r": \(<Tensor\[\w+\], \((\d+)\)>\)")
+
+
+def graph_buckets(ir_dir: Path) -> list[int]:
+    """The elements of every AllReduce in the gradient buckets' cell (the step cell's ``reducer``,
+    ``GradBuckets``) of rank 0's compiled step graph, in graph order (the graph_build dump with the most of them:
+    the step, not the barrier's graph)."""
+    found = []
+    for f in sorted((ir_dir / "rank_0").glob("graph_build_*.ir")):
+        lines, sizes = f.read_text(errors="replace").splitlines(), []
+        for n, line in enumerate(lines):
+            if "= AllReduce(" in line and any("Fullname with scope: (Default/reducer-GradBuckets/AllReduce" in ln
+                                               for ln in lines[n + 1:n + 6]):
+                sizes.append(int(_SHAPE.search(lines[n + 1]).group(1)))
+        found.append(sizes)
+    assert any(found), f"no AllReduce of the gradient buckets in the compiled graphs under {ir_dir}"
+    return max(found, key=len)
+
+
+def traced_steps(trace: Path, buckets: int) -> list[list[tuple]]:
+    """Rank 0's PyNative collective trace cut into steps: per step, the gradient buckets' collectives (1-D, more
+    than 2 elements) and the scalar loss and token-count sums (shape []), in launch order, as (op, elements)."""
+    rows = [json.loads(line) for line in trace.read_text().splitlines()]
+    kept = [(r["op"], r["shape"][0] if r["shape"] else 0) for r in rows
+            if r["shape"] == [] or (len(r["shape"]) == 1 and r["shape"][0] > 2)]
+    per_step = buckets + 2
+    assert len(kept) % per_step == 0, kept[:20]
+    return [kept[i:i + per_step] for i in range(0, len(kept), per_step)]
+
+
+def plan_of(args: list[str]) -> dict:
+    """The plan's gradient buckets (`port train --dry-run --json`) of a run with these arguments."""
+    from tests.helpers import port
+
+    return json.loads(port("train", str(TINY), "--dry-run", "--json", *args, check=True).stdout)["gradient_allreduce"]

@@ -67,7 +67,8 @@ def test_reader_skips_bad_lines_and_links_with_a_note(tmp_path):
     notes: list[str] = []
     got = bd.read(tmp_path, notes)
     assert list(got) == [0] and got[0][0].wall_s == 0.5
-    assert len(notes) == 3 and "wall_s" in notes[0] and "source 'guess'" in notes[2]
+    assert len(notes) == 4 and "wall_s" in notes[0] and "source 'guess'" in notes[2]
+    assert "rank_1.jsonl: not read" in notes[3]   # the link, never followed, said so
 
 
 @pytest.mark.msrun

@@ -63,6 +63,26 @@ def test_derive_splits_each_piece_into_a_fixed_time_and_a_time_per_flop():
     assert calibrated._affine(0.2, 1.0, 0.1, 2.0) == (0.0, 0.2)
 
 
+def test_ends_measured_at_nothing_take_the_layer_rate_and_load(tmp_path):
+    """A loaded machine can time the 4-layer model so slow that the 1-layer model leaves nothing for the ends (found
+    by CI: ``ends_s_per_flop`` 0.0, refused by the loader). The ends then take the layer's rate per FLOP, and the
+    folder rehearse wrote loads."""
+    rec, cfg = _recipe()
+    shape = calibrated.shape_of(rec, cfg)
+    pts = _points(shape)
+    for p in pts:   # the deep model twice as slow as its layers explain: the ends extrapolate below zero
+        if p["layers"] == 4:
+            p["forward_backward_s"] *= 2.0
+    d = calibrated.derive(pts, shape)
+    assert d["ends_s_per_flop"] == d["layer_s_per_flop"] > 0 and d["ends_a_s"] == 0.0
+    dd = tmp_path / "rh"
+    dd.mkdir()
+    (dd / "calibration.json").write_text(json.dumps({"format": "port-calibration/1", "device": "cpu",
+                                                     "load_avg_1min": 1.0, "shape": shape,
+                                                     "by_threads": {str(os.cpu_count() or 1): d}}))
+    assert calibrated.load(dd)
+
+
 def test_same_shape_is_the_measured_pieces_times_the_counts(tmp_path):
     rec, cfg = _recipe("batching.grad_accum_steps=2")
     cal = _write(tmp_path, rec, cfg)

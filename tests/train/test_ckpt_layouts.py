@@ -42,8 +42,9 @@ def _switch(model_dir, tmp_path_factory, name: str, before: list[str], after: li
 def dp4_to_dp2(model_dir, tmp_path_factory):
     return _switch(model_dir, tmp_path_factory, "dp4",
                    ["cluster.devices_per_node=4", "parallel.optimizer_sharding=true", "batching.micro_batch_size=1"],
+                   # resumed in PyNative: resume on another layout in both modes (issue 48), no launch added
                    ["cluster.devices_per_node=2", "parallel.optimizer_sharding=false",
-                    "batching.micro_batch_size=1", "batching.grad_accum_steps=2"])
+                    "batching.micro_batch_size=1", "batching.grad_accum_steps=2", "execution=pynative"])
 
 
 @pytest.fixture(scope="module")
@@ -83,6 +84,7 @@ def test_dp4_zero1_resumed_at_dp2_without_sharding_equals_the_uninterrupted_run(
     log = (run / "logs" / "rank_1.log").read_text()
     assert "saved layout world 4 tp 1 zero 1, this run world 2 tp 1 zero 0" in log
     assert "the layout changed: every piece was re-cut exactly" in log   # issue 27: said, and the losses above agree
+    assert "execution: pynative" in log   # the resumed leg ran op by op (a graph-mode checkpoint)
 
 
 def test_tp2_dp2_resumed_at_tp1_dp4_equals_the_uninterrupted_run(tp2dp2_to_dp4, one_device, model_dir):

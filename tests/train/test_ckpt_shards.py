@@ -234,7 +234,7 @@ def test_merge_ms_loads_strictly_into_the_zoo_cell_with_the_optimizer_state(runs
     res = CliRunner().invoke(main, ["ckpt", "merge", str(ck), "--ms", str(out), "--optimizer",
                                     "--model", str(model_dir), "--out", str(root / "hf_too")])
     assert res.exit_code == 0, res.output
-    # both outputs from one assembly: the HF one converted from the MindSpore directory just written
+    # both outputs from one pass over the rank files (porting/train/run/checkpoint/export.py merge)
     assert (root / "hf_too" / "port_manifest.json").is_file() and (root / "hf_too" / "tokenizer.json").is_file()
     assert "merge step_4: param layer 0:" in res.stderr   # one progress line per parameter group
     assert {"model.safetensors", "config.json", "tokenizer.json", "optimizer.safetensors",

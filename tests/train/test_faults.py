@@ -29,6 +29,8 @@ def test_each_hook_parses_its_form():
     assert [f.nan_at(n, 1) for n in (2, 3, 4)] == [False, True, False] and not f.nan_at(3, 0)   # rank 1 only
     assert f.delay_for(1) == 0.25 and f.delay_for(0) == 0.0
     assert f.crash_at_exit == 1 and f.bad_devices == {2, 5}
+    g = parse({"PORT_TEST_REFUSE_STATIC_PARALLEL": "1", "PORT_TEST_COLLECTIVE_TRACE": "/tmp/trace"})
+    assert g.refuse_static_parallel and g.collective_trace == "/tmp/trace"
     nan = lambda spec, n: parse({"PORT_TEST_NONFINITE": spec}).nan_at(n, 0)  # noqa: E731
     assert [nan("4-", n) for n in (3, 4, 9)] == [False, True, True] and nan("*", 1)
     assert [nan("2,13", n) for n in (1, 2, 3, 13)] == [False, True, False, True]
@@ -38,7 +40,9 @@ def test_each_hook_parses_its_form():
                          + [("PORT_TEST_COMM_DELAY", v) for v in ("0.5", "x:1", "1:-2", "1:1e9", "-1:0.5")]
                          + [("PORT_TEST_COMPILE_DELAY", v) for v in ("12", "1:x", "1:601")]
                          + [("PORT_TEST_CRASH_AT_EXIT", v) for v in ("x", "1,2", "-1", "²")]
-                         + [("PORT_TEST_BAD_DEVICES", v) for v in ("2;5", "a", "2,,5", "-1")])
+                         + [("PORT_TEST_BAD_DEVICES", v) for v in ("2;5", "a", "2,,5", "-1")]
+                         + [("PORT_TEST_REFUSE_STATIC_PARALLEL", v) for v in ("yes", "0", "2")]
+                         + [("PORT_TEST_COLLECTIVE_TRACE", v) for v in ("trace", "../t", "~/t")])
 def test_a_value_that_does_not_parse_is_one_line(env, bad):
     with pytest.raises(FaultHookError) as e:
         parse({env: bad})

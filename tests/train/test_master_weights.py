@@ -137,8 +137,12 @@ def test_sharded_bf16_parameters_keep_float32_master_shards():
         opt = zero.ShardedAdamW(params, (0.9, 0.95), 1e-8, 0.0, rank=rank, dp=2, buckets=buckets, native=False)
         assert opt.use_masters and [m.name for m in opt.masters] == [f"master.shard{k}.rank{rank}" for k in range(3)]
         got = np.concatenate([m.asnumpy() for m in opt.masters])
-        want = np.concatenate([np.pad(flat[s:e], (0, -(e - s) % 2))[rank * ((e - s + 1) // 2):(rank + 1) * ((e - s + 1) // 2)]
-                               for s, e in ((0, 32), (32, 36), (36, 45))])
+        # the buckets in backward order (the last parameter first: porting/train/plan/comm.py), each padded to 2
+        spans = {0: (0, 32), 1: (32, 36), 2: (36, 45)}
+        assert [b.indices for b in buckets] == [(2,), (1,), (0,)]
+        flats = [np.concatenate([flat[slice(*spans[i])] for i in b.indices]) for b in buckets]
+        want = np.concatenate([np.pad(f, (0, -len(f) % 2))[rank * ((len(f) + 1) // 2):(rank + 1) * ((len(f) + 1) // 2)]
+                               for f in flats])
         assert all(m.dtype == ms.float32 for m in opt.masters)
         np.testing.assert_array_equal(got, want)
 

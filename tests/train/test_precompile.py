@@ -180,7 +180,7 @@ def test_tp2_dp2_zero1_bucketed_run_finishes_with_one_rank_compiling_past_the_co
     assert json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])["event"] == "summary"
 
 
-def test_a_graph_that_does_not_compile_stops_before_step_1_naming_pynative():
+def test_a_graph_that_does_not_compile_stops_before_step_1_naming_pynative(tmp_path):
     """A real cell that graph mode refuses (a tensor as a dict key) fails in precompile, before any step, with
     the one-line error that names the PyNative fallback (the step's own compile error, moved earlier)."""
     from types import SimpleNamespace
@@ -199,8 +199,8 @@ def test_a_graph_that_does_not_compile_stops_before_step_1_naming_pynative():
             return x * 2
 
     cell = DictKey()
-    stand_in = SimpleNamespace(recipe=load_recipe(TINY), accum=1, fused=cell, cells=[cell],
-                               packed_inputs=lambda mb: ())
+    stand_in = SimpleNamespace(recipe=load_recipe(TINY), accum=1, fused=cell, cells=[cell], run_dir=tmp_path,
+                               packed_inputs=lambda mb: ())   # MindSpore's analysis: tmp_path/logs/ir (ir_dumps)
     template = SimpleNamespace(input_ids=np.zeros((1, 8), np.int32), labels=np.zeros((1, 8), np.int32))
     mode = ms.get_context("mode")
     ms.set_context(mode=ms.GRAPH_MODE)

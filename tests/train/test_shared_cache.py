@@ -3,6 +3,7 @@ atomically per rank, copied into a run's own folder before it compiles, never re
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -34,32 +35,40 @@ def test_off_unless_set_and_keyed_without_the_masters_address(tmp_path):
     assert cache_key(sc.graph_doc(clip), {"hidden_size": 64}, [(1, 80)], 2) != key
 
 
+ID = sc.Identity.of("k" * 16, {"seed": 0}, {"hidden_size": 64}, [(1, 80)], 1)
+
+
 def test_published_once_then_adopted_by_another_run(tmp_path):
     shared, a, b = tmp_path / "shared" / "key-entry", tmp_path / "a" / "cc", tmp_path / "b" / "cc"
     _graphs(a, 0, b"first")
-    assert sc.publish(shared, a, 0) and (shared / "rank_0" / sc.READY).is_file()
+    assert sc.publish(shared, a, 0, ID)[0] and (shared / "rank_0" / sc.READY).is_file()
     _graphs(b, 0, b"second")
-    assert not sc.publish(shared, b, 0)   # the first publisher's folder stays
+    assert sc.publish(shared, b, 0, ID) == (False, "")   # the first publisher's folder stays
     assert (shared / "rank_0" / "graph_cache" / "MS_WORKERcompile_cache_0.mindir").read_bytes() == b"first"
     c = tmp_path / "c" / "cc"
-    assert sc.adopt(shared, c, 0) and not sc.adopt(shared, c, 0)   # once; a run's own folder is never replaced
+    adopted, note = sc.adopt(shared, c, 0, ID)
+    assert adopted and "copied from" in note and sc.adopt(shared, c, 0, ID) == (False, "")   # once; never replaced
     assert (c / "rank_0" / "graph_cache" / "MS_WORKERcompile_cache_0.mindir").read_bytes() == b"first"
-    assert not (c / "rank_0" / sc.READY).exists() and not sc.adopt(shared, c, 1)   # rank 1 was never published
+    assert not (c / "rank_0" / sc.READY).exists() and sc.adopt(shared, c, 1, ID) == (False, "")   # rank 1: none
     assert [p.name for p in shared.iterdir()] == ["rank_0"] and sorted(p.name for p in c.iterdir()) == ["rank_0"]
 
 
 def test_a_folder_without_ready_a_link_or_too_large_is_not_adopted(tmp_path, monkeypatch):
-    shared, own = tmp_path / "shared", tmp_path / "own"
-    _graphs(shared, 0)                          # a publisher that died before READY
-    assert not sc.adopt(shared, own, 0) and not (own / "rank_0").exists()
-    (shared / "rank_0" / sc.READY).write_text("")
+    own, src = tmp_path / "own", tmp_path / "src"
+    _graphs(src, 0)
+    shared = tmp_path / "shared" / "key-entry"
+    assert sc.publish(shared, src, 0, ID)[0]
+    (shared / "rank_0" / sc.READY).rename(tmp_path / "ready")   # a publisher that died before READY
+    assert sc.adopt(shared, own, 0, ID) == (False, "") and not (own / "rank_0").exists()
+    (tmp_path / "ready").rename(shared / "rank_0" / sc.READY)
     os.symlink("/etc/passwd", shared / "rank_0" / "graph_cache" / "link")
-    assert not sc.adopt(shared, own, 0) and not (own / "rank_0").exists()
+    adopted, note = sc.adopt(shared, own, 0, ID)
+    assert not adopted and "graph_cache/link is a link" in note and not (own / "rank_0").exists()
     (shared / "rank_0" / "graph_cache" / "link").unlink()
     monkeypatch.setattr(sc, "MAX_BYTES", 3)
-    assert not sc.adopt(shared, own, 0) and not sc.publish(tmp_path / "s2", shared, 0)
+    assert "more than" in sc.adopt(shared, own, 0, ID)[1] and not sc.publish(tmp_path / "s2" / "k", src, 0, ID)[0]
     monkeypatch.setattr(sc, "MAX_BYTES", 1 << 20)
-    assert sc.adopt(shared, own, 0) and not list(own.glob(".rank_*"))   # no temporary copy left behind
+    assert sc.adopt(shared, own, 0, ID)[0] and not list(own.glob(".rank_*"))   # no temporary copy left behind
 
 
 def test_keyed_without_the_values_that_never_reach_a_graph():
@@ -84,6 +93,7 @@ def test_a_graph_cached_with_other_weights_and_schedule_trains_as_a_fresh_compil
     import numpy as np
     from safetensors.numpy import load_file, save_file
 
+    from tests.attacks.harness import changes, snapshot
     from tests.helpers import port_process
     from tests.train.conftest import TINY, metrics
 
@@ -108,8 +118,22 @@ def test_a_graph_cached_with_other_weights_and_schedule_trains_as_a_fresh_compil
 
     _, log_a = run("a", model_dir, 2, shared)
     adopted, log_b = run("b", other, 3, shared)
-    fresh, log_c = run("c", other, 3, None)
-    assert "published to" in log_a and "copied from" in log_b and "PORT_COMPILE_CACHE_SHARED" not in log_c
+    # the fresh reference runs with DIR/<key>-<entry> planted as a link to the published folder itself (issue 51:
+    # the link was followed, its graphs adopted, and a run publishing there wrote through it): it must refuse the
+    # link, compile fresh and leave the link's target as it was
+    (name,) = [p.name for p in shared.iterdir()]
+    # the real published folder, offered to a run of another model (every step NaN when adopted, issue 51): refused
+    mine = json.loads((shared / name / "rank_0" / sc.READY).read_text())
+    other_model = sc.Identity(mine["key"], "0" * 64, mine["configuration"])
+    assert "another model" in sc.adopt(shared / name, tmp_path / "probe", 0, other_model)[1]
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    os.symlink(shared / name, linked / name)
+    before = snapshot(shared, None)
+    fresh, log_c = run("c", other, 3, linked)
+    assert "published to" in log_a and "copied from" in log_b and "copied from" not in log_c
+    assert "not adopted: " in log_c and "is a link or not a folder: not followed" in log_c, log_c[-2000:]
+    assert "not published to" in log_c and changes(before, snapshot(shared, None)) == []
     assert "graphs for shapes [[2, 96], [2, 128]]" in log_b
     assert len(adopted) == 3 and adopted == fresh, (adopted, fresh)
 

@@ -7,7 +7,9 @@ Each configuration runs once (module-scoped fixtures) and the tests compare them
   tests/train/test_ckpt_layouts.py runs before resuming that checkpoint on another layout (its first launch
   was a third run of the same layout here: removed, the suite's time); that reference is what DP=2 on 2
   workers equals (tests/train/test_msrun.py), so TP=2 x DP=2 equals DP=2;
-- packed rows (batching.packing) through TP=2 x DP=2 with ZeRO-2 equal the packed 1-device run;
+- TP=2 x DP=2 on 4 workers in PyNative (micro-batch 2, no accumulation), the gradient buckets all-reduced over
+  each data-parallel sub-group during the backward, equals it;
+- packed rows (batching.packing) through TP=2 x DP=2 with ZeRO-2, in PyNative, equal the packed 1-device run;
 - a merged ZeRO x TP checkpoint keeps every rank's flat optimizer shards (real files, no msrun);
 - a tensor_parallel that does not divide the heads is refused in one line before any worker starts.
 ``optimizer.lr`` is 1e-4: AdamW divides by sqrt(v), so a float32 rounding difference in a small
@@ -69,12 +71,13 @@ def packed_one_device(model_dir, alpaca, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def packed_tp2_dp2_zero2(model_dir, alpaca, tmp_path_factory):
-    """Packed rows through TP=2 x DP=2 with ZeRO-2 (sharded accumulators), micro-batch 1 x 2 accumulation."""
+    """Packed rows through TP=2 x DP=2 with ZeRO-2 (sharded accumulators), micro-batch 1 x 2 accumulation, in
+    PyNative (ZeRO-2 in graph mode: tests/train/test_zero.py; issue 48's multi-worker tests in both modes)."""
     run = tmp_path_factory.mktemp("packedtp") / "run"
     port_process("train", str(TINY), "--run-dir", str(run), *_args(_settings(model_dir, *_packed(
         alpaca, "batching.micro_batch_size=1", "batching.grad_accum_steps=2", "cluster.devices_per_node=4",
         "parallel.tensor_parallel=2", "parallel.optimizer_sharding=true", "parallel.zero_stage=2",
-        f"cluster.master_port={free_port()}"))), check=True, timeout=600)
+        "execution=pynative", f"cluster.master_port={free_port()}"))), check=True, timeout=600)
     return run
 
 
@@ -118,28 +121,32 @@ def test_tp2_with_resume_equals_one_device(tp2_resumed, one_device, model_dir):
     assert "resume step_2 weights: layer 0:" in log0
 
 
-def _tp2_run(model_dir, tmp_path_factory, name: str, setting: str):
-    """TP=2 on 2 msrun workers with ``setting``: micro-batch 2 x 2 accumulation steps, 3 steps."""
+def _tp2_run(model_dir, tmp_path_factory, name: str, *settings: str):
+    """TP=2 on 2 msrun workers with ``settings``: micro-batch 2 x 2 accumulation steps, 3 steps."""
     run = tmp_path_factory.mktemp(name) / "run"
     port_process("train", str(TINY), "--run-dir", str(run), *_args(_settings(
         model_dir, "batching.micro_batch_size=2", "batching.grad_accum_steps=2", "cluster.devices_per_node=2",
-        "parallel.tensor_parallel=2", "schedule.max_steps=3", setting,
+        "parallel.tensor_parallel=2", "schedule.max_steps=3", *settings,
         f"cluster.master_port={free_port()}")), check=True, timeout=400)
     return run
 
 
 @pytest.fixture(scope="module")
 def tp2_pynative(model_dir, tmp_path_factory):
-    """TP=2 in PyNative (execution=pynative)."""
-    return _tp2_run(model_dir, tmp_path_factory, "tp2pyn", "execution=pynative")
+    """TP=2 x DP=2 on 4 workers in PyNative (execution=pynative), one micro-batch of 2 a step (the same global batch
+    of 4): the data-parallel gradient buckets all-reduced over each DP sub-group during the backward, beside the
+    TP collectives of that backward (porting/train/run/step/buckets.py; issue 48)."""
+    return _tp2_run(model_dir, tmp_path_factory, "tp2pyn", "execution=pynative", "cluster.devices_per_node=4",
+                    "batching.grad_accum_steps=1")
 
 
 @pytest.mark.msrun
 @pytest.mark.slow
-def test_tp2_in_pynative_equals_one_device_in_graph_mode(tp2_pynative, one_device, model_dir):
+def test_tp2_dp2_in_pynative_equals_one_device_in_graph_mode(tp2_pynative, one_device, model_dir):
     _compare(tp2_pynative, one_device, model_dir)
     log0 = (tp2_pynative / "logs" / "rank_0.log").read_text()
-    assert "tensor parallel 2" in log0 and "execution: pynative" in log0
+    assert "data parallel 2 x tensor parallel 2" in log0 and "execution: pynative" in log0
+    assert "PyNative: each launched during the backward as its last gradient arrives" in log0
 
 
 @pytest.fixture(scope="module")
@@ -171,7 +178,7 @@ def test_packed_rows_through_tp2_dp2_with_zero2_equal_one_device(packed_tp2_dp2_
     shapes = re.findall(r"packing: shapes \[(\d+)\]; (\d+) steps per epoch", log)
     assert shapes and shapes == re.findall(r"packing: shapes \[(\d+)\]; (\d+) steps per epoch", ref)
     assert int(shapes[0][0]) >= 256
-    assert "ZeRO-2" in log and "data parallel 2 x tensor parallel 2" in log
+    assert "ZeRO-2" in log and "data parallel 2 x tensor parallel 2" in log and "execution: pynative" in log
 
 
 def test_tensor_parallel_not_dividing_the_heads_is_refused_in_one_line(tmp_path):

@@ -11,8 +11,8 @@ size). For a recipe and layout::
     update           = update_fixed + update_per_param x parameters this rank updates (its ZeRO shard)
     communication    = sum over the plan's collectives (porting/train/plan/sharding.py) of count x the measured
                        time of one call of its size (the compute rung's graph-mode calls, interpolated)
-    step             = grad_accum_steps x forward_backward + update + communication   (port's step does not
-                       overlap communication with compute)
+    step             = grad_accum_steps x forward_backward + update + communication   (no overlap assumed:
+                       the rehearsal times compute and collectives apart; comm.EXPOSED_SOURCE)
 
 with ``grad_accum_steps: 1`` adding to the update what one graph saves against the two cells (measured at both
 depths). ``F`` are the FLOPs of that piece for one micro-batch on one rank (matmuls 6 x parameters x tokens,
@@ -41,7 +41,7 @@ from typing import Any
 from model_zoo.config import LlamaConfig
 from model_zoo.errors import RecipeError
 from model_zoo import files
-from porting.train.plan import comm_price, roofline, sharding
+from porting.train.plan import calibration_bounds as bounds, comm_price, roofline, sharding
 from porting.train.plan.estimates import CalibratedStep, CommFigure, StepEstimate
 from porting.train.plan.layout import Layout
 from porting.train.recipe.schema import Recipe
@@ -114,6 +114,13 @@ def derive(points: list[dict[str, Any]], shape: dict[str, Any]) -> dict[str, flo
     s0, s1 = {**shape, "micro": micros[0]}, {**shape, "micro": micros[-1]}
     la, lb = _affine(l0, layer_flops(s0), l1, layer_flops(s1))
     ea, eb = _affine(max(e0, 0.0), ends_flops(s0), max(e1, 0.0), ends_flops(s1))
+    if eb <= 0:
+        # noise on a loaded machine left nothing for the ends (the deeper model's extra layers took all of the
+        # shallow one's time): the ends are matmuls too (embedding gather, lm_head, loss), so they take the layer's
+        # rate per FLOP rather than a zero the loader refuses (calibration_bounds: a zero time per FLOP)
+        ea, eb = 0.0, lb
+        e0 = lb * ends_flops(s0)
+    e0 = max(e0, 0.0)   # shown as measured: a noisy negative is shown as nothing
     m = micros[0]
     per_param = (at[(hi, m)]["update_s"] - at[(lo, m)]["update_s"]) / (at[(hi, m)]["parameters"] - at[(lo, m)]["parameters"])
     per_param = max(per_param, 0.0)
@@ -137,7 +144,8 @@ class Calibration:
 
 
 def load(folder: str | os.PathLike) -> Calibration:
-    """The pieces of a `port rehearse` folder; one RecipeError naming the file and what to run when absent."""
+    """The pieces of a `port rehearse` folder, every figure checked against its bound (calibration_bounds.py: a
+    prediction only sees checked values); one RecipeError naming the file, the key and what to run otherwise."""
     d = Path(folder)
     p = d / FILE
     if not p.is_file() or p.is_symlink():
@@ -148,74 +156,25 @@ def load(folder: str | os.PathLike) -> Calibration:
             or not isinstance(doc.get("shape"), dict):
         raise RecipeError(f"{p}: not a port calibration (format port-calibration/1 with shape and by_threads); "
                           "re-run `port rehearse` to write it")
-    for where, table in [("by_threads", doc["by_threads"])] + [
-            (f"by_tp.{k}", v) for k, v in _dict(doc.get("by_tp"), p, "by_tp").items()]:
-        _check_pieces(_dict(table, p, where), p, where)
-    _check_collectives(_dict(doc.get("collectives"), p, "collectives"), p)
-    _check_shape(doc, p)
+    where = str(p)
+    checked = {"format": doc["format"], "device": bounds.name(doc.get("device"), where, "device"),
+               "by_threads": bounds.pieces(doc["by_threads"], where),
+               "by_tp": bounds.by_tp(doc.get("by_tp"), where),
+               "shape": bounds.shape(doc["shape"], where),
+               "load_avg_1min": bounds.load_avg(doc.get("load_avg_1min"), where),
+               "collectives": bounds.collectives(doc.get("collectives"), where)}
     links: dict[str, Any] = {}
     r = d / REHEARSE_FILE
     if r.is_file() and not r.is_symlink():
         reh = files.read_json_object(r, what="rehearsal record", max_bytes=16 << 20)
-        for rung in reh.get("rungs") or []:
+        for rung in reh.get("rungs") if isinstance(reh.get("rungs"), list) else []:
             if isinstance(rung, dict) and rung.get("name") == "links" and rung.get("status") == "pass":
-                links = (rung.get("links") or {}).get("measured") or {}
-    return Calibration(str(d), doc, links if isinstance(links, dict) else {})
+                measured = (rung.get("links") or {}).get("measured") if isinstance(rung.get("links"), dict) else None
+                links = bounds.links(measured or {}, str(r))
+    return Calibration(str(d), checked, links)
 
 
-PIECES = ("layer_a_s", "layer_s_per_flop", "ends_a_s", "ends_s_per_flop", "update_per_param_s", "update_fixed_s",
-          "fused_delta_layer_s", "fused_delta_fixed_s")
-KINDS = ("AllReduce", "ReduceScatter", "AllGather")
-
-
-def _dict(v: Any, p: Path, where: str) -> dict[str, Any]:
-    """``v`` when it is an object of at most 64 keys (absent: empty), else one RecipeError naming ``where``."""
-    if v is None:
-        return {}
-    if not isinstance(v, dict) or len(v) > 64:
-        raise RecipeError(f"{p}: {where}: expected an object of at most 64 keys, as `port rehearse` writes it; "
-                          "re-run `port rehearse`")
-    return v
-
-
-def _number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
-def _check_pieces(table: dict[str, Any], p: Path, where: str) -> None:
-    """Each thread count (a whole number) with every piece a number."""
-    for t, v in table.items():
-        if not t.isdigit() or not isinstance(v, dict) or not all(_number(v.get(k)) for k in PIECES):
-            raise RecipeError(f"{p}: {where}.{t} lacks one of {', '.join(PIECES)} (numbers) or is not keyed by a "
-                              "thread count; re-run `port rehearse`")
-
-
-def _check_collectives(col: dict[str, Any], p: Path) -> None:
-    """The compute rung's collectives: ``measured`` {"OP@N": {"points_bytes_ms": [[bytes, ms], ...]}} (or an older
-    file's {"OP": {"ranks", "points_bytes_ms"}}), every point two non-negative numbers, at most 64 of them."""
-    entries = col.get("measured", {k: v for k, v in col.items() if k in KINDS})
-    for key, v in _dict(entries, p, "collectives.measured").items():
-        op, _, n = key.partition("@")
-        pts = v.get("points_bytes_ms") if isinstance(v, dict) else None
-        if op not in KINDS or (n and not n.isdigit()) or not isinstance(pts, list) or not 0 < len(pts) <= 64 \
-                or not all(isinstance(x, list) and len(x) == 2 and all(_number(y) and y >= 0 for y in x) for x in pts):
-            raise RecipeError(f"{p}: collectives: {key[:40]!r} is not a kind@group size with (bytes, ms) points "
-                              f"(kinds {', '.join(KINDS)}); re-run `port rehearse`")
-
-
-SHAPE_KEYS = ("hidden", "heads", "kv_heads", "head_dim", "intermediate", "vocab", "seq", "micro", "tp", "recompute")
-
-
-def _check_shape(doc: dict[str, Any], p: Path) -> None:
-    """The measured shape a prediction compares and scales from (:func:`shape_of`'s keys, scalars) and the load the
-    plan repeats: a calibration without them is refused here, not in the middle of a prediction."""
-    shape, load = doc["shape"], doc.get("load_avg_1min")
-    if len(shape) > 64 or not all(k in shape for k in SHAPE_KEYS) \
-            or not all(isinstance(v, (int, str)) for v in shape.values()):
-        raise RecipeError(f"{p}: shape must hold {', '.join(SHAPE_KEYS)} (numbers, true/false or a dtype name), as "
-                          "`port rehearse` writes it; re-run `port rehearse` to write it")
-    if load is not None and (isinstance(load, bool) or not isinstance(load, (int, float))):
-        raise RecipeError(f"{p}: load_avg_1min: expected a number, found {type(load).__name__}; re-run `port rehearse`")
+SHAPE_KEYS = bounds.SHAPE_INTS + ("recompute",)   # the measured shape a prediction compares and scales from
 
 
 def _threads(recipe: Recipe) -> int:

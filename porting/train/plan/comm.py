@@ -1,31 +1,39 @@
-"""Gradient all-reduce fusion and multi-node launch settings for data-parallel `port train`.
+"""Gradient buckets (``parallel.comm_fusion``) and multi-node launch settings for data-parallel `port train`.
 
-comm_fusion in DATA_PARALLEL (read in MindSpore 2.10's `nn.DistributedGradReducer`,
-`parallel/_auto_parallel_context.py` and the backend's `communication_op_fusion.cc`, then measured
-under msrun in tests/train/test_comm_fusion.py):
-- `DistributedGradReducer` gives every gradient its own AllReduce carrying a `fusion` id: the
-  parameter's `Parameter.comm_fusion` (1 by default, 0 = never fused), or 1024+k per segment of
-  `all_reduce_fusion_config` indices. The backend's AllReduceFusion pass (run on the CPU and on Ascend
-  when `enable_all_reduce_fusion` is on) merges AllReduces of one id into buckets.
-- In DATA_PARALLEL the bucket size is `dp_fusion_threshold_mb`, which the comm_fusion context's
-  `size` (and `auto`: 64) mode sets; the pass walks the gradients in graph order and closes a bucket at
-  the tensor that would overflow it (that tensor is still in the closing bucket). The threshold counts
-  262144 bytes per "MB" (kDefaultThresholdMb2Byte in that file).
-- Pitfall fixed here: `comm_fusion={"openstate": False, "allreduce": {...}}` turns fusion back ON (the
-  allreduce key re-enables it). Off is `{"openstate": False}` alone.
+port owns its gradient buckets (issue 48): MindSpore retires static-graph distributed parallel after 2.11
+(the auto-parallel context, whose ``comm_fusion`` made MindSpore's AllReduceFusion pass bucket the all-reduces of
+``mindspore.nn``'s data-parallel gradient reducer; docs/versions.md), so the step cells
+(porting/train/run/step/buckets.py) flatten each bucket's gradients into one buffer and issue one collective per
+bucket themselves, in graph mode and PyNative: one AllReduce per bucket in data parallel, one reduce-scatter per
+bucket with optimizer sharding (ZeRO, porting/train/run/step/zero.py, built from these same buckets).
+
+- Order: buckets follow the backward, which produces the gradients from the last parameter to the first (the LM
+  head and final norm first, the embedding last). PyTorch's DDP design note (docs/source/notes/ddp.rst): "Model
+  parameters are allocated into buckets in (roughly) the reverse order of Model.parameters() ... because DDP
+  expects gradients to become ready during the backward pass in approximately that order"; Megatron-LM's
+  ``_ParamAndGradBuffer`` walks ``params[::-1]`` "to roughly follow backprop order"
+  (megatron/core/distributed/param_and_grad_buffer.py). A bucket's indices are listed in that order too.
+- ``comm_fusion`` keeps the meaning it had under MindSpore's pass (read in MindSpore 2.10's
+  ``communication_op_fusion.cc`` and measured under msrun before this change, tests/train/test_comm_fusion.py):
+  ``enabled: false`` is one collective per gradient; ``size: N`` closes a bucket at the gradient that takes it
+  past N "MB" (that gradient stays in the closing bucket), where a "MB" is 262144 bytes as the pass counted it
+  (kDefaultThresholdMb2Byte), so a recipe's buckets hold what they held before; ``auto`` is size 64; ``index:
+  [i, j]`` splits the parameter list after parameters i and j. A fractional size is taken as it is (the pass
+  truncated it to an integer).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
 from model_zoo.config import LlamaConfig
 from porting.train.plan.layout import DTYPE_BYTES, Bucket, Layout
+from porting.train.plan.lora import shapes as lora_shapes
+from porting.train.recipe.determinism import launch_env
 from porting.train.recipe.schema import CommFusionSection, Recipe
 
-THRESHOLD_UNIT_BYTES = 262144      # bytes per configured "MB" in the backend pass
+THRESHOLD_UNIT_BYTES = 262144      # bytes per configured "MB", as MindSpore's fusion pass counted it
 AUTO_THRESHOLD = 64                # MindSpore's auto mode
 # HCCL's defaults: connect 120 s (MindSpore sets 600), exec 1836 s on A2/A3 (CANN environment variables:
 # https://www.hiascend.com/document/detail/zh/canncommercial/83RC1/maintenref/envvar/envref_07_0149.html and
@@ -36,41 +44,40 @@ SAME_ON_EVERY_NODE = ("HCCL_CONNECT_TIMEOUT", "HCCL_EXEC_TIMEOUT", "HCCL_BUFFSIZ
                       "MS_WORKER_NUM (set by msrun from --worker_num)", "PYTHONPATH/port, MindSpore and CANN versions")
 
 
-def fusion_context(cf: CommFusionSection) -> dict[str, Any]:
-    """The `set_auto_parallel_context(comm_fusion=...)` value for the recipe's comm_fusion section."""
+def threshold_bytes(cf: CommFusionSection) -> float:
+    """The bucket size of a ``size`` or ``auto`` comm_fusion setting, in bytes."""
+    mb = AUTO_THRESHOLD if cf.allreduce_mode == "auto" else float(cf.allreduce_config)
+    return mb * THRESHOLD_UNIT_BYTES
+
+
+def fusion_words(cf: CommFusionSection) -> str:
+    """The comm_fusion setting in a few words, for the rank log's start line."""
     if not cf.enabled:
-        return {"openstate": False}
-    config = cf.allreduce_config
-    if cf.allreduce_mode == "size":
-        config = int(config)
-    return {"openstate": True, "allreduce": {"mode": cf.allreduce_mode, "config": config}}
+        return "comm_fusion off: one bucket per gradient"
+    return f"comm_fusion {cf.allreduce_mode}" + (f" {cf.allreduce_config}" if cf.allreduce_config is not None else "")
 
 
 def gradient_buckets(grad_bytes: list[int], cf: CommFusionSection) -> list[list[int]]:
-    """Which gradients (by index, in graph order) share one fused AllReduce, as the backend pass
-    forms them (see the module docstring). Fusion off: one AllReduce per gradient."""
+    """Which gradients (by parameter index) share one collective, in the order the backward produces them
+    (the last parameter first; see the module docstring). Fusion off: one collective per gradient."""
     n = len(grad_bytes)
+    backward = list(range(n - 1, -1, -1))
     if not cf.enabled or n == 0:
-        return [[i] for i in range(n)]
+        return [[i] for i in backward]
     if cf.allreduce_mode == "index":
-        # DistributedGradReducer: fusion id changes after each split index (index i is still in the
-        # segment it closes).
+        # a split after parameter i (in parameter order): segments [0..i], [i+1..j], ..., taken last first
         ends = sorted({int(i) for i in cf.allreduce_config if 0 <= int(i) < n - 1}) + [n - 1]
-        out, start = [], 0
-        for e in ends:
-            out.append(list(range(start, e + 1)))
-            start = e + 1
-        return out
-    mb = AUTO_THRESHOLD if cf.allreduce_mode == "auto" else int(cf.allreduce_config)
-    threshold = mb * THRESHOLD_UNIT_BYTES
+        starts = [0] + [e + 1 for e in ends[:-1]]
+        return [list(range(e, s - 1, -1)) for s, e in reversed(list(zip(starts, ends)))]
+    threshold = threshold_bytes(cf)
     out, cur, acc = [], [], 0
-    for i, size in enumerate(grad_bytes):
+    for i in backward:
         cur.append(i)
-        if acc + size > threshold:
+        if acc + grad_bytes[i] > threshold:
             out.append(cur)
             cur, acc = [], 0
         else:
-            acc += size
+            acc += grad_bytes[i]
     if cur:
         out.append(cur)
     return out
@@ -105,37 +112,69 @@ def layout_shapes(recipe: Recipe, cfg: LlamaConfig) -> Layout:
     prec = recipe.precision
     reduce_bytes = 4 if prec.grad_reduce_dtype == "float32" else DTYPE_BYTES[prec.param_dtype]
     numels = parameter_numels(cfg, tp)
+    frozen, lora = 0, (0, 0)
+    if recipe.lora is not None:   # the adapters are what trains; the base is weights only (plan/lora.py)
+        ls = lora_shapes(recipe, cfg, tp)
+        frozen = sum(numels) - sum(n for n, z in zip(ls.numels, ls.names) if ".lora_" not in z)
+        numels, lora = list(ls.numels), (ls.rank, ls.adapted_per_layer)
     sharded = recipe.parallel.optimizer_sharding and dp > 1
     buckets = tuple(flat_buckets(numels, reduce_bytes, recipe.parallel.comm_fusion, dp)) if sharded else ()
-    return Layout(tp, dp, sharded, reduce_bytes, tuple(numels), buckets)
+    return Layout(tp, dp, sharded, reduce_bytes, tuple(numels), buckets, frozen=frozen, lora=lora)
 
 
-def gradient_sizes(cfg: LlamaConfig, tp: int = 1) -> list[int]:
-    """fp32 bytes of every trainable gradient in `model_zoo.llama` parameter order (the reducer casts
-    to float32 before its all-reduce)."""
-    return [4 * s for s in parameter_numels(cfg, tp)]
+# What the plan assumes of the gradient collectives' overlap with the backward, and why (issue 48: "the overlap the
+# rehearsal measures, never assumed"). port rehearse times the step's compute and each collective apart
+# (porting/rehearse_compute.py, rehearse_links.py) and nothing of a backward with its collectives in flight, so the
+# plan's step (roofline.py, calibrated.py) adds every collective's time to the compute.
+EXPOSED_FRACTION = 1.0
+EXPOSED_SOURCE = ("assumed: no overlap. port rehearse times compute and collectives apart and measures no overlap on "
+                  "the device; PyNative launches each bucket's collective during the backward (graph mode leaves the "
+                  "schedule to the compiler), measured on the CPU only (BENCHMARKS.md, 'Gradient buckets')")
 
 
 @dataclass(frozen=True)
 class GradientAllreduce:
-    """How the gradient all-reduce is bucketed (plan.json ``gradient_allreduce``)."""
+    """The gradient buckets of one data-parallel rank (plan.json ``gradient_allreduce``): one collective each (an
+    AllReduce, or a reduce-scatter with optimizer sharding, sharding.collectives), in backward order."""
 
     gradients: int
-    allreduce_ops: int                 # 0 on one device
-    bucket_mib: tuple[float, ...]      # each fused AllReduce's MiB, in graph order
+    allreduce_ops: int                                  # the buckets: 0 on one data-parallel rank
+    bucket_mib: tuple[float, ...]                       # each bucket's MiB, in backward order
     how: str
+    bucket_numels: tuple[int, ...] = ()                 # each bucket's elements
+    bucket_params: tuple[tuple[int, ...], ...] = ()     # each bucket's parameters (indices), last parameter first
+    exposed_fraction: float | None = None               # of the collectives' time the step estimate assumes exposed
+    exposed_source: str | None = None                   # where that figure comes from
 
 
-def fusion_plan(recipe: Recipe, cfg: LlamaConfig, grad_bytes: list[int] | None = None) -> GradientAllreduce:
-    """How the gradient all-reduce is bucketed, for the dry-run plan."""
-    cf = recipe.parallel.comm_fusion
-    sizes = grad_bytes if grad_bytes is not None else gradient_sizes(cfg)
-    buckets = gradient_buckets(sizes, cf) if recipe.world_size > 1 else []
+def fusion_plan(recipe: Recipe, cfg: LlamaConfig, layout: Layout | None = None) -> GradientAllreduce:
+    """The gradient buckets of one data-parallel rank, for the plan: how many gradients, how many buckets (one
+    collective each: an AllReduce, or a reduce-scatter with optimizer sharding, sharding.collectives), their
+    parameters in backward order, their sizes, and the exposed communication the plan assumes."""
+    layout = layout or layout_shapes(recipe, cfg)
+    cf, numels = recipe.parallel.comm_fusion, list(layout.numels)
+    if layout.dp <= 1:
+        return GradientAllreduce(gradients=len(numels), allreduce_ops=0, bucket_mib=(),
+                                 how="one data-parallel rank: the gradients are not reduced")
+    buckets = list(layout.buckets) or flat_buckets(numels, layout.reduce_bytes, cf, 1)
+    how = (f"port's gradient buckets, {'ZeRO: one reduce-scatter' if layout.sharded else 'one AllReduce'} per bucket "
+           f"of {'one gradient' if not cf.enabled else _fusion_words(cf)}, in {DTYPE_NAMES[layout.reduce_bytes]}, "
+           "built in backward order (last parameter first)")
     return GradientAllreduce(
-        gradients=len(sizes), allreduce_ops=len(buckets),
-        bucket_mib=tuple(round(sum(sizes[i] for i in b) / (1 << 20), 3) for b in buckets),
-        how="backend AllReduceFusion pass, configured by set_auto_parallel_context(comm_fusion=...) in DATA_PARALLEL"
-        if cf.enabled else "fusion off: one AllReduce per gradient")
+        gradients=len(numels), allreduce_ops=len(buckets),
+        bucket_mib=tuple(round(b.numel * layout.reduce_bytes / (1 << 20), 3) for b in buckets), how=how,
+        bucket_numels=tuple(b.numel for b in buckets), bucket_params=tuple(tuple(b.indices) for b in buckets),
+        exposed_fraction=EXPOSED_FRACTION, exposed_source=EXPOSED_SOURCE)
+
+
+DTYPE_NAMES = {4: "float32", 2: "the 16-bit parameter dtype (precision.grad_reduce_dtype: param_dtype)"}
+
+
+def _fusion_words(cf: CommFusionSection) -> str:
+    if cf.allreduce_mode == "index":
+        return f"the parameters between the split points {list(cf.allreduce_config)}"
+    mb = AUTO_THRESHOLD if cf.allreduce_mode == "auto" else cf.allreduce_config
+    return f"up to {mb:g} x 256 KiB (comm_fusion {cf.allreduce_mode}; the gradient that crosses it closes the bucket)"
 
 
 def checkpoint_bytes(recipe: Recipe, layout: Layout) -> float:
@@ -195,7 +234,9 @@ def launch_plan(recipe: Recipe, layout: Layout) -> LaunchPlan:
     """The per-node environment of a multi-device run and how it was derived."""
     save_s = save_seconds(recipe, layout)
     written, total = checkpoint_bytes(recipe, layout), checkpoint_total_bytes(recipe, layout)
-    return LaunchPlan(env=hccl_env(recipe, layout), predicted_save_s=round(save_s, 1),
+    # determinism: bitwise adds its switches (HCCL_DETERMINISTIC, ...): every node exports the same
+    env = {**hccl_env(recipe, layout), **launch_env(recipe.determinism, recipe.cluster.device)}
+    return LaunchPlan(env=env, predicted_save_s=round(save_s, 1),
                       checkpoint_bytes_per_rank=int(written), checkpoint_bytes=int(total),
                       formula=f"save_s = {total / (1 << 30):.2f} GiB all ranks write / "
                               f"{recipe.checkpointing.fs_gib_per_s:g} GiB/s the filesystem's aggregate write bandwidth "

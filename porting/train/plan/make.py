@@ -18,6 +18,7 @@ from model_zoo.typed import spec
 from porting.model_paths import resolve_hf
 from porting.train.data.padding import PaddingChoices
 from porting.train.plan import calibrated, comm, execution, roofline, sharding
+from porting.train.plan import lora as lora_plan
 from porting.train.plan.allowances import Allowances, allowances, plan_shapes
 from porting.train.plan.checkpoint_io import DiskPlan, SaveOverhead, disk_plan, save_overhead
 from porting.train.plan.estimates import StepEstimate
@@ -145,6 +146,7 @@ class TrainPlan:
     allowances: Allowances                  # the supervisor's, per phase (allowances.py)
     disk: DiskPlan | None = spec(None, empty_none=True)                  # the run directory's need (checkpoint_io.py)
     save_overhead: SaveOverhead | None = spec(None, empty_none=True)     # the saves' share of wall time
+    training: str = ""                      # full fine-tuning or LoRA, and what trains (plan/lora.py describe)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form (``plan.json``, ``--dry-run --json``)."""
@@ -193,7 +195,7 @@ def make_plan(recipe: Recipe, cfg: LlamaConfig, run_dir: str, resume: bool = Fal
         mixed_precision=mixed_precision(recipe), recompute=recipe.memory.recompute,
         optimizer_sharding=recipe.parallel.optimizer_sharding,
         comm_fusion=recipe.parallel.comm_fusion.model_copy(deep=True),
-        gradient_allreduce=comm.fusion_plan(recipe, cfg), launch=comm.launch_plan(recipe, layout) if multi else None,
+        gradient_allreduce=comm.fusion_plan(recipe, cfg, layout), launch=comm.launch_plan(recipe, layout) if multi else None,
         memory_gib_by_phase=mem, device_hbm_gib=recipe.cluster.device_hbm_gib, usable_hbm_gib=usable,
         margin_gib=round(usable - mem.total, 3), fits=fits,
         suggestions=() if fits else tuple(suggestions(cfg, recipe, usable)),
@@ -204,7 +206,8 @@ def make_plan(recipe: Recipe, cfg: LlamaConfig, run_dir: str, resume: bool = Fal
         warnings=tuple(plan_warnings(recipe, cfg, choice)), execution=execution.describe(recipe),
         host_memory=host_memory(recipe, cfg, mem.total),
         allowances=allowances(recipe, cfg, layout, plan_shapes(recipe), step_s=est.step_s if est else None),
-        disk=disk_plan(recipe, cfg, layout), save_overhead=save_overhead(recipe, layout, est.step_s if est else None))
+        disk=disk_plan(recipe, cfg, layout), save_overhead=save_overhead(recipe, layout, est.step_s if est else None),
+        training=lora_plan.describe(recipe, layout))
 
 
 def mixed_precision(recipe: Recipe) -> str:
@@ -256,11 +259,14 @@ def plan_config(recipe: Recipe) -> tuple[LlamaConfig, list[str]]:
         return LlamaConfig.from_hf(resolve_hf(recipe.model.source)), notes
     except UnknownModelError:
         name = presets.by_hf_repo(recipe.model.source) or recipe.model.source   # a repo id of a built-in size
-        if not presets.known(name):
+        variant = presets.variant_of(recipe.model.source) if not presets.known(name) else None
+        if not presets.known(name) and variant is None:
             raise
         notes.append(f"model.source {recipe.model.source}: checkpoint not in the local HF cache; planned with the "
-                     f"zoo's copy of its config.json ({name})")
-        return presets.config(name), notes
+                     + (f"zoo's copy of its config.json ({name})" if variant is None else
+                        f"config.json of {variant} ({presets.get(variant)['hf_repo']}), the base it is a variant of; "
+                        "its own config.json may differ (vocabulary, RoPE): plan again where the checkpoint is"))
+        return presets.config(variant or name), notes
 
 
 def plan_run(recipe: Recipe, run_dir: str, resume: bool, dry_run: bool,
@@ -274,6 +280,14 @@ def plan_run(recipe: Recipe, run_dir: str, resume: bool, dry_run: bool,
     else:
         cfg, notes = LlamaConfig.from_hf(resolve_hf(recipe.model.source)), []
     check_tensor_parallel(recipe, cfg, recipe.model.source)
+    if cfg.dropout:   # the zoo's cell has no dropout: training would differ from the HF model it claims to be
+        what = ", ".join(f"{k}={v:g}" for k, v in cfg.dropout)
+        line = (f"model {recipe.model.source}: config.json asks for training dropout ({what}), which port's cell does "
+                "not apply; set it to 0.0 in config.json (the released Llama, Mistral, Qwen and Phi-3 configs use 0.0) "
+                "or train the model elsewhere")
+        if not dry_run:
+            raise RecipeError(line)
+        notes.append(line)
     plan = make_plan(recipe, cfg, run_dir, resume, calibration=calibration)
     return dataclasses.replace(plan, warnings=tuple(notes) + plan.warnings), cfg
 

@@ -21,6 +21,7 @@ def format_plan(plan: TrainPlan) -> str:
         f"precision: params {prec.param_dtype}, compute {prec.compute_dtype}, "
         f"loss scale {prec.loss_scale.kind}; recompute {plan.recompute}; "
         f"optimizer sharding {plan.sharding.how}",
+        f"training: {plan.training}",
         f"mixed precision: {plan.mixed_precision}",
         f"execution: {plan.execution}",
         "memory per device (GiB):",
@@ -59,6 +60,9 @@ def format_plan(plan: TrainPlan) -> str:
         lines.append(f"gradient all-reduce: {ga.gradients} gradients in {ga.allreduce_ops} AllReduce op(s), "
                      f"largest bucket {max(ga.bucket_mib)} MiB ({ga.how})")
     lines += _checkpoint_lines(plan)
+    if ga.allreduce_ops and ga.exposed_fraction is not None:
+        lines.append(f"exposed communication the step estimate assumes: {ga.exposed_fraction:.0%} of the "
+                     f"collectives' time ({ga.exposed_source})")
     if plan.launch is not None:
         lines.append("env on every node: " + " ".join(f"{k}={v}" for k, v in plan.launch.env.items())
                      + f" (predicted checkpoint save {plan.launch.predicted_save_s} s; {plan.launch.formula})")

@@ -22,10 +22,12 @@ Links, per die, applied to each parallel group separately (:func:`links`):
   every node, and its ring runs at its slowest link: the inter-node one when nodes > 1.
 
     compute_s = FLOPs of the rank / 390 TFLOPS     (6 P per token for the matmuls, + 6 L h s per token
-                                                   for causal attention, x 4/3 with recompute; / TP)
+                                                   for causal attention, x 4/3 with recompute; / TP; LoRA:
+                                                   4 per frozen weight, no weight gradient)
     memory_s  = optimizer bytes read and written / 1.6 TB/s (weights, gradients, masters, m, v)
     comm_s    = TP wire bytes / intra-node link + DP wire bytes / (inter-node link when nodes > 1)
-    step_s    = compute_s + memory_s + comm_s     (port's step does not overlap communication)
+    step_s    = compute_s + memory_s + comm_s     (no overlap assumed: none is measured on the device;
+                                                   comm.EXPOSED_SOURCE)
 
 It is an estimate at the hardware's peak: real steps run at a fraction of it, so use it to rank settings,
 not to promise a step time.
@@ -135,6 +137,8 @@ def step_time(recipe: Recipe, cfg: LlamaConfig, layout: Layout | None = None) ->
     seq = recipe.data.max_seq_length
     tokens = recipe.batching.micro_batch_size * seq * recipe.batching.grad_accum_steps
     per_token = 6 * cfg.num_parameters() + 6 * cfg.num_hidden_layers * cfg.hidden_size * seq
+    if layout.frozen:   # LoRA: a frozen weight's matmul runs forward and backward (its input's gradient), no dW
+        per_token -= 2 * layout.frozen * tp
     flops = per_token * tokens * (4 / 3 if recipe.memory.recompute else 1.0) / tp
     p_local = layout.parameters
     states = (4 + 4 + 4) / (dp if recipe.parallel.optimizer_sharding else 1)   # master, m, v read + written

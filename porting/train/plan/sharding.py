@@ -1,9 +1,10 @@
 """Optimizer sharding (ZeRO) and the collectives of one training step, as the plan states them.
 
 Sharded optimizer (Megatron's distributed optimizer; porting/train/run/step/zero.py builds it):
-- the gradients of a bucket of parameters (buckets follow ``parallel.comm_fusion``, as the fused
-  all-reduce does) are flattened, padded to a multiple of the data-parallel size and reduce-scattered:
-  each data-parallel rank gets the summed gradient of its flat 1/dp shard;
+- the gradients of a bucket of parameters (port's gradient buckets, :func:`porting.train.plan.comm.flat_buckets`:
+  ``parallel.comm_fusion``'s sizes, in backward order, the same buckets data parallel all-reduces) are flattened,
+  padded to a multiple of the data-parallel size and reduce-scattered: each data-parallel rank gets the summed
+  gradient of its flat 1/dp shard;
 - the rank updates its shard (float32 master and AdamW m, v of the shard only);
 - the updated shards are all-gathered in the parameter dtype and copied back into the parameters.
 With gradient accumulation, stage 1 accumulates full gradients and reduce-scatters once per step;
@@ -122,7 +123,8 @@ def collectives(recipe: Recipe, cfg: LlamaConfig, choice: ShardingChoice | None 
                 out.append(_op("AllReduce", "gradient norm of tensor-parallel shards (scalar)", "tp", tp, 1, 4))
         else:
             buckets = comm.gradient_buckets([n * gb for n in numels], cf)
-            out.append(_op("AllReduce", "gradients (fused buckets)", "dp", dp, len(buckets), sum(numels) * gb))
+            out.append(_op("AllReduce", "gradients (port's buckets, one AllReduce each)", "dp", dp, len(buckets),
+                           sum(numels) * gb))
             if legacy_mask and choice.enabled:
                 out.append(_op("AllReduce", "every parameter from its owner (fp32 param x mask)", "dp", dp,
                                len(numels), sum(numels) * 4))

@@ -39,12 +39,26 @@ HOOKS: tuple[Hook, ...] = (
          "that rank marks itself ready SECONDS after the node's other ranks did, once its compiles before step 1 "
          "are done (a rank whose graphs compile longer than the collective timeout after the others')",
          "porting/train/run/step/ready.py"),
+    Hook("PORT_TEST_SAVE_DELAY", "RANK:SECONDS, seconds 0..600, e.g. 1:30",
+         "that rank sleeps SECONDS inside every checkpoint save, after its heartbeat says it is writing its file "
+         "(a rank that freezes inside a save while the others wait at the save's barrier)",
+         "porting/train/run/checkpoint/save.py"),
     Hook("PORT_TEST_CRASH_AT_EXIT", "RANK, e.g. 1",
          "that rank's msrun worker dies by SIGSEGV after its run ended, as MindSpore's teardown at exit sometimes "
          "does (the launch must still count as finished)", "porting/launch/workers/train.py"),
     Hook("PORT_TEST_BAD_DEVICES", "ID[,ID...], e.g. 2,5",
          "the device probe of those ids fails without touching the device (a CPU has no device that can break)",
          "porting/launch/device_probe.py"),
+    Hook("PORT_TEST_REFUSE_STATIC_PARALLEL", "1",
+         "MindSpore's static-graph distributed parallel API, which MindSpore retires after 2.11 (the auto-parallel "
+         "context's setter and resetter, nn's gradient reducers, mindspore.parallel.auto_parallel.AutoParallel), "
+         "raises when code outside MindSpore calls it: the proof that port's parallel runs do without it. On in "
+         "the whole test suite (tests/conftest.py), so every msrun test runs with it",
+         "porting/train/run/step/probes.py"),
+    Hook("PORT_TEST_COLLECTIVE_TRACE", "DIR, an absolute path, e.g. /tmp/trace",
+         "every collective a rank launches from Python (PyNative: each call is one launch) is appended to "
+         "DIR/rank_<r>.jsonl as {op, shape, group}: the PyNative op trace that counts the gradient buckets",
+         "porting/train/run/step/probes.py"),
 )
 _NONFINITE = re.compile(r"(\*|[0-9]+-|[0-9]+(?:,[0-9]+)*)(?:@([0-9]+))?")
 _INTS = re.compile(r"[0-9]+(?:,[0-9]+)*")
@@ -61,8 +75,11 @@ class Faults:
     nonfinite: tuple[str, int | None] | None = None   # (steps, only this rank or None)
     comm_delay: tuple[int, float] | None = None       # (rank, seconds)
     compile_delay: tuple[int, float] | None = None    # (rank, seconds)
+    save_delay: tuple[int, float] | None = None       # (rank, seconds)
     crash_at_exit: int | None = None                  # rank
     bad_devices: frozenset[int] = field(default_factory=frozenset)
+    refuse_static_parallel: bool = False
+    collective_trace: str | None = None               # the folder of the per-rank traces
 
     def nan_at(self, step_no: int, rank: int) -> bool:
         """Whether rank ``rank``'s loss scale is NaN at step ``step_no`` (1-based)."""
@@ -82,6 +99,10 @@ class Faults:
     def compile_delay_for(self, rank: int) -> float:
         """Seconds rank ``rank`` marks itself ready after the node's other ranks, before step 1 (0.0: none)."""
         return _seconds_of(self.compile_delay, rank)
+
+    def save_delay_for(self, rank: int) -> float:
+        """Seconds rank ``rank`` sleeps inside each checkpoint save, writing its file (0.0: none)."""
+        return _seconds_of(self.save_delay, rank)
 
 
 def _seconds_of(hook: tuple[int, float] | None, rank: int) -> float:
@@ -114,7 +135,8 @@ def parse(environ: Mapping[str, str]) -> Faults:
         if m is None:
             raise _bad("PORT_TEST_NONFINITE", v)
         out["nonfinite"] = (m.group(1), int(m.group(2)) if m.group(2) is not None else None)
-    for env, key in (("PORT_TEST_COMM_DELAY", "comm_delay"), ("PORT_TEST_COMPILE_DELAY", "compile_delay")):
+    for env, key in (("PORT_TEST_COMM_DELAY", "comm_delay"), ("PORT_TEST_COMPILE_DELAY", "compile_delay"),
+                     ("PORT_TEST_SAVE_DELAY", "save_delay")):
         if v := raw[env]:
             out[key] = _rank_seconds(env, v)
     if v := raw["PORT_TEST_CRASH_AT_EXIT"]:
@@ -125,6 +147,14 @@ def parse(environ: Mapping[str, str]) -> Faults:
         if not _INTS.fullmatch(v):
             raise _bad("PORT_TEST_BAD_DEVICES", v)
         out["bad_devices"] = frozenset(int(x) for x in v.split(","))
+    if v := raw["PORT_TEST_REFUSE_STATIC_PARALLEL"]:
+        if v != "1":
+            raise _bad("PORT_TEST_REFUSE_STATIC_PARALLEL", v)
+        out["refuse_static_parallel"] = True
+    if v := raw["PORT_TEST_COLLECTIVE_TRACE"]:
+        if not v.startswith("/") or len(v) > 4096 or "\n" in v:
+            raise _bad("PORT_TEST_COLLECTIVE_TRACE", v)
+        out["collective_trace"] = v
     return Faults(**out)
 
 

@@ -18,6 +18,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass
+from typing import Callable
 from pathlib import Path
 
 import mindspore as ms
@@ -36,9 +37,12 @@ from porting.train.run.checkpoint import save as ckpt
 from porting.train.run.checkpoint import read as ckpt_read
 from porting.train.run.step import execution
 from porting.train.run import faults
+from porting.train.run.checkpoint.lora_export import export_final as lora_export_final
 from porting.train.run.step import grid as grid_mod
 from porting.train.run.step import nonfinite
 from porting.train.run.step import precompile as pre
+from porting.train.run.step import probes
+from porting.train.plan.comm import fusion_words
 from porting.train.run.checkpoint import resume_check
 from porting.train.run.step import setup
 from porting.train.run.step import cells as train_step
@@ -93,6 +97,7 @@ class Trainer:
         grad_fp32 = recipe.precision.grad_reduce_dtype == "float32"
         groups = grid_mod.step_groups(model, grid)
         self.layout = groups.pop("layout", {})
+        groups["comm_fusion"] = recipe.parallel.comm_fusion   # port's gradient buckets (run/step/buckets.py)
         self.zero = None
         if world_size > 1:   # every rank writes its own checkpoint file, between two barriers
             self.barrier_cell = train_step.Barrier()
@@ -118,6 +123,9 @@ class Trainer:
             self.grad_step = train_step.AccumGradStep(model, self.optimizer.params, self.buffers)
             self.apply = train_step.ApplyStep(self.optimizer, self.buffers, dp, opt.grad_clip, grad_fp32, **groups)
             self.cells = [self.grad_step, self.apply]
+        reducer = getattr(self.cells[-1], "reducer", None)
+        if reducer is not None:
+            log.info(f"data parallel {dp}: {reducer.describe()}")
         # fp32 master weights (bf16/fp16 parameters) are optimizer state: saved and restored with m and v
         self.state_params = params + list(self.optimizer.masters) + list(self.optimizer.m) + list(self.optimizer.v)
         self.scaler = LossScaler(recipe.precision.loss_scale)
@@ -190,9 +198,10 @@ class Trainer:
         """Graphs compiled so far by this rank's step cells."""
         return compiled_graphs(*self.cells)
 
-    def save(self, root: Path, done: int) -> Path:
-        """Every rank writes what it owns; rank 0 adds the layout record (no merge inside the job)."""
-        return ckpt.save_ranks(self, root, done)
+    def save(self, root: Path, done: int, announce: Callable[[int, str], None] | None = None) -> Path:
+        """Every rank writes what it owns; rank 0 adds the layout record (no merge inside the job). ``announce(step,
+        part)``: each part of the save on the rank log and heartbeat (ranklog.RankLog.save_part)."""
+        return ckpt.save_ranks(self, root, done, announce)
 
     def restore(self, path: Path, opened: tuple[ckpt_read.Source, dict] | None = None) -> int:
         """This rank's share of the per-rank checkpoint ``path``, in this run's layout; the step to continue from.
@@ -232,14 +241,17 @@ def _finish(recipe: Recipe, trainer: Trainer, plan: BatchSchedule, records: list
         return
     ck_root, log = RunDir(run_dir).checkpoints, rl.log
     rl.saving(plan.total_steps)   # every rank writes what it owns (porting/train/run/checkpoint/format.py)
-    final = trainer.save(ck_root, plan.total_steps)
+    final = trainer.save(ck_root, plan.total_steps, rl.save_part)
     rl.saved(plan.total_steps, final)
     if trainer.rank != 0:
         return
     summary = summarize(records, plan, trainer.graphs, len(trainer.shapes_seen), compiled)
     metrics.summary(summary)
     log.info(f"summary: {json.dumps(summary.to_dict())}")
-    if recipe.checkpointing.export_hf and trainer.world > 1:   # the launcher merges after the workers exit
+    if recipe.lora is not None and trainer.world == 1:   # the adapter (PEFT) and the merged base (porting/train/run/lora.py)
+        rl.phase("save", plan.total_steps)
+        lora_export_final(recipe, final, model_dir, run_dir, log.info, list(command or sys.argv))
+    elif recipe.checkpointing.export_hf and trainer.world > 1:   # the launcher merges after the workers exit
         log.info("HF export: made by the launcher once every worker has exited (porting/train/run/checkpoint/export.py "
                  f"export_after_exit), or by hand: port ckpt merge {final} --out {RunDir(run_dir).hf}")
     elif recipe.checkpointing.export_hf:
@@ -276,9 +288,9 @@ def train(recipe: Recipe, run_dir: str | Path, *, resume: bool = False, distribu
     log = ranklog.open_log(run_dir, rank, echo and rank == 0)
     rl = ranklog.RankLog(log, Heartbeat(run_dir, rank))   # the lines others read, and the heartbeat beside them
     grid = grid_mod.make_grid(recipe, rank, world_size)
-    rl.started(rank, world_size, os.getpid(), f"parallel_mode {ms.get_auto_parallel_context('parallel_mode')}, "
-               f"comm_fusion {ms.get_auto_parallel_context('comm_fusion')}, optimizer sharding "
-               f"{recipe.parallel.optimizer_sharding}; {grid.describe()}", distributed)
+    rl.started(rank, world_size, os.getpid(), f"port's gradient buckets ({fusion_words(recipe.parallel.comm_fusion)}), "
+               f"optimizer sharding {recipe.parallel.optimizer_sharding}; {grid.describe()}{probes.installed()}",
+               distributed)
     setup.log_mode(recipe, grid, log)
     model_dir = resolve_hf(recipe.model.source)
     last = ckpt.latest(RunDir(run_dir).checkpoints) if resume else None   # the checkpoint gives the weights itself
@@ -329,7 +341,7 @@ def train(recipe: Recipe, run_dir: str | Path, *, resume: bool = False, distribu
             done = step.index + 1
             if every and done % every == 0 and done < plan.total_steps:
                 rl.saving(done)   # a supervisor allows a save its own time (porting/launch/watch.py)
-                path = trainer.save(ck_root, done)
+                path = trainer.save(ck_root, done, rl.save_part)
                 last_good = (done, path)
                 rl.saved(done, path)
         _finish(recipe, trainer, plan, records, metrics, model_dir, run_dir, start, prov.command, rl, compiled)

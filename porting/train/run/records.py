@@ -19,6 +19,7 @@ from porting import rundir
 from porting.env import versions
 from porting.train.data.batching import BatchSchedule, Step
 from porting.train.recipe.schema import Recipe, recipe_dict
+from porting.train.run.step import deterministic
 from porting.train.run.step.commwait import CommWait
 from porting.train.run.step.nonfinite import WINDOW_SKIP
 from porting.train.run.step.result import StepResult
@@ -98,4 +99,4 @@ def run_manifest(recipe: Recipe, model_dir: Path, cfg, plan: BatchSchedule, worl
                                parameters=cfg.num_parameters()),
         data=plan.data.report.as_dict(), bucketing=plan.describe(), seed=recipe.seed, world_size=world_size,
         command=tuple(command or sys.argv), started=_dt.datetime.now(_dt.timezone.utc).isoformat(),
-        resumed_from_step=start or None, job=prov.job)
+        resumed_from_step=start or None, job=prov.job, determinism=deterministic.in_force(recipe))

@@ -81,6 +81,14 @@ def _shrink_first(doc: dict) -> None:
 
 @case("rank_00000.safetensors", "the layout record needs", timeout=120)
 def merge_record_shape_mismatches_the_rank_file(d):
+    """`--ms` reads the rank file with the record's shape (no HF plan before it)."""
+    args = _merge(d, lambda ck: _record(ck, _shrink_first))
+    return args[:3] + ["--ms", args[-1]]
+
+
+@case("layout.json", "does not match config.json", timeout=120)
+def merge_hf_record_shape_mismatches_its_model_config(d):
+    """The HF export plans every tensor against the record's config before it reads a rank file."""
     return _merge(d, lambda ck: _record(ck, _shrink_first))
 
 
@@ -326,9 +334,43 @@ def merge_ms_disk_fills_while_writing(d):
     return ["ckpt", "merge", str(I.train_checkpoint(d / "ck" / "step_2")), "--ms", str(d / "out")]
 
 
-@case("cannot write the HF export", subprocess=True, fsize=200_000, timeout=120)
+@case("disk full while writing", "nothing was written to", subprocess=True, fsize=200_000, timeout=120)
 def merge_hf_disk_fills_while_writing(d):
+    """The HF file is written in the one pass (no MindSpore-named copy staged first): the limit is met there."""
     return ["ckpt", "merge", str(I.train_checkpoint(d / "ck" / "step_2")), "--out", str(d / "out")]
+
+
+def _neither_written(line: str, d: Path) -> None:
+    assert not (d / "out" / "hf").exists() and not (d / "out" / "ms").exists(), "one output was left"
+    assert not [p.name for p in (d / "out").iterdir()], "a temporary was left"
+
+
+@case(*FLIPPED, timeout=120, check=_neither_written)
+def merge_hf_and_ms_refused_in_their_one_pass(d):
+    """Both from one pass, refused inside it (config.json and the tokenizer files of --ms already staged): neither
+    is left (the MindSpore directory is renamed in only after the HF one)."""
+    ck = I.train_checkpoint(d / "ck" / "step_2")
+    _flip_a_bit(ck)
+    (d / "out").mkdir()
+    return ["ckpt", "merge", str(ck), "--out", str(d / "out" / "hf"), "--ms", str(d / "out" / "ms"),
+            "--model", str(I.EMBEDDED)]
+
+
+def _nothing_written(line: str, d: Path) -> None:
+    assert not (d / "out").exists(), f"{d / 'out'} was written before the refusal"
+
+
+@case("--out and --ms", "name the same directory or one inside the other", timeout=120, check=_nothing_written)
+def merge_out_and_ms_one_folder(d):
+    """Issue 51: one folder for both was written with the MindSpore directory, then refused for the HF one."""
+    ck = I.train_checkpoint(d / "ck" / "step_2")
+    return ["ckpt", "merge", str(ck), "--out", str(d / "out"), "--ms", str(d / "out")]
+
+
+@case("--out and --ms", "name the same directory or one inside the other", timeout=120, check=_nothing_written)
+def merge_ms_inside_out(d):
+    ck = I.train_checkpoint(d / "ck" / "step_2")
+    return ["ckpt", "merge", str(ck), "--out", str(d / "out"), "--ms", str(d / "out" / "ms")]
 
 
 @case("cannot write the resharded checkpoint", subprocess=True, fsize=200_000, timeout=120)

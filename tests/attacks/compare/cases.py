@@ -93,3 +93,34 @@ def out_is_a_file_of_the_run(d):
 
     r = run_dir(d)
     return ["compare", str(_imported(d)), str(r), "--no-probe", "--out", str(r / "metrics.jsonl")]
+
+
+# -- the field's gates and the settings table (issue 49)
+@case("--weighted-steps", "expected FIRST:LAST", dest=None)
+def field_gate_window_reversed(d):
+    from tests.attacks.intake.cases_logs import _imported
+
+    return ["compare", str(_imported(d)), str(run_dir(d)), "--no-probe", "--weighted-steps", "90:10"]
+
+
+@case("--mean-rel-steps", "expected FIRST:LAST", dest=None)
+def field_gate_window_not_numbers(d):
+    from tests.attacks.intake.cases_logs import _imported
+
+    return ["compare", str(_imported(d)), str(run_dir(d)), "--no-probe", "--mean-rel-steps", "1:$(touch PWNED)"]
+
+
+@case("job", "no training config", dest=None)
+def cuda_job_without_a_config(d):
+    from tests.attacks.intake.cases_logs import _imported
+
+    (d / "job").mkdir()
+    I.canary(d / "job", "notes.txt")
+    return ["compare", str(_imported(d)), str(run_dir(d)), "--no-probe", "--cuda-job", str(d / "job")]
+
+
+@case("base.json", "imported.effective_settings.seed: expected an object", dest=None)
+def imported_effective_settings_forged(d):
+    from tests.attacks.intake.cases_logs import _imported
+
+    return ["compare", str(_imported(d, effective_settings={"seed": 5})), str(run_dir(d)), "--no-probe"]

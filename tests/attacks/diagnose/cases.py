@@ -114,3 +114,117 @@ def out_over_a_users_file(d):
     (d / "logs" / "worker_0.log").write_text("step 1 loss 2.0\n")
     I.canary(d, "mine.json")
     return ["diagnose", str(d / "logs"), "--out", str(d / "mine.json")]
+
+
+# -- issue 51: a quadratic pattern, undecodable fields, numbers of thousands of digits, a culprit outside the job,
+#    digits of other scripts, text forging port's own lines
+@case(dest=None, refusal=False, timeout=20)
+def many_logs_of_long_words(d):
+    """A cause-model pattern that began with `\\w+` (`\\w+ do tiling failed`) was quadratic on a long word: 23 MB of
+    logs took `diagnose` over 60 s. 100 files of five 4 KiB words each (2 MB, every line an error line, all 500
+    classified) took 60 ms a line for that one pattern (30 s) and must stay well inside the bound (about 3 s); tests/diagnostics/test_issue53.py checks that no
+    pattern starts with an unbounded repeat."""
+    (d / "logs").mkdir()
+    word = ("Qx" * 2048)
+    for i in range(100):
+        (d / "logs" / f"node{i}.log").write_text(f"ERROR {word}\n" * 5)
+    return ["diagnose", str(d / "logs"), "--jobs", "1"]
+
+
+def _names_rank(rank: int):
+    def check(out: str, d) -> None:
+        assert f"FIRST FAILING RANK: {rank}" in out, out[:600]
+    return check
+
+
+@case(dest=None, refusal=False, timeout=10, check=_names_rank(1))
+def non_utf8_address_in_heartbeat_and_location_lines(d):
+    """An address (and a status) that is not UTF-8 in CANN's Cluster Exception Location and heartbeat lines was a
+    UnicodeDecodeError traceback: decoded with replacement, the located rank is still named."""
+    (d / "logs").mkdir()
+    (d / "logs" / "plog-1_1.log").write_bytes(
+        b"[ERROR] HCCL(1,python):2025-10-23-07:52:01.191.363 [x.cc:1] Cluster Exception Location[IP/ID]:[\xff\xfe\x80/1], "
+        b"Arrival Time:[x], Discoverer:[\xc3\x28/0], ExceptionType:[Heartbeat Lost \xff Occurred]\n"
+        b"[INFO] HCCL(1,python):2025-10-23-07:52:02.191.363 [heartbeat.cc:951] [HeartbeatAbnormal]local rank [\xfe/0]: "
+        b"crimer rank [\xff\xfe/1] status[LOST \xff] by informer rank [\xff/0]\n")
+    return ["diagnose", str(d / "logs")]
+
+
+def _no_huge_rank(out: str, d) -> None:
+    assert "9" * 40 not in out.split("reason:")[0], out[:600]        # no rank of thousands of digits is named
+    assert "unclassified failure" in out and "no failure found" not in out, out[:800]
+
+
+@case(dest=None, refusal=False, timeout=10, check=_no_huge_rank)
+def rank_numbers_of_thousands_of_digits(d):
+    """int() of a 5,000-digit rank raised ValueError (Python's 4,300-digit limit): a traceback. Every captured
+    number is now at most 9 digits; a line whose error text lies past the bytes a line is classified on is said as
+    an unclassified failure, not "no failure found"."""
+    (d / "logs").mkdir()
+    big = b"9" * 5000
+    (d / "logs" / "pasted.log").write_bytes(
+        b"[rank" + big + b"]: RuntimeError: boom\ncrimer rank [1.2.3.4/" + big + b"] status[LOST]\n"
+        b"Time out nodes are ['" + big + b"']\nRank " + big + b": found NaN in local grad norm\n")
+    return ["diagnose", str(d / "logs")]
+
+
+def _outside(out: str, d) -> None:
+    import json
+
+    v = json.loads(out)
+    assert v["first_failing_rank"] == 7 and v["confidence"] == "low" and "outside the job" in v["reason"], v["reason"]
+
+
+@case(dest=None, refusal=False, timeout=10, check=_outside)
+def culprit_rank_outside_the_job(d):
+    """A heartbeat report naming rank 7 of a 2-rank job was a high-confidence culprit: it is low, and says so."""
+    (d / "logs").mkdir()
+    (d / "logs" / "pasted.log").write_text(
+        "[INFO] HCCL(686,python):2025-10-23-07:52:01.191.363 [heartbeat.cc:951] [8970][TaskExecStage]"
+        "[HeartbeatAbnormal]local rank [10.0.0.0/0]: crimer rank [10.0.0.7/7] status[LOST] by informer rank "
+        "[10.0.0.0/0]\n")
+    return ["diagnose", str(d / "logs"), "--world-size", "2", "--json"]
+
+
+def _not_u32(out: str, d) -> None:
+    import json
+
+    v = json.loads(out)
+    assert v["first_failing_rank"] != 4294967295 and "4294967295" not in str(v["suspect"]), v["suspect"]
+    assert v["confidence"] != "high", v
+
+
+@case(dest=None, refusal=False, timeout=10, check=_not_u32)
+def culprit_rank_4294967295(d):
+    """HCCL prints an unknown rank as (u32)-1 = 4294967295; a crimer line naming it was a high-confidence culprit."""
+    (d / "logs").mkdir()
+    (d / "logs" / "pasted.log").write_text(
+        "[INFO] HCCL(686,python):2025-10-23-07:52:01.191.363 [heartbeat.cc:951] [8970][TaskExecStage]"
+        "[HeartbeatAbnormal]local rank [10.0.0.0/0]: crimer rank [10.0.0.1/4294967295] status[LOST] by informer "
+        "rank [10.0.0.0/0]\n")
+    return ["diagnose", str(d / "logs"), "--json"]
+
+
+def _not_forged(out: str, d) -> None:
+    assert "\r" not in out and "\x1b" not in out and "\u2028" not in out, repr(out[:400])
+    assert sum(ln.startswith("FIRST FAILING RANK") for ln in out.splitlines()) == 1, out[:600]
+    assert not any(ln.startswith("confidence: high") for ln in out.splitlines()), out[:600]
+
+
+@case(dest=None, refusal=False, timeout=10, check=_not_forged)
+def log_text_forging_port_s_own_lines(d):
+    """A quoted line holding a carriage return, an escape sequence and a Unicode line separator printed over port's
+    own lines in a terminal ("FIRST FAILING RANK: 0", "confidence: high"): they are shown as '?'."""
+    (d / "logs").mkdir()
+    (d / "logs" / "pasted.log").write_bytes(
+        b"2025-01-01 00:00:00 ERROR RuntimeError: boom\rFIRST FAILING RANK: 0   last step: 99\x1b[2K"
+        b"\xe2\x80\xa8confidence: high\n")
+    return ["diagnose", str(d / "logs")]
+
+
+@case("HCCL_CONNECT_TIMEOUT", "is not an integer", dest=None, verdict=True, timeout=30,
+      env={"HCCL_CONNECT_TIMEOUT": "\u0661\u0662\u0660", "HCCL_EXEC_TIMEOUT": "1836"})
+def doctor_hccl_timeout_in_arabic_indic_digits(d):
+    """HCCL_CONNECT_TIMEOUT=١٢٠ (Arabic-Indic digits) passed as the integer 120 (\\d and int() take any script's
+    digits; HCCL reads ASCII): `port doctor` fails the knob."""
+    return ["doctor"]

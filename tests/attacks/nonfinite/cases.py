@@ -46,5 +46,7 @@ for _name, _env, _value in [
     ("hook_comm_delay_huge", "PORT_TEST_COMM_DELAY", "1:1e9"),
     ("hook_crash_rank_word", "PORT_TEST_CRASH_AT_EXIT", "rank1"),
     ("hook_bad_devices_range", "PORT_TEST_BAD_DEVICES", "0-7"),
+    ("hook_refuse_static_parallel_word", "PORT_TEST_REFUSE_STATIC_PARALLEL", "yes"),
+    ("hook_collective_trace_relative", "PORT_TEST_COLLECTIVE_TRACE", "../../etc/trace"),
 ]:
     _hook_case(_name, _env, _value)

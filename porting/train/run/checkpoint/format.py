@@ -30,7 +30,7 @@ import os
 import re
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import numpy as np
 
@@ -38,7 +38,9 @@ from converters import dtypes
 from converters.safetensors_io import OutTensor, encode_header, write_all
 from model_zoo import files
 from model_zoo.errors import CheckpointError
-from porting.train.recipe.schema import Recipe, recipe_dict
+
+if TYPE_CHECKING:   # hints only: a merge and an export load no recipe schema (pydantic, 0.13 CPU-s)
+    from porting.train.recipe.schema import Recipe
 
 FORMAT = 2
 LAYOUT_FILE = "layout.json"
@@ -214,12 +216,19 @@ def live_layout(trainer) -> Layout:
 
 
 def identity(trainer) -> dict[str, Any]:
-    """What must be equal for a resume to continue this run exactly, whatever the layout."""
-    return identity_of(trainer.recipe, trainer.model.config.to_hf())
+    """What must be equal for a resume to continue this run exactly, whatever the layout. A LoRA run's record
+    also names its frozen base (``lora_base``, not compared: the checkpoint holds the adapters only, and the
+    offline readers, `port ckpt merge` and `port compare`'s probe, find the base there)."""
+    ident = identity_of(trainer.recipe, trainer.model.config.to_hf())
+    if getattr(trainer.recipe, "lora", None) is not None:
+        ident["lora_base"] = str(trainer.tokenizer_dir)
+    return ident
 
 
 def identity_of(recipe: Recipe, cfg: dict[str, Any]) -> dict[str, Any]:
     """:func:`identity` from the recipe and the model's HF config (what `port train` checks before launch)."""
+    from porting.train.recipe.schema import recipe_dict  # deferred: pydantic's schemas (0.5 s); a merge reads records only
+
     rec = recipe_dict(recipe)
     for key in LAYOUT_KEYS:
         *path, last = key.split(".")

@@ -1,10 +1,12 @@
 """Offline work on per-rank checkpoints (porting/train/run/checkpoint/format.py), outside any training job.
 
-- :func:`write_weights`: the full model weights, one tensor at a time, as one MindSpore-named
-  safetensors file (the zoo's names, which are MindFormers' Llama names: converters/names.py; what
-  ``port convert --ms`` reads and ``mindspore.load_checkpoint(..., format="safetensors")`` loads);
-  ``port ckpt merge`` and the HF export (porting/train/run/checkpoint/export.py) convert it to HF with the
-  converters, with ``port_manifest.json``; ``port ckpt merge --ms DIR`` keeps it.
+- :class:`Whole`: each parameter's state whole, in its own dtype, one tensor in host memory at a time: what
+  ``port ckpt merge`` and the HF export (porting/train/run/checkpoint/export.py) stream through the converters'
+  name map into the HF file in one pass (converters/streamed.py).
+- :func:`write_weights`: the full model weights as one MindSpore-named safetensors file (the zoo's names,
+  which are MindFormers' Llama names: converters/names.py; what ``port convert --ms`` reads and
+  ``mindspore.load_checkpoint(..., format="safetensors")`` loads): ``port ckpt merge --ms DIR`` (with
+  ``--out`` too, the export writes the same file in its pass).
 - :func:`write_optimizer`: the optimizer state beside it (``optimizer.safetensors``: ``adam_m.<name>``,
   ``adam_v.<name>``, ``master.<name>`` full fp32 tensors, and ``optimizer.json``), for a user who resumes
   elsewhere. ``adam_m.``/``adam_v.`` are the prefixes MindSpore's own AdamWeightDecay gives its moments
@@ -21,25 +23,27 @@ import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
-from converters import dtypes
 from converters.atomic import check_free_space
 from converters.safetensors_io import OutTensor, encode_header, write_all
 from model_zoo.errors import CheckpointError
-from porting.train.plan import sharding
-from porting.train.recipe.schema import Recipe
 from porting.train.run.checkpoint.save import STATE_FILE, TrainState
-from porting.train.run.checkpoint.read import Progress, Source, group_of, open_checkpoint
+from porting.train.run.checkpoint.progress import Progress, group_of
+from porting.train.run.checkpoint.read import NATIVE, Source, open_checkpoint
 from porting.train.run.checkpoint.format import CODES, Layout, ParamSpec, owned, piece_key, write_rank, write_record
+
+if TYPE_CHECKING:   # hints only: a merge and an export load no recipe schema (pydantic, 0.13 CPU-s)
+    from porting.train.recipe.schema import Recipe
 
 Log = Callable[[str], None] | None
 OPTIMIZER_FILE, OPTIMIZER_RECORD = "optimizer.safetensors", "optimizer.json"
 
 
-def _config(ckdir: Path, ident: dict) -> dict:
+def config_of(ckdir: Path, ident: dict) -> dict:
+    """The model's config.json, as the checkpoint's identity record holds it."""
     cfg = ident.get("model_config")
     if not isinstance(cfg, dict):
         raise CheckpointError(f"{ckdir / 'layout.json'}: key 'identity.model_config' is missing; the checkpoint "
@@ -47,23 +51,73 @@ def _config(ckdir: Path, ident: dict) -> dict:
     return cfg
 
 
+class _Slot:
+    """One tensor's buffers, reused (a fresh one faults every page in again): ``out`` for the tensor, ``buf``
+    for the rest of the rank-file chunks a read checks around it (porting/train/run/checkpoint/read.py)."""
+
+    def __init__(self):
+        self.buf = bytearray()
+        self.out = np.empty(0, np.uint8)
+
+
+class Whole:
+    """Each parameter's ``kind`` state whole, in its own dtype (bf16 bit for bit, no float32 round trip). A call
+    returns its bytes, valid until the call after the next (two buffers in turn, so the next tensor can be read
+    on another thread while this one is written); at most one call at a time. Without a TP split (or for a
+    replicated tensor) its stored pieces are flat ranges of it, read straight into place (ZeRO's shards of a
+    tensor from two ranks too), every chunk checked against its sha256 (no copy after the read); a TP-split one
+    is re-joined row by row (``Source.full``). Host memory: the two buffers, each the largest tensor's size (at
+    13B in bf16, 2 x 328 MB; the two passes held it in float32 and its cast). ``bar``: one progress line per group."""
+
+    def __init__(self, src: Source, kind: str, bar: Progress):
+        self.src, self.kind, self.bar = src, kind, bar
+        self.slots, self.turn = (_Slot(), _Slot()), 0
+        most = max((p.local_numel(1) * CODES[self.code(p)] for p in src.layout.params), default=0)
+        for slot in self.slots:   # the largest tensor's size at once: no buffer is made again as tensors grow
+            slot.out = np.empty(most, np.uint8)
+
+    def code(self, spec: ParamSpec) -> str:
+        return spec.dtype if self.kind == "param" else "F32"
+
+    def __call__(self, name: str) -> memoryview:
+        spec, slot = self.src.specs[name], self.slots[self.turn]
+        self.turn ^= 1
+        code, n = self.code(spec), spec.local_numel(1)
+        size = CODES[code]
+        self.bar.step(f"{self.kind} {group_of(name)}")
+        if slot.out.nbytes < n * size:
+            slot.out = np.empty(n * size, np.uint8)
+        out = memoryview(slot.out)[:n * size]
+        if spec.axis is not None and self.src.layout.tp > 1:
+            self.src.full(self.kind, name, out=slot.out[:n * size].view(NATIVE[code]), native=True)
+            return out
+        filled = 0
+        for fname, t, a, b in self.src.where.get((self.kind, name), []):
+            if t == 0:   # replicated across TP ranks: slice 0's copy
+                key = piece_key(self.kind, name, t, a, b)
+                self.src.files.read(fname, key, code, 0, b - a, True, slot, out[a * size:b * size])
+                filled += b - a
+        if filled != n:
+            raise CheckpointError(f"{self.src.files.dir}: {self.kind} of {name} covers {filled} of its {n} elements; "
+                                  "the checkpoint is incomplete, resume from another one")
+        return out
+
+
 def _write_full(src: Source, out: Path, kinds: tuple[str, ...], log: Log, what: str) -> None:
     """Every parameter's state of each kind, whole, into one safetensors file (``<kind>.<name>`` for the
-    optimizer kinds); one tensor in host memory at a time, one progress line per parameter group."""
+    optimizer kinds); one kind's buffers in host memory at a time, one progress line per parameter group."""
     specs = src.layout.params
-    name = (lambda k, p: p.name if k == "param" else f"{k}.{p.name}")   # noqa: E731
-    code = (lambda k, p: p.dtype if k == "param" else "F32")            # noqa: E731
-    heads = [OutTensor(name(k, p), code(k, p), p.shape) for k in kinds for p in specs]
-    need = sum(p.local_numel(1) * CODES[code(k, p)] for k in kinds for p in specs)
-    check_free_space(out, need)
     bar = Progress(log, what, lambda: src.files.bytes_read)
+    heads = [OutTensor(p.name if k == "param" else f"{k}.{p.name}", p.dtype if k == "param" else "F32", p.shape)
+             for k in kinds for p in specs]
+    check_free_space(out, sum(t.nbytes for t in heads))
     with open(out, "wb") as f:
         write_all(f, encode_header(heads, {"format": "ms"}))
         for k in kinds:
+            whole = Whole(src, k, bar)
             for p in specs:
-                bar.step(f"{k} {group_of(p.name)}")
-                full = np.ascontiguousarray(src.full(k, p.name), np.float32)
-                write_all(f, dtypes.cast_bytes("F32", code(k, p), memoryview(full).cast("B")))
+                write_all(f, whole(p.name))
+            del whole
         bar.done()
         f.flush()
         os.fsync(f.fileno())
@@ -74,7 +128,7 @@ def write_weights(ckdir: Path, out: Path, log: Log = None) -> dict:
     run holds them: bf16 stays bf16, bit for bit); returns the model's config.json from the record."""
     src, ident = open_checkpoint(ckdir)
     try:
-        cfg = _config(ckdir, ident)
+        cfg = config_of(ckdir, ident)
         _write_full(src, out, ("param",), log, f"merge {ckdir.name}")
     finally:
         src.files.close()
@@ -119,6 +173,8 @@ def target_layout(old: Layout, recipe: Recipe) -> Layout:
         low = prec.grad_reduce_dtype != "float32"
         gb = 4 if not low else {"float32": 4, "bfloat16": 2, "float16": 2}[prec.param_dtype]
         numels = [p.local_numel(tp) for p in params]
+        from porting.train.plan import sharding  # deferred: the plan loads the recipe schema; a merge needs neither
+
         bs = sharding.flat_buckets(numels, gb, recipe.parallel.comm_fusion, dp)
         buckets = tuple((tuple(b.indices), b.padded) for b in bs)
         zero = 2 if recipe.parallel.zero_stage == 2 and recipe.batching.grad_accum_steps > 1 else 1

@@ -17,7 +17,6 @@ import errno
 import hashlib
 import math
 import os
-import re
 import stat
 import threading
 import time
@@ -31,17 +30,32 @@ from numpy.lib.stride_tricks import as_strided
 from converters import dtypes
 from converters.safetensors_io import read_header
 from model_zoo.errors import CheckpointError
+from porting.train.run.checkpoint.progress import Progress, group_of
 from porting.train.run.checkpoint.record import read_record
 from porting.train.run.checkpoint.format import (CODES, Layout, ParamSpec, identity, live_layout, needed, owned_ranges,
                                            piece_bytes, piece_key, rss, zero_ranges)
 
 __all__ = ["read_record", "open_checkpoint", "restore", "restore_weights", "full_state", "check_same_run", "Source",
-           "RankFiles"]
+           "RankFiles", "NATIVE"]
 _HASHERS = ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1))   # hashlib releases the GIL on large inputs
+NATIVE = {"F32": np.dtype("<f4"), "BF16": np.dtype("<u2"), "F16": np.dtype("<f2")}   # own dtype (bf16: its bits)
 
 
-def _sha(view: memoryview) -> str:
-    return hashlib.sha256(view).hexdigest()
+def _sha(views: list[memoryview]) -> str:
+    h = hashlib.sha256()
+    for v in views:
+        h.update(v)
+    return h.hexdigest()
+
+
+def _segments(bufs: list[memoryview], lo: int, a: int, b: int) -> list[memoryview]:
+    """The views of bytes [a, b) of a read at file offset ``lo`` that filled ``bufs`` in turn."""
+    out = []
+    for v in bufs:
+        if a < lo + v.nbytes and b > lo:
+            out.append(v[max(a - lo, 0):min(b - lo, v.nbytes)])
+        lo += v.nbytes
+    return out
 
 
 class RankFiles:
@@ -53,9 +67,7 @@ class RankFiles:
     def __init__(self, ckdir: Path, table: dict[str, dict], verify: bool = True):
         self.dir, self.table, self.verify = ckdir, table, verify
         self.bytes_read = self.header_bytes = self.check_bytes = self.hashed_bytes = 0
-        self._heads: dict[str, dict] = {}
-        self._fds: dict[str, int] = {}
-        self._good: dict[str, set[int]] = {}
+        self._heads, self._fds, self._good = {}, {}, {}   # by file: header, descriptor, chunks checked
         self._lock = threading.RLock()   # readers on several threads (reshard): one open per file, exact counts
         self._tls = threading.local()    # one read buffer per thread (_fetch)
 
@@ -109,8 +121,9 @@ class RankFiles:
             raise CheckpointError(f"{self.dir / name}: its sha256 differs from the one layout.json records; the file "
                                   "was changed or damaged after it was written, resume from another checkpoint")
 
-    def _fetch(self, name: str, begin: int, end: int) -> memoryview:
-        """Bytes [begin, end) of ``name``, every chunk they touch checked (once per file)."""
+    def _fetch(self, name: str, begin: int, end: int, slot: Any = None, into: memoryview | None = None) -> memoryview:
+        """Bytes [begin, end) of ``name``, every chunk they touch checked (once per file), in ``slot.buf``; with
+        ``into`` (end - begin bytes), read straight there (the rest of the chunks around it into ``slot.buf``)."""
         fd, entry = self._fds[name], self.table[name]
         if end <= begin:
             return memoryview(b"")
@@ -120,14 +133,15 @@ class RankFiles:
             [k for k in range(begin // chunk, (end - 1) // chunk + 1) if k not in good]
         lo, hi = (todo[0] * chunk, min(entry["bytes"], (todo[-1] + 1) * chunk)) if todo else (begin, end)
         lo, hi = min(lo, begin), max(hi, end)
-        # this thread's buffer, reused (a fresh one faults every 4 KiB): valid until the thread's next read
-        if len(buf := getattr(self._tls, "buf", b"")) < hi - lo:
-            buf = self._tls.buf = bytearray(max(hi - lo, len(buf) * 3 // 2))
+        # this thread's buffer (or the caller's), reused (a fresh one faults every 4 KiB): valid until its next read
+        if len(buf := getattr(slot := slot or self._tls, "buf", b"")) < hi - lo:
+            buf = slot.buf = bytearray(max(hi - lo, len(buf) * 3 // 2))
         view = memoryview(buf)[:hi - lo]
-        if os.preadv(fd, [view], lo) != hi - lo:
+        bufs = [view] if into is None else [view[:begin - lo], into, view[begin - lo:hi - end + begin - lo]]
+        if os.preadv(fd, bufs, lo) != hi - lo:
             raise CheckpointError(f"{self.dir / name}: short read at byte {lo}; the file is truncated")
         if todo:
-            parts = [view[k * chunk - lo:min(entry["bytes"], (k + 1) * chunk) - lo] for k in todo]
+            parts = [_segments(bufs, lo, k * chunk, min(entry["bytes"], (k + 1) * chunk)) for k in todo]
             sums = list(_HASHERS.map(_sha, parts)) if len(parts) > 1 else [_sha(parts[0])]
             for k, got in zip(todo, sums):
                 if got != entry["chunks"][k]:
@@ -138,11 +152,14 @@ class RankFiles:
             with self._lock:
                 good.update(todo)
                 self.check_bytes += (hi - lo) - (end - begin)
-                self.hashed_bytes += sum(len(x) for x in parts)
-        return view[begin - lo:end - lo]
+                self.hashed_bytes += sum(len(x) for p in parts for x in p)
+        return view[begin - lo:end - lo] if into is None else into
 
-    def read(self, name: str, key: str, code: str, lo: int, hi: int) -> np.ndarray:
-        """Elements [lo, hi) of the piece ``key`` of file ``name``, as float32 (valid until this thread's next read)."""
+    def read(self, name: str, key: str, code: str, lo: int, hi: int, native: bool = False, slot: Any = None,
+             into: memoryview | None = None) -> np.ndarray:
+        """Elements [lo, hi) of the piece ``key`` of file ``name``, as float32 (``native``: in their own dtype,
+        :data:`NATIVE`); valid until this thread's next read (or ``slot``'s: an object whose ``buf`` is used).
+        ``into``: a buffer of their bytes to read them into, without a copy (with ``native``)."""
         info = self._open(name).get(key)
         size = CODES[code]
         if info is None or info.dtype != code or info.nbytes % size or not 0 <= lo <= hi <= info.nbytes // size:
@@ -150,11 +167,13 @@ class RankFiles:
             raise CheckpointError(f"{self.dir / name}: tensor {key} is {found}, the layout record needs {code} with "
                                   f"elements [{lo}, {hi}); the checkpoint is damaged or mismatched, resume from "
                                   "another one")
-        raw = self._fetch(name, info.begin + lo * size, info.begin + hi * size)
+        if into is not None and (not native or into.nbytes != (hi - lo) * size):
+            raise ValueError(f"read into {into.nbytes} bytes: {(hi - lo) * size} native bytes expected")
+        raw = self._fetch(name, info.begin + lo * size, info.begin + hi * size, slot, into)
         with self._lock:
             self.bytes_read += len(raw)
-        if code == "F32":
-            return np.frombuffer(raw, "<f4")
+        if code == "F32" or native:
+            return np.frombuffer(raw, NATIVE[code])
         return dtypes.to_numpy_f32(code, raw, (hi - lo,))
 
     def close(self) -> None:
@@ -214,9 +233,9 @@ class Source:
         self.specs = {p.name: p for p in layout.params}
 
     def assemble(self, kind: str, name: str, tp: int, t: int, a: int, b: int, axis: int | None = None,
-                 out: np.ndarray | None = None) -> np.ndarray:
-        """Local elements [a, b) of TP slice ``t`` of ``tp`` (split along ``axis``) of parameter ``name``'s
-        state ``kind``, float32; written into ``out`` (float32, at least b - a elements) when given."""
+                 out: np.ndarray | None = None, native: bool = False) -> np.ndarray:
+        """Local elements [a, b) of TP slice ``t`` of ``tp`` (split along ``axis``) of parameter ``name``'s state
+        ``kind``, float32 (``native``: its own dtype); into ``out`` (that dtype, >= b - a elements) when given."""
         spec, old = self.specs[name], self.layout
         new_axis = axis if tp > 1 else None
         if new_axis is not None and old.tp > 1 and spec.axis not in (None, new_axis):
@@ -226,7 +245,7 @@ class Source:
         row = math.prod(spec.shape[ax:]) if ax is not None else spec.local_numel(1)
         want = (*_run(spec, new_axis, tp, t, row), a, b)
         code = spec.dtype if kind == "param" else "F32"
-        out = np.empty(b - a, np.float32) if out is None else out[:b - a]
+        out = np.empty(b - a, NATIVE[code] if native else np.float32) if out is None else out[:b - a]
         filled = 0
         for fname, t0, a0, b0 in self.where.get((kind, name), []):
             if spec.axis is None and t0 != t % old.tp:
@@ -237,7 +256,7 @@ class Source:
                 continue
             lo = min(s for _, _, s, _ in blocks)
             hi = max(s + (r - 1) * have[0] + n for r, n, s, _ in blocks)
-            piece = self.files.read(fname, piece_key(kind, name, t0, a0, b0), code, lo - a0, hi - a0)
+            piece = self.files.read(fname, piece_key(kind, name, t0, a0, b0), code, lo - a0, hi - a0, native)
             for r, n, s, w in blocks:
                 _copy(out, w - a, piece, s - lo, r, n, have[0], want[0])
                 filled += r * n
@@ -246,51 +265,16 @@ class Source:
                                   "layout needs; the checkpoint is incomplete, resume from another one")
         return out
 
-    def full(self, kind: str, name: str) -> np.ndarray:
-        """The whole (unsharded) tensor, float32."""
+    def full(self, kind: str, name: str, out: np.ndarray | None = None, native: bool = False) -> np.ndarray:
+        """The whole (unsharded) tensor, float32 (``native``, ``out``: as :meth:`assemble`)."""
         spec = self.specs[name]
-        return self.assemble(kind, name, 1, 0, 0, spec.local_numel(1)).reshape(spec.shape)
+        return self.assemble(kind, name, 1, 0, 0, spec.local_numel(1), None, out, native).reshape(spec.shape)
 
 
 def open_checkpoint(ckdir: Path) -> tuple[Source, dict]:
     """The checkpoint's pieces and its identity record."""
     layout, ident, table = read_record(ckdir)
     return Source(ckdir, layout, table), ident
-
-
-_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
-
-
-def group_of(name: str) -> str:
-    """The parameter group a progress line covers: a decoder layer, or the tensors outside the layers."""
-    m = _LAYER.search(name)
-    return f"layer {m.group(1)}" if m else "embedding" if "embedding" in name else "final norm and head"
-
-
-class Progress:
-    """One log line per parameter group (its tensors, bytes and seconds), so a long restore or merge is never
-    a silent window (a supervisor watching the log sees it move)."""
-
-    def __init__(self, log: Callable[[str], None] | None, what: str, counter: Callable[[], int]):
-        self.log, self.what, self.counter = log, what, counter
-        self.group: str | None = None
-        self.total_bytes, self.t_start = 0, time.perf_counter()
-
-    def step(self, group: str) -> None:
-        if group != self.group:
-            self.done()
-            self.group, self.n, self.b0, self.t0 = group, 0, self.counter(), time.perf_counter()
-        self.n += 1
-
-    def done(self) -> None:
-        if self.group is None:
-            return
-        nbytes, sec = self.counter() - self.b0, time.perf_counter() - self.t0
-        self.total_bytes += nbytes
-        if self.log is not None:
-            self.log(f"{self.what}: {self.group}: {self.n} tensor(s), {nbytes} bytes in {sec:.2f} s "
-                     f"({nbytes / max(sec, 1e-9) / 1e6:.0f} MB/s)")
-        self.group = None
 
 
 def _differs(a: Any, b: Any, path: str = "") -> str | None:
@@ -440,8 +424,7 @@ def restore_weights(model, ckdir: Path, tp: int, tp_rank: int, log: Callable[[st
 
 
 def full_state(ckdir: Path) -> dict[str, np.ndarray]:
-    """Every state tensor whole, as one device holds it: ``<param>`` (float32 view of its dtype),
-    ``master.<param>``, ``adam_m.<param>``, ``adam_v.<param>`` (for tests and small models: all in memory)."""
+    """Every state tensor whole, float32: ``<param>``, ``master.<param>``, ``adam_m.<param>``, ``adam_v.<param>``."""
     src, _ = open_checkpoint(ckdir)
     try:
         return {(p.name if kind == "param" else f"{kind}.{p.name}"): src.full(kind, p.name)

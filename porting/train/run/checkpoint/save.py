@@ -138,13 +138,15 @@ def latest(root: Path) -> tuple[int, Path] | None:
 
 
 def save(root: Path, step: int, state: TrainState, keep_last: int, *, write: Callable[[Path], None],
-         finish: Callable[[Path], int], rank: int = 0, shards: int = 1, barrier: Callable[[], None] | None = None
-         ) -> Path:
+         finish: Callable[[Path], int], rank: int = 0, shards: int = 1, barrier: Callable[[], None] | None = None,
+         part: Callable[[str], None] = lambda _part: None) -> Path:
     """Write ``step_<step>`` atomically, then drop all but the newest ``keep_last``.
 
     Every rank's ``write(tmp)`` writes its own file into the same temporary directory, all meet at
     ``barrier`` (``shards`` > 1), then rank 0's ``finish(tmp)`` writes the layout record and returns the
-    shard count, rank 0 writes state.json and renames the directory into place.
+    shard count, rank 0 writes state.json and renames the directory into place. ``part(name)`` announces each part
+    as it begins (porting/rundir/ranklog.py ``SAVE_PARTS``: its line and heartbeat), so that a rank frozen inside
+    the save is told from the ranks waiting for it at a barrier.
     """
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step_{step}"
@@ -153,13 +155,18 @@ def save(root: Path, step: int, state: TrainState, keep_last: int, *, write: Cal
         if rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)
         if barrier is not None:
+            part("wait")
             barrier()
         tmp.mkdir(exist_ok=True)
+        part("write")
         write(tmp)
         if barrier is not None:
+            part("barrier")
             barrier()
         if rank != 0:
+            part("done")
             return final
+        part("record")
         shards = finish(tmp) or 1
         body = json.dumps(dataclasses.replace(state, step=step, shards=shards).to_dict(), indent=2)
         with open(tmp / STATE_FILE, "w") as f:
@@ -178,6 +185,7 @@ def save(root: Path, step: int, state: TrainState, keep_last: int, *, write: Cal
                               "rerun with --resume") from None
     for _, old in checkpoint_dirs(root)[:-keep_last]:
         shutil.rmtree(old, ignore_errors=True)
+    part("done")
     return final
 
 
@@ -208,13 +216,18 @@ def load_whole(path: Path, params: list, *, allowed: set[str] | None = None) -> 
     return state
 
 
-def save_ranks(trainer: Any, root: Path, step: int) -> Path:
+def save_ranks(trainer: Any, root: Path, step: int, announce: Callable[[int, str], None] | None = None) -> Path:
     """Every rank writes its own file into the temporary directory; rank 0 writes the record and
-    renames the directory into place (:func:`save`: the atomic swap)."""
+    renames the directory into place (:func:`save`: the atomic swap). ``announce(step, part)`` says each part of the
+    save as it begins (its rank-log line and heartbeat)."""
     layout = live_layout(trainer)
     written = []
 
     def write(tmp: Path) -> None:
+        if (late := trainer.faults.save_delay_for(trainer.rank)) > 0:   # test hook, off unless set (faults.py)
+            trainer.log.info(f"checkpoint step {step}: test hook PORT_TEST_SAVE_DELAY: rank {trainer.rank} writes "
+                             f"{late:g} s late")
+            time.sleep(late)
         t0 = time.perf_counter()
         written.append(write_rank(tmp, trainer.rank, live_pieces(trainer, layout)))
         sec = time.perf_counter() - t0
@@ -228,7 +241,8 @@ def save_ranks(trainer: Any, root: Path, step: int) -> Path:
     barrier = trainer.barrier if trainer.world > 1 else None
     before = rss(reset_peak=True)
     out = save(root, step, trainer.state(step), trainer.recipe.checkpointing.keep_last, write=write, finish=finish,
-               rank=trainer.rank, shards=trainer.world, barrier=barrier)
+               rank=trainer.rank, shards=trainer.world, barrier=barrier,
+               part=(lambda p: announce(step, p)) if announce is not None else (lambda _p: None))
     shard = piece_bytes(layout, needed(layout, trainer.rank))
     peak = rss()
     grew = f"; peak host RSS during the save +{peak[1] - before[0]} bytes" if peak and before else ""

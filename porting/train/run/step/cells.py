@@ -14,7 +14,9 @@ AdamW is written out to match ``torch.optim.AdamW`` term by term (the baseline c
 Mixed precision as Megatron / MindSpeed-LLM: bf16/fp16 parameters are the compute copy, AdamW keeps
 float32 master weights and moments (sharded with optimizer sharding: porting/train/run/step/zero.py), and gradients are all-reduced,
 clipped and applied in float32 (``grad_fp32=False``: reduced in the parameter dtype, still applied to
-the float32 masters).
+the float32 masters). Data parallel sums the gradients over its ranks in port's own buckets
+(porting/train/run/step/buckets.py: one AllReduce per bucket of ``parallel.comm_fusion``, in backward order; in
+PyNative each launched during the backward).
 When the gradients or the loss are not finite the update is skipped inside the graph (parameters and states
 keep their values) and the caller decides: lower the dynamic loss scale, count the skip, or stop the run.
 """
@@ -26,6 +28,8 @@ from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 
 from model_zoo.linear import on_device
 from model_zoo.loss import shifted_token_loss
+from porting.train.recipe.schema import CommFusionSection
+from porting.train.run.step import buckets as grad_buckets
 
 
 class LossNet(nn.Cell):
@@ -236,7 +240,8 @@ class _Update(nn.Cell):
     ones (norms, equal on every TP rank) once."""
 
     def __init__(self, optimizer: AdamW, world_size: int, grad_clip: float | None, grad_fp32: bool = True,
-                 dp_group: str | None = None, tp_group: str | None = None, tp_sharded: list[bool] | None = None):
+                 dp_group: str | None = None, tp_group: str | None = None, tp_sharded: list[bool] | None = None,
+                 comm_fusion=None, overlap: bool = False):
         super().__init__(auto_prefix=False)
         self.optimizer = optimizer
         self.grad_fp32 = grad_fp32
@@ -248,7 +253,13 @@ class _Update(nn.Cell):
         if self.reduce:
             group = {} if dp_group is None else {"group": dp_group}
             if not self.zero:
-                self.reducer = nn.DistributedGradReducer(optimizer.params, mean=False, degree=world_size, **group)
+                # port's gradient buckets (run/step/buckets.py): the sum over the data-parallel ranks, as
+                # MindSpore's gradient reducer (mean=False) summed it; the loss scale divides by the global tokens
+                params = list(optimizer.params)
+                fusion = comm_fusion if comm_fusion is not None else CommFusionSection()
+                found, dtype = grad_buckets.buckets_for(params, fusion, grad_fp32)
+                kind = grad_buckets.OverlappedGradBuckets if overlap else grad_buckets.GradBuckets
+                self.reducer = kind(params, found, dtype, dp_group)
             self.allreduce = ops.AllReduce(**group)
         # ZeRO adds the tensor-parallel shards into its own norm (ShardedAdamW.apply).
         self.tp_norm = tp_group is not None and not self.zero
@@ -267,10 +278,10 @@ class _Update(nn.Cell):
         if self.zero:
             shards = grads if self.zero_reduced else self.optimizer.reduce(grads)
             return self.optimizer.apply(shards, unscale, lr, bc1, bc2, self.clip, self.max_norm)
-        if self.grad_fp32:
-            grads = self.hyper_map(_to_f32, grads)
         if self.reduce:
-            grads = self.reducer(grads)
+            grads = self.reducer(grads)   # cast to the reduction dtype bucket by bucket
+        elif self.grad_fp32:
+            grads = self.hyper_map(_to_f32, grads)
         grads = self.hyper_map(ops.partial(_mul, unscale), grads)
         squares = self.hyper_map(_square_sum, grads)
         if self.tp_norm:
@@ -294,8 +305,12 @@ class FusedTrainStep(_Update):
 
     def __init__(self, model: nn.Cell, optimizer: AdamW, world_size: int, grad_clip: float | None,
                  grad_fp32: bool = True, **groups):
-        super().__init__(optimizer, world_size, grad_clip, grad_fp32, **groups)
+        # PyNative: each gradient bucket's all-reduce starts during the backward (run/step/buckets.py)
+        overlap = groups.pop("overlap", True) and ms.get_context("mode") == ms.PYNATIVE_MODE
+        super().__init__(optimizer, world_size, grad_clip, grad_fp32, overlap=overlap, **groups)
         self.grad_fn = ops.value_and_grad(LossNet(model), None, optimizer.params, has_aux=True)
+        if isinstance(getattr(self, "reducer", None), grad_buckets.OverlappedGradBuckets):
+            self.grad_fn = self.reducer.armed(self.grad_fn)
 
     def construct(self, input_ids, labels, scale, unscale, lr, bc1, bc2, *packed):
         (_, (total, count)), grads = self.grad_fn(input_ids, labels, scale, *packed)

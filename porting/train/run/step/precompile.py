@@ -63,6 +63,8 @@ _CACHE_ENV = ("MS_COMPILER_CACHE_ENABLE", "MS_COMPILER_CACHE_PATH")
 _ROOT = Path(__file__).resolve().parents[4]
 _SOURCES = ("model_zoo", "porting/train/run")   # what builds the step graphs
 _cache_used: list[Path] = []                    # the folder this process's cached compiles went to
+IR_DIR = "ir"                                   # RUN/logs/ir: MindSpore's IR dumps (ir_dumps)
+_IR_ENV = ("MS_OM_PATH", "MS_DEV_SAVE_GRAPHS_PATH")
 
 
 @dataclass(frozen=True)
@@ -119,6 +121,39 @@ def compile_cache(folder: Path | None) -> Iterator[None]:
                 os.environ[k] = v
 
 
+@contextlib.contextmanager
+def ir_dumps(run_dir: Path | None) -> Iterator[Path | None]:
+    """MindSpore's IR dumps of the compiles inside the block go to ``RUN/logs/ir`` (yielded), not the user's
+    working directory. A graph that fails to compile makes MindSpore write ``<MS_OM_PATH>/rank_<r>/om/
+    analyze_fail.ir``, ``MS_OM_PATH`` defaulting to ``.`` (measured on 2.7.2 and 2.10.0: neither
+    ``set_context(save_graphs_path=)`` nor ``MS_DEV_SAVE_GRAPHS_PATH`` moves it; ``MS_OM_PATH`` does, read at
+    the moment of the dump, tests/attacks/test_ir_dumps.py); ``MS_DEV_SAVE_GRAPHS_PATH`` is where the graphs a
+    user asks for with ``MS_DEV_SAVE_GRAPHS`` go (default ``.``, mindspore/context.py ``save_graphs_path``; measured
+    honoured on 2.7.2 and 2.10.0: 103 and 107 files there, none in the working directory). A value the user set is
+    kept; both are restored after the block."""
+    if run_dir is None:
+        yield None
+        return
+    where = Path(run_dir) / "logs" / IR_DIR
+    old = {k: os.environ.get(k) for k in _IR_ENV}
+    for k, v in old.items():
+        if v is None:
+            os.environ[k] = str(where)
+    try:
+        yield Path(os.environ["MS_OM_PATH"])
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+
+
+def _with_dump(err: Exception | None, dumps: Path | None) -> Exception | None:
+    """The compile error naming MindSpore's analysis file when it wrote one (None stays None: PyNative)."""
+    found = sorted(dumps.glob("rank_*/om/analyze_fail.ir"), key=lambda f: f.stat().st_mtime) \
+        if err is not None and dumps is not None and dumps.is_dir() else []
+    return execution.GraphCompileError(f"{err}; MindSpore's analysis: {found[-1]}") if found else err
+
+
 def _entry_script_is_a_file() -> bool:
     for name in ("mindspore.graph.api", "mindspore.common.api"):   # 2.10; 2.7-2.9
         try:
@@ -163,13 +198,13 @@ def precompile(trainer, shapes: list[tuple[int, int]], template, cache: Path | N
     calls = [(shape, call) for shape in shapes for call in cell_calls(trainer, template, shape)]
     if trainer.accum > 1:   # the update graph has no sequence dimension: one compile
         calls.append((None, (trainer.apply, tuple(_scalar() for _ in range(6)))))
-    with compile_cache(cache):
+    with compile_cache(cache), ir_dumps(getattr(trainer, "run_dir", None)) as dumps:
         for n, (shape, (cell, args)) in enumerate(calls, 1):
             t1 = time.perf_counter()
             try:
                 cell.compile(*args)
             except (RuntimeError, TypeError, ValueError) as e:   # MindSpore's compile errors (run/step/execution.py)
-                raise execution.compile_failure(trainer.recipe, e, [shape or shapes[-1]]) from e
+                raise _with_dump(execution.compile_failure(trainer.recipe, e, [shape or shapes[-1]]), dumps) from e
             if log is not None:
                 what = f"shape {list(shape)}" if shape else "the update (no sequence dimension)"
                 log(f"precompile: graph {n} of {len(calls)}: {type(cell).__name__} {what} in "
@@ -187,25 +222,29 @@ def before_step_one(trainer, plan: BatchSchedule, model_config: dict, start: int
         return None
     shapes = plan.run_shapes(start)
     template = plan.step(start, trainer.grid.dp_rank).micro_batches[0]
-    cache = shared = None
+    cache = shared = ident = None
     if cache_on and cache_wanted(recipe):
         doc = recipe.model_dump(mode="json")
         cache = trainer.run_dir / CACHE_DIR / cache_key(doc, model_config, shapes, trainer.world)
-        # PORT_COMPILE_CACHE_SHARED: another run's graphs of the same key (run/step/shared_cache.py)
-        shared = shared_cache.folder(cache_key(shared_cache.graph_doc(doc), model_config, shapes, trainer.world))
-        if shared_cache.adopt(shared, cache, trainer.rank):
-            log.info(f"precompile: compile cache of rank {trainer.rank} copied from {shared} (PORT_COMPILE_CACHE_SHARED)")
+        # PORT_COMPILE_CACHE_SHARED: another run's graphs of the same key, checked before use (run/step/shared_cache.py)
+        key = cache_key(shared_cache.graph_doc(doc), model_config, shapes, trainer.world)
+        ident, shared = shared_cache.Identity.of(key, doc, model_config, shapes, trainer.world), shared_cache.folder(key)
+        _, note = shared_cache.adopt(shared, cache, trainer.rank, ident)
+        if note:
+            log.info(f"precompile: {note}")
     report = precompile(trainer, shapes, template, cache, log.info)
     log.info(report.describe())
-    if report.cache_dir is not None and shared_cache.publish(shared, cache, trainer.rank):
-        log.info(f"precompile: compile cache of rank {trainer.rank} published to {shared} (PORT_COMPILE_CACHE_SHARED)")
+    if report.cache_dir is not None and ident is not None:
+        _, note = shared_cache.publish(shared, cache, trainer.rank, ident)
+        if note:
+            log.info(f"precompile: {note}")
     if trainer.world > 1:   # step 1 starts when every rank has compiled: nobody waits in a gradient all-reduce
         late = trainer.faults.compile_delay_for(trainer.rank)   # test hook, off unless set (read once by the Trainer)
         workers = min(trainer.world, recipe.cluster.devices_per_node)
         waited = ready.meet_node(trainer.run_dir, trainer.rank, workers, _wait_limit_s(), log.info, late_s=late)
         trainer.barrier()   # across nodes (this node's ranks are all ready: run/step/ready.py)
         if trainer.rank == 0:
-            ready.clear(trainer.run_dir)
+            ready.clear(trainer.run_dir, workers)
         log.info(f"precompile: every rank is ready (waited {waited:.1f} s for this node's others)")
     return report
 

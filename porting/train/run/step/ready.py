@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import time
 from pathlib import Path
 from typing import Callable
@@ -73,15 +72,28 @@ def _count(here: Path) -> int:
     return sum(1 for p in here.iterdir() if p.name.startswith("rank_"))
 
 
-_OURS = re.compile(r"\.?rank_[0-9]+(\.tmp)?")   # what meet_node writes in a launch's folder
+def clear(run_dir: Path, workers: int) -> None:
+    """Rank 0, after every rank passed the collective barrier: removes what this launch wrote and nothing else,
+    the ready files ``rank_0 .. rank_<workers-1>`` of its own folder (:func:`launch_dir`: named by this launch's
+    msrun process, which no earlier launch shares), each a regular file holding a process id as
+    :func:`meet_node` writes it, then the folder if that left it empty. A ``.ready_*`` folder of another launch,
+    an empty one, a link, or a user's file named like a ready file stays: a folder port cannot prove it wrote is
+    not port's to delete (a dead launch's folder of a few bytes stays too)."""
+    here = launch_dir(run_dir)
+    if here.is_symlink() or not here.is_dir():
+        return
+    for r in range(workers):
+        f = here / f"rank_{r}"
+        try:
+            if f.is_symlink() or not f.is_file() or f.stat().st_size > 32 or not _PID.fullmatch(f.read_text()):
+                continue
+            f.unlink()
+        except (OSError, UnicodeDecodeError):
+            continue
+    try:
+        here.rmdir()   # only when empty: anything else in it stays, with its folder
+    except OSError:
+        pass
 
 
-def clear(run_dir: Path) -> None:
-    """Rank 0, after every rank passed the collective barrier: removes this launch's ready files, and those of
-    launches that died before removing theirs: ``.ready_*`` folders under logs/ holding only ready files (a
-    folder with anything else in it is not port's and stays)."""
-    logs = run_dir / "logs"
-    for p in logs.glob(PREFIX + "*"):
-        if p.is_dir() and not p.is_symlink() and all(_OURS.fullmatch(f.name) and f.is_file() and not f.is_symlink()
-                                                     for f in p.iterdir()):
-            shutil.rmtree(p, ignore_errors=True)
+_PID = re.compile(r"[0-9]{1,10}")   # what meet_node writes in a ready file

@@ -1,16 +1,17 @@
 """MindSpore's process-wide setup for a training run: the device, graph mode, the device memory pool, and
-under msrun the collectives and their fusion."""
+under msrun the collectives. Nothing of MindSpore's static-graph parallel context is set: data parallel's
+gradient buckets are port's own (porting/train/run/step/buckets.py; issue 48)."""
 
 from __future__ import annotations
 
 import os
 
 import mindspore as ms
-from mindspore.communication import init
+from mindspore.communication import get_rank, init
 from mindspore.device_context.cpu.op_tuning import threads_num
 
-from porting.train.plan.comm import fusion_context
-from porting.train.run.step import execution
+from porting.train.run import faults
+from porting.train.run.step import deterministic, execution, probes
 from porting.train.plan.memory import usable_hbm_gib
 from porting.train.recipe.schema import Recipe
 
@@ -25,9 +26,12 @@ def apply_memory_budget(recipe: Recipe) -> str | None:
 
 
 def configure_mindspore(recipe: Recipe, distributed: bool) -> None:
-    """The recipe's execution mode (graph or PyNative) on its device, the memory pool capped, and under msrun the collectives' init and
-    the gradient all-reduce fusion of the recipe."""
+    """The recipe's execution mode (graph or PyNative) on its device, the memory pool capped, and under msrun the
+    collectives' init (the step cells issue every collective themselves, in their own groups)."""
     target = {"cpu": "CPU", "ascend": "Ascend"}[recipe.cluster.device]
+    deterministic.apply(recipe)   # determinism: bitwise, before the device and the collectives initialise
+    hooks = faults.active()
+    probes.install(hooks, None)   # test probes (porting/train/run/step/probes.py): off unless a PORT_TEST_* hook is set
     execution.refuse_compile_cache(recipe)   # port keys MindSpore's compile cache itself (run/step/precompile.py)
     execution.set_mode(recipe)   # graph (default) or pynative: the same step cells either way
     # set_device may run once, before any kernel; a process that already runs on the target (a
@@ -40,6 +44,4 @@ def configure_mindspore(recipe: Recipe, distributed: bool) -> None:
         threads_num(max(1, (os.cpu_count() or 1) // recipe.cluster.devices_per_node))
     if distributed:
         init()
-        fusion = fusion_context(recipe.parallel.comm_fusion)   # {"openstate": False, "allreduce": ..} would re-enable it
-        ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL, gradients_mean=False,
-                                     device_num=recipe.world_size, comm_fusion=fusion)
+    probes.install(hooks, get_rank() if distributed else 0)
