@@ -162,9 +162,9 @@ def test_a_calibration_of_another_device_is_refused(tmp_path):
 
 def test_bad_collective_tables_are_one_line(tmp_path):
     rec, cfg, _ = _recipe(TINY, "data.max_seq_length=64")
-    for bad, says in (({"measured": {"Broadcast@2": {"points_bytes_ms": [[1, 1]]}}}, "'Broadcast@2'"),
-                      ({"measured": {"AllReduce@2": {"points_bytes_ms": [[1, -1]]}}}, "'AllReduce@2'"),
-                      ({"measured": [1]}, "collectives.measured: expected an object")):
+    for bad, says in (({"measured": {"Broadcast@2": {"points_bytes_ms": [[1, 1]]}}}, "collectives.Broadcast@2: expected a kind"),
+                      ({"measured": {"AllReduce@2": {"points_bytes_ms": [[1, -1]]}}}, "collectives.AllReduce@2.points_bytes_ms: found -1"),
+                      ({"measured": [1]}, "collectives.measured must map")):
         with pytest.raises(RecipeError, match=says):
             _cal(tmp_path, rec, cfg, bad)
 

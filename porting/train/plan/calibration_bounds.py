@@ -81,20 +81,20 @@ def number(v: Any, low: float, high: float, where: str, what: str, low_included:
     return float(v)
 
 
-def pieces(by_threads: Any, where: str) -> dict[str, dict[str, float]]:
+def pieces(by_threads: Any, where: str, label: str = "by_threads") -> dict[str, dict[str, float]]:
     """``by_threads`` checked: {thread count: {piece: seconds}} with only the pieces a prediction reads."""
     if not isinstance(by_threads, dict) or not by_threads or len(by_threads) > MAX_ENTRIES:
-        raise RecipeError(f"{where}: by_threads must map 1 to {MAX_ENTRIES} thread counts to their pieces; re-run "
+        raise RecipeError(f"{where}: {label} must map 1 to {MAX_ENTRIES} thread counts to their pieces; re-run "
                           "`port rehearse` to write it")
     out = {}
     for t, v in by_threads.items():
         if not _THREADS.fullmatch(t) or int(t) > MAX_THREADS:
-            raise RecipeError(f"{where}: by_threads key {t[:20]!r} is not a thread count (ASCII digits, 1 to "
+            raise RecipeError(f"{where}: {label} key {t[:20]!r} is not a thread count (ASCII digits, 1 to "
                               f"{MAX_THREADS}); re-run `port rehearse` to write it")
         if not isinstance(v, dict) or not all(k in v for k in PIECES):
-            raise RecipeError(f"{where}: by_threads.{t} lacks one of {', '.join(PIECES)} (numbers); re-run "
+            raise RecipeError(f"{where}: {label}.{t} lacks one of {', '.join(PIECES)} (numbers); re-run "
                               "`port rehearse`")
-        out[t] = {k: number(v[k], *BOUNDS[k][:2], f"{where}: by_threads.{t}.{k}", _unit(k), BOUNDS[k][2])
+        out[t] = {k: number(v[k], *BOUNDS[k][:2], f"{where}: {label}.{t}.{k}", _unit(k), BOUNDS[k][2])
                   for k in PIECES + tuple(m for m in MEASURED if m in v)}
     return out
 
@@ -160,7 +160,7 @@ def collectives(value: Any, where: str) -> dict[str, Any]:
 
 
 def _entry(g: dict, at: str, size: int) -> dict[str, Any]:
-    ranks = g.get("ranks")
+    ranks = g.get("ranks", size)
     if type(ranks) is not int or ranks != size:
         raise RecipeError(f"{at}.ranks: found {_shown(ranks)}, expected {size} (the group size it is keyed by); "
                           "re-run `port rehearse`")
@@ -190,7 +190,7 @@ def by_tp(value: Any, where: str) -> dict[str, dict[str, dict[str, float]]]:
         if not _THREADS.fullmatch(str(tp)):
             raise RecipeError(f"{where}: by_tp key {str(tp)[:20]!r} is not a TP size (ASCII digits); re-run "
                               "`port rehearse`")
-    return {str(tp): pieces(v, f"{where}: by_tp.{tp}") for tp, v in value.items()}
+    return {str(tp): pieces(v, where, f"by_tp.{tp}") for tp, v in value.items()}
 
 
 def name(value: Any, where: str, key: str) -> str | None:
