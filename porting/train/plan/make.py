@@ -20,6 +20,7 @@ from porting.train.data.padding import PaddingChoices
 from porting.train.plan import calibrated, comm, execution, roofline, sharding
 from porting.train.plan import lora as lora_plan
 from porting.train.plan.allowances import Allowances, allowances, plan_shapes
+from porting.train.plan.checkpoint_io import DiskPlan, SaveOverhead, disk_plan, save_overhead
 from porting.train.plan.estimates import StepEstimate
 from porting.train.plan.host_memory import HostMemory, check_host_memory, host_memory
 from porting.train.plan.launch import msrun_commands
@@ -143,6 +144,8 @@ class TrainPlan:
     execution: str = ""                     # graph or pynative, and why (plan/execution.py)
     host_memory: HostMemory                 # peak host RAM per worker and node (host_memory.py)
     allowances: Allowances                  # the supervisor's, per phase (allowances.py)
+    disk: DiskPlan | None = spec(None, empty_none=True)                  # the run directory's need (checkpoint_io.py)
+    save_overhead: SaveOverhead | None = spec(None, empty_none=True)     # the saves' share of wall time
     training: str = ""                      # full fine-tuning or LoRA, and what trains (plan/lora.py describe)
 
     def to_dict(self) -> dict[str, Any]:
@@ -203,6 +206,7 @@ def make_plan(recipe: Recipe, cfg: LlamaConfig, run_dir: str, resume: bool = Fal
         warnings=tuple(plan_warnings(recipe, cfg, choice)), execution=execution.describe(recipe),
         host_memory=host_memory(recipe, cfg, mem.total),
         allowances=allowances(recipe, cfg, layout, plan_shapes(recipe), step_s=est.step_s if est else None),
+        disk=disk_plan(recipe, cfg, layout), save_overhead=save_overhead(recipe, layout, est.step_s if est else None),
         training=lora_plan.describe(recipe, layout))
 
 
