@@ -99,6 +99,9 @@ FAILS = {  # need a model, a GPU or cluster files this machine has not: (exit co
         (2, "data.path: file not found: data/train.jsonl"),   # a real launch reads the data first
     "port zoo add r1-8b --hf deepseek-ai/DeepSeek-R1-Distill-Llama-8B   # found in the local HF cache":
         (2, "not in the local HF cache"),
+    # a 13B node's disk: 3 checkpoints kept while a save completes + the HF export (issue 47: the doctor checks it)
+    "port doctor --cluster recipes/13b-32card.yaml --node-rank 1 --fingerprint-dir /shared/port_fp --no-smoke":
+        (1, "disk space: 533.5 GiB needed at the peak"),
     "port diagnose ./pasted_logs --rank-table rank_table.json   # socket peers mapped to ranks":
         (2, "pasted_logs: no such directory"),
     # a CUDA job's own files (tests/intake/ runs these commands on the real public fixtures)
