@@ -109,9 +109,9 @@ def merge(checkpoint: str, out: str | None, ms_out: str | None, optimizer: bool,
     check_apart(hf, ms)   # before anything is written (issue 51: one folder for both was written, then refused)
     _outputs(ck, force, hf, ms)
     src, note = _model_dir(ck, model)
-    from porting.train.run.checkpoint import lora_export
+    from porting.train.run.checkpoint.record import trained_lora
 
-    if lora_export.lora_recipe(ck) is not None:   # adapters only: merged over the base, or the adapter alone
+    if trained_lora(ck):   # adapters only: merged over the base, or the adapter alone
         click.echo(_merge_lora(ck, src, hf, ms, adapter_only, force))
         return
     if adapter_only:
