@@ -216,6 +216,7 @@ def test_lora_on_the_fused_plan_trains_in_graph_mode_like_the_reference():
         assert moved.any() and np.mean(np.sign(delta_f[k][moved]) == np.sign(delta_r[k][moved])) > 0.97, k
 
 
+@pytest.mark.slow   # kept out of the fast tier (`pytest` alone, 5 minutes on 2 cores); CI runs it
 def test_length_dependent_rope_past_its_context_compiles_to_the_pynative_tables():
     """Dynamic NTK RoPE at 24 positions, past max_position_embeddings 16: the graph takes the tables of its
     static length (NumPy folded at compile time) and gives PyNative's logits; the fused plan trains like
