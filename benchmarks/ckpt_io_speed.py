@@ -103,7 +103,14 @@ def commands(code: Path, ck: Path, recipe: Path, work: Path, to: list[str], repe
                                          "--out", str(outs[0])), repeat, clean),
             "merge": best(lambda: port(code, "ckpt", "merge", str(ck), "--out", str(outs[1])), repeat, clean),
             "merge --ms": best(lambda: port(code, "ckpt", "merge", str(ck), "--ms", str(outs[2])), repeat, clean)
-            if (code / "porting" / "train" / "run" / "ckpt_record.py").exists() else float("nan")}
+            if _has_ms_merge(code) else float("nan")}
+
+
+def _has_ms_merge(code: Path) -> bool:
+    """Whether ``code``'s `port ckpt merge` has ``--ms`` (the checkpoint modules moved: run/ckpt_record.py, then
+    run/checkpoint/record.py); a checkout without it gets NaN in that column."""
+    cli = code / "porting" / "cli" / "ckpt.py"
+    return cli.is_file() and '"--ms"' in cli.read_text(encoding="utf-8")
 
 
 def main() -> None:

@@ -11,7 +11,8 @@ stories260K's real tokenizer (vocabulary 512; 576 for qwen2, whose tokenizer cla
 process of its own, and records its status, date, versions and numbers:
 
 convert + round trip, forward parity, gradient parity, generation (KV cache), a few training steps
-against the PyTorch baseline on the same batches, bitwise resume, reshard resume (tensor parallel 2 ->
+against the PyTorch baseline on the same batches, a LoRA run against HF peft (the same batches, the same initial
+adapter; the trained adapters compared), bitwise resume, reshard resume (tensor parallel 2 ->
 data parallel 2 under msrun), tensor parallel 2 against 1 device (msrun), and the 910C plan of each
 preset on a shipped recipe. Real preset shapes: every preset is planned; presets that fit this machine
 (at most 2 B parameters) also convert and round-trip at their real shape (random bytes, bf16).
@@ -194,6 +195,33 @@ def _baseline(outs, work):
                              f"{rep['probe'].get('max_abs_diff', float('nan')):.2e}")
 
 
+# The trained adapters' bound: a tenth of the recipe's lr (1e-3). AdamW moves an element by up to lr whatever its
+# gradient's size, so an element whose gradient is within rounding of zero (lora_A at the step after lora_B leaves
+# zero) is moved by rounding divided by eps (1e-8): measured 5.6e-05 on the Mistral shape, 1.8e-06 with eps 1e-6
+# (2026-12-07). tests/train/test_lora_train.py holds 1e-5 at its shapes (measured 2.5e-07 and 1.5e-06).
+LORA_ADAPTER_BOUND = 1e-4
+
+
+def _lora(outs, work):
+    """The LoRA run against HF peft: `port compare`'s loss rows, and the trained adapters file against file."""
+    from safetensors.numpy import load_file
+
+    ok, numbers = _baseline(outs, work)
+    if not _all_ok(outs):
+        return ok, numbers
+    ours = load_file(str(work / "run" / "adapter" / "adapter_model.safetensors"))
+    theirs = load_file(str(work / "peft_adapter" / "adapter_model.safetensors"))
+    diff = max(float(abs(ours[k] - theirs[k]).max()) for k in ours) if ours.keys() == theirs.keys() else float("inf")
+    return ok and diff < LORA_ADAPTER_BOUND, (f"{numbers.split(', probe')[0]}; trained adapters ({len(ours)} tensors, "
+                                              f"PEFT's key names) max abs diff {diff:.1e} (bound {LORA_ADAPTER_BOUND:g})")
+
+
+def _lora_args(family: Family) -> list[str]:
+    # Phi-3's fused qkv_proj / gate_up_proj are refused as LoRA targets (converters/lora_names.py): its other layers
+    targets = "[o_proj,down_proj]" if family.name == "phi3" else "all-linear"
+    return ["--set", "lora.r=8", "--set", "lora.alpha=16", "--set", f"lora.target_modules={targets}"]
+
+
 def _same_weights(a: Path, b: Path) -> tuple[bool, float]:
     from safetensors.numpy import load_file
 
@@ -269,6 +297,11 @@ ROWS: tuple[Row, ...] = (
         ["baseline", "run", "--recipe", TINY, *_baseline_args(m), "--out", str(w / "base.json"), "--threads", "2"],
         ["train", TINY, *_baseline_args(m), "--run-dir", str(w / "run")],
         ["compare", str(w / "base.json"), str(w / "run"), "--json"]], _baseline),
+    Row("LoRA vs the PEFT baseline", True, lambda f, m, w: [
+        ["baseline", "run", "--recipe", TINY, *_baseline_args(m), *_lora_args(f), "--out", str(w / "base.json"),
+         "--threads", "2", "--adapter-out", str(w / "peft_adapter")],
+        ["train", TINY, *_baseline_args(m), *_lora_args(f), "--run-dir", str(w / "run")],
+        ["compare", str(w / "base.json"), str(w / "run"), "--json"]], _lora),
     Row("bitwise resume", True, lambda f, m, w: [
         ["train", TINY, *_train_args(m, "schedule.max_steps=3"), "--run-dir", str(w / "straight")],
         ["train", TINY, *_train_args(m, "schedule.max_steps=2", "checkpointing.every_steps=2"),

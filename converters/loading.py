@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from converters import dtypes, fused, names
+from converters.lora_names import ModuleTable
 from converters.sources import TensorReader, open_hf, open_ms
 from model_zoo.errors import CheckpointError
 
@@ -83,6 +84,18 @@ def read_hf_state(hf_dir: str | Path) -> dict[str, np.ndarray]:
     src = open_hf(Path(hf_dir))
     with TensorReader(src) as reader:
         return {n: _read(reader, n) for n in src.tensor_names()}
+
+
+def trained_base_values(hf_dir: str | Path, cfg, found, tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """PEFT key -> the base model's value of every parameter a LoRA adapter trains whole (modules_to_save, biases;
+    ``found``: converters/lora_names.py ``Targets``) that ``tensors`` does not hold, each read whole."""
+    hf_of = {z: h for h, z in ModuleTable.of(cfg).params.items()}
+    keys = found.keys()
+    missing = [k for k in found.trainable if k not in tensors]
+    if not missing:
+        return {}
+    with TensorReader(open_hf(Path(hf_dir))) as reader:
+        return {k: _read(reader, hf_of[keys[k]]) for k in missing}
 
 
 def load_hf_dir(model, hf_dir: str | Path, shard=None, log=None) -> int:

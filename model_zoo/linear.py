@@ -23,6 +23,12 @@ class Linear(nn.Cell):
         self.out_features = out_features
         self.compute_dtype = compute_dtype
         self.matmul = ops.MatMul(transpose_b=True)
+        # LoRA (model_zoo/lora.py attach): off unless attached; graph mode resolves the flag when it compiles
+        self.lora_on = False
+        self.lora_a_sum = None     # column parallel: CopyToTP on lora_A (its gradient added over the TP group)
+        self.lora_h_sum = None     # row parallel: ReduceFromTP on x A^T (each rank's columns' partial sum)
+        self.lora_dropout = None   # nn.Dropout on the adapter's input when lora dropout > 0 (PEFT: nn.Identity at 0)
+        self.lora_scaling = 1.0
 
     def _local(self, x: Tensor) -> Tensor:
         """x @ W^T in the compute dtype, without the bias (a row-parallel layer adds it after its AllReduce)."""
@@ -31,10 +37,27 @@ class Linear(nn.Cell):
         y = self.matmul(x2, ops.cast(self.weight, self.compute_dtype))
         return ops.reshape(y, shape[:-1] + (self.out_features,))
 
+    def _lora(self, x: Tensor) -> Tensor:
+        """PEFT's ``lora_B(lora_A(dropout(x))) * scaling`` in the compute dtype (model_zoo/lora.py)."""
+        shape = x.shape
+        x2 = ops.reshape(ops.cast(x, self.compute_dtype), (-1, shape[-1]))
+        if self.lora_dropout is not None:
+            x2 = self.lora_dropout(x2)
+        a = ops.cast(self.lora_A.weight, self.compute_dtype)
+        if self.lora_a_sum is not None:
+            a = self.lora_a_sum(a)
+        h = self.matmul(x2, a)
+        if self.lora_h_sum is not None:
+            h = self.lora_h_sum(h)
+        y = self.matmul(h, ops.cast(self.lora_B.weight, self.compute_dtype)) * self.lora_scaling
+        return ops.reshape(y, shape[:-1] + (self.out_features,))
+
     def construct(self, x: Tensor) -> Tensor:
         y = self._local(x)
         if self.has_bias:
             y = y + ops.cast(self.bias, self.compute_dtype)
+        if self.lora_on:   # after the bias, as PEFT adds it to base_layer(x)
+            y = y + self._lora(x)
         return y
 
 

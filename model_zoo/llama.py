@@ -246,10 +246,13 @@ class FeedForward(nn.Cell):
         if self.fused:
             shape = x.shape
             x2 = ops.reshape(ops.cast(x, self.compute_dtype), (-1, self.hidden))
-            w = ops.cat((ops.cast(self.w1.weight, self.compute_dtype), ops.cast(self.w3.weight, self.compute_dtype)), 0)
-            gate_up = self.matmul(x2, w)
-            if self.bias:
-                gate_up = gate_up + ops.cast(ops.cat((self.w1.bias, self.w3.bias), 0), self.compute_dtype)
+            if self.w1.lora_on or self.w3.lora_on:   # LoRA layers (model_zoo/lora.py): each its own forward
+                gate_up = ops.cat((self.w1(x2), self.w3(x2)), -1)
+            else:
+                w = ops.cat((ops.cast(self.w1.weight, self.compute_dtype), ops.cast(self.w3.weight, self.compute_dtype)), 0)
+                gate_up = self.matmul(x2, w)
+                if self.bias:
+                    gate_up = gate_up + ops.cast(ops.cat((self.w1.bias, self.w3.bias), 0), self.compute_dtype)
             y = self.swiglu_op(gate_up, -1)
             return self.w2(ops.reshape(y, shape[:-1] + (self.inter,)))
         return self.w2(ops.silu(self.w1(x)) * self.w3(x))

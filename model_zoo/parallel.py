@@ -161,6 +161,8 @@ class RowParallelLinear(Linear):
         y = self.reduce(self._local(x))
         if self.has_bias:
             y = y + ops.cast(self.bias, self.compute_dtype)
+        if self.lora_on:   # x A_local^T summed over the group inside (model_zoo/lora.py), then the whole B
+            y = y + self._lora(x)
         return y
 
 

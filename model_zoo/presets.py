@@ -295,6 +295,28 @@ def by_hf_repo(repo: str) -> str | None:
     return next((p["name"] for p in PRESETS if p.get("hf_repo") and p["hf_repo"].lower() == want), None)
 
 
+# Name parts that mark a variant of a released base rather than another architecture (HF Hub naming: Llama-2's
+# "-chat-hf", Llama-3's and Qwen's "-Instruct", Qwen3's "-Base", Gemma-style "-it", fine-tunes' "-SFT"/"-DPO").
+VARIANT_PARTS = {"instruct", "chat", "hf", "base", "it", "sft", "dpo", "rlhf"}
+
+
+def _stem(repo: str) -> tuple[str, ...]:
+    """A repo id's model name without its organisation, "Meta-" and the variant parts, lowercased."""
+    parts = [x for x in str(repo).strip().lower().rpartition("/")[2].replace("_", "-").split("-") if x]
+    if parts and parts[0] == "meta":
+        parts = parts[1:]
+    return tuple(x for i, x in enumerate(parts) if i == 0 or x not in VARIANT_PARTS)
+
+
+def variant_of(repo: str) -> str | None:
+    """The built-in name whose HF repo ``repo`` is a variant of (an instruct or chat model, a base and its
+    fine-tunes, under any organisation: ``meta-llama/Meta-Llama-3-8B-Instruct`` -> llama3-8b), or None. Only one
+    match counts; the variant's own config.json may differ from the base's (its vocabulary, RoPE, window)."""
+    want = _stem(repo)
+    hits = {p["name"] for p in PRESETS if p.get("hf_repo") and len(want) > 1 and _stem(p["hf_repo"]) == want}
+    return hits.pop() if len(hits) == 1 else None
+
+
 def get(name: str) -> dict:
     """The entry for ``name`` (built-in or user); unknown names get the nearest names suggested."""
     if name in _BY_NAME:

@@ -50,6 +50,7 @@ from porting.verify.stats import LAYOUT_TOLERANCES
 from porting.train.recipe.yaml_bounded import parse_value
 from porting.train.recipe.schema import Recipe
 from porting.rundir.paths import RunDir
+from porting.rehearse_compute import group_sizes, tp_sizes
 from porting.rehearse_model import SEQ, scaled_config, write_scaled_model  # noqa: F401 (porting.rehearse.*)
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -266,14 +267,27 @@ def ladder(rec: Recipe, only: tuple[str, ...] = RUNGS) -> tuple[list[Rung], dict
         elif r.name == "compute" and (rec.cluster.device == "ascend") != _on_npu():
             r.status, r.detail = "skip", (f"the recipe runs on {rec.cluster.device} and this machine is "
                                           f"{'an NPU' if _on_npu() else 'a CPU'}: its step pieces are measured on "
-                                          "the recipe's own device (rehearse there)")
+                                          f"the recipe's own device (rehearse there: {_compute_layout(rec)})")
         elif r.name == "compute":
-            r.layout = (f"one device, the recipe's own shapes (one TP-{rec.parallel.tensor_parallel} rank's slice), "
-                        "port's step cells at 1 and 4 layers")
+            r.layout = _compute_layout(rec)
         elif r.name in plan:
             t, d, n = plan[r.name]
             r.layout = f"TP {t} x DP {d} on {n} node(s)"
     return rungs, plan
+
+
+def _compute_layout(rec: Recipe) -> str:
+    """What the compute rung times: the TP slices, and the collectives' group sizes (those one node does not hold
+    are extrapolated by the plan: porting/train/plan/comm_price.py)."""
+    cfg = _full_config(rec)
+    out = (f"one device, the recipe's own shapes (one TP rank's slice at TP {', '.join(map(str, tp_sizes(rec, cfg)))}),"
+           " port's step cells at 1 and 4 layers")
+    if rec.cluster.devices_per_node > 1:
+        held, far = group_sizes(rec, cfg)
+        out += (f"; every collective kind on groups of {', '.join(map(str, held))} (the node's "
+                f"{rec.cluster.devices_per_node} workers)" + (f", groups of {', '.join(map(str, far))} extrapolated "
+                                                               "from them by the ring" if far else ""))
+    return out
 
 
 def rehearse(recipe_path: str, out: Path, overrides: list[str] | None = None, *, rung_timeout: float = 600.0,

@@ -20,5 +20,6 @@ command -v chromium >/dev/null 2>&1 || { [ "$(id -u)" = 0 ] && { apt-get update 
 # files first (one that keeps a core busy beside one that mostly waits), then the other files that start msrun
 # jobs, and builds the read-only session runs once for all workers (built_once)
 # (--no-loadscope-reorder: xdist keeps that order instead of sorting groups by their number of tests).
+# --durations=30: the 30 slowest calls and set-ups, so every CI log says where the suite's time went
 python -m pytest -q -rs -p no:cacheprovider -n "${PORT_TEST_WORKERS:-4}" --dist loadgroup --no-loadscope-reorder \
-  -m "slow or not slow" "$@"   # -rs: skip reasons
+  --durations=30 -m "slow or not slow" "$@"   # -rs: skip reasons

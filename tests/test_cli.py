@@ -99,6 +99,9 @@ FAILS = {  # need a model, a GPU or cluster files this machine has not: (exit co
         (2, "data.path: file not found: data/train.jsonl"),   # a real launch reads the data first
     "port zoo add r1-8b --hf deepseek-ai/DeepSeek-R1-Distill-Llama-8B   # found in the local HF cache":
         (2, "not in the local HF cache"),
+    # a 13B node's disk: 3 checkpoints kept while a save completes + the HF export (issue 47: the doctor checks it)
+    "port doctor --cluster recipes/13b-32card.yaml --node-rank 1 --fingerprint-dir /shared/port_fp --no-smoke":
+        (1, "disk space: 533.5 GiB needed at the peak"),
     "port diagnose ./pasted_logs --rank-table rank_table.json   # socket peers mapped to ranks":
         (2, "pasted_logs: no such directory"),
     # a CUDA job's own files (tests/intake/ runs these commands on the real public fixtures)
@@ -115,6 +118,9 @@ FAILS = {  # need a model, a GPU or cluster files this machine has not: (exit co
         (2, "config not found"),
     "port recipe import ./job/args.json --source-gpus 8 --out r.yaml --json": (2, "config not found"),
     "port intake ./cuda_job --out ./migration --model llama2-7b": (2, "cuda_job: not a directory"),
+    # a LoRA run's checkpoint over an 8B base (tests/train/test_lora_train.py merges and exports real ones)
+    "port ckpt merge runs/lora/checkpoints/step_20 --out lora-adapter --adapter-only --model ./llama3-8b":
+        (2, "step_20: does not exist"),
     "port intake ./cuda_job --out ./migration --cluster atlas-800t-a3 --nodes 2 --source-gpus 8 --json":
         (2, "cuda_job: not a directory"),
     # the set-up table is one server of 8 devices: checked against a bigger cluster, it is refused

@@ -230,11 +230,44 @@ def test_compute_collectives_are_measured_when_rank_0_wrote_them_whatever_msrun_
         monkeypatch.setattr(MsrunJob, "run", run)
 
     launch(0, json.dumps(points))
-    assert collectives(rec, tmp_path, 60) == ("pass", "", points)
+    assert collectives(rec, tmp_path, 60) == ("pass", "", {**points, "extrapolated": []})
     launch(1, json.dumps(points))
-    assert collectives(rec, tmp_path, 60) == ("pass", "msrun exit 1 after rank 0 wrote every measurement", points)
+    assert collectives(rec, tmp_path, 60) == ("pass", "msrun exit 1 after rank 0 wrote every measurement",
+                                              {**points, "extrapolated": []})
     res.write_text(json.dumps(points), encoding="utf-8")   # an earlier rehearsal's
     launch(1, None)
     assert collectives(rec, tmp_path, 60) == ("fail", "collectives under msrun: exit 1", {})
     launch(None, '{"AllReduce": ')
     assert collectives(rec, tmp_path, 60) == ("fail", "collectives under msrun: timed out", {})
+
+
+@pytest.mark.slow
+@pytest.mark.msrun
+def test_the_compute_rungs_collectives_time_every_kind_on_every_group_size_the_node_holds(tmp_path):
+    """4 real msrun workers (a tiny recipe's node of 4): groups of 2 and 4, each kind as port runs it on the CPU
+    (ReduceScatter as AllReduce + slice, a sub-group's AllGather as an AllReduce of zero-padded shards, the world's
+    AllGather native), quick sizes; then a ZeRO plan of that node prices its gradient reduce-scatter from them and
+    names the emulation (one launch: the rung's own collectives job, porting/rehearse_compute.py)."""
+    from porting.rehearse_compute import collectives, group_sizes
+    from porting.train import load_recipe, plan_config
+    from porting.train.plan import comm_price, sharding
+    from tests.train.conftest import free_port
+
+    rec = load_recipe(TINY, ["cluster.devices_per_node=4", "parallel.optimizer_sharding=true",
+                             "data.max_seq_length=64", f"cluster.master_port={free_port()}"], check_files=False)
+    cfg, _ = plan_config(rec)
+    assert group_sizes(rec, cfg) == ([2, 4], [])
+    (tmp_path / "compute").mkdir()
+    status, note, doc = collectives(rec, tmp_path, 600, cfg, elements=(256, 1 << 14), repeats=2)
+    assert status == "pass", note
+    m = doc["measured"]
+    assert sorted(m) == sorted(f"{k}@{n}" for k in ("AllReduce", "ReduceScatter", "AllGather") for n in (2, 4))
+    assert {k: v["runs"] for k, v in m.items() if v["emulated"]} == {
+        "ReduceScatter@2": "AllReduce + slice", "ReduceScatter@4": "AllReduce + slice",
+        "AllGather@2": "AllReduce of zero-padded"}
+    assert m["AllGather@4"]["runs"] == "AllGather"   # the world group's own
+    assert all(len(v["points_bytes_ms"]) == 2 and all(t > 0 for _, t in v["points_bytes_ms"]) for v in m.values())
+    assert [b for b, _ in m["AllGather@2"]["points_bytes_ms"]] == [1024, 65536]   # payload: the gathered buffer
+    grads = next(c for c in sharding.collectives(rec, cfg) if "flat buckets" in c.purpose)
+    f = comm_price.price(grads, {"collectives": doc}, {}, native_rs=False, nodes=1, peak=None)
+    assert f.basis == "measured" and "ReduceScatter as port runs it there: AllReduce + slice, emulated" in f.figure

@@ -261,7 +261,14 @@ def run_settings(run: RunRecords) -> Settings:
     else:
         raise ConfigError(f"{run.path / 'manifest.json'}: no model.config and no hf/config.json; cannot tell "
                           "which model the run trained")
-    return settings_mod.from_recipe(rec, data.get("sha256"), model, len(run.steps))
+    init = None
+    if rec.lora is not None:   # the run's initial adapter (porting/train/run/lora.py), held equal to the baseline's
+        from porting.train.recipe.adapter import INIT_DIR
+        from model_zoo.files import sha256_file
+
+        path = run.path / INIT_DIR / "adapter_model.safetensors"
+        init = sha256_file(path) if path.is_file() else None
+    return settings_mod.from_recipe(rec, data.get("sha256"), model, len(run.steps), init)
 
 
 def run_compare(baseline_path: str, run_dir: str, *, allow_settings_mismatch: bool = False,

@@ -37,7 +37,8 @@ MAX_BYTES = 512 << 20
 # Settings compared first by `port compare`, in this order: a comparison across any of them is not
 # like for like. Fields of Settings.
 KEY_SETTINGS = ("global_batch", "seq_length", "micro_batch_size", "grad_accum_steps", "world_size", "dtype",
-                "data_sha256", "data_order", "seed")
+                "data_sha256", "data_order", "seed", "adapter")
+OPTIONAL_KEY_SETTINGS = ("adapter",)   # absent from a document written before LoRA: a full fine-tune
 OTHER_SETTINGS = ("steps", "model_type", "num_parameters", "model_config_sha256", "lr", "betas", "eps",
                   "weight_decay", "grad_clip", "schedule", "recompute")
 # top-level key -> JSON type expected (both kinds)
@@ -75,6 +76,9 @@ class Settings:
     grad_clip: float | None = None           # null: no clipping
     schedule: dict | None = None
     recompute: bool | None = None
+    # LoRA (porting/train/recipe/adapter.py): r, alpha, dropout, use_rslora, targets, modules_to_save, bias and
+    # the sha256 of the initial adapter's weights; null: a full fine-tune
+    adapter: dict | None = spec(omit_none=True)
     extra: dict = field(default_factory=dict)
 
 
@@ -303,7 +307,8 @@ def _missing(doc: dict[str, Any]) -> list[str]:
     if "imported" in doc:
         out = [f"missing imported.{k}" for k in ("from", "format", "contains", "lacks") if k not in doc["imported"]]
         return out + (["missing settings.steps"] if "steps" not in doc["settings"] else [])
-    return ([f"missing settings.{k}" for k in KEY_SETTINGS + ("steps",) if k not in doc["settings"]]
+    return ([f"missing settings.{k}" for k in KEY_SETTINGS + ("steps",)
+             if k not in doc["settings"] and k not in OPTIONAL_KEY_SETTINGS]
             + [f"missing probe.{k}" for k in ("input_ids", "logits_initial", "logits_final") if k not in doc["probe"]])
 
 

@@ -46,11 +46,22 @@ def _logits_from_ckpt(ckpt_dir: Path, cfg_source, ids: np.ndarray) -> np.ndarray
     return model(ms.Tensor(ids.astype(np.int32))).asnumpy().astype(np.float32)
 
 
+def _is_lora(ckpt: Path) -> bool:
+    from porting.train.run.checkpoint.lora_export import lora_recipe
+
+    return lora_recipe(ckpt) is not None
+
+
 def run_probe_logits(run: RunRecords, ids: np.ndarray, after_step: int) -> tuple[np.ndarray | None, str]:
     """(logits, where they came from) or (None, why there are none)."""
     ckpt = run.path / "checkpoints" / f"step_{after_step}"
     hf = run.path / "hf"
     cfg = run.manifest.model.config if run.manifest else None
+    if ckpt.is_dir() and _is_lora(ckpt):   # adapters only: the merged export holds the base with them
+        if run.last_step == after_step and (hf / "config.json").is_file():
+            return logits_from_hf(hf, ids), f"{hf} (the base with the adapter merged)"
+        return None, (f"{ckpt} holds a LoRA adapter only and the run's merged export {hf} is not after step "
+                      f"{after_step}; compare the whole run, or merge that step (port ckpt merge {ckpt} --model BASE)")
     if ckpt.is_dir() and (isinstance(cfg, dict) or (hf / "config.json").is_file()):
         return _logits_from_ckpt(ckpt, cfg if isinstance(cfg, dict) else hf, ids), f"{ckpt}"
     if hf.is_dir() and (hf / "config.json").is_file():

@@ -53,6 +53,7 @@ class BaselineRequest:
     threads: int | None = None
     command: tuple[str, ...] = ()
     breakdown_every: int = 0           # torch.profiler on every N-th step (porting/baseline/profile.py)
+    adapter_out: str | None = None     # LoRA: the trained PEFT adapter written here (porting/baseline/lora.py)
 
 
 @dataclass(frozen=True)
@@ -160,6 +161,7 @@ class BaselineRun:
     probe: np.ndarray
     result: LoopResult
     started: str
+    adapter_sha256: str | None = None   # LoRA: the initial adapter's weights (porting/baseline/lora.py)
 
 
 def _steps(res: LoopResult) -> Steps:
@@ -192,7 +194,8 @@ def baseline_document(run: BaselineRun) -> MeasuredBaseline:
     return MeasuredBaseline(
         created=run.started, command=tuple(req.command), device=device_info(req.device, req.threads), versions=ver,
         model={"hf_dir": str(hf_dir), **model, "weights": weights_fingerprint(hf_dir)},
-        settings=settings_mod.from_recipe(recipe, plan.data.report.sha256, model, n), recipe=recipe_dict(recipe),
+        settings=settings_mod.from_recipe(recipe, plan.data.report.sha256, model, n, run.adapter_sha256),
+        recipe=recipe_dict(recipe),
         data={**plan.data.report.as_dict(), "batching": plan.describe()}, steps=_steps(res), timing=res.timing(),
         memory=Memory(kind=meter_kind, per_phase=run.meter.per_phase, unit="GiB", weights_gib=res.weights_gib,
                       peak_gib=peaks, estimator_check=est_check, note=note),
@@ -269,6 +272,11 @@ def run(req: BaselineRequest, log: Callable[[str], None] = lambda s: None) -> Ba
 
     torch.manual_seed(recipe.seed)
     model = torch_loop.load_model(str(hf_dir), loop)
+    sha = None
+    if recipe.lora is not None:   # PEFT over the HF model, from the run's initial adapter
+        from porting.baseline.lora import peft_model
+
+        model, sha = peft_model(model, recipe, hf_dir)
     first = plan.step(0, 0)
     probe = probe_ids(first, plan.data)[:, :req.probe_tokens]
     meter = meter_for(req.device)
@@ -285,7 +293,11 @@ def run(req: BaselineRequest, log: Callable[[str], None] = lambda s: None) -> Ba
     finally:
         if prints is not None:
             prints.close()
-    doc = baseline_document(BaselineRun(req, recipe, hf_dir, plan, loop, meter, probe, res, started))
+    doc = baseline_document(BaselineRun(req, recipe, hf_dir, plan, loop, meter, probe, res, started, sha))
+    if req.adapter_out and recipe.lora is not None:
+        from porting.baseline.lora import save_adapter
+
+        log(f"trained adapter: {save_adapter(model, Path(req.adapter_out))}")
     document.save(out, doc)   # checks that the reader reads what was built (a failure is a bug, not bad input)
     return BaselineResult(out, doc)
 

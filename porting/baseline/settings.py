@@ -44,7 +44,17 @@ def model_info(source: str | Path | dict[str, Any]) -> dict[str, Any]:
             "model_config_sha256": hashlib.sha256(json.dumps(arch, sort_keys=True).encode()).hexdigest()}
 
 
-def from_recipe(recipe: Recipe, data_sha256: str | None, model: dict[str, Any], steps: int) -> Settings:
+def adapter_settings(recipe: Recipe, init_sha256: str | None) -> dict[str, Any] | None:
+    """A LoRA run's adapter as both sides record it (None: a full fine-tune): the recipe's section less where
+    the initial adapter came from, and the sha256 of the initial adapter's weights file."""
+    if recipe.lora is None:
+        return None
+    lo = recipe.lora.model_dump(mode="json", exclude={"init_from", "use_dora", "loraplus_lr_ratio"})
+    return {**lo, "init_sha256": init_sha256}
+
+
+def from_recipe(recipe: Recipe, data_sha256: str | None, model: dict[str, Any], steps: int,
+                adapter_init_sha256: str | None = None) -> Settings:
     """The comparable settings of one side (see document.KEY_SETTINGS / OTHER_SETTINGS)."""
     b, o, d = recipe.batching, recipe.optimizer, recipe.data
     return Settings(
@@ -64,4 +74,5 @@ def from_recipe(recipe: Recipe, data_sha256: str | None, model: dict[str, Any], 
         lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay, grad_clip=o.grad_clip,
         schedule=recipe.schedule.model_dump(mode="json"),
         recompute=recipe.memory.recompute,
+        adapter=adapter_settings(recipe, adapter_init_sha256),
     )

@@ -72,6 +72,9 @@ def _param_owners(model_type: str) -> tuple[re.Pattern, dict[str, str], dict[str
 def param_block(ms_name: str, model_type: str) -> tuple[int | None, str]:
     """(layer, block) that owns a zoo parameter."""
     pattern, in_layer, top = _param_owners(model_type)
+    for leaf in (".lora_A.weight", ".lora_B.weight"):   # a LoRA adapter belongs to the layer it adapts
+        if ms_name.endswith(leaf):
+            ms_name = ms_name[:-len(leaf)] + ".weight"
     m = pattern.match(ms_name)
     if m and m.group(2) in in_layer:
         return int(m.group(1)), in_layer[m.group(2)]

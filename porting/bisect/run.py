@@ -55,7 +55,7 @@ class RefStore:
 
 
 def run_reference(model, micro: list, total: int, store: RefStore, table: dict,
-                  update: Callable | None = None) -> float:
+                  update: Callable | None = None, name_of: Callable[[str], str] | None = None) -> float:
     """HF + torch forward and backward of every micro-batch (loss: summed token cross-entropy over
     ``total`` target tokens, as `port train` and `port baseline` take it), every block of the first
     micro-batch tapped into ``store``, parameter gradients (and ``update(model)``'s per-parameter AdamW
@@ -77,7 +77,7 @@ def run_reference(model, micro: list, total: int, store: RefStore, table: dict,
     store.record("forward", None, "loss", np.float32(loss))
     for n, p in model.named_parameters():
         if p.grad is not None:
-            store.put(f"param.{names.map_name(n, table)}", p.grad.detach().float().numpy())
+            store.put(f"param.{name_of(n) if name_of else names.map_name(n, table)}", p.grad.detach().float().numpy())
     for name, arr in (update(model) if update is not None else {}).items():
         store.put(f"update.{name}", arr)
     return loss
@@ -122,17 +122,19 @@ class Comparator:
             self.dumped[f"hf/{phase}/{tensor}"] = np.array(ref, np.float32)
         return Row(pos, phase, layer, block, tensor, kernel, compare(a, ref), measure, tol)
 
-    def unobserved(self, n_layers: int) -> None:
-        """Rows for blocks the MindSpore side never produced (a fused kernel computes them inside)."""
+    def unobserved(self, n_layers: int, frozen: str | None = None) -> None:
+        """Rows for blocks the MindSpore side never produced (a fused kernel computes them inside; with
+        ``frozen``, a backward row neither side computes: that reason)."""
         for layer, block, k in self.order.slots:
             for phase in ("forward", "backward"):
                 if (phase, layer, block) in self.rows or (phase, block) == ("backward", "loss"):
                     continue
                 measure, tol = rowing.tolerance_for(self.dtype, phase, block)
+                both = frozen if phase == "backward" else None
                 self.rows[(phase, layer, block)] = Row(
                     self.order.key(phase, layer, block), phase, layer, block, slot_name(layer, block),
                     blocks.kernel_of(self.kernels, layer, k), None, measure, tol,
-                    "not observed on the MindSpore side (computed inside a fused kernel)")
+                    both or "not observed on the MindSpore side (computed inside a fused kernel)")
 
 
 def run_mindspore(model, micro: list, total: int, comp: Comparator, update: Callable | None = None) -> float:
@@ -168,7 +170,8 @@ def run_mindspore(model, micro: list, total: int, comp: Comparator, update: Call
 
 
 def compare_runs(hf_model, model, micro: list, total: int, dtype: str, *, dump_layer: int | None = None,
-                 ref_update: Callable | None = None, ms_update: Callable | None = None) -> tuple[Comparator, dict]:
+                 ref_update: Callable | None = None, ms_update: Callable | None = None,
+                 name_of: Callable[[str], str] | None = None, frozen: str | None = None) -> tuple[Comparator, dict]:
     """Both sides on the same micro-batches: the reference first (spilled to a temporary directory and
     released), then the MindSpore model compared as it runs. (comparator, losses and seconds)."""
     from converters import names
@@ -181,14 +184,14 @@ def compare_runs(hf_model, model, micro: list, total: int, dtype: str, *, dump_l
     try:
         comp.store = RefStore(root)
         t0 = time.perf_counter()
-        hf_loss = run_reference(hf_model(), micro, total, comp.store, table, ref_update)
+        hf_loss = run_reference(hf_model(), micro, total, comp.store, table, ref_update, name_of)
         gc.collect()
         t1 = time.perf_counter()
         ms_loss = run_mindspore(model, micro, total, comp, ms_update)
         t2 = time.perf_counter()
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    comp.unobserved(cfg.num_hidden_layers)
+    comp.unobserved(cfg.num_hidden_layers, frozen)
     return comp, {"loss": {"ms": ms_loss, "hf": hf_loss}, "seconds": {"hf": round(t1 - t0, 3), "ms": round(t2 - t1, 3)}}
 
 

@@ -93,9 +93,9 @@ def _hf_model(hf_dir: Path, weights: dict[str, np.ndarray], table: dict):
     return model
 
 
-def _torch_update(base_recipe, lr: float, adam_t: int, moments: dict, table: dict):
+def _torch_update(base_recipe, lr: float, adam_t: int, moments: dict, table: dict, name_of=None):
     """The baseline loop's update of step k on the HF model: its clipping and torch.optim.AdamW holding
-    the run's moments, at the baseline recipe's learning rate; per parameter (zoo names) after - before."""
+    the run's moments, at the baseline recipe's learning rate; per trainable parameter (zoo names) after - before."""
     def update(model) -> dict[str, np.ndarray]:
         import torch
 
@@ -105,7 +105,8 @@ def _torch_update(base_recipe, lr: float, adam_t: int, moments: dict, table: dic
 
         opt_cfg = optim_config(base_recipe, 1)
         optimizer = make_optimizer(model, opt_cfg, LoopConfig(device="cpu", dtype="float32"))
-        named = {p: names.map_name(n, table) for n, p in model.named_parameters()}
+        zoo = name_of or (lambda n: names.map_name(n, table))
+        named = {p: zoo(n) for n, p in model.named_parameters() if p.requires_grad}
         for p, ms_name in named.items():
             m, v = moments[ms_name]
             optimizer.state[p] = {"step": torch.tensor(float(adam_t)), "exp_avg": torch.from_numpy(m.copy()),
@@ -194,12 +195,18 @@ def bisect_step(baseline_path: str, run_dir: str, *, allow_settings_mismatch: bo
     cfg = LlamaConfig.from_hf(hf_dir)
     plan, base_total = _plans(recipe, base_recipe, hf_dir, run_doc, mpath)
     step = plan.step(k - 1, 0)
-    model = load_zoo(hf_dir, cfg=cfg) if k == 1 else build_zoo(cfg)
+    if recipe.lora is not None:   # the adapters over the frozen base, on both sides (porting/bisect/lora.py)
+        from porting.bisect import lora as bisect_lora
+        from porting.train.recipe.adapter import targets as lora_targets
+
+        model, found = bisect_lora.zoo_model(recipe, cfg, hf_dir, run.path, k), lora_targets(recipe, cfg)
+    else:
+        model = load_zoo(hf_dir, cfg=cfg) if k == 1 else build_zoo(cfg)
     params = list(model.trainable_params())
     o = recipe.optimizer
     opt = AdamW(params, tuple(o.betas), o.eps, o.weight_decay)
     if k == 1:
-        adam_t, state = 0, f"{hf_dir} (the run's initial weights, zero moments)"
+        adam_t, state = 0, f"{hf_dir} (the run's initial weights{', its adapter_init' if recipe.lora else ''}, zero moments)"
     else:
         adam_t, state = _state(run.path, k, model, opt)
     table = names.NAME_MAPS[cfg.model_type]
@@ -207,9 +214,13 @@ def bisect_step(baseline_path: str, run_dir: str, *, allow_settings_mismatch: bo
     moments = {p.name: (m.asnumpy().copy(), v.asnumpy().copy()) for p, m, v in zip(params, opt.m, opt.v)}
     lr = {"run": lr_at(recipe, k - 1, plan.total_steps), "baseline": lr_at(base_recipe, k - 1, base_total)}
     micro = [(mb.input_ids, mb.labels) for mb in step.micro_batches]
-    comp, out = compare_runs(lambda: _hf_model(hf_dir, weights, table), model, micro, step.global_tokens, "float32",
-                             ref_update=_torch_update(base_recipe, lr["baseline"], adam_t, moments, table),
-                             ms_update=_ms_update(recipe, opt, lr["run"], adam_t))
+    name_of = bisect_lora.name_of(found, table) if recipe.lora is not None else None
+    hf = (lambda: bisect_lora.hf_model(recipe, hf_dir, weights, found, table)) if recipe.lora is not None else (
+        lambda: _hf_model(hf_dir, weights, table))
+    comp, out = compare_runs(hf, model, micro, step.global_tokens, "float32",
+                             ref_update=_torch_update(base_recipe, lr["baseline"], adam_t, moments, table, name_of),
+                             ms_update=_ms_update(recipe, opt, lr["run"], adam_t), name_of=name_of,
+                             frozen=bisect_lora.FROZEN if recipe.lora is not None else None)
     res = report(sorted(comp.rows.values(), key=lambda r: r.order), **head, step=k, first_failing_loss_step=f,
                  state=state, recipe=str(mpath), lr=lr, micro_batches=[list(mb.shape) for mb in step.micro_batches],
                  tokens=step.global_tokens, kernels=model.plan.as_dict(), **out)

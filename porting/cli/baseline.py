@@ -35,6 +35,7 @@ def command() -> None:
 Examples:
   port baseline run --recipe recipes/tiny-cpu.yaml --device cpu --out base.json --steps 8
   port baseline run --hf ./llama-7b --recipe recipes/7b-8card.yaml --device cuda --steps 20 --out llama7b_h200.json
+  port baseline run --recipe recipes/tiny-cpu.yaml --set lora.target_modules=all-linear --out lora.json --steps 8
   port compare base.json runs/tiny-cpu""")
 @click.option("--recipe", required=True,
               help="The `port train` recipe (YAML) whose data order, batching and optimizer to reproduce.")
@@ -51,8 +52,11 @@ Examples:
 @click.option("--breakdown-every", type=click.IntRange(0, 1 << 30), default=0, show_default=True,
               help="Profile every N-th step after the warm-up with torch.profiler (compute / host / idle per phase, "
                    "at most 8 steps; those steps leave the steady timing); `port compare` sets it beside the run's.")
+@click.option("--adapter-out", default=None, metavar="DIR",
+              help="LoRA recipe: write the trained adapter here as PEFT saves it (a new directory).")
 def run_cmd(recipe: str, out: str, device: str, hf: str | None, overrides: tuple[str, ...], steps: int | None,
-            probe_tokens: int, timing_warmup: int, threads: int | None, breakdown_every: int) -> None:
+            probe_tokens: int, timing_warmup: int, threads: int | None, breakdown_every: int,
+            adapter_out: str | None) -> None:
     """Record a PyTorch + HF transformers baseline of RECIPE's first steps, on the identical batches."""
     _check_out(out, recipe)
     from porting.baseline.memory import PHASES
@@ -60,7 +64,8 @@ def run_cmd(recipe: str, out: str, device: str, hf: str | None, overrides: tuple
 
     req = BaselineRequest(recipe_path=recipe, out=out, device=device, hf=hf, overrides=overrides, steps=steps,
                           probe_tokens=probe_tokens, timing_warmup_steps=timing_warmup, threads=threads,
-                          command=tuple(["port"] + sys.argv[1:]), breakdown_every=breakdown_every)
+                          command=tuple(["port"] + sys.argv[1:]), breakdown_every=breakdown_every,
+                          adapter_out=adapter_out)
     res = run(req, log=lambda s: click.echo(s, err=True))
     tps = res.steady_tokens_per_s
     speed = f"steady {tps:.1f} tokens/s" if tps else "no steady step (all were warm-up: first step or new shape)"

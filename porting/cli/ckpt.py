@@ -75,7 +75,8 @@ def command():
 Examples:
   port ckpt merge runs/tiny-cpu/checkpoints/step_20 --out tiny-hf
   port ckpt merge runs/tiny-cpu/checkpoints/step_20 --out tiny-hf2 --model checkpoints/my-llama
-  port ckpt merge runs/tiny-cpu/checkpoints/step_20 --ms tiny-ms --optimizer   # MindSpore names, + AdamW state""")
+  port ckpt merge runs/tiny-cpu/checkpoints/step_20 --ms tiny-ms --optimizer   # MindSpore names, + AdamW state
+  port ckpt merge runs/lora/checkpoints/step_20 --out lora-adapter --adapter-only --model ./llama3-8b""")
 @click.argument("checkpoint")
 @click.option("--out", default=None, help="The HF directory to write (must be absent or empty unless --force).")
 @click.option("--ms", "ms_out", default=None,
@@ -86,7 +87,11 @@ Examples:
 @click.option("--model", default=None, help="HF directory to take tokenizer files from (default: the run's model "
                                             "when it is a zoo name or inside the run).")
 @click.option("--force", is_flag=True, help="Replace a non-empty --out/--ms directory that port wrote.")
-def merge(checkpoint: str, out: str | None, ms_out: str | None, optimizer: bool, model: str | None, force: bool):
+@click.option("--adapter-only", is_flag=True, help="A LoRA run's checkpoint: write the PEFT adapter folder only "
+                                                   "(adapter_config.json + adapter_model.safetensors), not the merged "
+                                                   "model.")
+def merge(checkpoint: str, out: str | None, ms_out: str | None, optimizer: bool, model: str | None, force: bool,
+          adapter_only: bool):
     """Write the full HF checkpoint (safetensors + config.json + port_manifest.json) and/or a MindSpore
     directory of a training checkpoint, both in one pass over its rank files (--out and --ms: two separate
     directories); one progress line per parameter group on stderr."""
@@ -104,8 +109,32 @@ def merge(checkpoint: str, out: str | None, ms_out: str | None, optimizer: bool,
     check_apart(hf, ms)   # before anything is written (issue 51: one folder for both was written, then refused)
     _outputs(ck, force, hf, ms)
     src, note = _model_dir(ck, model)
+    from porting.train.run.checkpoint.record import trained_lora
+
+    if trained_lora(ck):   # adapters only: merged over the base, or the adapter alone
+        click.echo(_merge_lora(ck, src, hf, ms, adapter_only, force))
+        return
+    if adapter_only:
+        raise ConfigError(f"{ck}: --adapter-only: a full fine-tune's checkpoint holds no adapter (its recipe has no "
+                          "lora section)")
     res = do(ck, src, hf_out=hf, ms_out=ms, optimizer=optimizer, command=sys.argv, force=force, log=_stderr)
     click.echo(f"wrote {' and '.join(str(r) for r in res)} from {ck}{note}")
+
+
+def _merge_lora(ck: Path, base: Path | None, hf: Path | None, ms: Path | None, adapter_only: bool, force: bool) -> str:
+    import sys
+
+    from model_zoo.errors import ConfigError
+    from porting.train.run.checkpoint import lora_export
+
+    if ms is not None:
+        raise ConfigError(f"{ck}: a LoRA checkpoint: --ms is not written (merge to HF with --out, or --adapter-only)")
+    if base is None or not (base / "config.json").is_file():
+        raise ConfigError(f"{ck}: a LoRA checkpoint holds the adapters only; pass --model BASE_DIR, the HF model it "
+                          f"was trained over{lora_export.base_hint(ck)}")
+    if adapter_only:
+        return f"wrote {lora_export.export_adapter(ck, base, hf, force, _stderr)} (PEFT adapter) from {ck}"
+    return f"wrote {lora_export.merge_into_base(ck, base, hf, force, _stderr, sys.argv)} (merged over {base}) from {ck}"
 
 
 @command.command("reshard", epilog="""\b

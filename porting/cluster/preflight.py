@@ -12,7 +12,9 @@ Checks, each one row (ok / warn / fail / info) with what was found and how to fi
 * **env fingerprint**: each node writes its HCCL/Ascend knobs and versions to a shared directory;
   node 0 compares them (a knob that differs between nodes makes timeouts and links disagree);
 * **smoke all-reduce**: msrun runs one real AllReduce with a short timeout; a failure is diagnosed by
-  `port diagnose` (its grammar and verdict).
+  `port diagnose` (its grammar and verdict);
+* **disk space**: the free space of the run directory's filesystem against the plan's need at its peak (the
+  checkpoints kept, one more while a save completes, the HF export: porting/train/plan/checkpoint_io.py); ok or fail.
 """
 
 from __future__ import annotations
@@ -302,12 +304,39 @@ def run_preflight(recipe_path: str | os.PathLike, *, node_rank: int = 0, fingerp
                                     explain=explain))
     elif smoke:
         rows.append(_row("smoke all-reduce", INFO, "run on the master node (or fix the rows above first)"))
+    rows.append(disk_row(recipe, Path(recipe.output_dir)))
     if smoke:   # the checkpoint filesystem's bandwidth, written as a save writes it
         from porting.train.plan.fs_speed import doctor_row  # deferred: only a measuring preflight needs it
 
         rows.append(doctor_row(recipe, Path(recipe.output_dir)))
     return {"recipe": str(recipe_path), "node_rank": node_rank, "master": f"{c.master_addr}:{c.master_port}",
             "world_size": recipe.world_size, "checks": rows, "ok": not any(r["status"] == FAIL for r in rows)}
+
+
+def disk_row(recipe: Recipe, folder: Path) -> dict:
+    """The free space of the filesystem of ``folder`` (the run directory: its nearest existing folder, nothing
+    created) against the plan's need at its peak (porting/train/plan/checkpoint_io.py ``disk_plan``); ok or fail."""
+    import shutil
+
+    from model_zoo.errors import PortingError
+    from porting.train import plan_config  # deferred: the planner (the model's config), for this row only
+    from porting.train.plan import sharding  # deferred: as above
+    from porting.train.plan.checkpoint_io import GIB, disk_plan, gib_text  # deferred: as above
+
+    folder = folder.absolute()
+    where = next((p for p in [folder, *folder.parents] if p.is_dir()), Path("/"))
+    try:
+        cfg, _ = plan_config(recipe)
+        need = disk_plan(recipe, cfg, sharding.layout_for(recipe, cfg))
+        free = shutil.disk_usage(where).free / GIB
+    except (PortingError, OSError) as e:
+        return _row("disk space", FAIL, f"{where}: not planned ({e})")
+    detail = (f"{gib_text(need.need_gib)} needed at the peak ({need.peak_during}: {need.formula}), {gib_text(free)} "
+              f"free on the filesystem of {where}")
+    if free < need.need_gib:
+        return _row("disk space", FAIL, detail + "; free space there, lower checkpointing.keep_last, or set output_dir "
+                                                 "on a larger filesystem (shared by every node)")
+    return _row("disk space", OK, detail)
 
 
 def run_train_preflight(recipe: Recipe, run_dir: Path, node_rank: int = 0, smoke: bool | None = None,

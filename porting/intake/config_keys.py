@@ -8,7 +8,7 @@ model, data, finetuning and generating arguments on top of ``Seq2SeqTrainingArgu
 A key becomes one of:
 * a job field (``FIELDS``): what the run did (micro-batch, lr, schedule, precision, ...), from which
   :mod:`porting.intake.recipe_import` writes the recipe and records the recipe key it became;
-* refused, with the reason, blocking (port cannot train what the job trained: LoRA, QLoRA, ZeRO-3 offload,
+* refused, with the reason, blocking (port cannot train what the job trained: QLoRA, DoRA, ZeRO-3 offload,
   an optimizer other than AdamW) or not (the key does not change the trained weights, or port has its
   own way: logging, saving, the hub, loader workers).
 """
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from porting.intake import lora_keys
 from porting.intake.typed import Flag, Num, Pair, Spec, Text
 
 # source key (dotted for nested) -> job field; the recipe key each field becomes is FIELD_TARGET
@@ -41,7 +42,7 @@ FIELDS = {
     "save_total_limit": "keep_last", "report_to": "report_to", "val_size": "eval_split", "eval_steps": "eval_steps",
     "ddp_timeout": "timeout", "packing": "packing", "group_by_length": "group_by_length",
     "stage": "stage", "finetuning_type": "finetuning_type", "distributed_type": "distributed_type",
-    "num_machines": "source_nodes",
+    "num_machines": "source_nodes", **lora_keys.FIELDS,
 }
 
 FIELD_TARGET = {
@@ -67,8 +68,8 @@ FIELD_TARGET = {
     "keep_last": "checkpointing.keep_last", "report_to": "logging.tensorboard, logging.wandb",
     "eval_split": "data.eval_split", "eval_steps": "data.eval_every_steps", "timeout": "cluster.cluster_time_out",
     "packing": "batching.packing", "group_by_length": "batching.bucketing.enabled",
-    "stage": "(full fine-tuning of a causal LM: sft, pt)", "finetuning_type": "(full fine-tuning)",
-    "distributed_type": "parallel (data parallel; ZeRO -> optimizer sharding)",
+    "stage": "(full fine-tuning of a causal LM: sft, pt)", "finetuning_type": "full fine-tuning, or the lora section",
+    "distributed_type": "parallel (data parallel; ZeRO -> optimizer sharding)", **lora_keys.TARGET,
 }
 
 # each job field's type and range, stated once (porting/intake/typed.py applies them to every file's value).
@@ -94,6 +95,7 @@ TYPES: dict[str, Spec] = {
     "logging_steps": _STEPS, "save_steps": _STEPS, "keep_last": Num(0, 1e6, whole=True), "report_to": Text(many=True),
     "eval_split": Num(0, 1e9), "eval_steps": _STEPS, "timeout": Num(0, 1e12, whole=True), "packing": Flag(),
     "group_by_length": Flag(), "stage": Text(), "finetuning_type": Text(), "distributed_type": Text(),
+    **lora_keys.TYPES,
 }
 
 # optimizer names port trains with (torch AdamW semantics), from HF OptimizerNames and DeepSpeed types
@@ -102,15 +104,14 @@ SCHEDULERS = {"cosine": ("cosine", 0.0), "linear": ("linear", 0.0), "constant": 
               "constant_with_warmup": ("constant", 1.0)}   # HF decays to 0 (transformers/optimization.py)
 
 BLOCKING = {
-    "quantization_bit": "QLoRA (a 4/8-bit quantized base model): port trains every weight in bf16/fp32; no bitsandbytes on Ascend",
-    "quantization_method": "QLoRA quantization: port has no quantized training",
-    "lora_rank": "LoRA adapters: port trains every weight (full fine-tuning), not adapters",
-    "lora_target": "LoRA adapters: port trains every weight (full fine-tuning)",
-    "lora_alpha": "LoRA adapters: port trains every weight (full fine-tuning)",
-    "lora_dropout": "LoRA adapters: port trains every weight (full fine-tuning)",
+    **lora_keys.BLOCKING,   # QLoRA, DoRA, LoRA+, PiSSA, an adapter path (porting/intake/lora_keys.py)
     "zero_optimization.offload_optimizer.device": "ZeRO offload of optimizer states to the CPU: port keeps them on the device (sharded over data-parallel ranks)",
     "zero_optimization.offload_param.device": "ZeRO-3 offload of parameters to the CPU: port keeps parameters on the device",
     "label_smoothing_factor": "label smoothing: port's loss is plain token cross-entropy",
+    # NEFTune adds uniform noise of alpha / sqrt(L x d) to the input embeddings every training step (transformers
+    # Trainer neftune_noise_alpha, Jain et al. 2023): the trained weights differ; port adds none (model_zoo/llama.py)
+    "neftune_noise_alpha": "NEFTune embedding noise: port adds no noise to the input embeddings; drop it from the job "
+                           "(the losses of the two sides would differ by the noise) or train it on the GPU",
 }
 # keys that do not change the trained weights (or port has its own way), by family
 NO_EFFECT_PREFIXES = {
@@ -132,7 +133,7 @@ NO_EFFECT_PREFIXES = {
                          "half_precision_backend", "fp16_backend", "fp16_opt_level", "__class__", "trust_remote_code",
                          "enable_cpu_affinity", "full_determinism", "auto_find_batch_size", "use_kt", "use_legacy",
                          "per_gpu_train_batch_size", "zero_allow_untested_optimizer", "downcast_bf16", "hf_hub_token",
-                         "optim_args", "neftune_noise_alpha", "average_tokens_across_devices", "restore_callback_states",
+                         "optim_args", "average_tokens_across_devices", "restore_callback_states",
                          "flash_attn", "enable_liger_kernel", "use_unsloth", "adafactor_", "torch_empty_cache_steps"),
     "communication tuning (MindSpore schedules overlap itself)": (
         "zero_optimization.allgather", "zero_optimization.overlap_comm", "zero_optimization.contiguous_gradients",
@@ -156,8 +157,9 @@ def special_refusal(key: str, value: Any) -> tuple[str, bool] | None:
         if value in (None, "", 0, "none", False) or (key == "label_smoothing_factor" and value == 0.0):
             return f"{BLOCKING[key]} (not used here: {value!r})", False
         return BLOCKING[key], True
-    if key.startswith("lora_") or key.startswith("pissa") or key.startswith("freeze_"):
-        return "LoRA/freeze settings: port trains every weight (full fine-tuning)", False
+    if key.startswith(("lora_", "pissa", "freeze_")) and key not in FIELDS:
+        return ("a LoRA or freeze setting port does not reproduce (its lora section has r, alpha, dropout, "
+                "target_modules, use_rslora, modules_to_save, bias; freeze fine-tuning is not implemented)"), False
     if key == "fsdp_config" or key.startswith("fsdp_config.") and key != "fsdp_config.fsdp_sharding_strategy":
         return "FSDP options (they act only when FSDP shards the model; port shards optimizer states instead)", False
     if key in ("fsdp", "fsdp_config.fsdp_sharding_strategy"):

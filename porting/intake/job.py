@@ -29,7 +29,7 @@ MAX_FILES = 5_000
 MAX_DEPTH = 6
 LOG_ORDER = ("trainer_state.json", "trainer_log.jsonl", "tfevents", ".csv")
 NOT_CONFIGS = {"config.json", "generation_config.json", "tokenizer_config.json", "special_tokens_map.json",
-               "adapter_config.json", "all_results.json", "train_results.json", "eval_results.json",
+               "all_results.json", "train_results.json", "eval_results.json",
                "trainer_state.json", "preprocessor_config.json", "added_tokens.json", "tokenizer.json", "vocab.json"}
 
 

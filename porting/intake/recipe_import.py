@@ -12,6 +12,7 @@ turned on only when the plan does not fit otherwise. A recipe that would not pla
 from __future__ import annotations
 
 import copy
+import json
 import math
 import re
 from dataclasses import dataclass, field
@@ -22,7 +23,7 @@ import yaml
 
 from model_zoo import files
 from model_zoo.errors import PortingError, one_line
-from porting.intake import IntakeError, config_keys as K
+from porting.intake import IntakeError, config_keys as K, lora_keys
 from porting.intake.typed import name as shown_name, shown, typed
 from porting.train import check_tensor_parallel, make_plan, plan_config, validate_recipe
 from porting.train.recipe.hardware import SERVERS
@@ -62,11 +63,10 @@ class Job:
 def _short(v: Any) -> Any:
     """A config value as the mapping file records it: plain JSON (a finite number, a short string), else
     its escaped text (a NaN, a 5,000-digit integer, a date or a nested section never breaks the JSON)."""
-    if v is None or isinstance(v, bool) or (isinstance(v, float) and math.isfinite(v)):
+    if v is None or isinstance(v, bool) or (isinstance(v, float) and math.isfinite(v)) or (
+            isinstance(v, int) and v.bit_length() <= 128 or isinstance(v, str) and len(v) < 120):
         return v
-    if isinstance(v, int) and v.bit_length() <= 128:
-        return v
-    return v if isinstance(v, str) and len(v) < 120 else shown(v, 120)
+    return shown(v, 120)
 
 
 def comment(text: str) -> str:
@@ -123,8 +123,11 @@ def read_config(path: str | Path) -> tuple[str, dict[str, Any]]:
         return "deepspeed", _flatten(doc)
     if any(k in doc for k in ("compute_environment", "distributed_type", "num_processes")):
         return "accelerate", _flatten(doc)
-    if any(k in doc for k in ("finetuning_type", "stage", "cutoff_len", "template")):
-        return "llamafactory", doc
+    kind = ("peft-adapter" if p.name == "adapter_config.json" or "peft_type" in doc else   # lora_keys.py
+            "ms-swift" if any(k in doc for k in ("train_type", "tuner_type", "sft_type")) else
+            "llamafactory" if any(k in doc for k in ("finetuning_type", "stage", "cutoff_len", "template")) else None)
+    if kind is not None:
+        return kind, doc
     if any(k in doc for k in ("per_device_train_batch_size", "learning_rate", "output_dir")):
         return "hf-training-args", doc
     raise IntakeError(f"{p}: not a training config port knows (no per_device_train_batch_size, zero_optimization, "
@@ -170,7 +173,8 @@ def _refine(job: Job) -> None:
         "optim": lambda v: str(v).lower() not in K.ADAMW and f"optimizer {v}: port has AdamW only (torch semantics)",
         "scheduler": lambda v: str(v) not in K.SCHEDULERS and f"learning-rate schedule {v}: port has cosine, linear and constant",
         "stage": lambda v: str(v) not in ("sft", "pt") and f"stage {v}: port fine-tunes causal LMs on text/instructions (sft, pt)",
-        "finetuning_type": lambda v: str(v) != "full" and f"finetuning_type {v}: port trains every weight (full fine-tuning)",
+        "finetuning_type": lambda v: str(v) != "full" and not lora_keys.is_lora(v) and (
+            f"finetuning_type {v}: port trains every weight (full) or LoRA adapters (lora)"),
         "epochs": lambda v: float(v) != int(float(v)) and f"num_train_epochs {v}: port runs whole epochs; set schedule.max_steps",
         "zero_stage": lambda v: str(v) == "3" and ("ZeRO-3 parameter partitioning: port shards optimizer states and fp32 masters "
                                                    "(ZeRO-1/2) and splits layers with tensor parallel; the recipe uses "
@@ -234,7 +238,8 @@ def _schedule(job: Job) -> dict[str, Any]:
 
 
 def _precision(job: Job) -> dict[str, Any]:
-    mp = str(job.get("mixed_precision", "")).lower()
+    mp = {"bfloat16": "bf16", "float16": "fp16"}.get(str(job.get("mixed_precision", "")).lower(),
+                                                       str(job.get("mixed_precision", "")).lower())
     if job.get("bf16") is True or mp == "bf16":
         return {"param_dtype": "bfloat16", "compute_dtype": "bfloat16"}
     if job.get("fp16") is True or mp == "fp16":
@@ -305,13 +310,10 @@ def _steps(job: Job, field: str, default: int) -> int:
     """An HF ``*_steps`` value as whole steps; below 1 HF reads it as a ratio of the total steps
     (transformers TrainingArguments ``logging_steps``), which depends on the data: the default, with a note."""
     v = job.get(field)
-    if not v:
-        return default
-    if v < 1:
+    if v and v < 1:
         job.notes.append(f"{field} {v}: a ratio of the total steps, which depend on the data; used {default} "
                          "(set it by hand after `port train --dry-run`)")
-        return default
-    return int(v)
+    return int(v) if v and v >= 1 else default
 
 
 # ----------------------------------------------------------------------------------------- layout
@@ -403,11 +405,12 @@ def import_configs(paths: list[str], out: str | Path, target: Target) -> dict[st
     for p in paths:
         kind, keys = read_config(p)
         kinds[str(p)] = kind
-        for key, value in keys.items():
-            take(job, str(p), key, value)
+        for key, value in keys.items():   # a PEFT adapter config's keys by converters/peft_adapter.py's rules
+            if kind != "peft-adapter" or not lora_keys.adapter_row(job, str(p), key, value):
+                take(job, str(p), key, value)
     _refine(job)
     gbs, how = _global_batch(job, target)
-    raw, plan = fit(base_recipe(job, target), gbs, job, target)
+    raw, plan = fit({**base_recipe(job, target), **lora_keys.recipe_part(job, kinds)}, gbs, job, target)
     for r in job.rows:
         if r["status"] == "mapped" and r["recipe_key"].startswith("model.source") and target.model:
             r["note"] = f"overridden by --model {target.model}"
@@ -424,8 +427,6 @@ def import_configs(paths: list[str], out: str | Path, target: Target) -> dict[st
     header += [f"REFUSED (port cannot reproduce it): {r['key']} = {r['value']}: {r['reason']}" for r in rep["blocking"]]
     header += [f"note: {n}" for n in job.notes]
     text = "".join(comment(h) for h in header) + yaml.safe_dump(raw, sort_keys=False)
-    import json
-
     files.write_atomic(dst.with_suffix(".mapping.json"), json.dumps(rep, indent=1) + "\n", error=IntakeError)
     files.write_atomic(dst, text, error=IntakeError)
     return rep

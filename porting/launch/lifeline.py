@@ -103,6 +103,10 @@ def _waitpid_until(pid: int, deadline: float | None) -> int | None:
 
 def _die_with(parent: int) -> Callable[[], None]:
     def preexec() -> None:   # runs in the child between fork and exec
+        # `nohup port train ... &` (the usual way to leave a long run) starts port with SIGINT ignored (POSIX: a
+        # shell's background job ignores SIGINT and SIGQUIT), an ignored disposition survives exec, and the parent
+        # death signal below would then reach msrun ignored: it would outlive port. The child starts with the default.
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
         parent_death_signal(signal.SIGINT)
         if os.getppid() != parent:   # port died before the prctl: the signal will never come
             os._exit(1)

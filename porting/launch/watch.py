@@ -60,11 +60,15 @@ class Limits:
 
 
 def derive_limits(a: Allowances, stall_s: float | None, max_restarts: int) -> Limits:
-    """The watch's allowances from the plan's (porting/train/plan/allowances.py, ``TrainPlan.allowances``);
-    ``stall_s`` (``--stall-timeout``) replaces the step's and no phase allows less."""
+    """The watch's allowances from the plan's (porting/train/plan/allowances.py, ``TrainPlan.allowances``): each the
+    longest silence the plan expects in the phase with its margin (one graph, one restored group, not the phase's
+    total); the setup and compile phases share one limit here, the larger of the plan's ``setup_s`` (joining the
+    cluster, one HF-load group) and ``compile_s`` (one graph). ``stall_s`` (``--stall-timeout``) replaces the
+    step's and no phase allows less."""
     stall = float(stall_s if stall_s is not None else a.step_s)
-    return Limits(stall_s=stall, compile_s=max(stall, float(a.compile_s)), save_s=max(stall, float(a.save_s)),
-                  restore_s=max(stall, float(a.restore_s)), max_restarts=max_restarts)
+    return Limits(stall_s=stall, compile_s=max(stall, float(a.setup_s), float(a.compile_s)),
+                  save_s=max(stall, float(a.save_s)), restore_s=max(stall, float(a.restore_s)),
+                  max_restarts=max_restarts)
 
 
 @dataclasses.dataclass

@@ -15,7 +15,7 @@ from tests.attacks import harness
 
 FOLDERS = ("convert", "verify", "train", "diagnose", "ranktable", "report", "compare", "baseline", "generate",
            "zoo", "rehearse", "intake", "bisect", "ckpt", "launch", "templates", "nonfinite", "datasets", "models",
-           "doctor", "diverge")
+           "doctor", "diverge", "lora")
 for _f in FOLDERS:
     importlib.import_module(f"tests.attacks.{_f}.cases")
 

@@ -59,6 +59,7 @@ def _convert(src: Path, out: Path) -> subprocess.Popen:
                              "--quiet"], cwd=ROOT, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
+@pytest.mark.slow   # kept out of the fast tier (`pytest` alone, 5 minutes on 2 cores); CI runs it
 def test_kill_9_at_20_points_of_convert_leaves_nothing_or_a_verified_output(big_source, tmp_path):
     from porting.verify.roundtrip import verify_checkpoint
 

@@ -128,6 +128,7 @@ def test_msprobe_note_follows_msprobe_s_own_table(ms, warns):
         assert note.startswith("warning: ") and f"MindSpore {ms}" in note and "2.4.0, 2.5.0, 2.6.0, 2.7.1" in note
 
 
+@pytest.mark.slow   # kept out of the fast tier (`pytest` alone, 5 minutes on 2 cores); CI runs it
 def test_bisect_msprobe_mapping_warns_outside_msprobe_s_table(tmp_path):
     from importlib.metadata import version
 

@@ -38,7 +38,7 @@ def test_intake_writes_recipe_baseline_scan_and_readme(job, tmp_path):
     assert s["log"].endswith("job/trainer_state.json")   # 8,712 steps beat the checkpoint's 5,000
     base = json.loads((out / "baseline.json").read_text())
     assert base["settings"]["global_batch"] == 32 and base["settings"]["seq_length"] == 2048
-    assert s["scan"]["findings"] == 19 and sorted(s["configs"]) == sorted(
+    assert s["scan"]["findings"] == 27 and sorted(s["configs"]) == sorted(
         [str(job / "ds_z2_config.json"), str(job / "training_args.bin")])
     readme = (out / "README.md").read_text()
     assert f"port train {out}/recipe.yaml --dry-run" in readme and "port convert --hf llama2-7b" in readme

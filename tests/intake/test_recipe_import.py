@@ -24,6 +24,7 @@ JOBS = {
     "hf-bin+ds-z2": (["luojiu_training_args.bin", "lf_ds_z2_config.json"], "llama2-7b", None),
     "lf-full+ds-z3-offload": (["lf_qwen3_full_sft.yaml", "lf_ds_z3_offload_config.json"], "qwen2.5-7b", 8),
     "lf-qlora": (["medical_full.yaml"], "qwen2.5-7b", None),
+    "lf-lora": (["lf_llama3_lora_sft.yaml"], "llama3-8b", None),
     "accelerate-fsdp+lf": (["lf_fsdp_config.yaml", "lf_qwen3_full_sft.yaml"], "llama3.2-3b", None),
 }
 
@@ -73,7 +74,7 @@ def test_training_args_bin_and_deepspeed(imported):
 
 def test_refusals_that_block(imported):
     blocked = {r["key"] for r in imported["lf-qlora"][0]["blocking"]}
-    assert {"quantization_bit", "finetuning_type", "lora_rank", "lora_target"} <= blocked
+    assert blocked == {"quantization_bit", "quantization_method"}   # QLoRA; its LoRA keys map (test_lora_intake.py)
     z3 = {r["key"]: r for r in imported["lf-full+ds-z3-offload"][0]["keys"]}
     assert z3["zero_optimization.offload_optimizer.device"]["blocking"] is True
     assert z3["zero_optimization.stage"]["status"] == "refused" and not z3["zero_optimization.stage"]["blocking"]
@@ -133,3 +134,17 @@ def test_training_arguments_as_json_give_the_same_recipe(imported, tmp_path):
     want = yaml.safe_load(imported["hf-bin+ds-z2"][1].read_text())
     got = yaml.safe_load((tmp_path / "r.yaml").read_text())
     assert got == want and rep["configs"][str(tmp_path / "args.json")] == "hf-training-args"
+
+
+@pytest.mark.parametrize("alpha, blocks", [(5, True), (None, False), (0, False)])
+def test_neftune_noise_blocks_when_set(tmp_path, alpha, blocks):
+    """NEFTune adds noise to the input embeddings every step (transformers neftune_noise_alpha): the trained weights
+    differ, and port adds none, so a job that sets it is refused by name; unset (the real training_args.bin fixture
+    has None) or 0 is not used and passes."""
+    doc = yaml.safe_load((CFG / "lf_llama3_lora_sft.yaml").read_text())
+    doc["neftune_noise_alpha"] = alpha
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(doc))
+    rep = import_configs([str(tmp_path / "job.yaml")], tmp_path / "r.yaml", Target(model="llama3-8b", source_gpus=None))
+    row = {r["key"]: r for r in rep["keys"]}["neftune_noise_alpha"]
+    assert row["status"] == "refused" and row["blocking"] is blocks and "NEFTune" in row["reason"]
+    assert ({r["key"] for r in rep["blocking"]} == {"neftune_noise_alpha"}) is blocks

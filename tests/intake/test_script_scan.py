@@ -19,7 +19,11 @@ NANOGPT = {(70, "nccl-backend"), (72, "cuda-device-string"), (73, "torch-cuda"),
            (126, "cuda-device-string"), (196, "cuda-amp"), (208, "torch-compile")}
 # lm-sys/FastChat llama2 flash-attn patch (Apache-2.0)
 FASTCHAT_FA = {(5, "flash-attn"), (6, "flash-attn"), (7, "flash-attn"), (133, "torch-cuda"),
-               (155, "cuda-device-string")}
+               (155, "cuda-device-string"),
+               # the call sites of its CUDA-only kernels, not only their imports
+               (80, "flash-attn-call"), (84, "flash-attn-call"), (86, "flash-attn-call"), (89, "flash-attn-call"),
+               (101, "flash-attn-call")}
+FASTCHAT_XF = {(14, "xformers"), (80, "xformers-call"), (85, "xformers-call"), (89, "xformers-call")}
 
 
 def _lines(rep, name):
@@ -30,7 +34,9 @@ def test_each_habit_at_its_line():
     rep = scan([str(S)])
     assert _lines(rep, "nanogpt_train.py") == NANOGPT
     assert _lines(rep, "fastchat_llama2_flash_attn_monkey_patch.py") == FASTCHAT_FA
-    assert _lines(rep, "fastchat_llama_xformers_attn_monkey_patch.py") == {(14, "xformers")}
+    assert _lines(rep, "fastchat_llama_xformers_attn_monkey_patch.py") == FASTCHAT_XF
+    fa = (S / "fastchat_llama2_flash_attn_monkey_patch.py").read_text().splitlines()
+    assert "flash_attn_func(" in fa[79] and "flash_attn_varlen_kvpacked_func(" in fa[88]
     text = (S / "nanogpt_train.py").read_text().splitlines()
     for line, rule in NANOGPT:   # the line really holds what the rule names
         assert {"nccl-backend": "nccl", "cuda-device-string": "cuda", "torch-cuda": "torch.cuda.", "tf32-flag":
@@ -49,11 +55,14 @@ def test_aliases_and_every_rule_kind():
         "from bitsandbytes.optim import AdamW8bit", "import liger_kernel.transformers", "import triton.language as tl",
         "from torch.utils.cpp_extension import CUDAExtension", "t.cuda.synchronize()", "GradScaler()", "x.cuda()",
         "os.environ['CUDA_VISIBLE_DEVICES'] = '0'", "t.backends.cudnn.benchmark = True",
-        "CUDAExtension('k', ['k.cu'])", "t.backends.cuda.enable_flash_sdp(False)"])
+        "CUDAExtension('k', ['k.cu'])", "t.backends.cuda.enable_flash_sdp(False)",
+        "from apex.normalization import FusedRMSNorm", "FusedRMSNorm(8)", "liger_kernel.transformers.apply_liger_kernel_to_llama()",
+        "from transformers import BitsAndBytesConfig", "BitsAndBytesConfig(load_in_4bit=True)"])
     got = [(f.line, f.rule) for f in scan_source(src, "x.py")]
     assert got == [(2, "cuda-amp-import"), (3, "apex"), (4, "bitsandbytes"), (5, "liger-kernel"), (6, "triton"),
                    (7, "cpp-extension-cuda-import"), (8, "cuda-synchronize"), (9, "cuda-amp"), (10, "dot-cuda"),
-                   (11, "cuda-visible-devices"), (12, "cudnn-flag"), (13, "cpp-extension-cuda"), (14, "cuda-backend-flag")]
+                   (11, "cuda-visible-devices"), (12, "cudnn-flag"), (13, "cpp-extension-cuda"), (14, "cuda-backend-flag"),
+                   (15, "apex"), (16, "apex-call"), (17, "liger-call"), (19, "qlora-bnb-config")]
     assert all(r.source.startswith("https://") and r.ascend for r in rules())
 
 
@@ -72,4 +81,4 @@ def test_cli_json_and_report_row(tiny_cpu_run, tmp_path):
     from porting.rundir import read_run
 
     row = next(r for r in rows_operators(read_run(run)) if "CUDA habits" in r.item)
-    assert row.status == "fail" and row.value.startswith("19 habit(s)")
+    assert row.status == "fail" and row.value.startswith("27 habit(s)")

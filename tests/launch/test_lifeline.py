@@ -100,12 +100,16 @@ def test_without_port_parent_nothing_is_watched():
     assert p.returncode == 0 and p.stdout.strip() == "None"
 
 
-def test_parent_death_signal_reaches_a_grandchild_in_its_own_session():
-    """The shape of port -> msrun: msrun in a new session with PDEATHSIG; its parent killed with -9."""
+@pytest.mark.parametrize("sigint", ["default", "ignored"])
+def test_parent_death_signal_reaches_a_grandchild_in_its_own_session(sigint):
+    """The shape of port -> msrun: msrun in a new session with PDEATHSIG; its parent killed with -9. "ignored": port
+    started as `nohup port train ... &` is (a background job ignores SIGINT), which its children inherit (found when
+    CI was started that way: the sleeper outlived its parent with SigIgn 7)."""
     code = ("import signal, subprocess, sys, time; from porting.launch import lifeline; import os; "
             "c = subprocess.Popen(['sleep', '120'], start_new_session=True, preexec_fn=lifeline._die_with(os.getpid())); "
             "print(c.pid, flush=True); time.sleep(120)")
-    parent = subprocess.Popen(PY + [code], stdout=subprocess.PIPE, text=True, env=_env())
+    ign = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sigint == "ignored" else None
+    parent = subprocess.Popen(PY + [code], stdout=subprocess.PIPE, text=True, env=_env(), preexec_fn=ign)
     sleeper = int(parent.stdout.readline())
     assert lifeline.start_time(sleeper) is not None
     parent.kill()

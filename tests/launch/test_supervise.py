@@ -82,7 +82,9 @@ def uninterrupted(tmp_path_factory, model_dir) -> Path:
     return run
 
 
-def _check_recovered(run: Path, clean: Path, killed_rank: int, kind: str) -> None:
+def _check_recovered(run: Path, clean: Path, killed_rank: int, kind: str, atol: float = 0.0) -> None:
+    """One incident of ``kind`` at ``killed_rank``, its evidence kept, and the same 10 losses and final weights as
+    the uninterrupted run: bitwise in the same mode (``atol`` 0), within ``atol`` across modes."""
     incidents = [json.loads(ln) for ln in (run / "incidents.jsonl").read_text().splitlines()]
     assert len(incidents) == 1 and incidents[0]["kind"] == kind, incidents
     inc = incidents[0]
@@ -96,7 +98,10 @@ def _check_recovered(run: Path, clean: Path, killed_rank: int, kind: str) -> Non
     a, b = _final_weights(run), _final_weights(clean)
     assert a.keys() == b.keys()
     for k in a:
-        np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+        if atol:
+            np.testing.assert_allclose(a[k], b[k], rtol=0, atol=atol, err_msg=k)
+        else:
+            np.testing.assert_array_equal(a[k], b[k], err_msg=k)
 
 
 def _recipe_file(dest: Path, model_dir: Path) -> Path:
@@ -138,14 +143,19 @@ def test_a_killed_rank_is_diagnosed_and_the_run_resumes_to_the_same_weights(tmp_
 @pytest.mark.msrun
 @pytest.mark.slow
 def test_a_frozen_rank_is_seen_before_the_collective_timeout_and_the_run_resumes(tmp_path, uninterrupted, model_dir):
+    """In PyNative (issue 48: supervised recovery in both modes; the killed-rank test runs graph mode): port's
+    gradient buckets launched during the backward, the hang seen, the relaunch resumes, and the run ends within 1e-6
+    of the uninterrupted graph-mode run (two modes: not bitwise, tests/train/test_comm_fusion.py)."""
     run = tmp_path / "sup"
     # saves at steps 4 and 8, the freeze after step 5: rank 1 stops inside a step, not in a save's barrier, where a
     # stop looks like a slow save for the save allowance and msrun's scheduler, which sees its heartbeat stop, ends
     # the job first (one CI run froze it at step 3 of saves every 2 steps and it had reached step 4's save)
-    p = _start(run, *_sets(model_dir, ["checkpointing.every_steps=4"]), "--supervise", "--stall-timeout", "20")
+    p = _start(run, *_sets(model_dir, ["checkpointing.every_steps=4", "execution=pynative"]), "--supervise",
+               "--stall-timeout", "20")
     out, err = signal_at_step(p, run, 1, 5, signal.SIGSTOP)
     assert p.returncode == 0, err[-3000:]
-    _check_recovered(run, uninterrupted, 1, "stall")
+    _check_recovered(run, uninterrupted, 1, "stall", atol=1e-6)
+    assert json.loads((run / "job.json").read_text())["recipe"]["execution"] == "pynative"
     assert "its process" in (run / "incidents.jsonl").read_text() and "is stopped (SIGSTOP" in (run / "incidents.jsonl").read_text()
 
 

@@ -182,6 +182,41 @@ def test_qwen3_fused_plan_trains_in_graph_mode_like_the_reference():
     assert [r for r in m.kernel_report() if r.get("site")][0]["impl"] == "fused"
 
 
+def _lora_step(fused: bool, batch: ms.Tensor):
+    """One FusedTrainStep (fp16) with LoRA r 4 on every linear layer (model_zoo/lora.py), lora_B non-zero so the
+    adapters are in the forward; the base frozen."""
+    from converters import lora_names
+    from model_zoo import lora
+    from model_zoo.lora_spec import LoraSpec
+
+    model = _model(fused, "float16")
+    t = lora_names.resolve(CFG, "all-linear")
+    lora.apply_lora(model, LoraSpec(4, 8.0), t.adapted.values())
+    rng = np.random.default_rng(3)
+    lora.set_values(model, {n: rng.normal(0, 0.05, s).astype(np.float32) for n, s in lora.adapter_shapes(model).items()})
+    opt = train_step.AdamW(list(model.trainable_params()), (0.9, 0.95), 1e-8, 0.0)
+    before = _weights(model)
+    total, count, norm, finite = train_step.FusedTrainStep(model, opt, 1, 1.0)(
+        batch, batch, _f32(1.0 / (MICRO * (SEQ - 1))), _f32(1.0), *(_f32(h) for h in HYPER))
+    after = _weights(model)
+    return float(total.asnumpy()) / float(count.asnumpy()), bool(finite.asnumpy()), {k: after[k] - before[k] for k in after}
+
+
+@pytest.mark.slow   # two graph compiles: 12 CPU-s, 87 s wall on the shared 2 cores
+def test_lora_on_the_fused_plan_trains_in_graph_mode_like_the_reference():
+    """The fused SwiGLU path runs gate and up as LoRA layers (model_zoo/llama.py FeedForward), fused attention
+    and RoPE around the adapted q/k/v/o: one LoRA step equals the reference plan's; only adapters move."""
+    batch = _batches(1)[0]
+    (loss_f, fin_f, delta_f), (loss_r, fin_r, delta_r) = _lora_step(True, batch), _lora_step(False, batch)
+    assert fin_f and fin_r and loss_f == pytest.approx(loss_r, rel=FP16_LOSS_RTOL)
+    assert set(delta_f) == set(delta_r) and all(".lora_" in k for k in delta_f) and len(delta_f) == 2 * 7 * 2
+    for k in ("model.layers.0.feed_forward.w1.lora_B.weight", "model.layers.1.feed_forward.w3.lora_A.weight",
+              "model.layers.1.attention.wq.lora_B.weight"):
+        moved = np.abs(delta_r[k]) > 5e-4
+        assert moved.any() and np.mean(np.sign(delta_f[k][moved]) == np.sign(delta_r[k][moved])) > 0.97, k
+
+
+@pytest.mark.slow   # kept out of the fast tier (`pytest` alone, 5 minutes on 2 cores); CI runs it
 def test_length_dependent_rope_past_its_context_compiles_to_the_pynative_tables():
     """Dynamic NTK RoPE at 24 positions, past max_position_embeddings 16: the graph takes the tables of its
     static length (NumPy folded at compile time) and gives PyNative's logits; the fused plan trains like

@@ -134,15 +134,18 @@ def test_collectives_take_the_graph_mode_calls_at_their_own_size_else_the_links_
     cal = _write(tmp_path, rec, cfg, links)
     e = calibrated.predict(rec, cfg, layout, cal)
     assert e.comm_s == pytest.approx(sum(c.count * 2e-3 + c.wire_bytes / 1.25e9 for c in cols), abs=1e-4)
-    assert all("measured (world AllReduce, PyNative calls)" in s for s in e.comm_sources)
+    assert all("measured at group size 2 on cpu (PyNative calls, links rung: world AllReduce)" in s
+               for s in e.comm_sources)
+    assert {f.basis for f in e.comm_figures} == {"links rung"}
     # the compute rung's graph-mode calls win: 1 ms at 1 KiB, 41 ms at 4 MiB, linear between
     doc = json.loads((tmp_path / "rh" / "calibration.json").read_text())
-    doc["collectives"] = {"AllReduce": {"ranks": 2, "points_bytes_ms": [[1024, 1.0], [4 << 20, 41.0]]}}
+    doc["collectives"] = {"device": "cpu", "workers": 2, "measured": {
+        "AllReduce@2": {"ranks": 2, "runs": "AllReduce", "emulated": "", "points_bytes_ms": [[1024, 1.0], [4 << 20, 41.0]]}}}
     (tmp_path / "rh" / "calibration.json").write_text(json.dumps(doc))
     e = calibrated.predict(rec, cfg, layout, calibrated.load(tmp_path / "rh"))
     want = sum(c.count * (1.0 + 40.0 * (c.payload_bytes / c.count - 1024) / ((4 << 20) - 1024)) / 1e3 for c in cols)
     assert e.comm_s == pytest.approx(want, abs=1e-4)
-    assert all("measured in graph mode (AllReduce of 2" in s for s in e.comm_sources)
+    assert all(f.figure == "measured at group size 2 on cpu" and f.measured_ranks == 2 for f in e.comm_figures)
     assert calibrated.per_call_s([[1024, 1.0], [4 << 20, 41.0]], 10) == 1e-3   # never below the smallest call
 
 

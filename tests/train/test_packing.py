@@ -225,6 +225,7 @@ def _one_step(fused: bool, mb):
 
 
 @pytest.mark.graph_mode
+@pytest.mark.slow   # kept out of the fast tier (`pytest` alone, 5 minutes on 2 cores); CI runs it
 def test_packed_ascend_plan_trains_in_graph_mode_like_the_reference():
     """FusedTrainStep (forward, backward, clip, AdamW in one graph) with TND flash attention and B1SD
     fused RoPE, against the reference kernels on the same packed rows; fp16 compute."""

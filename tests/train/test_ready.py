@@ -8,6 +8,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 RANK = """
 import sys, time
@@ -30,6 +32,7 @@ def _rank(run: Path, rank: int, workers: int, sleep: float, limit: float = 60.0,
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
+@pytest.mark.slow   # kept out of the fast tier (`pytest` alone, 5 minutes on 2 cores); CI runs it
 def test_the_early_rank_waits_for_the_late_one_and_stale_launches_do_not_count(tmp_path):
     stale = tmp_path / "logs" / ".ready_1-999"   # a dead launch's ready file: not this launch's
     stale.mkdir(parents=True)
@@ -58,6 +61,7 @@ def test_a_rank_that_never_arrives_is_one_error_line_after_the_limit(tmp_path):
         "logs/rank_*.log" in out and out.count("\n") == 1, out
 
 
+@pytest.mark.slow   # kept out of the fast tier (`pytest` alone, 5 minutes on 2 cores); CI runs it
 def test_a_late_rank_marks_itself_ready_that_long_after_the_others_whatever_their_start(tmp_path):
     """The test hook's rank (PORT_TEST_COMPILE_DELAY) waits for the others first: rank 0, which starts 3 s after
     it, still waits the full 2 s."""

@@ -119,6 +119,7 @@ def test_a_run_whose_data_changed_tokenises_again(tmp_path):
     assert len(list(cache.iterdir())) == 2
 
 
+@pytest.mark.slow   # kept out of the fast tier (`pytest` alone, 5 minutes on 2 cores); CI runs it
 def test_port_train_twice_with_the_cache_gives_the_same_losses(tmp_path, model_dir):
     from tests.helpers import port
 

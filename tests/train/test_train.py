@@ -169,6 +169,7 @@ def _edited_copy(recipe: Path, dest: Path, **sections: dict) -> Path:
     return dest
 
 
+@pytest.mark.slow   # kept out of the fast tier (`pytest` alone, 5 minutes on 2 cores); CI runs it
 def test_a_kill_during_the_first_save_leaves_a_run_that_starts_over(tmp_path):
     """A kill mid-save of the first checkpoint leaves only its temporary directory. Before, that run could
     be neither resumed ("no complete checkpoint") nor restarted ("holds checkpoints ... pass --resume")."""
@@ -259,6 +260,7 @@ def test_bucketed_alpaca_compiles_one_graph_per_shape(tmp_path, alpaca, model_di
     assert summary["precompiled_graphs"] == res.compiled_graphs and not any(s["compile"] for s in steps)
 
 
+@pytest.mark.slow   # kept out of the fast tier (`pytest` alone, 5 minutes on 2 cores); CI runs it
 def test_recompute_gives_the_same_training(tmp_path):
     """Cell.recompute() on every decoder layer (graph mode, CPU) changes memory, not the numbers."""
     from porting.train.run.loop import train
@@ -274,6 +276,7 @@ def test_recompute_gives_the_same_training(tmp_path):
     assert "recompute: 5 of 5 decoder layers" in (tmp_path / "rc" / "logs" / "rank_0.log").read_text()
 
 
+@pytest.mark.slow   # kept out of the fast tier (`pytest` alone, 5 minutes on 2 cores); CI runs it
 def test_dynamic_loss_scaling_is_exact_then_skips_overflow_and_stops_at_scale_one(tmp_path, model_dir):
     """The Ascend loss-scaling logic, run on the CPU in fp32: a power-of-two scale changes nothing;
     overflowing steps are skipped with the scale halved, and at scale 1 the run stops."""

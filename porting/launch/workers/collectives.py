@@ -1,7 +1,20 @@
 """Entry point of one `msrun` worker of the compute rung's collective timing (porting/rehearse_compute.py):
-``msrun ... collectives.py SPEC OUT``. Each collective is chained in one compiled cell (the per-call cost,
-not a launch: 8 calls up to 512 KiB, 2 of 4 MiB and 16 MiB), timed at 1 KiB to 16 MiB per rank; rank 0 writes
-(bytes, ms a call) points. A script in porting/launch/workers/ with the other msrun entry points (msrun runs a
+``msrun ... collectives.py SPEC OUT``. SPEC names the group sizes to time (the recipe's tensor- and data-parallel
+sizes that this node holds, and the node's whole group); for each size the world is cut into groups of that many
+neighbouring ranks, all timed at once (as every TP or DP group of a step runs its collective at the same time), and
+on each group every kind the step runs is timed as port runs it on this device:
+
+* ``AllReduce``: native everywhere;
+* ``ReduceScatter``: HCCL's own on Ascend; on the CPU MindSpore's ReduceScatter is a stub that computes nothing
+  (MCCL, mindspore-ai/mindspore plugin/cpu/res_manager/collective/ms_collective_comm_lib.cc), so port runs an
+  AllReduce and keeps its slice (porting/train/run/step/zero.py), and that is what is timed, named as emulated;
+* ``AllGather``: native on Ascend and on the CPU's world group; on a CPU sub-group (no AllGather there) port
+  all-reduces a zero buffer holding its piece at its offset (zero.py), timed as such.
+
+Each collective is chained in one compiled cell (the per-call cost, not a launch: 8 calls up to 512 KiB, 2 of
+4 MiB and 16 MiB), at payloads of 1 KiB to 16 MiB as the plan counts them (porting/train/plan/sharding.py: the
+input of AllReduce and ReduceScatter, the gathered output of AllGather, whose pieces are 1/N of it); rank 0 writes
+(payload bytes, ms a call) points per kind and group size. A script in porting/launch/workers/ with the other msrun entry points (msrun runs a
 script path; one in ``porting/`` itself would put that folder first on ``sys.path``, where ``porting/bisect``
 hides the standard library's ``bisect``), started by the one launcher (porting/launch/jobs.py)."""
 
@@ -17,44 +30,100 @@ from typing import Any, Callable
 import mindspore as ms
 import numpy as np
 from mindspore import nn, ops
-from mindspore.communication import get_group_size, get_rank, init
+from mindspore.communication import create_group, get_group_size, get_rank, init
 from mindspore.device_context.cpu.op_tuning import threads_num
 
 REPEATS = 9
 COLLECTIVE_ELEMENTS = (256, 1 << 14, 1 << 17, 1 << 20, 1 << 22)   # 1 KiB .. 16 MiB of float32 per rank
+RS_EMULATED = ("AllReduce + this rank's slice (MindSpore's CPU ReduceScatter is a stub in MCCL; port's ZeRO runs "
+               "this instead, porting/train/run/step/zero.py)")
+AG_EMULATED = ("AllReduce of a zero buffer holding this rank's piece at its offset (the CPU's AllGather takes the "
+               "world group only; port's ZeRO runs this instead, porting/train/run/step/zero.py)")
+
+
+class Chain(nn.Cell):
+    """``calls`` of one collective in one graph, as port runs it (``how``: "AllReduce", "ReduceScatter",
+    "AllGather", or an emulation: "AllReduce + slice", "AllReduce of zero-padded"), each call's output turned back
+    into an input of the same length for the next call."""
+
+    def __init__(self, how: str, calls: int, kw: dict[str, str], n: int, me: int, elements: int):
+        super().__init__()
+        self.how, self.calls, self.n, self.elements = how, calls, n, elements
+        self.chunk = elements // n
+        self.lo, self.hi = me * self.chunk, (me + 1) * self.chunk
+        self.allreduce = ops.AllReduce(ops.ReduceOp.SUM, **kw)
+        self.reduce_scatter = ops.ReduceScatter(ops.ReduceOp.SUM, **kw) if how == "ReduceScatter" else None
+        self.all_gather = ops.AllGather(**kw) if how == "AllGather" else None
+        mask = np.zeros((n * elements,), np.float32) if how == "AllReduce of zero-padded" else np.zeros((1,), np.float32)
+        mask[me * elements:(me + 1) * elements] = 1.0
+        self.mask = ms.Tensor(mask)   # this rank's piece at its offset, zeros elsewhere
+
+    def one(self, x):
+        if self.how == "AllReduce":
+            return self.allreduce(x) * 0.5
+        if self.how == "ReduceScatter":
+            return ops.tile(self.reduce_scatter(x) * 0.5, (self.n,))
+        if self.how == "AllReduce + slice":
+            return ops.tile(self.allreduce(x)[self.lo:self.hi] * 0.5, (self.n,))
+        if self.how == "AllGather":
+            return self.all_gather(x)[:self.elements] * 0.5
+        return self.allreduce(ops.tile(x, (self.n,)) * self.mask)[:self.elements] * 0.5   # AllReduce of zero-padded
+
+    def construct(self, x):
+        for _ in range(self.calls):
+            x = self.one(x)
+        return x
+
+
+def kinds(native: bool, world_group: bool) -> dict[str, tuple[str, str]]:
+    """kind -> (how port runs it on this device and group, why when emulated ("" native))."""
+    return {"AllReduce": ("AllReduce", ""),
+            "ReduceScatter": ("ReduceScatter", "") if native else ("AllReduce + slice", RS_EMULATED),
+            "AllGather": ("AllGather", "") if native or world_group else ("AllReduce of zero-padded", AG_EMULATED)}
+
+
+def time_group(native: bool, size: int, rank: int, world: int, counts: tuple[int, ...] = COLLECTIVE_ELEMENTS,
+               repeats: int = REPEATS) -> dict[str, Any]:
+    """Every kind on this rank's group of ``size`` neighbouring ranks: {kind: {"ranks", "points_bytes_ms", ...}}."""
+    first = rank // size * size
+    kw: dict[str, str] = {} if size == world else {"group": f"rehearse_{size}_{first}"}
+    if kw:   # each rank creates the group it belongs to (MindSpore's create_group: called by its members)
+        create_group(kw["group"], list(range(first, first + size)))
+    out: dict[str, Any] = {}
+    for name, (how, emulated) in kinds(native, size == world).items():
+        points = []
+        for e in counts:   # the payload: AllReduce's and ReduceScatter's input, AllGather's output
+            elements = e // size * size   # N equal chunks (a ReduceScatter's input, an AllGather's output)
+            calls = 8 if elements <= 1 << 17 else 2   # enough calls to see past the launch, few of the large ones
+            piece = elements // size if name == "AllGather" else elements   # what one rank passes in
+            cell = Chain(how, calls, kw, size, rank - first, piece)
+            x = ms.Tensor(np.ones((piece,), np.float32))
+            per_call = _median_of(lambda: cell(x).asnumpy(), repeats) / calls
+            points.append([piece * 4 * (size if name == "AllGather" else 1), round(per_call * 1e3, 4)])
+        out[name] = {"ranks": size, "points_bytes_ms": points, "latency_ms": points[0][1], "graph_mode": True,
+                     "runs": how, "emulated": emulated}
+    return out
 
 
 def collectives_child(spec_path: str, out_path: str) -> None:
-    """One msrun worker: each collective chained in one graph at each size; rank 0 writes the points."""
+    """One msrun worker: each kind on each group size, chained in one graph at each byte size; rank 0 writes."""
     spec = json.loads(Path(spec_path).read_text(encoding="utf-8"))
     ms.set_context(mode=ms.GRAPH_MODE)
     ms.set_device({"cpu": "CPU", "ascend": "Ascend"}[spec["device"]])
     if spec["device"] == "cpu":
         threads_num(int(spec["threads"]))
     init()
-    rank, n = get_rank(), get_group_size()
-
-    class Chain(nn.Cell):
-        def __init__(self, op, calls: int):
-            super().__init__()
-            self.op, self.calls = op, calls
-
-        def construct(self, x):
-            for _ in range(self.calls):
-                x = self.op(x)[: x.shape[0]] * 0.5
-            return x
-
+    rank, world = get_rank(), get_group_size()
+    sizes = sorted({int(s) for s in spec.get("sizes") or [world] if 2 <= int(s) <= world and world % int(s) == 0})
     out: dict[str, Any] = {}
-    for name, op in (("AllReduce", ops.AllReduce()), ("AllGather", ops.AllGather())):
-        points = []
-        for elements in COLLECTIVE_ELEMENTS:   # the buffer one rank passes in (its payload, for AllGather its piece)
-            calls = 8 if elements <= 1 << 17 else 2   # enough calls to see past the launch, few of the large ones
-            cell, x = Chain(op, calls), ms.Tensor(np.ones((elements,), np.float32))
-            per_call = _median_of(lambda: cell(x).asnumpy(), REPEATS) / calls
-            points.append([elements * 4 * (n if name == "AllGather" else 1), round(per_call * 1e3, 4)])
-        out[name] = {"ranks": n, "points_bytes_ms": points, "latency_ms": points[0][1], "graph_mode": True}
+    counts = tuple(int(e) for e in spec.get("elements") or ()) or COLLECTIVE_ELEMENTS
+    repeats = int(spec.get("repeats") or REPEATS)
+    for size in sizes:
+        for name, v in time_group(spec["device"] == "ascend", size, rank, world, counts, repeats).items():
+            out[f"{name}@{size}"] = v
     if rank == 0:
-        Path(out_path).write_text(json.dumps(out, indent=1), encoding="utf-8")
+        doc = {"device": spec["device"], "workers": world, "sizes": sizes, "measured": out}
+        Path(out_path).write_text(json.dumps(doc, indent=1), encoding="utf-8")
 
 
 def _median_of(fn: Callable[[], Any], repeats: int) -> float:

@@ -41,8 +41,8 @@ from typing import Any
 from model_zoo.config import LlamaConfig
 from model_zoo.errors import RecipeError
 from model_zoo import files
-from porting.train.plan import calibration_bounds as bounds, roofline, sharding
-from porting.train.plan.estimates import CalibratedStep, StepEstimate
+from porting.train.plan import calibration_bounds as bounds, comm_price, roofline, sharding
+from porting.train.plan.estimates import CalibratedStep, CommFigure, StepEstimate
 from porting.train.plan.layout import Layout
 from porting.train.recipe.schema import Recipe
 
@@ -157,7 +157,9 @@ def load(folder: str | os.PathLike) -> Calibration:
         raise RecipeError(f"{p}: not a port calibration (format port-calibration/1 with shape and by_threads); "
                           "re-run `port rehearse` to write it")
     where = str(p)
-    checked = {"format": doc["format"], "by_threads": bounds.pieces(doc["by_threads"], where),
+    checked = {"format": doc["format"], "device": bounds.name(doc.get("device"), where, "device"),
+               "by_threads": bounds.pieces(doc["by_threads"], where),
+               "by_tp": bounds.by_tp(doc.get("by_tp"), where),
                "shape": bounds.shape(doc["shape"], where),
                "load_avg_1min": bounds.load_avg(doc.get("load_avg_1min"), where),
                "collectives": bounds.collectives(doc.get("collectives"), where)}
@@ -181,54 +183,66 @@ def _threads(recipe: Recipe) -> int:
     return max(1, n // recipe.cluster.devices_per_node) if recipe.world_size > 1 else n
 
 
-def _rates(cal: Calibration, recipe: Recipe) -> tuple[dict[str, float], str]:
-    """The measured figures for this recipe's workers, and where they come from."""
-    by = cal.doc["by_threads"]
+def _table(cal: Calibration, tp: int) -> tuple[dict[str, Any], dict[str, Any], bool]:
+    """(the pieces by thread count, the shape they were measured at, whether at this TP): the compute rung
+    measures one TP rank's slice at every TP the plan ranks (``by_tp``) and the recipe's own (``by_threads``)."""
+    base = cal.doc["shape"]
+    other = (cal.doc.get("by_tp") or {}).get(str(tp))
+    if tp != base["tp"] and isinstance(other, dict):
+        return other, {**base, "tp": tp}, True
+    return cal.doc["by_threads"], base, tp == base["tp"]
+
+
+def _rates(cal: Calibration, recipe: Recipe) -> tuple[dict[str, float], dict[str, Any], str]:
+    """The measured figures for this recipe's workers, the shape they were measured at, and where they come from.
+    On a CPU whose node runs more worker threads than it has cores (4 workers x 1 thread on 2 cores) each worker
+    gets its share of the cores only: its times x threads x workers / cores (a scaling, said as such)."""
+    by, base, at_tp = _table(cal, recipe.parallel.tensor_parallel)
+    tp_note = f" at TP {base['tp']}" if at_tp else f" at TP {base['tp']} (no slice of TP {recipe.parallel.tensor_parallel} measured)"
     if recipe.cluster.device != "cpu":
         t = next(iter(by))
-        return by[t], "measured on one device"
-    want = _threads(recipe)
-    if str(want) in by:
-        return by[str(want)], f"measured at {want} thread(s) per worker"
-    near = min(by, key=lambda t: abs(int(t) - want))
-    f = int(near) / want   # fewer threads: proportionally slower (a scaling, said as such)
-    return {k: v * f if k.endswith(("_s", "_per_flop")) else v for k, v in by[near].items()}, \
-        f"scaled from {near} to {want} thread(s) per worker"
+        return by[t], base, "measured on one device" + tp_note
+    want, n = _threads(recipe), os.cpu_count() or 1
+    near = want if str(want) in by else min((int(t) for t in by), key=lambda t: abs(t - want))
+    f = near / want   # fewer threads: proportionally slower
+    busy = want * (recipe.cluster.devices_per_node if recipe.world_size > 1 else 1)
+    share = max(1.0, busy / n)
+    how = (f"measured at {want} thread(s) per worker" if near == want else
+           f"scaled from {near} to {want} thread(s) per worker") + tp_note
+    if share > 1:
+        how += f"; x {share:g}: {busy} worker threads share {n} cores"
+    rates = by[str(near)]
+    return ({k: v * f * share if k.endswith(("_s", "_per_flop")) else v for k, v in rates.items()}, base, how)
 
 
-def per_call_s(points: list[list[float]], nbytes: float) -> float:
-    """Seconds of one call of ``nbytes`` from measured (bytes, ms) points: linear between the two around it,
-    the nearest segment's slope beyond them."""
-    pts = sorted((float(b), float(t)) for b, t in points)
-    if len(pts) == 1:
-        return pts[0][1] / 1e3
-    i = next((k for k in range(1, len(pts)) if nbytes <= pts[k][0]), len(pts) - 1)
-    (b0, t0), (b1, t1) = pts[i - 1], pts[i]
-    return max(t0 + (t1 - t0) * (nbytes - b0) / (b1 - b0), pts[0][1]) / 1e3
+per_call_s = comm_price.per_call_s   # the interpolation of the compute rung's points (kept here: its tests call it)
 
 
-def comm_time(cal: Calibration, c: sharding.Collective) -> tuple[float, str]:
-    """Seconds of one step's ``c`` and where the figure comes from: the compute rung's graph-mode calls of a
-    group of that size first (interpolated at the call's own size), else the links rung's PyNative calls
-    (latency at 1 KiB plus the 4 MiB bandwidth beyond it), else nothing measured (0)."""
-    g = (cal.doc.get("collectives") or {}).get("AllReduce" if c.op == "ReduceScatter" else c.op)
-    if isinstance(g, dict) and g.get("ranks") == c.ranks and g.get("points_bytes_ms"):
-        return (c.count * per_call_s(g["points_bytes_ms"], c.payload_bytes / max(c.count, 1)),
-                f"measured in graph mode ({c.op} of {c.ranks}, at {c.payload_bytes / max(c.count, 1) / 1024:.0f} KiB a call)")
-    keys = [f"{c.group} {c.op}", f"world {c.op}"] + sorted(k for k in cal.links if k.endswith(" " + c.op))
-    for k in keys:
-        m = cal.links.get(k)
-        if isinstance(m, dict) and m.get("ranks") == c.ranks and m.get("bus_gb_s"):
-            lat, ms = (m.get("latency_ms") or 0.0), m.get("ms") or 0.0
-            bus = m["bus_gb_s"] * (ms / (ms - lat) if ms > lat > 0 else 1.0) * 1e9
-            return c.count * lat / 1e3 + c.wire_bytes / bus, f"measured ({k}, PyNative calls)"
-    return 0.0, "not measured"
+def comm_figures(recipe: Recipe, cfg: LlamaConfig, layout: Layout, cal: Calibration) -> tuple[CommFigure, ...]:
+    """Every collective of the step priced from the rehearsal (porting/train/plan/comm_price.py), each with where its
+    figure comes from; on Ascend a figure nothing measured is the roofline's peak link figure."""
+    ascend = recipe.cluster.device == "ascend"
+    peak_links = roofline.links(recipe) if ascend else None
+    out = []
+    for c in sharding.collectives(recipe, cfg, layout=layout):
+        peak = None
+        if peak_links is not None:
+            name = peak_links.inter_node if c.group == "dp" and peak_links.dp_spans_nodes else peak_links.intra_node
+            peak = (peak_links.bytes_per_s(c.group), name)
+        out.append(comm_price.price(c, cal.doc, cal.links, native_rs=sharding.has_reduce_scatter(recipe.cluster.device),
+                                    nodes=recipe.cluster.nodes, peak=peak))
+    return tuple(out)
 
 
 def predict(recipe: Recipe, cfg: LlamaConfig, layout: Layout, cal: Calibration) -> CalibratedStep:
     """The calibrated step of ``recipe`` (module docstring), by part, with the source of each figure."""
-    rates, where = _rates(cal, recipe)
-    base, mine = cal.doc["shape"], shape_of(recipe, cfg)
+    measured_on = cal.doc.get("device")
+    if measured_on is not None and measured_on != recipe.cluster.device:
+        raise RecipeError(f"--calibration {cal.where}: measured on {measured_on}, the recipe runs on "
+                          f"{recipe.cluster.device}; rehearse on the recipe's own device (`port rehearse RECIPE --out "
+                          "DIR` there) or drop --calibration for the roofline estimate")
+    rates, base, where = _rates(cal, recipe)
+    mine = shape_of(recipe, cfg)
     same = all(base.get(k) == mine.get(k) for k in SHAPE_KEYS)
     scaled = "at this shape" if same else \
         f"a fixed time + a time per FLOP, measured at hidden {base['hidden']}, seq {base['seq']}, micro {base['micro']}" \
@@ -244,20 +258,16 @@ def predict(recipe: Recipe, cfg: LlamaConfig, layout: Layout, cal: Calibration) 
     else:
         how = f"{accum} x forward+backward {where}, {scaled}; update per parameter {where}"
     compute = accum * fb
-    comm, sources = 0.0, []
-    peak_links = roofline.links(recipe) if recipe.cluster.device == "ascend" else None
-    for c in sharding.collectives(recipe, cfg, layout=layout):
-        t, src = comm_time(cal, c)
-        if src == "not measured" and peak_links is not None:
-            t, src = c.wire_bytes / peak_links.bytes_per_s(c.group), "peak-based (roofline link figure)"
-        comm += t
-        sources.append(f"{c.op} x{c.count} {c.group}: {t:.4f} s, {src}")
+    figures = comm_figures(recipe, cfg, layout, cal)
+    comm = sum(f.seconds for f in figures)
     step = compute + update + comm
     return CalibratedStep(
         kind="calibrated", from_=cal.where, step_s=round(step, 4), compute_s=round(compute, 4),
-        memory_s=round(update, 4), comm_s=round(comm, 4), how=how, comm_sources=tuple(sources), measured_shape=base,
-        load_avg_at_measurement=cal.doc.get("load_avg_1min"),
-        tokens_per_s=round(recipe.global_batch_size * recipe.data.max_seq_length / step, 2) if step else None)
+        memory_s=round(update, 4), comm_s=round(comm, 4), how=how,
+        comm_sources=tuple(f"{f.op} x{f.count} {f.group} of {f.ranks}: {f.seconds:.4f} s, {f.figure}" for f in figures),
+        measured_shape=base, load_avg_at_measurement=cal.doc.get("load_avg_1min"),
+        tokens_per_s=round(recipe.global_batch_size * recipe.data.max_seq_length / step, 2) if step else None,
+        comm_figures=figures)
 
 
 def estimate(recipe: Recipe, cfg: LlamaConfig, layout: Layout, cal: Calibration | None) -> StepEstimate | None:

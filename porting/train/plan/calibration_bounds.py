@@ -81,20 +81,20 @@ def number(v: Any, low: float, high: float, where: str, what: str, low_included:
     return float(v)
 
 
-def pieces(by_threads: Any, where: str) -> dict[str, dict[str, float]]:
+def pieces(by_threads: Any, where: str, label: str = "by_threads") -> dict[str, dict[str, float]]:
     """``by_threads`` checked: {thread count: {piece: seconds}} with only the pieces a prediction reads."""
     if not isinstance(by_threads, dict) or not by_threads or len(by_threads) > MAX_ENTRIES:
-        raise RecipeError(f"{where}: by_threads must map 1 to {MAX_ENTRIES} thread counts to their pieces; re-run "
+        raise RecipeError(f"{where}: {label} must map 1 to {MAX_ENTRIES} thread counts to their pieces; re-run "
                           "`port rehearse` to write it")
     out = {}
     for t, v in by_threads.items():
         if not _THREADS.fullmatch(t) or int(t) > MAX_THREADS:
-            raise RecipeError(f"{where}: by_threads key {t[:20]!r} is not a thread count (ASCII digits, 1 to "
+            raise RecipeError(f"{where}: {label} key {t[:20]!r} is not a thread count (ASCII digits, 1 to "
                               f"{MAX_THREADS}); re-run `port rehearse` to write it")
         if not isinstance(v, dict) or not all(k in v for k in PIECES):
-            raise RecipeError(f"{where}: by_threads.{t} lacks one of {', '.join(PIECES)} (numbers); re-run "
+            raise RecipeError(f"{where}: {label}.{t} lacks one of {', '.join(PIECES)} (numbers); re-run "
                               "`port rehearse`")
-        out[t] = {k: number(v[k], *BOUNDS[k][:2], f"{where}: by_threads.{t}.{k}", _unit(k), BOUNDS[k][2])
+        out[t] = {k: number(v[k], *BOUNDS[k][:2], f"{where}: {label}.{t}.{k}", _unit(k), BOUNDS[k][2])
                   for k in PIECES + tuple(m for m in MEASURED if m in v)}
     return out
 
@@ -122,31 +122,85 @@ def shape(value: Any, where: str) -> dict[str, Any]:
     return dict(value)
 
 
-def collectives(value: Any, where: str) -> dict[str, dict[str, Any]]:
-    """The compute rung's graph-mode collectives: {op: {ranks, points_bytes_ms}} checked, each size once."""
+KINDS = ("AllReduce", "ReduceScatter", "AllGather")
+_GROUP_KEY = re.compile(r"(AllReduce|ReduceScatter|AllGather)@([1-9][0-9]{0,5})")
+
+
+def collectives(value: Any, where: str) -> dict[str, Any]:
+    """The compute rung's graph-mode collectives, checked, in the form porting/train/plan/comm_price.py reads:
+    ``{"device", "measured": {"OP@N": {ranks, points_bytes_ms, runs, emulated}}, "extrapolated": [N, ...]}``; an
+    older file's ``{"OP": {ranks, points_bytes_ms}}`` (timed on its world group) reads as ``OP@ranks``."""
     if value is None:
         return {}
     if not isinstance(value, dict) or len(value) > 16:
-        raise RecipeError(f"{where}: collectives must map at most 16 operations to their points; re-run `port rehearse`")
-    out = {}
-    for op, g in value.items():
-        at = f"{where}: collectives.{str(op)[:20]}"
-        if not isinstance(g, dict):
-            raise RecipeError(f"{at}: expected an object with ranks and points_bytes_ms; re-run `port rehearse`")
-        ranks = g.get("ranks")
-        if type(ranks) is not int or not 1 <= ranks <= MAX_RANKS:
-            raise RecipeError(f"{at}.ranks: found {_shown(ranks)}, expected an integer from 1 to {MAX_RANKS:,}; re-run "
+        raise RecipeError(f"{where}: collectives must be an object of at most 16 keys, as `port rehearse` writes it; "
+                          "re-run `port rehearse`")
+    if "measured" in value:
+        entries = value["measured"]
+        if not isinstance(entries, dict) or len(entries) > MAX_ENTRIES:
+            raise RecipeError(f"{where}: collectives.measured must map at most {MAX_ENTRIES} \"kind@group size\" "
+                              "names to their points; re-run `port rehearse`")
+    else:   # the older form: one entry per kind, on the world group
+        entries = {f"{op}@{g.get('ranks')}" if isinstance(g, dict) else str(op): g for op, g in value.items()}
+    out: dict[str, Any] = {}
+    for key, g in entries.items():
+        at = f"{where}: collectives.{str(key)[:40]}"
+        m = _GROUP_KEY.fullmatch(str(key))
+        if not m or not isinstance(g, dict):
+            raise RecipeError(f"{at}: expected a kind ({', '.join(KINDS)}) @ a group size with ranks and "
+                              "points_bytes_ms; re-run `port rehearse`")
+        out[str(key)] = _entry(g, at, int(m.group(2)))
+    extrapolated = value.get("extrapolated", [])
+    if not isinstance(extrapolated, list) or len(extrapolated) > MAX_ENTRIES or not all(
+            type(n) is int and 1 <= n <= MAX_RANKS for n in extrapolated):
+        raise RecipeError(f"{where}: collectives.extrapolated: expected at most {MAX_ENTRIES} group sizes (integers "
+                          f"1 to {MAX_RANKS:,}); re-run `port rehearse`")
+    return {"device": name(value.get("device"), where, "collectives.device"), "measured": out,
+            "extrapolated": list(extrapolated)}
+
+
+def _entry(g: dict, at: str, size: int) -> dict[str, Any]:
+    ranks = g.get("ranks", size)
+    if type(ranks) is not int or ranks != size:
+        raise RecipeError(f"{at}.ranks: found {_shown(ranks)}, expected {size} (the group size it is keyed by); "
+                          "re-run `port rehearse`")
+    pts = g.get("points_bytes_ms")
+    if not isinstance(pts, list) or not 1 <= len(pts) <= MAX_POINTS or not all(
+            isinstance(p, list) and len(p) == 2 for p in pts):
+        raise RecipeError(f"{at}.points_bytes_ms: expected 1 to {MAX_POINTS} [bytes, ms] pairs; re-run `port rehearse`")
+    checked = [_point(p, f"{at}.points_bytes_ms") for p in pts]
+    if len({b for b, _ in checked}) != len(checked):
+        raise RecipeError(f"{at}.points_bytes_ms: a call size is measured twice; expected each size once (the time "
+                          "between two sizes is interpolated); re-run `port rehearse`")
+    runs, emulated = g.get("runs", ""), g.get("emulated", "")
+    if not isinstance(runs, str) or not isinstance(emulated, str) or len(runs) > 64 or len(emulated) > 400:
+        raise RecipeError(f"{at}: runs and emulated must be short texts (at most 64 and 400 characters); re-run "
+                          "`port rehearse`")
+    return {"ranks": ranks, "points_bytes_ms": [list(p) for p in checked], "runs": runs, "emulated": emulated}
+
+
+def by_tp(value: Any, where: str) -> dict[str, dict[str, dict[str, float]]]:
+    """The compute rung's pieces of one rank's slice at the other TP sizes the plan ranks: {tp: by_threads}."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or len(value) > MAX_ENTRIES:
+        raise RecipeError(f"{where}: by_tp must map at most {MAX_ENTRIES} TP sizes to their pieces; re-run "
+                          "`port rehearse`")
+    for tp in value:
+        if not _THREADS.fullmatch(str(tp)):
+            raise RecipeError(f"{where}: by_tp key {str(tp)[:20]!r} is not a TP size (ASCII digits); re-run "
                               "`port rehearse`")
-        pts = g.get("points_bytes_ms")
-        if not isinstance(pts, list) or not 1 <= len(pts) <= MAX_POINTS or not all(
-                isinstance(p, list) and len(p) == 2 for p in pts):
-            raise RecipeError(f"{at}.points_bytes_ms: expected 1 to {MAX_POINTS} [bytes, ms] pairs; re-run `port rehearse`")
-        checked = [_point(p, f"{at}.points_bytes_ms") for p in pts]
-        if len({b for b, _ in checked}) != len(checked):
-            raise RecipeError(f"{at}.points_bytes_ms: a call size is measured twice; expected each size once (the time "
-                              "between two sizes is interpolated); re-run `port rehearse`")
-        out[str(op)] = {"ranks": ranks, "points_bytes_ms": [list(p) for p in checked]}
-    return out
+    return {str(tp): pieces(v, where, f"by_tp.{tp}") for tp, v in value.items()}
+
+
+def name(value: Any, where: str, key: str) -> str | None:
+    """A short device name (``cpu``, ``ascend``) or absent."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not 0 < len(value) <= 32:
+        raise RecipeError(f"{where}: {key}: found {_shown(value)}, expected a short device name (cpu, ascend); "
+                          "re-run `port rehearse`")
+    return value
 
 
 def _point(p: list, where: str) -> tuple[int, float]:

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 from model_zoo.config import LlamaConfig
 from porting.train.plan.layout import DTYPE_BYTES, Bucket, Layout
+from porting.train.plan.lora import shapes as lora_shapes
 from porting.train.recipe.determinism import launch_env
 from porting.train.recipe.schema import CommFusionSection, Recipe
 
@@ -111,9 +112,14 @@ def layout_shapes(recipe: Recipe, cfg: LlamaConfig) -> Layout:
     prec = recipe.precision
     reduce_bytes = 4 if prec.grad_reduce_dtype == "float32" else DTYPE_BYTES[prec.param_dtype]
     numels = parameter_numels(cfg, tp)
+    frozen, lora = 0, (0, 0)
+    if recipe.lora is not None:   # the adapters are what trains; the base is weights only (plan/lora.py)
+        ls = lora_shapes(recipe, cfg, tp)
+        frozen = sum(numels) - sum(n for n, z in zip(ls.numels, ls.names) if ".lora_" not in z)
+        numels, lora = list(ls.numels), (ls.rank, ls.adapted_per_layer)
     sharded = recipe.parallel.optimizer_sharding and dp > 1
     buckets = tuple(flat_buckets(numels, reduce_bytes, recipe.parallel.comm_fusion, dp)) if sharded else ()
-    return Layout(tp, dp, sharded, reduce_bytes, tuple(numels), buckets)
+    return Layout(tp, dp, sharded, reduce_bytes, tuple(numels), buckets, frozen=frozen, lora=lora)
 
 
 # What the plan assumes of the gradient collectives' overlap with the backward, and why (issue 48: "the overlap the

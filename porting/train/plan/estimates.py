@@ -11,6 +11,22 @@ from typing import Literal
 from model_zoo.typed import spec
 
 
+@dataclass(frozen=True)
+class CommFigure:
+    """One collective of the step as an estimate prices it, and where its figure comes from (``figure``: "measured
+    at group size N on <device>", "extrapolated from group size M to N on <device> (...)", "half the AllReduce
+    measured at group size N on <device> (...)" or "peak link figure (...)"; ``basis`` the same as one word)."""
+
+    op: str
+    group: str                     # tp or dp (porting/train/plan/sharding.py Collective)
+    ranks: int
+    count: int
+    seconds: float                 # all ``count`` calls of one optimizer step
+    basis: Literal["measured", "extrapolated", "half of measured AllReduce", "links rung", "peak", "not measured"]
+    figure: str
+    measured_ranks: int | None = None   # the group size the figure was measured at (None: peak or not measured)
+
+
 @dataclass(frozen=True, kw_only=True)
 class RooflineStep:
     """Seconds of one optimizer step on one rank at the hardware's peak, by part (roofline.py module docstring)."""
@@ -24,6 +40,7 @@ class RooflineStep:
     comm_tp_s: float
     comm_dp_s: float
     tokens_per_s: float
+    comm_figures: tuple[CommFigure, ...] = ()   # every collective at the peak link figure (roofline.py)
 
 
 @dataclass(frozen=True)
@@ -41,6 +58,7 @@ class CalibratedStep:
     measured_shape: dict[str, int | bool | str]     # calibration.json's shape (calibrated.shape_of)
     load_avg_at_measurement: float | None
     tokens_per_s: float | None
+    comm_figures: tuple[CommFigure, ...] = ()   # each collective's seconds and whether measured, extrapolated or peak
 
 
 StepEstimate = RooflineStep | CalibratedStep

@@ -14,6 +14,13 @@ Resident for the whole run, per worker (each term: formula, source):
   measures otherwise. Nothing else of the model or the optimizer is on the host: no weight is drawn
   (model_zoo/linear.py ``deferred_parameters``), and the accumulation buffers, AdamW m and v and the fp32
   masters are made on the device (porting/train/run/step/cells.py, zero.py ``on_device``).
+- ``restored_states_host`` (Ascend only, a resume): the restore gives each optimizer state to MindSpore as a host
+  tensor too (porting/train/run/checkpoint/read.py ``_fill_optimizer``: ``Tensor(buf)`` then ``set_data``, one ZeRO
+  bucket's shard or one parameter at a time), so a resumed worker holds its share of the fp32 masters (bf16/fp16
+  parameters), AdamW m and v on the host as well, counted as kept like the weights' copies: P_local x (4 + 4 + 4) /
+  dp with ZeRO (all of its slice's without): 2.3 GiB a worker at 13B TP 8 x DP 8. On the CPU those tensors are the
+  device state already counted. ``worker_gib`` is a resumed worker's peak (the larger); ``fresh_worker_gib`` a fresh
+  start's.
 - ``data``: the worker's token arrays, ``ids`` and ``labels`` int32 (porting/train/data/token_file.py
   ``ARRAYS``: 8 bytes a token), the tokens estimated as the data file's bytes / 4 (about 4 characters a
   token for English text with a Llama tokenizer; an estimate, 0 when the file is not where the plan runs).
@@ -56,6 +63,7 @@ class HostTerms:
     weights_host: float
     data: float
     largest_transient: float
+    restored_states_host: float = 0.0   # a resumed worker's optimizer states as host tensors (Ascend)
 
 
 @dataclass(frozen=True)
@@ -77,6 +85,7 @@ class HostMemory:
     transients_gib: Transients
     limit_gib: float | None            # cluster.host_memory_gib (None: not given, not checked)
     formula: str
+    fresh_worker_gib: float | None = None   # a fresh start's peak (worker_gib: a resumed worker's, the larger)
 
 
 def _largest_param(cfg: LlamaConfig, tp: int) -> tuple[int, int]:
@@ -84,7 +93,8 @@ def _largest_param(cfg: LlamaConfig, tp: int) -> tuple[int, int]:
     return max(parameter_numels(cfg, 1)), max(parameter_numels(cfg, tp))
 
 
-def _data_bytes(recipe: Recipe) -> float:
+def data_bytes(recipe: Recipe) -> float:
+    """The token arrays' bytes: 2 x the data file's (module docstring), 0 when it is not where the plan runs."""
     try:
         return DATA_BYTES_PER_FILE_BYTE * Path(recipe.data.path).stat().st_size
     except (OSError, TypeError, ValueError):
@@ -107,6 +117,19 @@ def transients(recipe: Recipe, cfg: LlamaConfig) -> dict[str, float]:
             "resume": 4 * bucket + local * (4 + 4 + pb)}  # a bucket's shard; a parameter, its piece, the tensor
 
 
+def state_bytes_per_element(recipe: Recipe) -> int:
+    """fp32 optimizer bytes of one parameter: AdamW m and v, and the master when parameters are not fp32."""
+    return 8 + (4 if DTYPE_BYTES[recipe.precision.param_dtype] != 4 else 0)
+
+
+def restored_states_bytes(recipe: Recipe, cfg: LlamaConfig) -> float:
+    """Bytes of the optimizer states a resumed rank restores as host tensors (module docstring)."""
+    tp, dp = recipe.parallel.tensor_parallel, recipe.data_parallel_size
+    per = state_bytes_per_element(recipe)
+    share = dp if recipe.parallel.optimizer_sharding and dp > 1 else 1
+    return sum(parameter_numels(cfg, tp)) * per / share
+
+
 def host_memory(recipe: Recipe, cfg: LlamaConfig, device_total_gib: float) -> HostMemory:
     """Per-worker peak and per-node total in GiB, with the terms and the formula."""
     dev = recipe.cluster.device
@@ -114,21 +137,26 @@ def host_memory(recipe: Recipe, cfg: LlamaConfig, device_total_gib: float) -> Ho
     base = HOST_BASE_GIB[dev]
     device = device_total_gib if dev == "cpu" else 0.0
     weights = 0.0 if dev == "cpu" else sum(parameter_numels(cfg, tp)) * DTYPE_BYTES[recipe.precision.param_dtype] / GIB
-    data = _data_bytes(recipe) / GIB
+    data = data_bytes(recipe) / GIB
     trans = transients(recipe, cfg)
     transient = max(trans.values()) / GIB
-    worker = base + device + weights + data + transient
+    states = 0.0 if dev == "cpu" else restored_states_bytes(recipe, cfg) / GIB
+    fresh = base + device + weights + data + transient
+    worker = fresh + states
     node = worker * recipe.cluster.devices_per_node
     return HostMemory(
         worker_gib=round(worker, 3), node_gib=round(node, 3),
         terms_gib=HostTerms(base=base, device_state=round(device, 3), weights_host=round(weights, 3),
-                            data=round(data, 3), largest_transient=round(transient, 3)),
+                            data=round(data, 3), largest_transient=round(transient, 3),
+                            restored_states_host=round(states, 3)),
         transients_gib=Transients(**{k: round(v / GIB, 3) for k, v in trans.items()}),
         limit_gib=recipe.cluster.host_memory_gib,
         formula=f"worker = {base} GiB base ({dev}) + device state (CPU: the device plan's peak) + the "
-                "weights' host copies (Ascend: P_local x parameter bytes) + the token arrays (2 x the data "
-                "file's bytes) + the largest transient of HF load, save and resume "
-                f"(porting/train/plan/host_memory.py); node = worker x {recipe.cluster.devices_per_node} workers")
+                "weights' host copies (Ascend: P_local x parameter bytes) + on a resume the optimizer states "
+                "restored as host tensors (Ascend: P_local x 12 bytes / dp with ZeRO) + the token arrays (2 x the "
+                "data file's bytes) + the largest transient of HF load, save and resume "
+                f"(porting/train/plan/host_memory.py); node = worker x {recipe.cluster.devices_per_node} workers; a "
+                f"fresh start {fresh:.2f} GiB a worker", fresh_worker_gib=round(fresh, 3))
 
 
 def check_host_memory(hm: HostMemory, where: str) -> None:

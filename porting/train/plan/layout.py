@@ -75,6 +75,10 @@ class Layout:
     numels: tuple[int, ...]        # parameters of one tensor-parallel rank, model_zoo.llama order
     buckets: tuple[Bucket, ...]    # the flat buckets of a sharded run (at reduce_bytes), else ()
     choice: ShardingChoice = NOT_SHARDED
+    # LoRA (porting/train/plan/lora.py): ``numels`` are the trainable parameters, ``frozen`` the base's other
+    # elements on one rank (weights only), ``lora`` (r, adapted linear layers per decoder layer); (0, 0): none
+    frozen: int = 0
+    lora: tuple[int, int] = (0, 0)
 
     @property
     def parameters(self) -> int:

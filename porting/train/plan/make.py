@@ -18,7 +18,9 @@ from model_zoo.typed import spec
 from porting.model_paths import resolve_hf
 from porting.train.data.padding import PaddingChoices
 from porting.train.plan import calibrated, comm, execution, roofline, sharding
+from porting.train.plan import lora as lora_plan
 from porting.train.plan.allowances import Allowances, allowances, plan_shapes
+from porting.train.plan.checkpoint_io import DiskPlan, SaveOverhead, disk_plan, save_overhead
 from porting.train.plan.estimates import StepEstimate
 from porting.train.plan.host_memory import HostMemory, check_host_memory, host_memory
 from porting.train.plan.launch import msrun_commands
@@ -142,6 +144,9 @@ class TrainPlan:
     execution: str = ""                     # graph or pynative, and why (plan/execution.py)
     host_memory: HostMemory                 # peak host RAM per worker and node (host_memory.py)
     allowances: Allowances                  # the supervisor's, per phase (allowances.py)
+    disk: DiskPlan | None = spec(None, empty_none=True)                  # the run directory's need (checkpoint_io.py)
+    save_overhead: SaveOverhead | None = spec(None, empty_none=True)     # the saves' share of wall time
+    training: str = ""                      # full fine-tuning or LoRA, and what trains (plan/lora.py describe)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form (``plan.json``, ``--dry-run --json``)."""
@@ -200,7 +205,9 @@ def make_plan(recipe: Recipe, cfg: LlamaConfig, run_dir: str, resume: bool = Fal
         msrun_commands=tuple(msrun_commands(recipe, run_dir, resume)) if multi else (),
         warnings=tuple(plan_warnings(recipe, cfg, choice)), execution=execution.describe(recipe),
         host_memory=host_memory(recipe, cfg, mem.total),
-        allowances=allowances(recipe, cfg, layout, plan_shapes(recipe), step_s=est.step_s if est else None))
+        allowances=allowances(recipe, cfg, layout, plan_shapes(recipe), step_s=est.step_s if est else None),
+        disk=disk_plan(recipe, cfg, layout), save_overhead=save_overhead(recipe, layout, est.step_s if est else None),
+        training=lora_plan.describe(recipe, layout))
 
 
 def mixed_precision(recipe: Recipe) -> str:
@@ -252,11 +259,14 @@ def plan_config(recipe: Recipe) -> tuple[LlamaConfig, list[str]]:
         return LlamaConfig.from_hf(resolve_hf(recipe.model.source)), notes
     except UnknownModelError:
         name = presets.by_hf_repo(recipe.model.source) or recipe.model.source   # a repo id of a built-in size
-        if not presets.known(name):
+        variant = presets.variant_of(recipe.model.source) if not presets.known(name) else None
+        if not presets.known(name) and variant is None:
             raise
         notes.append(f"model.source {recipe.model.source}: checkpoint not in the local HF cache; planned with the "
-                     f"zoo's copy of its config.json ({name})")
-        return presets.config(name), notes
+                     + (f"zoo's copy of its config.json ({name})" if variant is None else
+                        f"config.json of {variant} ({presets.get(variant)['hf_repo']}), the base it is a variant of; "
+                        "its own config.json may differ (vocabulary, RoPE): plan again where the checkpoint is"))
+        return presets.config(variant or name), notes
 
 
 def plan_run(recipe: Recipe, run_dir: str, resume: bool, dry_run: bool,

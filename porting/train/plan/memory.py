@@ -5,7 +5,11 @@ tokens, L = layers, tp = tensor parallel, dp = data parallel = world / tp):
 - tensor parallel (Megatron's split, comm.parameter_numels): q/k/v, o, gate/up/down, embedding and LM
   head divided by tp, norms replicated. No sequence parallel is assumed (the tensor-parallel cells
   decide; see docs/parallel.md).
-- weights: P x param bytes.
+- weights: P x param bytes. LoRA (porting/train/plan/lora.py): P is what trains (the adapters, modules_to_save,
+  biases) and every term below that scales with P follows; the frozen base adds to the weights (and their
+  compute-dtype copies) only: no gradient, no master, no AdamW state, no all-reduce. Activations are the full
+  run's (the frozen layers' inputs are kept for the adapters' gradients) plus each adapted layer's
+  ``x A^T``, tokens x r.
 - gradients: P x param bytes; accumulation_buffers when grad_accum_steps > 1: P x 4 (float32), or
   P x param bytes with ``precision.grad_reduce_dtype: param_dtype``; divided by dp with ZeRO-2.
 - optimizer_states: AdamW m and v in float32, 2 x P x 4, divided by dp when optimizer sharding is on
@@ -174,15 +178,18 @@ def estimate_memory(cfg: LlamaConfig, recipe: Recipe, zero_stage: int | None = N
     grad_fp32 = prec.grad_reduce_dtype == "float32"
     ab = 4 if grad_fp32 else pb            # accumulation / reduction dtype
     accum_buf = (p * ab / (dp if sharded and zero_stage == 2 else 1)) if accum > 1 else 0.0
-    casts = p * cb if pb != cb else 0.0
-    act = activation_bytes(cfg, micro, seq, cb, fused, False, tp) + casts
-    act_rc = activation_bytes(cfg, micro, seq, cb, fused, True, tp) + casts
+    base = p + layout.frozen   # every weight (a LoRA run trains only p of them: plan/lora.py)
+    casts = base * cb if pb != cb else 0.0
+    r, adapted = layout.lora   # LoRA: each adapted layer keeps h = x A^T (tokens x r) for lora_B's gradient
+    lora_act = micro * seq * r * adapted * cb
+    act = activation_bytes(cfg, micro, seq, cb, fused, False, tp) + casts + cfg.num_hidden_layers * lora_act
+    act_rc = activation_bytes(cfg, micro, seq, cb, fused, True, tp) + casts + lora_act
     low = pb != 4
     largest = float(max(layout.numels)) if not sharded else max(b.padded for b in layout.buckets) / dp
     emulated = recipe.cluster.device == "cpu"
     concat, gather = terms.zero_bytes(layout, ab, pb, emulated, emulated and tp > 1)
     out = {
-        "weights": p * pb, "gradients": p * pb, "accumulation_buffers": accum_buf,
+        "weights": base * pb, "gradients": p * pb, "accumulation_buffers": accum_buf,
         "optimizer_states": 2 * p * 4 / (dp if sharded else 1),
         "master_weights": p * 4 / (dp if sharded else 1) if low else 0.0,
         "gradients_fp32": p * 4 if low and grad_fp32 and accum == 1 else 0.0,

@@ -35,7 +35,7 @@ HCCL_DOC = "https://www.hiascend.com/document/detail/en/canncommercial/850/comml
 # parameter, compute and gradient-reduction dtypes, T = micro x seq tokens, L layers, h hidden, i
 # intermediate, B = the largest flat ZeRO bucket (padded elements).
 TERMS: dict[str, tuple[str, str]] = {
-    "weights": ("P x pb", "model_zoo/llama.py parameters"),
+    "weights": ("(P + the frozen base, LoRA) x pb", "model_zoo/llama.py parameters; porting/train/plan/lora.py"),
     "gradients": ("P x pb (the backward's outputs)", "porting/train/run/step/cells.py LossNet grads"),
     "accumulation_buffers": ("P x ab when grad_accum_steps > 1 (/ dp with ZeRO-2)",
                              "porting/train/run/step/cells.py accumulation_buffers, zero.py shard_buffers"),

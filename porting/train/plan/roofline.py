@@ -22,7 +22,8 @@ Links, per die, applied to each parallel group separately (:func:`links`):
   every node, and its ring runs at its slowest link: the inter-node one when nodes > 1.
 
     compute_s = FLOPs of the rank / 390 TFLOPS     (6 P per token for the matmuls, + 6 L h s per token
-                                                   for causal attention, x 4/3 with recompute; / TP)
+                                                   for causal attention, x 4/3 with recompute; / TP; LoRA:
+                                                   4 per frozen weight, no weight gradient)
     memory_s  = optimizer bytes read and written / 1.6 TB/s (weights, gradients, masters, m, v)
     comm_s    = TP wire bytes / intra-node link + DP wire bytes / (inter-node link when nodes > 1)
     step_s    = compute_s + memory_s + comm_s     (no overlap assumed: none is measured on the device;
@@ -38,7 +39,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from model_zoo.config import LlamaConfig
-from porting.train.plan import sharding
+from porting.train.plan import comm_price, sharding
 from porting.train.plan.estimates import RooflineStep, StepEstimate
 from porting.train.plan.layout import Layout
 from porting.train.plan.memory import MARGIN_GIB, estimate_memory, usable_hbm_gib
@@ -49,6 +50,15 @@ HBM_BYTES_PER_S = 1.6e12
 HCCS_BYTES_PER_S = 200e9      # per die, inside a server or a SuperPoD (module docstring)
 # per server: (BF16 FLOP/s per device, HBM bytes/s, intra-server link bytes/s per device); module docstring
 DEVICE = {"atlas-800t-a2": (328e12, HBM_BYTES_PER_S, 149e9), None: (TFLOPS_PER_DIE, HBM_BYTES_PER_S, HCCS_BYTES_PER_S)}
+
+
+# where each server's peak BF16 FLOP/s comes from (the MFU's denominator, :func:`peak_flops`)
+PEAK_SOURCE = {
+    "atlas-800t-a2": "910B (Atlas 800T A2), 328 TFLOP/s BF16: torch_npu matmul benchmark on a 910B server, "
+                     "github.com/gameofdimension/limulidae README (third-party measurement)",
+    None: "910C die, 390 TFLOP/s BF16: half of the package's ~780 TFLOPS (public third-party figures, "
+          "../shared/ASCEND_FACTS.md '910C hardware'; roofline.py module docstring)",
+}
 
 
 def device_figures(recipe: Recipe) -> tuple[float, float, float]:
@@ -127,11 +137,14 @@ def step_time(recipe: Recipe, cfg: LlamaConfig, layout: Layout | None = None) ->
     seq = recipe.data.max_seq_length
     tokens = recipe.batching.micro_batch_size * seq * recipe.batching.grad_accum_steps
     per_token = 6 * cfg.num_parameters() + 6 * cfg.num_hidden_layers * cfg.hidden_size * seq
+    if layout.frozen:   # LoRA: a frozen weight's matmul runs forward and backward (its input's gradient), no dW
+        per_token -= 2 * layout.frozen * tp
     flops = per_token * tokens * (4 / 3 if recipe.memory.recompute else 1.0) / tp
     p_local = layout.parameters
     states = (4 + 4 + 4) / (dp if recipe.parallel.optimizer_sharding else 1)   # master, m, v read + written
     opt_bytes = p_local * (2 * states + 2 + 4)
-    wire = sharding.bytes_summary(sharding.collectives(recipe, cfg, layout=layout))
+    cols = sharding.collectives(recipe, cfg, layout=layout)
+    wire = sharding.bytes_summary(cols)
     link = links(recipe)
     tp_s, dp_s = wire.tp_wire_bytes / link.tp_bytes_per_s, wire.dp_wire_bytes / link.dp_bytes_per_s
     peak, hbm, _ = device_figures(recipe)
@@ -139,10 +152,12 @@ def step_time(recipe: Recipe, cfg: LlamaConfig, layout: Layout | None = None) ->
     out["step_s"] = sum(out.values())
     out["comm_tp_s"], out["comm_dp_s"] = tp_s, dp_s
     out["tokens_per_s"] = recipe.global_batch_size * seq / out["step_s"]
-    return RooflineStep(**{k: round(v, 4) for k, v in out.items()})
+    figures = tuple(comm_price.peak_figure(c, link.bytes_per_s(c.group), link.inter_node if c.group == "dp" and
+                                           link.dp_spans_nodes else link.intra_node) for c in cols)
+    return RooflineStep(**{k: round(v, 4) for k, v in out.items()}, comm_figures=figures)
 
 
-def _tp_options(recipe: Recipe, cfg: LlamaConfig) -> list[int]:
+def tp_options(recipe: Recipe, cfg: LlamaConfig) -> list[int]:
     """Tensor-parallel sizes that divide the node's devices and the model's heads."""
     n = recipe.cluster.devices_per_node
     return [t for t in range(1, n + 1) if n % t == 0 and cfg.num_attention_heads % t == 0
@@ -155,7 +170,7 @@ def proposals(recipe: Recipe, cfg: LlamaConfig, step_fn: StepFn | None = None) -
     ``step_fn(recipe, cfg, layout)`` (the calibrated estimate, porting/train/plan/calibrated.py)."""
     usable, world, gbs = usable_hbm_gib(recipe), recipe.world_size, recipe.global_batch_size
     out = []
-    for tp in _tp_options(recipe, cfg):
+    for tp in tp_options(recipe, cfg):
         dp = world // tp
         if gbs % dp:
             continue
@@ -197,9 +212,8 @@ def proposal_line(p: Proposal) -> str:
 
 
 def peak_flops(recipe: Recipe) -> tuple[float | None, str]:
-    """The device's peak FLOP/s the MFU of a plan is taken against (the roofline's own figure), and its source;
-    None on a CPU. The 910C die's for every Ascend server here: an A2 server's 910B figure belongs in the
-    roofline's per-server table, and this returns that table's figure once it is there."""
+    """The peak FLOP/s of the device the recipe names, the MFU of a plan is taken against (the roofline's own figure
+    for that server, :data:`DEVICE`), and its source; None on a CPU."""
     if recipe.cluster.device != "ascend":
         return None, "a CPU has no peak figure here"
-    return TFLOPS_PER_DIE, "910C die, public third-party figure (roofline.py)"
+    return device_figures(recipe)[0], PEAK_SOURCE.get(recipe.cluster.server, PEAK_SOURCE[None])

@@ -20,6 +20,7 @@ from model_zoo.errors import RecipeError
 from model_zoo.files import read_text
 from porting.train.recipe.checks import bool_where_number, template_problem
 from porting.train.recipe.hardware import MasterAddr, ascend_shapes, ascend_shapes_problem, derive_cluster
+from porting.train.recipe.lora import LoraSection
 from porting.train.recipe.nonfinite import NonfiniteSection
 from porting.train.recipe.yaml_bounded import load_yaml, parse_value
 
@@ -246,6 +247,7 @@ class Recipe(_Section):
     checkpointing: CheckpointingSection = CheckpointingSection()
     logging: LoggingSection = LoggingSection()
     nonfinite: NonfiniteSection = NonfiniteSection()   # non-finite steps: skip caps (recipe/nonfinite.py)
+    lora: Optional[LoraSection] = None   # LoRA adapters on a frozen base (recipe/lora.py); absent: full fine-tuning
     seed: int = Field(0, ge=0, le=2 ** 32 - 1)   # numpy and MindSpore seeds are 32-bit
     output_dir: str = "runs/train"
     execution: Literal["graph", "pynative"] = "graph"   # MindSpore mode of the step (porting/train/run/step/execution.py)
@@ -437,12 +439,11 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None, check_file
     recipe = validate_recipe(raw, str(p), p.parent.resolve(), check_files)
     # Make data/model paths absolute so workers started elsewhere (msrun) read the same files.
     named = recipe.data.chat_template.partition(":")[0] in ("auto", "model", "builtin")   # else a Jinja file
-    for key in ("path",) + (() if named else ("chat_template",)):
-        found = resolve_path(getattr(recipe.data, key), p.parent.resolve())
-        setattr(recipe.data, key, str(found.resolve()) if found.exists() else getattr(recipe.data, key))
-    src = resolve_path(recipe.model.source, p.parent.resolve())
-    if src.exists():
-        recipe.model.source = str(src.resolve())
+    fields = [(recipe.data, "path"), (recipe.model, "source")] + ([] if named else [(recipe.data, "chat_template")]) + (
+        [(recipe.lora, "init_from")] if recipe.lora is not None and recipe.lora.init_from else [])   # a PEFT folder
+    for section, key in fields:
+        found = resolve_path(getattr(section, key), p.parent.resolve())
+        setattr(section, key, str(found.resolve()) if found.exists() else getattr(section, key))
     return recipe
 
 

@@ -38,6 +38,7 @@ from porting.train.run.checkpoint import read as ckpt_read
 from porting.train.run.step import execution
 from porting.train.run import faults
 from porting.train.run import fingerprint
+from porting.train.run.checkpoint.lora_export import export_final as lora_export_final
 from porting.train.run.step import grid as grid_mod
 from porting.train.run.step import nonfinite
 from porting.train.run.step import precompile as pre
@@ -253,7 +254,10 @@ def _finish(recipe: Recipe, trainer: Trainer, plan: BatchSchedule, records: list
     summary = summarize(records, plan, trainer.graphs, len(trainer.shapes_seen), compiled)
     metrics.summary(summary)
     log.info(f"summary: {json.dumps(summary.to_dict())}")
-    if recipe.checkpointing.export_hf and trainer.world > 1:   # the launcher merges after the workers exit
+    if recipe.lora is not None and trainer.world == 1:   # the adapter (PEFT) and the merged base (porting/train/run/lora.py)
+        rl.phase("save", plan.total_steps)
+        lora_export_final(recipe, final, model_dir, run_dir, log.info, list(command or sys.argv))
+    elif recipe.checkpointing.export_hf and trainer.world > 1:   # the launcher merges after the workers exit
         log.info("HF export: made by the launcher once every worker has exited (porting/train/run/checkpoint/export.py "
                  f"export_after_exit), or by hand: port ckpt merge {final} --out {RunDir(run_dir).hf}")
     elif recipe.checkpointing.export_hf:

@@ -363,6 +363,14 @@ _PIECES = dict.fromkeys(("layer_a_s", "layer_s_per_flop", "ends_a_s", "ends_s_pe
                          "update_fixed_s", "fused_delta_layer_s", "fused_delta_fixed_s"), 1e-7)   # in every bound
 _calibration_case("calibration_shape_without_its_keys", lambda d, p: p.write_text(json.dumps(
     {**_GOOD_CAL, "by_threads": {"2": _PIECES}, "shape": {"hidden": [64]}})), "calibration.json: shape must hold hidden")
+# the compute rung's collectives (a kind@group size and its (bytes, ms) points) and the pieces of other TPs, bounded
+_calibration_case("calibration_collectives_not_points", lambda d, p: p.write_text(json.dumps(
+    {**_GOOD_CAL, "by_threads": {"2": _PIECES}, "collectives": {"measured": {"AllReduce@2": {"points_bytes_ms": "x"}}},
+     "shape": dict.fromkeys(("hidden", "heads", "kv_heads", "head_dim", "intermediate", "vocab", "seq", "micro", "tp"),
+                            4) | {"recompute": False}})),
+    "collectives.AllReduce@2.points_bytes_ms: expected 1 to 64 [bytes, ms] pairs")
+_calibration_case("calibration_by_tp_not_pieces", lambda d, p: p.write_text(json.dumps(
+    {**_GOOD_CAL, "by_threads": {"2": _PIECES}, "by_tp": {"4": {"x": {}}}})), "by_tp.4 key 'x' is not a thread count")
 _calibration_case("calibration_load_not_a_number", lambda d, p: p.write_text(json.dumps(
     {**_GOOD_CAL, "by_threads": {"2": _PIECES}, "load_avg_1min": "high",
      "shape": dict.fromkeys(("hidden", "heads", "kv_heads", "head_dim", "intermediate", "vocab", "seq", "micro", "tp"),

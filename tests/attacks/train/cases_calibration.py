@@ -86,7 +86,7 @@ for _n, _v in [("repeated", [[1024, 0.05], [1024, 0.07]]), ("one_number", [[1024
                ("ten_thousand", [[i + 1, 0.1] for i in range(10_000)])]:
     _cal(f"calibration_collective_points_{_n}", _points(_v), "calibration.json", "collectives.AllReduce")
 _cal("calibration_collective_ranks_string", lambda doc: doc["collectives"]["AllReduce"].__setitem__("ranks", "2"),
-     "collectives.AllReduce.ranks")
+     "collectives.AllReduce@2.ranks: found '2'")
 # -- rehearse.json's links rung: a bandwidth that is a string (a traceback before), negative, NaN
 for _n, _v in [("string", "fast"), ("negative", -3.0), ("nan", float("nan")), ("1e39", 1e39), ("boolean", True)]:
     _cal(f"calibration_link_bandwidth_{_n}", lambda doc: None, "rehearse.json", "world AllReduce", "bus_gb_s",

@@ -129,6 +129,14 @@ def export_after_exit(recipe: Recipe, run_dir: Path, log=None, command: list[str
     from porting.model_paths import resolve_hf  # deferred: resolving a zoo name reads the user registry
     from porting.train.run.checkpoint.save import latest  # deferred: the launcher imports this module lazily too
 
+    if recipe.lora is not None:   # the adapter always, the merged base with export_hf (porting/train/run/lora.py)
+        from porting.train.run.checkpoint.lora_export import export_final  # deferred: only a LoRA run reaches it
+
+        last = latest(Path(run_dir) / "checkpoints")
+        if last is not None:
+            export_final(recipe, last[1], resolve_hf(recipe.model.source), Path(run_dir), log or (lambda s: None),
+                         command)
+        return Path(run_dir) / "hf" if last is not None and recipe.checkpointing.export_hf else None
     if not recipe.checkpointing.export_hf:
         return None
     last = latest(Path(run_dir) / "checkpoints")

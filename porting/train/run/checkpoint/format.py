@@ -216,8 +216,13 @@ def live_layout(trainer) -> Layout:
 
 
 def identity(trainer) -> dict[str, Any]:
-    """What must be equal for a resume to continue this run exactly, whatever the layout."""
-    return identity_of(trainer.recipe, trainer.model.config.to_hf())
+    """What must be equal for a resume to continue this run exactly, whatever the layout. A LoRA run's record
+    also names its frozen base (``lora_base``, not compared: the checkpoint holds the adapters only, and the
+    offline readers, `port ckpt merge` and `port compare`'s probe, find the base there)."""
+    ident = identity_of(trainer.recipe, trainer.model.config.to_hf())
+    if getattr(trainer.recipe, "lora", None) is not None:
+        ident["lora_base"] = str(trainer.tokenizer_dir)
+    return ident
 
 
 def identity_of(recipe: Recipe, cfg: dict[str, Any]) -> dict[str, Any]:

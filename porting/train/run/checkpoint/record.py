@@ -185,3 +185,11 @@ def read_record(ckdir: Path) -> tuple[Layout, dict, dict[str, dict]]:
                               f" ({len(table)} and {len(want)} files); {DAMAGED}")
     _fits(layout, table, where)
     return layout, ident, table
+
+
+def trained_lora(ckdir: Path) -> bool:
+    """Whether the checkpoint is a LoRA run's (its identity's recipe has a lora section): read from the record alone,
+    so `port ckpt merge` of a full fine-tune does not load the recipe schema (pydantic: ~0.1 s of its start-up)."""
+    ident = read_record(Path(ckdir))[1]
+    rec = ident.get("recipe") if isinstance(ident.get("recipe"), dict) else {}
+    return bool(rec.get("lora"))

@@ -18,13 +18,15 @@ from porting.train.data import token_cache, token_file
 from porting.train.data.batching import build_plan
 from porting.train.plan.make import check_tensor_parallel
 from porting.train.recipe.schema import Recipe
+from porting.train.run import lora
 from porting.train.run.checkpoint import read as ckpt_read
 from porting.train.run.step import execution
 from porting.train.run.step import grid as grid_mod
 from porting.train.run.step.grid import Grid
 
 
-def build_model(recipe: Recipe, model_dir: Path, grid: Grid | None = None, weights_from: Path | None = None, log=None):
+def build_model(recipe: Recipe, model_dir: Path, grid: Grid | None = None, weights_from: Path | None = None, log=None,
+                run_dir: Path | None = None):
     """(config, model, opened): the model of ``model_dir`` with its HF weights, or a resume's from its per-rank
     checkpoint ``weights_from`` (the HF checkpoint then is not read; ``opened`` is that checkpoint, still open
     for the optimizer state, ``ckpt_read.restore``; else None); with tensor parallel, this rank's shard of each."""
@@ -38,8 +40,13 @@ def build_model(recipe: Recipe, model_dir: Path, grid: Grid | None = None, weigh
     model = build(cfg, param_dtype=recipe.precision.param_dtype, compute_dtype=recipe.precision.compute_dtype,
                   seed=recipe.seed, tp=tp, defer_init=True)   # no random draw: the HF load sets every weight
     opened = None
-    if weights_from is not None:
+    if recipe.lora is not None:   # adapters first (their names exist), then the frozen base, always from model.source
+        lora.attach(model, recipe, cfg)
+        load_hf_dir(model, model_dir, shard=grid_mod.shard_fn(model, grid.tp_rank, grid.tp) if tp else None, log=log)
+    if weights_from is not None:   # a LoRA checkpoint holds the trainable parameters only
         opened = ckpt_read.restore_weights(model, weights_from, grid.tp if tp else 1, grid.tp_rank if tp else 0, log)
+    elif recipe.lora is not None:
+        lora.start(model, recipe, cfg, model_dir, run_dir, log or (lambda s: None))
     else:
         load_hf_dir(model, model_dir, shard=grid_mod.shard_fn(model, grid.tp_rank, grid.tp) if tp else None, log=log)
     if recipe.memory.recompute:
@@ -84,7 +91,10 @@ def data_and_model(recipe: Recipe, model_dir: Path, grid: Grid, log: logging.Log
         log.warning(f"malformed row skipped: {s}")
     log.info(f"{'packing' if plan.rows is not None else 'bucketing'}: shapes {plan.boundaries}; {plan.steps_per_epoch} "
              f"steps per epoch; {plan.total_steps} steps")
-    cfg, model, opened = build_model(recipe, model_dir, grid, weights_from, log.info)
+    if recipe.lora is not None and weights_from is not None:
+        lora.check_base(run_dir, model_dir)
+    cfg, model, opened = build_model(recipe, model_dir, grid, weights_from, log.info,
+                                     run_dir if grid.rank == 0 else None)
     if recipe.memory.recompute:
         flagged = sum(1 for layer in model.model.layers if getattr(layer, "_has_config_recompute", False))
         log.info(f"recompute: {flagged} of {cfg.num_hidden_layers} decoder layers recompute their activations in backward")
