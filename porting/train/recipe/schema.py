@@ -226,9 +226,8 @@ class LoggingSection(_Section):
     wandb_mode: Literal["offline", "online"] = "offline"
     progress: Literal["auto", "bar", "lines"] = "auto"   # auto: a bar with ETA when stderr is a terminal
     comm_sample_every: int = Field(10, ge=0, le=BIG)  # communication wait measured every N steps (0: never); porting/train/run/step/commwait.py
-    # where each rank's step time goes (compute / exposed communication / host / idle), every N-th step, at
-    # most 8 steps a run; costs a device sync around each cell and a profiler analysis (~1 s on a CPU) per
-    # sampled step (porting/train/run/step/breakdown.py). 0: never
+    # where each rank's step time goes (compute / exposed communication / host / idle), every N-th step, at most 8
+    # steps a run; a device sync around each cell and a profiler analysis (~1 s on a CPU) a step (step/breakdown.py)
     breakdown_every: int = Field(0, ge=0, le=BIG)
     breakdown_source: Literal["profiler", "timestamps"] = "profiler"   # timestamps: no profiler, no comm split
     fingerprint_every: int = Field(0, ge=0, le=BIG)   # port diverge's records every N steps, 0: never (docs/diverge.md)
