@@ -70,6 +70,16 @@ SHORT = {
     "port generate --hf stories260k",
     "port generate --hf stories260k --prompt \"Once upon a time\" --max-new-tokens 40",
 }
+# Examples whose whole run another test holds: run with these arguments appended (the command line is the same up
+# to them), so the example is still parsed and started for real
+CHEAPER = {
+    # the doctor's msrun smoke jobs are tests/cluster/test_preflight.py's (a pass and a diagnosed failure)
+    "port doctor --cluster recipes/tiny-cpu.yaml --set cluster.devices_per_node=2 --set cluster.master_port=29517":
+        ("--no-smoke",),
+    # a LoRA baseline of 50 steps against port train is tests/train/test_lora_train.py's; 1 step here
+    "port baseline run --recipe recipes/tiny-cpu.yaml --set lora.target_modules=all-linear --out lora.json --steps 8":
+        ("--steps", "1"),
+}
 NOT_HERE = "is not in the local HF cache"
 NO_DIR = "no such directory"
 FAILS = {  # need a model, a GPU or cluster files this machine has not: (exit code, the documented error)
@@ -102,6 +112,11 @@ FAILS = {  # need a model, a GPU or cluster files this machine has not: (exit co
     # a 13B node's disk: 3 checkpoints kept while a save completes + the HF export (issue 47: the doctor checks it)
     "port doctor --cluster recipes/13b-32card.yaml --node-rank 1 --fingerprint-dir /shared/port_fp --no-smoke":
         (1, "disk space: 533.5 GiB needed at the peak"),
+    # two runs with fingerprints are tests/diverge/test_diverge.py's (relaunch, baseline, TP 2, planted cases)
+    "port diverge runs/a base.json                      # port against its PyTorch baseline":
+        (2, "runs/a: no fingerprints there"),
+    "port diverge runs/a runs/b --json --out runs/a/diverge.json   # `port report runs/a` shows the verdict":
+        (2, "folder runs/a does not exist"),
     "port diagnose ./pasted_logs --rank-table rank_table.json   # socket peers mapped to ranks":
         (2, "pasted_logs: no such directory"),
     # a CUDA job's own files (tests/intake/ runs these commands on the real public fixtures)
@@ -216,7 +231,7 @@ def test_every_help_example_runs(example_workdir, tmp_path):
     assert {"baseline", "compare", "convert", "diagnose", "doctor", "generate", "ops", "ranktable", "report",
             "train", "verify", "zoo"} <= set(main.commands)
     examples = help_examples()
-    for table in (DRY_RUN, SHORT, FAILS, OUTPUT):
+    for table in (DRY_RUN, SHORT, FAILS, OUTPUT, CHEAPER):
         assert set(table) <= set(examples), f"not an example (any more): {set(table) - set(examples)}"
     assert set(SETUP[:2]) <= set(examples)
     for i, line in enumerate(examples):
@@ -225,7 +240,8 @@ def test_every_help_example_runs(example_workdir, tmp_path):
         work = tmp_path / f"ex{i}"
         shutil.copytree(example_workdir, work, symlinks=True)
         t0 = time.perf_counter()
-        extra = ("--dry-run",) if line in DRY_RUN else ("--max-new-tokens", "8") if line in SHORT else ()
+        extra = ("--dry-run",) if line in DRY_RUN else ("--max-new-tokens", "8") if line in SHORT else \
+            CHEAPER.get(line, ())
         code, out, err = _run_example(line, work, extra)
         print(f"{time.perf_counter() - t0:6.1f} s  {line}")  # shown with -s: where the time goes
         if line in FAILS:

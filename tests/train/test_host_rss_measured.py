@@ -1,7 +1,7 @@
 """The host-RAM plan held against a measurement: the peak RSS of a real one-device `port train`
-(2 steps and a final checkpoint) of a random-weight Llama at two widths, one of them 4096 hidden, is within
-20% of the dry run's worker figure (porting/train/plan/host_memory.py). benchmarks/host_rss_plan.py prints the
-same comparison with the terms."""
+(2 steps and a final checkpoint) of a random-weight Llama 4096 hidden is within 20% of the dry run's worker
+figure (porting/train/plan/host_memory.py). benchmarks/host_rss_plan.py prints the same comparison with the terms,
+at this width and at 2048 (BENCHMARKS.md: +2.4% and +9.5%)."""
 
 from __future__ import annotations
 
@@ -45,7 +45,8 @@ def _model(d, width: int):
     return d
 
 
-@pytest.mark.parametrize("width", sorted(WIDTHS))
+# the test holds the largest width this machine holds (4096); benchmarks/host_rss_plan.py measures both, side by side
+@pytest.mark.parametrize("width", [4096])
 def test_peak_host_rss_of_a_real_worker_is_within_20_percent_of_the_plan(tmp_path, width):
     model = _model(tmp_path / "model", width)
     sets = [a for s in SETS + [f"model.source={model}"] for a in ("--set", s)]
