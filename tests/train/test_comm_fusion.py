@@ -38,7 +38,10 @@ def dp2_args(model_dir, mode: str, extra: list[str]) -> list[str]:
 def runs(request, tmp_path_factory, model_dir):
     """Both comm_fusion settings' runs of one execution mode: {(mode, fusion): (folder, the plan's buckets)}."""
     out = {}
-    for mode, fusion in ((request.param, f) for f in FUSION):
+    # the compatibility tiers (`-m compat`) run the one-gradient buckets only, the case the 2.7.2 bug concerned: two
+    # 20-step PyNative launches on MindSpore's spinning default pipeline were 190 CPU-s of a tier's 240 s
+    fusions = ["off"] if request.config.getoption("markexpr") == "compat" else list(FUSION)
+    for mode, fusion in ((request.param, f) for f in fusions):
         run = tmp_path_factory.mktemp(f"cf_{mode}_{fusion}")
         args = dp2_args(model_dir, mode, FUSION[fusion])
         env = {"PORT_TEST_COLLECTIVE_TRACE": str(run / "trace")} if mode == "pynative" else {
@@ -53,7 +56,7 @@ def runs(request, tmp_path_factory, model_dir):
 @pytest.mark.slow
 def test_one_collective_per_planned_bucket_and_the_losses_of_the_reducer(runs):
     counts, (mode, _) = {}, next(iter(runs))
-    for fusion in FUSION:
+    for fusion in [f for m, f in runs if m == mode]:
         run, plan = runs[mode, fusion]
         want = plan["bucket_numels"]
         assert plan["allreduce_ops"] == len(want) and plan["gradients"] == 11, plan
@@ -75,7 +78,7 @@ def test_one_collective_per_planned_bucket_and_the_losses_of_the_reducer(runs):
             log = (run / "run" / "logs" / f"rank_{r}.log").read_text()
             assert REFUSED in log and f"data parallel 2: {len(want)} gradient bucket(s) of 11 gradients" in log
             assert ("launched during the backward" in log) == (mode == "pynative")
-    assert counts == {"off": 11, "size": 5}, counts
+    assert counts == {f: {"off": 11, "size": 5}[f] for f in counts} and "off" in counts, counts
 
 
 def test_no_static_graph_parallel_api_in_port_or_the_model_zoo():
