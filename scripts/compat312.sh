@@ -34,4 +34,7 @@ cd "$ROOT"
 python -c "import sys, mindspore, torch, transformers; print(f'py312 tier: Python {sys.version.split()[0]}, MindSpore \
 {mindspore.__version__}, torch {torch.__version__}, transformers {transformers.__version__}')"
 port verify --hf stories260k
-python -m pytest -q -rs -p no:cacheprovider -n "${PORT_TEST_WORKERS:-4}" --dist loadgroup -m compat "$@"
+# TP 2 with resume is the 2.7.2 tier's (scripts/compat.sh) and the full suite's on this tier's MindSpore (2.10.0):
+# here it was the longest file (56-87 s of a tier's 200 s) and tested no other version of anything it runs
+python -m pytest -q -rs -p no:cacheprovider -n "${PORT_TEST_WORKERS:-4}" --dist loadgroup -m compat \
+  --deselect tests/train/test_tensor_parallel.py::test_tp2_with_resume_equals_one_device "$@"
