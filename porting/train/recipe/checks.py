@@ -1,11 +1,14 @@
-"""Checks of single recipe values that the schema's fields share: no boolean where a number belongs,
-and prompt templates that can be filled from a row."""
+"""Checks of single recipe values that the schema's fields share: no boolean where a number belongs (and
+:class:`Section`, the base every recipe section derives from, which applies it to each field), and prompt templates
+that can be filled from a row."""
 
 from __future__ import annotations
 
 import string
 import types
 from typing import Annotated, Any, Union, get_args, get_origin
+
+from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
 
 
 def bool_where_number(value: Any, annotation: Any) -> bool:
@@ -24,6 +27,24 @@ def bool_where_number(value: Any, annotation: Any) -> bool:
         return any(bool_where_number(v, inner[min(i, len(inner) - 1)]) for i, v in enumerate(value))
     return isinstance(value, bool) and annotation in (int, float)
 
+
+
+class Section(BaseModel):
+    """The base of every recipe section (schema.py's, recipe/lora.py, recipe/nonfinite.py): unknown keys refused,
+    assignments validated, and no boolean read as a number."""
+
+    # allow_inf_nan=False: .inf / .nan are refused for every float field, whatever its range
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_as_number(cls, value: Any, info: ValidationInfo) -> Any:
+        """A boolean is never a count or a size: pydantic's lax mode reads ``true`` as 1 for an int or float
+        field (``parallel.tensor_parallel: true`` would train with TP 1). Checked for every field of every
+        section, inside lists and tuples too."""
+        if bool_where_number(value, cls.model_fields[info.field_name].annotation):
+            raise ValueError("expected a number, got a boolean (true/false); write the number itself")
+        return value
 
 def template_problem(template: str, allowed: set[str]) -> str | None:
     """Why a ``str.format`` prompt template would fail on a row (``{nonexistent}``, ``{0}``, ``{x.attr}``,

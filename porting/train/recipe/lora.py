@@ -14,17 +14,16 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, Strict, field_validator
+from pydantic import Field, Strict, field_validator
 
-from porting.train.recipe.checks import bool_where_number
+from porting.train.recipe.checks import Section
 
 MAX_RANK = 4096            # model_zoo/lora.py's bound
 MAX_ALPHA = 1e6            # converters/peft_adapter.py's bound
 NAME = re.compile(r"[A-Za-z0-9_.\-]{1,256}")   # a module name: letters, digits, _ . - (no pattern characters)
 
 
-class LoraSection(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+class LoraSection(Section):
     r: Annotated[int, Strict()] = Field(8, ge=1, le=MAX_RANK)   # PEFT's default r
     # PEFT's default lora_alpha is 8; LLaMA-Factory's is 2 x rank (src/llamafactory/hparams/finetuning_args.py)
     alpha: float = Field(16.0, gt=0, le=MAX_ALPHA)
@@ -38,14 +37,6 @@ class LoraSection(BaseModel):
     # refused with the reason (accepted only off, so an imported config that names them says why)
     use_dora: bool = False
     loraplus_lr_ratio: Optional[float] = Field(None, gt=0, le=MAX_ALPHA)
-
-    @field_validator("*", mode="before")
-    @classmethod
-    def _no_bool(cls, value, info):
-        """A boolean is never a count (the rule and words of every other section, recipe/checks.py)."""
-        if bool_where_number(value, cls.model_fields[info.field_name].annotation):
-            raise ValueError("expected a number, got a boolean (true/false); write the number itself")
-        return value
 
     @field_validator("target_modules", "modules_to_save")
     @classmethod

@@ -6,17 +6,16 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, Strict, field_validator
+from pydantic import Field, Strict, field_validator
 
-from porting.train.recipe.checks import bool_where_number
+from porting.train.recipe.checks import Section
 
 STEPS = 10 ** 9   # the schema's bound on step counts (schema.BIG)
 Count = Annotated[int, Strict()]   # a YAML `true` is not a count
 Step = Annotated[int, Strict(), Field(ge=1, le=STEPS)]
 
 
-class NonfiniteSection(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+class NonfiniteSection(Section):
     # 10 consecutive: MindFormers' default streak of skipped steps that stops training
     # (mindspore-lab/mindformers, mindformers/core/callback/callback.py TrainingStateMonitor with
     # use_skip_data_by_global_norm: global_norm_spike_count_threshold, 10 by default in MindSpore Transformers'
@@ -31,14 +30,6 @@ class NonfiniteSection(BaseModel):
     # that went non-finite (PaLM, arXiv:2204.02311 sec. 5.1: restart from a checkpoint before the spike and skip
     # the batches around it; Megatron-DeepSpeed's --train-range-to-skip does it by hand).
     skip_steps: list[tuple[Step, Step]] = Field(default_factory=list, max_length=256)
-
-    @field_validator("*", mode="before")
-    @classmethod
-    def _no_bool(cls, value, info):
-        """A boolean is never a count (the same rule and words as every other section, recipe/checks.py)."""
-        if bool_where_number(value, cls.model_fields[info.field_name].annotation):
-            raise ValueError("expected a number, got a boolean (true/false); write the number itself")
-        return value
 
     @field_validator("skip_steps")
     @classmethod

@@ -14,11 +14,11 @@ import math
 from pathlib import Path
 from typing import Annotated, Any, Literal, Mapping, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from model_zoo.errors import RecipeError
 from model_zoo.files import read_text
-from porting.train.recipe.checks import bool_where_number, template_problem
+from porting.train.recipe.checks import Section, template_problem
 from porting.train.recipe.hardware import MasterAddr, ascend_shapes, ascend_shapes_problem, derive_cluster
 from porting.train.recipe.lora import LoraSection
 from porting.train.recipe.nonfinite import NonfiniteSection
@@ -37,19 +37,7 @@ MAX_RECIPE_BYTES = 1 << 20
 TEMPLATE_FIELDS = {"prompt_template": {"instruction"}, "prompt_template_with_input": {"instruction", "input"}}
 
 
-class _Section(BaseModel):
-    # allow_inf_nan=False: .inf / .nan are refused for every float field, whatever its range
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
-
-    @field_validator("*", mode="before")
-    @classmethod
-    def _no_bool_as_number(cls, value: Any, info: ValidationInfo) -> Any:
-        """A boolean is never a count or a size: pydantic's lax mode reads ``true`` as 1 for an int or float
-        field (``parallel.tensor_parallel: true`` would train with TP 1). Checked for every field of every
-        section, inside lists and tuples too."""
-        if bool_where_number(value, cls.model_fields[info.field_name].annotation):
-            raise ValueError("expected a number, got a boolean (true/false); write the number itself")
-        return value
+_Section = Section   # recipe/checks.py: the base of every section
 
 
 class ModelSection(_Section):
