@@ -56,25 +56,7 @@ COMMON = ["data.max_seq_length=32", "batching.bucketing.enabled=false", "checkpo
 DP2_ZERO1 = ["cluster.devices_per_node=2", "parallel.optimizer_sharding=true", "batching.micro_batch_size=1",
              "batching.grad_accum_steps=2"]
 PER_RUN = ("created", "source.dir", "output.bytes_written_by")
-
-
-def sets(xs: list[str]) -> list[str]:
-    return [a for x in xs for a in ("--set", x)]
-
-
-def free_port() -> str:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"cluster.master_port={s.getsockname()[1]}"
-
-
-def port(code: Path, *args: str, timeout: int = 1800) -> None:
-    p = subprocess.run([sys.executable, "-m", "porting", *args], cwd=code, capture_output=True, text=True,
-                       timeout=timeout, env=dict(os.environ, PYTHONPATH=str(code), GLOG_v="3"))
-    if p.returncode != 0:
-        raise SystemExit(f"port {' '.join(args[:3])} ({code}) failed:\n{p.stderr[-3000:]}")
+from benchmarks.ckpt_io_speed import free_port, port, sets  # noqa: E402  (the same launch helpers, one copy)
 
 
 def timed(argv: list[str], cwd: Path | None = None, code: Path | None = None) -> tuple[float, float]:
