@@ -113,10 +113,10 @@ def main() -> None:
 
 
 def _cpu() -> str:
-    try:
-        return next(ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name"))
-    except (OSError, StopIteration):
-        return "unknown"
+    sys.path.insert(0, str(ROOT))
+    from porting.env import cpu_model   # the one reader of /proc/cpuinfo's model name
+
+    return cpu_model()
 
 
 if __name__ == "__main__":

@@ -104,9 +104,10 @@ def main() -> None:
 
 
 def _cpu() -> str:
-    names = [ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-             if ln.startswith("model name")]
-    return f"{names[0] if names else 'unknown CPU'}, {os.cpu_count()} logical cores"
+    sys.path.insert(0, str(ROOT))
+    from porting.env import cpu_model   # the one reader of /proc/cpuinfo's model name
+
+    return f"{cpu_model()}, {os.cpu_count()} logical cores"
 
 
 if __name__ == "__main__":

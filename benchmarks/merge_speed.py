@@ -179,7 +179,9 @@ def main() -> None:
         cks = build(work)
         load0 = os.getloadavg()[0]
         rows = {name: measure(ck, old, work, args.rounds) for name, ck in cks.items()}
-        cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?")
+        from porting.env import cpu_model
+
+        cpu = cpu_model()
         print(f"{cpu}, {os.cpu_count()} CPUs, load {load0:.1f} at the start, {os.getloadavg()[0]:.1f} at the end; "
               f"base {args.base}; "
               f"{args.rounds} rounds")
