@@ -54,13 +54,10 @@ def recipe(seq: int, lora: bool):
 
 
 def _rss() -> dict[str, int]:
-    out = {}
-    with open("/proc/self/status") as f:
-        for line in f:
-            key, _, value = line.partition(":")
-            if key in ("VmRSS", "VmHWM"):
-                out[key] = int(value.split()[0]) * 1024
-    return out
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.plan_memory_cpu import proc_status   # one reader of /proc/self/status's VmRSS and VmHWM
+
+    return proc_status()
 
 
 def run_here(kind: str, width: int, layers: int, seq: int, steps: int) -> dict:

@@ -76,7 +76,8 @@ def planned_mib(width: int, seq: int) -> dict[str, float]:
             "apply": (m.peak_apply - resident) * 1024}
 
 
-def _status() -> dict[str, int]:
+def proc_status() -> dict[str, int]:
+    """This process's resident (VmRSS) and peak resident (VmHWM) bytes, from /proc/self/status."""
     out = {}
     with open("/proc/self/status") as f:
         for line in f:
@@ -114,10 +115,10 @@ def measure_here(width: int, phase: str, seq: int) -> float:
         run = lambda: cell(f32(1.0), f32(1.0), f32(1.0), f32(1e-3), f32(0.1), f32(0.05))  # noqa: E731
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")   # reset VmHWM to the current RSS
-    before = _status()["VmRSS"]
+    before = proc_status()["VmRSS"]
     out = run()
     out[0].asnumpy()
-    return (_status()["VmHWM"] - before) / MIB
+    return (proc_status()["VmHWM"] - before) / MIB
 
 
 def measure(width: int, phase: str, seq: int, timeout_s: float = 1800.0) -> float:
