@@ -79,6 +79,12 @@ CHEAPER = {
     # a LoRA baseline of 50 steps against port train is tests/train/test_lora_train.py's; 1 step here
     "port baseline run --recipe recipes/tiny-cpu.yaml --set lora.target_modules=all-linear --out lora.json --steps 8":
         ("--steps", "1"),
+    # the two fingerprinted runs `port diverge` compares are tests/diverge/test_diverge.py's; one epoch (4 steps)
+    # here, where the whole recipe's 20 steps took 17-22 s of the test's ~100
+    "port train recipes/tiny-cpu.yaml --set execution=pynative --set logging.fingerprint_every=1 --set output_dir=runs/a":
+        ("--set", "schedule.epochs=1"),
+    "port baseline run --recipe recipes/tiny-cpu.yaml --set logging.fingerprint_every=1 --out base.json":
+        ("--set", "schedule.epochs=1"),
 }
 NOT_HERE = "is not in the local HF cache"
 NO_DIR = "no such directory"

@@ -106,7 +106,6 @@ def _compare(run, ref, model_dir) -> None:
     assert _max_diff(wb, {k: start[k] for k in wb}) > 1e-4   # the runs trained: the bound above can fail
 
 
-@pytest.mark.compat
 @pytest.mark.msrun
 @pytest.mark.slow
 def test_tp2_with_resume_equals_one_device(tp2_resumed, one_device, model_dir):
@@ -155,6 +154,9 @@ def tp2_recompute(model_dir, tmp_path_factory):
     return _tp2_run(model_dir, tmp_path_factory, "tp2rc", "memory.recompute=true")
 
 
+# the compatibility tiers' TP test (scripts/compat.sh): the tensor-parallel cells and their collectives in graph mode
+# on 2 workers, one launch; TP 2 with resume (two launches, 42-56 CPU-s, the 2.7.2 tier's longest) is the full suite's
+@pytest.mark.compat
 @pytest.mark.msrun
 @pytest.mark.slow
 def test_tp2_with_recompute_equals_one_device_without_it(tp2_recompute, one_device, model_dir):
