@@ -30,11 +30,13 @@ from typing import IO, Callable, Mapping
 from model_zoo.errors import PortingError
 from porting.launch.children import signal_group, stop_group
 from porting.launch.proctable import process_table
+from porting.launch.scheduler import SchedulerDied, SchedulerWatch
 from porting.train.run.lifeline import ENV, token
 
 PR_SET_PDEATHSIG = 1           # linux/prctl.h
 PR_SET_CHILD_SUBREAPER = 36     # linux/prctl.h
 GRACE_S = 10.0
+POLL_S = 0.5            # how often a running msrun's scheduler is looked at
 
 
 class Interrupted(PortingError):
@@ -86,6 +88,24 @@ def _wait_detached_workers(msrun_pid: int, before: set[int], rc: int, deadline: 
             return None
         worst = worst or os.waitstatus_to_exitcode(status)
     return worst
+
+
+def _wait_msrun(proc: subprocess.Popen, deadline: float | None, sched: SchedulerWatch | None,
+                stop: Callable[[subprocess.Popen, float], None]) -> int | None:
+    """msrun's exit code; None at ``deadline`` (stopped). ``sched``: msrun's scheduler, whose failure msrun does not
+    see while its workers wait (porting/launch/scheduler.py): the job is stopped and :class:`SchedulerDied` raised."""
+    while True:
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left <= 0:
+            stop(proc, GRACE_S)
+            return None
+        try:
+            return proc.wait(timeout=POLL_S if left is None else min(POLL_S, left))
+        except subprocess.TimeoutExpired:
+            why = sched.failed() if sched is not None else None
+            if why is not None:
+                stop(proc, GRACE_S)
+                raise SchedulerDied(why) from None
 
 
 def _waitpid_until(pid: int, deadline: float | None) -> int | None:
@@ -147,10 +167,8 @@ def run_msrun(argv: list[str], env: Mapping[str, str],
         if caught:   # a signal while msrun was being started (one CI run: its child ran on, nobody stopped it)
             raise KeyboardInterrupt
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        try:
-            rc = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            stop(proc, GRACE_S)
+        rc = _wait_msrun(proc, deadline, None if detached else SchedulerWatch(proc.pid, argv), stop)
+        if rc is None:
             return None
         return _wait_detached_workers(proc.pid, before, rc, deadline) if detached else rc
     except KeyboardInterrupt:

@@ -33,6 +33,7 @@ from model_zoo.files import write_atomic
 from porting.env import versions
 from porting.launch.children import stop_group
 from porting.launch.outcome import Mark, Outcome, launch_outcome, mark
+from porting.launch.scheduler import SchedulerWatch
 from porting.launch.shrink import apply_shrink
 from porting.launch.watch import Limits, Watch
 from porting.rundir.paths import RunDir
@@ -136,6 +137,7 @@ class Launch:
     watch: Watch
     started: float
     outcome: Outcome | None = None   # decided once its processes are gone (porting/launch/outcome.py)
+    sched: SchedulerWatch | None = None   # msrun's scheduler (porting/launch/scheduler.py); None: no msrun of its own
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,7 +175,9 @@ def supervise(target: Supervised, run_dir: Path, limits: Limits, *, resume: bool
     restarts = 0
     while True:
         before = mark(run_dir)
-        run = Launch(launch(resume, windows), before, Watch(run_dir, ranks, limits, now), now())
+        proc = launch(resume, windows)
+        run = Launch(proc, before, Watch(run_dir, ranks, limits, now), now(),
+                     sched=SchedulerWatch(proc.pid, proc.args) if isinstance(proc.args, list) else None)
         fault = _watch(run, run_dir, ranks, limits, peers, restarts)
         if fault is None:
             if run.outcome is not None and run.outcome.crashed_at_exit:
@@ -234,6 +238,9 @@ def _watch(run: Launch, run_dir: Path, ranks: list[int], limits: Limits, peers: 
         if code is not None:
             kind = "diverged" if code == EXIT_DIVERGED else "exit"
             return _first_dead(run, run_dir, node, (kind, f"the launch exited with {code}", None))
+        why = run.sched.failed() if run.sched is not None else None
+        if why is not None:   # the workers would wait to join it until msrun's cluster timeout
+            return "exit", why, None
         peer = peers.peer_fault(restarts) if peers is not None else None
         if peer is not None:   # another node's rank failed: this node's ranks would wait in a collective
             return "peer", f"node {peer['node']} saw a fault: {peer.get('seen')}", peer.get("observed_rank")

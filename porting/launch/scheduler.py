@@ -1,0 +1,125 @@
+"""msrun's scheduler, watched while the workers run.
+
+MindSpore's msrun polls only its workers while they run; it looks at the scheduler (the process every worker joins
+first, started with ``MS_ROLE=MS_SCHED``) after the last worker has ended (``join_processes`` in
+mindspore/parallel/cluster/process_entity/_api.py, 2.7.0-2.10.0). A scheduler that fails at once leaves every
+worker waiting to join it until ``--cluster_time_out`` (600 s as port launches msrun) with nothing said: found on
+this project's machine when another job took the master port between `port train`'s preflight check and msrun's
+start (scheduler.log: "Failed to call bind, url: 127.0.0.1:8118 Address already in use"; the two workers waited).
+
+:class:`SchedulerWatch` finds that process among msrun's children while it lives (its environment), and reports
+it once it has exited with a non-zero status that msrun has not collected (a zombie: ``/proc/PID/stat`` field 52,
+the wait status, proc(5)). The launch is then stopped with the scheduler log's first error line instead of
+waiting out the cluster timeout. A node rank > 0 on the master's own machine (``--join=False``) is not watched:
+its scheduler is expected to fail to bind (porting/launch/jobs.py ``same_host_node_argv``).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from pathlib import Path
+
+from model_zoo.errors import PortingError
+
+ROLE = b"MS_ROLE=MS_SCHED"
+LOG_TAIL_BYTES = 1 << 20    # the part of scheduler.log read for its reason (the failure is at its start)
+SEARCH_S = 300.0            # msrun starts its scheduler first; a launch with none by then has none (one process)
+
+
+class SchedulerDied(PortingError):
+    """msrun's scheduler exited with an error while the workers waited to join it."""
+
+
+def _stat(pid: int) -> list[str] | None:
+    """The fields of ``/proc/PID/stat`` after the command name (index 0: field 3, the state), or None."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else []:
+        if entry.name.isdigit():
+            fields = _stat(int(entry.name))
+            if fields is not None and len(fields) > 1 and fields[1] == str(pid):
+                out.append(int(entry.name))
+    return out
+
+
+def _is_scheduler(pid: int) -> bool:
+    try:
+        return ROLE in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return False
+
+
+def exit_status(pid: int) -> int | None:
+    """The exit code of ``pid`` once it has exited and its parent has not collected it (proc(5) field 52), else
+    None (running, or gone)."""
+    fields = _stat(pid)
+    if fields is None or fields[0] != "Z" or len(fields) < 50:
+        return None
+    return os.waitstatus_to_exitcode(int(fields[49]))
+
+
+def reason(log: Path) -> str:
+    """The scheduler log's first error line, without MindSpore's prefix (bounded read), or ""."""
+    try:
+        with open(log, "rb") as f:
+            text = f.read(LOG_TAIL_BYTES).decode("utf-8", "replace")
+    except OSError:
+        return ""
+    bind = [ln for ln in text.splitlines() if "Address already in use" in ln]
+    errors = bind or [ln for ln in text.splitlines() if ln.startswith("[ERROR]")]
+    return errors[0].rsplit("] ", 1)[-1].strip()[:300] if errors else ""
+
+
+class SchedulerWatch:
+    """The scheduler of the msrun process ``msrun_pid`` (its logs in ``log_dir``)."""
+
+    def __init__(self, msrun_pid: int, argv: list[str]) -> None:
+        self.msrun_pid, self.pid = msrun_pid, None
+        self.log_dir = Path(d) if (d := _flag(argv, "--log_dir")) else None
+        self.master = (_flag(argv, "--master_addr") or "127.0.0.1", _flag(argv, "--master_port"))
+        self.until = time.monotonic() + SEARCH_S
+
+    def failed(self) -> str | None:
+        """Why the launch cannot go on (the scheduler exited with an error), or None."""
+        if self.pid is None:
+            if time.monotonic() > self.until:   # no scheduler among its children: not a launch this watches
+                return None
+            self.pid = next((c for c in _children(self.msrun_pid) if _is_scheduler(c)), None)
+            if self.pid is None:
+                return None
+        code = exit_status(self.pid)
+        if not code:
+            return None
+        log = self.log_dir / "scheduler.log" if self.log_dir is not None else None
+        why = reason(log) if log is not None else ""
+        addr, port = self.master
+        taken = "Address already in use" in why or (port is not None and port.isdigit() and _taken(addr, int(port)))
+        hint = (f"; the master port {port} is in use on this host: stop what holds it or set cluster.master_port to "
+                "a free port" if taken else "")
+        return (f"msrun's scheduler (pid {self.pid}) exited with {code} while the workers waited to join it"
+                f"{': ' + why if why else ''}{hint}; its log: {log if log is not None else 'msrun --log_dir'}")
+
+
+def _flag(argv: list[str], name: str) -> str | None:
+    """msrun's ``NAME=VALUE`` in ``argv``."""
+    return next((a.split("=", 1)[1] for a in argv if a.startswith(name + "=")), None)
+
+
+def _taken(addr: str, port: int) -> bool:
+    """``port`` is bound on this host (the scheduler's address is local: another address is not this host's)."""
+    if addr not in ("127.0.0.1", "localhost", "0.0.0.0"):
+        return False
+    with socket.socket() as s:
+        try:
+            s.bind((addr, port))
+        except OSError:
+            return True
+    return False
