@@ -4,28 +4,28 @@ stops with an error, the previous checkpoint is intact, and no partial checkpoin
 from __future__ import annotations
 
 import resource
+import shutil
 import signal
 
 import pytest
 
-from tests.train.conftest import TINY, free_port
+from tests.train.conftest import DP2_ZERO1, TINY, dp2_zero1_step2, free_port  # noqa: F401 (a fixture)
 from tests.helpers import port_process
 
 pytestmark = [pytest.mark.msrun, pytest.mark.slow]
 
-SHARDED = ["data.max_seq_length=64", "batching.bucketing.enabled=false", "checkpointing.export_hf=false",
-           "checkpointing.every_steps=2", "cluster.devices_per_node=2", "batching.micro_batch_size=1",
-           "parallel.optimizer_sharding=true"]
-
 
 def _args(steps: int, model_dir) -> list[str]:   # one layer of stories260K (tests/conftest.py model_dir)
-    return [a for s in SHARDED + [f"model.source={model_dir}", f"schedule.max_steps={steps}", f"cluster.master_port={free_port()}"]
+    return [a for s in DP2_ZERO1 + [f"model.source={model_dir}", f"schedule.max_steps={steps}",
+                                    f"cluster.master_port={free_port()}"]
             for a in ("--set", s)]
 
 
-def test_disk_full_during_a_sharded_checkpoint_keeps_the_previous_one(tmp_path, model_dir):
+def test_disk_full_during_a_sharded_checkpoint_keeps_the_previous_one(tmp_path, model_dir, dp2_zero1_step2):
+    # steps 1-2 (a checkpoint at step 2) are the suite's shared ZeRO-1 launch (tests/train/conftest.py
+    # dp2_zero1_step2), copied: this test resumes it towards step 4 on a full disk
     run = tmp_path / "zero1"
-    port_process("train", str(TINY), "--run-dir", str(run), *_args(2, model_dir), check=True, timeout=400)
+    shutil.copytree(dp2_zero1_step2 / "run", run, symlinks=True)
     step2 = run / "checkpoints" / "step_2"
     before = {p.name: p.read_bytes() for p in step2.iterdir()}
     assert {"rank_00000.safetensors", "rank_00001.safetensors", "layout.json", "state.json"} == set(before)
