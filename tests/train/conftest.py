@@ -117,6 +117,27 @@ def dp2_zero1_step2(model_dir, tmp_path_factory) -> Path:
     return built_once(tmp_path_factory, "dp2-zero1-step2", build)
 
 
+# DP 2 under ``determinism: bitwise``, 4 steps (micro-batch 4 x DP 2 of the 16 windows: 2 epochs), one compiled
+# shape, no HF export: one of tests/train/test_determinism.py's two launches of the same recipe, and the port side of
+# tests/baseline/test_data_parallel.py's comparison with one torch process. One launch for both.
+DP2_BITWISE = ["data.max_seq_length=64", "batching.bucketing.enabled=false", "checkpointing.export_hf=false",
+               "checkpointing.every_steps=0", "schedule.max_steps=4", "cluster.devices_per_node=2",
+               "determinism=bitwise"]
+
+
+@pytest.fixture(scope="session")   # read only, built once (built_once)
+def dp2_bitwise(model_dir, tmp_path_factory) -> Path:
+    """The run folder of ``DP2_BITWISE`` on ``model_dir``."""
+    from tests.helpers import port_process
+
+    def build(folder: Path) -> None:
+        sets = DP2_BITWISE + [f"model.source={model_dir}", f"cluster.master_port={free_port()}"]
+        port_process("train", str(TINY), "--run-dir", str(folder / "run"), *[a for s in sets for a in ("--set", s)],
+                     check=True, timeout=500)
+
+    return built_once(tmp_path_factory, "dp2-bitwise", build) / "run"
+
+
 ALPACA_REAL = SHARED / "data/instruct/alpaca_en_demo.json"  # CC BY-NC: tests only, port does not ship it
 
 
