@@ -9,10 +9,16 @@ import signal
 
 import pytest
 
-from tests.train.conftest import DP2_ZERO1, TINY, dp2_zero1_step2, free_port  # noqa: F401 (a fixture)
+from tests.train.conftest import DP2_ZERO1, TINY, free_port, shared_dp2_zero1_step2
 from tests.helpers import port_process
 
 pytestmark = [pytest.mark.msrun, pytest.mark.slow]
+
+
+@pytest.fixture(scope="session")
+def dp2_zero1_step2(model_dir, tmp_path_factory):
+    """tests/train/conftest.py's fixture of that name, seen from here: one build for both (built_once)."""
+    return shared_dp2_zero1_step2(model_dir, tmp_path_factory)
 
 
 def _args(steps: int, model_dir) -> list[str]:   # one layer of stories260K (tests/conftest.py model_dir)
@@ -35,8 +41,10 @@ def test_disk_full_during_a_sharded_checkpoint_keeps_the_previous_one(tmp_path, 
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 
-    r = port_process("train", str(TINY), "--run-dir", str(run), *_args(4, model_dir), "--resume", preexec_fn=full_disk,
-                     timeout=400)
+    # resumed in PyNative (the execution mode may change on resume): the full disk is the subject, not the mode,
+    # and two workers op by op cost less than compiling
+    r = port_process("train", str(TINY), "--run-dir", str(run), *_args(4, model_dir), "--resume", "--set",
+                     "execution=pynative", preexec_fn=full_disk, timeout=400)
     assert r.returncode != 0, r.stdout[-2000:]
     errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
     assert len(errors) == 1, r.stderr[-3000:]

@@ -10,12 +10,18 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import port
-from tests.train.conftest import DP2_BITWISE, dp2_bitwise  # noqa: F401 (a fixture)
+from tests.train.conftest import DP2_BITWISE, shared_dp2_bitwise
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = "recipes/tiny-cpu.yaml"
 
 
+
+
+@pytest.fixture(scope="session")
+def dp2_bitwise(model_dir, tmp_path_factory):
+    """tests/train/conftest.py's fixture of that name, seen from here: one build for both (built_once)."""
+    return shared_dp2_bitwise(model_dir, tmp_path_factory)
 
 
 @pytest.mark.slow

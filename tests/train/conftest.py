@@ -106,6 +106,11 @@ DP2_ZERO1 = ["data.max_seq_length=64", "batching.bucketing.enabled=false", "chec
 @pytest.fixture(scope="session")   # read only, built once (built_once): a test that resumes it copies it first
 def dp2_zero1_step2(model_dir, tmp_path_factory) -> Path:
     """FOLDER/run: that run after its 2 steps (``DP2_ZERO1``); FOLDER/stdout.txt: what `port train` printed."""
+    return shared_dp2_zero1_step2(model_dir, tmp_path_factory)
+
+
+def shared_dp2_zero1_step2(model_dir, tmp_path_factory) -> Path:
+    """``dp2_zero1_step2``'s folder, for a fixture of the same name outside tests/train (the same build)."""
     from tests.helpers import port_process
 
     def build(folder: Path) -> None:
@@ -128,6 +133,11 @@ DP2_BITWISE = ["data.max_seq_length=64", "batching.bucketing.enabled=false", "ch
 @pytest.fixture(scope="session")   # read only, built once (built_once)
 def dp2_bitwise(model_dir, tmp_path_factory) -> Path:
     """The run folder of ``DP2_BITWISE`` on ``model_dir``."""
+    return shared_dp2_bitwise(model_dir, tmp_path_factory)
+
+
+def shared_dp2_bitwise(model_dir, tmp_path_factory) -> Path:
+    """``dp2_bitwise``'s run folder, for a fixture of the same name outside tests/train (the same build)."""
     from tests.helpers import port_process
 
     def build(folder: Path) -> None:
