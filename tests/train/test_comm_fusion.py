@@ -7,8 +7,9 @@ AllReduces are read from the compiled step graph's IR (the AllReduces in the sco
 MS_DEV_SAVE_GRAPHS); in
 PyNative from each rank's collective trace (PORT_TEST_COLLECTIVE_TRACE, porting/train/run/step/probes.py). Each
 must be the plan's buckets, in the plan's order, once a step. The losses must equal the path before port owned
-its buckets (MindSpore's gradient reducer, recorded on commit 1828555: tests/train/fixtures/dp2_losses.json, made
-by tests/train/record_dp2_losses.py, 20 steps) within 1e-6 on the 4 steps run (STEPS below). The whole suite runs with the retiring static-graph parallel
+its buckets (MindSpore's gradient reducer, recorded over 20 steps on commit 1828555:
+tests/train/fixtures/dp2_losses.json, made by tests/train/record_dp2_losses.py) within 1e-6, on the recording's
+first 4 steps (STEPS below: why those compare). The whole suite runs with the retiring static-graph parallel
 API refused (tests/conftest.py): every rank's start line says so."""
 
 from __future__ import annotations
@@ -50,7 +51,8 @@ def runs(request, tmp_path_factory, model_dir):
     """Both comm_fusion settings' runs of one execution mode: {(mode, fusion): (folder, the plan's buckets)}."""
     out = {}
     # the compatibility tiers (`-m compat`) run the one-gradient buckets only, the case the 2.7.2 bug concerned: two
-    # 20-step PyNative launches (20 steps then) on MindSpore's spinning default pipeline were 190 CPU-s of a tier's 240 s
+    # 20-step PyNative launches on MindSpore's spinning default pipeline were 190 CPU-s of a tier's 240 s (20 steps
+    # then, 4 now)
     fusions = ["off"] if request.config.getoption("markexpr") == "compat" else list(FUSION)
     for mode, fusion in ((request.param, f) for f in fusions):
         run = tmp_path_factory.mktemp(f"cf_{mode}_{fusion}")
