@@ -1,15 +1,14 @@
 """port's gradient buckets (issue 48) under real msrun workers, counted where they run.
 
-DP 2 on stories260K's first layer (tests/conftest.py ``model_dir``, 11 gradients), 4 steps, at two comm_fusion
+DP 2 on stories260K's first layer (tests/conftest.py ``model_dir``, 11 gradients), 20 steps, at two comm_fusion
 settings (off: 11 buckets; size 0.1: 5 buckets) in graph mode and in PyNative; tests/train/test_msrun.py adds the
 third size (size 1 and auto: 1 bucket) in both modes through its own launches. In graph mode the gradient
 AllReduces are read from the compiled step graph's IR (the AllReduces in the scope of the step's ``reducer``,
 MS_DEV_SAVE_GRAPHS); in
 PyNative from each rank's collective trace (PORT_TEST_COLLECTIVE_TRACE, porting/train/run/step/probes.py). Each
 must be the plan's buckets, in the plan's order, once a step. The losses must equal the path before port owned
-its buckets (MindSpore's gradient reducer, recorded over 20 steps on commit 1828555:
-tests/train/fixtures/dp2_losses.json, made by tests/train/record_dp2_losses.py) within 1e-6, on the recording's
-first 4 steps (STEPS below: why those compare). The whole suite runs with the retiring static-graph parallel
+its buckets (MindSpore's gradient reducer, recorded on commit 1828555: tests/train/fixtures/dp2_losses.json, made
+by tests/train/record_dp2_losses.py) within 1e-6. The whole suite runs with the retiring static-graph parallel
 API refused (tests/conftest.py): every rank's start line says so."""
 
 from __future__ import annotations
@@ -21,16 +20,7 @@ import pytest
 
 from tests.helpers import port_process
 from tests.train.conftest import TINY, free_port, graph_buckets, metrics, plan_of, traced_steps
-from tests.train.record_dp2_losses import SETTINGS
-from tests.train.record_dp2_losses import STEPS as RECORDED
-
-# The recorded runs' first 4 steps, not 20: a step's bucket collectives are the same every step (counted at each
-# of these 4), and the first 4 losses do not depend on the run's length. The loss of step k comes from the
-# updates 1..k-1, whose learning rates (porting/train/recipe/schedule.py lr_at, warm-up 2) are lr/2, lr, lr at
-# indices 0-2 whatever the total (cosine's frac is 0 at index 2); index 3 onward follows max_steps, so step 5's
-# loss would not be comparable. 4 steps are one epoch of the 16 windows at micro-batch 2 x DP 2.
-STEPS = 4
-assert STEPS < RECORDED
+from tests.train.record_dp2_losses import SETTINGS, STEPS
 
 ROOT = Path(__file__).resolve().parents[2]
 REFERENCE = json.loads((ROOT / "tests/train/fixtures/dp2_losses.json").read_text())
@@ -38,9 +28,7 @@ FUSION = {"off": ["parallel.comm_fusion.enabled=false"],
           "size": ["parallel.comm_fusion.allreduce_mode=size", "parallel.comm_fusion.allreduce_config=0.1"]}
 REFUSED = "test probe: static-graph parallel API refused (PORT_TEST_REFUSE_STATIC_PARALLEL)"
 def dp2_args(model_dir, mode: str, extra: list[str]) -> list[str]:
-    sets = [s for s in SETTINGS if not s.startswith("schedule.max_steps=")] + [
-        f"schedule.max_steps={STEPS}", f"model.source={model_dir}", f"execution={mode}",
-        f"cluster.master_port={free_port()}", *extra]
+    sets = SETTINGS + [f"model.source={model_dir}", f"execution={mode}", f"cluster.master_port={free_port()}", *extra]
     return [a for s in sets for a in ("--set", s)]
 
 
@@ -51,8 +39,7 @@ def runs(request, tmp_path_factory, model_dir):
     """Both comm_fusion settings' runs of one execution mode: {(mode, fusion): (folder, the plan's buckets)}."""
     out = {}
     # the compatibility tiers (`-m compat`) run the one-gradient buckets only, the case the 2.7.2 bug concerned: two
-    # 20-step PyNative launches on MindSpore's spinning default pipeline were 190 CPU-s of a tier's 240 s (20 steps
-    # then, 4 now)
+    # 20-step PyNative launches on MindSpore's spinning default pipeline were 190 CPU-s of a tier's 240 s
     fusions = ["off"] if request.config.getoption("markexpr") == "compat" else list(FUSION)
     for mode, fusion in ((request.param, f) for f in fusions):
         run = tmp_path_factory.mktemp(f"cf_{mode}_{fusion}")
@@ -84,8 +71,8 @@ def test_one_collective_per_planned_bucket_and_the_losses_of_the_reducer(runs):
                 assert step == [("all_reduce", n) for n in want] + [("AllReduce", 0)] * 2, step
         counts[fusion] = len(want)
         losses = [s["loss"] for s in metrics(run / "run")[0]]
-        ref = REFERENCE["losses"][mode][:STEPS]   # the recording's first STEPS steps (STEPS above: why)
-        assert len(losses) == STEPS == len(ref) and len(REFERENCE["losses"][mode]) == RECORDED
+        ref = REFERENCE["losses"][mode]
+        assert len(losses) == STEPS == len(ref)
         assert max(abs(a - b) for a, b in zip(losses, ref)) <= 1e-6, (losses, ref)
         for r in (0, 1):
             log = (run / "run" / "logs" / f"rank_{r}.log").read_text()
