@@ -29,8 +29,8 @@ def dp2_bitwise(model_dir, tmp_path_factory):
 def test_two_worker_run_matches_single_process_baseline(tmp_path, model_dir, dp2_bitwise):
     # one layer of stories260K (tests/conftest.py model_dir): the gathering of both ranks' micro-batches is the
     # subject. The port side is the suite's shared DP 2 launch (tests/train/conftest.py dp2_bitwise, read only: also
-    # one of tests/train/test_determinism.py's two launches): sequence length 64 without bucketing, 4 steps, no HF
-    # export (the probe's logits come from the step-4 checkpoint: porting/baseline/probe_logits.py)
+    # one of tests/train/test_determinism.py's two launches): sequence length 64 without bucketing, 8 steps, no HF
+    # export (the probe's logits come from the step-8 checkpoint: porting/baseline/probe_logits.py)
     sets = [a for s in DP2_BITWISE + [f"model.source={model_dir}"] for a in ("--set", s)]
     run = dp2_bitwise
     base = tmp_path / "dp.json"
@@ -42,5 +42,5 @@ def test_two_worker_run_matches_single_process_baseline(tmp_path, model_dir, dp2
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-2000:]
     rep = json.loads(p.stdout)
     # cluster.master_port differs, which is not a compared setting
-    assert rep["settings"]["differ"] == [] and rep["loss"]["steps_compared"] == 4
+    assert rep["settings"]["differ"] == [] and rep["loss"]["steps_compared"] == 8
     assert rep["loss"]["max_abs_diff"] < 1e-4 and rep["probe"]["max_abs_diff"] < 1e-3

@@ -122,11 +122,11 @@ def shared_dp2_zero1_step2(model_dir, tmp_path_factory) -> Path:
     return built_once(tmp_path_factory, "dp2-zero1-step2", build)
 
 
-# DP 2 under ``determinism: bitwise``, 4 steps (micro-batch 4 x DP 2 of the 16 windows: 2 epochs), one compiled
+# DP 2 under ``determinism: bitwise``, 8 steps (micro-batch 4 x DP 2 of the 16 windows: 4 epochs), one compiled
 # shape, no HF export: one of tests/train/test_determinism.py's two launches of the same recipe, and the port side of
 # tests/baseline/test_data_parallel.py's comparison with one torch process. One launch for both.
 DP2_BITWISE = ["data.max_seq_length=64", "batching.bucketing.enabled=false", "checkpointing.export_hf=false",
-               "checkpointing.every_steps=0", "schedule.max_steps=4", "cluster.devices_per_node=2",
+               "checkpointing.every_steps=0", "schedule.max_steps=8", "cluster.devices_per_node=2",
                "determinism=bitwise"]
 
 

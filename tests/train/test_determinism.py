@@ -1,6 +1,6 @@
 """``determinism: bitwise`` (porting/train/recipe/determinism.py, porting/train/run/step/deterministic.py): the switches
 set and recorded, what would undo them refused with the reason, `port doctor`'s line; and two real msrun launches of
-the same 2-worker recipe give bit-identical losses and final weights over 4 steps (2 epochs of the data; one slow
+the same 2-worker recipe give bit-identical losses and final weights over 8 steps (4 epochs of the data; one slow
 test, two launches of one layer of stories260K at sequence length 64, tests/conftest.py ``model_dir``)."""
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def test_doctor_reports_the_switches_in_force():
 @pytest.mark.slow
 def test_two_launches_give_the_same_bits(tmp_path, model_dir, dp2_bitwise):
     """The same 2-worker recipe launched twice: bit-identical losses (metrics.jsonl) and final weights (sha256 of
-    every rank's checkpoint file) over 4 steps (micro-batch 4 x DP 2 of the 16 windows: 2 epochs); the switches each
+    every rank's checkpoint file) over 8 steps (micro-batch 4 x DP 2 of the 16 windows: 4 epochs); the switches each
     run recorded are the port side of the settings table. The first launch is the suite's shared one
     (tests/train/conftest.py dp2_bitwise, also tests/baseline/test_data_parallel.py's port side)."""
     from porting.baseline.port_side import run_side
@@ -85,8 +85,8 @@ def test_two_launches_give_the_same_bits(tmp_path, model_dir, dp2_bitwise):
     port_process("train", str(TINY), "--run-dir", str(run), *args, check=True, timeout=500)
     runs = [dp2_bitwise, run]
     losses = [[s["loss"] for s in metrics(r)[0]] for r in runs]
-    assert len(losses[0]) == 4 and losses[0] == losses[1]   # every step's float, bit for bit
-    digests = [[hashlib.sha256(f.read_bytes()).hexdigest() for f in sorted(r.glob("checkpoints/step_4/*.safetensors"))]
+    assert len(losses[0]) == 8 and losses[0] == losses[1]   # every step's float, bit for bit
+    digests = [[hashlib.sha256(f.read_bytes()).hexdigest() for f in sorted(r.glob("checkpoints/step_8/*.safetensors"))]
                for r in runs]
     assert digests[0] and digests[0] == digests[1]
     recorded = json.loads((runs[0] / "manifest.json").read_text())["determinism"]
