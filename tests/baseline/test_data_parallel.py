@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from porting.cluster.preflight import free_port
-from tests.helpers import port, port_process
+from tests.helpers import port
+from tests.train.conftest import DP2_BITWISE, shared_dp2_bitwise
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = "recipes/tiny-cpu.yaml"
@@ -18,16 +18,21 @@ RECIPE = "recipes/tiny-cpu.yaml"
 
 
 
+@pytest.fixture(scope="session")
+def dp2_bitwise(model_dir, tmp_path_factory):
+    """tests/train/conftest.py's fixture of that name, seen from here: one build for both (built_once)."""
+    return shared_dp2_bitwise(model_dir, tmp_path_factory)
+
+
 @pytest.mark.slow
 @pytest.mark.msrun
-def test_two_worker_run_matches_single_process_baseline(tmp_path, model_dir):
-    # one layer of stories260K (tests/conftest.py model_dir): the gathering of both ranks' micro-batches is the subject
-    sets = ["--set", "schedule.max_steps=3", "--set", "cluster.devices_per_node=2", "--set", f"model.source={model_dir}"]
-    run = tmp_path / "dp"
-    # msrun's workers write to the launching process's own stdout/stderr: a process of its own
-    p = port_process("train", RECIPE, *sets, "--set", f"cluster.master_port={free_port()}", "--run-dir", str(run),
-                     timeout=900)
-    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+def test_two_worker_run_matches_single_process_baseline(tmp_path, model_dir, dp2_bitwise):
+    # one layer of stories260K (tests/conftest.py model_dir): the gathering of both ranks' micro-batches is the
+    # subject. The port side is the suite's shared DP 2 launch (tests/train/conftest.py dp2_bitwise, read only: also
+    # one of tests/train/test_determinism.py's two launches): sequence length 64 without bucketing, 8 steps, no HF
+    # export (the probe's logits come from the step-8 checkpoint: porting/baseline/probe_logits.py)
+    sets = [a for s in DP2_BITWISE + [f"model.source={model_dir}"] for a in ("--set", s)]
+    run = dp2_bitwise
     base = tmp_path / "dp.json"
     p = port("baseline", "run", "--recipe", RECIPE, *sets, "--out", str(base), "--threads", "2")
     assert p.returncode == 0, p.stderr[-3000:]
@@ -37,5 +42,5 @@ def test_two_worker_run_matches_single_process_baseline(tmp_path, model_dir):
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-2000:]
     rep = json.loads(p.stdout)
     # cluster.master_port differs, which is not a compared setting
-    assert rep["settings"]["differ"] == [] and rep["loss"]["steps_compared"] == 3
+    assert rep["settings"]["differ"] == [] and rep["loss"]["steps_compared"] == 8
     assert rep["loss"]["max_abs_diff"] < 1e-4 and rep["probe"]["max_abs_diff"] < 1e-3

@@ -95,6 +95,59 @@ def one_device(model_dir, tmp_path_factory):
     return built_once(tmp_path_factory, "tp1", build) / "run"
 
 
+# ZeRO-1 over 2 msrun workers, micro-batch 1 x 2 accumulation steps (global batch 4), a checkpoint at step 2 of 2
+# and the HF export on: the first leg of tests/train/test_msrun.py's sharded-optimizer resume, whose export (made by
+# the launcher after the workers exit) is tests/train/test_export_after_exit.py's subject. One launch for both.
+DP2_ZERO1 = ["data.max_seq_length=64", "batching.bucketing.enabled=false", "checkpointing.every_steps=2",
+             "checkpointing.export_hf=true", "cluster.devices_per_node=2", "batching.micro_batch_size=1",
+             "batching.grad_accum_steps=2", "parallel.optimizer_sharding=true"]
+
+
+@pytest.fixture(scope="session")   # read only, built once (built_once): a test that resumes it copies it first
+def dp2_zero1_step2(model_dir, tmp_path_factory) -> Path:
+    """FOLDER/run: that run after its 2 steps (``DP2_ZERO1``); FOLDER/stdout.txt: what `port train` printed."""
+    return shared_dp2_zero1_step2(model_dir, tmp_path_factory)
+
+
+def shared_dp2_zero1_step2(model_dir, tmp_path_factory) -> Path:
+    """``dp2_zero1_step2``'s folder, for a fixture of the same name outside tests/train (the same build)."""
+    from tests.helpers import port_process
+
+    def build(folder: Path) -> None:
+        sets = DP2_ZERO1 + [f"model.source={model_dir}", "schedule.max_steps=2", f"cluster.master_port={free_port()}"]
+        p = port_process("train", str(TINY), "--run-dir", str(folder / "run"), *[a for s in sets for a in ("--set", s)],
+                         check=True, timeout=400)
+        (folder / "stdout.txt").write_text(p.stdout)
+
+    return built_once(tmp_path_factory, "dp2-zero1-step2", build)
+
+
+# DP 2 under ``determinism: bitwise``, 8 steps (micro-batch 4 x DP 2 of the 16 windows: 4 epochs), one compiled
+# shape, no HF export: one of tests/train/test_determinism.py's two launches of the same recipe, and the port side of
+# tests/baseline/test_data_parallel.py's comparison with one torch process. One launch for both.
+DP2_BITWISE = ["data.max_seq_length=64", "batching.bucketing.enabled=false", "checkpointing.export_hf=false",
+               "checkpointing.every_steps=0", "schedule.max_steps=8", "cluster.devices_per_node=2",
+               "determinism=bitwise"]
+
+
+@pytest.fixture(scope="session")   # read only, built once (built_once)
+def dp2_bitwise(model_dir, tmp_path_factory) -> Path:
+    """The run folder of ``DP2_BITWISE`` on ``model_dir``."""
+    return shared_dp2_bitwise(model_dir, tmp_path_factory)
+
+
+def shared_dp2_bitwise(model_dir, tmp_path_factory) -> Path:
+    """``dp2_bitwise``'s run folder, for a fixture of the same name outside tests/train (the same build)."""
+    from tests.helpers import port_process
+
+    def build(folder: Path) -> None:
+        sets = DP2_BITWISE + [f"model.source={model_dir}", f"cluster.master_port={free_port()}"]
+        port_process("train", str(TINY), "--run-dir", str(folder / "run"), *[a for s in sets for a in ("--set", s)],
+                     check=True, timeout=500)
+
+    return built_once(tmp_path_factory, "dp2-bitwise", build) / "run"
+
+
 ALPACA_REAL = SHARED / "data/instruct/alpaca_en_demo.json"  # CC BY-NC: tests only, port does not ship it
 
 

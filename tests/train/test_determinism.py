@@ -1,7 +1,7 @@
 """``determinism: bitwise`` (porting/train/recipe/determinism.py, porting/train/run/step/deterministic.py): the switches
 set and recorded, what would undo them refused with the reason, `port doctor`'s line; and two real msrun launches of
-the same 2-worker recipe give bit-identical losses and final weights over 30 steps (one slow test, two launches of
-one layer of stories260K at sequence length 64, tests/conftest.py ``model_dir``)."""
+the same 2-worker recipe give bit-identical losses and final weights over 8 steps (4 epochs of the data; one slow
+test, two launches of one layer of stories260K at sequence length 64, tests/conftest.py ``model_dir``)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 from porting.train.recipe import determinism as rules
 from porting.train.recipe.schema import load_recipe
 from tests.helpers import port, port_process
-from tests.train.conftest import TINY, free_port, metrics, tiny_plan
+from tests.train.conftest import DP2_BITWISE, TINY, free_port, metrics, tiny_plan
 
 
 def test_the_plan_exports_the_switches_on_every_node():
@@ -71,25 +71,22 @@ def test_doctor_reports_the_switches_in_force():
 
 @pytest.mark.msrun
 @pytest.mark.slow
-def test_two_launches_give_the_same_bits(tmp_path, model_dir):
+def test_two_launches_give_the_same_bits(tmp_path, model_dir, dp2_bitwise):
     """The same 2-worker recipe launched twice: bit-identical losses (metrics.jsonl) and final weights (sha256 of
-    every rank's checkpoint file) over 30 steps; the switches each run recorded are the port side of the settings
-    table."""
+    every rank's checkpoint file) over 8 steps (micro-batch 4 x DP 2 of the 16 windows: 4 epochs); the switches each
+    run recorded are the port side of the settings table. The first launch is the suite's shared one
+    (tests/train/conftest.py dp2_bitwise, also tests/baseline/test_data_parallel.py's port side)."""
     from porting.baseline.port_side import run_side
     from porting.rundir import read_run
 
-    sets = [f"model.source={model_dir}", "data.max_seq_length=64", "batching.bucketing.enabled=false",
-            "checkpointing.export_hf=false", "checkpointing.every_steps=0", "schedule.max_steps=30",
-            "cluster.devices_per_node=2", "determinism=bitwise"]
-    runs = []
-    for name in ("a", "b"):
-        run = tmp_path / name
-        args = [a for s in sets + [f"cluster.master_port={free_port()}"] for a in ("--set", s)]
-        port_process("train", str(TINY), "--run-dir", str(run), *args, check=True, timeout=500)
-        runs.append(run)
+    run = tmp_path / "b"
+    args = [a for s in DP2_BITWISE + [f"model.source={model_dir}", f"cluster.master_port={free_port()}"]
+            for a in ("--set", s)]
+    port_process("train", str(TINY), "--run-dir", str(run), *args, check=True, timeout=500)
+    runs = [dp2_bitwise, run]
     losses = [[s["loss"] for s in metrics(r)[0]] for r in runs]
-    assert len(losses[0]) == 30 and losses[0] == losses[1]   # every step's float, bit for bit
-    digests = [[hashlib.sha256(f.read_bytes()).hexdigest() for f in sorted(r.glob("checkpoints/step_30/*.safetensors"))]
+    assert len(losses[0]) == 8 and losses[0] == losses[1]   # every step's float, bit for bit
+    digests = [[hashlib.sha256(f.read_bytes()).hexdigest() for f in sorted(r.glob("checkpoints/step_8/*.safetensors"))]
                for r in runs]
     assert digests[0] and digests[0] == digests[1]
     recorded = json.loads((runs[0] / "manifest.json").read_text())["determinism"]

@@ -1,25 +1,19 @@
 """With world > 1 nothing is merged inside the job: the launcher makes the HF export once msrun's workers
 have exited (porting/train/run/checkpoint/export.py ``export_after_exit``), from the run's final per-rank checkpoint.
-A real 2-worker run under msrun with ``checkpointing.export_hf: true``."""
+A real 2-worker run under msrun with ``checkpointing.export_hf: true`` (ZeRO-1 with accumulation, 2 steps:
+tests/train/conftest.py ``dp2_zero1_step2``, the launch that tests/train/test_msrun.py then resumes)."""
 
 from __future__ import annotations
 
 import pytest
 
-from tests.helpers import port_process
-from tests.train.conftest import TINY, free_port
 
 pytestmark = [pytest.mark.msrun, pytest.mark.slow]
 
 
-def test_two_workers_export_after_they_exit(tmp_path, model_dir):
-    run = tmp_path / "run"
-    sets = ["data.max_seq_length=64", "batching.bucketing.enabled=false", "checkpointing.export_hf=true",
-            "cluster.devices_per_node=2", "batching.micro_batch_size=1", "schedule.max_steps=2",
-            f"model.source={model_dir}", f"cluster.master_port={free_port()}"]
-    r = port_process("train", str(TINY), "--run-dir", str(run), *[a for s in sets for a in ("--set", s)],
-                     check=True, timeout=600)
-    out = r.stdout
+def test_two_workers_export_after_they_exit(dp2_zero1_step2):
+    run = dp2_zero1_step2 / "run"
+    out = (dp2_zero1_step2 / "stdout.txt").read_text()
     # the launcher's lines: the workers are done, then the merge runs
     assert out.index("done: 2 workers") < out.index("HF export: merging") < out.index("HF export /"), out
     for rank in (0, 1):   # no worker exported; rank 0 says who does

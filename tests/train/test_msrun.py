@@ -4,11 +4,12 @@ layer of stories260K (tests/conftest.py model_dir): the layout is the subject, n
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pytest
 
-from tests.train.conftest import TINY, free_port, graph_buckets, metrics, plan_of, traced_steps
+from tests.train.conftest import DP2_ZERO1, TINY, free_port, graph_buckets, metrics, plan_of, traced_steps
 from tests.helpers import port_process
 
 pytestmark = [pytest.mark.msrun, pytest.mark.slow]
@@ -102,25 +103,26 @@ def test_two_pynative_msrun_workers_with_accumulation_equal_one_graph_worker(tmp
     assert metrics(dp)[1]["compiled_graphs"] == 0
 
 
-def test_sharded_optimizer_states_under_msrun_resume_and_match_one_worker(tmp_path, one_worker_accum2, model_dir):
+def test_sharded_optimizer_states_under_msrun_resume_and_match_one_worker(tmp_path, one_worker_accum2, model_dir,
+                                                                          dp2_zero1_step2):
     """ZeRO-1 over 2 msrun workers (AllReduce only) with gradient accumulation on each, checkpointed per
     rank in graph mode and resumed in PyNative, equals 1 worker."""
     from safetensors import safe_open
     from safetensors.numpy import load_file
 
-    common = [c for c in COMMON if not c.startswith("schedule.")] + ["checkpointing.every_steps=2",
-                                                                     f"model.source={model_dir}"]
+    # micro 1 x accum 2 x 2 workers: accumulation inside data parallel, same global batch (4) as the reference.
+    # Steps 1-2 are the suite's shared launch (tests/train/conftest.py dp2_zero1_step2, whose HF export
+    # tests/train/test_export_after_exit.py reads), resumed here in a copy of its run folder
     run = tmp_path / "zero1"
-    # micro 1 x accum 2 x 2 workers: accumulation inside data parallel, same global batch (4) as the reference
-    sharded = common + ["cluster.devices_per_node=2", "batching.micro_batch_size=1", "batching.grad_accum_steps=2",
-                        "parallel.optimizer_sharding=true"]
+    shutil.copytree(dp2_zero1_step2 / "run", run, symlinks=True)
+    assert json.loads((run / "manifest.json").read_text())["recipe"]["parallel"]["optimizer_sharding"] is True
 
     def launch(steps: int, *extra: str):
-        args = [a for s in sharded + [f"schedule.max_steps={steps}", f"cluster.master_port={free_port()}"]
-                for a in ("--set", s)]
-        port_process("train", str(TINY), "--run-dir", str(run), *args, *extra, check=True, timeout=400)
+        sets = DP2_ZERO1 + [f"model.source={model_dir}", f"schedule.max_steps={steps}",
+                            f"cluster.master_port={free_port()}"]
+        port_process("train", str(TINY), "--run-dir", str(run), *[a for s in sets for a in ("--set", s)], *extra,
+                     check=True, timeout=400)
 
-    launch(2)
     step2 = run / "checkpoints" / "step_2"
     assert {p.name for p in step2.iterdir()} == {"state.json", "layout.json", "rank_00000.safetensors",
                                                  "rank_00001.safetensors"}
