@@ -141,14 +141,19 @@ def _moments(part: np.ndarray, sq: np.ndarray) -> tuple[float, float, float, int
     return s, q, (max(float(part.max()), -float(part.min())) if part.size else 0.0), 0
 
 
-def stat_of(x: np.ndarray, index_of=None) -> Stat:
-    """The statistics of ``x`` (any float array). ``index_of(flat positions) -> logical indices`` places a shard
-    in its logical tensor; None: ``x`` is the whole tensor, its flat position is its index."""
+def stat_of(x: np.ndarray, index_of=None, minus: np.ndarray | None = None) -> Stat:
+    """The statistics of ``x`` (any float array), or of ``x - minus`` in float32 (an update: after minus before,
+    a chunk at a time, the whole difference never in memory). ``index_of(flat positions) -> logical indices``
+    places a shard in its logical tensor; None: ``x`` is the whole tensor, its flat position is its index."""
     flat = np.ascontiguousarray(x).reshape(-1)
+    less = None if minus is None else np.ascontiguousarray(minus, dtype=np.float32).reshape(-1)
     total, sumsq, big, bad, dig = 0.0, 0.0, 0.0, 0, 0
     scratch = np.empty(min(CHUNK, flat.size), np.float32)
+    diff = None if less is None else np.empty(min(CHUNK, flat.size), np.float32)
     for lo in range(0, flat.size, CHUNK):   # CHUNK is even: a chunk starts on a pair
         part = np.ascontiguousarray(flat[lo:lo + CHUNK], dtype=np.float32)
+        if less is not None:
+            part = np.subtract(part, less[lo:lo + CHUNK], out=diff[:part.size])
         if index_of is None:
             d = _digest_run(part, lo // 2)
         else:

@@ -48,6 +48,8 @@ def test_the_sums_are_as_close_to_float64_as_the_module_says():
     assert abs(s.sum - wide.sum()) <= 2e-6 * np.abs(wide).sum()
     assert s.sumsq == pytest.approx(float(np.dot(wide, wide)), rel=2e-6)
     assert s.maxabs == float(np.abs(wide).max()) and s.count == x.size
+    before = np.random.default_rng(4).standard_normal(x.size).astype(np.float32)   # an update, a chunk at a time
+    assert fp.stat_of(x, minus=before) == fp.stat_of(x - before)
 
 
 def test_rows_split_over_ranks_compose_and_padding_is_not_counted():

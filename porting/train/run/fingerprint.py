@@ -146,10 +146,10 @@ class Fingerprinter:
             if planted is not None and self.names[i] == planted[1]:
                 delta = (_np(p) - before) * np.float32(1.0 + planted[3])
                 self.ms.ops.assign(p, self.ms.Tensor(before + delta).astype(p.dtype))
-            else:
-                delta = np.subtract(_np(p), before, out=before)   # the buffer becomes the update
-            if self.sampled and self.writes_params:
-                self._param("update", i, delta)
+                if self.sampled and self.writes_params:
+                    self._param("update", i, delta)
+            elif self.sampled and self.writes_params:
+                self._param("update", i, _np(p), minus=before)
         self.before = {}
         self._unhook()
         if self.sampled:
@@ -158,18 +158,19 @@ class Fingerprinter:
             self.writer.flush()
         self.sampled = False
 
-    def _param(self, phase: str, i: int, arr: np.ndarray) -> None:
-        """Record parameter ``i``'s ``arr`` (this rank's slice of it), placed in the logical tensor."""
+    def _param(self, phase: str, i: int, arr: np.ndarray, minus: np.ndarray | None = None) -> None:
+        """Record parameter ``i``'s ``arr`` (this rank's slice of it; ``minus``: of ``arr - minus``), placed in the
+        logical tensor."""
         p = self.params[i]
         axis = self.layout.get(p.name) if self.tp > 1 else None
         if axis is None:
             if self.tp_rank == 0:
-                self.writer.record(self.step_no, phase, self.names[i], fp.stat_of(arr))
+                self.writer.record(self.step_no, phase, self.names[i], fp.stat_of(arr, minus=minus))
             return
         full = list(arr.shape)
         full[axis] *= self.tp
         index = fp.shard_index(arr.shape, tuple(full), axis, self.tp_rank * arr.shape[axis])
-        self.writer.record(self.step_no, phase, self.names[i], fp.stat_of(arr, index))
+        self.writer.record(self.step_no, phase, self.names[i], fp.stat_of(arr, index, minus))
 
     def gradients(self, grads):
         """The step's gradients (reduced, unscaled, before clipping), from the step cell in PyNative: recorded at a
