@@ -25,8 +25,8 @@ zero bits), hashed as SplitMix64's finaliser of w_p + (p+1)*0x9E3779B97F4A7C15 (
 splittable pseudorandom number generators", OOPSLA 2014: the generator's p-th output from state w_p).
 Order-independent and additive, so two runs whose digests agree hold the same bits at the same logical places
 (up to a 2^-64 collision for changes not built against the constant), whatever their layout. A shard composes
-when its pairs are logical pairs (a tensor-parallel slice whose last dimension is even: every zoo model's);
-:func:`stat_of` refuses one that is not. Format 1 hashed each element with its index (twice the hashing); its
+when its pairs are logical pairs (a tensor-parallel slice whose slab below the split axis holds an even count:
+every zoo model's); `port train` refuses another before its first step, :func:`stat_of` one it is handed. Format 1 hashed each element with its index (twice the hashing); its
 files are still read, and `port diverge` compares two runs of one format only. Elements are hashed in float32
 (exact for bfloat16 and float16 values).
 """

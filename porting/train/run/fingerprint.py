@@ -85,6 +85,7 @@ class Fingerprinter:
                       "phases": self.phases()}
             self.writer = fp.Writer(RunDir(trainer.run_dir).fingerprint_file(grid.rank), header, log.warning)
         self._check_plant()
+        self._check_pairs()
         self.handles: list = []   # the forward hooks, on a sampled (or the planted forward) step only
 
     def phases(self) -> list[str]:
@@ -107,6 +108,18 @@ class Fingerprinter:
         if name not in known:
             raise RecipeError(f"PORT_TEST_PLANT_DIVERGENCE: {name!r} is no {phase} tensor of this model; expected "
                               f"one of {', '.join(known[:4])}, ...")
+
+    def _check_pairs(self) -> None:
+        """A tensor-parallel slice's digest composes when its element pairs are logical pairs: when the slab below
+        its split axis holds an even count (porting/rundir/fingerprints.py); refused before the first step."""
+        if not self.every or self.tp == 1:
+            return
+        for p, name in zip(self.params, self.names):
+            axis = self.layout.get(p.name)
+            if axis is not None and int(np.prod(p.shape[axis:])) % 2:
+                raise RecipeError(f"logging.fingerprint_every: {name}'s tensor-parallel slice {tuple(p.shape)} (split "
+                                  f"on axis {axis}) holds an odd count per slab, so its fingerprint digest cannot "
+                                  "compose; set logging.fingerprint_every: 0 or another parallel.tensor_parallel")
 
     # -- the step
     def begin(self, step) -> None:
