@@ -35,6 +35,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Iterable
@@ -126,44 +128,56 @@ def _digest_placed(part: np.ndarray, pos: np.ndarray, index_of) -> int:
     return int(_mix(x, np.empty_like(x)).sum(dtype=np.uint64))
 
 
-def _moments(part: np.ndarray, sq: np.ndarray) -> tuple[float, float, float, int]:
-    """Sum, sum of squares, largest magnitude and the count of non-finite elements of a float32 chunk (``sq``: a
-    scratch buffer of its size); float32 pairwise sums (module docstring), the non-finite left out."""
+def _moments(part: np.ndarray) -> tuple[float, float, float, int]:
+    """Sum, sum of squares, largest magnitude and the count of non-finite elements of a float32 chunk: float32
+    pairwise sums (module docstring); the non-finite left out, and float64 where float32 sums overflow."""
     s = float(part.sum())
-    np.multiply(part, part, out=sq)
-    q = float(sq.sum())
-    if not math.isfinite(s + q):   # only then: count and leave out the non-finite elements
-        fin = part[np.isfinite(part)]
-        bad = part.size - fin.size
+    q = float(np.square(part).sum())
+    if not math.isfinite(s + q):   # only then: count and leave out the non-finite elements, sum in float64
+        fin = part[np.isfinite(part)].astype(np.float64)
         if not fin.size:
-            return 0.0, 0.0, 0.0, bad
-        return float(fin.sum()), float((fin * fin).sum()), float(np.abs(fin).max()), bad
+            return 0.0, 0.0, 0.0, part.size
+        return float(fin.sum()), float(np.dot(fin, fin)), float(np.abs(fin).max()), part.size - fin.size
     return s, q, (max(float(part.max()), -float(part.min())) if part.size else 0.0), 0
 
 
 def stat_of(x: np.ndarray, index_of=None, minus: np.ndarray | None = None) -> Stat:
     """The statistics of ``x`` (any float array), or of ``x - minus`` in float32 (an update: after minus before,
     a chunk at a time, the whole difference never in memory). ``index_of(flat positions) -> logical indices``
-    places a shard in its logical tensor; None: ``x`` is the whole tensor, its flat position is its index."""
+    places a shard in its logical tensor; None: ``x`` is the whole tensor, its flat position is its index.
+    Chunks run on up to ``THREADS`` threads (NumPy's loops release the GIL; the step's own threads are idle while
+    the fingerprints are taken); their sums are added in chunk order, so the result does not depend on them."""
     flat = np.ascontiguousarray(x).reshape(-1)
     less = None if minus is None else np.ascontiguousarray(minus, dtype=np.float32).reshape(-1)
-    total, sumsq, big, bad, dig = 0.0, 0.0, 0.0, 0, 0
-    scratch = np.empty(min(CHUNK, flat.size), np.float32)
-    diff = None if less is None else np.empty(min(CHUNK, flat.size), np.float32)
-    for lo in range(0, flat.size, CHUNK):   # CHUNK is even: a chunk starts on a pair
+    if index_of is not None and flat.size % 2:
+        raise FingerprintError("a tensor shard of an odd element count; its digest cannot compose")
+
+    def chunk(lo: int) -> tuple[int, float, float, float, int]:   # CHUNK is even: a chunk starts on a pair
         part = np.ascontiguousarray(flat[lo:lo + CHUNK], dtype=np.float32)
         if less is not None:
-            part = np.subtract(part, less[lo:lo + CHUNK], out=diff[:part.size])
+            part = np.subtract(part, less[lo:lo + CHUNK])
         if index_of is None:
             d = _digest_run(part, lo // 2)
         else:
-            if flat.size % 2:
-                raise FingerprintError("a tensor shard of an odd element count; its digest cannot compose")
             d = _digest_placed(part, np.arange(lo, lo + part.size, dtype=np.int64), index_of)
-        dig = (dig + d) & _M
-        s, q, m, b = _moments(part, scratch[:part.size])
-        total, sumsq, big, bad = total + s, sumsq + q, max(big, m), bad + b
+        return (d, *_moments(part))
+
+    starts = range(0, flat.size, CHUNK)
+    parts = list(_pool().map(chunk, starts)) if len(starts) > 1 else [chunk(lo) for lo in starts]
+    total, sumsq, big, bad, dig = 0.0, 0.0, 0.0, 0, 0
+    for d, s, q, m, b in parts:
+        total, sumsq, big, bad, dig = total + s, sumsq + q, max(big, m), bad + b, (dig + d) & _M
     return Stat(int(flat.size), total, sumsq, big, bad, dig)
+
+
+THREADS = max(1, min(4, os.cpu_count() or 1))
+_POOL: list = []
+
+
+def _pool() -> ThreadPoolExecutor:
+    if not _POOL:
+        _POOL.append(ThreadPoolExecutor(THREADS, thread_name_prefix="port-fingerprints"))
+    return _POOL[0]
 
 
 def shard_index(local_shape: tuple[int, ...], full_shape: tuple[int, ...], axis: int, offset: int):
