@@ -13,6 +13,8 @@ sampled step included).
 
     python benchmarks/fingerprint_cost.py                                  # PyNative, 2 rounds, 12 steps
     python benchmarks/fingerprint_cost.py --execution graph --rounds 2 --json cost.json
+    git worktree add --detach /tmp/port-old dcb5ec0   # another port's code, run in the same rotation (every 0, 1)
+    python benchmarks/fingerprint_cost.py --rounds 3 --against /tmp/port-old
 """
 
 from __future__ import annotations
@@ -50,14 +52,17 @@ def model_dir(work: Path) -> Path:
     return out
 
 
-def launch(hf: Path, every: int, steps: int, execution: str, run: Path) -> dict:
+def launch(hf: Path, every: int, steps: int, execution: str, run: Path, code: Path | None = None) -> dict:
     sets = [f"model.source={hf}", "data.max_seq_length=64", "batching.bucketing.enabled=false",
             "checkpointing.export_hf=false", "checkpointing.every_steps=0", f"schedule.max_steps={steps}",
             f"execution={execution}", f"logging.fingerprint_every={every}", f"output_dir={run}"]
     argv = [sys.executable, "-m", "porting", "train", str(ROOT / "recipes" / "tiny-cpu.yaml")]
     for s in sets:
         argv += ["--set", s]
-    p = subprocess.run(argv, capture_output=True, text=True, timeout=3600, env={**os.environ, "GLOG_v": "3"})
+    env = {**os.environ, "GLOG_v": "3"}
+    if code is not None:   # that checkout's porting/ first on the path, run from there
+        env["PYTHONPATH"] = os.pathsep.join([str(code)] + [x for x in [env.get("PYTHONPATH")] if x])
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=3600, env=env, cwd=code)
     if p.returncode:
         raise SystemExit(f"every {every}: port train failed ({p.returncode}):\n{p.stderr[-3000:]}")
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
@@ -76,31 +81,43 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--execution", choices=("pynative", "graph"), default="pynative")
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--against", type=Path, default=None,
+                    help="another checkout of port: its every 0 and every 1 join each round's rotation")
     a = ap.parse_args()
-    res: dict[int, list[dict]] = {e: [] for e in EVERY}
+    settings = [(e, None) for e in EVERY] + ([(0, a.against), (1, a.against)] if a.against else [])
+    res: dict[tuple, list[dict]] = {s: [] for s in settings}
     load = [os.getloadavg()[0]]
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="port-fpcost-") as tmp:
         work = Path(tmp)
         hf = model_dir(work)
         for i in range(a.rounds):
-            order = EVERY[i % 3:] + EVERY[:i % 3]
-            for e in order:
-                res[e].append(launch(hf, e, a.steps, a.execution, work / f"e{e}-{i}"))
+            k = i % len(settings)
+            for e, code in settings[k:] + settings[:k]:
+                tag = f"e{e}{'-against' if code else ''}-{i}"
+                res[(e, code)].append(launch(hf, e, a.steps, a.execution, work / tag, code))
                 load.append(os.getloadavg()[0])
     out = {"cpu": _cpu(), "execution": a.execution, "rounds": a.rounds, "steps": a.steps, "load_1min": load,
            "wall_s": round(time.perf_counter() - t0, 1)}
-    for e in EVERY:
-        times = [t for r in res[e] for t in r["step_time_s"]]
-        out[f"every_{e}"] = {"median_step_s": statistics.median(times), "mean_step_s": statistics.fmean(times),
-                             "bytes_per_sampled_step": res[e][0]["bytes_per_sampled_step"]}
-    base = out["every_0"]
-    for e in EVERY[1:]:
-        out[f"every_{e}"]["ratio_median"] = out[f"every_{e}"]["median_step_s"] / base["median_step_s"]
-        out[f"every_{e}"]["ratio_mean"] = out[f"every_{e}"]["mean_step_s"] / base["mean_step_s"]
+    for e, code in settings:
+        times = [t for r in res[(e, code)] for t in r["step_time_s"]]
+        out[_key(e, code)] = {"median_step_s": statistics.median(times), "mean_step_s": statistics.fmean(times),
+                              "bytes_per_sampled_step": res[(e, code)][0]["bytes_per_sampled_step"],
+                              "round_medians_s": [statistics.median(r["step_time_s"]) for r in res[(e, code)]]}
+    for e, code in settings:
+        base = out[_key(0, code)]
+        if e:
+            out[_key(e, code)]["ratio_median"] = out[_key(e, code)]["median_step_s"] / base["median_step_s"]
+            out[_key(e, code)]["ratio_mean"] = out[_key(e, code)]["mean_step_s"] / base["mean_step_s"]
+    if a.against:
+        out["against"] = str(a.against)
     print(json.dumps(out, indent=1))
     if a.json:
         a.json.write_text(json.dumps(out, indent=1))
+
+
+def _key(every: int, code: Path | None) -> str:
+    return f"every_{every}" + ("_against" if code is not None else "")
 
 
 def _cpu() -> str:

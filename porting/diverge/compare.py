@@ -89,6 +89,11 @@ class Side:
         return "/".join(sorted({str(h.get("layout")) for h in self.prints.headers}))
 
     @property
+    def formats(self) -> set:
+        """The fingerprint format versions of its files' launches (porting/rundir/fingerprints.py VERSIONS)."""
+        return {h.get("fingerprints") for h in self.prints.headers}
+
+    @property
     def dtype(self) -> str:
         kinds = {DTYPES.get(str(h.get("dtype")), "float32") for h in self.prints.headers}
         return max(kinds, key=eps)
@@ -164,6 +169,10 @@ def compare(a: Side, b: Side) -> dict:
     if not steps:
         raise DivergeError(f"{a.path} (steps {_span(a.prints.steps)}) and {b.path} (steps {_span(b.prints.steps)}) "
                            "share no sampled step; use one logging.fingerprint_every for both")
+    if len(a.formats | b.formats) > 1:   # format 1 hashed elements, format 2 pairs: no digest of one is the other's
+        raise DivergeError(f"{a.path} and {b.path} hold fingerprints of formats "
+                           f"{', '.join(map(str, sorted(a.formats | b.formats)))}, whose digests differ by construction; "
+                           "record both runs with one port (run again the older one)")
     _same_batches(a, b, steps)
     dtype = max((a.dtype, b.dtype), key=eps)
     digests = a.layout == b.layout

@@ -14,17 +14,29 @@ parallel ranks, before clipping) or ``update`` (parameter after the step minus b
 
 Why these statistics: count, sum, sum of squares and the maximum magnitude of a tensor are the sums (or maximum)
 of its shards' own, so a tensor-parallel slice, a data-parallel rank's rows or a ZeRO shard each write their own
-record and the reader adds them, with no gather in the run. The digest is the sum mod 2^64 of a per-element hash
-of (the element's float32 bits, its logical index): order-independent and additive the same way, so two runs
-whose digests agree hold the same bits at the same logical places (up to a 2^-64 collision), whatever their
-layout. Elements are hashed in float32 (exact for bfloat16 and float16 values). The hash is SplitMix64's
-finaliser (Steele, Lea, Flood, "Fast splittable pseudorandom number generators", OOPSLA 2014).
+record and the reader adds them, with no gather in the run. The sums are taken in float32 over chunks of
+``CHUNK`` elements (NumPy's pairwise summation: relative error below ~30 float32 roundings, 2e-6, of the sum of
+magnitudes) and added in float64 across chunks: a hundredth of `port diverge`'s tightest envelope (2.4e-4,
+docs/diverge.md), at a third of the float64 conversion's cost.
+
+The digest (format 2) is the sum mod 2^64 of a hash of each logical *pair* of elements: the float32 bits of
+elements 2p and 2p+1 of the flattened logical tensor as one little-endian 64-bit word w_p (an odd count pads with
+zero bits), hashed as SplitMix64's finaliser of w_p + (p+1)*0x9E3779B97F4A7C15 (Steele, Lea, Flood, "Fast
+splittable pseudorandom number generators", OOPSLA 2014: the generator's p-th output from state w_p).
+Order-independent and additive, so two runs whose digests agree hold the same bits at the same logical places
+(up to a 2^-64 collision for changes not built against the constant), whatever their layout. A shard composes
+when its pairs are logical pairs (a tensor-parallel slice whose slab below the split axis holds an even count:
+every zoo model's); `port train` refuses another before its first step, :func:`stat_of` one it is handed. Format 1 hashed each element with its index (twice the hashing); its
+files are still read, and `port diverge` compares two runs of one format only. Elements are hashed in float32
+(exact for bfloat16 and float16 values).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Iterable
@@ -34,11 +46,12 @@ import numpy as np
 from model_zoo.errors import PortingError
 from model_zoo.files import parse_json, read_text
 
-VERSION = 1
+VERSION = 2
+VERSIONS = (1, 2)        # what the reader reads; digests compare within one version only
 PHASES = ("batch", "forward", "gradient", "update")
 MAX_FILE_BYTES = 256 << 20      # one rank's file; the writer stops (and says so) before it
 MAX_LINE_BYTES = 4096
-CHUNK = 1 << 20                 # elements hashed at a time: constant memory for any tensor
+CHUNK = 1 << 18                 # elements at a time: constant memory for any tensor, a chunk in cache
 _M = 0xFFFFFFFFFFFFFFFF
 
 
@@ -73,10 +86,8 @@ def _num(x: float) -> float | None:
     return float(x) if math.isfinite(x) else None
 
 
-def _mix(x: np.ndarray) -> np.ndarray:
+def _mix(x: np.ndarray, tmp: np.ndarray) -> np.ndarray:
     """SplitMix64's finaliser, element-wise on uint64 in place (wrapping arithmetic, as the reference C)."""
-    tmp = np.empty_like(x)
-    x += np.uint64(0x9E3779B97F4A7C15)
     for shift, mul in ((30, 0xBF58476D1CE4E5B9), (27, 0x94D049BB133111EB)):
         np.right_shift(x, np.uint64(shift), out=tmp)
         x ^= tmp
@@ -86,34 +97,87 @@ def _mix(x: np.ndarray) -> np.ndarray:
     return x
 
 
-def _digest(values: np.ndarray, index: np.ndarray) -> int:
-    """Sum mod 2^64 of SplitMix64((logical index << 32) | float32 bits) over the elements; ``index`` uint64, owned
-    (the mix runs in place on it)."""
-    index <<= np.uint64(32)
-    index |= values.view(np.uint32)
-    return int(_mix(index).sum(dtype=np.uint64))
+_GAMMA = 0x9E3779B97F4A7C15
+_STEPS = np.arange(1, CHUNK // 2 + 1, dtype=np.uint64) * np.uint64(_GAMMA)   # (j+1)*gamma, j a pair in a chunk
 
 
-def stat_of(x: np.ndarray, index_of=None) -> Stat:
-    """The statistics of ``x`` (any float array). ``index_of(flat positions) -> logical indices`` places a shard
-    in its logical tensor; None: ``x`` is the whole tensor, its flat position is its index."""
+def _words(part: np.ndarray) -> np.ndarray:
+    """A float32 chunk's pairs as little-endian 64-bit words (a copy when the count is odd: zero bits pad it)."""
+    if part.size % 2:
+        part = np.concatenate([part, np.zeros(1, np.float32)])
+    return part.view(np.dtype("<u8"))
+
+
+def _digest_run(part: np.ndarray, first_pair: int) -> int:
+    """The digest of a chunk whose pairs are logical pairs ``first_pair``, ``first_pair + 1``, ... in order."""
+    w = _words(part)
+    x = np.add(w, _STEPS[:w.size])
+    x += np.uint64((first_pair * _GAMMA) & _M)
+    return int(_mix(x, np.empty_like(x)).sum(dtype=np.uint64))
+
+
+def _digest_placed(part: np.ndarray, pos: np.ndarray, index_of) -> int:
+    """The digest of a shard's chunk at local flat positions ``pos`` (even-length, starting even) placed by
+    ``index_of``; each local pair must be a logical pair."""
+    logical = index_of(pos.astype(np.int64))
+    even, odd = logical[0::2], logical[1::2]
+    if np.any(even % 2) or np.any(odd != even + 1):
+        raise FingerprintError("a tensor shard whose element pairs are not pairs of the logical tensor (an odd last "
+                               "dimension in a slice); its digest cannot compose")
+    x = _words(part) + (even // 2 + 1).astype(np.uint64) * np.uint64(_GAMMA)
+    return int(_mix(x, np.empty_like(x)).sum(dtype=np.uint64))
+
+
+def _moments(part: np.ndarray) -> tuple[float, float, float, int]:
+    """Sum, sum of squares, largest magnitude and the count of non-finite elements of a float32 chunk: float32
+    pairwise sums (module docstring); the non-finite left out, and float64 where float32 sums overflow."""
+    s = float(part.sum())
+    q = float(np.square(part).sum())
+    if not math.isfinite(s + q):   # only then: count and leave out the non-finite elements, sum in float64
+        fin = part[np.isfinite(part)].astype(np.float64)
+        if not fin.size:
+            return 0.0, 0.0, 0.0, part.size
+        return float(fin.sum()), float(np.dot(fin, fin)), float(np.abs(fin).max()), part.size - fin.size
+    return s, q, (max(float(part.max()), -float(part.min())) if part.size else 0.0), 0
+
+
+def stat_of(x: np.ndarray, index_of=None, minus: np.ndarray | None = None) -> Stat:
+    """The statistics of ``x`` (any float array), or of ``x - minus`` in float32 (an update: after minus before,
+    a chunk at a time, the whole difference never in memory). ``index_of(flat positions) -> logical indices``
+    places a shard in its logical tensor; None: ``x`` is the whole tensor, its flat position is its index.
+    Chunks run on up to ``THREADS`` threads (NumPy's loops release the GIL; the step's own threads are idle while
+    the fingerprints are taken); their sums are added in chunk order, so the result does not depend on them."""
     flat = np.ascontiguousarray(x).reshape(-1)
-    total, sq, big, bad, dig = 0.0, 0.0, 0.0, 0, 0
-    for lo in range(0, flat.size, CHUNK):
+    less = None if minus is None else np.ascontiguousarray(minus, dtype=np.float32).reshape(-1)
+    if index_of is not None and flat.size % 2:
+        raise FingerprintError("a tensor shard of an odd element count; its digest cannot compose")
+
+    def chunk(lo: int) -> tuple[int, float, float, float, int]:   # CHUNK is even: a chunk starts on a pair
         part = np.ascontiguousarray(flat[lo:lo + CHUNK], dtype=np.float32)
-        pos = np.arange(lo, lo + part.size, dtype=np.uint64)
-        dig = (dig + _digest(part, pos if index_of is None else index_of(pos.astype(np.int64)).astype(np.uint64))) & _M
-        wide = part.astype(np.float64)
-        s, q = float(wide.sum()), float(np.dot(wide, wide))
-        if not math.isfinite(s + q):   # only then: count and leave out the non-finite elements
-            fin = np.isfinite(wide)
-            bad += int(part.size - fin.sum())
-            wide = wide[fin]
-            s, q = float(wide.sum()), float(np.dot(wide, wide))
-        total, sq = total + s, sq + q
-        if wide.size:
-            big = max(big, float(wide.max()), -float(wide.min()))
-    return Stat(int(flat.size), total, sq, big, bad, dig)
+        if less is not None:
+            part = np.subtract(part, less[lo:lo + CHUNK])
+        if index_of is None:
+            d = _digest_run(part, lo // 2)
+        else:
+            d = _digest_placed(part, np.arange(lo, lo + part.size, dtype=np.int64), index_of)
+        return (d, *_moments(part))
+
+    starts = range(0, flat.size, CHUNK)
+    parts = list(_pool().map(chunk, starts)) if len(starts) > 1 else [chunk(lo) for lo in starts]
+    total, sumsq, big, bad, dig = 0.0, 0.0, 0.0, 0, 0
+    for d, s, q, m, b in parts:
+        total, sumsq, big, bad, dig = total + s, sumsq + q, max(big, m), bad + b, (dig + d) & _M
+    return Stat(int(flat.size), total, sumsq, big, bad, dig)
+
+
+THREADS = max(1, min(4, os.cpu_count() or 1))
+_POOL: list = []
+
+
+def _pool() -> ThreadPoolExecutor:
+    if not _POOL:
+        _POOL.append(ThreadPoolExecutor(THREADS, thread_name_prefix="port-fingerprints"))
+    return _POOL[0]
 
 
 def shard_index(local_shape: tuple[int, ...], full_shape: tuple[int, ...], axis: int, offset: int):
@@ -228,9 +292,9 @@ def read_file(path: Path, into: Fingerprints) -> None:
         if not isinstance(row, dict):
             raise FingerprintError(f"{where}: expected a JSON object")
         if "fingerprints" in row or i == 1:
-            if row.get("fingerprints") != VERSION:
-                raise FingerprintError(f"{where}: expected the header {{\"fingerprints\": {VERSION}, ...}}; "
-                                       "not a fingerprint file of this port")
+            if row.get("fingerprints") not in VERSIONS:
+                raise FingerprintError(f"{where}: expected the header {{\"fingerprints\": {VERSION}, ...}} (or "
+                                       f"{', '.join(map(str, VERSIONS[:-1]))}); not a fingerprint file of this port")
             into.headers.append(row)
             launch = set()
             continue

@@ -71,3 +71,14 @@ def two_data_orders(d):
     w.record(1, "batch", "input_ids", fp.stat_of(np.arange(1, 9, dtype=np.float32)))
     w.close()
     return ["diverge", str(_run(d, "a")), str(b)]
+
+
+@case("formats 1, 2", "digests differ by construction", dest=None)
+def a_format_1_run_against_a_format_2_run(d):
+    a = _run(d, "a")   # an older port's run: the same records under the format-1 header
+    f = a / "fingerprints" / "rank_0.jsonl"
+    lines = f.read_text().splitlines()
+    head = json.loads(lines[0])
+    assert head["fingerprints"] == 2
+    f.write_text("\n".join([json.dumps({**head, "fingerprints": 1})] + lines[1:]) + "\n")
+    return ["diverge", str(a), str(_run(d, "b"))]
