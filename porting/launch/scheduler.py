@@ -9,7 +9,8 @@ start (scheduler.log: "Failed to call bind, url: 127.0.0.1:8118 Address already 
 
 :class:`SchedulerWatch` finds that process among msrun's children while it lives (its environment), and reports
 it once it has exited with a non-zero status that msrun has not collected (a zombie: ``/proc/PID/stat`` field 52,
-the wait status, proc(5)). The launch is then stopped with the scheduler log's first error line instead of
+the wait status, proc(5)) and msrun has still not ended ``SETTLE_S`` later (when a worker failed first, the
+scheduler exits too and msrun ends by itself with that worker's error). The launch is then stopped with the scheduler log's first error line instead of
 waiting out the cluster timeout. A node rank > 0 on the master's own machine (``--join=False``) is not watched:
 its scheduler is expected to fail to bind (porting/launch/jobs.py ``same_host_node_argv``).
 """
@@ -26,6 +27,10 @@ from model_zoo.errors import PortingError
 ROLE = b"MS_ROLE=MS_SCHED"
 LOG_TAIL_BYTES = 1 << 20    # the part of scheduler.log read for its reason (the failure is at its start)
 SEARCH_S = 300.0            # msrun starts its scheduler first; a launch with none by then has none (one process)
+# A scheduler also exits non-zero when the workers failed first (a worker's error takes the cluster down): msrun
+# then ends by itself within seconds, with its own exit code and its worker's error, and is left to. Only a
+# scheduler gone this long while msrun still runs is the launch's end (the workers wait on it for 600 s).
+SETTLE_S = 10.0
 
 
 class SchedulerDied(PortingError):
@@ -85,7 +90,7 @@ class SchedulerWatch:
         self.msrun_pid, self.pid = msrun_pid, None
         self.log_dir = Path(d) if (d := _flag(argv, "--log_dir")) else None
         self.master = (_flag(argv, "--master_addr") or "127.0.0.1", _flag(argv, "--master_port"))
-        self.until = time.monotonic() + SEARCH_S
+        self.until, self.dead_at = time.monotonic() + SEARCH_S, None
 
     def failed(self) -> str | None:
         """Why the launch cannot go on (the scheduler exited with an error), or None."""
@@ -97,6 +102,10 @@ class SchedulerWatch:
                 return None
         code = exit_status(self.pid)
         if not code:
+            return None
+        if self.dead_at is None:
+            self.dead_at = time.monotonic()
+        if time.monotonic() - self.dead_at < SETTLE_S:
             return None
         log = self.log_dir / "scheduler.log" if self.log_dir is not None else None
         why = reason(log) if log is not None else ""
