@@ -71,7 +71,9 @@ def test_watcher_exits_its_process_when_the_watched_one_is_killed_9(tmp_path):
              "print('watching', flush=True); time.sleep(120)")
     parent_code = ("import os, subprocess, sys, time; from porting.train.run import lifeline; "
                    f"c = subprocess.Popen([sys.executable, '-c', {child!r}], start_new_session=True, "
-                   "env=dict(os.environ, PORT_PARENT=lifeline.token()), stderr=open(sys.argv[1], 'w')); "
+                   "env=dict(os.environ, PORT_PARENT=lifeline.token()), stderr=open(sys.argv[1], 'w'), "
+                   # not the parent's stdout: on a loaded machine the child's line came first (a CI run's failure)
+                   "stdout=subprocess.DEVNULL); "
                    "print(c.pid, flush=True); time.sleep(120)")
     parent = subprocess.Popen(PY + [parent_code, str(tmp_path / "child.err")], stdout=subprocess.PIPE, text=True,
                               env=_env())
