@@ -48,6 +48,9 @@ class TorchFingerprinter:
         self.params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         self.names = [n for n, _ in self.params]
         layers = model.model.layers
+        if plant is not None and plant[2] == "collective":
+            raise FaultHookError("PORT_TEST_PLANT_DIVERGENCE: phase collective is not observable in a torch baseline "
+                                 "(one process, no all-reduce); plant it in a data-parallel port train")
         if plant is not None:
             known = [f"model.layers.{i}" for i in range(len(layers))] if plant[2] == "forward" else self.names
             if plant[1] not in known:
@@ -58,7 +61,7 @@ class TorchFingerprinter:
             header = {"source": "torch", "rank": 0, "world": 1, "tp": 1, "dp": 1, "zero": False, "execution": "torch",
                       "every": every, "dtype": dtype, "layout": "hf",
                       "planted": None if plant is None else ":".join(str(x) for x in plant),
-                      "phases": list(fp.PHASES)}
+                      "phases": [p for p in fp.PHASES if p != "collective"]}
             self.writer = fp.Writer(folder_of(out) / "rank_0.jsonl", header, warn, fresh=True)
         self.step_no, self.sampled, self.lengths, self.calls, self.acts, self.before = 0, False, [], {}, {}, {}
         self.handles = [layer.register_forward_hook(self._on_layer(i)) for i, layer in enumerate(layers)]
