@@ -48,9 +48,6 @@ class TorchFingerprinter:
         self.params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         self.names = [n for n, _ in self.params]
         layers = model.model.layers
-        if plant is not None and plant[2] == "collective":
-            raise FaultHookError("PORT_TEST_PLANT_DIVERGENCE: phase collective is not observable in a torch baseline "
-                                 "(one process, no all-reduce); plant it in a data-parallel port train")
         if plant is not None:
             known = [f"model.layers.{i}" for i in range(len(layers))] if plant[2] == "forward" else self.names
             if plant[1] not in known:
