@@ -24,7 +24,8 @@ def _run(root: Path, name: str, out_scale: float = 1.0, in_scale: float = 1.0, d
     for r in range(dp):
         w = fp.Writer(root / name / "fingerprints" / f"rank_{r}.jsonl",
                       {"source": "port", "layout": "zoo", "dtype": "float32", "dp": dp, "tp": 1})
-        w.record(1, "batch", "input_ids", fp.stat_of(np.arange(8, dtype=np.float32) + r))
+        if r == 0:   # one global batch, however many ranks share it
+            w.record(1, "batch", "input_ids", fp.stat_of(np.arange(8, dtype=np.float32)))
         for k, holds_k in enumerate(holds):
             w.record(1, "collective", fp.collective_name(k, r), fp.stat_of(x * (in_scale if k and r else 1)), holds_k)
             if r == 0:
