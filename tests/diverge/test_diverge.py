@@ -149,7 +149,7 @@ def test_data_parallel_2_collectives_inputs_matched_outputs_did_not(root, model_
     outputs = [n for n in prints.names["collective"] if n.endswith("/output")]
     assert len(outputs) == len(prints.buckets) and (1, "collective", "allreduce/bucket_1/input/dp_1") in prints.stats
     planted = _dp2(root, "dp2_collective", model_dir, plant=f"2:{first}:collective:0.01")
-    v = _diverge(clean, planted)
+    v = _diverge(clean, planted, "--out", str(clean / "diverge.json"))
     assert _first(v) == (2, "collective", "allreduce/bucket_1/output", None) and v["bitwise_equal_through"] == 1, v
     c = v["first"]["collective"]
     assert (c["bucket"], c["first_tensor"], c["last_tensor"], c["tensors"]) == (1, first, last, count)
@@ -157,6 +157,9 @@ def test_data_parallel_2_collectives_inputs_matched_outputs_did_not(root, model_
     p = port("diverge", clean, planted)
     assert p.returncode == 0 and "step 2, collective all-reduce of gradient bucket 1" in p.stdout, p.stdout
     assert f"({first} .. {last}, {count} tensors): inputs matched, outputs did not" in p.stdout, p.stdout
+    p = port("report", clean)
+    row = next(ln for ln in p.stdout.splitlines() if "diverge:" in ln)
+    assert "parts at step 2: collective of allreduce/bucket_1/output (inputs matched, outputs did not)" in row, row
     name = "model.layers.0.self_attn.q_proj.weight"
     before = _dp2(root, "dp2_gradient", model_dir, plant=f"2:{name}:gradient:0.01")
     v = _diverge(clean, before)
