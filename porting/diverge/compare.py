@@ -294,14 +294,12 @@ def words(v: dict) -> str:
         if c is not None and c["side"] == "output":
             how = "inputs matched, outputs did not" if c["inputs"] == "matched" else \
                 "outputs differed (inputs not compared: other data-parallel or tensor-parallel sizes)"
-            what = (f"collective all-reduce of gradient bucket {c['bucket']} ({c['first_tensor']} .. "
-                    f"{c['last_tensor']}, {c['tensors']} tensors): {how}")
+            what = f"collective all-reduce of gradient bucket {c['bucket']} ({_holds(c)}): {how}"
         lines.append(f"first divergence: step {f['step']}, {what}: {f['statistic']} {_fmt(f['a'])} vs {_fmt(f['b'])}, "
                      f"relative {_fmt(f['relative'])} > envelope {f['tolerance']:.2e}")
         if c is not None and c["side"] == "input":
-            lines.append(f"the all-reduce inputs differed (gradient bucket {c['bucket']}, {c['first_tensor']} .. "
-                         f"{c['last_tensor']}, data-parallel rank {c['dp_rank']}): the difference entered before "
-                         "the collective")
+            lines.append(f"the all-reduce inputs differed (gradient bucket {c['bucket']}: {_holds(c)}; data-parallel "
+                         f"rank {c['dp_rank']}): the difference entered before the collective")
     else:
         lines.append(f"no divergence over {len(steps)} common sampled step(s) ({_span(steps)}): "
                      + ("bitwise equal" if v["verdict"] == "bitwise_equal" else "within the noise envelope"))
@@ -314,6 +312,12 @@ def words(v: dict) -> str:
     lines.append(f"A: {v['a']}")
     lines.append(f"B: {v['b']}")
     return "\n".join(lines)
+
+
+def _holds(c: dict) -> str:
+    """What a collective's bucket holds, in words: its first and last gradient (HF names) and how many."""
+    n = c["tensors"]
+    return (c["first_tensor"] if n == 1 else f"{c['first_tensor']} .. {c['last_tensor']}, {n} tensors")
 
 
 def _fmt(x) -> str:
