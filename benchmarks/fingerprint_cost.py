@@ -15,6 +15,7 @@ sampled step included).
     python benchmarks/fingerprint_cost.py --execution graph --rounds 2 --json cost.json
     git worktree add --detach /tmp/port-old dcb5ec0   # another port's code, run in the same rotation (every 0, 1)
     python benchmarks/fingerprint_cost.py --rounds 3 --against /tmp/port-old
+    python benchmarks/fingerprint_cost.py --dp 2 --rounds 1 --steps 8   # 2 msrun workers: the collectives' records too
 """
 
 from __future__ import annotations
@@ -52,8 +53,9 @@ def model_dir(work: Path) -> Path:
     return out
 
 
-def launch(hf: Path, every: int, steps: int, execution: str, run: Path, code: Path | None = None) -> dict:
-    sets = [f"model.source={hf}", "data.max_seq_length=64", "batching.bucketing.enabled=false",
+def launch(hf: Path, every: int, steps: int, execution: str, run: Path, code: Path | None = None,
+           dp: int = 1) -> dict:
+    sets = [f"cluster.devices_per_node={dp}", f"model.source={hf}", "data.max_seq_length=64", "batching.bucketing.enabled=false",
             "checkpointing.export_hf=false", "checkpointing.every_steps=0", f"schedule.max_steps={steps}",
             f"execution={execution}", f"logging.fingerprint_every={every}", f"output_dir={run}"]
     argv = [sys.executable, "-m", "porting", "train", str(ROOT / "recipes" / "tiny-cpu.yaml")]
@@ -81,6 +83,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--execution", choices=("pynative", "graph"), default="pynative")
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--dp", type=int, default=1, help="data-parallel msrun workers (2: the gradient all-reduce's "
+                                                       "fingerprints join the cost)")
     ap.add_argument("--against", type=Path, default=None,
                     help="another checkout of port: its every 0 and every 1 join each round's rotation")
     a = ap.parse_args()
@@ -95,9 +99,9 @@ def main() -> None:
             k = i % len(settings)
             for e, code in settings[k:] + settings[:k]:
                 tag = f"e{e}{'-against' if code else ''}-{i}"
-                res[(e, code)].append(launch(hf, e, a.steps, a.execution, work / tag, code))
+                res[(e, code)].append(launch(hf, e, a.steps, a.execution, work / tag, code, a.dp))
                 load.append(os.getloadavg()[0])
-    out = {"cpu": _cpu(), "execution": a.execution, "rounds": a.rounds, "steps": a.steps, "load_1min": load,
+    out = {"cpu": _cpu(), "execution": a.execution, "dp": a.dp, "rounds": a.rounds, "steps": a.steps, "load_1min": load,
            "wall_s": round(time.perf_counter() - t0, 1)}
     for e, code in settings:
         times = [t for r in res[(e, code)] for t in r["step_time_s"]]

@@ -58,7 +58,7 @@ class TorchFingerprinter:
             header = {"source": "torch", "rank": 0, "world": 1, "tp": 1, "dp": 1, "zero": False, "execution": "torch",
                       "every": every, "dtype": dtype, "layout": "hf",
                       "planted": None if plant is None else ":".join(str(x) for x in plant),
-                      "phases": list(fp.PHASES)}
+                      "phases": [p for p in fp.PHASES if p != "collective"]}
             self.writer = fp.Writer(folder_of(out) / "rank_0.jsonl", header, warn, fresh=True)
         self.step_no, self.sampled, self.lengths, self.calls, self.acts, self.before = 0, False, [], {}, {}, {}
         self.handles = [layer.register_forward_hook(self._on_layer(i)) for i, layer in enumerate(layers)]

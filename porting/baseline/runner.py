@@ -243,9 +243,12 @@ def run(req: BaselineRequest, log: Callable[[str], None] = lambda s: None) -> Ba
     if not out.parent.is_dir():
         raise ConfigError(f"--out {out}: folder {out.parent} does not exist; create it first")
     recipe = load_recipe(req.recipe_path, list(req.overrides))
-    from porting.train.run.faults import active
+    from porting.train.run.faults import FaultHookError, active
 
-    active()   # a test hook that does not parse is one line before anything runs (PORT_TEST_PLANT_DIVERGENCE)
+    plant = active().plant   # a test hook that does not parse is one line before anything runs
+    if plant is not None and plant[2] == "collective":
+        raise FaultHookError("PORT_TEST_PLANT_DIVERGENCE: phase collective is not observable in a torch baseline "
+                             "(one process, no all-reduce); plant it in a data-parallel port train")
     require_torch("port baseline")
     check_device(req.device)
     prec = settings_mod.precision(recipe)

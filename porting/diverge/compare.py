@@ -1,8 +1,16 @@
 """Where two runs part: their fingerprints compared step by step, in the order the step computes them.
 
-Order within a step: ``forward`` (decoder layer 0 .. L-1), then ``gradient`` (backward order: the last parameter
-of the forward first), then ``update`` (forward order). Parameters are ordered by where they act in the forward
-(:func:`param_key`), whatever order either framework lists them in.
+Order within a step: ``forward`` (decoder layer 0 .. L-1), then ``collective`` (the gradient buckets' all-reduce:
+every bucket's input on every data-parallel rank, then every bucket's output), then ``gradient`` (backward order: the
+last parameter of the forward first), then ``update`` (forward order). Parameters are ordered by where they act in
+the forward (:func:`param_key`), whatever order either framework lists them in.
+
+Collectives. A bucket is compared only where both runs' buckets hold the same gradients (first, last, count), its
+inputs only where both ran the same data-parallel and tensor-parallel sizes (rank d's rows are the same rows then).
+Every input comes before every output, so an output that parts at a step where every input matched is the
+collective's doing: "inputs matched, outputs did not". An input that parts is the backward's (the local gradient
+entered the collective already different): the verdict names the first gradient that parts at that step, with the
+bucket and rank whose input differed.
 
 The noise envelope. Two correct runs of one step differ by rounding: a different summation order, a fused kernel, a
 different framework. Each of the statistics compared (the sum of squares, the largest magnitude, and the sum
@@ -38,8 +46,9 @@ from porting.rundir import fingerprints as fp
 
 K = 2 ** 11
 STORE_ROUNDINGS = 4
-ORDER = ("forward", "gradient", "update")
-WORDS = {"forward": "forward activation", "gradient": "backward gradient", "update": "update"}
+ORDER = ("forward", "collective", "gradient", "update")
+WORDS = {"forward": "forward activation", "collective": "collective", "gradient": "backward gradient",
+         "update": "update"}
 DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16", "bf16-mixed": "bfloat16"}
 # where a parameter acts within a decoder layer, in forward order (HF names, converters/names.py)
 _IN_LAYER = ("input_layernorm", "self_attn.q_proj", "self_attn.q_norm", "self_attn.k_proj", "self_attn.k_norm",
@@ -97,6 +106,11 @@ class Side:
     def dtype(self) -> str:
         kinds = {DTYPES.get(str(h.get("dtype")), "float32") for h in self.prints.headers}
         return max(kinds, key=eps)
+
+    @property
+    def sizes(self) -> set:
+        """The (data-parallel, tensor-parallel) sizes of its launches."""
+        return {(h.get("dp"), h.get("tp")) for h in self.prints.headers}
 
     def describe(self) -> str:
         h = self.prints.headers[0]
@@ -157,10 +171,35 @@ def step_order(a: Side, b: Side, step: int) -> list[tuple[str, str]]:
     for phase in ORDER:
         common = [n for n in a.prints.names.get(phase, []) if (step, phase, n) in a.prints.stats
                   and (step, phase, n) in b.prints.stats]
-        key = (lambda n: layer_of(n) or 0) if phase == "forward" else param_key
-        common.sort(key=key, reverse=phase == "gradient")
+        if phase == "collective":
+            common = _collectives(a, b, common)
+        else:
+            key = (lambda n: layer_of(n) or 0) if phase == "forward" else param_key
+            common.sort(key=key, reverse=phase == "gradient")
         out += [(phase, n) for n in common]
     return out
+
+
+def _collectives(a: Side, b: Side, names: list[str]) -> list[str]:
+    """The collective records to compare (module docstring): every input, then every output, in bucket order."""
+    same_ranks = a.sizes == b.sizes and len(a.sizes) == 1
+    keep = []
+    for n in names:
+        m = fp.COLLECTIVE.fullmatch(n)
+        if m is None or a.prints.buckets.get(m.group(1)) != b.prints.buckets.get(m.group(1)):
+            continue   # another bucket plan: not the same gradients
+        if m.group(3) is None or same_ranks:
+            keep.append((m.group(3) is None, int(m.group(2)), n))
+    return [n for *_, n in sorted(keep)]
+
+
+def collective_of(side: Side, name: str) -> dict:
+    """What a collective record names: its bucket, the gradients the bucket holds, the side and rank."""
+    m = fp.COLLECTIVE.fullmatch(name)
+    first, last, count = side.prints.buckets[m.group(1)]
+    return {"op": "allreduce", "bucket": int(m.group(2)), "record": m.group(1), "first_tensor": first,
+            "last_tensor": last, "tensors": count, "side": "output" if m.group(3) is None else "input",
+            "dp_rank": None if m.group(3) is None else int(m.group(3))}
 
 
 def compare(a: Side, b: Side) -> dict:
@@ -178,19 +217,17 @@ def compare(a: Side, b: Side) -> dict:
     digests = a.layout == b.layout
     bitwise_through, bitwise, first, compared = None, digests, None, 0
     for s in steps:
-        tol = tolerance(dtype, s)
+        tol, inputs = tolerance(dtype, s), False
         for phase, name in step_order(a, b, s):
             x, y = a.prints.stats[(s, phase, name)], b.prints.stats[(s, phase, name)]
             compared += 1
             if bitwise and x.digest != y.digest:
                 bitwise = False
-            stat, r = relative(x, y)
-            if r > tol:
-                first = {"step": s, "phase": phase, "name": name, "layer": layer_of(name), "statistic": stat,
-                         "a": getattr(x, stat, None) if stat in ("sum", "sumsq", "maxabs") else x.count,
-                         "b": getattr(y, stat, None) if stat in ("sum", "sumsq", "maxabs") else y.count,
-                         "relative": _num(r), "tolerance": tol}
+            first = _parts(s, phase, name, x, y, tol)
+            if first is not None:
+                first = _collective_cause(a, b, first, inputs) if phase == "collective" else first
                 break
+            inputs = inputs or (phase == "collective" and "/input/" in name)
         if first is not None:
             break
         if bitwise:
@@ -205,6 +242,35 @@ def compare(a: Side, b: Side) -> dict:
                                  "on sumsq, and sum over sqrt(count*sumsq)",
                          "dtype": dtype, "at_step_1": tolerance(dtype, 1)},
             "digests_compared": digests}
+
+
+def _parts(step: int, phase: str, name: str, x: fp.Stat, y: fp.Stat, tol: float) -> dict | None:
+    """The verdict's ``first`` when record ``name`` of the two runs differs beyond ``tol``, else None."""
+    stat, r = relative(x, y)
+    if r <= tol:
+        return None
+    return {"step": step, "phase": phase, "name": name, "layer": layer_of(name), "statistic": stat,
+            "a": getattr(x, stat, None) if stat in ("sum", "sumsq", "maxabs") else x.count,
+            "b": getattr(y, stat, None) if stat in ("sum", "sumsq", "maxabs") else y.count,
+            "relative": _num(r), "tolerance": tol, "collective": None}
+
+
+def _collective_cause(a: Side, b: Side, first: dict, inputs: bool) -> dict:
+    """A collective record that parts, explained: an output after every input matched ("inputs matched, outputs
+    did not"; ``inputs``: any input compared at that step), or an input: then the first gradient that parts at
+    that step is named (the difference entered the collective with the local gradient), with the bucket."""
+    info = collective_of(a, first["name"])
+    if info["side"] == "output":
+        return {**first, "collective": {**info, "inputs": "matched" if inputs else "not compared",
+                                        "outputs": "differed"}}
+    info["inputs"] = "differed"
+    s, tol = first["step"], first["tolerance"]
+    for phase, name in step_order(a, b, s):
+        grad = _parts(s, phase, name, a.prints.stats[(s, phase, name)], b.prints.stats[(s, phase, name)], tol) \
+            if phase == "gradient" else None
+        if grad is not None:
+            return {**grad, "collective": info}
+    return {**first, "collective": info}
 
 
 def _num(x: float) -> float | None:
@@ -223,9 +289,17 @@ def words(v: dict) -> str:
     f = v.get("first")
     if f is not None:
         layer = f" (layer {f['layer']})" if f.get("layer") is not None else ""
-        lines.append(f"first divergence: step {f['step']}, {WORDS[f['phase']]} of {f['name']}{layer}: {f['statistic']} "
-                     f"{_fmt(f['a'])} vs {_fmt(f['b'])}, relative {_fmt(f['relative'])} > envelope "
-                     f"{f['tolerance']:.2e}")
+        c = f.get("collective")
+        what = f"{WORDS[f['phase']]} of {f['name']}{layer}"
+        if c is not None and c["side"] == "output":
+            how = "inputs matched, outputs did not" if c["inputs"] == "matched" else \
+                "outputs differed (inputs not compared: other data-parallel or tensor-parallel sizes)"
+            what = f"collective all-reduce of gradient bucket {c['bucket']} ({_holds(c)}): {how}"
+        lines.append(f"first divergence: step {f['step']}, {what}: {f['statistic']} {_fmt(f['a'])} vs {_fmt(f['b'])}, "
+                     f"relative {_fmt(f['relative'])} > envelope {f['tolerance']:.2e}")
+        if c is not None and c["side"] == "input":
+            lines.append(f"the all-reduce inputs differed (gradient bucket {c['bucket']}: {_holds(c)}; data-parallel "
+                         f"rank {c['dp_rank']}): the difference entered before the collective")
     else:
         lines.append(f"no divergence over {len(steps)} common sampled step(s) ({_span(steps)}): "
                      + ("bitwise equal" if v["verdict"] == "bitwise_equal" else "within the noise envelope"))
@@ -238,6 +312,12 @@ def words(v: dict) -> str:
     lines.append(f"A: {v['a']}")
     lines.append(f"B: {v['b']}")
     return "\n".join(lines)
+
+
+def _holds(c: dict) -> str:
+    """What a collective's bucket holds, in words: its first and last gradient (HF names) and how many."""
+    n = c["tensors"]
+    return (c["first_tensor"] if n == 1 else f"{c['first_tensor']} .. {c['last_tensor']}, {n} tensors")
 
 
 def _fmt(x) -> str:

@@ -29,8 +29,11 @@ def diverge_row(run_dir: Path) -> Row | None:
     other = str(doc.get("b", ""))[:200]
     if first is not None:
         layer = f" (layer {first.get('layer')})" if isinstance(first.get("layer"), int) else ""
-        value = (f"parts at step {first.get('step')}: {first.get('phase')} of {str(first.get('name'))[:200]}{layer}, "
-                 f"from {other}")
+        c = first.get("collective") if isinstance(first.get("collective"), dict) else {}
+        cause = {"output": " (inputs matched, outputs did not)", "input": " (the all-reduce inputs differed)"}.get(
+            c.get("side") if c.get("inputs") != "not compared" else None, "")
+        value = (f"parts at step {first.get('step')}: {first.get('phase')} of {str(first.get('name'))[:200]}{layer}"
+                 f"{cause}, from {other}")
     else:
         through = doc.get("bitwise_equal_through")
         value = (f"no divergence from {other} over {len(doc.get('steps_compared') or [])} sampled steps"

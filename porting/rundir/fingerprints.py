@@ -8,9 +8,17 @@ file; read by `port diverge` (porting/diverge/). One JSON line per record, after
      "maxabs": ..., "nonfinite": 0, "digest": "<16 hex digits>"}
 
 ``phase``: ``batch`` (the step's input tokens: the data order), ``forward`` (a decoder layer's output on the real
-positions of every row), ``gradient`` (a parameter's gradient of the step's mean token loss, reduced over the data
-parallel ranks, before clipping) or ``update`` (parameter after the step minus before). ``name`` is the HF name
+positions of every row), ``collective`` (a gradient bucket's all-reduce: its input on one data-parallel rank, or its
+output), ``gradient`` (a parameter's gradient of the step's mean token loss, reduced over the data parallel ranks,
+before clipping) or ``update`` (parameter after the step minus before). ``name`` is the HF name
 (converters/names.py; ``model.layers.<i>`` for a layer's output), so a port run and its torch baseline line up.
+
+A ``collective`` record's name is the bucket and the side (:data:`COLLECTIVE`): ``allreduce/bucket_<k>/input/dp_<d>``
+(data-parallel rank d's local bucket before the all-reduce: one per rank, never added across ranks) or
+``allreduce/bucket_<k>/output`` (after it, written once: every rank holds it), with ``/tp_<t>`` after the bucket
+under tensor parallelism (each tensor-parallel rank reduces its own shards). Three more fields say which gradients
+the bucket's flat buffer holds, in its order: ``first`` and ``last`` (HF names) and ``tensors`` (how many), so
+two runs' buckets are compared only where they hold the same gradients.
 
 Why these statistics: count, sum, sum of squares and the maximum magnitude of a tensor are the sums (or maximum)
 of its shards' own, so a tensor-parallel slice, a data-parallel rank's rows or a ZeRO shard each write their own
@@ -36,8 +44,9 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Iterable
 
@@ -48,7 +57,10 @@ from model_zoo.files import parse_json, read_text
 
 VERSION = 2
 VERSIONS = (1, 2)        # what the reader reads; digests compare within one version only
-PHASES = ("batch", "forward", "gradient", "update")
+PHASES = ("batch", "forward", "collective", "gradient", "update")
+# a collective record's name: (bucket: the all-reduce and its bucket, with its tensor-parallel rank), then the side
+COLLECTIVE = re.compile(r"(allreduce/bucket_([0-9]{1,6})(?:/tp_[0-9]{1,6})?)/(?:input/dp_([0-9]{1,6})|output)")
+_HF_NAME = re.compile(r"[A-Za-z0-9_.]{1,256}")
 MAX_FILE_BYTES = 256 << 20      # one rank's file; the writer stops (and says so) before it
 MAX_LINE_BYTES = 4096
 CHUNK = 1 << 18                 # elements at a time: constant memory for any tensor, a chunk in cache
@@ -231,8 +243,9 @@ class Writer:
         self.f.write(text)
         self.bytes += len(text)
 
-    def record(self, step: int, phase: str, name: str, stat: Stat) -> None:
-        self._line({"step": step, "phase": phase, "name": name, **stat.as_dict()})
+    def record(self, step: int, phase: str, name: str, stat: Stat, bucket: dict | None = None) -> None:
+        """One record; ``bucket`` a collective's ``first``, ``last`` and ``tensors`` (module docstring)."""
+        self._line({"step": step, "phase": phase, "name": name, **(bucket or {}), **stat.as_dict()})
 
     def flush(self) -> None:
         self.f.flush()
@@ -242,6 +255,14 @@ class Writer:
 
 
 Key = tuple[int, str, str]   # (step, phase, name)
+BucketInfo = tuple[str, str, int]   # a collective's (first, last, tensors)
+
+
+def collective_name(bucket: int, dp_rank: int | None, tp_rank: int | None = None) -> str:
+    """A collective record's name: bucket ``bucket``'s input on data-parallel rank ``dp_rank``, or (None) its
+    output; ``tp_rank`` under tensor parallelism."""
+    tp = "" if tp_rank is None else f"/tp_{tp_rank}"
+    return f"allreduce/bucket_{bucket}{tp}/" + ("output" if dp_rank is None else f"input/dp_{dp_rank}")
 
 
 @dataclass
@@ -253,6 +274,7 @@ class Fingerprints:
     stats: dict[Key, Stat]
     names: dict[str, list[str]]
     truncated: bool = False
+    buckets: dict[str, BucketInfo] = field(default_factory=dict)   # a collective's bucket -> what it holds
 
     @property
     def steps(self) -> list[int]:
@@ -302,6 +324,8 @@ def read_file(path: Path, into: Fingerprints) -> None:
             into.truncated = True
             continue
         key, stat = _record(row, where)
+        if key[1] == "collective":
+            _bucket(row, key[2], where, into.buckets)
         if key not in launch:   # this launch's first record of the key replaces an earlier launch's
             launch.add(key)
             mine[key] = EMPTY
@@ -318,6 +342,21 @@ def _record(row: dict, where: str) -> tuple[Key, Stat]:
             and 0 < len(name) <= 256):
         raise FingerprintError(f"{where}: expected step (>= 1), phase (one of {', '.join(PHASES)}) and name")
     return (step, phase, name), _stat_from(row, where)
+
+
+def _bucket(row: dict, name: str, where: str, into: dict[str, BucketInfo]) -> None:
+    """A collective record's name and bucket fields checked; the bucket added to ``into`` (one description each)."""
+    m = COLLECTIVE.fullmatch(name)
+    first, last, n = row.get("first"), row.get("last"), row.get("tensors")
+    if m is None or not (isinstance(first, str) and _HF_NAME.fullmatch(first) and isinstance(last, str)
+                         and _HF_NAME.fullmatch(last) and isinstance(n, int) and 1 <= n < 1 << 20):
+        raise FingerprintError(f"{where}: expected a collective record: name "
+                               "allreduce/bucket_<k>[/tp_<t>]/input/dp_<d> or .../output, first and last (HF names), tensors (a count); the file was edited or "
+                               "is not one port wrote")
+    seen = into.setdefault(m.group(1), (first, last, n))
+    if seen != (first, last, n):
+        raise FingerprintError(f"{where}: {m.group(1)} holds {first}..{last} ({n} tensors) here and "
+                               f"{seen[0]}..{seen[1]} ({seen[2]}) in an earlier record; not a run port wrote")
 
 
 def read(folder: Path, max_files: int = 4096) -> Fingerprints:

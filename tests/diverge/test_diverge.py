@@ -1,6 +1,7 @@
 """`port diverge` on real runs of the real stories260K (MindSpore PyNative and graph, the torch baseline, and under
-msrun tensor parallel 2): nothing planted, nothing reported (a relaunch of one layout bitwise equal); a planted
-PORT_TEST_PLANT_DIVERGENCE named exactly (step, layer, tensor, phase); two data orders refused."""
+msrun tensor parallel 2 and data parallel 2): nothing planted, nothing reported (a relaunch of one layout bitwise
+equal); a planted PORT_TEST_PLANT_DIVERGENCE named exactly (step, layer, tensor, phase; a collective's bucket with
+"inputs matched, outputs did not"); two data orders refused."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import port, port_process
+from porting.rundir import fingerprints as fp
 from tests.train.conftest import TINY, free_port
 
 STEPS = 4
@@ -118,3 +120,50 @@ def test_tensor_parallel_2_under_msrun_against_one_device(root, plain):
     assert sorted(f.name for f in (out / "fingerprints").iterdir()) == ["rank_0.jsonl", "rank_1.jsonl"]
     v = _diverge(out, plain)
     assert _first(v) == (3, "gradient", name, 2), v
+
+
+def _dp2(root: Path, name: str, model_dir: Path, plant: str | None = None) -> Path:
+    """One msrun launch, data parallel 2 (PyNative: port's overlapped buckets), stories260K's first layer, 3 steps,
+    comm_fusion 0.1 MB: several buckets."""
+    out = root / name
+    p = port_process("train", TINY, *SETS, *TRAIN, "--set", "schedule.max_steps=3", "--set", "execution=pynative",
+                     "--set", f"model.source={model_dir}", "--set", f"output_dir={out}",
+                     "--set", "cluster.devices_per_node=2", "--set", "parallel.comm_fusion.allreduce_mode=size",
+                     "--set", "parallel.comm_fusion.allreduce_config=0.1", "--set", f"cluster.master_port={free_port()}",
+                     env={PLANT: plant} if plant else None, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.msrun
+def test_data_parallel_2_collectives_inputs_matched_outputs_did_not(root, model_dir):
+    """Three msrun launches (DP 2): clean; one bucket's all-reduce output multiplied at step 2 (named as that
+    collective, "inputs matched, outputs did not"); a gradient multiplied before the all-reduce at step 2 (named as
+    that gradient, the all-reduce inputs differing)."""
+    clean = _dp2(root, "dp2", model_dir)
+    prints = fp.read(clean / "fingerprints")
+    assert len(prints.buckets) > 2 and prints.headers[0]["phases"] == ["batch", "forward", "collective", "gradient",
+                                                                     "update"]
+    first, last, count = prints.buckets["allreduce/bucket_1"]
+    outputs = [n for n in prints.names["collective"] if n.endswith("/output")]
+    assert len(outputs) == len(prints.buckets) and (1, "collective", "allreduce/bucket_1/input/dp_1") in prints.stats
+    planted = _dp2(root, "dp2_collective", model_dir, plant=f"2:{first}:collective:0.01")
+    v = _diverge(clean, planted, "--out", str(clean / "diverge.json"))
+    assert _first(v) == (2, "collective", "allreduce/bucket_1/output", None) and v["bitwise_equal_through"] == 1, v
+    c = v["first"]["collective"]
+    assert (c["bucket"], c["first_tensor"], c["last_tensor"], c["tensors"]) == (1, first, last, count)
+    assert c["inputs"] == "matched" and c["outputs"] == "differed"
+    p = port("diverge", clean, planted)
+    assert p.returncode == 0 and "step 2, collective all-reduce of gradient bucket 1" in p.stdout, p.stdout
+    holds = first if count == 1 else f"{first} .. {last}, {count} tensors"
+    assert f"({holds}): inputs matched, outputs did not" in p.stdout, p.stdout
+    p = port("report", clean)
+    row = next(ln for ln in p.stdout.splitlines() if "diverge:" in ln)
+    assert "parts at step 2: collective of allreduce/bucket_1/output (inputs matched, outputs did not)" in row, row
+    name = "model.layers.0.self_attn.q_proj.weight"
+    before = _dp2(root, "dp2_gradient", model_dir, plant=f"2:{name}:gradient:0.01")
+    v = _diverge(clean, before)
+    assert _first(v) == (2, "gradient", name, 0), v
+    c = v["first"]["collective"]
+    assert c["side"] == "input" and c["inputs"] == "differed" and c["dp_rank"] == 0, c

@@ -96,10 +96,41 @@ def test_writer_and_reader_round_trip_and_compose_ranks(tmp_path):
     assert got.stats[(3, "gradient", "model.layers.0.mlp.up_proj.weight")].digest == fp.stat_of(full).digest
 
 
+_COLL = ('{{"step": 1, "phase": "collective", "name": "{name}", {more} "count": 2, "sum": 0, "sumsq": 0, '
+         '"maxabs": 0, "nonfinite": 0, "digest": "0000000000000000"}}')
+_HOLDS = '"first": "lm_head.weight", "last": "model.norm.weight", "tensors": {n},'
+
+
+def test_collective_records_are_kept_per_rank_with_what_their_bucket_holds(tmp_path):
+    """A bucket's input is one record per data-parallel rank (never added across ranks, unlike every other phase's
+    shards), its output one record; the bucket's description read once."""
+    holds = {"first": "lm_head.weight", "last": "model.norm.weight", "tensors": 2}
+    x = np.arange(6, dtype=np.float32)
+    for r in (0, 1):
+        w = fp.Writer(tmp_path / f"rank_{r}.jsonl", {"rank": r})
+        w.record(2, "collective", fp.collective_name(1, r), fp.stat_of(x + r), holds)
+        if r == 0:
+            w.record(2, "collective", fp.collective_name(1, None), fp.stat_of(2 * x + 1), holds)
+        w.close()
+    got = fp.read(tmp_path)
+    assert got.buckets == {"allreduce/bucket_1": ("lm_head.weight", "model.norm.weight", 2)}
+    assert got.names["collective"] == ["allreduce/bucket_1/input/dp_0", "allreduce/bucket_1/output",
+                                       "allreduce/bucket_1/input/dp_1"]
+    assert got.stats[(2, "collective", "allreduce/bucket_1/input/dp_1")] == fp.stat_of(x + 1)
+    assert got.stats[(2, "collective", "allreduce/bucket_1/output")] == fp.stat_of(2 * x + 1)
+    assert fp.collective_name(3, 1, tp_rank=1) == "allreduce/bucket_3/tp_1/input/dp_1"
+
+
 @pytest.mark.parametrize("body,words", [
     ('{"step": 1}\n', "expected the header"),
     ('{"fingerprints": 1}\n{"step": 0, "phase": "update", "name": "x"}\n', "expected step (>= 1)"),
-    ('{"fingerprints": 1}\n{"step": 1, "phase": "collective", "name": "x"}\n', "phase (one of"),
+    ('{"fingerprints": 1}\n{"step": 1, "phase": "allreduce", "name": "x"}\n', "phase (one of"),
+    ('{"fingerprints": 2}\n' + _COLL.format(name="allreduce/bucket_0/input", more='') + "\n",
+     "expected a collective record"),
+    ('{"fingerprints": 2}\n' + _COLL.format(name="allreduce/bucket_0/output", more='"first": "' + "a" * 300 + '",')
+     + "\n", "expected a collective record"),
+    ('{"fingerprints": 2}\n' + _COLL.format(name="allreduce/bucket_0/output", more=_HOLDS.format(n=3)) + "\n"
+     + _COLL.format(name="allreduce/bucket_0/input/dp_1", more=_HOLDS.format(n=4)) + "\n", "in an earlier record"),
     ('{"fingerprints": 1}\n{"step": 1, "phase": "update", "name": "x", "count": 4, "sum": 0, "sumsq": 0, '
      '"maxabs": 0, "nonfinite": 9, "digest": "00"}\n', "digest of 16 hex digits"),
     ('{"fingerprints": 1}\n' + "x" * 5000 + "\n", "more than 4096"),

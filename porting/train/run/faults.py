@@ -60,13 +60,16 @@ HOOKS: tuple[Hook, ...] = (
          "every collective a rank launches from Python (PyNative: each call is one launch) is appended to "
          "DIR/rank_<r>.jsonl as {op, shape, group}: the PyNative op trace that counts the gradient buckets",
          "porting/train/run/step/probes.py"),
-    Hook("PORT_TEST_PLANT_DIVERGENCE", "STEP:HF_NAME:PHASE:RELATIVE, PHASE forward, gradient or update, "
-         "|RELATIVE| <= 1, e.g. 3:model.layers.1.mlp.up_proj.weight:gradient:0.01 (forward: HF_NAME model.layers.<i>)",
+    Hook("PORT_TEST_PLANT_DIVERGENCE", "STEP:HF_NAME:PHASE:RELATIVE, PHASE forward, collective, gradient or "
+         "update, |RELATIVE| <= 1, e.g. 3:model.layers.1.mlp.up_proj.weight:gradient:0.01 (forward: HF_NAME "
+         "model.layers.<i>)",
          "that tensor (a decoder layer's output, a parameter's gradient or its update) is multiplied by 1+RELATIVE "
-         "at that 1-based step, on every rank: the divergence `port diverge` must name exactly",
+         "at that 1-based step, on every rank: the divergence `port diverge` must name exactly. collective: the "
+         "all-reduce output of the gradient bucket holding HF_NAME's gradient (its inputs untouched); with port's "
+         "overlapped buckets (PyNative, data parallel) a gradient is multiplied before the all-reduce, on every rank",
          "porting/train/run/fingerprint.py"),
 )
-_PLANT = re.compile(r"([0-9]{1,9}):([A-Za-z0-9_.]{1,200}):(forward|gradient|update):([-+0-9.eE]{1,24})")
+_PLANT = re.compile(r"([0-9]{1,9}):([A-Za-z0-9_.]{1,200}):(forward|collective|gradient|update):([-+0-9.eE]{1,24})")
 _NONFINITE = re.compile(r"(\*|[0-9]+-|[0-9]+(?:,[0-9]+)*)(?:@([0-9]+))?")
 _INTS = re.compile(r"[0-9]+(?:,[0-9]+)*")
 

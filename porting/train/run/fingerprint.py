@@ -7,6 +7,8 @@ At a sampled step a rank records, keyed by HF name (converters/names.py, the map
 - ``forward``: each decoder layer's output on the real positions of its rows (a forward hook on the layer; hooks
   exist in PyNative only, https://www.mindspore.cn/docs/en/r2.3.1/api_python/nn/mindspore.nn.Cell.html
   #mindspore.nn.Cell.register_forward_hook), summed over micro-batches and data-parallel ranks by the reader;
+- ``collective``: each gradient bucket's all-reduce, its input on every data-parallel rank and its output
+  (PyNative with port's overlapped buckets: porting/train/run/fingerprint_collective.py);
 - ``gradient``: each parameter's gradient after the data-parallel reduction and the unscale, before clipping
   (PyNative: the step cell hands them to :meth:`Fingerprinter.gradients`, porting/train/run/step/cells.py; not
   under ZeRO, whose gradients are reduce-scattered flat shards);
@@ -31,6 +33,8 @@ from model_zoo.errors import RecipeError
 from porting.rundir import fingerprints as fp
 from porting.rundir.paths import RunDir
 from porting.train.run.faults import Faults
+from porting.train.run.fingerprint_collective import CollectiveTap
+from porting.train.run.step.buckets import OverlappedGradBuckets
 
 
 def hf_names(model) -> list[str]:
@@ -72,6 +76,9 @@ class Fingerprinter:
         self.writes_params = grid.dp_rank == 0
         self.writes_rows = grid.tp_rank == 0
         self.zero = trainer.zero is not None
+        # the overlapped gradient buckets' all-reduce (PyNative, one micro-batch a step, DP > 1): its fingerprints
+        self.reducer = next((r for r in (getattr(c, "reducer", None) for c in trainer.cells)
+                             if isinstance(r, OverlappedGradBuckets)), None)
         self.sampled, self.step_no, self.before, self.acts = False, 0, {}, {}
         self.buffers: dict[int, np.ndarray] = {}   # the host copies' memory, reused (:meth:`_copy`)
         self.calls: dict[int, int] = {}
@@ -92,6 +99,8 @@ class Fingerprinter:
         out = ["batch"]
         if self.pynative and not self.recompute:
             out.append("forward")
+        if self.reducer is not None:
+            out.append("collective")
         if self.pynative and not self.zero:
             out.append("gradient")
         return out + ["update"]
@@ -103,7 +112,8 @@ class Fingerprinter:
         if phase not in self.phases():
             raise RecipeError(f"PORT_TEST_PLANT_DIVERGENCE: phase {phase} is not observable in this run (records "
                               f"{', '.join(self.phases())}); plant it under execution: pynative without "
-                              "memory.recompute or ZeRO, or plant an update")
+                              "memory.recompute or ZeRO (collective: with data parallelism and "
+                              "batching.grad_accum_steps: 1), or plant an update")
         known = [f"model.layers.{i}" for i in range(len(self.model.model.layers))] if phase == "forward" else self.names
         if name not in known:
             raise RecipeError(f"PORT_TEST_PLANT_DIVERGENCE: {name!r} is no {phase} tensor of this model; expected "
@@ -189,7 +199,8 @@ class Fingerprinter:
         """The step's gradients (reduced, unscaled, before clipping), from the step cell in PyNative: recorded at a
         sampled step, one multiplied at the planted step; returns what the update uses."""
         n = self.step_no
-        if self.plant is not None and self.plant[0] == n and self.plant[2] == "gradient":
+        # with overlapped buckets the gradient is planted as it enters its bucket, before the all-reduce (the tap)
+        if self.plant is not None and self.plant[0] == n and self.plant[2] == "gradient" and self.reducer is None:
             k = self.names.index(self.plant[1])
             grads = tuple(g * (1.0 + self.plant[3]) if i == k else g for i, g in enumerate(grads))
         if self.sampled and self.writes_params:
@@ -222,6 +233,8 @@ class Fingerprinter:
 
     def close(self) -> None:
         self._unhook()
+        if self.reducer is not None:
+            self.reducer.tap = None
         if self.writer is not None:
             self.writer.close()
 
@@ -237,6 +250,10 @@ def attach(trainer, faults: Faults, log: logging.Logger) -> Fingerprinter | None
     if not every and faults.plant is None:
         return None
     rec = Fingerprinter(trainer, every, faults.plant, log)
+    if rec.reducer is not None:
+        grid = trainer.grid
+        tp_rank = grid.tp_rank if grid.tp > 1 else None
+        rec.reducer.tap = CollectiveTap(rec, rec.reducer.bucket_idx, grid.dp_rank, tp_rank)
     if rec.pynative and not rec.zero:
         for cell in trainer.cells:
             if hasattr(cell, "grad_tap"):

@@ -82,3 +82,12 @@ def a_format_1_run_against_a_format_2_run(d):
     assert head["fingerprints"] == 2
     f.write_text("\n".join([json.dumps({**head, "fingerprints": 1})] + lines[1:]) + "\n")
     return ["diverge", str(a), str(_run(d, "b"))]
+
+
+@case("expected a collective record", dest=None)
+def a_collective_record_naming_a_path(d):
+    """A collective record whose bucket names a path instead of HF names (the field is bounded and checked)."""
+    row = {"step": 1, "phase": "collective", "name": "allreduce/bucket_0/output", "first": "../../etc/passwd",
+           "last": "lm_head.weight", "tensors": 1, "count": 2, "sum": 0.0, "sumsq": 0.0, "maxabs": 0.0,
+           "nonfinite": 0, "digest": "0" * 16}
+    return ["diverge", str(_run(d, "a", ['{"fingerprints": 2}', json.dumps(row)])), str(_run(d, "b"))]

@@ -59,3 +59,10 @@ for _name, _env, _value in [
       env={"PORT_TEST_PLANT_DIVERGENCE": "step3:model.norm.weight:update:0.1"})
 def hook_plant_divergence_in_the_baseline(d):
     return ["baseline", "run", "--recipe", str(I.recipe(d)), "--out", str(d / "base.json")]
+
+
+@case("PORT_TEST_PLANT_DIVERGENCE", "phase collective is not observable", "data-parallel port train", dest=None,
+      env={"PORT_TEST_PLANT_DIVERGENCE": "2:model.norm.weight:collective:0.1"})
+def hook_plant_a_collective_in_the_baseline(d):
+    return ["baseline", "run", "--recipe", str(I.recipe(d)), "--set", "logging.fingerprint_every=1",
+            "--out", str(d / "base.json")]

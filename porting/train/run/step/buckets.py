@@ -124,6 +124,7 @@ class OverlappedGradBuckets(GradBuckets):
         self._state = _Backward(self.bucket_idx)
         self.launched_in_backward = 0   # buckets the last step's hooks launched (the rest waited for its end)
         self._hooks = tuple(p.register_hook(self._hook(i)) for i, p in enumerate(params))
+        self.tap = None   # port diverge's fingerprints of each bucket's input and output (fingerprint_collective.py)
 
     def armed(self, grad_fn):
         """``grad_fn`` with this reducer listening to its backward."""
@@ -150,13 +151,17 @@ class OverlappedGradBuckets(GradBuckets):
 
     def _launch(self, st: _Backward, grads) -> None:
         """Bucket ``st.next``'s buffer made and its AllReduce started (in place, asynchronously)."""
-        k = st.next
+        k, tap = st.next, self.tap
+        if tap is not None:   # port diverge's fingerprints (porting/train/run/fingerprint_collective.py)
+            grads = tap.local(k, grads)
         flat = self._flat(grads, k)
         if len(self.bucket_idx[k]) == 1:
             # a buffer of its own: a one-gradient bucket's flat view shares the gradient's storage, and MindSpore
             # 2.7.2's in-place all_reduce leaves such a view unreduced without an error (2.10 reduces it; measured
             # under msrun on the CPU: tests/train/test_comm_fusion.py fails on 2.7.2 without this copy)
             flat = flat.copy()
+        if tap is not None:
+            tap.before(k, flat)
         handle = mint_dist.all_reduce(flat, group=self.group or GlobalComm.WORLD_COMM_GROUP, async_op=True)
         st.pending.append((flat, handle))
         for i in self.bucket_idx[k]:
@@ -171,9 +176,11 @@ class OverlappedGradBuckets(GradBuckets):
         while st.next < len(self.bucket_idx):   # gradients no hook saw: launched from the backward's output
             self._launch(st, grads)
         sums = ()
-        for flat, handle in st.pending:
+        for k, (flat, handle) in enumerate(st.pending):
             if handle is not None:
                 handle.wait()
+            if self.tap is not None:
+                flat = self.tap.after(k, flat)
             sums += (flat,)
         self._state = _Backward(self.bucket_idx)
         return self._cut(sums)
