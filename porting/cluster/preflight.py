@@ -35,6 +35,7 @@ from porting.cluster.smoke_shape import note_port, smoke_at_shape, waited_port, 
 from porting.launch.jobs import WORKERS, MsrunJob, MsrunNotFound
 from porting.launch.msrun import launch_devices
 from porting.launch.proctable import descends, holds, is_worker, names_dir, node_of, process_table
+from porting.launch.scheduler import bind_error
 from porting.train.plan.launch import MsrunSpec
 from porting.train.recipe.hardware import address_problem, check_node_rank
 from porting.train.recipe.schema import Recipe
@@ -66,15 +67,10 @@ def _is_local(addr: str) -> bool:
 
 
 def check_port_free(port: int, host: str = "0.0.0.0") -> dict:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        # as a server binds it: a listener still holding the port fails, a closed connection's TIME_WAIT
-        # (left by the previous job on this port) does not
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError as e:
-            return _row("master port", FAIL, f"port {port} is in use on this host ({e.strerror}): a previous job or "
-                                             f"another service holds it; stop it or set cluster.master_port")
+    why = bind_error(host, port)
+    if why is not None:
+        return _row("master port", FAIL, f"port {port} is in use on this host ({why}): a previous job or "
+                                         f"another service holds it; stop it or set cluster.master_port")
     return _row("master port", OK, f"port {port} is free")
 
 

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 from model_zoo.errors import PortingError
+from porting.launch.proctable import process_table
 
 ROLE = b"MS_ROLE=MS_SCHED"
 LOG_TAIL_BYTES = 1 << 20    # the part of scheduler.log read for its reason (the failure is at its start)
@@ -43,16 +44,6 @@ def _stat(pid: int) -> list[str] | None:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
         return None
-
-
-def _children(pid: int) -> list[int]:
-    out = []
-    for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else []:
-        if entry.name.isdigit():
-            fields = _stat(int(entry.name))
-            if fields is not None and len(fields) > 1 and fields[1] == str(pid):
-                out.append(int(entry.name))
-    return out
 
 
 def _is_scheduler(pid: int) -> bool:
@@ -97,7 +88,8 @@ class SchedulerWatch:
         if self.pid is None:
             if time.monotonic() > self.until:   # no scheduler among its children: not a launch this watches
                 return None
-            self.pid = next((c for c in _children(self.msrun_pid) if _is_scheduler(c)), None)
+            self.pid = next((c for c, (ppid, _, _) in process_table().items()
+                             if ppid == self.msrun_pid and _is_scheduler(c)), None)
             if self.pid is None:
                 return None
         code = exit_status(self.pid)
@@ -122,13 +114,19 @@ def _flag(argv: list[str], name: str) -> str | None:
     return next((a.split("=", 1)[1] for a in argv if a.startswith(name + "=")), None)
 
 
+def bind_error(host: str, port: int) -> str | None:
+    """Why ``port`` cannot be bound on ``host`` as a server binds it (the OS's words), or None when it can: a listener
+    still holding it fails, a closed connection's TIME_WAIT (left by the previous job on the port) does not. The
+    preflight's master-port check (porting/cluster/preflight.py) and the dead scheduler's hint both ask this."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            return e.strerror or str(e)
+    return None
+
+
 def _taken(addr: str, port: int) -> bool:
     """``port`` is bound on this host (the scheduler's address is local: another address is not this host's)."""
-    if addr not in ("127.0.0.1", "localhost", "0.0.0.0"):
-        return False
-    with socket.socket() as s:
-        try:
-            s.bind((addr, port))
-        except OSError:
-            return True
-    return False
+    return addr in ("127.0.0.1", "localhost", "0.0.0.0") and bind_error(addr, port) is not None
