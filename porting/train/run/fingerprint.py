@@ -34,6 +34,7 @@ from porting.rundir import fingerprints as fp
 from porting.rundir.paths import RunDir
 from porting.train.run.faults import Faults
 from porting.train.run.fingerprint_collective import CollectiveTap
+from porting.train.run.fingerprint_collective import host_float32 as _np   # its copy: Fingerprinter._copy
 from porting.train.run.step.buckets import OverlappedGradBuckets
 
 
@@ -45,12 +46,6 @@ def hf_names(model) -> list[str]:
         hf = names.map_name(p.name, table)
         out.append(hf if hf is not None else p.name)   # a name the map lacks is kept as the zoo spells it
     return out
-
-
-def _np(t) -> np.ndarray:
-    """``t`` on the host in float32 (NumPy has no bfloat16); a float32 tensor's asnumpy() may share the
-    parameter's memory, which the step then overwrites: :meth:`Fingerprinter._copy` copies it."""
-    return (t.astype(ms.float32) if t.dtype != ms.float32 else t).asnumpy()
 
 
 def _lengths(mb, examples) -> list[int]:

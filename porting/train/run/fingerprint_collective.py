@@ -43,7 +43,9 @@ class Recorder(Protocol):
     names: list[str]         # the HF name of each trainable parameter, in the reducer's order
 
 
-def _host(t) -> np.ndarray:
+def host_float32(t) -> np.ndarray:
+    """``t`` on the host in float32 (NumPy has no bfloat16); a float32 tensor's asnumpy() may share the tensor's
+    memory, which a later step overwrites: read it before then. porting/train/run/fingerprint.py uses it too."""
     return (t.astype(ms.float32) if t.dtype != ms.float32 else t).asnumpy()
 
 
@@ -89,9 +91,9 @@ class CollectiveTap:
         kept = self.kept.pop(k, None)
         if self.rec.sampled and kept is not None:
             w, n = self.rec.writer, self.rec.step_no
-            w.record(n, "collective", fp.collective_name(k, self.dp_rank, self.tp_rank), fp.stat_of(_host(kept)),
+            w.record(n, "collective", fp.collective_name(k, self.dp_rank, self.tp_rank), fp.stat_of(host_float32(kept)),
                      self.meta[k])
             if self.dp_rank == 0:
-                w.record(n, "collective", fp.collective_name(k, None, self.tp_rank), fp.stat_of(_host(flat)),
+                w.record(n, "collective", fp.collective_name(k, None, self.tp_rank), fp.stat_of(host_float32(flat)),
                          self.meta[k])
         return flat
