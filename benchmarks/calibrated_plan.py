@@ -10,6 +10,9 @@ Two sets of cases (``--set``):
 
 * ``training``: the 10 cases the calibrated model was revised against (2026-12-04; BENCHMARKS.md reports their
   score as a training score), calibrated from one 2-worker rehearsal;
+* ``heldout2``: 8 further cases (HELDOUT2), chosen and committed before any was run, after the synchronisation
+  chain was added to the model having seen ``heldout``'s 4-worker misses (so ``heldout`` is no longer held out
+  from the model of today; its score is reported as such);
 * ``heldout``: 8 cases chosen before any of them was run against this model (other widths, depths, sequence
   lengths, and TP and DP sizes: DP 4, TP 4, TP 2 x DP 2), each predicted from the rehearsal of a node like its own
   (``BASE2``: 2 workers, for cases of 1 and 2 devices; ``BASE4``: 4 workers, for cases of 4), as a user rehearses
@@ -22,6 +25,7 @@ after the first is steady). The measured step is the run's summary ``steady_step
 that did not compile). The machine's 1-minute load average is recorded before and after every run: on a
 shared machine a prediction can only be as steady as the load.
 
+    python benchmarks/calibrated_plan.py --out /tmp/calheld2 --set heldout2 --rounds 3    # the second held-out set
     python benchmarks/calibrated_plan.py --out /tmp/calheld --set heldout --rounds 3      # 3 rounds (hours when loaded)
     python benchmarks/calibrated_plan.py --out /tmp/calbench --set training --recalibrate  # the 2026-12-04 run
 
@@ -62,7 +66,12 @@ MODELS = {"base": {}, "wide": dict(hidden_size=512, intermediate_size=1376, head
           "h320_l5": dict(hidden_size=320, intermediate_size=864, head_dim=40, num_hidden_layers=5),
           "l3": dict(num_hidden_layers=3), "h192": dict(hidden_size=192, intermediate_size=512, head_dim=24),
           "h384": dict(hidden_size=384, intermediate_size=1024, head_dim=48),
-          "l6": dict(num_hidden_layers=6), "h320": dict(hidden_size=320, intermediate_size=864, head_dim=40)}
+          "l6": dict(num_hidden_layers=6), "h320": dict(hidden_size=320, intermediate_size=864, head_dim=40),
+          # the second held-out set's models (chosen 2026-12-07 23:25 UTC, before any case of the set was run)
+          "h448_l3": dict(hidden_size=448, intermediate_size=1200, head_dim=56, num_hidden_layers=3),
+          "l7": dict(num_hidden_layers=7), "l5": dict(num_hidden_layers=5), "h448": dict(
+              hidden_size=448, intermediate_size=1200, head_dim=56),
+          "h192_l6": dict(hidden_size=192, intermediate_size=512, head_dim=24, num_hidden_layers=6)}
 BASE = dict(model="base", seq=256, micro=2, accum=2, devices=1, tp=1, shard=False)
 # name -> (what differs from the rehearsal's recipe, the recipe's settings)
 CASES = {
@@ -96,6 +105,27 @@ HELDOUT = {
                                                                                     tp=2, micro=1), "base4"),
     "tp4": ("TP 4 (4 workers), micro 2 x accum 1", dict(BASE, devices=4, tp=4, accum=1), "base4"),
 }
+# The second held-out set (``--set heldout2``): written down and committed before any of its cases was run, after
+# the synchronisation chain (porting/train/plan/comm_price.py) was added having seen the first set's 4-worker
+# misses; so the first set is no longer held out for that model. Other widths (448, 192), depths (3, 5, 6, 7),
+# sequences (128, 192, 384), micro-batches and TP x DP layouts than either earlier set.
+HELDOUT2 = {
+    "h448_l3": ("hidden 448, 3 layers, one process", dict(BASE, model="h448_l3"), "base2"),
+    "l7_seq192_fused": ("7 layers, seq 192, micro 2 x accum 1 (one graph), one process",
+                        dict(BASE, model="l7", seq=192, accum=1), "base2"),
+    "dp2_l5_seq384": ("DP 2, 5 layers, seq 384, micro 1 x accum 2", dict(BASE, model="l5", devices=2, seq=384,
+                                                                        micro=1), "base2"),
+    "tp2_h448": ("TP 2, hidden 448, micro 2 x accum 1", dict(BASE, model="h448", devices=2, tp=2, accum=1), "base2"),
+    "dp2_zero_h192_l6": ("DP 2 with ZeRO, hidden 192, 6 layers, micro 4 x accum 1",
+                         dict(BASE, model="h192_l6", devices=2, micro=4, accum=1, shard=True), "base2"),
+    "dp4_zero_h320": ("DP 4 with ZeRO (4 workers), hidden 320, micro 1 x accum 2",
+                      dict(BASE, model="h320", devices=4, micro=1, shard=True), "base4"),
+    "tp4_l6_seq128": ("TP 4 (4 workers), 6 layers, seq 128, micro 4 x accum 1",
+                      dict(BASE, model="l6", devices=4, tp=4, seq=128, micro=4, accum=1), "base4"),
+    "tp2_dp2_l3_seq384": ("TP 2 x DP 2 (4 workers), 3 layers, seq 384, micro 1 x accum 1",
+                          dict(BASE, model="l3", devices=4, tp=2, seq=384, micro=1, accum=1), "base4"),
+}
+SETS = {"heldout": HELDOUT, "heldout2": HELDOUT2}
 BASES = {"base2": BASE2, "base4": BASE4}
 STEPS = 8
 
@@ -216,16 +246,17 @@ def training(a: argparse.Namespace) -> list[dict]:
 def heldout(a: argparse.Namespace) -> tuple[list[dict], list[dict]]:
     """Every held-out case ``--rounds`` times; each round rehearses its bases first (module docstring)."""
     rows, rehearsals = [], []
-    names = [n for n in HELDOUT if not a.only or n in a.only.split(",")]
+    cases = SETS[a.set]
+    names = [n for n in cases if not a.only or n in a.only.split(",")]
     for r in range(a.rounds):
         cals = {}
-        for b in sorted({HELDOUT[n][2] for n in names}):
+        for b in sorted({cases[n][2] for n in names}):
             cals[b] = a.out / f"{b}-round{r + 1}"
             if not (cals[b] / "calibration.json").is_file():
                 wait_for_load(a.max_load, a.wait_s)
                 rehearsals.append(rehearse(a.out, cals[b], a.port + 7 + 100 * r + len(cals), BASES[b], "compute"))
         for i, name in enumerate(names):
-            what, c, b = HELDOUT[name]
+            what, c, b = cases[name]
             rows.append({**one_case(a.out, name, what, c, cals[b], a.port + 100 * r + 10 * (i + 1), a.max_load,
                                     a.wait_s, f"-r{r + 1}"), "round": r + 1})
     return rows, rehearsals
@@ -247,7 +278,7 @@ def summary(rows: list[dict]) -> list[dict]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--set", choices=("heldout", "training"), default="heldout")
+    ap.add_argument("--set", choices=("heldout", "heldout2", "training"), default="heldout")
     ap.add_argument("--only", default="", help="comma-separated cases (default: all)")
     ap.add_argument("--port", type=int, default=29730)
     ap.add_argument("--rounds", type=int, default=3, help="held-out: each case this many times (medians)")

@@ -27,7 +27,10 @@ named so) on groups of each TP and DP size of the ranked layouts that the node h
 extrapolates a group size the node does not hold from the nearest one it timed (one node of a multi-node recipe:
 the sizes are listed in ``collectives.extrapolated``; porting/train/plan/comm_price.py says how). The ``links``
 rung's figures are PyNative calls (about 3x slower per call on the CPU, measured here), so the plan takes these
-first. The figures go to ``calibration.json`` in the rehearsal folder.
+first. The same job times a synchronisation chain on each group size (matmul chunks on every rank with and without a
+1 KiB AllReduce after each, and on rank 0 alone): what a worker's compute costs beside the node's others and what
+each synchronising call waits (porting/train/plan/comm_price.py ``contention``). The figures go to
+``calibration.json`` in the rehearsal folder.
 """
 
 from __future__ import annotations

@@ -247,7 +247,8 @@ def test_the_compute_rungs_collectives_time_every_kind_on_every_group_size_the_n
     """4 real msrun workers (a tiny recipe's node of 4): groups of 2 and 4, each kind as port runs it on the CPU
     (ReduceScatter as AllReduce + slice, a sub-group's AllGather as an AllReduce of zero-padded shards, the world's
     AllGather native), quick sizes; then a ZeRO plan of that node prices its gradient reduce-scatter from them and
-    names the emulation (one launch: the rung's own collectives job, porting/rehearse_compute.py)."""
+    names the emulation, and the synchronisation chain times each group size (one launch: the rung's own collectives
+    job, porting/rehearse_compute.py)."""
     from porting.rehearse_compute import collectives, group_sizes
     from porting.train import load_recipe, plan_config
     from porting.train.plan import comm_price, sharding
@@ -268,6 +269,14 @@ def test_the_compute_rungs_collectives_time_every_kind_on_every_group_size_the_n
     assert m["AllGather@4"]["runs"] == "AllGather"   # the world group's own
     assert all(len(v["points_bytes_ms"]) == 2 and all(t > 0 for _, t in v["points_bytes_ms"]) for v in m.values())
     assert [b for b, _ in m["AllGather@2"]["points_bytes_ms"]] == [1024, 65536]   # payload: the gathered buffer
+    # the synchronisation chain on the same groups: every rank computing, with a 1 KiB AllReduce after each chunk,
+    # and rank 0 alone; the plan reads a compute factor and a wait per call from them (comm_price.contention)
+    assert sorted(doc["contention"]) == ["2", "4"] and doc["workers"] == 4
+    for g in doc["contention"].values():
+        assert [(c["rows"], c["payload_bytes"]) for c in g["chunks"]] == [(512, 1024), (2048, 1024)]
+        assert all(c["alone_ms"] > 0 and c["together_ms"] > 0 and c["with_ms"] > 0 for c in g["chunks"])
+    cont = comm_price.contention({"collectives": doc})
+    assert cont is not None and cont.workers == 4 and cont.compute_factor > 0 and sorted(cont.waits) == [2, 4]
     grads = next(c for c in sharding.collectives(rec, cfg) if "flat buckets" in c.purpose)
     f = comm_price.price(grads, {"collectives": doc}, {}, native_rs=False, nodes=1, peak=None)
     assert f.basis == "measured" and "ReduceScatter as port runs it there: AllReduce + slice, emulated" in f.figure

@@ -176,3 +176,42 @@ def test_a_folder_without_calibration_is_refused_with_what_to_run(tmp_path):
 # The compute rung's own run (its points, the pieces derived from them, the dry run reading them back) is
 # checked on the tiny recipe's whole ladder (tests/test_rehearse.py
 # test_tiny_recipe_ladder_passes_and_the_report_reads_it).
+
+
+def test_a_node_of_workers_computes_at_the_chains_factor_and_waits_at_each_synchronising_call(tmp_path):
+    """The compute rung's synchronisation chain (porting/launch/workers/collectives.py ``time_contention``): on a
+    node like the recipe's (2 workers), compute takes together / alone at the longest chunk (8 / (8/3) = 3: the
+    short chunk's 2.0 is not read) instead of the cores' share, and each tensor-parallel call waits ``with - together - the 1 KiB call``
+    (2 ms after a 2 ms chunk, 4 ms after 8 ms: linear between, held beyond) after its share of the compute; a
+    node of another size gets neither."""
+    rec, cfg = _recipe("cluster.devices_per_node=2", "parallel.tensor_parallel=2", "batching.grad_accum_steps=2")
+    layout = sharding.layout_for(rec, cfg)
+    cal = _write(tmp_path, rec, cfg)
+    plain = calibrated.predict(rec, cfg, layout, cal)
+    assert plain.sync_s == 0 and plain.sync_how == ""
+    doc = json.loads((tmp_path / "rh" / "calibration.json").read_text())
+    threads = calibrated._threads(rec)
+    doc["collectives"] = {"device": "cpu", "workers": 2, "threads": threads, "measured": {"AllReduce@2": {
+        "ranks": 2, "runs": "AllReduce", "emulated": "", "points_bytes_ms": [[1024, 1.0], [4 << 20, 41.0]]}},
+        "contention": {"2": {"ranks": 2, "chunks": [
+            {"alone_ms": 1.0, "together_ms": 2.0, "with_ms": 5.0, "payload_bytes": 1024},
+            {"alone_ms": 8.0 / 3, "together_ms": 8.0, "with_ms": 13.0, "payload_bytes": 1024}]}}}
+    (tmp_path / "rh" / "calibration.json").write_text(json.dumps(doc))
+    cal = calibrated.load(tmp_path / "rh")
+    e = calibrated.predict(rec, cfg, layout, cal)
+    share = max(1.0, threads * 2 / (os.cpu_count() or 1))
+    assert e.compute_s == pytest.approx(plain.compute_s / share * 3.0, rel=1e-3)
+    assert "x 3.00: a worker computing beside the node's 2 against one alone, measured" in e.how
+    tp_calls = sum(f.count for f in e.comm_figures if f.group == "tp")
+    chunk_ms = e.compute_s / tp_calls * 1e3
+
+    def wait_ms(c):   # (2 ms, 2 ms) and (8 ms, 4 ms)
+        return 2.0 if c <= 2 else 4.0 if c >= 8 else 2.0 + 2.0 * (c - 2) / 6
+    assert tp_calls == 2 * (2 * (2 * cfg.num_hidden_layers + 1) + 3)
+    assert e.sync_s == pytest.approx(tp_calls * wait_ms(chunk_ms) / 1e3, abs=1e-4)
+    assert e.step_s == pytest.approx(e.compute_s + e.memory_s + e.comm_s + e.sync_s, abs=2e-4)
+    text = "\n".join(calibrated.step_line(e, None))
+    assert "+ synchronisation waits" in text and f"tp {tp_calls} x" in text
+    other, ocfg = _recipe("cluster.devices_per_node=4", "parallel.tensor_parallel=2", "batching.grad_accum_steps=2")
+    o = calibrated.predict(other, ocfg, sharding.layout_for(other, ocfg), cal)
+    assert o.sync_s == 0 and "against one alone" not in o.how

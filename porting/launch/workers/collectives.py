@@ -14,7 +14,16 @@ on each group every kind the step runs is timed as port runs it on this device:
 Each collective is chained in one compiled cell (the per-call cost, not a launch: 8 calls up to 512 KiB, 2 of
 4 MiB and 16 MiB), at payloads of 1 KiB to 16 MiB as the plan counts them (porting/train/plan/sharding.py: the
 input of AllReduce and ReduceScatter, the gathered output of AllGather, whose pieces are 1/N of it); rank 0 writes
-(payload bytes, ms a call) points per kind and group size. A script in porting/launch/workers/ with the other msrun entry points (msrun runs a
+(payload bytes, ms a call) points per kind and group size.
+
+Then the cost of *synchronising* workers that compute, which a collective timed alone does not hold (on a CPU node
+whose workers outnumber its cores, 4 one-thread workers on 2 cores, the step's tensor-parallel collectives took
+about twice their alone-timed figure, port's step breakdown of a TP 4 run; BENCHMARKS.md): for each group size,
+a chain of matmul chunks of two sizes is timed with every rank computing and nothing else (``together_ms``), then
+with a 1 KiB AllReduce on the group after each chunk that the next chunk depends on, as a tensor-parallel layer's
+(``with_ms``), and on rank 0 alone while the others sleep (``alone_ms``, what the compute rung's one-process
+pieces are). The plan (porting/train/plan/comm_price.py ``contention``) takes together / alone as the node's
+compute factor and ``with - together - the 1 KiB call`` as the wait a synchronising call adds. A script in porting/launch/workers/ with the other msrun entry points (msrun runs a
 script path; one in ``porting/`` itself would put that folder first on ``sys.path``, where ``porting/bisect``
 hides the standard library's ``bisect``), started by the one launcher (porting/launch/jobs.py)."""
 
@@ -105,6 +114,71 @@ def time_group(native: bool, size: int, rank: int, world: int, counts: tuple[int
     return out
 
 
+CHUNKS = ((512, 512), (2048, 512))   # (rows, width) of one matmul chunk: ~1.5 and ~6 ms on one EPYC thread alone
+SYNC_CALLS = 16   # chunks a timing: scheduling on a shared CPU averages over more of them
+
+
+class Chunks(nn.Cell):
+    """``calls`` matmul chunks, each (with ``sync``) followed by a 1 KiB AllReduce on the group that the next chunk
+    waits for: a tensor-parallel layer's compute-then-collective, at a payload whose own time is small."""
+
+    def __init__(self, calls: int, kw: dict[str, str], width: int, sync: bool):
+        super().__init__()
+        self.calls, self.sync = calls, sync
+        self.w = ms.Tensor(np.eye(width, dtype=np.float32) * 0.5 + 0.01)
+        self.allreduce = ops.AllReduce(ops.ReduceOp.SUM, **kw)
+
+    def construct(self, x):
+        for _ in range(self.calls):
+            x = ops.tanh(ops.matmul(x, self.w))
+            if self.sync:
+                x = x + ops.mean(self.allreduce(x[0, :256])) * 1e-6
+        return x
+
+
+def time_contention(size: int, rank: int, world: int, repeats: int = REPEATS) -> dict[str, Any]:
+    """The synchronisation points of ``size``-rank groups (module docstring): per chunk size the per-chunk ms of
+    rank 0 alone, of every rank computing, and of every rank computing and synchronising on its group."""
+    first = rank // size * size
+    kw: dict[str, str] = {} if size == world else {"group": f"rehearse_{size}_{first}"}   # made by time_group
+    barrier = ops.AllReduce(ops.ReduceOp.SUM)
+    one = ms.Tensor(np.ones((1,), np.float32))
+
+    def timed(cell, x, n):   # every rank starts together (a world barrier not timed), the median per chunk
+        ts = []
+        for i in range(n + 2):
+            barrier(one).asnumpy()
+            t0 = time.perf_counter()
+            cell(x).asnumpy()
+            if i >= 2:
+                ts.append(time.perf_counter() - t0)
+        return statistics.median(ts) / SYNC_CALLS * 1e3
+
+    chunks = []
+    for rows, width in CHUNKS:
+        x = ms.Tensor(np.full((rows, width), 0.1, np.float32))
+        plain, sync = Chunks(SYNC_CALLS, kw, width, False), Chunks(SYNC_CALLS, kw, width, True)
+        together, with_sync = timed(plain, x, repeats), timed(sync, x, repeats)
+        # rank 0 alone: the others sleep through its timing (a rank waiting inside a collective may spin on a core)
+        plain(x).asnumpy()
+        est = barrier(ms.Tensor(np.array([together if rank == 0 else 0.0], np.float32))).asnumpy()[0]
+        barrier(one).asnumpy()
+        if rank == 0:
+            ts = []
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                plain(x).asnumpy()
+                ts.append(time.perf_counter() - t0)
+            alone = statistics.median(ts) / SYNC_CALLS * 1e3
+        else:
+            time.sleep(repeats * SYNC_CALLS * est / 1e3 * 1.5 + 0.2)
+            alone = 0.0
+        barrier(one).asnumpy()
+        chunks.append({"rows": rows, "width": width, "calls": SYNC_CALLS, "alone_ms": round(alone, 4),
+                       "together_ms": round(together, 4), "with_ms": round(with_sync, 4), "payload_bytes": 1024})
+    return {"ranks": size, "chunks": chunks}
+
+
 def collectives_child(spec_path: str, out_path: str) -> None:
     """One msrun worker: each kind on each group size, chained in one graph at each byte size; rank 0 writes."""
     spec = json.loads(Path(spec_path).read_text(encoding="utf-8"))
@@ -121,8 +195,10 @@ def collectives_child(spec_path: str, out_path: str) -> None:
     for size in sizes:
         for name, v in time_group(spec["device"] == "ascend", size, rank, world, counts, repeats).items():
             out[f"{name}@{size}"] = v
+    contention = {str(size): time_contention(size, rank, world, repeats) for size in sizes}
     if rank == 0:
-        doc = {"device": spec["device"], "workers": world, "sizes": sizes, "measured": out}
+        doc = {"device": spec["device"], "workers": world, "threads": int(spec.get("threads") or 0), "sizes": sizes,
+               "measured": out, "contention": contention}
         Path(out_path).write_text(json.dumps(doc, indent=1), encoding="utf-8")
 
 

@@ -11,7 +11,9 @@ size). For a recipe and layout::
     update           = update_fixed + update_per_param x parameters this rank updates (its ZeRO shard)
     communication    = sum over the plan's collectives (porting/train/plan/sharding.py) of count x the measured
                        time of one call of its size (the compute rung's graph-mode calls, interpolated)
-    step             = grad_accum_steps x forward_backward + update + communication   (no overlap assumed:
+    sync waits       = each synchronising call x the wait the compute rung's synchronisation chain measured at its
+                       group size and chunk of compute (comm_price.py; a node of several workers only)
+    step             = grad_accum_steps x forward_backward + update + communication + sync waits  (no overlap:
                        the rehearsal times compute and collectives apart; comm.EXPOSED_SOURCE)
 
 with ``grad_accum_steps: 1`` adding to the update what one graph saves against the two cells (measured at both
@@ -193,10 +195,22 @@ def _table(cal: Calibration, tp: int) -> tuple[dict[str, Any], dict[str, Any], b
     return cal.doc["by_threads"], base, tp == base["tp"]
 
 
+def _node_contention(cal: Calibration, recipe: Recipe) -> comm_price.Contention | None:
+    """The synchronisation chain's figures when they were measured on a node like the recipe's: the same number of
+    workers (and, on a CPU, threads each) as the recipe runs on a node; else None."""
+    cont = comm_price.contention(cal.doc)
+    if cont is None or recipe.world_size < 2 or cont.workers != recipe.cluster.devices_per_node:
+        return None
+    if recipe.cluster.device == "cpu" and cont.threads not in (None, 0, _threads(recipe)):
+        return None
+    return cont
+
+
 def _rates(cal: Calibration, recipe: Recipe) -> tuple[dict[str, float], dict[str, Any], str]:
     """The measured figures for this recipe's workers, the shape they were measured at, and where they come from.
-    On a CPU whose node runs more worker threads than it has cores (4 workers x 1 thread on 2 cores) each worker
-    gets its share of the cores only: its times x threads x workers / cores (a scaling, said as such)."""
+    On a CPU node of several workers each worker computes beside the others: its times x the compute factor the
+    synchronisation chain measured on a node like it (every worker computing against one alone; comm_price.py),
+    else x threads x workers / cores when they outnumber the cores (its share of them: a scaling, said as such)."""
     by, base, at_tp = _table(cal, recipe.parallel.tensor_parallel)
     tp_note = f" at TP {base['tp']}" if at_tp else f" at TP {base['tp']} (no slice of TP {recipe.parallel.tensor_parallel} measured)"
     if recipe.cluster.device != "cpu":
@@ -209,10 +223,35 @@ def _rates(cal: Calibration, recipe: Recipe) -> tuple[dict[str, float], dict[str
     share = max(1.0, busy / n)
     how = (f"measured at {want} thread(s) per worker" if near == want else
            f"scaled from {near} to {want} thread(s) per worker") + tp_note
-    if share > 1:
+    cont = _node_contention(cal, recipe)
+    if cont is not None:
+        share = cont.compute_factor
+        how += (f"; x {share:.2f}: a worker computing beside the node's {cont.workers} against one alone, measured "
+                "(the synchronisation chain, comm_price.py)")
+    elif share > 1:
         how += f"; x {share:g}: {busy} worker threads share {n} cores"
     rates = by[str(near)]
     return ({k: v * f * share if k.endswith(("_s", "_per_flop")) else v for k, v in rates.items()}, base, how)
+
+
+def sync_waits(recipe: Recipe, layout: Layout, figures: tuple[CommFigure, ...], compute_s: float,
+               cont: comm_price.Contention | None) -> tuple[float, str]:
+    """Seconds the step's synchronising calls wait beyond the calls themselves (comm_price.py module docstring):
+    every tensor-parallel call after its share of the compute, and the data-parallel gradient reduction (and ZeRO's
+    gather after the update) after the whole; (0, why) without a chain measured on a node like the recipe's."""
+    if cont is None:
+        return 0.0, ""
+    calls = [("tp", recipe.parallel.tensor_parallel, sum(f.count for f in figures if f.group == "tp"))]
+    calls.append(("dp", recipe.data_parallel_size, (1 + bool(layout.sharded)) if recipe.data_parallel_size > 1 else 0))
+    total, said = 0.0, []
+    for group, ranks, n in calls:
+        w = comm_price.wait_s(cont, ranks, compute_s / n) if n else None
+        if w is None:
+            continue
+        total += n * w
+        said.append(f"{group} {n} x {w * 1e3:.2f} ms (group of {ranks}, after {compute_s / n * 1e3:.1f} ms of compute)")
+    return total, (f"synchronisation waits measured on a node of {cont.workers} workers: " + "; ".join(said)
+                   if said else "")
 
 
 per_call_s = comm_price.per_call_s   # the interpolation of the compute rung's points (kept here: its tests call it)
@@ -260,10 +299,11 @@ def predict(recipe: Recipe, cfg: LlamaConfig, layout: Layout, cal: Calibration) 
     compute = accum * fb
     figures = comm_figures(recipe, cfg, layout, cal)
     comm = sum(f.seconds for f in figures)
-    step = compute + update + comm
+    sync, sync_how = sync_waits(recipe, layout, figures, compute, _node_contention(cal, recipe))
+    step = compute + update + comm + sync
     return CalibratedStep(
         kind="calibrated", from_=cal.where, step_s=round(step, 4), compute_s=round(compute, 4),
-        memory_s=round(update, 4), comm_s=round(comm, 4), how=how,
+        memory_s=round(update, 4), comm_s=round(comm, 4), sync_s=round(sync, 4), sync_how=sync_how, how=how,
         comm_sources=tuple(f"{f.op} x{f.count} {f.group} of {f.ranks}: {f.seconds:.4f} s, {f.figure}" for f in figures),
         measured_shape=base, load_avg_at_measurement=cal.doc.get("load_avg_1min"),
         tokens_per_s=round(recipe.global_batch_size * recipe.data.max_seq_length / step, 2) if step else None,
@@ -312,8 +352,9 @@ def step_line(e: StepEstimate, links: roofline.Links | None) -> list[str]:
     if isinstance(e, CalibratedStep):
         out = [f"estimated step (calibrated from {e.from_}, measured pieces; machine load "
                f"{e.load_avg_at_measurement} when measured): {e.step_s:.4f} s = compute {e.compute_s:.4f} + "
-               f"update {e.memory_s:.4f} + communication {e.comm_s:.4f} ({e.how})"]
-        return out + [f"  {s}" for s in e.comm_sources]
+               f"update {e.memory_s:.4f} + communication {e.comm_s:.4f}"
+               + (f" + synchronisation waits {e.sync_s:.4f}" if e.sync_s else "") + f" ({e.how})"]
+        return out + [f"  {s}" for s in e.comm_sources] + ([f"  {e.sync_how}"] if e.sync_how else [])
     assert links is not None, "a roofline estimate is made with the roofline's links (make_plan, Ascend)"
     return [f"estimated step (roofline at the {links.chip} peak, an estimate, not calibrated: give --calibration "
             f"REHEARSAL for measured figures): {e.step_s:.2f} s = compute {e.compute_s:.2f} + optimizer "

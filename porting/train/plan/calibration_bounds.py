@@ -25,6 +25,11 @@ The bounds (docs/promises.md lists them with their tests, tests/attacks/train/ca
   difference of two sizes), ms finite, above 0 and at most :data:`MAX_MS`;
 - a link (``rehearse.json`` rung ``links``): ``ranks`` 1 to :data:`MAX_RANKS`, ``ms`` and ``latency_ms`` finite, 0 to
   :data:`MAX_MS` (or absent), ``bus_gb_s`` above 0 and at most :data:`MAX_BUS_GB_S` (or absent: not measured);
+- a synchronisation chain (``collectives.contention``, porting/launch/workers/collectives.py): keyed by a group size
+  1 to :data:`MAX_RANKS` with its ``ranks``; 1 to :data:`MAX_CHUNKS` chunks, ``alone_ms`` and ``together_ms`` above 0
+  (a compute factor divides by the first; the waits are read against the second), ``with_ms`` 0 or more, all at
+  most :data:`MAX_MS`, ``payload_bytes`` an integer 1 to :data:`MAX_CALL_BYTES`; ``workers`` 1 to :data:`MAX_RANKS`
+  and ``threads`` 0 to :data:`MAX_THREADS` (or absent);
 - ``load_avg_1min``: 0 to :data:`MAX_LOAD` (or absent).
 """
 
@@ -47,6 +52,7 @@ MAX_CALL_BYTES = 1 << 40
 MAX_MS = 3.6e6                 # one collective call: an hour
 MAX_BUS_GB_S = 1e5             # 100 TB/s: above any link (a 910C die's HCCS is about 0.4 TB/s, docs ASCEND_FACTS)
 MAX_LOAD = 1e6
+MAX_CHUNKS = 8                 # the rung times 2 chunk sizes a group size
 FIXED = ("layer_a_s", "ends_a_s", "update_fixed_s")
 PER_FLOP = ("layer_s_per_flop", "ends_s_per_flop")
 DELTAS = ("fused_delta_layer_s", "fused_delta_fixed_s")
@@ -155,8 +161,46 @@ def collectives(value: Any, where: str) -> dict[str, Any]:
             type(n) is int and 1 <= n <= MAX_RANKS for n in extrapolated):
         raise RecipeError(f"{where}: collectives.extrapolated: expected at most {MAX_ENTRIES} group sizes (integers "
                           f"1 to {MAX_RANKS:,}); re-run `port rehearse`")
-    return {"device": name(value.get("device"), where, "collectives.device"), "measured": out,
-            "extrapolated": list(extrapolated)}
+    out_doc = {"device": name(value.get("device"), where, "collectives.device"), "measured": out,
+               "extrapolated": list(extrapolated), "contention": contention(value.get("contention"), where)}
+    for key, high in (("workers", MAX_RANKS), ("threads", MAX_THREADS)):
+        v = value.get(key)
+        if v is not None and (type(v) is not int or not 0 <= v <= high):
+            raise RecipeError(f"{where}: collectives.{key}: found {_shown(v)}, expected an integer from 0 to "
+                              f"{high:,}; re-run `port rehearse`")
+        out_doc[key] = v
+    return out_doc
+
+
+def contention(value: Any, where: str) -> dict[str, Any]:
+    """The synchronisation chain's timings per group size (module docstring), checked; {} when absent (a file from
+    before the chain)."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or len(value) > MAX_ENTRIES:
+        raise RecipeError(f"{where}: collectives.contention must map at most {MAX_ENTRIES} group sizes to their "
+                          "chunks; re-run `port rehearse`")
+    out: dict[str, Any] = {}
+    for n, g in value.items():
+        at = f"{where}: collectives.contention.{str(n)[:20]}"
+        size = int(n) if re.fullmatch(r"[1-9][0-9]{0,5}", str(n)) else 0
+        chunks = g.get("chunks") if isinstance(g, dict) else None
+        if not isinstance(g, dict) or not 1 <= size <= MAX_RANKS or g.get("ranks") != size or not isinstance(chunks, list) \
+                or not 1 <= len(chunks) <= MAX_CHUNKS or not all(isinstance(c, dict) for c in chunks):
+            raise RecipeError(f"{at}: expected a group size (1 to {MAX_RANKS:,}) mapped to its ranks and 1 to "
+                              f"{MAX_CHUNKS} chunks of alone_ms, together_ms, with_ms and payload_bytes; re-run "
+                              "`port rehearse`")
+        rows = []
+        for c in chunks:
+            b = c.get("payload_bytes")
+            if type(b) is not int or not 1 <= b <= MAX_CALL_BYTES:
+                raise RecipeError(f"{at}.payload_bytes: found {_shown(b)}, expected an integer from 1 to "
+                                  f"{MAX_CALL_BYTES:,}; re-run `port rehearse`")
+            rows.append({"payload_bytes": b, **{k: number(c.get(k), 0.0, MAX_MS, f"{at}.{k}", "milliseconds a chunk",
+                                                          low_included=k == "with_ms")
+                                                 for k in ("alone_ms", "together_ms", "with_ms")}})
+        out[str(size)] = {"ranks": size, "chunks": rows}
+    return out
 
 
 def _entry(g: dict, at: str, size: int) -> dict[str, Any]:

@@ -21,12 +21,24 @@ figure the peak link's) and for the calibrated estimate (porting/train/plan/cali
 5. **peak link figure**: wire bytes / the roofline's link figure of the group (Ascend), else nothing (a CPU has no
    peak figure: "not measured", 0 s).
 
+**Synchronisation waits** (:func:`contention`, :func:`wait_s`): a collective timed alone is not what it costs inside a
+step whose workers compute between the calls; the compute rung's synchronisation chain (porting/launch/workers/
+collectives.py ``time_contention``) times matmul chunks on every rank with and without a 1 KiB AllReduce after each,
+so ``with - together - the 1 KiB call alone`` is the wait one synchronising call adds at that chunk length, and
+``together / alone`` at the longest chunk (the median over group sizes, at least 1) what computing beside the
+node's other workers costs a worker. The calibrated plan adds the
+wait to every tensor-parallel call (its chunk: the step's compute over those calls) and to each data-parallel
+synchronisation (the gradient reduction, and ZeRO's gather after the update), interpolated between the two chunk
+lengths measured and held at the nearer end beyond them.
+
 A data-parallel group of a multi-node recipe spans the nodes, while one node measures it inside itself: on
 Ascend its figure is then at least the inter-node peak link figure (the slower of the two), and the label says so.
 """
 
 from __future__ import annotations
 
+import statistics
+from dataclasses import dataclass
 from typing import Any
 
 from porting.train.plan.estimates import CommFigure
@@ -157,3 +169,52 @@ def price(c: Collective, cal_doc: dict[str, Any], links: dict[str, Any], *, nati
             t = c.wire_bytes / peak[0]
             figure += f": taken at the inter-node peak link figure ({peak[1]}, {peak[0] / 1e9:g} GB/s per die), slower"
     return CommFigure(c.op, c.group, c.ranks, c.count, round(t, 9), basis, figure, m)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class Contention:
+    """The synchronisation chain's figures (module docstring): the node's compute factor and, by group size, the
+    (chunk ms, wait ms) points of one synchronising call."""
+
+    workers: int | None
+    threads: int | None
+    compute_factor: float                              # median over group sizes of together / alone, longest chunk
+    waits: dict[int, list[tuple[float, float]]]        # group size -> [(chunk ms with every rank computing, wait ms)]
+
+
+def contention(doc: dict[str, Any]) -> Contention | None:
+    """The chain's figures of a calibration (checked by calibration_bounds.contention), or None when it has none."""
+    col = doc.get("collectives") or {}
+    chain = col.get("contention") or {}
+    if not chain:
+        return None
+    tab, _ = table(doc)
+    waits: dict[int, list[tuple[float, float]]] = {}
+    for n, g in chain.items():
+        ar = tab.get(("AllReduce", int(n)))
+        pts = []
+        for c in g["chunks"]:
+            call_ms = per_call_s(ar["points_bytes_ms"], c["payload_bytes"]) * 1e3 if ar else 0.0
+            pts.append((c["together_ms"], max(c["with_ms"] - c["together_ms"] - call_ms, 0.0)))
+        waits[int(n)] = sorted(pts)
+    # the longest chunk of each group size (the step's pieces are longer still; a short chunk's ratio is mostly
+    # the scheduler's), never below 1: a worker beside others is not faster than alone
+    factors = [max(g["chunks"], key=lambda c: c["together_ms"]) for g in chain.values()]
+    return Contention(col.get("workers"), col.get("threads"),
+                      max(1.0, statistics.median(c["together_ms"] / c["alone_ms"] for c in factors)), waits)
+
+
+def wait_s(cont: Contention, ranks: int, chunk_s: float) -> float | None:
+    """Seconds one synchronising call on a group of ``ranks`` adds after ``chunk_s`` of compute: linear between the
+    measured chunk lengths, the nearer end's beyond them; None where no group of that size was timed."""
+    pts = cont.waits.get(ranks)
+    if not pts:
+        return None
+    c = chunk_s * 1e3
+    if c <= pts[0][0] or len(pts) == 1:
+        return pts[0][1] / 1e3
+    if c >= pts[-1][0]:
+        return pts[-1][1] / 1e3
+    i = next(k for k in range(1, len(pts)) if c <= pts[k][0])
+    (c0, w0), (c1, w1) = pts[i - 1], pts[i]
+    return (w0 + (w1 - w0) * (c - c0) / (c1 - c0)) / 1e3

@@ -59,6 +59,8 @@ class CalibratedStep:
     load_avg_at_measurement: float | None
     tokens_per_s: float | None
     comm_figures: tuple[CommFigure, ...] = ()   # each collective's seconds and whether measured, extrapolated or peak
+    sync_s: float = 0.0      # the synchronising calls' waits beyond the calls (calibrated.sync_waits)
+    sync_how: str = ""       # where they were measured ("" when none: one worker, or no chain on a node like it)
 
 
 StepEstimate = RooflineStep | CalibratedStep

@@ -95,3 +95,33 @@ _cal("calibration_link_latency_list", lambda doc: None, "rehearse.json", "latenc
      links={"world AllReduce": {**LINKS["world AllReduce"], "latency_ms": [1]}})
 _cal("calibration_link_ranks_zero", lambda doc: None, "rehearse.json", "ranks",
      links={"world AllReduce": {**LINKS["world AllReduce"], "ranks": 0}})
+# -- the synchronisation chain (collectives.contention): a zero "alone" (a compute factor divides by it), NaN, a
+#    boolean, a group size that is no number, chunks that are no list; a real chain still plans
+CHAIN = {"ranks": 2, "chunks": [{"alone_ms": 1.5, "together_ms": 2.0, "with_ms": 4.0, "payload_bytes": 1024},
+                                {"alone_ms": 6.0, "together_ms": 8.0, "with_ms": 11.0, "payload_bytes": 1024}]}
+
+
+def _chain(key: str, value):
+    def edit(doc):
+        col = {"device": "cpu", "workers": 2, "measured": {"AllReduce@2": {
+            "ranks": 2, "points_bytes_ms": [[1024, 0.05], [4194304, 2.0]], "runs": "AllReduce", "emulated": ""}},
+            "contention": {"2": json.loads(json.dumps(CHAIN))}}
+        if key:
+            col["contention"]["2"]["chunks"][0][key] = value
+        doc["collectives"] = col
+    return edit
+
+
+_cal("calibration_chain_real_still_plans", _chain("", None), "synchronisation waits", refusal=False, check=_planned)
+for _n, _k, _v, _words in [("alone_zero", "alone_ms", 0.0, "alone_ms"), ("with_nan", "with_ms", float("nan"), "NaN"),
+                           ("together_boolean", "together_ms", True, "true"),
+                           ("payload_string", "payload_bytes", "1k", "payload_bytes")]:
+    _cal(f"calibration_chain_{_n}", _chain(_k, _v), "calibration.json", "collectives.contention.2", _words)
+_cal("calibration_chain_group_not_a_number",
+     lambda doc: doc.__setitem__("collectives", {"measured": {}, "contention": {"two": CHAIN}}),
+     "collectives.contention.two", "group size")
+_cal("calibration_chain_chunks_not_a_list",
+     lambda doc: doc.__setitem__("collectives", {"measured": {}, "contention": {"2": {"ranks": 2, "chunks": "x"}}}),
+     "collectives.contention.2", "chunks")
+_cal("calibration_chain_workers_negative",
+     lambda doc: doc.__setitem__("collectives", {"measured": {}, "workers": -1}), "collectives.workers", "-1")
