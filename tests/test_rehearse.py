@@ -15,7 +15,7 @@ import pytest
 from model_zoo import LlamaConfig, presets
 from porting.rehearse import SEQ, scaled_config, write_scaled_model
 from porting.train.plan import calibrated
-from tests.helpers import port_process
+from tests.helpers import port, port_process
 from tests.train.conftest import ROOT, error_line
 
 TINY = str(ROOT / "recipes" / "tiny-cpu.yaml")
@@ -77,9 +77,9 @@ def test_a_phi4_mini_recipe_rehearses_packed_past_its_original_context(tmp_path)
     batch's longest document. (Its parity rung's check is the test above, on the same small model.)"""
     (tmp_path / "phi4").mkdir()
     (tmp_path / "phi4" / "config.json").write_text(PHI4_MINI.read_text())
-    r = port_process("rehearse", TINY, "--out", str(tmp_path / "r"), "--rungs", "single",
-                     "--set", f"model.source={tmp_path / 'phi4'}", "--set", "data.max_seq_length=8192",
-                     "--set", "batching.packing=true", "--set", "batching.bucketing.enabled=false", timeout=900)
+    r = port("rehearse", TINY, "--out", str(tmp_path / "r"), "--rungs", "single",
+             "--set", f"model.source={tmp_path / 'phi4'}", "--set", "data.max_seq_length=8192",
+             "--set", "batching.packing=true", "--set", "batching.bucketing.enabled=false")
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     doc = json.loads((tmp_path / "r" / "rehearse.json").read_text())
     single = doc["rungs"][0]
@@ -107,7 +107,7 @@ def test_the_small_model_keeps_the_familys_features(name):
 def test_tiny_recipe_ladder_passes_and_the_report_reads_it(tmp_path):
     out = tmp_path / "r"
     # sequences of 64 (the compute rung times the recipe's own shape: half the work of the recipe's 128)
-    r = port_process("rehearse", TINY, "--out", str(out), "--set", "data.max_seq_length=64", timeout=900)
+    r = port("rehearse", TINY, "--out", str(out), "--set", "data.max_seq_length=64")
     assert r.returncode == 0, r.stderr[-3000:]
     doc = json.loads((out / "rehearse.json").read_text())
     st = {g["name"]: g["status"] for g in doc["rungs"]}
@@ -126,11 +126,11 @@ def test_tiny_recipe_ladder_passes_and_the_report_reads_it(tmp_path):
     assert at[(4, 4)]["parameters"] > at[(1, 4)]["parameters"] == at[(1, 8)]["parameters"]
     derived = calibrated.derive(v["points"], cal["shape"])
     assert {k: v[k] for k in derived} == derived
-    dry = port_process("train", TINY, "--set", "data.max_seq_length=64", "--dry-run", "--calibration", str(out))
+    dry = port("train", TINY, "--set", "data.max_seq_length=64", "--dry-run", "--calibration", str(out))
     assert dry.returncode == 0 and "calibrated from" in dry.stdout, dry.stderr[-2000:]
     single = doc["rungs"][0]
     assert len(single["losses"]) == 3 and single["compile_s"] is not None and single["compile_s"] > 0
-    rep = port_process("report", str(out))
+    rep = port("report", str(out))
     assert rep.returncode == 0, rep.stderr[-2000:]
     md = (out / "report" / "report.md").read_text()
     assert "run at 1 device" in md and "compile, rung single" in md and "rehearsal parity" in md
@@ -139,8 +139,7 @@ def test_tiny_recipe_ladder_passes_and_the_report_reads_it(tmp_path):
 @pytest.mark.slow
 def test_a_broken_rung_stops_the_ladder_with_its_reason(tmp_path):
     out = tmp_path / "r"
-    r = port_process("rehearse", TINY, "--out", str(out), "--rung-set", "optimizer.lr=1e30", "--rungs", "single,parity",
-             timeout=900)
+    r = port("rehearse", TINY, "--out", str(out), "--rung-set", "optimizer.lr=1e30", "--rungs", "single,parity")
     assert r.returncode != 0
     line = error_line(r)
     assert "rung single failed" in line and "loss is nan" in line
@@ -185,7 +184,7 @@ def test_13b_shape_tp2_dp2_zero_two_node_ranks_pass_and_agree(tmp_path):
     two = Path(rungs["two-nodes"]["run_dir"])
     assert {p.name for p in (two / "logs" / "msrun").glob("worker_*.log")} == {f"worker_{i}.log" for i in range(4)}
     assert {p.name for p in (two / "logs").glob("rank_*.log")} == {f"rank_{i}.log" for i in range(4)}
-    md_run = port_process("report", str(out))
+    md_run = port("report", str(out))
     assert md_run.returncode == 0
     md = (out / "report" / "report.md").read_text()
     for label in ("run at 1 device", "run at single-node multi-device", "run at multi-node"):

@@ -178,9 +178,12 @@ def _of_run(tok: str) -> list[int]:
     return out
 
 
-def _start_training(run: Path, **popen) -> tuple[subprocess.Popen, str, list[int]]:
-    """A 2-worker `port train` in a process group of its own, returned once both workers are training."""
-    args = ["--set", "cluster.devices_per_node=2", "--set", "schedule.max_steps=400", "--set", "logging.every_steps=1",
+def _start_training(run: Path, model_dir: Path, **popen) -> tuple[subprocess.Popen, str, list[int]]:
+    """A 2-worker `port train` in a process group of its own, returned once both workers are training (on one
+    layer of stories260K, tests/conftest.py model_dir: the launch is the subject, not the depth; each of the five
+    layers' graphs compiled on both workers before step 2, and a killed run's CPU is not in the suite's CPU log)."""
+    args = ["--set", "cluster.devices_per_node=2", "--set", f"model.source={model_dir}",
+            "--set", "schedule.max_steps=400", "--set", "logging.every_steps=1",
             "--set", f"cluster.master_port={free_port()}", "--set", "checkpointing.export_hf=false"]
     p = subprocess.Popen([sys.executable, "-m", "porting", "train", str(TINY), "--run-dir", str(run), *args],
                          cwd=ROOT, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
@@ -204,8 +207,8 @@ def _start_training(run: Path, **popen) -> tuple[subprocess.Popen, str, list[int
 @pytest.mark.slow
 @pytest.mark.msrun
 @pytest.mark.parametrize("how", ["kill -9 port", "kill -9 its process group"])
-def test_kill_9_of_a_2_worker_train_leaves_no_process_of_the_run(tmp_path, how):
-    p, tok, procs = _start_training(tmp_path / "run")
+def test_kill_9_of_a_2_worker_train_leaves_no_process_of_the_run(tmp_path, how, model_dir):
+    p, tok, procs = _start_training(tmp_path / "run", model_dir)
     if how == "kill -9 port":
         p.kill()
     else:
@@ -220,10 +223,10 @@ def test_kill_9_of_a_2_worker_train_leaves_no_process_of_the_run(tmp_path, how):
 
 @pytest.mark.slow
 @pytest.mark.msrun
-def test_sigterm_stops_the_run_in_one_line_and_signals_nothing_else(tmp_path):
+def test_sigterm_stops_the_run_in_one_line_and_signals_nothing_else(tmp_path, model_dir):
     bystander = subprocess.Popen(["sleep", "300"], start_new_session=True)
     try:
-        p, tok, procs = _start_training(tmp_path / "run")
+        p, tok, procs = _start_training(tmp_path / "run", model_dir)
         # a process port did not start, in port's own process group: port must not signal it
         other = subprocess.Popen(["sleep", "300"], process_group=p.pid)
         p.send_signal(signal.SIGTERM)
@@ -242,12 +245,12 @@ def test_sigterm_stops_the_run_in_one_line_and_signals_nothing_else(tmp_path):
 
 
 @pytest.mark.slow
-def test_kill_9_of_a_supervisor_ends_its_one_device_run(tmp_path):
+def test_kill_9_of_a_supervisor_ends_its_one_device_run(tmp_path, model_dir):
     """`port train --supervise` on one device runs `port train` as a child: it ends with its supervisor."""
     run = tmp_path / "run"
     p = subprocess.Popen([sys.executable, "-m", "porting", "train", str(TINY), "--run-dir", str(run), "--supervise",
                           "--no-preflight", "--set", "schedule.max_steps=400", "--set", "logging.every_steps=1",
-                          "--set", "checkpointing.export_hf=false"],
+                          "--set", "checkpointing.export_hf=false", "--set", f"model.source={model_dir}"],
                          cwd=ROOT, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, process_group=0)
     tok = lifeline.token(p.pid)
     deadline = time.monotonic() + 180
@@ -264,13 +267,13 @@ def test_kill_9_of_a_supervisor_ends_its_one_device_run(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.msrun
-def test_a_worker_that_crashes_after_its_run_ended_does_not_fail_the_launch(tmp_path):
+def test_a_worker_that_crashes_after_its_run_ended_does_not_fail_the_launch(tmp_path, model_dir):
     """MindSpore's teardown at exit sometimes segfaults a worker whose run has ended (seen twice in the suite);
     msrun then exits 1. A real SIGSEGV of rank 1 after its run (the worker's test hook): `port train` says so
     in one warning and exits 0, and the run's files are complete."""
     run = tmp_path / "run"
     sets = ["data.max_seq_length=64", "batching.bucketing.enabled=false", "checkpointing.export_hf=false",
-            "cluster.devices_per_node=2", "schedule.max_steps=2", "checkpointing.every_steps=2",
+            "cluster.devices_per_node=2", "schedule.max_steps=2", "checkpointing.every_steps=2", f"model.source={model_dir}",
             f"cluster.master_port={free_port()}"]
     p = subprocess.run([sys.executable, "-m", "porting", "train", str(TINY), "--run-dir", str(run),
                         *[a for s in sets for a in ("--set", s)]], cwd=ROOT, env=_env(PORT_TEST_CRASH_AT_EXIT="1"),

@@ -164,12 +164,24 @@ QWEN3 = LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=160, num_hi
                     num_key_value_heads=2, head_dim=32, max_position_embeddings=64, model_type="qwen3", qk_norm=True)
 
 
-def test_qwen3_fused_plan_trains_in_graph_mode_like_the_reference():
+# The same Qwen3 with a length-dependent RoPE (dynamic NTK) whose 16-position context the 24-position rows pass: the
+# graph takes the tables of its static length. One fused and one reference step of it serve the Qwen3 test and the
+# length-dependent RoPE test below (a pair of step graphs for each was 5-6 CPU-s of compiles per tier, the same twice).
+QWEN3_DYNAMIC = dataclasses.replace(QWEN3, max_position_embeddings=16, rope_scaling={"rope_type": "dynamic", "factor": 4.0})
+
+
+@pytest.fixture(scope="module")
+def qwen3_dynamic_steps():
+    """(fused, reference) ``_fused_step`` results of QWEN3_DYNAMIC on the first batch."""
+    ids = _batches(1)[0]
+    return _fused_step(True, ids, QWEN3_DYNAMIC), _fused_step(False, ids, QWEN3_DYNAMIC)
+
+
+def test_qwen3_fused_plan_trains_in_graph_mode_like_the_reference(qwen3_dynamic_steps):
     """One FusedTrainStep (forward, backward, clip, AdamW in one graph, fp16) of Qwen3 with every kernel
-    fused, the q/k norms included, against the reference plan."""
-    batch = _batches(1)[0]
-    (loss_f, norm_f, fin_f, delta_f), (loss_r, norm_r, fin_r, delta_r) = (_fused_step(True, batch, QWEN3),
-                                                                          _fused_step(False, batch, QWEN3))
+    fused, the q/k norms included, against the reference plan (QWEN3_DYNAMIC: Qwen3's q/k norms and head_dim 32
+    with q_size 128 > hidden 64, its RoPE tables those of a dynamic NTK past the context, folded at compile time)."""
+    (loss_f, norm_f, fin_f, delta_f), (loss_r, norm_r, fin_r, delta_r) = qwen3_dynamic_steps
     assert fin_f and fin_r
     assert loss_f == pytest.approx(loss_r, rel=FP16_LOSS_RTOL)
     assert norm_f == pytest.approx(norm_r, rel=FP16_GRAD_RTOL)
@@ -217,11 +229,11 @@ def test_lora_on_the_fused_plan_trains_in_graph_mode_like_the_reference():
 
 
 @pytest.mark.slow   # kept out of the fast tier (`pytest` alone, 5 minutes on 2 cores); CI runs it
-def test_length_dependent_rope_past_its_context_compiles_to_the_pynative_tables():
+def test_length_dependent_rope_past_its_context_compiles_to_the_pynative_tables(qwen3_dynamic_steps):
     """Dynamic NTK RoPE at 24 positions, past max_position_embeddings 16: the graph takes the tables of its
     static length (NumPy folded at compile time) and gives PyNative's logits; the fused plan trains like
-    the reference there."""
-    cfg = dataclasses.replace(QWEN3, max_position_embeddings=16, rope_scaling={"rope_type": "dynamic", "factor": 4.0})
+    the reference there (the steps of ``qwen3_dynamic_steps``, which the Qwen3 test above also reads)."""
+    cfg = QWEN3_DYNAMIC
     ids = _batches(1)[0]
     model = build(cfg, device="CPU", seed=5)
     graph = model(ids).asnumpy()
@@ -231,7 +243,7 @@ def test_length_dependent_rope_past_its_context_compiles_to_the_pynative_tables(
     finally:
         ms.set_context(mode=ms.GRAPH_MODE)
     np.testing.assert_allclose(graph, eager, rtol=0, atol=1e-5)
-    (loss_f, norm_f, fin_f, _), (loss_r, norm_r, fin_r, _) = _fused_step(True, ids, cfg), _fused_step(False, ids, cfg)
+    (loss_f, norm_f, fin_f, _), (loss_r, norm_r, fin_r, _) = qwen3_dynamic_steps
     assert fin_f and fin_r and loss_f == pytest.approx(loss_r, rel=FP16_LOSS_RTOL)
     assert norm_f == pytest.approx(norm_r, rel=FP16_GRAD_RTOL)
 

@@ -2,52 +2,58 @@
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
+import importlib.util
 import sys
 
 import pytest
 
-from tests.conftest import ROOT
-
 SCRIPT = r"""
-import json, sys, numpy as np, mindspore as ms
+import numpy as np, mindspore as ms
 from mindspore import nn
-mode = sys.argv[1]
-ms.set_context(mode=ms.GRAPH_MODE if mode == "graph" else ms.PYNATIVE_MODE)
 from model_zoo import LlamaConfig, build
 from model_zoo.loss import shifted_token_loss
-cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32)
-m = build(cfg, seed=7)
-ids = ms.Tensor(np.random.default_rng(0).integers(0, 64, (2, 12)).astype(np.int32))
-logits = m(ids).asnumpy()
-opt = nn.AdamWeightDecay(m.trainable_params(), learning_rate=1e-2)
-def loss_fn(x):
-    s, c = shifted_token_loss(m(x), x)
-    return s / c
-grad_fn = ms.value_and_grad(loss_fn, None, opt.parameters)
-def step(x):
-    loss, grads = grad_fn(x)
-    opt(grads)
-    return loss
-if mode == "graph":
-    step = ms.jit(step)
-losses = [float(step(ids).asnumpy()) for _ in range(3)]
-w = m.model.layers[1].feed_forward.w2.weight.asnumpy()
-print(json.dumps({"logits": logits.ravel()[:64].tolist(), "losses": losses, "w": w.ravel()[:64].tolist()}))
+
+
+def run(mode):
+    ms.set_context(mode=ms.GRAPH_MODE if mode == "graph" else ms.PYNATIVE_MODE)
+    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32)
+    m = build(cfg, seed=7)
+    ids = ms.Tensor(np.random.default_rng(0).integers(0, 64, (2, 12)).astype(np.int32))
+    logits = m(ids).asnumpy()
+    opt = nn.AdamWeightDecay(m.trainable_params(), learning_rate=1e-2)
+    def loss_fn(x):
+        s, c = shifted_token_loss(m(x), x)
+        return s / c
+    grad_fn = ms.value_and_grad(loss_fn, None, opt.parameters)
+    def step(x):
+        loss, grads = grad_fn(x)
+        opt(grads)
+        return loss
+    if mode == "graph":
+        step = ms.jit(step)
+    losses = [float(step(ids).asnumpy()) for _ in range(3)]
+    w = m.model.layers[1].feed_forward.w2.weight.asnumpy()
+    return {"logits": logits.ravel()[:64].tolist(), "losses": losses, "w": w.ravel()[:64].tolist()}
 """
 
 
 def _run(mode: str, tmp_path) -> dict:
-    script = tmp_path / "modes_check.py"  # graph mode compiles from source files only
+    """SCRIPT's ``run(mode)`` in this process (tests/conftest.py puts PyNative back after the test); a process for
+    each mode imported MindSpore again, about 3 of the test's ~4.5 CPU-s."""
+    import mindspore as ms
+
+    script = tmp_path / f"modes_check_{mode}.py"  # graph mode compiles from source files only
     script.write_text(SCRIPT)
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    out = subprocess.run([sys.executable, str(script), mode], cwd=tmp_path, env=env, capture_output=True,
-                         text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    spec = importlib.util.spec_from_file_location(script.stem, script)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[script.stem] = module   # MindSpore's graph parser finds the function's module by name
+    try:
+        spec.loader.exec_module(module)
+        return module.run(mode)
+    finally:
+        del sys.modules[script.stem]
+        ms.set_context(mode=ms.PYNATIVE_MODE)
 
 
 @pytest.mark.slow
