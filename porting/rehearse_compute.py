@@ -167,10 +167,12 @@ def _detail(doc: dict[str, Any], note: str) -> str:
 
 
 def collectives(recipe: Recipe, out: Path, timeout: float, cfg: LlamaConfig | None = None,
-                elements: tuple[int, ...] = (), repeats: int = 0) -> tuple[str, str, dict[str, Any]]:
+                elements: tuple[int, ...] = (), repeats: int = 0, chunks: tuple[tuple[int, int], ...] = (),
+                sync_calls: int = 0) -> tuple[str, str, dict[str, Any]]:
     """Graph-mode AllReduce, ReduceScatter and AllGather on groups of the recipe's TP and DP sizes that the node's
-    workers hold, under msrun (module docstring); ``elements`` / ``repeats``: other float32 counts per call and
-    timed calls than the worker's (a quicker look)."""
+    workers hold, and the synchronisation chain, under msrun (module docstring); ``elements`` / ``repeats`` /
+    ``chunks`` / ``sync_calls``: other float32 counts per call, timed calls, chain chunk shapes and chunks a timing
+    than the worker's (a quicker look)."""
     from porting.cluster.preflight import free_port
     from porting.launch.jobs import WORKERS, MsrunJob, MsrunNotFound
     from porting.train.plan.launch import MsrunSpec
@@ -180,7 +182,8 @@ def collectives(recipe: Recipe, out: Path, timeout: float, cfg: LlamaConfig | No
     res = out / "compute" / "collectives.json"
     spec = out / "compute" / "collectives_spec.json"
     spec.write_text(json.dumps({"device": recipe.cluster.device, "threads": max(1, (os.cpu_count() or 1) // n),
-                                "sizes": held, "elements": list(elements), "repeats": repeats}), encoding="utf-8")
+                                "sizes": held, "elements": list(elements), "repeats": repeats,
+                                "chunks": [list(c) for c in chunks], "sync_calls": sync_calls}), encoding="utf-8")
     job = MsrunJob.make("rehearsal collectives", MsrunSpec(
         worker_num=n, local_worker_num=n, master_port=free_port(), log_dir=out / "compute" / "msrun",
         script=WORKERS / "collectives.py", args=(str(spec), str(res))))

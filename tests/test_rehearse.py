@@ -258,7 +258,8 @@ def test_the_compute_rungs_collectives_time_every_kind_on_every_group_size_the_n
     cfg, _ = plan_config(rec)
     assert group_sizes(rec, cfg) == ([2, 4], [])
     (tmp_path / "compute").mkdir()
-    status, note, doc = collectives(rec, tmp_path, 600, cfg, elements=(256, 1 << 14), repeats=2)
+    status, note, doc = collectives(rec, tmp_path, 600, cfg, elements=(256, 1 << 14), repeats=2,
+                                    chunks=((128, 128), (256, 128)), sync_calls=4)   # a quick chain
     assert status == "pass", note
     m = doc["measured"]
     assert sorted(m) == sorted(f"{k}@{n}" for k in ("AllReduce", "ReduceScatter", "AllGather") for n in (2, 4))
@@ -272,7 +273,8 @@ def test_the_compute_rungs_collectives_time_every_kind_on_every_group_size_the_n
     # and rank 0 alone; the plan reads a compute factor and a wait per call from them (comm_price.contention)
     assert sorted(doc["contention"]) == ["2", "4"] and doc["workers"] == 4
     for g in doc["contention"].values():
-        assert [(c["rows"], c["payload_bytes"]) for c in g["chunks"]] == [(512, 1024), (2048, 1024)]
+        assert [(c["rows"], c["width"], c["calls"], c["payload_bytes"]) for c in g["chunks"]] == [
+            (128, 128, 4, 1024), (256, 128, 4, 1024)]
         assert all(c["alone_ms"] > 0 and c["together_ms"] > 0 and c["with_ms"] > 0 for c in g["chunks"])
     cont = comm_price.contention({"collectives": doc})
     assert cont is not None and cont.workers == 4 and cont.compute_factor > 0 and sorted(cont.waits) == [2, 4]

@@ -136,7 +136,8 @@ class Chunks(nn.Cell):
         return x
 
 
-def time_contention(size: int, rank: int, world: int, repeats: int = REPEATS) -> dict[str, Any]:
+def time_contention(size: int, rank: int, world: int, repeats: int = REPEATS,
+                    chunk_shapes: tuple[tuple[int, int], ...] = CHUNKS, calls: int = SYNC_CALLS) -> dict[str, Any]:
     """The synchronisation points of ``size``-rank groups (module docstring): per chunk size the per-chunk ms of
     rank 0 alone, of every rank computing, and of every rank computing and synchronising on its group."""
     first = rank // size * size
@@ -152,12 +153,12 @@ def time_contention(size: int, rank: int, world: int, repeats: int = REPEATS) ->
             cell(x).asnumpy()
             if i >= 2:
                 ts.append(time.perf_counter() - t0)
-        return statistics.median(ts) / SYNC_CALLS * 1e3
+        return statistics.median(ts) / calls * 1e3
 
     chunks = []
-    for rows, width in CHUNKS:
+    for rows, width in chunk_shapes:
         x = ms.Tensor(np.full((rows, width), 0.1, np.float32))
-        plain, sync = Chunks(SYNC_CALLS, kw, width, False), Chunks(SYNC_CALLS, kw, width, True)
+        plain, sync = Chunks(calls, kw, width, False), Chunks(calls, kw, width, True)
         together, with_sync = timed(plain, x, repeats), timed(sync, x, repeats)
         # rank 0 alone: the others sleep through its timing (a rank waiting inside a collective may spin on a core)
         plain(x).asnumpy()
@@ -169,12 +170,12 @@ def time_contention(size: int, rank: int, world: int, repeats: int = REPEATS) ->
                 t0 = time.perf_counter()
                 plain(x).asnumpy()
                 ts.append(time.perf_counter() - t0)
-            alone = statistics.median(ts) / SYNC_CALLS * 1e3
+            alone = statistics.median(ts) / calls * 1e3
         else:
-            time.sleep(repeats * SYNC_CALLS * est / 1e3 * 1.5 + 0.2)
+            time.sleep(repeats * calls * est / 1e3 * 1.5 + 0.2)
             alone = 0.0
         barrier(one).asnumpy()
-        chunks.append({"rows": rows, "width": width, "calls": SYNC_CALLS, "alone_ms": round(alone, 4),
+        chunks.append({"rows": rows, "width": width, "calls": calls, "alone_ms": round(alone, 4),
                        "together_ms": round(together, 4), "with_ms": round(with_sync, 4), "payload_bytes": 1024})
     return {"ranks": size, "chunks": chunks}
 
@@ -195,7 +196,9 @@ def collectives_child(spec_path: str, out_path: str) -> None:
     for size in sizes:
         for name, v in time_group(spec["device"] == "ascend", size, rank, world, counts, repeats).items():
             out[f"{name}@{size}"] = v
-    contention = {str(size): time_contention(size, rank, world, repeats) for size in sizes}
+    shapes = tuple((int(r), int(w)) for r, w in spec.get("chunks") or ()) or CHUNKS
+    calls = int(spec.get("sync_calls") or SYNC_CALLS)
+    contention = {str(size): time_contention(size, rank, world, repeats, shapes, calls) for size in sizes}
     if rank == 0:
         doc = {"device": spec["device"], "workers": world, "threads": int(spec.get("threads") or 0), "sizes": sizes,
                "measured": out, "contention": contention}
