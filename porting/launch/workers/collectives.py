@@ -116,6 +116,7 @@ def time_group(native: bool, size: int, rank: int, world: int, counts: tuple[int
 
 CHUNKS = ((512, 512), (2048, 512))   # (rows, width) of one matmul chunk: ~1.5 and ~6 ms on one EPYC thread alone
 SYNC_CALLS = 16   # chunks a timing: scheduling on a shared CPU averages over more of them
+SYNC_ELEMENTS = 256   # float32 elements each synchronising AllReduce carries (1 KiB), whatever the chunk's width
 
 
 class Chunks(nn.Cell):
@@ -132,7 +133,7 @@ class Chunks(nn.Cell):
         for _ in range(self.calls):
             x = ops.tanh(ops.matmul(x, self.w))
             if self.sync:
-                x = x + ops.mean(self.allreduce(x[0, :256])) * 1e-6
+                x = x + ops.mean(self.allreduce(ops.reshape(x, (-1,))[:SYNC_ELEMENTS])) * 1e-6
         return x
 
 
@@ -160,23 +161,19 @@ def time_contention(size: int, rank: int, world: int, repeats: int = REPEATS,
         x = ms.Tensor(np.full((rows, width), 0.1, np.float32))
         plain, sync = Chunks(calls, kw, width, False), Chunks(calls, kw, width, True)
         together, with_sync = timed(plain, x, repeats), timed(sync, x, repeats)
-        # rank 0 alone: the others sleep through its timing (a rank waiting inside a collective may spin on a core)
-        plain(x).asnumpy()
+        # rank 0 alone: the others sleep through its timing (a rank waiting inside a collective may spin on a core),
+        # its 2 warm calls and ``repeats`` timed ones, each at most the together time
         est = barrier(ms.Tensor(np.array([together if rank == 0 else 0.0], np.float32))).asnumpy()[0]
         barrier(one).asnumpy()
         if rank == 0:
-            ts = []
-            for _ in range(repeats):
-                t0 = time.perf_counter()
-                plain(x).asnumpy()
-                ts.append(time.perf_counter() - t0)
-            alone = statistics.median(ts) / calls * 1e3
+            alone = _median_of(lambda: plain(x).asnumpy(), repeats) / calls * 1e3
         else:
-            time.sleep(repeats * calls * est / 1e3 * 1.5 + 0.2)
+            time.sleep((repeats + 2) * calls * est / 1e3 * 1.5 + 0.2)
             alone = 0.0
         barrier(one).asnumpy()
         chunks.append({"rows": rows, "width": width, "calls": calls, "alone_ms": round(alone, 4),
-                       "together_ms": round(together, 4), "with_ms": round(with_sync, 4), "payload_bytes": 1024})
+                       "together_ms": round(together, 4), "with_ms": round(with_sync, 4),
+                       "payload_bytes": 4 * SYNC_ELEMENTS})
     return {"ranks": size, "chunks": chunks}
 
 

@@ -206,11 +206,13 @@ def _node_contention(cal: Calibration, recipe: Recipe) -> comm_price.Contention 
     return cont
 
 
-def _rates(cal: Calibration, recipe: Recipe) -> tuple[dict[str, float], dict[str, Any], str]:
+def _rates(cal: Calibration, recipe: Recipe, cont: comm_price.Contention | None
+           ) -> tuple[dict[str, float], dict[str, Any], str]:
     """The measured figures for this recipe's workers, the shape they were measured at, and where they come from.
     On a CPU node of several workers each worker computes beside the others: its times x the compute factor the
     synchronisation chain measured on a node like it (every worker computing against one alone; comm_price.py),
-    else x threads x workers / cores when they outnumber the cores (its share of them: a scaling, said as such)."""
+    else x threads x workers / cores when they outnumber the cores (its share of them: a scaling, said as such).
+    ``cont``: the chain's figures on a node like the recipe's (:func:`_node_contention`), or None."""
     by, base, at_tp = _table(cal, recipe.parallel.tensor_parallel)
     tp_note = f" at TP {base['tp']}" if at_tp else f" at TP {base['tp']} (no slice of TP {recipe.parallel.tensor_parallel} measured)"
     if recipe.cluster.device != "cpu":
@@ -223,7 +225,6 @@ def _rates(cal: Calibration, recipe: Recipe) -> tuple[dict[str, float], dict[str
     share = max(1.0, busy / n)
     how = (f"measured at {want} thread(s) per worker" if near == want else
            f"scaled from {near} to {want} thread(s) per worker") + tp_note
-    cont = _node_contention(cal, recipe)
     if cont is not None:
         share = cont.compute_factor
         how += (f"; x {share:.2f}: a worker computing beside the node's {cont.workers} against one alone, measured "
@@ -280,7 +281,8 @@ def predict(recipe: Recipe, cfg: LlamaConfig, layout: Layout, cal: Calibration) 
         raise RecipeError(f"--calibration {cal.where}: measured on {measured_on}, the recipe runs on "
                           f"{recipe.cluster.device}; rehearse on the recipe's own device (`port rehearse RECIPE --out "
                           "DIR` there) or drop --calibration for the roofline estimate")
-    rates, base, where = _rates(cal, recipe)
+    cont = _node_contention(cal, recipe)
+    rates, base, where = _rates(cal, recipe, cont)
     mine = shape_of(recipe, cfg)
     same = all(base.get(k) == mine.get(k) for k in SHAPE_KEYS)
     scaled = "at this shape" if same else \
@@ -299,7 +301,7 @@ def predict(recipe: Recipe, cfg: LlamaConfig, layout: Layout, cal: Calibration) 
     compute = accum * fb
     figures = comm_figures(recipe, cfg, layout, cal)
     comm = sum(f.seconds for f in figures)
-    sync, sync_how = sync_waits(recipe, layout, figures, compute, _node_contention(cal, recipe))
+    sync, sync_how = sync_waits(recipe, layout, figures, compute, cont)
     step = compute + update + comm + sync
     return CalibratedStep(
         kind="calibrated", from_=cal.where, step_s=round(step, 4), compute_s=round(compute, 4),
